@@ -1,0 +1,7 @@
+//! # juneau-bgp — a standalone BGP-4 speaker that only announces
+//!
+//! Owns: the wire codec wrapper, the sans-IO session FSM, the per-peer sessions and the
+//! speaker's status. Reads what to announce and to whom from `juneau_control::shm`.
+//!
+//! Must not touch: Kubernetes, the dataplane, or the kernel's routing table (routes
+//! received from peers are discarded, never installed).

@@ -1,0 +1,258 @@
+//! The types operators think in.
+//!
+//! A [`Frontend`] is what a client dials (`VIP:port/protocol`); a [`Backend`] is a Pod
+//! endpoint behind it; a [`NodeState`] is everything one node's dataplane and BGP speaker
+//! need to know, as published by that node's agent.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// An external virtual IP handed out to a Service.
+pub type Vip = Ipv4Addr;
+
+/// The name of a Kubernetes Node.
+pub type NodeName = String;
+
+/// Transport protocols Juneau forwards (IPv4 only in the first release).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[repr(u8)]
+pub enum Protocol {
+    /// TCP, IP protocol number 6.
+    Tcp = 6,
+    /// UDP, IP protocol number 17.
+    Udp = 17,
+}
+
+impl Protocol {
+    /// The IPv4 protocol number.
+    pub const fn number(self) -> u8 {
+        self as u8
+    }
+
+    /// The protocol with this IPv4 protocol number, if Juneau forwards it.
+    pub const fn from_number(n: u8) -> Option<Self> {
+        match n {
+            6 => Some(Protocol::Tcp),
+            17 => Some(Protocol::Udp),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+        })
+    }
+}
+
+/// A protocol name Juneau cannot serve (e.g. `SCTP`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("protocol {0:?} is not supported (Juneau serves TCP and UDP)")]
+pub struct UnsupportedProtocol(pub String);
+
+impl FromStr for Protocol {
+    type Err = UnsupportedProtocol;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_uppercase().as_str() {
+            "TCP" => Ok(Protocol::Tcp),
+            "UDP" => Ok(Protocol::Udp),
+            _ => Err(UnsupportedProtocol(s.to_string())),
+        }
+    }
+}
+
+/// What a client connects to: `VIP:port` over a protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Frontend {
+    /// The Service's external IP.
+    pub vip: Vip,
+    /// TCP or UDP.
+    pub protocol: Protocol,
+    /// The Service port (`spec.ports[].port`).
+    pub port: u16,
+}
+
+impl fmt::Display for Frontend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}:{}", self.protocol, self.vip, self.port)
+    }
+}
+
+/// One port of a Service: `protocol/port -> targetPort`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ServicePort {
+    /// The port's name in the Service, if any.
+    pub name: Option<String>,
+    /// TCP or UDP.
+    pub protocol: Protocol,
+    /// The port clients dial on the VIP.
+    pub port: u16,
+    /// The Pod port traffic is sent to (named ports are resolved per endpoint).
+    pub target_port: u16,
+}
+
+/// The readiness of an endpoint, as EndpointSlices report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct EndpointConditions {
+    /// The endpoint is ready to take new connections.
+    pub ready: bool,
+    /// The endpoint still serves (may be true while terminating).
+    pub serving: bool,
+    /// The endpoint's Pod is being deleted.
+    pub terminating: bool,
+}
+
+impl EndpointConditions {
+    /// Ready and not terminating: the only endpoints that make a node advertise a VIP or
+    /// receive new flows.
+    pub const fn takes_new_traffic(&self) -> bool {
+        self.ready && !self.terminating
+    }
+}
+
+/// A backend Pod endpoint of a Service.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Backend {
+    /// The Pod IP.
+    pub ip: Ipv4Addr,
+    /// The Pod port for one Service port.
+    pub port: u16,
+    /// The node the Pod runs on (`None` when the EndpointSlice does not say).
+    pub node: Option<NodeName>,
+    /// Readiness.
+    pub conditions: EndpointConditions,
+}
+
+/// A backend as the dataplane of its own node sees it: where to send packets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LocalBackend {
+    /// The Pod IP.
+    pub ip: Ipv4Addr,
+    /// The Pod port.
+    pub port: u16,
+}
+
+impl fmt::Display for LocalBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.ip, self.port)
+    }
+}
+
+/// One frontend served on a node, with the node's local Ready backends for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeService {
+    /// `VIP:port/protocol`.
+    pub frontend: Frontend,
+    /// Local Ready, non-terminating backends, sorted. Empty means: drop (and do not
+    /// advertise the VIP on account of this frontend).
+    pub backends: Vec<LocalBackend>,
+}
+
+/// A VIP this node must announce as a /32, with the path attributes to announce it with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdvertisedVip {
+    /// The VIP.
+    pub vip: Vip,
+    /// Standard communities (RFC 1997), as `asn << 16 | value`.
+    pub communities: Vec<u32>,
+    /// Large communities (RFC 8092).
+    pub large_communities: Vec<[u32; 3]>,
+    /// LOCAL_PREF for iBGP peers.
+    pub local_pref: Option<u32>,
+    /// Indexes into [`NodeState::peers`] of the peers this VIP goes to; empty means all.
+    pub peers: Vec<u16>,
+}
+
+/// How this node's BGP speaker talks to one upstream router.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerConfig {
+    /// Operator-facing name (the BGPPeer object's name).
+    pub name: String,
+    /// The router's address.
+    pub peer_address: Ipv4Addr,
+    /// The router's AS number.
+    pub peer_asn: u32,
+    /// This node's AS number.
+    pub local_asn: u32,
+    /// TCP port of the peer (179 unless told otherwise).
+    pub peer_port: u16,
+    /// Local address to bind to; also the next hop announced. `None`: chosen by the kernel.
+    pub source_address: Option<Ipv4Addr>,
+    /// Proposed hold time in seconds (0 or >= 3).
+    pub hold_time: u16,
+    /// Keepalive interval in seconds (0: hold_time / 3).
+    pub keepalive_time: u16,
+    /// Seconds between connection attempts.
+    pub connect_retry_time: u16,
+    /// TTL for eBGP multihop; `None` means directly connected (TTL 1 for eBGP).
+    pub ebgp_multihop: Option<u8>,
+    /// Graceful restart (RFC 4724) restart time in seconds; `None` disables it.
+    pub graceful_restart_time: Option<u16>,
+    /// TCP-MD5 password (RFC 2385), at most 80 bytes.
+    pub md5_password: Option<String>,
+    /// Only accept connections, never connect.
+    pub passive: bool,
+}
+
+impl PeerConfig {
+    /// A peer with the usual defaults (port 179, hold 90 s, keepalive 30 s, retry 5 s).
+    pub fn new(name: impl Into<String>, peer_address: Ipv4Addr, peer_asn: u32, local_asn: u32) -> Self {
+        PeerConfig {
+            name: name.into(),
+            peer_address,
+            peer_asn,
+            local_asn,
+            peer_port: 179,
+            source_address: None,
+            hold_time: 90,
+            keepalive_time: 30,
+            connect_retry_time: 5,
+            ebgp_multihop: None,
+            graceful_restart_time: None,
+            md5_password: None,
+            passive: false,
+        }
+    }
+}
+
+/// Everything one node's dataplane and BGP speaker need: published by the node agent
+/// through [`crate::shm`].
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NodeState {
+    /// The node this state is for.
+    pub node: NodeName,
+    /// BGP router ID of this node (usually its address on the peering link).
+    pub router_id: Option<Ipv4Addr>,
+    /// Frontends served here, sorted by frontend.
+    pub services: Vec<NodeService>,
+    /// VIPs to announce, sorted by VIP.
+    pub advertised: Vec<AdvertisedVip>,
+    /// BGP peers of this node.
+    pub peers: Vec<PeerConfig>,
+}
+
+impl NodeState {
+    /// Sorts every list so two equal states compare equal and publish identical bytes.
+    pub fn normalize(&mut self) {
+        for s in &mut self.services {
+            s.backends.sort();
+            s.backends.dedup();
+        }
+        self.services.sort_by_key(|s| s.frontend);
+        self.advertised.sort_by_key(|a| a.vip);
+    }
+
+    /// The service for a frontend, if this node serves it.
+    pub fn service(&self, frontend: &Frontend) -> Option<&NodeService> {
+        self.services
+            .binary_search_by_key(frontend, |s| s.frontend)
+            .ok()
+            .map(|i| &self.services[i])
+    }
+}

@@ -1,0 +1,6 @@
+//! # juneau-perf — the benchmark harness
+//!
+//! Owns: the benchmark topology, traffic generator, sink, baselines (kernel forwarding,
+//! nftables DNAT, in-kernel XDP DNAT, raw AF_XDP forwarder) and the reports.
+//!
+//! Must not touch: product code paths other than by running the real binaries.
