@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Build the real Kubernetes control-plane binaries the tests and the lab run against:
+# kube-apiserver, kube-controller-manager (k8s.io/kubernetes) and etcd
+# (go.etcd.io/etcd/server/v3), at the versions pinned in tests/k8s/go.mod, fetched
+# through the Go module proxy.
+#
+# Output: a cache OUTSIDE the checkout, keyed by the Kubernetes version:
+#   ${JUNEAU_K8S_CACHE:-/var/cache/juneau/k8s}/<k8s-version>/{kube-apiserver,kube-controller-manager,etcd}
+# Idempotent: does nothing when every binary is already there (a `.complete` stamp is
+# written last, so an interrupted build is redone). `--print-dir` prints the directory.
+#
+# Cost (2 vCPU, cold Go build cache): see docs/decisions/k8s-infra.md.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here"
+
+k8s_version="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' go.mod)"
+etcd_version="$(awk '$1 == "require" && $2 == "go.etcd.io/etcd/server/v3" {print $3}' go.mod)"
+if [[ -z "$k8s_version" || -z "$etcd_version" ]]; then
+    echo "build.sh: cannot read the k8s.io/kubernetes / etcd versions from $here/go.mod" >&2
+    exit 1
+fi
+cache_root="${JUNEAU_K8S_CACHE:-/var/cache/juneau/k8s}"
+out="$cache_root/$k8s_version"
+
+if [[ "${1:-}" == "--print-dir" ]]; then
+    echo "$out"
+    exit 0
+fi
+
+if [[ -f "$out/.complete" && -x "$out/kube-apiserver" && -x "$out/kube-controller-manager" && -x "$out/etcd" ]]; then
+    echo "k8s binaries $k8s_version (etcd $etcd_version) already built in $out"
+    exit 0
+fi
+
+if ! command -v go >/dev/null; then
+    echo "build.sh: 'go' is not on PATH (expected /usr/local/go/bin/go)" >&2
+    exit 1
+fi
+
+mkdir -p "$out"
+rm -f "$out/.complete"
+start=$(date +%s)
+echo "==> building Kubernetes $k8s_version control plane + etcd $etcd_version into $out"
+echo "    go: $(go version | awk '{print $3}'), GOPROXY=$(go env GOPROXY), GOFLAGS=$(go env GOFLAGS)"
+
+major="${k8s_version#v}"; major="${major%%.*}"
+minor="${k8s_version#v*.}"; minor="${minor%%.*}"
+ver_pkg="k8s.io/component-base/version"
+k8s_ldflags="-s -w -X $ver_pkg.gitVersion=$k8s_version -X $ver_pkg.gitMajor=$major -X $ver_pkg.gitMinor=$minor -X $ver_pkg.gitTreeState=clean -X $ver_pkg.buildDate=1970-01-01T00:00:00Z"
+
+echo "==> [1/4] downloading modules (go mod download)"
+go mod download
+
+echo "==> [2/4] etcd $etcd_version"
+CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3
+mv "$out/etcd.tmp" "$out/etcd"
+echo "    done after $(( $(date +%s) - start ))s"
+
+echo "==> [3/4] kube-apiserver $k8s_version (slow: several minutes on 2 cores)"
+CGO_ENABLED=0 go build -trimpath -ldflags "$k8s_ldflags" -o "$out/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+mv "$out/kube-apiserver.tmp" "$out/kube-apiserver"
+echo "    done after $(( $(date +%s) - start ))s"
+
+echo "==> [4/4] kube-controller-manager $k8s_version"
+CGO_ENABLED=0 go build -trimpath -ldflags "$k8s_ldflags" -o "$out/kube-controller-manager.tmp" k8s.io/kubernetes/cmd/kube-controller-manager
+mv "$out/kube-controller-manager.tmp" "$out/kube-controller-manager"
+
+"$out/kube-apiserver" --version
+"$out/etcd" --version | head -1
+date -u +%FT%TZ > "$out/.complete"
+echo "==> built in $(( $(date +%s) - start ))s: $out"
