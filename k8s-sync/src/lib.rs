@@ -6,3 +6,25 @@
 //!
 //! Must not touch: packets or BGP sessions; decisions (IPAM, advertisement, Maglev) are
 //! made by `juneau_control`, this crate only feeds and reports them.
+#![warn(missing_docs)]
+
+pub mod controller;
+pub mod crd;
+pub mod endpoints;
+pub mod node_state;
+pub mod reconcile;
+pub mod vips;
+
+/// Everything that can go wrong while talking to Kubernetes.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The API server refused or failed a request.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// A patch could not be built.
+    #[error("JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A watch cache did not fill in time.
+    #[error("{0} are not loaded yet")]
+    NotReady(&'static str),
+}

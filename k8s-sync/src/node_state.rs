@@ -1,0 +1,529 @@
+//! The agent's decision, as a pure function: from what the API says, the
+//! [`juneau_control::NodeState`] one node must publish (its service table, the VIPs it
+//! announces with their BGP attributes, and its BGP peers).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use juneau_control::{
+    AdvertisedVip, Frontend, LocalBackend, NodeService, NodeState, PeerConfig, Protocol,
+};
+use k8s_openapi::api::core::v1::{Node, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::{Selector, SelectorExt};
+
+use crate::crd::{BGPAdvertisement, BGPPeer, Phase, ServiceLoadBalancer};
+use crate::endpoints::{host_network_endpoints, node_excluded, slice_endpoints};
+use crate::reconcile::is_managed;
+
+/// Namespace a BGPPeer's password Secret is looked up in when it names none.
+pub const DEFAULT_SECRET_NAMESPACE: &str = "juneau-system";
+
+/// Everything the agent watches, as plain values.
+#[derive(Debug, Default, Clone)]
+pub struct AgentView {
+    /// Nodes by name (this node's labels select peers/advertisements; all nodes' addresses
+    /// identify host-network endpoints).
+    pub nodes: BTreeMap<String, Node>,
+    /// ServiceLoadBalancers.
+    pub slbs: Vec<ServiceLoadBalancer>,
+    /// Services by `namespace/name`.
+    pub services: BTreeMap<String, Service>,
+    /// EndpointSlices by the `namespace/name` of their Service.
+    pub slices: BTreeMap<String, Vec<EndpointSlice>>,
+    /// BGPPeers.
+    pub peers: Vec<BGPPeer>,
+    /// BGPAdvertisements.
+    pub advertisements: Vec<BGPAdvertisement>,
+    /// Secrets of Juneau's namespace, by name.
+    pub secrets: BTreeMap<String, Secret>,
+    /// The namespace those Secrets are in (for messages).
+    pub secret_namespace: String,
+}
+
+fn selects(sel: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
+    match sel {
+        None => true,
+        Some(s) => match Selector::try_from(s.clone()) {
+            Ok(sel) => sel.matches(labels),
+            Err(_) => false,
+        },
+    }
+}
+
+/// `ASN:VALUE` -> `ASN << 16 | VALUE`.
+pub fn parse_community(s: &str) -> Option<u32> {
+    let (a, v) = s.split_once(':')?;
+    let a: u16 = a.parse().ok()?;
+    let v: u16 = v.parse().ok()?;
+    Some(u32::from(a) << 16 | u32::from(v))
+}
+
+/// `GLOBAL:DATA1:DATA2`.
+pub fn parse_large_community(s: &str) -> Option<[u32; 3]> {
+    let mut it = s.split(':').map(|p| p.parse::<u32>().ok());
+    let r = [it.next()??, it.next()??, it.next()??];
+    it.next().is_none().then_some(r)
+}
+
+fn secret_value(view: &AgentView, name: &str, key: &str) -> Option<String> {
+    let s = view.secrets.get(name)?;
+    if let Some(v) = s.data.as_ref().and_then(|d| d.get(key)) {
+        return String::from_utf8(v.0.clone()).ok();
+    }
+    s.string_data.as_ref().and_then(|d| d.get(key)).cloned()
+}
+
+/// Builds the state of `node`. Returns it (normalized) with warnings about objects that
+/// had to be skipped (said in plain words, for the log).
+pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>) {
+    let mut warnings = Vec::new();
+    let empty = BTreeMap::new();
+    let me = view.nodes.get(node);
+    let labels = me
+        .and_then(|n| n.metadata.labels.as_ref())
+        .unwrap_or(&empty);
+    let excluded = me.is_some_and(node_excluded);
+    let router_id = me.and_then(|n| {
+        n.status
+            .as_ref()?
+            .addresses
+            .as_ref()?
+            .iter()
+            .filter(|a| a.type_ == "InternalIP")
+            .find_map(|a| a.address.parse::<Ipv4Addr>().ok())
+    });
+
+    // Peers selecting this node, by name.
+    let mut peers: Vec<(PeerConfig, BTreeMap<String, String>)> = Vec::new();
+    let mut peer_list: Vec<&BGPPeer> = view.peers.iter().collect();
+    peer_list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for p in peer_list {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        if !selects(p.spec.node_selector.as_ref(), labels) {
+            continue;
+        }
+        let Ok(addr) = p.spec.peer_address.parse::<Ipv4Addr>() else {
+            warnings.push(format!(
+                "BGPPeer {name}: peerAddress {:?} is not IPv4; skipped",
+                p.spec.peer_address
+            ));
+            continue;
+        };
+        let mut cfg = PeerConfig::new(name.clone(), addr, p.spec.peer_asn, p.spec.local_asn);
+        if let Some(port) = p.spec.peer_port {
+            cfg.peer_port = port;
+        }
+        cfg.source_address = p
+            .spec
+            .source_address
+            .as_deref()
+            .and_then(|s| s.parse().ok());
+        if let Some(h) = p.spec.hold_time_seconds {
+            cfg.hold_time = h;
+            cfg.keepalive_time = h / 3;
+        }
+        if let Some(k) = p.spec.keepalive_time_seconds {
+            cfg.keepalive_time = k;
+        }
+        if let Some(c) = p.spec.connect_retry_seconds {
+            cfg.connect_retry_time = c;
+        }
+        cfg.ebgp_multihop = p.spec.ebgp_multihop;
+        cfg.graceful_restart_time = p
+            .spec
+            .graceful_restart
+            .as_ref()
+            .filter(|g| g.enabled)
+            .map(|g| g.restart_time_seconds.unwrap_or(120));
+        cfg.passive = p.spec.passive.unwrap_or(false);
+        if let Some(r) = &p.spec.password_secret_ref {
+            let ns = &view.secret_namespace;
+            let key = r.key.as_deref().unwrap_or("password");
+            match secret_value(view, &r.name, key) {
+                Some(pw) => cfg.md5_password = Some(pw),
+                None => {
+                    warnings.push(format!(
+                        "BGPPeer {name}: password Secret {ns}/{} (key {key}) not found; session not configured",
+                        r.name
+                    ));
+                    continue;
+                }
+            }
+        }
+        let plabels = p.metadata.labels.clone().unwrap_or_default();
+        peers.push((cfg, plabels));
+    }
+
+    let mut services = Vec::new();
+    let mut advertised = Vec::new();
+    for slb in &view.slbs {
+        let Some(st) = slb.status.as_ref() else {
+            continue;
+        };
+        if st.phase == Phase::Failed {
+            continue;
+        }
+        let Some(vip) = st.vip.as_deref().and_then(|v| v.parse::<Ipv4Addr>().ok()) else {
+            continue;
+        };
+        let key = format!(
+            "{}/{}",
+            slb.metadata.namespace.as_deref().unwrap_or("default"),
+            slb.metadata.name.as_deref().unwrap_or_default()
+        );
+        let Some(svc) = view.services.get(&key) else {
+            continue;
+        };
+        if !is_managed(svc) {
+            continue;
+        }
+        let slices = view.slices.get(&key).map(Vec::as_slice).unwrap_or(&[]);
+        let eps = slice_endpoints(slices);
+        let host: BTreeSet<Ipv4Addr> = host_network_endpoints(&eps, &view.nodes)
+            .into_iter()
+            .collect();
+        if !host.is_empty() {
+            continue; // the controller marks such a Service Failed; never serve it half.
+        }
+        let local: Vec<_> = eps
+            .iter()
+            .filter(|e| e.node.as_deref() == Some(node) && e.conditions.takes_new_traffic())
+            .collect();
+        let mut any_backend = false;
+        for sp in svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_ref())
+            .into_iter()
+            .flatten()
+        {
+            let proto_name = sp.protocol.as_deref().unwrap_or("TCP");
+            let Ok(protocol) = proto_name.parse::<Protocol>() else {
+                continue;
+            };
+            let Ok(port) = u16::try_from(sp.port) else {
+                continue;
+            };
+            let sp_name = sp.name.clone().filter(|n| !n.is_empty());
+            let mut backends = Vec::new();
+            for e in &local {
+                // The EndpointSlice port carrying the Service port's name holds the
+                // resolved target port (named targetPorts are resolved per Pod).
+                if let Some((_, _, tp)) = e
+                    .ports
+                    .iter()
+                    .find(|(n, pr, _)| *n == sp_name && pr.eq_ignore_ascii_case(proto_name))
+                {
+                    backends.push(LocalBackend {
+                        ip: e.ip,
+                        port: *tp,
+                    });
+                }
+            }
+            any_backend |= !backends.is_empty();
+            services.push(NodeService {
+                frontend: Frontend {
+                    vip,
+                    protocol,
+                    port,
+                },
+                backends,
+            });
+        }
+        if !any_backend || excluded {
+            continue;
+        }
+        // Attributes from the BGPAdvertisements covering the VIP's pool on this node.
+        let pool = st.address_pool.clone().unwrap_or_default();
+        let mut matched = false;
+        let mut communities = BTreeSet::new();
+        let mut large = BTreeSet::new();
+        let mut local_pref: Option<u32> = None;
+        let mut peer_idx = BTreeSet::new();
+        let mut all_peers = false;
+        for adv in &view.advertisements {
+            if !(adv.spec.address_pools.is_empty() || adv.spec.address_pools.contains(&pool)) {
+                continue;
+            }
+            if !selects(adv.spec.node_selector.as_ref(), labels) {
+                continue;
+            }
+            matched = true;
+            communities.extend(
+                adv.spec
+                    .communities
+                    .iter()
+                    .filter_map(|c| parse_community(c)),
+            );
+            large.extend(
+                adv.spec
+                    .large_communities
+                    .iter()
+                    .filter_map(|c| parse_large_community(c)),
+            );
+            if let Some(lp) = adv.spec.local_pref {
+                local_pref = Some(local_pref.map_or(lp, |x| x.max(lp)));
+            }
+            match &adv.spec.peer_selector {
+                None => all_peers = true,
+                Some(sel) => {
+                    for (i, (_, pl)) in peers.iter().enumerate() {
+                        if selects(Some(sel), pl) {
+                            peer_idx.insert(u16::try_from(i).unwrap_or(u16::MAX));
+                        }
+                    }
+                }
+            }
+        }
+        if !matched || (!all_peers && peer_idx.is_empty()) {
+            continue;
+        }
+        advertised.push(AdvertisedVip {
+            vip,
+            communities: communities.into_iter().collect(),
+            large_communities: large.into_iter().collect(),
+            local_pref,
+            peers: if all_peers {
+                Vec::new()
+            } else {
+                peer_idx.into_iter().collect()
+            },
+        });
+    }
+
+    let mut state = NodeState {
+        node: node.to_string(),
+        router_id,
+        services,
+        advertised,
+        peers: peers.into_iter().map(|(c, _)| c).collect(),
+    };
+    state.normalize();
+    (state, warnings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{
+        BGPAdvertisementSpec, BGPPeerSpec, SecretKeyRef, ServiceLoadBalancerSpec,
+        ServiceLoadBalancerStatus, LOAD_BALANCER_CLASS,
+    };
+    use crate::endpoints::testutil::{node, slice};
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use k8s_openapi::ByteString;
+    use kube::api::ObjectMeta;
+
+    fn meta(name: &str, ns: Option<&str>) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            namespace: ns.map(String::from),
+            ..Default::default()
+        }
+    }
+
+    fn view() -> AgentView {
+        let svc = Service {
+            metadata: meta("nginx", Some("default")),
+            spec: Some(ServiceSpec {
+                type_: Some("LoadBalancer".into()),
+                load_balancer_class: Some(LOAD_BALANCER_CLASS.into()),
+                external_traffic_policy: Some("Local".into()),
+                ports: Some(vec![ServicePort {
+                    name: Some("http".into()),
+                    protocol: Some("TCP".into()),
+                    port: 80,
+                    target_port: Some(IntOrString::String("http".into())),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut slb = ServiceLoadBalancer::new(
+            "nginx",
+            ServiceLoadBalancerSpec {
+                service_name: "nginx".into(),
+                external_network: Some("public".into()),
+                requested_ip: None,
+            },
+        );
+        slb.metadata.namespace = Some("default".into());
+        slb.status = Some(ServiceLoadBalancerStatus {
+            vip: Some("203.0.113.10".into()),
+            address_pool: Some("public-v4".into()),
+            phase: Phase::Ready,
+            ..Default::default()
+        });
+        let mut peer = BGPPeer::new(
+            "tor",
+            BGPPeerSpec {
+                peer_address: "192.0.2.1".into(),
+                peer_asn: 65000,
+                local_asn: 65001,
+                peer_port: None,
+                source_address: None,
+                node_selector: None,
+                hold_time_seconds: Some(9),
+                keepalive_time_seconds: None,
+                connect_retry_seconds: None,
+                password_secret_ref: Some(SecretKeyRef {
+                    name: "bgp-pw".into(),
+                    key: None,
+                }),
+                ebgp_multihop: None,
+                graceful_restart: None,
+                passive: None,
+            },
+        );
+        peer.metadata.labels = Some([("role".to_string(), "tor".to_string())].into());
+        let adv = BGPAdvertisement::new(
+            "public",
+            BGPAdvertisementSpec {
+                address_pools: vec!["public-v4".into()],
+                peer_selector: None,
+                node_selector: None,
+                communities: vec!["64512:100".into()],
+                large_communities: vec!["64512:1:2".into()],
+                local_pref: Some(150),
+            },
+        );
+        let secret = Secret {
+            metadata: meta("bgp-pw", Some(DEFAULT_SECRET_NAMESPACE)),
+            data: Some([("password".to_string(), ByteString(b"s3cret".to_vec()))].into()),
+            ..Default::default()
+        };
+        AgentView {
+            nodes: [
+                node("node-a", "192.168.0.1", false),
+                node("node-c", "192.168.0.3", false),
+            ]
+            .into(),
+            slbs: vec![slb],
+            services: [("default/nginx".to_string(), svc)].into(),
+            slices: [(
+                "default/nginx".to_string(),
+                vec![slice(
+                    "nginx",
+                    "nginx-1",
+                    &[
+                        ("10.0.0.1", "node-a", true, false),
+                        ("10.0.0.2", "node-a", true, false),
+                        ("10.0.0.3", "node-c", true, false),
+                        ("10.0.0.4", "node-a", false, false),
+                        ("10.0.0.5", "node-a", true, true),
+                    ],
+                    ("http", 8080),
+                )],
+            )]
+            .into(),
+            peers: vec![peer],
+            advertisements: vec![adv],
+            secrets: [("bgp-pw".to_string(), secret)].into(),
+            secret_namespace: DEFAULT_SECRET_NAMESPACE.into(),
+        }
+    }
+
+    #[test]
+    fn seed_node_a() {
+        let (s, w) = build_node_state("node-a", &view());
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(s.router_id, Some(Ipv4Addr::new(192, 168, 0, 1)));
+        assert_eq!(s.services.len(), 1);
+        let svc = &s.services[0];
+        assert_eq!(
+            svc.frontend,
+            Frontend {
+                vip: Ipv4Addr::new(203, 0, 113, 10),
+                protocol: Protocol::Tcp,
+                port: 80
+            }
+        );
+        assert_eq!(
+            svc.backends,
+            vec![
+                LocalBackend {
+                    ip: Ipv4Addr::new(10, 0, 0, 1),
+                    port: 8080
+                },
+                LocalBackend {
+                    ip: Ipv4Addr::new(10, 0, 0, 2),
+                    port: 8080
+                }
+            ]
+        );
+        assert_eq!(s.advertised.len(), 1);
+        let a = &s.advertised[0];
+        assert_eq!(a.communities, vec![64512 << 16 | 100]);
+        assert_eq!(a.large_communities, vec![[64512, 1, 2]]);
+        assert_eq!(a.local_pref, Some(150));
+        assert!(a.peers.is_empty());
+        assert_eq!(s.peers.len(), 1);
+        assert_eq!(s.peers[0].md5_password.as_deref(), Some("s3cret"));
+        assert_eq!(s.peers[0].hold_time, 9);
+        assert_eq!(s.peers[0].keepalive_time, 3);
+    }
+
+    #[test]
+    fn node_without_backends_serves_nothing_and_announces_nothing() {
+        let (s, _) = build_node_state("node-b", &view());
+        assert_eq!(s.services.len(), 1);
+        assert!(s.services[0].backends.is_empty());
+        assert!(s.advertised.is_empty());
+    }
+
+    #[test]
+    fn excluded_failed_missing_advertisement_and_secret() {
+        let mut v = view();
+        v.nodes
+            .insert("node-a".into(), node("node-a", "192.168.0.1", true).1);
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.advertised.is_empty());
+
+        let mut v = view();
+        v.advertisements.clear();
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.advertised.is_empty());
+        assert_eq!(s.services[0].backends.len(), 2);
+
+        let mut v = view();
+        v.slbs[0].status.as_mut().unwrap().phase = Phase::Failed;
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.services.is_empty() && s.advertised.is_empty());
+
+        let mut v = view();
+        v.secrets.clear();
+        let (s, w) = build_node_state("node-a", &v);
+        assert!(s.peers.is_empty());
+        assert!(w[0].contains("bgp-pw"));
+    }
+
+    #[test]
+    fn peer_selector_gives_indexes() {
+        let mut v = view();
+        v.advertisements[0].spec.peer_selector = Some(LabelSelector {
+            match_labels: Some([("role".to_string(), "tor".to_string())].into()),
+            ..Default::default()
+        });
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(s.advertised[0].peers, vec![0]);
+        v.advertisements[0].spec.peer_selector = Some(LabelSelector {
+            match_labels: Some([("role".to_string(), "other".to_string())].into()),
+            ..Default::default()
+        });
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.advertised.is_empty());
+    }
+
+    #[test]
+    fn communities_parse() {
+        assert_eq!(parse_community("65535:65535"), Some(u32::MAX));
+        assert_eq!(parse_community("65536:1"), None);
+        assert_eq!(parse_large_community("1:2:3"), Some([1, 2, 3]));
+        assert_eq!(parse_large_community("1:2"), None);
+        assert_eq!(parse_large_community("1:2:3:4"), None);
+    }
+}

@@ -1,0 +1,895 @@
+//! The controller's decision for one Service, as a pure function: given the Service, the
+//! previous ServiceLoadBalancer status, the Juneau objects and the EndpointSlices, say what
+//! the status must be, which VIP the Service shows, and which Events a human should see.
+//! The only state it touches is the [`VipBook`] it is handed.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::crd::{
+    AddressPoolSpec, BGPAdvertisementSpec, BackendSummary, ExternalNetworkSpec, Phase,
+    ServiceLoadBalancerStatus, EXTERNAL_NETWORK_ANNOTATION, LOAD_BALANCER_CLASS,
+    REQUESTED_IP_ANNOTATION,
+};
+use crate::endpoints::{host_network_endpoints, picture, slice_endpoints};
+use crate::vips::{parse_pool, AllocError, Range, VipBook};
+
+/// Condition types written on every ServiceLoadBalancer.
+pub mod condition {
+    /// Everything the Service asks for is something Juneau serves.
+    pub const SUPPORTED: &str = "Supported";
+    /// A VIP is allocated.
+    pub const VIP_ALLOCATED: &str = "VIPAllocated";
+    /// The VIP is announced from at least one node.
+    pub const ADVERTISED: &str = "Advertised";
+    /// The load balancer is serving.
+    pub const READY: &str = "Ready";
+}
+
+/// True when Juneau manages this Service: `type: LoadBalancer` and Juneau's class.
+pub fn is_managed(svc: &Service) -> bool {
+    svc.spec.as_ref().is_some_and(|s| {
+        s.type_.as_deref() == Some("LoadBalancer")
+            && s.load_balancer_class.as_deref() == Some(LOAD_BALANCER_CLASS)
+    })
+}
+
+/// `namespace/name` of an object.
+pub fn key_of(svc: &Service) -> String {
+    format!(
+        "{}/{}",
+        svc.metadata.namespace.as_deref().unwrap_or("default"),
+        svc.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// An Event to publish on the Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    /// Warning (a problem) or Normal.
+    pub warning: bool,
+    /// CamelCase reason.
+    pub reason: String,
+    /// Plain words.
+    pub message: String,
+}
+
+/// What the world looks like to the controller.
+#[derive(Debug, Default, Clone)]
+pub struct World {
+    /// ExternalNetworks by name.
+    pub networks: BTreeMap<String, ExternalNetworkSpec>,
+    /// AddressPools by name.
+    pub pools: BTreeMap<String, AddressPoolSpec>,
+    /// Nodes by name.
+    pub nodes: BTreeMap<String, Node>,
+    /// BGPAdvertisements (a VIP is announced only where one covers its pool).
+    pub advertisements: Vec<BGPAdvertisementSpec>,
+}
+
+/// Nodes (of `candidates`) on which some BGPAdvertisement covers `pool`.
+fn covered_nodes(world: &World, pool: &str, candidates: &[String]) -> Vec<String> {
+    candidates
+        .iter()
+        .filter(|n| {
+            let empty = BTreeMap::new();
+            let labels = world
+                .nodes
+                .get(*n)
+                .and_then(|n| n.metadata.labels.as_ref())
+                .unwrap_or(&empty);
+            world.advertisements.iter().any(|a| {
+                (a.address_pools.is_empty() || a.address_pools.iter().any(|p| p == pool))
+                    && match &a.node_selector {
+                        None => true,
+                        Some(s) => kube::core::Selector::try_from(s.clone())
+                            .is_ok_and(|s| kube::core::SelectorExt::matches(&s, labels)),
+                    }
+            })
+        })
+        .cloned()
+        .collect()
+}
+
+/// The decision for one Service.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The ServiceLoadBalancer status to write.
+    pub status: ServiceLoadBalancerStatus,
+    /// The IP to show in `.status.loadBalancer.ingress[0].ip` (None: show none).
+    pub ingress_ip: Option<Ipv4Addr>,
+    /// Events worth a human's attention (only on change).
+    pub notes: Vec<Note>,
+}
+
+/// A problem found in the Service or its configuration.
+#[derive(Debug, Clone)]
+struct Problem {
+    reason: &'static str,
+    message: String,
+}
+
+fn problem(reason: &'static str, message: impl Into<String>) -> Problem {
+    Problem {
+        reason,
+        message: message.into(),
+    }
+}
+
+/// Unsupported fields of the Service itself (checked before any allocation).
+fn unsupported(svc: &Service, host_network: &[Ipv4Addr]) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let Some(spec) = svc.spec.as_ref() else {
+        return vec![problem("InvalidService", "the Service has no spec")];
+    };
+    match spec.external_traffic_policy.as_deref() {
+        Some("Local") => {}
+        other => out.push(problem(
+            "ExternalTrafficPolicyNotLocal",
+            format!(
+                "externalTrafficPolicy is {}; Juneau only serves externalTrafficPolicy: Local (the client IP is kept and only nodes with a Ready local backend announce the VIP)",
+                other.unwrap_or("Cluster (the default)")
+            ),
+        )),
+    }
+    let families = spec.ip_families.clone().unwrap_or_default();
+    if families.iter().any(|f| f == "IPv6") {
+        out.push(problem(
+            "IPv6NotSupported",
+            format!(
+                "ipFamilies is [{}]; Juneau serves IPv4 only, set ipFamilies: [IPv4] and ipFamilyPolicy: SingleStack",
+                families.join(", ")
+            ),
+        ));
+    } else if spec.ip_family_policy.as_deref() == Some("RequireDualStack") {
+        out.push(problem(
+            "DualStackNotSupported",
+            "ipFamilyPolicy is RequireDualStack; Juneau serves IPv4 only",
+        ));
+    }
+    for p in spec.ports.iter().flatten() {
+        let proto = p.protocol.as_deref().unwrap_or("TCP");
+        if proto != "TCP" && proto != "UDP" {
+            out.push(problem(
+                "ProtocolNotSupported",
+                format!(
+                    "port {} uses protocol {proto}; Juneau serves TCP and UDP only",
+                    p.name.clone().unwrap_or_else(|| p.port.to_string())
+                ),
+            ));
+        }
+    }
+    if spec
+        .load_balancer_source_ranges
+        .as_ref()
+        .is_some_and(|r| !r.is_empty())
+    {
+        out.push(problem(
+            "SourceRangesNotSupported",
+            "loadBalancerSourceRanges is set; Juneau does not filter clients by source range, remove the field or filter upstream",
+        ));
+    }
+    if !host_network.is_empty() {
+        let ips: Vec<String> = host_network.iter().map(|i| i.to_string()).collect();
+        out.push(problem(
+            "HostNetworkBackendsNotSupported",
+            format!(
+                "backends {} run on the host network; Juneau only serves Pod-network backends",
+                ips.join(", ")
+            ),
+        ));
+    }
+    out
+}
+
+/// The pools of a network, parsed, or the problem that prevents allocation.
+fn network_pools(
+    svc: &Service,
+    world: &World,
+) -> Result<(String, Vec<(String, Vec<Range>)>), Problem> {
+    let ann = svc.metadata.annotations.as_ref();
+    let Some(net_name) = ann
+        .and_then(|a| a.get(EXTERNAL_NETWORK_ANNOTATION))
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+    else {
+        return Err(problem(
+            "ExternalNetworkMissing",
+            format!("the Service has no {EXTERNAL_NETWORK_ANNOTATION} annotation naming the ExternalNetwork its VIP comes from"),
+        ));
+    };
+    let Some(net) = world.networks.get(&net_name) else {
+        return Err(problem(
+            "ExternalNetworkNotFound",
+            format!("ExternalNetwork {net_name:?} does not exist"),
+        ));
+    };
+    if net.address_pools.is_empty() {
+        return Err(problem(
+            "ExternalNetworkHasNoPools",
+            format!("ExternalNetwork {net_name:?} lists no AddressPools"),
+        ));
+    }
+    let mut pools = Vec::new();
+    for p in &net.address_pools {
+        let Some(pool) = world.pools.get(p) else {
+            return Err(problem(
+                "AddressPoolNotFound",
+                format!("AddressPool {p:?} named by ExternalNetwork {net_name:?} does not exist"),
+            ));
+        };
+        if !pool.advertise_mode.is_bgp() {
+            return Err(problem(
+                "AddressPoolNotBGP",
+                format!(
+                    "AddressPool {p:?} has advertiseMode {:?}; LoadBalancer VIPs need advertiseMode: bgp",
+                    pool.advertise_mode.0
+                ),
+            ));
+        }
+        let ranges = parse_pool(pool).map_err(|m| {
+            problem(
+                "AddressPoolInvalid",
+                format!("AddressPool {p:?} is malformed: {m}"),
+            )
+        })?;
+        pools.push((p.clone(), ranges));
+    }
+    Ok((net_name, pools))
+}
+
+fn cond(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: impl Into<String>,
+    previous: &[Condition],
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let last_transition_time = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| now.clone());
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+/// Decides everything for one managed Service. `slices` are the Service's EndpointSlices.
+pub fn reconcile_service(
+    svc: &Service,
+    previous: Option<&ServiceLoadBalancerStatus>,
+    slices: &[&EndpointSlice],
+    world: &World,
+    book: &mut VipBook,
+    now: Time,
+) -> Outcome {
+    let owner = key_of(svc);
+    let prev_conds: Vec<Condition> = previous.map(|p| p.conditions.clone()).unwrap_or_default();
+    let generation = svc.metadata.generation;
+    let eps = slice_endpoints(slices.iter().copied());
+    let host = host_network_endpoints(&eps, &world.nodes);
+    let pic = picture(&eps, &world.nodes);
+    let mut status = ServiceLoadBalancerStatus {
+        backend_summary: BackendSummary {
+            total_ready: pic.total_ready,
+            local_ready_nodes: 0,
+        },
+        observed_generation: generation,
+        ..Default::default()
+    };
+    let mut notes = Vec::new();
+    let mut conditions = Vec::new();
+
+    let bad = unsupported(svc, &host);
+    let supported = bad.is_empty();
+    if supported {
+        conditions.push(cond(
+            condition::SUPPORTED,
+            true,
+            "Supported",
+            "every field of the Service is supported",
+            &prev_conds,
+            generation,
+            &now,
+        ));
+    } else {
+        let reason = bad[0].reason;
+        let message = bad
+            .iter()
+            .map(|p| p.message.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        conditions.push(cond(
+            condition::SUPPORTED,
+            false,
+            reason,
+            message,
+            &prev_conds,
+            generation,
+            &now,
+        ));
+    }
+
+    // VIP: only for supported Services; an unsupported one keeps a VIP it already holds
+    // (so fixing the Service gives it back the same address) but shows and announces none.
+    let requested_raw = svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(REQUESTED_IP_ANNOTATION))
+        .map(|s| s.trim().to_string());
+    let mut vip = None;
+    let vip_cond = match network_pools(svc, world) {
+        Err(p) => Err((p, true)),
+        Ok((net, pools)) => {
+            status.external_network = Some(net.clone());
+            let requested = match requested_raw.as_deref() {
+                None | Some("") => Ok(None),
+                Some(r) => r.parse::<Ipv4Addr>().map(Some).map_err(|_| {
+                    problem(
+                        "RequestedIPInvalid",
+                        format!("{REQUESTED_IP_ANNOTATION} is {r:?}, which is not an IPv4 address"),
+                    )
+                }),
+            };
+            match requested {
+                Err(p) => Err((p, true)),
+                Ok(req) if !supported && book.vip_of(&owner).is_none() => {
+                    let _ = req;
+                    Err((
+                        problem(
+                            "NotAllocated",
+                            "no VIP is allocated while the Service asks for something Juneau does not support",
+                        ),
+                        true,
+                    ))
+                }
+                Ok(req) => match book.allocate(&owner, &pools, req) {
+                    Ok((v, pool)) => {
+                        vip = Some(v);
+                        status.vip = Some(v.to_string());
+                        status.address_pool = Some(pool.clone());
+                        Ok(format!("{v} from AddressPool {pool} of ExternalNetwork {net}"))
+                    }
+                    Err(AllocError::OutsidePools) => Err((
+                        problem(
+                            "RequestedIPOutsidePools",
+                            format!(
+                                "requested IP {} is not inside any AddressPool of ExternalNetwork {net:?} ({})",
+                                req.map(|r| r.to_string()).unwrap_or_default(),
+                                pools.iter().map(|p| p.0.as_str()).collect::<Vec<_>>().join(", ")
+                            ),
+                        ),
+                        true,
+                    )),
+                    Err(AllocError::Taken(other)) => Err((
+                        problem(
+                            "RequestedIPTaken",
+                            format!(
+                                "requested IP {} is already the VIP of Service {other}",
+                                req.map(|r| r.to_string()).unwrap_or_default()
+                            ),
+                        ),
+                        false,
+                    )),
+                    Err(AllocError::Exhausted) => Err((
+                        problem(
+                            "AddressPoolExhausted",
+                            format!(
+                                "every address of the AddressPools of ExternalNetwork {net:?} ({}) is in use",
+                                pools.iter().map(|p| p.0.as_str()).collect::<Vec<_>>().join(", ")
+                            ),
+                        ),
+                        false,
+                    )),
+                },
+            }
+        }
+    };
+    let vip_ok = vip_cond.is_ok();
+    let mut failed = !supported;
+    match &vip_cond {
+        Ok(msg) => conditions.push(cond(
+            condition::VIP_ALLOCATED,
+            true,
+            "Allocated",
+            msg.clone(),
+            &prev_conds,
+            generation,
+            &now,
+        )),
+        Err((p, fatal)) => {
+            failed |= *fatal && supported;
+            conditions.push(cond(
+                condition::VIP_ALLOCATED,
+                false,
+                p.reason,
+                p.message.clone(),
+                &prev_conds,
+                generation,
+                &now,
+            ))
+        }
+    }
+
+    let serving = supported && vip_ok;
+    let mut uncovered = false;
+    if serving {
+        let pool = status.address_pool.clone().unwrap_or_default();
+        status.advertising_nodes = covered_nodes(world, &pool, &pic.advertising_nodes);
+        uncovered = status.advertising_nodes.is_empty() && !pic.advertising_nodes.is_empty();
+    }
+    status.backend_summary.local_ready_nodes =
+        u32::try_from(status.advertising_nodes.len()).unwrap_or(u32::MAX);
+    let advertised = serving && !status.advertising_nodes.is_empty();
+    let (adv_reason, adv_msg) = if !serving {
+        (
+            "NotServed",
+            "nothing is announced for this Service until the problems above are fixed".to_string(),
+        )
+    } else if advertised {
+        (
+            "ReadyBackends",
+            format!(
+                "announced as a /32 from {} node(s): {}",
+                status.advertising_nodes.len(),
+                status.advertising_nodes.join(", ")
+            ),
+        )
+    } else if uncovered {
+        (
+            "NoBGPAdvertisement",
+            format!(
+                "nodes {} have Ready backends, but no BGPAdvertisement covers AddressPool {} on them",
+                pic.advertising_nodes.join(", "),
+                status.address_pool.as_deref().unwrap_or_default()
+            ),
+        )
+    } else {
+        (
+            "NoReadyBackends",
+            "no node has a Ready local backend, so no node announces the VIP".to_string(),
+        )
+    };
+    conditions.push(cond(
+        condition::ADVERTISED,
+        advertised,
+        adv_reason,
+        adv_msg,
+        &prev_conds,
+        generation,
+        &now,
+    ));
+
+    status.phase = if failed {
+        Phase::Failed
+    } else if advertised {
+        Phase::Ready
+    } else {
+        Phase::Pending
+    };
+    let first_problem = conditions.iter().find(|c| c.status == "False");
+    conditions.push(cond(
+        condition::READY,
+        status.phase == Phase::Ready,
+        match first_problem {
+            None => "Ready",
+            Some(c) => c.reason.as_str(),
+        },
+        match first_problem {
+            None => "the VIP is allocated and announced".to_string(),
+            Some(c) => c.message.clone(),
+        },
+        &prev_conds,
+        generation,
+        &now,
+    ));
+
+    // Events: only when a condition changes (reason or status), so a resync is silent.
+    for c in &conditions {
+        if c.type_ == condition::READY {
+            continue;
+        }
+        let before = prev_conds.iter().find(|p| p.type_ == c.type_);
+        let changed = before.is_none_or(|b| b.status != c.status || b.reason != c.reason);
+        if !changed {
+            continue;
+        }
+        if c.status == "False" {
+            if c.reason == "NotServed" || c.reason == "NotAllocated" {
+                continue;
+            }
+            notes.push(Note {
+                warning: c.type_ != condition::ADVERTISED,
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+            });
+        } else if before.is_some() || c.type_ != condition::SUPPORTED {
+            let reason = match c.type_.as_str() {
+                condition::VIP_ALLOCATED => "VIPAllocated",
+                condition::ADVERTISED => "Advertised",
+                _ => "Supported",
+            };
+            notes.push(Note {
+                warning: false,
+                reason: reason.into(),
+                message: c.message.clone(),
+            });
+        }
+    }
+
+    status.conditions = conditions;
+    Outcome {
+        ingress_ip: if serving { vip } else { None },
+        status,
+        notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::AdvertiseMode;
+    use crate::endpoints::testutil::{node, slice};
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use kube::api::ObjectMeta;
+
+    fn world() -> World {
+        World {
+            networks: [(
+                "public".to_string(),
+                ExternalNetworkSpec {
+                    network_type: crate::crd::ExternalNetworkType::Bgp,
+                    address_pools: vec!["public-v4".into()],
+                },
+            )]
+            .into(),
+            pools: [(
+                "public-v4".to_string(),
+                AddressPoolSpec {
+                    advertise_mode: AdvertiseMode::bgp(),
+                    addresses: vec!["203.0.113.0/24".into()],
+                    allow_network_and_broadcast: None,
+                },
+            )]
+            .into(),
+            nodes: [
+                node("node-a", "192.168.0.1", false),
+                node("node-c", "192.168.0.3", false),
+            ]
+            .into(),
+            advertisements: vec![BGPAdvertisementSpec {
+                address_pools: vec!["public-v4".into()],
+                peer_selector: None,
+                node_selector: None,
+                communities: vec![],
+                large_communities: vec![],
+                local_pref: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn no_advertisement_no_announcement() {
+        let mut w = world();
+        w.advertisements.clear();
+        let mut book = VipBook::default();
+        let sl = seed_slice();
+        let o = reconcile_service(
+            &svc("nginx", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]),
+            None,
+            &[&sl],
+            &w,
+            &mut book,
+            now(),
+        );
+        assert_eq!(o.status.phase, Phase::Pending);
+        assert!(o.status.advertising_nodes.is_empty());
+        assert!(o.notes.iter().any(|n| n.reason == "NoBGPAdvertisement"));
+    }
+
+    fn svc(name: &str, ann: &[(&str, &str)]) -> Service {
+        Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                annotations: Some(
+                    ann.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                generation: Some(1),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                type_: Some("LoadBalancer".into()),
+                load_balancer_class: Some(LOAD_BALANCER_CLASS.into()),
+                external_traffic_policy: Some("Local".into()),
+                ip_families: Some(vec!["IPv4".into()]),
+                ports: Some(vec![ServicePort {
+                    name: Some("http".into()),
+                    protocol: Some("TCP".into()),
+                    port: 80,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+    }
+
+    fn seed_slice() -> EndpointSlice {
+        slice(
+            "nginx",
+            "nginx-1",
+            &[
+                ("10.0.0.1", "node-a", true, false),
+                ("10.0.0.2", "node-a", true, false),
+                ("10.0.0.3", "node-c", true, false),
+            ],
+            ("http", 80),
+        )
+    }
+
+    #[test]
+    fn seed_service_becomes_ready() {
+        let w = world();
+        let mut book = VipBook::default();
+        let s = svc("nginx", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
+        let sl = seed_slice();
+        let o = reconcile_service(&s, None, &[&sl], &w, &mut book, now());
+        assert_eq!(o.status.phase, Phase::Ready);
+        assert_eq!(o.status.vip.as_deref(), Some("203.0.113.1"));
+        assert_eq!(o.status.address_pool.as_deref(), Some("public-v4"));
+        assert_eq!(o.status.advertising_nodes, vec!["node-a", "node-c"]);
+        assert_eq!(
+            o.status.backend_summary,
+            BackendSummary {
+                total_ready: 3,
+                local_ready_nodes: 2
+            }
+        );
+        assert_eq!(o.ingress_ip, Some(Ipv4Addr::new(203, 0, 113, 1)));
+        assert!(o.notes.iter().any(|n| n.reason == "VIPAllocated"));
+        // Resync: same answer, no new events.
+        let o2 = reconcile_service(&s, Some(&o.status), &[&sl], &w, &mut book, now());
+        assert_eq!(o2.status, o.status);
+        assert!(o2.notes.is_empty(), "{:?}", o2.notes);
+    }
+
+    #[test]
+    fn requested_ip_and_conflicts() {
+        let w = world();
+        let mut book = VipBook::default();
+        let sl = seed_slice();
+        let a = svc(
+            "a",
+            &[
+                (EXTERNAL_NETWORK_ANNOTATION, "public"),
+                (REQUESTED_IP_ANNOTATION, "203.0.113.10"),
+            ],
+        );
+        let b = svc(
+            "b",
+            &[
+                (EXTERNAL_NETWORK_ANNOTATION, "public"),
+                (REQUESTED_IP_ANNOTATION, "203.0.113.10"),
+            ],
+        );
+        let oa = reconcile_service(&a, None, &[&sl], &w, &mut book, now());
+        assert_eq!(oa.status.vip.as_deref(), Some("203.0.113.10"));
+        let ob = reconcile_service(&b, None, &[&sl], &w, &mut book, now());
+        assert_eq!(ob.status.vip, None);
+        assert_eq!(ob.status.phase, Phase::Pending);
+        assert_eq!(ob.ingress_ip, None);
+        assert!(ob.status.advertising_nodes.is_empty());
+        assert!(ob.notes.iter().any(|n| n.warning
+            && n.reason == "RequestedIPTaken"
+            && n.message.contains("default/a")));
+        let c = svc(
+            "c",
+            &[
+                (EXTERNAL_NETWORK_ANNOTATION, "public"),
+                (REQUESTED_IP_ANNOTATION, "198.51.100.1"),
+            ],
+        );
+        let oc = reconcile_service(&c, None, &[&sl], &w, &mut book, now());
+        assert_eq!(oc.status.phase, Phase::Failed);
+        assert!(oc
+            .notes
+            .iter()
+            .any(|n| n.reason == "RequestedIPOutsidePools"));
+        let d = svc(
+            "d",
+            &[
+                (EXTERNAL_NETWORK_ANNOTATION, "public"),
+                (REQUESTED_IP_ANNOTATION, "not-an-ip"),
+            ],
+        );
+        let od = reconcile_service(&d, None, &[&sl], &w, &mut book, now());
+        assert!(od.notes.iter().any(|n| n.reason == "RequestedIPInvalid"));
+    }
+
+    #[test]
+    fn every_bad_input_fails_with_a_reason() {
+        let sl = seed_slice();
+        let cases: Vec<(&str, Box<dyn Fn(&mut Service, &mut World)>)> = vec![
+            (
+                "ExternalTrafficPolicyNotLocal",
+                Box::new(|s, _| {
+                    s.spec.as_mut().unwrap().external_traffic_policy = Some("Cluster".into())
+                }),
+            ),
+            (
+                "IPv6NotSupported",
+                Box::new(|s, _| {
+                    s.spec.as_mut().unwrap().ip_families = Some(vec!["IPv4".into(), "IPv6".into()])
+                }),
+            ),
+            (
+                "ProtocolNotSupported",
+                Box::new(|s, _| {
+                    s.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].protocol =
+                        Some("SCTP".into())
+                }),
+            ),
+            (
+                "SourceRangesNotSupported",
+                Box::new(|s, _| {
+                    s.spec.as_mut().unwrap().load_balancer_source_ranges =
+                        Some(vec!["192.0.2.0/24".into()])
+                }),
+            ),
+            (
+                "ExternalNetworkMissing",
+                Box::new(|s, _| {
+                    s.metadata.annotations = None;
+                }),
+            ),
+            (
+                "ExternalNetworkNotFound",
+                Box::new(|s, _| {
+                    s.metadata
+                        .annotations
+                        .as_mut()
+                        .unwrap()
+                        .insert(EXTERNAL_NETWORK_ANNOTATION.into(), "nope".into());
+                }),
+            ),
+            (
+                "AddressPoolNotBGP",
+                Box::new(|_, w| {
+                    w.pools.get_mut("public-v4").unwrap().advertise_mode =
+                        AdvertiseMode("layer2".into())
+                }),
+            ),
+            (
+                "AddressPoolInvalid",
+                Box::new(|_, w| {
+                    w.pools.get_mut("public-v4").unwrap().addresses = vec!["203.0.113.0/99".into()]
+                }),
+            ),
+            (
+                "AddressPoolNotFound",
+                Box::new(|_, w| {
+                    w.pools.clear();
+                }),
+            ),
+            (
+                "HostNetworkBackendsNotSupported",
+                Box::new(|_, w| {
+                    w.nodes
+                        .insert("node-c".into(), node("node-c", "10.0.0.3", false).1);
+                }),
+            ),
+        ];
+        for (reason, mutate) in cases {
+            let mut w = world();
+            let mut s = svc("x", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
+            mutate(&mut s, &mut w);
+            let mut book = VipBook::default();
+            let o = reconcile_service(&s, None, &[&sl], &w, &mut book, now());
+            assert_eq!(o.status.phase, Phase::Failed, "{reason}");
+            assert!(o.status.advertising_nodes.is_empty(), "{reason}");
+            assert_eq!(o.ingress_ip, None, "{reason}");
+            assert!(
+                o.notes.iter().any(|n| n.warning && n.reason == reason),
+                "{reason}: {:?}",
+                o.notes
+            );
+            assert!(
+                o.status
+                    .conditions
+                    .iter()
+                    .any(|c| c.reason == reason && c.status == "False"),
+                "{reason}"
+            );
+        }
+    }
+
+    #[test]
+    fn exhausted_pool_is_pending() {
+        let mut w = world();
+        w.pools.get_mut("public-v4").unwrap().addresses = vec!["203.0.113.5/32".into()];
+        let mut book = VipBook::default();
+        let sl = seed_slice();
+        let a = reconcile_service(
+            &svc("a", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]),
+            None,
+            &[&sl],
+            &w,
+            &mut book,
+            now(),
+        );
+        assert_eq!(a.status.vip.as_deref(), Some("203.0.113.5"));
+        let b = reconcile_service(
+            &svc("b", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]),
+            None,
+            &[&sl],
+            &w,
+            &mut book,
+            now(),
+        );
+        assert_eq!(b.status.phase, Phase::Pending);
+        assert!(b.notes.iter().any(|n| n.reason == "AddressPoolExhausted"));
+    }
+
+    #[test]
+    fn no_ready_backend_is_pending_with_vip() {
+        let w = world();
+        let mut book = VipBook::default();
+        let sl = slice(
+            "nginx",
+            "n",
+            &[("10.0.0.1", "node-a", false, false)],
+            ("http", 80),
+        );
+        let o = reconcile_service(
+            &svc("nginx", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]),
+            None,
+            &[&sl],
+            &w,
+            &mut book,
+            now(),
+        );
+        assert_eq!(o.status.phase, Phase::Pending);
+        assert!(o.status.vip.is_some());
+        assert_eq!(
+            o.ingress_ip,
+            o.status.vip.as_ref().map(|v| v.parse().unwrap())
+        );
+        assert!(o
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.reason == "NoReadyBackends"));
+    }
+
+    #[test]
+    fn managed_only_by_class() {
+        let mut s = svc("x", &[]);
+        assert!(is_managed(&s));
+        s.spec.as_mut().unwrap().load_balancer_class = Some("other.io/lb".into());
+        assert!(!is_managed(&s));
+        s.spec.as_mut().unwrap().load_balancer_class = Some(LOAD_BALANCER_CLASS.into());
+        s.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
+        assert!(!is_managed(&s));
+    }
+}
