@@ -5,3 +5,19 @@
 //! Reads the node's service table from `juneau_control::shm`; never writes it.
 //!
 //! Must not touch: Kubernetes, BGP, or any lock or allocation on the packet path.
+//!
+//! Layers, from pure to I/O:
+//! - [`packet`]: views over frame bytes and in-place NAT rewrites (RFC 1624 checksums);
+//! - [`flow`]: the fixed-capacity flow table;
+//! - [`services`], [`neigh`]: read-only tables the packet path consults;
+//! - [`engine`]: frame + ingress side → verdict, no I/O;
+//! - [`counters`]: drop reasons, per-service counters, Prometheus / JSON export.
+#![warn(missing_docs)]
+
+pub mod counters;
+pub mod engine;
+pub mod flow;
+pub mod neigh;
+pub mod netlink;
+pub mod packet;
+pub mod services;

@@ -1,0 +1,340 @@
+//! The dataplane's counters: one per drop reason, one set per service, and the I/O
+//! layer's own; rendered as Prometheus text and as the JSON stats file.
+//!
+//! Counters are plain `u64`s owned by the single forwarding thread (no atomics on the
+//! packet path); the thread publishes a copy ([`Stats`]) about once a second.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+/// Why the dataplane dropped a frame. Every variant has its own counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(usize)]
+pub enum DropReason {
+    /// The frame failed to parse (truncated, bad lengths, bad version).
+    Malformed,
+    /// An IPv4 fragment to a VIP or from a backend: never NATed (no ports to match).
+    Fragment,
+    /// An IPv4 header with options to a VIP or from a backend: not forwarded.
+    IpOptions,
+    /// Neither TCP nor UDP (e.g. ICMP or SCTP to a VIP).
+    UnsupportedProtocol,
+    /// TCP/UDP to a VIP on a port/protocol the Service does not expose.
+    PortNotExposed,
+    /// The frontend has no local Ready backend.
+    NoBackend,
+    /// The flow's backend was removed from the Service; the flow is dropped, never moved.
+    BackendRemoved,
+    /// A reply from a backend port with no flow (expired, or never seen).
+    NoFlow,
+    /// Two flows would share the same reverse key (same client ip:port to the same
+    /// backend ip:port through two frontends).
+    FlowConflict,
+    /// The flow table is full of live flows.
+    FlowTableFull,
+    /// No route out of the dataplane's interfaces for the next hop.
+    NoRoute,
+    /// The next hop's MAC is not known yet (resolution was triggered).
+    NoNeighbour,
+    /// The frame should have gone to the kernel (TTL expiry, not for us) but reached
+    /// userspace; AF_XDP cannot hand it back, so it is dropped. The steering program
+    /// passes these to the kernel itself, so this stays at zero in normal operation.
+    KernelBound,
+    /// The egress TX ring was full.
+    TxRingFull,
+}
+
+impl DropReason {
+    /// Every reason, in counter order.
+    pub const ALL: [DropReason; 14] = [
+        DropReason::Malformed,
+        DropReason::Fragment,
+        DropReason::IpOptions,
+        DropReason::UnsupportedProtocol,
+        DropReason::PortNotExposed,
+        DropReason::NoBackend,
+        DropReason::BackendRemoved,
+        DropReason::NoFlow,
+        DropReason::FlowConflict,
+        DropReason::FlowTableFull,
+        DropReason::NoRoute,
+        DropReason::NoNeighbour,
+        DropReason::KernelBound,
+        DropReason::TxRingFull,
+    ];
+
+    /// The label used in metrics and the stats file.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DropReason::Malformed => "malformed",
+            DropReason::Fragment => "fragment",
+            DropReason::IpOptions => "ip_options",
+            DropReason::UnsupportedProtocol => "unsupported_protocol",
+            DropReason::PortNotExposed => "port_not_exposed",
+            DropReason::NoBackend => "no_backend",
+            DropReason::BackendRemoved => "backend_removed",
+            DropReason::NoFlow => "no_flow",
+            DropReason::FlowConflict => "flow_conflict",
+            DropReason::FlowTableFull => "flow_table_full",
+            DropReason::NoRoute => "no_route",
+            DropReason::NoNeighbour => "no_neighbour",
+            DropReason::KernelBound => "kernel_bound",
+            DropReason::TxRingFull => "tx_ring_full",
+        }
+    }
+}
+
+/// Per-service counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ServiceCounters {
+    /// Client -> backend packets forwarded.
+    pub packets_in: u64,
+    /// Client -> backend bytes forwarded (Ethernet frame lengths).
+    pub bytes_in: u64,
+    /// Backend -> client packets forwarded.
+    pub packets_out: u64,
+    /// Backend -> client bytes forwarded.
+    pub bytes_out: u64,
+    /// Flows created.
+    pub new_flows: u64,
+    /// Packets dropped for this service (no backend, backend removed, ...).
+    pub drops: u64,
+}
+
+/// The counters the forwarding thread keeps.
+#[derive(Debug, Clone, Default)]
+pub struct Counters {
+    /// Indexed by `DropReason as usize`.
+    pub drops: [u64; DropReason::ALL.len()],
+    /// Frames received from AF_XDP sockets.
+    pub rx_packets: u64,
+    /// Frames sent.
+    pub tx_packets: u64,
+    /// Frames that were not for userspace (see [`DropReason::KernelBound`]).
+    pub kernel_bound: u64,
+    /// Indexed like the current service table.
+    pub services: Vec<ServiceCounters>,
+}
+
+impl Counters {
+    /// Counts a drop.
+    #[inline]
+    pub fn drop(&mut self, r: DropReason) {
+        self.drops[r as usize] += 1;
+    }
+
+    /// The count for one reason.
+    pub fn drops_for(&self, r: DropReason) -> u64 {
+        self.drops[r as usize]
+    }
+}
+
+/// One service's counters with its frontend, for export.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServiceStats {
+    /// `VIP`.
+    pub vip: String,
+    /// `TCP` / `UDP`.
+    pub protocol: String,
+    /// The Service port.
+    pub port: u16,
+    /// Local backends now.
+    pub backends: usize,
+    /// Counters (carried over across service-table updates, by frontend).
+    #[serde(flatten)]
+    pub counters: ServiceCounters,
+}
+
+/// Everything exported, as written to the stats file (JSON) and served as metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// Seconds since the UNIX epoch when this was taken.
+    pub timestamp: u64,
+    /// Generation of the shared state in force.
+    pub generation: u64,
+    /// Frames received from the AF_XDP sockets.
+    pub rx_packets: u64,
+    /// Frames transmitted.
+    pub tx_packets: u64,
+    /// Drops by reason (every reason present, zero or not).
+    pub drops: std::collections::BTreeMap<String, u64>,
+    /// Flows held now.
+    pub flows: u64,
+    /// Flow table capacity.
+    pub flow_capacity: u64,
+    /// Bytes of memory per flow slot (records + index + free list).
+    pub flow_table_bytes: u64,
+    /// Per service.
+    pub services: Vec<ServiceStats>,
+    /// Kernel AF_XDP socket statistics, summed over sockets.
+    pub xsk_rx_dropped: u64,
+    /// Kernel: frames lost to a full RX ring.
+    pub xsk_rx_ring_full: u64,
+    /// Kernel: times the fill ring was empty.
+    pub xsk_fill_ring_empty: u64,
+    /// Neighbour entries known.
+    pub neighbours: u64,
+    /// Resolution requests sent to the kernel.
+    pub neighbour_requests: u64,
+}
+
+impl Stats {
+    /// The total of every drop reason.
+    pub fn total_drops(&self) -> u64 {
+        self.drops.values().sum()
+    }
+
+    /// Prometheus text exposition format.
+    pub fn prometheus(&self) -> String {
+        let mut s = String::new();
+        let mut counter = |name: &str, help: &str, v: u64| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        counter(
+            "juneau_dataplane_rx_packets_total",
+            "Frames received from AF_XDP sockets.",
+            self.rx_packets,
+        );
+        counter(
+            "juneau_dataplane_tx_packets_total",
+            "Frames transmitted.",
+            self.tx_packets,
+        );
+        counter(
+            "juneau_dataplane_xsk_rx_dropped_total",
+            "Frames the kernel dropped on AF_XDP receive.",
+            self.xsk_rx_dropped,
+        );
+        counter(
+            "juneau_dataplane_xsk_rx_ring_full_total",
+            "Frames lost to a full AF_XDP RX ring.",
+            self.xsk_rx_ring_full,
+        );
+        counter(
+            "juneau_dataplane_xsk_fill_ring_empty_total",
+            "Times the AF_XDP fill ring was empty.",
+            self.xsk_fill_ring_empty,
+        );
+        counter(
+            "juneau_dataplane_neighbour_requests_total",
+            "Neighbour resolutions requested from the kernel.",
+            self.neighbour_requests,
+        );
+        let _ = writeln!(
+            s,
+            "# HELP juneau_dataplane_drops_total Frames dropped, by reason."
+        );
+        let _ = writeln!(s, "# TYPE juneau_dataplane_drops_total counter");
+        for (r, v) in &self.drops {
+            let _ = writeln!(s, "juneau_dataplane_drops_total{{reason=\"{r}\"}} {v}");
+        }
+        for (name, help, v) in [
+            (
+                "juneau_dataplane_flows",
+                "Flows in the flow table.",
+                self.flows,
+            ),
+            (
+                "juneau_dataplane_flow_capacity",
+                "Flow table capacity.",
+                self.flow_capacity,
+            ),
+            (
+                "juneau_dataplane_flow_table_bytes",
+                "Memory held by the flow table.",
+                self.flow_table_bytes,
+            ),
+            (
+                "juneau_dataplane_neighbours",
+                "Neighbour entries known.",
+                self.neighbours,
+            ),
+            (
+                "juneau_dataplane_state_generation",
+                "Generation of the shared control state in force.",
+                self.generation,
+            ),
+        ] {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        type Field = fn(&ServiceCounters) -> u64;
+        let fields: [(&str, &str, Field); 6] = [
+            (
+                "juneau_dataplane_service_packets_in_total",
+                "Client to backend packets.",
+                |c| c.packets_in,
+            ),
+            (
+                "juneau_dataplane_service_bytes_in_total",
+                "Client to backend bytes.",
+                |c| c.bytes_in,
+            ),
+            (
+                "juneau_dataplane_service_packets_out_total",
+                "Backend to client packets.",
+                |c| c.packets_out,
+            ),
+            (
+                "juneau_dataplane_service_bytes_out_total",
+                "Backend to client bytes.",
+                |c| c.bytes_out,
+            ),
+            (
+                "juneau_dataplane_service_new_flows_total",
+                "Flows created.",
+                |c| c.new_flows,
+            ),
+            (
+                "juneau_dataplane_service_drops_total",
+                "Packets dropped for the service.",
+                |c| c.drops,
+            ),
+        ];
+        for (name, help, get) in fields {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter");
+            for svc in &self.services {
+                let _ = writeln!(
+                    s,
+                    "{name}{{vip=\"{}\",protocol=\"{}\",port=\"{}\"}} {}",
+                    svc.vip,
+                    svc.protocol,
+                    svc.port,
+                    get(&svc.counters)
+                );
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_lists_every_reason_and_service() {
+        let mut st = Stats::default();
+        for r in DropReason::ALL {
+            st.drops.insert(r.name().into(), r as u64);
+        }
+        st.services.push(ServiceStats {
+            vip: "203.0.113.10".into(),
+            protocol: "TCP".into(),
+            port: 80,
+            backends: 2,
+            counters: ServiceCounters {
+                packets_in: 5,
+                new_flows: 1,
+                ..Default::default()
+            },
+        });
+        let text = st.prometheus();
+        assert!(text.contains("juneau_dataplane_drops_total{reason=\"port_not_exposed\"} 4"));
+        assert!(text.contains("juneau_dataplane_service_packets_in_total{vip=\"203.0.113.10\",protocol=\"TCP\",port=\"80\"} 5"));
+        assert_eq!(st.total_drops(), (0..14).sum::<u64>());
+        let names: std::collections::HashSet<_> =
+            DropReason::ALL.iter().map(|r| r.name()).collect();
+        assert_eq!(names.len(), DropReason::ALL.len());
+    }
+}

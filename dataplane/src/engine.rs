@@ -1,0 +1,861 @@
+//! The forwarding engine: one frame in, a verdict out. No I/O, no clock, no allocation.
+//!
+//! The caller (the AF_XDP loop, or a test) passes a frame it may rewrite in place, the
+//! interface it arrived on, the current next-hop table and the time; the engine parses
+//! it, finds or creates its flow, rewrites addresses, ports, TTL, checksums and MACs, and
+//! says where the frame goes.
+//!
+//! Policy (see `docs/dataplane.md`):
+//! - Not IPv4 (ARP, IPv6, VLAN-tagged): the kernel's ([`Verdict::Pass`]).
+//! - IPv4 to a VIP: fragments, IP options and protocols other than TCP/UDP are dropped
+//!   and counted; TTL ≤ 1 goes to the kernel (ICMP time exceeded); a port/protocol the
+//!   Service does not expose is dropped; a frontend without local backend is dropped.
+//! - From a Pod interface: replies matching a flow are reverse-NATed; replies without a
+//!   flow are dropped (never leaked un-NATed).
+
+use crate::counters::{Counters, DropReason, ServiceCounters};
+use crate::flow::{hash_key, Direction, Flow, FlowKey, FlowTable, InsertError, Timeouts};
+use crate::neigh::{Neighbours, Resolve, Side};
+use crate::packet::{self, L4Checksum, NatSide, Parsed};
+use crate::services::ServiceTable;
+
+/// Why a frame goes to the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassReason {
+    /// Not IPv4 (ARP, IPv6, VLAN-tagged ...).
+    NotIpv4,
+    /// IPv4, but neither to a VIP (uplink) nor a flow's reply (Pod side).
+    NotForUs,
+    /// TTL 0 or 1: the kernel sends ICMP time exceeded.
+    TtlExpired,
+}
+
+/// What to do with a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Transmit the (rewritten) frame out of this interface.
+    Tx(Side),
+    /// Leave the frame to the kernel (unchanged).
+    Pass(PassReason),
+    /// Drop it (counted).
+    Drop(DropReason),
+}
+
+/// Engine settings.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineConfig {
+    /// Flow table capacity.
+    pub flow_capacity: usize,
+    /// Flow timeouts.
+    pub timeouts: Timeouts,
+    /// Recompute L4 checksums of replies from Pods instead of updating them
+    /// incrementally (Pod veths with tx checksum offload hand over partial checksums).
+    pub recompute_pod_checksums: bool,
+    /// Seed of the flow-table hash (random per process).
+    pub hash_seed: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            flow_capacity: 1 << 20,
+            timeouts: Timeouts::default(),
+            recompute_pod_checksums: true,
+            hash_seed: 0x6a75_6e65_6175,
+        }
+    }
+}
+
+/// Seed of the Maglev flow hash: fixed, so that every node and every restart picks the
+/// same backend for the same 5-tuple.
+pub const MAGLEV_HASH_SEED: u64 = 0x4a75_6e65_6175_4d67;
+
+/// Next hops whose resolution the engine asked for, taken by the I/O loop after a batch.
+#[derive(Debug, Default)]
+pub struct MissingNeighbours {
+    list: [(u32, u32); 16],
+    len: usize,
+}
+
+impl MissingNeighbours {
+    fn push(&mut self, ip: u32, ifindex: u32) {
+        if self.list[..self.len].contains(&(ip, ifindex)) || self.len == self.list.len() {
+            return;
+        }
+        self.list[self.len] = (ip, ifindex);
+        self.len += 1;
+    }
+
+    /// Takes the recorded `(next hop, ifindex)` pairs.
+    pub fn take(&mut self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let n = std::mem::take(&mut self.len);
+        self.list[..n].iter().copied()
+    }
+}
+
+/// The forwarding engine of one worker.
+#[derive(Debug)]
+pub struct Engine {
+    flows: FlowTable,
+    table: ServiceTable,
+    counters: Counters,
+    pod_checksum: L4Checksum,
+    /// Next hops to resolve.
+    pub missing: MissingNeighbours,
+}
+
+impl Engine {
+    /// An engine with an empty service table.
+    pub fn new(cfg: EngineConfig) -> Self {
+        Engine {
+            flows: FlowTable::new(cfg.flow_capacity, cfg.timeouts, cfg.hash_seed),
+            table: ServiceTable::default(),
+            counters: Counters::default(),
+            pod_checksum: if cfg.recompute_pod_checksums {
+                L4Checksum::Recompute
+            } else {
+                L4Checksum::Incremental
+            },
+            missing: MissingNeighbours::default(),
+        }
+    }
+
+    /// Installs a new service table. Per-service counters follow their frontend; flows
+    /// are re-validated lazily (on their next packet) against the new table.
+    pub fn set_services(&mut self, table: ServiceTable) {
+        let mut counters = vec![ServiceCounters::default(); table.services().len()];
+        for (i, old) in self.table.services().iter().enumerate() {
+            let f = old.frontend;
+            if let Some(j) = table.find(u32::from(f.vip), f.protocol.number(), f.port) {
+                counters[j as usize] = self.counters.services[i];
+            }
+        }
+        self.counters.services = counters;
+        self.table = table;
+    }
+
+    /// The service table in force.
+    pub fn services(&self) -> &ServiceTable {
+        &self.table
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The counters, mutable (the I/O layer adds its own).
+    pub fn counters_mut(&mut self) -> &mut Counters {
+        &mut self.counters
+    }
+
+    /// The flow table.
+    pub fn flows(&self) -> &FlowTable {
+        &self.flows
+    }
+
+    /// Evicts up to `budget` expired flows; call once per loop iteration.
+    pub fn sweep(&mut self, now_ms: u64, budget: usize) -> usize {
+        self.flows.sweep(now_ms, budget)
+    }
+
+    fn drop(&mut self, r: DropReason, service: Option<u32>) -> Verdict {
+        self.counters.drop(r);
+        if let Some(s) = service {
+            self.counters.services[s as usize].drops += 1;
+        }
+        Verdict::Drop(r)
+    }
+
+    /// Processes one frame that arrived on `ingress`. On [`Verdict::Tx`] the frame has
+    /// been rewritten; otherwise it is unchanged.
+    pub fn process(
+        &mut self,
+        frame: &mut [u8],
+        ingress: Side,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Verdict {
+        self.counters.rx_packets += 1;
+        let v = match packet::parse(frame) {
+            Ok(Parsed::Ipv4(v)) => v,
+            Ok(Parsed::NotIpv4(_)) => return self.pass(PassReason::NotIpv4),
+            Err(_) => return self.drop(DropReason::Malformed, None),
+        };
+        match ingress {
+            Side::Uplink => self.forward(frame, v, nb, now_ms),
+            Side::Pod(_) => self.reverse(frame, v, nb, now_ms),
+        }
+    }
+
+    fn pass(&mut self, r: PassReason) -> Verdict {
+        self.counters.kernel_bound += 1;
+        Verdict::Pass(r)
+    }
+
+    /// Checks an existing flow against the current service table; `Err` when its backend
+    /// (or its whole frontend) is gone, in which case the flow has been removed.
+    fn revalidate(&mut self, id: u32) -> Result<u32, Option<u32>> {
+        let gen = self.table.generation32();
+        let f = *self.flows.get(id);
+        if f.checked_generation == gen {
+            return Ok(f.service);
+        }
+        match self.table.find(f.vip, f.proto, f.vip_port) {
+            Some(s) if self.table.service(s).has_backend(f.backend, f.backend_port) => {
+                let rec = self.flows.get_mut(id);
+                rec.service = s;
+                rec.checked_generation = gen;
+                Ok(s)
+            }
+            other => {
+                self.flows.remove(id);
+                Err(other)
+            }
+        }
+    }
+
+    fn forward(
+        &mut self,
+        frame: &mut [u8],
+        mut v: packet::Ipv4View,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Verdict {
+        if !self.table.is_vip(v.dst) {
+            return self.pass(PassReason::NotForUs);
+        }
+        if v.fragment {
+            return self.drop(DropReason::Fragment, None);
+        }
+        if v.has_options() {
+            return self.drop(DropReason::IpOptions, None);
+        }
+        let Some(l4) = v.l4 else {
+            return self.drop(DropReason::UnsupportedProtocol, None);
+        };
+        if v.ttl <= 1 {
+            return self.pass(PassReason::TtlExpired);
+        }
+        let key = FlowKey {
+            src: v.src,
+            dst: v.dst,
+            src_port: l4.src_port,
+            dst_port: l4.dst_port,
+            proto: v.protocol,
+        };
+        let (id, service, new) = match self.flows.lookup(&key, now_ms) {
+            Some((id, Direction::Forward)) => match self.revalidate(id) {
+                Ok(s) => (id, s, false),
+                Err(s) => return self.drop(DropReason::BackendRemoved, s),
+            },
+            Some((_, Direction::Reverse)) => return self.drop(DropReason::FlowConflict, None),
+            None => {
+                let Some(s) = self.table.find(v.dst, v.protocol, l4.dst_port) else {
+                    return self.drop(DropReason::PortNotExposed, None);
+                };
+                let Some(b) = self.table.service(s).pick(hash_key(&key, MAGLEV_HASH_SEED)) else {
+                    return self.drop(DropReason::NoBackend, Some(s));
+                };
+                let flow = Flow::new(
+                    v.src,
+                    l4.src_port,
+                    v.dst,
+                    l4.dst_port,
+                    u32::from(b.ip),
+                    b.port,
+                    v.protocol,
+                    s,
+                    self.table.generation32(),
+                );
+                let rev = FlowKey {
+                    src: flow.backend,
+                    dst: v.src,
+                    src_port: b.port,
+                    dst_port: l4.src_port,
+                    proto: v.protocol,
+                };
+                if self.flows.lookup(&rev, now_ms).is_some() {
+                    return self.drop(DropReason::FlowConflict, Some(s));
+                }
+                match self.flows.insert(flow, l4.tcp_flags, now_ms) {
+                    Ok(id) => (id, s, true),
+                    Err(InsertError::Full) => return self.drop(DropReason::FlowTableFull, Some(s)),
+                }
+            }
+        };
+        let f = *self.flows.get(id);
+        let (side, src, dst) = match nb.resolve(f.backend) {
+            Resolve::Found { side, src, dst } => (side, src, dst),
+            Resolve::Miss { ip, ifindex } => {
+                self.missing.push(ip, ifindex);
+                return self.drop(DropReason::NoNeighbour, Some(service));
+            }
+            Resolve::NoRoute => return self.drop(DropReason::NoRoute, Some(service)),
+        };
+        if !new {
+            self.flows
+                .touch(id, Direction::Forward, l4.tcp_flags, now_ms);
+        }
+        packet::rewrite_addr_port(
+            frame,
+            &mut v,
+            NatSide::Destination,
+            f.backend,
+            f.backend_port,
+            L4Checksum::Incremental,
+        );
+        packet::decrement_ttl(frame, &mut v);
+        packet::set_macs(frame, src, dst);
+        let c = &mut self.counters.services[service as usize];
+        c.packets_in += 1;
+        c.bytes_in += frame.len() as u64;
+        c.new_flows += u64::from(new);
+        Verdict::Tx(side)
+    }
+
+    fn reverse(
+        &mut self,
+        frame: &mut [u8],
+        mut v: packet::Ipv4View,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Verdict {
+        let Some(l4) = v.l4 else {
+            // Fragments, options-less non-TCP/UDP: the steering program only sends TCP/UDP
+            // from backend ports, so these are malformed or fragmented replies.
+            return if v.fragment {
+                self.drop(DropReason::Fragment, None)
+            } else {
+                self.drop(DropReason::UnsupportedProtocol, None)
+            };
+        };
+        if v.has_options() {
+            return self.drop(DropReason::IpOptions, None);
+        }
+        let key = FlowKey {
+            src: v.src,
+            dst: v.dst,
+            src_port: l4.src_port,
+            dst_port: l4.dst_port,
+            proto: v.protocol,
+        };
+        let (id, service) = match self.flows.lookup(&key, now_ms) {
+            Some((id, Direction::Reverse)) => match self.revalidate(id) {
+                Ok(s) => (id, s),
+                Err(s) => return self.drop(DropReason::BackendRemoved, s),
+            },
+            _ => return self.drop(DropReason::NoFlow, None),
+        };
+        if v.ttl <= 1 {
+            return self.pass(PassReason::TtlExpired);
+        }
+        let f = *self.flows.get(id);
+        let (side, src, dst) = match nb.resolve(f.client) {
+            Resolve::Found { side, src, dst } => (side, src, dst),
+            Resolve::Miss { ip, ifindex } => {
+                self.missing.push(ip, ifindex);
+                return self.drop(DropReason::NoNeighbour, Some(service));
+            }
+            Resolve::NoRoute => return self.drop(DropReason::NoRoute, Some(service)),
+        };
+        self.flows
+            .touch(id, Direction::Reverse, l4.tcp_flags, now_ms);
+        packet::rewrite_addr_port(
+            frame,
+            &mut v,
+            NatSide::Source,
+            f.vip,
+            f.vip_port,
+            self.pod_checksum,
+        );
+        packet::decrement_ttl(frame, &mut v);
+        packet::set_macs(frame, src, dst);
+        let c = &mut self.counters.services[service as usize];
+        c.packets_out += 1;
+        c.bytes_out += frame.len() as u64;
+        Verdict::Tx(side)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::neigh::{Iface, Route};
+    use crate::packet::tests::{assert_checksums_valid, build, build_with};
+    use crate::packet::{tcp_flags, MacAddr, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP};
+    use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
+    use std::net::Ipv4Addr;
+
+    const CLIENT: [u8; 4] = [192, 0, 2, 1];
+    const VIP: [u8; 4] = [203, 0, 113, 10];
+    const B1: [u8; 4] = [10, 1, 0, 5];
+    const B2: [u8; 4] = [10, 1, 1, 5];
+    const UP_MAC: MacAddr = MacAddr([0xa0; 6]);
+    const P0_MAC: MacAddr = MacAddr([0xb0; 6]);
+    const P1_MAC: MacAddr = MacAddr([0xb1; 6]);
+    const GW_MAC: MacAddr = MacAddr([0x11; 6]);
+    const B1_MAC: MacAddr = MacAddr([0x51; 6]);
+    const B2_MAC: MacAddr = MacAddr([0x52; 6]);
+
+    fn ip(a: [u8; 4]) -> u32 {
+        u32::from_be_bytes(a)
+    }
+
+    fn neighbours() -> Neighbours {
+        let mut n = Neighbours::new(
+            Iface {
+                ifindex: 2,
+                mac: UP_MAC,
+            },
+            vec![
+                Iface {
+                    ifindex: 10,
+                    mac: P0_MAC,
+                },
+                Iface {
+                    ifindex: 11,
+                    mac: P1_MAC,
+                },
+            ],
+        );
+        n.add_route(Route {
+            prefix: 0,
+            len: 0,
+            gateway: Some(ip([192, 0, 2, 254])),
+            ifindex: 2,
+        });
+        n.add_route(Route {
+            prefix: ip(B1),
+            len: 32,
+            gateway: None,
+            ifindex: 10,
+        });
+        n.add_route(Route {
+            prefix: ip(B2),
+            len: 32,
+            gateway: None,
+            ifindex: 11,
+        });
+        n.add_neighbour(ip([192, 0, 2, 254]), 2, GW_MAC);
+        n.add_neighbour(ip(B1), 10, B1_MAC);
+        n.add_neighbour(ip(B2), 11, B2_MAC);
+        n
+    }
+
+    fn maglev(n: usize) -> Vec<u16> {
+        (0..251).map(|i| (i % n.max(1)) as u16).collect()
+    }
+
+    fn state(backends: &[[u8; 4]]) -> (NodeState, Vec<Vec<u16>>) {
+        let bs: Vec<LocalBackend> = backends
+            .iter()
+            .map(|b| LocalBackend {
+                ip: Ipv4Addr::from(*b),
+                port: 8080,
+            })
+            .collect();
+        let mut s = NodeState {
+            node: "node-a".into(),
+            services: vec![
+                NodeService {
+                    frontend: Frontend {
+                        vip: Ipv4Addr::from(VIP),
+                        protocol: Protocol::Tcp,
+                        port: 80,
+                    },
+                    backends: bs.clone(),
+                },
+                NodeService {
+                    frontend: Frontend {
+                        vip: Ipv4Addr::from(VIP),
+                        protocol: Protocol::Udp,
+                        port: 53,
+                    },
+                    backends: bs.clone(),
+                },
+                NodeService {
+                    frontend: Frontend {
+                        vip: Ipv4Addr::from([203, 0, 113, 11]),
+                        protocol: Protocol::Tcp,
+                        port: 80,
+                    },
+                    backends: vec![],
+                },
+            ],
+            ..Default::default()
+        };
+        s.normalize();
+        let m = s
+            .services
+            .iter()
+            .map(|x| {
+                if x.backends.is_empty() {
+                    vec![]
+                } else {
+                    maglev(x.backends.len())
+                }
+            })
+            .collect();
+        (s, m)
+    }
+
+    fn engine(backends: &[[u8; 4]]) -> Engine {
+        let mut e = Engine::new(EngineConfig {
+            flow_capacity: 1024,
+            ..Default::default()
+        });
+        let (s, m) = state(backends);
+        e.set_services(ServiceTable::new(1, &s, &m));
+        e
+    }
+
+    fn update(e: &mut Engine, generation: u64, backends: &[[u8; 4]]) {
+        let (s, m) = state(backends);
+        e.set_services(ServiceTable::new(generation, &s, &m));
+    }
+
+    fn syn(cport: u16) -> Vec<u8> {
+        build_with(IPPROTO_TCP, CLIENT, cport, VIP, 80, b"", 64, tcp_flags::SYN)
+    }
+
+    fn parse(f: &[u8]) -> packet::Ipv4View {
+        match packet::parse(f).unwrap() {
+            Parsed::Ipv4(v) => v,
+            _ => panic!(),
+        }
+    }
+
+    #[test]
+    fn dnat_then_reverse_nat_round_trip() {
+        let nb = neighbours();
+        let mut e = engine(&[B1, B2]);
+        let mut f = syn(40000);
+        let verdict = e.process(&mut f, Side::Uplink, &nb, 0);
+        let Verdict::Tx(Side::Pod(i)) = verdict else {
+            panic!("{verdict:?}")
+        };
+        assert_checksums_valid(&f);
+        let v = parse(&f);
+        let backend = v.dst;
+        assert!(backend == ip(B1) || backend == ip(B2));
+        let (pod_mac, bmac) = if backend == ip(B1) {
+            (P0_MAC, B1_MAC)
+        } else {
+            (P1_MAC, B2_MAC)
+        };
+        assert_eq!(i, if backend == ip(B1) { 0 } else { 1 });
+        assert_eq!(&f[0..6], &bmac.0);
+        assert_eq!(&f[6..12], &pod_mac.0);
+        assert_eq!(v.l4.unwrap().dst_port, 8080);
+        assert_eq!(v.src, ip(CLIENT), "no SNAT: the Pod sees the client");
+        assert_eq!(v.ttl, 63);
+
+        // The backend's SYN-ACK, with a partial checksum as a veth with offload gives it.
+        let mut r = build_with(
+            IPPROTO_TCP,
+            Ipv4Addr::from(backend).octets(),
+            8080,
+            CLIENT,
+            40000,
+            b"",
+            64,
+            tcp_flags::SYN | tcp_flags::ACK,
+        );
+        r[14 + 20 + 16] ^= 0x5a;
+        assert_eq!(
+            e.process(&mut r, Side::Pod(i), &nb, 1),
+            Verdict::Tx(Side::Uplink)
+        );
+        assert_checksums_valid(&r);
+        let rv = parse(&r);
+        assert_eq!((rv.src, rv.l4.unwrap().src_port), (ip(VIP), 80));
+        assert_eq!(rv.dst, ip(CLIENT));
+        assert_eq!(&r[0..6], &GW_MAC.0);
+        assert_eq!(&r[6..12], &UP_MAC.0);
+        let sc =
+            e.counters().services[e.services().find(ip(VIP), IPPROTO_TCP, 80).unwrap() as usize];
+        assert_eq!((sc.packets_in, sc.packets_out, sc.new_flows), (1, 1, 1));
+        assert_eq!(e.flows().len(), 1);
+    }
+
+    #[test]
+    fn connections_spread_and_stick() {
+        let nb = neighbours();
+        let mut e = engine(&[B1, B2]);
+        let mut first = std::collections::HashMap::new();
+        for p in 0..200u16 {
+            let mut f = syn(10000 + p);
+            assert!(matches!(
+                e.process(&mut f, Side::Uplink, &nb, 0),
+                Verdict::Tx(_)
+            ));
+            first.insert(p, parse(&f).dst);
+        }
+        let n1 = first.values().filter(|&&b| b == ip(B1)).count();
+        assert!(n1 > 40 && n1 < 160, "both backends used: {n1}/200 on B1");
+        for round in 0..3 {
+            for p in 0..200u16 {
+                let mut f = build(IPPROTO_TCP, CLIENT, 10000 + p, VIP, 80, b"data");
+                assert!(matches!(
+                    e.process(&mut f, Side::Uplink, &nb, 10 + round),
+                    Verdict::Tx(_)
+                ));
+                assert_eq!(parse(&f).dst, first[&p]);
+            }
+        }
+    }
+
+    #[test]
+    fn policy_drops_and_passes() {
+        let nb = neighbours();
+        let mut e = engine(&[B1]);
+        // Port not exposed.
+        let mut f = build(IPPROTO_TCP, CLIENT, 1, VIP, 443, b"");
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::PortNotExposed)
+        );
+        // UDP port exposed only for 53: UDP/80 dropped.
+        let mut f = build(IPPROTO_UDP, CLIENT, 1, VIP, 80, b"");
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::PortNotExposed)
+        );
+        // VIP without a local backend.
+        let mut f = build(IPPROTO_TCP, CLIENT, 1, [203, 0, 113, 11], 80, b"");
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::NoBackend)
+        );
+        // ICMP to a VIP.
+        let mut f = build(IPPROTO_UDP, CLIENT, 1, VIP, 53, b"");
+        f[14 + 9] = IPPROTO_ICMP;
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::UnsupportedProtocol)
+        );
+        // Not a VIP: the kernel's.
+        let mut f = build(IPPROTO_TCP, CLIENT, 1, [192, 0, 2, 2], 22, b"");
+        let before = f.clone();
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Pass(PassReason::NotForUs)
+        );
+        assert_eq!(f, before);
+        // ARP and IPv6: the kernel's.
+        let mut arp = vec![0u8; 42];
+        arp[12..14].copy_from_slice(&packet::ETHERTYPE_ARP.to_be_bytes());
+        assert_eq!(
+            e.process(&mut arp, Side::Uplink, &nb, 0),
+            Verdict::Pass(PassReason::NotIpv4)
+        );
+        let mut v6 = vec![0u8; 60];
+        v6[12..14].copy_from_slice(&packet::ETHERTYPE_IPV6.to_be_bytes());
+        assert_eq!(
+            e.process(&mut v6, Side::Uplink, &nb, 0),
+            Verdict::Pass(PassReason::NotIpv4)
+        );
+        // TTL 1: the kernel's (time exceeded), unchanged.
+        let mut f = build_with(IPPROTO_TCP, CLIENT, 1, VIP, 80, b"", 1, tcp_flags::SYN);
+        let before = f.clone();
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Pass(PassReason::TtlExpired)
+        );
+        assert_eq!(f, before);
+        // Fragment to the VIP.
+        let mut f = build(IPPROTO_UDP, CLIENT, 1, VIP, 53, b"abcdefgh");
+        f[14 + 6] = 0x20;
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::Fragment)
+        );
+        // IP options.
+        let mut f = build(IPPROTO_UDP, CLIENT, 1, VIP, 53, b"abcd");
+        f[14] = 0x46; // header claims 24 bytes: the UDP header now starts 4 bytes later
+        assert!(matches!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::IpOptions | DropReason::Malformed)
+        ));
+        // Malformed.
+        let mut f = syn(5)[..30].to_vec();
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::Malformed)
+        );
+        // A reply without a flow.
+        let mut r = build(IPPROTO_TCP, B1, 8080, CLIENT, 999, b"");
+        assert_eq!(
+            e.process(&mut r, Side::Pod(0), &nb, 0),
+            Verdict::Drop(DropReason::NoFlow)
+        );
+        for r in [
+            DropReason::PortNotExposed,
+            DropReason::NoBackend,
+            DropReason::UnsupportedProtocol,
+            DropReason::Fragment,
+            DropReason::Malformed,
+            DropReason::NoFlow,
+        ] {
+            assert!(e.counters().drops_for(r) >= 1, "{r:?} counted");
+        }
+        assert_eq!(e.flows().len(), 0, "no flow created by dropped packets");
+    }
+
+    #[test]
+    fn ip_options_are_dropped_not_natted() {
+        let nb = neighbours();
+        let mut e = engine(&[B1]);
+        // A real options header: 20 bytes + 4 bytes of NOPs, then UDP.
+        let base = build(IPPROTO_UDP, CLIENT, 1, VIP, 53, b"payload!");
+        let mut f = base[..34].to_vec();
+        f.extend_from_slice(&[1, 1, 1, 0]);
+        f.extend_from_slice(&base[34..]);
+        f[14] = 0x46;
+        let tl = (f.len() - 14) as u16;
+        f[16..18].copy_from_slice(&tl.to_be_bytes());
+        let before = f.clone();
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::IpOptions)
+        );
+        assert_eq!(f, before);
+    }
+
+    #[test]
+    fn udp_round_trip() {
+        let nb = neighbours();
+        let mut e = engine(&[B1]);
+        let mut f = build(IPPROTO_UDP, CLIENT, 5353, VIP, 53, b"query");
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Tx(Side::Pod(0))
+        );
+        assert_checksums_valid(&f);
+        let mut r = build(IPPROTO_UDP, B1, 8080, CLIENT, 5353, b"answer");
+        assert_eq!(
+            e.process(&mut r, Side::Pod(0), &nb, 1),
+            Verdict::Tx(Side::Uplink)
+        );
+        assert_checksums_valid(&r);
+        assert_eq!(parse(&r).src, ip(VIP));
+    }
+
+    #[test]
+    fn removed_backend_flows_drop_others_stay() {
+        let nb = neighbours();
+        let mut e = engine(&[B1, B2]);
+        let mut on = std::collections::HashMap::new();
+        for p in 0..100u16 {
+            let mut f = syn(20000 + p);
+            e.process(&mut f, Side::Uplink, &nb, 0);
+            on.insert(p, parse(&f).dst);
+        }
+        update(&mut e, 2, &[B1]);
+        for p in 0..100u16 {
+            let mut f = build(IPPROTO_TCP, CLIENT, 20000 + p, VIP, 80, b"more");
+            let verdict = e.process(&mut f, Side::Uplink, &nb, 5);
+            if on[&p] == ip(B1) {
+                assert_eq!(verdict, Verdict::Tx(Side::Pod(0)));
+                assert_eq!(parse(&f).dst, ip(B1));
+            } else {
+                assert_eq!(verdict, Verdict::Drop(DropReason::BackendRemoved));
+            }
+        }
+        // Replies from the removed backend are dropped too, never leaked.
+        let p = on.iter().find(|(_, &b)| b == ip(B2)).map(|(p, _)| *p);
+        if let Some(p) = p {
+            let mut r = build(IPPROTO_TCP, B2, 8080, CLIENT, 20000 + p, b"");
+            assert!(matches!(
+                e.process(&mut r, Side::Pod(1), &nb, 6),
+                Verdict::Drop(_)
+            ));
+        }
+        // Added backend: existing flows stay where they are.
+        update(&mut e, 3, &[B1, B2]);
+        for p in 0..100u16 {
+            if on[&p] == ip(B1) {
+                let mut f = build(IPPROTO_TCP, CLIENT, 20000 + p, VIP, 80, b"again");
+                assert_eq!(
+                    e.process(&mut f, Side::Uplink, &nb, 7),
+                    Verdict::Tx(Side::Pod(0))
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn missing_neighbour_is_requested_and_dropped() {
+        let mut nb = Neighbours::new(
+            Iface {
+                ifindex: 2,
+                mac: UP_MAC,
+            },
+            vec![Iface {
+                ifindex: 10,
+                mac: P0_MAC,
+            }],
+        );
+        nb.add_route(Route {
+            prefix: ip(B1),
+            len: 32,
+            gateway: None,
+            ifindex: 10,
+        });
+        let mut e = engine(&[B1]);
+        let mut f = syn(1);
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::NoNeighbour)
+        );
+        assert_eq!(e.missing.take().collect::<Vec<_>>(), vec![(ip(B1), 10)]);
+        assert_eq!(e.missing.take().count(), 0);
+        // Once resolved, the retransmitted SYN goes through on the same flow.
+        nb.add_neighbour(ip(B1), 10, B1_MAC);
+        let mut f = syn(1);
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 1),
+            Verdict::Tx(Side::Pod(0))
+        );
+        assert_eq!(e.flows().len(), 1);
+    }
+
+    #[test]
+    fn counters_follow_frontends_across_updates() {
+        let nb = neighbours();
+        let mut e = engine(&[B1]);
+        let mut f = syn(1);
+        e.process(&mut f, Side::Uplink, &nb, 0);
+        update(&mut e, 2, &[B1, B2]);
+        let s = e.services().find(ip(VIP), IPPROTO_TCP, 80).unwrap();
+        assert_eq!(e.counters().services[s as usize].new_flows, 1);
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let nb = neighbours();
+        let mut e = engine(&[B1, B2]);
+        let mut seed = 0x1234_5678_u64;
+        for i in 0..20_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let mut f = if i % 2 == 0 {
+                syn((seed % 1000) as u16)
+            } else {
+                build(IPPROTO_UDP, B1, 8080, CLIENT, (seed % 1000) as u16, b"x")
+            };
+            let pos = (seed >> 16) as usize % f.len();
+            f[pos] = (seed >> 40) as u8;
+            let cut = (seed >> 24) as usize % (f.len() + 1);
+            f.truncate(cut.max(f.len() / 2));
+            let side = if i % 2 == 0 {
+                Side::Uplink
+            } else {
+                Side::Pod(0)
+            };
+            let _ = e.process(&mut f, side, &nb, i);
+        }
+    }
+}

@@ -1,0 +1,763 @@
+//! Thin views over Ethernet / IPv4 / TCP / UDP frames, and in-place rewrites.
+//!
+//! [`parse`] validates a frame once (every length the later accessors and rewrites rely
+//! on) and returns a [`Ipv4View`] of offsets and header fields; nothing here allocates,
+//! copies the frame or panics on any input (the property tests and the malformed-frame
+//! corpus check that). Rewrites change the frame in place and keep the checksums right
+//! with RFC 1624 incremental updates ([`csum_replace16`] / [`csum_replace32`]), or — for
+//! frames whose L4 checksum cannot be trusted (Pod veths with checksum offload leave a
+//! partial checksum) — with a full recomputation ([`recompute_l4_checksum`]).
+
+use std::fmt;
+use std::net::Ipv4Addr;
+
+/// Length of an Ethernet II header (no VLAN tag).
+pub const ETH_HEADER_LEN: usize = 14;
+/// EtherType of IPv4.
+pub const ETHERTYPE_IPV4: u16 = 0x0800;
+/// EtherType of IPv6.
+pub const ETHERTYPE_IPV6: u16 = 0x86dd;
+/// EtherType of ARP.
+pub const ETHERTYPE_ARP: u16 = 0x0806;
+/// EtherType of an 802.1Q VLAN tag.
+pub const ETHERTYPE_VLAN: u16 = 0x8100;
+/// IP protocol number of TCP.
+pub const IPPROTO_TCP: u8 = 6;
+/// IP protocol number of UDP.
+pub const IPPROTO_UDP: u8 = 17;
+/// IP protocol number of ICMP.
+pub const IPPROTO_ICMP: u8 = 1;
+
+/// TCP flag bits (byte 13 of the TCP header).
+pub mod tcp_flags {
+    /// FIN.
+    pub const FIN: u8 = 0x01;
+    /// SYN.
+    pub const SYN: u8 = 0x02;
+    /// RST.
+    pub const RST: u8 = 0x04;
+    /// ACK.
+    pub const ACK: u8 = 0x10;
+}
+
+/// A MAC address.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl fmt::Debug for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+/// Why a frame could not be read as far as the dataplane needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    /// Shorter than an Ethernet header.
+    #[error("frame shorter than an Ethernet header")]
+    TruncatedEthernet,
+    /// EtherType says IPv4 but fewer than 20 bytes follow.
+    #[error("IPv4 header truncated")]
+    TruncatedIpv4,
+    /// The IPv4 version nibble is not 4.
+    #[error("IPv4 version field is not 4")]
+    BadIpVersion,
+    /// IHL below 5, or the header runs past the frame.
+    #[error("IPv4 header length invalid")]
+    BadIpHeaderLength,
+    /// Total length shorter than the header or longer than the frame.
+    #[error("IPv4 total length invalid")]
+    BadIpTotalLength,
+    /// A TCP/UDP header that does not fit in the IPv4 payload.
+    #[error("TCP/UDP header truncated")]
+    TruncatedL4,
+    /// TCP data offset below 5 or past the payload; UDP length inconsistent.
+    #[error("TCP/UDP header length invalid")]
+    BadL4Length,
+}
+
+/// What a frame is, as far as the dataplane cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parsed {
+    /// Not IPv4 (ARP, IPv6, VLAN-tagged, ...): the EtherType.
+    NotIpv4(u16),
+    /// An IPv4 packet.
+    Ipv4(Ipv4View),
+}
+
+/// Offsets and header fields of a validated IPv4 frame. `l4` is `Some` only for an
+/// unfragmented (or first-fragment-free) TCP/UDP packet whose transport header fits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv4View {
+    /// Header length in bytes (20 without options).
+    pub header_len: usize,
+    /// Total length from the header (bytes from the IPv4 header on).
+    pub total_len: usize,
+    /// Source address (host order).
+    pub src: u32,
+    /// Destination address (host order).
+    pub dst: u32,
+    /// Protocol number.
+    pub protocol: u8,
+    /// Time to live.
+    pub ttl: u8,
+    /// More-fragments flag set or fragment offset non-zero.
+    pub fragment: bool,
+    /// The TCP/UDP header, when there is one to read.
+    pub l4: Option<L4View>,
+}
+
+impl Ipv4View {
+    /// Offset of the IPv4 header in the frame.
+    pub const fn l3_offset(&self) -> usize {
+        ETH_HEADER_LEN
+    }
+
+    /// Offset of the transport header in the frame.
+    pub const fn l4_offset(&self) -> usize {
+        ETH_HEADER_LEN + self.header_len
+    }
+
+    /// The header carries IP options (IHL > 5).
+    pub const fn has_options(&self) -> bool {
+        self.header_len > 20
+    }
+
+    /// Source address.
+    pub fn src_addr(&self) -> Ipv4Addr {
+        Ipv4Addr::from(self.src)
+    }
+
+    /// Destination address.
+    pub fn dst_addr(&self) -> Ipv4Addr {
+        Ipv4Addr::from(self.dst)
+    }
+}
+
+/// Ports and flags of a TCP or UDP header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct L4View {
+    /// Source port.
+    pub src_port: u16,
+    /// Destination port.
+    pub dst_port: u16,
+    /// TCP flags (0 for UDP).
+    pub tcp_flags: u8,
+    /// The UDP checksum field is zero (no checksum); always false for TCP.
+    pub udp_no_checksum: bool,
+}
+
+#[inline]
+fn be16(b: &[u8], off: usize) -> u16 {
+    u16::from_be_bytes([b[off], b[off + 1]])
+}
+
+#[inline]
+fn be32(b: &[u8], off: usize) -> u32 {
+    u32::from_be_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+#[inline]
+fn put16(b: &mut [u8], off: usize, v: u16) {
+    b[off..off + 2].copy_from_slice(&v.to_be_bytes());
+}
+
+#[inline]
+fn put32(b: &mut [u8], off: usize, v: u32) {
+    b[off..off + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+/// The EtherType of a frame (no VLAN handling), if it has an Ethernet header.
+pub fn ethertype(frame: &[u8]) -> Option<u16> {
+    (frame.len() >= ETH_HEADER_LEN).then(|| be16(frame, 12))
+}
+
+/// Validates a frame once; every later accessor and rewrite relies on what this checked.
+pub fn parse(frame: &[u8]) -> Result<Parsed, ParseError> {
+    if frame.len() < ETH_HEADER_LEN {
+        return Err(ParseError::TruncatedEthernet);
+    }
+    let et = be16(frame, 12);
+    if et != ETHERTYPE_IPV4 {
+        return Ok(Parsed::NotIpv4(et));
+    }
+    let ip = &frame[ETH_HEADER_LEN..];
+    if ip.len() < 20 {
+        return Err(ParseError::TruncatedIpv4);
+    }
+    if ip[0] >> 4 != 4 {
+        return Err(ParseError::BadIpVersion);
+    }
+    let header_len = usize::from(ip[0] & 0x0f) * 4;
+    if header_len < 20 || header_len > ip.len() {
+        return Err(ParseError::BadIpHeaderLength);
+    }
+    let total_len = usize::from(be16(ip, 2));
+    if total_len < header_len || total_len > ip.len() {
+        return Err(ParseError::BadIpTotalLength);
+    }
+    let flags_frag = be16(ip, 6);
+    let fragment = flags_frag & 0x3fff != 0; // MF bit or a non-zero offset
+    let protocol = ip[9];
+    let mut view = Ipv4View {
+        header_len,
+        total_len,
+        src: be32(ip, 12),
+        dst: be32(ip, 16),
+        protocol,
+        ttl: ip[8],
+        fragment,
+        l4: None,
+    };
+    if fragment || (protocol != IPPROTO_TCP && protocol != IPPROTO_UDP) {
+        return Ok(Parsed::Ipv4(view));
+    }
+    let l4 = &ip[header_len..total_len];
+    match protocol {
+        IPPROTO_TCP => {
+            if l4.len() < 20 {
+                return Err(ParseError::TruncatedL4);
+            }
+            let data_off = usize::from(l4[12] >> 4) * 4;
+            if data_off < 20 || data_off > l4.len() {
+                return Err(ParseError::BadL4Length);
+            }
+            view.l4 = Some(L4View {
+                src_port: be16(l4, 0),
+                dst_port: be16(l4, 2),
+                tcp_flags: l4[13],
+                udp_no_checksum: false,
+            });
+        }
+        _ => {
+            if l4.len() < 8 {
+                return Err(ParseError::TruncatedL4);
+            }
+            let udp_len = usize::from(be16(l4, 4));
+            if udp_len < 8 || udp_len > l4.len() {
+                return Err(ParseError::BadL4Length);
+            }
+            view.l4 = Some(L4View {
+                src_port: be16(l4, 0),
+                dst_port: be16(l4, 2),
+                tcp_flags: 0,
+                udp_no_checksum: be16(l4, 6) == 0,
+            });
+        }
+    }
+    Ok(Parsed::Ipv4(view))
+}
+
+/// RFC 1624 eqn. 3: the checksum after one 16-bit word changed from `old` to `new`.
+#[inline]
+pub fn csum_replace16(csum: u16, old: u16, new: u16) -> u16 {
+    let mut sum = u32::from(!csum) + u32::from(!old) + u32::from(new);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// RFC 1624 for a 32-bit field (an address): both 16-bit halves.
+#[inline]
+pub fn csum_replace32(csum: u16, old: u32, new: u32) -> u16 {
+    let c = csum_replace16(csum, (old >> 16) as u16, (new >> 16) as u16);
+    csum_replace16(c, old as u16, new as u16)
+}
+
+/// One's-complement sum of `data` added to `sum` (not folded).
+fn sum_words(mut sum: u32, data: &[u8]) -> u32 {
+    let mut chunks = data.chunks_exact(2);
+    for c in &mut chunks {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    if let [last] = chunks.remainder() {
+        sum += u32::from(*last) << 8;
+    }
+    sum
+}
+
+fn fold(mut sum: u32) -> u16 {
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// The IPv4 header checksum of `header` computed from scratch (the checksum field is
+/// treated as zero).
+pub fn ipv4_header_checksum(header: &[u8]) -> u16 {
+    let sum = sum_words(0, &header[..10]);
+    fold(sum_words(sum, &header[12..]))
+}
+
+/// The TCP/UDP checksum of a validated IPv4 packet computed from scratch (its checksum
+/// field treated as zero). For UDP a zero result is returned as 0xffff.
+pub fn l4_checksum(frame: &[u8], v: &Ipv4View) -> u16 {
+    let l4 = &frame[v.l4_offset()..ETH_HEADER_LEN + v.total_len];
+    let mut sum = (v.src >> 16) + (v.src & 0xffff) + (v.dst >> 16) + (v.dst & 0xffff);
+    sum += u32::from(v.protocol) + l4.len() as u32;
+    let csum_off = if v.protocol == IPPROTO_TCP { 16 } else { 6 };
+    sum = sum_words(sum, &l4[..csum_off]);
+    sum = sum_words(sum, &l4[csum_off + 2..]);
+    let c = fold(sum);
+    if v.protocol == IPPROTO_UDP && c == 0 {
+        0xffff
+    } else {
+        c
+    }
+}
+
+fn l4_csum_offset(v: &Ipv4View) -> usize {
+    v.l4_offset() + if v.protocol == IPPROTO_TCP { 16 } else { 6 }
+}
+
+/// Recomputes the TCP/UDP checksum in place (for frames whose checksum cannot be trusted,
+/// e.g. partial checksums from a Pod veth with tx offload on). A UDP datagram without a
+/// checksum keeps none.
+pub fn recompute_l4_checksum(frame: &mut [u8], v: &Ipv4View) {
+    if matches!(v.l4, Some(l4) if l4.udp_no_checksum) {
+        return;
+    }
+    let c = l4_checksum(frame, v);
+    put16(frame, l4_csum_offset(v), c);
+}
+
+/// Which end of the packet a NAT rewrite changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NatSide {
+    /// Destination IP and port (forward DNAT, client -> VIP becomes client -> backend).
+    Destination,
+    /// Source IP and port (reverse NAT, backend -> client becomes VIP -> client).
+    Source,
+}
+
+/// How the L4 checksum is kept right after a rewrite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L4Checksum {
+    /// RFC 1624 incremental update (the incoming checksum was complete).
+    Incremental,
+    /// Recompute over the whole segment (the incoming checksum may be partial).
+    Recompute,
+}
+
+/// Rewrites one end's address and port of a validated TCP/UDP frame in place, updating
+/// the IPv4 header checksum incrementally and the L4 checksum as asked. `v` must come
+/// from [`parse`] of this frame and have `l4`; it is updated to match the new frame.
+pub fn rewrite_addr_port(
+    frame: &mut [u8],
+    v: &mut Ipv4View,
+    side: NatSide,
+    addr: u32,
+    port: u16,
+    l4csum: L4Checksum,
+) {
+    let Some(mut l4) = v.l4 else { return };
+    let ip = v.l3_offset();
+    let (addr_off, port_off, old_addr, old_port) = match side {
+        NatSide::Destination => (ip + 16, v.l4_offset() + 2, v.dst, l4.dst_port),
+        NatSide::Source => (ip + 12, v.l4_offset(), v.src, l4.src_port),
+    };
+    // IPv4 header checksum covers the address only.
+    let ipc = be16(frame, ip + 10);
+    put16(frame, ip + 10, csum_replace32(ipc, old_addr, addr));
+    put32(frame, addr_off, addr);
+    put16(frame, port_off, port);
+    match side {
+        NatSide::Destination => {
+            v.dst = addr;
+            l4.dst_port = port;
+        }
+        NatSide::Source => {
+            v.src = addr;
+            l4.src_port = port;
+        }
+    }
+    v.l4 = Some(l4);
+    let udp_no_checksum = l4.udp_no_checksum;
+    let coff = l4_csum_offset(v);
+    match l4csum {
+        L4Checksum::Recompute => recompute_l4_checksum(frame, v),
+        L4Checksum::Incremental => {
+            if udp_no_checksum {
+                return;
+            }
+            // The L4 checksum covers the pseudo-header address and the port.
+            let c = be16(frame, coff);
+            let c = csum_replace32(c, old_addr, addr);
+            let mut c = csum_replace16(c, old_port, port);
+            if v.protocol == IPPROTO_UDP && c == 0 {
+                c = 0xffff;
+            }
+            put16(frame, coff, c);
+        }
+    }
+}
+
+/// Decrements the TTL with an incremental header-checksum update. Returns `false` (and
+/// leaves the frame alone) when the TTL is 0 or 1: the packet must not be forwarded, the
+/// kernel answers with ICMP time exceeded.
+pub fn decrement_ttl(frame: &mut [u8], v: &mut Ipv4View) -> bool {
+    if v.ttl <= 1 {
+        return false;
+    }
+    let ip = v.l3_offset();
+    let old = be16(frame, ip + 8);
+    frame[ip + 8] = v.ttl - 1;
+    let new = be16(frame, ip + 8);
+    let c = be16(frame, ip + 10);
+    put16(frame, ip + 10, csum_replace16(c, old, new));
+    v.ttl -= 1;
+    true
+}
+
+/// Sets the Ethernet source and destination (the frame has an Ethernet header).
+pub fn set_macs(frame: &mut [u8], src: MacAddr, dst: MacAddr) {
+    frame[0..6].copy_from_slice(&dst.0);
+    frame[6..12].copy_from_slice(&src.0);
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Builds an Ethernet + IPv4 + TCP/UDP frame with correct checksums.
+    pub(crate) fn build(
+        proto: u8,
+        src: [u8; 4],
+        sport: u16,
+        dst: [u8; 4],
+        dport: u16,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        build_with(proto, src, sport, dst, dport, payload, 64, tcp_flags::ACK)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn build_with(
+        proto: u8,
+        src: [u8; 4],
+        sport: u16,
+        dst: [u8; 4],
+        dport: u16,
+        payload: &[u8],
+        ttl: u8,
+        flags: u8,
+    ) -> Vec<u8> {
+        let l4_len = if proto == IPPROTO_TCP { 20 } else { 8 } + payload.len();
+        let total = 20 + l4_len;
+        let mut f = vec![0u8; ETH_HEADER_LEN + total];
+        f[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+        f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 2]);
+        f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+        let ip = ETH_HEADER_LEN;
+        f[ip] = 0x45;
+        f[ip + 2..ip + 4].copy_from_slice(&(total as u16).to_be_bytes());
+        f[ip + 4..ip + 6].copy_from_slice(&0x1234u16.to_be_bytes());
+        f[ip + 6] = 0x40; // DF
+        f[ip + 8] = ttl;
+        f[ip + 9] = proto;
+        f[ip + 12..ip + 16].copy_from_slice(&src);
+        f[ip + 16..ip + 20].copy_from_slice(&dst);
+        let c = ipv4_header_checksum(&f[ip..ip + 20]);
+        f[ip + 10..ip + 12].copy_from_slice(&c.to_be_bytes());
+        let l4 = ip + 20;
+        f[l4..l4 + 2].copy_from_slice(&sport.to_be_bytes());
+        f[l4 + 2..l4 + 4].copy_from_slice(&dport.to_be_bytes());
+        if proto == IPPROTO_TCP {
+            f[l4 + 4..l4 + 8].copy_from_slice(&1000u32.to_be_bytes());
+            f[l4 + 12] = 5 << 4;
+            f[l4 + 13] = flags;
+            f[l4 + 14..l4 + 16].copy_from_slice(&65535u16.to_be_bytes());
+            f[l4 + 20..].copy_from_slice(payload);
+        } else {
+            f[l4 + 4..l4 + 6].copy_from_slice(&(l4_len as u16).to_be_bytes());
+            f[l4 + 8..].copy_from_slice(payload);
+        }
+        let Ok(Parsed::Ipv4(v)) = parse(&f) else {
+            panic!("built frame does not parse")
+        };
+        recompute_l4_checksum(&mut f, &v);
+        f
+    }
+
+    /// Asserts that the IPv4 and L4 checksums of `f` verify from scratch.
+    pub(crate) fn assert_checksums_valid(f: &[u8]) {
+        let Ok(Parsed::Ipv4(v)) = parse(f) else {
+            panic!("not IPv4")
+        };
+        let ip = &f[ETH_HEADER_LEN..ETH_HEADER_LEN + v.header_len];
+        assert_eq!(
+            be16(ip, 10),
+            ipv4_header_checksum(ip),
+            "IPv4 header checksum"
+        );
+        if v.l4.is_some() {
+            let stored = be16(f, l4_csum_offset(&v));
+            if !(v.protocol == IPPROTO_UDP && stored == 0) {
+                assert_eq!(stored, l4_checksum(f, &v), "L4 checksum");
+            }
+        }
+    }
+
+    #[test]
+    fn parses_tcp_frame_fields() {
+        let f = build(
+            IPPROTO_TCP,
+            [192, 0, 2, 1],
+            40000,
+            [203, 0, 113, 10],
+            80,
+            b"GET /",
+        );
+        let Parsed::Ipv4(v) = parse(&f).unwrap() else {
+            panic!()
+        };
+        assert_eq!(v.src_addr(), Ipv4Addr::new(192, 0, 2, 1));
+        assert_eq!(v.dst_addr(), Ipv4Addr::new(203, 0, 113, 10));
+        assert_eq!(v.protocol, IPPROTO_TCP);
+        assert_eq!(v.ttl, 64);
+        assert!(!v.fragment && !v.has_options());
+        let l4 = v.l4.unwrap();
+        assert_eq!(
+            (l4.src_port, l4.dst_port, l4.tcp_flags),
+            (40000, 80, tcp_flags::ACK)
+        );
+        assert_checksums_valid(&f);
+    }
+
+    #[test]
+    fn known_checksum_vector() {
+        // The classic example header from RFC 1071 discussions (Wikipedia's IPv4 header
+        // checksum example): checksum 0xb861.
+        let h: [u8; 20] = [
+            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0xb8, 0x61, 0xc0, 0xa8,
+            0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7,
+        ];
+        assert_eq!(ipv4_header_checksum(&h), 0xb861);
+    }
+
+    #[test]
+    fn non_ipv4_and_errors() {
+        let mut arp = vec![0u8; 42];
+        arp[12..14].copy_from_slice(&ETHERTYPE_ARP.to_be_bytes());
+        assert_eq!(parse(&arp), Ok(Parsed::NotIpv4(ETHERTYPE_ARP)));
+        assert_eq!(parse(&arp[..10]), Err(ParseError::TruncatedEthernet));
+        let f = build(IPPROTO_UDP, [10, 0, 0, 1], 1, [10, 0, 0, 2], 2, b"x");
+        assert_eq!(parse(&f[..30]), Err(ParseError::TruncatedIpv4));
+        let mut bad = f.clone();
+        bad[14] = 0x65;
+        assert_eq!(parse(&bad), Err(ParseError::BadIpVersion));
+        let mut bad = f.clone();
+        bad[14] = 0x44;
+        assert_eq!(parse(&bad), Err(ParseError::BadIpHeaderLength));
+        let mut bad = f.clone();
+        bad[16..18].copy_from_slice(&500u16.to_be_bytes());
+        assert_eq!(parse(&bad), Err(ParseError::BadIpTotalLength));
+        let mut bad = f.clone();
+        bad[14 + 20 + 4..14 + 20 + 6].copy_from_slice(&3u16.to_be_bytes());
+        assert_eq!(parse(&bad), Err(ParseError::BadL4Length));
+        let t = build(IPPROTO_TCP, [10, 0, 0, 1], 1, [10, 0, 0, 2], 2, b"");
+        let mut bad = t.clone();
+        bad[14 + 20 + 12] = 0x30;
+        assert_eq!(parse(&bad), Err(ParseError::BadL4Length));
+    }
+
+    #[test]
+    fn fragments_have_no_l4() {
+        let mut f = build(IPPROTO_UDP, [10, 0, 0, 1], 1, [10, 0, 0, 2], 2, b"abcd");
+        f[14 + 6] = 0x20; // MF
+        let Parsed::Ipv4(v) = parse(&f).unwrap() else {
+            panic!()
+        };
+        assert!(v.fragment && v.l4.is_none());
+        f[14 + 6] = 0x00;
+        f[14 + 7] = 0x10; // offset 16*8
+        let Parsed::Ipv4(v) = parse(&f).unwrap() else {
+            panic!()
+        };
+        assert!(v.fragment && v.l4.is_none());
+    }
+
+    #[test]
+    fn frame_with_ethernet_padding_parses_by_total_length() {
+        let mut f = build(IPPROTO_UDP, [10, 0, 0, 1], 1, [10, 0, 0, 2], 2, b"");
+        f.resize(60, 0xaa);
+        let Parsed::Ipv4(mut v) = parse(&f).unwrap() else {
+            panic!()
+        };
+        rewrite_addr_port(
+            &mut f,
+            &mut v,
+            NatSide::Destination,
+            0x0a000003,
+            8080,
+            L4Checksum::Incremental,
+        );
+        assert_checksums_valid(&f);
+    }
+
+    #[test]
+    fn dnat_snat_ttl_mac() {
+        let mut f = build(
+            IPPROTO_TCP,
+            [192, 0, 2, 1],
+            40000,
+            [203, 0, 113, 10],
+            80,
+            b"hello",
+        );
+        let Parsed::Ipv4(mut v) = parse(&f).unwrap() else {
+            panic!()
+        };
+        rewrite_addr_port(
+            &mut f,
+            &mut v,
+            NatSide::Destination,
+            u32::from(Ipv4Addr::new(10, 1, 0, 5)),
+            8080,
+            L4Checksum::Incremental,
+        );
+        assert!(decrement_ttl(&mut f, &mut v));
+        set_macs(&mut f, MacAddr([1; 6]), MacAddr([2; 6]));
+        assert_checksums_valid(&f);
+        let Parsed::Ipv4(v2) = parse(&f).unwrap() else {
+            panic!()
+        };
+        assert_eq!(v2, v);
+        assert_eq!(v2.dst_addr(), Ipv4Addr::new(10, 1, 0, 5));
+        assert_eq!(v2.l4.unwrap().dst_port, 8080);
+        assert_eq!(v2.ttl, 63);
+        assert_eq!(&f[0..6], &[2; 6]);
+        assert_eq!(&f[6..12], &[1; 6]);
+    }
+
+    #[test]
+    fn ttl_one_is_not_forwarded() {
+        let mut f = build_with(IPPROTO_UDP, [1, 1, 1, 1], 1, [2, 2, 2, 2], 2, b"", 1, 0);
+        let Parsed::Ipv4(mut v) = parse(&f).unwrap() else {
+            panic!()
+        };
+        let before = f.clone();
+        assert!(!decrement_ttl(&mut f, &mut v));
+        assert_eq!(f, before);
+    }
+
+    #[test]
+    fn udp_without_checksum_keeps_none() {
+        let mut f = build(IPPROTO_UDP, [1, 1, 1, 1], 1, [2, 2, 2, 2], 2, b"abc");
+        f[14 + 20 + 6] = 0;
+        f[14 + 20 + 7] = 0;
+        let Parsed::Ipv4(mut v) = parse(&f).unwrap() else {
+            panic!()
+        };
+        rewrite_addr_port(
+            &mut f,
+            &mut v,
+            NatSide::Source,
+            0x0a0a0a0a,
+            53,
+            L4Checksum::Incremental,
+        );
+        assert_eq!(&f[14 + 26..14 + 28], &[0, 0]);
+        rewrite_addr_port(
+            &mut f,
+            &mut v,
+            NatSide::Source,
+            0x0a0a0a0b,
+            54,
+            L4Checksum::Recompute,
+        );
+        assert_eq!(&f[14 + 26..14 + 28], &[0, 0]);
+    }
+
+    #[test]
+    fn recompute_fixes_a_partial_checksum() {
+        let mut f = build(
+            IPPROTO_TCP,
+            [10, 0, 0, 5],
+            8080,
+            [192, 0, 2, 1],
+            40000,
+            b"reply",
+        );
+        // What a veth with tx offload hands over: only the pseudo-header sum.
+        f[14 + 20 + 16] = 0x12;
+        f[14 + 20 + 17] = 0x34;
+        let Parsed::Ipv4(mut v) = parse(&f).unwrap() else {
+            panic!()
+        };
+        rewrite_addr_port(
+            &mut f,
+            &mut v,
+            NatSide::Source,
+            0xcb00710a,
+            80,
+            L4Checksum::Recompute,
+        );
+        assert_checksums_valid(&f);
+    }
+
+    fn arb_frame() -> impl Strategy<Value = Vec<u8>> {
+        (
+            prop::bool::ANY,
+            any::<[u8; 4]>(),
+            any::<u16>(),
+            any::<[u8; 4]>(),
+            any::<u16>(),
+            prop::collection::vec(any::<u8>(), 0..300),
+            2u8..=255,
+        )
+            .prop_map(|(tcp, s, sp, d, dp, payload, ttl)| {
+                let proto = if tcp { IPPROTO_TCP } else { IPPROTO_UDP };
+                build_with(proto, s, sp, d, dp, &payload, ttl, tcp_flags::ACK)
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn incremental_equals_full_recomputation(f in arb_frame(), addr in any::<u32>(), port in any::<u16>(), dst in any::<bool>()) {
+            let mut f = f;
+            let Parsed::Ipv4(mut v) = parse(&f).unwrap() else { panic!() };
+            let side = if dst { NatSide::Destination } else { NatSide::Source };
+            rewrite_addr_port(&mut f, &mut v, side, addr, port, L4Checksum::Incremental);
+            prop_assert!(decrement_ttl(&mut f, &mut v));
+            assert_checksums_valid(&f);
+            let mut g = f.clone();
+            let Parsed::Ipv4(w) = parse(&g).unwrap() else { panic!() };
+            recompute_l4_checksum(&mut g, &w);
+            prop_assert_eq!(f, g);
+        }
+
+        #[test]
+        fn parse_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+            let _ = parse(&bytes);
+        }
+
+        #[test]
+        fn mutated_valid_frames_never_panic_and_rewrite_safely(f in arb_frame(), pos in any::<usize>(), val in any::<u8>(), cut in any::<usize>()) {
+            let mut f = f;
+            let p = pos % f.len();
+            f[p] = val;
+            f.truncate(cut % (f.len() + 1));
+            if let Ok(Parsed::Ipv4(mut v)) = parse(&f) {
+                if v.l4.is_some() {
+                    rewrite_addr_port(&mut f, &mut v, NatSide::Destination, 1, 2, L4Checksum::Incremental);
+                    rewrite_addr_port(&mut f, &mut v, NatSide::Source, 3, 4, L4Checksum::Recompute);
+                }
+                decrement_ttl(&mut f, &mut v);
+            }
+        }
+    }
+}
