@@ -202,7 +202,12 @@ pub struct PeerConfig {
 
 impl PeerConfig {
     /// A peer with the usual defaults (port 179, hold 90 s, keepalive 30 s, retry 5 s).
-    pub fn new(name: impl Into<String>, peer_address: Ipv4Addr, peer_asn: u32, local_asn: u32) -> Self {
+    pub fn new(
+        name: impl Into<String>,
+        peer_address: Ipv4Addr,
+        peer_asn: u32,
+        local_asn: u32,
+    ) -> Self {
         PeerConfig {
             name: name.into(),
             peer_address,

@@ -1,1 +1,1200 @@
-//! (being written)
+//! The shared-memory ABI: one node's [`NodeState`] published by one writer (the node
+//! agent) to any number of readers (the dataplane, the BGP speaker), lock-free.
+//!
+//! # Layout (version [`LAYOUT_VERSION`])
+//!
+//! One file per node (default [`default_path`]), mapped `MAP_SHARED` by everyone:
+//!
+//! ```text
+//! [0, 4096)                  FileHeader  (#[repr(C)]: magic, version, capacity, generation,
+//!                                          change futex, superseded flag, heartbeat, slot seqs)
+//! [4096, 4096 + S)           slot 0      (a complete table, S = slot_words * 4 bytes)
+//! [4096 + S, 4096 + 2S)      slot 1
+//! ```
+//!
+//! A slot is an array of 32-bit words: an 80-word slot header, then fixed-capacity
+//! sections — services (4 words each), backends (2), Maglev slots (two u16 per word),
+//! advertised VIPs ([`VIP_WORDS`]) and peers ([`PEER_WORDS`]). Everything is stored as
+//! offsets and counts, never pointers; all shared accesses are atomic loads and stores,
+//! so there is no data race even in the language model's sense.
+//!
+//! # Protocol
+//!
+//! Publishing generation `g` writes slot `g % 2` under that slot's sequence counter
+//! (odd while writing — a seqlock), then stores `g` into the header's generation (Release)
+//! and wakes futex waiters. Readers load the generation (one atomic load: the per-batch
+//! check), copy the slot it names between two reads of the slot's sequence, and retry if
+//! the sequence moved or was odd; the copy also carries a checksum. The writer only ever
+//! writes the slot that is *not* current, so a reader is only ever retried if it is more
+//! than one whole publish behind. Why this is correct is argued in `docs/shared-memory.md`.
+//!
+//! Growing past capacity writes a complete new file beside the old one and renames it
+//! over the path; the old file is then marked superseded (and its generation bumped so a
+//! reader notices with the same single load). Nothing ever shrinks a mapped file.
+//! A writer that dies mid-update leaves the current slot untouched: readers keep the last
+//! good table and can see the writer is gone from [`NodeStateReader::heartbeat_age`].
+
+use std::fs::{File, OpenOptions};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use memmap2::MmapMut;
+
+use crate::maglev::{self, MaglevTable};
+use crate::model::{
+    AdvertisedVip, Frontend, LocalBackend, NodeService, NodeState, PeerConfig, Protocol,
+};
+
+/// `b"JUNEAUNS"` little-endian: identifies a Juneau node-state file.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
+/// Bumped on every incompatible change of the layout below.
+pub const LAYOUT_VERSION: u32 = 1;
+/// Bytes before slot 0.
+pub const HEADER_BYTES: usize = 4096;
+/// Words per service record: vip, protocol | port << 16, first backend, backend count.
+pub const SERVICE_WORDS: usize = 4;
+/// Words per backend record: ip, port.
+pub const BACKEND_WORDS: usize = 2;
+/// Standard communities per advertised VIP.
+pub const MAX_COMMUNITIES: usize = 8;
+/// Large communities per advertised VIP.
+pub const MAX_LARGE_COMMUNITIES: usize = 4;
+/// Words per advertised-VIP record.
+pub const VIP_WORDS: usize = 32;
+/// Bytes of a name (node or peer) stored in a slot: Kubernetes names are at most 253.
+pub const NAME_BYTES: usize = 256;
+/// Bytes of a TCP-MD5 key (the kernel's `TCP_MD5SIG_MAXKEYLEN`).
+pub const MD5_BYTES: usize = 80;
+/// Words per peer record.
+pub const PEER_WORDS: usize = NAME_BYTES / 4 + 12 + MD5_BYTES / 4;
+/// Peers addressable by an advertised VIP's peer mask.
+pub const MAX_PEERS: u32 = 64;
+/// Slot header: 16 words of counts/generation/checksum/router id, then the node name.
+const SLOT_HEADER_WORDS: usize = 16 + NAME_BYTES / 4;
+const READ_RETRIES: usize = 1000;
+
+/// The directory node-state files live in by default.
+pub const DEFAULT_DIR: &str = "/run/juneau";
+
+/// `/run/juneau/<node>.state`.
+pub fn default_path(node: &str) -> PathBuf {
+    Path::new(DEFAULT_DIR).join(format!("{node}.state"))
+}
+
+/// How many of each thing a file holds. A publish that needs more grows the file.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Frontends (`VIP:port/proto`).
+    pub services: u32,
+    /// Backends over all frontends.
+    pub backends: u32,
+    /// Advertised VIPs.
+    pub vips: u32,
+    /// BGP peers (at most [`MAX_PEERS`]).
+    pub peers: u32,
+    /// Maglev table size per frontend (a prime).
+    pub maglev_size: u32,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Capacity {
+            services: 64,
+            backends: 1024,
+            vips: 64,
+            peers: 8,
+            maglev_size: maglev::DEFAULT_TABLE_SIZE,
+        }
+    }
+}
+
+impl Capacity {
+    fn maglev_words(&self) -> usize {
+        (self.maglev_size as usize).div_ceil(2)
+    }
+
+    fn sections(&self) -> Sections {
+        let services = SLOT_HEADER_WORDS;
+        let backends = services + self.services as usize * SERVICE_WORDS;
+        let maglev = backends + self.backends as usize * BACKEND_WORDS;
+        let vips = maglev + self.services as usize * self.maglev_words();
+        let peers = vips + self.vips as usize * VIP_WORDS;
+        let end = peers + self.peers as usize * PEER_WORDS;
+        Sections {
+            services,
+            backends,
+            maglev,
+            vips,
+            peers,
+            end,
+        }
+    }
+
+    /// The smallest capacity at least as large as `self` that holds `state`.
+    fn grown_for(&self, need: &Capacity) -> Capacity {
+        fn grow(have: u32, need: u32) -> u32 {
+            let mut c = have.max(1);
+            while c < need {
+                c = c.saturating_mul(2);
+            }
+            c
+        }
+        Capacity {
+            services: grow(self.services, need.services),
+            backends: grow(self.backends, need.backends),
+            vips: grow(self.vips, need.vips),
+            peers: grow(self.peers, need.peers).min(MAX_PEERS),
+            maglev_size: self.maglev_size,
+        }
+    }
+
+    fn holds(&self, need: &Capacity) -> bool {
+        need.services <= self.services
+            && need.backends <= self.backends
+            && need.vips <= self.vips
+            && need.peers <= self.peers
+    }
+
+    /// Bytes of a whole file with this capacity.
+    pub fn file_bytes(&self) -> usize {
+        HEADER_BYTES + 2 * self.sections().end * 4
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sections {
+    services: usize,
+    backends: usize,
+    maglev: usize,
+    vips: usize,
+    peers: usize,
+    end: usize,
+}
+
+/// The file header. Fields written once at creation are plain; fields that change are
+/// atomics (the file is shared between processes, so "change" means any time).
+#[repr(C)]
+pub struct FileHeader {
+    magic: u64,
+    layout_version: u32,
+    header_bytes: u32,
+    capacity: Capacity,
+    _pad0: u32,
+    slot_words: u64,
+    /// Generation of the current table; slot `generation % 2` holds it. 0: none yet.
+    generation: AtomicU64,
+    /// Low 32 bits of the generation, for futex waiters.
+    change_futex: AtomicU32,
+    /// 1 once a newer file has been renamed over this one's path.
+    superseded: AtomicU32,
+    /// Wall-clock nanoseconds since the Unix epoch of the writer's last sign of life.
+    heartbeat_unix_ns: AtomicU64,
+    writer_pid: AtomicU32,
+    _pad1: u32,
+    /// Seqlock counter per slot: odd while the writer is writing that slot.
+    slot_seq: [AtomicU64; 2],
+}
+
+const _: () = assert!(std::mem::size_of::<Capacity>() == 20);
+const _: () = assert!(std::mem::size_of::<FileHeader>() == 96);
+const _: () = assert!(std::mem::align_of::<FileHeader>() == 8);
+const _: () = assert!(std::mem::size_of::<FileHeader>() <= HEADER_BYTES);
+const _: () = assert!(PEER_WORDS == 96);
+
+/// Everything that can go wrong with a node-state file.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    /// The file could not be created, opened, sized, mapped or renamed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file does not start with Juneau's magic number.
+    #[error("{path} is not a Juneau node-state file (bad magic)")]
+    NotAStateFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file was written by a Juneau with another layout: upgrade readers and writer
+    /// together.
+    #[error("{path} has shared-memory layout version {found}, this binary reads version {expected}; run matching versions of juneau-k8s-sync, juneau-dataplane and juneau-bgp")]
+    LayoutVersion {
+        /// The file.
+        path: PathBuf,
+        /// Version in the file.
+        found: u32,
+        /// Version this binary speaks.
+        expected: u32,
+    },
+    /// The file is shorter than its header says.
+    #[error("{path} is truncated: {len} bytes, layout needs {needed}")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        len: u64,
+        /// The length its header implies.
+        needed: u64,
+    },
+    /// The state cannot be represented in this layout at all.
+    #[error("node state cannot be published: {0}")]
+    Unrepresentable(String),
+    /// The writer has not published a table yet.
+    #[error("no table has been published yet")]
+    NoTable,
+    /// A consistent copy could not be taken (the writer republishes faster than this
+    /// reader copies); the caller keeps its previous table and tries again later.
+    #[error("the writer kept rewriting the table during {0} read attempts")]
+    Contended(usize),
+    /// The table read back fails its checksum or bounds checks.
+    #[error("table of generation {0} is corrupt: {1}")]
+    Corrupt(u64, String),
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ShmError + 'a {
+    move |source| ShmError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn now_unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn fnv64(h: &mut u64, w: u32) {
+    for b in w.to_le_bytes() {
+        *h ^= u64::from(b);
+        *h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+}
+
+/// A mapped node-state file and typed access to its header and slots.
+struct Mapping {
+    map: MmapMut,
+    capacity: Capacity,
+    sections: Sections,
+}
+
+impl Mapping {
+    fn header(&self) -> &FileHeader {
+        // SAFETY: the mapping is at least HEADER_BYTES long (checked in `validate` or
+        // created so), page-aligned (so 8-aligned), and FileHeader is repr(C) made of
+        // plain integers and atomics for which every bit pattern is valid. Shared
+        // mutation of the non-atomic fields never happens after creation.
+        unsafe { &*(self.map.as_ptr() as *const FileHeader) }
+    }
+
+    fn slot(&self, i: usize) -> &[AtomicU32] {
+        let words = self.sections.end;
+        let start = HEADER_BYTES + i * words * 4;
+        debug_assert!(start + words * 4 <= self.map.len());
+        // SAFETY: the range lies inside the mapping (file length validated against the
+        // capacity), is 4-aligned (HEADER_BYTES and word counts are multiples of 4), and
+        // AtomicU32 has the same layout as u32 with every bit pattern valid. All access
+        // by any process to these bytes goes through atomics.
+        unsafe {
+            std::slice::from_raw_parts(self.map.as_ptr().add(start) as *const AtomicU32, words)
+        }
+    }
+
+    fn open(path: &Path) -> Result<Self, ShmError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io("opening", path))?;
+        let len = file
+            .metadata()
+            .map_err(io("reading metadata of", path))?
+            .len();
+        if len < HEADER_BYTES as u64 {
+            return Err(ShmError::Truncated {
+                path: path.to_path_buf(),
+                len,
+                needed: HEADER_BYTES as u64,
+            });
+        }
+        // SAFETY: MAP_SHARED mapping of a file only Juneau processes write; every shared
+        // access is through atomics (see `header` and `slot`). The file is never truncated
+        // while mapped (growth is by rename), so no SIGBUS.
+        let map = unsafe { MmapMut::map_mut(&file) }.map_err(io("mapping", path))?;
+        // SAFETY: length checked above; see `header` for layout and validity.
+        let hdr = unsafe { &*(map.as_ptr() as *const FileHeader) };
+        if hdr.magic != MAGIC {
+            return Err(ShmError::NotAStateFile {
+                path: path.to_path_buf(),
+            });
+        }
+        if hdr.layout_version != LAYOUT_VERSION {
+            return Err(ShmError::LayoutVersion {
+                path: path.to_path_buf(),
+                found: hdr.layout_version,
+                expected: LAYOUT_VERSION,
+            });
+        }
+        let capacity = hdr.capacity;
+        let sections = capacity.sections();
+        let needed = capacity.file_bytes() as u64;
+        if len < needed || hdr.slot_words != sections.end as u64 || capacity.peers > MAX_PEERS {
+            return Err(ShmError::Truncated {
+                path: path.to_path_buf(),
+                len,
+                needed,
+            });
+        }
+        Ok(Mapping {
+            map,
+            capacity,
+            sections,
+        })
+    }
+
+    /// Creates a zeroed file of `capacity` at `path` (not yet visible under its final
+    /// name) with a valid header.
+    fn create(path: &Path, capacity: Capacity, first_generation: u64) -> Result<Self, ShmError> {
+        let file: File = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(io("creating", path))?;
+        file.set_len(capacity.file_bytes() as u64)
+            .map_err(io("sizing", path))?;
+        // SAFETY: as in `open`; the file is new and private to this writer until renamed.
+        let mut map = unsafe { MmapMut::map_mut(&file) }.map_err(io("mapping", path))?;
+        let sections = capacity.sections();
+        let hdr = FileHeader {
+            magic: MAGIC,
+            layout_version: LAYOUT_VERSION,
+            header_bytes: HEADER_BYTES as u32,
+            capacity,
+            _pad0: 0,
+            slot_words: sections.end as u64,
+            // The slot that will be written first is `first_generation % 2`; start from
+            // the generation before it so readers that remap see a newer number.
+            generation: AtomicU64::new(first_generation.saturating_sub(1)),
+            change_futex: AtomicU32::new(0),
+            superseded: AtomicU32::new(0),
+            heartbeat_unix_ns: AtomicU64::new(now_unix_ns()),
+            writer_pid: AtomicU32::new(std::process::id()),
+            _pad1: 0,
+            slot_seq: [AtomicU64::new(0), AtomicU64::new(0)],
+        };
+        // SAFETY: the mapping is at least HEADER_BYTES long and page-aligned; no other
+        // process has this file mapped yet (it is not under its final name).
+        unsafe { std::ptr::write(map.as_mut_ptr() as *mut FileHeader, hdr) };
+        Ok(Mapping {
+            map,
+            capacity,
+            sections,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Encoding a NodeState into slot words.
+
+fn put_name(words: &mut [u32], name: &str, what: &str) -> Result<(), ShmError> {
+    let bytes = name.as_bytes();
+    if bytes.len() > NAME_BYTES - 1 {
+        return Err(ShmError::Unrepresentable(format!(
+            "{what} name {name:?} is longer than {} bytes",
+            NAME_BYTES - 1
+        )));
+    }
+    put_bytes(words, bytes);
+    Ok(())
+}
+
+fn put_bytes(words: &mut [u32], bytes: &[u8]) {
+    for (i, chunk) in bytes.chunks(4).enumerate() {
+        let mut w = [0u8; 4];
+        w[..chunk.len()].copy_from_slice(chunk);
+        words[i] = u32::from_le_bytes(w);
+    }
+}
+
+fn get_bytes(words: &[u32], len: usize) -> Vec<u8> {
+    let mut out: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    out.truncate(len);
+    out
+}
+
+fn get_name(words: &[u32]) -> Result<String, String> {
+    let bytes = get_bytes(words, NAME_BYTES);
+    let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+    String::from_utf8(bytes[..end].to_vec()).map_err(|_| "name is not UTF-8".to_string())
+}
+
+fn ip_word(ip: Ipv4Addr) -> u32 {
+    u32::from(ip)
+}
+
+/// Counts what a state needs, validating what cannot grow.
+fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmError> {
+    let backends: usize = state.services.iter().map(|s| s.backends.len()).sum();
+    for s in &state.services {
+        if s.backends.len() >= maglev_size as usize {
+            return Err(ShmError::Unrepresentable(format!(
+                "{} has {} local backends; at most {} fit a Maglev table of {maglev_size}",
+                s.frontend,
+                s.backends.len(),
+                maglev_size - 1
+            )));
+        }
+    }
+    if state.peers.len() > MAX_PEERS as usize {
+        return Err(ShmError::Unrepresentable(format!(
+            "{} BGP peers; at most {MAX_PEERS} per node",
+            state.peers.len()
+        )));
+    }
+    let c = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    Ok(Capacity {
+        services: c(state.services.len()),
+        backends: c(backends),
+        vips: c(state.advertised.len()),
+        peers: c(state.peers.len()),
+        maglev_size,
+    })
+}
+
+/// Encodes `state` (normalized) into the words of one slot. Returns the number of words
+/// used per section, for the checksum.
+fn encode(
+    state: &NodeState,
+    cap: &Capacity,
+    generation: u64,
+    out: &mut [u32],
+) -> Result<(), ShmError> {
+    let sec = cap.sections();
+    out.fill(0);
+    let (hdr, _) = out.split_at_mut(SLOT_HEADER_WORDS);
+    hdr[0] = generation as u32;
+    hdr[1] = (generation >> 32) as u32;
+    hdr[2] = state.services.len() as u32;
+    let n_backends: usize = state.services.iter().map(|s| s.backends.len()).sum();
+    hdr[3] = n_backends as u32;
+    hdr[4] = state.advertised.len() as u32;
+    hdr[5] = state.peers.len() as u32;
+    // [6], [7]: checksum, filled below.
+    hdr[8] = state.router_id.map(ip_word).unwrap_or(0);
+    hdr[9] = u32::from(state.router_id.is_some());
+    put_name(
+        &mut hdr[SLOT_HEADER_WORDS - NAME_BYTES / 4..],
+        &state.node,
+        "node",
+    )?;
+
+    let mut next_backend = 0usize;
+    let mw = cap.maglev_words();
+    for (i, s) in state.services.iter().enumerate() {
+        let rec = &mut out[sec.services + i * SERVICE_WORDS..][..SERVICE_WORDS];
+        rec[0] = ip_word(s.frontend.vip);
+        rec[1] = u32::from(s.frontend.protocol.number()) | (u32::from(s.frontend.port) << 16);
+        rec[2] = next_backend as u32;
+        rec[3] = s.backends.len() as u32;
+        for b in &s.backends {
+            let br = &mut out[sec.backends + next_backend * BACKEND_WORDS..][..BACKEND_WORDS];
+            br[0] = ip_word(b.ip);
+            br[1] = u32::from(b.port);
+            next_backend += 1;
+        }
+        let table = MaglevTable::new(&s.backends, cap.maglev_size)
+            .map_err(|e| ShmError::Unrepresentable(format!("{}: {e}", s.frontend)))?;
+        let words = &mut out[sec.maglev + i * mw..][..mw];
+        for (j, pair) in table.slots().chunks(2).enumerate() {
+            let lo = u32::from(pair[0]);
+            let hi = u32::from(*pair.get(1).unwrap_or(&maglev::NO_BACKEND));
+            words[j] = lo | (hi << 16);
+        }
+    }
+
+    for (i, a) in state.advertised.iter().enumerate() {
+        if a.communities.len() > MAX_COMMUNITIES
+            || a.large_communities.len() > MAX_LARGE_COMMUNITIES
+        {
+            return Err(ShmError::Unrepresentable(format!(
+                "VIP {} carries {} communities and {} large communities; at most {MAX_COMMUNITIES} and {MAX_LARGE_COMMUNITIES}",
+                a.vip,
+                a.communities.len(),
+                a.large_communities.len()
+            )));
+        }
+        let mut mask = 0u64;
+        for &p in &a.peers {
+            if usize::from(p) >= state.peers.len() {
+                return Err(ShmError::Unrepresentable(format!(
+                    "VIP {} names peer #{p}, but the node has {} peers",
+                    a.vip,
+                    state.peers.len()
+                )));
+            }
+            mask |= 1 << p;
+        }
+        let rec = &mut out[sec.vips + i * VIP_WORDS..][..VIP_WORDS];
+        rec[0] = ip_word(a.vip);
+        rec[1] = a.local_pref.unwrap_or(0);
+        rec[2] = u32::from(a.local_pref.is_some());
+        rec[3] = mask as u32;
+        rec[4] = (mask >> 32) as u32;
+        rec[5] = a.communities.len() as u32;
+        rec[6] = a.large_communities.len() as u32;
+        rec[8..8 + a.communities.len()].copy_from_slice(&a.communities);
+        for (j, l) in a.large_communities.iter().enumerate() {
+            rec[16 + 3 * j..19 + 3 * j].copy_from_slice(l);
+        }
+    }
+
+    for (i, p) in state.peers.iter().enumerate() {
+        let rec = &mut out[sec.peers + i * PEER_WORDS..][..PEER_WORDS];
+        put_name(&mut rec[..NAME_BYTES / 4], &p.name, "peer")?;
+        let f = &mut rec[NAME_BYTES / 4..];
+        f[0] = ip_word(p.peer_address);
+        f[1] = p.peer_asn;
+        f[2] = p.local_asn;
+        f[3] = u32::from(p.peer_port) | (u32::from(p.passive) << 16);
+        f[4] = p.source_address.map(ip_word).unwrap_or(0);
+        f[5] = u32::from(p.source_address.is_some());
+        f[6] = u32::from(p.hold_time) | (u32::from(p.keepalive_time) << 16);
+        f[7] = u32::from(p.connect_retry_time)
+            | (u32::from(p.ebgp_multihop.unwrap_or(0)) << 16)
+            | (u32::from(p.ebgp_multihop.is_some()) << 24);
+        f[8] = u32::from(p.graceful_restart_time.unwrap_or(0))
+            | (u32::from(p.graceful_restart_time.is_some()) << 16);
+        let md5 = p.md5_password.as_deref().unwrap_or("").as_bytes();
+        if md5.len() > MD5_BYTES {
+            return Err(ShmError::Unrepresentable(format!(
+                "the TCP-MD5 password of peer {} is {} bytes; the kernel takes at most {MD5_BYTES}",
+                p.name,
+                md5.len()
+            )));
+        }
+        f[9] = md5.len() as u32;
+        f[10] = u32::from(p.md5_password.is_some());
+        put_bytes(&mut f[12..12 + MD5_BYTES / 4], md5);
+    }
+
+    let sum = checksum(out, &sec, cap);
+    out[6] = sum as u32;
+    out[7] = (sum >> 32) as u32;
+    Ok(())
+}
+
+/// The ranges of a slot that hold data for its counts.
+fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, usize); 6]> {
+    let (ns, nb, nv, np) = (
+        hdr[2] as usize,
+        hdr[3] as usize,
+        hdr[4] as usize,
+        hdr[5] as usize,
+    );
+    if ns > cap.services as usize
+        || nb > cap.backends as usize
+        || nv > cap.vips as usize
+        || np > cap.peers as usize
+    {
+        return None;
+    }
+    Some([
+        (0, SLOT_HEADER_WORDS),
+        (sec.services, ns * SERVICE_WORDS),
+        (sec.backends, nb * BACKEND_WORDS),
+        (sec.maglev, ns * cap.maglev_words()),
+        (sec.vips, nv * VIP_WORDS),
+        (sec.peers, np * PEER_WORDS),
+    ])
+}
+
+fn checksum(words: &[u32], sec: &Sections, cap: &Capacity) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let Some(ranges) = used_ranges(words, sec, cap) else {
+        return 0;
+    };
+    for (start, len) in ranges {
+        for (i, w) in words[start..start + len].iter().enumerate() {
+            // The checksum words themselves count as zero.
+            let w = if start == 0 && (i == 6 || i == 7) {
+                0
+            } else {
+                *w
+            };
+            fnv64(&mut h, w);
+        }
+    }
+    h
+}
+
+// ---------------------------------------------------------------------------------------
+// The writer.
+
+/// The one writer of a node-state file (the node agent).
+pub struct NodeStateWriter {
+    path: PathBuf,
+    capacity: Capacity,
+    /// The live file, once the first table is published.
+    live: Option<Mapping>,
+    /// Generation of the last publish (0: none).
+    generation: u64,
+    /// Generation found in an earlier file at `path`, continued so numbers only grow.
+    inherited_generation: u64,
+    scratch: Vec<u32>,
+}
+
+impl NodeStateWriter {
+    /// Prepares to publish at `path` (the directory is created if missing). Nothing is
+    /// visible to readers until the first [`publish`](Self::publish): readers of a file
+    /// left by an earlier writer keep its last table until then.
+    pub fn create(path: impl AsRef<Path>, capacity: Capacity) -> Result<Self, ShmError> {
+        let path = path.as_ref().to_path_buf();
+        if !maglev::is_prime(capacity.maglev_size) || capacity.maglev_size > 65521 {
+            return Err(ShmError::Unrepresentable(format!(
+                "Maglev table size {} is not a prime up to 65521",
+                capacity.maglev_size
+            )));
+        }
+        if let Some(dir) = path.parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir).map_err(io("creating directory", dir))?;
+            }
+        }
+        let inherited_generation = Mapping::open(&path)
+            .map(|m| m.header().generation.load(Ordering::Acquire))
+            .unwrap_or(0);
+        Ok(NodeStateWriter {
+            path,
+            capacity: Capacity {
+                peers: capacity.peers.min(MAX_PEERS),
+                ..capacity
+            },
+            live: None,
+            generation: inherited_generation,
+            inherited_generation,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The path readers open.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The capacity of the live file.
+    pub fn capacity(&self) -> Capacity {
+        self.capacity
+    }
+
+    /// Publishes `state` as the next generation and wakes waiting readers. Grows the file
+    /// (new file + rename) when the state does not fit. On error nothing is published and
+    /// readers keep the previous table.
+    pub fn publish(&mut self, state: &NodeState) -> Result<u64, ShmError> {
+        let mut state = state.clone();
+        state.normalize();
+        let need = requirements(&state, self.capacity.maglev_size)?;
+        let generation = self.generation + 1;
+        match &self.live {
+            Some(live) if self.capacity.holds(&need) => {
+                let cap = self.capacity;
+                self.scratch.resize(cap.sections().end, 0);
+                encode(&state, &cap, generation, &mut self.scratch)?;
+                write_slot(live, generation, &self.scratch);
+                publish_generation(live.header(), generation);
+            }
+            _ => {
+                let capacity = self.capacity.grown_for(&need);
+                self.replace_file(&state, capacity, generation)?;
+            }
+        }
+        self.generation = generation;
+        Ok(generation)
+    }
+
+    /// Writes a complete new file holding `state` as `generation`, renames it over the
+    /// path, then tells readers of the old file to move.
+    fn replace_file(
+        &mut self,
+        state: &NodeState,
+        capacity: Capacity,
+        generation: u64,
+    ) -> Result<(), ShmError> {
+        let mut words = vec![0u32; capacity.sections().end];
+        encode(state, &capacity, generation, &mut words)?;
+        let tmp = self
+            .path
+            .with_extension(format!("tmp{}", std::process::id()));
+        let new = Mapping::create(&tmp, capacity, generation)?;
+        write_slot(&new, generation, &words);
+        new.header().generation.store(generation, Ordering::Release);
+        new.header()
+            .change_futex
+            .store(generation as u32, Ordering::Release);
+        new.map.flush().map_err(io("flushing", &tmp))?;
+        // The old file (ours, or one left by an earlier writer) is superseded only once
+        // the new one is in place.
+        let old = self.live.take().or_else(|| {
+            (self.inherited_generation > 0)
+                .then(|| Mapping::open(&self.path).ok())
+                .flatten()
+        });
+        if let Err(e) = std::fs::rename(&tmp, &self.path) {
+            let _ = std::fs::remove_file(&tmp);
+            self.live = old;
+            return Err(ShmError::Io {
+                op: "renaming the new node-state file over",
+                path: self.path.clone(),
+                source: e,
+            });
+        }
+        if let Some(old) = old {
+            let h = old.header();
+            h.superseded.store(1, Ordering::Release);
+            let g = h.generation.load(Ordering::Relaxed);
+            // A generation the old file never had: a reader's one load sees a change.
+            publish_generation(h, g.wrapping_add(2) | (1 << 63));
+        }
+        self.live = Some(new);
+        self.capacity = capacity;
+        Ok(())
+    }
+
+    /// Stamps the heartbeat readers use to tell whether the writer is alive. Call it about
+    /// once a second.
+    pub fn heartbeat(&self) {
+        if let Some(live) = &self.live {
+            live.header()
+                .heartbeat_unix_ns
+                .store(now_unix_ns(), Ordering::Release);
+        }
+    }
+
+    /// The last published generation.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+fn write_slot(m: &Mapping, generation: u64, words: &[u32]) {
+    let idx = (generation % 2) as usize;
+    let seq = &m.header().slot_seq[idx];
+    let slot = m.slot(idx);
+    let s = seq.load(Ordering::Relaxed);
+    seq.store(s.wrapping_add(1) | 1, Ordering::Relaxed);
+    fence(Ordering::Release);
+    for (dst, w) in slot.iter().zip(words) {
+        dst.store(*w, Ordering::Relaxed);
+    }
+    seq.store((s | 1).wrapping_add(1), Ordering::Release);
+}
+
+fn publish_generation(h: &FileHeader, generation: u64) {
+    h.generation.store(generation, Ordering::Release);
+    h.heartbeat_unix_ns.store(now_unix_ns(), Ordering::Release);
+    h.change_futex.fetch_add(1, Ordering::Release);
+    futex_wake_all(&h.change_futex);
+}
+
+fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a valid, aligned u32 inside a live MAP_SHARED mapping; the
+    // kernel only reads the address. Not FUTEX_PRIVATE: waiters are other processes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+        );
+    }
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT on a valid aligned u32 inside a live MAP_SHARED mapping with a
+    // valid relative timeout; the kernel returns at once if the word != expected.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Readers.
+
+/// A consistent copy of one published table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The generation it was published as.
+    pub generation: u64,
+    /// The node's state.
+    pub state: NodeState,
+    /// Maglev slots per service: `maglev[i]` indexes `state.services[i].backends`.
+    pub maglev: Vec<Vec<u16>>,
+}
+
+impl Snapshot {
+    /// The backend for a new flow of service `service_index` with hash `flow_hash`.
+    #[inline]
+    pub fn pick(&self, service_index: usize, flow_hash: u64) -> Option<LocalBackend> {
+        let svc = self.state.services.get(service_index)?;
+        let i = maglev::pick_in(self.maglev.get(service_index)?, flow_hash)?;
+        svc.backends.get(i).copied()
+    }
+
+    /// The index of the service serving `frontend`.
+    pub fn service_index(&self, frontend: &Frontend) -> Option<usize> {
+        self.state
+            .services
+            .binary_search_by_key(frontend, |s| s.frontend)
+            .ok()
+    }
+}
+
+/// A reader of a node-state file (the dataplane, the BGP speaker, tests).
+pub struct NodeStateReader {
+    path: PathBuf,
+    map: Mapping,
+    buf: Vec<u32>,
+}
+
+impl NodeStateReader {
+    /// Opens and validates the file at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, ShmError> {
+        let path = path.as_ref().to_path_buf();
+        let map = Mapping::open(&path)?;
+        Ok(NodeStateReader {
+            path,
+            map,
+            buf: Vec::new(),
+        })
+    }
+
+    /// The generation of the current table: one atomic load. Any change (a publish, or
+    /// the file being replaced) changes it; call [`snapshot`](Self::snapshot) then.
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.map.header().generation.load(Ordering::Acquire)
+    }
+
+    /// How long ago the writer last showed a sign of life (publish or heartbeat).
+    pub fn heartbeat_age(&self) -> Option<Duration> {
+        let stamp = self.map.header().heartbeat_unix_ns.load(Ordering::Acquire);
+        now_unix_ns().checked_sub(stamp).map(Duration::from_nanos)
+    }
+
+    /// The process id of the writer that created the file.
+    pub fn writer_pid(&self) -> u32 {
+        self.map.header().writer_pid.load(Ordering::Relaxed)
+    }
+
+    /// The capacity of the mapped file.
+    pub fn capacity(&self) -> Capacity {
+        self.map.capacity
+    }
+
+    fn remap_if_superseded(&mut self) -> Result<(), ShmError> {
+        if self.map.header().superseded.load(Ordering::Acquire) != 0 {
+            self.map = Mapping::open(&self.path)?;
+        }
+        Ok(())
+    }
+
+    /// Blocks until the generation differs from `seen` or `timeout` passes; returns the
+    /// current generation. Wakes within microseconds of a publish (futex), so daemons
+    /// react at once without polling.
+    pub fn wait_change(&mut self, seen: u64, timeout: Duration) -> u64 {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let _ = self.remap_if_superseded();
+            let h = self.map.header();
+            let f = h.change_futex.load(Ordering::Acquire);
+            let g = h.generation.load(Ordering::Acquire);
+            if g != seen {
+                return g;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return g;
+            }
+            futex_wait(&h.change_futex, f, deadline - now);
+        }
+    }
+
+    /// Copies the slot named by the current generation into `self.buf`, consistently.
+    /// Returns the generation found.
+    fn copy_current(&mut self) -> Result<u64, ShmError> {
+        self.remap_if_superseded()?;
+        for _ in 0..READ_RETRIES {
+            let h = self.map.header();
+            let g = h.generation.load(Ordering::Acquire);
+            if g == 0 {
+                return Err(ShmError::NoTable);
+            }
+            if h.superseded.load(Ordering::Acquire) != 0 {
+                self.map = Mapping::open(&self.path)?;
+                continue;
+            }
+            let idx = (g % 2) as usize;
+            let seq = &h.slot_seq[idx];
+            let s1 = seq.load(Ordering::Acquire);
+            if s1 % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let slot = self.map.slot(idx);
+            let cap = self.map.capacity;
+            let sec = self.map.sections;
+            self.buf.clear();
+            self.buf.resize(sec.end, 0);
+            for (d, w) in self.buf[..SLOT_HEADER_WORDS].iter_mut().zip(slot) {
+                *d = w.load(Ordering::Relaxed);
+            }
+            let ranges = used_ranges(&self.buf, &sec, &cap);
+            if let Some(ranges) = ranges {
+                for (start, len) in &ranges[1..] {
+                    for (d, w) in self.buf[*start..start + len]
+                        .iter_mut()
+                        .zip(&slot[*start..start + len])
+                    {
+                        *d = w.load(Ordering::Relaxed);
+                    }
+                }
+            }
+            fence(Ordering::Acquire);
+            if seq.load(Ordering::Relaxed) != s1 {
+                continue;
+            }
+            let slot_gen = u64::from(self.buf[0]) | (u64::from(self.buf[1]) << 32);
+            if ranges.is_none() {
+                return Err(ShmError::Corrupt(
+                    slot_gen,
+                    "counts exceed the file's capacity".into(),
+                ));
+            }
+            let want = u64::from(self.buf[6]) | (u64::from(self.buf[7]) << 32);
+            let got = checksum(&self.buf, &sec, &cap);
+            if want != got {
+                return Err(ShmError::Corrupt(
+                    slot_gen,
+                    format!("checksum {got:#x} != {want:#x}"),
+                ));
+            }
+            return Ok(slot_gen);
+        }
+        Err(ShmError::Contended(READ_RETRIES))
+    }
+
+    /// A consistent copy of the current table. Allocates: call it when
+    /// [`generation`](Self::generation) changed, not per packet.
+    pub fn snapshot(&mut self) -> Result<Snapshot, ShmError> {
+        let generation = self.copy_current()?;
+        decode(&self.buf, &self.map.capacity, generation)
+            .map_err(|e| ShmError::Corrupt(generation, e))
+    }
+
+    /// Looks up the backend for a new flow directly in shared memory, without copying
+    /// the table: a binary search over the services and one Maglev slot, validated by the
+    /// slot's sequence counter (retried if the writer overtook the read).
+    pub fn lookup(&self, frontend: &Frontend, flow_hash: u64) -> Option<LocalBackend> {
+        let cap = self.map.capacity;
+        let sec = self.map.sections;
+        for _ in 0..READ_RETRIES {
+            let h = self.map.header();
+            let g = h.generation.load(Ordering::Acquire);
+            if g == 0 {
+                return None;
+            }
+            let idx = (g % 2) as usize;
+            let seq = &h.slot_seq[idx];
+            let s1 = seq.load(Ordering::Acquire);
+            if s1 % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let slot = self.map.slot(idx);
+            let result = lookup_in(slot, &sec, &cap, frontend, flow_hash);
+            fence(Ordering::Acquire);
+            if seq.load(Ordering::Relaxed) == s1 {
+                return result;
+            }
+        }
+        None
+    }
+}
+
+fn lookup_in(
+    slot: &[AtomicU32],
+    sec: &Sections,
+    cap: &Capacity,
+    f: &Frontend,
+    flow_hash: u64,
+) -> Option<LocalBackend> {
+    let ld = |i: usize| slot.get(i).map(|w| w.load(Ordering::Relaxed));
+    let n = (ld(2)? as usize).min(cap.services as usize);
+    let key = (
+        u32::from(f.vip),
+        u32::from(f.protocol.number()) | (u32::from(f.port) << 16),
+    );
+    let (mut lo, mut hi) = (0usize, n);
+    // Services are sorted by (vip, protocol, port); the record's second word packs
+    // protocol | port << 16, so compare (vip, protocol, port) explicitly.
+    let order = |w1: u32| (w1 & 0xff, w1 >> 16);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        let base = sec.services + mid * SERVICE_WORDS;
+        let (vip, w1) = (ld(base)?, ld(base + 1)?);
+        match (vip, order(w1)).cmp(&(key.0, order(key.1))) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => {
+                let first = ld(base + 2)? as usize;
+                let count = ld(base + 3)? as usize;
+                let m = cap.maglev_size as usize;
+                let s = (flow_hash % m as u64) as usize;
+                let word = ld(sec.maglev + mid * cap.maglev_words() + s / 2)?;
+                let b = if s.is_multiple_of(2) {
+                    word & 0xffff
+                } else {
+                    word >> 16
+                } as usize;
+                if b >= count || first + b >= cap.backends as usize {
+                    return None;
+                }
+                let br = sec.backends + (first + b) * BACKEND_WORDS;
+                return Some(LocalBackend {
+                    ip: Ipv4Addr::from(ld(br)?),
+                    port: ld(br + 1)? as u16,
+                });
+            }
+        }
+    }
+    None
+}
+
+fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String> {
+    let sec = cap.sections();
+    let (ns, nb, nv, np) = (w[2] as usize, w[3] as usize, w[4] as usize, w[5] as usize);
+    let node = get_name(&w[SLOT_HEADER_WORDS - NAME_BYTES / 4..SLOT_HEADER_WORDS])?;
+    let router_id = (w[9] != 0).then(|| Ipv4Addr::from(w[8]));
+    let mut services = Vec::with_capacity(ns);
+    let mut maglev_tables = Vec::with_capacity(ns);
+    let mw = cap.maglev_words();
+    for i in 0..ns {
+        let rec = &w[sec.services + i * SERVICE_WORDS..][..SERVICE_WORDS];
+        let protocol = Protocol::from_number((rec[1] & 0xff) as u8).ok_or("unknown protocol")?;
+        let (first, count) = (rec[2] as usize, rec[3] as usize);
+        if first + count > nb {
+            return Err(format!("service {i} backends out of range"));
+        }
+        let backends = (first..first + count)
+            .map(|b| {
+                let br = &w[sec.backends + b * BACKEND_WORDS..][..BACKEND_WORDS];
+                LocalBackend {
+                    ip: Ipv4Addr::from(br[0]),
+                    port: br[1] as u16,
+                }
+            })
+            .collect();
+        let words = &w[sec.maglev + i * mw..][..mw];
+        let mut slots: Vec<u16> = words
+            .iter()
+            .flat_map(|x| [(*x & 0xffff) as u16, (*x >> 16) as u16])
+            .collect();
+        slots.truncate(cap.maglev_size as usize);
+        if slots
+            .iter()
+            .any(|s| *s != maglev::NO_BACKEND && usize::from(*s) >= count)
+        {
+            return Err(format!("service {i} Maglev slot names a missing backend"));
+        }
+        services.push(NodeService {
+            frontend: Frontend {
+                vip: Ipv4Addr::from(rec[0]),
+                protocol,
+                port: (rec[1] >> 16) as u16,
+            },
+            backends,
+        });
+        maglev_tables.push(slots);
+    }
+    let mut advertised = Vec::with_capacity(nv);
+    for i in 0..nv {
+        let rec = &w[sec.vips + i * VIP_WORDS..][..VIP_WORDS];
+        let mask = u64::from(rec[3]) | (u64::from(rec[4]) << 32);
+        let (nc, nl) = (rec[5] as usize, rec[6] as usize);
+        if nc > MAX_COMMUNITIES || nl > MAX_LARGE_COMMUNITIES {
+            return Err(format!("VIP record {i} has too many communities"));
+        }
+        advertised.push(AdvertisedVip {
+            vip: Ipv4Addr::from(rec[0]),
+            local_pref: (rec[2] != 0).then_some(rec[1]),
+            communities: rec[8..8 + nc].to_vec(),
+            large_communities: (0..nl)
+                .map(|j| [rec[16 + 3 * j], rec[17 + 3 * j], rec[18 + 3 * j]])
+                .collect(),
+            peers: (0..64u16).filter(|p| mask & (1 << p) != 0).collect(),
+        });
+    }
+    let mut peers = Vec::with_capacity(np);
+    for i in 0..np {
+        let rec = &w[sec.peers + i * PEER_WORDS..][..PEER_WORDS];
+        let name = get_name(&rec[..NAME_BYTES / 4])?;
+        let f = &rec[NAME_BYTES / 4..];
+        let md5_len = (f[9] as usize).min(MD5_BYTES);
+        let md5 = get_bytes(&f[12..12 + MD5_BYTES / 4], md5_len);
+        peers.push(PeerConfig {
+            name,
+            peer_address: Ipv4Addr::from(f[0]),
+            peer_asn: f[1],
+            local_asn: f[2],
+            peer_port: f[3] as u16,
+            passive: (f[3] >> 16) & 1 == 1,
+            source_address: (f[5] != 0).then(|| Ipv4Addr::from(f[4])),
+            hold_time: f[6] as u16,
+            keepalive_time: (f[6] >> 16) as u16,
+            connect_retry_time: f[7] as u16,
+            ebgp_multihop: ((f[7] >> 24) & 1 == 1).then_some((f[7] >> 16) as u8),
+            graceful_restart_time: ((f[8] >> 16) & 1 == 1).then_some(f[8] as u16),
+            md5_password: if f[10] != 0 {
+                Some(String::from_utf8(md5).map_err(|_| "MD5 password is not UTF-8")?)
+            } else {
+                None
+            },
+        });
+    }
+    Ok(Snapshot {
+        generation,
+        state: NodeState {
+            node,
+            router_id,
+            services,
+            advertised,
+            peers,
+        },
+        maglev: maglev_tables,
+    })
+}
+
+#[cfg(test)]
+mod tests;
