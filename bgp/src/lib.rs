@@ -5,3 +5,7 @@
 //!
 //! Must not touch: Kubernetes, the dataplane, or the kernel's routing table (routes
 //! received from peers are discarded, never installed).
+
+#![warn(missing_docs)]
+
+pub mod wire;
