@@ -4,3 +4,14 @@
 //! nftables DNAT, in-kernel XDP DNAT, raw AF_XDP forwarder) and the reports.
 //!
 //! Must not touch: product code paths other than by running the real binaries.
+#![warn(missing_docs)]
+
+pub mod bpf;
+pub mod cost;
+pub mod latency;
+pub mod packet;
+pub mod prereq;
+pub mod report;
+pub mod suite;
+pub mod topology;
+pub mod xsk;

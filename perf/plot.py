@@ -1,0 +1,97 @@
+"""Draws the juneau-perf report's plots from report.json (Debian's python3-matplotlib).
+
+usage: plot.py report.json OUTDIR   -- prints the paths of the PNGs it wrote
+"""
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+report = json.load(open(sys.argv[1]))
+out = sys.argv[2]
+written = []
+
+COLORS = {
+    "kernel-forward": "#7f7f7f",
+    "nft-dnat": "#1f77b4",
+    "xdp-dnat": "#2ca02c",
+    "afxdp-l2fwd": "#9467bd",
+    "juneau": "#d62728",
+}
+
+# Throughput bars: median with min..max whiskers.
+sc = report["scenarios"]
+if sc:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names = [s["name"] for s in sc]
+    med = [s["median_pps"] / 1e3 for s in sc]
+    lo = [(s["median_pps"] - s["min_pps"]) / 1e3 for s in sc]
+    hi = [(s["max_pps"] - s["median_pps"]) / 1e3 for s in sc]
+    bars = ax.bar(names, med, yerr=[lo, hi], capsize=6,
+                  color=[COLORS.get(n, "#333333") for n in names])
+    for b, m in zip(bars, med):
+        ax.annotate(f"{m:.0f}k", (b.get_x() + b.get_width() / 2, m), ha="center",
+                    va="bottom", xytext=(0, 3), textcoords="offset points")
+    ax.set_ylabel("delivered kpps (median, min..max)")
+    ax.set_title(f"64-byte UDP throughput through the node ({sc[0]['flows']} flows, "
+                 f"{len(sc[0]['runs_pps'])} runs each)\n{report['date']}")
+    ax.set_ylim(0, max(s["max_pps"] for s in sc) / 1e3 * 1.2)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    p = os.path.join(out, "throughput.png")
+    fig.savefig(p, dpi=110)
+    written.append(p)
+
+# Flow scale.
+fs = report["flow_scale"]
+if fs:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    labels = [f"{p['flows']:,}" for p in fs]
+    vals = [p["median_pps"] / 1e3 for p in fs]
+    bars = ax.bar(labels, vals, color=COLORS["juneau"])
+    for b, m in zip(bars, vals):
+        ax.annotate(f"{m:.0f}k", (b.get_x() + b.get_width() / 2, m), ha="center",
+                    va="bottom", xytext=(0, 3), textcoords="offset points")
+    ax.set_xlabel("concurrent flows")
+    ax.set_ylabel("delivered kpps (median)")
+    ax.set_title("juneau throughput against flow count")
+    ax.set_ylim(0, max(vals) * 1.2 if max(vals) > 0 else 1)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    p = os.path.join(out, "flow_scale.png")
+    fig.savefig(p, dpi=110)
+    written.append(p)
+
+# Latency percentile curves: one panel per offered load, one line per scenario.
+lat = report["latency"]
+if lat:
+    loads = sorted({l["load_fraction"] for l in lat})
+    fig, axes = plt.subplots(1, len(loads), figsize=(5 * len(loads), 4.2), sharey=True,
+                             squeeze=False)
+    for ax, load in zip(axes[0], loads):
+        for l in [x for x in lat if x["load_fraction"] == load]:
+            pts = [(p, us) for p, us in l["curve"] if p < 100.0]
+            xs = [1.0 / (1.0 - p / 100.0) for p, _ in pts]
+            ax.plot(xs, [us for _, us in pts], marker="o", ms=3, label=l["scenario"],
+                    color=COLORS.get(l["scenario"], "#333333"))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ticks = [1, 2, 10, 100, 1000, 10000]
+        ax.set_xticks(ticks)
+        ax.set_xticklabels(["0%", "50%", "90%", "99%", "99.9%", "99.99%"])
+        ax.set_xlabel("percentile")
+        ax.set_title(f"offered load {load * 100:.0f}% of each path's max")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend()
+    axes[0][0].set_ylabel("round trip through the VIP (us)")
+    fig.tight_layout()
+    p = os.path.join(out, "latency.png")
+    fig.savefig(p, dpi=110)
+    written.append(p)
+
+for p in written:
+    print(p)

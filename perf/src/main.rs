@@ -1,0 +1,359 @@
+//! `juneau-perf`: runs Juneau's benchmark suite (see perf/README.md).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use juneau_perf::packet::{parse_mac, Template};
+use juneau_perf::report::Report;
+use juneau_perf::suite::{self, Plan, Progress, Scenario, INTERRUPTED};
+use juneau_perf::{latency, prereq, xsk};
+
+#[derive(Parser)]
+#[command(
+    name = "juneau-perf",
+    about = "Juneau's benchmark harness: the dataplane against kernel and XDP baselines"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args, Clone)]
+struct RunArgs {
+    /// Directory for report.json, report.md, the PNGs and logs.
+    #[arg(long, default_value = "perf-report")]
+    out: PathBuf,
+    /// The juneau-dataplane binary (default: $JUNEAU_DATAPLANE, else next to juneau-perf).
+    #[arg(long)]
+    dataplane: Option<PathBuf>,
+    /// Scenarios to run (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    scenarios: Option<Vec<Scenario>>,
+    /// Runs per scenario.
+    #[arg(long)]
+    runs: Option<u32>,
+    /// Measurement window per run, seconds.
+    #[arg(long)]
+    duration_s: Option<f64>,
+    /// Skip the callgrind cost measurement.
+    #[arg(long)]
+    no_cost: bool,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The full suite (>= 3 runs of 5 s per scenario, flow scale, latency, cost).
+    Run(RunArgs),
+    /// A very short pass over every part of the harness (what CI runs).
+    Smoke(RunArgs),
+    /// Lists missing prerequisites and exits.
+    Check(RunArgs),
+    /// (internal) AF_XDP TX generator; prints a JSON result.
+    #[command(hide = true)]
+    Gen {
+        #[arg(long)]
+        iface: String,
+        #[arg(long)]
+        src_mac: String,
+        #[arg(long)]
+        dst_mac: String,
+        #[arg(long)]
+        dst_ip: Ipv4Addr,
+        #[arg(long)]
+        dst_port: u16,
+        #[arg(long, default_value_t = 256)]
+        flows: u32,
+        /// Packets/s, 0 = as fast as possible.
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        #[arg(long)]
+        duration_ms: u64,
+        #[arg(long, default_value_t = u64::MAX)]
+        max_packets: u64,
+    },
+    /// (internal) raw AF_XDP forwarder baseline.
+    #[command(hide = true)]
+    L2fwd {
+        #[arg(long)]
+        rx_iface: String,
+        #[arg(long)]
+        tx_iface: String,
+        #[arg(long)]
+        src_mac: String,
+        #[arg(long)]
+        dst_mac: String,
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        duration_s: u64,
+    },
+    /// (internal) UDP echo server.
+    #[command(hide = true)]
+    Echo {
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        duration_s: u64,
+    },
+    /// (internal) latency prober; prints a JSON result.
+    #[command(hide = true)]
+    Probe {
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long, default_value_t = 1000)]
+        rate: u32,
+        #[arg(long)]
+        duration_ms: u64,
+    },
+}
+
+fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
+    let out = std::path::absolute(&args.out)?;
+    let mut plan = if smoke {
+        Plan {
+            scenarios: Scenario::ALL.to_vec(),
+            runs: 1,
+            warmup: Duration::from_millis(300),
+            duration: Duration::from_millis(700),
+            flows: 256,
+            flow_scale: vec![1_000, 100_000],
+            latency_loads: vec![0.5],
+            latency_duration: Duration::from_millis(700),
+            probe_rate: 500,
+            dataplane: suite::default_dataplane(),
+            out_dir: out,
+        }
+    } else {
+        Plan {
+            scenarios: Scenario::ALL.to_vec(),
+            runs: 3,
+            warmup: Duration::from_secs(1),
+            duration: Duration::from_secs(5),
+            flows: 256,
+            flow_scale: vec![1_000, 100_000, 1_000_000],
+            latency_loads: vec![0.1, 0.5, 0.9],
+            latency_duration: Duration::from_secs(4),
+            probe_rate: 1000,
+            dataplane: suite::default_dataplane(),
+            out_dir: out,
+        }
+    };
+    if let Some(s) = &args.scenarios {
+        plan.scenarios = s.clone();
+    }
+    if let Some(r) = args.runs {
+        if r == 0 {
+            bail!("--runs must be at least 1");
+        }
+        plan.runs = r;
+    }
+    if let Some(d) = args.duration_s {
+        plan.duration = Duration::from_secs_f64(d);
+    }
+    if let Some(dp) = &args.dataplane {
+        plan.dataplane = std::path::absolute(dp)?;
+    }
+    Ok(plan)
+}
+
+fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
+    let plan = plan_for(args, smoke)?;
+    let with_juneau = plan.scenarios.contains(&Scenario::Juneau);
+    let cost = !args.no_cost;
+    let missing = prereq::check(with_juneau.then_some(plan.dataplane.as_path()), cost);
+    if !missing.is_empty() {
+        eprintln!("juneau-perf cannot run; missing:");
+        for m in &missing {
+            eprintln!("  - {}: {}", m.what, m.fix);
+        }
+        bail!(
+            "{} prerequisite(s) missing (nothing was installed)",
+            missing.len()
+        );
+    }
+    std::fs::create_dir_all(&plan.out_dir)?;
+    ctrlc::set_handler(|| {
+        eprintln!("interrupt: stopping and removing the namespaces...");
+        INTERRUPTED.store(true, Ordering::Relaxed);
+    })
+    .context("installing the Ctrl-C handler")?;
+    let expected = plan.expected()
+        + if cost {
+            juneau_perf::cost::EXPECTED
+        } else {
+            Duration::ZERO
+        };
+    eprintln!(
+        "juneau-perf {}: {} scenario(s) x {} run(s) of {:.1}s, flow scale {:?}, latency at {:?} of max; expected duration ~{} s ({:.1} min). Output: {}",
+        if smoke { "smoke" } else { "run" },
+        plan.scenarios.len(),
+        plan.runs,
+        plan.duration.as_secs_f64(),
+        plan.flow_scale,
+        plan.latency_loads,
+        expected.as_secs(),
+        expected.as_secs_f64() / 60.0,
+        plan.out_dir.display()
+    );
+    let progress = Progress::new(expected);
+    let mut report = Report {
+        date: juneau_perf::cost::utc_now(),
+        machine: prereq::machine(),
+        mode: if smoke { "smoke" } else { "run" }.into(),
+        config: serde_json::json!({
+            "runs": plan.runs,
+            "warmup_s": plan.warmup.as_secs_f64(),
+            "window_s": plan.duration.as_secs_f64(),
+            "flows": plan.flows,
+            "flow_scale": plan.flow_scale,
+            "latency_loads": plan.latency_loads,
+            "latency_duration_s": plan.latency_duration.as_secs_f64(),
+            "probe_rate": plan.probe_rate,
+            "dataplane": plan.dataplane,
+            "packet_bytes": 64,
+        }),
+        convergence: "Not measured yet: needs the k8s-sync and BGP daemons (issue 6, later part)."
+            .into(),
+        ..Default::default()
+    };
+    if !with_juneau {
+        report.add_error("juneau", "not run (not selected with --scenarios)".into());
+    }
+    suite::run(&plan, &progress, &mut report)?;
+    if cost {
+        progress.say("userspace cost: callgrind on the dataplane's packet path");
+        report.cost = juneau_perf::cost::measure(&plan.out_dir, smoke);
+        progress.say(format!("cost: {}", report.cost.status));
+    } else {
+        report.cost.status = "Not measured (--no-cost).".into();
+    }
+    report.compute_ratios();
+    let files = report.write(&plan.out_dir)?;
+    progress.say("done; wrote:");
+    for f in files {
+        eprintln!("  {}", f.display());
+    }
+    let r = &report.ratios;
+    eprintln!(
+        "ratios: juneau/nft-dnat {:?}, juneau/xdp-dnat {:?}, juneau/afxdp-l2fwd {:?}, flow scale {:?}",
+        r.juneau_vs_nft_dnat, r.juneau_vs_xdp_dnat, r.juneau_vs_afxdp_l2fwd, r.juneau_flow_scale_largest_vs_smallest
+    );
+    let failed: Vec<_> = report
+        .errors
+        .iter()
+        .filter(|(_, e)| !e.starts_with("not run"))
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "{} part(s) failed: {}",
+            failed.len(),
+            failed
+                .iter()
+                .map(|(s, _)| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let never = std::sync::atomic::AtomicBool::new(false);
+    match cli.cmd {
+        Cmd::Run(a) => run_suite(&a, false),
+        Cmd::Smoke(a) => run_suite(&a, true),
+        Cmd::Check(a) => {
+            let plan = plan_for(&a, false)?;
+            let missing = prereq::check(Some(&plan.dataplane), !a.no_cost);
+            for m in &missing {
+                println!("missing: {}: {}", m.what, m.fix);
+            }
+            if missing.is_empty() {
+                println!("all prerequisites present");
+                Ok(())
+            } else {
+                bail!("{} prerequisite(s) missing", missing.len())
+            }
+        }
+        Cmd::Gen {
+            iface,
+            src_mac,
+            dst_mac,
+            dst_ip,
+            dst_port,
+            flows,
+            rate,
+            duration_ms,
+            max_packets,
+        } => {
+            let cfg = xsk::GenConfig {
+                iface,
+                template: Template {
+                    src_mac: parse_mac(&src_mac).context("--src-mac")?,
+                    dst_mac: parse_mac(&dst_mac).context("--dst-mac")?,
+                    dst_ip,
+                    dst_port,
+                },
+                src_base: juneau_perf::topology::FLOW_BASE,
+                flows,
+                rate_pps: rate,
+                duration: Duration::from_millis(duration_ms),
+                max_packets,
+            };
+            let r = xsk::generate(&cfg, &never)?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }
+        Cmd::L2fwd {
+            rx_iface,
+            tx_iface,
+            src_mac,
+            dst_mac,
+            port,
+            duration_s,
+        } => {
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let s2 = stop.clone();
+            ctrlc::set_handler(move || s2.store(true, Ordering::Relaxed))?;
+            let mut steer = juneau_perf::bpf::XskSteer::attach_here(&rx_iface, port)?;
+            let cfg = xsk::L2fwdConfig {
+                rx_iface,
+                tx_iface,
+                src_mac: parse_mac(&src_mac).context("--src-mac")?,
+                dst_mac: parse_mac(&dst_mac).context("--dst-mac")?,
+                duration: Duration::from_secs(duration_s),
+            };
+            let r = xsk::l2fwd(&cfg, &stop, |fd| steer.register(0, fd))?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }
+        Cmd::Echo { port, duration_s } => {
+            latency::echo(port, Duration::from_secs(duration_s), &never)?;
+            Ok(())
+        }
+        Cmd::Probe {
+            target,
+            rate,
+            duration_ms,
+        } => {
+            let r = latency::probe(
+                target,
+                rate,
+                Duration::from_millis(duration_ms),
+                Duration::from_millis(100),
+                &never,
+            )?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Building the benchmark's 64-byte Ethernet/IPv4/UDP frames and spreading them over flows.
+
+use std::net::Ipv4Addr;
+
+/// Frame length on the wire without FCS: the classic "64-byte packet" minus its 4-byte FCS.
+pub const FRAME_LEN: usize = 60;
+const IP_OFF: usize = 14;
+const UDP_OFF: usize = 34;
+
+/// One benchmark flow's varying fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flow {
+    /// Client source address.
+    pub src_ip: Ipv4Addr,
+    /// Client source port.
+    pub src_port: u16,
+}
+
+/// Flow `i` of a set: 64 source ports per source address, source addresses counted up
+/// from `base` (so 1 M flows use 16 384 addresses, a /18).
+pub fn flow(base: Ipv4Addr, i: u32) -> Flow {
+    Flow {
+        src_ip: Ipv4Addr::from(u32::from(base) + (i >> 6)),
+        src_port: 10_000 + (i & 63) as u16,
+    }
+}
+
+/// The fixed part of every frame of a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Template {
+    /// Source MAC (the client interface).
+    pub src_mac: [u8; 6],
+    /// Destination MAC (the next hop: the node's client-facing interface).
+    pub dst_mac: [u8; 6],
+    /// Destination address (a VIP or the backend).
+    pub dst_ip: Ipv4Addr,
+    /// Destination UDP port.
+    pub dst_port: u16,
+}
+
+fn sum16(data: &[u8]) -> u32 {
+    let mut s = 0u32;
+    for c in data.chunks(2) {
+        let w = if c.len() == 2 {
+            u16::from_be_bytes([c[0], c[1]])
+        } else {
+            u16::from_be_bytes([c[0], 0])
+        };
+        s += u32::from(w);
+    }
+    s
+}
+
+fn fold(mut s: u32) -> u16 {
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    !(s as u16)
+}
+
+/// Writes a complete frame for `flow` into `buf` (at least [`FRAME_LEN`] bytes), with
+/// valid IPv4 and UDP checksums.
+pub fn write_frame(buf: &mut [u8], t: &Template, flow: Flow) {
+    let buf = &mut buf[..FRAME_LEN];
+    buf.fill(0);
+    buf[0..6].copy_from_slice(&t.dst_mac);
+    buf[6..12].copy_from_slice(&t.src_mac);
+    buf[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let ip_len = (FRAME_LEN - IP_OFF) as u16;
+    let udp_len = (FRAME_LEN - UDP_OFF) as u16;
+    let ip = &mut buf[IP_OFF..UDP_OFF];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
+    ip[6] = 0x40; // DF
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&flow.src_ip.octets());
+    ip[16..20].copy_from_slice(&t.dst_ip.octets());
+    let c = fold(sum16(ip));
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    {
+        let udp = &mut buf[UDP_OFF..];
+        udp[0..2].copy_from_slice(&flow.src_port.to_be_bytes());
+        udp[2..4].copy_from_slice(&t.dst_port.to_be_bytes());
+        udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
+        udp[8..16].copy_from_slice(b"juneaupf");
+    }
+    let mut pseudo = [0u8; 12];
+    pseudo[0..4].copy_from_slice(&flow.src_ip.octets());
+    pseudo[4..8].copy_from_slice(&t.dst_ip.octets());
+    pseudo[9] = 17;
+    pseudo[10..12].copy_from_slice(&udp_len.to_be_bytes());
+    let mut c = fold(sum16(&pseudo) + sum16(&buf[UDP_OFF..UDP_OFF + udp_len as usize]));
+    if c == 0 {
+        c = 0xffff;
+    }
+    buf[UDP_OFF + 6..UDP_OFF + 8].copy_from_slice(&c.to_be_bytes());
+}
+
+/// Parses "aa:bb:cc:dd:ee:ff".
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut mac {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+/// Formats a MAC as "aa:bb:cc:dd:ee:ff".
+pub fn format_mac(m: &[u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_checksums_verify() {
+        let t = Template {
+            src_mac: [2, 0, 0, 0, 0, 1],
+            dst_mac: [2, 0, 0, 0, 0, 2],
+            dst_ip: Ipv4Addr::new(198, 19, 0, 10),
+            dst_port: 9000,
+        };
+        let mut buf = [0u8; 64];
+        write_frame(&mut buf, &t, flow(Ipv4Addr::new(198, 18, 64, 0), 1000));
+        assert_eq!(
+            fold(sum16(&buf[IP_OFF..UDP_OFF])),
+            0,
+            "IPv4 header checksum"
+        );
+        let mut pseudo = [0u8; 12];
+        pseudo[0..4].copy_from_slice(&buf[26..30]);
+        pseudo[4..8].copy_from_slice(&buf[30..34]);
+        pseudo[9] = 17;
+        pseudo[10..12].copy_from_slice(&26u16.to_be_bytes());
+        assert_eq!(
+            fold(sum16(&pseudo) + sum16(&buf[UDP_OFF..FRAME_LEN])),
+            0,
+            "UDP checksum"
+        );
+    }
+
+    #[test]
+    fn flows_are_distinct() {
+        let base = Ipv4Addr::new(198, 18, 64, 0);
+        let a = flow(base, 0);
+        let b = flow(base, 64);
+        let c = flow(base, 63);
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(
+            flow(base, (1 << 20) - 1).src_ip,
+            Ipv4Addr::new(198, 18, 127, 255)
+        );
+    }
+
+    #[test]
+    fn mac_round_trip() {
+        let m = parse_mac("02:ab:00:10:ff:01").unwrap();
+        assert_eq!(format_mac(&m), "02:ab:00:10:ff:01");
+        assert!(parse_mac("02:ab").is_none());
+    }
+}

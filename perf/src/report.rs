@@ -1,0 +1,305 @@
+//! The report: `report.json`, `report.md` and PNG plots (drawn by Debian's
+//! python3-matplotlib from the JSON, see `perf/plot.py`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::latency::ProbeResult;
+
+/// One scenario's throughput.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScenarioResult {
+    /// Scenario name.
+    pub name: String,
+    /// Flows offered.
+    pub flows: u32,
+    /// Delivered packets/s of each run.
+    pub runs_pps: Vec<f64>,
+    /// Smallest run.
+    pub min_pps: f64,
+    /// Median run.
+    pub median_pps: f64,
+    /// Largest run.
+    pub max_pps: f64,
+}
+
+/// Median of a list (mean of the middle two for even lengths).
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+impl ScenarioResult {
+    /// Summarizes runs.
+    pub fn new(name: &str, flows: u32, runs_pps: Vec<f64>) -> ScenarioResult {
+        ScenarioResult {
+            name: name.into(),
+            flows,
+            min_pps: runs_pps.iter().copied().fold(f64::INFINITY, f64::min),
+            max_pps: runs_pps.iter().copied().fold(0.0, f64::max),
+            median_pps: median(&runs_pps),
+            runs_pps,
+        }
+    }
+}
+
+/// `juneau` at one flow count.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FlowScalePoint {
+    /// Concurrent flows offered.
+    pub flows: u32,
+    /// Delivered packets/s of each run.
+    pub runs_pps: Vec<f64>,
+    /// Median run.
+    pub median_pps: f64,
+}
+
+/// Latency through the VIP at one offered load.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LatencyPoint {
+    /// Scenario name.
+    pub scenario: String,
+    /// Offered background load as a fraction of the scenario's median throughput.
+    pub load_fraction: f64,
+    /// Offered background load, packets/s.
+    pub offered_pps: f64,
+    /// Round-trip figures.
+    #[serde(flatten)]
+    pub result: ProbeResult,
+}
+
+/// Userspace cost of the dataplane's packet path.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Cost {
+    /// What was measured, or why nothing was.
+    pub status: String,
+    /// Instructions per packet, established flow.
+    pub established_instructions_per_packet: Option<f64>,
+    /// Instructions per packet, new flow (first packet of a flow).
+    pub new_flow_instructions_per_packet: Option<f64>,
+}
+
+/// The ratios the product is held to.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Ratios {
+    /// juneau / nft-dnat (target >= 1.5).
+    pub juneau_vs_nft_dnat: Option<f64>,
+    /// juneau / xdp-dnat (target >= 1.0).
+    pub juneau_vs_xdp_dnat: Option<f64>,
+    /// juneau / afxdp-l2fwd (target >= 0.9).
+    pub juneau_vs_afxdp_l2fwd: Option<f64>,
+    /// juneau at the largest flow count / at the smallest (target >= 0.9 for 1M vs 1k).
+    pub juneau_flow_scale_largest_vs_smallest: Option<f64>,
+}
+
+/// Everything one `juneau-perf run` measured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Report {
+    /// UTC start time.
+    pub date: String,
+    /// Machine description (CPU model, cores, kernel).
+    pub machine: String,
+    /// `run` or `smoke`.
+    pub mode: String,
+    /// Runs per scenario, window and warm-up seconds, flows.
+    pub config: serde_json::Value,
+    /// Throughput per scenario.
+    pub scenarios: Vec<ScenarioResult>,
+    /// The ratios (absent where a side is missing).
+    pub ratios: Ratios,
+    /// `juneau` at several flow counts.
+    pub flow_scale: Vec<FlowScalePoint>,
+    /// Latency through the VIP.
+    pub latency: Vec<LatencyPoint>,
+    /// Userspace cost.
+    pub cost: Cost,
+    /// Control-plane convergence (not measured yet).
+    pub convergence: String,
+    /// Scenarios that failed, with the reason.
+    pub errors: Vec<(String, String)>,
+}
+
+impl Report {
+    /// Records a failed scenario.
+    pub fn add_error(&mut self, scenario: &str, msg: String) {
+        self.errors.push((scenario.into(), msg));
+    }
+
+    fn median_of(&self, name: &str) -> Option<f64> {
+        self.scenarios
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.median_pps)
+    }
+
+    /// Computes the ratios from the medians.
+    pub fn compute_ratios(&mut self) {
+        let j = self.median_of("juneau");
+        let r = |b: Option<f64>| match (j, b) {
+            (Some(j), Some(b)) if b > 0.0 => Some(j / b),
+            _ => None,
+        };
+        self.ratios.juneau_vs_nft_dnat = r(self.median_of("nft-dnat"));
+        self.ratios.juneau_vs_xdp_dnat = r(self.median_of("xdp-dnat"));
+        self.ratios.juneau_vs_afxdp_l2fwd = r(self.median_of("afxdp-l2fwd"));
+        let smallest = self.flow_scale.iter().min_by_key(|p| p.flows);
+        let largest = self.flow_scale.iter().max_by_key(|p| p.flows);
+        self.ratios.juneau_flow_scale_largest_vs_smallest = match (smallest, largest) {
+            (Some(s), Some(l)) if s.flows != l.flows && s.median_pps > 0.0 => {
+                Some(l.median_pps / s.median_pps)
+            }
+            _ => None,
+        };
+    }
+
+    /// The Markdown report.
+    pub fn markdown(&self) -> String {
+        let mut m = String::new();
+        let f = |v: Option<f64>| {
+            v.map(|x| format!("{x:.2}"))
+                .unwrap_or_else(|| "not measured".into())
+        };
+        m += &format!("# Juneau benchmark report ({})\n\n", self.mode);
+        m += &format!(
+            "- date: {}\n- machine: {}\n- config: `{}`\n\n",
+            self.date, self.machine, self.config
+        );
+        m += "Delivered packets/s counted by the XDP sink in the backend namespace; 64-byte UDP\n";
+        m += "from an AF_XDP generator in the client namespace, through the node namespace.\n\n";
+        m += "## Throughput\n\n| scenario | flows | runs (pps) | min | median | max |\n|---|---:|---|---:|---:|---:|\n";
+        for s in &self.scenarios {
+            let runs: Vec<String> = s.runs_pps.iter().map(|p| format!("{p:.0}")).collect();
+            m += &format!(
+                "| {} | {} | {} | {:.0} | {:.0} | {:.0} |\n",
+                s.name,
+                s.flows,
+                runs.join(", "),
+                s.min_pps,
+                s.median_pps,
+                s.max_pps
+            );
+        }
+        m += "\n![throughput](throughput.png)\n\n## Ratios (medians of this run)\n\n| ratio | value | target |\n|---|---:|---:|\n";
+        m += &format!(
+            "| juneau / nft-dnat | {} | >= 1.5 |\n",
+            f(self.ratios.juneau_vs_nft_dnat)
+        );
+        m += &format!(
+            "| juneau / xdp-dnat | {} | >= 1.0 |\n",
+            f(self.ratios.juneau_vs_xdp_dnat)
+        );
+        m += &format!(
+            "| juneau / afxdp-l2fwd | {} | >= 0.9 |\n",
+            f(self.ratios.juneau_vs_afxdp_l2fwd)
+        );
+        m += &format!(
+            "| juneau largest / smallest flow count | {} | >= 0.9 |\n",
+            f(self.ratios.juneau_flow_scale_largest_vs_smallest)
+        );
+        m += "\n## Flow scale (`juneau`)\n\n";
+        if self.flow_scale.is_empty() {
+            m += "Not measured in this run.\n";
+        } else {
+            m += "| flows | runs (pps) | median |\n|---:|---|---:|\n";
+            for p in &self.flow_scale {
+                let runs: Vec<String> = p.runs_pps.iter().map(|x| format!("{x:.0}")).collect();
+                m += &format!(
+                    "| {} | {} | {:.0} |\n",
+                    p.flows,
+                    runs.join(", "),
+                    p.median_pps
+                );
+            }
+            m += "\n![flow scale](flow_scale.png)\n";
+        }
+        m += "\n## Latency through the VIP (UDP request/response, one outstanding)\n\n";
+        if self.latency.is_empty() {
+            m += "Not measured in this run.\n";
+        } else {
+            m += "| scenario | offered load | background pps | replies | p50 us | p99 us | p99.9 us | max us |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
+            for l in &self.latency {
+                m += &format!(
+                    "| {} | {:.0}% | {:.0} | {}/{} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+                    l.scenario,
+                    l.load_fraction * 100.0,
+                    l.offered_pps,
+                    l.result.received,
+                    l.result.sent,
+                    l.result.p50_us,
+                    l.result.p99_us,
+                    l.result.p999_us,
+                    l.result.max_us
+                );
+            }
+            m += "\n![latency](latency.png)\n";
+        }
+        m += "\n## Userspace cost (callgrind)\n\n";
+        m += &format!("{}\n\n", self.cost.status);
+        m += &format!(
+            "| path | instructions/packet | target |\n|---|---:|---:|\n| established flow | {} | <= 150 |\n| new flow | {} | |\n",
+            self.cost.established_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
+            self.cost.new_flow_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
+        );
+        m += &format!("\n## Control-plane convergence\n\n{}\n", self.convergence);
+        if !self.errors.is_empty() {
+            m += "\n## Failures\n\n";
+            for (s, e) in &self.errors {
+                m += &format!("- **{s}**: {}\n", e.replace('\n', " / "));
+            }
+        }
+        m
+    }
+
+    /// Writes report.json and report.md into `dir`, then the plots.
+    pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>> {
+        std::fs::create_dir_all(dir)?;
+        let json = dir.join("report.json");
+        std::fs::write(&json, serde_json::to_string_pretty(self)?)?;
+        std::fs::write(dir.join("report.md"), self.markdown())?;
+        let mut files = vec![json, dir.join("report.md")];
+        files.extend(plot(dir)?);
+        Ok(files)
+    }
+}
+
+/// The plotting script (run with Debian's python3 and python3-matplotlib).
+pub const PLOT_PY: &str = include_str!("../plot.py");
+/// The interpreter that has Debian's matplotlib.
+pub const PYTHON: &str = "/usr/bin/python3";
+
+fn plot(dir: &Path) -> Result<Vec<PathBuf>> {
+    for stale in ["throughput.png", "flow_scale.png", "latency.png"] {
+        let _ = std::fs::remove_file(dir.join(stale));
+    }
+    let script = dir.join("plot.py");
+    std::fs::write(&script, PLOT_PY)?;
+    let out = Command::new(PYTHON)
+        .arg(&script)
+        .arg(dir.join("report.json"))
+        .arg(dir)
+        .output()
+        .with_context(|| format!("running {PYTHON} (apt-get install python3-matplotlib)"))?;
+    if !out.status.success() {
+        bail!(
+            "plotting failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let _ = std::fs::remove_file(&script);
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .collect())
+}

@@ -1,0 +1,719 @@
+//! The scenarios and the suite runner: builds a fresh topology per scenario, sets the node
+//! namespace up as the scenario says, drives the generator, reads the sink, and collects
+//! everything into a [`crate::report::Report`].
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use juneau_tests::netns::NsChild;
+
+use crate::bpf::{DnatConfig, PassProgram, Sink, XdpDnat};
+use crate::latency::ProbeResult;
+use crate::packet::format_mac;
+use crate::report::{FlowScalePoint, LatencyPoint, Report, ScenarioResult};
+use crate::topology::*;
+use crate::xsk::GenResult;
+
+/// Set by the Ctrl-C handler; every wait checks it, so the run unwinds and cleans up.
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// The benchmark scenarios.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// Plain IPv4 forwarding in the node namespace.
+    KernelForward,
+    /// nftables DNAT of the VIP to the backend, structured like kube-proxy's nftables mode.
+    NftDnat,
+    /// In-kernel XDP DNAT + XDP_REDIRECT (perf/bpf/xdp_dnat.c).
+    XdpDnat,
+    /// Raw AF_XDP forwarder without NAT (MAC rewrite only): the userspace ceiling.
+    AfxdpL2fwd,
+    /// The real juneau-dataplane binary fed by a real NodeStateWriter.
+    Juneau,
+}
+
+impl Scenario {
+    /// Every scenario, in report order.
+    pub const ALL: [Scenario; 5] = [
+        Scenario::KernelForward,
+        Scenario::NftDnat,
+        Scenario::XdpDnat,
+        Scenario::AfxdpL2fwd,
+        Scenario::Juneau,
+    ];
+
+    /// The report name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::KernelForward => "kernel-forward",
+            Scenario::NftDnat => "nft-dnat",
+            Scenario::XdpDnat => "xdp-dnat",
+            Scenario::AfxdpL2fwd => "afxdp-l2fwd",
+            Scenario::Juneau => "juneau",
+        }
+    }
+
+    /// Whether traffic goes to the VIP (and so latency through the VIP can be measured).
+    pub fn uses_vip(self) -> bool {
+        matches!(
+            self,
+            Scenario::NftDnat | Scenario::XdpDnat | Scenario::Juneau
+        )
+    }
+}
+
+/// What to run and for how long.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Scenarios to run.
+    pub scenarios: Vec<Scenario>,
+    /// Runs per scenario.
+    pub runs: u32,
+    /// Traffic before the measurement window of each run.
+    pub warmup: Duration,
+    /// The measurement window of each run.
+    pub duration: Duration,
+    /// Flows of the throughput scenarios.
+    pub flows: u32,
+    /// Flow counts for the `juneau` flow-scale measurement (empty: skip).
+    pub flow_scale: Vec<u32>,
+    /// Offered loads for latency, as fractions of each scenario's median throughput.
+    pub latency_loads: Vec<f64>,
+    /// Probe duration per latency point.
+    pub latency_duration: Duration,
+    /// Probe requests per second.
+    pub probe_rate: u32,
+    /// The juneau-dataplane binary.
+    pub dataplane: PathBuf,
+    /// Where logs go.
+    pub out_dir: PathBuf,
+}
+
+/// Fixed per-scenario overhead (topology, program loads, readiness check), estimated.
+const SETUP_S: f64 = 3.0;
+
+impl Plan {
+    /// Estimated wall time of the whole plan.
+    pub fn expected(&self) -> Duration {
+        let per_run = self.warmup.as_secs_f64() + self.duration.as_secs_f64() + 0.5;
+        let mut s = 0.0;
+        for sc in &self.scenarios {
+            s += SETUP_S + f64::from(self.runs) * per_run;
+            if sc.uses_vip() {
+                s += self.latency_loads.len() as f64 * (self.latency_duration.as_secs_f64() + 1.5);
+            }
+            if *sc == Scenario::Juneau {
+                for f in &self.flow_scale {
+                    s += SETUP_S
+                        + f64::from(self.runs) * (per_run + self.scale_warmup(*f).as_secs_f64());
+                }
+            }
+        }
+        Duration::from_secs_f64(s)
+    }
+
+    /// Extra warm-up for `flows` flows, so that each flow has been seen before the window.
+    fn scale_warmup(&self, flows: u32) -> Duration {
+        // The generator reaches ~0.3-0.9 Mpps here; give every flow a first packet.
+        Duration::from_secs_f64(f64::from(flows) / 250_000.0)
+    }
+}
+
+/// Progress output (stderr), with elapsed time against the estimate.
+pub struct Progress {
+    start: Instant,
+    expected: Duration,
+}
+
+impl Progress {
+    /// Starts the clock.
+    pub fn new(expected: Duration) -> Progress {
+        Progress {
+            start: Instant::now(),
+            expected,
+        }
+    }
+
+    /// Prints one line.
+    pub fn say(&self, msg: impl AsRef<str>) {
+        let e = self.start.elapsed().as_secs();
+        eprintln!(
+            "[{:>3}s / ~{}s] {}",
+            e,
+            self.expected.as_secs(),
+            msg.as_ref()
+        );
+    }
+}
+
+fn check_interrupt() -> Result<()> {
+    if INTERRUPTED.load(Ordering::Relaxed) {
+        bail!("interrupted (Ctrl-C): cleaning up");
+    }
+    Ok(())
+}
+
+/// Sleeps in small steps, failing early on Ctrl-C.
+pub fn sleep(d: Duration) -> Result<()> {
+    let end = Instant::now() + d;
+    loop {
+        check_interrupt()?;
+        let now = Instant::now();
+        if now >= end {
+            return Ok(());
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(50)));
+    }
+}
+
+fn self_exe() -> Result<PathBuf> {
+    std::env::current_exe().context("finding juneau-perf's own path")
+}
+
+fn cpus() -> (u32, u32) {
+    let n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as u32;
+    (0, if n > 1 { 1 } else { 0 })
+}
+
+/// A scenario's node setup, alive while measuring.
+struct Active {
+    sink: Sink,
+    _pass: PassProgram,
+    _xdp: Option<XdpDnat>,
+    forwarder: Option<NsChild>,
+    forwarder_name: &'static str,
+    forwarder_log: Option<PathBuf>,
+    _echo: NsChild,
+    _state: Option<(juneau_control::shm::NodeStateWriter, tempfile_dir::Dir)>,
+    dst: (Ipv4Addr, u16),
+}
+
+mod tempfile_dir {
+    use std::path::PathBuf;
+
+    /// A directory removed on drop.
+    pub struct Dir(pub PathBuf);
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl Active {
+    fn check_forwarder(&mut self) -> Result<()> {
+        if let Some(f) = &mut self.forwarder {
+            if !f.is_running() {
+                let log = self
+                    .forwarder_log
+                    .as_ref()
+                    .and_then(|p| std::fs::read_to_string(p).ok())
+                    .unwrap_or_default();
+                let tail: String = log
+                    .lines()
+                    .rev()
+                    .take(15)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                bail!(
+                    "{} exited early; its log ends:\n{tail}",
+                    self.forwarder_name
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+const NFT_RULES: &str = r#"
+table ip juneau_perf {
+    map service-ips {
+        type ipv4_addr . inet_proto . inet_service : verdict
+        elements = { 198.19.0.10 . udp . 9000 : goto service-load, 198.19.0.10 . udp . 9001 : goto service-echo }
+    }
+    chain nat-prerouting {
+        type nat hook prerouting priority dstnat; policy accept;
+        ip daddr . meta l4proto . th dport vmap @service-ips
+    }
+    chain service-load {
+        numgen random mod 1 vmap { 0 : goto endpoint-load }
+    }
+    chain endpoint-load {
+        meta l4proto udp dnat to 198.18.2.2:9100
+    }
+    chain service-echo {
+        numgen random mod 1 vmap { 0 : goto endpoint-echo }
+    }
+    chain endpoint-echo {
+        meta l4proto udp dnat to 198.18.2.2:9101
+    }
+}
+"#;
+
+fn node_state() -> juneau_control::model::NodeState {
+    use juneau_control::model::*;
+    let svc = |port, bport| NodeService {
+        frontend: Frontend {
+            vip: VIP,
+            protocol: Protocol::Udp,
+            port,
+        },
+        backends: vec![LocalBackend {
+            ip: BACKEND_IP,
+            port: bport,
+        }],
+    };
+    let mut st = NodeState {
+        node: "perf-node".into(),
+        router_id: Some(NODE_CLIENT_IP),
+        services: vec![
+            svc(LOAD_PORT, BACKEND_LOAD_PORT),
+            svc(ECHO_PORT, BACKEND_ECHO_PORT),
+        ],
+        ..Default::default()
+    };
+    st.normalize();
+    st
+}
+
+fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Result<Active> {
+    let (_gen_cpu, fwd_cpu) = cpus();
+    let exe = self_exe()?;
+    let exe_s = exe.to_string_lossy().into_owned();
+    let sink = Sink::attach(t.backend.name(), &t.b_if, BACKEND_LOAD_PORT)?;
+    // Frames XDP_REDIRECTed into the client's veth are only delivered with an XDP program
+    // on the receiving end (FACTS.md).
+    let pass = PassProgram::attach(t.client.name(), &t.c_if)?;
+    let echo = t.backend.spawn(&[
+        &exe_s,
+        "echo",
+        "--port",
+        &BACKEND_ECHO_PORT.to_string(),
+        "--duration-s",
+        "86400",
+    ])?;
+    let mut active = Active {
+        sink,
+        _pass: pass,
+        _xdp: None,
+        forwarder: None,
+        forwarder_name: "",
+        forwarder_log: None,
+        _echo: echo,
+        _state: None,
+        dst: (VIP, LOAD_PORT),
+    };
+    match sc {
+        Scenario::KernelForward => active.dst = (BACKEND_IP, BACKEND_LOAD_PORT),
+        Scenario::NftDnat => {
+            let path = plan.out_dir.join(format!("nft-{tag}.nft"));
+            std::fs::write(&path, NFT_RULES)?;
+            t.node.exec(&["nft", "-f", &path.to_string_lossy()])?;
+        }
+        Scenario::XdpDnat => {
+            active._xdp = Some(XdpDnat::attach(
+                t.node.name(),
+                DnatConfig {
+                    client_iface: t.nc_if.clone(),
+                    backend_iface: t.nb_if.clone(),
+                    node_client_mac: t.nc_mac,
+                    client_mac: t.c_mac,
+                    node_backend_mac: t.nb_mac,
+                    backend_mac: t.b_mac,
+                    services: vec![
+                        ((VIP, LOAD_PORT), (BACKEND_IP, BACKEND_LOAD_PORT)),
+                        ((VIP, ECHO_PORT), (BACKEND_IP, BACKEND_ECHO_PORT)),
+                    ],
+                },
+            )?);
+        }
+        Scenario::AfxdpL2fwd => {
+            active.dst = (BACKEND_IP, BACKEND_LOAD_PORT);
+            let log = plan.out_dir.join(format!("afxdp-l2fwd-{tag}.log"));
+            let child = t.node.spawn_logged(
+                &[
+                    "taskset",
+                    "-c",
+                    &fwd_cpu.to_string(),
+                    &exe_s,
+                    "l2fwd",
+                    "--rx-iface",
+                    &t.nc_if,
+                    "--tx-iface",
+                    &t.nb_if,
+                    "--src-mac",
+                    &format_mac(&t.nb_mac),
+                    "--dst-mac",
+                    &format_mac(&t.b_mac),
+                    "--port",
+                    &BACKEND_LOAD_PORT.to_string(),
+                    "--duration-s",
+                    "86400",
+                ],
+                &log,
+            )?;
+            active.forwarder = Some(child);
+            active.forwarder_name = "the afxdp-l2fwd forwarder";
+            active.forwarder_log = Some(log);
+        }
+        Scenario::Juneau => {
+            if !plan.dataplane.exists() {
+                bail!(
+                    "juneau-dataplane binary not found at {} (build it: cargo build --release -p juneau-dataplane, or pass --dataplane PATH)",
+                    plan.dataplane.display()
+                );
+            }
+            let dir =
+                std::env::temp_dir().join(format!("juneau-perf-{}-{tag}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            let dir = tempfile_dir::Dir(dir);
+            let state_path = dir.0.join("perf-node.state");
+            let mut writer =
+                juneau_control::shm::NodeStateWriter::create(&state_path, Default::default())
+                    .with_context(|| format!("creating {}", state_path.display()))?;
+            writer
+                .publish(&node_state())
+                .context("publishing the node state")?;
+            let log = plan.out_dir.join(format!("juneau-dataplane-{tag}.log"));
+            let dp = plan.dataplane.to_string_lossy().into_owned();
+            let child = t.node.spawn_logged(
+                &[
+                    "taskset",
+                    "-c",
+                    &fwd_cpu.to_string(),
+                    &dp,
+                    "--uplink",
+                    &t.nc_if,
+                    "--pod-iface",
+                    &t.nb_if,
+                    "--state-file",
+                    &state_path.to_string_lossy(),
+                ],
+                &log,
+            )?;
+            active.forwarder = Some(child);
+            active.forwarder_name = "juneau-dataplane";
+            active.forwarder_log = Some(log);
+            active._state = Some((writer, dir));
+        }
+    }
+    Ok(active)
+}
+
+struct Gen {
+    child: Option<Child>,
+}
+
+impl Gen {
+    fn start(
+        t: &Topology,
+        dst: (Ipv4Addr, u16),
+        flows: u32,
+        rate: u64,
+        duration: Duration,
+        max_packets: u64,
+    ) -> Result<Gen> {
+        let (gen_cpu, _) = cpus();
+        let exe = self_exe()?;
+        let child = t
+            .client
+            .command(&[
+                "taskset",
+                "-c",
+                &gen_cpu.to_string(),
+                &exe.to_string_lossy(),
+                "gen",
+                "--iface",
+                &t.c_if,
+                "--src-mac",
+                &format_mac(&t.c_mac),
+                "--dst-mac",
+                &format_mac(&t.nc_mac),
+                "--dst-ip",
+                &dst.0.to_string(),
+                "--dst-port",
+                &dst.1.to_string(),
+                "--flows",
+                &flows.to_string(),
+                "--rate",
+                &rate.to_string(),
+                "--duration-ms",
+                &duration.as_millis().to_string(),
+                "--max-packets",
+                &max_packets.to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting the generator")?;
+        Ok(Gen { child: Some(child) })
+    }
+
+    fn finish(mut self) -> Result<GenResult> {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let mut child = self.child.take().expect("running");
+        loop {
+            if let Some(_status) = child.try_wait()? {
+                break;
+            }
+            if INTERRUPTED.load(Ordering::Relaxed) || Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                check_interrupt()?;
+                bail!("generator did not finish in time");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "generator failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "generator output {:?}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+}
+
+impl Drop for Gen {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Sends short bursts until the sink sees traffic, so a slow-starting forwarder is not
+/// measured while it starts.
+fn wait_until_delivering(t: &Topology, a: &mut Active, timeout: Duration) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        check_interrupt()?;
+        a.check_forwarder()?;
+        let before = a.sink.count()?;
+        let g = Gen::start(t, a.dst, 16, 10_000, Duration::from_millis(100), 1000)?;
+        g.finish()?;
+        sleep(Duration::from_millis(50))?;
+        if a.sink.count()? > before {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            bail!(
+                "no packet reached the backend within {}s",
+                timeout.as_secs()
+            );
+        }
+        sleep(Duration::from_millis(200))?;
+    }
+}
+
+/// One throughput run: returns delivered packets/s in the measurement window.
+fn measure(
+    t: &Topology,
+    a: &mut Active,
+    flows: u32,
+    warmup: Duration,
+    window: Duration,
+) -> Result<f64> {
+    let g = Gen::start(
+        t,
+        a.dst,
+        flows,
+        0,
+        warmup + window + Duration::from_millis(300),
+        u64::MAX,
+    )?;
+    sleep(warmup)?;
+    let (t1, c1) = (Instant::now(), a.sink.count()?);
+    sleep(window)?;
+    let (t2, c2) = (Instant::now(), a.sink.count()?);
+    let gen = g.finish()?;
+    a.check_forwarder()?;
+    let pps = (c2 - c1) as f64 / (t2 - t1).as_secs_f64();
+    tracing::debug!(sent = gen.sent, elapsed = gen.elapsed_s, pps, "run");
+    if c2 == c1 {
+        bail!(
+            "nothing reached the backend during the window (generator sent {} frames)",
+            gen.sent
+        );
+    }
+    Ok(pps)
+}
+
+fn latency_point(
+    t: &Topology,
+    a: &mut Active,
+    plan: &Plan,
+    load: f64,
+    max_pps: f64,
+) -> Result<ProbeResult> {
+    let exe = self_exe()?;
+    let rate = (max_pps * load).round() as u64;
+    let bg = Gen::start(
+        t,
+        a.dst,
+        plan.flows,
+        rate.max(1),
+        plan.latency_duration + Duration::from_millis(700),
+        u64::MAX,
+    )?;
+    sleep(Duration::from_millis(300))?;
+    let out = t.client.output(&[
+        &exe.to_string_lossy(),
+        "probe",
+        "--target",
+        &format!("{VIP}:{ECHO_PORT}"),
+        "--rate",
+        &plan.probe_rate.to_string(),
+        "--duration-ms",
+        &plan.latency_duration.as_millis().to_string(),
+    ])?;
+    let _ = bg.finish()?;
+    a.check_forwarder()?;
+    if !out.status.success() {
+        bail!(
+            "prober failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let r: ProbeResult = serde_json::from_slice(&out.stdout).context("prober output")?;
+    if r.received == 0 {
+        bail!(
+            "no echo reply came back through the VIP ({} requests)",
+            r.sent
+        );
+    }
+    Ok(r)
+}
+
+fn summarize(name: &str, flows: u32, runs: Vec<f64>) -> ScenarioResult {
+    ScenarioResult::new(name, flows, runs)
+}
+
+/// Runs the whole plan.
+pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> {
+    for (i, sc) in plan.scenarios.iter().enumerate() {
+        check_interrupt()?;
+        let tag = sc.name();
+        progress.say(format!(
+            "({}/{}) {}: building topology",
+            i + 1,
+            plan.scenarios.len(),
+            sc.name()
+        ));
+        let result = run_scenario(plan, progress, *sc, report);
+        if let Err(e) = result {
+            check_interrupt()?;
+            progress.say(format!("{tag}: FAILED: {e:#}"));
+            report.add_error(sc.name(), format!("{e:#}"));
+        }
+    }
+    Ok(())
+}
+
+fn run_scenario(plan: &Plan, progress: &Progress, sc: Scenario, report: &mut Report) -> Result<()> {
+    let t = Topology::build()?;
+    let tag = format!("{}-{}", sc.name(), std::process::id());
+    let mut a = setup(&t, sc, plan, &tag)?;
+    wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
+    let mut runs = Vec::new();
+    for r in 0..plan.runs {
+        let pps = measure(&t, &mut a, plan.flows, plan.warmup, plan.duration)?;
+        progress.say(format!(
+            "{}: run {}/{}: {:.0} pps delivered",
+            sc.name(),
+            r + 1,
+            plan.runs,
+            pps
+        ));
+        runs.push(pps);
+    }
+    let res = summarize(sc.name(), plan.flows, runs);
+    let median = res.median_pps;
+    report.scenarios.push(res);
+    if sc.uses_vip() {
+        for &load in &plan.latency_loads {
+            let p = latency_point(&t, &mut a, plan, load, median)?;
+            progress.say(format!(
+                "{}: latency at {:.0}% load: p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us ({}/{} replies)",
+                sc.name(),
+                load * 100.0,
+                p.p50_us,
+                p.p99_us,
+                p.p999_us,
+                p.received,
+                p.sent
+            ));
+            report.latency.push(LatencyPoint {
+                scenario: sc.name().into(),
+                load_fraction: load,
+                offered_pps: median * load,
+                result: p,
+            });
+        }
+    }
+    if sc == Scenario::Juneau {
+        for &flows in &plan.flow_scale {
+            let mut runs = Vec::new();
+            for r in 0..plan.runs {
+                let pps = measure(
+                    &t,
+                    &mut a,
+                    flows,
+                    plan.warmup + plan.scale_warmup(flows),
+                    plan.duration,
+                )?;
+                progress.say(format!(
+                    "juneau @ {flows} flows: run {}/{}: {:.0} pps",
+                    r + 1,
+                    plan.runs,
+                    pps
+                ));
+                runs.push(pps);
+            }
+            let s = summarize("juneau", flows, runs);
+            report.flow_scale.push(FlowScalePoint {
+                flows,
+                runs_pps: s.runs_pps,
+                median_pps: s.median_pps,
+            });
+        }
+    }
+    drop(a);
+    drop(t);
+    Ok(())
+}
+
+/// The dataplane binary: `--dataplane`, else `$JUNEAU_DATAPLANE`, else next to juneau-perf.
+pub fn default_dataplane() -> PathBuf {
+    if let Ok(p) = std::env::var("JUNEAU_DATAPLANE") {
+        return PathBuf::from(p);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("juneau-dataplane")))
+        .unwrap_or_else(|| PathBuf::from("juneau-dataplane"))
+}
+
+/// Whether `ns` still exists (for tests of cleanup).
+pub fn netns_exists(name: &str) -> bool {
+    Path::new("/var/run/netns").join(name).exists()
+}

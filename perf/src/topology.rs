@@ -1,0 +1,190 @@
+//! The benchmark topology, identical for every scenario:
+//!
+//! ```text
+//!  client ns                node ns                        backend ns
+//!  [c] 198.18.1.2/24 <-> [nc] 198.18.1.1/24
+//!                          [nb] 198.18.2.1/24 <-> [b] 198.18.2.2/24
+//! ```
+//! Addresses are from 198.18.0.0/15, the range set aside for benchmarking (RFC 2544).
+//! Generated flows come from 198.18.64.0/18 (routed to the client by the node), the VIP
+//! is 198.19.0.10. Namespaces and links get names unique to this process and call
+//! (`juneau_tests::netns::unique_prefix`), and everything is deleted when the topology is
+//! dropped — on success, on error and on Ctrl-C (the main loop turns it into an error).
+
+use std::net::Ipv4Addr;
+
+use anyhow::{Context, Result};
+use juneau_tests::netns::{unique_prefix, veth, Netns};
+
+use crate::packet::parse_mac;
+
+/// The client's address.
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 2);
+/// The node's address on the client side.
+pub const NODE_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 1);
+/// The node's address on the backend side.
+pub const NODE_BACKEND_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 1);
+/// The backend Pod's address.
+pub const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 2);
+/// The first generated client address (flows use up to a /18 from here).
+pub const FLOW_BASE: Ipv4Addr = Ipv4Addr::new(198, 18, 64, 0);
+/// The load balancer's VIP.
+pub const VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
+/// The service port of the throughput load (UDP) at the VIP.
+pub const LOAD_PORT: u16 = 9000;
+/// The backend's port for the throughput load (counted and dropped by the sink).
+pub const BACKEND_LOAD_PORT: u16 = 9100;
+/// The service port of the latency probes (UDP echo) at the VIP.
+pub const ECHO_PORT: u16 = 9001;
+/// The backend's echo server port.
+pub const BACKEND_ECHO_PORT: u16 = 9101;
+
+/// The three namespaces and their links.
+pub struct Topology {
+    /// Client namespace (generator, latency prober).
+    pub client: Netns,
+    /// Node namespace (the load balancer under test).
+    pub node: Netns,
+    /// Backend namespace (sink, echo server).
+    pub backend: Netns,
+    /// Client interface (in `client`).
+    pub c_if: String,
+    /// Node's client-facing interface (in `node`).
+    pub nc_if: String,
+    /// Node's backend-facing interface (in `node`).
+    pub nb_if: String,
+    /// Backend interface (in `backend`).
+    pub b_if: String,
+    /// MAC of `c_if`.
+    pub c_mac: [u8; 6],
+    /// MAC of `nc_if`.
+    pub nc_mac: [u8; 6],
+    /// MAC of `nb_if`.
+    pub nb_mac: [u8; 6],
+    /// MAC of `b_if`.
+    pub b_mac: [u8; 6],
+}
+
+fn mac_of(ns: &Netns, iface: &str) -> Result<[u8; 6]> {
+    let out = ns.exec(&["cat", &format!("/sys/class/net/{iface}/address")])?;
+    parse_mac(out.trim()).with_context(|| format!("bad MAC {out:?} of {iface}"))
+}
+
+impl Topology {
+    /// Builds the topology: addresses, routes, forwarding on in the node, checksum
+    /// offload off on the client and backend ends (kernel sockets there must send
+    /// finished checksums, or they fail after NAT: FACTS.md).
+    pub fn build() -> Result<Topology> {
+        let p = unique_prefix("prf");
+        let client = Netns::new(format!("{p}cl"))?;
+        let node = Netns::new(format!("{p}nd"))?;
+        let backend = Netns::new(format!("{p}be"))?;
+        let (c_if, nc_if, nb_if, b_if) = (
+            format!("{p}c"),
+            format!("{p}nc"),
+            format!("{p}nb"),
+            format!("{p}b"),
+        );
+        veth(&client, &c_if, &node, &nc_if)?;
+        veth(&node, &nb_if, &backend, &b_if)?;
+        client.addr(&c_if, "198.18.1.2/24")?;
+        node.addr(&nc_if, "198.18.1.1/24")?;
+        node.addr(&nb_if, "198.18.2.1/24")?;
+        backend.addr(&b_if, "198.18.2.2/24")?;
+        client.exec(&["ip", "route", "add", "default", "via", "198.18.1.1"])?;
+        backend.exec(&["ip", "route", "add", "default", "via", "198.18.2.1"])?;
+        node.exec(&["ip", "route", "add", "198.18.64.0/18", "via", "198.18.1.2"])?;
+        node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        // Generated sources are not the client's own address; let them through.
+        for ns in [&client, &node, &backend] {
+            ns.exec(&["sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0"])?;
+            ns.exec(&["sysctl", "-qw", "net.ipv4.conf.default.rp_filter=0"])?;
+        }
+        node.exec(&[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv4.conf.{nc_if}.rp_filter=0"),
+        ])?;
+        node.exec(&[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv4.conf.{nb_if}.rp_filter=0"),
+        ])?;
+        client.exec(&["ethtool", "-K", &c_if, "tx", "off"])?;
+        backend.exec(&["ethtool", "-K", &b_if, "tx", "off"])?;
+        let t = Topology {
+            c_mac: mac_of(&client, &c_if)?,
+            nc_mac: mac_of(&node, &nc_if)?,
+            nb_mac: mac_of(&node, &nb_if)?,
+            b_mac: mac_of(&backend, &b_if)?,
+            client,
+            node,
+            backend,
+            c_if,
+            nc_if,
+            nb_if,
+            b_if,
+        };
+        // Static neighbours, so no scenario waits on ARP in its first packets.
+        let mac = crate::packet::format_mac;
+        t.node.exec(&[
+            "ip",
+            "neigh",
+            "replace",
+            "198.18.2.2",
+            "lladdr",
+            &mac(&t.b_mac),
+            "dev",
+            &t.nb_if,
+            "nud",
+            "permanent",
+        ])?;
+        t.node.exec(&[
+            "ip",
+            "neigh",
+            "replace",
+            "198.18.1.2",
+            "lladdr",
+            &mac(&t.c_mac),
+            "dev",
+            &t.nc_if,
+            "nud",
+            "permanent",
+        ])?;
+        t.client.exec(&[
+            "ip",
+            "neigh",
+            "replace",
+            "198.18.1.1",
+            "lladdr",
+            &mac(&t.nc_mac),
+            "dev",
+            &t.c_if,
+            "nud",
+            "permanent",
+        ])?;
+        t.backend.exec(&[
+            "ip",
+            "neigh",
+            "replace",
+            "198.18.2.1",
+            "lladdr",
+            &mac(&t.nb_mac),
+            "dev",
+            &t.b_if,
+            "nud",
+            "permanent",
+        ])?;
+        Ok(t)
+    }
+
+    /// The names of the namespaces (for messages).
+    pub fn describe(&self) -> String {
+        format!(
+            "{} -> {} -> {}",
+            self.client.name(),
+            self.node.name(),
+            self.backend.name()
+        )
+    }
+}

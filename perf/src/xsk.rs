@@ -1,0 +1,287 @@
+//! The AF_XDP pieces of the harness: the TX traffic generator and the raw AF_XDP
+//! forwarder baseline (`afxdp-l2fwd`). Both run as subprocesses of `juneau-perf` inside
+//! a namespace (`juneau-perf gen ...`, `juneau-perf l2fwd ...`).
+
+use std::net::Ipv4Addr;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use serde::{Deserialize, Serialize};
+use xsk_rs::config::{
+    BindFlags, FrameSize, LibxdpFlags, QueueSize, SocketConfig, UmemConfig, XdpFlags,
+};
+use xsk_rs::{FrameDesc, Socket, Umem};
+
+use crate::packet::{self, Template, FRAME_LEN};
+
+const FRAME_SIZE: u32 = 2048;
+/// Copy-mode TX takes at most 32 frames per sendto() (FACTS.md).
+const BATCH: usize = 32;
+
+/// What the generator was asked to send.
+#[derive(Debug, Clone)]
+pub struct GenConfig {
+    /// Interface to send on (in the current namespace).
+    pub iface: String,
+    /// The fixed frame fields.
+    pub template: Template,
+    /// First client source address of the flow set.
+    pub src_base: Ipv4Addr,
+    /// Number of flows, sent round robin.
+    pub flows: u32,
+    /// Packets per second; 0 sends as fast as possible.
+    pub rate_pps: u64,
+    /// Stop after this long...
+    pub duration: Duration,
+    /// ...or after this many packets, whichever comes first.
+    pub max_packets: u64,
+}
+
+/// What the generator did (its own count; throughput is measured at the sink).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GenResult {
+    /// Frames handed to the kernel.
+    pub sent: u64,
+    /// Seconds spent sending.
+    pub elapsed_s: f64,
+}
+
+fn umem(frames: u32) -> Result<(Umem, Vec<FrameDesc>)> {
+    let cfg = UmemConfig::builder()
+        .frame_size(FrameSize::new(FRAME_SIZE).map_err(|e| anyhow!("{e}"))?)
+        .fill_queue_size(QueueSize::new(4096).map_err(|e| anyhow!("{e}"))?)
+        .comp_queue_size(QueueSize::new(4096).map_err(|e| anyhow!("{e}"))?)
+        .build()
+        .map_err(|e| anyhow!("UMEM config: {e}"))?;
+    Umem::new(cfg, NonZeroU32::new(frames).expect("non-zero"), false)
+        .map_err(|e| anyhow!("creating UMEM: {e}"))
+}
+
+fn socket_config(inhibit_prog_load: bool) -> Result<SocketConfig> {
+    let mut b = SocketConfig::builder();
+    b.rx_queue_size(QueueSize::new(4096).map_err(|e| anyhow!("{e}"))?)
+        .tx_queue_size(QueueSize::new(4096).map_err(|e| anyhow!("{e}"))?)
+        .bind_flags(BindFlags::XDP_COPY | BindFlags::XDP_USE_NEED_WAKEUP)
+        .xdp_flags(XdpFlags::XDP_FLAGS_DRV_MODE);
+    if inhibit_prog_load {
+        b.libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD);
+    }
+    Ok(b.build())
+}
+
+/// Sends 64-byte UDP frames over `cfg.flows` flows until the duration or packet bound is
+/// reached (or `stop` is set).
+pub fn generate(cfg: &GenConfig, stop: &AtomicBool) -> Result<GenResult> {
+    const FRAMES: u32 = 4096;
+    let (umem, mut descs) = umem(FRAMES)?;
+    // SAFETY: the UMEM outlives the socket (both live until the end of this function) and
+    // this is the only socket bound to (iface, queue 0) in this process.
+    let (mut tx, _rx, fq_cq) = unsafe {
+        Socket::new(
+            socket_config(true)?,
+            &umem,
+            &cfg.iface
+                .parse()
+                .map_err(|e| anyhow!("interface name: {e:?}"))?,
+            0,
+        )
+    }
+    .map_err(|e| anyhow!("creating AF_XDP socket on {}: {e}", cfg.iface))?;
+    let (_fq, mut cq) = fq_cq.context("AF_XDP socket without a completion queue")?;
+
+    // Give every frame its length once; later only the flow fields are rewritten.
+    for d in descs.iter_mut() {
+        // SAFETY: `d` belongs to `umem` and is not in any ring yet.
+        let mut data = unsafe { umem.data_mut(d) };
+        let mut cur = data.cursor();
+        std::io::Write::write_all(&mut cur, &[0u8; FRAME_LEN])?;
+    }
+    let mut free: Vec<usize> = (0..descs.len()).collect();
+    let mut done_buf = vec![FrameDesc::default(); BATCH * 4];
+    let mut batch: Vec<FrameDesc> = Vec::with_capacity(BATCH);
+    let flows = cfg.flows.max(1);
+    let mut next_flow = 0u32;
+    let mut sent = 0u64;
+    let start = Instant::now();
+    loop {
+        if stop.load(Ordering::Relaxed) || sent >= cfg.max_packets {
+            break;
+        }
+        let elapsed = start.elapsed();
+        if elapsed >= cfg.duration {
+            break;
+        }
+        // Reclaim completed frames.
+        // SAFETY: the completion queue hands back frames of this UMEM.
+        let n = unsafe { cq.consume(&mut done_buf) };
+        for d in &done_buf[..n] {
+            free.push(d.addr() / FRAME_SIZE as usize);
+        }
+        let mut want = BATCH.min(free.len()) as u64;
+        want = want.min(cfg.max_packets - sent);
+        if cfg.rate_pps > 0 {
+            let allowed = (elapsed.as_secs_f64() * cfg.rate_pps as f64) as u64;
+            let budget = allowed.saturating_sub(sent);
+            if budget == 0 {
+                // Ahead of schedule: nap for about one batch's worth of time.
+                let nap = Duration::from_secs_f64((BATCH as f64 / cfg.rate_pps as f64).min(0.001));
+                std::thread::sleep(nap);
+                continue;
+            }
+            want = want.min(budget);
+        }
+        if want == 0 {
+            // Ring full: kick the kernel so it completes frames.
+            let _ = tx.wakeup();
+            continue;
+        }
+        batch.clear();
+        for _ in 0..want {
+            let idx = free.pop().expect("counted");
+            let d = &mut descs[idx];
+            // SAFETY: this frame is owned by us (reclaimed or never submitted).
+            let mut data = unsafe { umem.data_mut(d) };
+            packet::write_frame(
+                data.contents_mut(),
+                &cfg.template,
+                packet::flow(cfg.src_base, next_flow),
+            );
+            next_flow += 1;
+            if next_flow == flows {
+                next_flow = 0;
+            }
+            batch.push(*d);
+        }
+        // SAFETY: the frames belong to this UMEM and are not in any other ring.
+        let produced = unsafe { tx.produce(&batch) };
+        // Copy mode needs a sendto() to transmit; EAGAIN/ENOBUFS just mean "busy".
+        let _ = tx.wakeup();
+        for d in &batch[produced..] {
+            free.push(d.addr() / FRAME_SIZE as usize);
+        }
+        sent += produced as u64;
+    }
+    Ok(GenResult {
+        sent,
+        elapsed_s: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// What the forwarder needs: receive on `rx_iface` (an XDP program there redirects the
+/// benchmark traffic into the socket's XSKMAP slot), rewrite MACs, transmit on `tx_iface`.
+#[derive(Debug, Clone)]
+pub struct L2fwdConfig {
+    /// Receiving interface (the node's client-facing end).
+    pub rx_iface: String,
+    /// Transmitting interface (the node's backend-facing end).
+    pub tx_iface: String,
+    /// Source MAC to write (the tx interface's).
+    pub src_mac: [u8; 6],
+    /// Destination MAC to write (the backend's).
+    pub dst_mac: [u8; 6],
+    /// Stop after this long.
+    pub duration: Duration,
+}
+
+/// Counters of the forwarder.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct L2fwdResult {
+    /// Frames received.
+    pub received: u64,
+    /// Frames transmitted.
+    pub forwarded: u64,
+}
+
+/// Runs the forwarder. `register` is called with the RX socket's fd so the caller can put
+/// it into the steering program's XSKMAP.
+pub fn l2fwd(
+    cfg: &L2fwdConfig,
+    stop: &AtomicBool,
+    register: impl FnOnce(std::os::fd::RawFd) -> Result<()>,
+) -> Result<L2fwdResult> {
+    use std::os::fd::AsRawFd;
+    const FRAMES: u32 = 8192;
+    let (umem, descs) = umem(FRAMES)?;
+    // SAFETY: the UMEM outlives both sockets; the two sockets are on different interfaces
+    // and share the UMEM, each with its own fill and completion queue.
+    let (_rx_tx, mut rx, rx_fq_cq) = unsafe {
+        Socket::new(
+            socket_config(true)?,
+            &umem,
+            &cfg.rx_iface
+                .parse()
+                .map_err(|e| anyhow!("interface name: {e:?}"))?,
+            0,
+        )
+    }
+    .map_err(|e| anyhow!("creating AF_XDP socket on {}: {e}", cfg.rx_iface))?;
+    // SAFETY: as above.
+    let (mut tx, _tx_rx, tx_fq_cq) = unsafe {
+        Socket::new(
+            socket_config(true)?,
+            &umem,
+            &cfg.tx_iface
+                .parse()
+                .map_err(|e| anyhow!("interface name: {e:?}"))?,
+            0,
+        )
+    }
+    .map_err(|e| anyhow!("creating AF_XDP socket on {}: {e}", cfg.tx_iface))?;
+    let (mut fq, _rx_cq) = rx_fq_cq.context("RX socket without fill queue")?;
+    let (_tx_fq, mut cq) = tx_fq_cq.context("TX socket without completion queue")?;
+    register(rx.fd().as_raw_fd())?;
+
+    // SAFETY: the frames are fresh from this UMEM.
+    let filled = unsafe { fq.produce(&descs[..4096]) };
+    let mut spare: Vec<FrameDesc> = descs[filled..].to_vec();
+    let mut rx_buf = vec![FrameDesc::default(); 64];
+    let mut cq_buf = vec![FrameDesc::default(); 256];
+    let mut res = L2fwdResult::default();
+    let start = Instant::now();
+    let mut iter = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        iter = iter.wrapping_add(1);
+        if iter & 1023 == 0 && start.elapsed() >= cfg.duration {
+            break;
+        }
+        // Completed transmissions go back to the fill ring (plus any spare frames).
+        // SAFETY: completion descriptors are frames of this UMEM.
+        let n = unsafe { cq.consume(&mut cq_buf) };
+        spare.extend_from_slice(&cq_buf[..n]);
+        if !spare.is_empty() {
+            // A produce larger than the free space puts nothing: offer what fits.
+            let room = (fq.nb_free(spare.len() as u32) as usize).min(spare.len());
+            // SAFETY: spare frames are owned by us.
+            let put = unsafe { fq.produce(&spare[..room]) };
+            if put > 0 {
+                spare.drain(..put);
+            }
+        }
+        if fq.needs_wakeup() {
+            let _ = fq.wakeup(rx.fd_mut(), 0);
+        }
+        // SAFETY: received descriptors are frames of this UMEM.
+        let got = unsafe { rx.consume(&mut rx_buf[..BATCH]) };
+        if got == 0 {
+            continue;
+        }
+        res.received += got as u64;
+        for d in rx_buf[..got].iter_mut() {
+            // SAFETY: a received frame is ours until we hand it to a ring.
+            let mut data = unsafe { umem.data_mut(d) };
+            let b = data.contents_mut();
+            if b.len() >= 12 {
+                b[0..6].copy_from_slice(&cfg.dst_mac);
+                b[6..12].copy_from_slice(&cfg.src_mac);
+            }
+        }
+        // SAFETY: the frames are ours and go to exactly one ring.
+        let sent = unsafe { tx.produce(&rx_buf[..got]) };
+        let _ = tx.wakeup();
+        res.forwarded += sent as u64;
+        spare.extend_from_slice(&rx_buf[sent..got]);
+    }
+    Ok(res)
+}
