@@ -7,4 +7,5 @@
 //! Must not touch: product logic. Everything here starts, wires and inspects the real
 //! binaries; nothing here stands in for them.
 
+pub mod kube;
 pub mod netns;
