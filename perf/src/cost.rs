@@ -3,20 +3,107 @@
 //! dataplane's pure packet-processing function (stable on noisy shared machines).
 
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
 
 use crate::report::Cost;
 
 /// Time the cost measurement adds to a run (estimate).
-pub const EXPECTED: Duration = Duration::from_secs(20);
+pub const EXPECTED: Duration = Duration::from_secs(30);
+
+/// Instructions counted inside `process_one` for `n` packets of `mode`.
+fn callgrind_ir(bench: &Path, out_dir: &Path, mode: &str, n: u32) -> Result<u64> {
+    let out_file = out_dir.join(format!("callgrind-{mode}-{n}.out"));
+    let out = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg("--toggle-collect=*process_one*")
+        .arg(format!("--callgrind-out-file={}", out_file.display()))
+        .arg(bench)
+        .arg(mode)
+        .arg(n.to_string())
+        .output()
+        .context("running valgrind (apt-get install valgrind)")?;
+    if !out.status.success() {
+        bail!(
+            "callgrind run of {} {mode} {n} failed: {}",
+            bench.display(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+                .join(" / ")
+        );
+    }
+    let text = std::fs::read_to_string(&out_file)?;
+    let _ = std::fs::remove_file(&out_file);
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("summary:")
+                .or_else(|| l.strip_prefix("totals:"))
+        })
+        .and_then(|v| {
+            v.trim()
+                .split_whitespace()
+                .next()
+                .and_then(|x| x.parse().ok())
+        })
+        .with_context(|| format!("no instruction total in callgrind output for {mode}"))
+}
+
+/// Instructions per packet of `mode`: the difference between runs of `2n` and `n`
+/// packets, divided by `n` (the set-up packets and program start cancel out).
+fn per_packet(bench: &Path, out_dir: &Path, mode: &str, n: u32) -> Result<f64> {
+    let a = callgrind_ir(bench, out_dir, mode, n)?;
+    let b = callgrind_ir(bench, out_dir, mode, 2 * n)?;
+    Ok(b.saturating_sub(a) as f64 / f64::from(n))
+}
 
 /// Measures the cost, or says why it could not.
-pub fn measure(_out_dir: &Path, _smoke: bool) -> Cost {
-    Cost {
-        status:
-            "Not measured: juneau-dataplane does not expose a pure packet-processing function yet."
-                .into(),
-        ..Default::default()
+pub fn measure(out_dir: &Path, smoke: bool) -> Cost {
+    let bench = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("juneau-perf-cost")))
+        .unwrap_or_else(|| "juneau-perf-cost".into());
+    let profile = if cfg!(debug_assertions) {
+        "debug (unoptimised: not comparable to the target)"
+    } else {
+        "release"
+    };
+    let n = if smoke { 2_000 } else { 20_000 };
+    let run = || -> Result<(f64, f64, f64)> {
+        if !bench.exists() {
+            bail!(
+                "{} is missing (cargo build -p juneau-perf)",
+                bench.display()
+            );
+        }
+        Ok((
+            per_packet(&bench, out_dir, "established", n)?,
+            per_packet(&bench, out_dir, "new", n)?,
+            per_packet(&bench, out_dir, "reply", n)?,
+        ))
+    };
+    match run() {
+        Ok((est, new, reply)) => Cost {
+            status: format!(
+                "Measured with callgrind on juneau_dataplane::engine::Engine::process (recorded 64-byte UDP frames, \
+                 {n} packets per mode, difference of {n} and {} packet runs), {profile} build. Reply path (reverse NAT, \
+                 established): {reply:.0} instructions/packet.",
+                2 * n
+            ),
+            established_instructions_per_packet: Some(est),
+            new_flow_instructions_per_packet: Some(new),
+            reply_instructions_per_packet: Some(reply),
+            profile: profile.into(),
+        },
+        Err(e) => Cost {
+            status: format!("Not measured: {e:#}"),
+            profile: profile.into(),
+            ..Default::default()
+        },
     }
 }
 

@@ -89,6 +89,10 @@ pub struct Cost {
     pub established_instructions_per_packet: Option<f64>,
     /// Instructions per packet, new flow (first packet of a flow).
     pub new_flow_instructions_per_packet: Option<f64>,
+    /// Instructions per packet, a backend's reply (reverse NAT) on an established flow.
+    pub reply_instructions_per_packet: Option<f64>,
+    /// Build profile of the measured code.
+    pub profile: String,
 }
 
 /// The ratios the product is held to.
@@ -248,9 +252,10 @@ impl Report {
         m += "\n## Userspace cost (callgrind)\n\n";
         m += &format!("{}\n\n", self.cost.status);
         m += &format!(
-            "| path | instructions/packet | target |\n|---|---:|---:|\n| established flow | {} | <= 150 |\n| new flow | {} | |\n",
+            "| path | instructions/packet | target |\n|---|---:|---:|\n| established flow | {} | <= 150 |\n| new flow | {} | |\n| reply (reverse NAT) | {} | |\n",
             self.cost.established_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
             self.cost.new_flow_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
+            self.cost.reply_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
         );
         m += &format!("\n## Control-plane convergence\n\n{}\n", self.convergence);
         if !self.errors.is_empty() {
