@@ -8,4 +8,5 @@
 
 #![warn(missing_docs)]
 
+pub mod fsm;
 pub mod wire;

@@ -1,0 +1,555 @@
+//! Two FSMs against each other over a simulated network, in virtual time.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::*;
+use crate::wire::{Update, HEADER_LEN};
+
+const S: Duration = Duration::from_secs(1);
+
+fn cfg(local: u32, peer: u32, id: [u8; 4], passive: bool) -> SessionConfig {
+    SessionConfig {
+        local_asn: local,
+        peer_asn: peer,
+        router_id: Ipv4Addr::from(id),
+        hold_time: 9,
+        keepalive_time: 3,
+        connect_retry_time: 5,
+        passive,
+        graceful_restart_time: Some(120),
+    }
+}
+
+#[derive(Default)]
+struct Log {
+    established: Vec<(Duration, ConnId, Negotiated)>,
+    down: Vec<(Duration, DownReason)>,
+    sent_notifications: Vec<Notification>,
+    connects: Vec<Duration>,
+    treat_as_withdraw: usize,
+    keepalives_sent: usize,
+}
+
+struct Node {
+    peer: Peer,
+    timers: BTreeMap<Timer, Duration>,
+    log: Log,
+}
+
+#[derive(Clone, Copy)]
+struct Link {
+    a: ConnId,
+    b: ConnId,
+    open: bool,
+}
+
+/// The network: side 0 is `a`, side 1 is `b`.
+struct Sim {
+    now: Duration,
+    nodes: [Node; 2],
+    links: Vec<Link>,
+    queue: VecDeque<(usize, OwnedEvent)>,
+    /// Connection attempts from side i fail while this is set.
+    unreachable: [bool; 2],
+    /// Bytes towards side i are lost while this is set (connections stay up).
+    blackhole: [bool; 2],
+    /// Peer i answers connects (a listener exists).
+    listening: [bool; 2],
+}
+
+enum OwnedEvent {
+    Connected(ConnId, bool),
+    ConnectFailed(ConnId),
+    Closed(ConnId),
+    Received(ConnId, Vec<u8>),
+}
+
+impl Sim {
+    fn new(a: SessionConfig, b: SessionConfig) -> Self {
+        let node = |c| Node {
+            peer: Peer::new(c),
+            timers: BTreeMap::new(),
+            log: Log::default(),
+        };
+        Sim {
+            now: Duration::ZERO,
+            nodes: [node(a), node(b)],
+            links: Vec::new(),
+            queue: VecDeque::new(),
+            unreachable: [false; 2],
+            blackhole: [false; 2],
+            listening: [true; 2],
+        }
+    }
+
+    fn feed(&mut self, side: usize, ev: Event<'_>) {
+        let actions = self.nodes[side].peer.handle(ev);
+        for a in actions {
+            self.act(side, a);
+        }
+    }
+
+    fn act(&mut self, side: usize, a: Action) {
+        let other = 1 - side;
+        match a {
+            Action::Connect(id) => {
+                self.nodes[side].log.connects.push(self.now);
+                if self.unreachable[side] || !self.listening[other] {
+                    self.queue.push_back((side, OwnedEvent::ConnectFailed(id)));
+                } else {
+                    let remote = self.nodes[other].peer.new_conn_id();
+                    let (a, b) = if side == 0 {
+                        (id, remote)
+                    } else {
+                        (remote, id)
+                    };
+                    self.links.push(Link { a, b, open: true });
+                    self.queue
+                        .push_back((side, OwnedEvent::Connected(id, true)));
+                    self.queue
+                        .push_back((other, OwnedEvent::Connected(remote, false)));
+                }
+            }
+            Action::Send(id, bytes) => {
+                let mut off = 0;
+                while off + HEADER_LEN <= bytes.len() {
+                    let len = u16::from_be_bytes([bytes[off + 16], bytes[off + 17]]) as usize;
+                    match bytes[off + 18] {
+                        wire::msg_type::NOTIFICATION => {
+                            self.nodes[side].log.sent_notifications.push(Notification {
+                                code: bytes[off + 19],
+                                subcode: bytes[off + 20],
+                                data: bytes[off + 21..off + len].to_vec(),
+                            })
+                        }
+                        wire::msg_type::KEEPALIVE => self.nodes[side].log.keepalives_sent += 1,
+                        _ => {}
+                    }
+                    off += len;
+                }
+                if let Some((remote, open)) = self.remote_of(side, id) {
+                    if open && !self.blackhole[other] {
+                        self.queue
+                            .push_back((other, OwnedEvent::Received(remote, bytes)));
+                    }
+                }
+            }
+            Action::Close(id) => {
+                if let Some((remote, open)) = self.remote_of(side, id) {
+                    if open {
+                        self.close_link(side, id);
+                        self.queue.push_back((other, OwnedEvent::Closed(remote)));
+                    }
+                }
+            }
+            Action::ArmTimer(t, d) => {
+                self.nodes[side].timers.insert(t, self.now + d);
+            }
+            Action::CancelTimer(t) => {
+                self.nodes[side].timers.remove(&t);
+            }
+            Action::Established(id, n) => self.nodes[side].log.established.push((self.now, id, n)),
+            Action::Down(r) => self.nodes[side].log.down.push((self.now, r)),
+            Action::TreatAsWithdraw(_) => self.nodes[side].log.treat_as_withdraw += 1,
+            Action::StateChanged(_) | Action::RouteRefresh(_) | Action::Error(_) => {}
+        }
+    }
+
+    fn remote_of(&self, side: usize, id: ConnId) -> Option<(ConnId, bool)> {
+        self.links.iter().rev().find_map(|l| match side {
+            0 if l.a == id => Some((l.b, l.open)),
+            1 if l.b == id => Some((l.a, l.open)),
+            _ => None,
+        })
+    }
+
+    fn close_link(&mut self, side: usize, id: ConnId) {
+        for l in self.links.iter_mut() {
+            if (side == 0 && l.a == id) || (side == 1 && l.b == id) {
+                l.open = false;
+            }
+        }
+    }
+
+    /// Delivers everything queued and fires every timer due up to `until`.
+    fn run_until(&mut self, until: Duration) {
+        for _ in 0..1_000_000 {
+            if let Some((side, ev)) = self.queue.pop_front() {
+                match ev {
+                    OwnedEvent::Connected(c, o) => self.feed(
+                        side,
+                        Event::Connected {
+                            conn: c,
+                            outbound: o,
+                        },
+                    ),
+                    OwnedEvent::ConnectFailed(c) => self.feed(side, Event::ConnectFailed(c)),
+                    OwnedEvent::Closed(c) => self.feed(side, Event::Closed(c)),
+                    OwnedEvent::Received(c, b) => self.feed(side, Event::Received(c, &b)),
+                }
+                continue;
+            }
+            let next = (0..2)
+                .flat_map(|s| self.nodes[s].timers.iter().map(move |(t, at)| (*at, s, *t)))
+                .min();
+            match next {
+                Some((at, side, t)) if at <= until => {
+                    self.now = self.now.max(at);
+                    self.nodes[side].timers.remove(&t);
+                    self.feed(side, Event::TimerFired(t));
+                }
+                _ => {
+                    self.now = until;
+                    return;
+                }
+            }
+        }
+        panic!("simulation did not settle");
+    }
+
+    fn state(&self, side: usize) -> State {
+        self.nodes[side].peer.state()
+    }
+
+    fn established_conn(&self, side: usize) -> ConnId {
+        self.nodes[side].peer.established().expect("established").0
+    }
+
+    /// Injects raw bytes as if the other side sent them on the established connection.
+    fn inject(&mut self, side: usize, bytes: &[u8]) {
+        let c = self.established_conn(side);
+        self.feed(side, Event::Received(c, bytes));
+    }
+}
+
+fn up_pair() -> Sim {
+    let mut sim = Sim::new(
+        cfg(65001, 65002, [10, 0, 0, 1], false),
+        cfg(65002, 65001, [10, 0, 0, 2], true),
+    );
+    sim.feed(0, Event::Start);
+    sim.feed(1, Event::Start);
+    sim.run_until(S);
+    assert_eq!(
+        (sim.state(0), sim.state(1)),
+        (State::Established, State::Established)
+    );
+    sim
+}
+
+#[test]
+fn active_and_passive_peer_reach_established() {
+    let sim = up_pair();
+    let (_, _, n) = &sim.nodes[0].log.established[0];
+    assert_eq!(n.hold_time, 9 * S);
+    assert_eq!(n.keepalive, 3 * S);
+    assert!(n.graceful_restart);
+    assert_eq!(n.peer.asn, 65002);
+    assert_eq!(
+        sim.nodes[1].log.established[0].2.peer.router_id,
+        Ipv4Addr::new(10, 0, 0, 1)
+    );
+    // The passive side never connected.
+    assert!(sim.nodes[1].log.connects.is_empty());
+}
+
+#[test]
+fn keepalives_hold_the_session_for_an_hour_of_virtual_time() {
+    let mut sim = up_pair();
+    sim.run_until(3600 * S);
+    assert_eq!(
+        (sim.state(0), sim.state(1)),
+        (State::Established, State::Established)
+    );
+    assert!(sim.nodes[0].log.down.is_empty());
+    // One KEEPALIVE every 3 s, plus the one that confirms the OPEN.
+    let k = sim.nodes[0].log.keepalives_sent;
+    assert!((1199..=1202).contains(&k), "{k} keepalives");
+}
+
+#[test]
+fn hold_timer_expires_in_virtual_time_and_the_session_comes_back() {
+    let mut sim = up_pair();
+    sim.run_until(100 * S);
+    // From now on nothing reaches side 0.
+    sim.blackhole[0] = true;
+    let cut = sim.now;
+    sim.run_until(cut + 30 * S);
+    let (at, reason) = sim.nodes[0].log.down[0].clone();
+    assert_eq!(reason, DownReason::Sent(Notification::hold_timer_expired()));
+    // The last KEEPALIVE from side 1 arrived at most 3 s before the cut.
+    assert!(
+        at > cut + 6 * S && at <= cut + 9 * S,
+        "hold expired at {at:?}, cut at {cut:?}"
+    );
+    assert_eq!(
+        sim.nodes[0].log.sent_notifications.last().map(|n| n.code),
+        Some(4)
+    );
+
+    // The network heals: the idle-hold backoff restarts the session by itself.
+    sim.blackhole[0] = false;
+    sim.run_until(cut + 200 * S);
+    assert_eq!(
+        (sim.state(0), sim.state(1)),
+        (State::Established, State::Established)
+    );
+}
+
+#[test]
+fn connect_retry_backs_off_and_caps() {
+    let mut sim = Sim::new(
+        cfg(65001, 65002, [10, 0, 0, 1], false),
+        cfg(65002, 65001, [10, 0, 0, 2], true),
+    );
+    sim.listening[1] = false;
+    sim.feed(0, Event::Start);
+    sim.run_until(1000 * S);
+    assert_eq!(sim.state(0), State::Active);
+    let t = &sim.nodes[0].log.connects;
+    let gaps: Vec<u64> = t.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
+    assert_eq!(&gaps[..6], &[5, 10, 20, 40, 80, 120]);
+    assert!(gaps[6..].iter().all(|&g| g == 120));
+
+    // The router comes up: the next attempt succeeds and the backoff resets.
+    sim.listening[1] = true;
+    sim.feed(1, Event::Start);
+    sim.run_until(1200 * S);
+    assert_eq!(sim.state(0), State::Established);
+}
+
+#[test]
+fn collision_keeps_the_connection_of_the_higher_router_id() {
+    for (a_id, b_id) in [
+        ([10, 0, 0, 1], [10, 0, 0, 2]),
+        ([10, 0, 0, 9], [10, 0, 0, 2]),
+    ] {
+        let mut sim = Sim::new(
+            cfg(65001, 65002, a_id, false),
+            cfg(65002, 65001, b_id, false),
+        );
+        // Both connect at the same instant.
+        sim.feed(0, Event::Start);
+        sim.feed(1, Event::Start);
+        sim.run_until(2 * S);
+        assert_eq!(
+            (sim.state(0), sim.state(1)),
+            (State::Established, State::Established)
+        );
+        let a_conn = sim.established_conn(0);
+        let b_conn = sim.established_conn(1);
+        let link = sim
+            .links
+            .iter()
+            .find(|l| l.a == a_conn)
+            .copied()
+            .expect("link");
+        assert_eq!(link.b, b_conn, "both sides kept the same connection");
+        let initiated_by_a = sim.nodes[0]
+            .peer
+            .conns
+            .iter()
+            .find(|c| c.id == a_conn)
+            .unwrap()
+            .outbound;
+        assert_eq!(
+            initiated_by_a,
+            u32::from(Ipv4Addr::from(a_id)) > u32::from(Ipv4Addr::from(b_id))
+        );
+        let collisions = sim.nodes[0]
+            .log
+            .sent_notifications
+            .iter()
+            .chain(&sim.nodes[1].log.sent_notifications)
+            .filter(|n| (n.code, n.subcode) == (6, 7))
+            .count();
+        // Each side detects the collision and closes the same losing connection.
+        assert!(
+            (1..=2).contains(&collisions),
+            "{collisions} collision notifications"
+        );
+        assert!(sim.nodes[0].log.down.is_empty() && sim.nodes[1].log.down.is_empty());
+        // Only one connection each is left.
+        assert_eq!(sim.nodes[0].peer.conns.len(), 1);
+        assert_eq!(sim.nodes[1].peer.conns.len(), 1);
+    }
+}
+
+fn assert_reset_with(sim: &mut Sim, bytes: &[u8], code: u8, subcode: u8) {
+    sim.inject(0, bytes);
+    assert_eq!(sim.state(0), State::Idle);
+    let n = sim.nodes[0]
+        .log
+        .sent_notifications
+        .last()
+        .expect("a NOTIFICATION");
+    assert_eq!((n.code, n.subcode), (code, subcode));
+    assert!(matches!(
+        sim.nodes[0].log.down.last(),
+        Some((_, DownReason::Sent(_)))
+    ));
+}
+
+#[test]
+fn malformed_input_gets_the_right_notification() {
+    let marker = [0xffu8; 16];
+    let msg = |len: u16, ty: u8, body: &[u8]| {
+        let mut v = marker.to_vec();
+        v.extend_from_slice(&len.to_be_bytes());
+        v.push(ty);
+        v.extend_from_slice(body);
+        v
+    };
+    let cases: Vec<(Vec<u8>, u8, u8)> = vec![
+        ([0u8; 19].to_vec(), 1, 1),                         // not synchronized
+        (msg(18, 4, &[]), 1, 2),                            // bad length
+        (msg(19, 42, &[]), 1, 3),                           // bad type
+        (msg(23, 2, &[0, 200, 0, 0]), 3, 1),                // withdrawn length overrun
+        (msg(28, 2, &[0, 0, 0, 0, 40, 1, 2, 3, 4]), 3, 10), // NLRI /40
+        (
+            wire::encode(&Message::Open(
+                cfg(65002, 65001, [10, 0, 0, 2], false).open(),
+            ))
+            .unwrap(),
+            5,
+            3,
+        ),
+    ];
+    for (bytes, code, subcode) in cases {
+        let mut sim = up_pair();
+        assert_reset_with(&mut sim, &bytes, code, subcode);
+        // It recovers by itself after the idle hold.
+        sim.run_until(sim.now + 10 * S);
+        assert_eq!(sim.state(0), State::Established);
+    }
+}
+
+#[test]
+fn attribute_errors_are_treat_as_withdraw_and_keep_the_session() {
+    let mut sim = up_pair();
+    let mut bad = wire::encode(&Message::Update(Update {
+        withdrawn: vec![],
+        attributes: None,
+        announced: vec!["192.0.2.1/32".parse().unwrap()],
+    }))
+    .unwrap();
+    // Splice in an attribute list whose only attribute overruns it.
+    bad.splice(21..23, [0, 4, 0x40, 1, 9, 0]);
+    let len = bad.len() as u16;
+    bad[16..18].copy_from_slice(&len.to_be_bytes());
+    sim.inject(0, &bad);
+    assert_eq!(sim.state(0), State::Established);
+    assert_eq!(sim.nodes[0].log.treat_as_withdraw, 1);
+    // Well-formed UPDATEs are counted and dropped.
+    let good = wire::encode(&Message::Update(Update {
+        withdrawn: vec![],
+        attributes: Some(wire::PathAttributes {
+            origin: wire::Origin::Igp,
+            as_path: vec![65002],
+            next_hop: Ipv4Addr::new(10, 0, 0, 2),
+            local_pref: None,
+            communities: vec![],
+            large_communities: vec![],
+        }),
+        announced: vec![
+            "192.0.2.1/32".parse().unwrap(),
+            "192.0.2.2/32".parse().unwrap(),
+        ],
+    }))
+    .unwrap();
+    sim.inject(0, &good);
+    assert_eq!(sim.nodes[0].peer.prefixes_received, 2);
+    assert_eq!(sim.state(0), State::Established);
+}
+
+#[test]
+fn messages_split_across_reads_are_reassembled() {
+    let mut sim = up_pair();
+    let k = keepalive_bytes();
+    let mut two = k.clone();
+    two.extend_from_slice(&k);
+    for chunk in two.chunks(5) {
+        sim.inject(0, chunk);
+    }
+    assert_eq!(sim.state(0), State::Established);
+}
+
+#[test]
+fn wrong_peer_as_is_refused_with_bad_peer_as() {
+    let mut sim = Sim::new(
+        cfg(65001, 65099, [10, 0, 0, 1], false),
+        cfg(65002, 65001, [10, 0, 0, 2], true),
+    );
+    sim.feed(0, Event::Start);
+    sim.feed(1, Event::Start);
+    sim.run_until(S);
+    assert_ne!(sim.state(0), State::Established);
+    let n = &sim.nodes[0].log.sent_notifications[0];
+    assert_eq!((n.code, n.subcode), (2, 2));
+}
+
+#[test]
+fn unacceptable_hold_time_and_missing_four_octet_as_are_refused() {
+    let mut sim = up_pair();
+    sim.feed(0, Event::Stop(None));
+    sim.run_until(sim.now + S);
+    // A peer that opens with hold time 2.
+    let mut p = Peer::new(cfg(65001, 65002, [10, 0, 0, 1], true));
+    p.handle(Event::Start);
+    let id = p.new_conn_id();
+    p.handle(Event::Connected {
+        conn: id,
+        outbound: false,
+    });
+    let mut open = cfg(65002, 65001, [10, 0, 0, 2], false).open();
+    open.hold_time = 2;
+    let mut bytes = wire::encode(&Message::Open(open.clone())).unwrap();
+    // The codec itself refuses hold time 2, so this is a 2/6 either way.
+    let acts = p.handle(Event::Received(id, &bytes));
+    assert!(
+        acts.iter()
+            .any(|a| matches!(a, Action::Send(_, b) if b[18] == 3 && b[19] == 2 && b[20] == 6)),
+        "{acts:?}"
+    );
+
+    let id = p.new_conn_id();
+    p.handle(Event::TimerFired(Timer::IdleHold));
+    p.handle(Event::Connected {
+        conn: id,
+        outbound: false,
+    });
+    open.hold_time = 90;
+    open.capabilities.four_octet_as = None;
+    bytes = wire::encode(&Message::Open(open)).unwrap();
+    let acts = p.handle(Event::Received(id, &bytes));
+    assert!(
+        acts.iter()
+            .any(|a| matches!(a, Action::Send(_, b) if b[18] == 3 && b[19] == 2 && b[20] == 7)),
+        "{acts:?}"
+    );
+}
+
+#[test]
+fn notification_from_peer_takes_the_session_down_and_stop_stays_down() {
+    let mut sim = up_pair();
+    sim.feed(
+        1,
+        Event::Stop(Some(Notification::cease(cease::ADMINISTRATIVE_SHUTDOWN))),
+    );
+    sim.run_until(sim.now + S);
+    assert!(matches!(
+        sim.nodes[0].log.down.last(),
+        Some((_, DownReason::Received(n))) if (n.code, n.subcode) == (6, 2)
+    ));
+    assert_eq!(sim.state(1), State::Idle);
+    // Side 1 was stopped: side 0 keeps trying but never gets further than OpenSent.
+    sim.run_until(sim.now + 300 * S);
+    assert_eq!(sim.state(1), State::Idle);
+    assert_ne!(sim.state(0), State::Established);
+    sim.feed(1, Event::Start);
+    sim.run_until(sim.now + 200 * S);
+    assert_eq!(
+        (sim.state(0), sim.state(1)),
+        (State::Established, State::Established)
+    );
+}
