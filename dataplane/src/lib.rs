@@ -20,4 +20,6 @@ pub mod flow;
 pub mod neigh;
 pub mod netlink;
 pub mod packet;
+pub mod runtime;
 pub mod services;
+pub mod steering;

@@ -117,6 +117,11 @@ impl ServiceTable {
         t
     }
 
+    /// Builds the table from a snapshot of the shared control state.
+    pub fn from_snapshot(s: &juneau_control::shm::Snapshot) -> Self {
+        Self::new(s.generation, &s.state, &s.maglev)
+    }
+
     /// The low 32 bits of the generation (what flow records remember).
     #[inline]
     pub fn generation32(&self) -> u32 {
