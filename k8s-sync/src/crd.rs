@@ -47,8 +47,9 @@ fn string_schema(extra: serde_json::Value) -> Schema {
     s
 }
 
-/// CEL: an IPv4 CIDR (`a.b.c.d/len`) or an IPv4 range (`a.b.c.d-a.b.c.e`, first <= last).
-const ADDRESS_RULE: &str = "self.contains('-') ? (self.split('-').size() == 2 && isIP(self.split('-')[0]) && isIP(self.split('-')[1]) && ip(self.split('-')[0]).family() == 4 && ip(self.split('-')[1]).family() == 4) : (isCIDR(self) && cidr(self).ip().family() == 4)";
+/// CEL: an IPv4 CIDR without host bits (`a.b.c.d/len`), an IPv4 range
+/// (`a.b.c.d-a.b.c.e`) or a single IPv4 address.
+const ADDRESS_RULE: &str = "self.contains('-') ? (self.split('-').size() == 2 && isIP(self.split('-')[0]) && isIP(self.split('-')[1]) && ip(self.split('-')[0]).family() == 4 && ip(self.split('-')[1]).family() == 4) : self.contains('/') ? (isCIDR(self) && cidr(self).ip().family() == 4 && cidr(self) == cidr(self).masked()) : (isIP(self) && ip(self).family() == 4)";
 
 fn address_list_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
@@ -60,7 +61,7 @@ fn address_list_schema(_: &mut SchemaGenerator) -> Schema {
             "maxLength": 33,
             "x-kubernetes-validations": [{
                 "rule": ADDRESS_RULE,
-                "message": "each address must be an IPv4 CIDR such as 203.0.113.0/24 or an IPv4 range such as 203.0.113.10-203.0.113.20"
+                "message": "each address must be an IPv4 CIDR without host bits (203.0.113.0/24), an IPv4 range (203.0.113.10-203.0.113.20) or one IPv4 address"
             }]
         }
     })
@@ -133,7 +134,8 @@ impl JsonSchema for AdvertiseMode {
 pub struct AddressPoolSpec {
     /// How VIPs of this pool are announced; must be `bgp`.
     pub advertise_mode: AdvertiseMode,
-    /// IPv4 CIDRs (`203.0.113.0/24`) or ranges (`203.0.113.10-203.0.113.20`).
+    /// IPv4 CIDRs (`203.0.113.0/24`), ranges (`203.0.113.10-203.0.113.20`) or single
+    /// addresses.
     #[schemars(schema_with = "address_list_schema")]
     pub addresses: Vec<String>,
     /// Also hand out the network and broadcast addresses of each CIDR (the first and last

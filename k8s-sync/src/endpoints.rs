@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
-use juneau_control::EndpointConditions;
+use juneau_control::{advertise, Backend, EndpointConditions};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 
@@ -124,22 +124,29 @@ pub struct BackendPicture {
     pub advertising_nodes: Vec<String>,
 }
 
-/// Counts Ready endpoints and picks the advertising nodes.
+/// Counts Ready endpoints and picks the advertising nodes with
+/// `juneau_control::advertise`.
 pub fn picture(eps: &[SliceEndpoint], nodes: &BTreeMap<String, Node>) -> BackendPicture {
-    let mut ready_ips = BTreeSet::new();
-    let mut adv = BTreeSet::new();
-    for ep in eps.iter().filter(|e| e.conditions.takes_new_traffic()) {
-        ready_ips.insert(ep.ip);
-        if let Some(n) = &ep.node {
-            let excluded = nodes.get(n).is_some_and(node_excluded);
-            if !excluded {
-                adv.insert(n.clone());
-            }
-        }
-    }
+    let backends: Vec<Backend> = eps
+        .iter()
+        .map(|e| Backend {
+            ip: e.ip,
+            port: e.ports.first().map(|p| p.2).unwrap_or(0),
+            node: e.node.clone(),
+            conditions: e.conditions,
+        })
+        .collect();
+    let excluded: BTreeSet<String> = nodes
+        .iter()
+        .filter(|(_, n)| node_excluded(n))
+        .map(|(name, _)| name.clone())
+        .collect();
+    let summary = advertise::backend_summary(&backends, &excluded);
     BackendPicture {
-        total_ready: u32::try_from(ready_ips.len()).unwrap_or(u32::MAX),
-        advertising_nodes: adv.into_iter().collect(),
+        total_ready: summary.total_ready,
+        advertising_nodes: advertise::advertising_nodes(&backends, &excluded)
+            .into_iter()
+            .collect(),
     }
 }
 

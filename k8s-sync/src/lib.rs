@@ -28,3 +28,5 @@ pub enum Error {
     #[error("{0} are not loaded yet")]
     NotReady(&'static str),
 }
+pub mod agent;
+pub mod describe;

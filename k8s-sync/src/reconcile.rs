@@ -16,7 +16,8 @@ use crate::crd::{
     REQUESTED_IP_ANNOTATION,
 };
 use crate::endpoints::{host_network_endpoints, picture, slice_endpoints};
-use crate::vips::{parse_pool, AllocError, Range, VipBook};
+use crate::vips::{parse_pool, VipBook};
+use juneau_control::ipam::{AddressPool, IpamError};
 
 /// Condition types written on every ServiceLoadBalancer.
 pub mod condition {
@@ -187,10 +188,7 @@ fn unsupported(svc: &Service, host_network: &[Ipv4Addr]) -> Vec<Problem> {
 }
 
 /// The pools of a network, parsed, or the problem that prevents allocation.
-fn network_pools(
-    svc: &Service,
-    world: &World,
-) -> Result<(String, Vec<(String, Vec<Range>)>), Problem> {
+fn network_pools(svc: &Service, world: &World) -> Result<(String, Vec<AddressPool>), Problem> {
     let ann = svc.metadata.annotations.as_ref();
     let Some(net_name) = ann
         .and_then(|a| a.get(EXTERNAL_NETWORK_ANNOTATION))
@@ -231,13 +229,9 @@ fn network_pools(
                 ),
             ));
         }
-        let ranges = parse_pool(pool).map_err(|m| {
-            problem(
-                "AddressPoolInvalid",
-                format!("AddressPool {p:?} is malformed: {m}"),
-            )
-        })?;
-        pools.push((p.clone(), ranges));
+        let parsed =
+            parse_pool(p, pool).map_err(|e| problem("AddressPoolInvalid", e.to_string()))?;
+        pools.push(parsed);
     }
     Ok((net_name, pools))
 }
@@ -358,43 +352,41 @@ pub fn reconcile_service(
                     ))
                 }
                 Ok(req) => match book.allocate(&owner, &pools, req) {
-                    Ok((v, pool)) => {
-                        vip = Some(v);
-                        status.vip = Some(v.to_string());
+                    Ok(a) => {
+                        let pool = a.pool.clone().unwrap_or_default();
+                        vip = Some(a.ip);
+                        status.vip = Some(a.ip.to_string());
                         status.address_pool = Some(pool.clone());
-                        Ok(format!("{v} from AddressPool {pool} of ExternalNetwork {net}"))
+                        Ok(format!(
+                            "{} from AddressPool {pool} of ExternalNetwork {net}",
+                            a.ip
+                        ))
                     }
-                    Err(AllocError::OutsidePools) => Err((
-                        problem(
-                            "RequestedIPOutsidePools",
-                            format!(
-                                "requested IP {} is not inside any AddressPool of ExternalNetwork {net:?} ({})",
-                                req.map(|r| r.to_string()).unwrap_or_default(),
-                                pools.iter().map(|p| p.0.as_str()).collect::<Vec<_>>().join(", ")
+                    Err(e) => {
+                        let (reason, fatal) = match &e {
+                            IpamError::RequestedOutsidePools { .. } => {
+                                ("RequestedIPOutsidePools", true)
+                            }
+                            IpamError::RequestedTaken { .. } => ("RequestedIPTaken", false),
+                            IpamError::Exhausted { .. } => ("AddressPoolExhausted", false),
+                            IpamError::MalformedAddresses { .. } => ("AddressPoolInvalid", true),
+                            IpamError::UnknownPool(_) => ("AddressPoolNotFound", true),
+                            IpamError::NoPools => ("ExternalNetworkHasNoPools", true),
+                        };
+                        let message = match &e {
+                            IpamError::RequestedTaken { ip, owner } => {
+                                format!("requested IP {ip} is already the VIP of Service {owner}")
+                            }
+                            IpamError::RequestedOutsidePools { ip, pools } => format!(
+                                "requested IP {ip} is not inside any AddressPool of ExternalNetwork {net:?} ({pools})"
                             ),
-                        ),
-                        true,
-                    )),
-                    Err(AllocError::Taken(other)) => Err((
-                        problem(
-                            "RequestedIPTaken",
-                            format!(
-                                "requested IP {} is already the VIP of Service {other}",
-                                req.map(|r| r.to_string()).unwrap_or_default()
+                            IpamError::Exhausted { pools } => format!(
+                                "no free address left for ExternalNetwork {net:?}: every address of AddressPools {pools} is allocated"
                             ),
-                        ),
-                        false,
-                    )),
-                    Err(AllocError::Exhausted) => Err((
-                        problem(
-                            "AddressPoolExhausted",
-                            format!(
-                                "every address of the AddressPools of ExternalNetwork {net:?} ({}) is in use",
-                                pools.iter().map(|p| p.0.as_str()).collect::<Vec<_>>().join(", ")
-                            ),
-                        ),
-                        false,
-                    )),
+                            other => other.to_string(),
+                        };
+                        Err((problem(reason, message), fatal))
+                    }
                 },
             }
         }
@@ -730,7 +722,8 @@ mod tests {
     #[test]
     fn every_bad_input_fails_with_a_reason() {
         let sl = seed_slice();
-        let cases: Vec<(&str, Box<dyn Fn(&mut Service, &mut World)>)> = vec![
+        type Mutation = Box<dyn Fn(&mut Service, &mut World)>;
+        let cases: Vec<(&str, Mutation)> = vec![
             (
                 "ExternalTrafficPolicyNotLocal",
                 Box::new(|s, _| {

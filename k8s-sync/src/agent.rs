@@ -1,0 +1,204 @@
+//! The node agent: watches what concerns its node, rebuilds the node's
+//! [`juneau_control::NodeState`] with [`crate::node_state::build_node_state`] on every
+//! change and publishes it into shared memory, with a heartbeat every second.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::{FutureExt, StreamExt};
+use juneau_control::shm::{Capacity, NodeStateWriter};
+use juneau_control::NodeState;
+use k8s_openapi::api::core::v1::{Node, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ResourceExt};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, Resource};
+use tracing::{debug, info, warn};
+
+use crate::crd::{BGPAdvertisement, BGPPeer, ServiceLoadBalancer};
+use crate::endpoints::SERVICE_NAME_LABEL;
+use crate::node_state::{build_node_state, AgentView};
+
+/// Settings of the agent process.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// This node's name.
+    pub node: String,
+    /// The shared-memory state file.
+    pub state_file: PathBuf,
+    /// Namespace of BGP password Secrets.
+    pub secret_namespace: String,
+}
+
+fn reflect<K>(
+    api: Api<K>,
+    wc: watcher::Config,
+) -> (Store<K>, futures::stream::BoxStream<'static, ()>)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = watcher(api, wc)
+        .default_backoff()
+        .reflect(writer)
+        .map(|r| {
+            if let Err(e) = r {
+                warn!(error = %e, "watch error (retrying with backoff)");
+            }
+        })
+        .boxed();
+    (store, stream)
+}
+
+struct Stores {
+    nodes: Store<Node>,
+    slbs: Store<ServiceLoadBalancer>,
+    services: Store<Service>,
+    slices: Store<EndpointSlice>,
+    peers: Store<BGPPeer>,
+    advertisements: Store<BGPAdvertisement>,
+    secrets: Store<Secret>,
+}
+
+impl Stores {
+    fn ready(&self) -> bool {
+        self.nodes.wait_until_ready().now_or_never().is_some()
+            && self.slbs.wait_until_ready().now_or_never().is_some()
+            && self.services.wait_until_ready().now_or_never().is_some()
+            && self.slices.wait_until_ready().now_or_never().is_some()
+            && self.peers.wait_until_ready().now_or_never().is_some()
+            && self
+                .advertisements
+                .wait_until_ready()
+                .now_or_never()
+                .is_some()
+            && self.secrets.wait_until_ready().now_or_never().is_some()
+    }
+
+    fn view(&self, secret_ns: &str) -> AgentView {
+        let mut v = AgentView {
+            nodes: self
+                .nodes
+                .state()
+                .iter()
+                .map(|n| (n.name_any(), (**n).clone()))
+                .collect(),
+            slbs: self.slbs.state().iter().map(|s| (**s).clone()).collect(),
+            services: self
+                .services
+                .state()
+                .iter()
+                .map(|s| {
+                    (
+                        format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any()),
+                        (**s).clone(),
+                    )
+                })
+                .collect(),
+            peers: self.peers.state().iter().map(|p| (**p).clone()).collect(),
+            advertisements: self
+                .advertisements
+                .state()
+                .iter()
+                .map(|a| (**a).clone())
+                .collect(),
+            secrets: self
+                .secrets
+                .state()
+                .iter()
+                .map(|s| (s.name_any(), (**s).clone()))
+                .collect(),
+            secret_namespace: secret_ns.to_string(),
+            ..Default::default()
+        };
+        for s in self.slices.state() {
+            if let Some(svc) = s.labels().get(SERVICE_NAME_LABEL) {
+                let key = format!("{}/{}", s.namespace().unwrap_or_default(), svc);
+                v.slices.entry(key).or_default().push((*s).clone());
+            }
+        }
+        v
+    }
+}
+
+/// Runs the agent until the process is stopped.
+pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
+    let all = watcher::Config::default();
+    let (nodes, s1) = reflect(Api::<Node>::all(client.clone()), all.clone());
+    let (slbs, s2) = reflect(Api::<ServiceLoadBalancer>::all(client.clone()), all.clone());
+    let (services, s3) = reflect(Api::<Service>::all(client.clone()), all.clone());
+    let (slices, s4) = reflect(Api::<EndpointSlice>::all(client.clone()), all.clone());
+    let (peers, s5) = reflect(Api::<BGPPeer>::all(client.clone()), all.clone());
+    let (advertisements, s6) = reflect(Api::<BGPAdvertisement>::all(client.clone()), all.clone());
+    let (secrets, s7) = reflect(
+        Api::<Secret>::namespaced(client.clone(), &opts.secret_namespace),
+        all.clone(),
+    );
+    let stores = Stores {
+        nodes,
+        slbs,
+        services,
+        slices,
+        peers,
+        advertisements,
+        secrets,
+    };
+    let mut changes = futures::stream::select_all(vec![s1, s2, s3, s4, s5, s6, s7]);
+
+    if let Some(dir) = opts.state_file.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut writer =
+        NodeStateWriter::create(&opts.state_file, Capacity::default()).with_context(|| {
+            format!(
+                "creating the shared-memory state {}",
+                opts.state_file.display()
+            )
+        })?;
+    info!(node = %opts.node, state_file = %opts.state_file.display(), "agent started");
+    let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+    let mut last: Option<NodeState> = None;
+    let mut last_warnings: Vec<String> = Vec::new();
+    loop {
+        tokio::select! {
+            ev = changes.next() => {
+                if ev.is_none() {
+                    anyhow::bail!("every watch ended");
+                }
+                // Take every change already queued, then publish once.
+                while let Some(Some(())) = changes.next().now_or_never() {}
+                if !stores.ready() {
+                    continue;
+                }
+                let (state, warnings) = build_node_state(&opts.node, &stores.view(&opts.secret_namespace));
+                if warnings != last_warnings {
+                    for w in &warnings {
+                        warn!("{w}");
+                    }
+                    last_warnings = warnings;
+                }
+                if last.as_ref() != Some(&state) {
+                    let generation = writer.publish(&state).context("publishing the node state")?;
+                    info!(
+                        generation,
+                        services = state.services.len(),
+                        advertised = state.advertised.len(),
+                        peers = state.peers.len(),
+                        "published node state"
+                    );
+                    debug!(?state, "node state");
+                    last = Some(state);
+                }
+            }
+            _ = heartbeat.tick() => writer.heartbeat(),
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! `kubectl juneau describe loadbalancer`: the tree an operator reads, rendered from the
+//! live ServiceLoadBalancer, its Service, its ExternalNetwork and EndpointSlices.
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::crd::{ExternalNetwork, Phase, ServiceLoadBalancer};
+
+/// The target port shown for a Service port: a number resolved from the EndpointSlices
+/// for named target ports (the slice port carrying the Service port's name), else the
+/// name itself.
+fn target_port(
+    svc_port: &k8s_openapi::api::core::v1::ServicePort,
+    slices: &[EndpointSlice],
+) -> String {
+    match &svc_port.target_port {
+        None => svc_port.port.to_string(),
+        Some(IntOrString::Int(p)) => p.to_string(),
+        Some(IntOrString::String(name)) => {
+            let sp_name = svc_port.name.clone().unwrap_or_default();
+            let mut found: Vec<i32> = slices
+                .iter()
+                .flat_map(|s| s.ports.iter().flatten())
+                .filter(|p| p.name.clone().unwrap_or_default() == sp_name)
+                .filter_map(|p| p.port)
+                .collect();
+            found.sort_unstable();
+            found.dedup();
+            if found.is_empty() {
+                name.clone()
+            } else {
+                found
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }
+        }
+    }
+}
+
+/// Renders the tree. `net` is the ExternalNetwork the ServiceLoadBalancer names (None
+/// when it names none or it does not exist).
+pub fn render(
+    slb: &ServiceLoadBalancer,
+    svc: Option<&Service>,
+    net: Option<&ExternalNetwork>,
+    slices: &[EndpointSlice],
+) -> String {
+    let ns = slb.metadata.namespace.as_deref().unwrap_or("default");
+    let name = slb.metadata.name.as_deref().unwrap_or_default();
+    let st = slb.status.clone().unwrap_or_default();
+    let mut out = String::new();
+    out.push_str(&format!(
+        "ServiceLoadBalancer  {ns}/{name}  (vip: {}, phase: {})\n",
+        st.vip.as_deref().unwrap_or("<none>"),
+        st.phase
+    ));
+    match svc {
+        Some(s) => {
+            let spec = s.spec.clone().unwrap_or_default();
+            out.push_str(&format!(
+                "├── parent Service  {ns}/{}  (type={}, externalTrafficPolicy={})\n",
+                s.metadata.name.as_deref().unwrap_or_default(),
+                spec.type_.as_deref().unwrap_or("ClusterIP"),
+                spec.external_traffic_policy.as_deref().unwrap_or("Cluster"),
+            ));
+        }
+        None => out.push_str(&format!(
+            "├── parent Service  {ns}/{}  (not found)\n",
+            slb.spec.service_name
+        )),
+    }
+    let net_name = st
+        .external_network
+        .clone()
+        .or_else(|| slb.spec.external_network.clone());
+    match (net_name, net) {
+        (Some(n), Some(net)) => out.push_str(&format!(
+            "├── ExternalNetwork  {n}  type=bgp  pools={}\n",
+            net.spec.address_pools.join(",")
+        )),
+        (Some(n), None) => out.push_str(&format!("├── ExternalNetwork  {n}  (not found)\n")),
+        (None, _) => out.push_str(
+            "├── ExternalNetwork  <none>  (the Service has no external-network annotation)\n",
+        ),
+    }
+    match &st.address_pool {
+        Some(p) => out.push_str(&format!("├── AllocatedFrom  AddressPool/{p}\n")),
+        None => out.push_str("├── AllocatedFrom  <none>\n"),
+    }
+    out.push_str("├── Ports\n");
+    let ports: Vec<_> = svc
+        .and_then(|s| s.spec.as_ref())
+        .and_then(|s| s.ports.clone())
+        .unwrap_or_default();
+    for (i, p) in ports.iter().enumerate() {
+        let branch = if i + 1 == ports.len() {
+            "└──"
+        } else {
+            "├──"
+        };
+        out.push_str(&format!(
+            "│   {branch} {}/{}  ->  {}\n",
+            p.protocol.as_deref().unwrap_or("TCP"),
+            p.port,
+            target_port(p, slices)
+        ));
+    }
+    out.push_str(&format!(
+        "├── AdvertisingNodes  ({})\n",
+        st.advertising_nodes.len()
+    ));
+    for (i, n) in st.advertising_nodes.iter().enumerate() {
+        let branch = if i + 1 == st.advertising_nodes.len() {
+            "└──"
+        } else {
+            "├──"
+        };
+        out.push_str(&format!("│   {branch} {n}\n"));
+    }
+    if st.phase != Phase::Ready {
+        for c in st
+            .conditions
+            .iter()
+            .filter(|c| c.status == "False" && c.type_ != "Ready")
+        {
+            out.push_str(&format!("├── Problem  {}: {}\n", c.reason, c.message));
+        }
+    }
+    out.push_str(&format!(
+        "└── Backends  totalReady={}  localReadyNodes={}\n",
+        st.backend_summary.total_ready, st.backend_summary.local_ready_nodes
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{
+        BackendSummary, ExternalNetworkSpec, ExternalNetworkType, ServiceLoadBalancerSpec,
+        ServiceLoadBalancerStatus,
+    };
+    use crate::endpoints::testutil::slice;
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use kube::api::ObjectMeta;
+
+    pub(crate) const SEED: &str =
+        "ServiceLoadBalancer  default/nginx  (vip: 203.0.113.10, phase: Ready)
+├── parent Service  default/nginx  (type=LoadBalancer, externalTrafficPolicy=Local)
+├── ExternalNetwork  public  type=bgp  pools=public-v4
+├── AllocatedFrom  AddressPool/public-v4
+├── Ports
+│   └── TCP/80  ->  80
+├── AdvertisingNodes  (2)
+│   ├── node-a
+│   └── node-c
+└── Backends  totalReady=3  localReadyNodes=2
+";
+
+    #[test]
+    fn renders_the_seed_tree_exactly() {
+        let mut slb = ServiceLoadBalancer::new(
+            "nginx",
+            ServiceLoadBalancerSpec {
+                service_name: "nginx".into(),
+                external_network: Some("public".into()),
+                requested_ip: None,
+            },
+        );
+        slb.metadata.namespace = Some("default".into());
+        slb.status = Some(ServiceLoadBalancerStatus {
+            vip: Some("203.0.113.10".into()),
+            address_pool: Some("public-v4".into()),
+            external_network: Some("public".into()),
+            advertising_nodes: vec!["node-a".into(), "node-c".into()],
+            backend_summary: BackendSummary {
+                total_ready: 3,
+                local_ready_nodes: 2,
+            },
+            phase: Phase::Ready,
+            ..Default::default()
+        });
+        let svc = Service {
+            metadata: ObjectMeta {
+                name: Some("nginx".into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                type_: Some("LoadBalancer".into()),
+                external_traffic_policy: Some("Local".into()),
+                ports: Some(vec![ServicePort {
+                    name: Some("http".into()),
+                    protocol: Some("TCP".into()),
+                    port: 80,
+                    target_port: Some(IntOrString::String("http".into())),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let net = ExternalNetwork::new(
+            "public",
+            ExternalNetworkSpec {
+                network_type: ExternalNetworkType::Bgp,
+                address_pools: vec!["public-v4".into()],
+            },
+        );
+        let sl = slice(
+            "nginx",
+            "nginx-1",
+            &[("10.0.0.1", "node-a", true, false)],
+            ("http", 80),
+        );
+        assert_eq!(render(&slb, Some(&svc), Some(&net), &[sl]), SEED);
+    }
+}

@@ -1,0 +1,425 @@
+//! Shared helpers of the k8s-sync tests against a real kube-apiserver
+//! (`juneau_tests::kube::KubeCluster`): install Juneau's CRDs and RBAC from `deploy/`,
+//! run the real `juneau-k8s-sync` binaries with ServiceAccount tokens, poll for results.
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use juneau_tests::kube::KubeCluster;
+use serde_json::Value;
+
+/// Generous bound for "eventually" checks on a busy 2-core machine.
+pub const EVENTUALLY: Duration = Duration::from_secs(90);
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// A cluster with Juneau's CRDs, namespace and RBAC installed (as an operator would).
+pub struct Env {
+    pub k: KubeCluster,
+    pub controller_kubeconfig: PathBuf,
+    pub node_kubeconfig: PathBuf,
+}
+
+impl Env {
+    pub fn start() -> Result<Env> {
+        let k = KubeCluster::start()?;
+        let root = repo_root();
+        let deploy = root.join("deploy");
+        k.kubectl(&[
+            "apply",
+            "-f",
+            deploy.join("crds/juneau.loutres.me.yaml").to_str().unwrap(),
+        ])?;
+        k.kubectl(&[
+            "apply",
+            "-f",
+            deploy.join("namespace.yaml").to_str().unwrap(),
+        ])?;
+        k.kubectl(&["apply", "-f", deploy.join("rbac.yaml").to_str().unwrap()])?;
+        k.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/addresspools.juneau.loutres.me",
+            "crd/externalnetworks.juneau.loutres.me",
+            "crd/serviceloadbalancers.juneau.loutres.me",
+            "crd/bgppeers.juneau.loutres.me",
+            "crd/bgpadvertisements.juneau.loutres.me",
+        ])?;
+        let controller_kubeconfig =
+            k.service_account_kubeconfig("juneau-system", "juneau-controller")?;
+        let node_kubeconfig = k.service_account_kubeconfig("juneau-system", "juneau-node")?;
+        Ok(Env {
+            k,
+            controller_kubeconfig,
+            node_kubeconfig,
+        })
+    }
+
+    pub fn apply(&self, yaml: &str) -> Result<String> {
+        self.k.apply_yaml(yaml)
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        self.k.kubectl(args)
+    }
+
+    pub fn json(&self, args: &[&str]) -> Result<Value> {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        let out = self.k.kubectl(&a)?;
+        serde_json::from_str(&out).context("parsing kubectl JSON")
+    }
+
+    /// The object, or None when it does not exist.
+    pub fn get(&self, kind: &str, name: &str, ns: Option<&str>) -> Result<Option<Value>> {
+        let mut args = vec!["get", kind, name, "-o", "json", "--ignore-not-found"];
+        if let Some(ns) = ns {
+            args.extend(["-n", ns]);
+        }
+        let out = self.k.kubectl(&args)?;
+        if out.trim().is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(serde_json::from_str(&out)?))
+    }
+
+    /// Starts a controller replica as ServiceAccount juneau-system/juneau-controller.
+    pub fn controller(&self, identity: &str) -> Result<Daemon> {
+        Daemon::spawn(
+            &format!("controller-{identity}"),
+            env!("CARGO_BIN_EXE_juneau-k8s-sync"),
+            &[
+                "controller",
+                "--namespace",
+                "juneau-system",
+                "--identity",
+                identity,
+                "--lease-duration",
+                "6",
+            ],
+            &self.controller_kubeconfig,
+            self.k.dir(),
+        )
+    }
+
+    /// Starts the agent of `node` as ServiceAccount juneau-system/juneau-node.
+    pub fn agent(&self, node: &str, state_file: &Path) -> Result<Daemon> {
+        Daemon::spawn(
+            &format!("agent-{node}"),
+            env!("CARGO_BIN_EXE_juneau-k8s-sync"),
+            &[
+                "agent",
+                "--node",
+                node,
+                "--state-file",
+                state_file.to_str().unwrap(),
+                "--namespace",
+                "juneau-system",
+            ],
+            &self.node_kubeconfig,
+            self.k.dir(),
+        )
+    }
+
+    /// Node objects (no kubelet: created as an operator's tooling would), with an
+    /// InternalIP each.
+    pub fn nodes(&self, nodes: &[(&str, &str)]) -> Result<()> {
+        for (name, ip) in nodes {
+            self.apply(&format!(
+                "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: {{kubernetes.io/hostname: {name}}}\n"
+            ))?;
+            self.kubectl(&[
+                "patch",
+                "node",
+                name,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &format!(
+                    r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{ip}"}}]}}}}"#
+                ),
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// Events of a Service: (type, reason, message).
+    pub fn events(&self, ns: &str, name: &str) -> Result<Vec<(String, String, String)>> {
+        let v = self.json(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            ns,
+            "--field-selector",
+            &format!("regarding.name={name},regarding.kind=Service"),
+        ])?;
+        Ok(v["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap_or_default().to_string(),
+                    e["reason"].as_str().unwrap_or_default().to_string(),
+                    e["note"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect())
+    }
+}
+
+/// A Juneau process, killed (SIGKILL) and reaped on drop; its log is kept in the
+/// cluster directory and printed when a test fails.
+pub struct Daemon {
+    pub name: String,
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    fn spawn(
+        name: &str,
+        bin: &str,
+        args: &[&str],
+        kubeconfig: &Path,
+        dir: &Path,
+    ) -> Result<Daemon> {
+        let log = dir.join(format!("{name}.log"));
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
+        let child = Command::new(bin)
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,kube_lease_manager=info")
+            .env_remove("POD_NAMESPACE")
+            .env_remove("POD_NAME")
+            .env_remove("NODE_NAME")
+            .stdin(Stdio::null())
+            .stdout(f.try_clone()?)
+            .stderr(f)
+            .spawn()
+            .with_context(|| format!("starting {bin}"))?;
+        Ok(Daemon {
+            name: name.into(),
+            child: Some(child),
+            log,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Fails if the process has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        if let Some(c) = self.child.as_mut() {
+            if let Some(st) = c.try_wait()? {
+                bail!(
+                    "{} exited ({st}); log:\n{}",
+                    self.name,
+                    tail(&self.log_text(), 40)
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- {} log (last lines) ----\n{}",
+                self.name,
+                tail(&self.log_text(), 60)
+            );
+        }
+    }
+}
+
+pub fn tail(s: &str, n: usize) -> String {
+    let l: Vec<&str> = s.lines().collect();
+    l[l.len().saturating_sub(n)..].join("\n")
+}
+
+/// Polls `f` until it returns Some, failing after `EVENTUALLY` with `what` and the last
+/// observed value.
+pub fn eventually<T>(what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    let deadline = Instant::now() + EVENTUALLY;
+    let mut last_err = String::new();
+    loop {
+        match f() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = format!("{e:#}"),
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {EVENTUALLY:?} waiting for {what} {last_err}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The seed guide's ExternalNetwork + AddressPool, plus the BGPAdvertisement and BGPPeer
+/// the guide says to configure beforehand.
+pub const SEED_NETWORK: &str = "apiVersion: juneau.loutres.me/v1alpha1
+kind: AddressPool
+metadata:
+  name: public-v4
+spec:
+  advertiseMode: bgp
+  addresses:
+    - 203.0.113.0/24
+---
+apiVersion: juneau.loutres.me/v1alpha1
+kind: ExternalNetwork
+metadata:
+  name: public
+spec:
+  type: bgp
+  addressPools:
+    - public-v4
+---
+apiVersion: juneau.loutres.me/v1alpha1
+kind: BGPAdvertisement
+metadata:
+  name: public
+spec:
+  addressPools: [public-v4]
+  communities: [\"64512:100\"]
+  localPref: 150
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: tor-password
+  namespace: juneau-system
+stringData:
+  password: s3cret
+---
+apiVersion: juneau.loutres.me/v1alpha1
+kind: BGPPeer
+metadata:
+  name: tor
+spec:
+  peerAddress: 192.0.2.1
+  peerASN: 65000
+  localASN: 65001
+  holdTimeSeconds: 9
+  passwordSecretRef:
+    name: tor-password
+";
+
+/// A Juneau Service (the seed's nginx shape) with extra annotations / spec lines.
+pub fn service(name: &str, annotations: &[(&str, &str)], extra_spec: &str) -> String {
+    let mut ann = String::from("    juneau.loutres.me/load-balancer-external-network: public\n");
+    for (k, v) in annotations {
+        ann.push_str(&format!("    {k}: \"{v}\"\n"));
+    }
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+  namespace: default
+  annotations:
+{ann}spec:
+  type: LoadBalancer
+  loadBalancerClass: juneau.loutres.me/load-balancer
+  externalTrafficPolicy: Local
+  selector:
+    app: {name}
+  ports:
+    - name: http
+      protocol: TCP
+      port: 80
+      targetPort: http
+{extra_spec}"
+    )
+}
+
+/// An EndpointSlice of Service `svc` with endpoints (ip, node, ready, terminating) on
+/// port `http` = `port`.
+pub fn endpoint_slice(
+    svc: &str,
+    slice: &str,
+    eps: &[(&str, &str, bool, bool)],
+    port: u16,
+) -> String {
+    let mut s = format!(
+        "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {slice}
+  namespace: default
+  labels:
+    kubernetes.io/service-name: {svc}
+    endpointslice.kubernetes.io/managed-by: juneau-tests
+addressType: IPv4
+ports:
+  - name: http
+    protocol: TCP
+    port: {port}
+endpoints:
+"
+    );
+    for (ip, node, ready, term) in eps {
+        s.push_str(&format!(
+            "  - addresses: [\"{ip}\"]\n    nodeName: {node}\n    conditions: {{ready: {ready}, serving: {ready}, terminating: {term}}}\n"
+        ));
+    }
+    s
+}
+
+/// `.status` of the ServiceLoadBalancer `name`, once it has a phase.
+pub fn slb_status(env: &Env, name: &str) -> Result<Option<Value>> {
+    Ok(env
+        .get("serviceloadbalancer", name, Some("default"))?
+        .and_then(|v| v.get("status").cloned())
+        .filter(|s| s.get("phase").is_some()))
+}
+
+pub fn strs(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn ingress_ip(env: &Env, name: &str) -> Result<Option<String>> {
+    Ok(env.get("service", name, Some("default"))?.and_then(|s| {
+        s["status"]["loadBalancer"]["ingress"][0]["ip"]
+            .as_str()
+            .map(String::from)
+    }))
+}

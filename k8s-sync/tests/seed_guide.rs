@@ -1,0 +1,661 @@
+//! The seed guide, step by step, against a real kube-apiserver, with the real controller
+//! and agents running on the ServiceAccount tokens of `deploy/rbac.yaml`; then requested
+//! IPs, every bad input, backends moving, the shared-memory table following, and release.
+
+mod common;
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{ensure, Context, Result};
+use common::*;
+use juneau_control::shm::NodeStateReader;
+use juneau_control::{NodeState, Protocol};
+
+const SEED_TREE: &str = "ServiceLoadBalancer  default/nginx  (vip: 203.0.113.10, phase: Ready)
+├── parent Service  default/nginx  (type=LoadBalancer, externalTrafficPolicy=Local)
+├── ExternalNetwork  public  type=bgp  pools=public-v4
+├── AllocatedFrom  AddressPool/public-v4
+├── Ports
+│   └── TCP/80  ->  80
+├── AdvertisingNodes  (2)
+│   ├── node-a
+│   └── node-c
+└── Backends  totalReady=3  localReadyNodes=2
+";
+
+fn shm_state(path: &Path) -> Result<Option<NodeState>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let mut r = NodeStateReader::open(path)?;
+    Ok(Some(r.snapshot()?.state))
+}
+
+/// `kubectl juneau ...` through the real kubectl, with the plugin found on PATH.
+fn kubectl_juneau(env: &Env, args: &[&str]) -> Result<std::process::Output> {
+    let plugin = Path::new(env!("CARGO_BIN_EXE_kubectl-juneau"));
+    let path = format!(
+        "{}:{}",
+        plugin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    Command::new("kubectl")
+        .arg("juneau")
+        .args(args)
+        .env("PATH", path)
+        .env("KUBECONFIG", env.k.kubeconfig())
+        .output()
+        .context("running kubectl juneau")
+}
+
+#[test]
+fn seed_guide_and_everything_an_operator_sees() -> Result<()> {
+    let env = Env::start()?;
+    env.nodes(&[
+        ("node-a", "192.168.50.1"),
+        ("node-b", "192.168.50.2"),
+        ("node-c", "192.168.50.3"),
+    ])?;
+    let state_dir = tempfile::tempdir()?;
+    let shm_a = state_dir.path().join("node-a.state");
+    let shm_c = state_dir.path().join("node-c.state");
+    let mut controller = env.controller("replica-1")?;
+    let mut agent_a = env.agent("node-a", &shm_a)?;
+    let mut agent_c = env.agent("node-c", &shm_c)?;
+
+    // A Service of another class: Juneau must leave it strictly alone.
+    env.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: foreign, namespace: default}\n\
+         spec: {type: LoadBalancer, loadBalancerClass: other.example/lb, externalTrafficPolicy: Local, \
+         ports: [{port: 80, protocol: TCP}]}\n",
+    )?;
+
+    // 1. ExternalNetwork and AddressPool (+ the BGP setup the guide asks for).
+    env.apply(SEED_NETWORK)?;
+    // 2. The nginx Service exactly as in the guide, and its 3 backends.
+    env.apply(
+        "apiVersion: v1
+kind: Service
+metadata:
+  name: nginx
+  annotations:
+    juneau.loutres.me/load-balancer-external-network: public
+spec:
+  type: LoadBalancer
+  loadBalancerClass: juneau.loutres.me/load-balancer
+  externalTrafficPolicy: Local
+  selector:
+    app: nginx
+  ports:
+    - name: http
+      protocol: TCP
+      port: 80
+      targetPort: http
+",
+    )?;
+    env.apply(&endpoint_slice(
+        "nginx",
+        "nginx-abc",
+        &[
+            ("10.244.1.10", "node-a", true, false),
+            ("10.244.1.11", "node-a", true, false),
+            ("10.244.3.10", "node-c", true, false),
+        ],
+        80,
+    ))?;
+
+    // 3. VIP and advertisement state.
+    let st = eventually("ServiceLoadBalancer nginx Ready", || {
+        controller.check_running()?;
+        Ok(slb_status(&env, "nginx")?.filter(|s| s["phase"] == "Ready"))
+    })?;
+    let vip: Ipv4Addr = st["vip"].as_str().context("status.vip")?.parse()?;
+    ensure!(
+        vip.octets()[..3] == [203, 0, 113],
+        "vip {vip} not in 203.0.113.0/24"
+    );
+    assert_eq!(st["addressPool"], "public-v4");
+    assert_eq!(strs(&st["advertisingNodes"]), ["node-a", "node-c"]);
+    assert_eq!(st["backendSummary"]["totalReady"], 3);
+    assert_eq!(st["backendSummary"]["localReadyNodes"], 2);
+    let conds = st["conditions"].as_array().context("conditions")?;
+    for t in ["Supported", "VIPAllocated", "Advertised", "Ready"] {
+        assert!(
+            conds
+                .iter()
+                .any(|c| c["type"] == t && c["status"] == "True"),
+            "condition {t} not True: {conds:?}"
+        );
+    }
+    let shown = eventually("Service nginx ingress IP", || ingress_ip(&env, "nginx"))?;
+    assert_eq!(shown, vip.to_string());
+
+    // The ServiceLoadBalancer is owned by the Service; `kubectl get` shows the columns.
+    let slb = env
+        .get("serviceloadbalancer", "nginx", Some("default"))?
+        .unwrap();
+    let svc = env.get("service", "nginx", Some("default"))?.unwrap();
+    assert_eq!(
+        slb["metadata"]["ownerReferences"][0]["uid"],
+        svc["metadata"]["uid"]
+    );
+    assert_eq!(slb["metadata"]["ownerReferences"][0]["kind"], "Service");
+    assert!(strs(&svc["metadata"]["finalizers"])
+        .contains(&"juneau.loutres.me/load-balancer".to_string()));
+    let table = env.kubectl(&["get", "serviceloadbalancers", "-n", "default"])?;
+    let header = table.lines().next().unwrap_or_default();
+    for col in ["VIP", "PHASE", "ADVERTISING NODES"] {
+        assert!(header.contains(col), "column {col} missing: {table}");
+    }
+    assert!(
+        table.contains(&vip.to_string()) && table.contains("Ready"),
+        "{table}"
+    );
+
+    // kubectl juneau describe loadbalancer nginx: the seed tree, with our VIP.
+    let out = kubectl_juneau(&env, &["describe", "loadbalancer", "nginx"])?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout)?,
+        SEED_TREE.replace("203.0.113.10", &vip.to_string())
+    );
+    let out = kubectl_juneau(
+        &env,
+        &["describe", "loadbalancer", "nginx", "-n", "default"],
+    )?;
+    assert!(out.status.success());
+    let out = kubectl_juneau(&env, &["describe", "loadbalancer", "missing"])?;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no ServiceLoadBalancer and no Service named \"missing\""),
+        "{err}"
+    );
+    let out = kubectl_juneau(&env, &["describe", "loadbalancer", "foreign"])?;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not managed by Juneau"));
+    for args in [
+        &["--help"][..],
+        &["describe", "--help"],
+        &["describe", "loadbalancer", "--help"],
+    ] {
+        let out = kubectl_juneau(&env, args)?;
+        assert!(out.status.success(), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage: kubectl juneau"),
+            "{args:?}"
+        );
+    }
+
+    // The agents' shared-memory tables.
+    let a = eventually("node-a state with 2 backends", || {
+        agent_a.check_running()?;
+        Ok(shm_state(&shm_a)?.filter(|s| s.services.iter().any(|x| x.backends.len() == 2)))
+    })?;
+    assert_eq!(a.services.len(), 1);
+    assert_eq!(a.services[0].frontend.vip, vip);
+    assert_eq!(a.services[0].frontend.protocol, Protocol::Tcp);
+    assert_eq!(a.services[0].frontend.port, 80);
+    assert!(a.services[0].backends.iter().all(|b| b.port == 80));
+    assert_eq!(a.advertised.len(), 1);
+    assert_eq!(a.advertised[0].vip, vip);
+    assert_eq!(a.advertised[0].communities, vec![64512 << 16 | 100]);
+    assert_eq!(a.advertised[0].local_pref, Some(150));
+    assert_eq!(a.peers.len(), 1);
+    assert_eq!(a.peers[0].md5_password.as_deref(), Some("s3cret"));
+    assert_eq!(a.peers[0].hold_time, 9);
+    assert_eq!(a.router_id, Some(Ipv4Addr::new(192, 168, 50, 1)));
+    eventually("node-c state with 1 backend", || {
+        agent_c.check_running()?;
+        Ok(shm_state(&shm_c)?.filter(|s| {
+            s.services.iter().any(|x| x.backends.len() == 1) && s.advertised.len() == 1
+        }))
+    })?;
+
+    // Requested IP honoured.
+    env.apply(&service(
+        "req",
+        &[(
+            "juneau.loutres.me/load-balancer-requested-ip",
+            "203.0.113.77",
+        )],
+        "",
+    ))?;
+    env.apply(&endpoint_slice(
+        "req",
+        "req-1",
+        &[("10.244.1.20", "node-a", true, false)],
+        8080,
+    ))?;
+    let st = eventually("req Ready", || {
+        Ok(slb_status(&env, "req")?.filter(|s| s["phase"] == "Ready"))
+    })?;
+    assert_eq!(st["vip"], "203.0.113.77");
+    assert_eq!(
+        eventually("req ingress", || ingress_ip(&env, "req"))?,
+        "203.0.113.77"
+    );
+
+    // Two Services asking for one IP: exactly one gets it.
+    env.apply(&service(
+        "dup-1",
+        &[(
+            "juneau.loutres.me/load-balancer-requested-ip",
+            "203.0.113.99",
+        )],
+        "",
+    ))?;
+    env.apply(&service(
+        "dup-2",
+        &[(
+            "juneau.loutres.me/load-balancer-requested-ip",
+            "203.0.113.99",
+        )],
+        "",
+    ))?;
+    let (s1, s2) = eventually("dup-1 and dup-2 decided", || {
+        Ok(
+            match (slb_status(&env, "dup-1")?, slb_status(&env, "dup-2")?) {
+                (Some(a), Some(b)) => Some((a, b)),
+                _ => None,
+            },
+        )
+    })?;
+    let holders: Vec<_> = [&s1, &s2]
+        .iter()
+        .filter(|s| s["vip"] == "203.0.113.99")
+        .map(|_| ())
+        .collect();
+    assert_eq!(holders.len(), 1, "{s1:?} {s2:?}");
+    let loser = if s1["vip"] == "203.0.113.99" {
+        "dup-2"
+    } else {
+        "dup-1"
+    };
+    let loser_st = slb_status(&env, loser)?.unwrap();
+    assert!(loser_st.get("vip").is_none(), "{loser_st:?}");
+    assert_eq!(ingress_ip(&env, loser)?, None);
+    let ev = eventually("RequestedIPTaken event", || {
+        Ok(env
+            .events("default", loser)?
+            .into_iter()
+            .find(|e| e.1 == "RequestedIPTaken"))
+    })?;
+    assert_eq!(ev.0, "Warning");
+    assert!(ev.2.contains("203.0.113.99"), "{ev:?}");
+
+    // Every bad input: its condition, its Event, phase not Ready, nothing advertised.
+    env.apply(
+        "apiVersion: juneau.loutres.me/v1alpha1\nkind: AddressPool\nmetadata: {name: tiny}\n\
+         spec: {advertiseMode: bgp, addresses: [198.51.100.7/32]}\n---\n\
+         apiVersion: juneau.loutres.me/v1alpha1\nkind: ExternalNetwork\nmetadata: {name: tiny}\n\
+         spec: {type: bgp, addressPools: [tiny]}\n---\n\
+         apiVersion: juneau.loutres.me/v1alpha1\nkind: ExternalNetwork\nmetadata: {name: dangling}\n\
+         spec: {type: bgp, addressPools: [no-such-pool]}\n",
+    )?;
+    let no_net = "apiVersion: v1\nkind: Service\nmetadata: {name: bad-no-network, namespace: default}\n\
+         spec: {type: LoadBalancer, loadBalancerClass: juneau.loutres.me/load-balancer, externalTrafficPolicy: Local, \
+         ports: [{port: 80, protocol: TCP}]}\n";
+    env.apply(no_net)?;
+    let mut tiny1 = service("tiny-1", &[], "");
+    tiny1 = tiny1.replace("external-network: public", "external-network: tiny");
+    env.apply(&tiny1)?;
+    eventually("tiny-1 got the only address", || {
+        Ok(slb_status(&env, "tiny-1")?.filter(|s| s["vip"] == "198.51.100.7"))
+    })?;
+    let cases: Vec<(&str, String, &str, &str)> = vec![
+        (
+            "bad-etp",
+            service("bad-etp", &[], "").replace(
+                "externalTrafficPolicy: Local",
+                "externalTrafficPolicy: Cluster",
+            ),
+            "ExternalTrafficPolicyNotLocal",
+            "Failed",
+        ),
+        (
+            "bad-sctp",
+            service("bad-sctp", &[], "").replace("protocol: TCP", "protocol: SCTP"),
+            "ProtocolNotSupported",
+            "Failed",
+        ),
+        (
+            "bad-ranges",
+            service(
+                "bad-ranges",
+                &[],
+                "  loadBalancerSourceRanges: [192.0.2.0/24]\n",
+            ),
+            "SourceRangesNotSupported",
+            "Failed",
+        ),
+        (
+            "bad-no-network",
+            String::new(),
+            "ExternalNetworkMissing",
+            "Failed",
+        ),
+        (
+            "bad-unknown-net",
+            service("bad-unknown-net", &[], "")
+                .replace("external-network: public", "external-network: nope"),
+            "ExternalNetworkNotFound",
+            "Failed",
+        ),
+        (
+            "bad-dangling",
+            service("bad-dangling", &[], "")
+                .replace("external-network: public", "external-network: dangling"),
+            "AddressPoolNotFound",
+            "Failed",
+        ),
+        (
+            "bad-outside",
+            service(
+                "bad-outside",
+                &[(
+                    "juneau.loutres.me/load-balancer-requested-ip",
+                    "198.51.100.1",
+                )],
+                "",
+            ),
+            "RequestedIPOutsidePools",
+            "Failed",
+        ),
+        (
+            "bad-reqip",
+            service(
+                "bad-reqip",
+                &[("juneau.loutres.me/load-balancer-requested-ip", "not-an-ip")],
+                "",
+            ),
+            "RequestedIPInvalid",
+            "Failed",
+        ),
+        (
+            "tiny-2",
+            service("tiny-2", &[], "")
+                .replace("external-network: public", "external-network: tiny"),
+            "AddressPoolExhausted",
+            "Pending",
+        ),
+        (
+            "bad-hostnet",
+            service("bad-hostnet", &[], ""),
+            "HostNetworkBackendsNotSupported",
+            "Failed",
+        ),
+    ];
+    for (name, yaml, _, _) in &cases {
+        if !yaml.is_empty() {
+            env.apply(yaml)
+                .with_context(|| format!("applying {name}"))?;
+        }
+    }
+    env.apply(&endpoint_slice(
+        "bad-hostnet",
+        "bad-hostnet-1",
+        &[("192.168.50.3", "node-c", true, false)],
+        80,
+    ))?;
+    env.apply(&endpoint_slice(
+        "bad-etp",
+        "bad-etp-1",
+        &[("10.244.3.30", "node-c", true, false)],
+        80,
+    ))?;
+    for (name, _, reason, phase) in &cases {
+        let st = eventually(&format!("{name}: condition {reason}"), || {
+            Ok(slb_status(&env, name)?.filter(|s| {
+                s["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["reason"] == *reason && c["status"] == "False")
+                })
+            }))
+        })?;
+        assert_eq!(st["phase"], *phase, "{name}: {st}");
+        assert!(strs(&st["advertisingNodes"]).is_empty(), "{name}: {st}");
+        assert_eq!(ingress_ip(&env, name)?, None, "{name}");
+        let ev = eventually(&format!("{name}: Event {reason}"), || {
+            Ok(env
+                .events("default", name)?
+                .into_iter()
+                .find(|e| e.1 == *reason))
+        })?;
+        assert_eq!(ev.0, "Warning", "{name}");
+        assert!(ev.2.len() > 20, "{name}: message too terse: {ev:?}");
+    }
+    // Failed Services are not served by any agent (bad-etp has a Ready backend on node-c).
+    let c = shm_state(&shm_c)?.unwrap();
+    assert!(
+        c.advertised
+            .iter()
+            .all(|a| a.vip.octets()[..3] == [203, 0, 113]),
+        "{c:?}"
+    );
+    // The apiserver itself refuses what the schema forbids, with a message.
+    for (bad, needle) in [
+        (
+            "advertiseMode: layer2\n  addresses: [192.0.2.0/24]",
+            "advertiseMode",
+        ),
+        (
+            "advertiseMode: bgp\n  addresses: [192.0.2.0/33]",
+            "IPv4 CIDR",
+        ),
+        (
+            "advertiseMode: bgp\n  addresses: [192.0.2.1/24]",
+            "IPv4 CIDR",
+        ),
+    ] {
+        let err = env
+            .apply(&format!("apiVersion: juneau.loutres.me/v1alpha1\nkind: AddressPool\nmetadata: {{name: rejected}}\nspec:\n  {bad}\n"))
+            .expect_err("apiserver must reject an invalid AddressPool")
+            .to_string();
+        assert!(err.contains(needle), "{err}");
+    }
+    let err = env
+        .apply(&service(
+            "bad-v6",
+            &[],
+            "  ipFamilies: [IPv6]\n  ipFamilyPolicy: SingleStack\n",
+        ))
+        .expect_err("an IPv4-only cluster refuses IPv6 Services")
+        .to_string();
+    assert!(err.contains("IPv6"), "{err}");
+    // The foreign Service was never touched.
+    let foreign = env.get("service", "foreign", Some("default"))?.unwrap();
+    assert!(foreign["metadata"]["finalizers"].is_null(), "{foreign}");
+    assert!(
+        foreign["status"]["loadBalancer"]["ingress"].is_null(),
+        "{foreign}"
+    );
+    assert!(env
+        .get("serviceloadbalancer", "foreign", Some("default"))?
+        .is_none());
+    assert!(env.events("default", "foreign")?.is_empty());
+
+    // Backends change: unready, terminating, moving — status and shared memory follow.
+    env.apply(&endpoint_slice(
+        "nginx",
+        "nginx-abc",
+        &[
+            ("10.244.1.10", "node-a", true, false),
+            ("10.244.1.11", "node-a", true, false),
+            ("10.244.3.10", "node-c", false, false),
+        ],
+        80,
+    ))?;
+    eventually("node-c withdrawn", || {
+        Ok(slb_status(&env, "nginx")?.filter(|s| {
+            strs(&s["advertisingNodes"]) == ["node-a"] && s["backendSummary"]["totalReady"] == 2
+        }))
+    })?;
+    eventually("node-c shared memory: no backend, not advertised", || {
+        Ok(shm_state(&shm_c)?.filter(|s| {
+            s.advertised.iter().all(|a| a.vip != vip)
+                && s.services
+                    .iter()
+                    .filter(|x| x.frontend.vip == vip)
+                    .all(|x| x.backends.is_empty())
+        }))
+    })?;
+    env.apply(&endpoint_slice(
+        "nginx",
+        "nginx-abc",
+        &[
+            ("10.244.1.10", "node-a", true, true),
+            ("10.244.1.11", "node-a", false, true),
+            ("10.244.3.10", "node-c", false, false),
+        ],
+        80,
+    ))?;
+    let st = eventually("nobody advertises", || {
+        Ok(slb_status(&env, "nginx")?.filter(|s| strs(&s["advertisingNodes"]).is_empty()))
+    })?;
+    assert_eq!(st["phase"], "Pending");
+    assert_eq!(
+        st["vip"],
+        vip.to_string(),
+        "the VIP is kept while backends are away"
+    );
+    eventually("node-a shared memory drained", || {
+        Ok(shm_state(&shm_a)?.filter(|s| s.advertised.iter().all(|a| a.vip != vip)))
+    })?;
+    env.apply(&endpoint_slice(
+        "nginx",
+        "nginx-abc",
+        &[
+            ("10.244.3.11", "node-c", true, false),
+            ("10.244.3.12", "node-c", true, false),
+        ],
+        8080,
+    ))?;
+    eventually("moved to node-c", || {
+        Ok(slb_status(&env, "nginx")?
+            .filter(|s| strs(&s["advertisingNodes"]) == ["node-c"] && s["phase"] == "Ready"))
+    })?;
+    let c = eventually("node-c shared memory has the moved backends", || {
+        Ok(shm_state(&shm_c)?.filter(|s| s.advertised.iter().any(|a| a.vip == vip)))
+    })?;
+    let svc_c = c.services.iter().find(|x| x.frontend.vip == vip).unwrap();
+    assert_eq!(svc_c.backends.len(), 2);
+    assert!(
+        svc_c.backends.iter().all(|b| b.port == 8080),
+        "named targetPort resolved from the slice: {svc_c:?}"
+    );
+    // Excluding node-c from external load balancers withdraws it too.
+    env.kubectl(&[
+        "label",
+        "node",
+        "node-c",
+        "node.kubernetes.io/exclude-from-external-load-balancers=",
+    ])?;
+    eventually("excluded node withdrawn", || {
+        Ok(slb_status(&env, "nginx")?.filter(|s| strs(&s["advertisingNodes"]).is_empty()))
+    })?;
+    eventually("excluded node's shared memory", || {
+        Ok(shm_state(&shm_c)?.filter(|s| s.advertised.iter().all(|a| a.vip != vip)))
+    })?;
+    env.kubectl(&[
+        "label",
+        "node",
+        "node-c",
+        "node.kubernetes.io/exclude-from-external-load-balancers-",
+    ])?;
+
+    // Service deleted: SLB gone, VIP released and reusable.
+    env.kubectl(&[
+        "delete",
+        "service",
+        "nginx",
+        "-n",
+        "default",
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
+    eventually("nginx ServiceLoadBalancer gone", || {
+        Ok(env
+            .get("serviceloadbalancer", "nginx", Some("default"))?
+            .is_none()
+            .then_some(()))
+    })?;
+    env.apply(&service(
+        "reuse",
+        &[(
+            "juneau.loutres.me/load-balancer-requested-ip",
+            &vip.to_string(),
+        )],
+        "",
+    ))?;
+    eventually("reuse got the released VIP", || {
+        Ok(slb_status(&env, "reuse")?.filter(|s| s["vip"] == vip.to_string()))
+    })?;
+    eventually("agents forget nginx", || {
+        Ok(shm_state(&shm_c)?.filter(|s| {
+            s.services
+                .iter()
+                .all(|x| x.frontend.vip != vip || x.backends.is_empty())
+        }))
+    })?;
+
+    // Leaving the class releases the VIP and removes Juneau's marks.
+    env.kubectl(&[
+        "delete",
+        "service",
+        "dup-1",
+        "dup-2",
+        "-n",
+        "default",
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
+    env.kubectl(&[
+        "patch",
+        "service",
+        "req",
+        "-n",
+        "default",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"loadBalancerClass":null,"type":"ClusterIP","externalTrafficPolicy":null}}"#,
+    ])?;
+    eventually("req released", || {
+        Ok(env
+            .get("serviceloadbalancer", "req", Some("default"))?
+            .is_none()
+            .then_some(()))
+    })?;
+    env.apply(&service(
+        "after-req",
+        &[(
+            "juneau.loutres.me/load-balancer-requested-ip",
+            "203.0.113.77",
+        )],
+        "",
+    ))?;
+    eventually("203.0.113.77 reusable", || {
+        Ok(slb_status(&env, "after-req")?.filter(|s| s["vip"] == "203.0.113.77"))
+    })?;
+
+    controller.check_running()?;
+    agent_a.check_running()?;
+    agent_c.check_running()?;
+    // The processes ran as ServiceAccounts: no RBAC denials in their logs.
+    for d in [&controller, &agent_a, &agent_c] {
+        let log = d.log_text();
+        assert!(
+            !log.contains("forbidden"),
+            "{} hit RBAC denials:\n{}",
+            d.name,
+            tail(&log, 40)
+        );
+    }
+    Ok(())
+}
