@@ -9,4 +9,8 @@
 #![warn(missing_docs)]
 
 pub mod fsm;
+pub mod rib;
+pub mod sockopt;
+pub mod speaker;
+pub mod status;
 pub mod wire;

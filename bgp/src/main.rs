@@ -1,1 +1,79 @@
-fn main() {}
+//! `juneau-bgp`: the per-node BGP speaker daemon.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use juneau_bgp::speaker::{self, SpeakerConfig};
+use juneau_bgp::status::StatusHub;
+
+/// Announces this node's VIPs (as /32s) to its BGP peers, exactly as the node's shared
+/// control state says, and reports per-peer status.
+#[derive(Debug, Parser)]
+#[command(name = "juneau-bgp", version)]
+struct Args {
+    /// The node's shared control state (written by the node agent).
+    #[arg(long, env = "JUNEAU_STATE_FILE")]
+    state_file: PathBuf,
+    /// BGP identifier (default: the state's router_id, else the first peer's source address).
+    #[arg(long)]
+    router_id: Option<Ipv4Addr>,
+    /// Address and port to accept BGP connections on.
+    #[arg(long, default_value = "0.0.0.0:179")]
+    listen: SocketAddr,
+    /// Per-peer status as JSON, replaced atomically on every change.
+    #[arg(long)]
+    status_file: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address.
+    #[arg(long)]
+    metrics_addr: Option<SocketAddr>,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let hub = StatusHub::new();
+    if let Some(path) = args.status_file.clone() {
+        tokio::spawn(hub.clone().write_loop(path));
+    }
+    if let Some(addr) = args.metrics_addr {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding metrics address {addr}"))?;
+        tracing::info!(%addr, "serving metrics");
+        tokio::spawn(hub.clone().serve_metrics(l));
+    }
+    let state_rx = speaker::watch_state(args.state_file.clone());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        let _ = stop_tx.send(true);
+    });
+    let cfg = SpeakerConfig {
+        router_id: args.router_id,
+        listen: args.listen,
+    };
+    speaker::run(cfg, state_rx, hub.clone(), stop_rx).await?;
+    // Let the status writer record the final state.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    Ok(())
+}

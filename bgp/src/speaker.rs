@@ -1,0 +1,644 @@
+//! The daemon: one tokio task per peer drives a [`fsm::Peer`] over real TCP, announcing
+//! exactly the VIPs the node's control state lists.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use juneau_control::model::{NodeState, PeerConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::fsm::{Action, ConnId, Event, Peer, SessionConfig, Timer};
+use crate::rib::{self, AdjRibOut, SessionParams};
+use crate::sockopt;
+use crate::status::{unix_now, PeerStatus, StatusHub};
+use crate::wire::{self, cease, Message, Notification, Update};
+
+/// The control state as the speaker sees it: generation and state.
+pub type SharedState = Arc<(u64, NodeState)>;
+
+/// Daemon-wide settings from the command line.
+#[derive(Debug, Clone)]
+pub struct SpeakerConfig {
+    /// Router ID override (else `NodeState.router_id`, else the first peer's source
+    /// address).
+    pub router_id: Option<Ipv4Addr>,
+    /// Where to accept BGP connections.
+    pub listen: SocketAddr,
+}
+
+/// Reads the node's control state in a thread (futex wake-ups, no polling) and publishes
+/// each new generation on a watch channel.
+pub fn watch_state(path: std::path::PathBuf) -> watch::Receiver<SharedState> {
+    let (tx, rx) = watch::channel(Arc::new((0, NodeState::default())));
+    std::thread::Builder::new()
+        .name("state-watch".into())
+        .spawn(move || {
+            let mut warned = false;
+            let mut reader = loop {
+                match juneau_control::shm::NodeStateReader::open(&path) {
+                    Ok(r) => break r,
+                    Err(e) => {
+                        if !warned {
+                            tracing::warn!(path = %path.display(), error = %e, "waiting for the node state file");
+                            warned = true;
+                        }
+                        if tx.is_closed() {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            };
+            let mut seen = 0;
+            loop {
+                let g = reader.wait_change(seen, Duration::from_secs(1));
+                if tx.is_closed() {
+                    return;
+                }
+                if g == seen {
+                    continue;
+                }
+                match reader.snapshot() {
+                    Ok(s) => {
+                        seen = s.generation;
+                        tracing::debug!(generation = seen, vips = s.state.advertised.len(), "control state changed");
+                        let _ = tx.send(Arc::new((s.generation, s.state)));
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "state not readable yet");
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+            }
+        })
+        .expect("spawn state watcher");
+    rx
+}
+
+enum PeerCmd {
+    Inbound(TcpStream),
+    /// Daemon shutdown: keep routes at the peer if graceful restart was negotiated.
+    Shutdown,
+    /// Peer removed or reconfigured.
+    Stop(Notification),
+}
+
+struct PeerHandle {
+    cfg: PeerConfig,
+    router_id: Ipv4Addr,
+    tx: mpsc::UnboundedSender<PeerCmd>,
+    task: JoinHandle<()>,
+}
+
+fn router_id(cfg: &SpeakerConfig, state: &NodeState) -> Option<Ipv4Addr> {
+    cfg.router_id
+        .or(state.router_id)
+        .or_else(|| state.peers.iter().find_map(|p| p.source_address))
+}
+
+/// Runs the speaker until `shutdown` turns true.
+pub async fn run(
+    cfg: SpeakerConfig,
+    mut state_rx: watch::Receiver<SharedState>,
+    hub: Arc<StatusHub>,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let sock = TcpSocket::new_v4().context("creating listening socket")?;
+    sock.set_reuseaddr(true)?;
+    sock.bind(cfg.listen)
+        .with_context(|| format!("binding {}", cfg.listen))?;
+    let listener: TcpListener = sock
+        .listen(64)
+        .with_context(|| format!("listening on {}", cfg.listen))?;
+    tracing::info!(listen = %cfg.listen, "accepting BGP connections");
+
+    let mut peers: HashMap<String, PeerHandle> = HashMap::new();
+    let mut md5_keys: HashMap<Ipv4Addr, String> = HashMap::new();
+    let mut changed = true;
+    loop {
+        if changed {
+            changed = false;
+            let st = state_rx.borrow_and_update().clone();
+            reconcile(
+                &cfg,
+                &st,
+                &mut peers,
+                &mut md5_keys,
+                &listener,
+                &state_rx,
+                &hub,
+            );
+        }
+        tokio::select! {
+            r = state_rx.changed() => {
+                if r.is_err() { break; }
+                changed = true;
+            }
+            acc = listener.accept() => {
+                let Ok((stream, addr)) = acc else { continue };
+                let ip = match addr.ip() { IpAddr::V4(ip) => ip, IpAddr::V6(_) => continue };
+                match peers.values().find(|p| p.cfg.peer_address == ip) {
+                    Some(p) => { let _ = p.tx.send(PeerCmd::Inbound(stream)); }
+                    None => tracing::info!(%addr, "connection from an unconfigured address closed"),
+                }
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+    tracing::info!("shutting down");
+    for p in peers.values() {
+        let _ = p.tx.send(PeerCmd::Shutdown);
+    }
+    for (_, p) in peers.drain() {
+        let _ = tokio::time::timeout(Duration::from_secs(3), p.task).await;
+    }
+    Ok(())
+}
+
+fn reconcile(
+    cfg: &SpeakerConfig,
+    st: &SharedState,
+    peers: &mut HashMap<String, PeerHandle>,
+    md5_keys: &mut HashMap<Ipv4Addr, String>,
+    listener: &TcpListener,
+    state_rx: &watch::Receiver<SharedState>,
+    hub: &Arc<StatusHub>,
+) {
+    let (generation, state) = (&st.0, &st.1);
+    let rid = router_id(cfg, state);
+    hub.update(|s| {
+        s.node = state.node.clone();
+        s.router_id = rid;
+        s.state_generation = *generation;
+    });
+    let Some(rid) = rid else {
+        if !state.peers.is_empty() {
+            tracing::error!("no router ID: pass --router-id or publish NodeState.router_id");
+        }
+        return;
+    };
+
+    // Stop peers that are gone or changed.
+    let wanted: BTreeMap<&str, &PeerConfig> =
+        state.peers.iter().map(|p| (p.name.as_str(), p)).collect();
+    let names: Vec<String> = peers.keys().cloned().collect();
+    for name in names {
+        let keep = matches!(wanted.get(name.as_str()), Some(c) if **c == peers[&name].cfg && peers[&name].router_id == rid);
+        if !keep {
+            let p = peers.remove(&name).expect("listed");
+            let sub = if wanted.contains_key(name.as_str()) {
+                cease::OTHER_CONFIGURATION_CHANGE
+            } else {
+                cease::PEER_DECONFIGURED
+            };
+            tracing::info!(peer = %name, "peer removed or reconfigured");
+            let _ = p.tx.send(PeerCmd::Stop(Notification::cease(sub)));
+            if !wanted.contains_key(name.as_str()) {
+                hub.update(|s| {
+                    s.peers.remove(&name);
+                });
+            }
+        }
+    }
+
+    // TCP-MD5 keys on the listening socket, per peer address.
+    let new_keys: HashMap<Ipv4Addr, String> = state
+        .peers
+        .iter()
+        .filter_map(|p| p.md5_password.clone().map(|k| (p.peer_address, k)))
+        .collect();
+    for addr in md5_keys.keys() {
+        if !new_keys.contains_key(addr) {
+            if let Err(e) = sockopt::set_md5(listener.as_raw_fd(), *addr, None) {
+                tracing::warn!(peer = %addr, error = %e, "cannot remove TCP-MD5 key");
+            }
+        }
+    }
+    for (addr, key) in &new_keys {
+        if md5_keys.get(addr) != Some(key) {
+            if let Err(e) = sockopt::set_md5(listener.as_raw_fd(), *addr, Some(key.as_bytes())) {
+                tracing::error!(peer = %addr, error = %e, "cannot set TCP-MD5 key on the listening socket");
+            }
+        }
+    }
+    *md5_keys = new_keys;
+
+    // Start new peers.
+    for pc in &state.peers {
+        if peers.contains_key(&pc.name) {
+            continue;
+        }
+        tracing::info!(peer = %pc.name, address = %pc.peer_address, asn = pc.peer_asn, "peer configured");
+        hub.update(|s| {
+            s.peers
+                .entry(pc.name.clone())
+                .or_insert_with(|| PeerStatus::new(&pc.name, pc.peer_address));
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = PeerTask::new(pc.clone(), rid, state_rx.clone(), hub.clone());
+        let span = tracing::info_span!("peer", peer = %pc.name);
+        let task = tokio::spawn(tracing::Instrument::instrument(task.run(rx), span));
+        peers.insert(
+            pc.name.clone(),
+            PeerHandle {
+                cfg: pc.clone(),
+                router_id: rid,
+                tx,
+                task,
+            },
+        );
+    }
+}
+
+enum Io {
+    Connected(ConnId, TcpStream),
+    ConnectFailed(ConnId, String),
+    Data(ConnId, Vec<u8>),
+    Closed(ConnId),
+}
+
+struct ConnIo {
+    writer: OwnedWriteHalf,
+    reader: JoinHandle<()>,
+    local: SocketAddrV4,
+}
+
+struct PeerTask {
+    cfg: PeerConfig,
+    fsm: Peer,
+    timers: HashMap<Timer, Instant>,
+    conns: HashMap<ConnId, ConnIo>,
+    connecting: HashMap<ConnId, JoinHandle<()>>,
+    io_tx: mpsc::UnboundedSender<Io>,
+    io_rx: mpsc::UnboundedReceiver<Io>,
+    state_rx: watch::Receiver<SharedState>,
+    hub: Arc<StatusHub>,
+    /// The established connection, its announcement parameters, and what the peer has.
+    session: Option<(ConnId, SessionParams, bool)>,
+    rib_out: AdjRibOut,
+}
+
+impl PeerTask {
+    fn new(
+        cfg: PeerConfig,
+        router_id: Ipv4Addr,
+        state_rx: watch::Receiver<SharedState>,
+        hub: Arc<StatusHub>,
+    ) -> Self {
+        let sc = SessionConfig {
+            local_asn: cfg.local_asn,
+            peer_asn: cfg.peer_asn,
+            router_id,
+            hold_time: cfg.hold_time,
+            keepalive_time: cfg.keepalive_time,
+            connect_retry_time: cfg.connect_retry_time,
+            passive: cfg.passive,
+            graceful_restart_time: cfg.graceful_restart_time,
+        };
+        let (io_tx, io_rx) = mpsc::unbounded_channel();
+        PeerTask {
+            cfg,
+            fsm: Peer::new(sc),
+            timers: HashMap::new(),
+            conns: HashMap::new(),
+            connecting: HashMap::new(),
+            io_tx,
+            io_rx,
+            state_rx,
+            hub,
+            session: None,
+            rib_out: AdjRibOut::new(),
+        }
+    }
+
+    fn ttl(&self) -> u8 {
+        if self.cfg.local_asn == self.cfg.peer_asn {
+            self.cfg.ebgp_multihop.unwrap_or(64)
+        } else {
+            self.cfg.ebgp_multihop.unwrap_or(1)
+        }
+    }
+
+    async fn run(mut self, mut cmds: mpsc::UnboundedReceiver<PeerCmd>) {
+        let acts = self.fsm.handle(Event::Start);
+        self.apply(acts).await;
+        loop {
+            let deadline = self.timers.values().min().copied();
+            tokio::select! {
+                io = self.io_rx.recv() => {
+                    let Some(io) = io else { break };
+                    self.on_io(io).await;
+                }
+                cmd = cmds.recv() => match cmd {
+                    Some(PeerCmd::Inbound(stream)) => {
+                        let id = self.fsm.new_conn_id();
+                        if self.register(id, stream) {
+                            let acts = self.fsm.handle(Event::Connected { conn: id, outbound: false });
+                            self.apply(acts).await;
+                        }
+                    }
+                    Some(PeerCmd::Stop(n)) => {
+                        let acts = self.fsm.handle(Event::Stop(Some(n)));
+                        self.apply(acts).await;
+                        break;
+                    }
+                    Some(PeerCmd::Shutdown) | None => {
+                        let graceful = matches!(self.session, Some((_, _, true)));
+                        if graceful {
+                            // Close without a NOTIFICATION: the peer keeps our routes for
+                            // the restart time (RFC 4724) while the dataplane forwards on.
+                            tracing::info!("closing for restart; the peer keeps our routes (graceful restart)");
+                            self.conns.clear();
+                        } else {
+                            let acts = self.fsm.handle(Event::Stop(Some(Notification::cease(cease::ADMINISTRATIVE_SHUTDOWN))));
+                            self.apply(acts).await;
+                        }
+                        break;
+                    }
+                },
+                r = self.state_rx.changed() => {
+                    if r.is_err() { break; }
+                    self.sync_routes().await;
+                }
+                _ = sleep_until_opt(deadline) => {
+                    let now = Instant::now();
+                    let due: Vec<Timer> = self.timers.iter().filter(|(_, at)| **at <= now).map(|(t, _)| *t).collect();
+                    for t in due {
+                        self.timers.remove(&t);
+                        let acts = self.fsm.handle(Event::TimerFired(t));
+                        self.apply(acts).await;
+                    }
+                }
+            }
+        }
+        for (_, c) in self.conns.drain() {
+            c.reader.abort();
+        }
+        for (_, h) in self.connecting.drain() {
+            h.abort();
+        }
+    }
+
+    async fn on_io(&mut self, io: Io) {
+        let acts = match io {
+            Io::Connected(id, stream) => {
+                self.connecting.remove(&id);
+                if !self.register(id, stream) {
+                    self.fsm.handle(Event::ConnectFailed(id))
+                } else {
+                    self.fsm.handle(Event::Connected {
+                        conn: id,
+                        outbound: true,
+                    })
+                }
+            }
+            Io::ConnectFailed(id, e) => {
+                self.connecting.remove(&id);
+                tracing::debug!(error = %e, "connect failed");
+                self.hub.peer(&self.cfg.name, |p| {
+                    p.last_error = Some(format!("connect: {e}"))
+                });
+                self.fsm.handle(Event::ConnectFailed(id))
+            }
+            Io::Data(id, bytes) => {
+                let before = self.fsm.prefixes_received;
+                let acts = self.fsm.handle(Event::Received(id, &bytes));
+                if self.fsm.prefixes_received != before {
+                    let n = self.fsm.prefixes_received;
+                    self.hub.peer(&self.cfg.name, |p| p.prefixes_received = n);
+                }
+                acts
+            }
+            Io::Closed(id) => {
+                if self.conns.contains_key(&id) {
+                    self.fsm.handle(Event::Closed(id))
+                } else {
+                    vec![]
+                }
+            }
+        };
+        self.apply(acts).await;
+    }
+
+    /// Splits a connected stream, starts its reader; false if it is unusable.
+    fn register(&mut self, id: ConnId, stream: TcpStream) -> bool {
+        let local = match stream.local_addr() {
+            Ok(SocketAddr::V4(a)) => a,
+            _ => return false,
+        };
+        if let Err(e) = sockopt::set_ttl(stream.as_raw_fd(), self.ttl()) {
+            tracing::warn!(error = %e, "cannot set TTL");
+        }
+        let _ = stream.set_nodelay(true);
+        let (mut rd, wr) = stream.into_split();
+        let tx = self.io_tx.clone();
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            loop {
+                match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => {
+                        let _ = tx.send(Io::Closed(id));
+                        return;
+                    }
+                    Ok(n) => {
+                        if tx.send(Io::Data(id, buf[..n].to_vec())).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        self.conns.insert(
+            id,
+            ConnIo {
+                writer: wr,
+                reader,
+                local,
+            },
+        );
+        true
+    }
+
+    fn connect(&mut self, id: ConnId) {
+        let cfg = self.cfg.clone();
+        let ttl = self.ttl();
+        let tx = self.io_tx.clone();
+        let timeout = Duration::from_secs(cfg.connect_retry_time.clamp(2, 30) as u64);
+        let h = tokio::spawn(async move {
+            let r = async {
+                let sock = TcpSocket::new_v4()?;
+                if let Some(pw) = &cfg.md5_password {
+                    sockopt::set_md5(sock.as_raw_fd(), cfg.peer_address, Some(pw.as_bytes()))?;
+                }
+                sockopt::set_ttl(sock.as_raw_fd(), ttl)?;
+                if let Some(src) = cfg.source_address {
+                    sock.bind(SocketAddr::V4(SocketAddrV4::new(src, 0)))?;
+                }
+                let peer = SocketAddr::V4(SocketAddrV4::new(cfg.peer_address, cfg.peer_port));
+                match tokio::time::timeout(timeout, sock.connect(peer)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "connect timed out",
+                    )),
+                }
+            }
+            .await;
+            let _ = match r {
+                Ok(s) => tx.send(Io::Connected(id, s)),
+                Err(e) => tx.send(Io::ConnectFailed(id, e.to_string())),
+            };
+        });
+        self.connecting.insert(id, h);
+    }
+
+    async fn send(&mut self, id: ConnId, bytes: &[u8]) -> bool {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return false;
+        };
+        match tokio::time::timeout(Duration::from_secs(10), c.writer.write_all(bytes)).await {
+            Ok(Ok(())) => true,
+            _ => {
+                let _ = self.io_tx.send(Io::Closed(id));
+                false
+            }
+        }
+    }
+
+    async fn apply(&mut self, actions: Vec<Action>) {
+        for a in actions {
+            match a {
+                Action::Connect(id) => self.connect(id),
+                Action::Send(id, b) => {
+                    self.send(id, &b).await;
+                }
+                Action::Close(id) => {
+                    if let Some(mut c) = self.conns.remove(&id) {
+                        let _ =
+                            tokio::time::timeout(Duration::from_millis(500), c.writer.shutdown())
+                                .await;
+                        c.reader.abort();
+                    }
+                    if let Some(h) = self.connecting.remove(&id) {
+                        h.abort();
+                    }
+                }
+                Action::ArmTimer(t, d) => {
+                    self.timers.insert(t, Instant::now() + d);
+                }
+                Action::CancelTimer(t) => {
+                    self.timers.remove(&t);
+                }
+                Action::StateChanged(s) => {
+                    tracing::info!(state = %s, "session state");
+                    self.hub.peer(&self.cfg.name, |p| p.state = s);
+                }
+                Action::Established(id, neg) => {
+                    let Some(c) = self.conns.get(&id) else {
+                        continue;
+                    };
+                    let next_hop = self.cfg.source_address.unwrap_or(*c.local.ip());
+                    let params = SessionParams {
+                        local_asn: self.cfg.local_asn,
+                        ibgp: self.cfg.local_asn == self.cfg.peer_asn,
+                        next_hop,
+                    };
+                    tracing::info!(peer_router_id = %neg.peer.router_id, hold = ?neg.hold_time, graceful_restart = neg.graceful_restart, %next_hop, "established");
+                    self.session = Some((id, params, neg.graceful_restart));
+                    self.rib_out.clear();
+                    let gr = neg.graceful_restart;
+                    self.hub.peer(&self.cfg.name, |p| {
+                        p.established_since_unix = Some(unix_now());
+                        p.graceful_restart = gr;
+                    });
+                    self.sync_routes().await;
+                    // End-of-RIB after the initial announcements (RFC 4724).
+                    let eor = wire::encode(&Message::Update(Update::end_of_rib())).expect("fixed");
+                    self.send(id, &eor).await;
+                }
+                Action::Down(reason) => {
+                    tracing::warn!(%reason, "session down");
+                    self.session = None;
+                    self.rib_out.clear();
+                    let r = reason.to_string();
+                    self.hub.peer(&self.cfg.name, |p| {
+                        p.session_flaps += 1;
+                        p.last_error = Some(r);
+                        p.established_since_unix = None;
+                        p.prefixes_announced = 0;
+                        p.graceful_restart = false;
+                    });
+                }
+                Action::RouteRefresh(_) => {
+                    tracing::info!("route refresh requested");
+                    self.rib_out.clear();
+                    self.sync_routes().await;
+                }
+                Action::TreatAsWithdraw(e) => {
+                    tracing::warn!(error = %e, "malformed UPDATE treated as withdraw");
+                    self.hub.peer(&self.cfg.name, |p| p.treat_as_withdraw += 1);
+                }
+                Action::Error(e) => {
+                    tracing::info!(error = %e, "session error");
+                    self.hub.peer(&self.cfg.name, |p| p.last_error = Some(e));
+                }
+            }
+        }
+    }
+
+    /// Brings the peer's routes in line with the control state.
+    async fn sync_routes(&mut self) {
+        let Some((id, params, _)) = self.session else {
+            return;
+        };
+        let desired = {
+            let st = self.state_rx.borrow_and_update();
+            rib::desired_for(&st.1, &self.cfg.name)
+        };
+        let updates = rib::diff(&self.rib_out, &desired, params);
+        if updates.is_empty() {
+            return;
+        }
+        let mut bytes = Vec::new();
+        for u in &updates {
+            match wire::encode(&Message::Update(u.clone())) {
+                Ok(b) => bytes.extend_from_slice(&b),
+                Err(e) => tracing::error!(error = %e, "cannot encode UPDATE"),
+            }
+        }
+        let (ann, wd): (usize, usize) = updates.iter().fold((0, 0), |(a, w), u| {
+            (a + u.announced.len(), w + u.withdrawn.len())
+        });
+        if self.send(id, &bytes).await {
+            tracing::info!(
+                announced = ann,
+                withdrawn = wd,
+                total = desired.len(),
+                "routes updated"
+            );
+            self.rib_out = desired;
+            let n = self.rib_out.len();
+            let sent = updates.len() as u64;
+            self.hub.peer(&self.cfg.name, |p| {
+                p.prefixes_announced = n;
+                p.updates_sent += sent;
+            });
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
