@@ -1,0 +1,892 @@
+//! `juneau-dataplane` across real network namespaces.
+//!
+//! Topology built per test (unique namespace names, removed on drop even on panic):
+//!
+//! ```text
+//! client ns                node ns (juneau-dataplane)                 Pod namespaces
+//! eth0 10.100.1.2/24 ── up0 10.100.1.1/24
+//!   VIP 10.200.0.10          pv0 10.100.2.1/24 ───────────── eth0 10.100.2.2/24 (pod0)
+//!   routed via .1.1          pv1 10.100.3.1/24 ───────────── eth0 10.100.3.2/24 (pod1)
+//! ```
+//!
+//! The backends are small HTTP/1.1 (TCP 8080) and UDP (5353) servers run by this test
+//! process on threads that entered the Pod namespaces (`setns`); each records the peer
+//! address of every request it serves — the access log. The client side is `curl`, `ping`
+//! and sockets opened from a thread inside the client namespace. The node state is
+//! published with the real `NodeStateWriter`.
+//!
+//! Prerequisites (tests/setup.sh): root, `ip`, `ethtool`, `curl`, `ping`, `bpftool`,
+//! clang + libbpf-dev (to build the steering program).
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
+use juneau_control::shm::{Capacity, NodeStateWriter};
+use juneau_tests::netns::{run, unique_prefix, veth, Netns, NsChild};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 10);
+const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 1, 2);
+const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 1, 1);
+const HTTP_PORT: u16 = 8080;
+const UDP_PORT: u16 = 5353;
+
+fn pod_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 100, 2 + i as u8, 2)
+}
+
+/// Runs `f` on a thread that has entered network namespace `ns`; sockets it creates
+/// stay in that namespace wherever they are used afterwards.
+fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        enter_ns(&ns).expect("entering namespace");
+        f()
+    })
+    .join()
+    .expect("namespace thread panicked")
+}
+
+fn enter_ns(ns: &str) -> Result<()> {
+    let f = std::fs::File::open(format!("/var/run/netns/{ns}"))
+        .with_context(|| format!("opening netns {ns}"))?;
+    // SAFETY: setns(2) on a valid namespace fd affects only the calling thread.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    ensure!(r == 0, "setns({ns}): {}", std::io::Error::last_os_error());
+    Ok(())
+}
+
+/// A backend Pod's servers with their access log.
+struct Backend {
+    name: String,
+    stop: Arc<AtomicBool>,
+    log: Arc<Mutex<Vec<SocketAddr>>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Backend {
+    fn start(ns: &str, name: &str) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tcp, udp) = in_ns(ns, || -> Result<(TcpListener, UdpSocket)> {
+            let t = TcpListener::bind(("0.0.0.0", HTTP_PORT))?;
+            let u = UdpSocket::bind(("0.0.0.0", UDP_PORT))?;
+            Ok((t, u))
+        })?;
+        tcp.set_nonblocking(true)?;
+        udp.set_read_timeout(Some(Duration::from_millis(100)))?;
+        let mut threads = Vec::new();
+        {
+            let (stop, log, name) = (stop.clone(), log.clone(), name.to_string());
+            threads.push(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match tcp.accept() {
+                        Ok((conn, peer)) => {
+                            let (stop, log, name) = (stop.clone(), log.clone(), name.clone());
+                            std::thread::spawn(move || serve_http(conn, peer, &name, &log, &stop));
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            }));
+        }
+        {
+            let (stop, log, name) = (stop.clone(), log.clone(), name.to_string());
+            threads.push(std::thread::spawn(move || {
+                let mut buf = [0u8; 2048];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((n, peer)) = udp.recv_from(&mut buf) {
+                        log.lock().unwrap().push(peer);
+                        let mut reply = format!("{name} saw {peer} ").into_bytes();
+                        reply.extend_from_slice(&buf[..n]);
+                        let _ = udp.send_to(&reply, peer);
+                    }
+                }
+            }));
+        }
+        Ok(Backend {
+            name: name.to_string(),
+            stop,
+            log,
+            threads,
+        })
+    }
+
+    fn peers(&self) -> Vec<SocketAddr> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Minimal HTTP/1.1 with keep-alive: `GET /` answers `<pod> saw <peer>`, `GET /big`
+/// answers 1 MiB.
+fn serve_http(
+    mut conn: TcpStream,
+    peer: SocketAddr,
+    name: &str,
+    log: &Mutex<Vec<SocketAddr>>,
+    stop: &AtomicBool,
+) {
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !stop.load(Ordering::Relaxed) {
+        match conn.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(_) => return,
+        }
+        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let req = String::from_utf8_lossy(&buf[..end]).to_string();
+            buf.drain(..end + 4);
+            log.lock().unwrap().push(peer);
+            let body = if req.starts_with("GET /big") {
+                vec![b'x'; 1 << 20]
+            } else {
+                format!("{name} saw {peer}\n").into_bytes()
+            };
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: text/plain\r\n\r\n",
+                body.len()
+            );
+            if conn
+                .write_all(head.as_bytes())
+                .and_then(|_| conn.write_all(&body))
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// Sends `GET /` on a kept-alive connection and returns the body.
+fn http_get(conn: &mut TcpStream) -> Result<String> {
+    conn.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n")?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .context("no Content-Length")?
+                .trim()
+                .parse()?;
+            if buf.len() >= end + 4 + len {
+                return Ok(String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).to_string());
+            }
+        }
+        let n = conn.read(&mut chunk)?;
+        ensure!(n > 0, "connection closed");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn service(protocol: Protocol, port: u16, target: u16, pods: &[usize]) -> NodeService {
+    NodeService {
+        frontend: Frontend {
+            vip: VIP,
+            protocol,
+            port,
+        },
+        backends: pods
+            .iter()
+            .map(|&i| LocalBackend {
+                ip: pod_ip(i),
+                port: target,
+            })
+            .collect(),
+    }
+}
+
+fn node_state(pods: &[usize]) -> NodeState {
+    NodeState {
+        node: "node-a".into(),
+        services: vec![
+            service(Protocol::Tcp, 80, HTTP_PORT, pods),
+            service(Protocol::Udp, 53, UDP_PORT, pods),
+        ],
+        ..Default::default()
+    }
+}
+
+/// One test topology with the dataplane running. Field order is drop order: the
+/// dataplane process dies first, then the servers stop, then the namespaces go.
+struct Lab {
+    dataplane: Option<NsChild>,
+    backends: Vec<Backend>,
+    writer: NodeStateWriter,
+    stats: PathBuf,
+    log: PathBuf,
+    xdp_prog_ids: Vec<u32>,
+    client: Netns,
+    node: Netns,
+    pods: Vec<Netns>,
+    _dir: tempfile::TempDir,
+}
+
+fn require(tool: &str, args: &[&str]) -> Result<()> {
+    std::process::Command::new(tool)
+        .args(args)
+        .output()
+        .with_context(|| format!("`{tool}` is missing: run tests/setup.sh (installs the Debian packages in tests/setup/apt-packages.txt)"))?;
+    Ok(())
+}
+
+impl Lab {
+    fn new(tag: &str) -> Result<Self> {
+        // SAFETY: geteuid has no preconditions.
+        ensure!(
+            unsafe { libc::geteuid() } == 0,
+            "the dataplane netns tests must run as root"
+        );
+        for (t, a) in [
+            ("ip", "-V"),
+            ("ethtool", "--version"),
+            ("curl", "--version"),
+            ("ping", "-V"),
+            ("bpftool", "version"),
+        ] {
+            require(t, &[a])?;
+        }
+        let p = unique_prefix(tag);
+        let client = Netns::new(format!("{p}c"))?;
+        let node = Netns::new(format!("{p}n"))?;
+        let pods = vec![Netns::new(format!("{p}p0"))?, Netns::new(format!("{p}p1"))?];
+        veth(&node, "up0", &client, "eth0")?;
+        node.addr("up0", "10.100.1.1/24")?;
+        client.addr("eth0", "10.100.1.2/24")?;
+        client.exec(&["ip", "route", "add", "10.200.0.0/24", "via", "10.100.1.1"])?;
+        // Kernel sockets in the client would hand over partial checksums (FACTS.md).
+        client.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
+        for (i, pod) in pods.iter().enumerate() {
+            let pv = format!("pv{i}");
+            veth(&node, &pv, pod, "eth0")?;
+            node.addr(&pv, &format!("10.100.{}.1/24", 2 + i))?;
+            pod.addr("eth0", &format!("{}/24", pod_ip(i)))?;
+            pod.exec(&[
+                "ip",
+                "route",
+                "add",
+                "default",
+                "via",
+                &format!("10.100.{}.1", 2 + i),
+            ])?;
+            // Pods keep tx checksum offload ON, as real Pods do: the dataplane must
+            // recompute their partial checksums.
+        }
+        let backends = vec![
+            Backend::start(pods[0].name(), "pod0")?,
+            Backend::start(pods[1].name(), "pod1")?,
+        ];
+        let dir = tempfile::tempdir()?;
+        let state_path = dir.path().join("node-a.state");
+        let mut writer = NodeStateWriter::create(&state_path, Capacity::default())?;
+        writer.publish(&node_state(&[0, 1]))?;
+        let stats = dir.path().join("stats.json");
+        let log = dir.path().join("dataplane.log");
+        let mut lab = Lab {
+            dataplane: None,
+            backends,
+            writer,
+            stats,
+            log,
+            xdp_prog_ids: Vec::new(),
+            client,
+            node,
+            pods,
+            _dir: dir,
+        };
+        let bin = env!("CARGO_BIN_EXE_juneau-dataplane");
+        let st = state_path.to_str().unwrap().to_string();
+        let sf = lab.stats.to_str().unwrap().to_string();
+        let child = lab.node.spawn_logged(
+            &[
+                bin,
+                "--uplink",
+                "up0",
+                "--pod-iface",
+                "pv0",
+                "--pod-iface",
+                "pv1",
+                "--state-file",
+                &st,
+                "--stats-file",
+                &sf,
+                "--flow-capacity",
+                "65536",
+            ],
+            &lab.log,
+        )?;
+        lab.dataplane = Some(child);
+        lab.wait_ready()?;
+        Ok(lab)
+    }
+
+    fn dataplane_log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the dataplane has loaded the state and written stats, and records the
+    /// XDP program ids attached to its interfaces.
+    fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if !self.dataplane.as_mut().unwrap().is_running() {
+                bail!("juneau-dataplane exited:\n{}", self.dataplane_log());
+            }
+            if let Ok(s) = self.stats() {
+                if s["generation"].as_u64().unwrap_or(0) >= 1 {
+                    break;
+                }
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "dataplane not ready in 30 s:\n{}",
+                self.dataplane_log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for ifname in ["up0", "pv0", "pv1"] {
+            let out = self.node.exec(&["ip", "-d", "link", "show", ifname])?;
+            let id = out
+                .split_whitespace()
+                .skip_while(|w| *w != "prog/xdp")
+                .nth(2)
+                .and_then(|w| w.parse::<u32>().ok())
+                .with_context(|| format!("no XDP program on {ifname}: {out}"))?;
+            self.xdp_prog_ids.push(id);
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> Result<serde_json::Value> {
+        let text = std::fs::read_to_string(&self.stats)?;
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    fn drops(&self, reason: &str) -> u64 {
+        self.stats()
+            .ok()
+            .and_then(|s| s["drops"][reason].as_u64())
+            .unwrap_or(0)
+    }
+
+    /// Waits for the stats file to show `reason` ≥ `at_least`.
+    fn wait_drops(&self, reason: &str, at_least: u64) -> Result<u64> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let n = self.drops(reason);
+            if n >= at_least {
+                return Ok(n);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "drop counter {reason} stayed at {n} (< {at_least}): {:?}",
+                self.stats().ok()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn publish(&mut self, pods: &[usize]) -> Result<u64> {
+        let g = self.writer.publish(&node_state(pods))?;
+        // Wait for the dataplane to take it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self
+            .stats()
+            .ok()
+            .and_then(|s| s["generation"].as_u64())
+            .unwrap_or(0)
+            < g
+        {
+            ensure!(
+                Instant::now() < deadline,
+                "dataplane did not take generation {g}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(g)
+    }
+
+    /// Opens `n` TCP connections to VIP:80 from the client namespace.
+    fn connect_many(&self, n: usize) -> Result<Vec<TcpStream>> {
+        in_ns(self.client.name(), move || -> Result<Vec<TcpStream>> {
+            let vip = SocketAddr::V4(SocketAddrV4::new(VIP, 80));
+            let mut out = Vec::new();
+            for i in 0..n {
+                let c = TcpStream::connect_timeout(&vip, Duration::from_secs(10))
+                    .with_context(|| format!("connection {i} to {vip}"))?;
+                c.set_read_timeout(Some(Duration::from_secs(5)))?;
+                out.push(c);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Tears down and checks that nothing is left behind.
+    fn finish(mut self) -> Result<()> {
+        let dp = self.dataplane.take();
+        let pid = dp.as_ref().map(|c| c.id());
+        drop(dp);
+        let names: Vec<String> = std::iter::once(self.client.name().to_string())
+            .chain(std::iter::once(self.node.name().to_string()))
+            .chain(self.pods.iter().map(|p| p.name().to_string()))
+            .collect();
+        let ids = std::mem::take(&mut self.xdp_prog_ids);
+        drop(self);
+        let list = String::from_utf8(run("ip", &["netns", "list"])?.stdout)?;
+        for n in &names {
+            ensure!(
+                !list.split_whitespace().any(|w| w == n),
+                "namespace {n} left behind"
+            );
+        }
+        if let Some(pid) = pid {
+            ensure!(
+                !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+                "dataplane process {pid} left behind"
+            );
+        }
+        // XDP programs go when their links' last fd closes (process exit) and the
+        // interfaces are gone.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for id in ids {
+            loop {
+                let out = std::process::Command::new("bpftool")
+                    .args(["prog", "show", "id", &id.to_string()])
+                    .output()?;
+                if !out.status.success() {
+                    break;
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "XDP program {id} still loaded after teardown"
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn curl(ns: &Netns, url: &str) -> Result<(String, String)> {
+    let out = ns.output(&[
+        "curl",
+        "-sS",
+        "-m",
+        "10",
+        "-w",
+        "\n%{remote_ip}:%{remote_port}",
+        url,
+    ])?;
+    ensure!(
+        out.status.success(),
+        "curl {url} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    let (body, remote) = text.rsplit_once('\n').context("curl output")?;
+    Ok((body.to_string(), remote.to_string()))
+}
+
+fn pod_of(body: &str) -> Option<usize> {
+    if body.starts_with("pod0 ") {
+        Some(0)
+    } else if body.starts_with("pod1 ") {
+        Some(1)
+    } else {
+        None
+    }
+}
+
+#[test]
+fn http_and_udp_through_the_vip_keep_the_client_ip() -> Result<()> {
+    let lab = Lab::new("dpa")?;
+    // HTTP over TCP with curl.
+    let (body, remote) = curl(&lab.client, "http://10.200.0.10/")?;
+    assert_eq!(remote, "10.200.0.10:80", "the client talks to VIP:port");
+    assert!(
+        body.contains(&format!("saw {CLIENT_IP}:")),
+        "backend saw the client's real IP: {body}"
+    );
+    let served = pod_of(&body).context("which pod answered")?;
+    let peers = lab.backends[served].peers();
+    assert!(
+        peers
+            .iter()
+            .any(|p| p.ip() == std::net::IpAddr::V4(CLIENT_IP)),
+        "{}'s access log records the client IP: {peers:?}",
+        lab.backends[served].name
+    );
+    // A 1 MiB response (many full-size segments from a Pod with offloads on).
+    let out = lab.client.output(&[
+        "curl",
+        "-sS",
+        "-m",
+        "20",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{size_download}",
+        "http://10.200.0.10/big",
+    ])?;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        (1u64 << 20).to_string(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // UDP: the reply comes from VIP:53 and the backend saw the client's address.
+    let (from, reply) = in_ns(lab.client.name(), || -> Result<(SocketAddr, String)> {
+        let s = UdpSocket::bind("0.0.0.0:0")?;
+        s.set_read_timeout(Some(Duration::from_secs(1)))?;
+        let mut buf = [0u8; 2048];
+        for _ in 0..10 {
+            s.send_to(b"ping", (VIP, 53))?;
+            if let Ok((n, from)) = s.recv_from(&mut buf) {
+                return Ok((from, String::from_utf8_lossy(&buf[..n]).to_string()));
+            }
+        }
+        bail!("no UDP reply from the VIP")
+    })?;
+    assert_eq!(
+        from,
+        SocketAddr::V4(SocketAddrV4::new(VIP, 53)),
+        "UDP reply source"
+    );
+    assert!(
+        reply.contains(&format!("saw {CLIENT_IP}:")) && reply.ends_with("ping"),
+        "{reply}"
+    );
+
+    let s = lab.stats()?;
+    assert!(
+        s["services"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["new_flows"].as_u64().unwrap_or(0) > 0),
+        "{s}"
+    );
+    lab.finish()
+}
+
+#[test]
+fn connections_spread_over_both_backends_and_each_stays_on_one() -> Result<()> {
+    let lab = Lab::new("dps")?;
+    let mut conns = lab.connect_many(40)?;
+    let mut first: Vec<usize> = Vec::new();
+    for c in conns.iter_mut() {
+        let body = http_get(c)?;
+        assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+        first.push(pod_of(&body).context("pod")?);
+    }
+    let on0 = first.iter().filter(|&&p| p == 0).count();
+    assert!(
+        on0 > 0 && on0 < first.len(),
+        "Maglev spreads connections over both backends: {on0}/{} on pod0",
+        first.len()
+    );
+    for round in 0..3 {
+        for (i, c) in conns.iter_mut().enumerate() {
+            let body = http_get(c)?;
+            assert_eq!(
+                pod_of(&body),
+                Some(first[i]),
+                "connection {i} moved in round {round}: {body}"
+            );
+        }
+    }
+    drop(conns);
+    lab.finish()
+}
+
+#[test]
+fn unexposed_port_is_dropped_while_node_traffic_still_works() -> Result<()> {
+    let lab = Lab::new("dpp")?;
+    // A TCP port the Service does not expose: silently dropped (no RST, no answer).
+    let err = in_ns(lab.client.name(), || {
+        TcpStream::connect_timeout(
+            &SocketAddr::V4(SocketAddrV4::new(VIP, 81)),
+            Duration::from_secs(2),
+        )
+        .map(|_| ())
+    })
+    .expect_err("connection to an unexposed port must not succeed");
+    assert_eq!(
+        err.kind(),
+        std::io::ErrorKind::TimedOut,
+        "dropped, not refused: {err}"
+    );
+    // UDP to an unexposed port: no answer.
+    let answered = in_ns(lab.client.name(), || -> Result<bool> {
+        let s = UdpSocket::bind("0.0.0.0:0")?;
+        s.set_read_timeout(Some(Duration::from_millis(500)))?;
+        s.send_to(b"x", (VIP, 54))?;
+        Ok(s.recv_from(&mut [0u8; 64]).is_ok())
+    })?;
+    assert!(!answered, "UDP to an unexposed port answered");
+    lab.wait_drops("port_not_exposed", 2)?;
+
+    // The node's own traffic goes to the kernel: ping, ARP, and TCP to a node service.
+    lab.client.exec(&["ip", "neigh", "flush", "dev", "eth0"])?;
+    lab.client
+        .exec(&["ping", "-c", "2", "-W", "2", "10.100.1.1"])?;
+    let neigh = lab
+        .client
+        .exec(&["ip", "neigh", "show", "10.100.1.1", "dev", "eth0"])?;
+    assert!(neigh.contains("lladdr"), "ARP resolved the node: {neigh}");
+    let node_listener = in_ns(lab.node.name(), || TcpListener::bind((NODE_IP, 2222)))?;
+    let t = std::thread::spawn(move || node_listener.accept().map(|(_, peer)| peer));
+    in_ns(lab.client.name(), || {
+        TcpStream::connect_timeout(
+            &SocketAddr::V4(SocketAddrV4::new(NODE_IP, 2222)),
+            Duration::from_secs(5),
+        )
+    })?;
+    let peer = t.join().unwrap()?;
+    assert_eq!(peer.ip(), std::net::IpAddr::V4(CLIENT_IP));
+    // ICMP to the VIP is not TCP/UDP: dropped and counted.
+    let out = lab
+        .client
+        .output(&["ping", "-c", "1", "-W", "1", "10.200.0.10"])?;
+    assert!(
+        !out.status.success(),
+        "ping to the VIP must not be answered"
+    );
+    lab.wait_drops("unsupported_protocol", 1)?;
+    lab.finish()
+}
+
+#[test]
+fn removing_and_adding_backends_leaves_other_connections_alone() -> Result<()> {
+    let mut lab = Lab::new("dpr")?;
+    let mut conns = lab.connect_many(30)?;
+    let mut on: Vec<usize> = Vec::new();
+    for c in conns.iter_mut() {
+        on.push(pod_of(&http_get(c)?).context("pod")?);
+    }
+    ensure!(
+        on.contains(&0) && on.contains(&1),
+        "need connections on both pods: {on:?}"
+    );
+
+    // Remove pod1.
+    lab.publish(&[0])?;
+    for (i, c) in conns.iter_mut().enumerate() {
+        if on[i] == 0 {
+            let body = http_get(c)
+                .with_context(|| format!("connection {i} on the remaining backend broke"))?;
+            assert_eq!(pod_of(&body), Some(0));
+        } else {
+            c.set_read_timeout(Some(Duration::from_millis(1500)))?;
+            let r = http_get(c);
+            assert!(
+                r.is_err(),
+                "connection {i} to the removed backend must not be served elsewhere: {r:?}"
+            );
+        }
+    }
+    lab.wait_drops("backend_removed", 1)?;
+    // New connections all go to pod0.
+    let mut fresh = lab.connect_many(10)?;
+    for c in fresh.iter_mut() {
+        assert_eq!(pod_of(&http_get(c)?), Some(0));
+    }
+
+    // Add pod1 back: existing connections stay where they are.
+    lab.publish(&[0, 1])?;
+    for (i, c) in conns.iter_mut().enumerate().filter(|(i, _)| on[*i] == 0) {
+        assert_eq!(
+            pod_of(&http_get(c)?),
+            Some(0),
+            "connection {i} moved after a backend was added"
+        );
+    }
+    for c in fresh.iter_mut() {
+        assert_eq!(
+            pod_of(&http_get(c)?),
+            Some(0),
+            "a connection moved after a backend was added"
+        );
+    }
+    // And new connections use both again.
+    let mut newer = lab.connect_many(30)?;
+    let mut seen = HashSet::new();
+    for c in newer.iter_mut() {
+        seen.insert(pod_of(&http_get(c)?).context("pod")?);
+    }
+    assert_eq!(
+        seen.len(),
+        2,
+        "new connections spread over both backends again"
+    );
+    drop((conns, fresh, newer));
+    lab.finish()
+}
+
+/// Frames that must not crash the dataplane: all addressed to the node's uplink MAC and
+/// the VIP so the steering program hands them to userspace.
+fn malformed_corpus(dst_mac: [u8; 6], src_mac: [u8; 6]) -> Vec<Vec<u8>> {
+    let ip_hdr = |total: u16, ihl: u8, proto: u8, frag: u16, ttl: u8| {
+        let mut h = vec![(4 << 4) | ihl, 0];
+        h.extend_from_slice(&total.to_be_bytes());
+        h.extend_from_slice(&[0x12, 0x34]);
+        h.extend_from_slice(&frag.to_be_bytes());
+        h.extend_from_slice(&[ttl, proto, 0, 0]);
+        h.extend_from_slice(&CLIENT_IP.octets());
+        h.extend_from_slice(&VIP.octets());
+        h
+    };
+    let eth = |payload: &[u8]| {
+        let mut f = dst_mac.to_vec();
+        f.extend_from_slice(&src_mac);
+        f.extend_from_slice(&[0x08, 0x00]);
+        f.extend_from_slice(payload);
+        f
+    };
+    let mut corpus = Vec::new();
+    // Total length larger than the frame.
+    corpus.push(eth(&ip_hdr(1400, 5, 6, 0, 64)));
+    // Total length smaller than the header.
+    corpus.push(eth(&[ip_hdr(10, 5, 6, 0, 64), vec![0; 20]].concat()));
+    // IHL < 5 and IHL beyond the frame.
+    corpus.push(eth(&[ip_hdr(40, 3, 6, 0, 64), vec![0; 20]].concat()));
+    corpus.push(eth(&[ip_hdr(40, 15, 6, 0, 64), vec![0; 20]].concat()));
+    // TCP header truncated, bad data offset; UDP with a bad length.
+    corpus.push(eth(&[ip_hdr(30, 5, 6, 0, 64), vec![0; 10]].concat()));
+    let mut tcp = vec![0u8; 20];
+    tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
+    tcp[12] = 0xf0;
+    corpus.push(eth(&[ip_hdr(40, 5, 6, 0, 64), tcp.clone()].concat()));
+    tcp[12] = 0x10;
+    corpus.push(eth(&[ip_hdr(40, 5, 6, 0, 64), tcp].concat()));
+    let mut udp = vec![0u8; 8];
+    udp[2..4].copy_from_slice(&53u16.to_be_bytes());
+    udp[4..6].copy_from_slice(&200u16.to_be_bytes());
+    corpus.push(eth(&[ip_hdr(28, 5, 17, 0, 64), udp.clone()].concat()));
+    udp[4..6].copy_from_slice(&3u16.to_be_bytes());
+    corpus.push(eth(&[ip_hdr(28, 5, 17, 0, 64), udp].concat()));
+    // Wrong IP version in an IPv4 EtherType.
+    let mut v6 = ip_hdr(40, 5, 6, 0, 64);
+    v6[0] = 0x65;
+    corpus.push(eth(&[v6, vec![0; 20]].concat()));
+    // Fragments to the VIP (first and later), and a header with options.
+    corpus.push(eth(&[ip_hdr(48, 5, 17, 0x2000, 64), vec![0; 28]].concat()));
+    corpus.push(eth(&[ip_hdr(48, 5, 17, 0x0010, 64), vec![0; 28]].concat()));
+    // Every truncation of a valid-looking TCP SYN.
+    let mut syn = ip_hdr(40, 5, 6, 0, 64);
+    let mut t = vec![0u8; 20];
+    t[0..2].copy_from_slice(&40000u16.to_be_bytes());
+    t[2..4].copy_from_slice(&80u16.to_be_bytes());
+    t[12] = 0x50;
+    t[13] = 0x02;
+    syn.extend_from_slice(&t);
+    let full = eth(&syn);
+    for cut in 34..full.len() {
+        corpus.push(full[..cut].to_vec());
+    }
+    corpus
+}
+
+#[test]
+fn malformed_frames_are_counted_and_never_crash_the_dataplane() -> Result<()> {
+    let mut lab = Lab::new("dpm")?;
+    let node_mac = lab.node.exec(&["cat", "/sys/class/net/up0/address"])?;
+    let client_mac = lab.client.exec(&["cat", "/sys/class/net/eth0/address"])?;
+    let mac = |s: &str| -> [u8; 6] {
+        let v: Vec<u8> = s
+            .trim()
+            .split(':')
+            .map(|x| u8::from_str_radix(x, 16).unwrap())
+            .collect();
+        v.try_into().unwrap()
+    };
+    let corpus = malformed_corpus(mac(&node_mac), mac(&client_mac));
+    let n = corpus.len();
+    let sent = in_ns(lab.client.name(), move || -> Result<usize> {
+        // SAFETY: plain socket(2); the fd is checked and closed below.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+        ensure!(
+            fd >= 0,
+            "AF_PACKET socket: {}",
+            std::io::Error::last_os_error()
+        );
+        let ifindex = {
+            let name = std::ffi::CString::new("eth0").unwrap();
+            // SAFETY: valid NUL-terminated name.
+            unsafe { libc::if_nametoindex(name.as_ptr()) }
+        };
+        // SAFETY: sockaddr_ll is plain data; zeroed is a valid starting value.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_ifindex = ifindex as i32;
+        addr.sll_halen = 6;
+        let mut sent = 0;
+        for _ in 0..5 {
+            for f in &corpus {
+                // SAFETY: `f` and `addr` are valid for the lengths given.
+                let r = unsafe {
+                    libc::sendto(
+                        fd,
+                        f.as_ptr().cast(),
+                        f.len(),
+                        0,
+                        (&addr as *const libc::sockaddr_ll).cast(),
+                        std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                    )
+                };
+                if r >= 0 {
+                    sent += 1;
+                }
+            }
+        }
+        // SAFETY: closing our own fd.
+        unsafe { libc::close(fd) };
+        Ok(sent)
+    })?;
+    assert!(sent >= n, "sent {sent} of {} frames", 5 * n);
+    let malformed = lab.wait_drops("malformed", 20)?;
+    assert!(
+        lab.dataplane.as_mut().unwrap().is_running(),
+        "dataplane crashed:\n{}",
+        lab.dataplane_log()
+    );
+    lab.wait_drops("fragment", 2)?;
+    // Still forwarding.
+    let (body, _) = curl(&lab.client, "http://10.200.0.10/")?;
+    assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+    let s = lab.stats()?;
+    let drops: BTreeMap<String, u64> = serde_json::from_value(s["drops"].clone())?;
+    eprintln!("after {sent} malformed frames: malformed={malformed}, drops={drops:?}");
+    lab.finish()
+}
