@@ -263,10 +263,8 @@ fn require(tool: &str, args: &[&str]) -> Result<()> {
 impl Lab {
     fn new(tag: &str) -> Result<Self> {
         // SAFETY: geteuid has no preconditions.
-        ensure!(
-            unsafe { libc::geteuid() } == 0,
-            "the dataplane netns tests must run as root"
-        );
+        let euid = unsafe { libc::geteuid() };
+        ensure!(euid == 0, "the dataplane netns tests must run as root");
         for (t, a) in [
             ("ip", "-V"),
             ("ethtool", "--version"),
@@ -774,9 +772,8 @@ fn malformed_corpus(dst_mac: [u8; 6], src_mac: [u8; 6]) -> Vec<Vec<u8>> {
         f.extend_from_slice(payload);
         f
     };
-    let mut corpus = Vec::new();
     // Total length larger than the frame.
-    corpus.push(eth(&ip_hdr(1400, 5, 6, 0, 64)));
+    let mut corpus = vec![eth(&ip_hdr(1400, 5, 6, 0, 64))];
     // Total length smaller than the header.
     corpus.push(eth(&[ip_hdr(10, 5, 6, 0, 64), vec![0; 20]].concat()));
     // IHL < 5 and IHL beyond the frame.
