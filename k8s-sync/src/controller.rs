@@ -484,10 +484,22 @@ async fn write_status(
     name: &str,
     status: &ServiceLoadBalancerStatus,
 ) -> Result<(), Error> {
+    // A merge patch keeps fields it does not mention: name the ones that went away.
+    let mut v = serde_json::to_value(status)?;
+    if let Some(m) = v.as_object_mut() {
+        for k in [
+            "vip",
+            "addressPool",
+            "externalNetwork",
+            "observedGeneration",
+        ] {
+            m.entry(k).or_insert(serde_json::Value::Null);
+        }
+    }
     slbs.patch_status(
         name,
         &PatchParams::default(),
-        &Patch::Merge(json!({"status": status})),
+        &Patch::Merge(json!({ "status": v })),
     )
     .await?;
     Ok(())

@@ -254,6 +254,14 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill();
+        if let Some(dir) = std::env::var_os("JUNEAU_KEEP_LOGS") {
+            let dir = PathBuf::from(dir);
+            let _ = fs::create_dir_all(&dir);
+            let _ = fs::copy(
+                &self.log,
+                dir.join(format!("{}-{}.log", self.name, std::process::id())),
+            );
+        }
         if std::thread::panicking() {
             eprintln!(
                 "---- {} log (last lines) ----\n{}",
