@@ -1,0 +1,601 @@
+//! Test bed: network namespaces with a real router daemon (BIRD 2, FRR or GoBGP) and one
+//! `juneau-bgp` per node namespace, driven through a real node-state file.
+//!
+//! Topology: node `i` (namespace `<p>n<i>`, interface `uplink`, 10.0.<i+1>.2/24) is wired
+//! to the router (namespace `<p>r`, interface `d<i>`, 10.0.<i+1>.1/24). Everything is
+//! removed on drop (namespaces take their veths and leftover processes with them).
+
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use juneau_control::model::{AdvertisedVip, NodeState, PeerConfig};
+use juneau_control::shm::{Capacity, NodeStateWriter};
+use juneau_tests::netns::{unique_prefix, veth, Netns, NsChild};
+
+pub const ROUTER_ASN: u32 = 65000;
+pub const NODE_ASN: u32 = 65001;
+pub const VIP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+
+pub fn router_addr(node: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, node as u8 + 1, 1)
+}
+
+pub fn node_addr(node: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, node as u8 + 1, 2)
+}
+
+/// Fails with a message naming the setup step when a binary is missing.
+pub fn require(bin: &str) -> Result<()> {
+    if Path::new(bin).exists()
+        || Command::new("which")
+            .arg(bin)
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    {
+        Ok(())
+    } else {
+        bail!("`{bin}` is not installed: run tests/setup.sh (Debian packages bird2, frr, gobgpd)")
+    }
+}
+
+/// Polls `f` until it returns `Some`, or fails after `timeout` with `what`.
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let start = Instant::now();
+    let mut last_err = None;
+    loop {
+        match f() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what} (last error: {last_err:?})");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub struct Topo {
+    pub prefix: String,
+    pub router: Netns,
+    pub nodes: Vec<Netns>,
+    pub dir: tempfile::TempDir,
+}
+
+impl Topo {
+    pub fn new(tag: &str, nodes: usize) -> Result<Self> {
+        let prefix = unique_prefix(tag);
+        let router = Netns::new(format!("{prefix}r"))?;
+        let mut ns = Vec::new();
+        for i in 0..nodes {
+            let n = Netns::new(format!("{prefix}n{i}"))?;
+            veth(&n, "uplink", &router, &format!("d{i}"))?;
+            n.addr("uplink", &format!("{}/24", node_addr(i)))?;
+            router.addr(&format!("d{i}"), &format!("{}/24", router_addr(i)))?;
+            ns.push(n);
+        }
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{prefix}-"))
+            .tempdir()?;
+        Ok(Topo {
+            prefix,
+            router,
+            nodes: ns,
+            dir,
+        })
+    }
+
+    /// Next hops of `prefix` in the router namespace's kernel table (`ip route`).
+    pub fn kernel_nexthops(&self, prefix: Ipv4Addr) -> Result<Vec<Ipv4Addr>> {
+        let out = self
+            .router
+            .exec(&["ip", "-4", "route", "show", &format!("{prefix}/32")])?;
+        let mut v: Vec<Ipv4Addr> = out
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|w| w[0] == "via")
+            .filter_map(|w| w[1].parse().ok())
+            .collect();
+        v.sort();
+        Ok(v)
+    }
+}
+
+/// How a node's speaker peers with the router.
+#[derive(Clone)]
+pub struct NodePeering {
+    pub password: Option<String>,
+    pub graceful_restart: bool,
+}
+
+impl Default for NodePeering {
+    fn default() -> Self {
+        NodePeering {
+            password: None,
+            graceful_restart: true,
+        }
+    }
+}
+
+/// One node: its control-state writer and its `juneau-bgp` process.
+pub struct Speaker {
+    pub node: usize,
+    ns_name: String,
+    pub state_path: PathBuf,
+    pub status_path: PathBuf,
+    pub log_path: PathBuf,
+    writer: NodeStateWriter,
+    pub state: NodeState,
+    child: Option<NsChild>,
+    restarts: u32,
+}
+
+impl Speaker {
+    pub fn peer_config(node: usize, p: &NodePeering) -> PeerConfig {
+        let mut pc = PeerConfig::new("router", router_addr(node), ROUTER_ASN, NODE_ASN);
+        pc.hold_time = 9;
+        pc.keepalive_time = 3;
+        pc.connect_retry_time = 1;
+        pc.md5_password = p.password.clone();
+        pc.graceful_restart_time = p.graceful_restart.then_some(120);
+        pc
+    }
+
+    pub fn start(topo: &Topo, node: usize, peering: &NodePeering) -> Result<Self> {
+        Self::start_with_peers(topo, node, vec![Self::peer_config(node, peering)])
+    }
+
+    pub fn start_with_peers(topo: &Topo, node: usize, peers: Vec<PeerConfig>) -> Result<Self> {
+        let state_path = topo.dir.path().join(format!("node{node}.state"));
+        let status_path = topo.dir.path().join(format!("node{node}.status.json"));
+        let log_path = topo.dir.path().join(format!("node{node}.log"));
+        let mut writer = NodeStateWriter::create(&state_path, Capacity::default())?;
+        let state = NodeState {
+            node: format!("node{node}"),
+            router_id: Some(node_addr(node)),
+            peers,
+            ..Default::default()
+        };
+        writer.publish(&state)?;
+        let mut s = Speaker {
+            node,
+            ns_name: topo.nodes[node].name().to_string(),
+            state_path,
+            status_path,
+            log_path,
+            writer,
+            state,
+            child: None,
+            restarts: 0,
+        };
+        s.spawn(&topo.nodes[node])?;
+        Ok(s)
+    }
+
+    pub fn spawn(&mut self, ns: &Netns) -> Result<()> {
+        let log = self
+            .log_path
+            .with_extension(format!("{}.log", self.restarts));
+        self.restarts += 1;
+        let child = ns.spawn_logged(
+            &[
+                env!("CARGO_BIN_EXE_juneau-bgp"),
+                "--state-file",
+                self.state_path.to_str().unwrap(),
+                "--status-file",
+                self.status_path.to_str().unwrap(),
+                "--listen",
+                "0.0.0.0:179",
+            ],
+            &log,
+        )?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Kills the daemon with SIGKILL (a crash: no NOTIFICATION, the kernel closes TCP).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill();
+        }
+    }
+
+    pub fn publish_vips(&mut self, vips: &[Ipv4Addr]) -> Result<()> {
+        self.state.advertised = vips
+            .iter()
+            .map(|v| AdvertisedVip {
+                vip: *v,
+                communities: vec![(65001 << 16) | 100],
+                large_communities: vec![[65001, 1, 2]],
+                local_pref: None,
+                peers: vec![],
+            })
+            .collect();
+        self.writer.publish(&self.state)?;
+        Ok(())
+    }
+
+    pub fn status(&self) -> Result<serde_json::Value> {
+        let b = std::fs::read(&self.status_path)
+            .with_context(|| format!("reading {}", self.status_path.display()))?;
+        Ok(serde_json::from_slice(&b)?)
+    }
+
+    pub fn peer_state(&self, peer: &str) -> Result<String> {
+        let s = self.status()?;
+        Ok(s["peers"][peer]["state"].as_str().unwrap_or("").to_string())
+    }
+
+    pub fn wait_established(&self, peer: &str, timeout: Duration) -> Result<()> {
+        wait_for(
+            &format!("node{} session to {peer} Established", self.node),
+            timeout,
+            || Ok((self.peer_state(peer)? == "Established").then_some(())),
+        )
+        .with_context(|| self.logs())
+    }
+
+    pub fn logs(&self) -> String {
+        let mut s = String::new();
+        for i in 0..self.restarts {
+            let p = self.log_path.with_extension(format!("{i}.log"));
+            s += &format!(
+                "--- {} ---\n{}\n",
+                p.display(),
+                std::fs::read_to_string(&p).unwrap_or_default()
+            );
+        }
+        s
+    }
+}
+
+impl Drop for Speaker {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "juneau-bgp logs of node {} ({}):\n{}",
+                self.node,
+                self.ns_name,
+                self.logs()
+            );
+        }
+        self.kill();
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterKind {
+    Bird,
+    Frr,
+    Gobgp,
+}
+
+/// A neighbor as the router sees it.
+pub struct Neighbor {
+    pub node: usize,
+    pub password: Option<String>,
+}
+
+/// A router daemon running in the router namespace.
+pub struct Router {
+    pub kind: RouterKind,
+    ns_name: String,
+    dir: PathBuf,
+    children: Vec<NsChild>,
+    log_files: Vec<PathBuf>,
+}
+
+impl Router {
+    pub fn start(topo: &Topo, kind: RouterKind, neighbors: &[Neighbor]) -> Result<Self> {
+        let dir = topo.dir.path().join("router");
+        std::fs::create_dir_all(&dir)?;
+        let mut r = Router {
+            kind,
+            ns_name: topo.router.name().to_string(),
+            dir: dir.clone(),
+            children: vec![],
+            log_files: vec![],
+        };
+        let rid = router_addr(0);
+        match kind {
+            RouterKind::Bird => {
+                require("/usr/sbin/bird")?;
+                let mut cfg = format!(
+                    "router id {rid};\nprotocol device {{ scan time 10; }}\n\
+                     protocol kernel {{ ipv4 {{ import none; export all; }}; merge paths on; }}\n"
+                );
+                for n in neighbors {
+                    cfg += &format!(
+                        "protocol bgp node{i} {{\n local {la} as {ROUTER_ASN};\n neighbor {na} as {NODE_ASN};\n \
+                         hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
+                         graceful restart on; graceful restart time 120;\n{pw} ipv4 {{ import all; export none; }};\n}}\n",
+                        i = n.node,
+                        la = router_addr(n.node),
+                        na = node_addr(n.node),
+                        pw = n.password.as_ref().map(|p| format!(" password \"{p}\";\n")).unwrap_or_default(),
+                    );
+                }
+                let conf = dir.join("bird.conf");
+                std::fs::write(&conf, cfg)?;
+                let log = dir.join("bird.log");
+                let child = topo.router.spawn_logged(
+                    &[
+                        "/usr/sbin/bird",
+                        "-f",
+                        "-c",
+                        conf.to_str().unwrap(),
+                        "-s",
+                        dir.join("bird.ctl").to_str().unwrap(),
+                        "-P",
+                        dir.join("bird.pid").to_str().unwrap(),
+                    ],
+                    &log,
+                )?;
+                r.children.push(child);
+                r.log_files.push(log);
+                wait_for("BIRD control socket", Duration::from_secs(10), || {
+                    Ok(dir.join("bird.ctl").exists().then_some(()))
+                })?;
+            }
+            RouterKind::Frr => {
+                require("/usr/lib/frr/bgpd")?;
+                require("/usr/lib/frr/zebra")?;
+                let mut cfg = format!(
+                    "frr defaults traditional\nhostname router\nlog stdout debugging\n!\nrouter bgp {ROUTER_ASN}\n \
+                     bgp router-id {rid}\n no bgp ebgp-requires-policy\n bgp graceful-restart\n"
+                );
+                for n in neighbors {
+                    let na = node_addr(n.node);
+                    cfg += &format!(" neighbor {na} remote-as {NODE_ASN}\n neighbor {na} timers 3 9\n neighbor {na} timers connect 1\n");
+                    if let Some(p) = &n.password {
+                        cfg += &format!(" neighbor {na} password {p}\n");
+                    }
+                }
+                cfg += " address-family ipv4 unicast\n  maximum-paths 8\n exit-address-family\n!\n";
+                std::fs::write(dir.join("bgpd.conf"), cfg)?;
+                std::fs::write(dir.join("zebra.conf"), "hostname router\n!\n")?;
+                let zsock = dir.join("zserv.api");
+                for (daemon, extra) in [("zebra", vec![]), ("bgpd", vec!["-p", "179"])] {
+                    let log = dir.join(format!("{daemon}.log"));
+                    let mut argv: Vec<String> = vec![
+                        format!("/usr/lib/frr/{daemon}"),
+                        "-f".into(),
+                        dir.join(format!("{daemon}.conf")).to_str().unwrap().into(),
+                        "-i".into(),
+                        dir.join(format!("{daemon}.pid")).to_str().unwrap().into(),
+                        "-z".into(),
+                        zsock.to_str().unwrap().into(),
+                        "--vty_socket".into(),
+                        dir.to_str().unwrap().into(),
+                        "-u".into(),
+                        "root".into(),
+                        "-g".into(),
+                        "root".into(),
+                        "-A".into(),
+                        "127.0.0.1".into(),
+                    ];
+                    argv.extend(extra.iter().map(|s| s.to_string()));
+                    let argv: Vec<&str> = argv.iter().map(|s| s.as_str()).collect();
+                    let child = topo.router.spawn_logged(&argv, &log)?;
+                    r.children.push(child);
+                    r.log_files.push(log);
+                    if daemon == "zebra" {
+                        wait_for("zebra socket", Duration::from_secs(10), || {
+                            Ok(zsock.exists().then_some(()))
+                        })?;
+                    }
+                }
+                let vty = dir.join("bgpd.vty");
+                wait_for("bgpd vty socket", Duration::from_secs(10), || {
+                    Ok(vty.exists().then_some(()))
+                })?;
+            }
+            RouterKind::Gobgp => {
+                require("gobgpd")?;
+                require("gobgp")?;
+                let mut cfg = format!(
+                    "[global.config]\n  as = {ROUTER_ASN}\n  router-id = \"{rid}\"\n  port = 179\n"
+                );
+                for n in neighbors {
+                    cfg += &format!(
+                        "[[neighbors]]\n  [neighbors.config]\n    neighbor-address = \"{na}\"\n    peer-as = {NODE_ASN}\n{pw}\
+                         [neighbors.timers.config]\n    hold-time = 9\n    keepalive-interval = 3\n    connect-retry = 1\n\
+                         [neighbors.graceful-restart.config]\n    enabled = true\n    restart-time = 120\n\
+                         [[neighbors.afi-safis]]\n  [neighbors.afi-safis.config]\n    afi-safi-name = \"ipv4-unicast\"\n\
+                         [neighbors.afi-safis.mp-graceful-restart.config]\n    enabled = true\n",
+                        na = node_addr(n.node),
+                        pw = n.password.as_ref().map(|p| format!("    auth-password = \"{p}\"\n")).unwrap_or_default(),
+                    );
+                }
+                let conf = dir.join("gobgpd.toml");
+                std::fs::write(&conf, cfg)?;
+                let log = dir.join("gobgpd.log");
+                let child = topo.router.spawn_logged(
+                    &[
+                        "gobgpd",
+                        "-f",
+                        conf.to_str().unwrap(),
+                        "-t",
+                        "toml",
+                        "-p",
+                        "--pprof-disable",
+                        "--api-hosts",
+                        "127.0.0.1:50051",
+                    ],
+                    &log,
+                )?;
+                r.children.push(child);
+                r.log_files.push(log);
+                wait_for("gobgpd API", Duration::from_secs(10), || {
+                    Ok(
+                        r.cli(&["gobgp", "-u", "127.0.0.1", "-p", "50051", "global"])
+                            .is_ok()
+                            .then_some(()),
+                    )
+                })?;
+            }
+        }
+        Ok(r)
+    }
+
+    fn cli(&self, argv: &[&str]) -> Result<String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns_name])
+            .args(argv)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "{argv:?} failed: {}{}",
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The BGP next hops the router has for `prefix`/32 (every path, best or not).
+    pub fn bgp_nexthops(&self, prefix: Ipv4Addr) -> Result<Vec<Ipv4Addr>> {
+        let p = format!("{prefix}/32");
+        let mut hops: Vec<Ipv4Addr> = match self.kind {
+            RouterKind::Bird => {
+                let ctl = self.dir.join("bird.ctl");
+                let out = Command::new("ip")
+                    .args([
+                        "netns",
+                        "exec",
+                        &self.ns_name,
+                        "birdc",
+                        "-s",
+                        ctl.to_str().unwrap(),
+                        "show",
+                        "route",
+                        "for",
+                        &p,
+                        "all",
+                    ])
+                    .output()?;
+                let out = String::from_utf8_lossy(&out.stdout).into_owned();
+                if out.contains("Network not found") {
+                    return Ok(vec![]);
+                }
+                if !out.contains(&p) {
+                    bail!("unexpected birdc output: {out}");
+                }
+                if !out.contains(&p) {
+                    return Ok(vec![]);
+                }
+                out.lines()
+                    .filter_map(|l| l.trim().strip_prefix("BGP.next_hop:"))
+                    .filter_map(|h| h.trim().parse().ok())
+                    .collect()
+            }
+            RouterKind::Frr => {
+                let out = self.cli(&[
+                    "vtysh",
+                    "--vty_socket",
+                    self.dir.to_str().unwrap(),
+                    "-c",
+                    &format!("show ip bgp {p} json"),
+                ])?;
+                let v: serde_json::Value =
+                    serde_json::from_str(&out).with_context(|| format!("FRR said: {out}"))?;
+                v["paths"]
+                    .as_array()
+                    .map(|paths| {
+                        paths
+                            .iter()
+                            .flat_map(|path| {
+                                path["nexthops"].as_array().cloned().unwrap_or_default()
+                            })
+                            .filter_map(|nh| nh["ip"].as_str().and_then(|s| s.parse().ok()))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            }
+            RouterKind::Gobgp => {
+                let out = self.cli(&[
+                    "gobgp",
+                    "-u",
+                    "127.0.0.1",
+                    "-p",
+                    "50051",
+                    "-j",
+                    "global",
+                    "rib",
+                    "-a",
+                    "ipv4",
+                ])?;
+                let v: serde_json::Value =
+                    serde_json::from_str(&out).with_context(|| format!("gobgp said: {out}"))?;
+                v[&p]
+                    .as_array()
+                    .map(|paths| {
+                        paths
+                            .iter()
+                            .flat_map(|path| path["attrs"].as_array().cloned().unwrap_or_default())
+                            .filter(|a| a["type"] == 3)
+                            .filter_map(|a| a["nexthop"].as_str().and_then(|s| s.parse().ok()))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            }
+        };
+        hops.sort();
+        Ok(hops)
+    }
+
+    /// Waits until the router's paths for `prefix` have exactly these next hops.
+    pub fn wait_nexthops(
+        &self,
+        prefix: Ipv4Addr,
+        want: &[Ipv4Addr],
+        timeout: Duration,
+    ) -> Result<Duration> {
+        let start = Instant::now();
+        let mut want = want.to_vec();
+        want.sort();
+        wait_for(
+            &format!("{:?} to have paths for {prefix}/32 via {want:?}", self.kind),
+            timeout,
+            || Ok((self.bgp_nexthops(prefix)? == want).then_some(())),
+        )
+        .with_context(|| self.logs())?;
+        Ok(start.elapsed())
+    }
+
+    pub fn logs(&self) -> String {
+        let mut s = String::new();
+        for p in &self.log_files {
+            let text = std::fs::read_to_string(p).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(60).collect();
+            s += &format!("--- {} (last 60 lines) ---\n", p.display());
+            for l in tail.iter().rev() {
+                s += l;
+                s.push('\n');
+            }
+        }
+        s
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{:?} logs:\n{}", self.kind, self.logs());
+        }
+        for c in &mut self.children {
+            c.kill();
+        }
+    }
+}
