@@ -365,6 +365,10 @@ impl Router {
                 cfg += " address-family ipv4 unicast\n  maximum-paths 8\n exit-address-family\n!\n";
                 std::fs::write(dir.join("bgpd.conf"), cfg)?;
                 std::fs::write(dir.join("zebra.conf"), "hostname router\n!\n")?;
+                // The daemons drop to the `frr` user: let it reach and write the directory.
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(topo.dir.path(), std::fs::Permissions::from_mode(0o755))?;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
                 let zsock = dir.join("zserv.api");
                 for (daemon, extra) in [("zebra", vec![]), ("bgpd", vec!["-p", "179"])] {
                     let log = dir.join(format!("{daemon}.log"));
@@ -379,9 +383,9 @@ impl Router {
                         "--vty_socket".into(),
                         dir.to_str().unwrap().into(),
                         "-u".into(),
-                        "root".into(),
+                        "frr".into(),
                         "-g".into(),
-                        "root".into(),
+                        "frr".into(),
                         "-A".into(),
                         "127.0.0.1".into(),
                     ];
