@@ -1,0 +1,227 @@
+//! A peer that sends malformed messages gets the right NOTIFICATION while the daemon keeps
+//! serving its other peers; without graceful restart a crash does withdraw (the control
+//! for the graceful-restart tests).
+
+mod common;
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use common::*;
+use juneau_bgp::wire::{self, Capabilities, Message, Open};
+use juneau_control::model::PeerConfig;
+use juneau_tests::netns::{veth, Netns};
+
+const UP: Duration = Duration::from_secs(60);
+
+/// Runs `f` on a thread that has entered the network namespace `ns`.
+fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let fd = File::open(&path).with_context(|| format!("opening {path}"))?;
+            // SAFETY: setns on a namespace fd we own; it only changes this thread's
+            // network namespace, and the thread ends when `f` returns.
+            let rc = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+            if rc != 0 {
+                bail!("setns({path}): {}", std::io::Error::last_os_error());
+            }
+            f()
+        })
+        .join()
+        .expect("netns thread panicked")
+    })
+}
+
+/// Reads one whole BGP message.
+fn read_msg(s: &mut TcpStream) -> Result<Vec<u8>> {
+    let mut hdr = [0u8; 19];
+    s.read_exact(&mut hdr).context("reading a BGP header")?;
+    let len = u16::from_be_bytes([hdr[16], hdr[17]]) as usize;
+    let mut msg = hdr.to_vec();
+    msg.resize(len, 0);
+    s.read_exact(&mut msg[19..]).context("reading a BGP body")?;
+    Ok(msg)
+}
+
+const BAD_ASN: u32 = 65099;
+
+/// Connects as a BGP peer, completes the OPEN exchange, then sends `bad` and returns the
+/// NOTIFICATION (code, subcode) the daemon answers with.
+fn misbehave(
+    node: Ipv4Addr,
+    bad: &[u8],
+    until_established: &(dyn Fn() -> bool + Sync),
+) -> Result<(u8, u8)> {
+    let mut s = TcpStream::connect_timeout(&SocketAddr::from((node, 179)), Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let open = Open {
+        asn: BAD_ASN,
+        hold_time: 90,
+        router_id: Ipv4Addr::new(10, 0, 9, 1),
+        capabilities: Capabilities {
+            four_octet_as: Some(BAD_ASN),
+            mp_ipv4_unicast: true,
+            any: true,
+            ..Default::default()
+        },
+    };
+    s.write_all(&wire::encode(&Message::Open(open))?)?;
+    let their_open = wire::decode(&read_msg(&mut s)?, Default::default())?;
+    assert!(
+        matches!(their_open, Message::Open(ref o) if o.asn == NODE_ASN),
+        "{their_open:?}"
+    );
+    s.write_all(&wire::encode(&Message::Keepalive)?)?;
+    let start = Instant::now();
+    while !until_established() {
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("session with the misbehaving peer did not reach Established");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s.write_all(bad)?;
+    loop {
+        let m = read_msg(&mut s)?;
+        match wire::decode(&m, Default::default())? {
+            Message::Notification(n) => {
+                // The daemon closes the connection after the NOTIFICATION.
+                let mut rest = [0u8; 64];
+                let n_read = s.read(&mut rest).unwrap_or(0);
+                assert_eq!(n_read, 0, "connection still open after the NOTIFICATION");
+                return Ok((n.code, n.subcode));
+            }
+            // KEEPALIVEs, End-of-RIB, UPDATEs: keep reading.
+            _ => continue,
+        }
+    }
+}
+
+#[test]
+fn malformed_messages_get_a_notification_and_other_peers_are_unaffected() -> Result<()> {
+    let topo = Topo::new("mal", 1)?;
+    // The misbehaving peer lives in its own namespace, wired to the node.
+    let evil = Netns::new(format!("{}x", topo.prefix))?;
+    veth(&evil, "uplink", &topo.nodes[0], "side")?;
+    evil.addr("uplink", "10.0.9.1/24")?;
+    topo.nodes[0].addr("side", "10.0.9.2/24")?;
+
+    let router = Router::start(
+        &topo,
+        RouterKind::Bird,
+        &[Neighbor {
+            node: 0,
+            password: None,
+        }],
+    )?;
+    let mut bad_peer =
+        PeerConfig::new("misbehaving", Ipv4Addr::new(10, 0, 9, 1), BAD_ASN, NODE_ASN);
+    bad_peer.passive = true;
+    let mut n0 = Speaker::start_with_peers(
+        &topo,
+        0,
+        vec![Speaker::peer_config(0, &NodePeering::default()), bad_peer],
+    )?;
+    n0.wait_established("router", UP)?;
+    n0.publish_vips(&[VIP])?;
+    router.wait_nexthops(VIP, &[node_addr(0)], Duration::from_secs(30))?;
+
+    let marker = [0xffu8; 16];
+    let msg = |len: u16, ty: u8, body: &[u8]| {
+        let mut v = marker.to_vec();
+        v.extend_from_slice(&len.to_be_bytes());
+        v.push(ty);
+        v.extend_from_slice(body);
+        v
+    };
+    let mut not_synced = msg(19, 4, &[]);
+    not_synced[0] = 0;
+    let cases: Vec<(&str, Vec<u8>, (u8, u8))> = vec![
+        ("marker not all ones", not_synced, (1, 1)),
+        ("unknown message type", msg(19, 42, &[]), (1, 3)),
+        ("KEEPALIVE with a body", msg(20, 4, &[0]), (1, 2)),
+        (
+            "UPDATE withdrawn length overruns",
+            msg(23, 2, &[0, 200, 0, 0]),
+            (3, 1),
+        ),
+        (
+            "UPDATE NLRI prefix length 40",
+            msg(28, 2, &[0, 0, 0, 0, 40, 1, 2, 3, 4]),
+            (3, 10),
+        ),
+    ];
+    let flaps_before = n0.status()?["peers"]["router"]["session_flaps"].clone();
+    for (what, bytes, want) in cases {
+        let status_path = n0.status_path.clone();
+        let established = move || {
+            std::fs::read(&status_path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .map(|v| v["peers"]["misbehaving"]["state"] == "Established")
+                .unwrap_or(false)
+        };
+        let got = wait_for(&format!("a NOTIFICATION for {what}"), UP, || {
+            // The daemon may still be in its idle-hold backoff from the previous case.
+            match in_netns(evil.name(), || {
+                misbehave(Ipv4Addr::new(10, 0, 9, 2), &bytes, &established)
+            }) {
+                Ok(v) => Ok(Some(v)),
+                Err(e) => Err(e),
+            }
+        })
+        .with_context(|| n0.logs())?;
+        assert_eq!(got, want, "{what}");
+        println!("{what}: NOTIFICATION {}/{}", got.0, got.1);
+        // The router's session and route are untouched.
+        assert_eq!(n0.peer_state("router")?, "Established");
+        assert_eq!(router.bgp_nexthops(VIP)?, vec![node_addr(0)]);
+    }
+    assert_eq!(
+        n0.status()?["peers"]["router"]["session_flaps"],
+        flaps_before
+    );
+    assert!(n0.status()?["peers"]["misbehaving"]["last_error"]
+        .as_str()
+        .is_some());
+
+    // And the daemon still reacts to the control state for the good peer.
+    n0.publish_vips(&[])?;
+    router.wait_nexthops(VIP, &[], Duration::from_secs(30))?;
+    Ok(())
+}
+
+/// Control experiment for the graceful-restart tests: without the capability, the router
+/// drops the route as soon as the daemon dies.
+#[test]
+fn without_graceful_restart_a_crash_withdraws() -> Result<()> {
+    let topo = Topo::new("nog", 1)?;
+    let router = Router::start(
+        &topo,
+        RouterKind::Bird,
+        &[Neighbor {
+            node: 0,
+            password: None,
+        }],
+    )?;
+    let mut n0 = Speaker::start(
+        &topo,
+        0,
+        &NodePeering {
+            graceful_restart: false,
+            ..Default::default()
+        },
+    )?;
+    n0.wait_established("router", UP)?;
+    assert_eq!(n0.status()?["peers"]["router"]["graceful_restart"], false);
+    n0.publish_vips(&[VIP])?;
+    router.wait_nexthops(VIP, &[node_addr(0)], Duration::from_secs(30))?;
+    n0.kill();
+    let t = router.wait_nexthops(VIP, &[], Duration::from_secs(30))?;
+    println!("without graceful restart the route was withdrawn {t:?} after the crash");
+    Ok(())
+}
