@@ -44,12 +44,7 @@ fn callgrind_ir(bench: &Path, out_dir: &Path, mode: &str, n: u32) -> Result<u64>
             l.strip_prefix("summary:")
                 .or_else(|| l.strip_prefix("totals:"))
         })
-        .and_then(|v| {
-            v.trim()
-                .split_whitespace()
-                .next()
-                .and_then(|x| x.parse().ok())
-        })
+        .and_then(|v| v.split_whitespace().next().and_then(|x| x.parse().ok()))
         .with_context(|| format!("no instruction total in callgrind output for {mode}"))
 }
 

@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use xsk_rs::config::{
     BindFlags, FrameSize, LibxdpFlags, QueueSize, SocketConfig, UmemConfig, XdpFlags,
@@ -76,19 +76,26 @@ fn socket_config(inhibit_prog_load: bool) -> Result<SocketConfig> {
 pub fn generate(cfg: &GenConfig, stop: &AtomicBool) -> Result<GenResult> {
     const FRAMES: u32 = 4096;
     let (umem, mut descs) = umem(FRAMES)?;
-    // SAFETY: the UMEM outlives the socket (both live until the end of this function) and
-    // this is the only socket bound to (iface, queue 0) in this process.
-    let (mut tx, _rx, fq_cq) = unsafe {
-        Socket::new(
-            socket_config(true)?,
-            &umem,
-            &cfg.iface
-                .parse()
-                .map_err(|e| anyhow!("interface name: {e:?}"))?,
-            0,
-        )
-    }
-    .map_err(|e| anyhow!("creating AF_XDP socket on {}: {e}", cfg.iface))?;
+    let iface = cfg
+        .iface
+        .parse()
+        .map_err(|e| anyhow!("interface name: {e:?}"))?;
+    // The previous generator's socket on this queue may still be going away (EBUSY):
+    // retry for a while.
+    let mut attempt = 0;
+    let (mut tx, _rx, fq_cq) = loop {
+        // SAFETY: the UMEM outlives the socket (both live until the end of this function)
+        // and this is the only socket bound to (iface, queue 0) in this process.
+        match unsafe { Socket::new(socket_config(true)?, &umem, &iface, 0) } {
+            Ok(s) => break s,
+            Err(e) if attempt < 50 => {
+                tracing::debug!("AF_XDP socket on {}: {e}; retrying", cfg.iface);
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => bail!("creating AF_XDP socket on {}: {e}", cfg.iface),
+        }
+    };
     let (_fq, mut cq) = fq_cq.context("AF_XDP socket without a completion queue")?;
 
     // Give every frame its length once; later only the flow fields are rewritten.
@@ -236,15 +243,32 @@ pub fn l2fwd(
     // SAFETY: the frames are fresh from this UMEM.
     let filled = unsafe { fq.produce(&descs[..4096]) };
     let mut spare: Vec<FrameDesc> = descs[filled..].to_vec();
-    let mut rx_buf = vec![FrameDesc::default(); 64];
+    let mut rx_buf = vec![FrameDesc::default(); 2 * BATCH];
     let mut cq_buf = vec![FrameDesc::default(); 256];
     let mut res = L2fwdResult::default();
     let start = Instant::now();
     let mut iter = 0u32;
+    let mut next_report = Duration::from_secs(1);
     while !stop.load(Ordering::Relaxed) {
         iter = iter.wrapping_add(1);
-        if iter & 1023 == 0 && start.elapsed() >= cfg.duration {
-            break;
+        if iter & 1023 == 0 {
+            let el = start.elapsed();
+            if el >= cfg.duration {
+                break;
+            }
+            if el >= next_report {
+                next_report += Duration::from_secs(1);
+                let st = rx.fd().xdp_statistics().ok();
+                eprintln!(
+                    "l2fwd: received {} forwarded {} | rx_dropped {:?} rx_ring_full {:?} fill_empty {:?} tx_invalid {:?}",
+                    res.received,
+                    res.forwarded,
+                    st.as_ref().map(|s| s.rx_dropped()),
+                    st.as_ref().map(|s| s.rx_ring_full()),
+                    st.as_ref().map(|s| s.rx_fill_ring_empty_descs()),
+                    st.as_ref().map(|s| s.tx_invalid_descs()),
+                );
+            }
         }
         // Completed transmissions go back to the fill ring (plus any spare frames).
         // SAFETY: completion descriptors are frames of this UMEM.
@@ -253,17 +277,14 @@ pub fn l2fwd(
         if !spare.is_empty() {
             // A produce larger than the free space puts nothing: offer what fits.
             let room = (fq.nb_free(spare.len() as u32) as usize).min(spare.len());
-            // SAFETY: spare frames are owned by us.
-            let put = unsafe { fq.produce(&spare[..room]) };
-            if put > 0 {
-                spare.drain(..put);
-            }
+            let from = spare.len() - room;
+            // SAFETY: spare frames are owned by us and in no ring.
+            let put = unsafe { fq.produce(&spare[from..]) };
+            spare.truncate(spare.len() - put);
         }
-        if fq.needs_wakeup() {
-            let _ = fq.wakeup(rx.fd_mut(), 0);
-        }
+        // (Copy mode on veth fills from the XDP redirect path itself: no fill-ring wakeup.)
         // SAFETY: received descriptors are frames of this UMEM.
-        let got = unsafe { rx.consume(&mut rx_buf[..BATCH]) };
+        let got = unsafe { rx.consume(&mut rx_buf) };
         if got == 0 {
             continue;
         }
@@ -279,7 +300,10 @@ pub fn l2fwd(
         }
         // SAFETY: the frames are ours and go to exactly one ring.
         let sent = unsafe { tx.produce(&rx_buf[..got]) };
-        let _ = tx.wakeup();
+        // Copy mode transmits at most 32 frames per sendto().
+        for _ in 0..sent.div_ceil(BATCH) {
+            let _ = tx.wakeup();
+        }
         res.forwarded += sent as u64;
         spare.extend_from_slice(&rx_buf[sent..got]);
     }
