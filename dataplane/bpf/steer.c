@@ -21,8 +21,9 @@
 #define ROLE_POD 1
 
 struct iface_conf {
-	__u32 slot; // index into xsks
-	__u32 role; // ROLE_*
+	__u32 slot_base; // xsks index of the socket on RX queue 0 of this interface
+	__u32 queues;    // sockets (RX queues) of this interface: slot_base + queue
+	__u32 role;      // ROLE_*
 };
 
 struct backend_key {
@@ -34,7 +35,7 @@ struct backend_key {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
-	__uint(max_entries, 256);
+	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, __u32);
 } xsks SEC(".maps");
@@ -86,7 +87,10 @@ int juneau_steer(struct xdp_md *ctx)
 		return XDP_PASS;
 	if (ip->ttl <= 1)
 		return XDP_PASS; // the kernel answers with ICMP time exceeded
-	__u32 slot = conf->slot;
+	__u32 queue = ctx->rx_queue_index;
+	if (queue >= conf->queues)
+		return XDP_PASS; // no socket on this queue
+	__u32 slot = conf->slot_base + queue;
 	if (conf->role == ROLE_UPLINK) {
 		if (!bpf_map_lookup_elem(&vips, &ip->daddr))
 			return XDP_PASS;

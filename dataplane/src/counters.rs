@@ -157,6 +157,8 @@ pub struct Stats {
     pub rx_packets: u64,
     /// Frames transmitted.
     pub tx_packets: u64,
+    /// Frames received per AF_XDP socket (`interface/queue`).
+    pub rx_packets_per_socket: std::collections::BTreeMap<String, u64>,
     /// Drops by reason (every reason present, zero or not).
     pub drops: std::collections::BTreeMap<String, u64>,
     /// Flows held now.

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use juneau_control::shm::NodeStateReader;
 use xsk_rs::config::{
     BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
@@ -32,7 +32,7 @@ use crate::engine::{Engine, EngineConfig, Verdict};
 use crate::neigh::{Iface, Neighbours, Resolve, Side};
 use crate::netlink::{self, Netlink, SharedNeighbours};
 use crate::services::ServiceTable;
-use crate::steering::Steering;
+use crate::steering::{SteeredIface, Steering};
 
 /// Frames taken from one RX ring per loop iteration.
 const RX_BATCH: usize = 64;
@@ -77,10 +77,13 @@ struct Port {
     rx: RxQueue,
     fq: FillQueue,
     cq: CompQueue,
-    /// Frames produced on TX not yet completed.
+    /// Frames produced on TX not yet completed (while non-zero, every iteration — also
+    /// after an idle sleep — kicks the kernel with a `sendto`).
     in_flight: u32,
     /// Frames produced on TX since the last `sendto`.
     unsent: u32,
+    /// Frames received on this socket.
+    rx_packets: u64,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -140,6 +143,18 @@ fn serve_metrics(addr: SocketAddr, text: Arc<Mutex<String>>) -> Result<()> {
     Ok(())
 }
 
+/// Number of RX queues of an interface (from sysfs; 1 when unknown).
+fn rx_queues(name: &str) -> u32 {
+    std::fs::read_dir(format!("/sys/class/net/{name}/queues"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                .count() as u32
+        })
+        .unwrap_or(1)
+        .max(1)
+}
+
 fn open_state(path: &Path) -> Option<NodeStateReader> {
     match NodeStateReader::open(path) {
         Ok(r) => Some(r),
@@ -191,12 +206,38 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
             })?
     };
 
+    // One socket per RX queue of every interface (veth: one queue).
+    let mut steered = Vec::new();
+    let mut slot = 0u32;
+    let all = std::iter::once((cfg.uplink.clone(), uplink, Side::Uplink)).chain(
+        pods.iter()
+            .enumerate()
+            .map(|(i, (n, f))| (n.clone(), *f, Side::Pod(i as u16))),
+    );
+    let mut sides = Vec::new();
+    for (name, iface, side) in all {
+        let queues = rx_queues(&name);
+        steered.push(SteeredIface {
+            name: name.clone(),
+            ifindex: iface.ifindex,
+            uplink: side == Side::Uplink,
+            slot_base: slot,
+            queues,
+        });
+        sides.push(side);
+        slot += queues;
+    }
+    ensure!(
+        slot <= 4096,
+        "at most 4096 AF_XDP sockets (interfaces x RX queues) are supported"
+    );
+
     // XDP steering, then sockets.
-    let mut steering = Steering::attach((&cfg.uplink, uplink), &pods, cfg.generic_xdp)?;
+    let mut steering = Steering::attach(&steered, cfg.generic_xdp)?;
     for (name, mode) in &steering.modes {
         tracing::info!(iface = %name, mode, "XDP steering attached");
     }
-    let n_ports = 1 + pods.len();
+    let n_ports = slot as usize;
     let total_frames = cfg.frames_per_iface.max(2 * cfg.ring_size) * n_ports as u32;
     let umem_cfg = UmemConfig::builder()
         .frame_size(FrameSize::new(4096).map_err(|e| anyhow!("{e}"))?)
@@ -222,32 +263,32 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         .bind_flags(bind)
         .build();
     let mut ports = Vec::with_capacity(n_ports);
-    let names = std::iter::once((cfg.uplink.clone(), Side::Uplink)).chain(
-        pods.iter()
-            .enumerate()
-            .map(|(i, (n, _))| (n.clone(), Side::Pod(i as u16))),
-    );
-    for (slot, (name, side)) in names.enumerate() {
+    for (si, side) in steered.iter().zip(&sides) {
+        let name = &si.name;
         let ifname: Interface = name
             .parse()
             .map_err(|e| anyhow!("interface name {name}: {e:?}"))?;
-        // SAFETY: the UMEM outlives the socket (both live until `run` returns, sockets
-        // are dropped first) and every frame handed to its rings comes from this UMEM.
-        let (tx, rx, rings) = unsafe { Socket::new(sock_cfg, &umem, &ifname, 0) }
-            .map_err(|e| anyhow!("creating the AF_XDP socket on {name}: {e}"))?;
-        let (fq, cq) =
-            rings.ok_or_else(|| anyhow!("{name}: no fill/completion ring for the socket"))?;
-        steering.register_socket(slot as u32, rx.fd())?;
-        ports.push(Port {
-            name,
-            side,
-            tx,
-            rx,
-            fq,
-            cq,
-            in_flight: 0,
-            unsent: 0,
-        });
+        for q in 0..si.queues {
+            // SAFETY: the UMEM outlives the socket (both live until `run` returns, sockets
+            // are dropped first) and every frame handed to its rings comes from this UMEM.
+            let (tx, rx, rings) = unsafe { Socket::new(sock_cfg, &umem, &ifname, q) }
+                .map_err(|e| anyhow!("creating the AF_XDP socket on {name} queue {q}: {e}"))?;
+            let (fq, cq) = rings.ok_or_else(|| {
+                anyhow!("{name} queue {q}: no fill/completion ring for the socket")
+            })?;
+            steering.register_socket(si.slot_base + q, rx.fd())?;
+            ports.push(Port {
+                name: format!("{name}/{q}"),
+                side: *side,
+                tx,
+                rx,
+                fq,
+                cq,
+                in_flight: 0,
+                unsent: 0,
+                rx_packets: 0,
+            });
+        }
     }
     tracing::info!(
         uplink = %cfg.uplink,
@@ -293,6 +334,15 @@ fn forward_loop(
     metrics_text: &Mutex<String>,
 ) -> Result<()> {
     let n_ports = ports.len();
+    // Egress: the queue-0 socket of each interface.
+    let mut tx_port_of_pod: Vec<usize> = Vec::new();
+    for (i, p) in ports.iter().enumerate() {
+        if let Side::Pod(k) = p.side {
+            if usize::from(k) == tx_port_of_pod.len() {
+                tx_port_of_pod.push(i);
+            }
+        }
+    }
     let mut engine = Engine::new(cfg.engine);
     let mut free: Vec<FrameDesc> = descs;
     let mut rx_buf = vec![FrameDesc::default(); RX_BATCH];
@@ -389,6 +439,7 @@ fn forward_loop(
             // filled and handed over.
             let n = unsafe { p.rx.consume(&mut rx_buf) };
             received += n;
+            p.rx_packets += n as u64;
             let side = p.side;
             for d in rx_buf.iter_mut().take(n) {
                 // SAFETY: the frame came off the RX ring, so the kernel no longer touches
@@ -399,7 +450,7 @@ fn forward_loop(
                     Verdict::Tx(out) => {
                         let j = match out {
                             Side::Uplink => 0,
-                            Side::Pod(k) => 1 + usize::from(k),
+                            Side::Pod(k) => tx_port_of_pod[usize::from(k)],
                         };
                         pending[j].push(*d);
                     }
@@ -457,9 +508,7 @@ fn forward_loop(
 
         if received > 0 {
             last_activity = now;
-        } else if now.duration_since(last_activity) >= busy
-            && ports.iter().all(|p| p.in_flight == 0)
-        {
+        } else if now.duration_since(last_activity) >= busy {
             // Idle back-off: sleep until a packet arrives or the timeout passes.
             for pfd in pollfds.iter_mut() {
                 pfd.revents = 0;
@@ -516,6 +565,8 @@ fn collect_stats(
         });
     }
     for p in ports {
+        st.rx_packets_per_socket
+            .insert(p.name.clone(), p.rx_packets);
         if let Ok(x) = p.rx.fd().xdp_statistics() {
             st.xsk_rx_dropped += x.rx_dropped();
             st.xsk_rx_ring_full += x.rx_ring_full();

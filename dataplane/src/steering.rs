@@ -15,7 +15,6 @@ use aya::maps::{HashMap as BpfHashMap, MapData, XskMap};
 use aya::programs::{Xdp, XdpMode};
 use aya::Ebpf;
 
-use crate::neigh::Iface;
 use crate::services::ServiceTable;
 
 /// The compiled steering program.
@@ -27,7 +26,8 @@ const ROLE_POD: u32 = 1;
 #[derive(Debug, Clone, Copy)]
 #[repr(C)]
 struct IfaceConf {
-    slot: u32,
+    slot_base: u32,
+    queues: u32,
     role: u32,
 }
 
@@ -46,6 +46,21 @@ struct BackendKey {
 // SAFETY: `repr(C)` byte arrays and bytes, 8 bytes without padding, matching
 // `struct backend_key`.
 unsafe impl aya::Pod for BackendKey {}
+
+/// An interface the steering program runs on.
+#[derive(Debug, Clone)]
+pub struct SteeredIface {
+    /// Interface name.
+    pub name: String,
+    /// Interface index.
+    pub ifindex: u32,
+    /// The uplink (VIP traffic in) rather than a Pod interface (replies in).
+    pub uplink: bool,
+    /// Redirect-map index of the socket on RX queue 0.
+    pub slot_base: u32,
+    /// Number of RX queues with a socket.
+    pub queues: u32,
+}
 
 /// The loaded, attached steering program and its maps.
 pub struct Steering {
@@ -81,33 +96,19 @@ where
 }
 
 impl Steering {
-    /// Loads the program and attaches it to the interfaces: slot 0 is the uplink, slot
-    /// `1 + i` the i-th Pod interface (the AF_XDP socket of each goes there, see
+    /// Loads the program and attaches it to the interfaces. The AF_XDP socket of RX
+    /// queue `q` of an interface goes into the redirect map at `slot_base + q` (see
     /// [`Steering::register_socket`]).
-    pub fn attach(
-        uplink: (&str, Iface),
-        pods: &[(String, Iface)],
-        force_generic: bool,
-    ) -> Result<Self> {
+    pub fn attach(ifaces_in: &[SteeredIface], force_generic: bool) -> Result<Self> {
         let mut bpf = Ebpf::load(STEER_OBJ).context("loading the XDP steering program")?;
         let mut ifaces: BpfHashMap<MapData, u32, IfaceConf> = take(&mut bpf, "ifaces")?;
-        ifaces.insert(
-            uplink.1.ifindex,
-            IfaceConf {
-                slot: 0,
-                role: ROLE_UPLINK,
-            },
-            0,
-        )?;
-        for (i, (_, p)) in pods.iter().enumerate() {
-            ifaces.insert(
-                p.ifindex,
-                IfaceConf {
-                    slot: 1 + i as u32,
-                    role: ROLE_POD,
-                },
-                0,
-            )?;
+        for i in ifaces_in {
+            let conf = IfaceConf {
+                slot_base: i.slot_base,
+                queues: i.queues,
+                role: if i.uplink { ROLE_UPLINK } else { ROLE_POD },
+            };
+            ifaces.insert(i.ifindex, conf, 0)?;
         }
         let xsks: XskMap<MapData> = take(&mut bpf, "xsks")?;
         let vips = take(&mut bpf, "vips")?;
@@ -119,9 +120,7 @@ impl Steering {
             .try_into()?;
         prog.load().context("verifying the XDP steering program")?;
         let mut modes = Vec::new();
-        let names =
-            std::iter::once(uplink.0.to_string()).chain(pods.iter().map(|(n, _)| n.clone()));
-        for name in names {
+        for name in ifaces_in.iter().map(|i| i.name.clone()) {
             let mode = if force_generic {
                 prog.attach(&name, XdpMode::Skb)
                     .with_context(|| format!("attaching XDP (generic) to {name}"))?;

@@ -22,7 +22,17 @@ const CLIENT: [u8; 4] = [192, 0, 2, 1];
 const VIP: [u8; 4] = [203, 0, 113, 10];
 const B1: [u8; 4] = [10, 1, 0, 5];
 
-fn frame(proto: u8, src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, payload: &[u8], options: &[u8], flags: u8) -> Vec<u8> {
+#[allow(clippy::too_many_arguments)]
+fn frame(
+    proto: u8,
+    src: [u8; 4],
+    sport: u16,
+    dst: [u8; 4],
+    dport: u16,
+    payload: &[u8],
+    options: &[u8],
+    flags: u8,
+) -> Vec<u8> {
     let ihl = 20 + options.len();
     let l4_len = if proto == IPPROTO_TCP { 20 } else { 8 } + payload.len();
     let total = ihl + l4_len;
@@ -58,12 +68,66 @@ fn frame(proto: u8, src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, payload:
 
 fn seeds() -> Vec<(Vec<u8>, Side)> {
     let mut s = vec![
-        (frame(IPPROTO_TCP, CLIENT, 40000, VIP, 80, b"", &[], tcp_flags::SYN), Side::Uplink),
-        (frame(IPPROTO_TCP, CLIENT, 40000, VIP, 80, b"GET / HTTP/1.1\r\n\r\n", &[], tcp_flags::ACK), Side::Uplink),
-        (frame(IPPROTO_UDP, CLIENT, 5353, VIP, 53, b"query", &[], 0), Side::Uplink),
-        (frame(IPPROTO_TCP, CLIENT, 40000, VIP, 80, b"", &[1, 1, 1, 0], tcp_flags::SYN), Side::Uplink),
-        (frame(IPPROTO_TCP, B1, 8080, CLIENT, 40000, b"HTTP/1.1 200 OK", &[], tcp_flags::ACK), Side::Pod(0)),
-        (frame(IPPROTO_UDP, B1, 5353, CLIENT, 5353, b"answer", &[], 0), Side::Pod(0)),
+        (
+            frame(
+                IPPROTO_TCP,
+                CLIENT,
+                40000,
+                VIP,
+                80,
+                b"",
+                &[],
+                tcp_flags::SYN,
+            ),
+            Side::Uplink,
+        ),
+        (
+            frame(
+                IPPROTO_TCP,
+                CLIENT,
+                40000,
+                VIP,
+                80,
+                b"GET / HTTP/1.1\r\n\r\n",
+                &[],
+                tcp_flags::ACK,
+            ),
+            Side::Uplink,
+        ),
+        (
+            frame(IPPROTO_UDP, CLIENT, 5353, VIP, 53, b"query", &[], 0),
+            Side::Uplink,
+        ),
+        (
+            frame(
+                IPPROTO_TCP,
+                CLIENT,
+                40000,
+                VIP,
+                80,
+                b"",
+                &[1, 1, 1, 0],
+                tcp_flags::SYN,
+            ),
+            Side::Uplink,
+        ),
+        (
+            frame(
+                IPPROTO_TCP,
+                B1,
+                8080,
+                CLIENT,
+                40000,
+                b"HTTP/1.1 200 OK",
+                &[],
+                tcp_flags::ACK,
+            ),
+            Side::Pod(0),
+        ),
+        (
+            frame(IPPROTO_UDP, B1, 5353, CLIENT, 5353, b"answer", &[], 0),
+            Side::Pod(0),
+        ),
     ];
     let mut nocsum = frame(IPPROTO_UDP, CLIENT, 5354, VIP, 53, b"q", &[], 0);
     nocsum[40..42].copy_from_slice(&[0, 0]);
@@ -128,30 +192,68 @@ fn engine() -> (Engine, Neighbours) {
         node: "n".into(),
         services: vec![
             NodeService {
-                frontend: Frontend { vip: Ipv4Addr::from(VIP), protocol: Protocol::Tcp, port: 80 },
-                backends: vec![LocalBackend { ip: Ipv4Addr::from(B1), port: 8080 }],
+                frontend: Frontend {
+                    vip: Ipv4Addr::from(VIP),
+                    protocol: Protocol::Tcp,
+                    port: 80,
+                },
+                backends: vec![LocalBackend {
+                    ip: Ipv4Addr::from(B1),
+                    port: 8080,
+                }],
             },
             NodeService {
-                frontend: Frontend { vip: Ipv4Addr::from(VIP), protocol: Protocol::Udp, port: 53 },
-                backends: vec![LocalBackend { ip: Ipv4Addr::from(B1), port: 5353 }],
+                frontend: Frontend {
+                    vip: Ipv4Addr::from(VIP),
+                    protocol: Protocol::Udp,
+                    port: 53,
+                },
+                backends: vec![LocalBackend {
+                    ip: Ipv4Addr::from(B1),
+                    port: 5353,
+                }],
             },
         ],
         ..Default::default()
     };
     state.normalize();
     let maglev = vec![vec![0u16; 13]; 2];
-    let mut e = Engine::new(EngineConfig { flow_capacity: 4096, ..Default::default() });
+    let mut e = Engine::new(EngineConfig {
+        flow_capacity: 4096,
+        ..Default::default()
+    });
     e.set_services(ServiceTable::new(1, &state, &maglev));
-    let mut nb = Neighbours::new(Iface { ifindex: 1, mac: MacAddr([0xa; 6]) }, vec![Iface { ifindex: 2, mac: MacAddr([0xb; 6]) }]);
-    nb.add_route(Route { prefix: 0, len: 0, gateway: Some(u32::from_be_bytes([192, 0, 2, 254])), ifindex: 1 });
-    nb.add_route(Route { prefix: u32::from_be_bytes(B1), len: 32, gateway: None, ifindex: 2 });
+    let mut nb = Neighbours::new(
+        Iface {
+            ifindex: 1,
+            mac: MacAddr([0xa; 6]),
+        },
+        vec![Iface {
+            ifindex: 2,
+            mac: MacAddr([0xb; 6]),
+        }],
+    );
+    nb.add_route(Route {
+        prefix: 0,
+        len: 0,
+        gateway: Some(u32::from_be_bytes([192, 0, 2, 254])),
+        ifindex: 1,
+    });
+    nb.add_route(Route {
+        prefix: u32::from_be_bytes(B1),
+        len: 32,
+        gateway: None,
+        ifindex: 2,
+    });
     nb.add_neighbour(u32::from_be_bytes([192, 0, 2, 254]), 1, MacAddr([0x11; 6]));
     nb.add_neighbour(u32::from_be_bytes(B1), 2, MacAddr([0x22; 6]));
     (e, nb)
 }
 
 fn checksums_ok(f: &[u8]) -> bool {
-    let Ok(Parsed::Ipv4(v)) = packet::parse(f) else { return false };
+    let Ok(Parsed::Ipv4(v)) = packet::parse(f) else {
+        return false;
+    };
     let hdr = &f[14..14 + v.header_len];
     let stored_ip = u16::from_be_bytes([hdr[10], hdr[11]]);
     if stored_ip != packet::ipv4_header_checksum(hdr) {
@@ -188,17 +290,36 @@ fn generated_corpus_never_panics_and_is_counted() {
         match verdict {
             Verdict::Tx(_) => {
                 transmitted += 1;
-                assert!(packet::parse(&g).is_ok(), "frame {i}: transmitted frame does not parse");
+                assert!(
+                    packet::parse(&g).is_ok(),
+                    "frame {i}: transmitted frame does not parse"
+                );
                 if valid_in {
-                    assert!(checksums_ok(&g), "frame {i}: NAT broke a valid checksum: {f:02x?}");
+                    assert!(
+                        checksums_ok(&g),
+                        "frame {i}: NAT broke a valid checksum: {f:02x?}"
+                    );
                 }
                 assert_eq!(g.len(), f.len(), "frame {i}: length changed");
             }
             _ => assert_eq!(&g, f, "frame {i}: a frame not transmitted was modified"),
         }
     }
-    assert_eq!(e.counters().drops_for(DropReason::Malformed), parse_errors, "every parse error is counted");
-    assert!(parse_errors > 1000, "corpus exercises parse errors: {parse_errors}");
-    assert!(transmitted > 100, "corpus still forwards valid frames: {transmitted}");
-    eprintln!("{} frames: {parse_errors} malformed, {transmitted} transmitted", corpus.len());
+    assert_eq!(
+        e.counters().drops_for(DropReason::Malformed),
+        parse_errors,
+        "every parse error is counted"
+    );
+    assert!(
+        parse_errors > 1000,
+        "corpus exercises parse errors: {parse_errors}"
+    );
+    assert!(
+        transmitted > 100,
+        "corpus still forwards valid frames: {transmitted}"
+    );
+    eprintln!(
+        "{} frames: {parse_errors} malformed, {transmitted} transmitted",
+        corpus.len()
+    );
 }

@@ -262,6 +262,11 @@ fn require(tool: &str, args: &[&str]) -> Result<()> {
 
 impl Lab {
     fn new(tag: &str) -> Result<Self> {
+        Self::with_uplink_queues(tag, 1)
+    }
+
+    /// A lab whose uplink veth has `queues` RX/TX queues (flows spread over them).
+    fn with_uplink_queues(tag: &str, queues: u32) -> Result<Self> {
         // SAFETY: geteuid has no preconditions.
         let euid = unsafe { libc::geteuid() };
         ensure!(euid == 0, "the dataplane netns tests must run as root");
@@ -278,7 +283,38 @@ impl Lab {
         let client = Netns::new(format!("{p}c"))?;
         let node = Netns::new(format!("{p}n"))?;
         let pods = vec![Netns::new(format!("{p}p0"))?, Netns::new(format!("{p}p1"))?];
-        veth(&node, "up0", &client, "eth0")?;
+        if queues == 1 {
+            veth(&node, "up0", &client, "eth0")?;
+        } else {
+            let q = queues.to_string();
+            run(
+                "ip",
+                &[
+                    "link",
+                    "add",
+                    "up0",
+                    "netns",
+                    node.name(),
+                    "numrxqueues",
+                    &q,
+                    "numtxqueues",
+                    &q,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "eth0",
+                    "netns",
+                    client.name(),
+                    "numrxqueues",
+                    &q,
+                    "numtxqueues",
+                    &q,
+                ],
+            )?;
+            node.exec(&["ip", "link", "set", "up0", "up"])?;
+            client.exec(&["ip", "link", "set", "eth0", "up"])?;
+        }
         node.addr("up0", "10.100.1.1/24")?;
         client.addr("eth0", "10.100.1.2/24")?;
         client.exec(&["ip", "route", "add", "10.200.0.0/24", "via", "10.100.1.1"])?;
@@ -885,5 +921,34 @@ fn malformed_frames_are_counted_and_never_crash_the_dataplane() -> Result<()> {
     let s = lab.stats()?;
     let drops: BTreeMap<String, u64> = serde_json::from_value(s["drops"].clone())?;
     eprintln!("after {sent} malformed frames: malformed={malformed}, drops={drops:?}");
+    lab.finish()
+}
+
+#[test]
+fn every_rx_queue_of_a_multi_queue_uplink_is_served() -> Result<()> {
+    let lab = Lab::with_uplink_queues("dpq", 2)?;
+    let mut conns = lab.connect_many(24)?;
+    for c in conns.iter_mut() {
+        let body = http_get(c)?;
+        assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+    }
+    // The client spreads its flows over both TX queues, so the node's uplink receives
+    // on both RX queues: the socket of each queue must have taken frames.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = lab.stats()?;
+        let q0 = s["rx_packets_per_socket"]["up0/0"].as_u64().unwrap_or(0);
+        let q1 = s["rx_packets_per_socket"]["up0/1"].as_u64().unwrap_or(0);
+        if q0 > 0 && q1 > 0 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "both uplink queues' sockets must receive: {}",
+            s["rx_packets_per_socket"]
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(conns);
     lab.finish()
 }
