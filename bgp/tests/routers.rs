@@ -41,6 +41,11 @@ fn announce_withdraw_ecmp(kind: RouterKind) -> Result<()> {
     let t = router.wait_nexthops(VIP, &[node_addr(0)], ROUTE)?;
     println!("{kind:?}: announcement reached the router in {t:?}");
     assert_eq!(n0.status()?["peers"]["router"]["prefixes_announced"], 1);
+    // ORIGIN, 4-byte AS_PATH, COMMUNITIES and LARGE_COMMUNITIES arrived intact.
+    let text = router.route_text(VIP)?;
+    for want in router.expected_attribute_texts() {
+        assert!(text.contains(want), "{kind:?} does not show {want} in:\n{text}");
+    }
 
     // Node 1 gets a backend too: two paths.
     n1.publish_vips(&[VIP])?;

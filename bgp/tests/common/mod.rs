@@ -559,6 +559,29 @@ impl Router {
         Ok(hops)
     }
 
+    /// The router's own rendering of its paths for `prefix`/32 (text or JSON).
+    pub fn route_text(&self, prefix: Ipv4Addr) -> Result<String> {
+        let p = format!("{prefix}/32");
+        match self.kind {
+            RouterKind::Bird => {
+                let ctl = self.dir.join("bird.ctl");
+                self.cli(&["birdc", "-s", ctl.to_str().unwrap(), "show", "route", "for", &p, "all"])
+            }
+            RouterKind::Frr => self.cli(&["vtysh", "--vty_socket", self.dir.to_str().unwrap(), "-c", &format!("show ip bgp {p} json")]),
+            RouterKind::Gobgp => self.cli(&["gobgp", "-u", "127.0.0.1", "-p", "50051", "-j", "global", "rib", "-a", "ipv4", &p]),
+        }
+    }
+
+    /// Strings the router shows for AS_PATH [65001], community 65001:100 and large
+    /// community 65001:1:2.
+    pub fn expected_attribute_texts(&self) -> &'static [&'static str] {
+        match self.kind {
+            RouterKind::Bird => &["BGP.as_path: 65001", "(65001,100)", "(65001, 1, 2)", "BGP.origin: IGP"],
+            RouterKind::Frr => &["\"65001:100\"", "\"65001:1:2\"", "\"string\":\"65001\"", "\"origin\":\"IGP\""],
+            RouterKind::Gobgp => &["\"asns\":[65001]", "4259905636", "\"ASN\":65001,\"LocalData1\":1,\"LocalData2\":2", "{\"type\":1,\"value\":0}"],
+        }
+    }
+
     /// Waits until the router's paths for `prefix` have exactly these next hops.
     pub fn wait_nexthops(
         &self,
