@@ -203,6 +203,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     let mut report = Report {
         date: juneau_perf::cost::utc_now(),
         machine: prereq::machine(),
+        load_average_start: prereq::loadavg(),
         mode: if smoke { "smoke" } else { "run" }.into(),
         config: serde_json::json!({
             "runs": plan.runs,
@@ -231,6 +232,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     } else {
         report.cost.status = "Not measured (--no-cost).".into();
     }
+    report.load_average_end = prereq::loadavg();
     report.compute_ratios();
     let files = report.write(&plan.out_dir)?;
     progress.say("done; wrote:");

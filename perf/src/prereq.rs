@@ -106,3 +106,10 @@ pub fn machine() -> String {
         .unwrap_or_default();
     format!("{cpu}, {n} vCPU, {mem}, Linux {kernel}")
 }
+
+/// The first three fields of /proc/loadavg.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}

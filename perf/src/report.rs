@@ -115,6 +115,10 @@ pub struct Report {
     pub date: String,
     /// Machine description (CPU model, cores, kernel).
     pub machine: String,
+    /// /proc/loadavg when the run started (other work on the machine skews results).
+    pub load_average_start: String,
+    /// /proc/loadavg when the run ended.
+    pub load_average_end: String,
     /// `run` or `smoke`.
     pub mode: String,
     /// Runs per scenario, window and warm-up seconds, flows.
@@ -177,8 +181,8 @@ impl Report {
         };
         m += &format!("# Juneau benchmark report ({})\n\n", self.mode);
         m += &format!(
-            "- date: {}\n- machine: {}\n- config: `{}`\n\n",
-            self.date, self.machine, self.config
+            "- date: {}\n- machine: {}\n- load average (1/5/15 min) at start: {}, at end: {}\n- config: `{}`\n\n",
+            self.date, self.machine, self.load_average_start, self.load_average_end, self.config
         );
         m += "Delivered packets/s counted by the XDP sink in the backend namespace; 64-byte UDP\n";
         m += "from an AF_XDP generator in the client namespace, through the node namespace.\n\n";

@@ -118,8 +118,8 @@ impl Plan {
 
     /// Extra warm-up for `flows` flows, so that each flow has been seen before the window.
     fn scale_warmup(&self, flows: u32) -> Duration {
-        // The generator reaches ~0.3-0.9 Mpps here; give every flow a first packet.
-        Duration::from_secs_f64(f64::from(flows) / 250_000.0)
+        // Forwarders reach ~0.15-0.35 Mpps here; give every flow a first packet.
+        Duration::from_secs_f64(f64::from(flows) / 150_000.0)
     }
 }
 
@@ -670,8 +670,20 @@ fn run_scenario(plan: &Plan, progress: &Progress, sc: Scenario, report: &mut Rep
             });
         }
     }
+    drop(a);
+    drop(t);
     if sc == Scenario::Juneau {
+        // Each flow count on a fresh topology and a fresh dataplane, so that no flow of an
+        // earlier measurement occupies the flow table.
         for &flows in &plan.flow_scale {
+            check_interrupt()?;
+            progress.say(format!(
+                "juneau @ {flows} flows: fresh topology and dataplane"
+            ));
+            let t = Topology::build()?;
+            let tag = format!("juneau-{flows}-{}", std::process::id());
+            let mut a = setup(&t, sc, plan, &tag)?;
+            wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
             let mut runs = Vec::new();
             for r in 0..plan.runs {
                 let pps = measure(
@@ -697,8 +709,6 @@ fn run_scenario(plan: &Plan, progress: &Progress, sc: Scenario, report: &mut Rep
             });
         }
     }
-    drop(a);
-    drop(t);
     Ok(())
 }
 
