@@ -182,8 +182,22 @@ pub struct KubeCluster {
 
 impl KubeCluster {
     /// Starts etcd and kube-apiserver on free loopback ports and waits until the
-    /// apiserver answers `/readyz`.
+    /// apiserver answers `/readyz`. (A port taken between choosing and binding it —
+    /// tests run in parallel — is retried with new ports, up to three times.)
     pub fn start() -> Result<Self> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::start_once() {
+                Err(e) if attempt < 3 && format!("{e:#}").contains("address already in use") => {
+                    eprintln!("kube cluster: a port was taken meanwhile, retrying: {e:#}");
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn start_once() -> Result<Self> {
         let bin_dir = binaries_dir()?;
         let n = CLUSTERS.fetch_add(1, Ordering::Relaxed);
         let dir = tempfile::Builder::new()
