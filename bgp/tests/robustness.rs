@@ -189,6 +189,26 @@ fn malformed_messages_get_a_notification_and_other_peers_are_unaffected() -> Res
         .as_str()
         .is_some());
 
+    // Prometheus metrics, as scraped inside the node's namespace.
+    let metrics = in_netns(topo.nodes[0].name(), || {
+        let mut s = TcpStream::connect_timeout(
+            &SocketAddr::from(([127, 0, 0, 1], 9179)),
+            Duration::from_secs(5),
+        )?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body)
+    })?;
+    for want in [
+        "juneau_bgp_peer_up{peer=\"router\"} 1",
+        "juneau_bgp_prefixes_announced{peer=\"router\"} 1",
+        "juneau_bgp_peer_state{peer=\"router\",state=\"Established\"} 1",
+        "juneau_bgp_session_flaps_total{peer=\"router\"} 0",
+    ] {
+        assert!(metrics.contains(want), "metrics lack {want}:\n{metrics}");
+    }
+
     // And the daemon still reacts to the control state for the good peer.
     n0.publish_vips(&[])?;
     router.wait_nexthops(VIP, &[], Duration::from_secs(30))?;

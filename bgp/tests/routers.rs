@@ -44,7 +44,10 @@ fn announce_withdraw_ecmp(kind: RouterKind) -> Result<()> {
     // ORIGIN, 4-byte AS_PATH, COMMUNITIES and LARGE_COMMUNITIES arrived intact.
     let text = router.route_text(VIP)?;
     for want in router.expected_attribute_texts() {
-        assert!(text.contains(want), "{kind:?} does not show {want} in:\n{text}");
+        assert!(
+            text.contains(want),
+            "{kind:?} does not show {want} in:\n{text}"
+        );
     }
 
     // Node 1 gets a backend too: two paths.

@@ -197,6 +197,8 @@ impl Speaker {
                 self.status_path.to_str().unwrap(),
                 "--listen",
                 "0.0.0.0:179",
+                "--metrics-addr",
+                "127.0.0.1:9179",
             ],
             &log,
         )?;
@@ -222,6 +224,12 @@ impl Speaker {
                 peers: vec![],
             })
             .collect();
+        self.writer.publish(&self.state)?;
+        Ok(())
+    }
+
+    pub fn publish_state(&mut self, state: &NodeState) -> Result<()> {
+        self.state = state.clone();
         self.writer.publish(&self.state)?;
         Ok(())
     }
@@ -326,27 +334,7 @@ impl Router {
                         pw = n.password.as_ref().map(|p| format!(" password \"{p}\";\n")).unwrap_or_default(),
                     );
                 }
-                let conf = dir.join("bird.conf");
-                std::fs::write(&conf, cfg)?;
-                let log = dir.join("bird.log");
-                let child = topo.router.spawn_logged(
-                    &[
-                        "/usr/sbin/bird",
-                        "-f",
-                        "-c",
-                        conf.to_str().unwrap(),
-                        "-s",
-                        dir.join("bird.ctl").to_str().unwrap(),
-                        "-P",
-                        dir.join("bird.pid").to_str().unwrap(),
-                    ],
-                    &log,
-                )?;
-                r.children.push(child);
-                r.log_files.push(log);
-                wait_for("BIRD control socket", Duration::from_secs(10), || {
-                    Ok(dir.join("bird.ctl").exists().then_some(()))
-                })?;
+                r.spawn_bird(&topo.router, &cfg)?;
             }
             RouterKind::Frr => {
                 require("/usr/lib/frr/bgpd")?;
@@ -451,6 +439,47 @@ impl Router {
             }
         }
         Ok(r)
+    }
+
+    /// BIRD with a configuration written by the test.
+    pub fn start_bird_with_config(topo: &Topo, cfg: &str) -> Result<Self> {
+        require("/usr/sbin/bird")?;
+        let dir = topo.dir.path().join("router");
+        std::fs::create_dir_all(&dir)?;
+        let mut r = Router {
+            kind: RouterKind::Bird,
+            ns_name: topo.router.name().to_string(),
+            dir,
+            children: vec![],
+            log_files: vec![],
+        };
+        r.spawn_bird(&topo.router, cfg)?;
+        Ok(r)
+    }
+
+    fn spawn_bird(&mut self, ns: &Netns, cfg: &str) -> Result<()> {
+        let dir = self.dir.clone();
+        let conf = dir.join("bird.conf");
+        std::fs::write(&conf, cfg)?;
+        let log = dir.join("bird.log");
+        let child = ns.spawn_logged(
+            &[
+                "/usr/sbin/bird",
+                "-f",
+                "-c",
+                conf.to_str().unwrap(),
+                "-s",
+                dir.join("bird.ctl").to_str().unwrap(),
+                "-P",
+                dir.join("bird.pid").to_str().unwrap(),
+            ],
+            &log,
+        )?;
+        self.children.push(child);
+        self.log_files.push(log);
+        wait_for("BIRD control socket", Duration::from_secs(10), || {
+            Ok(dir.join("bird.ctl").exists().then_some(()))
+        })
     }
 
     fn cli(&self, argv: &[&str]) -> Result<String> {
@@ -565,10 +594,37 @@ impl Router {
         match self.kind {
             RouterKind::Bird => {
                 let ctl = self.dir.join("bird.ctl");
-                self.cli(&["birdc", "-s", ctl.to_str().unwrap(), "show", "route", "for", &p, "all"])
+                self.cli(&[
+                    "birdc",
+                    "-s",
+                    ctl.to_str().unwrap(),
+                    "show",
+                    "route",
+                    "for",
+                    &p,
+                    "all",
+                ])
             }
-            RouterKind::Frr => self.cli(&["vtysh", "--vty_socket", self.dir.to_str().unwrap(), "-c", &format!("show ip bgp {p} json")]),
-            RouterKind::Gobgp => self.cli(&["gobgp", "-u", "127.0.0.1", "-p", "50051", "-j", "global", "rib", "-a", "ipv4", &p]),
+            RouterKind::Frr => self.cli(&[
+                "vtysh",
+                "--vty_socket",
+                self.dir.to_str().unwrap(),
+                "-c",
+                &format!("show ip bgp {p} json"),
+            ]),
+            RouterKind::Gobgp => self.cli(&[
+                "gobgp",
+                "-u",
+                "127.0.0.1",
+                "-p",
+                "50051",
+                "-j",
+                "global",
+                "rib",
+                "-a",
+                "ipv4",
+                &p,
+            ]),
         }
     }
 
@@ -576,9 +632,24 @@ impl Router {
     /// community 65001:1:2.
     pub fn expected_attribute_texts(&self) -> &'static [&'static str] {
         match self.kind {
-            RouterKind::Bird => &["BGP.as_path: 65001", "(65001,100)", "(65001, 1, 2)", "BGP.origin: IGP"],
-            RouterKind::Frr => &["\"65001:100\"", "\"65001:1:2\"", "\"string\":\"65001\"", "\"origin\":\"IGP\""],
-            RouterKind::Gobgp => &["\"asns\":[65001]", "4259905636", "\"ASN\":65001,\"LocalData1\":1,\"LocalData2\":2", "{\"type\":1,\"value\":0}"],
+            RouterKind::Bird => &[
+                "BGP.as_path: 65001",
+                "(65001,100)",
+                "(65001, 1, 2)",
+                "BGP.origin: IGP",
+            ],
+            RouterKind::Frr => &[
+                "\"65001:100\"",
+                "\"65001:1:2\"",
+                "\"string\":\"65001\"",
+                "\"origin\":\"IGP\"",
+            ],
+            RouterKind::Gobgp => &[
+                "\"asns\":[65001]",
+                "4259905636",
+                "\"ASN\":65001,\"LocalData1\":1,\"LocalData2\":2",
+                "{\"type\":1,\"value\":0}",
+            ],
         }
     }
 

@@ -1,0 +1,123 @@
+//! Session options against BIRD 2: eBGP multihop (TTL) with a source address across a
+//! forwarding hop, reconfiguration through the control state, and iBGP with LOCAL_PREF.
+
+mod common;
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use common::*;
+use juneau_control::model::{AdvertisedVip, PeerConfig};
+use juneau_tests::netns::{veth, Netns};
+
+const UP: Duration = Duration::from_secs(60);
+
+/// node (10.0.1.2) -- mid (10.0.1.1 | 10.0.2.1, forwarding) -- router (10.0.2.2).
+#[test]
+fn ebgp_multihop_across_a_router_and_ttl_one_never_gets_there() -> Result<()> {
+    let topo = Topo::new("mh", 1)?;
+    // Re-wire: the router namespace of `topo` becomes the middle hop; a new namespace is
+    // the BGP router.
+    let mid = &topo.router;
+    let bgp_router = Netns::new(format!("{}b", topo.prefix))?;
+    veth(mid, "far", &bgp_router, "near")?;
+    mid.addr("far", "10.0.2.1/24")?;
+    bgp_router.addr("near", "10.0.2.2/24")?;
+    mid.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    topo.nodes[0].exec(&["ip", "route", "add", "10.0.2.0/24", "via", "10.0.1.1"])?;
+    bgp_router.exec(&["ip", "route", "add", "10.0.1.0/24", "via", "10.0.2.1"])?;
+    bgp_router.exec(&["ping", "-c", "1", "-W", "2", "10.0.1.2"])?;
+
+    let bird_topo = Topo {
+        prefix: topo.prefix.clone(),
+        router: bgp_router,
+        nodes: vec![],
+        dir: tempfile::tempdir()?,
+    };
+    let router = Router::start_bird_with_config(
+        &bird_topo,
+        "router id 10.0.2.2;\nprotocol device { }\n\
+         protocol static { ipv4; route 10.0.1.0/24 via 10.0.2.1; }\n\
+         protocol bgp node0 {\n local 10.0.2.2 as 65000;\n neighbor 10.0.1.2 as 65001;\n multihop 2;\n \
+         hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
+         ipv4 { import all; export none; };\n}\n",
+    )?;
+
+    let mut pc = PeerConfig::new("router", Ipv4Addr::new(10, 0, 2, 2), ROUTER_ASN, NODE_ASN);
+    pc.hold_time = 9;
+    pc.keepalive_time = 3;
+    pc.connect_retry_time = 1;
+    pc.source_address = Some(node_addr(0));
+    pc.ebgp_multihop = Some(2);
+    let mut n0 = Speaker::start_with_peers(&topo, 0, vec![pc.clone()])?;
+    n0.wait_established("router", UP)?;
+    n0.publish_vips(&[VIP])?;
+    router.wait_nexthops(VIP, &[node_addr(0)], Duration::from_secs(30))?;
+
+    // Reconfigure through the control state: no multihop, so TTL 1 -- the middle hop drops
+    // our packets and the session can never come up.
+    pc.ebgp_multihop = None;
+    n0.state.peers = vec![pc];
+    let st = n0.state.clone();
+    n0.publish_state(&st)?;
+    wait_for(
+        "the reconfigured session to go down",
+        Duration::from_secs(30),
+        || Ok((n0.peer_state("router")? != "Established").then_some(())),
+    )?;
+    let until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < until {
+        let s = n0.peer_state("router")?;
+        // BIRD's own packets (TTL 2) may reach us, so OpenConfirm is possible; ours (TTL 1)
+        // never reach BIRD, so the session must never be Established.
+        assert_ne!(s, "Established", "TTL 1 across a router got Established");
+        assert!(
+            router.bgp_nexthops(VIP)?.is_empty(),
+            "route still at the router"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(router);
+    drop(bird_topo);
+    Ok(())
+}
+
+#[test]
+fn ibgp_sends_local_pref_and_an_empty_as_path() -> Result<()> {
+    let topo = Topo::new("ib", 1)?;
+    let router = Router::start_bird_with_config(
+        &topo,
+        &format!(
+            "router id 10.0.1.1;\nprotocol device {{ }}\n\
+             protocol bgp node0 {{\n local 10.0.1.1 as {NODE_ASN};\n neighbor 10.0.1.2 as {NODE_ASN};\n direct;\n \
+             hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
+             ipv4 {{ import all; export none; }};\n}}\n"
+        ),
+    )?;
+    let mut pc = PeerConfig::new("router", router_addr(0), NODE_ASN, NODE_ASN);
+    pc.hold_time = 9;
+    pc.keepalive_time = 3;
+    pc.connect_retry_time = 1;
+    let mut n0 = Speaker::start_with_peers(&topo, 0, vec![pc])?;
+    n0.wait_established("router", UP)?;
+    let mut st = n0.state.clone();
+    st.advertised = vec![AdvertisedVip {
+        vip: VIP,
+        communities: vec![],
+        large_communities: vec![],
+        local_pref: Some(250),
+        peers: vec![],
+    }];
+    n0.publish_state(&st)?;
+    router.wait_nexthops(VIP, &[node_addr(0)], Duration::from_secs(30))?;
+    let text = router.route_text(VIP)?;
+    assert!(text.contains("BGP.local_pref: 250"), "{text}");
+    assert!(
+        text.contains("BGP.as_path: \n")
+            || text.contains("BGP.as_path:\n")
+            || text.contains("BGP.as_path: \r"),
+        "{text}"
+    );
+    Ok(())
+}
