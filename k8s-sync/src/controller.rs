@@ -106,6 +106,12 @@ pub async fn run(client: Client, opts: ControllerOptions) -> anyhow::Result<()> 
 /// (oldest first), then ingress IPs of managed Services that have none.
 pub async fn rebuild_book(client: &Client) -> Result<VipBook, Error> {
     let mut book = VipBook::default();
+    let svcs: Api<Service> = Api::all(client.clone());
+    let services = svcs.list(&ListParams::default()).await?.items;
+    let uids: HashMap<String, String> = services
+        .iter()
+        .map(|s| (key_of(s), s.uid().unwrap_or_default()))
+        .collect();
     let slbs: Api<ServiceLoadBalancer> = Api::all(client.clone());
     let mut list = slbs.list(&ListParams::default()).await?.items;
     list.sort_by(|a, b| {
@@ -116,28 +122,50 @@ pub async fn rebuild_book(client: &Client) -> Result<VipBook, Error> {
             .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
     });
     for s in &list {
+        let ns = s.namespace().unwrap_or_default();
+        let owner = format!("{ns}/{}", s.name_any());
+        // A record whose Service is gone (or was re-created) holds nothing: without a
+        // garbage collector it would otherwise keep its VIP forever.
+        let service_uid = uids.get(&owner);
+        let orphan = match service_uid {
+            None => true,
+            Some(uid) => s
+                .owner_references()
+                .iter()
+                .any(|o| o.kind == "Service" && &o.uid != uid),
+        };
+        if orphan {
+            warn!(record = %owner, "ServiceLoadBalancer without its Service; deleting it");
+            match Api::<ServiceLoadBalancer>::namespaced(client.clone(), &ns)
+                .delete(&s.name_any(), &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+            continue;
+        }
         if let Some(vip) = s
             .status
             .as_ref()
             .and_then(|st| st.vip.as_deref())
             .and_then(|v| v.parse::<Ipv4Addr>().ok())
         {
-            let owner = format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any());
             if !book.restore(vip, &owner) {
                 warn!(%vip, %owner, "VIP recorded twice; the older record keeps it");
             }
         }
     }
-    let svcs: Api<Service> = Api::all(client.clone());
-    for s in svcs.list(&ListParams::default()).await?.items {
-        if !is_managed(&s) {
+    for s in &services {
+        if !is_managed(s) {
             continue;
         }
-        let owner = key_of(&s);
+        let owner = key_of(s);
         if book.vip_of(&owner).is_some() {
             continue;
         }
-        if let Some(vip) = ingress_ip(&s) {
+        if let Some(vip) = ingress_ip(s) {
             if !book.restore(vip, &owner) {
                 warn!(%vip, %owner, "Service shows a VIP held by another Service");
             }

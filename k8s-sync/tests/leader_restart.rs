@@ -92,11 +92,52 @@ fn vips_survive_crashes_restarts_and_a_second_replica() -> Result<()> {
     // rebuilds from the Service's ingress IP and keeps svc-1's VIP.
     r2.kill();
     env.kubectl(&["delete", "serviceloadbalancer", "svc-1", "-n", "default"])?;
+    // Meanwhile svc-2 is force-deleted (finalizer removed by hand): its record is
+    // orphaned (no garbage collector here) and must not keep the VIP.
+    let freed = after["svc-2"].clone();
+    env.kubectl(&[
+        "patch",
+        "service",
+        "svc-2",
+        "-n",
+        "default",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ])?;
+    env.kubectl(&[
+        "delete",
+        "service",
+        "svc-2",
+        "-n",
+        "default",
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
+    names.retain(|n| n != "svc-2");
     let mut r1b = env.controller("r1")?;
+    names.push("svc-7".into());
+    env.apply(&service(
+        "svc-7",
+        &[("juneau.loutres.me/load-balancer-requested-ip", &freed)],
+        "",
+    ))?;
+    eventually("svc-7 gets the force-deleted Service's VIP", || {
+        Ok(slb_status(&env, "svc-7")?.filter(|s| s["vip"] == freed.as_str()))
+    })?;
     names.push("svc-6".into());
     env.apply(&service("svc-6", &[], ""))?;
-    let last = eventually("restarted r1 serves svc-6", || vips(&env, &names))?;
-    for (n, v) in &after {
+    let last = eventually("restarted r1 serves svc-6 and svc-7", || vips(&env, &names))?;
+    assert_eq!(
+        last["svc-7"], freed,
+        "the force-deleted Service's VIP is reusable"
+    );
+    assert!(
+        env.get("serviceloadbalancer", "svc-2", Some("default"))?
+            .is_none(),
+        "orphan record deleted"
+    );
+    for (n, v) in after.iter().filter(|(n, _)| *n != "svc-2") {
         assert_eq!(last.get(n), Some(v), "{n} changed VIP across the restart");
     }
     ensure!(all_distinct(&last), "duplicate VIPs: {last:?}");
