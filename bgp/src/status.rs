@@ -25,6 +25,9 @@ pub struct PeerStatus {
     pub state: State,
     /// Unix time (seconds) the session became Established, if it is.
     pub established_since_unix: Option<u64>,
+    /// Seconds Established, as of `written_unix` (the file is rewritten at least every
+    /// [`REFRESH`] while a session is up).
+    pub uptime_seconds: u64,
     /// The last error (NOTIFICATION sent/received, connection failure...).
     pub last_error: Option<String>,
     /// /32s currently announced to this peer.
@@ -49,6 +52,7 @@ impl PeerStatus {
             peer_address,
             state: State::Idle,
             established_since_unix: None,
+            uptime_seconds: 0,
             last_error: None,
             prefixes_announced: 0,
             prefixes_received: 0,
@@ -84,6 +88,9 @@ pub struct StatusHub {
     inner: Mutex<Status>,
     changed: Notify,
 }
+
+/// How often the status file is rewritten while a session is up, to refresh uptimes.
+pub const REFRESH: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> u64 {
@@ -122,15 +129,27 @@ impl StatusHub {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Writes the status file (temp file + rename) every time something changed.
+    /// Writes the status file (temp file + rename) every time something changed, and
+    /// every [`REFRESH`] while a session is up so that `uptime_seconds` stays current.
     pub async fn write_loop(self: Arc<Self>, path: PathBuf) {
         loop {
             let mut s = self.snapshot();
             s.written_unix = unix_now();
+            let mut any_up = false;
+            for p in s.peers.values_mut() {
+                if let Some(t) = p.established_since_unix {
+                    p.uptime_seconds = s.written_unix.saturating_sub(t);
+                    any_up = true;
+                }
+            }
             if let Err(e) = write_atomically(&path, &s) {
                 tracing::warn!(path = %path.display(), error = %e, "cannot write status file");
             }
-            self.changed.notified().await;
+            if any_up {
+                let _ = tokio::time::timeout(REFRESH, self.changed.notified()).await;
+            } else {
+                self.changed.notified().await;
+            }
         }
     }
 

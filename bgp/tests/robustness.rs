@@ -245,3 +245,56 @@ fn without_graceful_restart_a_crash_withdraws() -> Result<()> {
     println!("without graceful restart the route was withdrawn {t:?} after the crash");
     Ok(())
 }
+
+/// SIGTERM: with graceful restart negotiated the daemon closes without a NOTIFICATION and
+/// the router keeps the route; without it, it sends Cease and the route goes.
+#[test]
+fn sigterm_keeps_routes_only_with_graceful_restart() -> Result<()> {
+    let topo = Topo::new("trm", 2)?;
+    let router = Router::start(
+        &topo,
+        RouterKind::Bird,
+        &[
+            Neighbor {
+                node: 0,
+                password: None,
+            },
+            Neighbor {
+                node: 1,
+                password: None,
+            },
+        ],
+    )?;
+    let mut gr = Speaker::start(&topo, 0, &NodePeering::default())?;
+    let mut plain = Speaker::start(
+        &topo,
+        1,
+        &NodePeering {
+            graceful_restart: false,
+            ..Default::default()
+        },
+    )?;
+    gr.wait_established("router", UP)?;
+    plain.wait_established("router", UP)?;
+    gr.publish_vips(&[VIP])?;
+    plain.publish_vips(&[VIP])?;
+    router.wait_nexthops(VIP, &[node_addr(0), node_addr(1)], Duration::from_secs(30))?;
+    gr.terminate()?;
+    plain.terminate()?;
+    router.wait_nexthops(VIP, &[node_addr(0)], Duration::from_secs(30))?;
+    for _ in 0..20 {
+        assert_eq!(
+            router.bgp_nexthops(VIP)?,
+            vec![node_addr(0)],
+            "graceful-restart route lost after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let bird_log = router.full_log();
+    assert!(
+        bird_log.contains("node1: Received: Administrative shutdown"),
+        "{bird_log}"
+    );
+    assert!(!bird_log.contains("node0: Received:"), "{bird_log}");
+    Ok(())
+}

@@ -553,3 +553,39 @@ fn notification_from_peer_takes_the_session_down_and_stop_stays_down() {
         (State::Established, State::Established)
     );
 }
+
+#[test]
+fn route_refresh_asks_for_the_routes_again() {
+    let mut sim = up_pair();
+    let c = sim.established_conn(0);
+    let rr = wire::encode(&Message::RouteRefresh { afi: 1, safi: 1 }).unwrap();
+    let acts = sim.nodes[0].peer.handle(Event::Received(c, &rr));
+    assert!(acts.contains(&Action::RouteRefresh(c)), "{acts:?}");
+    // Another family is ignored, not an error.
+    let rr6 = wire::encode(&Message::RouteRefresh { afi: 2, safi: 1 }).unwrap();
+    let acts = sim.nodes[0].peer.handle(Event::Received(c, &rr6));
+    assert!(
+        !acts
+            .iter()
+            .any(|a| matches!(a, Action::RouteRefresh(_) | Action::Close(_))),
+        "{acts:?}"
+    );
+}
+
+#[test]
+fn hold_time_zero_means_no_keepalives_and_no_hold_timer() {
+    let mut a = cfg(65001, 65002, [10, 0, 0, 1], false);
+    a.hold_time = 0;
+    let mut sim = Sim::new(a, cfg(65002, 65001, [10, 0, 0, 2], true));
+    sim.feed(0, Event::Start);
+    sim.feed(1, Event::Start);
+    sim.run_until(S);
+    assert_eq!(sim.nodes[1].log.established[0].2.hold_time, Duration::ZERO);
+    let sent = sim.nodes[0].log.keepalives_sent;
+    sim.run_until(10_000 * S);
+    assert_eq!(sim.nodes[0].log.keepalives_sent, sent);
+    assert_eq!(
+        (sim.state(0), sim.state(1)),
+        (State::Established, State::Established)
+    );
+}

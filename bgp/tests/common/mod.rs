@@ -213,6 +213,21 @@ impl Speaker {
         }
     }
 
+    /// Sends SIGTERM and waits for the daemon to exit.
+    pub fn terminate(&mut self) -> Result<()> {
+        let Some(c) = self.child.as_mut() else {
+            bail!("not running")
+        };
+        c.signal(15);
+        wait_for(
+            "juneau-bgp to exit after SIGTERM",
+            Duration::from_secs(10),
+            || Ok((!c.is_running()).then_some(())),
+        )?;
+        self.child = None;
+        Ok(())
+    }
+
     pub fn publish_vips(&mut self, vips: &[Ipv4Addr]) -> Result<()> {
         self.state.advertised = vips
             .iter()
@@ -320,7 +335,7 @@ impl Router {
             RouterKind::Bird => {
                 require("/usr/sbin/bird")?;
                 let mut cfg = format!(
-                    "router id {rid};\nprotocol device {{ scan time 10; }}\n\
+                    "log stderr all;\nrouter id {rid};\nprotocol device {{ scan time 10; }}\n\
                      protocol kernel {{ ipv4 {{ import none; export all; }}; merge paths on; }}\n"
                 );
                 for n in neighbors {
@@ -670,6 +685,14 @@ impl Router {
         )
         .with_context(|| self.logs())?;
         Ok(start.elapsed())
+    }
+
+    /// Everything the router daemons logged.
+    pub fn full_log(&self) -> String {
+        self.log_files
+            .iter()
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+            .collect()
     }
 
     pub fn logs(&self) -> String {
