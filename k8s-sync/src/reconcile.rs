@@ -667,6 +667,46 @@ mod tests {
     }
 
     #[test]
+    fn transition_times_move_only_on_change() {
+        let w = world();
+        let mut book = VipBook::default();
+        let s = svc("nginx", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
+        let sl = seed_slice();
+        let first = reconcile_service(&s, None, &[&sl], &w, &mut book, now());
+        let later = Time(k8s_openapi::jiff::Timestamp::from_second(1_000_000).unwrap());
+        let unready = slice(
+            "nginx",
+            "nginx-1",
+            &[("10.0.0.1", "node-a", false, false)],
+            ("http", 80),
+        );
+        let second = reconcile_service(
+            &s,
+            Some(&first.status),
+            &[&unready],
+            &w,
+            &mut book,
+            later.clone(),
+        );
+        let t = |o: &Outcome, ty: &str| {
+            o.status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == ty)
+                .unwrap()
+                .last_transition_time
+                .clone()
+        };
+        assert_eq!(t(&second, condition::VIP_ALLOCATED), now());
+        assert_eq!(t(&second, condition::ADVERTISED), later);
+        assert_eq!(second.status.phase, Phase::Pending);
+        assert!(second
+            .notes
+            .iter()
+            .any(|n| n.reason == "NoReadyBackends" && !n.warning));
+    }
+
+    #[test]
     fn requested_ip_and_conflicts() {
         let w = world();
         let mut book = VipBook::default();

@@ -211,6 +211,11 @@ spec:
     assert_eq!(a.peers[0].md5_password.as_deref(), Some("s3cret"));
     assert_eq!(a.peers[0].hold_time, 9);
     assert_eq!(a.router_id, Some(Ipv4Addr::new(192, 168, 50, 1)));
+    let hb = NodeStateReader::open(&shm_a)?.heartbeat_age();
+    assert!(
+        hb.is_some_and(|age| age < std::time::Duration::from_secs(30)),
+        "agent heartbeat missing or stale: {hb:?}"
+    );
     eventually("node-c state with 1 backend", || {
         agent_c.check_running()?;
         Ok(shm_state(&shm_c)?.filter(|s| {
