@@ -31,7 +31,7 @@ fn udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, payload: usize) -> 
     f[36..38].copy_from_slice(&dport.to_be_bytes());
     f[38..40].copy_from_slice(&((8 + payload) as u16).to_be_bytes());
     if let Ok(Parsed::Ipv4(v)) = packet::parse(&f) {
-        packet::recompute_l4_checksum(&mut f, &v);
+        packet::fill_l4_checksum(&mut f, &v);
     }
     f
 }

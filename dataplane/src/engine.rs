@@ -724,6 +724,39 @@ mod tests {
     }
 
     #[test]
+    fn pod_checksum_mode_is_honoured() {
+        let nb = neighbours();
+        for recompute in [true, false] {
+            let mut e = Engine::new(EngineConfig {
+                flow_capacity: 64,
+                recompute_pod_checksums: recompute,
+                ..Default::default()
+            });
+            let (s, m) = state(&[B1]);
+            e.set_services(ServiceTable::new(1, &s, &m));
+            let mut f = build(IPPROTO_UDP, CLIENT, 5353, VIP, 53, b"query");
+            assert_eq!(
+                e.process(&mut f, Side::Uplink, &nb, 0),
+                Verdict::Tx(Side::Pod(0))
+            );
+            // A reply with a partial (pseudo-header only) checksum, as veth offload leaves it.
+            let mut r = build(IPPROTO_UDP, B1, 8080, CLIENT, 5353, b"answer");
+            r[14 + 20 + 6] ^= 0x33;
+            assert_eq!(
+                e.process(&mut r, Side::Pod(0), &nb, 1),
+                Verdict::Tx(Side::Uplink)
+            );
+            let v = parse(&r);
+            let stored = u16::from_be_bytes([r[14 + 20 + 6], r[14 + 20 + 7]]);
+            assert_eq!(
+                stored == packet::l4_checksum(&r, &v),
+                recompute,
+                "recompute={recompute}"
+            );
+        }
+    }
+
+    #[test]
     fn udp_round_trip() {
         let nb = neighbours();
         let mut e = engine(&[B1]);

@@ -61,7 +61,7 @@ fn frame(
         f[l4 + 8..].copy_from_slice(payload);
     }
     if let Ok(Parsed::Ipv4(v)) = packet::parse(&f) {
-        packet::recompute_l4_checksum(&mut f, &v);
+        packet::fill_l4_checksum(&mut f, &v);
     }
     f
 }

@@ -1,0 +1,169 @@
+//! Runs N packets of one scenario through the forwarding engine, for instruction counts
+//! under callgrind (stable on noisy shared machines, unlike wall-clock benches):
+//!
+//! ```text
+//! cargo build --release -p juneau-dataplane --example engine_cost
+//! for n in 100000 200000; do valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!   target/release/examples/engine_cost forward $n 2>&1 | grep refs; done
+//! # instructions per packet = (Ir(200000) - Ir(100000)) / 100000
+//! ```
+//! Scenarios: `parse`, `forward` (established flow, 256 flows), `reverse` (reply with L4
+//! checksum recomputation, 64 B frames; `PAYLOAD=1472` for 1514 B), `reverse-incremental`,
+//! `new-flow`.
+
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+
+use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
+use juneau_dataplane::engine::{Engine, EngineConfig};
+use juneau_dataplane::neigh::{Iface, Neighbours, Route, Side};
+use juneau_dataplane::packet::{self, MacAddr, Parsed};
+use juneau_dataplane::services::ServiceTable;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+const B: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 5);
+const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+
+fn udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, payload: usize) -> Vec<u8> {
+    let total = 28 + payload;
+    let mut f = vec![0u8; 14 + total];
+    f[12..14].copy_from_slice(&[0x08, 0]);
+    f[14] = 0x45;
+    f[16..18].copy_from_slice(&(total as u16).to_be_bytes());
+    f[22] = 64;
+    f[23] = 17;
+    f[26..30].copy_from_slice(&src.octets());
+    f[30..34].copy_from_slice(&dst.octets());
+    let c = packet::ipv4_header_checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    f[34..36].copy_from_slice(&sport.to_be_bytes());
+    f[36..38].copy_from_slice(&dport.to_be_bytes());
+    f[38..40].copy_from_slice(&((8 + payload) as u16).to_be_bytes());
+    if let Ok(Parsed::Ipv4(v)) = packet::parse(&f) {
+        packet::fill_l4_checksum(&mut f, &v);
+    }
+    f
+}
+
+fn setup(recompute: bool, capacity: usize) -> (Engine, Neighbours) {
+    let mut state = NodeState {
+        node: "n".into(),
+        services: vec![NodeService {
+            frontend: Frontend {
+                vip: VIP,
+                protocol: Protocol::Udp,
+                port: 53,
+            },
+            backends: vec![LocalBackend { ip: B, port: 5353 }],
+        }],
+        ..Default::default()
+    };
+    state.normalize();
+    let mut e = Engine::new(EngineConfig {
+        flow_capacity: capacity,
+        recompute_pod_checksums: recompute,
+        ..Default::default()
+    });
+    e.set_services(ServiceTable::new(1, &state, &[vec![0; 65537]]));
+    let mut nb = Neighbours::new(
+        Iface {
+            ifindex: 1,
+            mac: MacAddr([0xa; 6]),
+        },
+        vec![Iface {
+            ifindex: 2,
+            mac: MacAddr([0xb; 6]),
+        }],
+    );
+    nb.add_route(Route {
+        prefix: 0,
+        len: 0,
+        gateway: Some(u32::from(Ipv4Addr::new(192, 0, 2, 254))),
+        ifindex: 1,
+    });
+    nb.add_route(Route {
+        prefix: u32::from(B),
+        len: 32,
+        gateway: None,
+        ifindex: 2,
+    });
+    nb.add_neighbour(u32::from(Ipv4Addr::new(192, 0, 2, 254)), 1, MacAddr([1; 6]));
+    nb.add_neighbour(u32::from(B), 2, MacAddr([2; 6]));
+    (e, nb)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let scenario = args.get(1).map(String::as_str).unwrap_or("forward");
+    let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    let frames: Vec<Vec<u8>> = (0..256)
+        .map(|i| udp(CLIENT, 10000 + i, VIP, 53, 22))
+        .collect();
+    let mut buf = frames[0].clone();
+    match scenario {
+        "parse" => {
+            for i in 0..n {
+                black_box(packet::parse(black_box(&frames[i & 255])).ok());
+            }
+        }
+        "forward" => {
+            let (mut e, nb) = setup(true, 1 << 16);
+            for f in &frames {
+                let mut g = f.clone();
+                e.process(&mut g, Side::Uplink, &nb, 0);
+            }
+            for i in 0..n {
+                buf.copy_from_slice(&frames[i & 255]);
+                black_box(e.process(&mut buf, Side::Uplink, &nb, 1));
+            }
+        }
+        "reverse" | "reverse-incremental" => {
+            let (mut e, nb) = setup(scenario == "reverse", 1 << 16);
+            // PAYLOAD (bytes of UDP payload, default 22 = 64-byte frames).
+            let payload = std::env::var("PAYLOAD")
+                .ok()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(22);
+            let replies: Vec<Vec<u8>> = (0..256)
+                .map(|i| udp(B, 5353, CLIENT, 10000 + i, payload))
+                .collect();
+            buf = replies[0].clone();
+            for f in &frames {
+                let mut g = f.clone();
+                e.process(&mut g, Side::Uplink, &nb, 0);
+            }
+            for i in 0..n {
+                buf.copy_from_slice(&replies[i & 255]);
+                black_box(e.process(&mut buf, Side::Pod(0), &nb, 1));
+            }
+            assert_eq!(
+                e.counters().services[0].packets_out,
+                n as u64,
+                "every reply forwarded"
+            );
+        }
+        "new-flow" => {
+            let (mut e, nb) = setup(true, 1 << 20);
+            let mut g = udp(CLIENT, 1, VIP, 53, 22);
+            for i in 0..n {
+                // A fresh client address/port per packet: rewrite source and checksums.
+                let src = 0x0a00_0000u32 | (i as u32 >> 16);
+                let Ok(Parsed::Ipv4(mut v)) = packet::parse(&g) else {
+                    unreachable!()
+                };
+                packet::rewrite_addr_port(
+                    &mut g,
+                    &mut v,
+                    packet::NatSide::Source,
+                    src,
+                    i as u16,
+                    packet::L4Checksum::Incremental,
+                );
+                buf.copy_from_slice(&g);
+                black_box(e.process(&mut buf, Side::Uplink, &nb, i as u64));
+                e.sweep(i as u64, 64);
+            }
+        }
+        other => panic!("unknown scenario {other}"),
+    }
+}
