@@ -6,10 +6,16 @@
 //!
 //! Must not touch: packets or BGP sessions; decisions (IPAM, advertisement, Maglev) are
 //! made by `juneau_control`, this crate only feeds and reports them.
+//!
+//! Layout: pure decisions with unit tests ([`reconcile`], [`node_state`], [`vips`],
+//! [`endpoints`], [`describe`]) and thin glue that watches and writes ([`controller`],
+//! [`agent`]). [`crd`] holds the resource types; `crdgen` prints them.
 #![warn(missing_docs)]
 
+pub mod agent;
 pub mod controller;
 pub mod crd;
+pub mod describe;
 pub mod endpoints;
 pub mod node_state;
 pub mod reconcile;
@@ -28,5 +34,3 @@ pub enum Error {
     #[error("{0} are not loaded yet")]
     NotReady(&'static str),
 }
-pub mod agent;
-pub mod describe;
