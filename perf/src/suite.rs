@@ -14,7 +14,7 @@ use juneau_tests::netns::NsChild;
 use crate::bpf::{DnatConfig, PassProgram, Sink, XdpDnat};
 use crate::latency::ProbeResult;
 use crate::packet::format_mac;
-use crate::report::{FlowScalePoint, LatencyPoint, Report, ScenarioResult};
+use crate::report::{self, FlowScalePoint, LatencyPoint, Report, ScenarioResult};
 use crate::topology::*;
 use crate::xsk::GenResult;
 
@@ -93,23 +93,23 @@ pub struct Plan {
     pub out_dir: PathBuf,
 }
 
-/// Fixed per-scenario overhead (topology, program loads, readiness check), estimated.
-const SETUP_S: f64 = 3.0;
+/// Fixed overhead of one topology (build, program loads, readiness check), estimated.
+const SETUP_S: f64 = 1.5;
 
 impl Plan {
     /// Estimated wall time of the whole plan.
     pub fn expected(&self) -> Duration {
-        let per_run = self.warmup.as_secs_f64() + self.duration.as_secs_f64() + 0.5;
+        let per_run = SETUP_S + self.warmup.as_secs_f64() + self.duration.as_secs_f64() + 0.5;
         let mut s = 0.0;
         for sc in &self.scenarios {
-            s += SETUP_S + f64::from(self.runs) * per_run;
-            if sc.uses_vip() {
-                s += self.latency_loads.len() as f64 * (self.latency_duration.as_secs_f64() + 1.5);
+            s += f64::from(self.runs) * per_run;
+            if sc.uses_vip() && !self.latency_loads.is_empty() {
+                s += SETUP_S
+                    + self.latency_loads.len() as f64 * (self.latency_duration.as_secs_f64() + 1.2);
             }
             if *sc == Scenario::Juneau {
                 for f in &self.flow_scale {
-                    s += SETUP_S
-                        + f64::from(self.runs) * (per_run + self.scale_warmup(*f).as_secs_f64());
+                    s += f64::from(self.runs) * (per_run + self.scale_warmup(*f).as_secs_f64());
                 }
             }
         }
@@ -608,106 +608,142 @@ fn summarize(name: &str, flows: u32, runs: Vec<f64>) -> ScenarioResult {
     ScenarioResult::new(name, flows, runs)
 }
 
-/// Runs the whole plan.
+/// Runs the whole plan in rounds: each round measures every scenario once (each on a
+/// fresh topology), so that load from elsewhere on a shared machine spreads over all
+/// scenarios instead of skewing one; then the latency points, one topology per scenario.
 pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> {
-    for (i, sc) in plan.scenarios.iter().enumerate() {
-        check_interrupt()?;
-        let tag = sc.name();
-        progress.say(format!(
-            "({}/{}) {}: building topology",
-            i + 1,
-            plan.scenarios.len(),
-            sc.name()
-        ));
-        let result = run_scenario(plan, progress, *sc, report);
-        if let Err(e) = result {
+    let mut runs: Vec<Vec<f64>> = vec![Vec::new(); plan.scenarios.len()];
+    let mut failed = vec![false; plan.scenarios.len()];
+    let juneau = plan.scenarios.contains(&Scenario::Juneau);
+    let mut scale_runs: Vec<Vec<f64>> = vec![Vec::new(); plan.flow_scale.len()];
+    let mut scale_failed = false;
+    for round in 0..plan.runs {
+        for (i, sc) in plan.scenarios.iter().enumerate() {
+            if failed[i] {
+                continue;
+            }
             check_interrupt()?;
-            progress.say(format!("{tag}: FAILED: {e:#}"));
-            report.add_error(sc.name(), format!("{e:#}"));
+            match throughput_once(plan, *sc, plan.flows, plan.warmup) {
+                Ok(pps) => {
+                    progress.say(format!(
+                        "round {}/{}: {}: {:.0} pps delivered",
+                        round + 1,
+                        plan.runs,
+                        sc.name(),
+                        pps
+                    ));
+                    runs[i].push(pps);
+                }
+                Err(e) => {
+                    check_interrupt()?;
+                    progress.say(format!("{}: FAILED: {e:#}", sc.name()));
+                    report.add_error(sc.name(), format!("{e:#}"));
+                    failed[i] = true;
+                }
+            }
         }
-    }
-    Ok(())
-}
-
-fn run_scenario(plan: &Plan, progress: &Progress, sc: Scenario, report: &mut Report) -> Result<()> {
-    let t = Topology::build()?;
-    let tag = format!("{}-{}", sc.name(), std::process::id());
-    let mut a = setup(&t, sc, plan, &tag)?;
-    wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
-    let mut runs = Vec::new();
-    for r in 0..plan.runs {
-        let pps = measure(&t, &mut a, plan.flows, plan.warmup, plan.duration)?;
-        progress.say(format!(
-            "{}: run {}/{}: {:.0} pps delivered",
-            sc.name(),
-            r + 1,
-            plan.runs,
-            pps
-        ));
-        runs.push(pps);
-    }
-    let res = summarize(sc.name(), plan.flows, runs);
-    let median = res.median_pps;
-    report.scenarios.push(res);
-    if sc.uses_vip() {
-        for &load in &plan.latency_loads {
-            let p = latency_point(&t, &mut a, plan, load, median)?;
-            progress.say(format!(
-                "{}: latency at {:.0}% load: p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us ({}/{} replies)",
-                sc.name(),
-                load * 100.0,
-                p.p50_us,
-                p.p99_us,
-                p.p999_us,
-                p.received,
-                p.sent
-            ));
-            report.latency.push(LatencyPoint {
-                scenario: sc.name().into(),
-                load_fraction: load,
-                offered_pps: median * load,
-                result: p,
-            });
-        }
-    }
-    drop(a);
-    drop(t);
-    if sc == Scenario::Juneau {
-        // Each flow count on a fresh topology and a fresh dataplane, so that no flow of an
-        // earlier measurement occupies the flow table.
-        for &flows in &plan.flow_scale {
-            check_interrupt()?;
-            progress.say(format!(
-                "juneau @ {flows} flows: fresh topology and dataplane"
-            ));
-            let t = Topology::build()?;
-            let tag = format!("juneau-{flows}-{}", std::process::id());
-            let mut a = setup(&t, sc, plan, &tag)?;
-            wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
-            let mut runs = Vec::new();
-            for r in 0..plan.runs {
-                let pps = measure(
-                    &t,
-                    &mut a,
+        if juneau && !scale_failed {
+            // Each flow count on a fresh topology and a fresh dataplane, so that no flow
+            // of an earlier measurement occupies the flow table.
+            for (k, &flows) in plan.flow_scale.iter().enumerate() {
+                check_interrupt()?;
+                match throughput_once(
+                    plan,
+                    Scenario::Juneau,
                     flows,
                     plan.warmup + plan.scale_warmup(flows),
-                    plan.duration,
-                )?;
-                progress.say(format!(
-                    "juneau @ {flows} flows: run {}/{}: {:.0} pps",
-                    r + 1,
-                    plan.runs,
-                    pps
-                ));
-                runs.push(pps);
+                ) {
+                    Ok(pps) => {
+                        progress.say(format!(
+                            "round {}/{}: juneau @ {flows} flows: {:.0} pps delivered",
+                            round + 1,
+                            plan.runs,
+                            pps
+                        ));
+                        scale_runs[k].push(pps);
+                    }
+                    Err(e) => {
+                        check_interrupt()?;
+                        progress.say(format!("juneau flow scale: FAILED: {e:#}"));
+                        report.add_error("juneau-flow-scale", format!("{e:#}"));
+                        scale_failed = true;
+                        break;
+                    }
+                }
             }
-            let s = summarize("juneau", flows, runs);
+        }
+    }
+    for (i, sc) in plan.scenarios.iter().enumerate() {
+        if !failed[i] {
+            report
+                .scenarios
+                .push(summarize(sc.name(), plan.flows, runs[i].clone()));
+        }
+    }
+    if !scale_failed {
+        for (k, &flows) in plan.flow_scale.iter().enumerate() {
+            let s = summarize("juneau", flows, scale_runs[k].clone());
             report.flow_scale.push(FlowScalePoint {
                 flows,
                 runs_pps: s.runs_pps,
                 median_pps: s.median_pps,
             });
         }
+    }
+    for (i, sc) in plan.scenarios.iter().enumerate() {
+        if failed[i] || !sc.uses_vip() || plan.latency_loads.is_empty() {
+            continue;
+        }
+        check_interrupt()?;
+        let median = report::median(&runs[i]);
+        if let Err(e) = latency_pass(plan, progress, *sc, median, report) {
+            check_interrupt()?;
+            progress.say(format!("{} latency: FAILED: {e:#}", sc.name()));
+            report.add_error(&format!("{}-latency", sc.name()), format!("{e:#}"));
+        }
+    }
+    Ok(())
+}
+
+/// One throughput run on a fresh topology.
+fn throughput_once(plan: &Plan, sc: Scenario, flows: u32, warmup: Duration) -> Result<f64> {
+    let t = Topology::build()?;
+    let tag = format!("{}-{flows}-{}", sc.name(), std::process::id());
+    let mut a = setup(&t, sc, plan, &tag)?;
+    wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
+    measure(&t, &mut a, flows, warmup, plan.duration)
+}
+
+fn latency_pass(
+    plan: &Plan,
+    progress: &Progress,
+    sc: Scenario,
+    median: f64,
+    report: &mut Report,
+) -> Result<()> {
+    progress.say(format!("{}: latency through the VIP", sc.name()));
+    let t = Topology::build()?;
+    let tag = format!("{}-latency-{}", sc.name(), std::process::id());
+    let mut a = setup(&t, sc, plan, &tag)?;
+    wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
+    for &load in &plan.latency_loads {
+        let p = latency_point(&t, &mut a, plan, load, median)?;
+        progress.say(format!(
+            "{}: latency at {:.0}% load: p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us ({}/{} replies)",
+            sc.name(),
+            load * 100.0,
+            p.p50_us,
+            p.p99_us,
+            p.p999_us,
+            p.received,
+            p.sent
+        ));
+        report.latency.push(LatencyPoint {
+            scenario: sc.name().into(),
+            load_fraction: load,
+            offered_pps: median * load,
+            result: p,
+        });
     }
     Ok(())
 }

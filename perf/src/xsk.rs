@@ -249,6 +249,7 @@ pub fn l2fwd(
     let start = Instant::now();
     let mut iter = 0u32;
     let mut next_report = Duration::from_secs(1);
+    let (mut in_flight, mut unsent) = (0usize, 0usize);
     while !stop.load(Ordering::Relaxed) {
         iter = iter.wrapping_add(1);
         if iter & 1023 == 0 {
@@ -273,6 +274,7 @@ pub fn l2fwd(
         // Completed transmissions go back to the fill ring (plus any spare frames).
         // SAFETY: completion descriptors are frames of this UMEM.
         let n = unsafe { cq.consume(&mut cq_buf) };
+        in_flight = in_flight.saturating_sub(n);
         spare.extend_from_slice(&cq_buf[..n]);
         if !spare.is_empty() {
             // A produce larger than the free space puts nothing: offer what fits.
@@ -285,27 +287,34 @@ pub fn l2fwd(
         // (Copy mode on veth fills from the XDP redirect path itself: no fill-ring wakeup.)
         // SAFETY: received descriptors are frames of this UMEM.
         let got = unsafe { rx.consume(&mut rx_buf) };
-        if got == 0 {
-            continue;
-        }
-        res.received += got as u64;
-        for d in rx_buf[..got].iter_mut() {
-            // SAFETY: a received frame is ours until we hand it to a ring.
-            let mut data = unsafe { umem.data_mut(d) };
-            let b = data.contents_mut();
-            if b.len() >= 12 {
-                b[0..6].copy_from_slice(&cfg.dst_mac);
-                b[6..12].copy_from_slice(&cfg.src_mac);
+        if got > 0 {
+            res.received += got as u64;
+            for d in rx_buf[..got].iter_mut() {
+                // SAFETY: a received frame is ours until we hand it to a ring.
+                let mut data = unsafe { umem.data_mut(d) };
+                let b = data.contents_mut();
+                if b.len() >= 12 {
+                    b[0..6].copy_from_slice(&cfg.dst_mac);
+                    b[6..12].copy_from_slice(&cfg.src_mac);
+                }
             }
+            // SAFETY: the frames are ours and go to exactly one ring.
+            let sent = unsafe { tx.produce(&rx_buf[..got]) };
+            res.forwarded += sent as u64;
+            in_flight += sent;
+            unsent += sent;
+            spare.extend_from_slice(&rx_buf[sent..got]);
         }
-        // SAFETY: the frames are ours and go to exactly one ring.
-        let sent = unsafe { tx.produce(&rx_buf[..got]) };
-        // Copy mode transmits at most 32 frames per sendto().
-        for _ in 0..sent.div_ceil(BATCH) {
-            let _ = tx.wakeup();
+        // Keep kicking TX while frames are outstanding: copy mode transmits only inside
+        // sendto(), at most 32 frames per call.
+        if in_flight > 0 {
+            for _ in 0..unsent.div_ceil(BATCH).max(1) {
+                if tx.wakeup().is_err() {
+                    break;
+                }
+            }
+            unsent = 0;
         }
-        res.forwarded += sent as u64;
-        spare.extend_from_slice(&rx_buf[sent..got]);
     }
     Ok(res)
 }
