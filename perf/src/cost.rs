@@ -38,7 +38,13 @@ fn callgrind_ir(bench: &Path, out_dir: &Path, mode: &str, n: u32) -> Result<u64>
         );
     }
     let text = std::fs::read_to_string(&out_file)?;
-    let _ = std::fs::remove_file(&out_file);
+    if mode == "established" && n > 1 {
+        // Keep the larger established run for the per-function breakdown.
+        let keep = out_dir.join("callgrind-established.out");
+        let _ = std::fs::rename(&out_file, &keep);
+    } else {
+        let _ = std::fs::remove_file(&out_file);
+    }
     text.lines()
         .find_map(|l| {
             l.strip_prefix("summary:")
@@ -54,6 +60,51 @@ fn per_packet(bench: &Path, out_dir: &Path, mode: &str, n: u32) -> Result<f64> {
     let a = callgrind_ir(bench, out_dir, mode, n)?;
     let b = callgrind_ir(bench, out_dir, mode, 2 * n)?;
     Ok(b.saturating_sub(a) as f64 / f64::from(n))
+}
+
+/// Inclusive instructions per packet of the dataplane's functions in a kept callgrind
+/// profile of `calls` packets (from `callgrind_annotate --inclusive=yes`).
+fn breakdown(profile: &Path, calls: u64) -> Result<Vec<(String, f64)>> {
+    let out = Command::new("callgrind_annotate")
+        .arg("--inclusive=yes")
+        .arg(profile)
+        .output()
+        .context("running callgrind_annotate (package valgrind)")?;
+    if !out.status.success() {
+        bail!(
+            "callgrind_annotate failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let mut rows = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if line.starts_with("-- ") && !rows.is_empty() {
+            break; // the per-source annotations follow the function table
+        }
+        let line = line.trim();
+        let Some((count, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        let Ok(ir) = count.replace(',', "").parse::<u64>() else {
+            continue;
+        };
+        // "(12.3%)  /path/file.rs:function [binary]"
+        let Some(loc) = rest.split(')').nth(1).map(str::trim) else {
+            continue;
+        };
+        let Some((file, func)) = loc.split_once(':') else {
+            continue;
+        };
+        if !file.contains("/dataplane/src/") || func.contains("x)") {
+            continue;
+        }
+        let func = func.split(" [").next().unwrap_or(func).to_string();
+        rows.push((func, ir as f64 / calls as f64));
+        if rows.len() == 12 {
+            break;
+        }
+    }
+    Ok(rows)
 }
 
 /// Measures the cost, or says why it could not.
@@ -81,8 +132,17 @@ pub fn measure(out_dir: &Path, smoke: bool) -> Cost {
             per_packet(&bench, out_dir, "reply", n)?,
         ))
     };
-    match run() {
+    let result = run();
+    let kept = out_dir.join("callgrind-established.out");
+    // The 2n-packet run: 2n packets plus the first and the final checking packet.
+    let where_time_goes = if result.is_ok() {
+        breakdown(&kept, 2 * u64::from(n) + 2).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    match result {
         Ok((est, new, reply)) => Cost {
+            established_breakdown: where_time_goes,
             status: format!(
                 "Measured with callgrind on juneau_dataplane::engine::Engine::process (recorded 64-byte UDP frames, \
                  {n} packets per mode, difference of {n} and {} packet runs), {profile} build. Reply path (reverse NAT, \

@@ -93,6 +93,9 @@ pub struct Cost {
     pub reply_instructions_per_packet: Option<f64>,
     /// Build profile of the measured code.
     pub profile: String,
+    /// Established flow: inclusive instructions per packet of the dataplane's functions
+    /// (callgrind_annotate), largest first: where the time goes.
+    pub established_breakdown: Vec<(String, f64)>,
 }
 
 /// The ratios the product is held to.
@@ -261,6 +264,12 @@ impl Report {
             self.cost.new_flow_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
             self.cost.reply_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
         );
+        if !self.cost.established_breakdown.is_empty() {
+            m += "\nWhere the established-flow instructions go (inclusive, per packet):\n\n| function | instructions/packet |\n|---|---:|\n";
+            for (f, ir) in &self.cost.established_breakdown {
+                m += &format!("| `{f}` | {ir:.0} |\n");
+            }
+        }
         m += &format!("\n## Control-plane convergence\n\n{}\n", self.convergence);
         if !self.errors.is_empty() {
             m += "\n## Failures\n\n";

@@ -680,7 +680,7 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
                 .push(summarize(sc.name(), plan.flows, runs[i].clone()));
         }
     }
-    if !scale_failed {
+    if juneau && !scale_failed {
         for (k, &flows) in plan.flow_scale.iter().enumerate() {
             let s = summarize("juneau", flows, scale_runs[k].clone());
             report.flow_scale.push(FlowScalePoint {
