@@ -6,7 +6,6 @@ mod common;
 
 use std::net::Ipv4Addr;
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{ensure, Context, Result};
 use common::*;
@@ -31,23 +30,6 @@ fn shm_state(path: &Path) -> Result<Option<NodeState>> {
     }
     let mut r = NodeStateReader::open(path)?;
     Ok(Some(r.snapshot()?.state))
-}
-
-/// `kubectl juneau ...` through the real kubectl, with the plugin found on PATH.
-fn kubectl_juneau(env: &Env, args: &[&str]) -> Result<std::process::Output> {
-    let plugin = Path::new(env!("CARGO_BIN_EXE_kubectl-juneau"));
-    let path = format!(
-        "{}:{}",
-        plugin.parent().unwrap().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    Command::new("kubectl")
-        .arg("juneau")
-        .args(args)
-        .env("PATH", path)
-        .env("KUBECONFIG", env.k.kubeconfig())
-        .output()
-        .context("running kubectl juneau")
 }
 
 #[test]

@@ -431,3 +431,20 @@ pub fn ingress_ip(env: &Env, name: &str) -> Result<Option<String>> {
             .map(String::from)
     }))
 }
+
+/// `kubectl juneau ...` through the real kubectl, with the plugin found on PATH.
+pub fn kubectl_juneau(env: &Env, args: &[&str]) -> Result<std::process::Output> {
+    let plugin = Path::new(env!("CARGO_BIN_EXE_kubectl-juneau"));
+    let path = format!(
+        "{}:{}",
+        plugin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    Command::new("kubectl")
+        .arg("juneau")
+        .args(args)
+        .env("PATH", path)
+        .env("KUBECONFIG", env.k.kubeconfig())
+        .output()
+        .context("running kubectl juneau")
+}
