@@ -170,13 +170,24 @@ fn lab_walks_the_guide_and_withdraws_a_node_without_backends() -> Result<()> {
         "ServiceLoadBalancer status"
     );
     let describe = up
-        .split("kubectl juneau describe")
+        .split("$ kubectl juneau describe loadbalancer nginx\n")
         .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
         .unwrap_or_default();
     assert!(
-        describe.contains("AdvertisingNodes  (2)")
-            && describe.contains("totalReady=3  localReadyNodes=2"),
-        "describe output: {describe}"
+        describe
+            .starts_with("ServiceLoadBalancer  default/nginx  (vip: 203.0.113.10, phase: Ready)")
+            && describe.contains("├── AdvertisingNodes  (2)\n│   ├── node-a\n│   └── node-c\n")
+            && describe.contains("└── Backends  totalReady=3  localReadyNodes=2"),
+        "`kubectl juneau describe loadbalancer nginx` as the lab showed it:\n{describe}"
+    );
+    assert!(
+        up.contains("\nnginx   LoadBalancer") && up.contains("203.0.113.10   80:"),
+        "the lab did not show `kubectl get svc nginx` with the VIP"
+    );
+    assert!(
+        up.contains(&format!("\n{CLIENT} - - [")),
+        "the lab did not show nginx's access-log line from {CLIENT}"
     );
     let mut hops = router_next_hops()?;
     hops.sort();
