@@ -240,6 +240,7 @@ fn node_state(pods: &[usize]) -> NodeState {
 /// One test topology with the dataplane running. Field order is drop order: the
 /// dataplane process dies first, then the servers stop, then the namespaces go.
 struct Lab {
+    bridge: bool,
     dataplane: Option<NsChild>,
     backends: Vec<Backend>,
     writer: NodeStateWriter,
@@ -267,6 +268,16 @@ impl Lab {
 
     /// A lab whose uplink veth has `queues` RX/TX queues (flows spread over them).
     fn with_uplink_queues(tag: &str, queues: u32) -> Result<Self> {
+        Self::build(tag, queues, false)
+    }
+
+    /// A lab whose Pods hang off a Linux bridge `br0` (10.100.2.0/23, gateway
+    /// 10.100.2.1) and the dataplane is given the bridge as its one Pod interface.
+    fn bridged(tag: &str) -> Result<Self> {
+        Self::build(tag, 1, true)
+    }
+
+    fn build(tag: &str, queues: u32, bridge: bool) -> Result<Self> {
         // SAFETY: geteuid has no preconditions.
         let euid = unsafe { libc::geteuid() };
         ensure!(euid == 0, "the dataplane netns tests must run as root");
@@ -320,21 +331,12 @@ impl Lab {
         client.exec(&["ip", "route", "add", "10.200.0.0/24", "via", "10.100.1.1"])?;
         // Kernel sockets in the client would hand over partial checksums (FACTS.md).
         client.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
+        if bridge {
+            node.exec(&["ip", "link", "add", "br0", "type", "bridge"])?;
+            node.addr("br0", "10.100.2.1/23")?;
+        }
         for (i, pod) in pods.iter().enumerate() {
-            let pv = format!("pv{i}");
-            veth(&node, &pv, pod, "eth0")?;
-            node.addr(&pv, &format!("10.100.{}.1/24", 2 + i))?;
-            pod.addr("eth0", &format!("{}/24", pod_ip(i)))?;
-            pod.exec(&[
-                "ip",
-                "route",
-                "add",
-                "default",
-                "via",
-                &format!("10.100.{}.1", 2 + i),
-            ])?;
-            // Pods keep tx checksum offload ON, as real Pods do: the dataplane must
-            // recompute their partial checksums.
+            wire_pod(&node, pod, i, bridge)?;
         }
         let backends = vec![
             Backend::start(pods[0].name(), "pod0")?,
@@ -347,6 +349,7 @@ impl Lab {
         let stats = dir.path().join("stats.json");
         let log = dir.path().join("dataplane.log");
         let mut lab = Lab {
+            bridge,
             dataplane: None,
             backends,
             writer,
@@ -361,24 +364,21 @@ impl Lab {
         let bin = env!("CARGO_BIN_EXE_juneau-dataplane");
         let st = state_path.to_str().unwrap().to_string();
         let sf = lab.stats.to_str().unwrap().to_string();
-        let child = lab.node.spawn_logged(
-            &[
-                bin,
-                "--uplink",
-                "up0",
-                "--pod-iface",
-                "pv0",
-                "--pod-iface",
-                "pv1",
-                "--state-file",
-                &st,
-                "--stats-file",
-                &sf,
-                "--flow-capacity",
-                "65536",
-            ],
-            &lab.log,
-        )?;
+        let mut argv = vec![bin, "--uplink", "up0"];
+        if bridge {
+            argv.extend(["--pod-iface", "br0"]);
+        } else {
+            argv.extend(["--pod-iface", "pv0", "--pod-iface", "pv1"]);
+        }
+        argv.extend([
+            "--state-file",
+            &st,
+            "--stats-file",
+            &sf,
+            "--flow-capacity",
+            "65536",
+        ]);
+        let child = lab.node.spawn_logged(&argv, &lab.log)?;
         lab.dataplane = Some(child);
         lab.wait_ready()?;
         Ok(lab)
@@ -408,7 +408,12 @@ impl Lab {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        for ifname in ["up0", "pv0", "pv1"] {
+        let ifnames: &[&str] = if self.bridge {
+            &["up0", "br0"]
+        } else {
+            &["up0", "pv0", "pv1"]
+        };
+        for &ifname in ifnames {
             let out = self.node.exec(&["ip", "-d", "link", "show", ifname])?;
             let id = out
                 .split_whitespace()
@@ -483,6 +488,13 @@ impl Lab {
             }
             Ok(out)
         })
+        .with_context(|| {
+            format!(
+                "dataplane stats: {}\ndataplane log:\n{}",
+                self.stats().map(|s| s.to_string()).unwrap_or_default(),
+                self.dataplane_log()
+            )
+        })
     }
 
     /// Tears down and checks that nothing is left behind.
@@ -529,6 +541,32 @@ impl Lab {
         }
         Ok(())
     }
+}
+
+/// Connects Pod `i` to the node: its own veth `pv<i>` with a /24 (per-Pod veth, as
+/// ptp-style CNIs do), or a port of bridge `br0` (bridge CNIs).
+fn wire_pod(node: &Netns, pod: &Netns, i: usize, bridge: bool) -> Result<()> {
+    let pv = format!("pv{i}");
+    veth(node, &pv, pod, "eth0")?;
+    if bridge {
+        node.exec(&["ip", "link", "set", &pv, "master", "br0"])?;
+        pod.addr("eth0", &format!("{}/23", pod_ip(i)))?;
+        pod.exec(&["ip", "route", "add", "default", "via", "10.100.2.1"])?;
+    } else {
+        node.addr(&pv, &format!("10.100.{}.1/24", 2 + i))?;
+        pod.addr("eth0", &format!("{}/24", pod_ip(i)))?;
+        pod.exec(&[
+            "ip",
+            "route",
+            "add",
+            "default",
+            "via",
+            &format!("10.100.{}.1", 2 + i),
+        ])?;
+    }
+    // Pods keep tx checksum offload ON, as real Pods do: the dataplane must recompute
+    // their partial checksums.
+    Ok(())
 }
 
 fn curl(ns: &Netns, url: &str) -> Result<(String, String)> {
@@ -950,5 +988,57 @@ fn every_rx_queue_of_a_multi_queue_uplink_is_served() -> Result<()> {
         std::thread::sleep(Duration::from_millis(200));
     }
     drop(conns);
+    lab.finish()
+}
+
+#[test]
+fn pods_behind_a_bridge_and_a_new_pod_need_no_restart() -> Result<()> {
+    let mut lab = Lab::bridged("dpb")?;
+    // Start with pod0 only: pod1 "does not exist yet".
+    lab.publish(&[0])?;
+    let pod1_ns = lab.pods.pop().context("pod1")?;
+    let pod1_backend = lab.backends.pop().context("pod1 backend")?;
+    drop(pod1_backend);
+    drop(pod1_ns);
+    let mut old = lab.connect_many(10)?;
+    for c in old.iter_mut() {
+        assert_eq!(pod_of(&http_get(c)?), Some(0));
+    }
+    let pid_before = lab.dataplane.as_ref().map(|c| c.id());
+
+    // A new Pod is created and plugged into the bridge, then becomes a backend.
+    let name = format!("{}x", lab.node.name());
+    let pod1 = Netns::new(name)?;
+    wire_pod(&lab.node, &pod1, 1, true)?;
+    lab.backends.push(Backend::start(pod1.name(), "pod1")?);
+    lab.pods.push(pod1);
+    lab.publish(&[0, 1])?;
+
+    let mut seen = HashSet::new();
+    let mut fresh = lab.connect_many(30)?;
+    for c in fresh.iter_mut() {
+        let body = http_get(c)?;
+        assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+        seen.insert(pod_of(&body).context("pod")?);
+    }
+    assert_eq!(
+        seen.len(),
+        2,
+        "the new Pod gets new connections without a restart"
+    );
+    for c in old.iter_mut() {
+        assert_eq!(
+            pod_of(&http_get(c)?),
+            Some(0),
+            "an existing connection moved"
+        );
+    }
+    assert!(lab.dataplane.as_mut().unwrap().is_running());
+    assert_eq!(
+        lab.dataplane.as_ref().map(|c| c.id()),
+        pid_before,
+        "same process"
+    );
+    drop((old, fresh));
     lab.finish()
 }
