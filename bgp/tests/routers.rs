@@ -151,6 +151,36 @@ fn graceful_restart(kind: RouterKind) -> Result<()> {
     Ok(())
 }
 
+/// Control experiment for the graceful-restart test: without the capability, the router
+/// drops the route as soon as the daemon dies.
+fn crash_without_graceful_restart(kind: RouterKind) -> Result<()> {
+    let topo = Topo::new(&format!("c{kind:?}").to_lowercase(), 1)?;
+    let router = Router::start(
+        &topo,
+        kind,
+        &[Neighbor {
+            node: 0,
+            password: None,
+        }],
+    )?;
+    let mut n0 = Speaker::start(
+        &topo,
+        0,
+        &NodePeering {
+            graceful_restart: false,
+            ..Default::default()
+        },
+    )?;
+    n0.wait_established("router", UP)?;
+    assert_eq!(n0.status()?["peers"]["router"]["graceful_restart"], false);
+    n0.publish_vips(&[VIP])?;
+    router.wait_nexthops(VIP, &[node_addr(0)], ROUTE)?;
+    n0.kill();
+    let t = router.wait_nexthops(VIP, &[], ROUTE)?;
+    println!("{kind:?}: without graceful restart the route was withdrawn {t:?} after the crash");
+    Ok(())
+}
+
 /// A node with the router's password establishes; one with a wrong password never does.
 fn md5(kind: RouterKind) -> Result<()> {
     let topo = Topo::new(&format!("m{kind:?}").to_lowercase(), 2)?;
@@ -207,6 +237,8 @@ macro_rules! router_tests {
             fn announce_withdraw_and_ecmp() -> Result<()> { announce_withdraw_ecmp($kind) }
             #[test]
             fn graceful_restart_keeps_the_route() -> Result<()> { graceful_restart($kind) }
+            #[test]
+            fn crash_without_graceful_restart_withdraws() -> Result<()> { crash_without_graceful_restart($kind) }
             #[test]
             fn md5_matching_establishes_wrong_never_does() -> Result<()> { md5($kind) }
         }

@@ -285,7 +285,7 @@ impl Speaker {
 
 impl Drop for Speaker {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if std::thread::panicking() || std::env::var_os("JUNEAU_TEST_SHOW_LOGS").is_some() {
             eprintln!(
                 "juneau-bgp logs of node {} ({}):\n{}",
                 self.node,
@@ -714,6 +714,8 @@ impl Drop for Router {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("{:?} logs:\n{}", self.kind, self.logs());
+        } else if std::env::var_os("JUNEAU_TEST_SHOW_LOGS").is_some() {
+            eprintln!("{:?} logs:\n{}", self.kind, self.full_log());
         }
         for c in &mut self.children {
             c.kill();
