@@ -121,3 +121,33 @@ fn ibgp_sends_local_pref_and_an_empty_as_path() -> Result<()> {
     );
     Ok(())
 }
+
+/// Routes the router sends are counted and discarded, never installed on the node.
+#[test]
+fn received_routes_are_counted_and_never_installed() -> Result<()> {
+    let topo = Topo::new("rx", 1)?;
+    let _router = Router::start_bird_with_config(
+        &topo,
+        &format!(
+            "router id 10.0.1.1;\nprotocol device {{ }}\n\
+             protocol static {{ ipv4; route 198.51.100.0/24 blackhole; route 203.0.113.0/25 blackhole; }}\n\
+             protocol bgp node0 {{\n local 10.0.1.1 as {ROUTER_ASN};\n neighbor 10.0.1.2 as {NODE_ASN};\n \
+             hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
+             ipv4 {{ import all; export all; }};\n}}\n"
+        ),
+    )?;
+    let n0 = Speaker::start(&topo, 0, &NodePeering::default())?;
+    n0.wait_established("router", UP)?;
+    wait_for(
+        "the node to count 2 received prefixes",
+        Duration::from_secs(30),
+        || Ok((n0.status()?["peers"]["router"]["prefixes_received"] == 2).then_some(())),
+    )?;
+    let routes = topo.nodes[0].exec(&["ip", "-4", "route", "show", "table", "all"])?;
+    assert!(
+        !routes.contains("198.51.100.0") && !routes.contains("203.0.113.0"),
+        "installed: {routes}"
+    );
+    assert_eq!(n0.peer_state("router")?, "Established");
+    Ok(())
+}

@@ -437,3 +437,49 @@ proptest::proptest! {
         check_no_panic(&body);
     }
 }
+
+/// OPENs captured from the real daemons on this machine (BIRD 2.0.12, FRR 8.4.4,
+/// GoBGP 3.10, each with graceful restart enabled), as they open towards a node.
+#[test]
+fn opens_captured_from_real_routers_decode() {
+    let cases = [
+        (
+            "bird",
+            "ffffffffffffffffffffffffffffffff00390104fde800f00a0001011c021a0104000100010200400600780001010041040000fde846004700",
+            240,
+            false,
+        ),
+        (
+            "frr",
+            "ffffffffffffffffffffffffffffffff00660104fde800b40a000101490206010400010001020280000202020002024600020641040000fde8020206000206450400010101020a490806726f757465720002084006c078000101000209470700010180000000",
+            180,
+            true,
+        ),
+        (
+            "gobgp",
+            "ffffffffffffffffffffffffffffffff00430104fde8005a0a0001012602240200490402766d0001040001000141040000fde840060078000101000506000100010002",
+            90,
+            false,
+        ),
+    ];
+    for (name, h, hold, restarted) in cases {
+        let b = hex(h);
+        let Ok(Message::Open(o)) = decode(&b, DecodeContext::default()) else {
+            panic!("{name}: {:?}", decode(&b, DecodeContext::default()))
+        };
+        assert_eq!(o.asn, 65000, "{name}");
+        assert_eq!(o.router_id, Ipv4Addr::new(10, 0, 1, 1), "{name}");
+        assert_eq!(o.hold_time, hold, "{name}");
+        assert_eq!(o.capabilities.four_octet_as, Some(65000), "{name}");
+        assert!(
+            o.capabilities.mp_ipv4_unicast && o.capabilities.route_refresh,
+            "{name}"
+        );
+        let gr = o.capabilities.graceful_restart.expect(name);
+        assert_eq!(
+            (gr.restarted, gr.restart_time, gr.ipv4_unicast_forwarding),
+            (restarted, 120, Some(false)),
+            "{name}"
+        );
+    }
+}
