@@ -37,6 +37,7 @@ const NDA_LLADDR: u16 = 2;
 const RT_TABLE_MAIN: u32 = 254;
 const RTN_UNICAST: u8 = 1;
 const NTF_USE: u8 = 0x01;
+const NUD_STALE: u16 = 0x04;
 /// NUD_REACHABLE | NUD_STALE | NUD_DELAY | NUD_PROBE | NUD_NOARP | NUD_PERMANENT.
 const NUD_USABLE: u16 = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80;
 
@@ -224,8 +225,8 @@ impl Netlink {
         Ok(out)
     }
 
-    /// Usable IPv4 neighbour entries: `(ip, ifindex, mac)`.
-    pub fn neighbours(&mut self) -> io::Result<Vec<(u32, u32, MacAddr)>> {
+    /// Usable IPv4 neighbour entries: `(ip, ifindex, mac, NUD state)`.
+    pub fn neighbours(&mut self) -> io::Result<Vec<(u32, u32, MacAddr, u16)>> {
         let mut ndmsg = [0u8; 12];
         ndmsg[0] = libc::AF_INET as u8;
         let seq = self.send(RTM_GETNEIGH, NLM_F_REQUEST | NLM_F_DUMP, &ndmsg)?;
@@ -250,7 +251,7 @@ impl Netlink {
                 }
             }
             if let (Some(d), Some(m)) = (dst, mac) {
-                out.push((d, ifindex, m));
+                out.push((d, ifindex, m, state));
             }
         })?;
         Ok(out)
@@ -281,12 +282,44 @@ impl Netlink {
         for r in self.routes()? {
             n.add_route(r);
         }
-        for (ip, ifindex, mac) in self.neighbours()? {
+        for (ip, ifindex, mac, _) in self.neighbours()? {
             if n.side_of(ifindex).is_some() {
                 n.add_neighbour(ip, ifindex, mac);
             }
         }
         Ok(n)
+    }
+
+    /// Keeps the neighbours the dataplane forwards to alive. Traffic forwarded with
+    /// AF_XDP never confirms the kernel's entries, so they age to STALE and, on a busy
+    /// table, get garbage-collected — costing a drop and a resolution on the next
+    /// packet. This asks the kernel to re-probe (unicast ARP) every STALE entry on a Pod
+    /// interface and every STALE route gateway on the uplink, at most `limit` of them.
+    /// Returns how many were asked for.
+    pub fn keep_alive(&mut self, uplink: Iface, pods: &[Iface], limit: usize) -> io::Result<usize> {
+        let ours =
+            |ifindex: u32| ifindex == uplink.ifindex || pods.iter().any(|p| p.ifindex == ifindex);
+        let gateways: std::collections::HashSet<(u32, u32)> = self
+            .routes()?
+            .into_iter()
+            .filter(|r| ours(r.ifindex))
+            .filter_map(|r| r.gateway.map(|g| (g, r.ifindex)))
+            .collect();
+        let stale: Vec<(u32, u32)> = self
+            .neighbours()?
+            .into_iter()
+            .filter(|&(ip, ifindex, _, state)| {
+                state == NUD_STALE
+                    && ours(ifindex)
+                    && (ifindex != uplink.ifindex || gateways.contains(&(ip, ifindex)))
+            })
+            .map(|(ip, ifindex, _, _)| (ip, ifindex))
+            .take(limit)
+            .collect();
+        for &(ip, ifindex) in &stale {
+            self.request_resolution(ip, ifindex)?;
+        }
+        Ok(stale.len())
     }
 }
 
@@ -359,9 +392,10 @@ impl SharedNeighbours {
     }
 }
 
-/// Runs the resolver until `stop` is set: refreshes the table every `period`, and when a
+/// Runs the resolver until `stop` is set: refreshes the table every `period`; when a
 /// miss arrives on `misses`, asks the kernel to resolve it and re-reads the table a few
-/// times over the next ~300 ms until the entry appears.
+/// times over the next ~400 ms until the entry appears; every `keepalive`, re-probes
+/// stale entries the dataplane depends on ([`Netlink::keep_alive`]).
 pub fn run_resolver(
     mut nl: Netlink,
     uplink: Iface,
@@ -370,7 +404,9 @@ pub fn run_resolver(
     misses: Receiver<(u32, u32)>,
     stop: Arc<AtomicBool>,
     period: Duration,
+    keepalive: Duration,
 ) {
+    let mut last_keepalive = Instant::now();
     let mut last_request: std::collections::HashMap<(u32, u32), Instant> = Default::default();
     let refresh = |nl: &mut Netlink| match nl.snapshot(uplink, &pods) {
         Ok(n) => shared.set(n),
@@ -408,6 +444,14 @@ pub fn run_resolver(
             }
             Err(RecvTimeoutError::Timeout) => refresh(&mut nl),
             Err(RecvTimeoutError::Disconnected) => return,
+        }
+        if last_keepalive.elapsed() >= keepalive {
+            last_keepalive = Instant::now();
+            match nl.keep_alive(uplink, &pods, 1024) {
+                Ok(n) if n > 0 => tracing::debug!(count = n, "re-probing stale neighbours"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "neighbour keep-alive failed"),
+            }
         }
     }
 }

@@ -68,6 +68,8 @@ pub struct RuntimeConfig {
     pub generic_xdp: bool,
     /// Bind sockets in zero-copy mode (NICs that support it; veth does not).
     pub zero_copy: bool,
+    /// Re-probe stale neighbour entries this often (seconds).
+    pub neighbour_keepalive_s: u64,
 }
 
 struct Port {
@@ -189,6 +191,7 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     let shared = Arc::new(SharedNeighbours::new(first));
     let (miss_tx, miss_rx) = mpsc::sync_channel::<(u32, u32)>(256);
     let stop_resolver = Arc::new(AtomicBool::new(false));
+    let keepalive = Duration::from_secs(cfg.neighbour_keepalive_s.max(1));
     let resolver = {
         let (shared, stop, pods) = (shared.clone(), stop_resolver.clone(), pod_ifaces.clone());
         std::thread::Builder::new()
@@ -202,6 +205,7 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
                     miss_rx,
                     stop,
                     Duration::from_secs(1),
+                    keepalive,
                 )
             })?
     };

@@ -377,6 +377,8 @@ impl Lab {
             &sf,
             "--flow-capacity",
             "65536",
+            "--neighbour-keepalive",
+            "1",
         ]);
         let child = lab.node.spawn_logged(&argv, &lab.log)?;
         lab.dataplane = Some(child);
@@ -1040,5 +1042,45 @@ fn pods_behind_a_bridge_and_a_new_pod_need_no_restart() -> Result<()> {
         "same process"
     );
     drop((old, fresh));
+    lab.finish()
+}
+
+#[test]
+fn stale_neighbour_entries_of_pods_are_kept_alive() -> Result<()> {
+    let lab = Lab::new("dpk")?;
+    let (body, _) = curl(&lab.client, "http://10.200.0.10/")?;
+    let pod = pod_of(&body).context("pod")?;
+    let (ip, dev) = (pod_ip(pod).to_string(), format!("pv{pod}"));
+    let mac = lab.pods[pod].exec(&["cat", "/sys/class/net/eth0/address"])?;
+    // Forwarding with AF_XDP never confirms the kernel's entry: age it by hand.
+    lab.node.exec(&[
+        "ip",
+        "neigh",
+        "replace",
+        &ip,
+        "dev",
+        &dev,
+        "lladdr",
+        mac.trim(),
+        "nud",
+        "stale",
+    ])?;
+    let state = || {
+        lab.node
+            .exec(&["ip", "neigh", "show", &ip, "dev", &dev])
+            .unwrap_or_default()
+    };
+    assert!(state().contains("STALE"), "{}", state());
+    // The resolver re-probes it (keep-alive every second here): STALE -> DELAY -> PROBE
+    // -> REACHABLE after the kernel's first-probe delay (5 s).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !state().contains("REACHABLE") {
+        ensure!(
+            Instant::now() < deadline,
+            "neighbour entry not re-probed: {}",
+            state()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
     lab.finish()
 }

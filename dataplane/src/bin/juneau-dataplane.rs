@@ -71,6 +71,10 @@ struct Args {
     /// Bind AF_XDP sockets in zero-copy mode (NICs that support it; not veth).
     #[arg(long)]
     zero_copy: bool,
+    /// Re-probe stale kernel neighbour entries of Pods and gateways this often, seconds
+    /// (AF_XDP traffic never confirms them, so they would age out).
+    #[arg(long, default_value_t = 30)]
+    neighbour_keepalive: u64,
     /// Trust L4 checksums of Pod replies and update them incrementally instead of
     /// recomputing them (only if no Pod interface uses tx checksum offload).
     #[arg(long)]
@@ -115,6 +119,7 @@ fn main() -> Result<()> {
         idle_sleep_ms: a.idle_sleep_ms,
         generic_xdp: a.generic_xdp,
         zero_copy: a.zero_copy,
+        neighbour_keepalive_s: a.neighbour_keepalive,
     };
     run(cfg)
 }
