@@ -396,6 +396,7 @@ impl SharedNeighbours {
 /// miss arrives on `misses`, asks the kernel to resolve it and re-reads the table a few
 /// times over the next ~400 ms until the entry appears; every `keepalive`, re-probes
 /// stale entries the dataplane depends on ([`Netlink::keep_alive`]).
+#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
 pub fn run_resolver(
     mut nl: Netlink,
     uplink: Iface,
