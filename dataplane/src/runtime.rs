@@ -306,6 +306,23 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     if let Some(addr) = cfg.metrics_addr {
         serve_metrics(addr, metrics_text.clone())?;
     }
+    // Serialising and writing the stats happens on its own thread, so the forwarding
+    // loop only copies its counters once a second.
+    let (stats_tx, stats_rx) = mpsc::sync_channel::<Stats>(2);
+    let stats_writer = {
+        let (path, text) = (cfg.stats_file.clone(), metrics_text.clone());
+        std::thread::Builder::new().name("stats".into()).spawn(move || {
+            for stats in stats_rx {
+                *text.lock().unwrap_or_else(|p| p.into_inner()) = stats.prometheus();
+                if let Some(path) = &path {
+                    let json = serde_json::to_vec_pretty(&stats).unwrap_or_default();
+                    if let Err(e) = write_atomically(path, &json) {
+                        tracing::warn!(path = %path.display(), error = %e, "writing the stats file failed");
+                    }
+                }
+            }
+        })?
+    };
 
     let result = forward_loop(
         &cfg,
@@ -315,8 +332,10 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         &mut steering,
         &shared,
         &miss_tx,
-        &metrics_text,
+        &stats_tx,
     );
+    drop(stats_tx);
+    let _ = stats_writer.join();
     stop_resolver.store(true, Ordering::Relaxed);
     drop(miss_tx);
     let _ = resolver.join();
@@ -335,7 +354,7 @@ fn forward_loop(
     steering: &mut Steering,
     shared: &SharedNeighbours,
     miss_tx: &mpsc::SyncSender<(u32, u32)>,
-    metrics_text: &Mutex<String>,
+    stats_tx: &mpsc::SyncSender<Stats>,
 ) -> Result<()> {
     let n_ports = ports.len();
     // Egress: the queue-0 socket of each interface.
@@ -500,14 +519,7 @@ fn forward_loop(
 
         if now.duration_since(last_stats) >= Duration::from_secs(1) {
             last_stats = now;
-            let stats = collect_stats(&engine, ports, seen_generation, &nb, shared);
-            *metrics_text.lock().unwrap_or_else(|p| p.into_inner()) = stats.prometheus();
-            if let Some(path) = &cfg.stats_file {
-                let json = serde_json::to_vec_pretty(&stats)?;
-                if let Err(e) = write_atomically(path, &json) {
-                    tracing::warn!(path = %path.display(), error = %e, "writing the stats file failed");
-                }
-            }
+            let _ = stats_tx.try_send(collect_stats(&engine, ports, seen_generation, &nb, shared));
         }
 
         if received > 0 {
@@ -528,10 +540,7 @@ fn forward_loop(
         }
     }
     // Final stats so a short-lived run leaves them behind.
-    let stats = collect_stats(&engine, ports, seen_generation, &nb, shared);
-    if let Some(path) = &cfg.stats_file {
-        let _ = write_atomically(path, &serde_json::to_vec_pretty(&stats)?);
-    }
+    let _ = stats_tx.send(collect_stats(&engine, ports, seen_generation, &nb, shared));
     Ok(())
 }
 
