@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::fsm::{Action, ConnId, Event, Peer, SessionConfig, Timer};
+use crate::fsm::{self, Action, ConnId, Event, Peer, SessionConfig, Timer};
 use crate::rib::{self, AdjRibOut, SessionParams};
 use crate::sockopt;
 use crate::status::{unix_now, PeerStatus, StatusHub};
@@ -238,13 +238,22 @@ fn reconcile(
             continue;
         }
         tracing::info!(peer = %pc.name, address = %pc.peer_address, asn = pc.peer_asn, "peer configured");
+        let owner = NEXT_OWNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         hub.update(|s| {
-            s.peers
+            let p = s
+                .peers
                 .entry(pc.name.clone())
                 .or_insert_with(|| PeerStatus::new(&pc.name, pc.peer_address));
+            // A reconfigured peer keeps its counters and last error; the new task owns it.
+            p.owner = owner;
+            p.peer_address = pc.peer_address;
+            p.state = fsm::State::Idle;
+            p.established_since_unix = None;
+            p.prefixes_announced = 0;
+            p.graceful_restart = false;
         });
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = PeerTask::new(pc.clone(), rid, state_rx.clone(), hub.clone());
+        let task = PeerTask::new(pc.clone(), rid, owner, state_rx.clone(), hub.clone());
         let span = tracing::info_span!("peer", peer = %pc.name);
         let task = tokio::spawn(tracing::Instrument::instrument(task.run(rx), span));
         peers.insert(
@@ -258,6 +267,8 @@ fn reconcile(
         );
     }
 }
+
+static NEXT_OWNER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 enum Io {
     Connected(ConnId, TcpStream),
@@ -282,6 +293,7 @@ struct PeerTask {
     io_rx: mpsc::UnboundedReceiver<Io>,
     state_rx: watch::Receiver<SharedState>,
     hub: Arc<StatusHub>,
+    owner: u64,
     /// The established connection, its announcement parameters, and what the peer has.
     session: Option<(ConnId, SessionParams, bool)>,
     rib_out: AdjRibOut,
@@ -291,6 +303,7 @@ impl PeerTask {
     fn new(
         cfg: PeerConfig,
         router_id: Ipv4Addr,
+        owner: u64,
         state_rx: watch::Receiver<SharedState>,
         hub: Arc<StatusHub>,
     ) -> Self {
@@ -315,6 +328,7 @@ impl PeerTask {
             io_rx,
             state_rx,
             hub,
+            owner,
             session: None,
             rib_out: AdjRibOut::new(),
         }
@@ -404,7 +418,7 @@ impl PeerTask {
             Io::ConnectFailed(id, e) => {
                 self.connecting.remove(&id);
                 tracing::debug!(error = %e, "connect failed");
-                self.hub.peer(&self.cfg.name, |p| {
+                self.hub.peer_owned(&self.cfg.name, self.owner, |p| {
                     p.last_error = Some(format!("connect: {e}"))
                 });
                 self.fsm.handle(Event::ConnectFailed(id))
@@ -414,7 +428,8 @@ impl PeerTask {
                 let acts = self.fsm.handle(Event::Received(id, &bytes));
                 if self.fsm.prefixes_received != before {
                     let n = self.fsm.prefixes_received;
-                    self.hub.peer(&self.cfg.name, |p| p.prefixes_received = n);
+                    self.hub
+                        .peer_owned(&self.cfg.name, self.owner, |p| p.prefixes_received = n);
                 }
                 acts
             }
@@ -540,7 +555,8 @@ impl PeerTask {
                 }
                 Action::StateChanged(s) => {
                     tracing::info!(state = %s, "session state");
-                    self.hub.peer(&self.cfg.name, |p| p.state = s);
+                    self.hub
+                        .peer_owned(&self.cfg.name, self.owner, |p| p.state = s);
                 }
                 Action::Established(id, neg) => {
                     let Some(c) = self.conns.get(&id) else {
@@ -556,7 +572,7 @@ impl PeerTask {
                     self.session = Some((id, params, neg.graceful_restart));
                     self.rib_out.clear();
                     let gr = neg.graceful_restart;
-                    self.hub.peer(&self.cfg.name, |p| {
+                    self.hub.peer_owned(&self.cfg.name, self.owner, |p| {
                         p.established_since_unix = Some(unix_now());
                         p.graceful_restart = gr;
                     });
@@ -570,7 +586,7 @@ impl PeerTask {
                     self.session = None;
                     self.rib_out.clear();
                     let r = reason.to_string();
-                    self.hub.peer(&self.cfg.name, |p| {
+                    self.hub.peer_owned(&self.cfg.name, self.owner, |p| {
                         p.session_flaps += 1;
                         p.last_error = Some(r);
                         p.established_since_unix = None;
@@ -585,11 +601,13 @@ impl PeerTask {
                 }
                 Action::TreatAsWithdraw(e) => {
                     tracing::warn!(error = %e, "malformed UPDATE treated as withdraw");
-                    self.hub.peer(&self.cfg.name, |p| p.treat_as_withdraw += 1);
+                    self.hub
+                        .peer_owned(&self.cfg.name, self.owner, |p| p.treat_as_withdraw += 1);
                 }
                 Action::Error(e) => {
                     tracing::info!(error = %e, "session error");
-                    self.hub.peer(&self.cfg.name, |p| p.last_error = Some(e));
+                    self.hub
+                        .peer_owned(&self.cfg.name, self.owner, |p| p.last_error = Some(e));
                 }
             }
         }
@@ -628,7 +646,7 @@ impl PeerTask {
             self.rib_out = desired;
             let n = self.rib_out.len();
             let sent = updates.len() as u64;
-            self.hub.peer(&self.cfg.name, |p| {
+            self.hub.peer_owned(&self.cfg.name, self.owner, |p| {
                 p.prefixes_announced = n;
                 p.updates_sent += sent;
             });

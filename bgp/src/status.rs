@@ -42,6 +42,10 @@ pub struct PeerStatus {
     pub treat_as_withdraw: u64,
     /// Graceful restart was negotiated on the current session.
     pub graceful_restart: bool,
+    /// Which run of the peer's task owns this entry (a reconfigured peer's old task must
+    /// not overwrite its successor's status).
+    #[serde(skip)]
+    pub owner: u64,
 }
 
 impl PeerStatus {
@@ -60,6 +64,7 @@ impl PeerStatus {
             updates_sent: 0,
             treat_as_withdraw: 0,
             graceful_restart: false,
+            owner: 0,
         }
     }
 }
@@ -119,6 +124,15 @@ impl StatusHub {
     pub fn peer(&self, name: &str, f: impl FnOnce(&mut PeerStatus)) {
         self.update(|s| {
             if let Some(p) = s.peers.get_mut(name) {
+                f(p)
+            }
+        })
+    }
+
+    /// Changes one peer's status if `owner` still owns the entry.
+    pub fn peer_owned(&self, name: &str, owner: u64, f: impl FnOnce(&mut PeerStatus)) {
+        self.update(|s| {
+            if let Some(p) = s.peers.get_mut(name).filter(|p| p.owner == owner) {
                 f(p)
             }
         })

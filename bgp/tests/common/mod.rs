@@ -475,6 +475,11 @@ impl Router {
     fn spawn_bird(&mut self, ns: &Netns, cfg: &str) -> Result<()> {
         let dir = self.dir.clone();
         let conf = dir.join("bird.conf");
+        let cfg = if cfg.contains("log stderr") {
+            cfg.to_string()
+        } else {
+            format!("log stderr all;\n{cfg}")
+        };
         std::fs::write(&conf, cfg)?;
         let log = dir.join("bird.log");
         let child = ns.spawn_logged(
