@@ -218,4 +218,44 @@ mod tests {
         );
         assert_eq!(render(&slb, Some(&svc), Some(&net), &[sl]), SEED);
     }
+
+    #[test]
+    fn failed_and_missing_pieces_are_said() {
+        let mut slb = ServiceLoadBalancer::new(
+            "web",
+            ServiceLoadBalancerSpec {
+                service_name: "web".into(),
+                external_network: Some("nope".into()),
+                requested_ip: None,
+            },
+        );
+        slb.metadata.namespace = Some("team".into());
+        slb.status = Some(ServiceLoadBalancerStatus {
+            phase: Phase::Failed,
+            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "VIPAllocated".into(),
+                status: "False".into(),
+                reason: "ExternalNetworkNotFound".into(),
+                message: "ExternalNetwork \"nope\" does not exist".into(),
+                observed_generation: None,
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+            }],
+            ..Default::default()
+        });
+        let text = render(&slb, None, None, &[]);
+        assert_eq!(
+            text,
+            "ServiceLoadBalancer  team/web  (vip: <none>, phase: Failed)
+├── parent Service  team/web  (not found)
+├── ExternalNetwork  nope  (not found)
+├── AllocatedFrom  <none>
+├── Ports
+├── AdvertisingNodes  (0)
+├── Problem  ExternalNetworkNotFound: ExternalNetwork \"nope\" does not exist
+└── Backends  totalReady=0  localReadyNodes=0
+"
+        );
+    }
 }
