@@ -24,7 +24,7 @@ fn ebgp_multihop_across_a_router_and_ttl_one_never_gets_there() -> Result<()> {
     veth(mid, "far", &bgp_router, "near")?;
     mid.addr("far", "10.0.2.1/24")?;
     bgp_router.addr("near", "10.0.2.2/24")?;
-    mid.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    mid.exec(&["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"])?;
     topo.nodes[0].exec(&["ip", "route", "add", "10.0.2.0/24", "via", "10.0.1.1"])?;
     bgp_router.exec(&["ip", "route", "add", "10.0.1.0/24", "via", "10.0.2.1"])?;
     bgp_router.exec(&["ping", "-c", "1", "-W", "2", "10.0.1.2"])?;
