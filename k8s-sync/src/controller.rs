@@ -504,7 +504,11 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&key);
-    Ok(Action::requeue(Duration::from_secs(300)))
+    Ok(Action::requeue(if outcome.waiting_for_address {
+        Duration::from_secs(5)
+    } else {
+        Duration::from_secs(300)
+    }))
 }
 
 async fn write_status(

@@ -105,6 +105,9 @@ pub struct Outcome {
     pub ingress_ip: Option<Ipv4Addr>,
     /// Events worth a human's attention (only on change).
     pub notes: Vec<Note>,
+    /// The Service waits for an address that another Service may free (requested IP
+    /// taken, pool exhausted): look again soon rather than at the next resync.
+    pub waiting_for_address: bool,
 }
 
 /// A problem found in the Service or its configuration.
@@ -392,6 +395,7 @@ pub fn reconcile_service(
         }
     };
     let vip_ok = vip_cond.is_ok();
+    let waiting_for_address = matches!(&vip_cond, Err((_, false)));
     let mut failed = !supported;
     match &vip_cond {
         Ok(msg) => conditions.push(cond(
@@ -528,6 +532,7 @@ pub fn reconcile_service(
         ingress_ip: if serving { vip } else { None },
         status,
         notes,
+        waiting_for_address,
     }
 }
 
@@ -742,8 +747,10 @@ mod tests {
                 (REQUESTED_IP_ANNOTATION, "198.51.100.1"),
             ],
         );
+        assert!(ob.waiting_for_address && !oa.waiting_for_address);
         let oc = reconcile_service(&c, None, &[&sl], &w, &mut book, now());
         assert_eq!(oc.status.phase, Phase::Failed);
+        assert!(!oc.waiting_for_address);
         assert!(oc
             .notes
             .iter()

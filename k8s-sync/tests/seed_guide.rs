@@ -277,6 +277,21 @@ spec:
     assert_eq!(ev.0, "Warning");
     assert!(ev.2.contains("203.0.113.99"), "{ev:?}");
 
+    // When the holder goes away, the waiting Service gets the address by itself.
+    let winner = if loser == "dup-1" { "dup-2" } else { "dup-1" };
+    env.kubectl(&[
+        "delete",
+        "service",
+        winner,
+        "-n",
+        "default",
+        "--wait=true",
+        "--timeout=60s",
+    ])?;
+    eventually("the waiting Service gets 203.0.113.99", || {
+        Ok(slb_status(&env, loser)?.filter(|s| s["vip"] == "203.0.113.99"))
+    })?;
+
     // Every bad input: its condition, its Event, phase not Ready, nothing advertised.
     env.apply(
         "apiVersion: juneau.loutres.me/v1alpha1\nkind: AddressPool\nmetadata: {name: tiny}\n\
@@ -598,6 +613,7 @@ spec:
         "service",
         "dup-1",
         "dup-2",
+        "--ignore-not-found",
         "-n",
         "default",
         "--wait=true",
