@@ -6,6 +6,11 @@
 //! Must not touch: Kubernetes, the dataplane, or the kernel's routing table (routes
 //! received from peers are discarded, never installed).
 
+//!
+//! Modules: [`wire`] (the codec over netgauze-bgp-pkt), [`fsm`] (the sans-IO RFC 4271
+//! state machine), [`rib`] (what each peer should have, as UPDATE diffs), [`speaker`]
+//! (the tokio daemon), [`status`] (status file and metrics), [`sockopt`] (TCP-MD5, TTL).
+
 #![warn(missing_docs)]
 
 pub mod fsm;

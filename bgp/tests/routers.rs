@@ -39,7 +39,7 @@ fn announce_withdraw_ecmp(kind: RouterKind) -> Result<()> {
     // A VIP with a Ready local backend on node 0 only.
     n0.publish_vips(&[VIP])?;
     let t = router.wait_nexthops(VIP, &[node_addr(0)], ROUTE)?;
-    println!("{kind:?}: announcement reached the router in {t:?}");
+    record(kind, "announce (publish to router table)", t);
     assert_eq!(n0.status()?["peers"]["router"]["prefixes_announced"], 1);
     // ORIGIN, 4-byte AS_PATH, COMMUNITIES and LARGE_COMMUNITIES arrived intact.
     let text = router.route_text(VIP)?;
@@ -65,9 +65,10 @@ fn announce_withdraw_ecmp(kind: RouterKind) -> Result<()> {
     let start = Instant::now();
     n0.publish_vips(&[])?;
     router.wait_nexthops(VIP, &[node_addr(1)], ROUTE)?;
-    println!(
-        "{kind:?}: withdraw after the last local backend left reached the router in {:?}",
-        start.elapsed()
+    record(
+        kind,
+        "withdraw after the last local backend left (publish to router table)",
+        start.elapsed(),
     );
     assert_eq!(n0.status()?["peers"]["router"]["prefixes_announced"], 0);
 
@@ -177,7 +178,7 @@ fn crash_without_graceful_restart(kind: RouterKind) -> Result<()> {
     router.wait_nexthops(VIP, &[node_addr(0)], ROUTE)?;
     n0.kill();
     let t = router.wait_nexthops(VIP, &[], ROUTE)?;
-    println!("{kind:?}: without graceful restart the route was withdrawn {t:?} after the crash");
+    record(kind, "withdraw after a crash without graceful restart", t);
     Ok(())
 }
 

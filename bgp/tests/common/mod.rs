@@ -29,6 +29,23 @@ pub fn node_addr(node: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 0, node as u8 + 1, 2)
 }
 
+/// Prints a convergence measurement and appends it to
+/// `$CARGO_TARGET_TMPDIR/bgp-convergence.tsv` (router, event, milliseconds), so it is
+/// kept even when the test harness captures output.
+pub fn record(kind: RouterKind, event: &str, took: Duration) {
+    let ms = took.as_secs_f64() * 1e3;
+    println!("{kind:?}: {event}: {ms:.1} ms");
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bgp-convergence.tsv");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        use std::io::Write;
+        let _ = writeln!(f, "{kind:?}\t{event}\t{ms:.1}");
+    }
+}
+
 /// Fails with a message naming the setup step when a binary is missing.
 pub fn require(bin: &str) -> Result<()> {
     if Path::new(bin).exists()
