@@ -66,7 +66,7 @@ fn deploy_rbac_is_least_privilege() -> Result<()> {
         ),
         ("list", "endpointslices.discovery.k8s.io", "default"),
         ("create", "events.events.k8s.io", "default"),
-        ("update", "leases.coordination.k8s.io", "juneau-system"),
+        ("patch", "leases.coordination.k8s.io", "juneau-system"),
     ];
     for (verb, res, ns) in controller_may {
         assert!(
@@ -80,6 +80,8 @@ fn deploy_rbac_is_least_privilege() -> Result<()> {
         ("create", "pods", "default"),
         ("update", "leases.coordination.k8s.io", "kube-system"),
         ("patch", "nodes", "default"),
+        ("update", "services", "default"),
+        ("list", "configmaps", "default"),
     ];
     for (verb, res, ns) in controller_must_not {
         assert!(
@@ -91,7 +93,7 @@ fn deploy_rbac_is_least_privilege() -> Result<()> {
         ("watch", "serviceloadbalancers.juneau.loutres.me", "default"),
         ("watch", "endpointslices.discovery.k8s.io", "default"),
         ("list", "bgppeers.juneau.loutres.me", "default"),
-        ("get", "secrets", "juneau-system"),
+        ("watch", "secrets", "juneau-system"),
     ] {
         assert!(
             can("juneau-node", verb, res, ns)?,
@@ -103,6 +105,8 @@ fn deploy_rbac_is_least_privilege() -> Result<()> {
         ("patch", "serviceloadbalancers.juneau.loutres.me", "default"),
         ("patch", "services/status", "default"),
         ("create", "events.events.k8s.io", "default"),
+        ("list", "addresspools.juneau.loutres.me", "default"),
+        ("patch", "nodes", "default"),
     ] {
         assert!(
             !can("juneau-node", verb, res, ns)?,
