@@ -524,9 +524,9 @@ pub fn frame(buf: &[u8]) -> Result<Option<usize>, DecodeError> {
     Ok((buf.len() >= len).then_some(len))
 }
 
-/// The message type of a framed message.
+/// The message type of a framed message (0 if `msg` is shorter than a header).
 pub fn message_type(msg: &[u8]) -> u8 {
-    msg[18]
+    msg.get(18).copied().unwrap_or(0)
 }
 
 /// What [`inspect_update`] found in an UPDATE it did not fully parse.
@@ -556,7 +556,8 @@ fn walk_prefixes(mut field: &[u8]) -> Result<usize, ()> {
     Ok(n)
 }
 
-/// Validates an UPDATE's framing without allocating, as RFC 7606 asks: errors that make
+/// Validates an UPDATE's framing (a whole message, header included, as [`frame`] cut it)
+/// without allocating, as RFC 7606 asks: errors that make
 /// the prefixes impossible to locate (withdrawn routes, total attribute length, NLRI,
 /// MP_REACH/MP_UNREACH attributes) reset the session; an attribute that overruns the
 /// attribute field is treat-as-withdraw. Attribute contents are not looked at: this
@@ -564,7 +565,7 @@ fn walk_prefixes(mut field: &[u8]) -> Result<usize, ()> {
 /// a route it never keeps.
 pub fn inspect_update(msg: &[u8]) -> Result<UpdateSummary, DecodeError> {
     use Rfc7606Action::*;
-    let body = &msg[HEADER_LEN..];
+    let body = msg.get(HEADER_LEN..).unwrap_or_default();
     if body.len() < 4 {
         return Err(DecodeError::header(
             HeaderError::BadMessageLength,

@@ -403,6 +403,7 @@ fn check_no_panic(bytes: &[u8]) {
         }
     }
     let _ = decode(bytes, ctx);
+    let _ = inspect_update(bytes);
 }
 
 #[test]

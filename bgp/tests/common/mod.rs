@@ -78,7 +78,7 @@ pub fn wait_for<T>(
         if start.elapsed() > timeout {
             bail!("timed out after {timeout:?} waiting for {what} (last error: {last_err:?})");
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
