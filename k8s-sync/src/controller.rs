@@ -53,6 +53,8 @@ struct Ctx {
     nodes: Store<Node>,
     advertisements: Store<BGPAdvertisement>,
     failures: Mutex<HashMap<String, u32>>,
+    /// Signalled when a VIP is released, so Services waiting for an address look again.
+    released: futures::channel::mpsc::UnboundedSender<()>,
 }
 
 /// Runs the controller: waits for the Lease, acts while holding it, stops acting the
@@ -220,7 +222,9 @@ async fn lead(client: Client, identity: String) -> anyhow::Result<()> {
     let (pools, pool_stream) = reflect(Api::<AddressPool>::all(client.clone()));
     let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()));
     let (advertisements, adv_stream) = reflect(Api::<BGPAdvertisement>::all(client.clone()));
+    let (released, released_rx) = futures::channel::mpsc::unbounded();
     let cluster_changes = futures::stream::select_all(vec![
+        released_rx.boxed(),
         net_stream.map(|_| ()).boxed(),
         pool_stream.map(|_| ()).boxed(),
         node_stream.map(|_| ()).boxed(),
@@ -243,6 +247,7 @@ async fn lead(client: Client, identity: String) -> anyhow::Result<()> {
         nodes,
         advertisements,
         failures: Mutex::new(HashMap::new()),
+        released,
     });
     Controller::new(
         Api::<Service>::all(client.clone()),
@@ -405,6 +410,7 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             .release(&key);
         if let Some(v) = released {
             info!(service = %key, vip = %v, "VIP released");
+            let _ = ctx.released.unbounded_send(());
             if !deleting {
                 publish(&ctx, &svc, false, "VIPReleased", &format!("VIP {v} released: the Service is no longer of class juneau.loutres.me/load-balancer"), "Release").await;
             }
@@ -504,8 +510,10 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&key);
+    // A Service waiting for an address is woken by the release that frees one; the
+    // shorter requeue only bounds the wait should that signal be missed.
     Ok(Action::requeue(if outcome.waiting_for_address {
-        Duration::from_secs(5)
+        Duration::from_secs(60)
     } else {
         Duration::from_secs(300)
     }))
