@@ -159,6 +159,34 @@ spec:
         err.contains("no ServiceLoadBalancer and no Service named \"missing\""),
         "{err}"
     );
+    // The namespace comes from the kubeconfig context when -n is not given.
+    env.kubectl(&["create", "namespace", "team"])?;
+    env.apply(&service("web", &[], "").replace("namespace: default", "namespace: team"))?;
+    eventually("team/web has its ServiceLoadBalancer", || {
+        Ok(env
+            .get("serviceloadbalancer", "web", Some("team"))?
+            .and_then(|s| s["status"]["vip"].as_str().map(String::from)))
+    })?;
+    let team_kubeconfig = env.k.dir().join("team.kubeconfig");
+    std::fs::write(
+        &team_kubeconfig,
+        std::fs::read_to_string(env.k.kubeconfig())?
+            .replace("namespace: default", "namespace: team"),
+    )?;
+    let out = kubectl_juneau_with(&team_kubeconfig, &["describe", "lb", "web"])?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8(out.stdout)?
+        .starts_with("ServiceLoadBalancer  team/web  (vip: 203.0.113."));
+    let out = kubectl_juneau(&env, &["describe", "loadbalancer", "web"])?;
+    assert!(
+        !out.status.success(),
+        "web is not in the admin context's namespace"
+    );
+
     let out = kubectl_juneau(&env, &["describe", "loadbalancer", "foreign"])?;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not managed by Juneau"));
@@ -180,11 +208,22 @@ spec:
         agent_a.check_running()?;
         Ok(shm_state(&shm_a)?.filter(|s| s.services.iter().any(|x| x.backends.len() == 2)))
     })?;
-    assert_eq!(a.services.len(), 1);
-    assert_eq!(a.services[0].frontend.vip, vip);
-    assert_eq!(a.services[0].frontend.protocol, Protocol::Tcp);
-    assert_eq!(a.services[0].frontend.port, 80);
-    assert!(a.services[0].backends.iter().all(|b| b.port == 80));
+    // nginx, plus team/web (a VIP without backends: an empty table, not announced).
+    assert_eq!(a.services.len(), 2, "{a:?}");
+    let nginx_a = a
+        .services
+        .iter()
+        .find(|x| x.frontend.vip == vip)
+        .context("nginx frontend")?;
+    assert_eq!(nginx_a.frontend.protocol, Protocol::Tcp);
+    assert_eq!(nginx_a.frontend.port, 80);
+    assert_eq!(nginx_a.backends.len(), 2);
+    assert!(nginx_a.backends.iter().all(|b| b.port == 80));
+    assert!(a
+        .services
+        .iter()
+        .filter(|x| x.frontend.vip != vip)
+        .all(|x| x.backends.is_empty()));
     assert_eq!(a.advertised.len(), 1);
     assert_eq!(a.advertised[0].vip, vip);
     assert_eq!(a.advertised[0].communities, vec![64512 << 16 | 100]);

@@ -434,6 +434,11 @@ pub fn ingress_ip(env: &Env, name: &str) -> Result<Option<String>> {
 
 /// `kubectl juneau ...` through the real kubectl, with the plugin found on PATH.
 pub fn kubectl_juneau(env: &Env, args: &[&str]) -> Result<std::process::Output> {
+    kubectl_juneau_with(env.k.kubeconfig(), args)
+}
+
+/// `kubectl juneau ...` with a given kubeconfig.
+pub fn kubectl_juneau_with(kubeconfig: &Path, args: &[&str]) -> Result<std::process::Output> {
     let plugin = Path::new(env!("CARGO_BIN_EXE_kubectl-juneau"));
     let path = format!(
         "{}:{}",
@@ -444,7 +449,7 @@ pub fn kubectl_juneau(env: &Env, args: &[&str]) -> Result<std::process::Output> 
         .arg("juneau")
         .args(args)
         .env("PATH", path)
-        .env("KUBECONFIG", env.k.kubeconfig())
+        .env("KUBECONFIG", kubeconfig)
         .output()
         .context("running kubectl juneau")
 }
