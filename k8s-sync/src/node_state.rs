@@ -519,6 +519,100 @@ mod tests {
     }
 
     #[test]
+    fn udp_and_unnamed_ports_resolve_per_protocol() {
+        let mut v = view();
+        let spec = v
+            .services
+            .get_mut("default/nginx")
+            .unwrap()
+            .spec
+            .as_mut()
+            .unwrap();
+        spec.ports = Some(vec![
+            ServicePort {
+                name: Some("dns".into()),
+                protocol: Some("UDP".into()),
+                port: 53,
+                target_port: Some(IntOrString::Int(5353)),
+                ..Default::default()
+            },
+            ServicePort {
+                name: Some("dns-tcp".into()),
+                protocol: Some("TCP".into()),
+                port: 53,
+                target_port: Some(IntOrString::Int(5354)),
+                ..Default::default()
+            },
+        ]);
+        let mut sl = slice(
+            "nginx",
+            "n",
+            &[("10.0.0.1", "node-a", true, false)],
+            ("dns", 5353),
+        );
+        let ports = sl.ports.as_mut().unwrap();
+        ports[0].protocol = Some("UDP".into());
+        ports.push(k8s_openapi::api::discovery::v1::EndpointPort {
+            name: Some("dns-tcp".into()),
+            port: Some(5354),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        });
+        v.slices.insert("default/nginx".into(), vec![sl]);
+        let (s, _) = build_node_state("node-a", &v);
+        let vip = Ipv4Addr::new(203, 0, 113, 10);
+        let udp = s
+            .service(&Frontend {
+                vip,
+                protocol: Protocol::Udp,
+                port: 53,
+            })
+            .unwrap();
+        assert_eq!(
+            udp.backends,
+            vec![LocalBackend {
+                ip: Ipv4Addr::new(10, 0, 0, 1),
+                port: 5353
+            }]
+        );
+        let tcp = s
+            .service(&Frontend {
+                vip,
+                protocol: Protocol::Tcp,
+                port: 53,
+            })
+            .unwrap();
+        assert_eq!(
+            tcp.backends,
+            vec![LocalBackend {
+                ip: Ipv4Addr::new(10, 0, 0, 1),
+                port: 5354
+            }]
+        );
+
+        // A single unnamed port: the slice's port has an empty name.
+        let mut v = view();
+        let spec = v
+            .services
+            .get_mut("default/nginx")
+            .unwrap()
+            .spec
+            .as_mut()
+            .unwrap();
+        spec.ports.as_mut().unwrap()[0].name = None;
+        let mut sl = slice(
+            "nginx",
+            "n",
+            &[("10.0.0.1", "node-a", true, false)],
+            ("", 9000),
+        );
+        sl.ports.as_mut().unwrap()[0].name = Some(String::new());
+        v.slices.insert("default/nginx".into(), vec![sl]);
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(s.services[0].backends[0].port, 9000);
+    }
+
+    #[test]
     fn communities_parse() {
         assert_eq!(parse_community("65535:65535"), Some(u32::MAX));
         assert_eq!(parse_community("65536:1"), None);
