@@ -108,11 +108,7 @@ fn breakdown(profile: &Path, calls: u64) -> Result<Vec<(String, f64)>> {
 }
 
 /// Measures the cost, or says why it could not.
-pub fn measure(out_dir: &Path, smoke: bool) -> Cost {
-    let bench = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.join("juneau-perf-cost")))
-        .unwrap_or_else(|| "juneau-perf-cost".into());
+pub fn measure(bench: &Path, out_dir: &Path, smoke: bool) -> Cost {
     let profile = if cfg!(debug_assertions) {
         "debug (unoptimised: not comparable to the target)"
     } else {
@@ -127,9 +123,9 @@ pub fn measure(out_dir: &Path, smoke: bool) -> Cost {
             );
         }
         Ok((
-            per_packet(&bench, out_dir, "established", n)?,
-            per_packet(&bench, out_dir, "new", n)?,
-            per_packet(&bench, out_dir, "reply", n)?,
+            per_packet(bench, out_dir, "established", n)?,
+            per_packet(bench, out_dir, "new", n)?,
+            per_packet(bench, out_dir, "reply", n)?,
         ))
     };
     let result = run();

@@ -176,6 +176,8 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
         );
     }
     std::fs::create_dir_all(&plan.out_dir)?;
+    let mut plan = plan;
+    let cost_bench = suite::stage_binaries(&mut plan)?;
     ctrlc::set_handler(|| {
         eprintln!("interrupt: stopping and removing the namespaces...");
         INTERRUPTED.store(true, Ordering::Relaxed);
@@ -227,7 +229,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     suite::run(&plan, &progress, &mut report)?;
     if cost {
         progress.say("userspace cost: callgrind on the dataplane's packet path");
-        report.cost = juneau_perf::cost::measure(&plan.out_dir, smoke);
+        report.cost = juneau_perf::cost::measure(&cost_bench, &plan.out_dir, smoke);
         progress.say(format!("cost: {}", report.cost.status));
     } else {
         report.cost.status = "Not measured (--no-cost).".into();

@@ -24,6 +24,9 @@ pub struct ScenarioResult {
     pub median_pps: f64,
     /// Largest run.
     pub max_pps: f64,
+    /// What the generator offered in each run (its own send rate); a delivered rate close
+    /// to it means the generator, not the path, was the limit.
+    pub offered_pps: Vec<f64>,
 }
 
 /// Median of a list (mean of the middle two for even lengths).
@@ -51,6 +54,7 @@ impl ScenarioResult {
             max_pps: runs_pps.iter().copied().fold(0.0, f64::max),
             median_pps: median(&runs_pps),
             runs_pps,
+            offered_pps: Vec::new(),
         }
     }
 }
@@ -189,17 +193,22 @@ impl Report {
         );
         m += "Delivered packets/s counted by the XDP sink in the backend namespace; 64-byte UDP\n";
         m += "from an AF_XDP generator in the client namespace, through the node namespace.\n\n";
-        m += "## Throughput\n\n| scenario | flows | runs (pps) | min | median | max |\n|---|---:|---|---:|---:|---:|\n";
+        m += "## Throughput\n\n| scenario | flows | runs (pps) | min | median | max | generator offered (pps) |\n|---|---:|---|---:|---:|---:|---|\n";
         for s in &self.scenarios {
             let runs: Vec<String> = s.runs_pps.iter().map(|p| format!("{p:.0}")).collect();
             m += &format!(
-                "| {} | {} | {} | {:.0} | {:.0} | {:.0} |\n",
+                "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {} |\n",
                 s.name,
                 s.flows,
                 runs.join(", "),
                 s.min_pps,
                 s.median_pps,
-                s.max_pps
+                s.max_pps,
+                s.offered_pps
+                    .iter()
+                    .map(|p| format!("{p:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
         m += "\n![throughput](throughput.png)\n\n## Ratios (medians of this run)\n\n| ratio | value | target |\n|---|---:|---:|\n";

@@ -170,8 +170,40 @@ pub fn sleep(d: Duration) -> Result<()> {
     }
 }
 
+static STAGED_SELF: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
 fn self_exe() -> Result<PathBuf> {
+    if let Some(p) = STAGED_SELF.get() {
+        return Ok(p.clone());
+    }
     std::env::current_exe().context("finding juneau-perf's own path")
+}
+
+/// Copies juneau-perf, juneau-perf-cost and the dataplane into `<out>/bin` and runs those
+/// copies, so that a rebuild of the target directory during a run (other people build
+/// on the same machine) cannot pull a binary away mid-run. Returns the cost bench's path.
+pub fn stage_binaries(plan: &mut Plan) -> Result<PathBuf> {
+    let bin = plan.out_dir.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    let me = std::env::current_exe().context("finding juneau-perf's own path")?;
+    let copy = |from: &Path, name: &str| -> Result<PathBuf> {
+        let to = bin.join(name);
+        let _ = std::fs::remove_file(&to);
+        std::fs::copy(from, &to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        Ok(to)
+    };
+    let staged = copy(&me, "juneau-perf")?;
+    let _ = STAGED_SELF.set(staged);
+    if plan.dataplane.exists() {
+        plan.dataplane = copy(&plan.dataplane.clone(), "juneau-dataplane")?;
+    }
+    let cost = me.with_file_name("juneau-perf-cost");
+    if cost.exists() {
+        copy(&cost, "juneau-perf-cost")
+    } else {
+        Ok(cost)
+    }
 }
 
 fn cpus() -> (u32, u32) {
@@ -532,7 +564,7 @@ fn measure(
     flows: u32,
     warmup: Duration,
     window: Duration,
-) -> Result<f64> {
+) -> Result<(f64, f64)> {
     let g = Gen::start(
         t,
         a.dst,
@@ -555,7 +587,7 @@ fn measure(
             gen.sent
         );
     }
-    Ok(pps)
+    Ok((pps, gen.sent as f64 / gen.elapsed_s.max(1e-9)))
 }
 
 fn latency_point(
@@ -613,6 +645,7 @@ fn summarize(name: &str, flows: u32, runs: Vec<f64>) -> ScenarioResult {
 /// scenarios instead of skewing one; then the latency points, one topology per scenario.
 pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> {
     let mut runs: Vec<Vec<f64>> = vec![Vec::new(); plan.scenarios.len()];
+    let mut offered_runs: Vec<Vec<f64>> = vec![Vec::new(); plan.scenarios.len()];
     let mut failed = vec![false; plan.scenarios.len()];
     let juneau = plan.scenarios.contains(&Scenario::Juneau);
     let mut scale_runs: Vec<Vec<f64>> = vec![Vec::new(); plan.flow_scale.len()];
@@ -624,15 +657,17 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
             }
             check_interrupt()?;
             match throughput_once(plan, *sc, plan.flows, plan.warmup) {
-                Ok(pps) => {
+                Ok((pps, offered)) => {
                     progress.say(format!(
-                        "round {}/{}: {}: {:.0} pps delivered",
+                        "round {}/{}: {}: {:.0} pps delivered (generator offered {:.0})",
                         round + 1,
                         plan.runs,
                         sc.name(),
-                        pps
+                        pps,
+                        offered
                     ));
                     runs[i].push(pps);
+                    offered_runs[i].push(offered);
                 }
                 Err(e) => {
                     check_interrupt()?;
@@ -653,12 +688,13 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
                     flows,
                     plan.warmup + plan.scale_warmup(flows),
                 ) {
-                    Ok(pps) => {
+                    Ok((pps, offered)) => {
                         progress.say(format!(
-                            "round {}/{}: juneau @ {flows} flows: {:.0} pps delivered",
+                            "round {}/{}: juneau @ {flows} flows: {:.0} pps delivered (generator offered {:.0})",
                             round + 1,
                             plan.runs,
-                            pps
+                            pps,
+                            offered
                         ));
                         scale_runs[k].push(pps);
                     }
@@ -675,9 +711,9 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
     }
     for (i, sc) in plan.scenarios.iter().enumerate() {
         if !failed[i] {
-            report
-                .scenarios
-                .push(summarize(sc.name(), plan.flows, runs[i].clone()));
+            let mut r = summarize(sc.name(), plan.flows, runs[i].clone());
+            r.offered_pps = offered_runs[i].clone();
+            report.scenarios.push(r);
         }
     }
     if juneau && !scale_failed {
@@ -706,7 +742,7 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
 }
 
 /// One throughput run on a fresh topology.
-fn throughput_once(plan: &Plan, sc: Scenario, flows: u32, warmup: Duration) -> Result<f64> {
+fn throughput_once(plan: &Plan, sc: Scenario, flows: u32, warmup: Duration) -> Result<(f64, f64)> {
     let t = Topology::build()?;
     let tag = format!("{}-{flows}-{}", sc.name(), std::process::id());
     let mut a = setup(&t, sc, plan, &tag)?;

@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use xsk_rs::config::{
-    BindFlags, FrameSize, LibxdpFlags, QueueSize, SocketConfig, UmemConfig, XdpFlags,
-};
+use xsk_rs::config::{BindFlags, FrameSize, LibxdpFlags, QueueSize, SocketConfig, UmemConfig};
 use xsk_rs::{FrameDesc, Socket, Umem};
 
 use crate::packet::{self, Template, FRAME_LEN};
@@ -59,15 +57,17 @@ fn umem(frames: u32) -> Result<(Umem, Vec<FrameDesc>)> {
         .map_err(|e| anyhow!("creating UMEM: {e}"))
 }
 
-fn socket_config(inhibit_prog_load: bool) -> Result<SocketConfig> {
+fn socket_config(need_wakeup: bool) -> Result<SocketConfig> {
     let mut b = SocketConfig::builder();
+    let bind = if need_wakeup {
+        BindFlags::XDP_COPY | BindFlags::XDP_USE_NEED_WAKEUP
+    } else {
+        BindFlags::XDP_COPY
+    };
     b.rx_queue_size(QueueSize::new(4096).map_err(|e| anyhow!("{e}"))?)
         .tx_queue_size(QueueSize::new(4096).map_err(|e| anyhow!("{e}"))?)
-        .bind_flags(BindFlags::XDP_COPY | BindFlags::XDP_USE_NEED_WAKEUP)
-        .xdp_flags(XdpFlags::XDP_FLAGS_DRV_MODE);
-    if inhibit_prog_load {
-        b.libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD);
-    }
+        .bind_flags(bind)
+        .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD);
     Ok(b.build())
 }
 
@@ -86,7 +86,7 @@ pub fn generate(cfg: &GenConfig, stop: &AtomicBool) -> Result<GenResult> {
     let (mut tx, _rx, fq_cq) = loop {
         // SAFETY: the UMEM outlives the socket (both live until the end of this function)
         // and this is the only socket bound to (iface, queue 0) in this process.
-        match unsafe { Socket::new(socket_config(true)?, &umem, &iface, 0) } {
+        match unsafe { Socket::new(socket_config(false)?, &umem, &iface, 0) } {
             Ok(s) => break s,
             Err(e) if attempt < 50 => {
                 tracing::debug!("AF_XDP socket on {}: {e}; retrying", cfg.iface);
@@ -215,7 +215,7 @@ pub fn l2fwd(
     // and share the UMEM, each with its own fill and completion queue.
     let (_rx_tx, mut rx, rx_fq_cq) = unsafe {
         Socket::new(
-            socket_config(true)?,
+            socket_config(false)?,
             &umem,
             &cfg.rx_iface
                 .parse()
@@ -227,7 +227,7 @@ pub fn l2fwd(
     // SAFETY: as above.
     let (mut tx, _tx_rx, tx_fq_cq) = unsafe {
         Socket::new(
-            socket_config(true)?,
+            socket_config(false)?,
             &umem,
             &cfg.tx_iface
                 .parse()
