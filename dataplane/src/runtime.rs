@@ -441,11 +441,13 @@ fn forward_loop(
         }
 
         let mut received = 0usize;
+        let mut completed = 0usize;
         for p in ports.iter_mut() {
             // Completions back to the free stack.
             // SAFETY: `cq_buf` entries are overwritten with addresses of frames of our
             // UMEM that the kernel has finished transmitting.
             let done = unsafe { p.cq.consume(&mut cq_buf) };
+            completed += done;
             p.in_flight = p.in_flight.saturating_sub(done as u32);
             free.extend_from_slice(&cq_buf[..done]);
             // Generous refill: as many frames as the fill ring takes.
@@ -522,7 +524,9 @@ fn forward_loop(
             let _ = stats_tx.try_send(collect_stats(&engine, ports, seen_generation, &nb, shared));
         }
 
-        if received > 0 {
+        // Activity: frames received, or TX completions still coming in (a frame the
+        // kernel did not take yet is retried on every iteration while we spin).
+        if received > 0 || completed > 0 {
             last_activity = now;
         } else if now.duration_since(last_activity) >= busy {
             // Idle back-off: sleep until a packet arrives or the timeout passes.

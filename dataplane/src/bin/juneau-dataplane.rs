@@ -53,8 +53,9 @@ struct Args {
     /// UDP idle timeout, seconds.
     #[arg(long, default_value_t = 60)]
     udp_timeout: u32,
-    /// Keep busy-polling this many microseconds after the last packet before sleeping.
-    #[arg(long, default_value_t = 200)]
+    /// Keep busy-polling this many microseconds after the last packet before sleeping
+    /// (any steady traffic keeps the loop spinning; a quiet node sleeps).
+    #[arg(long, default_value_t = 10_000)]
     busy_poll_us: u64,
     /// Longest sleep in poll(2) while idle, milliseconds (a packet wakes it at once).
     #[arg(long, default_value_t = 10)]
