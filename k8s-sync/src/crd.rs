@@ -300,7 +300,8 @@ pub struct GracefulRestart {
     printcolumn = r#"{"name":"Peer","type":"string","jsonPath":".spec.peerAddress"}"#,
     printcolumn = r#"{"name":"Peer ASN","type":"integer","jsonPath":".spec.peerASN"}"#,
     printcolumn = r#"{"name":"Local ASN","type":"integer","jsonPath":".spec.localASN"}"#,
-    validation = "!has(self.spec.keepaliveTimeSeconds) || !has(self.spec.holdTimeSeconds) || self.spec.holdTimeSeconds == 0 || self.spec.keepaliveTimeSeconds < self.spec.holdTimeSeconds"
+    validation = kube::core::Rule::new("!has(self.spec.keepaliveTimeSeconds) || !has(self.spec.holdTimeSeconds) || self.spec.holdTimeSeconds == 0 || self.spec.keepaliveTimeSeconds < self.spec.holdTimeSeconds").message("keepaliveTimeSeconds must be below holdTimeSeconds"),
+    validation = kube::core::Rule::new("!has(self.spec.holdTimeSeconds) || self.spec.holdTimeSeconds == 0 || self.spec.holdTimeSeconds >= 3").message("holdTimeSeconds must be 0 (no keepalives) or at least 3 (RFC 4271)")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct BGPPeerSpec {

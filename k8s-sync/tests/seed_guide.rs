@@ -501,6 +501,42 @@ spec:
             .to_string();
         assert!(err.contains(needle), "{err}");
     }
+    const PEER: &str = "peerAddress: 192.0.2.9\n  peerASN: 65000\n  localASN: 65001";
+    for (spec, needle) in [
+        (format!("{PEER}\n  holdTimeSeconds: 2"), "at least 3"),
+        (
+            format!("{PEER}\n  holdTimeSeconds: 9\n  keepaliveTimeSeconds: 9"),
+            "keepaliveTimeSeconds must be below",
+        ),
+        (
+            "peerASN: 65000\n  localASN: 65001".to_string(),
+            "peerAddress",
+        ),
+        (
+            "peerAddress: 192.0.2.999\n  peerASN: 65000\n  localASN: 65001".to_string(),
+            "peerAddress",
+        ),
+        (
+            "peerAddress: 192.0.2.9\n  peerASN: 0\n  localASN: 65001".to_string(),
+            "peerASN",
+        ),
+    ] {
+        let yaml = format!(
+            "apiVersion: juneau.loutres.me/v1alpha1\nkind: BGPPeer\nmetadata: {{name: rejected}}\nspec:\n  {spec}\n"
+        );
+        let err = env
+            .apply(&yaml)
+            .expect_err("apiserver must reject an invalid BGPPeer")
+            .to_string();
+        assert!(err.contains(needle), "{spec}: {err}");
+    }
+    let err = env
+        .apply(
+            "apiVersion: juneau.loutres.me/v1alpha1\nkind: BGPAdvertisement\nmetadata: {name: rejected}\nspec:\n  communities: [\"70000:1\"]\n",
+        )
+        .expect_err("apiserver must reject a community out of range")
+        .to_string();
+    assert!(err.contains("a community is ASN:VALUE"), "{err}");
     let err = env
         .apply(&service(
             "bad-v6",
