@@ -562,13 +562,15 @@ impl Router {
                 if !out.contains(&p) {
                     bail!("unexpected birdc output: {out}");
                 }
-                if !out.contains(&p) {
-                    return Ok(vec![]);
-                }
-                out.lines()
+                let hops: Vec<Ipv4Addr> = out
+                    .lines()
                     .filter_map(|l| l.trim().strip_prefix("BGP.next_hop:"))
                     .filter_map(|h| h.trim().parse().ok())
-                    .collect()
+                    .collect();
+                if hops.is_empty() {
+                    bail!("birdc shows {p} without a BGP next hop: {out}");
+                }
+                hops
             }
             RouterKind::Frr => {
                 let out = self.cli(&[
@@ -623,6 +625,24 @@ impl Router {
         };
         hops.sort();
         Ok(hops)
+    }
+
+    /// BIRD only: the state of a BGP protocol as `show protocols` prints it.
+    pub fn bird_protocol_info(&self, name: &str) -> Result<String> {
+        let ctl = self.dir.join("bird.ctl");
+        let out = self.cli(&[
+            "birdc",
+            "-s",
+            ctl.to_str().unwrap(),
+            "show",
+            "protocols",
+            name,
+        ])?;
+        Ok(out
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or("")
+            .to_string())
     }
 
     /// The router's own rendering of its paths for `prefix`/32 (text or JSON).
