@@ -109,7 +109,8 @@ impl Netns {
 
     /// Starts a process with stdout/stderr going to the given files.
     pub fn spawn_logged(&self, argv: &[&str], log: &std::path::Path) -> Result<NsChild> {
-        let f = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let f =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let child = self
             .command(argv)
             .stdin(Stdio::null())
@@ -131,12 +132,17 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         // Kill whatever still runs inside, then delete the namespace (veths go with it).
-        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.name]).output() {
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+        {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                 let _ = Command::new("kill").args(["-9", pid]).output();
             }
         }
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
     }
 }
 
@@ -146,7 +152,8 @@ pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) -> Result<()> {
     run(
         "ip",
         &[
-            "link", "add", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns", &b.name,
+            "link", "add", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns",
+            &b.name,
         ],
     )?;
     a.exec(&["ip", "link", "set", a_if, "up"])?;
@@ -208,8 +215,14 @@ mod tests {
             a.exec(&["ping", "-c", "1", "-W", "2", "10.250.0.2"])?;
         }
         let list = String::from_utf8(run("ip", &["netns", "list"])?.stdout)?;
-        assert!(!list.contains(&a_name), "namespace {a_name} left behind: {list}");
-        assert!(!list.contains(&b_name), "namespace {b_name} left behind: {list}");
+        assert!(
+            !list.contains(&a_name),
+            "namespace {a_name} left behind: {list}"
+        );
+        assert!(
+            !list.contains(&b_name),
+            "namespace {b_name} left behind: {list}"
+        );
         Ok(())
     }
 }
