@@ -167,6 +167,32 @@ impl Engine {
         Verdict::Drop(r)
     }
 
+    /// The flow-index hash of a frame's 5-tuple (0 when it has none), for
+    /// [`Engine::warm`]. Reads the frame only.
+    #[inline]
+    pub fn flow_hash(&self, frame: &[u8]) -> u32 {
+        match packet::parse(frame) {
+            Ok(Parsed::Ipv4(v)) => match v.l4 {
+                Some(l4) => self.flows.key_hash(&FlowKey {
+                    src: v.src,
+                    dst: v.dst,
+                    src_port: l4.src_port,
+                    dst_port: l4.dst_port,
+                    proto: v.protocol,
+                }),
+                None => 0,
+            },
+            _ => 0,
+        }
+    }
+
+    /// Pulls the flow-table memory of a batch (up to 64 hashes from
+    /// [`Engine::flow_hash`]) into the cache; call before processing the batch.
+    #[inline]
+    pub fn warm(&self, hashes: &[u32]) -> u64 {
+        self.flows.warm(hashes)
+    }
+
     /// Processes one frame that arrived on `ingress`. On [`Verdict::Tx`] the frame has
     /// been rewritten; otherwise it is unchanged.
     pub fn process(
