@@ -266,3 +266,107 @@ fn sigterm_keeps_routes_only_with_graceful_restart() -> Result<()> {
     assert!(!bird_log.contains("node0: Received:"), "{bird_log}");
     Ok(())
 }
+
+/// The speaker's own reaction time: from publishing the control state to the UPDATE
+/// arriving at a peer (the test is the peer, so no router processing is included).
+#[test]
+fn reaction_time_from_publish_to_update_on_the_wire() -> Result<()> {
+    let topo = Topo::new("rt", 1)?;
+    let evil = Netns::new(format!("{}x", topo.prefix))?;
+    veth(&evil, "uplink", &topo.nodes[0], "side")?;
+    evil.addr("uplink", "10.0.9.1/24")?;
+    topo.nodes[0].addr("side", "10.0.9.2/24")?;
+    let mut peer = PeerConfig::new("probe", Ipv4Addr::new(10, 0, 9, 1), BAD_ASN, NODE_ASN);
+    peer.passive = true;
+    let mut n0 = Speaker::start_with_peers(&topo, 0, vec![peer])?;
+    let status_path = n0.status_path.clone();
+    let established = move || {
+        std::fs::read(&status_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .map(|v| v["peers"]["probe"]["state"] == "Established")
+            .unwrap_or(false)
+    };
+    // Connect as the peer (retrying until the daemon listens), then publish from this
+    // thread while the peer thread times the UPDATEs.
+    let (tx, rx) = std::sync::mpsc::channel::<Instant>();
+    let (got_tx, got_rx) = std::sync::mpsc::channel::<(usize, usize, Instant)>();
+    let evil_name = evil.name().to_string();
+    let peer_thread = std::thread::spawn(move || -> Result<()> {
+        in_netns(&evil_name, || {
+            let mut s = wait_for("the daemon to accept", UP, || {
+                Ok(TcpStream::connect_timeout(
+                    &SocketAddr::from(([10, 0, 9, 2], 179)),
+                    Duration::from_secs(2),
+                )
+                .ok())
+            })?;
+            s.set_read_timeout(Some(Duration::from_secs(30)))?;
+            let open = Open {
+                asn: BAD_ASN,
+                hold_time: 90,
+                router_id: Ipv4Addr::new(10, 0, 9, 1),
+                capabilities: Capabilities {
+                    four_octet_as: Some(BAD_ASN),
+                    mp_ipv4_unicast: true,
+                    any: true,
+                    ..Default::default()
+                },
+            };
+            s.write_all(&wire::encode(&Message::Open(open))?)?;
+            read_msg(&mut s)?;
+            s.write_all(&wire::encode(&Message::Keepalive)?)?;
+            for _ in 0..2 {
+                loop {
+                    let m = read_msg(&mut s)?;
+                    if let Message::Update(u) = wire::decode(&m, Default::default())? {
+                        if !u.is_end_of_rib() {
+                            got_tx.send((u.announced.len(), u.withdrawn.len(), Instant::now()))?;
+                            break;
+                        }
+                    }
+                }
+            }
+            let _ = rx;
+            Ok(())
+        })
+    });
+    wait_for("the probe session", UP, || Ok(established().then_some(())))?;
+    // Timed from the start of publish() (which also builds the Maglev tables and wakes
+    // readers before it returns) to arrival at the peer.
+    let t0 = Instant::now();
+    n0.publish_vips(&[VIP])?;
+    let p0 = t0.elapsed();
+    let (ann, _, t1) = got_rx.recv_timeout(Duration::from_secs(30))?;
+    assert_eq!(ann, 1);
+    let t2 = Instant::now();
+    n0.publish_vips(&[])?;
+    let p2 = t2.elapsed();
+    let (_, wd, t3) = got_rx.recv_timeout(Duration::from_secs(30))?;
+    assert_eq!(wd, 1);
+    drop(tx);
+    peer_thread.join().expect("peer thread")?;
+    println!(
+        "publish start -> UPDATE on the wire: announce {:?} (publish() itself {p0:?}), withdraw {:?} (publish() itself {p2:?})",
+        t1 - t0,
+        t3 - t2
+    );
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("bgp-convergence.tsv");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(
+            f,
+            "speaker\tannounce (publish start to UPDATE on the wire)\t{:.1}",
+            (t1 - t0).as_secs_f64() * 1e3
+        );
+        let _ = writeln!(
+            f,
+            "speaker\twithdraw (publish start to UPDATE on the wire)\t{:.1}",
+            (t3 - t2).as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}
