@@ -289,7 +289,6 @@ fn reaction_time_from_publish_to_update_on_the_wire() -> Result<()> {
     };
     // Connect as the peer (retrying until the daemon listens), then publish from this
     // thread while the peer thread times the UPDATEs.
-    let (tx, rx) = std::sync::mpsc::channel::<Instant>();
     let (got_tx, got_rx) = std::sync::mpsc::channel::<(usize, usize, Instant)>();
     let evil_name = evil.name().to_string();
     let peer_thread = std::thread::spawn(move || -> Result<()> {
@@ -327,7 +326,6 @@ fn reaction_time_from_publish_to_update_on_the_wire() -> Result<()> {
                     }
                 }
             }
-            let _ = rx;
             Ok(())
         })
     });
@@ -344,7 +342,6 @@ fn reaction_time_from_publish_to_update_on_the_wire() -> Result<()> {
     let p2 = t2.elapsed();
     let (_, wd, t3) = got_rx.recv_timeout(Duration::from_secs(30))?;
     assert_eq!(wd, 1);
-    drop(tx);
     peer_thread.join().expect("peer thread")?;
     println!(
         "publish start -> UPDATE on the wire: announce {:?} (publish() itself {p0:?}), withdraw {:?} (publish() itself {p2:?})",
