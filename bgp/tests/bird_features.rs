@@ -13,7 +13,8 @@ use juneau_tests::netns::{veth, Netns};
 
 const UP: Duration = Duration::from_secs(60);
 
-/// node (10.0.1.2) -- mid (10.0.1.1 | 10.0.2.1, forwarding) -- router (10.0.2.2).
+/// node (10.0.1.2, and 10.255.0.2 on lo as the BGP source address) -- mid (10.0.1.1 |
+/// 10.0.2.1, forwarding) -- router (10.0.2.2).
 #[test]
 fn ebgp_multihop_across_a_router_and_ttl_one_never_gets_there() -> Result<()> {
     let topo = Topo::new("mh", 1)?;
@@ -27,7 +28,11 @@ fn ebgp_multihop_across_a_router_and_ttl_one_never_gets_there() -> Result<()> {
     mid.exec(&["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"])?;
     topo.nodes[0].exec(&["ip", "route", "add", "10.0.2.0/24", "via", "10.0.1.1"])?;
     bgp_router.exec(&["ip", "route", "add", "10.0.1.0/24", "via", "10.0.2.1"])?;
-    bgp_router.exec(&["ping", "-c", "1", "-W", "2", "10.0.1.2"])?;
+    // The node's BGP source address lives on its loopback.
+    topo.nodes[0].exec(&["ip", "addr", "add", "10.255.0.2/32", "dev", "lo"])?;
+    mid.exec(&["ip", "route", "add", "10.255.0.2/32", "via", "10.0.1.2"])?;
+    bgp_router.exec(&["ip", "route", "add", "10.255.0.2/32", "via", "10.0.2.1"])?;
+    bgp_router.exec(&["ping", "-c", "1", "-W", "2", "10.255.0.2"])?;
 
     let bird_topo = Topo {
         prefix: topo.prefix.clone(),
@@ -38,8 +43,8 @@ fn ebgp_multihop_across_a_router_and_ttl_one_never_gets_there() -> Result<()> {
     let router = Router::start_bird_with_config(
         &bird_topo,
         "router id 10.0.2.2;\nprotocol device { }\n\
-         protocol static { ipv4; route 10.0.1.0/24 via 10.0.2.1; }\n\
-         protocol bgp node0 {\n local 10.0.2.2 as 65000;\n neighbor 10.0.1.2 as 65001;\n multihop 2;\n \
+         protocol static { ipv4; route 10.0.1.0/24 via 10.0.2.1; route 10.255.0.2/32 via 10.0.2.1; }\n\
+         protocol bgp node0 {\n local 10.0.2.2 as 65000;\n neighbor 10.255.0.2 as 65001;\n multihop 2;\n \
          hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
          ipv4 { import all; export none; };\n}\n",
     )?;
@@ -48,12 +53,14 @@ fn ebgp_multihop_across_a_router_and_ttl_one_never_gets_there() -> Result<()> {
     pc.hold_time = 9;
     pc.keepalive_time = 3;
     pc.connect_retry_time = 1;
-    pc.source_address = Some(node_addr(0));
+    let source = Ipv4Addr::new(10, 255, 0, 2);
+    pc.source_address = Some(source);
     pc.ebgp_multihop = Some(2);
     let mut n0 = Speaker::start_with_peers(&topo, 0, vec![pc.clone()])?;
     n0.wait_established("router", UP)?;
     n0.publish_vips(&[VIP])?;
-    router.wait_nexthops(VIP, &[node_addr(0)], Duration::from_secs(30))?;
+    // Next hop = the configured source address, not the address of the outgoing link.
+    router.wait_nexthops(VIP, &[source], Duration::from_secs(30))?;
 
     // Reconfigure through the control state: no multihop, so TTL 1 -- the middle hop drops
     // our packets and the session can never come up.
