@@ -167,3 +167,54 @@ fn received_routes_are_counted_and_never_installed() -> Result<()> {
     assert_eq!(n0.peer_state("router")?, "Established");
     Ok(())
 }
+
+/// 2000 VIPs go out in a few UPDATEs under the 4096-byte limit and come back out.
+#[test]
+fn two_thousand_vips_are_announced_and_withdrawn() -> Result<()> {
+    let topo = Topo::new("sc", 1)?;
+    let router = Router::start(
+        &topo,
+        RouterKind::Bird,
+        &[Neighbor {
+            node: 0,
+            password: None,
+        }],
+    )?;
+    let mut n0 = Speaker::start(&topo, 0, &NodePeering::default())?;
+    n0.wait_established("router", UP)?;
+    let vips: Vec<Ipv4Addr> = (0..2000u32)
+        .map(|i| Ipv4Addr::from(0xc612_0000 + i))
+        .collect(); // 198.18.0.0/21
+    let count = |r: &Router| -> Result<Option<u64>> {
+        let out = r.bird_cli(&["show", "route", "count", "protocol", "node0"])?;
+        // "2000 of 2000 routes for 2000 networks in table master4"
+        Ok(out
+            .lines()
+            .find(|l| l.contains(" routes for "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|w| w.parse().ok()))
+    };
+    let t = Instant::now();
+    n0.publish_vips(&vips)?;
+    wait_for("2000 routes at BIRD", Duration::from_secs(60), || {
+        Ok((count(&router)? == Some(2000)).then_some(()))
+    })?;
+    record(
+        RouterKind::Bird,
+        "2000 VIPs announced (publish to router table)",
+        t.elapsed(),
+    );
+    assert_eq!(n0.status()?["peers"]["router"]["prefixes_announced"], 2000);
+    let t = Instant::now();
+    n0.publish_vips(&[])?;
+    wait_for("0 routes at BIRD", Duration::from_secs(60), || {
+        Ok((count(&router)? == Some(0)).then_some(()))
+    })?;
+    record(
+        RouterKind::Bird,
+        "2000 VIPs withdrawn (publish to router table)",
+        t.elapsed(),
+    );
+    assert_eq!(n0.peer_state("router")?, "Established");
+    Ok(())
+}

@@ -627,6 +627,14 @@ impl Router {
         Ok(hops)
     }
 
+    /// BIRD only: runs a `birdc` command.
+    pub fn bird_cli(&self, args: &[&str]) -> Result<String> {
+        let ctl = self.dir.join("bird.ctl");
+        let mut argv = vec!["birdc", "-s", ctl.to_str().unwrap()];
+        argv.extend_from_slice(args);
+        self.cli(&argv)
+    }
+
     /// BIRD only: the state of a BGP protocol as `show protocols` prints it.
     pub fn bird_protocol_info(&self, name: &str) -> Result<String> {
         let ctl = self.dir.join("bird.ctl");
