@@ -1,5 +1,6 @@
 //! Session options against BIRD 2: eBGP multihop (TTL) with a source address across a
-//! forwarding hop, reconfiguration through the control state, and iBGP with LOCAL_PREF.
+//! forwarding hop, reconfiguration through the control state, iBGP with LOCAL_PREF,
+//! received routes discarded, per-VIP peer selection, and 2000 VIPs.
 
 mod common;
 
@@ -216,5 +217,79 @@ fn two_thousand_vips_are_announced_and_withdrawn() -> Result<()> {
         t.elapsed(),
     );
     assert_eq!(n0.peer_state("router")?, "Established");
+    Ok(())
+}
+
+/// `AdvertisedVip.peers` picks which sessions a VIP goes to: the node has two sessions to
+/// BIRD over two links; one VIP per session and one for both.
+#[test]
+fn vips_go_only_to_the_peers_they_name() -> Result<()> {
+    let topo = Topo::new("pp", 1)?;
+    veth(&topo.nodes[0], "uplink2", &topo.router, "e0")?;
+    topo.nodes[0].addr("uplink2", "10.0.3.2/24")?;
+    topo.router.addr("e0", "10.0.3.1/24")?;
+    let session = |name: &str, local: &str, neighbor: &str| {
+        format!(
+            "protocol bgp {name} {{\n local {local} as {ROUTER_ASN};\n neighbor {neighbor} as {NODE_ASN};\n \
+             hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
+             ipv4 {{ import all; export none; }};\n}}\n"
+        )
+    };
+    let router = Router::start_bird_with_config(
+        &topo,
+        &format!(
+            "router id 10.0.1.1;\nprotocol device {{ }}\n{}{}",
+            session("link_a", "10.0.1.1", "10.0.1.2"),
+            session("link_b", "10.0.3.1", "10.0.3.2")
+        ),
+    )?;
+    let peer = |name: &str, addr: Ipv4Addr| {
+        let mut pc = PeerConfig::new(name, addr, ROUTER_ASN, NODE_ASN);
+        pc.hold_time = 9;
+        pc.keepalive_time = 3;
+        pc.connect_retry_time = 1;
+        pc
+    };
+    let mut n0 = Speaker::start_with_peers(
+        &topo,
+        0,
+        vec![
+            peer("a", Ipv4Addr::new(10, 0, 1, 1)),
+            peer("b", Ipv4Addr::new(10, 0, 3, 1)),
+        ],
+    )?;
+    n0.wait_established("a", UP)?;
+    n0.wait_established("b", UP)?;
+    let (only_a, only_b, both) = (
+        Ipv4Addr::new(192, 0, 2, 1),
+        Ipv4Addr::new(192, 0, 2, 2),
+        Ipv4Addr::new(192, 0, 2, 3),
+    );
+    let adv = |vip, peers: Vec<u16>| AdvertisedVip {
+        vip,
+        communities: vec![],
+        large_communities: vec![],
+        local_pref: None,
+        peers,
+    };
+    let mut st = n0.state.clone();
+    st.advertised = vec![
+        adv(only_a, vec![0]),
+        adv(only_b, vec![1]),
+        adv(both, vec![]),
+    ];
+    n0.publish_state(&st)?;
+    let (via_a, via_b) = (Ipv4Addr::new(10, 0, 1, 2), Ipv4Addr::new(10, 0, 3, 2));
+    router.wait_nexthops(both, &[via_a, via_b], Duration::from_secs(30))?;
+    router.wait_nexthops(only_a, &[via_a], Duration::from_secs(30))?;
+    router.wait_nexthops(only_b, &[via_b], Duration::from_secs(30))?;
+    let status = n0.status()?;
+    assert_eq!(status["peers"]["a"]["prefixes_announced"], 2);
+    assert_eq!(status["peers"]["b"]["prefixes_announced"], 2);
+
+    // Moving a VIP from one peer to the other withdraws it there and announces it here.
+    st.advertised[0].peers = vec![1];
+    n0.publish_state(&st)?;
+    router.wait_nexthops(only_a, &[via_b], Duration::from_secs(30))?;
     Ok(())
 }
