@@ -33,13 +33,19 @@ if sc:
     hi = [(s["max_pps"] - s["median_pps"]) / 1e3 for s in sc]
     bars = ax.bar(names, med, yerr=[lo, hi], capsize=6,
                   color=[COLORS.get(n, "#333333") for n in names])
-    for b, m in zip(bars, med):
-        ax.annotate(f"{m:.0f}k", (b.get_x() + b.get_width() / 2, m), ha="center",
-                    va="bottom", xytext=(0, 3), textcoords="offset points")
-    ax.set_ylabel("delivered kpps (median, min..max)")
+    for i, s in enumerate(sc):
+        # Each run as a dot beside the bar.
+        xs = [i + 0.3] * len(s["runs_pps"])
+        ax.plot(xs, [r / 1e3 for r in s["runs_pps"]], "k.", ms=5, alpha=0.6)
+    for b, m, s in zip(bars, med, sc):
+        ax.annotate(f"{m:.0f}k", (b.get_x() + b.get_width() / 2, s["max_pps"] / 1e3),
+                    ha="center", va="bottom", xytext=(0, 4), textcoords="offset points",
+                    fontweight="bold")
+    ax.set_ylabel("delivered kpps at the backend")
     ax.set_title(f"64-byte UDP throughput through the node ({sc[0]['flows']} flows, "
-                 f"{len(sc[0]['runs_pps'])} run(s) each)\n{report['date']}")
-    ax.set_ylim(0, max(s["max_pps"] for s in sc) / 1e3 * 1.2)
+                 f"{len(sc[0]['runs_pps'])} run(s) each)\n"
+                 f"bar: median, whiskers: min..max, dots: runs; {report['date']}", fontsize=10)
+    ax.set_ylim(0, max(s["max_pps"] for s in sc) / 1e3 * 1.2 + 1)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     p = os.path.join(out, "throughput.png")
