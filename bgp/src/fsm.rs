@@ -110,6 +110,10 @@ pub enum Event<'a> {
     Start,
     /// Administrative stop: send this NOTIFICATION (if any) and stay in Idle.
     Stop(Option<Notification>),
+    /// The configuration changed. Changes to what the OPEN carries (ASNs, router ID, hold
+    /// and keepalive times, graceful restart) reset the session with Cease 6/6 and
+    /// reconnect at once; `connect_retry_time` and `passive` apply without a reset.
+    ConfigChanged(SessionConfig),
     /// An outbound connection ([`Action::Connect`]) or an accepted inbound one is up.
     Connected {
         /// The connection.
@@ -309,6 +313,7 @@ impl Peer {
                     self.drop_conn(id, notification.clone(), DownReason::Stopped, &mut out);
                 }
             }
+            Event::ConfigChanged(cfg) => self.reconfigure(cfg, &mut out),
             Event::Connected { conn, outbound } => self.connected(conn, outbound, &mut out),
             Event::ConnectFailed(conn) => {
                 if self.connecting == Some(conn) {
@@ -347,6 +352,66 @@ impl Peer {
         self.started = true;
         self.in_idle_hold = false;
         if !self.cfg.passive && self.connecting.is_none() && self.conns.is_empty() {
+            let id = self.new_conn_id();
+            self.connecting = Some(id);
+            out.push(Action::Connect(id));
+        }
+    }
+
+    fn reconfigure(&mut self, new: SessionConfig, out: &mut Vec<Action>) {
+        if new == self.cfg {
+            return;
+        }
+        let old = std::mem::replace(&mut self.cfg, new);
+        let open_changed = {
+            let (a, b) = (&old, &self.cfg);
+            (
+                a.local_asn,
+                a.peer_asn,
+                a.router_id,
+                a.hold_time,
+                a.keepalive_time,
+                a.graceful_restart_time,
+            ) != (
+                b.local_asn,
+                b.peer_asn,
+                b.router_id,
+                b.hold_time,
+                b.keepalive_time,
+                b.graceful_restart_time,
+            )
+        };
+        if open_changed {
+            let started = self.started;
+            let n = Notification::cease(cease::OTHER_CONFIGURATION_CHANGE);
+            let ids: Vec<_> = self.conns.iter().map(|c| c.id).collect();
+            // Not `started` while dropping: no idle-hold backoff, we restart right away.
+            self.started = false;
+            self.connecting = None;
+            for id in ids {
+                self.drop_conn(id, Some(n.clone()), DownReason::Sent(n.clone()), out);
+            }
+            out.push(Action::CancelTimer(Timer::IdleHold));
+            out.push(Action::CancelTimer(Timer::ConnectRetry));
+            self.in_idle_hold = false;
+            self.connect_failures = 0;
+            self.idle_failures = 0;
+            if started {
+                self.start(out);
+            }
+            return;
+        }
+        if self.cfg.passive && !old.passive {
+            // Stop connecting; an attempt in flight is closed when it completes.
+            self.connecting = None;
+            out.push(Action::CancelTimer(Timer::ConnectRetry));
+        } else if !self.cfg.passive && old.passive && self.started && !self.in_idle_hold {
+            self.start_connecting(out);
+        }
+    }
+
+    fn start_connecting(&mut self, out: &mut Vec<Action>) {
+        if self.connecting.is_none() && self.conns.is_empty() {
             let id = self.new_conn_id();
             self.connecting = Some(id);
             out.push(Action::Connect(id));

@@ -87,8 +87,39 @@ enum PeerCmd {
     Inbound(TcpStream),
     /// Daemon shutdown: keep routes at the peer if graceful restart was negotiated.
     Shutdown,
-    /// Peer removed or reconfigured.
+    /// Peer removed.
     Stop(Notification),
+    /// Peer reconfigured; `reset`: connection-level settings changed (address, port,
+    /// source, TTL, password), so the session restarts on new sockets.
+    Reconfigure {
+        cfg: PeerConfig,
+        router_id: Ipv4Addr,
+        reset: bool,
+    },
+}
+
+/// Settings that only take effect on a new TCP connection.
+fn socket_settings(p: &PeerConfig) -> impl PartialEq + '_ {
+    (
+        p.peer_address,
+        p.peer_port,
+        p.source_address,
+        p.ebgp_multihop,
+        &p.md5_password,
+    )
+}
+
+fn session_config(cfg: &PeerConfig, router_id: Ipv4Addr) -> SessionConfig {
+    SessionConfig {
+        local_asn: cfg.local_asn,
+        peer_asn: cfg.peer_asn,
+        router_id,
+        hold_time: cfg.hold_time,
+        keepalive_time: cfg.keepalive_time,
+        connect_retry_time: cfg.connect_retry_time,
+        passive: cfg.passive,
+        graceful_restart_time: cfg.graceful_restart_time,
+    }
 }
 
 struct PeerHandle {
@@ -187,24 +218,40 @@ fn reconcile(
         return;
     };
 
-    // Stop peers that are gone or changed.
+    // Stop peers that are gone; hand changed configuration to the others.
     let wanted: BTreeMap<&str, &PeerConfig> =
         state.peers.iter().map(|p| (p.name.as_str(), p)).collect();
     let names: Vec<String> = peers.keys().cloned().collect();
     for name in names {
-        let keep = matches!(wanted.get(name.as_str()), Some(c) if **c == peers[&name].cfg && peers[&name].router_id == rid);
-        if !keep {
-            let p = peers.remove(&name).expect("listed");
-            let sub = if wanted.contains_key(name.as_str()) {
-                cease::OTHER_CONFIGURATION_CHANGE
-            } else {
-                cease::PEER_DECONFIGURED
-            };
-            tracing::info!(peer = %name, "peer removed or reconfigured");
-            let _ = p.tx.send(PeerCmd::Stop(Notification::cease(sub)));
-            if !wanted.contains_key(name.as_str()) {
+        match wanted.get(name.as_str()) {
+            None => {
+                let p = peers.remove(&name).expect("listed");
+                tracing::info!(peer = %name, "peer removed");
+                let _ =
+                    p.tx.send(PeerCmd::Stop(Notification::cease(cease::PEER_DECONFIGURED)));
                 hub.update(|s| {
                     s.peers.remove(&name);
+                });
+            }
+            Some(c) => {
+                let p = peers.get_mut(&name).expect("listed");
+                if **c == p.cfg && p.router_id == rid {
+                    continue;
+                }
+                let reset = socket_settings(c) != socket_settings(&p.cfg);
+                tracing::info!(peer = %name, reset, "peer reconfigured");
+                p.cfg = (*c).clone();
+                p.router_id = rid;
+                let addr = c.peer_address;
+                hub.update(|s| {
+                    if let Some(st) = s.peers.get_mut(&name) {
+                        st.peer_address = addr;
+                    }
+                });
+                let _ = p.tx.send(PeerCmd::Reconfigure {
+                    cfg: (*c).clone(),
+                    router_id: rid,
+                    reset,
                 });
             }
         }
@@ -307,16 +354,7 @@ impl PeerTask {
         state_rx: watch::Receiver<SharedState>,
         hub: Arc<StatusHub>,
     ) -> Self {
-        let sc = SessionConfig {
-            local_asn: cfg.local_asn,
-            peer_asn: cfg.peer_asn,
-            router_id,
-            hold_time: cfg.hold_time,
-            keepalive_time: cfg.keepalive_time,
-            connect_retry_time: cfg.connect_retry_time,
-            passive: cfg.passive,
-            graceful_restart_time: cfg.graceful_restart_time,
-        };
+        let sc = session_config(&cfg, router_id);
         let (io_tx, io_rx) = mpsc::unbounded_channel();
         PeerTask {
             cfg,
@@ -359,6 +397,20 @@ impl PeerTask {
                             let acts = self.fsm.handle(Event::Connected { conn: id, outbound: false });
                             self.apply(acts).await;
                         }
+                    }
+                    Some(PeerCmd::Reconfigure { cfg, router_id, reset }) => {
+                        let sc = session_config(&cfg, router_id);
+                        self.cfg = cfg;
+                        let mut acts = Vec::new();
+                        if reset {
+                            let n = Notification::cease(cease::OTHER_CONFIGURATION_CHANGE);
+                            acts.extend(self.fsm.handle(Event::Stop(Some(n))));
+                            acts.extend(self.fsm.handle(Event::ConfigChanged(sc)));
+                            acts.extend(self.fsm.handle(Event::Start));
+                        } else {
+                            acts.extend(self.fsm.handle(Event::ConfigChanged(sc)));
+                        }
+                        self.apply(acts).await;
                     }
                     Some(PeerCmd::Stop(n)) => {
                         let acts = self.fsm.handle(Event::Stop(Some(n)));

@@ -293,3 +293,48 @@ fn vips_go_only_to_the_peers_they_name() -> Result<()> {
     router.wait_nexthops(only_a, &[via_b], Duration::from_secs(30))?;
     Ok(())
 }
+
+/// Reconfiguration through the control state: a new connect-retry time applies in place;
+/// a new hold time resets the session (Cease 6/6) and it comes straight back.
+#[test]
+fn reconfiguration_resets_only_when_the_open_changes() -> Result<()> {
+    let topo = Topo::new("rc", 1)?;
+    let router = Router::start(
+        &topo,
+        RouterKind::Bird,
+        &[Neighbor {
+            node: 0,
+            password: None,
+        }],
+    )?;
+    let mut n0 = Speaker::start(&topo, 0, &NodePeering::default())?;
+    n0.wait_established("router", UP)?;
+    n0.publish_vips(&[VIP])?;
+    router.wait_nexthops(VIP, &[node_addr(0)], Duration::from_secs(30))?;
+
+    let mut st = n0.state.clone();
+    st.peers[0].connect_retry_time = 7;
+    n0.publish_state(&st)?;
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(n0.status()?["peers"]["router"]["session_flaps"], 0);
+    assert!(!router
+        .full_log()
+        .contains("Received: Other configuration change"));
+    assert_eq!(router.bgp_nexthops(VIP)?, vec![node_addr(0)]);
+
+    st.peers[0].hold_time = 30;
+    n0.publish_state(&st)?;
+    wait_for("Cease 6/6 at BIRD", Duration::from_secs(30), || {
+        Ok(router
+            .full_log()
+            .contains("Received: Other configuration change")
+            .then_some(()))
+    })?;
+    wait_for("the session to come back", UP, || {
+        Ok((n0.status()?["peers"]["router"]["session_flaps"] == 1
+            && n0.peer_state("router")? == "Established")
+            .then_some(()))
+    })?;
+    router.wait_nexthops(VIP, &[node_addr(0)], Duration::from_secs(30))?;
+    Ok(())
+}

@@ -589,3 +589,57 @@ fn hold_time_zero_means_no_keepalives_and_no_hold_timer() {
         (State::Established, State::Established)
     );
 }
+
+#[test]
+fn config_change_resets_only_when_the_open_changes() {
+    let mut sim = up_pair();
+    let first = sim.established_conn(0);
+    // A new connect-retry time does not touch the session.
+    let mut c = sim.nodes[0].peer.config().clone();
+    c.connect_retry_time = 30;
+    sim.feed(0, Event::ConfigChanged(c.clone()));
+    sim.run_until(sim.now + S);
+    assert_eq!(sim.established_conn(0), first);
+    assert!(sim.nodes[0].log.down.is_empty());
+
+    // A new hold time does: Cease 6/6, then a new session at once (no idle-hold wait).
+    c.hold_time = 30;
+    let t = sim.now;
+    sim.feed(0, Event::ConfigChanged(c));
+    sim.run_until(t + S / 2);
+    let n = sim.nodes[0].log.sent_notifications.last().unwrap().clone();
+    assert_eq!((n.code, n.subcode), (6, 6));
+    assert_eq!(
+        (sim.state(0), sim.state(1)),
+        (State::Established, State::Established)
+    );
+    assert_ne!(sim.established_conn(0), first);
+    assert_eq!(
+        sim.nodes[0].log.established.last().unwrap().2.hold_time,
+        9 * S,
+        "min(30, peer's 9)"
+    );
+}
+
+#[test]
+fn becoming_passive_stops_connecting() {
+    let mut sim = Sim::new(
+        cfg(65001, 65002, [10, 0, 0, 1], false),
+        cfg(65002, 65001, [10, 0, 0, 2], true),
+    );
+    sim.listening[1] = false;
+    sim.feed(0, Event::Start);
+    sim.run_until(100 * S);
+    let attempts = sim.nodes[0].log.connects.len();
+    assert!(attempts > 3);
+    let mut c = sim.nodes[0].peer.config().clone();
+    c.passive = true;
+    sim.feed(0, Event::ConfigChanged(c.clone()));
+    sim.run_until(1000 * S);
+    assert_eq!(sim.nodes[0].log.connects.len(), attempts);
+    assert_eq!(sim.state(0), State::Active);
+    c.passive = false;
+    sim.feed(0, Event::ConfigChanged(c));
+    sim.run_until(1001 * S);
+    assert_eq!(sim.nodes[0].log.connects.len(), attempts + 1);
+}
