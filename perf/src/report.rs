@@ -330,3 +330,53 @@ fn plot(dir: &Path) -> Result<Vec<PathBuf>> {
         .map(PathBuf::from)
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_lists() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
+
+    #[test]
+    fn ratios_come_from_medians_and_are_absent_without_juneau() {
+        let mut r = Report::default();
+        r.scenarios.push(ScenarioResult::new(
+            "nft-dnat",
+            256,
+            vec![100.0, 200.0, 300.0],
+        ));
+        r.compute_ratios();
+        assert!(r.ratios.juneau_vs_nft_dnat.is_none());
+        assert!(r
+            .markdown()
+            .contains("| juneau / nft-dnat | not measured |"));
+        r.scenarios.push(ScenarioResult::new(
+            "juneau",
+            256,
+            vec![300.0, 500.0, 400.0],
+        ));
+        r.flow_scale = vec![
+            FlowScalePoint {
+                flows: 1_000_000,
+                runs_pps: vec![90.0],
+                median_pps: 90.0,
+            },
+            FlowScalePoint {
+                flows: 1_000,
+                runs_pps: vec![100.0],
+                median_pps: 100.0,
+            },
+        ];
+        r.compute_ratios();
+        assert_eq!(r.ratios.juneau_vs_nft_dnat, Some(2.0));
+        assert!(r.ratios.juneau_vs_xdp_dnat.is_none());
+        assert_eq!(r.ratios.juneau_flow_scale_largest_vs_smallest, Some(0.9));
+        let s = &r.scenarios[1];
+        assert_eq!((s.min_pps, s.median_pps, s.max_pps), (300.0, 400.0, 500.0));
+    }
+}
