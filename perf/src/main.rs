@@ -177,6 +177,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     }
     std::fs::create_dir_all(&plan.out_dir)?;
     let mut plan = plan;
+    let dataplane_source = plan.dataplane.clone();
     let cost_bench = suite::stage_binaries(&mut plan)?;
     ctrlc::set_handler(|| {
         eprintln!("interrupt: stopping and removing the namespaces...");
@@ -216,7 +217,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
             "latency_loads": plan.latency_loads,
             "latency_duration_s": plan.latency_duration.as_secs_f64(),
             "probe_rate": plan.probe_rate,
-            "dataplane": plan.dataplane,
+            "dataplane": dataplane_source,
             "packet_bytes": 64,
         }),
         convergence: "Not measured yet: needs the k8s-sync and BGP daemons (issue 6, later part)."
