@@ -351,10 +351,8 @@ impl Peer {
         }
         self.started = true;
         self.in_idle_hold = false;
-        if !self.cfg.passive && self.connecting.is_none() && self.conns.is_empty() {
-            let id = self.new_conn_id();
-            self.connecting = Some(id);
-            out.push(Action::Connect(id));
+        if !self.cfg.passive {
+            self.start_connecting(out);
         }
     }
 
@@ -507,15 +505,8 @@ impl Peer {
                 }
             }
             Timer::ConnectRetry => {
-                if self.started
-                    && !self.in_idle_hold
-                    && !self.cfg.passive
-                    && self.connecting.is_none()
-                    && self.conns.is_empty()
-                {
-                    let id = self.new_conn_id();
-                    self.connecting = Some(id);
-                    out.push(Action::Connect(id));
+                if self.started && !self.in_idle_hold && !self.cfg.passive {
+                    self.start_connecting(out);
                 }
             }
             Timer::Hold(id) => {
