@@ -236,6 +236,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
         report.cost.status = "Not measured (--no-cost).".into();
     }
     report.load_average_end = prereq::loadavg();
+    report.dataplane_counters = suite::dataplane_counters();
     report.compute_ratios();
     let files = report.write(&plan.out_dir)?;
     progress.say("done; wrote:");

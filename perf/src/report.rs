@@ -142,6 +142,9 @@ pub struct Report {
     pub cost: Cost,
     /// Control-plane convergence (not measured yet).
     pub convergence: String,
+    /// juneau-dataplane's own counters after each `juneau` run (cumulative since its
+    /// start): AF_XDP ring drops show where packets were lost.
+    pub dataplane_counters: Vec<serde_json::Value>,
     /// Scenarios that failed, with the reason.
     pub errors: Vec<(String, String)>,
 }
@@ -228,6 +231,22 @@ impl Report {
             "| juneau largest / smallest flow count | {} | >= 0.9 |\n",
             f(self.ratios.juneau_flow_scale_largest_vs_smallest)
         );
+        if !self.dataplane_counters.is_empty() {
+            m += "\njuneau-dataplane's own counters after each `juneau` run (its stats file, written about once a second, so up to ~1 s stale; cumulative since its start, warm-up included):\n\n";
+            m += "| flows | rx | tx | engine drops | xsk rx ring full | xsk fill ring empty | xsk rx dropped |\n|---:|---:|---:|---:|---:|---:|---:|\n";
+            for c in &self.dataplane_counters {
+                m += &format!(
+                    "| {} | {} | {} | {} | {} | {} | {} |\n",
+                    c["flows"],
+                    c["rx_packets"],
+                    c["tx_packets"],
+                    c["engine_drops"],
+                    c["xsk_rx_ring_full"],
+                    c["xsk_fill_ring_empty"],
+                    c["xsk_rx_dropped"]
+                );
+            }
+        }
         m += "\n## Flow scale (`juneau`)\n\n";
         if self.flow_scale.is_empty() {
             m += "Not measured in this run.\n";

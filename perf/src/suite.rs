@@ -430,6 +430,11 @@ fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Result<Active> {
                     &t.nb_if,
                     "--state-file",
                     &state_path.to_string_lossy(),
+                    "--stats-file",
+                    &plan
+                        .out_dir
+                        .join(format!("juneau-dataplane-stats-{tag}.json"))
+                        .to_string_lossy(),
                 ],
                 &log,
             )?;
@@ -747,7 +752,55 @@ fn throughput_once(plan: &Plan, sc: Scenario, flows: u32, warmup: Duration) -> R
     let tag = format!("{}-{flows}-{}", sc.name(), std::process::id());
     let mut a = setup(&t, sc, plan, &tag)?;
     wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
-    measure(&t, &mut a, flows, warmup, plan.duration)
+    let r = measure(&t, &mut a, flows, warmup, plan.duration)?;
+    if sc == Scenario::Juneau {
+        record_dataplane_counters(plan, &tag, flows);
+    }
+    Ok(r)
+}
+
+/// The dataplane's own counters after a run (its stats file, written about once a
+/// second; cumulative since its start, warm-up included): where packets were lost.
+static DATAPLANE_COUNTERS: std::sync::Mutex<Vec<serde_json::Value>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn record_dataplane_counters(plan: &Plan, tag: &str, flows: u32) {
+    let path = plan
+        .out_dir
+        .join(format!("juneau-dataplane-stats-{tag}.json"));
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return;
+    };
+    let pick = |k: &str| v.get(k).cloned().unwrap_or(serde_json::Value::Null);
+    let drops: u64 = v
+        .get("drops")
+        .and_then(|d| d.as_object())
+        .map(|d| d.values().filter_map(|x| x.as_u64()).sum())
+        .unwrap_or(0);
+    let entry = serde_json::json!({
+        "flows": flows,
+        "rx_packets": pick("rx_packets"),
+        "tx_packets": pick("tx_packets"),
+        "engine_drops": drops,
+        "xsk_rx_ring_full": pick("xsk_rx_ring_full"),
+        "xsk_fill_ring_empty": pick("xsk_fill_ring_empty"),
+        "xsk_rx_dropped": pick("xsk_rx_dropped"),
+        "flows_in_table": pick("flows"),
+    });
+    if let Ok(mut l) = DATAPLANE_COUNTERS.lock() {
+        l.push(entry);
+    }
+}
+
+/// Counters collected from the dataplane's stats file after each `juneau` run.
+pub fn dataplane_counters() -> Vec<serde_json::Value> {
+    DATAPLANE_COUNTERS
+        .lock()
+        .map(|l| l.clone())
+        .unwrap_or_default()
 }
 
 fn latency_pass(
