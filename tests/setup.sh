@@ -26,7 +26,7 @@ else
     echo "all ${#want[@]} packages present"
 fi
 # Debian starts some daemons on install; the tests run their own copies in namespaces.
-for svc in bird frr gobgpd nginx etcd; do
+for svc in bird frr gobgpd nginx; do
     if systemctl is-active --quiet "$svc" 2>/dev/null; then
         systemctl stop "$svc" >/dev/null 2>&1 || true
         systemctl disable "$svc" >/dev/null 2>&1 || true
