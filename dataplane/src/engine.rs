@@ -258,6 +258,9 @@ impl Engine {
             return self.drop(DropReason::IpOptions, None);
         }
         let Some(l4) = v.l4 else {
+            if let Some(e) = packet::parse_icmp_error(frame, &v) {
+                return self.forward_icmp_error(frame, v, e, nb, now_ms);
+            }
             return self.drop(DropReason::UnsupportedProtocol, None);
         };
         if v.ttl <= 1 {
@@ -337,6 +340,53 @@ impl Engine {
         c.packets_in += 1;
         c.bytes_in += frame.len() as u64;
         c.new_flows += u64::from(new);
+        Verdict::Tx(side)
+    }
+
+    /// An ICMP error to a VIP about a packet we sent out (e.g. "fragmentation needed"
+    /// from a router on the client's path): handed to the flow's backend so path-MTU
+    /// discovery works through the VIP. Errors about no known flow are dropped.
+    fn forward_icmp_error(
+        &mut self,
+        frame: &mut [u8],
+        mut v: packet::Ipv4View,
+        e: packet::IcmpErrorView,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Verdict {
+        if v.ttl <= 1 {
+            return self.pass(PassReason::TtlExpired);
+        }
+        // The quoted packet went VIP:port -> client: the flow's forward key swapped.
+        let key = FlowKey {
+            src: e.inner_dst,
+            dst: e.inner_src,
+            src_port: e.inner_dst_port,
+            dst_port: e.inner_src_port,
+            proto: e.inner_protocol,
+        };
+        let (id, service) = match self.flows.lookup(&key, now_ms) {
+            Some((id, Direction::Forward)) if e.inner_src == v.dst => match self.revalidate(id) {
+                Ok(s) => (id, s),
+                Err(s) => return self.drop(DropReason::BackendRemoved, s),
+            },
+            _ => return self.drop(DropReason::NoFlow, None),
+        };
+        let f = *self.flows.get(id);
+        let (side, src, dst) = match nb.resolve(f.backend) {
+            Resolve::Found { side, src, dst } => (side, src, dst),
+            Resolve::Miss { ip, ifindex } => {
+                self.missing.push(ip, ifindex);
+                return self.drop(DropReason::NoNeighbour, Some(service));
+            }
+            Resolve::NoRoute => return self.drop(DropReason::NoRoute, Some(service)),
+        };
+        packet::rewrite_icmp_error_for_backend(frame, &mut v, &e, f.backend, f.backend_port);
+        packet::decrement_ttl(frame, &mut v);
+        packet::set_macs(frame, src, dst);
+        let c = &mut self.counters.services[service as usize];
+        c.packets_in += 1;
+        c.bytes_in += frame.len() as u64;
         Verdict::Tx(side)
     }
 
@@ -780,6 +830,113 @@ mod tests {
                 "recompute={recompute}"
             );
         }
+    }
+
+    /// An ICMP "fragmentation needed" from `router` to the VIP quoting `quoted` (an IPv4
+    /// packet as it left the node, from its IP header on).
+    fn frag_needed(router: [u8; 4], quoted: &[u8]) -> Vec<u8> {
+        let quote = &quoted[..quoted.len().min(20 + 8 + 20)];
+        let total = 20 + 8 + quote.len();
+        let mut f = vec![0u8; 14 + total];
+        f[12..14].copy_from_slice(&packet::ETHERTYPE_IPV4.to_be_bytes());
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&(total as u16).to_be_bytes());
+        f[22] = 64;
+        f[23] = IPPROTO_ICMP;
+        f[26..30].copy_from_slice(&router);
+        f[30..34].copy_from_slice(&VIP);
+        let c = packet::ipv4_header_checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f[34] = packet::ICMP_DEST_UNREACH;
+        f[35] = 4; // fragmentation needed
+        f[40..42].copy_from_slice(&1400u16.to_be_bytes());
+        f[42..].copy_from_slice(quote);
+        let c = icmp_checksum(&f[34..]);
+        f[36..38].copy_from_slice(&c.to_be_bytes());
+        f
+    }
+
+    fn icmp_checksum(icmp: &[u8]) -> u16 {
+        let mut sum: u32 = 0;
+        for (i, c) in icmp.chunks(2).enumerate() {
+            if i == 1 {
+                continue; // the checksum field
+            }
+            sum += u32::from(c[0]) << 8 | u32::from(*c.get(1).unwrap_or(&0));
+        }
+        while sum >> 16 != 0 {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    #[test]
+    fn icmp_errors_about_our_replies_reach_the_backend() {
+        let nb = neighbours();
+        for proto in [IPPROTO_TCP, IPPROTO_UDP] {
+            let mut e = engine(&[B1]);
+            let vport = if proto == IPPROTO_TCP { 80 } else { 53 };
+            let mut f = build_with(proto, CLIENT, 40000, VIP, vport, b"", 64, tcp_flags::SYN);
+            assert_eq!(
+                e.process(&mut f, Side::Uplink, &nb, 0),
+                Verdict::Tx(Side::Pod(0))
+            );
+            // The reply as it left the uplink (already reverse-NATed), too big for the path.
+            let mut reply = build(proto, B1, 8080, CLIENT, 40000, &[7u8; 100]);
+            assert_eq!(
+                e.process(&mut reply, Side::Pod(0), &nb, 1),
+                Verdict::Tx(Side::Uplink)
+            );
+            let mut icmp = frag_needed([198, 51, 100, 1], &reply[14..]);
+            assert_eq!(
+                e.process(&mut icmp, Side::Uplink, &nb, 2),
+                Verdict::Tx(Side::Pod(0)),
+                "proto {proto}"
+            );
+            let v = parse(&icmp);
+            assert_eq!(v.dst, ip(B1), "outer destination is the backend");
+            assert_eq!(v.src, u32::from_be_bytes([198, 51, 100, 1]));
+            assert_eq!(
+                packet::ipv4_header_checksum(&icmp[14..34]),
+                u16::from_be_bytes([icmp[24], icmp[25]])
+            );
+            assert_eq!(
+                icmp_checksum(&icmp[34..]),
+                u16::from_be_bytes([icmp[36], icmp[37]]),
+                "ICMP checksum"
+            );
+            let inner = &icmp[42..];
+            assert_eq!(&inner[12..16], &B1, "quoted source is the backend");
+            assert_eq!(
+                u16::from_be_bytes([inner[20], inner[21]]),
+                8080,
+                "quoted source port"
+            );
+            assert_eq!(
+                packet::ipv4_header_checksum(&inner[..20]),
+                u16::from_be_bytes([inner[10], inner[11]])
+            );
+            assert_eq!(&icmp[0..6], &B1_MAC.0);
+            // What the backend originally sent, quoted back: its UDP checksum is right again.
+            if proto == IPPROTO_UDP {
+                let orig = build(proto, B1, 8080, CLIENT, 40000, &[7u8; 100]);
+                assert_eq!(&inner[26..28], &orig[14 + 26..14 + 28]);
+            }
+        }
+        // No flow: dropped. Echo to the VIP: still not served.
+        let mut e = engine(&[B1]);
+        let stray = build(IPPROTO_UDP, VIP, 53, CLIENT, 1234, b"x");
+        let mut icmp = frag_needed([198, 51, 100, 1], &stray[14..]);
+        assert_eq!(
+            e.process(&mut icmp, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::NoFlow)
+        );
+        let mut echo = frag_needed([198, 51, 100, 1], &stray[14..]);
+        echo[34] = 8;
+        assert_eq!(
+            e.process(&mut echo, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::UnsupportedProtocol)
+        );
     }
 
     #[test]

@@ -360,6 +360,116 @@ pub fn fill_l4_checksum(frame: &mut [u8], v: &Ipv4View) {
     }
 }
 
+/// An ICMP error (destination unreachable — including "fragmentation needed", which
+/// path-MTU discovery depends on — or time exceeded) quoting a TCP/UDP packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IcmpErrorView {
+    /// ICMP type (3 or 11).
+    pub icmp_type: u8,
+    /// Offset of the quoted IPv4 header in the frame.
+    pub inner_l3: usize,
+    /// Length of the quoted IPv4 header.
+    pub inner_header_len: usize,
+    /// Quoted source address.
+    pub inner_src: u32,
+    /// Quoted destination address.
+    pub inner_dst: u32,
+    /// Quoted protocol (TCP or UDP).
+    pub inner_protocol: u8,
+    /// Quoted source port.
+    pub inner_src_port: u16,
+    /// Quoted destination port.
+    pub inner_dst_port: u16,
+}
+
+/// ICMP type "destination unreachable".
+pub const ICMP_DEST_UNREACH: u8 = 3;
+/// ICMP type "time exceeded".
+pub const ICMP_TIME_EXCEEDED: u8 = 11;
+
+/// Reads an ICMP error quoting a TCP/UDP packet out of a validated, unfragmented ICMP
+/// frame; `None` for anything else (echo, truncated quotes, quoted fragments ...).
+pub fn parse_icmp_error(frame: &[u8], v: &Ipv4View) -> Option<IcmpErrorView> {
+    if v.protocol != IPPROTO_ICMP || v.fragment {
+        return None;
+    }
+    let icmp_off = v.l4_offset();
+    let end = ETH_HEADER_LEN + v.total_len;
+    let icmp = frame.get(icmp_off..end)?;
+    if icmp.len() < 8 + 20 {
+        return None;
+    }
+    let icmp_type = icmp[0];
+    if icmp_type != ICMP_DEST_UNREACH && icmp_type != ICMP_TIME_EXCEEDED {
+        return None;
+    }
+    let inner = &icmp[8..];
+    if inner[0] >> 4 != 4 {
+        return None;
+    }
+    let ihl = usize::from(inner[0] & 0x0f) * 4;
+    // The quote must hold the inner header and the first 8 bytes of its payload.
+    if ihl < 20 || inner.len() < ihl + 8 || be16(inner, 6) & 0x1fff != 0 {
+        return None;
+    }
+    let proto = inner[9];
+    if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
+        return None;
+    }
+    Some(IcmpErrorView {
+        icmp_type,
+        inner_l3: icmp_off + 8,
+        inner_header_len: ihl,
+        inner_src: be32(inner, 12),
+        inner_dst: be32(inner, 16),
+        inner_protocol: proto,
+        inner_src_port: be16(inner, ihl),
+        inner_dst_port: be16(inner, ihl + 2),
+    })
+}
+
+/// Translates an ICMP error about a packet the dataplane reverse-NATed (quoted source
+/// `VIP:port`) for the backend it came from: outer destination VIP → backend, quoted
+/// source VIP:port → backend:port. Keeps the outer and quoted IPv4 header checksums right
+/// incrementally, updates a quoted UDP checksum incrementally, and recomputes the ICMP
+/// checksum over the whole message. (A quoted TCP checksum lies beyond the 8 quoted
+/// bytes routers must include and is left alone; receivers do not check it.)
+pub fn rewrite_icmp_error_for_backend(
+    frame: &mut [u8],
+    v: &mut Ipv4View,
+    e: &IcmpErrorView,
+    backend: u32,
+    backend_port: u16,
+) {
+    let ip = v.l3_offset();
+    let c = be16(frame, ip + 10);
+    put16(frame, ip + 10, csum_replace32(c, v.dst, backend));
+    put32(frame, ip + 16, backend);
+    v.dst = backend;
+    let inner = e.inner_l3;
+    let c = be16(frame, inner + 10);
+    put16(frame, inner + 10, csum_replace32(c, e.inner_src, backend));
+    put32(frame, inner + 12, backend);
+    let l4 = inner + e.inner_header_len;
+    put16(frame, l4, backend_port);
+    if e.inner_protocol == IPPROTO_UDP && frame.len() >= l4 + 8 {
+        let c = be16(frame, l4 + 6);
+        if c != 0 {
+            let c = csum_replace32(c, e.inner_src, backend);
+            let mut c = csum_replace16(c, e.inner_src_port, backend_port);
+            if c == 0 {
+                c = 0xffff;
+            }
+            put16(frame, l4 + 6, c);
+        }
+    }
+    let icmp = v.l4_offset();
+    let end = ETH_HEADER_LEN + v.total_len;
+    put16(frame, icmp + 2, 0);
+    let c = fold(sum_words(0, &frame[icmp..end]));
+    put16(frame, icmp + 2, c);
+}
+
 /// Which end of the packet a NAT rewrite changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NatSide {
