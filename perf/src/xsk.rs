@@ -209,7 +209,9 @@ pub fn l2fwd(
     register: impl FnOnce(std::os::fd::RawFd) -> Result<()>,
 ) -> Result<L2fwdResult> {
     use std::os::fd::AsRawFd;
-    const FRAMES: u32 = 8192;
+    // Generous: frames parked in the RX, TX and completion rings must never starve the
+    // fill ring (this forwarder is the ceiling, it should lose nothing it can avoid).
+    const FRAMES: u32 = 16384;
     let (umem, descs) = umem(FRAMES)?;
     // SAFETY: the UMEM outlives both sockets; the two sockets are on different interfaces
     // and share the UMEM, each with its own fill and completion queue.
