@@ -1084,3 +1084,105 @@ fn stale_neighbour_entries_of_pods_are_kept_alive() -> Result<()> {
     }
     lab.finish()
 }
+
+/// The one's-complement checksum of `data` (RFC 1071).
+fn inet_checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for c in data.chunks(2) {
+        sum += u32::from(c[0]) << 8 | u32::from(*c.get(1).unwrap_or(&0));
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+#[test]
+fn fragmentation_needed_reaches_the_backend_so_path_mtu_discovery_works() -> Result<()> {
+    let lab = Lab::new("dpi")?;
+    // A UDP exchange through the VIP: the reply left the node as VIP:53 -> client:port.
+    let (client_port, reply) = in_ns(lab.client.name(), || -> Result<(u16, String)> {
+        let s = UdpSocket::bind("0.0.0.0:0")?;
+        s.set_read_timeout(Some(Duration::from_secs(1)))?;
+        let mut buf = [0u8; 2048];
+        for _ in 0..10 {
+            s.send_to(b"hello", (VIP, 53))?;
+            if let Ok((n, _)) = s.recv_from(&mut buf) {
+                return Ok((
+                    s.local_addr()?.port(),
+                    String::from_utf8_lossy(&buf[..n]).to_string(),
+                ));
+            }
+        }
+        bail!("no UDP reply through the VIP")
+    })?;
+    let pod = pod_of(&reply).context("which pod answered")?;
+    let route = |pod: usize| {
+        lab.pods[pod]
+            .exec(&["ip", "route", "get", &CLIENT_IP.to_string()])
+            .unwrap_or_default()
+    };
+    assert!(!route(pod).contains("mtu 1280"), "{}", route(pod));
+
+    // A router on the client's path says the reply was too big (MTU 1280). It is sent
+    // to the VIP — the reply's source — and must reach the backend, translated.
+    let mut quote = vec![0u8; 28];
+    quote[0] = 0x45;
+    quote[2..4].copy_from_slice(&1428u16.to_be_bytes());
+    quote[6] = 0x40; // DF
+    quote[8] = 63;
+    quote[9] = 17;
+    quote[12..16].copy_from_slice(&VIP.octets());
+    quote[16..20].copy_from_slice(&CLIENT_IP.octets());
+    let c = inet_checksum(&quote[..20]);
+    quote[10..12].copy_from_slice(&c.to_be_bytes());
+    quote[20..22].copy_from_slice(&53u16.to_be_bytes());
+    quote[22..24].copy_from_slice(&client_port.to_be_bytes());
+    quote[24..26].copy_from_slice(&1408u16.to_be_bytes());
+    let mut icmp = vec![3u8, 4, 0, 0, 0, 0];
+    icmp.extend_from_slice(&1280u16.to_be_bytes());
+    icmp.extend_from_slice(&quote);
+    let c = inet_checksum(&icmp);
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    in_ns(lab.client.name(), move || -> Result<()> {
+        // SAFETY: plain socket(2); the fd is checked and closed below.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP) };
+        ensure!(
+            fd >= 0,
+            "raw ICMP socket: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: sockaddr_in is plain data; zeroed is a valid starting value.
+        let mut to: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        to.sin_family = libc::AF_INET as u16;
+        to.sin_addr.s_addr = u32::from(VIP).to_be();
+        for _ in 0..3 {
+            // SAFETY: `icmp` and `to` are valid for the lengths given.
+            let r = unsafe {
+                libc::sendto(
+                    fd,
+                    icmp.as_ptr().cast(),
+                    icmp.len(),
+                    0,
+                    (&to as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as u32,
+                )
+            };
+            ensure!(r >= 0, "sending ICMP: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: closing our own fd.
+        unsafe { libc::close(fd) };
+        Ok(())
+    })?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !route(pod).contains("mtu 1280") {
+        ensure!(
+            Instant::now() < deadline,
+            "the backend never learned the path MTU: {}\nstats: {:?}",
+            route(pod),
+            lab.stats().ok()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    lab.finish()
+}
