@@ -1186,3 +1186,54 @@ fn fragmentation_needed_reaches_the_backend_so_path_mtu_discovery_works() -> Res
     }
     lab.finish()
 }
+
+#[test]
+fn a_state_file_replaced_by_a_bigger_one_is_followed() -> Result<()> {
+    let mut lab = Lab::new("dpg")?;
+    // More VIPs than the file's initial capacity: the writer writes a new, bigger file
+    // and renames it over the old one while the dataplane has the old one mapped.
+    let mut state = node_state(&[0]);
+    for i in 0..100u16 {
+        state.services.push(NodeService {
+            frontend: Frontend {
+                vip: Ipv4Addr::new(10, 201, (i / 250) as u8, (i % 250) as u8 + 1),
+                protocol: Protocol::Tcp,
+                port: 80,
+            },
+            backends: vec![LocalBackend {
+                ip: pod_ip(1),
+                port: HTTP_PORT,
+            }],
+        });
+    }
+    let before = lab.writer.capacity();
+    let g = lab.writer.publish(&state)?;
+    ensure!(
+        lab.writer.capacity() != before,
+        "the state must have outgrown the file ({before:?}) for this test to mean anything"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = lab.stats()?;
+        if s["generation"].as_u64().unwrap_or(0) >= g
+            && s["services"].as_array().map_or(0, |a| a.len()) == 102
+        {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "dataplane did not follow the replaced state file: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut conns = lab.connect_many(10)?;
+    for c in conns.iter_mut() {
+        assert_eq!(
+            pod_of(&http_get(c)?),
+            Some(0),
+            "the VIP's service now has pod0 only"
+        );
+    }
+    drop(conns);
+    lab.finish()
+}

@@ -23,7 +23,8 @@ struct Args {
     /// The node's uplink interface (where VIP traffic arrives).
     #[arg(long, value_name = "IF")]
     uplink: String,
-    /// A Pod-facing interface (the node end of a Pod's veth); repeat for each.
+    /// A Pod-facing interface: a bridge the Pods are plugged into, or the node end of a
+    /// Pod's veth; repeat for each.
     #[arg(long = "pod-iface", value_name = "IF", required = true)]
     pod_ifaces: Vec<String>,
     /// The node-state file the node agent publishes (juneau_control::shm).
