@@ -5,7 +5,8 @@
 // interface's AF_XDP socket only what the userspace dataplane must see:
 //   - on the uplink: IPv4 packets whose destination is a VIP (map `vips`);
 //   - on a Pod interface: IPv4 TCP/UDP packets whose source ip:port/proto is a backend
-//     (map `backends`), plus fragments / packets with IP options from a backend address
+//     (map `backends`); ICMP errors quoting a packet to a backend (so they can be
+//     reverse-NATed); and fragments / packets with IP options from a backend address
 //     (map `backend_ips`), which userspace drops and counts rather than let the kernel
 //     forward them un-NATed.
 // Everything else -- ARP, IPv6, ICMP to the node, BGP, SSH, Pods' own traffic -- and any
@@ -102,6 +103,28 @@ int juneau_steer(struct xdp_md *ctx)
 		if (bpf_map_lookup_elem(&backend_ips, &ip->saddr))
 			return bpf_redirect_map(&xsks, slot, XDP_PASS);
 		return XDP_PASS;
+	}
+	if (ip->protocol == IPPROTO_ICMP) {
+		// An ICMP error (unreachable, time exceeded) a backend sends about a packet
+		// that came through the VIP: the quoted packet's destination is a backend.
+		__u8 *icmp = (void *)(ip + 1);
+		struct iphdr *q = (void *)(icmp + 8);
+		if ((void *)(q + 1) + 4 > end)
+			return XDP_PASS;
+		if ((icmp[0] != 3 && icmp[0] != 11) || q->ihl != 5)
+			return XDP_PASS;
+		if (q->protocol != IPPROTO_TCP && q->protocol != IPPROTO_UDP)
+			return XDP_PASS;
+		__be16 *qports = (void *)(q + 1);
+		struct backend_key qkey = {
+			.addr = q->daddr,
+			.port = qports[1],
+			.proto = q->protocol,
+			.pad = 0,
+		};
+		if (!bpf_map_lookup_elem(&backends, &qkey))
+			return XDP_PASS;
+		return bpf_redirect_map(&xsks, slot, XDP_PASS);
 	}
 	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
 		return XDP_PASS;

@@ -381,12 +381,77 @@ impl Engine {
             }
             Resolve::NoRoute => return self.drop(DropReason::NoRoute, Some(service)),
         };
-        packet::rewrite_icmp_error_for_backend(frame, &mut v, &e, f.backend, f.backend_port);
+        packet::rewrite_icmp_error(
+            frame,
+            &mut v,
+            &e,
+            NatSide::Destination,
+            f.backend,
+            NatSide::Source,
+            f.backend,
+            f.backend_port,
+        );
         packet::decrement_ttl(frame, &mut v);
         packet::set_macs(frame, src, dst);
         let c = &mut self.counters.services[service as usize];
         c.packets_in += 1;
         c.bytes_in += frame.len() as u64;
+        Verdict::Tx(side)
+    }
+
+    /// A backend's ICMP error about a packet we DNATed to it (e.g. UDP port
+    /// unreachable): sent to the client as if from the VIP, quoting the packet as the
+    /// client sent it.
+    fn reverse_icmp_error(
+        &mut self,
+        frame: &mut [u8],
+        mut v: packet::Ipv4View,
+        e: packet::IcmpErrorView,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Verdict {
+        // The quoted packet went client -> backend: the flow's reverse key swapped.
+        let key = FlowKey {
+            src: e.inner_dst,
+            dst: e.inner_src,
+            src_port: e.inner_dst_port,
+            dst_port: e.inner_src_port,
+            proto: e.inner_protocol,
+        };
+        let (id, service) = match self.flows.lookup(&key, now_ms) {
+            Some((id, Direction::Reverse)) if e.inner_dst == v.src => match self.revalidate(id) {
+                Ok(s) => (id, s),
+                Err(s) => return self.drop(DropReason::BackendRemoved, s),
+            },
+            _ => return self.drop(DropReason::NoFlow, None),
+        };
+        if v.ttl <= 1 {
+            return self.pass(PassReason::TtlExpired);
+        }
+        let f = *self.flows.get(id);
+        let (side, src, dst) = match nb.resolve(f.client) {
+            Resolve::Found { side, src, dst } => (side, src, dst),
+            Resolve::Miss { ip, ifindex } => {
+                self.missing.push(ip, ifindex);
+                return self.drop(DropReason::NoNeighbour, Some(service));
+            }
+            Resolve::NoRoute => return self.drop(DropReason::NoRoute, Some(service)),
+        };
+        packet::rewrite_icmp_error(
+            frame,
+            &mut v,
+            &e,
+            NatSide::Source,
+            f.vip,
+            NatSide::Destination,
+            f.vip,
+            f.vip_port,
+        );
+        packet::decrement_ttl(frame, &mut v);
+        packet::set_macs(frame, src, dst);
+        let c = &mut self.counters.services[service as usize];
+        c.packets_out += 1;
+        c.bytes_out += frame.len() as u64;
         Verdict::Tx(side)
     }
 
@@ -398,6 +463,11 @@ impl Engine {
         now_ms: u64,
     ) -> Verdict {
         let Some(l4) = v.l4 else {
+            if let Some(e) = packet::parse_icmp_error(frame, &v) {
+                if !v.has_options() {
+                    return self.reverse_icmp_error(frame, v, e, nb, now_ms);
+                }
+            }
             // Fragments, options-less non-TCP/UDP: the steering program only sends TCP/UDP
             // from backend ports, so these are malformed or fragmented replies.
             return if v.fragment {
@@ -835,6 +905,10 @@ mod tests {
     /// An ICMP "fragmentation needed" from `router` to the VIP quoting `quoted` (an IPv4
     /// packet as it left the node, from its IP header on).
     fn frag_needed(router: [u8; 4], quoted: &[u8]) -> Vec<u8> {
+        icmp_error(router, VIP, packet::ICMP_DEST_UNREACH, 4, quoted)
+    }
+
+    fn icmp_error(src: [u8; 4], dst: [u8; 4], ty: u8, code: u8, quoted: &[u8]) -> Vec<u8> {
         let quote = &quoted[..quoted.len().min(20 + 8 + 20)];
         let total = 20 + 8 + quote.len();
         let mut f = vec![0u8; 14 + total];
@@ -843,13 +917,15 @@ mod tests {
         f[16..18].copy_from_slice(&(total as u16).to_be_bytes());
         f[22] = 64;
         f[23] = IPPROTO_ICMP;
-        f[26..30].copy_from_slice(&router);
-        f[30..34].copy_from_slice(&VIP);
+        f[26..30].copy_from_slice(&src);
+        f[30..34].copy_from_slice(&dst);
         let c = packet::ipv4_header_checksum(&f[14..34]);
         f[24..26].copy_from_slice(&c.to_be_bytes());
-        f[34] = packet::ICMP_DEST_UNREACH;
-        f[35] = 4; // fragmentation needed
-        f[40..42].copy_from_slice(&1400u16.to_be_bytes());
+        f[34] = ty;
+        f[35] = code;
+        if code == 4 {
+            f[40..42].copy_from_slice(&1400u16.to_be_bytes());
+        }
         f[42..].copy_from_slice(quote);
         let c = icmp_checksum(&f[34..]);
         f[36..38].copy_from_slice(&c.to_be_bytes());
@@ -936,6 +1012,58 @@ mod tests {
         assert_eq!(
             e.process(&mut echo, Side::Uplink, &nb, 0),
             Verdict::Drop(DropReason::UnsupportedProtocol)
+        );
+    }
+
+    #[test]
+    fn backend_icmp_errors_go_to_the_client_as_if_from_the_vip() {
+        let nb = neighbours();
+        let mut e = engine(&[B1]);
+        let mut f = build(IPPROTO_UDP, CLIENT, 40000, VIP, 53, b"query");
+        let original = f.clone();
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Tx(Side::Pod(0))
+        );
+        // The Pod has nothing on the port: port unreachable, quoting what it received.
+        let mut icmp = icmp_error(B1, CLIENT, packet::ICMP_DEST_UNREACH, 3, &f[14..]);
+        assert_eq!(
+            e.process(&mut icmp, Side::Pod(0), &nb, 1),
+            Verdict::Tx(Side::Uplink)
+        );
+        let v = parse(&icmp);
+        assert_eq!((v.src, v.dst), (ip(VIP), ip(CLIENT)));
+        assert_eq!(
+            packet::ipv4_header_checksum(&icmp[14..34]),
+            u16::from_be_bytes([icmp[24], icmp[25]])
+        );
+        assert_eq!(
+            icmp_checksum(&icmp[34..]),
+            u16::from_be_bytes([icmp[36], icmp[37]])
+        );
+        // The quote is the packet as the client sent it (TTL aside).
+        let inner = &icmp[42..];
+        assert_eq!(
+            &inner[12..20],
+            &original[14 + 12..14 + 20],
+            "quoted addresses"
+        );
+        assert_eq!(
+            &inner[20..28],
+            &original[34..42],
+            "quoted UDP header incl. checksum"
+        );
+        assert_eq!(
+            packet::ipv4_header_checksum(&inner[..20]),
+            u16::from_be_bytes([inner[10], inner[11]])
+        );
+        assert_eq!(&icmp[0..6], &GW_MAC.0);
+        // An error about a packet of no flow stays dropped.
+        let stray = build(IPPROTO_UDP, CLIENT, 1, B1, 8080, b"x");
+        let mut icmp = icmp_error(B1, CLIENT, packet::ICMP_DEST_UNREACH, 3, &stray[14..]);
+        assert_eq!(
+            e.process(&mut icmp, Side::Pod(0), &nb, 1),
+            Verdict::Drop(DropReason::NoFlow)
         );
     }
 

@@ -428,35 +428,54 @@ pub fn parse_icmp_error(frame: &[u8], v: &Ipv4View) -> Option<IcmpErrorView> {
     })
 }
 
-/// Translates an ICMP error about a packet the dataplane reverse-NATed (quoted source
-/// `VIP:port`) for the backend it came from: outer destination VIP → backend, quoted
-/// source VIP:port → backend:port. Keeps the outer and quoted IPv4 header checksums right
-/// incrementally, updates a quoted UDP checksum incrementally, and recomputes the ICMP
-/// checksum over the whole message. (A quoted TCP checksum lies beyond the 8 quoted
-/// bytes routers must include and is left alone; receivers do not check it.)
-pub fn rewrite_icmp_error_for_backend(
+/// Translates an ICMP error in place: the outer header's `outer` end becomes
+/// `outer_addr`, the quoted packet's `quoted` end becomes `quoted_addr:quoted_port`.
+/// Keeps the outer and quoted IPv4 header checksums right incrementally, updates a quoted
+/// UDP checksum incrementally, and recomputes the ICMP checksum over the whole message.
+/// (A quoted TCP checksum lies beyond the 8 quoted bytes routers must include and is left
+/// alone; receivers do not check it.)
+///
+/// Forward (an error to a VIP about a reply we sent): outer destination VIP → backend,
+/// quoted source VIP:port → backend:port. Reverse (a backend's error about a packet we
+/// DNATed): outer source backend → VIP, quoted destination backend:port → VIP:port.
+#[allow(clippy::too_many_arguments)]
+pub fn rewrite_icmp_error(
     frame: &mut [u8],
     v: &mut Ipv4View,
     e: &IcmpErrorView,
-    backend: u32,
-    backend_port: u16,
+    outer: NatSide,
+    outer_addr: u32,
+    quoted: NatSide,
+    quoted_addr: u32,
+    quoted_port: u16,
 ) {
     let ip = v.l3_offset();
+    let (off, old) = match outer {
+        NatSide::Destination => (ip + 16, v.dst),
+        NatSide::Source => (ip + 12, v.src),
+    };
     let c = be16(frame, ip + 10);
-    put16(frame, ip + 10, csum_replace32(c, v.dst, backend));
-    put32(frame, ip + 16, backend);
-    v.dst = backend;
+    put16(frame, ip + 10, csum_replace32(c, old, outer_addr));
+    put32(frame, off, outer_addr);
+    match outer {
+        NatSide::Destination => v.dst = outer_addr,
+        NatSide::Source => v.src = outer_addr,
+    }
     let inner = e.inner_l3;
-    let c = be16(frame, inner + 10);
-    put16(frame, inner + 10, csum_replace32(c, e.inner_src, backend));
-    put32(frame, inner + 12, backend);
     let l4 = inner + e.inner_header_len;
-    put16(frame, l4, backend_port);
+    let (addr_off, port_off, old_addr, old_port) = match quoted {
+        NatSide::Source => (inner + 12, l4, e.inner_src, e.inner_src_port),
+        NatSide::Destination => (inner + 16, l4 + 2, e.inner_dst, e.inner_dst_port),
+    };
+    let c = be16(frame, inner + 10);
+    put16(frame, inner + 10, csum_replace32(c, old_addr, quoted_addr));
+    put32(frame, addr_off, quoted_addr);
+    put16(frame, port_off, quoted_port);
     if e.inner_protocol == IPPROTO_UDP && frame.len() >= l4 + 8 {
         let c = be16(frame, l4 + 6);
         if c != 0 {
-            let c = csum_replace32(c, e.inner_src, backend);
-            let mut c = csum_replace16(c, e.inner_src_port, backend_port);
+            let c = csum_replace32(c, old_addr, quoted_addr);
+            let mut c = csum_replace16(c, old_port, quoted_port);
             if c == 0 {
                 c = 0xffff;
             }

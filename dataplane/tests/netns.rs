@@ -38,6 +38,7 @@ const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 1, 2);
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 1, 1);
 const HTTP_PORT: u16 = 8080;
 const UDP_PORT: u16 = 5353;
+const CLOSED_PORT: u16 = 5999;
 
 fn pod_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 100, 2 + i as u8, 2)
@@ -232,6 +233,8 @@ fn node_state(pods: &[usize]) -> NodeState {
         services: vec![
             service(Protocol::Tcp, 80, HTTP_PORT, pods),
             service(Protocol::Udp, 53, UDP_PORT, pods),
+            // Nothing listens on the target port: the Pods answer ICMP port unreachable.
+            service(Protocol::Udp, 55, CLOSED_PORT, pods),
         ],
         ..Default::default()
     }
@@ -1206,6 +1209,7 @@ fn a_state_file_replaced_by_a_bigger_one_is_followed() -> Result<()> {
             }],
         });
     }
+    let want = state.services.len();
     let before = lab.writer.capacity();
     let g = lab.writer.publish(&state)?;
     ensure!(
@@ -1216,7 +1220,7 @@ fn a_state_file_replaced_by_a_bigger_one_is_followed() -> Result<()> {
     loop {
         let s = lab.stats()?;
         if s["generation"].as_u64().unwrap_or(0) >= g
-            && s["services"].as_array().map_or(0, |a| a.len()) == 102
+            && s["services"].as_array().map_or(0, |a| a.len()) == want
         {
             break;
         }
@@ -1235,5 +1239,32 @@ fn a_state_file_replaced_by_a_bigger_one_is_followed() -> Result<()> {
         );
     }
     drop(conns);
+    lab.finish()
+}
+
+#[test]
+fn a_backends_port_unreachable_reaches_the_client_from_the_vip() -> Result<()> {
+    let lab = Lab::new("dpu")?;
+    // A connected UDP socket sees ICMP port unreachable as ECONNREFUSED, and only when
+    // the error quotes its own packet (client:port -> VIP:55) and comes for it.
+    let refused = in_ns(lab.client.name(), || -> Result<bool> {
+        let s = UdpSocket::bind("0.0.0.0:0")?;
+        s.connect((VIP, 55))?;
+        s.set_read_timeout(Some(Duration::from_millis(700)))?;
+        let mut buf = [0u8; 64];
+        for _ in 0..8 {
+            let _ = s.send(b"anyone?");
+            match s.recv(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(true),
+                _ => continue,
+            }
+        }
+        Ok(false)
+    })?;
+    assert!(
+        refused,
+        "the client never saw port unreachable; stats: {:?}",
+        lab.stats().ok()
+    );
     lab.finish()
 }
