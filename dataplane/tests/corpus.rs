@@ -135,6 +135,30 @@ fn seeds() -> Vec<(Vec<u8>, Side)> {
     let mut frag = frame(IPPROTO_UDP, CLIENT, 5353, VIP, 53, b"fragmented", &[], 0);
     frag[20] = 0x20;
     s.push((frag, Side::Uplink));
+    // ICMP errors: "fragmentation needed" to the VIP quoting a reply, and a backend's
+    // port unreachable quoting a DNATed packet.
+    let icmp = |src: [u8; 4], dst: [u8; 4], code: u8, quoted: &[u8]| {
+        let quote = &quoted[14..(14 + 28).min(quoted.len())];
+        let total = 28 + quote.len();
+        let mut f = vec![0u8; 14 + total];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&(total as u16).to_be_bytes());
+        f[22] = 64;
+        f[23] = 1;
+        f[26..30].copy_from_slice(&src);
+        f[30..34].copy_from_slice(&dst);
+        let c = packet::ipv4_header_checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f[34] = 3;
+        f[35] = code;
+        f[42..].copy_from_slice(quote);
+        f
+    };
+    let reply = frame(IPPROTO_UDP, VIP, 53, CLIENT, 5353, b"answer", &[], 0);
+    s.push((icmp([198, 51, 100, 1], VIP, 4, &reply), Side::Uplink));
+    let dnat = frame(IPPROTO_UDP, CLIENT, 5353, B1, 5353, b"query", &[], 0);
+    s.push((icmp(B1, CLIENT, 3, &dnat), Side::Pod(0)));
     let mut arp = vec![0u8; 42];
     arp[12..14].copy_from_slice(&[0x08, 0x06]);
     s.push((arp, Side::Uplink));
