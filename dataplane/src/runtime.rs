@@ -409,9 +409,11 @@ fn forward_loop(
                 match r.snapshot() {
                     Ok(snap) => {
                         let table = ServiceTable::from_snapshot(&snap);
-                        steering
-                            .sync(&table)
-                            .context("updating the steering maps")?;
+                        if let Err(e) = steering.sync(&table) {
+                            // E.g. more VIPs than the map holds: keep forwarding what is
+                            // steered rather than stop serving every VIP.
+                            tracing::error!(error = %e, "updating the steering maps failed; some VIPs may not be steered");
+                        }
                         tracing::info!(
                             generation = snap.generation,
                             services = table.services().len(),
