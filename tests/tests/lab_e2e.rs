@@ -1,12 +1,15 @@
 //! The lab as the end-to-end test: `./lab/lab up` walks the user guide against a real
 //! kube-apiserver, BIRD 2, nginx and Juneau's own binaries; this test then checks, from
 //! the outside, what the guide promises — and that a node whose last Pod goes away
-//! withdraws its route while the VIP keeps answering — and that `down` leaves nothing.
+//! withdraws its route while the VIP keeps answering, that a new Pod behind a node's
+//! bridge serves without any restart (every node's `juneau-dataplane` keeps its pid from
+//! `up` to the end) — and that `down` leaves nothing.
 //!
 //! Needs root, `tests/k8s/build.sh` (run by the lab itself) and Debian's bird2 and
 //! nginx-light (tests/setup/apt-packages.txt). It brings up the one lab of the machine
 //! (netns jlab-*, /run/juneau-lab), so it fails if a lab is already up.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -129,6 +132,75 @@ fn access_log_lines_from_client() -> Result<usize> {
     Ok(n)
 }
 
+/// The pid of each node's `juneau-dataplane`, as the lab recorded it, checked to be a
+/// live `juneau-dataplane` serving the node's bridge `cni0` (node-b too, which has no
+/// Pods).
+fn dataplane_pids() -> Result<BTreeMap<String, u32>> {
+    let mut pids = BTreeMap::new();
+    for node in ["node-a", "node-b", "node-c"] {
+        let file = format!("{STATE}/pids/dataplane-{node}.pid");
+        let pid: u32 = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {file}: the lab runs no dataplane on {node}"))?
+            .trim()
+            .parse()
+            .with_context(|| format!("{file} holds no pid"))?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .with_context(|| format!("dataplane of {node} (pid {pid}) is not running"))?;
+        // "pid (comm) S ...": the state follows the last ')'.
+        let state = stat.rsplit(')').next().unwrap_or_default().trim_start();
+        if state.starts_with('Z') {
+            bail!("dataplane of {node} (pid {pid}) has exited (zombie)");
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))?;
+        let argv: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if !argv.iter().any(|a| a.ends_with("juneau-dataplane"))
+            || !argv
+                .windows(2)
+                .any(|w| w[0] == "--pod-iface" && w[1] == "cni0")
+        {
+            bail!("pid {pid} of {file} is not `juneau-dataplane --pod-iface cni0`: {argv:?}");
+        }
+        pids.insert(node.to_string(), pid);
+    }
+    Ok(pids)
+}
+
+/// `curl -i` through the VIP until a response says it was served on `node`
+/// (nginx's `X-Served-By: <pod> on <node>` header); the router's ECMP hash on ports
+/// spreads successive connections over the nodes.
+fn curl_until_served_on(node: &str, attempts: usize) -> Result<()> {
+    let want = format!(" on {node}");
+    let mut seen = Vec::new();
+    for _ in 0..attempts {
+        let resp = sh(&[
+            "ip",
+            "netns",
+            "exec",
+            "jlab-client",
+            "curl",
+            "-sS",
+            "-m",
+            "10",
+            "-i",
+            &format!("http://{VIP}/"),
+        ])?;
+        let served = resp
+            .lines()
+            .find_map(|l| l.strip_prefix("X-Served-By: "))
+            .unwrap_or("?")
+            .trim()
+            .to_string();
+        if served.ends_with(&want) && resp.contains("Welcome to nginx") {
+            return Ok(());
+        }
+        seen.push(served);
+    }
+    bail!("{attempts} curls through {VIP}, none served on {node}: {seen:?}")
+}
+
 /// Runs `lab down` when the test ends, passed or not.
 struct Down;
 impl Drop for Down {
@@ -207,6 +279,9 @@ fn lab_walks_the_guide_and_withdraws_a_node_without_backends() -> Result<()> {
         "nginx did not log the client's real IP {CLIENT}"
     );
 
+    // Every node runs its dataplane on its bridge from `up` on, node-b (no Pods) too.
+    let dataplanes = dataplane_pids()?;
+
     // node-c loses its last Pod (the ReplicaSet removes the cheapest Pod first): node-c
     // withdraws, the route keeps node-a only, and the VIP still answers.
     let pods = kubectl(&[
@@ -266,6 +341,41 @@ fn lab_walks_the_guide_and_withdraws_a_node_without_backends() -> Result<()> {
     assert!(
         page.contains("Welcome to nginx"),
         "after node-c withdrew, curl answered: {page}"
+    );
+    assert_eq!(
+        dataplane_pids()?,
+        dataplanes,
+        "a dataplane was restarted when node-c lost its Pod (pids before: {dataplanes:?})"
+    );
+
+    // Scaling back up puts a new Pod on node-c (the lab's placement): a new port of
+    // node-c's bridge, served by the dataplane that has been running since `up`.
+    kubectl(&["scale", "deployment", "nginx", "--replicas=3"])?;
+    eventually("the ReplicaSet's new Pod", Duration::from_secs(60), || {
+        Ok(kubectl(&["get", "pods", "-l", "app=nginx", "-o", "name"])?
+            .lines()
+            .count()
+            == 3)
+    })?;
+    let kubelet = lab("kubelet")?;
+    assert!(
+        kubelet.contains("on node-c: netns"),
+        "`lab kubelet` did not start the new Pod on node-c:\n{kubelet}"
+    );
+    eventually(
+        "router's route back to two ECMP next hops",
+        Duration::from_secs(90),
+        || {
+            let mut hops = router_next_hops()?;
+            hops.sort();
+            Ok(hops == vec!["192.0.2.11", "192.0.2.13"])
+        },
+    )?;
+    curl_until_served_on("node-c", 40)?;
+    assert_eq!(
+        dataplane_pids()?,
+        dataplanes,
+        "a dataplane was restarted when a Pod was added on node-c (pids before: {dataplanes:?})"
     );
 
     // down leaves nothing; a second down is harmless.
