@@ -43,11 +43,14 @@ pub enum DropReason {
     KernelBound,
     /// The egress TX ring was full.
     TxRingFull,
+    /// The backend's Pod interface is routed but has no AF_XDP socket yet (just
+    /// appeared, or attaching it failed and is being retried).
+    PodIfaceNotAttached,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 14] = [
+    pub const ALL: [DropReason; 15] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -62,6 +65,7 @@ impl DropReason {
         DropReason::NoNeighbour,
         DropReason::KernelBound,
         DropReason::TxRingFull,
+        DropReason::PodIfaceNotAttached,
     ];
 
     /// The label used in metrics and the stats file.
@@ -81,6 +85,7 @@ impl DropReason {
             DropReason::NoNeighbour => "no_neighbour",
             DropReason::KernelBound => "kernel_bound",
             DropReason::TxRingFull => "tx_ring_full",
+            DropReason::PodIfaceNotAttached => "pod_iface_not_attached",
         }
     }
 }
@@ -179,6 +184,20 @@ pub struct Stats {
     pub neighbours: u64,
     /// Resolution requests sent to the kernel.
     pub neighbour_requests: u64,
+    /// UMEM frames in total.
+    pub umem_frames: u64,
+    /// UMEM frames in userspace, ready for fill rings.
+    pub umem_frames_free: u64,
+    /// UMEM frames the kernel holds through live sockets (fill/RX and TX/completion).
+    pub umem_frames_in_kernel: u64,
+    /// UMEM frames taken back from closed sockets, in total.
+    pub umem_frames_reclaimed: u64,
+    /// Pod interfaces discovered through the routing table and attached now.
+    pub pod_ifaces: Vec<String>,
+    /// Discovered Pod interfaces attached, in total.
+    pub pod_iface_attaches: u64,
+    /// Discovered Pod interfaces detached, in total.
+    pub pod_iface_detaches: u64,
 }
 
 impl Stats {
@@ -223,6 +242,21 @@ impl Stats {
             "Neighbour resolutions requested from the kernel.",
             self.neighbour_requests,
         );
+        counter(
+            "juneau_dataplane_umem_frames_reclaimed_total",
+            "UMEM frames taken back from closed AF_XDP sockets.",
+            self.umem_frames_reclaimed,
+        );
+        counter(
+            "juneau_dataplane_pod_iface_attaches_total",
+            "Pod interfaces found through routes and attached.",
+            self.pod_iface_attaches,
+        );
+        counter(
+            "juneau_dataplane_pod_iface_detaches_total",
+            "Discovered Pod interfaces detached.",
+            self.pod_iface_detaches,
+        );
         let _ = writeln!(
             s,
             "# HELP juneau_dataplane_drops_total Frames dropped, by reason."
@@ -251,6 +285,26 @@ impl Stats {
                 "juneau_dataplane_neighbours",
                 "Neighbour entries known.",
                 self.neighbours,
+            ),
+            (
+                "juneau_dataplane_umem_frames",
+                "UMEM frames in total.",
+                self.umem_frames,
+            ),
+            (
+                "juneau_dataplane_umem_frames_free",
+                "UMEM frames in userspace, ready for fill rings.",
+                self.umem_frames_free,
+            ),
+            (
+                "juneau_dataplane_umem_frames_in_kernel",
+                "UMEM frames held by the kernel through live sockets.",
+                self.umem_frames_in_kernel,
+            ),
+            (
+                "juneau_dataplane_pod_ifaces",
+                "Pod interfaces found through routes with sockets now.",
+                self.pod_ifaces.len() as u64,
             ),
             (
                 "juneau_dataplane_state_generation",
@@ -334,7 +388,10 @@ mod tests {
         let text = st.prometheus();
         assert!(text.contains("juneau_dataplane_drops_total{reason=\"port_not_exposed\"} 4"));
         assert!(text.contains("juneau_dataplane_service_packets_in_total{vip=\"203.0.113.10\",protocol=\"TCP\",port=\"80\"} 5"));
-        assert_eq!(st.total_drops(), (0..14).sum::<u64>());
+        assert_eq!(
+            st.total_drops(),
+            (0..DropReason::ALL.len() as u64).sum::<u64>()
+        );
         let names: std::collections::HashSet<_> =
             DropReason::ALL.iter().map(|r| r.name()).collect();
         assert_eq!(names.len(), DropReason::ALL.len());

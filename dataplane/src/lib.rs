@@ -17,6 +17,7 @@
 pub mod counters;
 pub mod engine;
 pub mod flow;
+pub mod frames;
 pub mod neigh;
 pub mod netlink;
 pub mod packet;

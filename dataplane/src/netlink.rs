@@ -278,9 +278,20 @@ impl Netlink {
 
     /// A fresh [`Neighbours`] for these interfaces from the kernel's tables.
     pub fn snapshot(&mut self, uplink: Iface, pods: &[Iface]) -> io::Result<Neighbours> {
+        let routes = self.routes()?;
+        self.snapshot_with_routes(uplink, pods, &routes)
+    }
+
+    /// Like [`Netlink::snapshot`], with routes already read.
+    pub fn snapshot_with_routes(
+        &mut self,
+        uplink: Iface,
+        pods: &[Iface],
+        routes: &[Route],
+    ) -> io::Result<Neighbours> {
         let mut n = Neighbours::new(uplink, pods.to_vec());
-        for r in self.routes()? {
-            n.add_route(r);
+        for r in routes {
+            n.add_route(*r);
         }
         for (ip, ifindex, mac, _) in self.neighbours()? {
             if n.side_of(ifindex).is_some() {
@@ -320,6 +331,79 @@ impl Netlink {
             self.request_resolution(ip, ifindex)?;
         }
         Ok(stale.len())
+    }
+}
+
+/// The interface each backend address is routed out of, by longest-prefix match over
+/// the main table's `routes` (what `ip route get` answers for it), skipping the uplink and
+/// loopback: the Pod-facing interfaces of these backends, each once, in first-seen order.
+pub fn pod_ifindexes_of(routes: &[Route], backends: &[u32], uplink: u32) -> Vec<u32> {
+    let mut out: Vec<u32> = Vec::new();
+    for &ip in backends {
+        let best = routes
+            .iter()
+            .filter(|r| {
+                let m = if r.len == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - u32::from(r.len.min(32)))
+                };
+                ip & m == r.prefix & m
+            })
+            .max_by_key(|r| r.len);
+        if let Some(r) = best {
+            if r.ifindex != uplink && r.ifindex != 1 && !out.contains(&r.ifindex) {
+                out.push(r.ifindex);
+            }
+        }
+    }
+    out
+}
+
+/// An interface's name by index.
+pub fn iface_name(ifindex: u32) -> io::Result<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `buf` has room for IF_NAMESIZE bytes, as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: on success if_indextoname wrote a NUL-terminated name into `buf`.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Ok(name.to_string_lossy().into_owned())
+}
+
+/// Where the Pod-facing interfaces come from.
+#[derive(Debug, Clone)]
+pub struct PodSource {
+    /// Interfaces named on the command line (always served).
+    pub explicit: Vec<Iface>,
+    /// When set, the backend addresses of the current service table (written by the
+    /// forwarding loop on every generation change): the interfaces the kernel routes
+    /// them out of are served too.
+    pub from_routes: Option<Arc<Mutex<Vec<u32>>>>,
+}
+
+impl PodSource {
+    /// The Pod interfaces for these routes: the explicit ones, then those discovered.
+    pub fn resolve(&self, uplink: Iface, routes: &[Route]) -> Vec<Iface> {
+        let mut pods = self.explicit.clone();
+        if let Some(b) = &self.from_routes {
+            let backends = b.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            for ifindex in pod_ifindexes_of(routes, &backends, uplink.ifindex) {
+                if pods.iter().any(|p| p.ifindex == ifindex) {
+                    continue;
+                }
+                // The interface may vanish between the dump and this look-up: skip it
+                // this round.
+                if let Ok(i) = iface_name(ifindex).and_then(|n| iface(&n)) {
+                    if i.ifindex == ifindex {
+                        pods.push(i);
+                    }
+                }
+            }
+        }
+        pods
     }
 }
 
@@ -400,7 +484,7 @@ impl SharedNeighbours {
 pub fn run_resolver(
     mut nl: Netlink,
     uplink: Iface,
-    pods: Vec<Iface>,
+    pods: PodSource,
     shared: Arc<SharedNeighbours>,
     misses: Receiver<(u32, u32)>,
     stop: Arc<AtomicBool>,
@@ -409,9 +493,16 @@ pub fn run_resolver(
 ) {
     let mut last_keepalive = Instant::now();
     let mut last_request: std::collections::HashMap<(u32, u32), Instant> = Default::default();
-    let refresh = |nl: &mut Netlink| match nl.snapshot(uplink, &pods) {
-        Ok(n) => shared.set(n),
-        Err(e) => tracing::warn!(error = %e, "reading routes/neighbours over netlink failed"),
+    let mut current: Vec<Iface> = pods.explicit.clone();
+    let refresh = |nl: &mut Netlink, current: &mut Vec<Iface>| {
+        let r = nl.routes().and_then(|routes| {
+            *current = pods.resolve(uplink, &routes);
+            nl.snapshot_with_routes(uplink, current, &routes)
+        });
+        match r {
+            Ok(n) => shared.set(n),
+            Err(e) => tracing::warn!(error = %e, "reading routes/neighbours over netlink failed"),
+        }
     };
     while !stop.load(Ordering::Relaxed) {
         match misses.recv_timeout(period) {
@@ -422,6 +513,10 @@ pub fn run_resolver(
                 last_request.retain(|_, t| now.duration_since(*t) < Duration::from_secs(1));
                 let mut asked = false;
                 for (ip, ifindex) in pending {
+                    // (0, 0) only asks for a refresh (the backend set changed).
+                    if ip == 0 && ifindex == 0 {
+                        continue;
+                    }
                     // At most one request per next hop per second.
                     if last_request.contains_key(&(ip, ifindex)) {
                         continue;
@@ -437,18 +532,18 @@ pub fn run_resolver(
                 if asked {
                     for wait_ms in [2, 5, 10, 20, 50, 100, 200] {
                         std::thread::sleep(Duration::from_millis(wait_ms));
-                        refresh(&mut nl);
+                        refresh(&mut nl, &mut current);
                     }
                 } else {
-                    refresh(&mut nl);
+                    refresh(&mut nl, &mut current);
                 }
             }
-            Err(RecvTimeoutError::Timeout) => refresh(&mut nl),
+            Err(RecvTimeoutError::Timeout) => refresh(&mut nl, &mut current),
             Err(RecvTimeoutError::Disconnected) => return,
         }
         if last_keepalive.elapsed() >= keepalive {
             last_keepalive = Instant::now();
-            match nl.keep_alive(uplink, &pods, 1024) {
+            match nl.keep_alive(uplink, &current, 1024) {
                 Ok(n) if n > 0 => tracing::debug!(count = n, "re-probing stale neighbours"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "neighbour keep-alive failed"),
@@ -463,6 +558,42 @@ pub type MissSender = SyncSender<(u32, u32)>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backends_map_to_the_interface_of_their_longest_prefix_route() {
+        let ip = |a: [u8; 4]| u32::from_be_bytes(a);
+        let r = |p: [u8; 4], len: u8, ifindex: u32| Route {
+            prefix: ip(p),
+            len,
+            gateway: None,
+            ifindex,
+        };
+        let routes = [
+            r([0, 0, 0, 0], 0, 2),    // default via the uplink
+            r([10, 1, 0, 0], 16, 9),  // a Pod CIDR on a bridge-like device
+            r([10, 1, 0, 5], 32, 11), // Calico-style /32 on a per-Pod veth
+            r([10, 1, 0, 6], 32, 12),
+            r([127, 0, 0, 0], 8, 1), // loopback
+        ];
+        let got = pod_ifindexes_of(
+            &routes,
+            &[
+                ip([10, 1, 0, 5]),
+                ip([10, 1, 0, 6]),
+                ip([10, 1, 0, 5]),
+                ip([10, 1, 7, 7]),
+                ip([192, 0, 2, 1]),
+                ip([127, 0, 0, 9]),
+            ],
+            2,
+        );
+        assert_eq!(
+            got,
+            vec![11, 12, 9],
+            "per-Pod veths, the /16 device, not uplink or lo"
+        );
+        assert!(pod_ifindexes_of(&[], &[ip([10, 1, 0, 5])], 2).is_empty());
+    }
 
     #[test]
     fn attr_parser_handles_padding_and_garbage() {

@@ -6,6 +6,11 @@
 //! interface's TX ring without a copy in userspace. Frames cycle through a free stack:
 //! free → fill ring → RX → (TX → completion ring) → free.
 //!
+//! Pod interfaces named on the command line are fixed; with route discovery on, the
+//! resolver thread lists the interfaces the kernel routes backends out of, and the loop
+//! attaches sockets + steering to new ones and detaches vanished ones between batches,
+//! reclaiming the UMEM frames a closed socket held (`crate::frames`).
+//!
 //! The loop busy-polls. When nothing arrived for `busy_poll_us`, it sleeps in `poll(2)`
 //! on the sockets for at most `idle_sleep_ms` (a packet wakes it at once), so a quiet node
 //! does not burn a core; `--busy-poll-us 0` sleeps as soon as it is idle, a very large
@@ -20,17 +25,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{anyhow, bail, ensure, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 use juneau_control::shm::NodeStateReader;
 use xsk_rs::config::{
     BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
 };
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
+use aya::programs::xdp::XdpLinkId;
+
 use crate::counters::{DropReason, ServiceStats, Stats};
 use crate::engine::{Engine, EngineConfig, Verdict};
+use crate::frames::FramePool;
 use crate::neigh::{Iface, Neighbours, Resolve, Side};
-use crate::netlink::{self, Netlink, SharedNeighbours};
+use crate::netlink::{self, Netlink, PodSource, SharedNeighbours};
 use crate::services::ServiceTable;
 use crate::steering::{SteeredIface, Steering};
 
@@ -70,11 +78,27 @@ pub struct RuntimeConfig {
     pub zero_copy: bool,
     /// Re-probe stale neighbour entries this often (seconds).
     pub neighbour_keepalive_s: u64,
+    /// Also serve the interfaces the kernel routes backends out of (per-Pod veths),
+    /// attaching and detaching them as they come and go.
+    pub pod_ifaces_from_routes: bool,
+    /// Most AF_XDP sockets on discovered Pod interfaces at once.
+    pub max_pod_sockets: u32,
+    /// UMEM frames reserved per socket on a discovered Pod interface (half of them sit
+    /// in its fill ring).
+    pub pod_iface_frames: u32,
 }
 
 struct Port {
+    /// Unique for the life of the process (frame ownership, see `frames.rs`).
+    id: u32,
     name: String,
+    ifindex: u32,
+    queue: u32,
     side: Side,
+    /// Most frames this socket's fill ring holds.
+    fill_budget: u32,
+    /// Frames in its fill ring or RX ring (handed over, not yet received back).
+    fill_held: u32,
     tx: TxQueue,
     rx: RxQueue,
     fq: FillQueue,
@@ -167,9 +191,104 @@ fn open_state(path: &Path) -> Option<NodeStateReader> {
     }
 }
 
+/// Sockets: what it takes to open an AF_XDP socket on an interface that appears later.
+struct SocketFactory<'a> {
+    umem: &'a Umem,
+    cfg: xsk_rs::config::SocketConfig,
+    next_id: u32,
+}
+
+impl SocketFactory<'_> {
+    /// One socket per RX queue of `si`, registered in the redirect map.
+    fn open(
+        &mut self,
+        si: &SteeredIface,
+        side: Side,
+        fill_budget: u32,
+        steering: &mut Steering,
+    ) -> Result<Vec<Port>> {
+        let name = &si.name;
+        let ifname: Interface = name
+            .parse()
+            .map_err(|e| anyhow!("interface name {name}: {e:?}"))?;
+        let mut out = Vec::new();
+        for q in 0..si.queues {
+            // SAFETY: the UMEM outlives the socket (both live until `run` returns, sockets
+            // are dropped first) and every frame handed to its rings comes from this UMEM.
+            let (tx, rx, rings) = unsafe { Socket::new(self.cfg, self.umem, &ifname, q) }
+                .map_err(|e| anyhow!("creating the AF_XDP socket on {name} queue {q}: {e}"))?;
+            let (fq, cq) = rings.ok_or_else(|| {
+                anyhow!("{name} queue {q}: no fill/completion ring for the socket")
+            })?;
+            steering.register_socket(si.slot_base + q, rx.fd())?;
+            self.next_id += 1;
+            out.push(Port {
+                id: self.next_id,
+                name: format!("{name}/{q}"),
+                ifindex: si.ifindex,
+                queue: q,
+                side,
+                fill_budget,
+                fill_held: 0,
+                tx,
+                rx,
+                fq,
+                cq,
+                in_flight: 0,
+                unsent: 0,
+                rx_packets: 0,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A Pod interface found through the routing table and attached while running.
+struct DiscoveredPod {
+    steered: SteeredIface,
+    link: XdpLinkId,
+}
+
+/// Discovered Pod interfaces: their redirect-map slots and sockets' frame budget.
+struct Discovery {
+    /// First redirect-map slot for discovered interfaces.
+    slot_base: u32,
+    /// Slots in use (relative to `slot_base`).
+    slots_used: Vec<bool>,
+    fill_budget: u32,
+    attached: Vec<DiscoveredPod>,
+    /// Interfaces whose attach failed, and when to try again.
+    retry_after: std::collections::HashMap<u32, Instant>,
+    attaches: u64,
+    detaches: u64,
+}
+
+impl Discovery {
+    fn alloc_slots(&mut self, n: u32) -> Option<u32> {
+        let n = n as usize;
+        let free_run = (0..self.slots_used.len().saturating_sub(n - 1))
+            .find(|&i| self.slots_used[i..i + n].iter().all(|u| !u))?;
+        for u in &mut self.slots_used[free_run..free_run + n] {
+            *u = true;
+        }
+        Some(self.slot_base + free_run as u32)
+    }
+
+    fn free_slots(&mut self, base: u32, n: u32) {
+        let from = (base - self.slot_base) as usize;
+        for u in self.slots_used.iter_mut().skip(from).take(n as usize) {
+            *u = false;
+        }
+    }
+}
+
 /// Runs the dataplane until SIGINT/SIGTERM.
 pub fn run(cfg: RuntimeConfig) -> Result<()> {
     install_signal_handlers();
+    ensure!(
+        !cfg.pod_ifaces.is_empty() || cfg.pod_ifaces_from_routes,
+        "no Pod interfaces: give --pod-iface or --pod-ifaces-from-routes"
+    );
     let uplink = netlink::iface(&cfg.uplink).with_context(|| format!("uplink {}", cfg.uplink))?;
     let mut pods = Vec::new();
     for name in &cfg.pod_ifaces {
@@ -178,10 +297,14 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
             netlink::iface(name).with_context(|| format!("Pod interface {name}"))?,
         ));
     }
-    if pods.len() > 255 {
-        bail!("at most 255 Pod interfaces are supported");
-    }
     let pod_ifaces: Vec<Iface> = pods.iter().map(|p| p.1).collect();
+    let backend_ips: Option<Arc<Mutex<Vec<u32>>>> = cfg
+        .pod_ifaces_from_routes
+        .then(|| Arc::new(Mutex::new(Vec::new())));
+    let source = PodSource {
+        explicit: pod_ifaces.clone(),
+        from_routes: backend_ips.clone(),
+    };
 
     // Neighbours: a resolver thread keeps a copy fresh.
     let mut nl = Netlink::open().context("opening a netlink socket")?;
@@ -193,14 +316,14 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     let stop_resolver = Arc::new(AtomicBool::new(false));
     let keepalive = Duration::from_secs(cfg.neighbour_keepalive_s.max(1));
     let resolver = {
-        let (shared, stop, pods) = (shared.clone(), stop_resolver.clone(), pod_ifaces.clone());
+        let (shared, stop) = (shared.clone(), stop_resolver.clone());
         std::thread::Builder::new()
             .name("neighbours".into())
             .spawn(move || {
                 netlink::run_resolver(
                     nl,
                     uplink,
-                    pods,
+                    source,
                     shared,
                     miss_rx,
                     stop,
@@ -231,9 +354,18 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         sides.push(side);
         slot += queues;
     }
+    let max_discovered = if cfg.pod_ifaces_from_routes {
+        cfg.max_pod_sockets
+    } else {
+        0
+    };
     ensure!(
-        slot <= 4096,
-        "at most 4096 AF_XDP sockets (interfaces x RX queues) are supported"
+        slot + max_discovered <= 4096,
+        "at most 4096 AF_XDP sockets (interfaces x RX queues, plus --max-pod-sockets) are supported"
+    );
+    ensure!(
+        steered.len() + max_discovered as usize <= 256,
+        "at most 256 interfaces (uplink, --pod-iface and --max-pod-sockets) are supported"
     );
 
     // XDP steering, then sockets.
@@ -241,8 +373,9 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     for (name, mode) in &steering.modes {
         tracing::info!(iface = %name, mode, "XDP steering attached");
     }
-    let n_ports = slot as usize;
-    let total_frames = cfg.frames_per_iface.max(2 * cfg.ring_size) * n_ports as u32;
+    let fixed_frames = cfg.frames_per_iface.max(2 * cfg.ring_size) * slot;
+    let pod_frames = cfg.pod_iface_frames.max(2);
+    let total_frames = fixed_frames + max_discovered * pod_frames;
     let umem_cfg = UmemConfig::builder()
         .frame_size(FrameSize::new(4096).map_err(|e| anyhow!("{e}"))?)
         .fill_queue_size(QueueSize::new(cfg.ring_size).map_err(|e| anyhow!("{e}"))?)
@@ -266,37 +399,28 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
         .bind_flags(bind)
         .build();
-    let mut ports = Vec::with_capacity(n_ports);
+    let mut factory = SocketFactory {
+        umem: &umem,
+        cfg: sock_cfg,
+        next_id: 0,
+    };
+    let mut ports = Vec::with_capacity(slot as usize);
     for (si, side) in steered.iter().zip(&sides) {
-        let name = &si.name;
-        let ifname: Interface = name
-            .parse()
-            .map_err(|e| anyhow!("interface name {name}: {e:?}"))?;
-        for q in 0..si.queues {
-            // SAFETY: the UMEM outlives the socket (both live until `run` returns, sockets
-            // are dropped first) and every frame handed to its rings comes from this UMEM.
-            let (tx, rx, rings) = unsafe { Socket::new(sock_cfg, &umem, &ifname, q) }
-                .map_err(|e| anyhow!("creating the AF_XDP socket on {name} queue {q}: {e}"))?;
-            let (fq, cq) = rings.ok_or_else(|| {
-                anyhow!("{name} queue {q}: no fill/completion ring for the socket")
-            })?;
-            steering.register_socket(si.slot_base + q, rx.fd())?;
-            ports.push(Port {
-                name: format!("{name}/{q}"),
-                side: *side,
-                tx,
-                rx,
-                fq,
-                cq,
-                in_flight: 0,
-                unsent: 0,
-                rx_packets: 0,
-            });
-        }
+        ports.extend(factory.open(si, *side, cfg.ring_size, &mut steering)?);
     }
+    let discovery = Discovery {
+        slot_base: slot,
+        slots_used: vec![false; max_discovered as usize],
+        fill_budget: (pod_frames / 2).clamp(1, cfg.ring_size),
+        attached: Vec::new(),
+        retry_after: Default::default(),
+        attaches: 0,
+        detaches: 0,
+    };
     tracing::info!(
         uplink = %cfg.uplink,
         pods = ?cfg.pod_ifaces,
+        pod_ifaces_from_routes = cfg.pod_ifaces_from_routes,
         frames = total_frames,
         flow_capacity = cfg.engine.flow_capacity,
         "juneau-dataplane forwarding"
@@ -324,58 +448,216 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         })?
     };
 
-    let result = forward_loop(
-        &cfg,
-        &umem,
-        descs,
-        &mut ports,
-        &mut steering,
-        &shared,
-        &miss_tx,
-        &stats_tx,
-    );
+    let mut io = Io {
+        pool: FramePool::new(descs, 4096),
+        ports,
+        steering,
+        factory,
+        discovery,
+        explicit: pod_ifaces.iter().map(|p| p.ifindex).collect(),
+        backend_ips,
+    };
+    let result = forward_loop(&cfg, &mut io, &shared, &miss_tx, &stats_tx);
     drop(stats_tx);
     let _ = stats_writer.join();
     stop_resolver.store(true, Ordering::Relaxed);
     drop(miss_tx);
     let _ = resolver.join();
-    drop(ports);
-    drop(steering);
+    drop(io);
     tracing::info!("juneau-dataplane stopped; XDP programs detached");
     result
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The loop's I/O state: frames, sockets, steering, discovered Pod interfaces.
+struct Io<'a> {
+    pool: FramePool<FrameDesc>,
+    ports: Vec<Port>,
+    steering: Steering,
+    factory: SocketFactory<'a>,
+    discovery: Discovery,
+    /// `--pod-iface` interfaces (never detached).
+    explicit: Vec<u32>,
+    /// Backend addresses handed to the resolver (route discovery on).
+    backend_ips: Option<Arc<Mutex<Vec<u32>>>>,
+}
+
+impl Io<'_> {
+    /// Egress socket (queue 0) of each of `nb`'s Pod interfaces, by `Side::Pod` index;
+    /// `None` while the interface has no socket yet.
+    fn egress_map(&self, nb: &Neighbours) -> Vec<Option<usize>> {
+        nb.pods()
+            .iter()
+            .map(|i| {
+                self.ports
+                    .iter()
+                    .position(|p| p.ifindex == i.ifindex && p.queue == 0 && p.side != Side::Uplink)
+            })
+            .collect()
+    }
+
+    /// Attaches the Pod interfaces `nb` lists that have no sockets yet and detaches
+    /// discovered ones it no longer lists (their routes went away, e.g. the veth was
+    /// deleted). Returns whether the socket set changed.
+    fn reconcile_pods(&mut self, nb: &Neighbours, now: Instant) -> bool {
+        if self.backend_ips.is_none() {
+            return false;
+        }
+        let mut changed = false;
+        // Detach first: frees slots and frames for the new ones.
+        let gone: Vec<usize> = self
+            .discovery
+            .attached
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| {
+                !nb.pods().iter().any(|p| p.ifindex == d.steered.ifindex)
+                    || netlink::iface_name(d.steered.ifindex).is_err()
+            })
+            .map(|(i, _)| i)
+            .collect();
+        for i in gone.into_iter().rev() {
+            let d = self.discovery.attached.remove(i);
+            self.detach(d);
+            changed = true;
+        }
+        for p in nb.pods() {
+            if self.explicit.contains(&p.ifindex)
+                || self
+                    .discovery
+                    .attached
+                    .iter()
+                    .any(|d| d.steered.ifindex == p.ifindex)
+            {
+                continue;
+            }
+            if self
+                .discovery
+                .retry_after
+                .get(&p.ifindex)
+                .is_some_and(|t| now < *t)
+            {
+                continue;
+            }
+            match self.attach(p.ifindex) {
+                Ok(()) => {
+                    self.discovery.retry_after.remove(&p.ifindex);
+                    changed = true;
+                }
+                Err(e) => {
+                    tracing::warn!(ifindex = p.ifindex, error = %format!("{e:#}"), "attaching a discovered Pod interface failed; retrying in 1 s");
+                    self.discovery
+                        .retry_after
+                        .insert(p.ifindex, now + Duration::from_secs(1));
+                }
+            }
+        }
+        self.discovery
+            .retry_after
+            .retain(|ifindex, _| nb.pods().iter().any(|p| p.ifindex == *ifindex));
+        changed
+    }
+
+    fn attach(&mut self, ifindex: u32) -> Result<()> {
+        let name = netlink::iface_name(ifindex).context("interface gone")?;
+        let queues = rx_queues(&name);
+        let slot_base = self
+            .discovery
+            .alloc_slots(queues)
+            .with_context(|| format!("{name}: no free AF_XDP socket (raise --max-pod-sockets)"))?;
+        let si = SteeredIface {
+            name: name.clone(),
+            ifindex,
+            uplink: false,
+            slot_base,
+            queues,
+        };
+        // Sockets first (the program passes packets to the kernel until they are in
+        // the redirect map), then the program.
+        let opened = self.factory.open(
+            &si,
+            Side::Pod(0),
+            self.discovery.fill_budget,
+            &mut self.steering,
+        );
+        let ports = match opened {
+            Ok(p) => p,
+            Err(e) => {
+                self.discovery.free_slots(slot_base, queues);
+                return Err(e);
+            }
+        };
+        match self.steering.attach_iface(&si) {
+            Ok(link) => {
+                tracing::info!(iface = %name, ifindex, queues, "Pod interface attached");
+                self.ports.extend(ports);
+                self.discovery
+                    .attached
+                    .push(DiscoveredPod { steered: si, link });
+                self.discovery.attaches += 1;
+                Ok(())
+            }
+            Err(e) => {
+                for p in ports {
+                    self.close_port(p);
+                }
+                self.discovery.free_slots(slot_base, queues);
+                Err(e)
+            }
+        }
+    }
+
+    fn detach(&mut self, d: DiscoveredPod) {
+        tracing::info!(iface = %d.steered.name, ifindex = d.steered.ifindex, "Pod interface detached");
+        let si = d.steered.clone();
+        self.steering.detach_iface(&si, d.link);
+        let mine: Vec<usize> = self
+            .ports
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.ifindex == si.ifindex && p.side != Side::Uplink)
+            .map(|(i, _)| i)
+            .collect();
+        for i in mine.into_iter().rev() {
+            let p = self.ports.remove(i);
+            self.close_port(p);
+        }
+        self.discovery.free_slots(si.slot_base, si.queues);
+        self.discovery.detaches += 1;
+    }
+
+    /// Closes a socket and takes back every frame it held.
+    fn close_port(&mut self, p: Port) {
+        let id = p.id;
+        drop(p);
+        let n = self.pool.reclaim(id, &[]);
+        tracing::debug!(socket = id, frames = n, "socket closed, frames reclaimed");
+    }
+
+    /// Frames the kernel holds through live sockets.
+    fn frames_in_kernel(&self) -> u64 {
+        self.ports
+            .iter()
+            .map(|p| u64::from(p.fill_held) + u64::from(p.in_flight))
+            .sum()
+    }
+}
+
 fn forward_loop(
     cfg: &RuntimeConfig,
-    umem: &Umem,
-    descs: Vec<FrameDesc>,
-    ports: &mut [Port],
-    steering: &mut Steering,
+    io: &mut Io<'_>,
     shared: &SharedNeighbours,
     miss_tx: &mpsc::SyncSender<(u32, u32)>,
     stats_tx: &mpsc::SyncSender<Stats>,
 ) -> Result<()> {
-    let n_ports = ports.len();
-    // Egress: the queue-0 socket of each interface.
-    let mut tx_port_of_pod: Vec<usize> = Vec::new();
-    for (i, p) in ports.iter().enumerate() {
-        if let Side::Pod(k) = p.side {
-            if usize::from(k) == tx_port_of_pod.len() {
-                tx_port_of_pod.push(i);
-            }
-        }
-    }
     let mut engine = Engine::new(cfg.engine);
-    let mut free: Vec<FrameDesc> = descs;
     let mut rx_buf = vec![FrameDesc::default(); RX_BATCH];
     let mut hashes = [0u32; RX_BATCH];
     let mut cq_buf = vec![FrameDesc::default(); cfg.ring_size as usize];
-    let mut pending: Vec<Vec<FrameDesc>> = (0..n_ports)
-        .map(|_| Vec::with_capacity(RX_BATCH * n_ports))
-        .collect();
+    let mut pending: Vec<Vec<FrameDesc>> = Vec::new();
     let mut nb: Arc<Neighbours> = shared.get();
     let mut nb_version = shared.version();
+    // Egress: the queue-0 socket of each interface.
+    let mut egress = io.egress_map(&nb);
 
     let mut reader = open_state(&cfg.state_file);
     let mut seen_generation = 0u64;
@@ -383,16 +665,21 @@ fn forward_loop(
 
     let start = Instant::now();
     let mut last_stats = Instant::now();
+    let mut last_reconcile = Instant::now();
     let mut last_activity = Instant::now();
     let busy = Duration::from_micros(cfg.busy_poll_us);
-    let mut pollfds: Vec<libc::pollfd> = ports
-        .iter()
-        .map(|p| libc::pollfd {
-            fd: p.rx.fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
+    let pollfds_of = |ports: &[Port]| -> Vec<libc::pollfd> {
+        ports
+            .iter()
+            .map(|p| libc::pollfd {
+                fd: p.rx.fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect()
+    };
+    let mut pollfds = pollfds_of(&io.ports);
+    pending.resize_with(io.ports.len(), || Vec::with_capacity(RX_BATCH * 4));
 
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();
@@ -409,7 +696,7 @@ fn forward_loop(
                 match r.snapshot() {
                     Ok(snap) => {
                         let table = ServiceTable::from_snapshot(&snap);
-                        if let Err(e) = steering.sync(&table) {
+                        if let Err(e) = io.steering.sync(&table) {
                             // E.g. more VIPs than the map holds: keep forwarding what is
                             // steered rather than stop serving every VIP.
                             tracing::error!(error = %e, "updating the steering maps failed; some VIPs may not be steered");
@@ -419,6 +706,18 @@ fn forward_loop(
                             services = table.services().len(),
                             "service table updated"
                         );
+                        if let Some(b) = &io.backend_ips {
+                            // The resolver finds their interfaces (route look-up).
+                            let mut ips: Vec<u32> = table
+                                .services()
+                                .iter()
+                                .flat_map(|s| s.backends.iter().map(|b| u32::from(b.ip)))
+                                .collect();
+                            ips.sort_unstable();
+                            ips.dedup();
+                            *b.lock().unwrap_or_else(|p| p.into_inner()) = ips;
+                            let _ = miss_tx.try_send((0, 0));
+                        }
                         // Start resolving new backends now rather than on their first packet.
                         for s in table.services() {
                             for b in &s.backends {
@@ -436,15 +735,32 @@ fn forward_loop(
                 }
             }
         }
-        // Neighbours: one atomic load per iteration.
+        // Neighbours: one atomic load per iteration. Discovered Pod interfaces follow
+        // the table (and are re-checked every second, e.g. to retry a failed attach).
         let v = shared.version();
-        if v != nb_version {
+        let nb_changed = v != nb_version;
+        if nb_changed {
             nb_version = v;
             nb = shared.get();
+        }
+        if nb_changed || now.duration_since(last_reconcile) >= Duration::from_secs(1) {
+            last_reconcile = now;
+            if io.reconcile_pods(&nb, now) {
+                pollfds = pollfds_of(&io.ports);
+                pending.resize_with(io.ports.len(), || Vec::with_capacity(RX_BATCH * 4));
+            }
+            egress = io.egress_map(&nb);
         }
 
         let mut received = 0usize;
         let mut completed = 0usize;
+        let Io {
+            pool,
+            ports,
+            factory,
+            ..
+        } = &mut *io;
+        let umem = factory.umem;
         for p in ports.iter_mut() {
             // Completions back to the free stack.
             // SAFETY: `cq_buf` entries are overwritten with addresses of frames of our
@@ -452,15 +768,18 @@ fn forward_loop(
             let done = unsafe { p.cq.consume(&mut cq_buf) };
             completed += done;
             p.in_flight = p.in_flight.saturating_sub(done as u32);
-            free.extend_from_slice(&cq_buf[..done]);
-            // Generous refill: as many frames as the fill ring takes.
-            let room = p.fq.nb_free(free.len() as u32) as usize;
-            let give = room.min(free.len());
+            pool.free.extend_from_slice(&cq_buf[..done]);
+            // Generous refill: as many frames as the fill ring takes, up to the
+            // socket's budget.
+            let want = p.fill_budget.saturating_sub(p.fill_held);
+            let room = p.fq.nb_free(want.min(pool.free.len() as u32)) as usize;
+            let give = room.min(pool.free.len()).min(want as usize);
             if give > 0 {
-                let from = free.len() - give;
+                let from = pool.free.len() - give;
                 // SAFETY: these frames are in no ring and not referenced elsewhere.
-                let put = unsafe { p.fq.produce(&free[from..]) };
-                free.truncate(free.len() - put);
+                let put = unsafe { p.fq.produce(&pool.free[from..]) };
+                pool.take_free_tail(p.id, put);
+                p.fill_held += put as u32;
             }
             // RX.
             // SAFETY: `rx_buf` receives descriptors of frames of our UMEM that the kernel
@@ -468,6 +787,7 @@ fn forward_loop(
             let n = unsafe { p.rx.consume(&mut rx_buf) };
             received += n;
             p.rx_packets += n as u64;
+            p.fill_held = p.fill_held.saturating_sub(n as u32);
             let side = p.side;
             if n > 1 {
                 // Pull the batch's flow-table memory into the cache first, so its
@@ -486,16 +806,22 @@ fn forward_loop(
                 match verdict {
                     Verdict::Tx(out) => {
                         let j = match out {
-                            Side::Uplink => 0,
-                            Side::Pod(k) => tx_port_of_pod[usize::from(k)],
+                            Side::Uplink => Some(0),
+                            Side::Pod(k) => egress.get(usize::from(k)).copied().flatten(),
                         };
-                        pending[j].push(*d);
+                        match j {
+                            Some(j) => pending[j].push(*d),
+                            None => {
+                                engine.counters_mut().drop(DropReason::PodIfaceNotAttached);
+                                pool.free.push(*d);
+                            }
+                        }
                     }
                     Verdict::Pass(_) => {
                         engine.counters_mut().drop(DropReason::KernelBound);
-                        free.push(*d);
+                        pool.free.push(*d);
                     }
-                    Verdict::Drop(_) => free.push(*d),
+                    Verdict::Drop(_) => pool.free.push(*d),
                 }
             }
         }
@@ -505,9 +831,10 @@ fn forward_loop(
             if !q.is_empty() {
                 // SAFETY: frames from our UMEM, now owned by nobody but this queue.
                 let sent = unsafe { p.tx.produce(q) };
+                pool.hand_over(p.id, &q[..sent]);
                 for d in &q[sent..] {
                     engine.counters_mut().drop(DropReason::TxRingFull);
-                    free.push(*d);
+                    pool.free.push(*d);
                 }
                 engine.counters_mut().tx_packets += sent as u64;
                 p.in_flight += sent as u32;
@@ -533,7 +860,7 @@ fn forward_loop(
 
         if now.duration_since(last_stats) >= Duration::from_secs(1) {
             last_stats = now;
-            let _ = stats_tx.try_send(collect_stats(&engine, ports, seen_generation, &nb, shared));
+            let _ = stats_tx.try_send(collect_stats(&engine, io, seen_generation, &nb, shared));
         }
 
         // Activity: frames received, or TX completions still coming in (a frame the
@@ -553,20 +880,29 @@ fn forward_loop(
                     cfg.idle_sleep_ms,
                 );
             }
+            // A socket whose interface vanished reports an error at once; do not spin
+            // on it until it is detached.
+            if pollfds
+                .iter()
+                .any(|p| p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0)
+            {
+                std::thread::sleep(Duration::from_millis(cfg.idle_sleep_ms.max(0) as u64));
+            }
         }
     }
     // Final stats so a short-lived run leaves them behind.
-    let _ = stats_tx.send(collect_stats(&engine, ports, seen_generation, &nb, shared));
+    let _ = stats_tx.send(collect_stats(&engine, io, seen_generation, &nb, shared));
     Ok(())
 }
 
 fn collect_stats(
     engine: &Engine,
-    ports: &[Port],
+    io: &Io<'_>,
     generation: u64,
     nb: &Neighbours,
     shared: &SharedNeighbours,
 ) -> Stats {
+    let ports = &io.ports;
     let c = engine.counters();
     let flows = engine.flows();
     let mut st = Stats {
@@ -579,6 +915,18 @@ fn collect_stats(
         flow_table_bytes: flows.memory_bytes() as u64,
         neighbours: nb.neighbour_count() as u64,
         neighbour_requests: shared.requests.load(Ordering::Relaxed),
+        umem_frames: io.pool.total() as u64,
+        umem_frames_free: io.pool.free.len() as u64,
+        umem_frames_in_kernel: io.frames_in_kernel(),
+        umem_frames_reclaimed: io.pool.reclaimed,
+        pod_ifaces: io
+            .discovery
+            .attached
+            .iter()
+            .map(|d| d.steered.name.clone())
+            .collect(),
+        pod_iface_attaches: io.discovery.attaches,
+        pod_iface_detaches: io.discovery.detaches,
         ..Default::default()
     };
     for r in DropReason::ALL {

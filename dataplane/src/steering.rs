@@ -12,6 +12,7 @@ use std::os::fd::AsRawFd;
 
 use anyhow::{anyhow, Context, Result};
 use aya::maps::{HashMap as BpfHashMap, MapData, XskMap};
+use aya::programs::xdp::XdpLinkId;
 use aya::programs::{Xdp, XdpMode};
 use aya::Ebpf;
 
@@ -64,7 +65,9 @@ pub struct SteeredIface {
 
 /// The loaded, attached steering program and its maps.
 pub struct Steering {
-    _bpf: Ebpf,
+    bpf: Ebpf,
+    force_generic: bool,
+    ifaces: BpfHashMap<MapData, u32, IfaceConf>,
     xsks: XskMap<MapData>,
     vips: BpfHashMap<MapData, [u8; 4], u8>,
     backends: BpfHashMap<MapData, BackendKey, u8>,
@@ -119,29 +122,12 @@ impl Steering {
             .ok_or_else(|| anyhow!("no program juneau_steer"))?
             .try_into()?;
         prog.load().context("verifying the XDP steering program")?;
-        let mut modes = Vec::new();
-        for name in ifaces_in.iter().map(|i| i.name.clone()) {
-            let mode = if force_generic {
-                prog.attach(&name, XdpMode::Skb)
-                    .with_context(|| format!("attaching XDP (generic) to {name}"))?;
-                "generic"
-            } else {
-                match prog.attach(&name, XdpMode::Driver) {
-                    Ok(_) => "native",
-                    Err(e) => {
-                        tracing::warn!(iface = %name, error = %e, "native XDP failed, using generic XDP");
-                        prog.attach(&name, XdpMode::Skb)
-                            .with_context(|| format!("attaching XDP to {name}"))?;
-                        "generic"
-                    }
-                }
-            };
-            modes.push((name, mode));
-        }
         // The program must stay in the map-owning object; maps were taken out above and
         // stay valid while `bpf` (owning the program and its links) lives.
-        Ok(Steering {
-            _bpf: bpf,
+        let mut st = Steering {
+            bpf,
+            force_generic,
+            ifaces,
             xsks,
             vips,
             backends,
@@ -149,8 +135,77 @@ impl Steering {
             installed_vips: HashSet::new(),
             installed_backends: HashSet::new(),
             installed_backend_ips: HashSet::new(),
-            modes,
-        })
+            modes: Vec::new(),
+        };
+        for i in ifaces_in {
+            st.attach_program(&i.name)?;
+        }
+        Ok(st)
+    }
+
+    fn attach_program(&mut self, name: &str) -> Result<XdpLinkId> {
+        let prog: &mut Xdp = self
+            .bpf
+            .program_mut("juneau_steer")
+            .ok_or_else(|| anyhow!("no program juneau_steer"))?
+            .try_into()?;
+        let (link, mode) = if self.force_generic {
+            let l = prog
+                .attach(name, XdpMode::Skb)
+                .with_context(|| format!("attaching XDP (generic) to {name}"))?;
+            (l, "generic")
+        } else {
+            match prog.attach(name, XdpMode::Driver) {
+                Ok(l) => (l, "native"),
+                Err(e) => {
+                    tracing::warn!(iface = %name, error = %e, "native XDP failed, using generic XDP");
+                    let l = prog
+                        .attach(name, XdpMode::Skb)
+                        .with_context(|| format!("attaching XDP to {name}"))?;
+                    (l, "generic")
+                }
+            }
+        };
+        self.modes.retain(|(n, _)| n != name);
+        self.modes.push((name.to_string(), mode));
+        Ok(link)
+    }
+
+    /// Starts steering on an interface that appeared while running (a Pod's veth): its
+    /// sockets must already be registered at `slot_base ..` (until then the program
+    /// passes its packets to the kernel). Returns the link to give to
+    /// [`Steering::detach_iface`].
+    pub fn attach_iface(&mut self, i: &SteeredIface) -> Result<XdpLinkId> {
+        let conf = IfaceConf {
+            slot_base: i.slot_base,
+            queues: i.queues,
+            role: if i.uplink { ROLE_UPLINK } else { ROLE_POD },
+        };
+        self.ifaces.insert(i.ifindex, conf, 0)?;
+        match self.attach_program(&i.name) {
+            Ok(l) => Ok(l),
+            Err(e) => {
+                let _ = self.ifaces.remove(&i.ifindex);
+                Err(e)
+            }
+        }
+    }
+
+    /// Stops steering on an interface (it may already be gone, which detached the
+    /// program by itself) and clears its redirect-map slots.
+    pub fn detach_iface(&mut self, i: &SteeredIface, link: XdpLinkId) {
+        let _ = self.ifaces.remove(&i.ifindex);
+        if let Some(prog) = self.bpf.program_mut("juneau_steer") {
+            if let Ok(prog) = <&mut Xdp>::try_from(prog) {
+                if let Err(e) = prog.detach(link) {
+                    tracing::debug!(iface = %i.name, error = %e, "detaching XDP (interface already gone?)");
+                }
+            }
+        }
+        for q in 0..i.queues {
+            let _ = self.xsks.unset(i.slot_base + q);
+        }
+        self.modes.retain(|(n, _)| n != &i.name);
     }
 
     /// Puts an AF_XDP socket into the redirect map at `slot`.

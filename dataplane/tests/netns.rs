@@ -244,6 +244,8 @@ fn node_state(pods: &[usize]) -> NodeState {
 /// dataplane process dies first, then the servers stop, then the namespaces go.
 struct Lab {
     bridge: bool,
+    /// Started without --pod-iface: Pod veths are found through the routing table.
+    routes: bool,
     dataplane: Option<NsChild>,
     backends: Vec<Backend>,
     writer: NodeStateWriter,
@@ -271,16 +273,22 @@ impl Lab {
 
     /// A lab whose uplink veth has `queues` RX/TX queues (flows spread over them).
     fn with_uplink_queues(tag: &str, queues: u32) -> Result<Self> {
-        Self::build(tag, queues, false)
+        Self::build(tag, queues, false, false)
+    }
+
+    /// Per-Pod veths, and the dataplane started without `--pod-iface`: it finds `pv0`,
+    /// `pv1` through the routes to the backends.
+    fn from_routes(tag: &str) -> Result<Self> {
+        Self::build(tag, 1, false, true)
     }
 
     /// A lab whose Pods hang off a Linux bridge `br0` (10.100.2.0/23, gateway
     /// 10.100.2.1) and the dataplane is given the bridge as its one Pod interface.
     fn bridged(tag: &str) -> Result<Self> {
-        Self::build(tag, 1, true)
+        Self::build(tag, 1, true, false)
     }
 
-    fn build(tag: &str, queues: u32, bridge: bool) -> Result<Self> {
+    fn build(tag: &str, queues: u32, bridge: bool, routes: bool) -> Result<Self> {
         // SAFETY: geteuid has no preconditions.
         let euid = unsafe { libc::geteuid() };
         ensure!(euid == 0, "the dataplane netns tests must run as root");
@@ -353,6 +361,7 @@ impl Lab {
         let log = dir.path().join("dataplane.log");
         let mut lab = Lab {
             bridge,
+            routes,
             dataplane: None,
             backends,
             writer,
@@ -370,6 +379,8 @@ impl Lab {
         let mut argv = vec![bin, "--uplink", "up0"];
         if bridge {
             argv.extend(["--pod-iface", "br0"]);
+        } else if routes {
+            // No --pod-iface: discovery through routes is the default.
         } else {
             argv.extend(["--pod-iface", "pv0", "--pod-iface", "pv1"]);
         }
@@ -413,6 +424,9 @@ impl Lab {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        if self.routes {
+            self.wait_pod_ifaces(&["pv0", "pv1"], &[])?;
+        }
         let ifnames: &[&str] = if self.bridge {
             &["up0", "br0"]
         } else {
@@ -429,6 +443,48 @@ impl Lab {
             self.xdp_prog_ids.push(id);
         }
         Ok(())
+    }
+
+    /// Waits until the dataplane has sockets on every interface of `present` and on
+    /// none of `absent` (discovered Pod interfaces).
+    fn wait_pod_ifaces(&self, present: &[&str], absent: &[&str]) -> Result<serde_json::Value> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(s) = self.stats() {
+                let have: Vec<&str> = s["pod_ifaces"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+                    .unwrap_or_default();
+                if present.iter().all(|p| have.contains(p))
+                    && absent.iter().all(|p| !have.contains(p))
+                {
+                    return Ok(s);
+                }
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "Pod interfaces not {present:?} without {absent:?} in 20 s: {:?}\n{}",
+                self.stats().ok(),
+                self.dataplane_log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Asks VIP:53 over UDP from the client (a fresh socket, a few tries); the reply.
+    fn udp_ask(&self) -> Result<String> {
+        in_ns(self.client.name(), || -> Result<String> {
+            let s = UdpSocket::bind("0.0.0.0:0")?;
+            s.set_read_timeout(Some(Duration::from_millis(500)))?;
+            let mut buf = [0u8; 2048];
+            for _ in 0..10 {
+                s.send_to(b"ping", (VIP, 53))?;
+                if let Ok((n, _)) = s.recv_from(&mut buf) {
+                    return Ok(String::from_utf8_lossy(&buf[..n]).to_string());
+                }
+            }
+            bail!("no UDP reply from the VIP")
+        })
     }
 
     fn stats(&self) -> Result<serde_json::Value> {
@@ -595,13 +651,7 @@ fn curl(ns: &Netns, url: &str) -> Result<(String, String)> {
 }
 
 fn pod_of(body: &str) -> Option<usize> {
-    if body.starts_with("pod0 ") {
-        Some(0)
-    } else if body.starts_with("pod1 ") {
-        Some(1)
-    } else {
-        None
-    }
+    body.strip_prefix("pod")?.split(' ').next()?.parse().ok()
 }
 
 #[test]
@@ -1266,5 +1316,132 @@ fn a_backends_port_unreachable_reaches_the_client_from_the_vip() -> Result<()> {
         "the client never saw port unreachable; stats: {:?}",
         lab.stats().ok()
     );
+    lab.finish()
+}
+
+/// UMEM accounting from the stats file: every frame is free or held by a live socket.
+fn assert_no_frame_leak(s: &serde_json::Value) {
+    let total = s["umem_frames"].as_u64().unwrap_or(0);
+    let free = s["umem_frames_free"].as_u64().unwrap_or(0);
+    let held = s["umem_frames_in_kernel"].as_u64().unwrap_or(0);
+    assert!(total > 0, "{s}");
+    assert_eq!(free + held, total, "UMEM frames lost or duplicated: {s}");
+}
+
+#[test]
+fn per_pod_veths_found_through_routes_come_and_go_without_a_restart() -> Result<()> {
+    let mut lab = Lab::from_routes("dpr")?;
+    let pid_before = lab.dataplane.as_ref().map(|c| c.id());
+    let mut old = lab.connect_many(20)?;
+    let mut old_pods = Vec::new();
+    for c in old.iter_mut() {
+        let body = http_get(c)?;
+        assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+        old_pods.push(pod_of(&body).context("pod")?);
+    }
+    assert!(
+        old_pods.contains(&0) && old_pods.contains(&1),
+        "{old_pods:?}"
+    );
+
+    // A Pod namespace created after the dataplane started, on its own veth pv2.
+    let pod2 = Netns::new(format!("{}x", lab.node.name()))?;
+    wire_pod(&lab.node, &pod2, 2, false)?;
+    lab.backends.push(Backend::start(pod2.name(), "pod2")?);
+    lab.pods.push(pod2);
+    lab.publish(&[0, 1, 2])?;
+    lab.wait_pod_ifaces(&["pv0", "pv1", "pv2"], &[])?;
+    let mut seen = HashSet::new();
+    for mut c in lab.connect_many(30)? {
+        seen.insert(pod_of(&http_get(&mut c)?).context("pod")?);
+    }
+    assert!(seen.contains(&2), "the new Pod gets traffic: {seen:?}");
+
+    // pv1 is deleted (the Pod's veth goes away): the dataplane detaches it and keeps
+    // serving the other Pods' connections.
+    lab.node.exec(&["ip", "link", "del", "pv1"])?;
+    lab.wait_pod_ifaces(&["pv0", "pv2"], &["pv1"])?;
+    for (c, &p) in old.iter_mut().zip(&old_pods) {
+        if p != 1 {
+            assert_eq!(
+                pod_of(&http_get(c)?),
+                Some(p),
+                "a connection to pod{p} broke"
+            );
+        }
+    }
+    // ... and re-created: pod1 serves again.
+    wire_pod(&lab.node, &lab.pods[1], 1, false)?;
+    lab.wait_pod_ifaces(&["pv0", "pv1", "pv2"], &[])?;
+    let mut seen = HashSet::new();
+    for mut c in lab.connect_many(30)? {
+        seen.insert(pod_of(&http_get(&mut c)?).context("pod")?);
+    }
+    assert_eq!(seen.len(), 3, "all three Pods serve: {seen:?}");
+    for (c, &p) in old.iter_mut().zip(&old_pods) {
+        if p != 1 {
+            assert_eq!(pod_of(&http_get(c)?), Some(p));
+        }
+    }
+    let s = lab.stats()?;
+    assert!(s["pod_iface_detaches"].as_u64().unwrap_or(0) >= 1, "{s}");
+    assert!(s["umem_frames_reclaimed"].as_u64().unwrap_or(0) > 0, "{s}");
+    assert_no_frame_leak(&s);
+    assert!(lab.dataplane.as_mut().unwrap().is_running());
+    assert_eq!(
+        lab.dataplane.as_ref().map(|c| c.id()),
+        pid_before,
+        "same process"
+    );
+    drop(old);
+    lab.finish()
+}
+
+#[test]
+fn many_pod_veth_attach_detach_cycles_leak_no_frames() -> Result<()> {
+    const CYCLES: u64 = 12;
+    let mut lab = Lab::from_routes("dpf")?;
+    // Only pod1 is a backend: pv0 carries no backend any more and is detached.
+    lab.publish(&[1])?;
+    let s = lab.wait_pod_ifaces(&["pv1"], &["pv0"])?;
+    let attaches0 = s["pod_iface_attaches"].as_u64().unwrap_or(0);
+    let detaches0 = s["pod_iface_detaches"].as_u64().unwrap_or(0);
+    assert!(lab.udp_ask()?.starts_with("pod1 "));
+    for i in 1..=CYCLES {
+        lab.node.exec(&["ip", "link", "del", "pv1"])?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while lab.stats()?["pod_iface_detaches"].as_u64().unwrap_or(0) < detaches0 + i {
+            ensure!(
+                Instant::now() < deadline,
+                "cycle {i}: pv1 not detached: {:?}",
+                lab.stats().ok()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        wire_pod(&lab.node, &lab.pods[1], 1, false)?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while lab.stats()?["pod_iface_attaches"].as_u64().unwrap_or(0) < attaches0 + i {
+            ensure!(
+                Instant::now() < deadline,
+                "cycle {i}: pv1 not re-attached: {:?}",
+                lab.stats().ok()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let reply = lab
+            .udp_ask()
+            .with_context(|| format!("cycle {i}: {}", lab.dataplane_log()))?;
+        assert!(reply.starts_with("pod1 "), "cycle {i}: {reply}");
+    }
+    // Wait for a stats sample taken after the last cycle's traffic.
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = lab.stats()?;
+    assert_no_frame_leak(&s);
+    let reclaimed = s["umem_frames_reclaimed"].as_u64().unwrap_or(0);
+    assert!(
+        reclaimed >= CYCLES,
+        "every closed socket gave its fill ring back: {s}"
+    );
+    assert!(lab.dataplane.as_mut().unwrap().is_running());
     lab.finish()
 }

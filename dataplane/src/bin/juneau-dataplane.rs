@@ -24,9 +24,20 @@ struct Args {
     #[arg(long, value_name = "IF")]
     uplink: String,
     /// A Pod-facing interface: a bridge the Pods are plugged into, or the node end of a
-    /// Pod's veth; repeat for each.
-    #[arg(long = "pod-iface", value_name = "IF", required = true)]
+    /// Pod's veth; repeat for each. Without any, --pod-ifaces-from-routes is implied.
+    #[arg(long = "pod-iface", value_name = "IF")]
     pod_ifaces: Vec<String>,
+    /// Also serve the interface the kernel routes each backend out of (per-Pod veths of
+    /// Calico-style CNIs), attaching and detaching as they appear and disappear. The
+    /// default when no --pod-iface is given.
+    #[arg(long)]
+    pod_ifaces_from_routes: bool,
+    /// Most AF_XDP sockets on discovered Pod interfaces at once (one per RX queue).
+    #[arg(long, default_value_t = 64)]
+    max_pod_sockets: u32,
+    /// UMEM frames (4 KiB each) reserved per socket on a discovered Pod interface.
+    #[arg(long, default_value_t = 256)]
+    pod_iface_frames: u32,
     /// The node-state file the node agent publishes (juneau_control::shm).
     #[arg(long, value_name = "PATH")]
     state_file: PathBuf,
@@ -97,7 +108,11 @@ fn main() -> Result<()> {
         h.write_u64(std::process::id().into());
         h.finish()
     };
+    let from_routes = a.pod_ifaces_from_routes || a.pod_ifaces.is_empty();
     let cfg = RuntimeConfig {
+        pod_ifaces_from_routes: from_routes,
+        max_pod_sockets: a.max_pod_sockets,
+        pod_iface_frames: a.pod_iface_frames,
         uplink: a.uplink,
         pod_ifaces: a.pod_ifaces,
         state_file: a.state_file,
