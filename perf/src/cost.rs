@@ -99,6 +99,9 @@ fn breakdown(profile: &Path, calls: u64) -> Result<Vec<(String, f64)>> {
             continue;
         }
         let func = func.split(" [").next().unwrap_or(func).to_string();
+        if rows.iter().any(|(f, _)| *f == func) {
+            continue; // the same function listed again under another file attribution
+        }
         rows.push((func, ir as f64 / calls as f64));
         if rows.len() == 12 {
             break;

@@ -52,6 +52,11 @@ enum Cmd {
     Smoke(RunArgs),
     /// Lists missing prerequisites and exits.
     Check(RunArgs),
+    /// Re-renders report.md and the plots from DIR/report.json.
+    Render {
+        /// The report directory.
+        dir: PathBuf,
+    },
     /// (internal) AF_XDP TX generator; prints a JSON result.
     #[command(hide = true)]
     Gen {
@@ -276,6 +281,13 @@ fn main() -> Result<()> {
     let never = std::sync::atomic::AtomicBool::new(false);
     match cli.cmd {
         Cmd::Run(a) => run_suite(&a, false),
+        Cmd::Render { dir } => {
+            let r = Report::read(&dir)?;
+            for f in r.write(&dir)? {
+                println!("{}", f.display());
+            }
+            Ok(())
+        }
         Cmd::Smoke(a) => run_suite(&a, true),
         Cmd::Check(a) => {
             let plan = plan_for(&a, false)?;

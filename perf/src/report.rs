@@ -294,8 +294,11 @@ impl Report {
         );
         if !self.cost.established_breakdown.is_empty() {
             m += "\nWhere the established-flow instructions go (inclusive, per packet):\n\n| function | instructions/packet |\n|---|---:|\n";
+            let mut seen = std::collections::HashSet::new();
             for (f, ir) in &self.cost.established_breakdown {
-                m += &format!("| `{f}` | {ir:.0} |\n");
+                if seen.insert(f) {
+                    m += &format!("| `{f}` | {ir:.0} |\n");
+                }
             }
         }
         m += &format!("\n## Control-plane convergence\n\n{}\n", self.convergence);
@@ -306,6 +309,14 @@ impl Report {
             }
         }
         m
+    }
+
+    /// Reads a report.json back (to re-render report.md and the plots).
+    pub fn read(dir: &Path) -> Result<Report> {
+        let p = dir.join("report.json");
+        let text =
+            std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))
     }
 
     /// Writes report.json and report.md into `dir`, then the plots.
