@@ -16,7 +16,7 @@
 use crate::counters::{Counters, DropReason, ServiceCounters};
 use crate::flow::{hash_key, Direction, Flow, FlowKey, FlowTable, InsertError, Timeouts};
 use crate::neigh::{Neighbours, Resolve, Side};
-use crate::packet::{self, L4Checksum, NatSide, Parsed};
+use crate::packet::{self, FastView, L4Checksum, MacAddr, NatSide, Parsed};
 use crate::services::ServiceTable;
 
 /// Why a frame goes to the kernel.
@@ -93,13 +93,79 @@ impl MissingNeighbours {
     }
 }
 
+/// What the established-flow fast path writes for one `(service, backend)` slot,
+/// precomputed when the service table or the neighbour table changes: the new address
+/// and port words, the checksum deltas (RFC 1624) that go with them — including the TTL
+/// decrement for the IPv4 header — and the MACs towards the backend.
+#[derive(Debug, Clone, Copy, Default)]
+struct SlotRewrite {
+    service: u32,
+    backend: [u8; 4],
+    backend_port: [u8; 2],
+    vip: [u8; 4],
+    vip_port: [u8; 2],
+    /// IPv4 header checksum delta, forward: VIP → backend, TTL − 1.
+    fwd_ip: u16,
+    /// L4 checksum delta, forward: VIP:port → backend:port.
+    fwd_l4: u16,
+    /// IPv4 header checksum delta, reverse: backend → VIP, TTL − 1.
+    rev_ip: u16,
+    /// L4 checksum delta, reverse: backend:port → VIP:port.
+    rev_l4: u16,
+    /// Forward egress: destination MAC then source MAC (bytes 0..12 of the frame).
+    fwd_macs: [u8; 12],
+    /// Forward egress interface; `None` when the backend's next hop is not resolved
+    /// (the slow path drops and asks for resolution).
+    fwd_side: Option<Side>,
+}
+
+/// One entry of the reply-egress cache: where packets to a client address go.
+#[derive(Debug, Clone, Copy, Default)]
+struct EgressEntry {
+    ip: u32,
+    valid: bool,
+    side: Option<Side>,
+    macs: [u8; 12],
+}
+
+const EGRESS_CACHE: usize = 256;
+
+/// The one's-complement delta of decrementing the TTL (the word `ttl << 8 | proto`
+/// drops by 0x100): `~0x0100`.
+const TTL_DELTA: u16 = !0x0100;
+
+fn macs(src: MacAddr, dst: MacAddr) -> [u8; 12] {
+    let mut m = [0u8; 12];
+    m[..6].copy_from_slice(&dst.0);
+    m[6..].copy_from_slice(&src.0);
+    m
+}
+
+/// How replies' L4 checksums are kept right.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PodChecksums {
+    /// Incremental when the incoming checksum is complete; recomputed when it is a
+    /// partial (offload) checksum.
+    Detect,
+    /// Always incremental (`--trust-pod-checksums`).
+    Trust,
+}
+
 /// The forwarding engine of one worker.
 #[derive(Debug)]
 pub struct Engine {
     flows: FlowTable,
     table: ServiceTable,
     counters: Counters,
-    pod_checksum: L4Checksum,
+    pod_checksum: PodChecksums,
+    /// Per-slot rewrite data, valid for `rewrites_stamp`.
+    rewrites: Vec<SlotRewrite>,
+    /// Stamp of the neighbour table `rewrites` and `egress` were derived from (0: stale).
+    rewrites_stamp: u64,
+    /// Direct-mapped cache of reply next hops by client address.
+    egress: Box<[EgressEntry; EGRESS_CACHE]>,
+    /// The established-flow fast path is on (tests turn it off to compare).
+    fast_path: bool,
     /// Next hops to resolve.
     pub missing: MissingNeighbours,
 }
@@ -112,17 +178,75 @@ impl Engine {
             table: ServiceTable::default(),
             counters: Counters::default(),
             pod_checksum: if cfg.recompute_pod_checksums {
-                L4Checksum::Recompute
+                PodChecksums::Detect
             } else {
-                L4Checksum::Incremental
+                PodChecksums::Trust
             },
+            rewrites: Vec::new(),
+            rewrites_stamp: 0,
+            egress: Box::new([EgressEntry::default(); EGRESS_CACHE]),
+            fast_path: true,
             missing: MissingNeighbours::default(),
         }
+    }
+
+    /// Turns the established-flow fast path off (every packet takes the general path);
+    /// for tests that check both paths give identical results.
+    pub fn set_fast_path(&mut self, on: bool) {
+        self.fast_path = on;
+    }
+
+    /// Rebuilds the per-slot rewrite data and clears the reply-egress cache for this
+    /// neighbour table and the current service table. Costs a next-hop look-up per
+    /// backend: done when either table changes, never per packet.
+    #[cold]
+    #[inline(never)]
+    fn prepare(&mut self, nb: &Neighbours) {
+        self.rewrites.clear();
+        for (si, s) in self.table.services().iter().enumerate() {
+            let vip = u32::from(s.frontend.vip);
+            let vport = s.frontend.port;
+            for b in &s.backends {
+                let bip = u32::from(b.ip);
+                let a_v = packet::addr_words(vip);
+                let a_b = packet::addr_words(bip);
+                let fwd_addr = packet::csum_delta(&a_v, &a_b);
+                let rev_addr = packet::csum_delta(&a_b, &a_v);
+                let (fwd_side, fwd_macs) = match nb.resolve(bip) {
+                    Resolve::Found { side, src, dst } => (Some(side), macs(src, dst)),
+                    _ => (None, [0; 12]),
+                };
+                self.rewrites.push(SlotRewrite {
+                    service: si as u32,
+                    backend: bip.to_be_bytes(),
+                    backend_port: b.port.to_be_bytes(),
+                    vip: vip.to_be_bytes(),
+                    vip_port: vport.to_be_bytes(),
+                    fwd_ip: packet::csum_delta_add(fwd_addr, TTL_DELTA),
+                    fwd_l4: packet::csum_delta_add(
+                        fwd_addr,
+                        packet::csum_delta(&[vport], &[b.port]),
+                    ),
+                    rev_ip: packet::csum_delta_add(rev_addr, TTL_DELTA),
+                    rev_l4: packet::csum_delta_add(
+                        rev_addr,
+                        packet::csum_delta(&[b.port], &[vport]),
+                    ),
+                    fwd_macs,
+                    fwd_side,
+                });
+            }
+        }
+        for e in self.egress.iter_mut() {
+            e.valid = false;
+        }
+        self.rewrites_stamp = nb.stamp();
     }
 
     /// Installs a new service table. Per-service counters follow their frontend; flows
     /// are re-validated lazily (on their next packet) against the new table.
     pub fn set_services(&mut self, table: ServiceTable) {
+        self.rewrites_stamp = 0;
         let mut counters = vec![ServiceCounters::default(); table.services().len()];
         for (i, old) in self.table.services().iter().enumerate() {
             let f = old.frontend;
@@ -171,6 +295,15 @@ impl Engine {
     /// [`Engine::warm`]. Reads the frame only.
     #[inline]
     pub fn flow_hash(&self, frame: &[u8]) -> u32 {
+        if let Some(p) = packet::parse_fast(frame) {
+            return self.flows.key_hash(&FlowKey {
+                src: p.src,
+                dst: p.dst,
+                src_port: p.src_port,
+                dst_port: p.dst_port,
+                proto: p.protocol,
+            });
+        }
         match packet::parse(frame) {
             Ok(Parsed::Ipv4(v)) => match v.l4 {
                 Some(l4) => self.flows.key_hash(&FlowKey {
@@ -195,6 +328,7 @@ impl Engine {
 
     /// Processes one frame that arrived on `ingress`. On [`Verdict::Tx`] the frame has
     /// been rewritten; otherwise it is unchanged.
+    #[inline]
     pub fn process(
         &mut self,
         frame: &mut [u8],
@@ -203,6 +337,34 @@ impl Engine {
         now_ms: u64,
     ) -> Verdict {
         self.counters.rx_packets += 1;
+        if self.fast_path {
+            if nb.stamp() != self.rewrites_stamp {
+                self.prepare(nb);
+            }
+            if let Some(p) = packet::parse_fast(frame) {
+                if p.ttl > 1 {
+                    let done = match ingress {
+                        Side::Uplink => self.forward_fast(frame, &p, now_ms),
+                        Side::Pod(_) => self.reverse_fast(frame, &p, nb, now_ms),
+                    };
+                    if let Some(v) = done {
+                        return v;
+                    }
+                }
+            }
+        }
+        self.process_general(frame, ingress, nb, now_ms)
+    }
+
+    /// Everything but established flows on common frames: full parse and policy.
+    #[inline(never)]
+    fn process_general(
+        &mut self,
+        frame: &mut [u8],
+        ingress: Side,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Verdict {
         let v = match packet::parse(frame) {
             Ok(Parsed::Ipv4(v)) => v,
             Ok(Parsed::NotIpv4(_)) => return self.pass(PassReason::NotIpv4),
@@ -219,25 +381,184 @@ impl Engine {
         Verdict::Pass(r)
     }
 
-    /// Checks an existing flow against the current service table; `Err` when its backend
-    /// (or its whole frontend) is gone, in which case the flow has been removed.
+    /// Checks an existing flow against the current service table; `Ok(slot)` with its
+    /// `(service, backend)` slot, `Err` when its backend (or its whole frontend) is gone,
+    /// in which case the flow has been removed.
+    #[inline]
     fn revalidate(&mut self, id: u32) -> Result<u32, Option<u32>> {
         let gen = self.table.generation32();
         let f = *self.flows.get(id);
         if f.checked_generation == gen {
-            return Ok(f.service);
+            return Ok(f.slot);
         }
+        self.revalidate_slow(id, f, gen)
+    }
+
+    #[cold]
+    fn revalidate_slow(&mut self, id: u32, f: Flow, gen: u32) -> Result<u32, Option<u32>> {
         match self.table.find(f.vip, f.proto, f.vip_port) {
-            Some(s) if self.table.service(s).has_backend(f.backend, f.backend_port) => {
-                let rec = self.flows.get_mut(id);
-                rec.service = s;
-                rec.checked_generation = gen;
-                Ok(s)
+            Some(s) => {
+                let svc = self.table.service(s);
+                match svc.backend_index(f.backend, f.backend_port) {
+                    Some(b) => {
+                        let slot = svc.first_slot + b as u32;
+                        let rec = self.flows.get_mut(id);
+                        rec.slot = slot;
+                        rec.checked_generation = gen;
+                        Ok(slot)
+                    }
+                    None => {
+                        self.flows.remove(id);
+                        Err(Some(s))
+                    }
+                }
             }
-            other => {
+            None => {
                 self.flows.remove(id);
-                Err(other)
+                Err(None)
             }
+        }
+    }
+
+    /// The established-flow forward path: a flow hit in the forward direction whose
+    /// backend is resolved, on a frame [`packet::parse_fast`] accepted (TTL > 1). Every
+    /// other case returns `None` before anything was changed, and the general path
+    /// decides. The rewrite is a few stores and two one-fold checksum updates with the
+    /// slot's precomputed deltas.
+    #[inline(always)]
+    fn forward_fast(&mut self, frame: &mut [u8], p: &FastView, now_ms: u64) -> Option<Verdict> {
+        let key = FlowKey {
+            src: p.src,
+            dst: p.dst,
+            src_port: p.src_port,
+            dst_port: p.dst_port,
+            proto: p.protocol,
+        };
+        let (id, dir) = self.flows.lookup(&key, now_ms)?;
+        if dir != Direction::Forward {
+            return None;
+        }
+        let f = self.flows.get(id);
+        if f.checked_generation != self.table.generation32() {
+            return None;
+        }
+        let rw = self.rewrites.get(f.slot as usize)?;
+        let side = rw.fwd_side?;
+        let (service, fwd_ip, fwd_l4, backend, backend_port, m) = (
+            rw.service,
+            rw.fwd_ip,
+            rw.fwd_l4,
+            rw.backend,
+            rw.backend_port,
+            rw.fwd_macs,
+        );
+        self.flows
+            .touch(id, Direction::Forward, p.tcp_flags, now_ms);
+        let h: &mut [u8; 42] = (&mut frame[..42]).try_into().ok()?;
+        h[..12].copy_from_slice(&m);
+        h[22] -= 1;
+        let ipc = u16::from_be_bytes([h[24], h[25]]);
+        h[24..26].copy_from_slice(&packet::csum_apply(ipc, fwd_ip).to_be_bytes());
+        h[30..34].copy_from_slice(&backend);
+        h[36..38].copy_from_slice(&backend_port);
+        l4_csum_update(frame, p.protocol, fwd_l4);
+        let c = &mut self.counters.services[service as usize];
+        c.packets_in += 1;
+        c.bytes_in += frame.len() as u64;
+        Some(Verdict::Tx(side))
+    }
+
+    /// The established-flow reply path (see [`Engine::forward_fast`]). A partial
+    /// (offload) checksum from the Pod is completed by recomputation; a complete one is
+    /// updated incrementally.
+    #[inline(always)]
+    fn reverse_fast(
+        &mut self,
+        frame: &mut [u8],
+        p: &FastView,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Option<Verdict> {
+        let key = FlowKey {
+            src: p.src,
+            dst: p.dst,
+            src_port: p.src_port,
+            dst_port: p.dst_port,
+            proto: p.protocol,
+        };
+        let (id, dir) = self.flows.lookup(&key, now_ms)?;
+        if dir != Direction::Reverse {
+            return None;
+        }
+        let f = self.flows.get(id);
+        if f.checked_generation != self.table.generation32() {
+            return None;
+        }
+        let client = f.client;
+        let rw = self.rewrites.get(f.slot as usize)?;
+        let (service, rev_ip, rev_l4, vip, vip_port) =
+            (rw.service, rw.rev_ip, rw.rev_l4, rw.vip, rw.vip_port);
+        let (side, m) = self.reply_egress(client, nb)?;
+        let csum_off = if p.protocol == packet::IPPROTO_TCP {
+            packet::FAST_TCP_CSUM
+        } else {
+            packet::FAST_UDP_CSUM
+        };
+        let field = u16::from_be_bytes([frame[csum_off], frame[csum_off + 1]]);
+        let partial = self.pod_checksum == PodChecksums::Detect
+            && !(p.protocol == packet::IPPROTO_UDP && field == 0)
+            && packet::is_partial_checksum(field, p.src, p.dst, p.protocol, p.l4_len);
+        self.flows
+            .touch(id, Direction::Reverse, p.tcp_flags, now_ms);
+        let h: &mut [u8; 42] = (&mut frame[..42]).try_into().ok()?;
+        h[..12].copy_from_slice(&m);
+        h[22] -= 1;
+        let ipc = u16::from_be_bytes([h[24], h[25]]);
+        h[24..26].copy_from_slice(&packet::csum_apply(ipc, rev_ip).to_be_bytes());
+        h[26..30].copy_from_slice(&vip);
+        h[34..36].copy_from_slice(&vip_port);
+        if partial {
+            recompute_fast(frame);
+        } else {
+            l4_csum_update(frame, p.protocol, rev_l4);
+        }
+        let c = &mut self.counters.services[service as usize];
+        c.packets_out += 1;
+        c.bytes_out += frame.len() as u64;
+        Some(Verdict::Tx(side))
+    }
+
+    /// Where replies to `client` go: from the cache, or resolved and cached.
+    #[inline(always)]
+    fn reply_egress(&mut self, client: u32, nb: &Neighbours) -> Option<(Side, [u8; 12])> {
+        let i = (client.wrapping_mul(0x9e37_79b1) >> 24) as usize % EGRESS_CACHE;
+        let e = &self.egress[i];
+        if e.valid && e.ip == client {
+            return e.side.map(|s| (s, e.macs));
+        }
+        self.reply_egress_miss(i, client, nb)
+    }
+
+    #[cold]
+    fn reply_egress_miss(
+        &mut self,
+        i: usize,
+        client: u32,
+        nb: &Neighbours,
+    ) -> Option<(Side, [u8; 12])> {
+        match nb.resolve(client) {
+            Resolve::Found { side, src, dst } => {
+                let m = macs(src, dst);
+                self.egress[i] = EgressEntry {
+                    ip: client,
+                    valid: true,
+                    side: Some(side),
+                    macs: m,
+                };
+                Some((side, m))
+            }
+            // Not cached: the general path counts the drop and asks for resolution.
+            _ => None,
         }
     }
 
@@ -275,7 +596,7 @@ impl Engine {
         };
         let (id, service, new) = match self.flows.lookup(&key, now_ms) {
             Some((id, Direction::Forward)) => match self.revalidate(id) {
-                Ok(s) => (id, s, false),
+                Ok(slot) => (id, self.table.slot_service(slot), false),
                 Err(s) => return self.drop(DropReason::BackendRemoved, s),
             },
             Some((_, Direction::Reverse)) => return self.drop(DropReason::FlowConflict, None),
@@ -283,9 +604,11 @@ impl Engine {
                 let Some(s) = self.table.find(v.dst, v.protocol, l4.dst_port) else {
                     return self.drop(DropReason::PortNotExposed, None);
                 };
-                let Some(b) = self.table.service(s).pick(hash_key(&key, MAGLEV_HASH_SEED)) else {
+                let svc = self.table.service(s);
+                let Some(bi) = svc.pick_index(hash_key(&key, MAGLEV_HASH_SEED)) else {
                     return self.drop(DropReason::NoBackend, Some(s));
                 };
+                let b = svc.backends[bi];
                 let flow = Flow::new(
                     v.src,
                     l4.src_port,
@@ -294,7 +617,7 @@ impl Engine {
                     u32::from(b.ip),
                     b.port,
                     v.protocol,
-                    s,
+                    svc.first_slot + bi as u32,
                     self.table.generation32(),
                 );
                 let rev = FlowKey {
@@ -367,7 +690,7 @@ impl Engine {
         };
         let (id, service) = match self.flows.lookup(&key, now_ms) {
             Some((id, Direction::Forward)) if e.inner_src == v.dst => match self.revalidate(id) {
-                Ok(s) => (id, s),
+                Ok(slot) => (id, self.table.slot_service(slot)),
                 Err(s) => return self.drop(DropReason::BackendRemoved, s),
             },
             _ => return self.drop(DropReason::NoFlow, None),
@@ -420,7 +743,7 @@ impl Engine {
         };
         let (id, service) = match self.flows.lookup(&key, now_ms) {
             Some((id, Direction::Reverse)) if e.inner_dst == v.src => match self.revalidate(id) {
-                Ok(s) => (id, s),
+                Ok(slot) => (id, self.table.slot_service(slot)),
                 Err(s) => return self.drop(DropReason::BackendRemoved, s),
             },
             _ => return self.drop(DropReason::NoFlow, None),
@@ -488,7 +811,7 @@ impl Engine {
         };
         let (id, service) = match self.flows.lookup(&key, now_ms) {
             Some((id, Direction::Reverse)) => match self.revalidate(id) {
-                Ok(s) => (id, s),
+                Ok(slot) => (id, self.table.slot_service(slot)),
                 Err(s) => return self.drop(DropReason::BackendRemoved, s),
             },
             _ => return self.drop(DropReason::NoFlow, None),
@@ -507,14 +830,20 @@ impl Engine {
         };
         self.flows
             .touch(id, Direction::Reverse, l4.tcp_flags, now_ms);
-        packet::rewrite_addr_port(
-            frame,
-            &mut v,
-            NatSide::Source,
-            f.vip,
-            f.vip_port,
-            self.pod_checksum,
-        );
+        let l4csum = match self.pod_checksum {
+            PodChecksums::Trust => L4Checksum::Incremental,
+            PodChecksums::Detect => {
+                let off = packet::l4_csum_offset(&v);
+                let field = u16::from_be_bytes([frame[off], frame[off + 1]]);
+                let l4_len = (v.total_len - v.header_len) as u16;
+                if packet::is_partial_checksum(field, v.src, v.dst, v.protocol, l4_len) {
+                    L4Checksum::Recompute
+                } else {
+                    L4Checksum::Incremental
+                }
+            }
+        };
+        packet::rewrite_addr_port(frame, &mut v, NatSide::Source, f.vip, f.vip_port, l4csum);
         packet::decrement_ttl(frame, &mut v);
         packet::set_macs(frame, src, dst);
         let c = &mut self.counters.services[service as usize];
@@ -524,13 +853,44 @@ impl Engine {
     }
 }
 
+/// Applies a precomputed delta to the L4 checksum of a frame [`packet::parse_fast`]
+/// accepted. A UDP datagram without checksum (0) keeps none; a UDP result of 0 is sent
+/// as 0xffff.
+#[inline(always)]
+fn l4_csum_update(frame: &mut [u8], protocol: u8, delta: u16) {
+    if protocol == packet::IPPROTO_TCP {
+        if let Some(c) = frame.get_mut(packet::FAST_TCP_CSUM..packet::FAST_TCP_CSUM + 2) {
+            let v = packet::csum_apply(u16::from_be_bytes([c[0], c[1]]), delta);
+            c.copy_from_slice(&v.to_be_bytes());
+        }
+    } else if let Some(c) = frame.get_mut(packet::FAST_UDP_CSUM..packet::FAST_UDP_CSUM + 2) {
+        let old = u16::from_be_bytes([c[0], c[1]]);
+        if old != 0 {
+            let v = match packet::csum_apply(old, delta) {
+                0 => 0xffff,
+                v => v,
+            };
+            c.copy_from_slice(&v.to_be_bytes());
+        }
+    }
+}
+
+/// Recomputes the L4 checksum of a (rewritten) frame [`packet::parse_fast`] accepted.
+#[cold]
+fn recompute_fast(frame: &mut [u8]) {
+    if let Ok(Parsed::Ipv4(v)) = packet::parse(frame) {
+        packet::recompute_l4_checksum(frame, &v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::neigh::{Iface, Route};
-    use crate::packet::tests::{assert_checksums_valid, build, build_with};
+    use crate::packet::tests::{assert_checksums_valid, build, build_with, set_partial_checksum};
     use crate::packet::{tcp_flags, MacAddr, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP};
     use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
+    use proptest::prelude::*;
     use std::net::Ipv4Addr;
 
     const CLIENT: [u8; 4] = [192, 0, 2, 1];
@@ -708,7 +1068,7 @@ mod tests {
             64,
             tcp_flags::SYN | tcp_flags::ACK,
         );
-        r[14 + 20 + 16] ^= 0x5a;
+        set_partial_checksum(&mut r);
         assert_eq!(
             e.process(&mut r, Side::Pod(i), &nb, 1),
             Verdict::Tx(Side::Uplink)
@@ -887,7 +1247,7 @@ mod tests {
             );
             // A reply with a partial (pseudo-header only) checksum, as veth offload leaves it.
             let mut r = build(IPPROTO_UDP, B1, 8080, CLIENT, 5353, b"answer");
-            r[14 + 20 + 6] ^= 0x33;
+            set_partial_checksum(&mut r);
             assert_eq!(
                 e.process(&mut r, Side::Pod(0), &nb, 1),
                 Verdict::Tx(Side::Uplink)
@@ -1200,6 +1560,114 @@ mod tests {
                 Side::Pod(0)
             };
             let _ = e.process(&mut f, side, &nb, i);
+        }
+    }
+
+    /// One step of the fast/general equivalence check.
+    #[derive(Debug, Clone)]
+    struct Step {
+        reply: bool,
+        tcp: bool,
+        client_port: u16,
+        backend: bool,
+        flags: u8,
+        ttl: u8,
+        /// 0 complete, 1 partial (offload), 2 corrupt, 3 UDP without checksum.
+        checksum: u8,
+        /// 0: publish a new table (backends change), otherwise nothing.
+        update: u8,
+        payload: usize,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        (
+            any::<bool>(),
+            any::<bool>(),
+            0u16..6,
+            any::<bool>(),
+            prop::sample::select(vec![
+                0u8,
+                tcp_flags::SYN,
+                tcp_flags::SYN | tcp_flags::ACK,
+                tcp_flags::ACK,
+                tcp_flags::FIN | tcp_flags::ACK,
+                tcp_flags::RST,
+            ]),
+            prop::sample::select(vec![0u8, 1, 2, 64]),
+            0u8..4,
+            0u8..12,
+            0usize..40,
+        )
+            .prop_map(
+                |(reply, tcp, client_port, backend, flags, ttl, checksum, update, payload)| Step {
+                    reply,
+                    tcp,
+                    client_port,
+                    backend,
+                    flags,
+                    ttl,
+                    checksum,
+                    update,
+                    payload,
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        /// The established-flow fast path changes nothing but speed: the same packets
+        /// through an engine with it and one without give the same verdicts, the same
+        /// bytes and the same counters — across TCP states, TTLs, partial, corrupt and
+        /// absent checksums, and table updates that add and remove backends.
+        #[test]
+        fn fast_path_is_identical_to_the_general_path(steps in prop::collection::vec(step(), 1..80)) {
+            let nb = neighbours();
+            let mut fast = engine(&[B1, B2]);
+            let mut general = engine(&[B1, B2]);
+            general.set_fast_path(false);
+            let mut generation = 1;
+            for (now, st) in steps.iter().enumerate() {
+                if st.update == 0 {
+                    generation += 1;
+                    let set: &[[u8; 4]] = match generation % 3 {
+                        0 => &[B1],
+                        1 => &[B1, B2],
+                        _ => &[B2],
+                    };
+                    update(&mut fast, generation, set);
+                    update(&mut general, generation, set);
+                }
+                let proto = if st.tcp { IPPROTO_TCP } else { IPPROTO_UDP };
+                let vport = if st.tcp { 80 } else { 53 };
+                let cport = 40000 + st.client_port;
+                let payload = vec![0x5au8; st.payload];
+                let backend = if st.backend { B2 } else { B1 };
+                let (mut f, side) = if st.reply {
+                    let side = Side::Pod(u16::from(st.backend));
+                    (build_with(proto, backend, 8080, CLIENT, cport, &payload, st.ttl, st.flags), side)
+                } else {
+                    (build_with(proto, CLIENT, cport, VIP, vport, &payload, st.ttl, st.flags), Side::Uplink)
+                };
+                match st.checksum {
+                    1 => set_partial_checksum(&mut f),
+                    2 => {
+                        let off = if st.tcp { 14 + 20 + 16 } else { 14 + 20 + 6 };
+                        f[off] ^= 0x21;
+                    }
+                    3 if !st.tcp => f[14 + 20 + 6..14 + 20 + 8].copy_from_slice(&[0, 0]),
+                    _ => {}
+                }
+                let (mut a, mut b) = (f.clone(), f);
+                let va = fast.process(&mut a, side, &nb, now as u64);
+                let vb = general.process(&mut b, side, &nb, now as u64);
+                prop_assert_eq!(va, vb, "step {} {:?}", now, st);
+                prop_assert_eq!(&a, &b, "step {} {:?}", now, st);
+            }
+            let (ca, cb) = (fast.counters(), general.counters());
+            prop_assert_eq!(ca.drops, cb.drops);
+            prop_assert_eq!(&ca.services, &cb.services);
+            prop_assert_eq!((ca.rx_packets, ca.kernel_bound), (cb.rx_packets, cb.kernel_bound));
+            prop_assert_eq!(fast.flows().len(), general.flows().len());
         }
     }
 }

@@ -8,6 +8,7 @@
 //! I/O loop hands to the resolver so the kernel starts ARP for it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::packet::MacAddr;
 use crate::services::FastBuild;
@@ -74,6 +75,14 @@ pub struct Neighbours {
     host_routes: HashMap<u32, Route, FastBuild>,
     prefix_routes: Vec<Route>,
     entries: HashMap<u64, MacAddr, FastBuild>,
+    /// Changes whenever the content changes (unique per process), so the engine can
+    /// tell with one comparison whether what it derived from this table is still valid.
+    stamp: u64,
+}
+
+fn next_stamp() -> u64 {
+    static STAMP: AtomicU64 = AtomicU64::new(1);
+    STAMP.fetch_add(1, Ordering::Relaxed)
 }
 
 fn neigh_key(ip: u32, ifindex: u32) -> u64 {
@@ -97,7 +106,14 @@ impl Neighbours {
             host_routes: HashMap::default(),
             prefix_routes: Vec::new(),
             entries: HashMap::default(),
+            stamp: next_stamp(),
         }
+    }
+
+    /// Identifies this content: equal stamps mean equal tables.
+    #[inline]
+    pub fn stamp(&self) -> u64 {
+        self.stamp
     }
 
     /// The uplink.
@@ -126,6 +142,7 @@ impl Neighbours {
         if self.side_of(r.ifindex).is_none() {
             return;
         }
+        self.stamp = next_stamp();
         let r = Route {
             prefix: r.prefix & mask(r.len),
             ..r
@@ -140,6 +157,7 @@ impl Neighbours {
 
     /// Adds a neighbour entry.
     pub fn add_neighbour(&mut self, ip: u32, ifindex: u32, mac: MacAddr) {
+        self.stamp = next_stamp();
         self.entries.insert(neigh_key(ip, ifindex), mac);
     }
 

@@ -259,6 +259,130 @@ pub fn parse(frame: &[u8]) -> Result<Parsed, ParseError> {
     Ok(Parsed::Ipv4(view))
 }
 
+/// The fields of the common frame — Ethernet II, IPv4 without options, not a fragment,
+/// TCP or UDP — read by [`parse_fast`] with fixed offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FastView {
+    /// Source address (host order).
+    pub src: u32,
+    /// Destination address (host order).
+    pub dst: u32,
+    /// Source port.
+    pub src_port: u16,
+    /// Destination port.
+    pub dst_port: u16,
+    /// TCP or UDP.
+    pub protocol: u8,
+    /// Time to live.
+    pub ttl: u8,
+    /// TCP flags (0 for UDP).
+    pub tcp_flags: u8,
+    /// TCP/UDP length (IPv4 total length − 20).
+    pub l4_len: u16,
+}
+
+/// Offset of the TCP checksum in a frame without IP options.
+pub const FAST_TCP_CSUM: usize = ETH_HEADER_LEN + 20 + 16;
+/// Offset of the UDP checksum in a frame without IP options.
+pub const FAST_UDP_CSUM: usize = ETH_HEADER_LEN + 20 + 6;
+
+/// Reads the common frame in one pass with fixed offsets: Ethernet II + IPv4 with
+/// IHL 5, not a fragment, TCP or UDP. Applies exactly the checks [`parse`] applies to
+/// such a frame, so `Some(f)` means `parse` returns the same fields with
+/// `header_len == 20`, `fragment == false` and `l4 == Some(..)`; anything else is
+/// `None`, and the caller falls back to [`parse`].
+#[inline(always)]
+pub fn parse_fast(frame: &[u8]) -> Option<FastView> {
+    let h: &[u8; 42] = frame.get(..42)?.try_into().ok()?;
+    if h[12] != 0x08 || h[13] != 0x00 || h[14] != 0x45 || (h[20] & 0x3f) != 0 || h[21] != 0 {
+        return None;
+    }
+    let total = u16::from_be_bytes([h[16], h[17]]);
+    if usize::from(total) > frame.len() - ETH_HEADER_LEN {
+        return None;
+    }
+    let l4_len = total.checked_sub(20)?;
+    let protocol = h[23];
+    let tcp_flags = if protocol == IPPROTO_UDP {
+        let udp_len = u16::from_be_bytes([h[38], h[39]]);
+        if l4_len < 8 || udp_len < 8 || udp_len > l4_len {
+            return None;
+        }
+        0
+    } else if protocol == IPPROTO_TCP {
+        if l4_len < 20 {
+            return None;
+        }
+        // total ≥ 40, so the frame holds the 20-byte TCP header.
+        let t: &[u8; 54] = frame.get(..54)?.try_into().ok()?;
+        let data_off = u16::from(t[46] >> 4) * 4;
+        if data_off < 20 || data_off > l4_len {
+            return None;
+        }
+        t[47]
+    } else {
+        return None;
+    };
+    Some(FastView {
+        src: u32::from_be_bytes([h[26], h[27], h[28], h[29]]),
+        dst: u32::from_be_bytes([h[30], h[31], h[32], h[33]]),
+        src_port: u16::from_be_bytes([h[34], h[35]]),
+        dst_port: u16::from_be_bytes([h[36], h[37]]),
+        protocol,
+        ttl: h[22],
+        tcp_flags,
+        l4_len,
+    })
+}
+
+/// The one's-complement difference that turns a checksum over `old` words into one
+/// over `new` words (RFC 1624): `Σ ~old + Σ new`, folded to 16 bits. Precomputed once per
+/// backend, it is applied per packet with [`csum_apply`].
+pub fn csum_delta(old: &[u16], new: &[u16]) -> u16 {
+    let mut sum: u32 = 0;
+    for &o in old {
+        sum += u32::from(!o);
+    }
+    for &n in new {
+        sum += u32::from(n);
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// Adds two one's-complement deltas.
+pub fn csum_delta_add(a: u16, b: u16) -> u16 {
+    let s = u32::from(a) + u32::from(b);
+    ((s & 0xffff) + (s >> 16)) as u16
+}
+
+/// RFC 1624 eqn. 3 with a precomputed delta: `~(~csum + delta)`, one fold.
+#[inline(always)]
+pub fn csum_apply(csum: u16, delta: u16) -> u16 {
+    let s = u32::from(!csum) + u32::from(delta);
+    !(((s & 0xffff) + (s >> 16)) as u16)
+}
+
+/// The 16-bit words of an address (for [`csum_delta`]).
+pub fn addr_words(a: u32) -> [u16; 2] {
+    [(a >> 16) as u16, a as u16]
+}
+
+/// Whether an L4 checksum field holds what a sender with checksum offload leaves there
+/// (`CHECKSUM_PARTIAL`): the folded pseudo-header sum, not complemented. A complete
+/// checksum equals it only by a 1-in-65536 coincidence, which costs nothing but a
+/// recomputation that yields the same complete checksum.
+#[inline(always)]
+pub fn is_partial_checksum(field: u16, src: u32, dst: u32, protocol: u8, l4_len: u16) -> bool {
+    let mut s = (src >> 16) + (src & 0xffff) + (dst >> 16) + (dst & 0xffff);
+    s += u32::from(protocol) + u32::from(l4_len);
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    field == s as u16 || (field == 0 && s == 0xffff)
+}
+
 /// RFC 1624 eqn. 3: the checksum after one 16-bit word changed from `old` to `new`.
 #[inline]
 pub fn csum_replace16(csum: u16, old: u16, new: u16) -> u16 {
@@ -336,7 +460,8 @@ pub fn l4_checksum(frame: &[u8], v: &Ipv4View) -> u16 {
     }
 }
 
-fn l4_csum_offset(v: &Ipv4View) -> usize {
+/// Offset of the TCP/UDP checksum field in the frame.
+pub fn l4_csum_offset(v: &Ipv4View) -> usize {
     v.l4_offset() + if v.protocol == IPPROTO_TCP { 16 } else { 6 }
 }
 
@@ -648,6 +773,22 @@ pub(crate) mod tests {
         f
     }
 
+    /// Puts what a sender with tx checksum offload leaves in the L4 checksum field
+    /// (`CHECKSUM_PARTIAL`): the folded pseudo-header sum, not complemented — as Linux's
+    /// `__tcp_v4_send_check` / `udp4_hwcsum` do (`~csum_tcpudp_magic(src, dst, len,
+    /// proto, 0)`).
+    pub(crate) fn set_partial_checksum(f: &mut [u8]) {
+        let Ok(Parsed::Ipv4(v)) = parse(f) else {
+            panic!("not IPv4")
+        };
+        let len = (v.total_len - v.header_len) as u32;
+        let mut s = (v.src >> 16) + (v.src & 0xffff) + (v.dst >> 16) + (v.dst & 0xffff);
+        s += u32::from(v.protocol) + len;
+        let partial = !fold(s);
+        let off = l4_csum_offset(&v);
+        f[off..off + 2].copy_from_slice(&partial.to_be_bytes());
+    }
+
     /// Asserts that the IPv4 and L4 checksums of `f` verify from scratch.
     pub(crate) fn assert_checksums_valid(f: &[u8]) {
         let Ok(Parsed::Ipv4(v)) = parse(f) else {
@@ -927,6 +1068,46 @@ pub(crate) mod tests {
         #[test]
         fn parse_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
             let _ = parse(&bytes);
+            let _ = parse_fast(&bytes);
+        }
+
+        /// `parse_fast` accepts exactly the frames `parse` reads as IHL-5, unfragmented
+        /// TCP/UDP, and reads the same fields.
+        #[test]
+        fn fast_parse_agrees_with_parse(f in arb_frame(), pos in 0usize..60, val in any::<u8>(), cut in any::<usize>()) {
+            let mut f = f;
+            if pos < f.len() {
+                f[pos] = val;
+            }
+            f.truncate(cut % (f.len() + 1) + 10);
+            let full = match parse(&f) {
+                Ok(Parsed::Ipv4(v)) if v.header_len == 20 && !v.fragment => v.l4.map(|l4| (v, l4)),
+                _ => None,
+            };
+            match (parse_fast(&f), full) {
+                (None, None) => {}
+                (Some(p), Some((v, l4))) => {
+                    prop_assert_eq!((p.src, p.dst, p.protocol, p.ttl), (v.src, v.dst, v.protocol, v.ttl));
+                    prop_assert_eq!((p.src_port, p.dst_port, p.tcp_flags), (l4.src_port, l4.dst_port, l4.tcp_flags));
+                    prop_assert_eq!(usize::from(p.l4_len), v.total_len - 20);
+                }
+                (a, b) => prop_assert!(false, "parse_fast {:?} vs parse {:?}", a, b),
+            }
+        }
+
+        /// A partial (offload) checksum is recognised; a complete one only by the
+        /// 1-in-65536 coincidence of equal values.
+        #[test]
+        fn partial_checksums_are_recognised(f in arb_frame()) {
+            let mut f = f;
+            let Parsed::Ipv4(v) = parse(&f).unwrap() else { panic!() };
+            let l4_len = (v.total_len - v.header_len) as u16;
+            let off = l4_csum_offset(&v);
+            let complete = be16(&f, off);
+            set_partial_checksum(&mut f);
+            let partial = be16(&f, off);
+            prop_assert!(is_partial_checksum(partial, v.src, v.dst, v.protocol, l4_len));
+            prop_assert_eq!(is_partial_checksum(complete, v.src, v.dst, v.protocol, l4_len), complete == partial);
         }
 
         #[test]

@@ -54,6 +54,9 @@ pub struct Service {
     pub backends: Vec<LocalBackend>,
     /// Maglev lookup table: entries index `backends` (anything else means none).
     pub maglev: Vec<u16>,
+    /// Slot of `backends[0]` in the table's flat list of `(service, backend)` pairs;
+    /// `backends[i]` has slot `first_slot + i`.
+    pub first_slot: u32,
 }
 
 impl Service {
@@ -67,14 +70,30 @@ impl Service {
         self.backends.get(usize::from(slot)).copied()
     }
 
+    /// The index in `backends` Maglev gives a flow hash.
+    #[inline]
+    pub fn pick_index(&self, flow_hash: u64) -> Option<usize> {
+        if self.maglev.is_empty() {
+            return None;
+        }
+        let slot = usize::from(self.maglev[(flow_hash % self.maglev.len() as u64) as usize]);
+        (slot < self.backends.len()).then_some(slot)
+    }
+
     /// Whether `ip:port` is still one of this service's backends.
     #[inline]
     pub fn has_backend(&self, ip: u32, port: u16) -> bool {
+        self.backend_index(ip, port).is_some()
+    }
+
+    /// The index of backend `ip:port` in `backends`.
+    #[inline]
+    pub fn backend_index(&self, ip: u32, port: u16) -> Option<usize> {
         let b = LocalBackend {
             ip: Ipv4Addr::from(ip),
             port,
         };
-        self.backends.binary_search(&b).is_ok()
+        self.backends.binary_search(&b).ok()
     }
 }
 
@@ -89,6 +108,8 @@ pub struct ServiceTable {
     services: Vec<Service>,
     by_frontend: HashMap<FrontendKey, u32, FastBuild>,
     vips: HashSet<u32, FastBuild>,
+    /// The service of each `(service, backend)` slot.
+    slot_service: Vec<u32>,
 }
 
 impl ServiceTable {
@@ -108,10 +129,14 @@ impl ServiceTable {
             t.by_frontend
                 .insert((u32::from(f.vip), f.protocol.number(), f.port), i as u32);
             t.vips.insert(u32::from(f.vip));
+            let first_slot = t.slot_service.len() as u32;
+            t.slot_service
+                .extend(std::iter::repeat_n(i as u32, backends.len()));
             t.services.push(Service {
                 frontend: f,
                 backends,
                 maglev: slots,
+                first_slot,
             });
         }
         t
@@ -144,6 +169,17 @@ impl ServiceTable {
     #[inline]
     pub fn service(&self, i: u32) -> &Service {
         &self.services[i as usize]
+    }
+
+    /// The service of a `(service, backend)` slot.
+    #[inline]
+    pub fn slot_service(&self, slot: u32) -> u32 {
+        self.slot_service.get(slot as usize).copied().unwrap_or(0)
+    }
+
+    /// Number of `(service, backend)` slots.
+    pub fn slot_count(&self) -> usize {
+        self.slot_service.len()
     }
 
     /// All services, in index order.
