@@ -434,10 +434,7 @@ impl Engine {
             dst_port: p.dst_port,
             proto: p.protocol,
         };
-        let (id, dir) = self.flows.lookup(&key, now_ms)?;
-        if dir != Direction::Forward {
-            return None;
-        }
+        let id = self.flows.find_live(&key, Direction::Forward, now_ms)?;
         let f = self.flows.get(id);
         if f.checked_generation != self.table.generation32() {
             return None;
@@ -453,7 +450,7 @@ impl Engine {
             rw.fwd_macs,
         );
         self.flows
-            .touch(id, Direction::Forward, p.tcp_flags, now_ms);
+            .touch_fast(id, Direction::Forward, p.tcp_flags, now_ms);
         let h: &mut [u8; 42] = (&mut frame[..42]).try_into().ok()?;
         h[..12].copy_from_slice(&m);
         h[22] -= 1;
@@ -486,10 +483,7 @@ impl Engine {
             dst_port: p.dst_port,
             proto: p.protocol,
         };
-        let (id, dir) = self.flows.lookup(&key, now_ms)?;
-        if dir != Direction::Reverse {
-            return None;
-        }
+        let id = self.flows.find_live(&key, Direction::Reverse, now_ms)?;
         let f = self.flows.get(id);
         if f.checked_generation != self.table.generation32() {
             return None;
@@ -509,7 +503,7 @@ impl Engine {
             && !(p.protocol == packet::IPPROTO_UDP && field == 0)
             && packet::is_partial_checksum(field, p.src, p.dst, p.protocol, p.l4_len);
         self.flows
-            .touch(id, Direction::Reverse, p.tcp_flags, now_ms);
+            .touch_fast(id, Direction::Reverse, p.tcp_flags, now_ms);
         let h: &mut [u8; 42] = (&mut frame[..42]).try_into().ok()?;
         h[..12].copy_from_slice(&m);
         h[22] -= 1;

@@ -393,6 +393,49 @@ impl FlowTable {
         }
     }
 
+    /// The established-flow look-up of the fast path: the live flow whose key for
+    /// direction `dir` is `k`, comparing packed words of the record. `None` on a miss, a
+    /// hit in the other direction or an expired flow — the general [`FlowTable::lookup`]
+    /// then decides (and removes the expired flow); this one changes nothing.
+    #[inline(always)]
+    pub fn find_live(&self, k: &FlowKey, dir: Direction, now_ms: u64) -> Option<FlowId> {
+        let h = self.hash32(k);
+        let want_dir = dir as u32;
+        let ka = (u64::from(k.dst) << 32) | u64::from(k.src);
+        let kb = (u32::from(k.dst_port) << 16) | u32::from(k.src_port);
+        let mut i = h as usize & self.mask;
+        loop {
+            let slot = *self.index.get(i)?;
+            if slot == 0 {
+                return None;
+            }
+            let low = (slot as u32).wrapping_sub(1);
+            if (slot >> 32) as u32 == h {
+                if low & 1 != want_dir {
+                    // A key of the other direction with the same tag: let the general
+                    // look-up decide (it may be this very key: a conflict).
+                    return None;
+                }
+                let id = low >> 1;
+                let f = self.flows.get(id as usize)?;
+                let (fa, fb) = match dir {
+                    Direction::Forward => (
+                        (u64::from(f.vip) << 32) | u64::from(f.client),
+                        (u32::from(f.vip_port) << 16) | u32::from(f.client_port),
+                    ),
+                    Direction::Reverse => (
+                        (u64::from(f.client) << 32) | u64::from(f.backend),
+                        (u32::from(f.client_port) << 16) | u32::from(f.backend_port),
+                    ),
+                };
+                if fa == ka && fb == kb && f.proto == k.proto {
+                    return (!f.expired(now_ms as u32)).then_some(id);
+                }
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
     /// The record of a flow.
     #[inline]
     pub fn get(&self, id: FlowId) -> &Flow {
@@ -454,6 +497,20 @@ impl FlowTable {
             FlowState::Reset => self.timeouts.tcp_rst_ms,
             FlowState::Udp | FlowState::Free => self.timeouts.udp_ms,
         }
+    }
+
+    /// [`FlowTable::touch`] for the fast path: a UDP flow only has its expiry pushed
+    /// out (its state is always `Udp`); TCP takes the full state machine.
+    #[inline(always)]
+    pub fn touch_fast(&mut self, id: FlowId, dir: Direction, tcp_flags: u8, now_ms: u64) {
+        let udp_ms = self.timeouts.udp_ms;
+        if let Some(f) = self.flows.get_mut(id as usize) {
+            if f.proto != IPPROTO_TCP {
+                f.expires = (now_ms as u32).wrapping_add(udp_ms);
+                return;
+            }
+        }
+        self.touch(id, dir, tcp_flags, now_ms);
     }
 
     /// Records a packet of a flow: advances the TCP state and pushes the expiry out.

@@ -294,7 +294,11 @@ pub const FAST_UDP_CSUM: usize = ETH_HEADER_LEN + 20 + 6;
 #[inline(always)]
 pub fn parse_fast(frame: &[u8]) -> Option<FastView> {
     let h: &[u8; 42] = frame.get(..42)?.try_into().ok()?;
-    if h[12] != 0x08 || h[13] != 0x00 || h[14] != 0x45 || (h[20] & 0x3f) != 0 || h[21] != 0 {
+    // EtherType 0x0800 and version 4 / IHL 5 in one 32-bit compare; then the
+    // fragment-offset and more-fragments bits in one 16-bit test.
+    if u32::from_le_bytes([h[12], h[13], h[14], h[15]]) & 0x00ff_ffff != 0x0045_0008
+        || u16::from_le_bytes([h[20], h[21]]) & 0xff3f != 0
+    {
         return None;
     }
     let total = u16::from_be_bytes([h[16], h[17]]);
