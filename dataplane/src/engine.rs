@@ -104,6 +104,7 @@ struct SlotRewrite {
     backend_port: [u8; 2],
     vip: [u8; 4],
     vip_port: [u8; 2],
+    /// Checksum deltas below are in native byte order (see [`ne`]).
     /// IPv4 header checksum delta, forward: VIP → backend, TTL − 1.
     fwd_ip: u16,
     /// L4 checksum delta, forward: VIP:port → backend:port.
@@ -133,6 +134,13 @@ const EGRESS_CACHE: usize = 256;
 /// The one's-complement delta of decrementing the TTL (the word `ttl << 8 | proto`
 /// drops by 0x100): `~0x0100`.
 const TTL_DELTA: u16 = !0x0100;
+
+/// A checksum delta computed over big-endian words, as the native-order word its bytes
+/// make: the one's-complement sum is byte-order independent (RFC 1071 §2(B)), so the
+/// fast path reads, updates and writes checksum fields in native order, without swaps.
+fn ne(delta_be: u16) -> u16 {
+    u16::from_ne_bytes(delta_be.to_be_bytes())
+}
 
 fn macs(src: MacAddr, dst: MacAddr) -> [u8; 12] {
     let mut m = [0u8; 12];
@@ -222,16 +230,16 @@ impl Engine {
                     backend_port: b.port.to_be_bytes(),
                     vip: vip.to_be_bytes(),
                     vip_port: vport.to_be_bytes(),
-                    fwd_ip: packet::csum_delta_add(fwd_addr, TTL_DELTA),
-                    fwd_l4: packet::csum_delta_add(
+                    fwd_ip: ne(packet::csum_delta_add(fwd_addr, TTL_DELTA)),
+                    fwd_l4: ne(packet::csum_delta_add(
                         fwd_addr,
                         packet::csum_delta(&[vport], &[b.port]),
-                    ),
-                    rev_ip: packet::csum_delta_add(rev_addr, TTL_DELTA),
-                    rev_l4: packet::csum_delta_add(
+                    )),
+                    rev_ip: ne(packet::csum_delta_add(rev_addr, TTL_DELTA)),
+                    rev_l4: ne(packet::csum_delta_add(
                         rev_addr,
                         packet::csum_delta(&[b.port], &[vport]),
-                    ),
+                    )),
                     fwd_macs,
                     fwd_side,
                 });
@@ -427,14 +435,7 @@ impl Engine {
     /// slot's precomputed deltas.
     #[inline(always)]
     fn forward_fast(&mut self, frame: &mut [u8], p: &FastView, now_ms: u64) -> Option<Verdict> {
-        let key = FlowKey {
-            src: p.src,
-            dst: p.dst,
-            src_port: p.src_port,
-            dst_port: p.dst_port,
-            proto: p.protocol,
-        };
-        let id = self.flows.find_live(&key, Direction::Forward, now_ms)?;
+        let id = self.flows.find_live(&p.raw, Direction::Forward, now_ms)?;
         let f = self.flows.get(id);
         if f.checked_generation != self.table.generation32() {
             return None;
@@ -454,8 +455,8 @@ impl Engine {
         let h: &mut [u8; 42] = (&mut frame[..42]).try_into().ok()?;
         h[..12].copy_from_slice(&m);
         h[22] -= 1;
-        let ipc = u16::from_be_bytes([h[24], h[25]]);
-        h[24..26].copy_from_slice(&packet::csum_apply(ipc, fwd_ip).to_be_bytes());
+        let ipc = u16::from_ne_bytes([h[24], h[25]]);
+        h[24..26].copy_from_slice(&packet::csum_apply(ipc, fwd_ip).to_ne_bytes());
         h[30..34].copy_from_slice(&backend);
         h[36..38].copy_from_slice(&backend_port);
         l4_csum_update(frame, p.protocol, fwd_l4);
@@ -476,14 +477,7 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Option<Verdict> {
-        let key = FlowKey {
-            src: p.src,
-            dst: p.dst,
-            src_port: p.src_port,
-            dst_port: p.dst_port,
-            proto: p.protocol,
-        };
-        let id = self.flows.find_live(&key, Direction::Reverse, now_ms)?;
+        let id = self.flows.find_live(&p.raw, Direction::Reverse, now_ms)?;
         let f = self.flows.get(id);
         if f.checked_generation != self.table.generation32() {
             return None;
@@ -507,8 +501,8 @@ impl Engine {
         let h: &mut [u8; 42] = (&mut frame[..42]).try_into().ok()?;
         h[..12].copy_from_slice(&m);
         h[22] -= 1;
-        let ipc = u16::from_be_bytes([h[24], h[25]]);
-        h[24..26].copy_from_slice(&packet::csum_apply(ipc, rev_ip).to_be_bytes());
+        let ipc = u16::from_ne_bytes([h[24], h[25]]);
+        h[24..26].copy_from_slice(&packet::csum_apply(ipc, rev_ip).to_ne_bytes());
         h[26..30].copy_from_slice(&vip);
         h[34..36].copy_from_slice(&vip_port);
         if partial {
@@ -852,19 +846,20 @@ impl Engine {
 /// as 0xffff.
 #[inline(always)]
 fn l4_csum_update(frame: &mut [u8], protocol: u8, delta: u16) {
+    // Native-order words and delta (see `ne`); 0 and 0xffff read the same either way.
     if protocol == packet::IPPROTO_TCP {
         if let Some(c) = frame.get_mut(packet::FAST_TCP_CSUM..packet::FAST_TCP_CSUM + 2) {
-            let v = packet::csum_apply(u16::from_be_bytes([c[0], c[1]]), delta);
-            c.copy_from_slice(&v.to_be_bytes());
+            let v = packet::csum_apply(u16::from_ne_bytes([c[0], c[1]]), delta);
+            c.copy_from_slice(&v.to_ne_bytes());
         }
     } else if let Some(c) = frame.get_mut(packet::FAST_UDP_CSUM..packet::FAST_UDP_CSUM + 2) {
-        let old = u16::from_be_bytes([c[0], c[1]]);
+        let old = u16::from_ne_bytes([c[0], c[1]]);
         if old != 0 {
             let v = match packet::csum_apply(old, delta) {
                 0 => 0xffff,
                 v => v,
             };
-            c.copy_from_slice(&v.to_be_bytes());
+            c.copy_from_slice(&v.to_ne_bytes());
         }
     }
 }

@@ -89,6 +89,35 @@ pub struct FlowKey {
     pub proto: u8,
 }
 
+/// A 5-tuple as a frame's bytes hold it: addresses and ports in network order, loaded
+/// as little-endian words straight from the frame (bytes 26..34 and 34..38 of an
+/// IHL-5 IPv4 frame), so the fast path needs no byte swaps to hash it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawKey {
+    /// Source then destination address bytes.
+    pub addrs: u64,
+    /// Source then destination port bytes.
+    pub ports: u32,
+    /// IP protocol.
+    pub proto: u8,
+}
+
+impl RawKey {
+    /// The raw form of a key.
+    #[inline(always)]
+    pub fn from_key(k: &FlowKey) -> Self {
+        let sb = k.src.to_be_bytes();
+        let db = k.dst.to_be_bytes();
+        let pb = k.src_port.to_be_bytes();
+        let qb = k.dst_port.to_be_bytes();
+        RawKey {
+            addrs: u64::from_le_bytes([sb[0], sb[1], sb[2], sb[3], db[0], db[1], db[2], db[3]]),
+            ports: u32::from_le_bytes([pb[0], pb[1], qb[0], qb[1]]),
+            proto: k.proto,
+        }
+    }
+}
+
 /// One connection: 32 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
@@ -313,10 +342,13 @@ impl FlowTable {
     /// same on every node and across versions.)
     #[inline(always)]
     fn hash32(&self, k: &FlowKey) -> u32 {
-        let a = ((u64::from(k.src) << 32) | u64::from(k.dst)) ^ self.seed;
-        let b =
-            ((u64::from(k.src_port) << 32) | (u64::from(k.dst_port) << 16) | u64::from(k.proto))
-                ^ self.seed2;
+        self.hash_raw(&RawKey::from_key(k))
+    }
+
+    #[inline(always)]
+    fn hash_raw(&self, r: &RawKey) -> u32 {
+        let a = r.addrs ^ self.seed;
+        let b = (u64::from(r.ports) | (u64::from(r.proto) << 32)) ^ self.seed2;
         let m = u128::from(a).wrapping_mul(u128::from(b));
         let h = (m as u64) ^ ((m >> 64) as u64);
         (h ^ (h >> 32)) as u32
@@ -398,11 +430,12 @@ impl FlowTable {
     /// hit in the other direction or an expired flow — the general [`FlowTable::lookup`]
     /// then decides (and removes the expired flow); this one changes nothing.
     #[inline(always)]
-    pub fn find_live(&self, k: &FlowKey, dir: Direction, now_ms: u64) -> Option<FlowId> {
-        let h = self.hash32(k);
+    pub fn find_live(&self, k: &RawKey, dir: Direction, now_ms: u64) -> Option<FlowId> {
+        let h = self.hash_raw(k);
         let want_dir = dir as u32;
-        let ka = (u64::from(k.dst) << 32) | u64::from(k.src);
-        let kb = (u32::from(k.dst_port) << 16) | u32::from(k.src_port);
+        // Host-order packings matching the record's field pairs (see below).
+        let ka = k.addrs.swap_bytes().rotate_left(32);
+        let kb = k.ports.swap_bytes().rotate_left(16);
         let mut i = h as usize & self.mask;
         loop {
             let slot = *self.index.get(i)?;

@@ -279,6 +279,8 @@ pub struct FastView {
     pub tcp_flags: u8,
     /// TCP/UDP length (IPv4 total length − 20).
     pub l4_len: u16,
+    /// The 5-tuple as the frame holds it.
+    pub raw: crate::flow::RawKey,
 }
 
 /// Offset of the TCP checksum in a frame without IP options.
@@ -336,6 +338,11 @@ pub fn parse_fast(frame: &[u8]) -> Option<FastView> {
         ttl: h[22],
         tcp_flags,
         l4_len,
+        raw: crate::flow::RawKey {
+            addrs: u64::from_le_bytes([h[26], h[27], h[28], h[29], h[30], h[31], h[32], h[33]]),
+            ports: u32::from_le_bytes([h[34], h[35], h[36], h[37]]),
+            proto: protocol,
+        },
     })
 }
 
