@@ -440,27 +440,22 @@ impl Engine {
         if f.checked_generation != self.table.generation32() {
             return None;
         }
-        let rw = self.rewrites.get(f.slot as usize)?;
-        let side = rw.fwd_side?;
-        let (service, fwd_ip, fwd_l4, backend, backend_port, m) = (
-            rw.service,
-            rw.fwd_ip,
-            rw.fwd_l4,
-            rw.backend,
-            rw.backend_port,
-            rw.fwd_macs,
-        );
+        let slot = f.slot as usize;
+        let side = self.rewrites.get(slot)?.fwd_side?;
         self.flows
             .touch_fast(id, Direction::Forward, p.tcp_flags, now_ms);
+        // Disjoint fields: the rewrite data is read while the flow table was written.
+        let rw = self.rewrites.get(slot)?;
         let h: &mut [u8; 42] = (&mut frame[..42]).try_into().ok()?;
-        h[..12].copy_from_slice(&m);
-        h[22] -= 1;
+        h[..12].copy_from_slice(&rw.fwd_macs);
+        h[22] = h[22].wrapping_sub(1);
         let ipc = u16::from_ne_bytes([h[24], h[25]]);
-        h[24..26].copy_from_slice(&packet::csum_apply(ipc, fwd_ip).to_ne_bytes());
-        h[30..34].copy_from_slice(&backend);
-        h[36..38].copy_from_slice(&backend_port);
-        l4_csum_update(frame, p.protocol, fwd_l4);
-        let c = &mut self.counters.services[service as usize];
+        h[24..26].copy_from_slice(&packet::csum_apply(ipc, rw.fwd_ip).to_ne_bytes());
+        h[30..34].copy_from_slice(&rw.backend);
+        h[36..38].copy_from_slice(&rw.backend_port);
+        l4_csum_update(frame, p.protocol, rw.fwd_l4);
+        // `rw.service` indexes the table the counters were sized for (set_services).
+        let c = &mut self.counters.services[rw.service as usize];
         c.packets_in += 1;
         c.bytes_in += frame.len() as u64;
         Some(Verdict::Tx(side))

@@ -310,8 +310,9 @@ pub fn parse_fast(frame: &[u8]) -> Option<FastView> {
     let l4_len = total.checked_sub(20)?;
     let protocol = h[23];
     let tcp_flags = if protocol == IPPROTO_UDP {
+        // 8 ≤ udp_len ≤ l4_len also gives l4_len ≥ 8.
         let udp_len = u16::from_be_bytes([h[38], h[39]]);
-        if l4_len < 8 || udp_len < 8 || udp_len > l4_len {
+        if udp_len < 8 || udp_len > l4_len {
             return None;
         }
         0
