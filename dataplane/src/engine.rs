@@ -351,9 +351,12 @@ impl Engine {
             }
             if let Some(p) = packet::parse_fast(frame) {
                 if p.ttl > 1 {
-                    let done = match ingress {
-                        Side::Uplink => self.forward_fast(frame, &p, now_ms),
-                        Side::Pod(_) => self.reverse_fast(frame, &p, nb, now_ms),
+                    let tcp = p.protocol == packet::IPPROTO_TCP;
+                    let done = match (ingress, tcp) {
+                        (Side::Uplink, true) => self.forward_fast::<true>(frame, &p, now_ms),
+                        (Side::Uplink, false) => self.forward_fast::<false>(frame, &p, now_ms),
+                        (Side::Pod(_), true) => self.reverse_fast::<true>(frame, &p, nb, now_ms),
+                        (Side::Pod(_), false) => self.reverse_fast::<false>(frame, &p, nb, now_ms),
                     };
                     if let Some(v) = done {
                         return v;
@@ -434,7 +437,12 @@ impl Engine {
     /// decides. The rewrite is a few stores and two one-fold checksum updates with the
     /// slot's precomputed deltas.
     #[inline(always)]
-    fn forward_fast(&mut self, frame: &mut [u8], p: &FastView, now_ms: u64) -> Option<Verdict> {
+    fn forward_fast<const TCP: bool>(
+        &mut self,
+        frame: &mut [u8],
+        p: &FastView,
+        now_ms: u64,
+    ) -> Option<Verdict> {
         let id = self.flows.find_live(&p.raw, Direction::Forward, now_ms)?;
         let f = self.flows.get(id);
         if f.checked_generation != self.table.generation32() {
@@ -443,7 +451,7 @@ impl Engine {
         let slot = f.slot as usize;
         let side = self.rewrites.get(slot)?.fwd_side?;
         self.flows
-            .touch_fast(id, Direction::Forward, p.tcp_flags, now_ms);
+            .touch_fast::<TCP>(id, Direction::Forward, p.tcp_flags, now_ms);
         // Disjoint fields: the rewrite data is read while the flow table was written.
         let rw = self.rewrites.get(slot)?;
         let h: &mut [u8; 42] = (&mut frame[..42]).try_into().ok()?;
@@ -453,7 +461,7 @@ impl Engine {
         h[24..26].copy_from_slice(&packet::csum_apply(ipc, rw.fwd_ip).to_ne_bytes());
         h[30..34].copy_from_slice(&rw.backend);
         h[36..38].copy_from_slice(&rw.backend_port);
-        l4_csum_update(frame, p.protocol, rw.fwd_l4);
+        l4_csum_update::<TCP>(frame, rw.fwd_l4);
         // `rw.service` indexes the table the counters were sized for (set_services).
         let c = &mut self.counters.services[rw.service as usize];
         c.packets_in += 1;
@@ -465,7 +473,7 @@ impl Engine {
     /// (offload) checksum from the Pod is completed by recomputation; a complete one is
     /// updated incrementally.
     #[inline(always)]
-    fn reverse_fast(
+    fn reverse_fast<const TCP: bool>(
         &mut self,
         frame: &mut [u8],
         p: &FastView,
@@ -482,17 +490,17 @@ impl Engine {
         let (service, rev_ip, rev_l4, vip, vip_port) =
             (rw.service, rw.rev_ip, rw.rev_l4, rw.vip, rw.vip_port);
         let (side, m) = self.reply_egress(client, nb)?;
-        let csum_off = if p.protocol == packet::IPPROTO_TCP {
+        let csum_off = if TCP {
             packet::FAST_TCP_CSUM
         } else {
             packet::FAST_UDP_CSUM
         };
         let field = u16::from_be_bytes([frame[csum_off], frame[csum_off + 1]]);
         let partial = self.pod_checksum == PodChecksums::Detect
-            && !(p.protocol == packet::IPPROTO_UDP && field == 0)
+            && (TCP || field != 0)
             && packet::is_partial_checksum(field, p.src, p.dst, p.protocol, p.l4_len);
         self.flows
-            .touch_fast(id, Direction::Reverse, p.tcp_flags, now_ms);
+            .touch_fast::<TCP>(id, Direction::Reverse, p.tcp_flags, now_ms);
         let h: &mut [u8; 42] = (&mut frame[..42]).try_into().ok()?;
         h[..12].copy_from_slice(&m);
         h[22] -= 1;
@@ -503,7 +511,7 @@ impl Engine {
         if partial {
             recompute_fast(frame);
         } else {
-            l4_csum_update(frame, p.protocol, rev_l4);
+            l4_csum_update::<TCP>(frame, rev_l4);
         }
         let c = &mut self.counters.services[service as usize];
         c.packets_out += 1;
@@ -840,9 +848,9 @@ impl Engine {
 /// accepted. A UDP datagram without checksum (0) keeps none; a UDP result of 0 is sent
 /// as 0xffff.
 #[inline(always)]
-fn l4_csum_update(frame: &mut [u8], protocol: u8, delta: u16) {
+fn l4_csum_update<const TCP: bool>(frame: &mut [u8], delta: u16) {
     // Native-order words and delta (see `ne`); 0 and 0xffff read the same either way.
-    if protocol == packet::IPPROTO_TCP {
+    if TCP {
         if let Some(c) = frame.get_mut(packet::FAST_TCP_CSUM..packet::FAST_TCP_CSUM + 2) {
             let v = packet::csum_apply(u16::from_ne_bytes([c[0], c[1]]), delta);
             c.copy_from_slice(&v.to_ne_bytes());

@@ -532,15 +532,24 @@ impl FlowTable {
         }
     }
 
-    /// [`FlowTable::touch`] for the fast path: a UDP flow only has its expiry pushed
-    /// out (its state is always `Udp`); TCP takes the full state machine.
+    /// [`FlowTable::touch`] for the fast path: a UDP flow (`TCP == false`, checked
+    /// against the record) only has its expiry pushed out (its state is always `Udp`);
+    /// TCP takes the full state machine.
     #[inline(always)]
-    pub fn touch_fast(&mut self, id: FlowId, dir: Direction, tcp_flags: u8, now_ms: u64) {
-        let udp_ms = self.timeouts.udp_ms;
-        if let Some(f) = self.flows.get_mut(id as usize) {
-            if f.proto != IPPROTO_TCP {
-                f.expires = (now_ms as u32).wrapping_add(udp_ms);
-                return;
+    pub fn touch_fast<const TCP: bool>(
+        &mut self,
+        id: FlowId,
+        dir: Direction,
+        tcp_flags: u8,
+        now_ms: u64,
+    ) {
+        if !TCP {
+            let udp_ms = self.timeouts.udp_ms;
+            if let Some(f) = self.flows.get_mut(id as usize) {
+                if f.proto != IPPROTO_TCP {
+                    f.expires = (now_ms as u32).wrapping_add(udp_ms);
+                    return;
+                }
             }
         }
         self.touch(id, dir, tcp_flags, now_ms);
