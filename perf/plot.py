@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 report = json.load(open(sys.argv[1]))
 out = sys.argv[2]
@@ -97,6 +98,33 @@ if lat:
     axes[0][0].set_ylabel("round trip through the VIP (us)")
     fig.tight_layout()
     p = os.path.join(out, "latency.png")
+    fig.savefig(p, dpi=110)
+    written.append(p)
+
+# Control-plane convergence: CDF of every sample, one line per (event, destination).
+conv = report.get("convergence_results")
+if conv and conv.get("series"):
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    styles = {"shared memory": "-", "BIRD": "--", "round trip": ":"}
+    for s in conv["series"]:
+        xs = sorted(s["samples_ms"])
+        if not xs:
+            continue
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        ls = next((v for k, v in styles.items() if k in s["name"]), "-")
+        color = "#d62728" if s["name"].startswith("withdraw") else (
+            "#1f77b4" if s["name"].startswith("announce") else "#7f7f7f")
+        ax.step(xs, ys, where="post", linestyle=ls, color=color,
+                label=f'{s["name"]} (p50 {s["p50_ms"]:.1f} ms)')
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("ms after the EndpointSlice PATCH was sent")
+    ax.set_ylabel("fraction of changes")
+    ax.set_title(f'control-plane convergence, {conv["repetitions"]} repetitions')
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    p = os.path.join(out, "convergence.png")
     fig.savefig(p, dpi=110)
     written.append(p)
 

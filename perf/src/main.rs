@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use juneau_perf::packet::{parse_mac, Template};
 use juneau_perf::report::Report;
 use juneau_perf::suite::{self, Plan, Progress, Scenario, INTERRUPTED};
-use juneau_perf::{latency, prereq, xsk};
+use juneau_perf::{convergence, latency, prereq, xsk};
 
 #[derive(Parser)]
 #[command(
@@ -42,6 +42,18 @@ struct RunArgs {
     /// Skip the callgrind cost measurement.
     #[arg(long)]
     no_cost: bool,
+    /// The juneau-k8s-sync binary (default: $JUNEAU_K8S_SYNC, else next to juneau-perf).
+    #[arg(long)]
+    k8s_sync: Option<PathBuf>,
+    /// The juneau-bgp binary (default: $JUNEAU_BGP, else next to juneau-perf).
+    #[arg(long)]
+    bgp: Option<PathBuf>,
+    /// Control-plane convergence repetitions (default: 30 in `run` and `convergence`).
+    #[arg(long)]
+    convergence_reps: Option<u32>,
+    /// Skip the control-plane convergence measurement.
+    #[arg(long)]
+    no_convergence: bool,
 }
 
 #[derive(Subcommand)]
@@ -50,6 +62,9 @@ enum Cmd {
     Run(RunArgs),
     /// A very short pass over every part of the harness (what CI runs).
     Smoke(RunArgs),
+    /// Only the control-plane convergence measurement (real kube-apiserver, k8s-sync,
+    /// juneau-bgp, BIRD 2): EndpointSlice change -> shared memory and -> BIRD.
+    Convergence(RunArgs),
     /// Lists missing prerequisites and exits.
     Check(RunArgs),
     /// Re-renders report.md and the plots from DIR/report.json.
@@ -165,11 +180,141 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
     Ok(plan)
 }
 
+fn convergence_binaries(args: &RunArgs) -> Result<convergence::Binaries> {
+    let mut b = convergence::Binaries::default_paths();
+    if let Some(p) = &args.k8s_sync {
+        b.k8s_sync = std::path::absolute(p)?;
+    }
+    if let Some(p) = &args.bgp {
+        b.bgp = std::path::absolute(p)?;
+    }
+    Ok(b)
+}
+
+/// Copies the binaries into `<out>/bin` (others rebuild the shared target dir meanwhile).
+fn stage_convergence_binaries(
+    b: &convergence::Binaries,
+    out: &std::path::Path,
+) -> Result<convergence::Binaries> {
+    let bin = out.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    let copy = |from: &std::path::Path, name: &str| -> Result<PathBuf> {
+        let to = bin.join(name);
+        let _ = std::fs::remove_file(&to);
+        std::fs::copy(from, &to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        Ok(to)
+    };
+    Ok(convergence::Binaries {
+        k8s_sync: copy(&b.k8s_sync, "juneau-k8s-sync")?,
+        bgp: copy(&b.bgp, "juneau-bgp")?,
+    })
+}
+
+/// Measures convergence into `report` (a failure is recorded as an error of the report).
+fn run_convergence(
+    bins: &convergence::Binaries,
+    reps: u32,
+    progress: &Progress,
+    report: &mut Report,
+) {
+    progress.say(format!(
+        "control-plane convergence: {reps} repetitions (kube-apiserver, k8s-sync, juneau-bgp, BIRD)"
+    ));
+    match convergence::measure(bins, reps, &|m| progress.say(m)) {
+        Ok(c) => {
+            let p50 = |n: &str| {
+                c.series
+                    .iter()
+                    .find(|s| s.name == n)
+                    .map(|s| s.p50_ms)
+                    .unwrap_or(f64::NAN)
+            };
+            report.convergence = format!(
+                "Median from the EndpointSlice PATCH: withdraw {:.1} ms to shared memory, {:.1} ms to BIRD; announce {:.1} ms to shared memory, {:.1} ms to BIRD.",
+                p50("withdraw: apiserver -> shared memory"),
+                p50("withdraw: apiserver -> BIRD"),
+                p50("announce: apiserver -> shared memory"),
+                p50("announce: apiserver -> BIRD"),
+            );
+            progress.say(format!("convergence: {}", report.convergence));
+            report.convergence_results = Some(c);
+        }
+        Err(e) => {
+            report.convergence = format!("Failed: {e:#}");
+            report.add_error("convergence", format!("{e:#}"));
+        }
+    }
+}
+
+fn convergence_only(args: &RunArgs) -> Result<()> {
+    let out = std::path::absolute(&args.out)?;
+    let bins = convergence_binaries(args)?;
+    let mut missing = prereq::check(None, false);
+    missing.extend(convergence::missing(&bins));
+    if !missing.is_empty() {
+        eprintln!("juneau-perf convergence cannot run; missing:");
+        for m in &missing {
+            eprintln!("  - {}: {}", m.what, m.fix);
+        }
+        bail!(
+            "{} prerequisite(s) missing (nothing was installed)",
+            missing.len()
+        );
+    }
+    std::fs::create_dir_all(&out)?;
+    let bins = stage_convergence_binaries(&bins, &out)?;
+    ctrlc::set_handler(|| {
+        eprintln!("interrupt: stopping and removing the namespaces...");
+        INTERRUPTED.store(true, Ordering::Relaxed);
+    })
+    .context("installing the Ctrl-C handler")?;
+    let reps = args.convergence_reps.unwrap_or(30).max(1);
+    let expected = convergence::expected(reps);
+    eprintln!(
+        "juneau-perf convergence: {reps} repetitions; expected duration ~{} s. Output: {}",
+        expected.as_secs(),
+        out.display()
+    );
+    let progress = Progress::new(expected);
+    let mut report = Report {
+        date: juneau_perf::cost::utc_now(),
+        machine: prereq::machine(),
+        load_average_start: prereq::loadavg(),
+        mode: "convergence".into(),
+        config: serde_json::json!({ "convergence_repetitions": reps }),
+        ..Default::default()
+    };
+    report.cost.status = "Not measured (convergence only).".into();
+    run_convergence(&bins, reps, &progress, &mut report);
+    report.load_average_end = prereq::loadavg();
+    let files = report.write(&out)?;
+    progress.say("done; wrote:");
+    for f in files {
+        eprintln!("  {}", f.display());
+    }
+    if let Some((_, e)) = report.errors.first() {
+        bail!("convergence failed: {e}");
+    }
+    Ok(())
+}
+
 fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     let plan = plan_for(args, smoke)?;
     let with_juneau = plan.scenarios.contains(&Scenario::Juneau);
     let cost = !args.no_cost;
-    let missing = prereq::check(with_juneau.then_some(plan.dataplane.as_path()), cost);
+    let mut missing = prereq::check(with_juneau.then_some(plan.dataplane.as_path()), cost);
+    // `smoke` leaves convergence to its own CI test unless --convergence-reps is given.
+    let conv_reps = match (args.no_convergence, smoke, args.convergence_reps) {
+        (true, _, _) => None,
+        (false, true, r) => r,
+        (false, false, r) => Some(r.unwrap_or(30)),
+    }
+    .map(|r| r.max(1));
+    let conv_bins = convergence_binaries(args)?;
+    if conv_reps.is_some() {
+        missing.extend(convergence::missing(&conv_bins));
+    }
     if !missing.is_empty() {
         eprintln!("juneau-perf cannot run; missing:");
         for m in &missing {
@@ -184,6 +329,10 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     let mut plan = plan;
     let dataplane_source = plan.dataplane.clone();
     let cost_bench = suite::stage_binaries(&mut plan)?;
+    let conv_bins = match conv_reps {
+        Some(_) => stage_convergence_binaries(&conv_bins, &plan.out_dir)?,
+        None => conv_bins,
+    };
     ctrlc::set_handler(|| {
         eprintln!("interrupt: stopping and removing the namespaces...");
         INTERRUPTED.store(true, Ordering::Relaxed);
@@ -194,7 +343,8 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
             juneau_perf::cost::EXPECTED
         } else {
             Duration::ZERO
-        };
+        }
+        + conv_reps.map(convergence::expected).unwrap_or_default();
     eprintln!(
         "juneau-perf {}: {} scenario(s) x {} run(s) of {:.1}s, flow scale {:?}, latency at {:?} of max; expected duration ~{} s ({:.1} min). Output: {}",
         if smoke { "smoke" } else { "run" },
@@ -225,7 +375,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
             "dataplane": dataplane_source,
             "packet_bytes": 64,
         }),
-        convergence: "Not measured yet: needs the k8s-sync and BGP daemons (issue 6, later part)."
+        convergence: "Not measured in this run (`juneau-perf convergence`, or --convergence-reps N with smoke)."
             .into(),
         ..Default::default()
     };
@@ -239,6 +389,9 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
         progress.say(format!("cost: {}", report.cost.status));
     } else {
         report.cost.status = "Not measured (--no-cost).".into();
+    }
+    if let Some(reps) = conv_reps {
+        run_convergence(&conv_bins, reps, &progress, &mut report);
     }
     report.load_average_end = prereq::loadavg();
     report.dataplane_counters = suite::dataplane_counters();
@@ -289,6 +442,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Smoke(a) => run_suite(&a, true),
+        Cmd::Convergence(a) => convergence_only(&a),
         Cmd::Check(a) => {
             let plan = plan_for(&a, false)?;
             let missing = prereq::check(Some(&plan.dataplane), !a.no_cost);

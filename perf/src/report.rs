@@ -140,8 +140,11 @@ pub struct Report {
     pub latency: Vec<LatencyPoint>,
     /// Userspace cost.
     pub cost: Cost,
-    /// Control-plane convergence (not measured yet).
+    /// Control-plane convergence: a one-line summary (or why it was not measured).
     pub convergence: String,
+    /// Control-plane convergence distributions, when measured.
+    #[serde(default)]
+    pub convergence_results: Option<crate::convergence::ConvergenceReport>,
     /// juneau-dataplane's own counters after each `juneau` run (cumulative since its
     /// start): AF_XDP ring drops show where packets were lost.
     pub dataplane_counters: Vec<serde_json::Value>,
@@ -302,6 +305,23 @@ impl Report {
             }
         }
         m += &format!("\n## Control-plane convergence\n\n{}\n", self.convergence);
+        if let Some(c) = &self.convergence_results {
+            m += &format!(
+                "\n{}.\n\n{} repetitions; BIRD is asked for the route every {:.1} ms over its control socket (one query: {:.2} ms median), so the BIRD figures are late by at most ~{:.1} ms; shared memory is seen through a futex wake-up (microseconds).\n\n| from the PATCH to | samples | min ms | p50 ms | p90 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|---:|---:|\n",
+                c.setup,
+                c.repetitions,
+                c.bird_poll_interval_ms,
+                c.bird_query_p50_ms,
+                c.bird_poll_interval_ms + c.bird_query_p50_ms
+            );
+            for s in &c.series {
+                m += &format!(
+                    "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+                    s.name, s.count, s.min_ms, s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms
+                );
+            }
+            m += "\n![convergence](convergence.png)\n";
+        }
         if !self.errors.is_empty() {
             m += "\n## Failures\n\n";
             for (s, e) in &self.errors {

@@ -1,0 +1,611 @@
+//! Control-plane convergence: time from an EndpointSlice change at a real kube-apiserver
+//! to (a) the node's shared-memory table and (b) the BGP route at a real BIRD 2 router.
+//!
+//! Set-up (all removed on return, error or Ctrl-C): a real etcd + kube-apiserver
+//! (`juneau_tests::kube::KubeCluster`) with Juneau's CRDs; the real
+//! `juneau-k8s-sync controller` and `juneau-k8s-sync agent --node node-a` on the host,
+//! both with the cluster's admin kubeconfig (RBAC is not what is measured here); the real
+//! `juneau-bgp` in a node namespace reading the agent's state file, peering over a veth
+//! with BIRD 2 in a router namespace. One Service with one endpoint on node-a; each
+//! repetition marks that endpoint not ready (withdraw) and ready again (announce).
+//!
+//! Clocks: one monotonic clock in this process. `t0` is taken just before the PATCH is
+//! sent over an already-open HTTPS connection (the write's round trip is reported too: the
+//! apiserver stored the change somewhere inside it). (a) is stamped by a thread blocked
+//! in `NodeStateReader::wait_change` (futex: wakes within microseconds of the publish).
+//! (b) is stamped by a thread that asks BIRD over its control socket every
+//! [`BIRD_POLL`] for the /32 (BIRD's routing table, i.e. after BIRD parsed the UPDATE
+//! and imported it); the resolution is that interval plus one query.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::Ipv4Addr;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
+use juneau_control::shm::NodeStateReader;
+use juneau_tests::kube::KubeCluster;
+use juneau_tests::netns::{unique_prefix, veth, Netns, NsChild};
+use serde::{Deserialize, Serialize};
+
+use crate::suite::INTERRUPTED;
+
+/// The CRDs, compiled in so the binary needs no source tree.
+const CRDS: &str = include_str!("../../deploy/crds/juneau.loutres.me.yaml");
+/// How often the BIRD watcher asks BIRD for the route.
+pub const BIRD_POLL: Duration = Duration::from_millis(1);
+/// Bound on one change reaching both places.
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound on the set-up's "eventually" checks (busy 2-core machine).
+const SETUP_TIMEOUT: Duration = Duration::from_secs(120);
+const NODE: &str = "node-a";
+const NODE_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 2);
+const ROUTER_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 1);
+const SLICE: &str = "web-1";
+
+/// What a convergence run measured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ConvergenceReport {
+    /// "measured", or why not.
+    pub status: String,
+    /// Repetitions (each one withdraw and one announce).
+    pub repetitions: u32,
+    /// BIRD watcher's polling interval, ms.
+    pub bird_poll_interval_ms: f64,
+    /// Median time of one query on BIRD's control socket, ms.
+    pub bird_query_p50_ms: f64,
+    /// How it was set up.
+    pub setup: String,
+    /// One series per (event, destination).
+    pub series: Vec<Series>,
+}
+
+/// A distribution of latencies.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Series {
+    /// Short name (e.g. `withdraw: apiserver -> BIRD`).
+    pub name: String,
+    /// Number of samples.
+    pub count: u64,
+    /// Minimum, ms.
+    pub min_ms: f64,
+    /// Median, ms.
+    pub p50_ms: f64,
+    /// 90th percentile, ms.
+    pub p90_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+    /// Maximum, ms.
+    pub max_ms: f64,
+    /// Every sample, ms, in measurement order (for the CDF plot).
+    pub samples_ms: Vec<f64>,
+}
+
+impl Series {
+    fn from_samples(name: &str, samples: &[Duration]) -> Series {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("bounds");
+        for s in samples {
+            let _ = h.record((s.as_micros() as u64).max(1));
+        }
+        let ms = |us: u64| us as f64 / 1e3;
+        Series {
+            name: name.into(),
+            count: h.len(),
+            min_ms: ms(h.min()),
+            p50_ms: ms(h.value_at_quantile(0.5)),
+            p90_ms: ms(h.value_at_quantile(0.9)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            max_ms: ms(h.max()),
+            samples_ms: samples.iter().map(|d| d.as_secs_f64() * 1e3).collect(),
+        }
+    }
+}
+
+/// Where the real binaries are.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// `juneau-k8s-sync`.
+    pub k8s_sync: PathBuf,
+    /// `juneau-bgp`.
+    pub bgp: PathBuf,
+}
+
+impl Binaries {
+    /// `$JUNEAU_K8S_SYNC` / `$JUNEAU_BGP`, else next to juneau-perf.
+    pub fn default_paths() -> Binaries {
+        let dir = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+            .unwrap_or_default();
+        let pick = |env: &str, name: &str| {
+            std::env::var_os(env)
+                .map(PathBuf::from)
+                .unwrap_or_else(|| dir.join(name))
+        };
+        Binaries {
+            k8s_sync: pick("JUNEAU_K8S_SYNC", "juneau-k8s-sync"),
+            bgp: pick("JUNEAU_BGP", "juneau-bgp"),
+        }
+    }
+}
+
+/// What is missing for the convergence measurement (nothing is installed).
+pub fn missing(bins: &Binaries) -> Vec<crate::prereq::Missing> {
+    let mut m = Vec::new();
+    let mut need = |ok: bool, what: String, fix: &str| {
+        if !ok {
+            m.push(crate::prereq::Missing {
+                what,
+                fix: fix.into(),
+            })
+        }
+    };
+    need(
+        bins.k8s_sync.exists(),
+        format!("juneau-k8s-sync at {}", bins.k8s_sync.display()),
+        "cargo build --release -p juneau-k8s-sync (or --k8s-sync PATH / $JUNEAU_K8S_SYNC)",
+    );
+    need(
+        bins.bgp.exists(),
+        format!("juneau-bgp at {}", bins.bgp.display()),
+        "cargo build --release -p juneau-bgp (or --bgp PATH / $JUNEAU_BGP)",
+    );
+    need(
+        Path::new("/usr/sbin/bird").exists(),
+        "BIRD 2 (/usr/sbin/bird)".into(),
+        "apt-get install bird2",
+    );
+    need(
+        Command::new("kubectl")
+            .arg("version")
+            .arg("--client")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false),
+        "`kubectl`".into(),
+        "install kubectl (tests/setup.sh)",
+    );
+    if let Err(e) = juneau_tests::kube::binaries_dir() {
+        need(false, "etcd / kube-apiserver".into(), &format!("{e:#}"));
+    }
+    m
+}
+
+/// A host process killed and reaped on drop.
+struct HostProc(Child);
+
+impl Drop for HostProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl HostProc {
+    fn check(&mut self, name: &str, log: &Path) -> Result<()> {
+        if let Some(st) = self.0.try_wait()? {
+            bail!(
+                "{name} exited ({st}); log {}:\n{}",
+                log.display(),
+                tail(log)
+            );
+        }
+        Ok(())
+    }
+}
+
+fn tail(p: &Path) -> String {
+    let t = std::fs::read_to_string(p).unwrap_or_default();
+    let l: Vec<&str> = t.lines().collect();
+    l[l.len().saturating_sub(30)..].join("\n")
+}
+
+/// A connection to BIRD's control socket (what `birdc` speaks).
+struct Birdc {
+    r: BufReader<UnixStream>,
+    w: UnixStream,
+}
+
+impl Birdc {
+    fn connect(path: &Path) -> Result<Birdc> {
+        let w =
+            UnixStream::connect(path).with_context(|| format!("connecting {}", path.display()))?;
+        w.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut b = Birdc {
+            r: BufReader::new(w.try_clone()?),
+            w,
+        };
+        b.read_reply()?; // "0001 BIRD 2.x ready."
+        Ok(b)
+    }
+
+    /// Reads lines until the reply's last line (code 0xxx, 8xxx or 9xxx followed by a space).
+    fn read_reply(&mut self) -> Result<String> {
+        let mut out = String::new();
+        loop {
+            let mut line = String::new();
+            if self.r.read_line(&mut line)? == 0 {
+                bail!("BIRD closed its control socket");
+            }
+            out.push_str(&line);
+            let b = line.as_bytes();
+            if b.len() >= 5
+                && b[..4].iter().all(u8::is_ascii_digit)
+                && b[4] == b' '
+                && matches!(b[0], b'0' | b'8' | b'9')
+            {
+                return Ok(out);
+            }
+        }
+    }
+
+    fn cmd(&mut self, c: &str) -> Result<String> {
+        self.w.write_all(format!("{c}\n").as_bytes())?;
+        self.read_reply()
+    }
+
+    fn has_route(&mut self, vip: Ipv4Addr) -> Result<bool> {
+        let p = format!("{vip}/32");
+        let r = self.cmd(&format!("show route {p}"))?;
+        Ok(r.contains(&p))
+    }
+}
+
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    let start = Instant::now();
+    let mut last = String::new();
+    loop {
+        check_interrupt()?;
+        match f() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last = format!("{e:#}"),
+        }
+        if start.elapsed() > SETUP_TIMEOUT {
+            bail!("timed out after {SETUP_TIMEOUT:?} waiting for {what} {last}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn check_interrupt() -> Result<()> {
+    if INTERRUPTED.load(Ordering::Relaxed) {
+        bail!("interrupted (Ctrl-C): cleaning up");
+    }
+    Ok(())
+}
+
+fn slice_patch(ready: bool) -> serde_json::Value {
+    serde_json::json!({"endpoints": [{
+        "addresses": ["10.244.0.10"], "nodeName": NODE,
+        "conditions": {"ready": ready, "serving": ready, "terminating": false}
+    }]})
+}
+
+fn advertised(r: &mut NodeStateReader, vip: Ipv4Addr) -> Result<bool> {
+    Ok(r.snapshot()?.state.advertised.iter().any(|a| a.vip == vip))
+}
+
+/// Runs the set-up, `reps` withdraw/announce cycles, and returns the distributions.
+/// `say` prints progress.
+pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<ConvergenceReport> {
+    let m = missing(bins);
+    if !m.is_empty() {
+        bail!(
+            "missing: {}",
+            m.iter()
+                .map(|m| format!("{} ({})", m.what, m.fix))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    say("convergence: starting etcd + kube-apiserver".into());
+    let k = KubeCluster::start()?;
+    k.apply_yaml(CRDS)?;
+    k.kubectl(&["create", "namespace", "juneau-system"])?;
+    k.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/addresspools.juneau.loutres.me",
+        "crd/externalnetworks.juneau.loutres.me",
+        "crd/serviceloadbalancers.juneau.loutres.me",
+        "crd/bgppeers.juneau.loutres.me",
+        "crd/bgpadvertisements.juneau.loutres.me",
+    ])?;
+
+    // Namespaces: node <p>n (uplink 10.0.1.2) <-> router <p>r (d0 10.0.1.1).
+    let prefix = unique_prefix("cvg");
+    let router = Netns::new(format!("{prefix}r"))?;
+    let node = Netns::new(format!("{prefix}n"))?;
+    veth(&node, "uplink", &router, "d0")?;
+    node.addr("uplink", &format!("{NODE_ADDR}/24"))?;
+    router.addr("d0", &format!("{ROUTER_ADDR}/24"))?;
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("{prefix}-"))
+        .tempdir()?;
+    let d = dir.path();
+
+    let bird_conf = d.join("bird.conf");
+    std::fs::write(
+        &bird_conf,
+        format!(
+            "log stderr all;\nrouter id {ROUTER_ADDR};\nprotocol device {{ scan time 10; }}\n\
+             protocol bgp juneau {{\n local {ROUTER_ADDR} as 65000;\n neighbor {NODE_ADDR} as 65001;\n \
+             hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
+             ipv4 {{ import all; export none; }};\n}}\n"
+        ),
+    )?;
+    let ctl = d.join("bird.ctl");
+    let bird_log = d.join("bird.log");
+    let _bird: NsChild = router.spawn_logged(
+        &[
+            "/usr/sbin/bird",
+            "-f",
+            "-c",
+            bird_conf.to_str().unwrap(),
+            "-s",
+            ctl.to_str().unwrap(),
+            "-P",
+            d.join("bird.pid").to_str().unwrap(),
+        ],
+        &bird_log,
+    )?;
+    eventually("BIRD's control socket", || Ok(ctl.exists().then_some(())))?;
+
+    // Kubernetes objects: node-a (InternalIP = its BGP router id), network, peer,
+    // advertisement, a Service and its EndpointSlice with one ready endpoint on node-a.
+    k.apply_yaml(&format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {NODE}\n  labels: {{kubernetes.io/hostname: {NODE}}}\n"
+    ))?;
+    k.kubectl(&[
+        "patch",
+        "node",
+        NODE,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &format!(
+            r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{NODE_ADDR}"}}]}}}}"#
+        ),
+    ])?;
+    k.apply_yaml(&format!(
+        "apiVersion: juneau.loutres.me/v1alpha1\nkind: AddressPool\nmetadata: {{name: perf}}\n\
+         spec: {{advertiseMode: bgp, addresses: [203.0.113.0/24]}}\n---\n\
+         apiVersion: juneau.loutres.me/v1alpha1\nkind: ExternalNetwork\nmetadata: {{name: perf}}\n\
+         spec: {{type: bgp, addressPools: [perf]}}\n---\n\
+         apiVersion: juneau.loutres.me/v1alpha1\nkind: BGPAdvertisement\nmetadata: {{name: perf}}\n\
+         spec: {{addressPools: [perf]}}\n---\n\
+         apiVersion: juneau.loutres.me/v1alpha1\nkind: BGPPeer\nmetadata: {{name: router}}\n\
+         spec: {{peerAddress: {ROUTER_ADDR}, peerASN: 65000, localASN: 65001, holdTimeSeconds: 9, connectRetrySeconds: 1}}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: default\n  annotations:\n    \
+         juneau.loutres.me/load-balancer-external-network: perf\nspec:\n  type: LoadBalancer\n  \
+         loadBalancerClass: juneau.loutres.me/load-balancer\n  externalTrafficPolicy: Local\n  \
+         selector: {{app: web}}\n  ports:\n  - {{name: http, protocol: TCP, port: 80, targetPort: 8080}}\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {SLICE}\n  namespace: default\n  \
+         labels: {{kubernetes.io/service-name: web, endpointslice.kubernetes.io/managed-by: juneau-perf}}\n\
+         addressType: IPv4\nports:\n- {{name: http, protocol: TCP, port: 8080}}\nendpoints:\n\
+         - addresses: [\"10.244.0.10\"]\n  nodeName: {NODE}\n  conditions: {{ready: true, serving: true, terminating: false}}\n"
+    ))?;
+
+    // The real daemons: controller and agent on the host (admin kubeconfig), juneau-bgp
+    // in the node namespace.
+    let state = d.join(format!("{NODE}.state"));
+    let spawn_host = |name: &str, args: &[&str]| -> Result<(HostProc, PathBuf)> {
+        let log = d.join(format!("{name}.log"));
+        let f = std::fs::File::create(&log)?;
+        let c = Command::new(&bins.k8s_sync)
+            .args(args)
+            .env("KUBECONFIG", k.kubeconfig())
+            .env("RUST_LOG", "info")
+            .env_remove("POD_NAMESPACE")
+            .env_remove("POD_NAME")
+            .env_remove("NODE_NAME")
+            .stdin(Stdio::null())
+            .stdout(f.try_clone()?)
+            .stderr(f)
+            .spawn()
+            .with_context(|| format!("starting {}", bins.k8s_sync.display()))?;
+        Ok((HostProc(c), log))
+    };
+    let (mut controller, controller_log) = spawn_host(
+        "controller",
+        &[
+            "controller",
+            "--namespace",
+            "juneau-system",
+            "--identity",
+            "perf",
+            "--lease-duration",
+            "6",
+        ],
+    )?;
+    let (mut agent, agent_log) = spawn_host(
+        "agent",
+        &[
+            "agent",
+            "--node",
+            NODE,
+            "--state-file",
+            state.to_str().unwrap(),
+            "--namespace",
+            "juneau-system",
+        ],
+    )?;
+    let bgp_log = d.join("juneau-bgp.log");
+    let _bgp: NsChild = node.spawn_logged(
+        &[
+            bins.bgp.to_str().unwrap(),
+            "--state-file",
+            state.to_str().unwrap(),
+            "--status-file",
+            d.join("bgp.status.json").to_str().unwrap(),
+            "--listen",
+            "0.0.0.0:179",
+        ],
+        &bgp_log,
+    )?;
+
+    say("convergence: waiting for the VIP in shared memory and at BIRD".into());
+    let vip = eventually("the agent to advertise the Service's VIP", || {
+        controller.check("juneau-k8s-sync controller", &controller_log)?;
+        agent.check("juneau-k8s-sync agent", &agent_log)?;
+        if !state.exists() {
+            return Ok(None);
+        }
+        let mut r = NodeStateReader::open(&state)?;
+        Ok(r.snapshot()?.state.advertised.first().map(|a| a.vip))
+    })?;
+    let mut birdc = Birdc::connect(&ctl)?;
+    eventually("BIRD to have the VIP's /32 from juneau-bgp", || {
+        Ok(birdc.has_route(vip)?.then_some(()))
+    })
+    .with_context(|| {
+        format!(
+            "juneau-bgp log:\n{}\nBIRD log:\n{}",
+            tail(&bgp_log),
+            tail(&bird_log)
+        )
+    })?;
+    // Cost of one query, for the resolution statement.
+    let mut q = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        birdc.has_route(vip)?;
+        q.push(t.elapsed());
+    }
+    q.sort();
+    let query_p50 = q[q.len() / 2];
+
+    // The timed writes go over one kept-alive HTTPS connection.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let api: kube::Api<k8s_openapi::api::discovery::v1::EndpointSlice> = rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(k.kubeconfig())?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        let client = kube::Client::try_from(cfg)?;
+        anyhow::Ok(kube::Api::namespaced(client, "default"))
+    })?;
+    rt.block_on(api.get(SLICE))
+        .context("reading the EndpointSlice")?;
+
+    let mut reader = NodeStateReader::open(&state)?;
+    let (mut shm_w, mut shm_a, mut bird_w, mut bird_a, mut write_rtt) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for rep in 0..reps {
+        for ready in [false, true] {
+            check_interrupt()?;
+            controller.check("juneau-k8s-sync controller", &controller_log)?;
+            agent.check("juneau-k8s-sync agent", &agent_log)?;
+            let barrier = Arc::new(Barrier::new(3));
+            let seen = reader.generation();
+            let (t0, rtt, t_shm, t_bird) = std::thread::scope(|s| -> Result<_> {
+                let b1 = barrier.clone();
+                let rd = &mut reader;
+                let shm = s.spawn(move || -> Result<Instant> {
+                    let mut g = seen;
+                    b1.wait();
+                    let deadline = Instant::now() + STEP_TIMEOUT;
+                    loop {
+                        let ng = rd.wait_change(g, deadline.saturating_duration_since(Instant::now()));
+                        let t = Instant::now();
+                        if ng != g {
+                            g = ng;
+                            if advertised(rd, vip)? == ready {
+                                return Ok(t);
+                            }
+                        }
+                        if Instant::now() >= deadline {
+                            bail!("shared memory did not change to advertised={ready} within {STEP_TIMEOUT:?}");
+                        }
+                    }
+                });
+                let b2 = barrier.clone();
+                let bc = &mut birdc;
+                let bird = s.spawn(move || -> Result<Instant> {
+                    b2.wait();
+                    let deadline = Instant::now() + STEP_TIMEOUT;
+                    loop {
+                        let t = Instant::now();
+                        if bc.has_route(vip)? == ready {
+                            return Ok(t);
+                        }
+                        if t >= deadline {
+                            bail!("BIRD did not change to route={ready} within {STEP_TIMEOUT:?}");
+                        }
+                        std::thread::sleep(BIRD_POLL);
+                    }
+                });
+                barrier.wait();
+                let t0 = Instant::now();
+                rt.block_on(api.patch(
+                    SLICE,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(slice_patch(ready)),
+                ))
+                .context("patching the EndpointSlice")?;
+                let rtt = t0.elapsed();
+                let t_shm = shm.join().expect("shm watcher")?;
+                let t_bird = bird.join().expect("BIRD watcher")?;
+                Ok((t0, rtt, t_shm, t_bird))
+            })
+            .with_context(|| {
+                format!(
+                    "repetition {rep} (ready={ready}); agent log:\n{}\njuneau-bgp log:\n{}",
+                    tail(&agent_log),
+                    tail(&bgp_log)
+                )
+            })?;
+            let (a, b) = (t_shm - t0, t_bird.saturating_duration_since(t0));
+            write_rtt.push(rtt);
+            if ready {
+                shm_a.push(a);
+                bird_a.push(b);
+            } else {
+                shm_w.push(a);
+                bird_w.push(b);
+            }
+            // Let BIRD, the agent and the apiserver settle before the next change.
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        say(format!(
+            "convergence: repetition {}/{reps}: withdraw shm {:.1} ms BIRD {:.1} ms, announce shm {:.1} ms BIRD {:.1} ms",
+            rep + 1,
+            shm_w.last().unwrap().as_secs_f64() * 1e3,
+            bird_w.last().unwrap().as_secs_f64() * 1e3,
+            shm_a.last().unwrap().as_secs_f64() * 1e3,
+            bird_a.last().unwrap().as_secs_f64() * 1e3,
+        ));
+    }
+    Ok(ConvergenceReport {
+        status: "measured".into(),
+        repetitions: reps,
+        bird_poll_interval_ms: BIRD_POLL.as_secs_f64() * 1e3,
+        bird_query_p50_ms: query_p50.as_secs_f64() * 1e3,
+        setup: format!(
+            "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent --node {NODE} (admin kubeconfig), \
+             juneau-bgp in a node netns peering eBGP with BIRD 2 in a router netns; one Service, one endpoint \
+             toggled ready=false (withdraw) / ready=true (announce); t0 = just before the PATCH is sent",
+            juneau_tests::kube::kubernetes_version()
+        ),
+        series: vec![
+            Series::from_samples("withdraw: apiserver -> shared memory", &shm_w),
+            Series::from_samples("withdraw: apiserver -> BIRD", &bird_w),
+            Series::from_samples("announce: apiserver -> shared memory", &shm_a),
+            Series::from_samples("announce: apiserver -> BIRD", &bird_a),
+            Series::from_samples("PATCH round trip (t0 -> response)", &write_rtt),
+        ],
+    })
+}
+
+/// Expected duration of a measurement of `reps` repetitions (cluster start, session
+/// set-up, then ~1 s per repetition).
+pub fn expected(reps: u32) -> Duration {
+    Duration::from_secs(40) + Duration::from_millis(1200) * reps
+}
