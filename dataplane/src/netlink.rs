@@ -22,6 +22,7 @@ const NLMSG_DONE: u16 = 3;
 const RTM_NEWROUTE: u16 = 24;
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWNEIGH: u16 = 28;
+const RTM_DELNEIGH: u16 = 29;
 const RTM_GETNEIGH: u16 = 30;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
@@ -276,6 +277,21 @@ impl Netlink {
         self.recv_all(seq, |_, _| {})
     }
 
+    /// Removes the kernel's neighbour entry for `ip` on `ifindex` (an error if there is
+    /// none). Used before re-resolving a backend address that just (re)appeared: a new
+    /// Pod may reuse the address of a deleted one, and the old entry — still REACHABLE or
+    /// STALE with the old Pod's MAC — would black-hole its traffic until it ages out.
+    pub fn forget_neighbour(&mut self, ip: u32, ifindex: u32) -> io::Result<()> {
+        let mut p = [0u8; 20];
+        p[0] = libc::AF_INET as u8;
+        p[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+        p[12..14].copy_from_slice(&8u16.to_ne_bytes());
+        p[14..16].copy_from_slice(&NDA_DST.to_ne_bytes());
+        p[16..20].copy_from_slice(&ip.to_be_bytes());
+        let seq = self.send(RTM_DELNEIGH, NLM_F_REQUEST | NLM_F_ACK, &p)?;
+        self.recv_all(seq, |_, _| {})
+    }
+
     /// A fresh [`Neighbours`] for these interfaces from the kernel's tables.
     pub fn snapshot(&mut self, uplink: Iface, pods: &[Iface]) -> io::Result<Neighbours> {
         let routes = self.routes()?;
@@ -447,6 +463,10 @@ pub struct SharedNeighbours {
     table: Mutex<Arc<Neighbours>>,
     /// Resolution requests sent to the kernel.
     pub requests: AtomicU64,
+    /// Backend next hops that just appeared in the service table: their kernel entries
+    /// are dropped and re-resolved (see [`Netlink::forget_neighbour`]). Filled by the
+    /// forwarding loop (then it wakes the resolver), drained by the resolver.
+    pub reverify: Mutex<Vec<(u32, u32)>>,
 }
 
 impl SharedNeighbours {
@@ -456,6 +476,7 @@ impl SharedNeighbours {
             version: AtomicU64::new(1),
             table: Mutex::new(Arc::new(n)),
             requests: AtomicU64::new(0),
+            reverify: Mutex::new(Vec::new()),
         }
     }
 
@@ -512,6 +533,10 @@ pub fn run_resolver(
                 let now = Instant::now();
                 last_request.retain(|_, t| now.duration_since(*t) < Duration::from_secs(1));
                 let mut asked = false;
+                for k in reverify_new_backends(&mut nl, &shared) {
+                    asked = true;
+                    last_request.insert(k, now);
+                }
                 for (ip, ifindex) in pending {
                     // (0, 0) only asks for a refresh (the backend set changed).
                     if ip == 0 && ifindex == 0 {
@@ -538,7 +563,13 @@ pub fn run_resolver(
                     refresh(&mut nl, &mut current);
                 }
             }
-            Err(RecvTimeoutError::Timeout) => refresh(&mut nl, &mut current),
+            Err(RecvTimeoutError::Timeout) => {
+                // In case the wake-up was lost (full channel).
+                if !reverify_new_backends(&mut nl, &shared).is_empty() {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                refresh(&mut nl, &mut current)
+            }
             Err(RecvTimeoutError::Disconnected) => return,
         }
         if last_keepalive.elapsed() >= keepalive {
@@ -550,6 +581,22 @@ pub fn run_resolver(
             }
         }
     }
+}
+
+/// Drops and re-resolves the kernel entries of backends new to the service table
+/// ([`SharedNeighbours::reverify`]); returns the next hops asked for.
+fn reverify_new_backends(nl: &mut Netlink, shared: &SharedNeighbours) -> Vec<(u32, u32)> {
+    let list = std::mem::take(&mut *shared.reverify.lock().unwrap_or_else(|p| p.into_inner()));
+    for &(ip, ifindex) in &list {
+        // No entry is fine: there is nothing stale to forget.
+        let _ = nl.forget_neighbour(ip, ifindex);
+        shared.requests.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(backend = %Ipv4Addr::from(ip), ifindex, "re-resolving a new backend");
+        if let Err(e) = nl.request_resolution(ip, ifindex) {
+            tracing::warn!(backend = %Ipv4Addr::from(ip), error = %e, "neighbour resolution request failed");
+        }
+    }
+    list
 }
 
 /// A sender for misses that never blocks the packet path (drops requests when full).

@@ -661,6 +661,8 @@ fn forward_loop(
 
     let mut reader = open_state(&cfg.state_file);
     let mut seen_generation = 0u64;
+    // Backend addresses of the table in force (to spot new ones).
+    let mut known_backends: std::collections::HashSet<u32> = Default::default();
     let mut last_open_try = Instant::now();
 
     let start = Instant::now();
@@ -718,13 +720,37 @@ fn forward_loop(
                             *b.lock().unwrap_or_else(|p| p.into_inner()) = ips;
                             let _ = miss_tx.try_send((0, 0));
                         }
-                        // Start resolving new backends now rather than on their first packet.
+                        // Start resolving new backends now rather than on their first
+                        // packet. A backend address new to the table is re-resolved even
+                        // when the kernel has an entry: a new Pod may reuse the address
+                        // (and not the MAC) of a deleted one.
+                        let mut reverify = Vec::new();
+                        let mut now_backends = std::collections::HashSet::new();
                         for s in table.services() {
                             for b in &s.backends {
-                                if let Resolve::Miss { ip, ifindex } = nb.resolve(u32::from(b.ip)) {
+                                let ip = u32::from(b.ip);
+                                now_backends.insert(ip);
+                                if !known_backends.contains(&ip) {
+                                    if let Some(r) = nb.route(ip) {
+                                        if matches!(nb.side_of(r.ifindex), Some((Side::Pod(_), _)))
+                                        {
+                                            reverify.push((r.gateway.unwrap_or(ip), r.ifindex));
+                                        }
+                                    }
+                                }
+                                if let Resolve::Miss { ip, ifindex } = nb.resolve(ip) {
                                     let _ = miss_tx.try_send((ip, ifindex));
                                 }
                             }
+                        }
+                        known_backends = now_backends;
+                        if !reverify.is_empty() {
+                            shared
+                                .reverify
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .extend(reverify);
+                            let _ = miss_tx.try_send((0, 0));
                         }
                         engine.set_services(table);
                         seen_generation = g;
