@@ -337,7 +337,7 @@ impl Engine {
     /// Processes one frame that arrived on `ingress`. On [`Verdict::Tx`] the frame has
     /// been rewritten; otherwise it is unchanged. Inlined into the caller's loop: the
     /// established-flow path is short and the general path is a call.
-    #[inline]
+    #[inline(always)]
     pub fn process(
         &mut self,
         frame: &mut [u8],
