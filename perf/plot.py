@@ -118,6 +118,7 @@ if conv and conv.get("series"):
                 label=f'{s["name"]} (p50 {s["p50_ms"]:.1f} ms)')
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("ms after the EndpointSlice PATCH was sent")
     ax.set_ylabel("fraction of changes")
     ax.set_title(f'control-plane convergence, {conv["repetitions"]} repetitions')

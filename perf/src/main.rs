@@ -304,13 +304,12 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     let with_juneau = plan.scenarios.contains(&Scenario::Juneau);
     let cost = !args.no_cost;
     let mut missing = prereq::check(with_juneau.then_some(plan.dataplane.as_path()), cost);
-    // `smoke` leaves convergence to its own CI test unless --convergence-reps is given.
-    let conv_reps = match (args.no_convergence, smoke, args.convergence_reps) {
-        (true, _, _) => None,
-        (false, true, r) => r,
-        (false, false, r) => Some(r.unwrap_or(30)),
-    }
-    .map(|r| r.max(1));
+    // Convergence: 30 repetitions in `run`, 3 in `smoke` (~10 s more).
+    let conv_reps = (!args.no_convergence).then(|| {
+        args.convergence_reps
+            .unwrap_or(if smoke { 3 } else { 30 })
+            .max(1)
+    });
     let conv_bins = convergence_binaries(args)?;
     if conv_reps.is_some() {
         missing.extend(convergence::missing(&conv_bins));
@@ -375,8 +374,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
             "dataplane": dataplane_source,
             "packet_bytes": 64,
         }),
-        convergence: "Not measured in this run (`juneau-perf convergence`, or --convergence-reps N with smoke)."
-            .into(),
+        convergence: "Not measured in this run (--no-convergence).".into(),
         ..Default::default()
     };
     if !with_juneau {
@@ -445,7 +443,10 @@ fn main() -> Result<()> {
         Cmd::Convergence(a) => convergence_only(&a),
         Cmd::Check(a) => {
             let plan = plan_for(&a, false)?;
-            let missing = prereq::check(Some(&plan.dataplane), !a.no_cost);
+            let mut missing = prereq::check(Some(&plan.dataplane), !a.no_cost);
+            if !a.no_convergence {
+                missing.extend(convergence::missing(&convergence_binaries(&a)?));
+            }
             for m in &missing {
                 println!("missing: {}: {}", m.what, m.fix);
             }

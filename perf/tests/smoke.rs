@@ -1,12 +1,15 @@
 //! CI test of the benchmark harness: `juneau-perf smoke` (very short durations, one run
 //! per scenario) must run every scenario end to end — including the real juneau-dataplane
 //! fed by a real NodeStateWriter — and write the report, the plots and the cost figures,
-//! then leave no namespace behind; Ctrl-C in the middle must clean up too.
+//! measure control-plane convergence (3 repetitions against a real kube-apiserver, the
+//! real juneau-k8s-sync and juneau-bgp, and BIRD 2), then leave no namespace or process
+//! behind; Ctrl-C in the middle (of the traffic part and of convergence) must clean up too.
 //!
 //! No assertion is about speed (shared noisy machine): only that each part delivered
 //! packets and produced its output. Needs root, iproute2, nftables, ethtool, valgrind,
-//! python3-matplotlib (tests/setup/apt-packages.txt); a missing one fails the test with
-//! the harness's own list of what is missing.
+//! python3-matplotlib, bird2, kubectl (tests/setup/apt-packages.txt, tests/setup.sh) and
+//! etcd + kube-apiserver (tests/k8s/build.sh); a missing one fails the test with the
+//! harness's own list of what is missing.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -14,35 +17,58 @@ use std::time::{Duration, Instant};
 
 const PERF: &str = env!("CARGO_BIN_EXE_juneau-perf");
 
-/// Builds juneau-dataplane's binary (same profile as this test) and returns its path.
-fn dataplane_binary() -> PathBuf {
+/// Builds a binary of the workspace (same profile as this test) and returns its path.
+fn workspace_binary(package: &str, bin: &str) -> PathBuf {
     let dir = Path::new(PERF).parent().expect("bin dir");
     let release = dir.ends_with("release");
     let mut cmd = Command::new(env!("CARGO"));
-    cmd.args([
-        "build",
-        "-p",
-        "juneau-dataplane",
-        "--bin",
-        "juneau-dataplane",
-    ]);
+    cmd.args(["build", "-p", package, "--bin", bin]);
     if release {
         cmd.arg("--release");
     }
     let status = cmd
         .status()
-        .expect("running cargo to build juneau-dataplane");
-    assert!(
-        status.success(),
-        "building juneau-dataplane failed: {status}"
-    );
-    let p = dir.join("juneau-dataplane");
-    assert!(
-        p.exists(),
-        "juneau-dataplane not at {} after building it",
-        p.display()
-    );
+        .unwrap_or_else(|e| panic!("running cargo to build {bin}: {e}"));
+    assert!(status.success(), "building {bin} failed: {status}");
+    let p = dir.join(bin);
+    assert!(p.exists(), "{bin} not at {} after building it", p.display());
     p
+}
+
+fn dataplane_binary() -> PathBuf {
+    workspace_binary("juneau-dataplane", "juneau-dataplane")
+}
+
+/// `--k8s-sync PATH --bgp PATH` for the convergence measurement.
+fn control_plane_args() -> Vec<std::ffi::OsString> {
+    vec![
+        "--k8s-sync".into(),
+        workspace_binary("juneau-k8s-sync", "juneau-k8s-sync").into(),
+        "--bgp".into(),
+        workspace_binary("juneau-bgp", "juneau-bgp").into(),
+    ]
+}
+
+/// Processes still running whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        if !e
+            .file_name()
+            .to_string_lossy()
+            .chars()
+            .all(|c| c.is_ascii_digit())
+        {
+            continue;
+        }
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            let c = String::from_utf8_lossy(&c).replace('\0', " ");
+            if c.contains(needle) {
+                v.push(c);
+            }
+        }
+    }
+    v
 }
 
 fn netns_with_prefix(prefix: &str) -> Vec<String> {
@@ -71,6 +97,7 @@ fn is_png(p: &Path) -> bool {
 #[test]
 fn smoke_runs_every_scenario_and_writes_the_report() {
     let dp = dataplane_binary();
+    let cp = control_plane_args();
     let out = std::env::temp_dir().join(format!("juneau-perf-smoke-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let child = Command::new(PERF)
@@ -78,6 +105,7 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
         .arg(&out)
         .arg("--dataplane")
         .arg(&dp)
+        .args(&cp)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -99,6 +127,18 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
         netns_with_prefix(&prefix_of(pid)).is_empty(),
         "namespaces left behind: {:?}",
         netns_with_prefix(&prefix_of(pid))
+    );
+    let cvg = format!("jcvg{}", pid % 100_000);
+    assert!(
+        netns_with_prefix(&cvg).is_empty(),
+        "convergence namespaces left behind: {:?}",
+        netns_with_prefix(&cvg)
+    );
+    let kube_dir = format!("juneau-kube-{pid}-");
+    assert!(
+        processes_mentioning(&kube_dir).is_empty(),
+        "etcd/kube-apiserver left running: {:?}",
+        processes_mentioning(&kube_dir)
     );
 
     let report: serde_json::Value =
@@ -155,12 +195,45 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
             "cost {k} not measured: {cost:#}"
         );
     }
+    // Convergence: 3 withdraw/announce cycles seen in shared memory and at BIRD.
+    let conv = &report["convergence_results"];
+    let series = conv["series"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no convergence: {:#}", report["convergence"]));
+    for name in [
+        "withdraw: apiserver -> shared memory",
+        "withdraw: apiserver -> BIRD",
+        "announce: apiserver -> shared memory",
+        "announce: apiserver -> BIRD",
+    ] {
+        let s = series
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("convergence series {name} missing: {conv:#}"));
+        assert_eq!(s["count"], 3, "{name}: {s}");
+        assert_eq!(
+            s["samples_ms"].as_array().map(|a| a.len()),
+            Some(3),
+            "{name}"
+        );
+        assert!(s["max_ms"].as_f64().unwrap() >= s["p50_ms"].as_f64().unwrap());
+        assert!(s["min_ms"].as_f64().unwrap() > 0.0, "{name}: {s}");
+    }
     let md = std::fs::read_to_string(out.join("report.md")).expect("report.md");
+    assert!(
+        md.contains("| announce: apiserver -> BIRD | 3 |"),
+        "convergence table missing from report.md:\n{md}"
+    );
     assert!(
         md.contains("| juneau |") && md.contains("juneau / nft-dnat"),
         "report.md:\n{md}"
     );
-    for png in ["throughput.png", "flow_scale.png", "latency.png"] {
+    for png in [
+        "throughput.png",
+        "flow_scale.png",
+        "latency.png",
+        "convergence.png",
+    ] {
         assert!(is_png(&out.join(png)), "{png} missing or not a PNG");
     }
     let _ = std::fs::remove_dir_all(&out);
@@ -170,7 +243,14 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
 fn ctrl_c_removes_the_namespaces() {
     let out = std::env::temp_dir().join(format!("juneau-perf-int-{}", std::process::id()));
     let mut child = Command::new(PERF)
-        .args(["smoke", "--no-cost", "--scenarios", "nft-dnat", "--out"])
+        .args([
+            "smoke",
+            "--no-cost",
+            "--no-convergence",
+            "--scenarios",
+            "nft-dnat",
+            "--out",
+        ])
         .arg(&out)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -209,6 +289,70 @@ fn ctrl_c_removes_the_namespaces() {
         netns_with_prefix(&prefix).is_empty(),
         "namespaces left behind after Ctrl-C: {:?}",
         netns_with_prefix(&prefix)
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn ctrl_c_during_convergence_stops_everything() {
+    let cp = control_plane_args();
+    let out = std::env::temp_dir().join(format!("juneau-perf-cvg-int-{}", std::process::id()));
+    let mut child = Command::new(PERF)
+        .args(["convergence", "--convergence-reps", "100000", "--out"])
+        .arg(&out)
+        .args(&cp)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting juneau-perf convergence");
+    let pid = child.id();
+    let prefix = format!("jcvg{}", pid % 100_000);
+    let start = Instant::now();
+    while netns_with_prefix(&prefix).is_empty() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "juneau-perf convergence exited before building its namespaces"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "no namespace {prefix}* appeared"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Let the daemons come up (or the repetitions start), then interrupt.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(child.try_wait().unwrap().is_none(), "exited early");
+    // SAFETY: sending SIGINT to our own child process.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "juneau-perf did not stop after Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !child.wait().unwrap().success(),
+        "an interrupted run must not report success"
+    );
+    assert!(
+        netns_with_prefix(&prefix).is_empty(),
+        "namespaces left behind after Ctrl-C: {:?}",
+        netns_with_prefix(&prefix)
+    );
+    let kube_dir = format!("juneau-kube-{pid}-");
+    assert!(
+        processes_mentioning(&kube_dir).is_empty(),
+        "etcd/kube-apiserver left running after Ctrl-C: {:?}",
+        processes_mentioning(&kube_dir)
+    );
+    let staged = out.join("bin");
+    assert!(
+        processes_mentioning(staged.to_str().unwrap()).is_empty(),
+        "juneau-k8s-sync / juneau-bgp left running after Ctrl-C: {:?}",
+        processes_mentioning(staged.to_str().unwrap())
     );
     let _ = std::fs::remove_dir_all(&out);
 }
