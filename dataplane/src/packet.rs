@@ -307,17 +307,20 @@ pub fn parse_fast(frame: &[u8]) -> Option<FastView> {
     if usize::from(total) > frame.len() - ETH_HEADER_LEN {
         return None;
     }
-    let l4_len = total.checked_sub(20)?;
+    // Wraps when total < 20; each protocol's check below rejects those frames first
+    // (the UDP check in 32 bits, the TCP one on `total`), so a returned `l4_len` is
+    // always total − 20 ≥ 8.
+    let l4_len = total.wrapping_sub(20);
     let protocol = h[23];
     let tcp_flags = if protocol == IPPROTO_UDP {
-        // 8 ≤ udp_len ≤ l4_len also gives l4_len ≥ 8.
+        // 8 ≤ udp_len and udp_len + 20 ≤ total: total ≥ 28, udp_len ≤ l4_len.
         let udp_len = u16::from_be_bytes([h[38], h[39]]);
-        if udp_len < 8 || udp_len > l4_len {
+        if udp_len < 8 || u32::from(udp_len) + 20 > u32::from(total) {
             return None;
         }
         0
     } else if protocol == IPPROTO_TCP {
-        if l4_len < 20 {
+        if total < 40 {
             return None;
         }
         // total ≥ 40, so the frame holds the 20-byte TCP header.
