@@ -350,22 +350,38 @@ impl Engine {
             if nb.stamp() != self.rewrites_stamp {
                 self.prepare(nb);
             }
-            if let Some(p) = packet::parse_fast(frame) {
-                if p.ttl > 1 {
-                    let tcp = p.protocol == packet::IPPROTO_TCP;
-                    let done = match (ingress, tcp) {
-                        (Side::Uplink, true) => self.forward_fast::<true>(frame, &p, now_ms),
-                        (Side::Uplink, false) => self.forward_fast::<false>(frame, &p, now_ms),
-                        (Side::Pod(_), true) => self.reverse_fast::<true>(frame, &p, nb, now_ms),
-                        (Side::Pod(_), false) => self.reverse_fast::<false>(frame, &p, nb, now_ms),
-                    };
-                    if let Some(v) = done {
-                        return v;
-                    }
-                }
+            // One protocol test, then a straight line per protocol (no second test).
+            // (Shorter frames are not fast-path frames: `parse_fast` wants 42 bytes.)
+            let proto = if frame.len() >= 42 { frame[23] } else { 0 };
+            let done = match proto {
+                packet::IPPROTO_UDP => self.fast::<false>(frame, ingress, nb, now_ms),
+                packet::IPPROTO_TCP => self.fast::<true>(frame, ingress, nb, now_ms),
+                _ => None,
+            };
+            if let Some(v) = done {
+                return v;
             }
         }
         self.process_general(frame, ingress, nb, now_ms)
+    }
+
+    /// The fast path for one protocol: `None` sends the frame to the general path
+    /// (nothing has been changed then).
+    #[inline(always)]
+    fn fast<const TCP: bool>(
+        &mut self,
+        frame: &mut [u8],
+        ingress: Side,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Option<Verdict> {
+        // TTL > 1 is checked by each path after its (read-only) flow look-up, where the
+        // byte is needed anyway: it is not kept live across the look-up.
+        let p = packet::parse_fast_as::<TCP>(frame)?;
+        match ingress {
+            Side::Uplink => self.forward_fast::<TCP>(frame, &p, now_ms),
+            Side::Pod(_) => self.reverse_fast::<TCP>(frame, &p, nb, now_ms),
+        }
     }
 
     /// Everything but established flows on common frames: full parse and policy.
@@ -449,23 +465,29 @@ impl Engine {
         if f.checked_generation != self.table.generation32() {
             return None;
         }
+        let h: &mut [u8; 42] = (&mut frame[..42]).try_into().ok()?;
+        let ttl = h[22];
+        if ttl <= 1 {
+            return None;
+        }
         let slot = f.slot as usize;
         let side = self.rewrites.get(slot)?.fwd_side?;
         self.flows
             .touch_fast::<TCP>(id, Direction::Forward, p.tcp_flags, now_ms);
         // Disjoint fields: the rewrite data is read while the flow table was written.
         let rw = self.rewrites.get(slot)?;
-        let h: &mut [u8; 42] = (&mut frame[..42]).try_into().ok()?;
         h[..12].copy_from_slice(&rw.fwd_macs);
-        h[22] = h[22].wrapping_sub(1);
+        h[22] = ttl - 1;
         let ipc = u16::from_ne_bytes([h[24], h[25]]);
         h[24..26].copy_from_slice(&packet::csum_apply(ipc, rw.fwd_ip).to_ne_bytes());
         h[30..34].copy_from_slice(&rw.backend);
         h[36..38].copy_from_slice(&rw.backend_port);
-        l4_csum_update::<TCP>(frame, rw.fwd_l4);
         // `rw.service` indexes the table the counters were sized for (set_services).
+        // The two adds sit on either side of the checksum branch: together, LLVM turns
+        // them into a slower vector add (load, shuffle, add, store).
         let c = &mut self.counters.services[rw.service as usize];
         c.packets_in += 1;
+        l4_csum_update::<TCP>(frame, rw.fwd_l4);
         c.bytes_in += frame.len() as u64;
         Some(Verdict::Tx(side))
     }
@@ -484,6 +506,9 @@ impl Engine {
         let id = self.flows.find_live(&p.raw, Direction::Reverse, now_ms)?;
         let f = self.flows.get(id);
         if f.checked_generation != self.table.generation32() {
+            return None;
+        }
+        if frame[22] <= 1 {
             return None;
         }
         let client = f.client;
@@ -859,10 +884,12 @@ fn l4_csum_update<const TCP: bool>(frame: &mut [u8], delta: u16) {
     } else if let Some(c) = frame.get_mut(packet::FAST_UDP_CSUM..packet::FAST_UDP_CSUM + 2) {
         let old = u16::from_ne_bytes([c[0], c[1]]);
         if old != 0 {
-            let v = match packet::csum_apply(old, delta) {
-                0 => 0xffff,
-                v => v,
-            };
+            // `~(~old +' delta)` with 0 sent as 0xffff equals `old +' ~delta` (one's-
+            // complement subtraction, end-around carry): the two agree on every non-zero
+            // value, and for a non-zero `old` the latter never yields 0x0000, so zero
+            // comes out as 0xffff either way. One `not` and one fold, no zero test.
+            let s = u32::from(old) + u32::from(!delta);
+            let v = ((s & 0xffff) + (s >> 16)) as u16;
             c.copy_from_slice(&v.to_ne_bytes());
         }
     }
