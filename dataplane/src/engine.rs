@@ -905,6 +905,40 @@ fn recompute_fast(frame: &mut [u8]) {
 
 #[cfg(test)]
 mod tests {
+    /// The fast path's UDP checksum update (`old +' ~delta`) writes exactly what the
+    /// RFC 1624 form (`~(~old +' delta)`, 0 sent as 0xffff) writes, for every non-zero
+    /// checksum against a spread of deltas (and every delta against a spread of
+    /// checksums).
+    #[test]
+    fn udp_checksum_update_equals_rfc1624_form() {
+        let reference = |old: u16, delta: u16| match crate::packet::csum_apply(old, delta) {
+            0 => 0xffff,
+            v => v,
+        };
+        let check = |old: u16, delta: u16| {
+            let mut f = [0u8; 42];
+            f[40..42].copy_from_slice(&old.to_ne_bytes());
+            super::l4_csum_update::<false>(&mut f, delta);
+            let got = u16::from_ne_bytes([f[40], f[41]]);
+            assert_eq!(
+                got,
+                reference(old, delta),
+                "old {old:#06x} delta {delta:#06x}"
+            );
+        };
+        let some = [0u16, 1, 2, 0x7fff, 0x8000, 0xfffe, 0xffff, 0x1234, 0xedcb];
+        for old in 1..=0xffffu16 {
+            for &d in &some {
+                check(old, d);
+            }
+        }
+        for d in 0..=0xffffu16 {
+            for &old in some.iter().filter(|&&o| o != 0) {
+                check(old, d);
+            }
+        }
+    }
+
     use super::*;
     use crate::neigh::{Iface, Route};
     use crate::packet::tests::{assert_checksums_valid, build, build_with, set_partial_checksum};
