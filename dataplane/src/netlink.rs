@@ -11,7 +11,10 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use crossbeam_queue::ArrayQueue;
 use std::time::{Duration, Instant};
 
 use crate::neigh::{Iface, Neighbours, Route};
@@ -397,7 +400,7 @@ pub struct PodSource {
     /// When set, the backend addresses of the current service table (written by the
     /// forwarding loop on every generation change): the interfaces the kernel routes
     /// them out of are served too.
-    pub from_routes: Option<Arc<Mutex<Vec<u32>>>>,
+    pub from_routes: Option<Arc<ArcSwap<Vec<u32>>>>,
 }
 
 impl PodSource {
@@ -405,7 +408,7 @@ impl PodSource {
     pub fn resolve(&self, uplink: Iface, routes: &[Route]) -> Vec<Iface> {
         let mut pods = self.explicit.clone();
         if let Some(b) = &self.from_routes {
-            let backends = b.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let backends = b.load_full();
             for ifindex in pod_ifindexes_of(routes, &backends, uplink.ifindex) {
                 if pods.iter().any(|p| p.ifindex == ifindex) {
                     continue;
@@ -455,18 +458,24 @@ pub fn iface(name: &str) -> io::Result<Iface> {
     })
 }
 
+/// Backends waiting to be re-resolved; more than this many new backends in one table
+/// change are re-resolved on their first miss instead.
+const REVERIFY_QUEUE: usize = 4096;
+
 /// The neighbour table shared between the resolver thread and the forwarding loop: the
-/// loop checks `version` once per batch and clones the `Arc` only when it changed.
+/// resolver swaps the whole table in (lock-free, `ArcSwap`); the loop checks `version`
+/// once per batch and loads the new `Arc` only when it changed. Neither side ever waits.
 #[derive(Debug)]
 pub struct SharedNeighbours {
     version: AtomicU64,
-    table: Mutex<Arc<Neighbours>>,
+    table: ArcSwap<Neighbours>,
     /// Resolution requests sent to the kernel.
     pub requests: AtomicU64,
     /// Backend next hops that just appeared in the service table: their kernel entries
     /// are dropped and re-resolved (see [`Netlink::forget_neighbour`]). Filled by the
     /// forwarding loop (then it wakes the resolver), drained by the resolver.
-    pub reverify: Mutex<Vec<(u32, u32)>>,
+    /// A bounded lock-free queue: the forwarding loop never waits on the resolver.
+    pub reverify: ArrayQueue<(u32, u32)>,
 }
 
 impl SharedNeighbours {
@@ -474,9 +483,9 @@ impl SharedNeighbours {
     pub fn new(n: Neighbours) -> Self {
         SharedNeighbours {
             version: AtomicU64::new(1),
-            table: Mutex::new(Arc::new(n)),
+            table: ArcSwap::from_pointee(n),
             requests: AtomicU64::new(0),
-            reverify: Mutex::new(Vec::new()),
+            reverify: ArrayQueue::new(REVERIFY_QUEUE),
         }
     }
 
@@ -488,11 +497,11 @@ impl SharedNeighbours {
 
     /// The current table.
     pub fn get(&self) -> Arc<Neighbours> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.table.load_full()
     }
 
     fn set(&self, n: Neighbours) {
-        *self.table.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(n);
+        self.table.store(Arc::new(n));
         self.version.fetch_add(1, Ordering::AcqRel);
     }
 }
@@ -586,7 +595,7 @@ pub fn run_resolver(
 /// Drops and re-resolves the kernel entries of backends new to the service table
 /// ([`SharedNeighbours::reverify`]); returns the next hops asked for.
 fn reverify_new_backends(nl: &mut Netlink, shared: &SharedNeighbours) -> Vec<(u32, u32)> {
-    let list = std::mem::take(&mut *shared.reverify.lock().unwrap_or_else(|p| p.into_inner()));
+    let list: Vec<(u32, u32)> = std::iter::from_fn(|| shared.reverify.pop()).collect();
     for &(ip, ifindex) in &list {
         // No entry is fine: there is nothing stale to forget.
         let _ = nl.forget_neighbour(ip, ifindex);

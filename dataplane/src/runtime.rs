@@ -26,6 +26,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, ensure, Context, Result};
+use arc_swap::ArcSwap;
 use juneau_control::shm::NodeStateReader;
 use xsk_rs::config::{
     BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
@@ -298,9 +299,9 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         ));
     }
     let pod_ifaces: Vec<Iface> = pods.iter().map(|p| p.1).collect();
-    let backend_ips: Option<Arc<Mutex<Vec<u32>>>> = cfg
+    let backend_ips: Option<Arc<ArcSwap<Vec<u32>>>> = cfg
         .pod_ifaces_from_routes
-        .then(|| Arc::new(Mutex::new(Vec::new())));
+        .then(|| Arc::new(ArcSwap::from_pointee(Vec::new())));
     let source = PodSource {
         explicit: pod_ifaces.clone(),
         from_routes: backend_ips.clone(),
@@ -478,7 +479,7 @@ struct Io<'a> {
     /// `--pod-iface` interfaces (never detached).
     explicit: Vec<u32>,
     /// Backend addresses handed to the resolver (route discovery on).
-    backend_ips: Option<Arc<Mutex<Vec<u32>>>>,
+    backend_ips: Option<Arc<ArcSwap<Vec<u32>>>>,
 }
 
 impl Io<'_> {
@@ -717,7 +718,7 @@ fn forward_loop(
                                 .collect();
                             ips.sort_unstable();
                             ips.dedup();
-                            *b.lock().unwrap_or_else(|p| p.into_inner()) = ips;
+                            b.store(Arc::new(ips));
                             let _ = miss_tx.try_send((0, 0));
                         }
                         // Start resolving new backends now rather than on their first
@@ -745,11 +746,10 @@ fn forward_loop(
                         }
                         known_backends = now_backends;
                         if !reverify.is_empty() {
-                            shared
-                                .reverify
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .extend(reverify);
+                            for k in reverify {
+                                // Full queue: that backend is resolved on its first miss.
+                                let _ = shared.reverify.push(k);
+                            }
                             let _ = miss_tx.try_send((0, 0));
                         }
                         engine.set_services(table);
