@@ -9,7 +9,7 @@
 # Idempotent: does nothing when every binary is already there (a `.complete` stamp is
 # written last, so an interrupted build is redone). `--print-dir` prints the directory.
 #
-# Cost (2 vCPU, cold Go build cache): see docs/decisions/k8s-infra.md.
+# Cost (2 vCPU, cold Go build cache): see docs/decisions.md (Kubernetes test infrastructure).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
