@@ -1,6 +1,7 @@
 //! Userspace cost of the dataplane's packet path: instructions per packet, counted by
-//! `valgrind --tool=callgrind` on a small bench binary that feeds recorded frames to the
-//! dataplane's pure packet-processing function (stable on noisy shared machines).
+//! `valgrind --tool=callgrind` on a small bench binary (`juneau-perf-cost`) that feeds
+//! recorded frames to the dataplane's pure packet-processing function inlined into a
+//! packet loop, net of that loop (stable on noisy shared machines).
 
 use std::path::Path;
 use std::process::Command;
@@ -13,12 +14,11 @@ use crate::report::Cost;
 /// Time the cost measurement adds to a run (estimate).
 pub const EXPECTED: Duration = Duration::from_secs(30);
 
-/// Instructions counted inside `process_one` for `n` packets of `mode`.
+/// Instructions of the whole program for `n` packets of `mode`.
 fn callgrind_ir(bench: &Path, out_dir: &Path, mode: &str, n: u32) -> Result<u64> {
     let out_file = out_dir.join(format!("callgrind-{mode}-{n}.out"));
     let out = Command::new("valgrind")
         .arg("--tool=callgrind")
-        .arg("--toggle-collect=*process_one*")
         .arg(format!("--callgrind-out-file={}", out_file.display()))
         .arg(bench)
         .arg(mode)
@@ -38,13 +38,7 @@ fn callgrind_ir(bench: &Path, out_dir: &Path, mode: &str, n: u32) -> Result<u64>
         );
     }
     let text = std::fs::read_to_string(&out_file)?;
-    if mode == "established" && n > 1 {
-        // Keep the larger established run for the per-function breakdown.
-        let keep = out_dir.join("callgrind-established.out");
-        let _ = std::fs::rename(&out_file, &keep);
-    } else {
-        let _ = std::fs::remove_file(&out_file);
-    }
+    let _ = std::fs::remove_file(&out_file);
     text.lines()
         .find_map(|l| {
             l.strip_prefix("summary:")
@@ -55,62 +49,27 @@ fn callgrind_ir(bench: &Path, out_dir: &Path, mode: &str, n: u32) -> Result<u64>
 }
 
 /// Instructions per packet of `mode`: the difference between runs of `2n` and `n`
-/// packets, divided by `n` (the set-up packets and program start cancel out).
+/// packets, divided by `n` (program start and the set-up packets cancel out).
 fn per_packet(bench: &Path, out_dir: &Path, mode: &str, n: u32) -> Result<f64> {
     let a = callgrind_ir(bench, out_dir, mode, n)?;
     let b = callgrind_ir(bench, out_dir, mode, 2 * n)?;
     Ok(b.saturating_sub(a) as f64 / f64::from(n))
 }
 
-/// Inclusive instructions per packet of the dataplane's functions in a kept callgrind
-/// profile of `calls` packets (from `callgrind_annotate --inclusive=yes`).
-fn breakdown(profile: &Path, calls: u64) -> Result<Vec<(String, f64)>> {
-    let out = Command::new("callgrind_annotate")
-        .arg("--inclusive=yes")
-        .arg(profile)
-        .output()
-        .context("running callgrind_annotate (package valgrind)")?;
-    if !out.status.success() {
-        bail!(
-            "callgrind_annotate failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let mut rows = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if line.starts_with("-- ") && !rows.is_empty() {
-            break; // the per-source annotations follow the function table
-        }
-        let line = line.trim();
-        let Some((count, rest)) = line.split_once(' ') else {
-            continue;
-        };
-        let Ok(ir) = count.replace(',', "").parse::<u64>() else {
-            continue;
-        };
-        // "(12.3%)  /path/file.rs:function [binary]"
-        let Some(loc) = rest.split(')').nth(1).map(str::trim) else {
-            continue;
-        };
-        let Some((file, func)) = loc.split_once(':') else {
-            continue;
-        };
-        if !file.contains("/dataplane/src/") || func.contains("x)") {
-            continue;
-        }
-        let func = func.split(" [").next().unwrap_or(func).to_string();
-        if rows.iter().any(|(f, _)| *f == func) {
-            continue; // the same function listed again under another file attribution
-        }
-        rows.push((func, ir as f64 / calls as f64));
-        if rows.len() == 12 {
-            break;
-        }
-    }
-    Ok(rows)
+/// Per-packet figures of one measurement, harness loop included.
+struct Gross {
+    established: f64,
+    reply: f64,
+    new: f64,
+    baseline: f64,
+    baseline_new: f64,
 }
 
 /// Measures the cost, or says why it could not.
+///
+/// Measured as `dataplane/examples/engine_cost.rs` measures (docs/dataplane.md): the
+/// engine inlined into a packet loop like the forwarding loop's, whole-program
+/// instruction counts, `(Ir(2N) - Ir(N)) / N`, minus the same figure for the loop alone.
 pub fn measure(bench: &Path, out_dir: &Path, smoke: bool) -> Cost {
     let profile = if cfg!(debug_assertions) {
         "debug (unoptimised: not comparable to the target)"
@@ -118,39 +77,39 @@ pub fn measure(bench: &Path, out_dir: &Path, smoke: bool) -> Cost {
         "release"
     };
     let n = if smoke { 2_000 } else { 20_000 };
-    let run = || -> Result<(f64, f64, f64)> {
+    let run = || -> Result<Gross> {
         if !bench.exists() {
             bail!(
                 "{} is missing (cargo build -p juneau-perf)",
                 bench.display()
             );
         }
-        Ok((
-            per_packet(bench, out_dir, "established", n)?,
-            per_packet(bench, out_dir, "new", n)?,
-            per_packet(bench, out_dir, "reply", n)?,
-        ))
+        Ok(Gross {
+            established: per_packet(bench, out_dir, "established", n)?,
+            reply: per_packet(bench, out_dir, "reply", n)?,
+            new: per_packet(bench, out_dir, "new", n)?,
+            baseline: per_packet(bench, out_dir, "baseline", n)?,
+            baseline_new: per_packet(bench, out_dir, "baseline-new", n)?,
+        })
     };
-    let result = run();
-    let kept = out_dir.join("callgrind-established.out");
-    // The 2n-packet run: 2n packets plus the first and the final checking packet.
-    let where_time_goes = if result.is_ok() {
-        breakdown(&kept, 2 * u64::from(n) + 2).unwrap_or_default()
-    } else {
-        Vec::new()
-    };
-    match result {
-        Ok((est, new, reply)) => Cost {
-            established_breakdown: where_time_goes,
+    match run() {
+        Ok(g) => Cost {
             status: format!(
-                "Measured with callgrind on juneau_dataplane::engine::Engine::process (recorded 64-byte UDP frames, \
-                 {n} packets per mode, difference of {n} and {} packet runs), {profile} build. Reply path (reverse NAT, \
-                 established): {reply:.0} instructions/packet.",
-                2 * n
+                "Engine only: callgrind instructions of juneau_dataplane::engine::Engine::process inlined into a packet \
+                 loop as the forwarding loop inlines it (recorded 64-byte UDP frames, {profile} build), per packet as \
+                 (Ir({}) - Ir({n})) / {n} so start-up cancels, minus the same figure for the loop alone without the \
+                 engine (the baseline: {:.0} instructions/packet for the recorded-frame loop, {:.0} for the new-flow \
+                 loop, which writes a fresh frame per packet); the method of dataplane/examples/engine_cost.rs. Where \
+                 the instructions go: docs/dataplane.md, \"Established-flow fast path\".",
+                2 * n,
+                g.baseline,
+                g.baseline_new
             ),
-            established_instructions_per_packet: Some(est),
-            new_flow_instructions_per_packet: Some(new),
-            reply_instructions_per_packet: Some(reply),
+            established_instructions_per_packet: Some(g.established - g.baseline),
+            new_flow_instructions_per_packet: Some(g.new - g.baseline_new),
+            reply_instructions_per_packet: Some(g.reply - g.baseline),
+            baseline_instructions_per_packet: Some(g.baseline),
+            new_flow_baseline_instructions_per_packet: Some(g.baseline_new),
             profile: profile.into(),
         },
         Err(e) => Cost {

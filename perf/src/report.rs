@@ -89,7 +89,7 @@ pub struct LatencyPoint {
 pub struct Cost {
     /// What was measured, or why nothing was.
     pub status: String,
-    /// Instructions per packet, established flow.
+    /// Instructions per packet, established flow (engine only: harness loop subtracted).
     pub established_instructions_per_packet: Option<f64>,
     /// Instructions per packet, new flow (first packet of a flow).
     pub new_flow_instructions_per_packet: Option<f64>,
@@ -97,9 +97,14 @@ pub struct Cost {
     pub reply_instructions_per_packet: Option<f64>,
     /// Build profile of the measured code.
     pub profile: String,
-    /// Established flow: inclusive instructions per packet of the dataplane's functions
-    /// (callgrind_annotate), largest first: where the time goes.
-    pub established_breakdown: Vec<(String, f64)>,
+    /// Instructions per packet of the harness loop alone (frame copy, verdict branch),
+    /// subtracted from the established and reply figures.
+    #[serde(default)]
+    pub baseline_instructions_per_packet: Option<f64>,
+    /// Instructions per packet of the new-flow harness loop alone (writes a fresh frame
+    /// per packet), subtracted from the new-flow figure.
+    #[serde(default)]
+    pub new_flow_baseline_instructions_per_packet: Option<f64>,
 }
 
 /// The ratios the product is held to.
@@ -290,20 +295,22 @@ impl Report {
         m += "\n## Userspace cost (callgrind)\n\n";
         m += &format!("{}\n\n", self.cost.status);
         m += &format!(
-            "| path | instructions/packet | target |\n|---|---:|---:|\n| established flow | {} | <= 150 |\n| new flow | {} | |\n| reply (reverse NAT) | {} | |\n",
+            "| path (engine only) | instructions/packet | target |\n|---|---:|---:|\n| established flow | {} | <= 150 |\n| new flow | {} | |\n| reply (reverse NAT) | {} | |\n",
             self.cost.established_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
             self.cost.new_flow_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
             self.cost.reply_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
         );
-        if !self.cost.established_breakdown.is_empty() {
-            m += "\nWhere the established-flow instructions go (inclusive, per packet):\n\n| function | instructions/packet |\n|---|---:|\n";
-            let mut seen = std::collections::HashSet::new();
-            for (f, ir) in &self.cost.established_breakdown {
-                if seen.insert(f) {
-                    m += &format!("| `{f}` | {ir:.0} |\n");
-                }
-            }
-        }
+        m += &format!(
+            "| harness loop alone (baseline, subtracted above) | {} (new flow: {}) | |\n",
+            self.cost
+                .baseline_instructions_per_packet
+                .map(|x| format!("{x:.0}"))
+                .unwrap_or_else(|| "not measured".into()),
+            self.cost
+                .new_flow_baseline_instructions_per_packet
+                .map(|x| format!("{x:.0}"))
+                .unwrap_or_else(|| "not measured".into()),
+        );
         m += &format!("\n## Control-plane convergence\n\n{}\n", self.convergence);
         if let Some(c) = &self.convergence_results {
             m += &format!(

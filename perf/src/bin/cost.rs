@@ -1,10 +1,17 @@
 //! `juneau-perf-cost MODE N`: feeds N recorded frames to the dataplane's pure packet path
-//! (`juneau_dataplane::engine::Engine::process`), for `valgrind --tool=callgrind
-//! --toggle-collect=*process_one*`, which counts only the instructions executed inside
-//! [`process_one`] (the engine call plus a call/return).
+//! (`juneau_dataplane::engine::Engine::process`), for `valgrind --tool=callgrind`.
+//!
+//! Measured the way `dataplane/examples/engine_cost.rs` measures and the way the real
+//! forwarding loop (`dataplane/src/runtime.rs`) runs: the engine is inlined into the
+//! packet loop (a frame copied in, the verdict consumed by a branch). The whole program
+//! is counted; the caller ([`juneau_perf::cost`]) takes the difference of a `2N` and an
+//! `N` run (start-up and set-up cancel) and subtracts the same difference for a
+//! `baseline` mode that runs the same loop without the engine.
 //!
 //! Modes: `established` (one flow, after its first packet), `new` (every packet opens a
-//! new flow), `reply` (a backend's reply on an established flow, reverse NAT).
+//! new flow; its frame is written per packet), `reply` (a backend's reply on an
+//! established flow, reverse NAT), `baseline` (the `established`/`reply` loop without
+//! the engine), `baseline-new` (the `new` loop without the engine).
 
 use std::hint::black_box;
 use std::net::Ipv4Addr;
@@ -25,18 +32,6 @@ const NODE_POD_MAC: [u8; 6] = [2, 0, 0, 0, 0, 3];
 const BACKEND_MAC: [u8; 6] = [2, 0, 0, 0, 0, 4];
 const UPLINK: u32 = 2;
 const POD: u32 = 3;
-
-/// The measured call: everything callgrind counts happens in here.
-#[inline(never)]
-fn process_one(
-    e: &mut Engine,
-    frame: &mut [u8],
-    ingress: Side,
-    nb: &Neighbours,
-    now_ms: u64,
-) -> Verdict {
-    e.process(frame, ingress, nb, now_ms)
-}
 
 fn engine() -> Result<Engine> {
     let backends = vec![LocalBackend {
@@ -98,15 +93,19 @@ fn neighbours() -> Neighbours {
     nb
 }
 
-fn request(i: u32) -> [u8; 64] {
-    let mut f = [0u8; 64];
-    let t = Template {
+/// The client's request template (client -> VIP).
+fn template() -> Template {
+    Template {
         src_mac: CLIENT_MAC,
         dst_mac: NODE_UPLINK_MAC,
         dst_ip: VIP,
         dst_port: LOAD_PORT,
-    };
-    write_frame(&mut f, &t, flow(FLOW_BASE, i));
+    }
+}
+
+fn request(i: u32) -> [u8; 64] {
+    let mut f = [0u8; 64];
+    write_frame(&mut f, &template(), flow(FLOW_BASE, i));
     f
 }
 
@@ -138,10 +137,34 @@ fn expect_tx(v: Verdict, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Runs `n` packets of a recorded frame through the engine, inlined into the loop as
+/// the forwarding loop inlines it; every verdict must be Tx.
+#[inline(always)]
+fn run_recorded(
+    e: &mut Engine,
+    nb: &Neighbours,
+    rec: &[u8; 64],
+    ingress: Side,
+    n: u32,
+) -> Result<()> {
+    let mut buf = [0u8; 64];
+    let mut tx = 0u32;
+    for _ in 0..n {
+        buf.copy_from_slice(rec);
+        if let Verdict::Tx(_) = e.process(&mut buf[..FRAME_LEN], ingress, nb, 1_000) {
+            tx += 1;
+        }
+    }
+    if black_box(tx) != n {
+        bail!("{tx} of {n} packets forwarded (the recorded frames no longer match the engine's policy)");
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.len() != 3 {
-        bail!("usage: juneau-perf-cost established|new|reply N");
+        bail!("usage: juneau-perf-cost established|new|reply|baseline|baseline-new N");
     }
     let n: u32 = args[2].parse().context("N")?;
     let mut e = engine()?;
@@ -153,63 +176,54 @@ fn main() -> Result<()> {
             let rec = request(0);
             buf.copy_from_slice(&rec);
             expect_tx(
-                process_one(&mut e, &mut buf[..FRAME_LEN], Side::Uplink, &nb, now),
+                e.process(&mut buf[..FRAME_LEN], Side::Uplink, &nb, now),
                 "first packet",
             )?;
-            for _ in 0..n {
-                buf.copy_from_slice(&rec);
-                let v = process_one(
-                    &mut e,
-                    black_box(&mut buf[..FRAME_LEN]),
-                    Side::Uplink,
-                    &nb,
-                    now,
-                );
-                black_box(v);
-            }
-            buf.copy_from_slice(&rec);
-            expect_tx(
-                process_one(&mut e, &mut buf[..FRAME_LEN], Side::Uplink, &nb, now),
-                "established",
-            )?;
-        }
-        "new" => {
-            let frames: Vec<[u8; 64]> = (1..=n).map(request).collect();
-            for f in &frames {
-                buf.copy_from_slice(f);
-                let v = process_one(
-                    &mut e,
-                    black_box(&mut buf[..FRAME_LEN]),
-                    Side::Uplink,
-                    &nb,
-                    now,
-                );
-                expect_tx(v, "new flow")?;
-            }
+            run_recorded(&mut e, &nb, &rec, Side::Uplink, n)?;
         }
         "reply" => {
             let mut req = request(0);
             expect_tx(
-                process_one(&mut e, &mut req[..FRAME_LEN], Side::Uplink, &nb, now),
+                e.process(&mut req[..FRAME_LEN], Side::Uplink, &nb, now),
                 "request",
             )?;
-            let rec = reply(0);
+            run_recorded(&mut e, &nb, &reply(0), Side::Pod(0), n)?;
+        }
+        "baseline" => {
+            // The `established`/`reply` loop without the engine: same copy, same branch.
+            let rec = request(0);
+            let mut tx = 0u32;
             for _ in 0..n {
                 buf.copy_from_slice(&rec);
-                let v = process_one(
-                    &mut e,
-                    black_box(&mut buf[..FRAME_LEN]),
-                    Side::Pod(0),
-                    &nb,
-                    now,
-                );
-                black_box(v);
+                if black_box(&mut buf[..FRAME_LEN]).len() == FRAME_LEN {
+                    tx += 1;
+                }
             }
-            buf.copy_from_slice(&rec);
-            expect_tx(
-                process_one(&mut e, &mut buf[..FRAME_LEN], Side::Pod(0), &nb, now),
-                "reply",
-            )?;
+            if black_box(tx) != n {
+                bail!("baseline loop miscounted");
+            }
+        }
+        "new" | "baseline-new" => {
+            // A new flow per packet: its frame is written in the loop (in both modes).
+            let with_engine = args[1] == "new";
+            let mut tx = 0u32;
+            for i in 1..=n {
+                write_frame(&mut buf, &template(), flow(FLOW_BASE, i));
+                let forwarded = if with_engine {
+                    matches!(
+                        e.process(&mut buf[..FRAME_LEN], Side::Uplink, &nb, now),
+                        Verdict::Tx(_)
+                    )
+                } else {
+                    black_box(&mut buf[..FRAME_LEN]).len() == FRAME_LEN
+                };
+                if forwarded {
+                    tx += 1;
+                }
+            }
+            if black_box(tx) != n {
+                bail!("{tx} of {n} new flows forwarded");
+            }
         }
         m => bail!("unknown mode {m}"),
     }
