@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Build the real Kubernetes control-plane binaries the tests and the lab run against:
-# kube-apiserver, kube-controller-manager (k8s.io/kubernetes) and etcd
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet (k8s.io/kubernetes) and etcd
 # (go.etcd.io/etcd/server/v3), at the versions pinned in tests/k8s/go.mod, fetched
 # through the Go module proxy.
 #
 # Output: a cache OUTSIDE the checkout, keyed by the Kubernetes version:
-#   ${JUNEAU_K8S_CACHE:-/var/cache/juneau/k8s}/<k8s-version>/{kube-apiserver,kube-controller-manager,etcd}
+#   ${JUNEAU_K8S_CACHE:-/var/cache/juneau/k8s}/<k8s-version>/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,etcd}
 # Idempotent: does nothing when every binary is already there (a `.complete` stamp is
 # written last, so an interrupted build is redone). `--print-dir` prints the directory.
 #
@@ -29,7 +29,21 @@ if [[ "${1:-}" == "--print-dir" ]]; then
     exit 0
 fi
 
-if [[ -f "$out/.complete" && -x "$out/kube-apiserver" && -x "$out/kube-controller-manager" && -x "$out/etcd" ]]; then
+# Each binary: output name, Go package, ldflags flavour. Built in this order; one that is
+# already there (from an earlier, interrupted or older run) is kept.
+binaries=(
+    "etcd go.etcd.io/etcd/server/v3 plain"
+    "kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver k8s"
+    "kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager k8s"
+    "kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler k8s"
+    "kubelet k8s.io/kubernetes/cmd/kubelet k8s"
+)
+all_there() {
+    local b
+    for b in "${binaries[@]}"; do [[ -x "$out/${b%% *}" ]] || return 1; done
+}
+
+if [[ -f "$out/.complete" ]] && all_there; then
     echo "k8s binaries $k8s_version (etcd $etcd_version) already built in $out"
     exit 0
 fi
@@ -42,7 +56,7 @@ fi
 mkdir -p "$out"
 rm -f "$out/.complete"
 start=$(date +%s)
-echo "==> building Kubernetes $k8s_version control plane + etcd $etcd_version into $out"
+echo "==> building Kubernetes $k8s_version (apiserver, controller-manager, scheduler, kubelet) + etcd $etcd_version into $out"
 echo "    go: $(go version | awk '{print $3}'), GOPROXY=$(go env GOPROXY), GOFLAGS=$(go env GOFLAGS)"
 
 major="${k8s_version#v}"; major="${major%%.*}"
@@ -50,22 +64,25 @@ minor="${k8s_version#v*.}"; minor="${minor%%.*}"
 ver_pkg="k8s.io/component-base/version"
 k8s_ldflags="-s -w -X $ver_pkg.gitVersion=$k8s_version -X $ver_pkg.gitMajor=$major -X $ver_pkg.gitMinor=$minor -X $ver_pkg.gitTreeState=clean -X $ver_pkg.buildDate=1970-01-01T00:00:00Z"
 
-echo "==> [1/4] downloading modules (go mod download)"
+n=$(( ${#binaries[@]} + 1 ))
+echo "==> [1/$n] downloading modules (go mod download)"
 go mod download
 
-echo "==> [2/4] etcd $etcd_version"
-CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3
-mv "$out/etcd.tmp" "$out/etcd"
-echo "    done after $(( $(date +%s) - start ))s"
-
-echo "==> [3/4] kube-apiserver $k8s_version (slow: several minutes on 2 cores)"
-CGO_ENABLED=0 go build -trimpath -ldflags "$k8s_ldflags" -o "$out/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
-mv "$out/kube-apiserver.tmp" "$out/kube-apiserver"
-echo "    done after $(( $(date +%s) - start ))s"
-
-echo "==> [4/4] kube-controller-manager $k8s_version"
-CGO_ENABLED=0 go build -trimpath -ldflags "$k8s_ldflags" -o "$out/kube-controller-manager.tmp" k8s.io/kubernetes/cmd/kube-controller-manager
-mv "$out/kube-controller-manager.tmp" "$out/kube-controller-manager"
+i=1
+for b in "${binaries[@]}"; do
+    read -r name pkg flavour <<<"$b"
+    i=$((i + 1))
+    if [[ -x "$out/$name" ]]; then
+        echo "==> [$i/$n] $name already built"
+        continue
+    fi
+    echo "==> [$i/$n] $name (several minutes on 2 cores for the Kubernetes ones)"
+    flags="-s -w"
+    [[ "$flavour" == k8s ]] && flags="$k8s_ldflags"
+    CGO_ENABLED=0 go build -trimpath -ldflags "$flags" -o "$out/$name.tmp" "$pkg"
+    mv "$out/$name.tmp" "$out/$name"
+    echo "    done after $(( $(date +%s) - start ))s"
+done
 
 "$out/kube-apiserver" --version
 "$out/etcd" --version | head -1
