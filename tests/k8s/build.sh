@@ -85,6 +85,6 @@ for b in "${binaries[@]}"; do
 done
 
 "$out/kube-apiserver" --version
-"$out/etcd" --version | head -1
+"$out/etcd" --version | sed -n 1p   # not head: it closes the pipe early (SIGPIPE under pipefail)
 date -u +%FT%TZ > "$out/.complete"
 echo "==> built in $(( $(date +%s) - start ))s: $out"
