@@ -18,8 +18,8 @@ use kube::{Client, Resource};
 use tracing::{debug, info, warn};
 
 use crate::crd::{BGPAdvertisement, BGPPeer, ServiceLoadBalancer};
-use crate::metrics::{AgentMetrics, Health, VipLabel};
 use crate::endpoints::SERVICE_NAME_LABEL;
+use crate::metrics::{AgentMetrics, Health, VipLabel};
 use crate::node_state::{build_node_state, AgentView};
 
 /// Settings of the agent process.
@@ -40,13 +40,8 @@ pub struct AgentOptions {
 fn record(m: &AgentMetrics, state: &NodeState, generation: u64) {
     m.publishes.inc();
     m.services.set(state.services.len() as i64);
-    m.backends.set(
-        state
-            .services
-            .iter()
-            .map(|s| s.backends.len() as i64)
-            .sum(),
-    );
+    m.backends
+        .set(state.services.iter().map(|s| s.backends.len() as i64).sum());
     m.advertised_vips.set(state.advertised.len() as i64);
     m.vip_advertised.clear();
     for a in &state.advertised {

@@ -468,7 +468,6 @@ async fn publish(
     }
 }
 
-
 /// True when the error is a write this replica must not make (deposed, or the object
 /// changed since it was read).
 fn is_fenced(err: &Error) -> bool {

@@ -260,11 +260,7 @@ fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<
     r
 }
 
-fn route(
-    req: &Request<Incoming>,
-    registry: &Registry,
-    health: &Health,
-) -> Response<Full<Bytes>> {
+fn route(req: &Request<Incoming>, registry: &Registry, health: &Health) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/metrics" => {
             let mut text = String::new();
@@ -305,7 +301,11 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
-pub async fn serve(listener: tokio::net::TcpListener, registry: Arc<Registry>, health: Arc<Health>) {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Registry>,
+    health: Arc<Health>,
+) {
     if let Ok(a) = listener.local_addr() {
         info!(addr = %a, "serving /metrics, /healthz and /readyz");
     }

@@ -55,10 +55,20 @@ fn intersect(a: &AddressRange, b: &AddressRange) -> Option<AddressRange> {
 }
 
 /// Reports every pool of `pools` against the VIPs of `book`.
-pub fn report(pools: &BTreeMap<String, AddressPoolSpec>, book: &VipBook) -> BTreeMap<String, PoolReport> {
+pub fn report(
+    pools: &BTreeMap<String, AddressPoolSpec>,
+    book: &VipBook,
+) -> BTreeMap<String, PoolReport> {
     let parsed: BTreeMap<&String, Result<Vec<AddressRange>, String>> = pools
         .iter()
-        .map(|(n, s)| (n, parse_pool(n, s).map(|p| p.ranges).map_err(|e| e.to_string())))
+        .map(|(n, s)| {
+            (
+                n,
+                parse_pool(n, s)
+                    .map(|p| p.ranges)
+                    .map_err(|e| e.to_string()),
+            )
+        })
         .collect();
     let vips: Vec<Ipv4Addr> = book.vips().collect();
     let mut out = BTreeMap::new();
@@ -130,7 +140,13 @@ mod tests {
         );
         assert!(r["apart"].overlaps.is_empty());
         assert_eq!(r["apart"].allocated, 0);
-        assert!(r["bad"].invalid.as_deref().unwrap().contains("198.18.2.0/99"));
-        assert!(r["small"].overlap_message("small").contains("AddressPool big"));
+        assert!(r["bad"]
+            .invalid
+            .as_deref()
+            .unwrap()
+            .contains("198.18.2.0/99"));
+        assert!(r["small"]
+            .overlap_message("small")
+            .contains("AddressPool big"));
     }
 }

@@ -674,8 +674,12 @@ mod tests {
         let o5 = reconcile_service(&aged("w5", 5), None, &[&sl], &w, &mut book, now());
         assert_eq!(o5.ingress_ip, None);
         assert_eq!(o5.queued_on, vec!["public-v4".to_string()]);
-        assert!(o5.status.conditions.iter().any(|c| c.reason == "AddressPoolExhausted"
-            && c.message.contains("2 older Service(s) wait")));
+        assert!(o5
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.reason == "AddressPoolExhausted"
+                && c.message.contains("2 older Service(s) wait")));
         let o4 = reconcile_service(&aged("w4", 4), None, &[&sl], &w, &mut book, now());
         assert!(o4.ingress_ip.is_some(), "{:?}", o4.status.conditions);
         let o3 = reconcile_service(&aged("w3", 3), None, &[&sl], &w, &mut book, now());

@@ -107,7 +107,8 @@ pub fn pool_rows(pool_objs: &[AddressPool], slbs: &[ServiceLoadBalancer]) -> Vec
     pools::report(&specs, &book)
         .into_iter()
         .map(|(pool, r)| {
-            let mut overlaps_with: Vec<String> = r.overlaps.iter().map(|(p, _)| p.clone()).collect();
+            let mut overlaps_with: Vec<String> =
+                r.overlaps.iter().map(|(p, _)| p.clone()).collect();
             overlaps_with.dedup();
             PoolRow {
                 pool,
@@ -176,14 +177,20 @@ pub fn why(slb: &ServiceLoadBalancer, slices: &[EndpointSlice], world: &World) -
     let pool = st.address_pool.clone().unwrap_or_default();
     let mut nodes = Vec::new();
     for (name, node) in &world.nodes {
-        let local: Vec<_> = eps.iter().filter(|e| e.node.as_deref() == Some(name)).collect();
+        let local: Vec<_> = eps
+            .iter()
+            .filter(|e| e.node.as_deref() == Some(name))
+            .collect();
         let ready = local
             .iter()
             .filter(|e| e.conditions.ready && !e.conditions.terminating)
             .count();
         let advertising = st.advertising_nodes.iter().any(|n| n == name);
         let (reason, message) = if advertising {
-            ("Advertising", format!("announces the VIP: {ready} Ready local backend(s)"))
+            (
+                "Advertising",
+                format!("announces the VIP: {ready} Ready local backend(s)"),
+            )
         } else if !served {
             (
                 "ServiceNotServed",
@@ -196,7 +203,10 @@ pub fn why(slb: &ServiceLoadBalancer, slices: &[EndpointSlice], world: &World) -
                     .to_string(),
             )
         } else if local.is_empty() {
-            ("NoLocalBackend", "no backend of the Service runs on this node".to_string())
+            (
+                "NoLocalBackend",
+                "no backend of the Service runs on this node".to_string(),
+            )
         } else if ready == 0 {
             let term = local.iter().filter(|e| e.conditions.terminating).count();
             (
@@ -214,7 +224,9 @@ pub fn why(slb: &ServiceLoadBalancer, slices: &[EndpointSlice], world: &World) -
         } else {
             (
                 "NotYetReconciled",
-                format!("{ready} Ready local backend(s); the controller has not recorded this node yet"),
+                format!(
+                    "{ready} Ready local backend(s); the controller has not recorded this node yet"
+                ),
             )
         };
         nodes.push(NodeVerdict {
@@ -273,7 +285,9 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{AddressPoolSpec, AdvertiseMode, BGPAdvertisementSpec, ServiceLoadBalancerStatus};
+    use crate::crd::{
+        AddressPoolSpec, AdvertiseMode, BGPAdvertisementSpec, ServiceLoadBalancerStatus,
+    };
     use crate::endpoints::testutil::{node, slice};
     use kube::api::ObjectMeta;
 
@@ -299,11 +313,11 @@ mod tests {
     fn why_names_the_precise_reason_per_node() {
         let mut w = World {
             nodes: [
-            node("a", "192.168.0.1", false),
-            node("b", "192.168.0.2", false),
-            node("c", "192.168.0.3", true),
-            node("d", "192.168.0.4", false),
-            node("e", "192.168.0.5", false),
+                node("a", "192.168.0.1", false),
+                node("b", "192.168.0.2", false),
+                node("c", "192.168.0.3", true),
+                node("d", "192.168.0.4", false),
+                node("e", "192.168.0.5", false),
             ]
             .into(),
             ..Default::default()
@@ -318,16 +332,18 @@ mod tests {
         w.advertisements = vec![BGPAdvertisementSpec {
             address_pools: vec!["p".into()],
             peer_selector: None,
-            node_selector: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
-                match_expressions: Some(vec![
-                    k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
-                        key: "role".into(),
-                        operator: "NotIn".into(),
-                        values: Some(vec!["quiet".into()]),
-                    },
-                ]),
-                match_labels: None,
-            }),
+            node_selector: Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                    match_expressions: Some(vec![
+                        k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                            key: "role".into(),
+                            operator: "NotIn".into(),
+                            values: Some(vec!["quiet".into()]),
+                        },
+                    ]),
+                    match_labels: None,
+                },
+            ),
             communities: vec![],
             large_communities: vec![],
             local_pref: None,
@@ -343,8 +359,16 @@ mod tests {
             ],
             ("http", 80),
         );
-        let r = why(&slb("web", Some("203.0.113.1"), Phase::Ready, &["a"]), &[sl], &w);
-        let by: BTreeMap<_, _> = r.nodes.iter().map(|v| (v.node.as_str(), v.reason.as_str())).collect();
+        let r = why(
+            &slb("web", Some("203.0.113.1"), Phase::Ready, &["a"]),
+            &[sl],
+            &w,
+        );
+        let by: BTreeMap<_, _> = r
+            .nodes
+            .iter()
+            .map(|v| (v.node.as_str(), v.reason.as_str()))
+            .collect();
         assert_eq!(by["a"], "Advertising");
         assert_eq!(by["b"], "NoReadyLocalBackend");
         assert_eq!(by["c"], "ExcludedByLabel");
@@ -355,21 +379,34 @@ mod tests {
 
     #[test]
     fn pools_and_status_rows() {
-        let pool = |n: &str, a: &str| AddressPool::new(
-            n,
-            AddressPoolSpec {
-                advertise_mode: AdvertiseMode::bgp(),
-                addresses: vec![a.into()],
-                allow_network_and_broadcast: None,
-            },
-        );
+        let pool = |n: &str, a: &str| {
+            AddressPool::new(
+                n,
+                AddressPoolSpec {
+                    advertise_mode: AdvertiseMode::bgp(),
+                    addresses: vec![a.into()],
+                    allow_network_and_broadcast: None,
+                },
+            )
+        };
         let slbs = vec![
             slb("b", Some("198.18.0.1"), Phase::Ready, &["n1"]),
             slb("a", None, Phase::Pending, &[]),
         ];
-        let rows = pool_rows(&[pool("p", "198.18.0.0/30"), pool("q", "198.18.0.0/29")], &slbs);
+        let rows = pool_rows(
+            &[pool("p", "198.18.0.0/30"), pool("q", "198.18.0.0/29")],
+            &slbs,
+        );
         assert_eq!(rows[0].pool, "p");
-        assert_eq!((rows[0].total, rows[0].allocated, rows[0].free, rows[0].used_percent), (2, 1, 1, 50));
+        assert_eq!(
+            (
+                rows[0].total,
+                rows[0].allocated,
+                rows[0].free,
+                rows[0].used_percent
+            ),
+            (2, 1, 1, 50)
+        );
         assert_eq!(rows[0].overlaps_with, vec!["q".to_string()]);
         let st = status_rows(&slbs);
         assert_eq!(st[0].service, "a");

@@ -48,11 +48,19 @@ fn signal(pid: u32, sig: &str) -> Result<()> {
     Ok(())
 }
 
+/// Now as a Kubernetes MicroTime.
+fn run_date() -> Result<String> {
+    let out = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%S.%6NZ"])
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
 #[test]
 fn a_deposed_leader_does_not_overwrite_the_new_leaders_decisions() -> Result<()> {
     let env = Env::start()?;
     env.apply(NET)?;
-    let mut r1 = env.controller("r1")?;
+    let r1 = env.controller("r1")?;
     env.apply(&svc("s1"))?;
     let first = eventually("s1 gets the first address", || ingress_ip(&env, "s1"))?;
     assert_eq!(first, "198.18.7.1");
@@ -65,7 +73,15 @@ fn a_deposed_leader_does_not_overwrite_the_new_leaders_decisions() -> Result<()>
         eventually("r2 holds the Lease", || {
             Ok((holder(&env)?.as_deref() == Some("r2")).then_some(()))
         })?;
-        env.kubectl(&["delete", "service", "s1", "-n", "default", "--wait=true", "--timeout=60s"])?;
+        env.kubectl(&[
+            "delete",
+            "service",
+            "s1",
+            "-n",
+            "default",
+            "--wait=true",
+            "--timeout=60s",
+        ])?;
         env.apply(&svc("s2"))?;
         let got = eventually("r2 gives s2 the freed address", || {
             Ok(slb_status(&env, "s2")?.and_then(|s| s["vip"].as_str().map(String::from)))
@@ -94,9 +110,10 @@ fn a_deposed_leader_does_not_overwrite_the_new_leaders_decisions() -> Result<()>
     }
     assert_eq!(holder(&env)?.as_deref(), Some("r2"));
     // The record's status is owned by the controller's field manager (server-side apply).
-    let slb = env
-        .get("serviceloadbalancer", "s2", Some("default"))?
-        .unwrap_or_default();
+    let with_fields = |kind: &str| -> Result<serde_json::Value> {
+        env.json(&["get", kind, "s2", "-n", "default", "--show-managed-fields"])
+    };
+    let slb = with_fields("serviceloadbalancer")?;
     let managers: Vec<(String, String)> = slb["metadata"]["managedFields"]
         .as_array()
         .cloned()
@@ -105,7 +122,11 @@ fn a_deposed_leader_does_not_overwrite_the_new_leaders_decisions() -> Result<()>
         .map(|m| {
             (
                 m["manager"].as_str().unwrap_or_default().to_string(),
-                format!("{}/{}", m["operation"].as_str().unwrap_or_default(), m["subresource"].as_str().unwrap_or_default()),
+                format!(
+                    "{}/{}",
+                    m["operation"].as_str().unwrap_or_default(),
+                    m["subresource"].as_str().unwrap_or_default()
+                ),
             )
         })
         .collect();
@@ -113,17 +134,68 @@ fn a_deposed_leader_does_not_overwrite_the_new_leaders_decisions() -> Result<()>
         managers.contains(&("juneau-controller".into(), "Apply/status".into())),
         "{managers:?}"
     );
-    let service = env.get("service", "s2", Some("default"))?.unwrap_or_default();
+    let service = with_fields("service")?;
     let sm: Vec<String> = service["metadata"]["managedFields"]
         .as_array()
         .cloned()
         .unwrap_or_default()
         .iter()
         .filter(|m| m["subresource"] == "status")
-        .map(|m| format!("{}:{}", m["manager"].as_str().unwrap_or_default(), m["operation"].as_str().unwrap_or_default()))
+        .map(|m| {
+            format!(
+                "{}:{}",
+                m["manager"].as_str().unwrap_or_default(),
+                m["operation"].as_str().unwrap_or_default()
+            )
+        })
         .collect();
     ensure!(sm == vec!["juneau-controller:Apply".to_string()], "{sm:?}");
     r2.check_running()?;
+
+    // Phase 2, deterministic: the Lease is taken from the running leader r2 (as a new
+    // leader would take it after a partition), right after r2 renewed it, so r2's lease
+    // manager will not notice for seconds. A Service created now must get nothing from
+    // r2 while the Lease names someone else: its writes are fenced.
+    let renew = |env: &Env| -> Result<String> {
+        Ok(env
+            .get("lease", "juneau-controller", Some("juneau-system"))?
+            .and_then(|l| l["spec"]["renewTime"].as_str().map(String::from))
+            .unwrap_or_default())
+    };
+    let before = renew(&env)?;
+    eventually("r2 renews its Lease", || {
+        Ok((renew(&env)? != before).then_some(()))
+    })?;
+    let now = run_date()?;
+    env.kubectl(&[
+        "patch",
+        "lease",
+        "juneau-controller",
+        "-n",
+        "juneau-system",
+        "--type=merge",
+        "-p",
+        &format!(
+            r#"{{"spec":{{"holderIdentity":"ghost","leaseDurationSeconds":30,"acquireTime":"{now}","renewTime":"{now}"}}}}"#
+        ),
+    ])?;
+    env.apply(&svc("s3"))?;
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until {
+        if holder(&env)?.as_deref() != Some("ghost") {
+            break;
+        }
+        let rec = slb_status(&env, "s3")?;
+        let shown = ingress_ip(&env, "s3")?;
+        ensure!(
+            rec.is_none() && shown.is_none(),
+            "r2 wrote s3 while the Lease named another holder: record {rec:?}, Service {shown:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eventually("r2 logs its fenced write", || {
+        Ok(r2.log_text().contains("write fenced").then_some(()))
+    })?;
     let log = r1.log_text();
     eprintln!(
         "r1 after thawing: fenced writes logged: {}, lost leadership logged: {}",

@@ -53,17 +53,24 @@ fn yaml_file(p: &Path) -> Result<Value> {
 fn alert_rules_pass_promtool_and_ship_identically() -> Result<()> {
     let m = monitoring();
     let rules = m.join("juneau-alerts.rules.yaml");
-    let out = run(Command::new(promtool()?).arg("check").arg("rules").arg(&rules))?;
-    ensure!(out.contains("SUCCESS: 7 rules found"), "{out}");
     let out = run(Command::new(promtool()?)
-        .current_dir(&m)
-        .args(["test", "rules", "alerts.test.yaml"]))?;
+        .arg("check")
+        .arg("rules")
+        .arg(&rules))?;
+    ensure!(out.contains("SUCCESS: 7 rules found"), "{out}");
+    let out =
+        run(Command::new(promtool()?)
+            .current_dir(&m)
+            .args(["test", "rules", "alerts.test.yaml"]))?;
     ensure!(out.contains("SUCCESS"), "{out}");
     // One set of rules, three places.
     let groups = yaml_file(&rules)?["groups"].clone();
     let pr = yaml_file(&m.join("prometheus-rule.yaml"))?;
     assert_eq!(pr["kind"], "PrometheusRule");
-    assert_eq!(pr["spec"]["groups"], groups, "prometheus-rule.yaml differs from the rules file");
+    assert_eq!(
+        pr["spec"]["groups"], groups,
+        "prometheus-rule.yaml differs from the rules file"
+    );
     let chart = repo_root().join("deploy/helm/juneau/files");
     for f in ["juneau-alerts.rules.yaml", "grafana-dashboard.json"] {
         assert_eq!(
@@ -90,6 +97,19 @@ fn helm() -> Result<PathBuf> {
     Ok(p)
 }
 
+/// Integral floats as integers (helm re-serializes `0` of a schema as `0.0`).
+fn normalize(v: Value) -> Value {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 1e15 => Value::from(f as i64),
+            _ => Value::Number(n),
+        },
+        Value::Array(a) => Value::Array(a.into_iter().map(normalize).collect()),
+        Value::Object(o) => Value::Object(o.into_iter().map(|(k, v)| (k, normalize(v))).collect()),
+        other => other,
+    }
+}
+
 /// Objects of a multi-document YAML stream by (kind, namespace, name).
 fn objects(yaml: &str) -> Result<BTreeMap<(String, String, String), Value>> {
     let mut out = BTreeMap::new();
@@ -100,10 +120,19 @@ fn objects(yaml: &str) -> Result<BTreeMap<(String, String, String), Value>> {
         }
         let key = (
             v["kind"].as_str().unwrap_or_default().to_string(),
-            v["metadata"]["namespace"].as_str().unwrap_or_default().to_string(),
-            v["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+            v["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            v["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
         );
-        ensure!(out.insert(key.clone(), v).is_none(), "{key:?} twice");
+        ensure!(
+            out.insert(key.clone(), normalize(v)).is_none(),
+            "{key:?} twice"
+        );
     }
     Ok(out)
 }
@@ -133,13 +162,16 @@ fn helm_checks(env: &Env) -> Result<()> {
     let helm = helm()?;
     let out = run(Command::new(&helm).arg("lint").arg(&chart))?;
     ensure!(out.contains("0 chart(s) failed"), "{out}");
-    let rendered = run(Command::new(&helm).args(["template", "juneau"]).arg(&chart).args([
-        "--namespace",
-        "juneau-system",
-        "--include-crds",
-        "--set",
-        "createNamespace=true",
-    ]))?;
+    let rendered = run(Command::new(&helm)
+        .args(["template", "juneau"])
+        .arg(&chart)
+        .args([
+            "--namespace",
+            "juneau-system",
+            "--include-crds",
+            "--set",
+            "createNamespace=true",
+        ]))?;
     let kustomized = env.kubectl(&["kustomize", repo_root().join("deploy").to_str().unwrap()])?;
     let (a, b) = (objects(&rendered)?, objects(&kustomized)?);
     let ka: Vec<_> = a.keys().collect();
@@ -150,7 +182,9 @@ fn helm_checks(env: &Env) -> Result<()> {
     }
     ensure!(a.len() >= 12, "{} objects", a.len());
     // The apiserver accepts the chart's output, with defaults and with config values.
-    let out = env.k.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &rendered)?;
+    let out = env
+        .k
+        .kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &rendered)?;
     ensure!(out.contains("deployment.apps/juneau-controller"), "{out}");
     let values = env.k.dir().join("chart-values.yaml");
     std::fs::write(&values, CHART_CONFIG)?;
@@ -160,16 +194,31 @@ fn helm_checks(env: &Env) -> Result<()> {
         .args(["--namespace", "juneau-system", "-f"])
         .arg(&values))?;
     let objs = objects(&configured)?;
-    for kind in ["AddressPool", "ExternalNetwork", "BGPPeer", "BGPAdvertisement", "ConfigMap"] {
+    for kind in [
+        "AddressPool",
+        "ExternalNetwork",
+        "BGPPeer",
+        "BGPAdvertisement",
+        "ConfigMap",
+    ] {
         ensure!(objs.keys().any(|k| k.0 == kind), "no {kind} rendered");
     }
-    let ds = &objs[&("DaemonSet".into(), "juneau-system".into(), "juneau-node".into())];
+    let ds = &objs[&(
+        "DaemonSet".into(),
+        "juneau-system".into(),
+        "juneau-node".into(),
+    )];
     assert_eq!(
         ds["spec"]["template"]["spec"]["nodeSelector"]["node-role.kubernetes.io/edge"],
         ""
     );
-    let out = env.k.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &configured)?;
-    ensure!(out.contains("bgppeer.juneau.loutres.me/chart-tor created (server dry run)"), "{out}");
+    let out = env
+        .k
+        .kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &configured)?;
+    ensure!(
+        out.contains("bgppeer.juneau.loutres.me/chart-tor created (server dry run)"),
+        "{out}"
+    );
     // A bad value is refused by the apiserver's schema, not silently installed.
     let bad = configured.replace("198.51.100.0/28", "198.51.100.1/28");
     let refused = Command::new("kubectl")
@@ -235,7 +284,10 @@ scrape_configs:
         let f = std::fs::File::create(&log)?;
         let child = Command::new("/usr/bin/prometheus")
             .arg(format!("--config.file={}", cfg.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .stdout(f.try_clone()?)
             .stderr(f)
@@ -290,11 +342,19 @@ fn helm_chart_and_a_real_prometheus() -> Result<()> {
     env.apply(&endpoint_slice(
         "web",
         "web-1",
-        &[("10.244.2.1", "node-a", true, false), ("10.244.2.2", "node-a", true, false)],
+        &[
+            ("10.244.2.1", "node-a", true, false),
+            ("10.244.2.2", "node-a", true, false),
+        ],
         8080,
     ))?;
     env.apply(&service("lonely", &[], ""))?;
-    env.apply(&endpoint_slice("lonely", "lonely-1", &[("10.244.3.1", "node-b", true, false)], 8080))?;
+    env.apply(&endpoint_slice(
+        "lonely",
+        "lonely-1",
+        &[("10.244.3.1", "node-b", true, false)],
+        8080,
+    ))?;
     let web_vip = eventually("web is Ready", || {
         Ok(slb_status(&env, "web")?
             .filter(|s| s["phase"] == "Ready")
@@ -313,13 +373,20 @@ fn helm_chart_and_a_real_prometheus() -> Result<()> {
     })?;
     // Key series against what the test did.
     eventually("pool usage = VIPs handed out (2)", || {
-        Ok((prom.value("juneau_address_pool_addresses_in_use{pool=\"public-v4\"}")? == Some(2.0))
-            .then_some(()))
+        Ok(
+            (prom.value("juneau_address_pool_addresses_in_use{pool=\"public-v4\"}")? == Some(2.0))
+                .then_some(()),
+        )
     })?;
-    assert_eq!(prom.value("juneau_address_pool_addresses{pool=\"public-v4\"}")?, Some(254.0));
+    assert_eq!(
+        prom.value("juneau_address_pool_addresses{pool=\"public-v4\"}")?,
+        Some(254.0)
+    );
     assert_eq!(prom.value("sum(juneau_controller_is_leader)")?, Some(1.0));
     assert_eq!(
-        prom.value(&format!("juneau_service_ready_backends{{service=\"web\",vip=\"{web_vip}\"}}"))?,
+        prom.value(&format!(
+            "juneau_service_ready_backends{{service=\"web\",vip=\"{web_vip}\"}}"
+        ))?,
         Some(2.0)
     );
     eventually("agent series: 2 backends on node-a", || {
@@ -361,7 +428,10 @@ fn helm_chart_and_a_real_prometheus() -> Result<()> {
         let a = prom.query("ALERTS{alertname=\"JuneauVIPNotAnnounced\"}")?;
         Ok((!a.is_empty()).then_some(a))
     })?;
-    let vips: Vec<&str> = firing.iter().filter_map(|a| a["metric"]["vip"].as_str()).collect();
+    let vips: Vec<&str> = firing
+        .iter()
+        .filter_map(|a| a["metric"]["vip"].as_str())
+        .collect();
     assert_eq!(vips, vec![lonely_vip.as_str()], "{firing:?}");
     for r in &loaded {
         assert_eq!(r["health"], "ok", "{r}");

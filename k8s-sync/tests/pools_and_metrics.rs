@@ -141,7 +141,15 @@ fn overlap_usage_creation_order_and_metrics() -> Result<()> {
         std::thread::sleep(Duration::from_millis(1100));
     }
     // Both holders go at once: the two addresses must go to w3 and w4.
-    env.kubectl(&["delete", "service", "o1", "o2", "-n", "default", "--wait=false"])?;
+    env.kubectl(&[
+        "delete",
+        "service",
+        "o1",
+        "o2",
+        "-n",
+        "default",
+        "--wait=false",
+    ])?;
     let got = eventually("w3 and w4 get the freed VIPs", || {
         let a = ingress_ip(&env, "w3")?;
         let b = ingress_ip(&env, "w4")?;
@@ -180,20 +188,42 @@ fn overlap_usage_creation_order_and_metrics() -> Result<()> {
         ensure!(code == 200, "GET /metrics: {code}");
         let w3_backends = page
             .lines()
-            .find(|l| l.starts_with("juneau_service_ready_backends{namespace=\"default\",service=\"w3\","))
+            .find(|l| {
+                l.starts_with("juneau_service_ready_backends{namespace=\"default\",service=\"w3\",")
+            })
             .and_then(|l| l.rsplit(' ').next())
             .map(String::from);
-        Ok((sample(&page, "juneau_address_pool_addresses_in_use{pool=\"tiny\"}") == Some(2.0)
-            && w3_backends.as_deref() == Some("3"))
-        .then_some(page))
+        Ok(
+            (sample(&page, "juneau_address_pool_addresses_in_use{pool=\"tiny\"}") == Some(2.0)
+                && w3_backends.as_deref() == Some("3"))
+            .then_some(page),
+        )
     })?;
-    assert_eq!(sample(&page, "juneau_address_pool_addresses{pool=\"tiny\"}"), Some(2.0));
-    assert_eq!(sample(&page, "juneau_address_pool_addresses{pool=\"big\"}"), Some(6.0));
+    assert_eq!(
+        sample(&page, "juneau_address_pool_addresses{pool=\"tiny\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&page, "juneau_address_pool_addresses{pool=\"big\"}"),
+        Some(6.0)
+    );
     assert_eq!(sample(&page, "juneau_controller_is_leader"), Some(1.0));
-    ensure!(sample(&page, "juneau_controller_vip_allocations_total").unwrap_or(0.0) >= 4.0, "{page}");
-    ensure!(sample(&page, "juneau_controller_vip_releases_total").unwrap_or(0.0) >= 2.0, "{page}");
-    ensure!(sample(&page, "juneau_controller_reconciles_total").unwrap_or(0.0) >= 6.0, "{page}");
-    ensure!(page.contains("juneau_controller_reconcile_duration_seconds_bucket"), "{page}");
+    ensure!(
+        sample(&page, "juneau_controller_vip_allocations_total").unwrap_or(0.0) >= 4.0,
+        "{page}"
+    );
+    ensure!(
+        sample(&page, "juneau_controller_vip_releases_total").unwrap_or(0.0) >= 2.0,
+        "{page}"
+    );
+    ensure!(
+        sample(&page, "juneau_controller_reconciles_total").unwrap_or(0.0) >= 6.0,
+        "{page}"
+    );
+    ensure!(
+        page.contains("juneau_controller_reconcile_duration_seconds_bucket"),
+        "{page}"
+    );
     assert_eq!(http_get(ctl.metrics_port, "/healthz")?.0, 200);
     assert_eq!(http_get(ctl.metrics_port, "/readyz")?.0, 200);
 
@@ -203,9 +233,19 @@ fn overlap_usage_creation_order_and_metrics() -> Result<()> {
     })?;
     // w3 and w4 hold VIPs: one entry each (w4 without local backends).
     assert_eq!(sample(&page, "juneau_agent_services"), Some(2.0), "{page}");
-    ensure!(sample(&page, "juneau_agent_state_publishes_total").unwrap_or(0.0) >= 1.0, "{page}");
-    ensure!(sample(&page, "juneau_agent_publish_latency_seconds_count").unwrap_or(0.0) >= 1.0, "{page}");
-    assert_eq!(sample(&page, "juneau_agent_advertised_vips"), Some(1.0), "{page}");
+    ensure!(
+        sample(&page, "juneau_agent_state_publishes_total").unwrap_or(0.0) >= 1.0,
+        "{page}"
+    );
+    ensure!(
+        sample(&page, "juneau_agent_publish_latency_seconds_count").unwrap_or(0.0) >= 1.0,
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, "juneau_agent_advertised_vips"),
+        Some(1.0),
+        "{page}"
+    );
     assert_eq!(http_get(agent.metrics_port, "/readyz")?.0, 200);
     assert_eq!(http_get(agent.metrics_port, "/healthz")?.0, 200);
 
@@ -235,7 +275,10 @@ fn plugin_reports(env: &Env) -> Result<()> {
         .iter()
         .map(|r| (r["service"].as_str().unwrap().to_string(), r.clone()))
         .collect();
-    assert_eq!(by.keys().cloned().collect::<Vec<_>>(), ["w3", "w4", "w5", "w6"]);
+    assert_eq!(
+        by.keys().cloned().collect::<Vec<_>>(),
+        ["w3", "w4", "w5", "w6"]
+    );
     assert_eq!(by["w3"]["phase"], "Ready");
     assert_eq!(by["w3"]["advertisingNodes"], serde_json::json!(["node-a"]));
     assert_eq!(by["w5"]["phase"], "Pending");
@@ -254,9 +297,19 @@ fn plugin_reports(env: &Env) -> Result<()> {
         .find(|p| p["pool"] == "tiny")
         .cloned()
         .unwrap_or_default();
-    assert_eq!((tiny["total"].as_u64(), tiny["allocated"].as_u64()), (Some(2), Some(2)), "{pools}");
+    assert_eq!(
+        (tiny["total"].as_u64(), tiny["allocated"].as_u64()),
+        (Some(2), Some(2)),
+        "{pools}"
+    );
     assert_eq!(tiny["usedPercent"], 100);
-    let small = pools.as_array().unwrap().iter().find(|p| p["pool"] == "small").cloned().unwrap_or_default();
+    let small = pools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pool"] == "small")
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(small["overlapsWith"], serde_json::json!(["big"]));
     // why: per node, the precise reason.
     let w3 = juneau(env, &["why", "w3", "-n", "default"])?;
@@ -274,7 +327,12 @@ fn plugin_reports(env: &Env) -> Result<()> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|n| (n["node"].as_str().unwrap().into(), n["reason"].as_str().unwrap().into()))
+        .map(|n| {
+            (
+                n["node"].as_str().unwrap().into(),
+                n["reason"].as_str().unwrap().into(),
+            )
+        })
         .collect();
     assert_eq!(
         verdicts,

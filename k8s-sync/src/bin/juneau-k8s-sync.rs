@@ -112,7 +112,13 @@ async fn main() -> anyhow::Result<()> {
             // A standby replica is as ready as the leader: it takes over on its own.
             let health = Arc::new(Health::default());
             health.set_ready(true);
-            serve_metrics(metrics_addr, metrics::CONTROLLER_METRICS_ADDR, registry, health).await?;
+            serve_metrics(
+                metrics_addr,
+                metrics::CONTROLLER_METRICS_ADDR,
+                registry,
+                health,
+            )
+            .await?;
             let identity = identity.unwrap_or_else(|| {
                 let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
                     .map(|h| h.trim().to_string())
@@ -140,8 +146,13 @@ async fn main() -> anyhow::Result<()> {
             let mut registry = Registry::default();
             let metrics = AgentMetrics::new(&mut registry);
             let health = Arc::new(Health::default());
-            serve_metrics(metrics_addr, metrics::AGENT_METRICS_ADDR, registry, health.clone())
-                .await?;
+            serve_metrics(
+                metrics_addr,
+                metrics::AGENT_METRICS_ADDR,
+                registry,
+                health.clone(),
+            )
+            .await?;
             let state_file = state_file.unwrap_or_else(|| juneau_control::shm::default_path(&node));
             agent::run(
                 client,

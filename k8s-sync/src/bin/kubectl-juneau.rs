@@ -81,7 +81,11 @@ enum Output {
     Yaml,
 }
 
-fn emit<T: serde::Serialize>(output: Output, value: &T, table: impl FnOnce() -> String) -> anyhow::Result<Option<String>> {
+fn emit<T: serde::Serialize>(
+    output: Output,
+    value: &T,
+    table: impl FnOnce() -> String,
+) -> anyhow::Result<Option<String>> {
     Ok(Some(match output {
         Output::Table => table(),
         Output::Json => serde_json::to_string_pretty(value)? + "\n",
@@ -89,16 +93,32 @@ fn emit<T: serde::Serialize>(output: Output, value: &T, table: impl FnOnce() -> 
     }))
 }
 
-async fn status(c: kube::Client, ns: Option<&str>, output: Output) -> anyhow::Result<Option<String>> {
+async fn status(
+    c: kube::Client,
+    ns: Option<&str>,
+    output: Output,
+) -> anyhow::Result<Option<String>> {
     let api: Api<ServiceLoadBalancer> = match ns {
         Some(ns) => Api::namespaced(c, ns),
         None => Api::all(c),
     };
-    let slbs = api.list(&ListParams::default()).await.context("listing ServiceLoadBalancers")?.items;
+    let slbs = api
+        .list(&ListParams::default())
+        .await
+        .context("listing ServiceLoadBalancers")?
+        .items;
     let rows = report::status_rows(&slbs);
     emit(output, &rows, || {
         table(
-            &["NAMESPACE", "SERVICE", "VIP", "PHASE", "POOL", "ADVERTISING NODES", "REASON"],
+            &[
+                "NAMESPACE",
+                "SERVICE",
+                "VIP",
+                "PHASE",
+                "POOL",
+                "ADVERTISING NODES",
+                "REASON",
+            ],
             &rows
                 .iter()
                 .map(|r| {
@@ -108,7 +128,11 @@ async fn status(c: kube::Client, ns: Option<&str>, output: Output) -> anyhow::Re
                         r.vip.clone().unwrap_or_else(|| "<none>".into()),
                         r.phase.clone(),
                         r.pool.clone().unwrap_or_else(|| "<none>".into()),
-                        if r.advertising_nodes.is_empty() { "<none>".into() } else { r.advertising_nodes.join(",") },
+                        if r.advertising_nodes.is_empty() {
+                            "<none>".into()
+                        } else {
+                            r.advertising_nodes.join(",")
+                        },
                         r.reason.clone(),
                     ]
                 })
@@ -118,12 +142,27 @@ async fn status(c: kube::Client, ns: Option<&str>, output: Output) -> anyhow::Re
 }
 
 async fn pools(c: kube::Client, output: Output) -> anyhow::Result<Option<String>> {
-    let pools = Api::<AddressPool>::all(c.clone()).list(&ListParams::default()).await.context("listing AddressPools")?.items;
-    let slbs = Api::<ServiceLoadBalancer>::all(c).list(&ListParams::default()).await.context("listing ServiceLoadBalancers")?.items;
+    let pools = Api::<AddressPool>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing AddressPools")?
+        .items;
+    let slbs = Api::<ServiceLoadBalancer>::all(c)
+        .list(&ListParams::default())
+        .await
+        .context("listing ServiceLoadBalancers")?
+        .items;
     let rows = report::pool_rows(&pools, &slbs);
     emit(output, &rows, || {
         table(
-            &["POOL", "TOTAL", "ALLOCATED", "FREE", "USED", "OVERLAPS WITH"],
+            &[
+                "POOL",
+                "TOTAL",
+                "ALLOCATED",
+                "FREE",
+                "USED",
+                "OVERLAPS WITH",
+            ],
             &rows
                 .iter()
                 .map(|r| {
@@ -145,8 +184,17 @@ async fn pools(c: kube::Client, output: Output) -> anyhow::Result<Option<String>
     })
 }
 
-async fn why(c: kube::Client, name: &str, ns: &str, output: Output) -> anyhow::Result<Option<String>> {
-    let Some(slb) = Api::<ServiceLoadBalancer>::namespaced(c.clone(), ns).get_opt(name).await.context("reading the ServiceLoadBalancer")? else {
+async fn why(
+    c: kube::Client,
+    name: &str,
+    ns: &str,
+    output: Output,
+) -> anyhow::Result<Option<String>> {
+    let Some(slb) = Api::<ServiceLoadBalancer>::namespaced(c.clone(), ns)
+        .get_opt(name)
+        .await
+        .context("reading the ServiceLoadBalancer")?
+    else {
         eprintln!("Error: Service {ns}/{name} has no ServiceLoadBalancer: it is not a Juneau Service, or the controller has not processed it yet (try `kubectl juneau describe lb {name} -n {ns}`)");
         return Ok(None);
     };
@@ -155,8 +203,16 @@ async fn why(c: kube::Client, name: &str, ns: &str, output: Output) -> anyhow::R
         .await
         .context("listing EndpointSlices")?
         .items;
-    let nodes = Api::<Node>::all(c.clone()).list(&ListParams::default()).await.context("listing Nodes")?.items;
-    let advs = Api::<BGPAdvertisement>::all(c).list(&ListParams::default()).await.context("listing BGPAdvertisements")?.items;
+    let nodes = Api::<Node>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing Nodes")?
+        .items;
+    let advs = Api::<BGPAdvertisement>::all(c)
+        .list(&ListParams::default())
+        .await
+        .context("listing BGPAdvertisements")?
+        .items;
     let world = World {
         nodes: report::node_map(nodes),
         advertisements: advs.into_iter().map(|a| a.spec).collect(),
@@ -177,7 +233,18 @@ async fn why(c: kube::Client, name: &str, ns: &str, output: Output) -> anyhow::R
             &["NODE", "ADVERTISING", "REASON", "DETAIL"],
             &r.nodes
                 .iter()
-                .map(|v| vec![v.node.clone(), if v.advertising { "yes".into() } else { "no".into() }, v.reason.clone(), v.message.clone()])
+                .map(|v| {
+                    vec![
+                        v.node.clone(),
+                        if v.advertising {
+                            "yes".into()
+                        } else {
+                            "no".into()
+                        },
+                        v.reason.clone(),
+                        v.message.clone(),
+                    ]
+                })
                 .collect::<Vec<_>>(),
         ));
         for n in &r.not_checked {
@@ -208,8 +275,16 @@ struct ConfiguredPeer {
 const PEERS_UNAVAILABLE: &str = "per-node BGP session state (state, uptime, prefixes, BFD) is not published to the Kubernetes API yet; read each node speaker's /metrics (juneau_bgp_peer_up, juneau_bgp_peer_state, juneau_bgp_prefixes_announced) or its status file";
 
 async fn peers(c: kube::Client, output: Output) -> anyhow::Result<Option<String>> {
-    let peers = Api::<BGPPeer>::all(c.clone()).list(&ListParams::default()).await.context("listing BGPPeers")?.items;
-    let nodes = Api::<Node>::all(c).list(&ListParams::default()).await.context("listing Nodes")?.items;
+    let peers = Api::<BGPPeer>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing BGPPeers")?
+        .items;
+    let nodes = Api::<Node>::all(c)
+        .list(&ListParams::default())
+        .await
+        .context("listing Nodes")?
+        .items;
     let mut configured = Vec::new();
     for n in &nodes {
         let labels = n.metadata.labels.clone().unwrap_or_default();
@@ -235,12 +310,22 @@ async fn peers(c: kube::Client, output: Output) -> anyhow::Result<Option<String>
         configured,
     };
     emit(output, &r, || {
-        let mut out = format!("Session state: not available yet: {}\n\nConfigured sessions (from BGPPeers):\n", r.reason);
+        let mut out = format!(
+            "Session state: not available yet: {}\n\nConfigured sessions (from BGPPeers):\n",
+            r.reason
+        );
         out.push_str(&table(
             &["NODE", "PEER", "ADDRESS", "ASN"],
             &r.configured
                 .iter()
-                .map(|p| vec![p.node.clone(), p.peer.clone(), p.peer_address.clone(), p.peer_asn.to_string()])
+                .map(|p| {
+                    vec![
+                        p.node.clone(),
+                        p.peer.clone(),
+                        p.peer_address.clone(),
+                        p.peer_asn.to_string(),
+                    ]
+                })
                 .collect::<Vec<_>>(),
         ));
         out
