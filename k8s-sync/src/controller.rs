@@ -131,6 +131,11 @@ pub async fn run(client: Client, opts: ControllerOptions) -> anyhow::Result<()> 
         } else {
             work.abort();
         }
+        // Only the leader speaks for pools and Services.
+        opts.metrics.pool_addresses.clear();
+        opts.metrics.pool_addresses_in_use.clear();
+        opts.metrics.service_ready_backends.clear();
+        opts.metrics.service_advertising_nodes.clear();
     }
 }
 
