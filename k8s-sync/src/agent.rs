@@ -19,6 +19,7 @@ use tracing::{debug, info, warn};
 
 use crate::crd::{BGPAdvertisement, BGPPeer, ServiceLoadBalancer};
 use crate::endpoints::SERVICE_NAME_LABEL;
+use crate::metrics::{AgentMetrics, Health, VipLabel};
 use crate::node_state::{build_node_state, AgentView};
 
 /// Settings of the agent process.
@@ -30,6 +31,29 @@ pub struct AgentOptions {
     pub state_file: PathBuf,
     /// Namespace of BGP password Secrets.
     pub secret_namespace: String,
+    /// The agent's metrics (registered by the caller, served on `--metrics-addr`).
+    pub metrics: AgentMetrics,
+    /// Readiness: set once the first state is published.
+    pub health: std::sync::Arc<Health>,
+}
+
+fn record(m: &AgentMetrics, state: &NodeState, generation: u64) {
+    m.publishes.inc();
+    m.services.set(state.services.len() as i64);
+    m.backends
+        .set(state.services.iter().map(|s| s.backends.len() as i64).sum());
+    m.advertised_vips.set(state.advertised.len() as i64);
+    m.vip_advertised.clear();
+    for a in &state.advertised {
+        m.vip_advertised
+            .get_or_create(&VipLabel {
+                vip: a.vip.to_string(),
+            })
+            .set(1);
+    }
+    m.peers.set(state.peers.len() as i64);
+    m.state_generation
+        .set(i64::try_from(generation).unwrap_or(i64::MAX));
 }
 
 fn reflect<K>(
@@ -173,6 +197,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
                 if ev.is_none() {
                     anyhow::bail!("every watch ended");
                 }
+                let first_event = std::time::Instant::now();
                 // Take every change already queued, then publish once.
                 while let Some(Some(())) = changes.next().now_or_never() {}
                 if !stores.ready() {
@@ -187,6 +212,11 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
                 }
                 if last.as_ref() != Some(&state) {
                     let generation = writer.publish(&state).context("publishing the node state")?;
+                    opts.metrics
+                        .publish_latency
+                        .observe(first_event.elapsed().as_secs_f64());
+                    record(&opts.metrics, &state, generation);
+                    opts.health.set_ready(true);
                     info!(
                         generation,
                         services = state.services.len(),

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{future, StreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
@@ -21,12 +22,14 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::crd::{
-    AddressPool, BGPAdvertisement, ExternalNetwork, ServiceLoadBalancer, ServiceLoadBalancerSpec,
-    ServiceLoadBalancerStatus, CONTROLLER_MANAGER, EXTERNAL_NETWORK_ANNOTATION, FINALIZER,
-    REQUESTED_IP_ANNOTATION,
+    AddressPool, AddressPoolStatus, BGPAdvertisement, ExternalNetwork, ServiceLoadBalancer,
+    ServiceLoadBalancerSpec, ServiceLoadBalancerStatus, CONTROLLER_MANAGER,
+    EXTERNAL_NETWORK_ANNOTATION, FINALIZER, REQUESTED_IP_ANNOTATION,
 };
 use crate::endpoints::SERVICE_NAME_LABEL;
-use crate::reconcile::{is_managed, key_of, reconcile_service, World};
+use crate::metrics::{ControllerMetrics, PoolLabel, ServiceLabels};
+use crate::pools::{self, OVERLAPPING, OVERLAP_REASON};
+use crate::reconcile::{created_secs, is_managed, key_of, reconcile_service, Waiter, World};
 use crate::vips::VipBook;
 use crate::Error;
 
@@ -41,9 +44,27 @@ pub struct ControllerOptions {
     pub identity: String,
     /// Seconds a lease stays valid without renewal.
     pub lease_duration: u64,
+    /// The controller's metrics (registered by the caller, served on `--metrics-addr`).
+    pub metrics: ControllerMetrics,
+}
+
+/// Who this replica is in the Lease, checked before every batch of writes.
+#[derive(Clone)]
+struct Fence {
+    leases: Api<Lease>,
+    lease_name: String,
+    identity: String,
 }
 
 struct Ctx {
+    fence: Fence,
+    metrics: ControllerMetrics,
+    /// Services waiting for an address of an exhausted pool (creation order decides who
+    /// gets a freed one).
+    waiters: Mutex<HashMap<String, Waiter>>,
+    /// Woken when allocations or pools change, so AddressPool statuses follow.
+    pools_changed: Arc<tokio::sync::Notify>,
+    pool_objects: Store<AddressPool>,
     client: Client,
     book: Mutex<VipBook>,
     recorder: Recorder,
@@ -79,7 +100,13 @@ pub async fn run(client: Client, opts: ControllerOptions) -> anyhow::Result<()> 
             }
         }
         info!(identity = %opts.identity, "became leader; rebuilding the VIP book from the API");
-        let mut work = tokio::spawn(lead(client.clone(), opts.identity.clone()));
+        opts.metrics.is_leader.set(1);
+        let fence = Fence {
+            leases: Api::namespaced(client.clone(), &opts.namespace),
+            lease_name: opts.lease_name.clone(),
+            identity: opts.identity.clone(),
+        };
+        let mut work = tokio::spawn(lead(client.clone(), fence, opts.metrics.clone()));
         let lost = loop {
             tokio::select! {
                 r = &mut work => {
@@ -96,23 +123,50 @@ pub async fn run(client: Client, opts: ControllerOptions) -> anyhow::Result<()> 
                 }
             }
         };
+        opts.metrics.is_leader.set(0);
         if lost {
             warn!("lost leadership; stopping");
             work.abort();
             let _ = work.await;
+        } else {
+            work.abort();
         }
+        // Only the leader speaks for pools and Services.
+        opts.metrics.pool_addresses.clear();
+        opts.metrics.pool_addresses_in_use.clear();
+        opts.metrics.service_ready_backends.clear();
+        opts.metrics.service_advertising_nodes.clear();
     }
 }
 
 /// Lists what the API records and fills the VIP book: ServiceLoadBalancer statuses first
 /// (oldest first), then ingress IPs of managed Services that have none.
 pub async fn rebuild_book(client: &Client) -> Result<VipBook, Error> {
+    Ok(rebuild(client).await?.0)
+}
+
+/// The VIP book and the waiting line, as the API records them: a Service whose record
+/// says it waits for a free address (`VIPAllocated` False, `AddressPoolExhausted`) is in
+/// line, by its creation time.
+async fn rebuild(client: &Client) -> Result<(VipBook, HashMap<String, Waiter>), Error> {
     let mut book = VipBook::default();
+    let mut waiters = HashMap::new();
     let svcs: Api<Service> = Api::all(client.clone());
     let services = svcs.list(&ListParams::default()).await?.items;
     let uids: HashMap<String, String> = services
         .iter()
         .map(|s| (key_of(s), s.uid().unwrap_or_default()))
+        .collect();
+    let networks: HashMap<String, Vec<String>> = Api::<ExternalNetwork>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|n| (n.name_any(), n.spec.address_pools))
+        .collect();
+    let created: HashMap<String, i64> = services
+        .iter()
+        .map(|s| (key_of(s), created_secs(s)))
         .collect();
     let slbs: Api<ServiceLoadBalancer> = Api::all(client.clone());
     let mut list = slbs.list(&ListParams::default()).await?.items;
@@ -148,6 +202,25 @@ pub async fn rebuild_book(client: &Client) -> Result<VipBook, Error> {
             }
             continue;
         }
+        if let Some(st) = s.status.as_ref() {
+            let queued = st.conditions.iter().any(|c| {
+                c.type_ == crate::reconcile::condition::VIP_ALLOCATED
+                    && c.status == "False"
+                    && c.reason == "AddressPoolExhausted"
+            });
+            if queued && st.vip.is_none() {
+                let net = st.external_network.clone().unwrap_or_default();
+                let pools = networks.get(&net).cloned().unwrap_or_default();
+                waiters.insert(
+                    owner.clone(),
+                    Waiter {
+                        key: owner.clone(),
+                        created: created.get(&owner).copied().unwrap_or(i64::MAX),
+                        pools,
+                    },
+                );
+            }
+        }
         if let Some(vip) = s
             .status
             .as_ref()
@@ -173,8 +246,12 @@ pub async fn rebuild_book(client: &Client) -> Result<VipBook, Error> {
             }
         }
     }
-    info!(vips = book.len(), "VIP book rebuilt");
-    Ok(book)
+    info!(
+        vips = book.len(),
+        waiting = waiters.len(),
+        "VIP book rebuilt"
+    );
+    Ok((book, waiters))
 }
 
 fn ingress_ip(s: &Service) -> Option<Ipv4Addr> {
@@ -215,18 +292,27 @@ where
     (store, stream)
 }
 
-async fn lead(client: Client, identity: String) -> anyhow::Result<()> {
-    let book = rebuild_book(&client).await?;
+async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyhow::Result<()> {
+    let identity = fence.identity.clone();
+    let (book, waiters) = rebuild(&client).await?;
     let (slices, slice_stream) = reflect(Api::<EndpointSlice>::all(client.clone()));
     let (networks, net_stream) = reflect(Api::<ExternalNetwork>::all(client.clone()));
     let (pools, pool_stream) = reflect(Api::<AddressPool>::all(client.clone()));
     let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()));
     let (advertisements, adv_stream) = reflect(Api::<BGPAdvertisement>::all(client.clone()));
     let (released, released_rx) = futures::channel::mpsc::unbounded();
+    let pools_changed = Arc::new(tokio::sync::Notify::new());
+    let pool_watch = {
+        let n = pools_changed.clone();
+        pool_stream.map(move |e| {
+            n.notify_one();
+            e
+        })
+    };
     let cluster_changes = futures::stream::select_all(vec![
         released_rx.boxed(),
         net_stream.map(|_| ()).boxed(),
-        pool_stream.map(|_| ()).boxed(),
+        pool_watch.map(|_| ()).boxed(),
         node_stream.map(|_| ()).boxed(),
         adv_stream.map(|_| ()).boxed(),
     ]);
@@ -238,6 +324,11 @@ async fn lead(client: Client, identity: String) -> anyhow::Result<()> {
         },
     );
     let ctx = Arc::new(Ctx {
+        fence,
+        metrics,
+        waiters: Mutex::new(waiters),
+        pools_changed: pools_changed.clone(),
+        pool_objects: pools.clone(),
         client: client.clone(),
         book: Mutex::new(book),
         recorder,
@@ -249,6 +340,14 @@ async fn lead(client: Client, identity: String) -> anyhow::Result<()> {
         failures: Mutex::new(HashMap::new()),
         released,
     });
+    let pool_task = tokio::spawn(report_pools(ctx.clone()));
+    struct AbortOnDrop(tokio::task::JoinHandle<()>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let _pool_task = AbortOnDrop(pool_task);
     Controller::new(
         Api::<Service>::all(client.clone()),
         watcher::Config::default(),
@@ -264,7 +363,7 @@ async fn lead(client: Client, identity: String) -> anyhow::Result<()> {
     })
     .reconcile_all_on(cluster_changes)
     .with_config(ControllerConfig::default().debounce(Duration::from_millis(100)))
-    .run(reconcile, error_policy, ctx)
+    .run(timed_reconcile, error_policy, ctx)
     .for_each(|r| {
         if let Err(e) = r {
             tracing::debug!(error = %e, "reconcile");
@@ -277,6 +376,10 @@ async fn lead(client: Client, identity: String) -> anyhow::Result<()> {
 
 fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<Ctx>) -> Action {
     let key = key_of(&svc);
+    ctx.metrics.reconcile_errors.inc();
+    if is_fenced(err) {
+        ctx.metrics.fenced_writes.inc();
+    }
     let n = {
         let mut f = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
         let n = f.entry(key.clone()).or_insert(0);
@@ -332,6 +435,13 @@ fn world(ctx: &Ctx) -> World {
             .iter()
             .map(|a| a.spec.clone())
             .collect(),
+        waiters: ctx
+            .waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect(),
     }
 }
 
@@ -363,6 +473,108 @@ async fn publish(
     }
 }
 
+/// True when the error is a write this replica must not make (deposed, or the object
+/// changed since it was read).
+fn is_fenced(err: &Error) -> bool {
+    match err {
+        Error::Fenced(_) => true,
+        Error::Kube(kube::Error::Api(e)) => e.code == 409,
+        _ => false,
+    }
+}
+
+impl Fence {
+    /// Fails unless the Lease, as the apiserver has it now, names this replica and has
+    /// not expired. Called before every batch of writes: a replica that was deposed
+    /// while it worked (paused, partitioned) writes nothing. Writes racing the check are
+    /// fenced by the `resourceVersion` every write carries.
+    async fn check(&self) -> Result<(), Error> {
+        let lease = self.leases.get(&self.lease_name).await?;
+        let spec = lease.spec.unwrap_or_default();
+        let holder = spec.holder_identity.unwrap_or_default();
+        if holder != self.identity {
+            return Err(Error::Fenced(format!(
+                "the Lease is held by {holder:?}, not by this replica ({})",
+                self.identity
+            )));
+        }
+        let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
+        let expires = spec
+            .renew_time
+            .map(|t| t.0.as_second().saturating_add(duration))
+            .unwrap_or(0);
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        if expires <= now {
+            return Err(Error::Fenced(format!(
+                "this replica's Lease expired {}s ago",
+                now - expires
+            )));
+        }
+        Ok(())
+    }
+}
+
+async fn timed_reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let start = std::time::Instant::now();
+    ctx.metrics.reconciles.inc();
+    let r = reconcile(svc, ctx.clone()).await;
+    ctx.metrics
+        .reconcile_duration
+        .observe(start.elapsed().as_secs_f64());
+    if let Err(e) = &r {
+        if is_fenced(e) {
+            warn!(error = %e, "write fenced");
+        }
+    }
+    r
+}
+
+fn labels_of(key: &str, vip: Ipv4Addr) -> ServiceLabels {
+    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+    ServiceLabels {
+        namespace: ns.into(),
+        service: name.into(),
+        vip: vip.to_string(),
+    }
+}
+
+fn forget_service(ctx: &Ctx, key: &str, vip: Option<Ipv4Addr>) {
+    if let Some(v) = vip {
+        let l = labels_of(key, v);
+        ctx.metrics.service_ready_backends.remove(&l);
+        ctx.metrics.service_advertising_nodes.remove(&l);
+    }
+}
+
+/// Applies the Service's `.status.loadBalancer.ingress` (server-side apply, field
+/// manager `juneau-controller`, conditioned on the resourceVersion it was decided from).
+async fn apply_ingress(
+    svcs: &Api<Service>,
+    svc: &Service,
+    ip: Option<Ipv4Addr>,
+) -> Result<(), Error> {
+    let ingress = match ip {
+        Some(ip) => json!([{"ip": ip.to_string(), "ipMode": "VIP"}]),
+        None => json!([]),
+    };
+    svcs.patch_status(
+        &svc.name_any(),
+        &PatchParams::apply(CONTROLLER_MANAGER).force(),
+        &Patch::Apply(json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": svc.name_any(),
+                "namespace": svc.namespace(),
+                "resourceVersion": svc.resource_version(),
+            },
+            "status": {"loadBalancer": {"ingress": ingress}},
+        })),
+    )
+    .await?;
+    Ok(())
+}
+
 async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = svc.namespace().unwrap_or_else(|| "default".into());
     let name = svc.name_any();
@@ -378,9 +590,20 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .vip_of(&key);
+        let was_waiting = ctx
+            .waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key)
+            .is_some();
+        if was_waiting {
+            // Those behind it move up the line.
+            let _ = ctx.released.unbounded_send(());
+        }
         if !has_finalizer && held.is_none() {
             return Ok(Action::await_change()); // never ours: strictly untouched
         }
+        ctx.fence.check().await?;
         // Ours until now: delete the record, clear the VIP we wrote, drop the finalizer,
         // and only then free the VIP for others.
         match slbs.delete(&name, &DeleteParams::default()).await {
@@ -391,12 +614,7 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         if !deleting {
             if let (Some(shown), Some(v)) = (ingress_ip(&svc), held) {
                 if shown == v {
-                    svcs.patch_status(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": null}}})),
-                    )
-                    .await?;
+                    apply_ingress(&svcs, &svc, None).await?;
                 }
             }
         }
@@ -408,8 +626,11 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .release(&key);
+        forget_service(&ctx, &key, released);
         if let Some(v) = released {
             info!(service = %key, vip = %v, "VIP released");
+            ctx.metrics.releases.inc();
+            ctx.pools_changed.notify_one();
             let _ = ctx.released.unbounded_send(());
             if !deleting {
                 publish(&ctx, &svc, false, "VIPReleased", &format!("VIP {v} released: the Service is no longer of class juneau.loutres.me/load-balancer"), "Release").await;
@@ -422,8 +643,10 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
 
+    let mut svc = svc;
     if !has_finalizer {
-        add_finalizer(&svcs, &svc).await?;
+        ctx.fence.check().await?;
+        svc = Arc::new(add_finalizer(&svcs, &svc).await?);
         // The update triggers another reconcile; do the work now anyway.
     }
     wait_ready(&ctx).await?;
@@ -441,17 +664,52 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         })
         .collect();
     let slice_refs: Vec<&EndpointSlice> = slice_objs.iter().map(|s| s.as_ref()).collect();
-    let outcome = {
+    let (outcome, held_before, held_now) = {
         let mut book = ctx.book.lock().unwrap_or_else(|e| e.into_inner());
-        reconcile_service(
+        let held_before = book.vip_of(&key);
+        let outcome = reconcile_service(
             &svc,
             prev_status.as_ref(),
             &slice_refs,
             &world,
             &mut book,
             now(),
-        )
+        );
+        (outcome, held_before, book.vip_of(&key))
     };
+    {
+        let mut w = ctx.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        if outcome.queued_on.is_empty() {
+            w.remove(&key);
+        } else {
+            w.insert(
+                key.clone(),
+                Waiter {
+                    key: key.clone(),
+                    created: created_secs(&svc),
+                    pools: outcome.queued_on.clone(),
+                },
+            );
+        }
+    }
+    if held_before.is_none() && held_now.is_some() {
+        ctx.metrics.allocations.inc();
+    }
+    if held_now != held_before {
+        ctx.pools_changed.notify_one();
+        forget_service(&ctx, &key, held_before);
+    }
+    if let Some(v) = held_now {
+        let l = labels_of(&key, v);
+        ctx.metrics
+            .service_ready_backends
+            .get_or_create(&l)
+            .set(i64::from(outcome.status.backend_summary.total_ready));
+        ctx.metrics
+            .service_advertising_nodes
+            .get_or_create(&l)
+            .set(outcome.status.advertising_nodes.len() as i64);
+    }
 
     // 1. The record (ServiceLoadBalancer), before the Service shows anything.
     let ann = svc.annotations();
@@ -468,38 +726,41 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         controller: Some(true),
         block_owner_deletion: Some(true),
     };
-    let pp = PatchParams::apply(CONTROLLER_MANAGER).force();
-    if previous.as_ref().map(|p| (&p.spec, p.owner_references()))
-        != Some((&spec, std::slice::from_ref(&owner)))
-    {
-        slbs.patch(
-            &name,
-            &pp,
-            &Patch::Apply(json!({
-                "apiVersion": "juneau.loutres.me/v1alpha1",
-                "kind": "ServiceLoadBalancer",
-                "metadata": {"name": name, "namespace": ns, "ownerReferences": [owner]},
-                "spec": spec,
-            })),
-        )
-        .await?;
+    let spec_changed = previous.as_ref().map(|p| (&p.spec, p.owner_references()))
+        != Some((&spec, std::slice::from_ref(&owner)));
+    let status_changed = prev_status.as_ref() != Some(&outcome.status);
+    let ingress_changed = ingress_ip(&svc) != outcome.ingress_ip;
+    if spec_changed || status_changed || ingress_changed {
+        ctx.fence.check().await?;
     }
-    if prev_status.as_ref() != Some(&outcome.status) {
-        write_status(&slbs, &name, &outcome.status).await?;
+    let pp = PatchParams::apply(CONTROLLER_MANAGER).force();
+    let mut record_version = previous.as_ref().and_then(|p| p.resource_version());
+    if spec_changed {
+        let mut metadata = json!({"name": name, "namespace": ns, "ownerReferences": [owner]});
+        if let Some(rv) = &record_version {
+            metadata["resourceVersion"] = json!(rv);
+        }
+        let written = slbs
+            .patch(
+                &name,
+                &pp,
+                &Patch::Apply(json!({
+                    "apiVersion": "juneau.loutres.me/v1alpha1",
+                    "kind": "ServiceLoadBalancer",
+                    "metadata": metadata,
+                    "spec": spec,
+                })),
+            )
+            .await?;
+        record_version = written.resource_version();
+    }
+    if status_changed {
+        write_status(&slbs, &name, record_version, &outcome.status).await?;
     }
 
     // 2. What the Service shows.
-    if ingress_ip(&svc) != outcome.ingress_ip {
-        let ingress = match outcome.ingress_ip {
-            Some(ip) => json!([{"ip": ip.to_string(), "ipMode": "VIP"}]),
-            None => json!(null),
-        };
-        svcs.patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": ingress}}})),
-        )
-        .await?;
+    if ingress_changed {
+        apply_ingress(&svcs, &svc, outcome.ingress_ip).await?;
     }
 
     // 3. Events, only for what changed.
@@ -519,33 +780,139 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }))
 }
 
+/// Server-side apply of a ServiceLoadBalancer's status (field manager
+/// `juneau-controller`), conditioned on the record's resourceVersion: fields the status
+/// no longer has are dropped by the apply itself.
 async fn write_status(
     slbs: &Api<ServiceLoadBalancer>,
     name: &str,
+    resource_version: Option<String>,
     status: &ServiceLoadBalancerStatus,
 ) -> Result<(), Error> {
-    // A merge patch keeps fields it does not mention: name the ones that went away.
-    let mut v = serde_json::to_value(status)?;
-    if let Some(m) = v.as_object_mut() {
-        for k in [
-            "vip",
-            "addressPool",
-            "externalNetwork",
-            "observedGeneration",
-        ] {
-            m.entry(k).or_insert(serde_json::Value::Null);
-        }
+    let mut metadata = json!({ "name": name });
+    if let Some(rv) = resource_version {
+        metadata["resourceVersion"] = json!(rv);
     }
     slbs.patch_status(
         name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": v })),
+        &PatchParams::apply(CONTROLLER_MANAGER).force(),
+        &Patch::Apply(json!({
+            "apiVersion": "juneau.loutres.me/v1alpha1",
+            "kind": "ServiceLoadBalancer",
+            "metadata": metadata,
+            "status": status,
+        })),
     )
     .await?;
     Ok(())
 }
 
-async fn add_finalizer(api: &Api<Service>, svc: &Service) -> Result<(), Error> {
+/// Keeps every AddressPool's status (addresses total / allocated, `Overlapping`) and the
+/// per-pool metrics current; raises a Warning Event on a pool when it starts overlapping.
+async fn report_pools(ctx: Arc<Ctx>) {
+    let _ = ctx.pool_objects.wait_until_ready().await;
+    loop {
+        if let Err(e) = report_pools_once(&ctx).await {
+            if is_fenced(&e) {
+                ctx.metrics.fenced_writes.inc();
+            }
+            warn!(error = %e, "could not write AddressPool statuses; retrying");
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            continue;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(30), ctx.pools_changed.notified()).await;
+        // Let a burst of allocations settle into one write per pool.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn report_pools_once(ctx: &Ctx) -> Result<(), Error> {
+    let objects = ctx.pool_objects.state();
+    let specs = objects
+        .iter()
+        .map(|p| (p.name_any(), p.spec.clone()))
+        .collect();
+    let report = {
+        let book = ctx.book.lock().unwrap_or_else(|e| e.into_inner());
+        pools::report(&specs, &book)
+    };
+    ctx.metrics.pool_addresses.clear();
+    ctx.metrics.pool_addresses_in_use.clear();
+    let api: Api<AddressPool> = Api::all(ctx.client.clone());
+    let mut checked = false;
+    for pool in objects.iter() {
+        let name = pool.name_any();
+        let Some(r) = report.get(&name) else { continue };
+        let label = PoolLabel { pool: name.clone() };
+        ctx.metrics
+            .pool_addresses
+            .get_or_create(&label)
+            .set(i64::try_from(r.total).unwrap_or(i64::MAX));
+        ctx.metrics
+            .pool_addresses_in_use
+            .get_or_create(&label)
+            .set(i64::try_from(r.allocated).unwrap_or(i64::MAX));
+        let prev = pool.status.clone().unwrap_or_default();
+        let overlapping = !r.overlaps.is_empty();
+        let (reason, message) = match (&r.invalid, overlapping) {
+            (Some(e), _) => ("AddressesInvalid", e.clone()),
+            (None, true) => ("AddressesOverlap", r.overlap_message(&name)),
+            (None, false) => ("NoOverlap", r.overlap_message(&name)),
+        };
+        let status_word = if overlapping { "True" } else { "False" };
+        let was = prev.conditions.iter().find(|c| c.type_ == OVERLAPPING);
+        let cond = k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: OVERLAPPING.into(),
+            status: status_word.into(),
+            reason: reason.into(),
+            message: message.clone(),
+            observed_generation: pool.metadata.generation,
+            last_transition_time: was
+                .filter(|c| c.status == status_word)
+                .map(|c| c.last_transition_time.clone())
+                .unwrap_or_else(now),
+        };
+        let status = AddressPoolStatus {
+            addresses_total: r.total,
+            addresses_allocated: r.allocated,
+            conditions: vec![cond],
+        };
+        if prev == status {
+            continue;
+        }
+        if !checked {
+            ctx.fence.check().await?;
+            checked = true;
+        }
+        api.patch_status(
+            &name,
+            &PatchParams::apply(CONTROLLER_MANAGER).force(),
+            &Patch::Apply(json!({
+                "apiVersion": "juneau.loutres.me/v1alpha1",
+                "kind": "AddressPool",
+                "metadata": {"name": name, "resourceVersion": pool.resource_version()},
+                "status": status,
+            })),
+        )
+        .await?;
+        if overlapping && was.is_none_or(|c| c.status != "True") {
+            warn!(pool = %name, "{message}");
+            let ev = KEvent {
+                type_: EventType::Warning,
+                reason: OVERLAP_REASON.into(),
+                note: Some(message.chars().take(1000).collect()),
+                action: "Validate".into(),
+                secondary: None,
+            };
+            if let Err(e) = ctx.recorder.publish(&ev, &pool.object_ref(&())).await {
+                warn!(error = %e, "could not publish Event");
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn add_finalizer(api: &Api<Service>, svc: &Service) -> Result<Service, Error> {
     let patch = if svc.metadata.finalizers.is_none() {
         json!([
             {"op": "test", "path": "/metadata/resourceVersion", "value": svc.resource_version()},
@@ -558,13 +925,16 @@ async fn add_finalizer(api: &Api<Service>, svc: &Service) -> Result<(), Error> {
         ])
     };
     let patch: json_patch::Patch = serde_json::from_value(patch)?;
-    api.patch(
-        &svc.name_any(),
-        &PatchParams::default(),
-        &Patch::<()>::Json(patch),
-    )
-    .await?;
-    Ok(())
+    Ok(api
+        .patch(
+            &svc.name_any(),
+            &PatchParams {
+                field_manager: Some(CONTROLLER_MANAGER.into()),
+                ..Default::default()
+            },
+            &Patch::<()>::Json(patch),
+        )
+        .await?)
 }
 
 async fn remove_finalizer(api: &Api<Service>, svc: &Service) -> Result<(), Error> {
@@ -578,7 +948,10 @@ async fn remove_finalizer(api: &Api<Service>, svc: &Service) -> Result<(), Error
     match api
         .patch(
             &svc.name_any(),
-            &PatchParams::default(),
+            &PatchParams {
+                field_manager: Some(CONTROLLER_MANAGER.into()),
+                ..Default::default()
+            },
             &Patch::<()>::Json(patch),
         )
         .await

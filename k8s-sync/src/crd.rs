@@ -127,8 +127,12 @@ impl JsonSchema for AdvertiseMode {
     kind = "AddressPool",
     shortname = "ap",
     category = "juneau",
+    status = "AddressPoolStatus",
     printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.advertiseMode"}"#,
-    printcolumn = r#"{"name":"Addresses","type":"string","jsonPath":".spec.addresses"}"#
+    printcolumn = r#"{"name":"Addresses","type":"string","jsonPath":".spec.addresses"}"#,
+    printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.addressesTotal"}"#,
+    printcolumn = r#"{"name":"Allocated","type":"integer","jsonPath":".status.addressesAllocated"}"#,
+    printcolumn = r#"{"name":"Overlapping","type":"string","jsonPath":".status.conditions[?(@.type==\"Overlapping\")].status"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AddressPoolSpec {
@@ -142,6 +146,23 @@ pub struct AddressPoolSpec {
     /// address). Off by default, as routers and hosts often treat them specially.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_network_and_broadcast: Option<bool>,
+}
+
+/// What the controller reports on an AddressPool. Written only by the leading controller.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressPoolStatus {
+    /// Addresses the pool hands out (network and broadcast addresses excluded unless
+    /// allowed; 0 when the addresses do not parse).
+    #[serde(default)]
+    pub addresses_total: u64,
+    /// Addresses of the pool held by a Service as its VIP.
+    #[serde(default)]
+    pub addresses_allocated: u64,
+    /// `Overlapping`: True when some address is also in another AddressPool (the reason
+    /// and message name the pool and the shared range).
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
 }
 
 /// The kind of an ExternalNetwork.

@@ -8,8 +8,9 @@
 //! made by `juneau_control`, this crate only feeds and reports them.
 //!
 //! Layout: pure decisions with unit tests ([`reconcile`], [`node_state`], [`vips`],
-//! [`endpoints`], [`describe`]) and thin glue that watches and writes ([`controller`],
-//! [`agent`]). [`crd`] holds the resource types; `crdgen` prints them.
+//! [`pools`], [`endpoints`], [`describe`]) and thin glue that watches and writes
+//! ([`controller`], [`agent`]); [`metrics`] serves both processes' Prometheus metrics
+//! and probes. [`crd`] holds the resource types; `crdgen` prints them.
 #![warn(missing_docs)]
 
 pub mod agent;
@@ -17,8 +18,11 @@ pub mod controller;
 pub mod crd;
 pub mod describe;
 pub mod endpoints;
+pub mod metrics;
 pub mod node_state;
+pub mod pools;
 pub mod reconcile;
+pub mod report;
 pub mod vips;
 
 /// Everything that can go wrong while talking to Kubernetes.
@@ -33,4 +37,7 @@ pub enum Error {
     /// A watch cache did not fill in time.
     #[error("{0} are not loaded yet")]
     NotReady(&'static str),
+    /// This replica may not write: it no longer holds the leader Lease.
+    #[error("write fenced: {0}")]
+    Fenced(String),
 }

@@ -70,6 +70,46 @@ pub struct World {
     pub nodes: BTreeMap<String, Node>,
     /// BGPAdvertisements (a VIP is announced only where one covers its pool).
     pub advertisements: Vec<BGPAdvertisementSpec>,
+    /// Services waiting for a free address of an exhausted pool.
+    pub waiters: Vec<Waiter>,
+}
+
+/// A Service waiting for an address: freed addresses go to waiters in creation order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiter {
+    /// `namespace/name`.
+    pub key: String,
+    /// Creation time (seconds since the epoch; `i64::MAX` when unknown).
+    pub created: i64,
+    /// The AddressPools it waits on.
+    pub pools: Vec<String>,
+}
+
+/// Creation time of a Service for the waiting line.
+pub fn created_secs(svc: &Service) -> i64 {
+    svc.metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .unwrap_or(i64::MAX)
+}
+
+impl World {
+    /// Waiters created before `svc` (ties broken by `namespace/name`) waiting on one of
+    /// `pools`.
+    pub fn waiters_ahead(&self, svc: &Service, pools: &[AddressPool]) -> usize {
+        let me = (created_secs(svc), key_of(svc));
+        self.waiters
+            .iter()
+            .filter(|w| w.key != me.1 && (w.created, &w.key) < (me.0, &me.1))
+            .filter(|w| w.pools.iter().any(|p| pools.iter().any(|q| &q.name == p)))
+            .count()
+    }
+}
+
+/// True when some BGPAdvertisement covers `pool` on `node`.
+pub fn advertisement_covers(world: &World, pool: &str, node: &str) -> bool {
+    !covered_nodes(world, pool, &[node.to_string()]).is_empty()
 }
 
 /// Nodes (of `candidates`) on which some BGPAdvertisement covers `pool`.
@@ -108,6 +148,9 @@ pub struct Outcome {
     /// The Service waits for an address that another Service may free (requested IP
     /// taken, pool exhausted): look again soon rather than at the next resync.
     pub waiting_for_address: bool,
+    /// The pools whose exhaustion it waits on (empty unless it waits in line for any
+    /// free address of them).
+    pub queued_on: Vec<String>,
 }
 
 /// A problem found in the Service or its configuration.
@@ -329,6 +372,7 @@ pub fn reconcile_service(
         .and_then(|a| a.get(REQUESTED_IP_ANNOTATION))
         .map(|s| s.trim().to_string());
     let mut vip = None;
+    let mut queued_on = Vec::new();
     let vip_cond = match network_pools(svc, world) {
         Err(p) => Err((p, true)),
         Ok((net, pools)) => {
@@ -354,6 +398,26 @@ pub fn reconcile_service(
                         true,
                     ))
                 }
+                Ok(None)
+                    if book.vip_of(&owner).is_none() && {
+                        let ahead = world.waiters_ahead(svc, &pools);
+                        ahead > 0 && book.free_in(&pools) <= ahead as u64
+                    } =>
+                {
+                    // Freed addresses go to the Services that waited longest.
+                    queued_on = pools.iter().map(|p| p.name.clone()).collect();
+                    let ahead = world.waiters_ahead(svc, &pools);
+                    Err((
+                        problem(
+                            "AddressPoolExhausted",
+                            format!(
+                                "no free address for this Service in ExternalNetwork {net:?}: {} free, {ahead} older Service(s) wait for one first (addresses go out in creation order)",
+                                book.free_in(&pools)
+                            ),
+                        ),
+                        false,
+                    ))
+                }
                 Ok(req) => match book.allocate(&owner, &pools, req) {
                     Ok(a) => {
                         let pool = a.pool.clone().unwrap_or_default();
@@ -366,6 +430,9 @@ pub fn reconcile_service(
                         ))
                     }
                     Err(e) => {
+                        if matches!(e, IpamError::Exhausted { .. }) && req.is_none() {
+                            queued_on = pools.iter().map(|p| p.name.clone()).collect();
+                        }
                         let (reason, fatal) = match &e {
                             IpamError::RequestedOutsidePools { .. } => {
                                 ("RequestedIPOutsidePools", true)
@@ -533,6 +600,7 @@ pub fn reconcile_service(
         status,
         notes,
         waiting_for_address,
+        queued_on,
     }
 }
 
@@ -576,7 +644,52 @@ mod tests {
                 large_communities: vec![],
                 local_pref: None,
             }],
+            waiters: vec![],
         }
+    }
+
+    #[test]
+    fn freed_addresses_go_to_the_oldest_waiters() {
+        let mut w = world();
+        w.pools.get_mut("public-v4").unwrap().addresses = vec!["203.0.113.5-203.0.113.6".into()];
+        let sl = seed_slice();
+        let aged = |name: &str, secs: i64| {
+            let mut s = svc(name, &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
+            s.metadata.creation_timestamp = Some(Time(
+                k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + secs).unwrap(),
+            ));
+            s
+        };
+        // Two addresses were just freed; w3 and w4 (older) and w5 (younger) wait.
+        w.waiters = [("default/w3", 3), ("default/w4", 4), ("default/w5", 5)]
+            .iter()
+            .map(|(k, c)| Waiter {
+                key: k.to_string(),
+                created: 1_700_000_000 + c,
+                pools: vec!["public-v4".into()],
+            })
+            .collect();
+        let mut book = VipBook::default();
+        // The youngest is reconciled first: it must leave both addresses to its elders.
+        let o5 = reconcile_service(&aged("w5", 5), None, &[&sl], &w, &mut book, now());
+        assert_eq!(o5.ingress_ip, None);
+        assert_eq!(o5.queued_on, vec!["public-v4".to_string()]);
+        assert!(o5
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.reason == "AddressPoolExhausted"
+                && c.message.contains("2 older Service(s) wait")));
+        let o4 = reconcile_service(&aged("w4", 4), None, &[&sl], &w, &mut book, now());
+        assert!(o4.ingress_ip.is_some(), "{:?}", o4.status.conditions);
+        let o3 = reconcile_service(&aged("w3", 3), None, &[&sl], &w, &mut book, now());
+        assert!(o3.ingress_ip.is_some());
+        assert!(o3.queued_on.is_empty());
+        // Once the elders hold theirs, w5 is simply exhausted and stays in line.
+        w.waiters.retain(|x| x.key == "default/w5");
+        let o5 = reconcile_service(&aged("w5", 5), None, &[&sl], &w, &mut book, now());
+        assert_eq!(o5.ingress_ip, None);
+        assert_eq!(o5.queued_on, vec!["public-v4".to_string()]);
     }
 
     #[test]

@@ -88,6 +88,40 @@ impl VipBook {
         Ok(a)
     }
 
+    /// Every VIP held.
+    pub fn vips(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
+        self.claims.iter().map(|(_, v)| *v)
+    }
+
+    /// Addresses of `pools` nobody holds (an address in two pools counted once).
+    pub fn free_in(&self, pools: &[AddressPool]) -> u64 {
+        let mut ranges: Vec<(u32, u32)> = pools
+            .iter()
+            .flat_map(|p| p.ranges.iter())
+            .map(|r| (u32::from(r.first), u32::from(r.last)))
+            .collect();
+        ranges.sort();
+        let mut merged: Vec<(u32, u32)> = Vec::new();
+        for (a, b) in ranges {
+            match merged.last_mut() {
+                Some(m) if a <= m.1.saturating_add(1) => m.1 = m.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        let total: u64 = merged
+            .iter()
+            .map(|(a, b)| u64::from(*b) - u64::from(*a) + 1)
+            .sum();
+        let held = self
+            .vips()
+            .filter(|v| {
+                let v = u32::from(*v);
+                merged.iter().any(|(a, b)| *a <= v && v <= *b)
+            })
+            .count() as u64;
+        total.saturating_sub(held)
+    }
+
     /// Number of VIPs held.
     pub fn len(&self) -> usize {
         self.claims.len()
@@ -171,6 +205,17 @@ mod tests {
             b.allocate("new", &pools, None),
             Err(IpamError::Exhausted { .. })
         ));
+    }
+
+    #[test]
+    fn free_counts_shared_addresses_once() {
+        let pools = vec![pool("a", &["192.0.2.0/30"]), pool("b", &["192.0.2.0/29"])];
+        let mut b = VipBook::default();
+        assert_eq!(b.free_in(&pools), 6);
+        assert!(b.restore(Ipv4Addr::new(192, 0, 2, 2), "x"));
+        assert!(b.restore(Ipv4Addr::new(198, 51, 100, 1), "y"));
+        assert_eq!(b.free_in(&pools), 5);
+        assert_eq!(b.free_in(&pools[..1]), 1);
     }
 
     #[test]

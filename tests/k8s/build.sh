@@ -5,7 +5,7 @@
 # through the Go module proxy.
 #
 # Output: a cache OUTSIDE the checkout, keyed by the Kubernetes version:
-#   ${JUNEAU_K8S_CACHE:-/var/cache/juneau/k8s}/<k8s-version>/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,etcd}
+#   ${JUNEAU_K8S_CACHE:-/var/cache/juneau/k8s}/<k8s-version>/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,etcd,helm}
 # Idempotent: does nothing when every binary is already there (a `.complete` stamp is
 # written last, so an interrupted build is redone). `--print-dir` prints the directory.
 #
@@ -29,6 +29,10 @@ if [[ "${1:-}" == "--print-dir" ]]; then
     exit 0
 fi
 
+# helm (the chart tests: lint, template) is built from its own Go module, not from this
+# go.mod: `go install helm.sh/helm/v3/cmd/helm@<version>` through the same module proxy.
+helm_version="v3.19.5"
+
 # Each binary: output name, Go package, ldflags flavour. Built in this order; one that is
 # already there (from an earlier, interrupted or older run) is kept.
 binaries=(
@@ -41,6 +45,7 @@ binaries=(
 all_there() {
     local b
     for b in "${binaries[@]}"; do [[ -x "$out/${b%% *}" ]] || return 1; done
+    [[ -x "$out/helm" ]]
 }
 
 if [[ -f "$out/.complete" ]] && all_there; then
@@ -84,7 +89,21 @@ for b in "${binaries[@]}"; do
     echo "    done after $(( $(date +%s) - start ))s"
 done
 
+if [[ -x "$out/helm" ]]; then
+    echo "==> helm already built"
+else
+    echo "==> helm $helm_version (go install from its own module)"
+    rm -rf "$out/.helm-bin"
+    (cd / && GOBIN="$out/.helm-bin" CGO_ENABLED=0 go install -trimpath \
+        -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" \
+        "helm.sh/helm/v3/cmd/helm@$helm_version")
+    mv "$out/.helm-bin/helm" "$out/helm"
+    rm -rf "$out/.helm-bin"
+    echo "    done after $(( $(date +%s) - start ))s"
+fi
+
 "$out/kube-apiserver" --version
+"$out/helm" version --short
 "$out/etcd" --version | sed -n 1p   # not head: it closes the pipe early (SIGPIPE under pipefail)
 date -u +%FT%TZ > "$out/.complete"
 echo "==> built in $(( $(date +%s) - start ))s: $out"

@@ -1,10 +1,14 @@
 //! `juneau-k8s-sync`: the cluster controller and the node agent of Juneau.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use juneau_k8s_sync::metrics::{self, AgentMetrics, ControllerMetrics, Health};
 use juneau_k8s_sync::{agent, controller};
+use prometheus_client::registry::Registry;
 
 /// Juneau's face to Kubernetes.
 #[derive(Parser, Debug)]
@@ -31,6 +35,11 @@ enum Command {
         /// Seconds the Lease stays valid without renewal (a new leader takes over after it).
         #[arg(long, default_value_t = 15)]
         lease_duration: u64,
+        /// Where to serve /metrics, /healthz and /readyz (default 0.0.0.0:9741; when the
+        /// default is taken the controller runs without them and says so; an address
+        /// given here must be free; port 0 picks one).
+        #[arg(long)]
+        metrics_addr: Option<SocketAddr>,
     },
     /// Node agent: publishes this node's service table, advertise set and BGP peers
     /// into shared memory for the dataplane and the BGP speaker.
@@ -44,7 +53,37 @@ enum Command {
         /// Namespace of BGP password Secrets.
         #[arg(long, env = "POD_NAMESPACE", default_value = "juneau-system")]
         namespace: String,
+        /// Where to serve /metrics, /healthz and /readyz (default 0.0.0.0:9742; when the
+        /// default is taken the agent runs without them and says so; an address given
+        /// here must be free; port 0 picks one).
+        #[arg(long)]
+        metrics_addr: Option<SocketAddr>,
     },
+}
+
+/// Binds the metrics address and serves the registry there in the background. An
+/// explicit address that cannot be bound is an error; the default one is only warned
+/// about (several replicas on one host, as in tests, cannot all have it).
+async fn serve_metrics(
+    given: Option<SocketAddr>,
+    default: &str,
+    registry: Registry,
+    health: Arc<Health>,
+) -> anyhow::Result<()> {
+    let addr = match given {
+        Some(a) => a,
+        None => default.parse().context("the default metrics address")?,
+    };
+    let listener = match metrics::bind(addr).await {
+        Ok(l) => l,
+        Err(e) if given.is_none() => {
+            tracing::warn!(error = %format!("{e:#}"), "running without /metrics, /healthz and /readyz");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    tokio::spawn(metrics::serve(listener, Arc::new(registry), health));
+    Ok(())
 }
 
 #[tokio::main]
@@ -66,7 +105,20 @@ async fn main() -> anyhow::Result<()> {
             lease_name,
             identity,
             lease_duration,
+            metrics_addr,
         } => {
+            let mut registry = Registry::default();
+            let metrics = ControllerMetrics::new(&mut registry);
+            // A standby replica is as ready as the leader: it takes over on its own.
+            let health = Arc::new(Health::default());
+            health.set_ready(true);
+            serve_metrics(
+                metrics_addr,
+                metrics::CONTROLLER_METRICS_ADDR,
+                registry,
+                health,
+            )
+            .await?;
             let identity = identity.unwrap_or_else(|| {
                 let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
                     .map(|h| h.trim().to_string())
@@ -80,6 +132,7 @@ async fn main() -> anyhow::Result<()> {
                     lease_name,
                     identity,
                     lease_duration,
+                    metrics,
                 },
             )
             .await
@@ -88,7 +141,18 @@ async fn main() -> anyhow::Result<()> {
             node,
             state_file,
             namespace,
+            metrics_addr,
         } => {
+            let mut registry = Registry::default();
+            let metrics = AgentMetrics::new(&mut registry);
+            let health = Arc::new(Health::default());
+            serve_metrics(
+                metrics_addr,
+                metrics::AGENT_METRICS_ADDR,
+                registry,
+                health.clone(),
+            )
+            .await?;
             let state_file = state_file.unwrap_or_else(|| juneau_control::shm::default_path(&node));
             agent::run(
                 client,
@@ -96,6 +160,8 @@ async fn main() -> anyhow::Result<()> {
                     node,
                     state_file,
                     secret_namespace: namespace,
+                    metrics,
+                    health,
                 },
             )
             .await

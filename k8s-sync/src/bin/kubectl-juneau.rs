@@ -5,10 +5,15 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use juneau_k8s_sync::crd::{ExternalNetwork, ServiceLoadBalancer, LOAD_BALANCER_CLASS};
+use juneau_k8s_sync::crd::{
+    AddressPool, BGPAdvertisement, BGPPeer, ExternalNetwork, ServiceLoadBalancer,
+    LOAD_BALANCER_CLASS,
+};
 use juneau_k8s_sync::describe::render;
 use juneau_k8s_sync::endpoints::SERVICE_NAME_LABEL;
-use k8s_openapi::api::core::v1::Service;
+use juneau_k8s_sync::reconcile::World;
+use juneau_k8s_sync::report::{self, table};
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -34,6 +39,297 @@ enum Command {
         #[command(subcommand)]
         what: Describe,
     },
+    /// Every Juneau Service: VIP, phase, advertising nodes.
+    Status {
+        /// Only this namespace (default: all namespaces).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// AddressPool usage: total, allocated, free, overlaps.
+    Pools {
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Per node: does it announce the Service's VIP, and if not, precisely why.
+    Why {
+        /// Name of the Service.
+        service: String,
+        /// Namespace (default: the kubeconfig context's namespace).
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Per node BGP sessions (session state is not in the API yet: shows the configured
+    /// peers per node and says so).
+    Peers {
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+}
+
+/// Output format.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Output {
+    /// A table for humans.
+    Table,
+    /// JSON.
+    Json,
+    /// YAML.
+    Yaml,
+}
+
+fn emit<T: serde::Serialize>(
+    output: Output,
+    value: &T,
+    table: impl FnOnce() -> String,
+) -> anyhow::Result<Option<String>> {
+    Ok(Some(match output {
+        Output::Table => table(),
+        Output::Json => serde_json::to_string_pretty(value)? + "\n",
+        Output::Yaml => serde_yaml::to_string(value)?,
+    }))
+}
+
+async fn status(
+    c: kube::Client,
+    ns: Option<&str>,
+    output: Output,
+) -> anyhow::Result<Option<String>> {
+    let api: Api<ServiceLoadBalancer> = match ns {
+        Some(ns) => Api::namespaced(c, ns),
+        None => Api::all(c),
+    };
+    let slbs = api
+        .list(&ListParams::default())
+        .await
+        .context("listing ServiceLoadBalancers")?
+        .items;
+    let rows = report::status_rows(&slbs);
+    emit(output, &rows, || {
+        table(
+            &[
+                "NAMESPACE",
+                "SERVICE",
+                "VIP",
+                "PHASE",
+                "POOL",
+                "ADVERTISING NODES",
+                "REASON",
+            ],
+            &rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.namespace.clone(),
+                        r.service.clone(),
+                        r.vip.clone().unwrap_or_else(|| "<none>".into()),
+                        r.phase.clone(),
+                        r.pool.clone().unwrap_or_else(|| "<none>".into()),
+                        if r.advertising_nodes.is_empty() {
+                            "<none>".into()
+                        } else {
+                            r.advertising_nodes.join(",")
+                        },
+                        r.reason.clone(),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        )
+    })
+}
+
+async fn pools(c: kube::Client, output: Output) -> anyhow::Result<Option<String>> {
+    let pools = Api::<AddressPool>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing AddressPools")?
+        .items;
+    let slbs = Api::<ServiceLoadBalancer>::all(c)
+        .list(&ListParams::default())
+        .await
+        .context("listing ServiceLoadBalancers")?
+        .items;
+    let rows = report::pool_rows(&pools, &slbs);
+    emit(output, &rows, || {
+        table(
+            &[
+                "POOL",
+                "TOTAL",
+                "ALLOCATED",
+                "FREE",
+                "USED",
+                "OVERLAPS WITH",
+            ],
+            &rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.pool.clone(),
+                        r.total.to_string(),
+                        r.allocated.to_string(),
+                        r.free.to_string(),
+                        format!("{}%", r.used_percent),
+                        match &r.invalid {
+                            Some(e) => format!("invalid: {e}"),
+                            None if r.overlaps_with.is_empty() => "-".into(),
+                            None => r.overlaps_with.join(","),
+                        },
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        )
+    })
+}
+
+async fn why(
+    c: kube::Client,
+    name: &str,
+    ns: &str,
+    output: Output,
+) -> anyhow::Result<Option<String>> {
+    let Some(slb) = Api::<ServiceLoadBalancer>::namespaced(c.clone(), ns)
+        .get_opt(name)
+        .await
+        .context("reading the ServiceLoadBalancer")?
+    else {
+        eprintln!("Error: Service {ns}/{name} has no ServiceLoadBalancer: it is not a Juneau Service, or the controller has not processed it yet (try `kubectl juneau describe lb {name} -n {ns}`)");
+        return Ok(None);
+    };
+    let slices = Api::<EndpointSlice>::namespaced(c.clone(), ns)
+        .list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}={name}")))
+        .await
+        .context("listing EndpointSlices")?
+        .items;
+    let nodes = Api::<Node>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing Nodes")?
+        .items;
+    let advs = Api::<BGPAdvertisement>::all(c)
+        .list(&ListParams::default())
+        .await
+        .context("listing BGPAdvertisements")?
+        .items;
+    let world = World {
+        nodes: report::node_map(nodes),
+        advertisements: advs.into_iter().map(|a| a.spec).collect(),
+        ..Default::default()
+    };
+    let r = report::why(&slb, &slices, &world);
+    emit(output, &r, || {
+        let mut out = format!(
+            "Service {}  vip: {}  phase: {}\n",
+            r.service,
+            r.vip.as_deref().unwrap_or("<none>"),
+            r.phase
+        );
+        for p in &r.service_problems {
+            out.push_str(&format!("Problem: {p}\n"));
+        }
+        out.push_str(&table(
+            &["NODE", "ADVERTISING", "REASON", "DETAIL"],
+            &r.nodes
+                .iter()
+                .map(|v| {
+                    vec![
+                        v.node.clone(),
+                        if v.advertising {
+                            "yes".into()
+                        } else {
+                            "no".into()
+                        },
+                        v.reason.clone(),
+                        v.message.clone(),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        ));
+        for n in &r.not_checked {
+            out.push_str(&format!("Not checked: {n}\n"));
+        }
+        out
+    })
+}
+
+/// What `peers` can say today.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PeersReport {
+    sessions_available: bool,
+    reason: String,
+    configured: Vec<ConfiguredPeer>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ConfiguredPeer {
+    node: String,
+    peer: String,
+    peer_address: String,
+    peer_asn: u32,
+}
+
+const PEERS_UNAVAILABLE: &str = "per-node BGP session state (state, uptime, prefixes, BFD) is not published to the Kubernetes API yet; read each node speaker's /metrics (juneau_bgp_peer_up, juneau_bgp_peer_state, juneau_bgp_prefixes_announced) or its status file";
+
+async fn peers(c: kube::Client, output: Output) -> anyhow::Result<Option<String>> {
+    let peers = Api::<BGPPeer>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing BGPPeers")?
+        .items;
+    let nodes = Api::<Node>::all(c)
+        .list(&ListParams::default())
+        .await
+        .context("listing Nodes")?
+        .items;
+    let mut configured = Vec::new();
+    for n in &nodes {
+        let labels = n.metadata.labels.clone().unwrap_or_default();
+        for p in &peers {
+            let selected = match &p.spec.node_selector {
+                None => true,
+                Some(sel) => kube::core::Selector::try_from(sel.clone())
+                    .is_ok_and(|s| kube::core::SelectorExt::matches(&s, &labels)),
+            };
+            if selected {
+                configured.push(ConfiguredPeer {
+                    node: n.metadata.name.clone().unwrap_or_default(),
+                    peer: p.metadata.name.clone().unwrap_or_default(),
+                    peer_address: p.spec.peer_address.clone(),
+                    peer_asn: p.spec.peer_asn,
+                });
+            }
+        }
+    }
+    let r = PeersReport {
+        sessions_available: false,
+        reason: PEERS_UNAVAILABLE.into(),
+        configured,
+    };
+    emit(output, &r, || {
+        let mut out = format!(
+            "Session state: not available yet: {}\n\nConfigured sessions (from BGPPeers):\n",
+            r.reason
+        );
+        out.push_str(&table(
+            &["NODE", "PEER", "ADDRESS", "ASN"],
+            &r.configured
+                .iter()
+                .map(|p| {
+                    vec![
+                        p.node.clone(),
+                        p.peer.clone(),
+                        p.peer_address.clone(),
+                        p.peer_asn.to_string(),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        ));
+        out
+    })
 }
 
 #[derive(Subcommand, Debug)]
@@ -133,6 +429,19 @@ async fn main() -> ExitCode {
                     .unwrap_or_else(|| c.default_namespace().to_string());
                 describe(c, name, &ns).await
             }
+            Command::Status { namespace, output } => status(c, namespace.as_deref(), *output).await,
+            Command::Pools { output } => pools(c, *output).await,
+            Command::Why {
+                service,
+                namespace,
+                output,
+            } => {
+                let ns = namespace
+                    .clone()
+                    .unwrap_or_else(|| c.default_namespace().to_string());
+                why(c, service, &ns, *output).await
+            }
+            Command::Peers { output } => peers(c, *output).await,
         }
     };
     match run.await {

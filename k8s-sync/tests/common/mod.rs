@@ -96,7 +96,9 @@ impl Env {
 
     /// Starts a controller replica as ServiceAccount juneau-system/juneau-controller.
     pub fn controller(&self, identity: &str) -> Result<Daemon> {
-        Daemon::spawn(
+        let port = free_port()?;
+        let addr = format!("127.0.0.1:{port}");
+        let mut d = Daemon::spawn(
             &format!("controller-{identity}"),
             env!("CARGO_BIN_EXE_juneau-k8s-sync"),
             &[
@@ -107,15 +109,21 @@ impl Env {
                 identity,
                 "--lease-duration",
                 "6",
+                "--metrics-addr",
+                &addr,
             ],
             &self.controller_kubeconfig,
             self.k.dir(),
-        )
+        )?;
+        d.metrics_port = port;
+        Ok(d)
     }
 
     /// Starts the agent of `node` as ServiceAccount juneau-system/juneau-node.
     pub fn agent(&self, node: &str, state_file: &Path) -> Result<Daemon> {
-        Daemon::spawn(
+        let port = free_port()?;
+        let addr = format!("127.0.0.1:{port}");
+        let mut d = Daemon::spawn(
             &format!("agent-{node}"),
             env!("CARGO_BIN_EXE_juneau-k8s-sync"),
             &[
@@ -126,10 +134,14 @@ impl Env {
                 state_file.to_str().unwrap(),
                 "--namespace",
                 "juneau-system",
+                "--metrics-addr",
+                &addr,
             ],
             &self.node_kubeconfig,
             self.k.dir(),
-        )
+        )?;
+        d.metrics_port = port;
+        Ok(d)
     }
 
     /// Node objects (no kubelet: created as an operator's tooling would), with an
@@ -186,6 +198,41 @@ pub struct Daemon {
     pub name: String,
     child: Option<Child>,
     pub log: PathBuf,
+    /// Port of /metrics, /healthz and /readyz on 127.0.0.1.
+    pub metrics_port: u16,
+}
+
+/// A free TCP port on 127.0.0.1 (bound then released).
+pub fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// `GET http://127.0.0.1:{port}{path}`: (status code, body), with curl.
+pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "--max-time",
+            "5",
+            "-w",
+            "\n%{http_code}",
+            &format!("http://127.0.0.1:{port}{path}"),
+        ])
+        .output()
+        .context("running curl")?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+}
+
+/// The value of one sample line `name{labels} value` of a Prometheus text page, where
+/// `selector` is the part before the value (e.g. `juneau_x{pool="p"}`).
+pub fn sample(page: &str, selector: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(selector).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
 }
 
 impl Daemon {
@@ -217,6 +264,7 @@ impl Daemon {
             name: name.into(),
             child: Some(child),
             log,
+            metrics_port: 0,
         })
     }
 

@@ -1,0 +1,152 @@
+//! What the controller reports on each AddressPool, as a pure function of the pools and
+//! the VIP book: how many addresses it hands out, how many are held, and whether its
+//! addresses overlap another pool's (accepted, but flagged by a condition and an Event:
+//! the VIP book never hands one address out twice, yet an operator who wrote two pools
+//! over one range almost certainly meant something else).
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use juneau_control::ipam::AddressRange;
+
+use crate::crd::AddressPoolSpec;
+use crate::vips::{parse_pool, VipBook};
+
+/// Condition type on AddressPools: True when the pool shares addresses with another.
+pub const OVERLAPPING: &str = "Overlapping";
+/// Event reason raised when a pool starts overlapping another.
+pub const OVERLAP_REASON: &str = "AddressPoolOverlap";
+
+/// The report for one pool.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PoolReport {
+    /// Addresses handed out (0 when the addresses do not parse).
+    pub total: u64,
+    /// Addresses held by a Service.
+    pub allocated: u64,
+    /// Other pools sharing addresses, with the shared range (`pool`, `a.b.c.d-a.b.c.e`).
+    pub overlaps: Vec<(String, String)>,
+    /// Why the addresses do not parse, if they do not.
+    pub invalid: Option<String>,
+}
+
+impl PoolReport {
+    /// The condition message for [`OVERLAPPING`].
+    pub fn overlap_message(&self, name: &str) -> String {
+        if self.overlaps.is_empty() {
+            return format!("AddressPool {name} shares no address with another AddressPool");
+        }
+        let list: Vec<String> = self
+            .overlaps
+            .iter()
+            .map(|(p, r)| format!("{r} with AddressPool {p}"))
+            .collect();
+        format!(
+            "AddressPool {name} shares addresses {}; each address is still handed out at most once, but usage and announcements of the shared range count for both pools",
+            list.join(", ")
+        )
+    }
+}
+
+fn intersect(a: &AddressRange, b: &AddressRange) -> Option<AddressRange> {
+    let first = a.first.max(b.first);
+    let last = a.last.min(b.last);
+    (first <= last).then_some(AddressRange { first, last })
+}
+
+/// Reports every pool of `pools` against the VIPs of `book`.
+pub fn report(
+    pools: &BTreeMap<String, AddressPoolSpec>,
+    book: &VipBook,
+) -> BTreeMap<String, PoolReport> {
+    let parsed: BTreeMap<&String, Result<Vec<AddressRange>, String>> = pools
+        .iter()
+        .map(|(n, s)| {
+            (
+                n,
+                parse_pool(n, s)
+                    .map(|p| p.ranges)
+                    .map_err(|e| e.to_string()),
+            )
+        })
+        .collect();
+    let vips: Vec<Ipv4Addr> = book.vips().collect();
+    let mut out = BTreeMap::new();
+    for (name, ranges) in &parsed {
+        let mut r = PoolReport::default();
+        match ranges {
+            Err(e) => r.invalid = Some(e.clone()),
+            Ok(ranges) => {
+                r.total = ranges.iter().map(AddressRange::len).sum();
+                r.allocated = vips
+                    .iter()
+                    .filter(|v| ranges.iter().any(|x| x.contains(**v)))
+                    .count() as u64;
+                for (other, oranges) in &parsed {
+                    if other == name {
+                        continue;
+                    }
+                    let Ok(oranges) = oranges else { continue };
+                    for a in ranges {
+                        for b in oranges {
+                            if let Some(x) = intersect(a, b) {
+                                r.overlaps.push(((*other).clone(), x.to_string()));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out.insert((*name).clone(), r);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::AdvertiseMode;
+
+    fn spec(a: &[&str]) -> AddressPoolSpec {
+        AddressPoolSpec {
+            advertise_mode: AdvertiseMode::bgp(),
+            addresses: a.iter().map(|s| s.to_string()).collect(),
+            allow_network_and_broadcast: None,
+        }
+    }
+
+    #[test]
+    fn overlapping_pools_are_named_with_the_shared_range() {
+        let mut pools = BTreeMap::new();
+        pools.insert("small".to_string(), spec(&["198.18.0.0/30"]));
+        pools.insert("big".to_string(), spec(&["198.18.0.0/29"]));
+        pools.insert("apart".to_string(), spec(&["198.18.1.0/30"]));
+        pools.insert("bad".to_string(), spec(&["198.18.2.0/99"]));
+        let mut book = VipBook::default();
+        assert!(book.restore(Ipv4Addr::new(198, 18, 0, 1), "default/a"));
+        assert!(book.restore(Ipv4Addr::new(198, 18, 0, 5), "default/b"));
+        let r = report(&pools, &book);
+        assert_eq!(r["small"].total, 2);
+        assert_eq!(r["big"].total, 6);
+        assert_eq!(r["small"].allocated, 1);
+        assert_eq!(r["big"].allocated, 2);
+        assert_eq!(
+            r["small"].overlaps,
+            vec![("big".to_string(), "198.18.0.1-198.18.0.2".to_string())]
+        );
+        assert_eq!(
+            r["big"].overlaps,
+            vec![("small".to_string(), "198.18.0.1-198.18.0.2".to_string())]
+        );
+        assert!(r["apart"].overlaps.is_empty());
+        assert_eq!(r["apart"].allocated, 0);
+        assert!(r["bad"]
+            .invalid
+            .as_deref()
+            .unwrap()
+            .contains("198.18.2.0/99"));
+        assert!(r["small"]
+            .overlap_message("small")
+            .contains("AddressPool big"));
+    }
+}

@@ -1,0 +1,442 @@
+//! Installing and watching Juneau the way operators do, with the real tools:
+//!
+//! * the alert rules pass `promtool check rules` and their unit tests
+//!   (`promtool test rules`), and the PrometheusRule and the chart carry the same rules;
+//! * the Helm chart (real `helm`, built by `tests/k8s/build.sh`) lints, renders exactly the
+//!   objects of `kubectl kustomize deploy/`, and the apiserver accepts its output
+//!   (`kubectl apply --dry-run=server`), also with pools, peers and advertisements set;
+//! * a real Prometheus (Debian's) scrapes a real controller and agent: the key series
+//!   match what the test did, every Grafana dashboard panel's query returns data, the
+//!   rules load, and the VIP-not-announced alert goes pending for a VIP no agent
+//!   announces (and only for it).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{bail, ensure, Context, Result};
+use common::*;
+use serde_json::Value;
+
+fn monitoring() -> PathBuf {
+    repo_root().join("deploy/monitoring")
+}
+
+fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    ensure!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).to_string())
+}
+
+fn promtool() -> Result<PathBuf> {
+    let p = PathBuf::from("/usr/bin/promtool");
+    ensure!(
+        p.is_file(),
+        "promtool not found: install Debian's `prometheus` package (tests/setup/apt-packages.txt)"
+    );
+    Ok(p)
+}
+
+fn yaml_file(p: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+    Ok(serde_yaml::from_str(&text)?)
+}
+
+#[test]
+fn alert_rules_pass_promtool_and_ship_identically() -> Result<()> {
+    let m = monitoring();
+    let rules = m.join("juneau-alerts.rules.yaml");
+    let out = run(Command::new(promtool()?)
+        .arg("check")
+        .arg("rules")
+        .arg(&rules))?;
+    ensure!(out.contains("SUCCESS: 7 rules found"), "{out}");
+    let out =
+        run(Command::new(promtool()?)
+            .current_dir(&m)
+            .args(["test", "rules", "alerts.test.yaml"]))?;
+    ensure!(out.contains("SUCCESS"), "{out}");
+    // One set of rules, three places.
+    let groups = yaml_file(&rules)?["groups"].clone();
+    let pr = yaml_file(&m.join("prometheus-rule.yaml"))?;
+    assert_eq!(pr["kind"], "PrometheusRule");
+    assert_eq!(
+        pr["spec"]["groups"], groups,
+        "prometheus-rule.yaml differs from the rules file"
+    );
+    let chart = repo_root().join("deploy/helm/juneau/files");
+    for f in ["juneau-alerts.rules.yaml", "grafana-dashboard.json"] {
+        assert_eq!(
+            std::fs::read(m.join(f))?,
+            std::fs::read(chart.join(f))?,
+            "deploy/helm/juneau/files/{f} must be a copy of deploy/monitoring/{f}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(repo_root().join("deploy/crds/juneau.loutres.me.yaml"))?,
+        std::fs::read(repo_root().join("deploy/helm/juneau/crds/juneau.loutres.me.yaml"))?,
+        "the chart's CRDs must be a copy of deploy/crds (cp after crdgen)"
+    );
+    Ok(())
+}
+
+fn helm() -> Result<PathBuf> {
+    let p = juneau_tests::kube::binaries_dir()?.join("helm");
+    ensure!(
+        p.is_file(),
+        "{} not found: run `tests/k8s/build.sh` (it builds helm from its Go module)",
+        p.display()
+    );
+    Ok(p)
+}
+
+/// Integral floats as integers (helm re-serializes `0` of a schema as `0.0`).
+fn normalize(v: Value) -> Value {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 1e15 => Value::from(f as i64),
+            _ => Value::Number(n),
+        },
+        Value::Array(a) => Value::Array(a.into_iter().map(normalize).collect()),
+        Value::Object(o) => Value::Object(o.into_iter().map(|(k, v)| (k, normalize(v))).collect()),
+        other => other,
+    }
+}
+
+/// Objects of a multi-document YAML stream by (kind, namespace, name).
+fn objects(yaml: &str) -> Result<BTreeMap<(String, String, String), Value>> {
+    let mut out = BTreeMap::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let v: Value = serde::Deserialize::deserialize(doc)?;
+        if v.is_null() {
+            continue;
+        }
+        let key = (
+            v["kind"].as_str().unwrap_or_default().to_string(),
+            v["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            v["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        );
+        ensure!(
+            out.insert(key.clone(), normalize(v)).is_none(),
+            "{key:?} twice"
+        );
+    }
+    Ok(out)
+}
+
+const CHART_CONFIG: &str = "addressPools:
+  - name: chart-v4
+    spec: {advertiseMode: bgp, addresses: [198.51.100.0/28]}
+externalNetworks:
+  - name: chart
+    spec: {type: bgp, addressPools: [chart-v4]}
+bgp:
+  peers:
+    - name: chart-tor
+      labels: {juneau.loutres.me/peer: tor}
+      spec: {peerAddress: 192.0.2.1, peerASN: 64512, localASN: 64513}
+  advertisements:
+    - name: chart-v4
+      spec: {addressPools: [chart-v4], communities: ['64512:100']}
+node:
+  nodeSelector: {node-role.kubernetes.io/edge: ''}
+metrics:
+  dashboard: {enabled: true}
+";
+
+fn helm_checks(env: &Env) -> Result<()> {
+    let chart = repo_root().join("deploy/helm/juneau");
+    let helm = helm()?;
+    let out = run(Command::new(&helm).arg("lint").arg(&chart))?;
+    ensure!(out.contains("0 chart(s) failed"), "{out}");
+    let rendered = run(Command::new(&helm)
+        .args(["template", "juneau"])
+        .arg(&chart)
+        .args([
+            "--namespace",
+            "juneau-system",
+            "--include-crds",
+            "--set",
+            "createNamespace=true",
+        ]))?;
+    let kustomized = env.kubectl(&["kustomize", repo_root().join("deploy").to_str().unwrap()])?;
+    let (a, b) = (objects(&rendered)?, objects(&kustomized)?);
+    let ka: Vec<_> = a.keys().collect();
+    let kb: Vec<_> = b.keys().collect();
+    assert_eq!(ka, kb, "helm and kustomize render different objects");
+    for (k, v) in &a {
+        assert_eq!(v, &b[k], "{k:?} differs between the chart and deploy/");
+    }
+    ensure!(a.len() >= 12, "{} objects", a.len());
+    // The apiserver accepts the chart's output, with defaults and with config values.
+    let out = env
+        .k
+        .kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &rendered)?;
+    ensure!(out.contains("deployment.apps/juneau-controller"), "{out}");
+    let values = env.k.dir().join("chart-values.yaml");
+    std::fs::write(&values, CHART_CONFIG)?;
+    let configured = run(Command::new(&helm)
+        .args(["template", "juneau"])
+        .arg(&chart)
+        .args(["--namespace", "juneau-system", "-f"])
+        .arg(&values))?;
+    let objs = objects(&configured)?;
+    for kind in [
+        "AddressPool",
+        "ExternalNetwork",
+        "BGPPeer",
+        "BGPAdvertisement",
+        "ConfigMap",
+    ] {
+        ensure!(objs.keys().any(|k| k.0 == kind), "no {kind} rendered");
+    }
+    let ds = &objs[&(
+        "DaemonSet".into(),
+        "juneau-system".into(),
+        "juneau-node".into(),
+    )];
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["nodeSelector"]["node-role.kubernetes.io/edge"],
+        ""
+    );
+    let out = env
+        .k
+        .kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &configured)?;
+    ensure!(
+        out.contains("bgppeer.juneau.loutres.me/chart-tor created (server dry run)"),
+        "{out}"
+    );
+    // A bad value is refused by the apiserver's schema, not silently installed.
+    let bad = configured.replace("198.51.100.0/28", "198.51.100.1/28");
+    let refused = Command::new("kubectl")
+        .args(["apply", "--dry-run=server", "-f", "-"])
+        .env("KUBECONFIG", env.k.kubeconfig())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write as _;
+            c.stdin.take().unwrap().write_all(bad.as_bytes())?;
+            c.wait_with_output()
+        })?;
+    ensure!(!refused.status.success(), "host bits accepted");
+    ensure!(
+        String::from_utf8_lossy(&refused.stderr).contains("IPv4 CIDR without host bits"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    Ok(())
+}
+
+/// A Prometheus process, killed on drop.
+struct Prometheus {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- prometheus log ----\n{}",
+                tail(&std::fs::read_to_string(&self.log).unwrap_or_default(), 30)
+            );
+        }
+    }
+}
+
+impl Prometheus {
+    fn start(dir: &Path, controller: u16, agent: u16) -> Result<Prometheus> {
+        let port = free_port()?;
+        let cfg = dir.join("prometheus.yml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: ['{}']
+scrape_configs:
+  - job_name: juneau-controller
+    static_configs: [{{targets: ['127.0.0.1:{controller}']}}]
+  - job_name: juneau-agent
+    static_configs: [{{targets: ['127.0.0.1:{agent}'], labels: {{node: node-a}}}}]
+",
+                monitoring().join("juneau-alerts.rules.yaml").display()
+            ),
+        )?;
+        let log = dir.join("prometheus.log");
+        let f = std::fs::File::create(&log)?;
+        let child = Command::new("/usr/bin/prometheus")
+            .arg(format!("--config.file={}", cfg.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(f.try_clone()?)
+            .stderr(f)
+            .spawn()
+            .context("starting prometheus (Debian package `prometheus`)")?;
+        Ok(Prometheus { child, port, log })
+    }
+
+    fn api(&self, path: &str, query: Option<&str>) -> Result<Value> {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-s", "--max-time", "5", "--get"]);
+        if let Some(q) = query {
+            cmd.args(["--data-urlencode", &format!("query={q}")]);
+        }
+        cmd.arg(format!("http://127.0.0.1:{}{path}", self.port));
+        let out = run(&mut cmd)?;
+        let v: Value = serde_json::from_str(&out).with_context(|| format!("{path}: {out}"))?;
+        if v["status"] != "success" {
+            bail!("{path} {query:?}: {v}");
+        }
+        Ok(v["data"].clone())
+    }
+
+    fn query(&self, q: &str) -> Result<Vec<Value>> {
+        Ok(self.api("/api/v1/query", Some(q))?["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    fn value(&self, q: &str) -> Result<Option<f64>> {
+        Ok(self
+            .query(q)?
+            .first()
+            .and_then(|r| r["value"][1].as_str().and_then(|v| v.parse().ok())))
+    }
+}
+
+#[test]
+fn helm_chart_and_a_real_prometheus() -> Result<()> {
+    let env = Env::start()?;
+    helm_checks(&env)?;
+
+    env.nodes(&[("node-a", "192.168.62.1"), ("node-b", "192.168.62.2")])?;
+    env.apply(SEED_NETWORK)?;
+    let mut ctl = env.controller("c1")?;
+    let state = tempfile::tempdir()?;
+    let mut agent = env.agent("node-a", &state.path().join("node-a.state"))?;
+    // "web" has two Ready backends on node-a (whose agent runs); "lonely" has one on
+    // node-b, where no agent runs: no node announces its VIP.
+    env.apply(&service("web", &[], ""))?;
+    env.apply(&endpoint_slice(
+        "web",
+        "web-1",
+        &[
+            ("10.244.2.1", "node-a", true, false),
+            ("10.244.2.2", "node-a", true, false),
+        ],
+        8080,
+    ))?;
+    env.apply(&service("lonely", &[], ""))?;
+    env.apply(&endpoint_slice(
+        "lonely",
+        "lonely-1",
+        &[("10.244.3.1", "node-b", true, false)],
+        8080,
+    ))?;
+    let web_vip = eventually("web is Ready", || {
+        Ok(slb_status(&env, "web")?
+            .filter(|s| s["phase"] == "Ready")
+            .and_then(|s| s["vip"].as_str().map(String::from)))
+    })?;
+    let lonely_vip = eventually("lonely is Ready (from node-b)", || {
+        Ok(slb_status(&env, "lonely")?
+            .filter(|s| s["phase"] == "Ready")
+            .and_then(|s| s["vip"].as_str().map(String::from)))
+    })?;
+
+    let prom = Prometheus::start(env.k.dir(), ctl.metrics_port, agent.metrics_port)?;
+    eventually("Prometheus scrapes both targets", || {
+        let up = prom.query("up == 1").unwrap_or_default();
+        Ok((up.len() == 2).then_some(()))
+    })?;
+    // Key series against what the test did.
+    eventually("pool usage = VIPs handed out (2)", || {
+        Ok(
+            (prom.value("juneau_address_pool_addresses_in_use{pool=\"public-v4\"}")? == Some(2.0))
+                .then_some(()),
+        )
+    })?;
+    assert_eq!(
+        prom.value("juneau_address_pool_addresses{pool=\"public-v4\"}")?,
+        Some(254.0)
+    );
+    assert_eq!(prom.value("sum(juneau_controller_is_leader)")?, Some(1.0));
+    assert_eq!(
+        prom.value(&format!(
+            "juneau_service_ready_backends{{service=\"web\",vip=\"{web_vip}\"}}"
+        ))?,
+        Some(2.0)
+    );
+    eventually("agent series: 2 backends on node-a", || {
+        Ok((prom.value("juneau_agent_backends{node=\"node-a\"}")? == Some(2.0)).then_some(()))
+    })?;
+    assert_eq!(
+        prom.value(&format!("juneau_agent_vip_advertised{{vip=\"{web_vip}\"}}"))?,
+        Some(1.0)
+    );
+
+    // Every dashboard panel's query returns data.
+    let dash: Value = serde_json::from_str(&std::fs::read_to_string(
+        monitoring().join("grafana-dashboard.json"),
+    )?)?;
+    let exprs: Vec<String> = dash["panels"]
+        .as_array()
+        .context("panels")?
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(String::from))
+        .collect();
+    ensure!(exprs.len() >= 10, "{} panel queries", exprs.len());
+    for e in &exprs {
+        eventually(&format!("data for panel query {e}"), || {
+            Ok((!prom.query(e)?.is_empty()).then_some(()))
+        })?;
+    }
+
+    // The rules load and evaluate; the not-announced alert is pending for lonely only.
+    let rules = prom.api("/api/v1/rules", None)?;
+    let loaded: Vec<&Value> = rules["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+        .collect();
+    assert_eq!(loaded.len(), 7, "{rules}");
+    let firing = eventually("JuneauVIPNotAnnounced pending for lonely", || {
+        let a = prom.query("ALERTS{alertname=\"JuneauVIPNotAnnounced\"}")?;
+        Ok((!a.is_empty()).then_some(a))
+    })?;
+    let vips: Vec<&str> = firing
+        .iter()
+        .filter_map(|a| a["metric"]["vip"].as_str())
+        .collect();
+    assert_eq!(vips, vec![lonely_vip.as_str()], "{firing:?}");
+    for r in &loaded {
+        assert_eq!(r["health"], "ok", "{r}");
+    }
+    ctl.check_running()?;
+    agent.check_running()?;
+    Ok(())
+}
