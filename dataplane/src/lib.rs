@@ -21,6 +21,7 @@ pub mod frames;
 pub mod neigh;
 pub mod netlink;
 pub mod packet;
+pub mod region;
 pub mod runtime;
 pub mod services;
 pub mod steering;
