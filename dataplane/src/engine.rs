@@ -641,6 +641,10 @@ impl Engine {
                 let Some(s) = self.table.find(v.dst, v.protocol, l4.dst_port) else {
                     return self.drop(DropReason::PortNotExposed, None);
                 };
+                let svc = self.table.service(s);
+                let Some(bi) = svc.pick_index(hash_key(&key, MAGLEV_HASH_SEED)) else {
+                    return self.drop(DropReason::NoBackend, Some(s));
+                };
                 // Only a SYN opens a TCP flow: anything else without a flow is a spoofed
                 // segment or a connection this node never saw; a Pod would answer it
                 // with a RST.
@@ -650,10 +654,6 @@ impl Engine {
                 {
                     return self.drop(DropReason::NonSynWithoutFlow, Some(s));
                 }
-                let svc = self.table.service(s);
-                let Some(bi) = svc.pick_index(hash_key(&key, MAGLEV_HASH_SEED)) else {
-                    return self.drop(DropReason::NoBackend, Some(s));
-                };
                 let b = svc.backends[bi];
                 let flow = Flow::new(
                     v.src,
@@ -1125,7 +1125,7 @@ mod tests {
         let mut e = engine(&[B1, B2]);
         for (i, flags) in [
             tcp_flags::ACK,
-            tcp_flags::ACK | tcp_flags::PSH,
+            tcp_flags::ACK | 0x08,
             tcp_flags::SYN | tcp_flags::ACK,
             tcp_flags::RST,
             tcp_flags::FIN | tcp_flags::ACK,
@@ -1222,7 +1222,7 @@ mod tests {
             .collect();
         e2.set_services(ServiceTable::new(7, &s, &order));
         for (k, cport) in (42000..42016u16).enumerate() {
-            let mut a = tcp(CLIENT, cport, VIP, 80, tcp_flags::ACK | tcp_flags::PSH);
+            let mut a = tcp(CLIENT, cport, VIP, 80, tcp_flags::ACK | 0x08);
             assert!(matches!(e2.process(&mut a, Side::Uplink, &nb, 30), Verdict::Tx(_)));
             assert_eq!(parse(&a).dst, backends[k], "connection moved to another backend");
             let mut r = tcp(Ipv4Addr::from(backends[k]).octets(), 8080, CLIENT, cport, tcp_flags::ACK);

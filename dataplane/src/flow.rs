@@ -1216,6 +1216,7 @@ mod tests {
     fn sweep_is_bounded_and_removes_expired() {
         let to = Timeouts::default();
         let mut t = FlowTable::new(1000, to, 3);
+        t.set_half_open_max(1000);
         for i in 0..1000 {
             t.insert(flow(i, 7, 9), tcp_flags::SYN, 0).unwrap();
         }
@@ -1273,7 +1274,7 @@ mod tests {
                 0,
                 0,
             );
-            t.insert(f, tcp_flags::SYN, 0).unwrap();
+            t.insert(f, tcp_flags::ACK, 0).unwrap();
         }
         assert_eq!(t.len(), n);
         for i in (0..n as u32).step_by(997) {

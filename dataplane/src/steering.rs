@@ -228,8 +228,8 @@ impl Steering {
         }
         let mut loader = EbpfLoader::new();
         loader
-            .set_max_entries("flow_index", slots)
-            .set_max_entries("flow_records", records);
+            .map_max_entries("flow_index", slots)
+            .map_max_entries("flow_records", records);
         let names = expected_maps(records, slots);
         let paths: Vec<(&str, PathBuf)> = names
             .iter()
