@@ -1764,7 +1764,10 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
         c.set_read_timeout(Some(Duration::from_secs(20)))?;
         http_get(c)?;
     }
+    // The stats file is rewritten about once a second.
+    std::thread::sleep(Duration::from_millis(1500));
     let flows_before = lab.stats()?["flows"].as_u64().unwrap_or(0);
+    assert_eq!(flows_before, 4, "{}", lab.stats()?);
     // ACK flood.
     let t = Instant::now();
     let sent = inject(lab.client.name(), flood_frames(dst, src, 20_000, 0x10, 7))?;
