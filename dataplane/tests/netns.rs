@@ -1791,6 +1791,53 @@ fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
         "{}",
         lab.dataplane_log()
     );
+    drop(conns);
+    // A pinned table of another layout version is never read: replaced, with the
+    // reason in the log, and the dataplane serves.
+    lab.kill9();
+    let meta = lab.bpffs.pin_dir().join("flow_meta");
+    let mut value: Vec<String> = vec!["0".into(); 64];
+    for (i, b) in 0x4a55_4e45_4155_4654u64.to_le_bytes().iter().enumerate() {
+        value[i] = b.to_string();
+    }
+    value[8] = "99".into();
+    let mut argv = vec!["map", "update", "pinned", meta.to_str().unwrap()];
+    argv.extend(["key", "0", "0", "0", "0", "value"]);
+    argv.extend(value.iter().map(String::as_str));
+    run("bpftool", &argv)?;
+    lab.start()?;
+    let log = lab.dataplane_log();
+    assert!(
+        log.contains("pinned flow table has layout version 99")
+            && log.contains("replaced by fresh ones"),
+        "{log}"
+    );
+    let mut c = lab.connect_many(1)?;
+    http_get(&mut c[0])?;
+    drop(c);
+    // Uninstall: stop it, remove the pins; the program leaves the interfaces at once
+    // (the namespaces are still there).
+    lab.kill9();
+    let pin = lab.bpffs.pin_dir();
+    let bin = env!("CARGO_BIN_EXE_juneau-dataplane");
+    let out = std::process::Command::new(bin)
+        .args(["--remove-pins", "--pin-dir", pin.to_str().unwrap()])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "--remove-pins: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(!pin.exists(), "{} still there", pin.display());
+    for ifname in ["up0", "pv0", "pv1"] {
+        let show = lab.node.exec(&["ip", "-d", "link", "show", ifname])?;
+        ensure!(
+            !show.contains("prog/xdp"),
+            "XDP still on {ifname} after --remove-pins: {show}"
+        );
+    }
+    let (body, _) = curl(&lab.node, &format!("http://{}:{HTTP_PORT}/", pod_ip(0)))?;
+    assert!(body.starts_with("pod0 saw"), "{body}");
     lab.finish()
 }
 
