@@ -1739,6 +1739,12 @@ fn node_reaches_local_pods_on_the_target_port_and_pods_connect_out_from_it() -> 
 #[test]
 fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
     let mut lab = Lab::new("dpr")?;
+    // As on a Kubernetes node, the kernel forwards, and the client can reach the world:
+    // a Pod's packet handed to the kernel un-NATed would reach the client, whose kernel
+    // would answer with a RST that reaches the Pod.
+    lab.node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    lab.client
+        .exec(&["ip", "route", "add", "default", "via", "10.100.1.1"])?;
     let mut conns = lab.connect_many(8)?;
     for c in conns.iter_mut() {
         c.set_read_timeout(Some(Duration::from_secs(40)))?;
