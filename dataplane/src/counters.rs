@@ -46,11 +46,14 @@ pub enum DropReason {
     /// The backend's Pod interface is routed but has no AF_XDP socket yet (just
     /// appeared, or attaching it failed and is being retried).
     PodIfaceNotAttached,
+    /// A TCP segment to a VIP that is not a SYN and belongs to no flow (a spoofed ACK,
+    /// or a connection this node never saw): never sent to a Pod, never creates a flow.
+    NonSynWithoutFlow,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 15] = [
+    pub const ALL: [DropReason; 16] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -66,6 +69,7 @@ impl DropReason {
         DropReason::KernelBound,
         DropReason::TxRingFull,
         DropReason::PodIfaceNotAttached,
+        DropReason::NonSynWithoutFlow,
     ];
 
     /// The label used in metrics and the stats file.
@@ -86,6 +90,7 @@ impl DropReason {
             DropReason::KernelBound => "kernel_bound",
             DropReason::TxRingFull => "tx_ring_full",
             DropReason::PodIfaceNotAttached => "pod_iface_not_attached",
+            DropReason::NonSynWithoutFlow => "non_syn_without_flow",
         }
     }
 }
@@ -118,6 +123,8 @@ pub struct Counters {
     pub tx_packets: u64,
     /// Frames that were not for userspace (see [`DropReason::KernelBound`]).
     pub kernel_bound: u64,
+    /// Flows found in the pinned flow table at start.
+    pub flows_restored: u64,
     /// Indexed like the current service table.
     pub services: Vec<ServiceCounters>,
 }
@@ -172,6 +179,14 @@ pub struct Stats {
     pub flow_capacity: u64,
     /// Bytes of memory per flow slot (records + index + free list).
     pub flow_table_bytes: u64,
+    /// Half-open TCP flows held now (SYN seen, handshake not completed).
+    pub half_open_flows: u64,
+    /// Most half-open TCP flows held at once (`--half-open-max`).
+    pub half_open_max: u64,
+    /// Half-open flows evicted (oldest first) to make room for newer ones.
+    pub half_open_evicted: u64,
+    /// Flows found in the pinned flow table at start (kept across the restart).
+    pub flows_restored: u64,
     /// Per service.
     pub services: Vec<ServiceStats>,
     /// Kernel AF_XDP socket statistics, summed over sockets.
@@ -257,6 +272,11 @@ impl Stats {
             "Discovered Pod interfaces detached.",
             self.pod_iface_detaches,
         );
+        counter(
+            "juneau_dataplane_half_open_evicted_total",
+            "Half-open TCP flows evicted, oldest first, to make room for newer ones.",
+            self.half_open_evicted,
+        );
         let _ = writeln!(
             s,
             "# HELP juneau_dataplane_drops_total Frames dropped, by reason."
@@ -280,6 +300,21 @@ impl Stats {
                 "juneau_dataplane_flow_table_bytes",
                 "Memory held by the flow table.",
                 self.flow_table_bytes,
+            ),
+            (
+                "juneau_dataplane_half_open_flows",
+                "Half-open TCP flows in the flow table.",
+                self.half_open_flows,
+            ),
+            (
+                "juneau_dataplane_half_open_max",
+                "Most half-open TCP flows held at once.",
+                self.half_open_max,
+            ),
+            (
+                "juneau_dataplane_flows_restored",
+                "Flows found in the pinned flow table when this process started.",
+                self.flows_restored,
             ),
             (
                 "juneau_dataplane_neighbours",

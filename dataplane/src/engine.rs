@@ -16,7 +16,7 @@
 use crate::counters::{Counters, DropReason, ServiceCounters};
 use crate::flow::{hash_key, Direction, Flow, FlowKey, FlowTable, InsertError, Timeouts};
 use crate::neigh::{Neighbours, Resolve, Side};
-use crate::packet::{self, FastView, L4Checksum, MacAddr, NatSide, Parsed};
+use crate::packet::{self, tcp_flags, FastView, L4Checksum, MacAddr, NatSide, Parsed};
 use crate::services::ServiceTable;
 
 /// Why a frame goes to the kernel.
@@ -51,8 +51,10 @@ pub struct EngineConfig {
     /// Recompute L4 checksums of replies from Pods instead of updating them
     /// incrementally (Pod veths with tx checksum offload hand over partial checksums).
     pub recompute_pod_checksums: bool,
-    /// Seed of the flow-table hash (random per process).
+    /// Seed of the flow-table hash (random per process; a pinned table keeps its own).
     pub hash_seed: u64,
+    /// Most half-open TCP flows held at once; 0: a quarter of `flow_capacity`.
+    pub half_open_max: usize,
 }
 
 impl Default for EngineConfig {
@@ -62,6 +64,7 @@ impl Default for EngineConfig {
             timeouts: Timeouts::default(),
             recompute_pod_checksums: true,
             hash_seed: 0x6a75_6e65_6175,
+            half_open_max: 0,
         }
     }
 }
@@ -179,10 +182,22 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// An engine with an empty service table.
+    /// An engine with an empty service table and a flow table on the heap.
     pub fn new(cfg: EngineConfig) -> Self {
+        Self::with_flows(
+            cfg,
+            FlowTable::new(cfg.flow_capacity, cfg.timeouts, cfg.hash_seed),
+        )
+    }
+
+    /// An engine with an empty service table over a given flow table (a pinned one,
+    /// [`FlowTable::open_shared`]).
+    pub fn with_flows(cfg: EngineConfig, mut flows: FlowTable) -> Self {
+        if cfg.half_open_max > 0 {
+            flows.set_half_open_max(cfg.half_open_max);
+        }
         Engine {
-            flows: FlowTable::new(cfg.flow_capacity, cfg.timeouts, cfg.hash_seed),
+            flows,
             table: ServiceTable::default(),
             counters: Counters::default(),
             pod_checksum: if cfg.recompute_pod_checksums {
@@ -424,6 +439,11 @@ impl Engine {
 
     #[cold]
     fn revalidate_slow(&mut self, id: u32, f: Flow, gen: u32) -> Result<u32, Option<u32>> {
+        if gen == 0 {
+            // No service table yet (just started, state file not read): keep the flow
+            // (found in the pinned table) for when it comes; drop this packet.
+            return Err(None);
+        }
         match self.table.find(f.vip, f.proto, f.vip_port) {
             Some(s) => {
                 let svc = self.table.service(s);
@@ -625,6 +645,15 @@ impl Engine {
                 let Some(bi) = svc.pick_index(hash_key(&key, MAGLEV_HASH_SEED)) else {
                     return self.drop(DropReason::NoBackend, Some(s));
                 };
+                // Only a SYN opens a TCP flow: anything else without a flow is a spoofed
+                // segment or a connection this node never saw; a Pod would answer it
+                // with a RST.
+                if v.protocol == packet::IPPROTO_TCP
+                    && l4.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK | tcp_flags::RST)
+                        != tcp_flags::SYN
+                {
+                    return self.drop(DropReason::NonSynWithoutFlow, Some(s));
+                }
                 let b = svc.backends[bi];
                 let flow = Flow::new(
                     v.src,
@@ -1084,6 +1113,203 @@ mod tests {
             Parsed::Ipv4(v) => v,
             _ => panic!(),
         }
+    }
+
+    fn tcp(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, flags: u8) -> Vec<u8> {
+        build_with(IPPROTO_TCP, src, sport, dst, dport, b"", 64, flags)
+    }
+
+    #[test]
+    fn only_a_syn_creates_a_tcp_flow() {
+        let nb = neighbours();
+        let mut e = engine(&[B1, B2]);
+        for (i, flags) in [
+            tcp_flags::ACK,
+            tcp_flags::ACK | 0x08,
+            tcp_flags::SYN | tcp_flags::ACK,
+            tcp_flags::RST,
+            tcp_flags::FIN | tcp_flags::ACK,
+            0,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut f = tcp(CLIENT, 41000 + i as u16, VIP, 80, flags);
+            assert_eq!(
+                e.process(&mut f, Side::Uplink, &nb, 0),
+                Verdict::Drop(DropReason::NonSynWithoutFlow),
+                "flags {flags:#x}"
+            );
+        }
+        assert_eq!(e.flows().len(), 0);
+        assert_eq!(e.counters().drops_for(DropReason::NonSynWithoutFlow), 6);
+        // An unexposed port still counts as such, not as a non-SYN.
+        let mut f = tcp(CLIENT, 41000, VIP, 81, tcp_flags::ACK);
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::PortNotExposed)
+        );
+        // UDP needs no SYN; a SYN opens a TCP flow, whose ACKs then pass.
+        let mut u = build_with(IPPROTO_UDP, CLIENT, 41000, VIP, 53, b"q", 64, 0);
+        assert!(matches!(
+            e.process(&mut u, Side::Uplink, &nb, 0),
+            Verdict::Tx(_)
+        ));
+        let mut f = tcp(CLIENT, 41000, VIP, 80, tcp_flags::SYN);
+        assert!(matches!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Tx(_)
+        ));
+        let mut f = tcp(CLIENT, 41000, VIP, 80, tcp_flags::ACK);
+        assert!(matches!(
+            e.process(&mut f, Side::Uplink, &nb, 1),
+            Verdict::Tx(_)
+        ));
+        assert_eq!(e.flows().len(), 2);
+    }
+
+    /// A flow table handed from one engine to the next (what a restart does with the
+    /// pinned table) keeps every connection on its backend, and re-validates each flow
+    /// against the new service table even when the slots differ.
+    #[test]
+    fn flows_survive_a_restart_and_are_revalidated() {
+        use crate::flow::{FlowMeta, Opened, SharedRegions};
+        use crate::region::Region;
+        let nb = neighbours();
+        let cfg = EngineConfig {
+            flow_capacity: 256,
+            ..Default::default()
+        };
+        let regions = SharedRegions {
+            meta: Region::heap(
+                1,
+                FlowMeta {
+                    magic: 0,
+                    layout: 0,
+                    capacity: 0,
+                    index_slots: 0,
+                    seq: 0,
+                    seed: 0,
+                    seed2: 0,
+                    reserved: [0; 3],
+                },
+            ),
+            index: Region::heap(crate::steering::index_slots(256), 0u64),
+            records: Region::heap(256, Flow::new(0, 0, 0, 0, 0, 0, 0, 0, 0)),
+        };
+        let (t, _) = FlowTable::open_shared(regions, cfg.timeouts, 1, 0);
+        let mut e = Engine::with_flows(cfg, t);
+        update(&mut e, 1, &[B1, B2]);
+        let mut backends = Vec::new();
+        for cport in 42000..42016u16 {
+            let mut f = syn(cport);
+            assert!(matches!(
+                e.process(&mut f, Side::Uplink, &nb, 10),
+                Verdict::Tx(_)
+            ));
+            let b = parse(&f).dst;
+            let mut r = tcp(
+                Ipv4Addr::from(b).octets(),
+                8080,
+                CLIENT,
+                cport,
+                tcp_flags::SYN | tcp_flags::ACK,
+            );
+            assert_eq!(
+                e.process(&mut r, Side::Pod(0), &nb, 11),
+                Verdict::Tx(Side::Uplink)
+            );
+            let mut a = tcp(CLIENT, cport, VIP, 80, tcp_flags::ACK);
+            assert!(matches!(
+                e.process(&mut a, Side::Uplink, &nb, 12),
+                Verdict::Tx(_)
+            ));
+            backends.push(b);
+        }
+        assert_eq!(e.flows().half_open(), 0);
+        // "kill -9": only the table's memory is left.
+        let regions = e.flows.into_regions();
+        let (t, opened) = FlowTable::open_shared(regions, cfg.timeouts, 999, 20);
+        assert_eq!(
+            opened,
+            Opened::Adopted {
+                flows: 16,
+                expired: 0
+            }
+        );
+        let mut e2 = Engine::with_flows(cfg, t);
+        // Before the state file is read: packets dropped, flows kept.
+        let mut a = tcp(CLIENT, 42000, VIP, 80, tcp_flags::ACK);
+        assert!(matches!(
+            e2.process(&mut a, Side::Uplink, &nb, 21),
+            Verdict::Pass(_)
+        ));
+        let mut r = tcp(
+            Ipv4Addr::from(backends[0]).octets(),
+            8080,
+            CLIENT,
+            42000,
+            tcp_flags::ACK,
+        );
+        assert!(matches!(
+            e2.process(&mut r, Side::Pod(0), &nb, 21),
+            Verdict::Drop(_)
+        ));
+        assert_eq!(e2.flows().len(), 16);
+        // A new table whose services are in another order (other slots): an extra
+        // frontend sorts first.
+        let (mut s, mut m) = state(&[B1, B2]);
+        s.services.push(NodeService {
+            frontend: Frontend {
+                vip: Ipv4Addr::from([10, 0, 0, 1]),
+                protocol: Protocol::Tcp,
+                port: 1,
+            },
+            backends: vec![LocalBackend {
+                ip: Ipv4Addr::from(B2),
+                port: 9,
+            }],
+        });
+        m.push(maglev(1));
+        s.normalize();
+        let order: Vec<Vec<u16>> = s
+            .services
+            .iter()
+            .map(|x| {
+                if x.backends.is_empty() {
+                    vec![]
+                } else {
+                    maglev(x.backends.len())
+                }
+            })
+            .collect();
+        e2.set_services(ServiceTable::new(7, &s, &order));
+        for (k, cport) in (42000..42016u16).enumerate() {
+            let mut a = tcp(CLIENT, cport, VIP, 80, tcp_flags::ACK | 0x08);
+            assert!(matches!(
+                e2.process(&mut a, Side::Uplink, &nb, 30),
+                Verdict::Tx(_)
+            ));
+            assert_eq!(
+                parse(&a).dst,
+                backends[k],
+                "connection moved to another backend"
+            );
+            let mut r = tcp(
+                Ipv4Addr::from(backends[k]).octets(),
+                8080,
+                CLIENT,
+                cport,
+                tcp_flags::ACK,
+            );
+            assert_eq!(
+                e2.process(&mut r, Side::Pod(0), &nb, 30),
+                Verdict::Tx(Side::Uplink)
+            );
+            let rv = parse(&r);
+            assert_eq!((rv.src, rv.l4.unwrap().src_port), (ip(VIP), 80));
+        }
+        let _ = m;
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //!
 //! Layers, from pure to I/O:
 //! - [`packet`]: views over frame bytes and in-place NAT rewrites (RFC 1624 checksums);
-//! - [`flow`]: the fixed-capacity flow table;
+//! - [`flow`]: the fixed-capacity flow table, shared with the XDP program and pinned
+//!   ([`region`]: its heap or mmapped-BPF-map memory, the only `unsafe` around it);
 //! - [`services`], [`neigh`]: read-only tables the packet path consults;
 //! - [`engine`]: frame + ingress side → verdict, no I/O;
 //! - [`counters`]: drop reasons, per-service counters, Prometheus / JSON export.
@@ -21,6 +22,7 @@ pub mod frames;
 pub mod neigh;
 pub mod netlink;
 pub mod packet;
+pub mod region;
 pub mod runtime;
 pub mod services;
 pub mod steering;

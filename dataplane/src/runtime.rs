@@ -33,15 +33,15 @@ use xsk_rs::config::{
 };
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
-use aya::programs::xdp::XdpLinkId;
-
 use crate::counters::{DropReason, ServiceStats, Stats};
 use crate::engine::{Engine, EngineConfig, Verdict};
+use crate::flow::{FlowTable, Opened};
 use crate::frames::FramePool;
 use crate::neigh::{Iface, Neighbours, Resolve, Side};
 use crate::netlink::{self, Netlink, PodSource, SharedNeighbours};
+use crate::region::monotonic_ms;
 use crate::services::ServiceTable;
-use crate::steering::{SteeredIface, Steering};
+use crate::steering::{IfaceLink, SteeredIface, Steering};
 
 /// Frames taken from one RX ring per loop iteration.
 const RX_BATCH: usize = 64;
@@ -59,6 +59,8 @@ pub struct RuntimeConfig {
     pub pod_ifaces: Vec<String>,
     /// The node-state file published by the node agent.
     pub state_file: PathBuf,
+    /// Where the steering program's maps (with the flow table) and links are pinned.
+    pub pin_dir: PathBuf,
     /// JSON stats file, rewritten atomically about once a second.
     pub stats_file: Option<PathBuf>,
     /// Address to serve Prometheus metrics on (`GET /metrics`).
@@ -247,7 +249,7 @@ impl SocketFactory<'_> {
 /// A Pod interface found through the routing table and attached while running.
 struct DiscoveredPod {
     steered: SteeredIface,
-    link: XdpLinkId,
+    link: IfaceLink,
 }
 
 /// Discovered Pod interfaces: their redirect-map slots and sockets' frame budget.
@@ -369,8 +371,30 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         "at most 256 interfaces (uplink, --pod-iface and --max-pod-sockets) are supported"
     );
 
-    // XDP steering, then sockets.
-    let mut steering = Steering::attach(&steered, cfg.generic_xdp)?;
+    // XDP steering (pinned maps and flow table, found again after a restart), then
+    // sockets.
+    let (mut steering, regions, replaced) =
+        Steering::load(&cfg.pin_dir, cfg.engine.flow_capacity, cfg.generic_xdp)?;
+    if let Some(reason) = &replaced {
+        tracing::warn!(pin_dir = %cfg.pin_dir.display(), reason, "pinned maps not reusable: replaced by fresh ones (flows of the previous run are lost)");
+    }
+    let (flows, opened) = FlowTable::open_shared(
+        regions,
+        cfg.engine.timeouts,
+        cfg.engine.hash_seed,
+        monotonic_ms(),
+    );
+    let flows_restored = match &opened {
+        Opened::Adopted { flows, expired } => {
+            tracing::info!(pin_dir = %cfg.pin_dir.display(), flows, expired, "flow table found again; its flows are kept");
+            *flows as u64
+        }
+        Opened::Fresh { reason } => {
+            tracing::info!(pin_dir = %cfg.pin_dir.display(), reason, "starting with an empty flow table");
+            0
+        }
+    };
+    steering.attach_all(&steered)?;
     for (name, mode) in &steering.modes {
         tracing::info!(iface = %name, mode, "XDP steering attached");
     }
@@ -458,14 +482,16 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         explicit: pod_ifaces.iter().map(|p| p.ifindex).collect(),
         backend_ips,
     };
-    let result = forward_loop(&cfg, &mut io, &shared, &miss_tx, &stats_tx);
+    let mut engine = Engine::with_flows(cfg.engine, flows);
+    engine.counters_mut().flows_restored = flows_restored;
+    let result = forward_loop(&cfg, &mut io, &mut engine, &shared, &miss_tx, &stats_tx);
     drop(stats_tx);
     let _ = stats_writer.join();
     stop_resolver.store(true, Ordering::Relaxed);
     drop(miss_tx);
     let _ = resolver.join();
     drop(io);
-    tracing::info!("juneau-dataplane stopped; XDP programs detached");
+    tracing::info!(pin_dir = %cfg.pin_dir.display(), "juneau-dataplane stopped; XDP links and flow table stay pinned (juneau-dataplane --remove-pins removes them)");
     result
 }
 
@@ -646,11 +672,11 @@ impl Io<'_> {
 fn forward_loop(
     cfg: &RuntimeConfig,
     io: &mut Io<'_>,
+    engine: &mut Engine,
     shared: &SharedNeighbours,
     miss_tx: &mpsc::SyncSender<(u32, u32)>,
     stats_tx: &mpsc::SyncSender<Stats>,
 ) -> Result<()> {
-    let mut engine = Engine::new(cfg.engine);
     let mut rx_buf = vec![FrameDesc::default(); RX_BATCH];
     let mut hashes = [0u32; RX_BATCH];
     let mut cq_buf = vec![FrameDesc::default(); cfg.ring_size as usize];
@@ -666,7 +692,6 @@ fn forward_loop(
     let mut known_backends: std::collections::HashSet<u32> = Default::default();
     let mut last_open_try = Instant::now();
 
-    let start = Instant::now();
     let mut last_stats = Instant::now();
     let mut last_reconcile = Instant::now();
     let mut last_activity = Instant::now();
@@ -686,7 +711,9 @@ fn forward_loop(
 
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();
-        let now_ms = now.duration_since(start).as_millis() as u64;
+        // The flow table's clock: CLOCK_MONOTONIC, shared with the XDP program and
+        // unaffected by a restart of this process.
+        let now_ms = monotonic_ms();
 
         // Control state: one atomic load per iteration; a snapshot only on change.
         if reader.is_none() && now.duration_since(last_open_try) > Duration::from_secs(1) {
@@ -886,7 +913,7 @@ fn forward_loop(
 
         if now.duration_since(last_stats) >= Duration::from_secs(1) {
             last_stats = now;
-            let _ = stats_tx.try_send(collect_stats(&engine, io, seen_generation, &nb, shared));
+            let _ = stats_tx.try_send(collect_stats(engine, io, seen_generation, &nb, shared));
         }
 
         // Activity: frames received, or TX completions still coming in (a frame the
@@ -917,7 +944,7 @@ fn forward_loop(
         }
     }
     // Final stats so a short-lived run leaves them behind.
-    let _ = stats_tx.send(collect_stats(&engine, io, seen_generation, &nb, shared));
+    let _ = stats_tx.send(collect_stats(engine, io, seen_generation, &nb, shared));
     Ok(())
 }
 
@@ -939,6 +966,10 @@ fn collect_stats(
         flows: flows.len() as u64,
         flow_capacity: flows.capacity() as u64,
         flow_table_bytes: flows.memory_bytes() as u64,
+        half_open_flows: flows.half_open() as u64,
+        half_open_max: flows.half_open_max() as u64,
+        half_open_evicted: flows.half_open_evicted(),
+        flows_restored: c.flows_restored,
         neighbours: nb.neighbour_count() as u64,
         neighbour_requests: shared.requests.load(Ordering::Relaxed),
         umem_frames: io.pool.total() as u64,
@@ -955,8 +986,15 @@ fn collect_stats(
         pod_iface_detaches: io.discovery.detaches,
         ..Default::default()
     };
+    let sd = io.steering.drops();
     for r in DropReason::ALL {
-        st.drops.insert(r.name().to_string(), c.drops_for(r));
+        let in_kernel = match r {
+            DropReason::PortNotExposed => sd.port_not_exposed,
+            DropReason::UnsupportedProtocol => sd.unsupported_protocol,
+            _ => 0,
+        };
+        st.drops
+            .insert(r.name().to_string(), c.drops_for(r) + in_kernel);
     }
     for (i, s) in engine.services().services().iter().enumerate() {
         st.services.push(ServiceStats {

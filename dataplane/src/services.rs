@@ -150,7 +150,8 @@ impl ServiceTable {
     /// The low 32 bits of the generation (what flow records remember).
     #[inline]
     pub fn generation32(&self) -> u32 {
-        self.generation as u32
+        // Never `flow::UNCHECKED_GENERATION`, the mark of flows found at start.
+        (self.generation as u32).min(crate::flow::UNCHECKED_GENERATION - 1)
     }
 
     /// Whether `ip` is a VIP served on this node (with or without backends).

@@ -1,21 +1,35 @@
 //! Loads and feeds the XDP steering program (`bpf/steer.c`, compiled by `build.rs`).
 //!
-//! The program is attached (native XDP, falling back to generic) to the uplink and every
-//! Pod-facing interface through BPF links, which the kernel detaches when this process
-//! exits, however it exits. Its maps follow the service table: `vips` holds every VIP
-//! served here, `backends` every `(backend ip, port, proto)`, `backend_ips` every backend
-//! address; [`Steering::sync`] applies the difference after each state change.
+//! Everything the program uses is **pinned** under one directory per dataplane instance
+//! (`--pin-dir`): its maps (`frontends`, `vips`, `ifaces`, `xsks`, and the shared flow
+//! table `flow_meta` / `flow_index` / `flow_records`) and one BPF link per interface
+//! (`link-<ifname>`). So the program stays attached and its maps keep their contents when
+//! the process dies, however it dies: while it is down, packets of Juneau's flows are
+//! redirected to empty AF_XDP slots and dropped (TCP retransmits), everything else still
+//! passes to the kernel. A restarted process loads the program again over the same pinned
+//! maps (after checking their sizes and the flow table's layout version; a mismatch is
+//! logged and the pins are replaced by fresh ones), and atomically swaps its new program
+//! into each pinned link (`bpf_link_update`). [`Steering::remove_pins`] takes everything
+//! away (uninstall, tests).
+//!
+//! The maps follow the service table: `frontends` holds every `(VIP, port, protocol)`
+//! served here and `vips` every VIP address; [`Steering::sync`] applies the difference
+//! after each state change (adds first, removes after).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Context, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData, XskMap};
-use aya::programs::xdp::XdpLinkId;
+use anyhow::{anyhow, bail, Context, Result};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, XskMap};
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::xdp::XdpLink;
 use aya::programs::{Xdp, XdpMode};
-use aya::Ebpf;
+use aya::{Ebpf, EbpfLoader};
 
+use crate::flow::{Flow, FlowMeta, SharedRegions, FLOW_MAGIC, LAYOUT_VERSION};
+use crate::region::Region;
 use crate::services::ServiceTable;
 
 /// The compiled steering program.
@@ -23,6 +37,11 @@ static STEER_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer.o"));
 
 const ROLE_UPLINK: u32 = 0;
 const ROLE_POD: u32 = 1;
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+
+/// Indexes of the program's own drop counters (`steer_drops`).
+const SD_PORT_NOT_EXPOSED: u32 = 0;
+const SD_UNSUPPORTED_PROTOCOL: u32 = 1;
 
 #[derive(Debug, Clone, Copy)]
 #[repr(C)]
@@ -37,7 +56,7 @@ unsafe impl aya::Pod for IfaceConf {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(C)]
-struct BackendKey {
+struct FrontendKey {
     addr: [u8; 4],
     port: [u8; 2],
     proto: u8,
@@ -45,8 +64,8 @@ struct BackendKey {
 }
 
 // SAFETY: `repr(C)` byte arrays and bytes, 8 bytes without padding, matching
-// `struct backend_key`.
-unsafe impl aya::Pod for BackendKey {}
+// `struct frontend_key`.
+unsafe impl aya::Pod for FrontendKey {}
 
 /// An interface the steering program runs on.
 #[derive(Debug, Clone)]
@@ -63,26 +82,45 @@ pub struct SteeredIface {
     pub queues: u32,
 }
 
+/// Handle of an interface's pinned link (give it back to [`Steering::detach_iface`]).
+#[derive(Debug)]
+pub struct IfaceLink {
+    name: String,
+}
+
+/// Drops the steering program made itself (packets that never reached userspace).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SteerDrops {
+    /// TCP/UDP (or an ICMP error about it) to a VIP on a port/protocol not exposed.
+    pub port_not_exposed: u64,
+    /// Other traffic to a VIP address (ICMP echo, other protocols).
+    pub unsupported_protocol: u64,
+}
+
 /// The loaded, attached steering program and its maps.
 pub struct Steering {
     bpf: Ebpf,
+    pin_dir: PathBuf,
+    /// Whether maps and links are pinned (`pin_dir` is on a BPF filesystem).
+    pinned: bool,
     force_generic: bool,
     ifaces: BpfHashMap<MapData, u32, IfaceConf>,
     xsks: XskMap<MapData>,
     vips: BpfHashMap<MapData, [u8; 4], u8>,
-    backends: BpfHashMap<MapData, BackendKey, u8>,
-    backend_ips: BpfHashMap<MapData, [u8; 4], u8>,
+    frontends: BpfHashMap<MapData, FrontendKey, u8>,
+    steer_drops: PerCpuArray<MapData, u64>,
     installed_vips: HashSet<Ipv4Addr>,
-    installed_backends: HashSet<(Ipv4Addr, u16, u8)>,
-    installed_backend_ips: HashSet<Ipv4Addr>,
-    /// The mode each interface was attached in.
+    installed_frontends: HashSet<(Ipv4Addr, u16, u8)>,
+    links: HashMap<String, FdLink>,
+    /// The mode each interface was attached in (`kept` when a pinned link was reused).
     pub modes: Vec<(String, &'static str)>,
 }
 
 impl std::fmt::Debug for Steering {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Steering")
-            .field("vips", &self.installed_vips.len())
+            .field("pin_dir", &self.pin_dir)
+            .field("frontends", &self.installed_frontends.len())
             .finish_non_exhaustive()
     }
 }
@@ -98,58 +136,220 @@ where
     T::try_from(m).with_context(|| format!("map {name}"))
 }
 
+/// Sizes a pinned map must have to be reused: `(name, key, value, max_entries, flags)`.
+fn expected_maps(records: u32, slots: u32) -> [(&'static str, u32, u32, u32, u32); 7] {
+    [
+        ("xsks", 4, 4, 4096, 0),
+        ("ifaces", 4, 12, 256, 0),
+        ("vips", 4, 1, 65536, 0),
+        ("frontends", 8, 1, 65536, 0),
+        ("flow_meta", 4, 64, 1, BPF_F_MMAPABLE),
+        ("flow_index", 4, 8, slots, BPF_F_MMAPABLE),
+        ("flow_records", 4, 32, records, BPF_F_MMAPABLE),
+    ]
+}
+
+/// Index slots for a capacity (as [`crate::flow::FlowTable`] sizes them).
+pub fn index_slots(capacity: usize) -> usize {
+    (capacity.clamp(1, (u32::MAX / 4) as usize) * 4).next_power_of_two()
+}
+
+/// Why the pinned maps in `dir` cannot be reused, if they cannot.
+fn pinned_mismatch(dir: &Path, records: u32, slots: u32) -> Option<String> {
+    for (name, key, value, max, flags) in expected_maps(records, slots) {
+        let path = dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let info = match MapData::from_pin(&path).and_then(|m| m.info()) {
+            Ok(i) => i,
+            Err(e) => return Some(format!("pinned map {} unreadable: {e}", path.display())),
+        };
+        let got = (
+            info.key_size(),
+            info.value_size(),
+            info.max_entries(),
+            info.map_flags(),
+        );
+        if got != (key, value, max, flags) {
+            return Some(format!(
+                "pinned map {name} has key/value/entries/flags {got:?}, this binary needs {:?} (changed --flow-capacity or a new version)",
+                (key, value, max, flags)
+            ));
+        }
+    }
+    let meta = dir.join("flow_meta");
+    if meta.exists() {
+        let m = MapData::from_pin(&meta)
+            .map_err(anyhow::Error::from)
+            .and_then(|m| {
+                Ok(Array::<MapData, [u64; 8]>::try_from(
+                    aya::maps::Map::Array(m),
+                )?)
+            })
+            .and_then(|a| Ok(a.get(&0, 0)?));
+        match m {
+            Ok(words) if words[0] == FLOW_MAGIC && words[1] as u32 != LAYOUT_VERSION => {
+                return Some(format!(
+                    "pinned flow table has layout version {}, this binary uses {LAYOUT_VERSION}",
+                    words[1] as u32
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => return Some(format!("pinned flow_meta unreadable: {e}")),
+        }
+    }
+    None
+}
+
+fn link_pin(dir: &Path, iface: &str) -> PathBuf {
+    dir.join(format!("link-{iface}"))
+}
+
 impl Steering {
-    /// Loads the program and attaches it to the interfaces. The AF_XDP socket of RX
-    /// queue `q` of an interface goes into the redirect map at `slot_base + q` (see
-    /// [`Steering::register_socket`]).
-    pub fn attach(ifaces_in: &[SteeredIface], force_generic: bool) -> Result<Self> {
-        let mut bpf = Ebpf::load(STEER_OBJ).context("loading the XDP steering program")?;
+    /// Loads the program with its maps pinned under `pin_dir` (created if missing),
+    /// reusing the pinned maps of a previous run when they fit (same sizes and flow-table
+    /// layout), otherwise replacing them (the reason is returned, for the log). Returns
+    /// the flow table's shared regions (mapped), for [`crate::flow::FlowTable::open_shared`].
+    pub fn load(
+        pin_dir: &Path,
+        flow_capacity: usize,
+        force_generic: bool,
+    ) -> Result<(Self, SharedRegions, Option<String>)> {
+        let pinned = on_bpffs(pin_dir);
+        if pinned {
+            std::fs::create_dir_all(pin_dir)
+                .with_context(|| format!("creating the pin directory {}", pin_dir.display()))?;
+        } else {
+            tracing::warn!(pin_dir = %pin_dir.display(), "the pin directory is not on a BPF filesystem (mount -t bpf bpf /sys/fs/bpf): nothing is pinned, flows will NOT survive a restart and the XDP program goes with the process");
+        }
+        let records = flow_capacity.clamp(1, (u32::MAX / 4) as usize) as u32;
+        let slots = index_slots(flow_capacity) as u32;
+        let replaced = if pinned {
+            pinned_mismatch(pin_dir, records, slots)
+        } else {
+            None
+        };
+        if replaced.is_some() {
+            for (name, ..) in expected_maps(records, slots) {
+                let _ = std::fs::remove_file(pin_dir.join(name));
+            }
+        }
+        let mut loader = EbpfLoader::new();
+        loader
+            .map_max_entries("flow_index", slots)
+            .map_max_entries("flow_records", records);
+        let names = expected_maps(records, slots);
+        let paths: Vec<(&str, PathBuf)> =
+            names.iter().map(|(n, ..)| (*n, pin_dir.join(n))).collect();
+        if pinned {
+            for (n, p) in &paths {
+                loader.map_pin_path(n, p.as_path());
+            }
+        }
+        let mut bpf = loader
+            .load(STEER_OBJ)
+            .context("loading the XDP steering program")?;
+        let regions = SharedRegions {
+            meta: map_region::<FlowMeta>(&bpf, "flow_meta")?,
+            index: map_region::<u64>(&bpf, "flow_index")?,
+            records: map_region::<Flow>(&bpf, "flow_records")?,
+        };
         let mut ifaces: BpfHashMap<MapData, u32, IfaceConf> = take(&mut bpf, "ifaces")?;
-        for i in ifaces_in {
-            let conf = IfaceConf {
-                slot_base: i.slot_base,
-                queues: i.queues,
-                role: if i.uplink { ROLE_UPLINK } else { ROLE_POD },
-            };
-            ifaces.insert(i.ifindex, conf, 0)?;
+        // Entries of interfaces that no longer exist (a previous run's Pod veths).
+        let present = present_ifindexes();
+        let stale: Vec<u32> = ifaces
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !present.contains(k))
+            .collect();
+        for k in stale {
+            let _ = ifaces.remove(&k);
         }
         let xsks: XskMap<MapData> = take(&mut bpf, "xsks")?;
-        let vips = take(&mut bpf, "vips")?;
-        let backends = take(&mut bpf, "backends")?;
-        let backend_ips = take(&mut bpf, "backend_ips")?;
+        let vips: BpfHashMap<MapData, [u8; 4], u8> = take(&mut bpf, "vips")?;
+        let frontends: BpfHashMap<MapData, FrontendKey, u8> = take(&mut bpf, "frontends")?;
+        let steer_drops = take(&mut bpf, "steer_drops")?;
+        // What a previous run installed stays until the first sync removes what is gone.
+        let installed_vips = vips
+            .keys()
+            .filter_map(|k| k.ok())
+            .map(Ipv4Addr::from)
+            .collect();
+        let installed_frontends = frontends
+            .keys()
+            .filter_map(|k| k.ok())
+            .map(|k| (Ipv4Addr::from(k.addr), u16::from_be_bytes(k.port), k.proto))
+            .collect();
         let prog: &mut Xdp = bpf
             .program_mut("juneau_steer")
             .ok_or_else(|| anyhow!("no program juneau_steer"))?
             .try_into()?;
         prog.load().context("verifying the XDP steering program")?;
-        // The program must stay in the map-owning object; maps were taken out above and
-        // stay valid while `bpf` (owning the program and its links) lives.
-        let mut st = Steering {
+        if pinned {
+            remove_stale_link_pins(pin_dir);
+        }
+        let st = Steering {
             bpf,
+            pin_dir: pin_dir.to_path_buf(),
+            pinned,
             force_generic,
             ifaces,
             xsks,
             vips,
-            backends,
-            backend_ips,
-            installed_vips: HashSet::new(),
-            installed_backends: HashSet::new(),
-            installed_backend_ips: HashSet::new(),
+            frontends,
+            steer_drops,
+            installed_vips,
+            installed_frontends,
+            links: HashMap::new(),
             modes: Vec::new(),
         };
-        for i in ifaces_in {
-            st.attach_program(&i.name)?;
-        }
-        Ok(st)
+        Ok((st, regions, replaced))
     }
 
-    fn attach_program(&mut self, name: &str) -> Result<XdpLinkId> {
-        let prog: &mut Xdp = self
+    /// Starts steering on the given interfaces (see [`Steering::attach_iface`]).
+    pub fn attach_all(&mut self, ifaces: &[SteeredIface]) -> Result<()> {
+        for i in ifaces {
+            self.attach_iface(i)?;
+        }
+        Ok(())
+    }
+
+    fn prog(&mut self) -> Result<&mut Xdp> {
+        Ok(self
             .bpf
             .program_mut("juneau_steer")
             .ok_or_else(|| anyhow!("no program juneau_steer"))?
-            .try_into()?;
-        let (link, mode) = if self.force_generic {
+            .try_into()?)
+    }
+
+    /// Puts the program on `name` through its pinned link: the link a previous run
+    /// pinned gets this program swapped in atomically; otherwise a new link is made
+    /// (native XDP, generic as fall-back) and pinned.
+    fn attach_program(&mut self, name: &str) -> Result<()> {
+        let pin = link_pin(&self.pin_dir, name);
+        if self.pinned && pin.exists() {
+            let kept = PinnedLink::from_pin(&pin)
+                .map_err(anyhow::Error::from)
+                .and_then(|p| Ok(XdpLink::try_from(FdLink::from(p))?))
+                .and_then(|l| Ok(self.prog()?.attach_to_link(l)?))
+                .and_then(|id| Ok(FdLink::try_from(self.prog()?.take_link(id)?)?));
+            match kept {
+                Ok(fd) => {
+                    self.links.insert(name.to_string(), fd);
+                    self.modes.retain(|(n, _)| n != name);
+                    self.modes.push((name.to_string(), "kept"));
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::info!(iface = %name, error = %e, "pinned XDP link not reusable (interface re-created?); attaching anew");
+                    let _ = std::fs::remove_file(&pin);
+                }
+            }
+        }
+        let force_generic = self.force_generic;
+        let prog = self.prog()?;
+        let (id, mode) = if force_generic {
             let l = prog
                 .attach(name, XdpMode::Skb)
                 .with_context(|| format!("attaching XDP (generic) to {name}"))?;
@@ -166,16 +366,27 @@ impl Steering {
                 }
             }
         };
+        let link: XdpLink = prog.take_link(id)?;
+        let fd = FdLink::try_from(link).context("XDP link is not a BPF link")?;
+        let fd =
+            if self.pinned {
+                FdLink::from(fd.pin(&pin).with_context(|| {
+                    format!("pinning the XDP link of {name} at {}", pin.display())
+                })?)
+            } else {
+                fd
+            };
+        self.links.insert(name.to_string(), fd);
         self.modes.retain(|(n, _)| n != name);
         self.modes.push((name.to_string(), mode));
-        Ok(link)
+        Ok(())
     }
 
-    /// Starts steering on an interface that appeared while running (a Pod's veth): its
-    /// sockets must already be registered at `slot_base ..` (until then the program
-    /// passes its packets to the kernel). Returns the link to give to
-    /// [`Steering::detach_iface`].
-    pub fn attach_iface(&mut self, i: &SteeredIface) -> Result<XdpLinkId> {
+    /// Starts steering on an interface (at start, or a Pod's veth that appeared while
+    /// running): its sockets must be registered at `slot_base ..` (until then what is
+    /// Juneau's there is dropped, everything else passes). Returns the handle to give
+    /// to [`Steering::detach_iface`].
+    pub fn attach_iface(&mut self, i: &SteeredIface) -> Result<IfaceLink> {
         let conf = IfaceConf {
             slot_base: i.slot_base,
             queues: i.queues,
@@ -183,7 +394,9 @@ impl Steering {
         };
         self.ifaces.insert(i.ifindex, conf, 0)?;
         match self.attach_program(&i.name) {
-            Ok(l) => Ok(l),
+            Ok(()) => Ok(IfaceLink {
+                name: i.name.clone(),
+            }),
             Err(e) => {
                 let _ = self.ifaces.remove(&i.ifindex);
                 Err(e)
@@ -192,16 +405,13 @@ impl Steering {
     }
 
     /// Stops steering on an interface (it may already be gone, which detached the
-    /// program by itself) and clears its redirect-map slots.
-    pub fn detach_iface(&mut self, i: &SteeredIface, link: XdpLinkId) {
+    /// program by itself): unpins and closes its link, clears its redirect-map slots.
+    pub fn detach_iface(&mut self, i: &SteeredIface, link: IfaceLink) {
         let _ = self.ifaces.remove(&i.ifindex);
-        if let Some(prog) = self.bpf.program_mut("juneau_steer") {
-            if let Ok(prog) = <&mut Xdp>::try_from(prog) {
-                if let Err(e) = prog.detach(link) {
-                    tracing::debug!(iface = %i.name, error = %e, "detaching XDP (interface already gone?)");
-                }
-            }
+        if self.pinned {
+            let _ = std::fs::remove_file(link_pin(&self.pin_dir, &link.name));
         }
+        drop(self.links.remove(&link.name));
         for q in 0..i.queues {
             let _ = self.xsks.unset(i.slot_base + q);
         }
@@ -218,43 +428,189 @@ impl Steering {
     /// Makes the maps match the service table.
     pub fn sync(&mut self, table: &ServiceTable) -> Result<()> {
         let vips: HashSet<Ipv4Addr> = table.vips().collect();
-        let backends = table.backend_keys();
-        let ips: HashSet<Ipv4Addr> = backends.iter().map(|b| b.0).collect();
+        let frontends: HashSet<(Ipv4Addr, u16, u8)> = table
+            .services()
+            .iter()
+            .map(|s| {
+                (
+                    s.frontend.vip,
+                    s.frontend.port,
+                    s.frontend.protocol.number(),
+                )
+            })
+            .collect();
         // Add first, remove after, so a VIP moving between entries is never missing.
         for v in vips.difference(&self.installed_vips) {
             self.vips
                 .insert(v.octets(), 1, 0)
                 .with_context(|| format!("adding VIP {v}"))?;
         }
-        for b in backends.difference(&self.installed_backends) {
-            self.backends
-                .insert(key(b), 1, 0)
-                .with_context(|| format!("adding backend {b:?}"))?;
-        }
-        for ip in ips.difference(&self.installed_backend_ips) {
-            self.backend_ips.insert(ip.octets(), 1, 0)?;
+        for f in frontends.difference(&self.installed_frontends) {
+            self.frontends
+                .insert(frontend_key(f), 1, 0)
+                .with_context(|| format!("adding frontend {f:?}"))?;
         }
         for v in self.installed_vips.difference(&vips) {
             let _ = self.vips.remove(&v.octets());
         }
-        for b in self.installed_backends.difference(&backends) {
-            let _ = self.backends.remove(&key(b));
-        }
-        for ip in self.installed_backend_ips.difference(&ips) {
-            let _ = self.backend_ips.remove(&ip.octets());
+        for f in self.installed_frontends.difference(&frontends) {
+            let _ = self.frontends.remove(&frontend_key(f));
         }
         self.installed_vips = vips;
-        self.installed_backends = backends;
-        self.installed_backend_ips = ips;
+        self.installed_frontends = frontends;
         Ok(())
+    }
+
+    /// The program's own drop counters, summed over CPUs (since this process loaded
+    /// it).
+    pub fn drops(&self) -> SteerDrops {
+        let sum = |i: u32| -> u64 {
+            self.steer_drops
+                .get(&i, 0)
+                .map(|v| v.iter().sum())
+                .unwrap_or(0)
+        };
+        SteerDrops {
+            port_not_exposed: sum(SD_PORT_NOT_EXPOSED),
+            unsupported_protocol: sum(SD_UNSUPPORTED_PROTOCOL),
+        }
+    }
+
+    /// Removes everything a dataplane instance pinned under `pin_dir`: its XDP links
+    /// (which detaches the program from every interface, once no process holds them)
+    /// and its maps (the flow table is lost), then the directory. Stop the dataplane
+    /// first. Returns how many pins were removed; a missing directory is not an error.
+    pub fn remove_pins(pin_dir: &Path) -> Result<usize> {
+        let entries = match std::fs::read_dir(pin_dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", pin_dir.display())),
+        };
+        let mut n = 0;
+        for e in entries {
+            let p = e?.path();
+            std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
+            n += 1;
+        }
+        if let Err(e) = std::fs::remove_dir(pin_dir) {
+            bail!("removing {}: {e}", pin_dir.display());
+        }
+        Ok(n)
     }
 }
 
-fn key(b: &(Ipv4Addr, u16, u8)) -> BackendKey {
-    BackendKey {
-        addr: b.0.octets(),
-        port: b.1.to_be_bytes(),
-        proto: b.2,
+fn frontend_key(f: &(Ipv4Addr, u16, u8)) -> FrontendKey {
+    FrontendKey {
+        addr: f.0.octets(),
+        port: f.1.to_be_bytes(),
+        proto: f.2,
         pad: 0,
+    }
+}
+
+/// Maps the values of one of the program's `BPF_F_MMAPABLE` array maps.
+fn map_region<T: Copy>(bpf: &Ebpf, name: &str) -> Result<Region<T>> {
+    let map = bpf
+        .map(name)
+        .ok_or_else(|| anyhow!("steering program has no map {name}"))?;
+    let data: &MapData = match map {
+        aya::maps::Map::Array(d) => d,
+        _ => bail!("map {name} is not an array"),
+    };
+    let info = data.info().with_context(|| format!("map {name} info"))?;
+    Region::map_bpf_array(
+        data.fd().as_fd(),
+        info.max_entries() as usize,
+        info.value_size() as usize,
+    )
+    .with_context(|| format!("mapping {name} ({} entries)", info.max_entries()))
+}
+
+/// Whether `path` (or, if it does not exist yet, its nearest existing ancestor) is on a
+/// BPF filesystem, from `/proc/self/mountinfo`.
+pub fn on_bpffs(path: &Path) -> bool {
+    let mut p = path.to_path_buf();
+    while !p.exists() {
+        if !p.pop() {
+            return false;
+        }
+    }
+    let Ok(p) = p.canonicalize() else {
+        return false;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    // Field 5 is the mount point; the file-system type follows " - ".
+    let mut best: Option<(usize, bool)> = None;
+    for line in info.lines() {
+        let mut f = line.split(' ');
+        let Some(mnt) = f.nth(4) else { continue };
+        let Some((_, rest)) = line.split_once(" - ") else {
+            continue;
+        };
+        let fstype = rest.split(' ').next().unwrap_or("");
+        let mnt = Path::new(mnt);
+        if p.starts_with(mnt) {
+            let depth = mnt.components().count();
+            if best.is_none_or(|(d, _)| depth >= d) {
+                best = Some((depth, fstype == "bpf"));
+            }
+        }
+    }
+    best.is_some_and(|(_, bpf)| bpf)
+}
+
+/// Interface indexes of this network namespace.
+fn present_ifindexes() -> HashSet<u32> {
+    let mut out = HashSet::new();
+    if let Ok(dir) = std::fs::read_dir("/sys/class/net") {
+        for e in dir.flatten() {
+            if let Ok(s) = std::fs::read_to_string(e.path().join("ifindex")) {
+                if let Ok(i) = s.trim().parse() {
+                    out.insert(i);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Removes link pins of interfaces that no longer exist (their links are defunct).
+fn remove_stale_link_pins(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(iface) = name.strip_prefix("link-") {
+            if !Path::new("/sys/class/net").join(iface).exists() {
+                tracing::info!(
+                    iface,
+                    "removing the pinned XDP link of a vanished interface"
+                );
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pin_dirs_off_a_bpf_filesystem_are_recognised() {
+        // procfs and a path that does not exist (its nearest ancestor is `/`).
+        assert!(!on_bpffs(Path::new("/proc/self")));
+        assert!(!on_bpffs(Path::new("/nonexistent-juneau/a/b")));
+    }
+
+    #[test]
+    fn index_size_matches_the_flow_table() {
+        for cap in [1, 3, 1000, 1 << 20] {
+            assert!(index_slots(cap).is_power_of_two());
+            assert!(index_slots(cap) >= 4 * cap);
+        }
     }
 }

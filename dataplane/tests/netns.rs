@@ -189,6 +189,11 @@ fn serve_http(
 /// Sends `GET /` on a kept-alive connection and returns the body.
 fn http_get(conn: &mut TcpStream) -> Result<String> {
     conn.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n")?;
+    read_response(conn)
+}
+
+/// Reads one HTTP/1.1 response (with Content-Length) and returns the body.
+fn read_response(conn: &mut TcpStream) -> Result<String> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
     loop {
@@ -240,6 +245,29 @@ fn node_state(pods: &[usize]) -> NodeState {
     }
 }
 
+/// A private bpffs instance mounted for one lab; unmounted (pins and all) on drop.
+struct BpfMount {
+    path: PathBuf,
+}
+
+impl BpfMount {
+    fn new(path: PathBuf) -> Result<Self> {
+        std::fs::create_dir_all(&path)?;
+        run("mount", &["-t", "bpf", "bpf", path.to_str().unwrap()])?;
+        Ok(BpfMount { path })
+    }
+
+    fn pin_dir(&self) -> PathBuf {
+        self.path.join("node-a")
+    }
+}
+
+impl Drop for BpfMount {
+    fn drop(&mut self) {
+        let _ = run("umount", &["-l", self.path.to_str().unwrap()]);
+    }
+}
+
 /// One test topology with the dataplane running. Field order is drop order: the
 /// dataplane process dies first, then the servers stop, then the namespaces go.
 struct Lab {
@@ -247,6 +275,11 @@ struct Lab {
     /// Started without --pod-iface: Pod veths are found through the routing table.
     routes: bool,
     dataplane: Option<NsChild>,
+    /// A BPF filesystem of this lab's own (the dataplane pins its maps and links there);
+    /// unmounted right after the dataplane dies, which unpins everything.
+    bpffs: BpfMount,
+    /// The dataplane's command line (to start it again).
+    argv: Vec<String>,
     backends: Vec<Backend>,
     writer: NodeStateWriter,
     stats: PathBuf,
@@ -289,6 +322,16 @@ impl Lab {
     }
 
     fn build(tag: &str, queues: u32, bridge: bool, routes: bool) -> Result<Self> {
+        Self::build_with(tag, queues, bridge, routes, &[])
+    }
+
+    fn build_with(
+        tag: &str,
+        queues: u32,
+        bridge: bool,
+        routes: bool,
+        extra: &[&str],
+    ) -> Result<Self> {
         // SAFETY: geteuid has no preconditions.
         let euid = unsafe { libc::geteuid() };
         ensure!(euid == 0, "the dataplane netns tests must run as root");
@@ -359,10 +402,13 @@ impl Lab {
         writer.publish(&node_state(&[0, 1]))?;
         let stats = dir.path().join("stats.json");
         let log = dir.path().join("dataplane.log");
+        let bpffs = BpfMount::new(dir.path().join("bpf"))?;
         let mut lab = Lab {
             bridge,
             routes,
             dataplane: None,
+            bpffs,
+            argv: Vec::new(),
             backends,
             writer,
             stats,
@@ -394,10 +440,29 @@ impl Lab {
             "--neighbour-keepalive",
             "1",
         ]);
-        let child = lab.node.spawn_logged(&argv, &lab.log)?;
-        lab.dataplane = Some(child);
-        lab.wait_ready()?;
+        let pin = lab.bpffs.pin_dir().to_str().unwrap().to_string();
+        argv.extend(["--pin-dir", &pin]);
+        argv.extend(extra.iter().copied());
+        lab.argv = argv.iter().map(|a| a.to_string()).collect();
+        lab.start()?;
         Ok(lab)
+    }
+
+    /// Starts the dataplane (again) and waits until it serves.
+    fn start(&mut self) -> Result<()> {
+        let _ = std::fs::remove_file(&self.stats);
+        let argv: Vec<&str> = self.argv.iter().map(String::as_str).collect();
+        let child = self.node.spawn_logged(&argv, &self.log)?;
+        self.dataplane = Some(child);
+        self.wait_ready()
+    }
+
+    /// `kill -9` of the dataplane; returns once the process is gone.
+    fn kill9(&mut self) {
+        if let Some(mut dp) = self.dataplane.take() {
+            dp.signal(9);
+            dp.kill();
+        }
     }
 
     fn dataplane_log(&self) -> String {
@@ -517,7 +582,11 @@ impl Lab {
     }
 
     fn publish(&mut self, pods: &[usize]) -> Result<u64> {
-        let g = self.writer.publish(&node_state(pods))?;
+        self.publish_state(&node_state(pods))
+    }
+
+    fn publish_state(&mut self, state: &NodeState) -> Result<u64> {
+        let g = self.writer.publish(state)?;
         // Wait for the dataplane to take it.
         let deadline = Instant::now() + Duration::from_secs(10);
         while self
@@ -568,7 +637,14 @@ impl Lab {
             .chain(self.pods.iter().map(|p| p.name().to_string()))
             .collect();
         let ids = std::mem::take(&mut self.xdp_prog_ids);
+        let bpffs = self.bpffs.path.clone();
         drop(self);
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+        ensure!(
+            !mounts.contains(bpffs.to_str().unwrap()),
+            "bpffs {} left mounted",
+            bpffs.display()
+        );
         let list = String::from_utf8(run("ip", &["netns", "list"])?.stdout)?;
         for n in &names {
             ensure!(
@@ -1443,5 +1519,439 @@ fn many_pod_veth_attach_detach_cycles_leak_no_frames() -> Result<()> {
         "every closed socket gave its fill ring back: {s}"
     );
     assert!(lab.dataplane.as_mut().unwrap().is_running());
+    lab.finish()
+}
+
+fn mac_of(ns: &Netns, ifname: &str) -> Result<[u8; 6]> {
+    let s = ns.exec(&["cat", &format!("/sys/class/net/{ifname}/address")])?;
+    let v: Vec<u8> = s
+        .trim()
+        .split(':')
+        .map(|x| u8::from_str_radix(x, 16))
+        .collect::<Result<_, _>>()?;
+    v.try_into().map_err(|_| anyhow::anyhow!("bad MAC {s}"))
+}
+
+/// `n` TCP segments with `flags` to VIP:80 from pseudo-random sources in 198.18.0.0/15
+/// (valid checksums, so a Pod answers a SYN as it would a real one).
+fn flood_frames(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    n: usize,
+    flags: u8,
+    seed: u64,
+) -> Vec<Vec<u8>> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let src = [198, 18 + (x & 1) as u8, (x >> 8) as u8, (x >> 16) as u8];
+        let sport = 1024 + ((x >> 24) as u16 % 60000);
+        let mut tcp = [0u8; 20];
+        tcp[0..2].copy_from_slice(&sport.to_be_bytes());
+        tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
+        tcp[4..8].copy_from_slice(&((x >> 32) as u32).to_be_bytes());
+        tcp[8..12].copy_from_slice(&(x as u32).to_be_bytes());
+        tcp[12] = 0x50;
+        tcp[13] = flags;
+        tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
+        let mut pseudo = Vec::with_capacity(32);
+        pseudo.extend_from_slice(&src);
+        pseudo.extend_from_slice(&VIP.octets());
+        pseudo.extend_from_slice(&[0, 6, 0, 20]);
+        pseudo.extend_from_slice(&tcp);
+        let c = inet_checksum(&pseudo);
+        tcp[16..18].copy_from_slice(&c.to_be_bytes());
+        let mut ip = [0u8; 20];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&40u16.to_be_bytes());
+        ip[6] = 0x40;
+        ip[8] = 64;
+        ip[9] = 6;
+        ip[12..16].copy_from_slice(&src);
+        ip[16..20].copy_from_slice(&VIP.octets());
+        let c = inet_checksum(&ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut f = dst_mac.to_vec();
+        f.extend_from_slice(&src_mac);
+        f.extend_from_slice(&[0x08, 0x00]);
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&tcp);
+        out.push(f);
+    }
+    out
+}
+
+/// Sends raw frames out of `eth0` of namespace `ns` (AF_PACKET), in bursts of 500 with
+/// a 5 ms pause; returns how many were sent.
+fn inject(ns: &str, frames: Vec<Vec<u8>>) -> Result<usize> {
+    in_ns(ns, move || -> Result<usize> {
+        // SAFETY: plain socket(2); the fd is checked and closed below.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+        ensure!(
+            fd >= 0,
+            "AF_PACKET socket: {}",
+            std::io::Error::last_os_error()
+        );
+        let name = std::ffi::CString::new("eth0").unwrap();
+        // SAFETY: valid NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        // SAFETY: sockaddr_ll is plain data; zeroed is a valid starting value.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_ifindex = ifindex as i32;
+        addr.sll_halen = 6;
+        let mut sent = 0;
+        for burst in frames.chunks(500) {
+            for f in burst {
+                // SAFETY: `f` and `addr` are valid for the lengths given.
+                let r = unsafe {
+                    libc::sendto(
+                        fd,
+                        f.as_ptr().cast(),
+                        f.len(),
+                        0,
+                        (&addr as *const libc::sockaddr_ll).cast(),
+                        std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                    )
+                };
+                if r >= 0 {
+                    sent += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // SAFETY: closing our own fd.
+        unsafe { libc::close(fd) };
+        Ok(sent)
+    })
+}
+
+/// A one-connection-at-a-time HTTP server in namespace `ns` on `addr`, answering
+/// `hello <peer>`; stops with `stop`.
+fn tiny_http_server(ns: &str, addr: SocketAddr, stop: Arc<AtomicBool>) -> Result<JoinHandle<()>> {
+    let l = in_ns(ns, move || TcpListener::bind(addr))?;
+    l.set_nonblocking(true)?;
+    Ok(std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            match l.accept() {
+                Ok((mut c, peer)) => {
+                    let _ = c.set_nonblocking(false);
+                    let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+                    let mut buf = [0u8; 1024];
+                    let _ = c.read(&mut buf);
+                    let body = format!("hello {peer}\n");
+                    let _ = c.write_all(
+                        format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+                            .as_bytes(),
+                    );
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    }))
+}
+
+/// Issue 10: the kubelet's probes (node -> Pod on the Service's target port), HTTP and a
+/// plain TCP connect, and a Pod's own connection out of its serving port all work while
+/// the dataplane runs: only packets of flows it holds leave the kernel path.
+#[test]
+fn node_reaches_local_pods_on_the_target_port_and_pods_connect_out_from_it() -> Result<()> {
+    let mut lab = Lab::new("dpk")?;
+    // A Service whose target port 7070 nothing in pod0 listens on: pod0 uses it as the
+    // source port of its own outbound connection.
+    let mut st = node_state(&[0, 1]);
+    st.services.push(service(Protocol::Tcp, 8081, 7070, &[0]));
+    st.normalize();
+    lab.publish_state(&st)?;
+    let (body, _) = curl(&lab.client, "http://10.200.0.10/")?;
+    assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+    // Probes from the node, as the kubelet sends them, several rounds.
+    for round in 0..3 {
+        for i in 0..2 {
+            let (body, _) = curl(&lab.node, &format!("http://{}:{HTTP_PORT}/", pod_ip(i)))
+                .with_context(|| {
+                    format!(
+                        "node -> pod{i} HTTP probe, round {round}:\n{}",
+                        lab.dataplane_log()
+                    )
+                })?;
+            assert!(
+                body.starts_with(&format!("pod{i} saw 10.100.{}.1:", 2 + i)),
+                "{body}"
+            );
+            let target = SocketAddr::V4(SocketAddrV4::new(pod_ip(i), HTTP_PORT));
+            in_ns(lab.node.name(), move || {
+                TcpStream::connect_timeout(&target, Duration::from_secs(5))
+            })
+            .with_context(|| format!("node -> pod{i} TCP connect probe, round {round}"))?;
+        }
+    }
+    // UDP from the node to a Pod's serving port: the answer comes from that port.
+    let reply = in_ns(lab.node.name(), || -> Result<String> {
+        let s = UdpSocket::bind("10.100.2.1:0")?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        s.send_to(b"probe", (pod_ip(0), UDP_PORT))?;
+        let mut buf = [0u8; 512];
+        let (n, from) = s.recv_from(&mut buf)?;
+        ensure!(
+            from == SocketAddr::V4(SocketAddrV4::new(pod_ip(0), UDP_PORT)),
+            "{from}"
+        );
+        Ok(String::from_utf8_lossy(&buf[..n]).to_string())
+    })?;
+    assert!(reply.starts_with("pod0 saw 10.100.2.1:"), "{reply}");
+    // pod0's own outbound TCP connection from its serving port 7070.
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = tiny_http_server(lab.node.name(), "10.100.2.1:9099".parse()?, stop.clone())?;
+    let out = lab.pods[0].output(&[
+        "curl",
+        "-sS",
+        "-m",
+        "10",
+        "--local-port",
+        "7070",
+        "http://10.100.2.1:9099/",
+    ])?;
+    stop.store(true, Ordering::Relaxed);
+    let _ = server.join();
+    ensure!(
+        out.status.success(),
+        "pod0's connection from its serving port failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        lab.dataplane_log()
+    );
+    let text = String::from_utf8(out.stdout)?;
+    assert_eq!(text.trim(), "hello 10.100.2.2:7070");
+    // None of it went through the dataplane: no flow beyond the client's, no drop.
+    let s = lab.stats()?;
+    assert_eq!(lab.drops("no_flow"), 0, "{s}");
+    assert!(s["flows"].as_u64().unwrap_or(99) <= 1, "{s}");
+    lab.finish()
+}
+
+/// Issue 10: `kill -9` of the dataplane and a new start under open TCP connections
+/// through the VIP: every connection carries on (0 resets), requests sent while it was
+/// down are retransmitted by TCP and answered once it is back, and the node's own
+/// traffic to its Pods is never interrupted.
+#[test]
+fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
+    let mut lab = Lab::new("dpr")?;
+    // As on a Kubernetes node, the kernel forwards, and the client can reach the world:
+    // a Pod's packet handed to the kernel un-NATed would reach the client, whose kernel
+    // would answer with a RST that reaches the Pod.
+    lab.node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    lab.client
+        .exec(&["ip", "route", "add", "default", "via", "10.100.1.1"])?;
+    let mut conns = lab.connect_many(8)?;
+    for c in conns.iter_mut() {
+        c.set_read_timeout(Some(Duration::from_secs(40)))?;
+        let body = http_get(c)?;
+        assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+    }
+    let mut big = lab.connect_many(1)?.remove(0);
+    big.set_read_timeout(Some(Duration::from_secs(40)))?;
+    for round in 0..2 {
+        // A 1 MiB response the client does not read yet: the Pod fills the window and
+        // keeps sending (window probes) while the dataplane is down. Were those handed
+        // to the kernel un-NATed, the client's kernel would answer with a RST that
+        // kills the Pod's side of the connection.
+        big.write_all(b"GET /big HTTP/1.1\r\nHost: vip\r\n\r\n")?;
+        std::thread::sleep(Duration::from_millis(300));
+        lab.kill9();
+        // While it is down the pinned program still passes what is not Juneau's.
+        let (body, _) = curl(&lab.node, &format!("http://{}:{HTTP_PORT}/", pod_ip(0)))
+            .context("node -> Pod while the dataplane is down")?;
+        assert!(body.starts_with("pod0 saw 10.100.2.1:"), "{body}");
+        // Requests sent while it is down: TCP retransmits them.
+        let pending: Vec<JoinHandle<(TcpStream, Result<String>)>> = conns
+            .drain(..)
+            .map(|mut c| {
+                std::thread::spawn(move || {
+                    let r = http_get(&mut c);
+                    (c, r)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let t0 = Instant::now();
+        lab.start()?;
+        eprintln!(
+            "round {round}: dataplane serving again {:?} after start",
+            t0.elapsed()
+        );
+        let s = lab.stats()?;
+        assert!(
+            s["flows_restored"].as_u64().unwrap_or(0) >= 8,
+            "{s}\n{}",
+            lab.dataplane_log()
+        );
+        for (i, h) in pending.into_iter().enumerate() {
+            let (c, r) = h.join().expect("request thread");
+            let body = r.with_context(|| {
+                format!("connection {i} after the restart:\n{}", lab.dataplane_log())
+            })?;
+            assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+            conns.push(c);
+        }
+        let body = read_response(&mut big)
+            .with_context(|| format!("1 MiB response across the restart, round {round}"))?;
+        assert_eq!(body.len(), 1 << 20);
+        // And they keep going; new connections work too.
+        for c in conns.iter_mut() {
+            http_get(c)?;
+        }
+        let mut fresh = lab.connect_many(2)?;
+        for c in fresh.iter_mut() {
+            http_get(c)?;
+        }
+    }
+    assert!(
+        lab.dataplane_log().contains("flow table found again"),
+        "{}",
+        lab.dataplane_log()
+    );
+    drop(conns);
+    drop(big);
+    // A pinned table of another layout version is never read: replaced, with the
+    // reason in the log, and the dataplane serves.
+    lab.kill9();
+    let meta = lab.bpffs.pin_dir().join("flow_meta");
+    let mut value: Vec<String> = vec!["0".into(); 64];
+    for (i, b) in 0x4a55_4e45_4155_4654u64.to_le_bytes().iter().enumerate() {
+        value[i] = b.to_string();
+    }
+    value[8] = "99".into();
+    let mut argv = vec!["map", "update", "pinned", meta.to_str().unwrap()];
+    argv.extend(["key", "0", "0", "0", "0", "value"]);
+    argv.extend(value.iter().map(String::as_str));
+    run("bpftool", &argv)?;
+    lab.start()?;
+    let log = lab.dataplane_log();
+    assert!(
+        log.contains("pinned flow table has layout version 99")
+            && log.contains("replaced by fresh ones"),
+        "{log}"
+    );
+    let mut c = lab.connect_many(1)?;
+    http_get(&mut c[0])?;
+    drop(c);
+    // Uninstall: stop it, remove the pins; the program leaves the interfaces at once
+    // (the namespaces are still there).
+    lab.kill9();
+    let pin = lab.bpffs.pin_dir();
+    let bin = env!("CARGO_BIN_EXE_juneau-dataplane");
+    let out = std::process::Command::new(bin)
+        .args(["--remove-pins", "--pin-dir", pin.to_str().unwrap()])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "--remove-pins: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(!pin.exists(), "{} still there", pin.display());
+    for ifname in ["up0", "pv0", "pv1"] {
+        let show = lab.node.exec(&["ip", "-d", "link", "show", ifname])?;
+        ensure!(
+            !show.contains("prog/xdp"),
+            "XDP still on {ifname} after --remove-pins: {show}"
+        );
+    }
+    let (body, _) = curl(&lab.node, &format!("http://{}:{HTTP_PORT}/", pod_ip(0)))?;
+    assert!(body.starts_with("pod0 saw"), "{body}");
+    lab.finish()
+}
+
+/// Issue 10: unsolicited TCP segments create no flow; a SYN flood (bounded: 20 000
+/// SYNs) against a small half-open budget evicts only half-open flows, oldest first,
+/// while established connections keep exchanging data and new connections succeed.
+#[test]
+fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() -> Result<()> {
+    const BUDGET: u64 = 512;
+    let lab = Lab::build_with("dpf", 1, false, false, &["--half-open-max", "512"])?;
+    let dst = mac_of(&lab.node, "up0")?;
+    let src = mac_of(&lab.client, "eth0")?;
+    let mut est = lab.connect_many(4)?;
+    for c in est.iter_mut() {
+        c.set_read_timeout(Some(Duration::from_secs(20)))?;
+        http_get(c)?;
+    }
+    // The stats file is rewritten about once a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    let flows_before = lab.stats()?["flows"].as_u64().unwrap_or(0);
+    assert_eq!(flows_before, 4, "{}", lab.stats()?);
+    // ACK flood.
+    let t = Instant::now();
+    let sent = inject(lab.client.name(), flood_frames(dst, src, 20_000, 0x10, 7))?;
+    let ack_secs = t.elapsed().as_secs_f64();
+    let dropped = lab.wait_drops("non_syn_without_flow", 1000)?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = lab.stats()?;
+    let dropped = lab.drops("non_syn_without_flow").max(dropped);
+    assert_eq!(
+        s["flows"].as_u64(),
+        Some(flows_before),
+        "ACKs created flows: {s}"
+    );
+    eprintln!(
+        "ACK flood: {sent} sent in {ack_secs:.2} s ({:.0}/s), {dropped} dropped as non_syn_without_flow, flows {flows_before} -> {}",
+        sent as f64 / ack_secs,
+        s["flows"]
+    );
+    // SYN flood while the established connections keep talking.
+    let stop = Arc::new(AtomicBool::new(false));
+    let talker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || -> Result<(Vec<TcpStream>, usize)> {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                for c in est.iter_mut() {
+                    let body =
+                        http_get(c).context("established connection during the SYN flood")?;
+                    ensure!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+                    n += 1;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok((est, n))
+        })
+    };
+    let t = Instant::now();
+    let mut syn_sent = 0;
+    let mut new_ok = 0;
+    for part in 0..4u64 {
+        syn_sent += inject(
+            lab.client.name(),
+            flood_frames(dst, src, 5_000, 0x02, 100 + part),
+        )?;
+        // A legitimate new connection in the middle of the flood.
+        let mut c = lab.connect_many(1)?;
+        http_get(&mut c[0]).context("new connection during the SYN flood")?;
+        new_ok += 1;
+    }
+    let syn_secs = t.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let (mut est, talked) = talker.join().expect("talker")?;
+    for c in est.iter_mut() {
+        http_get(c)?;
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = lab.stats()?;
+    let half_open = s["half_open_flows"].as_u64().unwrap_or(u64::MAX);
+    let evicted = s["half_open_evicted"].as_u64().unwrap_or(0);
+    assert!(half_open <= BUDGET, "{s}");
+    assert!(
+        evicted > 0,
+        "the flood never reached the half-open budget: {s}"
+    );
+    assert!(talked > 0);
+    eprintln!(
+        "SYN flood: {syn_sent} sent in {syn_secs:.2} s ({:.0}/s); half-open held {half_open} (budget {BUDGET}), evicted {evicted}; {talked} requests on 4 established connections and {new_ok} new connections, all answered; flows {}; xsk_rx_ring_full {}",
+        syn_sent as f64 / syn_secs,
+        s["flows"],
+        s["xsk_rx_ring_full"]
+    );
     lab.finish()
 }

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! juneau-dataplane --uplink IF --pod-iface IF [--pod-iface IF ...] --state-file PATH
-//!                  [--stats-file PATH] [--metrics-addr ADDR] [tuning options]
+//!                  [--pin-dir DIR] [--stats-file PATH] [--metrics-addr ADDR] [tuning options]
+//! juneau-dataplane --remove-pins --pin-dir DIR     # uninstall: links, maps, flow table
 //! ```
 //! See `docs/dataplane.md` for every option and the stats file format.
 
@@ -21,8 +22,8 @@ use juneau_dataplane::runtime::{run, RuntimeConfig};
 #[command(name = "juneau-dataplane", version)]
 struct Args {
     /// The node's uplink interface (where VIP traffic arrives).
-    #[arg(long, value_name = "IF")]
-    uplink: String,
+    #[arg(long, value_name = "IF", required_unless_present = "remove_pins")]
+    uplink: Option<String>,
     /// A Pod-facing interface: a bridge the Pods are plugged into, or the node end of a
     /// Pod's veth; repeat for each. Without any, --pod-ifaces-from-routes is implied.
     #[arg(long = "pod-iface", value_name = "IF")]
@@ -39,8 +40,17 @@ struct Args {
     #[arg(long, default_value_t = 256)]
     pod_iface_frames: u32,
     /// The node-state file the node agent publishes (juneau_control::shm).
-    #[arg(long, value_name = "PATH")]
-    state_file: PathBuf,
+    #[arg(long, value_name = "PATH", required_unless_present = "remove_pins")]
+    state_file: Option<PathBuf>,
+    /// Where the steering program's maps (including the flow table) and XDP links are
+    /// pinned, so flows survive a restart; one directory per dataplane instance.
+    /// Default: /sys/fs/bpf/juneau/<state file name without extension>.
+    #[arg(long, value_name = "DIR")]
+    pin_dir: Option<PathBuf>,
+    /// Remove everything pinned under --pin-dir (XDP links: the program is detached from
+    /// every interface; maps: the flow table is lost) and exit. Stop the dataplane first.
+    #[arg(long, requires = "pin_dir")]
+    remove_pins: bool,
     /// Write counters as JSON to this file about once a second (atomically, by rename).
     #[arg(long, value_name = "PATH")]
     stats_file: Option<PathBuf>,
@@ -50,9 +60,13 @@ struct Args {
     /// Flow table capacity (flows); memory is ~68 bytes per flow, allocated at start.
     #[arg(long, default_value_t = 1 << 20)]
     flow_capacity: usize,
-    /// TCP timeout after an unanswered SYN, seconds.
-    #[arg(long, default_value_t = 30)]
+    /// TCP timeout of a half-open flow (SYN, or SYN and SYN-ACK, seen), seconds.
+    #[arg(long, default_value_t = 5)]
     tcp_syn_timeout: u32,
+    /// Most half-open TCP flows held at once; beyond it the oldest is evicted (a SYN
+    /// flood never evicts an established flow). 0: a quarter of --flow-capacity.
+    #[arg(long, default_value_t = 0)]
+    half_open_max: usize,
     /// TCP established-connection idle timeout, seconds.
     #[arg(long, default_value_t = 900)]
     tcp_established_timeout: u32,
@@ -101,6 +115,22 @@ fn main() -> Result<()> {
         )
         .init();
     let a = Args::parse();
+    if a.remove_pins {
+        let dir = a.pin_dir.expect("clap requires --pin-dir");
+        let n = juneau_dataplane::steering::Steering::remove_pins(&dir)?;
+        tracing::info!(pin_dir = %dir.display(), removed = n, "pins removed");
+        return Ok(());
+    }
+    let (Some(uplink), Some(state_file)) = (a.uplink, a.state_file) else {
+        anyhow::bail!("--uplink and --state-file are required");
+    };
+    let pin_dir = a.pin_dir.unwrap_or_else(|| {
+        let stem = state_file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "default".into());
+        PathBuf::from("/sys/fs/bpf/juneau").join(stem)
+    });
     let ms = |s: u32| s.saturating_mul(1000);
     let seed = {
         use std::hash::{BuildHasher, Hasher};
@@ -113,9 +143,10 @@ fn main() -> Result<()> {
         pod_ifaces_from_routes: from_routes,
         max_pod_sockets: a.max_pod_sockets,
         pod_iface_frames: a.pod_iface_frames,
-        uplink: a.uplink,
+        uplink,
         pod_ifaces: a.pod_ifaces,
-        state_file: a.state_file,
+        state_file,
+        pin_dir,
         stats_file: a.stats_file,
         metrics_addr: a.metrics_addr,
         engine: EngineConfig {
@@ -129,6 +160,7 @@ fn main() -> Result<()> {
             },
             recompute_pod_checksums: !a.trust_pod_checksums,
             hash_seed: seed,
+            half_open_max: a.half_open_max,
         },
         frames_per_iface: a.frames_per_iface,
         ring_size: a.ring_size,
