@@ -137,7 +137,7 @@ where
 }
 
 /// Sizes a pinned map must have to be reused: `(name, key, value, max_entries, flags)`.
-fn expected_maps(records: u32, slots: u32) -> [(&'static str, u32, u32, u32, u32); 7] {
+fn expected_maps(records: u32, slots: u32) -> [(&'static str, u32, u32, u32, u32); 8] {
     [
         ("xsks", 4, 4, 4096, 0),
         ("ifaces", 4, 12, 256, 0),
@@ -146,6 +146,7 @@ fn expected_maps(records: u32, slots: u32) -> [(&'static str, u32, u32, u32, u32
         ("flow_meta", 4, 64, 1, BPF_F_MMAPABLE),
         ("flow_index", 4, 8, slots, BPF_F_MMAPABLE),
         ("flow_records", 4, 32, records, BPF_F_MMAPABLE),
+        ("redirect_in", 8, 1, 16, 0),
     ]
 }
 
@@ -165,7 +166,12 @@ fn pinned_mismatch(dir: &Path, records: u32, slots: u32) -> Option<String> {
             Ok(i) => i,
             Err(e) => return Some(format!("pinned map {} unreadable: {e}", path.display())),
         };
-        let got = (info.key_size(), info.value_size(), info.max_entries(), info.map_flags());
+        let got = (
+            info.key_size(),
+            info.value_size(),
+            info.max_entries(),
+            info.map_flags(),
+        );
         if got != (key, value, max, flags) {
             return Some(format!(
                 "pinned map {name} has key/value/entries/flags {got:?}, this binary needs {:?} (changed --flow-capacity or a new version)",
@@ -177,7 +183,11 @@ fn pinned_mismatch(dir: &Path, records: u32, slots: u32) -> Option<String> {
     if meta.exists() {
         let m = MapData::from_pin(&meta)
             .map_err(anyhow::Error::from)
-            .and_then(|m| Ok(Array::<MapData, [u64; 8]>::try_from(aya::maps::Map::Array(m))?))
+            .and_then(|m| {
+                Ok(Array::<MapData, [u64; 8]>::try_from(
+                    aya::maps::Map::Array(m),
+                )?)
+            })
             .and_then(|a| Ok(a.get(&0, 0)?));
         match m {
             Ok(words) if words[0] == FLOW_MAGIC && words[1] as u32 != LAYOUT_VERSION => {
@@ -231,10 +241,8 @@ impl Steering {
             .map_max_entries("flow_index", slots)
             .map_max_entries("flow_records", records);
         let names = expected_maps(records, slots);
-        let paths: Vec<(&str, PathBuf)> = names
-            .iter()
-            .map(|(n, ..)| (*n, pin_dir.join(n)))
-            .collect();
+        let paths: Vec<(&str, PathBuf)> =
+            names.iter().map(|(n, ..)| (*n, pin_dir.join(n))).collect();
         if pinned {
             for (n, p) in &paths {
                 loader.map_pin_path(n, p.as_path());
@@ -361,14 +369,14 @@ impl Steering {
         };
         let link: XdpLink = prog.take_link(id)?;
         let fd = FdLink::try_from(link).context("XDP link is not a BPF link")?;
-        let fd = if self.pinned {
-            FdLink::from(
-                fd.pin(&pin)
-                    .with_context(|| format!("pinning the XDP link of {name} at {}", pin.display()))?,
-            )
-        } else {
-            fd
-        };
+        let fd =
+            if self.pinned {
+                FdLink::from(fd.pin(&pin).with_context(|| {
+                    format!("pinning the XDP link of {name} at {}", pin.display())
+                })?)
+            } else {
+                fd
+            };
         self.links.insert(name.to_string(), fd);
         self.modes.retain(|(n, _)| n != name);
         self.modes.push((name.to_string(), mode));
@@ -409,6 +417,19 @@ impl Steering {
             let _ = self.xsks.unset(i.slot_base + q);
         }
         self.modes.retain(|(n, _)| n != &i.name);
+    }
+
+    /// Steers UDP datagrams to `addr:port` arriving on the uplink to userspace: redirected
+    /// packets and notices from other nodes (issue 12, `redirect_in` in bpf/steer.c).
+    pub fn listen_redirects(&mut self, addr: Ipv4Addr, port: u16) -> Result<()> {
+        let m = self
+            .bpf
+            .map_mut("redirect_in")
+            .ok_or_else(|| anyhow!("steering program has no map redirect_in"))?;
+        let mut m: BpfHashMap<&mut MapData, FrontendKey, u8> =
+            BpfHashMap::try_from(m).context("map redirect_in")?;
+        m.insert(frontend_key(&(addr, port, 17)), 1, 0)
+            .with_context(|| format!("steering redirects to {addr}:{port}"))
     }
 
     /// Puts an AF_XDP socket into the redirect map at `slot`.
@@ -578,7 +599,10 @@ fn remove_stale_link_pins(dir: &Path) {
         let name = e.file_name().to_string_lossy().into_owned();
         if let Some(iface) = name.strip_prefix("link-") {
             if !Path::new("/sys/class/net").join(iface).exists() {
-                tracing::info!(iface, "removing the pinned XDP link of a vanished interface");
+                tracing::info!(
+                    iface,
+                    "removing the pinned XDP link of a vanished interface"
+                );
                 let _ = std::fs::remove_file(e.path());
             }
         }
