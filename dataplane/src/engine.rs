@@ -1174,11 +1174,20 @@ mod tests {
         );
         // UDP needs no SYN; a SYN opens a TCP flow, whose ACKs then pass.
         let mut u = build_with(IPPROTO_UDP, CLIENT, 41000, VIP, 53, b"q", 64, 0);
-        assert!(matches!(e.process(&mut u, Side::Uplink, &nb, 0), Verdict::Tx(_)));
+        assert!(matches!(
+            e.process(&mut u, Side::Uplink, &nb, 0),
+            Verdict::Tx(_)
+        ));
         let mut f = tcp(CLIENT, 41000, VIP, 80, tcp_flags::SYN);
-        assert!(matches!(e.process(&mut f, Side::Uplink, &nb, 0), Verdict::Tx(_)));
+        assert!(matches!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Tx(_)
+        ));
         let mut f = tcp(CLIENT, 41000, VIP, 80, tcp_flags::ACK);
-        assert!(matches!(e.process(&mut f, Side::Uplink, &nb, 1), Verdict::Tx(_)));
+        assert!(matches!(
+            e.process(&mut f, Side::Uplink, &nb, 1),
+            Verdict::Tx(_)
+        ));
         assert_eq!(e.flows().len(), 2);
     }
 
@@ -1195,7 +1204,19 @@ mod tests {
             ..Default::default()
         };
         let regions = SharedRegions {
-            meta: Region::heap(1, FlowMeta { magic: 0, layout: 0, capacity: 0, index_slots: 0, seq: 0, seed: 0, seed2: 0, reserved: [0; 3] }),
+            meta: Region::heap(
+                1,
+                FlowMeta {
+                    magic: 0,
+                    layout: 0,
+                    capacity: 0,
+                    index_slots: 0,
+                    seq: 0,
+                    seed: 0,
+                    seed2: 0,
+                    reserved: [0; 3],
+                },
+            ),
             index: Region::heap(crate::steering::index_slots(256), 0u64),
             records: Region::heap(256, Flow::new(0, 0, 0, 0, 0, 0, 0, 0, 0)),
         };
@@ -1205,25 +1226,58 @@ mod tests {
         let mut backends = Vec::new();
         for cport in 42000..42016u16 {
             let mut f = syn(cport);
-            assert!(matches!(e.process(&mut f, Side::Uplink, &nb, 10), Verdict::Tx(_)));
+            assert!(matches!(
+                e.process(&mut f, Side::Uplink, &nb, 10),
+                Verdict::Tx(_)
+            ));
             let b = parse(&f).dst;
-            let mut r = tcp(Ipv4Addr::from(b).octets(), 8080, CLIENT, cport, tcp_flags::SYN | tcp_flags::ACK);
-            assert_eq!(e.process(&mut r, Side::Pod(0), &nb, 11), Verdict::Tx(Side::Uplink));
+            let mut r = tcp(
+                Ipv4Addr::from(b).octets(),
+                8080,
+                CLIENT,
+                cport,
+                tcp_flags::SYN | tcp_flags::ACK,
+            );
+            assert_eq!(
+                e.process(&mut r, Side::Pod(0), &nb, 11),
+                Verdict::Tx(Side::Uplink)
+            );
             let mut a = tcp(CLIENT, cport, VIP, 80, tcp_flags::ACK);
-            assert!(matches!(e.process(&mut a, Side::Uplink, &nb, 12), Verdict::Tx(_)));
+            assert!(matches!(
+                e.process(&mut a, Side::Uplink, &nb, 12),
+                Verdict::Tx(_)
+            ));
             backends.push(b);
         }
         assert_eq!(e.flows().half_open(), 0);
         // "kill -9": only the table's memory is left.
         let regions = e.flows.into_regions();
         let (t, opened) = FlowTable::open_shared(regions, cfg.timeouts, 999, 20);
-        assert_eq!(opened, Opened::Adopted { flows: 16, expired: 0 });
+        assert_eq!(
+            opened,
+            Opened::Adopted {
+                flows: 16,
+                expired: 0
+            }
+        );
         let mut e2 = Engine::with_flows(cfg, t);
         // Before the state file is read: packets dropped, flows kept.
         let mut a = tcp(CLIENT, 42000, VIP, 80, tcp_flags::ACK);
-        assert!(matches!(e2.process(&mut a, Side::Uplink, &nb, 21), Verdict::Pass(_)));
-        let mut r = tcp(Ipv4Addr::from(backends[0]).octets(), 8080, CLIENT, 42000, tcp_flags::ACK);
-        assert!(matches!(e2.process(&mut r, Side::Pod(0), &nb, 21), Verdict::Drop(_)));
+        assert!(matches!(
+            e2.process(&mut a, Side::Uplink, &nb, 21),
+            Verdict::Pass(_)
+        ));
+        let mut r = tcp(
+            Ipv4Addr::from(backends[0]).octets(),
+            8080,
+            CLIENT,
+            42000,
+            tcp_flags::ACK,
+        );
+        assert!(matches!(
+            e2.process(&mut r, Side::Pod(0), &nb, 21),
+            Verdict::Drop(_)
+        ));
         assert_eq!(e2.flows().len(), 16);
         // A new table whose services are in another order (other slots): an extra
         // frontend sorts first.
@@ -1234,22 +1288,47 @@ mod tests {
                 protocol: Protocol::Tcp,
                 port: 1,
             },
-            backends: vec![LocalBackend { ip: Ipv4Addr::from(B2), port: 9 }],
+            backends: vec![LocalBackend {
+                ip: Ipv4Addr::from(B2),
+                port: 9,
+            }],
         });
         m.push(maglev(1));
         s.normalize();
         let order: Vec<Vec<u16>> = s
             .services
             .iter()
-            .map(|x| if x.backends.is_empty() { vec![] } else { maglev(x.backends.len()) })
+            .map(|x| {
+                if x.backends.is_empty() {
+                    vec![]
+                } else {
+                    maglev(x.backends.len())
+                }
+            })
             .collect();
         e2.set_services(ServiceTable::new(7, &s, &order));
         for (k, cport) in (42000..42016u16).enumerate() {
             let mut a = tcp(CLIENT, cport, VIP, 80, tcp_flags::ACK | 0x08);
-            assert!(matches!(e2.process(&mut a, Side::Uplink, &nb, 30), Verdict::Tx(_)));
-            assert_eq!(parse(&a).dst, backends[k], "connection moved to another backend");
-            let mut r = tcp(Ipv4Addr::from(backends[k]).octets(), 8080, CLIENT, cport, tcp_flags::ACK);
-            assert_eq!(e2.process(&mut r, Side::Pod(0), &nb, 30), Verdict::Tx(Side::Uplink));
+            assert!(matches!(
+                e2.process(&mut a, Side::Uplink, &nb, 30),
+                Verdict::Tx(_)
+            ));
+            assert_eq!(
+                parse(&a).dst,
+                backends[k],
+                "connection moved to another backend"
+            );
+            let mut r = tcp(
+                Ipv4Addr::from(backends[k]).octets(),
+                8080,
+                CLIENT,
+                cport,
+                tcp_flags::ACK,
+            );
+            assert_eq!(
+                e2.process(&mut r, Side::Pod(0), &nb, 30),
+                Verdict::Tx(Side::Uplink)
+            );
             let rv = parse(&r);
             assert_eq!((rv.src, rv.l4.unwrap().src_port), (ip(VIP), 80));
         }

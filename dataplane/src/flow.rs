@@ -30,8 +30,8 @@
 
 use std::collections::VecDeque;
 
-use crate::region::{release_store_u32, release_store_u64, Region};
 use crate::packet::{tcp_flags, IPPROTO_TCP};
+use crate::region::{release_store_u32, release_store_u64, Region};
 
 /// Idle timeouts per connection state, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -1333,7 +1333,11 @@ mod tests {
         let mut t = FlowTable::new(n, Timeouts::default(), 42);
         // 68 bytes of records, index and free stack, plus 4 of half-open serial and
         // 8 per queue entry for a quarter of the flows.
-        assert!(t.memory_bytes() >= n * 74 && t.memory_bytes() <= n * 75, "{}", t.memory_bytes());
+        assert!(
+            t.memory_bytes() >= n * 74 && t.memory_bytes() <= n * 75,
+            "{}",
+            t.memory_bytes()
+        );
         for i in 0..n as u32 {
             let f = Flow::new(
                 i,
@@ -1404,7 +1408,8 @@ mod tests {
         // 20 000 spoofed SYNs (far beyond the table's capacity).
         for i in 0..20_000u32 {
             let f = flow(0xc000_0000 + i, (i % 60000) as u16, 9);
-            t.insert(f, tcp_flags::SYN, 1).expect("a SYN always finds room");
+            t.insert(f, tcp_flags::SYN, 1)
+                .expect("a SYN always finds room");
             assert!(t.half_open() <= 50);
         }
         for f in &est {
@@ -1423,7 +1428,8 @@ mod tests {
         let legit = flow(0x0b00_0001, 4242, 9);
         let id = t.insert(legit, tcp_flags::SYN, 3).unwrap();
         for i in 0..40u32 {
-            t.insert(flow(0xd000_0000 + i, 1, 9), tcp_flags::SYN, 3).unwrap();
+            t.insert(flow(0xd000_0000 + i, 1, 9), tcp_flags::SYN, 3)
+                .unwrap();
         }
         t.touch(id, Direction::Reverse, tcp_flags::SYN | tcp_flags::ACK, 3);
         t.touch(id, Direction::Forward, tcp_flags::ACK, 3);
@@ -1434,10 +1440,7 @@ mod tests {
     fn heap_regions(capacity: usize) -> SharedRegions {
         SharedRegions {
             meta: Region::heap(1, FlowMeta::EMPTY),
-            index: Region::heap(
-                crate::steering::index_slots(capacity),
-                0u64,
-            ),
+            index: Region::heap(crate::steering::index_slots(capacity), 0u64),
             records: Region::heap(capacity, Flow::new(0, 0, 0, 0, 0, 0, 0, 0, 0)),
         }
     }
@@ -1449,7 +1452,17 @@ mod tests {
         assert!(matches!(opened, Opened::Fresh { .. }), "{opened:?}");
         let a = flow(1, 1, 9);
         let b = flow(2, 2, 9);
-        let c = Flow::new(3, 3, 0xcb00710a, 53, 9, 5353, crate::packet::IPPROTO_UDP, 0, 1);
+        let c = Flow::new(
+            3,
+            3,
+            0xcb00710a,
+            53,
+            9,
+            5353,
+            crate::packet::IPPROTO_UDP,
+            0,
+            1,
+        );
         let ia = t.insert(a, tcp_flags::ACK, 1000).unwrap();
         t.insert(b, tcp_flags::SYN, 1000).unwrap();
         t.insert(c, 0, 1000).unwrap();
@@ -1459,7 +1472,13 @@ mod tests {
         // expired by their own timeouts; the established one is kept.
         let later = 1000 + u64::from(to.tcp_syn_ms) + 1;
         let (mut t2, opened) = FlowTable::open_shared(regions, to, 12345, later);
-        assert_eq!(opened, Opened::Adopted { flows: 2, expired: 1 });
+        assert_eq!(
+            opened,
+            Opened::Adopted {
+                flows: 2,
+                expired: 1
+            }
+        );
         let (id, dir) = t2.lookup(&rev(&a), later).expect("kept");
         assert_eq!(dir, Direction::Reverse);
         assert_eq!(t2.get(id).checked_generation, UNCHECKED_GENERATION);
@@ -1470,7 +1489,10 @@ mod tests {
         let mut regions = t2.into_regions();
         regions.meta[0].layout = LAYOUT_VERSION + 1;
         let (mut t3, opened) = FlowTable::open_shared(regions, to, 5, later);
-        assert!(matches!(opened, Opened::Fresh { ref reason } if reason.contains("layout")), "{opened:?}");
+        assert!(
+            matches!(opened, Opened::Fresh { ref reason } if reason.contains("layout")),
+            "{opened:?}"
+        );
         assert!(t3.is_empty());
         assert!(t3.lookup(&rev(&a), later).is_none());
         assert_eq!(t3.meta[0].layout, LAYOUT_VERSION);

@@ -33,7 +33,12 @@ impl<T: Copy> std::fmt::Debug for Region<T> {
             Backing::Heap(_) => "heap",
             Backing::Mapped { .. } => "mapped",
         };
-        write!(f, "Region({kind}, {} x {})", self.len, std::any::type_name::<T>())
+        write!(
+            f,
+            "Region({kind}, {} x {})",
+            self.len,
+            std::any::type_name::<T>()
+        )
     }
 }
 
@@ -60,7 +65,11 @@ impl<T: Copy> Region<T> {
     /// `T` must be a plain-old-data type for which every bit pattern is valid (integers
     /// and `repr(C)` structs of integers): the memory holds whatever a previous process
     /// wrote.
-    pub fn map_bpf_array(fd: BorrowedFd<'_>, len: usize, value_size: usize) -> std::io::Result<Self> {
+    pub fn map_bpf_array(
+        fd: BorrowedFd<'_>,
+        len: usize,
+        value_size: usize,
+    ) -> std::io::Result<Self> {
         let stride = value_size.div_ceil(8) * 8;
         if stride != std::mem::size_of::<T>() || std::mem::align_of::<T>() > 8 || len == 0 {
             return Err(std::io::Error::new(
@@ -102,7 +111,6 @@ impl<T: Copy> Region<T> {
     pub fn is_mapped(&self) -> bool {
         matches!(self.backing, Backing::Mapped { .. })
     }
-
 }
 
 impl Region<u64> {

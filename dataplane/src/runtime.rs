@@ -39,8 +39,8 @@ use crate::flow::{FlowTable, Opened};
 use crate::frames::FramePool;
 use crate::neigh::{Iface, Neighbours, Resolve, Side};
 use crate::netlink::{self, Netlink, PodSource, SharedNeighbours};
-use crate::services::ServiceTable;
 use crate::region::monotonic_ms;
+use crate::services::ServiceTable;
 use crate::steering::{IfaceLink, SteeredIface, Steering};
 
 /// Frames taken from one RX ring per loop iteration.

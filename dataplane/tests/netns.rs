@@ -1529,7 +1529,13 @@ fn mac_of(ns: &Netns, ifname: &str) -> Result<[u8; 6]> {
 
 /// `n` TCP segments with `flags` to VIP:80 from pseudo-random sources in 198.18.0.0/15
 /// (valid checksums, so a Pod answers a SYN as it would a real one).
-fn flood_frames(dst_mac: [u8; 6], src_mac: [u8; 6], n: usize, flags: u8, seed: u64) -> Vec<Vec<u8>> {
+fn flood_frames(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    n: usize,
+    flags: u8,
+    seed: u64,
+) -> Vec<Vec<u8>> {
     let mut x = seed | 1;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
@@ -1579,7 +1585,11 @@ fn inject(ns: &str, frames: Vec<Vec<u8>>) -> Result<usize> {
     in_ns(ns, move || -> Result<usize> {
         // SAFETY: plain socket(2); the fd is checked and closed below.
         let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
-        ensure!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
+        ensure!(
+            fd >= 0,
+            "AF_PACKET socket: {}",
+            std::io::Error::last_os_error()
+        );
         let name = std::ffi::CString::new("eth0").unwrap();
         // SAFETY: valid NUL-terminated name.
         let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
@@ -1657,11 +1667,21 @@ fn node_reaches_local_pods_on_the_target_port_and_pods_connect_out_from_it() -> 
     for round in 0..3 {
         for i in 0..2 {
             let (body, _) = curl(&lab.node, &format!("http://{}:{HTTP_PORT}/", pod_ip(i)))
-                .with_context(|| format!("node -> pod{i} HTTP probe, round {round}:\n{}", lab.dataplane_log()))?;
-            assert!(body.starts_with(&format!("pod{i} saw 10.100.{}.1:", 2 + i)), "{body}");
+                .with_context(|| {
+                    format!(
+                        "node -> pod{i} HTTP probe, round {round}:\n{}",
+                        lab.dataplane_log()
+                    )
+                })?;
+            assert!(
+                body.starts_with(&format!("pod{i} saw 10.100.{}.1:", 2 + i)),
+                "{body}"
+            );
             let target = SocketAddr::V4(SocketAddrV4::new(pod_ip(i), HTTP_PORT));
-            in_ns(lab.node.name(), move || TcpStream::connect_timeout(&target, Duration::from_secs(5)))
-                .with_context(|| format!("node -> pod{i} TCP connect probe, round {round}"))?;
+            in_ns(lab.node.name(), move || {
+                TcpStream::connect_timeout(&target, Duration::from_secs(5))
+            })
+            .with_context(|| format!("node -> pod{i} TCP connect probe, round {round}"))?;
         }
     }
     // UDP from the node to a Pod's serving port: the answer comes from that port.
@@ -1671,14 +1691,25 @@ fn node_reaches_local_pods_on_the_target_port_and_pods_connect_out_from_it() -> 
         s.send_to(b"probe", (pod_ip(0), UDP_PORT))?;
         let mut buf = [0u8; 512];
         let (n, from) = s.recv_from(&mut buf)?;
-        ensure!(from == SocketAddr::V4(SocketAddrV4::new(pod_ip(0), UDP_PORT)), "{from}");
+        ensure!(
+            from == SocketAddr::V4(SocketAddrV4::new(pod_ip(0), UDP_PORT)),
+            "{from}"
+        );
         Ok(String::from_utf8_lossy(&buf[..n]).to_string())
     })?;
     assert!(reply.starts_with("pod0 saw 10.100.2.1:"), "{reply}");
     // pod0's own outbound TCP connection from its serving port 7070.
     let stop = Arc::new(AtomicBool::new(false));
     let server = tiny_http_server(lab.node.name(), "10.100.2.1:9099".parse()?, stop.clone())?;
-    let out = lab.pods[0].output(&["curl", "-sS", "-m", "10", "--local-port", "7070", "http://10.100.2.1:9099/"])?;
+    let out = lab.pods[0].output(&[
+        "curl",
+        "-sS",
+        "-m",
+        "10",
+        "--local-port",
+        "7070",
+        "http://10.100.2.1:9099/",
+    ])?;
     stop.store(true, Ordering::Relaxed);
     let _ = server.join();
     ensure!(
@@ -1728,12 +1759,21 @@ fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
         std::thread::sleep(Duration::from_millis(500));
         let t0 = Instant::now();
         lab.start()?;
-        eprintln!("round {round}: dataplane serving again {:?} after start", t0.elapsed());
+        eprintln!(
+            "round {round}: dataplane serving again {:?} after start",
+            t0.elapsed()
+        );
         let s = lab.stats()?;
-        assert!(s["flows_restored"].as_u64().unwrap_or(0) >= 8, "{s}\n{}", lab.dataplane_log());
+        assert!(
+            s["flows_restored"].as_u64().unwrap_or(0) >= 8,
+            "{s}\n{}",
+            lab.dataplane_log()
+        );
         for (i, h) in pending.into_iter().enumerate() {
             let (c, r) = h.join().expect("request thread");
-            let body = r.with_context(|| format!("connection {i} after the restart:\n{}", lab.dataplane_log()))?;
+            let body = r.with_context(|| {
+                format!("connection {i} after the restart:\n{}", lab.dataplane_log())
+            })?;
             assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
             conns.push(c);
         }
@@ -1746,7 +1786,58 @@ fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
             http_get(c)?;
         }
     }
-    assert!(lab.dataplane_log().contains("flow table found again"), "{}", lab.dataplane_log());
+    assert!(
+        lab.dataplane_log().contains("flow table found again"),
+        "{}",
+        lab.dataplane_log()
+    );
+    drop(conns);
+    // A pinned table of another layout version is never read: replaced, with the
+    // reason in the log, and the dataplane serves.
+    lab.kill9();
+    let meta = lab.bpffs.pin_dir().join("flow_meta");
+    let mut value: Vec<String> = vec!["0".into(); 64];
+    for (i, b) in 0x4a55_4e45_4155_4654u64.to_le_bytes().iter().enumerate() {
+        value[i] = b.to_string();
+    }
+    value[8] = "99".into();
+    let mut argv = vec!["map", "update", "pinned", meta.to_str().unwrap()];
+    argv.extend(["key", "0", "0", "0", "0", "value"]);
+    argv.extend(value.iter().map(String::as_str));
+    run("bpftool", &argv)?;
+    lab.start()?;
+    let log = lab.dataplane_log();
+    assert!(
+        log.contains("pinned flow table has layout version 99")
+            && log.contains("replaced by fresh ones"),
+        "{log}"
+    );
+    let mut c = lab.connect_many(1)?;
+    http_get(&mut c[0])?;
+    drop(c);
+    // Uninstall: stop it, remove the pins; the program leaves the interfaces at once
+    // (the namespaces are still there).
+    lab.kill9();
+    let pin = lab.bpffs.pin_dir();
+    let bin = env!("CARGO_BIN_EXE_juneau-dataplane");
+    let out = std::process::Command::new(bin)
+        .args(["--remove-pins", "--pin-dir", pin.to_str().unwrap()])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "--remove-pins: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(!pin.exists(), "{} still there", pin.display());
+    for ifname in ["up0", "pv0", "pv1"] {
+        let show = lab.node.exec(&["ip", "-d", "link", "show", ifname])?;
+        ensure!(
+            !show.contains("prog/xdp"),
+            "XDP still on {ifname} after --remove-pins: {show}"
+        );
+    }
+    let (body, _) = curl(&lab.node, &format!("http://{}:{HTTP_PORT}/", pod_ip(0)))?;
+    assert!(body.starts_with("pod0 saw"), "{body}");
     lab.finish()
 }
 
@@ -1756,7 +1847,7 @@ fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
 #[test]
 fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() -> Result<()> {
     const BUDGET: u64 = 512;
-    let mut lab = Lab::build_with("dpf", 1, false, false, &["--half-open-max", "512"])?;
+    let lab = Lab::build_with("dpf", 1, false, false, &["--half-open-max", "512"])?;
     let dst = mac_of(&lab.node, "up0")?;
     let src = mac_of(&lab.client, "eth0")?;
     let mut est = lab.connect_many(4)?;
@@ -1764,7 +1855,10 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
         c.set_read_timeout(Some(Duration::from_secs(20)))?;
         http_get(c)?;
     }
+    // The stats file is rewritten about once a second.
+    std::thread::sleep(Duration::from_millis(1500));
     let flows_before = lab.stats()?["flows"].as_u64().unwrap_or(0);
+    assert_eq!(flows_before, 4, "{}", lab.stats()?);
     // ACK flood.
     let t = Instant::now();
     let sent = inject(lab.client.name(), flood_frames(dst, src, 20_000, 0x10, 7))?;
@@ -1773,7 +1867,11 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
     std::thread::sleep(Duration::from_millis(1500));
     let s = lab.stats()?;
     let dropped = lab.drops("non_syn_without_flow").max(dropped);
-    assert_eq!(s["flows"].as_u64(), Some(flows_before), "ACKs created flows: {s}");
+    assert_eq!(
+        s["flows"].as_u64(),
+        Some(flows_before),
+        "ACKs created flows: {s}"
+    );
     eprintln!(
         "ACK flood: {sent} sent in {ack_secs:.2} s ({:.0}/s), {dropped} dropped as non_syn_without_flow, flows {flows_before} -> {}",
         sent as f64 / ack_secs,
@@ -1787,7 +1885,8 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
             let mut n = 0;
             while !stop.load(Ordering::Relaxed) {
                 for c in est.iter_mut() {
-                    let body = http_get(c).context("established connection during the SYN flood")?;
+                    let body =
+                        http_get(c).context("established connection during the SYN flood")?;
                     ensure!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
                     n += 1;
                 }
@@ -1800,7 +1899,10 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
     let mut syn_sent = 0;
     let mut new_ok = 0;
     for part in 0..4u64 {
-        syn_sent += inject(lab.client.name(), flood_frames(dst, src, 5_000, 0x02, 100 + part))?;
+        syn_sent += inject(
+            lab.client.name(),
+            flood_frames(dst, src, 5_000, 0x02, 100 + part),
+        )?;
         // A legitimate new connection in the middle of the flood.
         let mut c = lab.connect_many(1)?;
         http_get(&mut c[0]).context("new connection during the SYN flood")?;
@@ -1817,7 +1919,10 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
     let half_open = s["half_open_flows"].as_u64().unwrap_or(u64::MAX);
     let evicted = s["half_open_evicted"].as_u64().unwrap_or(0);
     assert!(half_open <= BUDGET, "{s}");
-    assert!(evicted > 0, "the flood never reached the half-open budget: {s}");
+    assert!(
+        evicted > 0,
+        "the flood never reached the half-open budget: {s}"
+    );
     assert!(talked > 0);
     eprintln!(
         "SYN flood: {syn_sent} sent in {syn_secs:.2} s ({:.0}/s); half-open held {half_open} (budget {BUDGET}), evicted {evicted}; {talked} requests on 4 established connections and {new_ok} new connections, all answered; flows {}; xsk_rx_ring_full {}",
