@@ -346,7 +346,10 @@ fn open(client: &Netns, n: usize) -> Result<Vec<(TcpStream, String)>> {
         (0..n)
             .map(|_| {
                 let c = TcpStream::connect_timeout(&vip, Duration::from_secs(5))?;
-                c.set_read_timeout(Some(Duration::from_secs(5)))?;
+                // Generous: a loaded 2-core CI machine can stall the dataplanes' loops
+                // for seconds (TCP recovers by retransmission); a black-holed or reset
+                // connection fails either way.
+                c.set_read_timeout(Some(Duration::from_secs(15)))?;
                 Ok(c)
             })
             .collect()
