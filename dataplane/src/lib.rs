@@ -8,7 +8,8 @@
 //!
 //! Layers, from pure to I/O:
 //! - [`packet`]: views over frame bytes and in-place NAT rewrites (RFC 1624 checksums);
-//! - [`flow`]: the fixed-capacity flow table;
+//! - [`flow`]: the fixed-capacity flow table, shared with the XDP program and pinned
+//!   ([`region`]: its heap or mmapped-BPF-map memory, the only `unsafe` around it);
 //! - [`services`], [`neigh`]: read-only tables the packet path consults;
 //! - [`engine`]: frame + ingress side → verdict, no I/O;
 //! - [`redirect`], [`redirect_wire`]: second-chance redirects between nodes (issue 12);

@@ -23,8 +23,9 @@ enum Backing<T> {
 }
 
 // SAFETY: a `Region` owns its memory exclusively within this process (the heap vector,
-// or a private mmap of a map only this process writes); `T: Copy` values carry no
-// thread affinity. Moving it to another thread is as safe as moving a `Vec<T>`.
+// or a shared mapping of a BPF map that only this process writes and the XDP program
+// only reads); `T: Copy` values carry no thread affinity. Moving it to another thread is
+// as safe as moving a `Vec<T>`.
 unsafe impl<T: Copy + Send> Send for Region<T> {}
 
 impl<T: Copy> std::fmt::Debug for Region<T> {

@@ -608,3 +608,23 @@ fn remove_stale_link_pins(dir: &Path) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pin_dirs_off_a_bpf_filesystem_are_recognised() {
+        // procfs and a path that does not exist (its nearest ancestor is `/`).
+        assert!(!on_bpffs(Path::new("/proc/self")));
+        assert!(!on_bpffs(Path::new("/nonexistent-juneau/a/b")));
+    }
+
+    #[test]
+    fn index_size_matches_the_flow_table() {
+        for cap in [1, 3, 1000, 1 << 20] {
+            assert!(index_slots(cap).is_power_of_two());
+            assert!(index_slots(cap) >= 4 * cap);
+        }
+    }
+}

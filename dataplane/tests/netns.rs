@@ -189,6 +189,11 @@ fn serve_http(
 /// Sends `GET /` on a kept-alive connection and returns the body.
 fn http_get(conn: &mut TcpStream) -> Result<String> {
     conn.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n")?;
+    read_response(conn)
+}
+
+/// Reads one HTTP/1.1 response (with Content-Length) and returns the body.
+fn read_response(conn: &mut TcpStream) -> Result<String> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 1024];
     loop {
@@ -1734,13 +1739,27 @@ fn node_reaches_local_pods_on_the_target_port_and_pods_connect_out_from_it() -> 
 #[test]
 fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
     let mut lab = Lab::new("dpr")?;
+    // As on a Kubernetes node, the kernel forwards, and the client can reach the world:
+    // a Pod's packet handed to the kernel un-NATed would reach the client, whose kernel
+    // would answer with a RST that reaches the Pod.
+    lab.node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    lab.client
+        .exec(&["ip", "route", "add", "default", "via", "10.100.1.1"])?;
     let mut conns = lab.connect_many(8)?;
     for c in conns.iter_mut() {
         c.set_read_timeout(Some(Duration::from_secs(40)))?;
         let body = http_get(c)?;
         assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
     }
+    let mut big = lab.connect_many(1)?.remove(0);
+    big.set_read_timeout(Some(Duration::from_secs(40)))?;
     for round in 0..2 {
+        // A 1 MiB response the client does not read yet: the Pod fills the window and
+        // keeps sending (window probes) while the dataplane is down. Were those handed
+        // to the kernel un-NATed, the client's kernel would answer with a RST that
+        // kills the Pod's side of the connection.
+        big.write_all(b"GET /big HTTP/1.1\r\nHost: vip\r\n\r\n")?;
+        std::thread::sleep(Duration::from_millis(300));
         lab.kill9();
         // While it is down the pinned program still passes what is not Juneau's.
         let (body, _) = curl(&lab.node, &format!("http://{}:{HTTP_PORT}/", pod_ip(0)))
@@ -1777,6 +1796,9 @@ fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
             assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
             conns.push(c);
         }
+        let body = read_response(&mut big)
+            .with_context(|| format!("1 MiB response across the restart, round {round}"))?;
+        assert_eq!(body.len(), 1 << 20);
         // And they keep going; new connections work too.
         for c in conns.iter_mut() {
             http_get(c)?;
@@ -1792,6 +1814,7 @@ fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
         lab.dataplane_log()
     );
     drop(conns);
+    drop(big);
     // A pinned table of another layout version is never read: replaced, with the
     // reason in the log, and the dataplane serves.
     lab.kill9();
