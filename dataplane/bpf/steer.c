@@ -133,6 +133,15 @@ struct {
 	__type(value, struct flow);
 } flow_records SEC(".maps");
 
+// This node's redirect endpoint(s) (issue 12): UDP to one of these `addr:port` on the
+// uplink carries a packet another node redirected here, or a notice.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16);
+	__type(key, struct frontend_key);
+	__type(value, __u8);
+} redirect_in SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 4);
@@ -216,8 +225,20 @@ static __always_inline int reply_of_held_flow(__be32 saddr, __be32 daddr, __be16
 
 static __always_inline int uplink(struct iphdr *ip, void *end, __u32 slot)
 {
-	if (!bpf_map_lookup_elem(&vips, &ip->daddr))
-		return XDP_PASS;
+	if (!bpf_map_lookup_elem(&vips, &ip->daddr)) {
+		// Redirects from other nodes (whole datagrams without IP options only).
+		if (ip->protocol != IPPROTO_UDP || ip->ihl != 5 ||
+		    (ip->frag_off & bpf_htons(0x3fff)))
+			return XDP_PASS;
+		__be16 *rp = (void *)(ip + 1);
+		if ((void *)(rp + 2) > end)
+			return XDP_PASS;
+		struct frontend_key rk = { .addr = ip->daddr, .port = rp[1],
+					   .proto = IPPROTO_UDP, .pad = 0 };
+		if (!bpf_map_lookup_elem(&redirect_in, &rk))
+			return XDP_PASS;
+		return bpf_redirect_map(&xsks, slot, XDP_DROP);
+	}
 	if (ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
 		return bpf_redirect_map(&xsks, slot, XDP_DROP); // counted by userspace
 	struct frontend_key key = { .addr = ip->daddr, .proto = ip->protocol, .pad = 0 };

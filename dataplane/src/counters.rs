@@ -49,11 +49,25 @@ pub enum DropReason {
     /// A TCP segment to a VIP that is not a SYN and belongs to no flow (a spoofed ACK,
     /// or a connection this node never saw): never sent to a Pod, never creates a flow.
     NonSynWithoutFlow,
+    /// A packet of an unknown flow not redirected to another node: the redirect token
+    /// bucket was empty (`--redirect-rate`, `--redirect-burst`).
+    RedirectRateLimited,
+    /// A packet of an unknown flow with no node left to ask (every peer visited or the
+    /// hop budget spent, or no peer configured): the last node drops it.
+    RedirectNoPeer,
+    /// A redirect frame with a bad header.
+    RedirectMalformed,
+    /// A redirect frame or notice from an address that is not a peer node.
+    RedirectNotFromPeer,
+    /// A redirected packet to a VIP/port this node does not serve.
+    RedirectNotServed,
+    /// The encapsulated packet would exceed the node network's MTU or the frame.
+    RedirectTooBig,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 16] = [
+    pub const ALL: [DropReason; 22] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -70,6 +84,12 @@ impl DropReason {
         DropReason::TxRingFull,
         DropReason::PodIfaceNotAttached,
         DropReason::NonSynWithoutFlow,
+        DropReason::RedirectRateLimited,
+        DropReason::RedirectNoPeer,
+        DropReason::RedirectMalformed,
+        DropReason::RedirectNotFromPeer,
+        DropReason::RedirectNotServed,
+        DropReason::RedirectTooBig,
     ];
 
     /// The label used in metrics and the stats file.
@@ -91,6 +111,12 @@ impl DropReason {
             DropReason::TxRingFull => "tx_ring_full",
             DropReason::PodIfaceNotAttached => "pod_iface_not_attached",
             DropReason::NonSynWithoutFlow => "non_syn_without_flow",
+            DropReason::RedirectRateLimited => "redirect_rate_limited",
+            DropReason::RedirectNoPeer => "redirect_no_peer",
+            DropReason::RedirectMalformed => "redirect_malformed",
+            DropReason::RedirectNotFromPeer => "redirect_not_from_peer",
+            DropReason::RedirectNotServed => "redirect_not_served",
+            DropReason::RedirectTooBig => "redirect_too_big",
         }
     }
 }
@@ -213,9 +239,61 @@ pub struct Stats {
     pub pod_iface_attaches: u64,
     /// Discovered Pod interfaces detached, in total.
     pub pod_iface_detaches: u64,
+    /// Redirects between nodes, per peer node (issue 12; empty when redirects are off).
+    pub redirect_peers: Vec<RedirectPeerStats>,
+    /// Owner notices not sent because the per-batch queue was full.
+    pub redirect_notices_dropped: u64,
+}
+
+/// One peer node's redirect counters, for export.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RedirectPeerStats {
+    /// The peer's address on the node network.
+    pub peer: String,
+    /// The counters.
+    #[serde(flatten)]
+    pub counters: crate::redirect::PeerCounters,
 }
 
 impl Stats {
+    fn redirect_prometheus(&self, s: &mut String) {
+        type Get = fn(&crate::redirect::PeerCounters) -> u64;
+        let families: [(&str, &str, Get); 4] = [
+            (
+                "juneau_dataplane_redirected_to_peer_packets_total",
+                "Packets of flows held elsewhere sent to this peer node.",
+                |c| c.redirected_to,
+            ),
+            (
+                "juneau_dataplane_redirected_from_peer_packets_total",
+                "Redirected packets received from this peer node.",
+                |c| c.received_from,
+            ),
+            (
+                "juneau_dataplane_redirect_notices_sent_total",
+                "Flow-owner notices sent to this peer node.",
+                |c| c.notices_sent,
+            ),
+            (
+                "juneau_dataplane_redirect_notices_received_total",
+                "Flow-owner notices received from this peer node.",
+                |c| c.notices_received,
+            ),
+        ];
+        for (name, help, get) in families {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter");
+            for p in &self.redirect_peers {
+                let _ = writeln!(s, "{name}{{peer=\"{}\"}} {}", p.peer, get(&p.counters));
+            }
+        }
+        let name = "juneau_dataplane_redirect_notices_dropped_total";
+        let _ = writeln!(
+            s,
+            "# HELP {name} Owner notices not sent (queue full).\n# TYPE {name} counter\n{name} {}",
+            self.redirect_notices_dropped
+        );
+    }
+
     /// The total of every drop reason.
     pub fn total_drops(&self) -> u64 {
         self.drops.values().sum()
@@ -395,6 +473,7 @@ impl Stats {
                 );
             }
         }
+        self.redirect_prometheus(&mut s);
         s
     }
 }

@@ -39,6 +39,14 @@ pub enum Verdict {
     Pass(PassReason),
     /// Drop it (counted).
     Drop(DropReason),
+    /// Encapsulate it for another node and send it out of the uplink: take the details
+    /// with [`Engine::take_redirect`] (issue 12; frame unchanged so far).
+    Redirect,
+    /// Transmit out of this interface with this new frame length (a redirected packet,
+    /// decapsulated in place).
+    TxResized(Side, u16),
+    /// Used up here, not forwarded and not a drop (a redirect notice, recorded).
+    Consumed,
 }
 
 /// Engine settings.
@@ -179,7 +187,14 @@ pub struct Engine {
     fast_path: bool,
     /// Next hops to resolve.
     pub missing: MissingNeighbours,
+    /// Redirects between nodes (issue 12), when configured.
+    redirect: Option<crate::redirect::Redirector>,
+    /// While a redirected packet is processed: the nodes it visited and its flags.
+    redirect_ctx: Option<(crate::redirect::HopList, u8)>,
 }
+
+#[path = "engine_redirect.rs"]
+mod redirect_path;
 
 impl Engine {
     /// An engine with an empty service table and a flow table on the heap.
@@ -210,6 +225,8 @@ impl Engine {
             egress: Box::new([EgressEntry::default(); EGRESS_CACHE]),
             fast_path: true,
             missing: MissingNeighbours::default(),
+            redirect: None,
+            redirect_ctx: None,
         }
     }
 
@@ -607,6 +624,9 @@ impl Engine {
         now_ms: u64,
     ) -> Verdict {
         if !self.table.is_vip(v.dst) {
+            if let Some(r) = self.redirect_in(frame, nb, now_ms) {
+                return r;
+            }
             return self.pass(PassReason::NotForUs);
         }
         if v.fragment {
@@ -631,6 +651,9 @@ impl Engine {
             dst_port: l4.dst_port,
             proto: v.protocol,
         };
+        if let Some(r) = self.redirect_hook(frame.len(), &key, l4.tcp_flags, nb, now_ms) {
+            return r;
+        }
         let (id, service, new) = match self.flows.lookup(&key, now_ms) {
             Some((id, Direction::Forward)) => match self.revalidate(id) {
                 Ok(slot) => (id, self.table.slot_service(slot), false),

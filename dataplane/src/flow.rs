@@ -79,6 +79,10 @@ pub enum FlowState {
     /// TCP: the backend answered the SYN (SYN-ACK); still half-open until the client's
     /// ACK.
     SynReceived = 6,
+    /// Not served here: a redirect record (issue 12). The flow's packets go to the node
+    /// in `backend` (its address on the node network, `backend_port` 0), which said it
+    /// owns the flow; see [`FlowTable::insert_redirect`].
+    Redirect = 7,
 }
 
 impl FlowState {
@@ -291,6 +295,7 @@ impl Flow {
             4 => FlowState::Reset,
             5 => FlowState::Udp,
             6 => FlowState::SynReceived,
+            7 => FlowState::Redirect,
             _ => FlowState::Free,
         }
     }
@@ -867,6 +872,73 @@ impl FlowTable {
         Ok(id)
     }
 
+    /// Inserts a redirect record: packets with this forward key go to node `owner`
+    /// (issue 12, docs/dataplane.md "Redirects between nodes"). It lives in the same
+    /// table as the flows it stands for, with the same keys: its reverse key is
+    /// `(owner, client, 0, client port, proto)`, which no real packet carries (port 0),
+    /// and its `checked_generation` never matches a service table, so the fast path
+    /// always hands it to the general path. It expires like an established flow and
+    /// follows FIN/RST ([`FlowTable::touch_redirect`]). The caller looked the key up
+    /// first and found nothing.
+    pub fn insert_redirect(
+        &mut self,
+        key: &FlowKey,
+        owner: u32,
+        now_ms: u64,
+    ) -> Result<FlowId, InsertError> {
+        let mut flow = Flow::new(
+            key.src,
+            key.src_port,
+            key.dst,
+            key.dst_port,
+            owner,
+            0,
+            key.proto,
+            0,
+            UNCHECKED_GENERATION,
+        );
+        if self.free.is_empty() {
+            self.sweep(now_ms, 256);
+        }
+        if self.free.is_empty() {
+            self.evict_oldest_half_open();
+        }
+        let Some(&id) = self.free.last() else {
+            return Err(InsertError::Full);
+        };
+        flow.state = FlowState::Redirect as u8;
+        flow.expires = (now_ms as u32).wrapping_add(self.timeouts.tcp_established_ms);
+        let Some((a, b)) = self.free_positions(&flow) else {
+            return Err(InsertError::Full);
+        };
+        self.free.pop();
+        self.flows[id as usize] = flow;
+        self.index
+            .store_release(a.0, Self::make_slot(a.1, id, Direction::Forward));
+        self.index
+            .store_release(b.0, Self::make_slot(b.1, id, Direction::Reverse));
+        self.live += 1;
+        Ok(id)
+    }
+
+    /// Records a packet sent along a redirect record: pushes its expiry out by the
+    /// timeout its TCP flags call for (the record's `slot` remembers a FIN or RST, so
+    /// later ACKs do not lengthen it again). The state stays [`FlowState::Redirect`].
+    pub fn touch_redirect(&mut self, id: FlowId, tcp_flags: u8, now_ms: u64) {
+        let f = &mut self.flows[id as usize];
+        if tcp_flags & tcp_flags::RST != 0 {
+            f.slot = 2;
+        } else if tcp_flags & tcp_flags::FIN != 0 && f.slot == 0 {
+            f.slot = 1;
+        }
+        let t = match f.slot {
+            0 => self.timeouts.tcp_established_ms,
+            1 => self.timeouts.tcp_fin_ms,
+            _ => self.timeouts.tcp_rst_ms,
+        };
+        f.expires = (now_ms as u32).wrapping_add(t);
+    }
+
     /// The empty index slots a flow's forward and reverse keys would take, with their
     /// hashes; `None` if either lies [`MAX_PROBE`] or more slots from its home.
     fn free_positions(&self, flow: &Flow) -> Option<((usize, u32), (usize, u32))> {
@@ -927,7 +999,7 @@ impl FlowTable {
     fn timeout_of(&self, s: FlowState) -> u32 {
         match s {
             FlowState::SynSent | FlowState::SynReceived => self.timeouts.tcp_syn_ms,
-            FlowState::Established => self.timeouts.tcp_established_ms,
+            FlowState::Established | FlowState::Redirect => self.timeouts.tcp_established_ms,
             FlowState::Closing => self.timeouts.tcp_fin_ms,
             FlowState::Reset => self.timeouts.tcp_rst_ms,
             FlowState::Udp | FlowState::Free => self.timeouts.udp_ms,

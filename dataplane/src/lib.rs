@@ -12,6 +12,7 @@
 //!   ([`region`]: its heap or mmapped-BPF-map memory, the only `unsafe` around it);
 //! - [`services`], [`neigh`]: read-only tables the packet path consults;
 //! - [`engine`]: frame + ingress side → verdict, no I/O;
+//! - [`redirect`], [`redirect_wire`]: second-chance redirects between nodes (issue 12);
 //! - [`counters`]: drop reasons, per-service counters, Prometheus / JSON export.
 #![warn(missing_docs)]
 
@@ -22,6 +23,8 @@ pub mod frames;
 pub mod neigh;
 pub mod netlink;
 pub mod packet;
+pub mod redirect;
+pub mod redirect_wire;
 pub mod region;
 pub mod runtime;
 pub mod services;

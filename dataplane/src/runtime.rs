@@ -89,6 +89,11 @@ pub struct RuntimeConfig {
     /// UMEM frames reserved per socket on a discovered Pod interface (half of them sit
     /// in its fill ring).
     pub pod_iface_frames: u32,
+    /// Redirects between nodes (issue 12); `None`: off (non-SYN segments of unknown
+    /// flows are dropped).
+    pub redirect: Option<crate::redirect::RedirectConfig>,
+    /// Largest IPv4 packet sent to another node (the node network's MTU).
+    pub redirect_mtu: usize,
 }
 
 struct Port {
@@ -484,6 +489,12 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     };
     let mut engine = Engine::with_flows(cfg.engine, flows);
     engine.counters_mut().flows_restored = flows_restored;
+    if let Some(r) = &cfg.redirect {
+        let node = std::net::Ipv4Addr::from(r.node);
+        io.steering.listen_redirects(node, r.port)?;
+        tracing::info!(node = %node, port = r.port, peers = r.peers.len(), "redirects between nodes on");
+        engine.set_redirect(crate::redirect::Redirector::new(r.clone()));
+    }
     let result = forward_loop(&cfg, &mut io, &mut engine, &shared, &miss_tx, &stats_tx);
     drop(stats_tx);
     let _ = stats_writer.join();
@@ -874,10 +885,32 @@ fn forward_loop(
                         engine.counters_mut().drop(DropReason::KernelBound);
                         pool.free.push(*d);
                     }
-                    Verdict::Drop(_) => pool.free.push(*d),
+                    Verdict::Drop(_) | Verdict::Consumed => pool.free.push(*d),
+                    Verdict::TxResized(out, len) => {
+                        data.cursor().set_pos(usize::from(len));
+                        let j = match out {
+                            Side::Uplink => Some(0),
+                            Side::Pod(k) => egress.get(usize::from(k)).copied().flatten(),
+                        };
+                        match j {
+                            Some(j) => pending[j].push(*d),
+                            None => {
+                                engine.counters_mut().drop(DropReason::PodIfaceNotAttached);
+                                pool.free.push(*d);
+                            }
+                        }
+                    }
+                    Verdict::Redirect => {
+                        if redirect_encapsulate(engine, &mut data, cfg.redirect_mtu) {
+                            pending[0].push(*d);
+                        } else {
+                            pool.free.push(*d);
+                        }
+                    }
                 }
             }
         }
+        send_notices(engine, umem, pool, &mut pending[0]);
         // TX.
         for (j, p) in ports.iter_mut().enumerate() {
             let q = &mut pending[j];
@@ -948,6 +981,71 @@ fn forward_loop(
     Ok(())
 }
 
+/// Encapsulates a frame the engine redirects (issue 12) in place, in its whole UMEM
+/// frame; `false` (counted) when it does not fit.
+fn redirect_encapsulate(
+    engine: &mut Engine,
+    data: &mut xsk_rs::umem::frame::DataMut<'_>,
+    mtu: usize,
+) -> bool {
+    let (Some(out), Some((node, port))) = (
+        engine.take_redirect(),
+        engine.redirect().map(|r| (r.node(), r.port())),
+    ) else {
+        return false;
+    };
+    let mut c = data.cursor();
+    let cap = c.buf_len();
+    c.set_pos(cap);
+    match crate::redirect_wire::encapsulate(data.contents_mut(), &out, node, port, mtu) {
+        Some(n) => {
+            data.cursor().set_pos(n);
+            true
+        }
+        None => {
+            engine.counters_mut().drop(DropReason::RedirectTooBig);
+            false
+        }
+    }
+}
+
+/// Sends the "I own this flow" notices the engine queued, each in a free frame.
+fn send_notices(
+    engine: &mut Engine,
+    umem: &Umem,
+    pool: &mut FramePool<FrameDesc>,
+    uplink: &mut Vec<FrameDesc>,
+) {
+    let Some(r) = engine.redirect_mut() else {
+        return;
+    };
+    let (node, port) = (r.node(), r.port());
+    for n in r.take_notices() {
+        let Some(mut d) = pool.free.pop() else {
+            break;
+        };
+        // SAFETY: a free frame is in no ring and referenced by nothing else.
+        let mut data = unsafe { umem.data_mut(&mut d) };
+        let mut c = data.cursor();
+        let cap = c.buf_len();
+        c.set_pos(cap);
+        match crate::redirect_wire::build_notice(
+            data.contents_mut(),
+            &n.macs,
+            node,
+            n.to,
+            port,
+            &n.key,
+        ) {
+            Some(len) => {
+                data.cursor().set_pos(len);
+                uplink.push(d);
+            }
+            None => pool.free.push(d),
+        }
+    }
+}
+
 fn collect_stats(
     engine: &Engine,
     io: &Io<'_>,
@@ -986,6 +1084,16 @@ fn collect_stats(
         pod_iface_detaches: io.discovery.detaches,
         ..Default::default()
     };
+    if let Some(r) = engine.redirect() {
+        st.redirect_notices_dropped = r.notices_dropped;
+        st.redirect_peers = r
+            .peer_counters()
+            .map(|(a, c)| crate::counters::RedirectPeerStats {
+                peer: std::net::Ipv4Addr::from(a).to_string(),
+                counters: c,
+            })
+            .collect();
+    }
     let sd = io.steering.drops();
     for r in DropReason::ALL {
         let in_kernel = match r {

@@ -137,7 +137,7 @@ where
 }
 
 /// Sizes a pinned map must have to be reused: `(name, key, value, max_entries, flags)`.
-fn expected_maps(records: u32, slots: u32) -> [(&'static str, u32, u32, u32, u32); 7] {
+fn expected_maps(records: u32, slots: u32) -> [(&'static str, u32, u32, u32, u32); 8] {
     [
         ("xsks", 4, 4, 4096, 0),
         ("ifaces", 4, 12, 256, 0),
@@ -146,6 +146,7 @@ fn expected_maps(records: u32, slots: u32) -> [(&'static str, u32, u32, u32, u32
         ("flow_meta", 4, 64, 1, BPF_F_MMAPABLE),
         ("flow_index", 4, 8, slots, BPF_F_MMAPABLE),
         ("flow_records", 4, 32, records, BPF_F_MMAPABLE),
+        ("redirect_in", 8, 1, 16, 0),
     ]
 }
 
@@ -416,6 +417,19 @@ impl Steering {
             let _ = self.xsks.unset(i.slot_base + q);
         }
         self.modes.retain(|(n, _)| n != &i.name);
+    }
+
+    /// Steers UDP datagrams to `addr:port` arriving on the uplink to userspace: redirected
+    /// packets and notices from other nodes (issue 12, `redirect_in` in bpf/steer.c).
+    pub fn listen_redirects(&mut self, addr: Ipv4Addr, port: u16) -> Result<()> {
+        let m = self
+            .bpf
+            .map_mut("redirect_in")
+            .ok_or_else(|| anyhow!("steering program has no map redirect_in"))?;
+        let mut m: BpfHashMap<&mut MapData, FrontendKey, u8> =
+            BpfHashMap::try_from(m).context("map redirect_in")?;
+        m.insert(frontend_key(&(addr, port, 17)), 1, 0)
+            .with_context(|| format!("steering redirects to {addr}:{port}"))
     }
 
     /// Puts an AF_XDP socket into the redirect map at `slot`.

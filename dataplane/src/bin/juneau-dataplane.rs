@@ -106,6 +106,29 @@ struct Args {
     /// recomputing them (only if no Pod interface uses tx checksum offload).
     #[arg(long)]
     trust_pod_checksums: bool,
+    /// This node's address on the node network (the Node's InternalIP, which is also
+    /// the address juneau-bgp peers from): turns on redirects between nodes, so packets
+    /// of connections another node holds are sent there instead of being dropped
+    /// (docs/dataplane.md, "Redirects between nodes").
+    #[arg(long)]
+    node_address: Option<std::net::Ipv4Addr>,
+    /// A peer node's address (repeatable): the nodes asked about unknown flows.
+    #[arg(long = "redirect-peer")]
+    redirect_peers: Vec<std::net::Ipv4Addr>,
+    /// UDP port redirected packets and notices use (the same on every node).
+    #[arg(long, default_value_t = juneau_dataplane::redirect::DEFAULT_PORT)]
+    redirect_port: u16,
+    /// Packets of unknown flows redirected per second at most (a flood of random ACKs
+    /// stays this small between nodes); redirects of known flows are not limited.
+    #[arg(long, default_value_t = 20_000)]
+    redirect_rate: u32,
+    /// Burst of such redirects.
+    #[arg(long, default_value_t = 2_000)]
+    redirect_burst: u32,
+    /// Largest IPv4 packet sent to another node (the node network's MTU); a client
+    /// packet that does not fit once encapsulated (up to 68 bytes more) is dropped.
+    #[arg(long, default_value_t = 1500)]
+    redirect_mtu: usize,
 }
 
 fn main() -> Result<()> {
@@ -169,6 +192,16 @@ fn main() -> Result<()> {
         generic_xdp: a.generic_xdp,
         zero_copy: a.zero_copy,
         neighbour_keepalive_s: a.neighbour_keepalive,
+        redirect: a
+            .node_address
+            .map(|node| juneau_dataplane::redirect::RedirectConfig {
+                node: u32::from(node),
+                port: a.redirect_port,
+                peers: a.redirect_peers.iter().map(|p| u32::from(*p)).collect(),
+                rate_per_s: a.redirect_rate,
+                burst: a.redirect_burst,
+            }),
+        redirect_mtu: a.redirect_mtu,
     };
     run(cfg)
 }

@@ -1,0 +1,573 @@
+//! The engine's side of redirects between nodes (issue 12): where the general path hands
+//! packets of flows this node does not hold to another node, and what it does with the
+//! redirected packets and notices it receives. A child module of `engine` (it reads the
+//! engine's tables); the decisions are [`crate::redirect`]'s, the bytes
+//! [`crate::redirect_wire`]'s. Off the established-flow fast path: a redirect record
+//! never passes the fast path's generation check, so only the general path sees it.
+
+use super::{macs, Engine, Verdict};
+use crate::counters::DropReason;
+use crate::flow::{hash_key, Direction, FlowKey, FlowState};
+use crate::neigh::{Neighbours, Resolve, Side};
+use crate::packet::{self, tcp_flags, Parsed};
+use crate::redirect::{next_hop, HopList, Notice, RedirectOut, Redirector};
+use crate::redirect_wire::{self as wire, FLAG_ASK, KIND_NOTICE};
+
+impl Engine {
+    /// Turns redirects on (this node's address, its peers, the bucket).
+    pub fn set_redirect(&mut self, r: Redirector) {
+        self.redirect = Some(r);
+    }
+
+    /// The redirect state, if redirects are on.
+    pub fn redirect(&self) -> Option<&Redirector> {
+        self.redirect.as_ref()
+    }
+
+    /// The redirect state, mutable (the I/O loop takes notices from it).
+    pub fn redirect_mut(&mut self) -> Option<&mut Redirector> {
+        self.redirect.as_mut()
+    }
+
+    /// The packet to encapsulate after a [`Verdict::Redirect`].
+    pub fn take_redirect(&mut self) -> Option<RedirectOut> {
+        self.redirect.as_mut()?.out.take()
+    }
+
+    /// Called by the general forward path for a TCP/UDP packet to a VIP, before the
+    /// flow look-up. `Some` when the packet goes to another node (or is dropped on the
+    /// way); `None` lets the normal path handle it: a flow held here, a SYN (a new
+    /// connection is always served here: a SYN finding a redirect record removes it),
+    /// UDP (no SYN to tell new from old: created here), or redirects off.
+    pub(super) fn redirect_hook(
+        &mut self,
+        frame_len: usize,
+        key: &FlowKey,
+        flags: u8,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Option<Verdict> {
+        self.redirect.as_ref()?;
+        if key.proto != packet::IPPROTO_TCP {
+            return None;
+        }
+        let syn_only = flags & (tcp_flags::SYN | tcp_flags::ACK | tcp_flags::RST) == tcp_flags::SYN;
+        match self.flows.lookup(key, now_ms) {
+            Some((id, Direction::Forward)) if self.flows.get(id).state() == FlowState::Redirect => {
+                if syn_only && self.redirect_ctx.is_none() {
+                    // A new connection re-using the 5-tuple: served here from now on.
+                    self.flows.remove(id);
+                    return None;
+                }
+                let owner = self.flows.get(id).backend;
+                let mut hops = self.redirect_ctx.map(|c| c.0).unwrap_or_default();
+                let me = self.redirect.as_ref()?.node();
+                if !hops.push(me) || hops.contains(owner) {
+                    return Some(self.drop(DropReason::RedirectNoPeer, None));
+                }
+                self.flows.touch_redirect(id, flags, now_ms);
+                let ask = self.redirect_ctx.is_some_and(|c| c.1 & FLAG_ASK != 0);
+                Some(self.send_to(owner, hops, ask, frame_len, key, nb))
+            }
+            Some(_) => None,
+            None if syn_only => None,
+            None => Some(self.redirect_unknown(frame_len, key, nb, now_ms)),
+        }
+    }
+
+    /// A TCP segment that is not a SYN, of a flow this node neither holds nor has a
+    /// redirect record for: ask the next peer (charged to the bucket).
+    fn redirect_unknown(
+        &mut self,
+        frame_len: usize,
+        key: &FlowKey,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Verdict {
+        let Some(r) = self.redirect.as_mut() else {
+            return self.drop(DropReason::NonSynWithoutFlow, None);
+        };
+        let (mut hops, ask) = match self.redirect_ctx {
+            Some((h, f)) => (h, f & FLAG_ASK != 0),
+            None => (HopList::new(), true),
+        };
+        let me = r.node();
+        let h = hash_key(key, super::MAGLEV_HASH_SEED);
+        let next = if hops.push(me) {
+            next_hop(r.peers(), me, &hops, h)
+        } else {
+            None
+        };
+        let Some(peer) = next else {
+            let reason = if self.redirect_ctx.is_none() {
+                // Nobody to ask at all: what issue 10 counts.
+                DropReason::NonSynWithoutFlow
+            } else {
+                DropReason::RedirectNoPeer
+            };
+            return self.drop(reason, None);
+        };
+        if !r.take_token(now_ms) {
+            return self.drop(DropReason::RedirectRateLimited, None);
+        }
+        self.send_to(peer, hops, ask, frame_len, key, nb)
+    }
+
+    fn send_to(
+        &mut self,
+        peer: u32,
+        hops: HopList,
+        ask: bool,
+        frame_len: usize,
+        key: &FlowKey,
+        nb: &Neighbours,
+    ) -> Verdict {
+        let m = match nb.resolve(peer) {
+            Resolve::Found {
+                side: Side::Uplink,
+                src,
+                dst,
+            } => macs(src, dst),
+            Resolve::Found { .. } | Resolve::NoRoute => {
+                return self.drop(DropReason::NoRoute, None)
+            }
+            Resolve::Miss { ip, ifindex } => {
+                self.missing.push(ip, ifindex);
+                return self.drop(DropReason::NoNeighbour, None);
+            }
+        };
+        let Some(r) = self.redirect.as_mut() else {
+            return self.drop(DropReason::RedirectNoPeer, None);
+        };
+        if let Some(c) = r.peer_mut(peer) {
+            c.redirected_to += 1;
+        }
+        let h = hash_key(key, super::MAGLEV_HASH_SEED);
+        r.out = Some(RedirectOut {
+            peer,
+            macs: m,
+            hops,
+            ask,
+            frame_len,
+            entropy: (h ^ (h >> 16)) as u16,
+        });
+        Verdict::Redirect
+    }
+
+    /// A frame from the uplink not addressed to a VIP: if it is a redirect frame to this
+    /// node's redirect port, handle it (`Some`), else `None` (the caller passes it on).
+    pub(super) fn redirect_in(
+        &mut self,
+        frame: &mut [u8],
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Option<Verdict> {
+        let r = self.redirect.as_ref()?;
+        if self.redirect_ctx.is_some() || !wire::is_redirect(frame, r.node(), r.port()) {
+            return None;
+        }
+        let from = wire::outer_source(frame);
+        if !r.is_peer(from) {
+            return Some(self.drop(DropReason::RedirectNotFromPeer, None));
+        }
+        let Ok(rx) = wire::parse(frame) else {
+            return Some(self.drop(DropReason::RedirectMalformed, None));
+        };
+        if rx.kind == KIND_NOTICE {
+            return Some(self.notice_in(frame, &rx, from, now_ms));
+        }
+        if let Some(c) = self.redirect.as_mut().and_then(|r| r.peer_mut(from)) {
+            c.received_from += 1;
+        }
+        let len = wire::decapsulate(frame, &rx);
+        let inner = &mut frame[..len];
+        let v = match packet::parse(inner) {
+            Ok(Parsed::Ipv4(v)) => v,
+            _ => return Some(self.drop(DropReason::RedirectMalformed, None)),
+        };
+        if v.l4.is_none() || !self.table.is_vip(v.dst) {
+            return Some(self.drop(DropReason::RedirectNotServed, None));
+        }
+        let key = v.l4.map(|l4| FlowKey {
+            src: v.src,
+            dst: v.dst,
+            src_port: l4.src_port,
+            dst_port: l4.dst_port,
+            proto: v.protocol,
+        });
+        self.redirect_ctx = Some((rx.hops, rx.flags));
+        let verdict = self.forward(inner, v, nb, now_ms);
+        self.redirect_ctx = None;
+        Some(match verdict {
+            Verdict::Tx(side) => {
+                // Served here: this node owns the flow; tell the node that asked.
+                if rx.flags & FLAG_ASK != 0 {
+                    if let (Some(origin), Some(key)) = (rx.hops.origin(), key) {
+                        self.queue_notice(origin, key, nb);
+                    }
+                }
+                Verdict::TxResized(side, len as u16)
+            }
+            Verdict::Pass(_) => self.drop(DropReason::RedirectNotServed, None),
+            other => other,
+        })
+    }
+
+    fn queue_notice(&mut self, to: u32, key: FlowKey, nb: &Neighbours) {
+        let m = match nb.resolve(to) {
+            Resolve::Found {
+                side: Side::Uplink,
+                src,
+                dst,
+            } => macs(src, dst),
+            Resolve::Miss { ip, ifindex } => {
+                self.missing.push(ip, ifindex);
+                return;
+            }
+            _ => return,
+        };
+        if let Some(r) = self.redirect.as_mut() {
+            r.queue_notice(Notice { to, macs: m, key });
+        }
+    }
+
+    /// "`from` owns this flow": make (or point) the redirect record, unless this node
+    /// holds the flow itself.
+    fn notice_in(&mut self, frame: &[u8], rx: &wire::Received, from: u32, now_ms: u64) -> Verdict {
+        let key = wire::notice_key(frame, rx);
+        if let Some(c) = self.redirect.as_mut().and_then(|r| r.peer_mut(from)) {
+            c.notices_received += 1;
+        }
+        if key.proto != packet::IPPROTO_TCP || !self.table.is_vip(key.dst) {
+            return self.drop(DropReason::RedirectNotServed, None);
+        }
+        match self.flows.lookup(&key, now_ms) {
+            Some((id, Direction::Forward)) if self.flows.get(id).state() == FlowState::Redirect => {
+                self.flows.get_mut(id).backend = from;
+                self.flows.touch_redirect(id, 0, now_ms);
+            }
+            Some(_) => {} // held here (or a conflicting reverse key): keep it
+            None => {
+                if self.flows.insert_redirect(&key, from, now_ms).is_err() {
+                    return self.drop(DropReason::FlowTableFull, None);
+                }
+            }
+        }
+        Verdict::Consumed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{EngineConfig, Verdict};
+    use crate::flow::Timeouts;
+    use crate::neigh::{Iface, Route};
+    use crate::packet::MacAddr;
+    use crate::redirect::{RedirectConfig, DEFAULT_PORT};
+    use crate::services::ServiceTable;
+    use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
+
+    const VIP: u32 = 0x0ac8_000a;
+    const CLIENT: u32 = 0x0a64_0102;
+    const NODES: [u32; 3] = [0x0a01_0001, 0x0a01_0002, 0x0a01_0003];
+    const POD: [u32; 3] = [0x0a0a_0101, 0x0a0a_0201, 0x0a0a_0301];
+
+    fn nb() -> Neighbours {
+        let mut nb = Neighbours::new(
+            Iface {
+                ifindex: 2,
+                mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            },
+            vec![Iface {
+                ifindex: 10,
+                mac: MacAddr([2, 0, 0, 0, 0, 2]),
+            }],
+        );
+        nb.add_route(Route {
+            prefix: 0x0a01_0000,
+            len: 16,
+            gateway: None,
+            ifindex: 2,
+        });
+        nb.add_route(Route {
+            prefix: 0x0a0a_0000,
+            len: 16,
+            gateway: None,
+            ifindex: 10,
+        });
+        nb.add_route(Route {
+            prefix: 0,
+            len: 0,
+            gateway: Some(0x0a01_00fe),
+            ifindex: 2,
+        });
+        for (i, n) in NODES.iter().enumerate() {
+            nb.add_neighbour(*n, 2, MacAddr([4, 0, 0, 0, 0, i as u8]));
+        }
+        nb.add_neighbour(0x0a01_00fe, 2, MacAddr([4, 0, 0, 0, 0, 0xfe]));
+        for p in POD {
+            nb.add_neighbour(p, 10, MacAddr([6, 0, 0, 0, 0, p as u8]));
+        }
+        nb
+    }
+
+    /// Node `i` with its own Pod as the VIP's only backend (`has_backend`), or none.
+    fn node(i: usize, has_backend: bool, rate: u32) -> Engine {
+        let mut e = Engine::new(EngineConfig {
+            flow_capacity: 1024,
+            timeouts: Timeouts::default(),
+            ..EngineConfig::default()
+        });
+        let state = NodeState {
+            services: vec![NodeService {
+                frontend: Frontend {
+                    vip: VIP.into(),
+                    protocol: Protocol::Tcp,
+                    port: 80,
+                },
+                backends: if has_backend {
+                    vec![LocalBackend {
+                        ip: POD[i].into(),
+                        port: 8080,
+                    }]
+                } else {
+                    vec![]
+                },
+            }],
+            ..NodeState::default()
+        };
+        let maglev: Vec<Vec<u16>> = state
+            .services
+            .iter()
+            .map(|s| {
+                juneau_control::maglev::MaglevTable::new(&s.backends, 251)
+                    .unwrap()
+                    .slots()
+                    .to_vec()
+            })
+            .collect();
+        e.set_services(ServiceTable::new(1, &state, &maglev));
+        e.set_redirect(Redirector::new(RedirectConfig {
+            node: NODES[i],
+            port: DEFAULT_PORT,
+            peers: NODES.to_vec(),
+            rate_per_s: rate,
+            burst: rate,
+        }));
+        e
+    }
+
+    fn tcp(cport: u16, flags: u8) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 20 + 20 + 10];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&50u16.to_be_bytes());
+        f[20] = 0x40;
+        f[22] = 64;
+        f[23] = packet::IPPROTO_TCP;
+        f[26..30].copy_from_slice(&CLIENT.to_be_bytes());
+        f[30..34].copy_from_slice(&VIP.to_be_bytes());
+        f[34..36].copy_from_slice(&cport.to_be_bytes());
+        f[36..38].copy_from_slice(&80u16.to_be_bytes());
+        f[46] = 0x50;
+        f[47] = flags;
+        let c = packet::ipv4_header_checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f
+    }
+
+    /// What the I/O loop does with a verdict, between engines standing for nodes:
+    /// returns (the node that sent it to a Pod, frames sent between nodes).
+    fn run(
+        nodes: &mut [Engine],
+        at: usize,
+        mut frame: Vec<u8>,
+        now: u64,
+    ) -> (Option<usize>, usize) {
+        let nb = nb();
+        let mut cur = at;
+        let mut between = 0;
+        loop {
+            let v = nodes[cur].process(&mut frame, Side::Uplink, &nb, now);
+            // Notices go out after the batch.
+            let notices: Vec<Notice> = nodes[cur]
+                .redirect_mut()
+                .map(|r| r.take_notices().collect())
+                .unwrap_or_default();
+            for n in notices {
+                let mut buf = vec![0u8; 256];
+                let len =
+                    wire::build_notice(&mut buf, &n.macs, NODES[cur], n.to, DEFAULT_PORT, &n.key)
+                        .unwrap();
+                buf.truncate(len);
+                let to = NODES.iter().position(|x| *x == n.to).unwrap();
+                let nv = nodes[to].process(&mut buf, Side::Uplink, &nb, now);
+                assert_eq!(nv, Verdict::Consumed);
+            }
+            match v {
+                Verdict::Tx(Side::Pod(_)) => return (Some(cur), between),
+                Verdict::TxResized(Side::Pod(_), n) => {
+                    assert_eq!(
+                        &frame[30..34],
+                        &POD[cur].to_be_bytes(),
+                        "DNAT to the owner's Pod"
+                    );
+                    assert_eq!(usize::from(n), 14 + 50);
+                    return (Some(cur), between);
+                }
+                Verdict::Redirect => {
+                    let out = nodes[cur].take_redirect().unwrap();
+                    let mut buf = frame.clone();
+                    buf.resize(4096, 0);
+                    let len =
+                        wire::encapsulate(&mut buf, &out, NODES[cur], DEFAULT_PORT, 1600).unwrap();
+                    buf.truncate(len);
+                    frame = buf;
+                    between += 1;
+                    cur = NODES.iter().position(|x| *x == out.peer).unwrap();
+                }
+                _ => return (None, between),
+            }
+        }
+    }
+
+    #[test]
+    fn established_flow_moved_to_a_new_node_is_served_by_its_owner() {
+        let mut nodes = vec![node(0, true, 100), node(1, true, 100), node(2, true, 100)];
+        // The connection opens through node 0.
+        assert_eq!(run(&mut nodes, 0, tcp(40000, tcp_flags::SYN), 0).0, Some(0));
+        assert_eq!(run(&mut nodes, 0, tcp(40000, tcp_flags::ACK), 1).0, Some(0));
+        // The router now sends it to node 2: redirected (at most via node 1) to node 0.
+        let (served, hops) = run(&mut nodes, 2, tcp(40000, tcp_flags::ACK), 2);
+        assert_eq!(served, Some(0));
+        assert!((1..=2).contains(&hops), "{hops}");
+        // Node 0 told node 2: the next packets go straight there, uncharged.
+        let rec = nodes[2].flows().len();
+        assert_eq!(rec, 1, "a redirect record");
+        for t in 0..500 {
+            let (served, hops) = run(&mut nodes, 2, tcp(40000, tcp_flags::ACK), 3 + t);
+            assert_eq!((served, hops), (Some(0), 1));
+        }
+        let c: Vec<_> = nodes[2].redirect().unwrap().peer_counters().collect();
+        assert!(c
+            .iter()
+            .any(|(a, c)| *a == NODES[0] && c.redirected_to >= 500 && c.notices_received == 1));
+        assert_eq!(
+            nodes[2]
+                .counters()
+                .drops_for(DropReason::RedirectRateLimited),
+            0
+        );
+        // A new connection on node 2 is served on node 2 (a SYN is never redirected).
+        assert_eq!(
+            run(&mut nodes, 2, tcp(40001, tcp_flags::SYN), 10_000).0,
+            Some(2)
+        );
+        // The redirect record expires with the flow's idle timeout.
+        let late = 10_000 + u64::from(Timeouts::default().tcp_established_ms) + 1;
+        let (served, _) = run(&mut nodes, 2, tcp(40000, tcp_flags::ACK), late);
+        assert_eq!(
+            served, None,
+            "the owner's flow expired too: dropped, not reset"
+        );
+    }
+
+    #[test]
+    fn a_node_without_local_backends_redirects_to_the_owner() {
+        // Node 2 has no local backend (it announces nothing, or withdrew): the router
+        // sends it a packet of node 0's flow anyway.
+        let mut nodes = vec![node(0, true, 100), node(1, true, 100), node(2, false, 100)];
+        assert_eq!(run(&mut nodes, 0, tcp(40000, tcp_flags::SYN), 0).0, Some(0));
+        assert_eq!(run(&mut nodes, 0, tcp(40000, tcp_flags::ACK), 0).0, Some(0));
+        let (served, _) = run(&mut nodes, 2, tcp(40000, tcp_flags::ACK), 1);
+        assert_eq!(served, Some(0));
+    }
+
+    #[test]
+    fn ack_flood_is_bounded_by_the_bucket_and_never_loops() {
+        let mut nodes = vec![node(0, true, 50), node(1, true, 50), node(2, true, 50)];
+        let mut between = 0;
+        for i in 0..5000u16 {
+            let (served, b) = run(&mut nodes, 1, tcp(i, tcp_flags::ACK), u64::from(i) / 10);
+            assert_eq!(served, None);
+            assert!(b <= 2, "at most every other node once");
+            between += b;
+        }
+        // 500 ms of virtual time at 50/s, burst 50: node 1 sent at most 75, and each
+        // could be passed on once more (node 0 or 2's own buckets).
+        let sent1: u64 = nodes[1]
+            .redirect()
+            .unwrap()
+            .peer_counters()
+            .map(|(_, c)| c.redirected_to)
+            .sum();
+        assert!(sent1 <= 76, "{sent1}");
+        assert!(between <= 2 * 76, "{between}");
+        assert!(
+            nodes[1]
+                .counters()
+                .drops_for(DropReason::RedirectRateLimited)
+                >= 4900
+        );
+        assert_eq!(
+            nodes[1].flows().len(),
+            0,
+            "no flow, no record from unknown packets"
+        );
+    }
+
+    #[test]
+    fn notices_and_redirects_from_strangers_are_refused() {
+        let nb = nb();
+        let mut e = node(0, true, 100);
+        let key = FlowKey {
+            src: CLIENT,
+            dst: VIP,
+            src_port: 1,
+            dst_port: 80,
+            proto: packet::IPPROTO_TCP,
+        };
+        let mut buf = vec![0u8; 128];
+        let n = wire::build_notice(
+            &mut buf,
+            &[0; 12],
+            0x0a01_0063,
+            NODES[0],
+            DEFAULT_PORT,
+            &key,
+        )
+        .unwrap();
+        buf.truncate(n);
+        assert_eq!(
+            e.process(&mut buf, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::RedirectNotFromPeer)
+        );
+        assert_eq!(e.flows().len(), 0);
+        // A malformed one from a peer.
+        let mut buf = vec![0u8; 128];
+        let n =
+            wire::build_notice(&mut buf, &[0; 12], NODES[1], NODES[0], DEFAULT_PORT, &key).unwrap();
+        buf.truncate(n);
+        buf[14 + 28] = b'X';
+        assert_eq!(
+            e.process(&mut buf, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::RedirectMalformed)
+        );
+        // Other UDP to the node is not ours.
+        let mut other = tcp(1, 0);
+        other[23] = packet::IPPROTO_UDP;
+        other[30..34].copy_from_slice(&NODES[0].to_be_bytes());
+        let v = e.process(&mut other, Side::Uplink, &nb, 0);
+        assert!(
+            !matches!(
+                v,
+                Verdict::Consumed
+                    | Verdict::Drop(
+                        DropReason::RedirectMalformed | DropReason::RedirectNotFromPeer
+                    )
+            ),
+            "{v:?}"
+        );
+    }
+}

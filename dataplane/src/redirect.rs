@@ -1,0 +1,518 @@
+//! Second-chance redirects between nodes (issue 12): the pure decisions, no I/O, no clock.
+//!
+//! When the router's ECMP group changes, packets of established TCP connections arrive
+//! at a node that has never seen them. Instead of answering them (a Pod would send a
+//! RST), the node forwards the packet, encapsulated ([`crate::redirect_wire`]), to the
+//! other nodes that serve the VIP, one after another, until the node that holds the flow
+//! takes it (Beamer's daisy chaining, GLB's second chance). The owner DNATs it to its
+//! backend as usual (the reply leaves from the owner: no SNAT anywhere) and, when the
+//! sender asked, tells the sender "I own this flow" with a notice; the sender then keeps
+//! a *redirect record* for the flow in its one flow table ([`crate::flow::FlowState::Redirect`])
+//! and sends the flow's later packets straight to the owner.
+//!
+//! This module holds what decides:
+//! - [`HopList`]: the nodes a packet has already visited (the sender first); the next
+//!   node to ask is never one of them ([`next_hop`]), so there is no loop, and a packet
+//!   visits at most [`MAX_HOPS`] nodes;
+//! - [`TokenBucket`]: what a node spends on packets of *unknown* flows (a flood of random
+//!   ACKs must not become a flood between nodes); redirects of flows an owner vouched for
+//!   are not charged;
+//! - [`Redirector`]: this node's address, its peers and their counters, the bucket, and
+//!   the outputs the I/O loop takes after each packet or batch ([`RedirectOut`],
+//!   [`Notice`]).
+//!
+//! Must not touch: packets' bytes (that is [`crate::redirect_wire`]), sockets, the clock
+//! (time is passed in, so the property tests run in virtual time).
+
+use serde::Serialize;
+
+use crate::flow::FlowKey;
+
+/// Most nodes a redirected packet visits (the sender included); also the most
+/// addresses in the encapsulation header.
+pub const MAX_HOPS: usize = 8;
+
+/// Default UDP port redirected packets and notices are sent to.
+pub const DEFAULT_PORT: u16 = 7411;
+
+/// The nodes a packet has visited, the first one being the node it arrived at from the
+/// router (the one that asked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HopList {
+    nodes: [u32; MAX_HOPS],
+    len: u8,
+}
+
+impl HopList {
+    /// An empty list.
+    pub fn new() -> Self {
+        HopList::default()
+    }
+
+    /// A list from addresses (at most [`MAX_HOPS`]; `None` for more).
+    pub fn from_slice(nodes: &[u32]) -> Option<Self> {
+        if nodes.len() > MAX_HOPS {
+            return None;
+        }
+        let mut h = HopList::new();
+        h.nodes[..nodes.len()].copy_from_slice(nodes);
+        h.len = nodes.len() as u8;
+        Some(h)
+    }
+
+    /// The visited nodes, in order.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.nodes[..usize::from(self.len)]
+    }
+
+    /// Whether `node` already had the packet.
+    pub fn contains(&self, node: u32) -> bool {
+        self.as_slice().contains(&node)
+    }
+
+    /// Appends `node` (no-op if present); `false` when the list is full.
+    pub fn push(&mut self, node: u32) -> bool {
+        if self.contains(node) {
+            return true;
+        }
+        if usize::from(self.len) == MAX_HOPS {
+            return false;
+        }
+        self.nodes[usize::from(self.len)] = node;
+        self.len += 1;
+        true
+    }
+
+    /// The node the packet first arrived at (the one waiting for a notice).
+    pub fn origin(&self) -> Option<u32> {
+        self.as_slice().first().copied()
+    }
+
+    /// Number of visited nodes.
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    /// Whether no node is listed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The next node to ask about a flow: the first of `peers`, in an order that starts at
+/// a place given by the flow's hash (so the first question spreads over the peers), that
+/// is neither this node nor already visited. `None` when every peer was asked or the
+/// hop budget is spent: the packet is dropped.
+pub fn next_hop(peers: &[u32], me: u32, visited: &HopList, flow_hash: u64) -> Option<u32> {
+    if visited.len() >= MAX_HOPS || peers.is_empty() {
+        return None;
+    }
+    let n = peers.len();
+    let start = (flow_hash % n as u64) as usize;
+    (0..n)
+        .map(|i| peers[(start + i) % n])
+        .find(|&p| p != me && p != 0 && !visited.contains(p))
+}
+
+/// A token bucket in integer milli-tokens on a millisecond clock: `rate` tokens per
+/// second, at most `burst` saved up.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBucket {
+    rate_per_s: u64,
+    burst_milli: u64,
+    milli: u64,
+    last_ms: Option<u64>,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn new(rate_per_s: u32, burst: u32) -> Self {
+        let burst_milli = u64::from(burst.max(1)) * 1000;
+        TokenBucket {
+            rate_per_s: u64::from(rate_per_s),
+            burst_milli,
+            milli: burst_milli,
+            last_ms: None,
+        }
+    }
+
+    /// Takes one token if there is one.
+    pub fn take(&mut self, now_ms: u64) -> bool {
+        if let Some(last) = self.last_ms {
+            let dt = now_ms.saturating_sub(last);
+            self.milli = (self.milli + dt.saturating_mul(self.rate_per_s)).min(self.burst_milli);
+        }
+        self.last_ms = Some(now_ms.max(self.last_ms.unwrap_or(0)));
+        if self.milli >= 1000 {
+            self.milli -= 1000;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Counters of one peer node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PeerCounters {
+    /// Packets this node redirected to the peer.
+    pub redirected_to: u64,
+    /// Redirected packets received from the peer (then served here or passed on).
+    pub received_from: u64,
+    /// "I own this flow" notices sent to the peer.
+    pub notices_sent: u64,
+    /// Notices received from the peer (redirect records made or refreshed).
+    pub notices_received: u64,
+}
+
+/// Redirect settings.
+#[derive(Debug, Clone)]
+pub struct RedirectConfig {
+    /// This node's address on the node network (source of what it sends, destination
+    /// of what it receives).
+    pub node: u32,
+    /// UDP port of redirected packets and notices (the same on every node).
+    pub port: u16,
+    /// The other nodes' addresses (this node's own address may be listed; it is never
+    /// asked).
+    pub peers: Vec<u32>,
+    /// Redirects of packets of unknown flows per second (sent or passed on).
+    pub rate_per_s: u32,
+    /// Burst of such redirects.
+    pub burst: u32,
+}
+
+/// A packet to encapsulate and send to `peer` (taken by the I/O loop after a
+/// [`crate::engine::Verdict::Redirect`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedirectOut {
+    /// The node it goes to.
+    pub peer: u32,
+    /// Ethernet destination then source MAC towards that node.
+    pub macs: [u8; 12],
+    /// Visited nodes, this one included.
+    pub hops: HopList,
+    /// Ask the owner for a notice (a packet of an unknown flow).
+    pub ask: bool,
+    /// Length of the frame to encapsulate (Ethernet header + the IPv4 packet).
+    pub frame_len: usize,
+    /// Source-port entropy for the node network's own ECMP.
+    pub entropy: u16,
+}
+
+/// An "I own this flow" notice to send to `to` (the node that asked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Notice {
+    /// The node that asked.
+    pub to: u32,
+    /// Ethernet destination then source MAC towards it.
+    pub macs: [u8; 12],
+    /// The flow's forward key (client → VIP).
+    pub key: FlowKey,
+}
+
+/// Most notices queued between two batches; more are not sent (the asker asks again
+/// with its next packet, within its bucket).
+pub const MAX_NOTICES: usize = 64;
+
+/// This node's redirect state.
+#[derive(Debug, Clone)]
+pub struct Redirector {
+    cfg: RedirectConfig,
+    bucket: TokenBucket,
+    counters: Vec<PeerCounters>,
+    /// Set by the engine with [`crate::engine::Verdict::Redirect`].
+    pub out: Option<RedirectOut>,
+    notices: Vec<Notice>,
+    /// Notices not queued because the queue was full.
+    pub notices_dropped: u64,
+}
+
+impl Redirector {
+    /// A redirector for `cfg` (duplicate peers removed, order kept).
+    pub fn new(mut cfg: RedirectConfig) -> Self {
+        let mut seen = std::collections::HashSet::new();
+        cfg.peers.retain(|p| *p != 0 && seen.insert(*p));
+        let n = cfg.peers.len();
+        Redirector {
+            bucket: TokenBucket::new(cfg.rate_per_s, cfg.burst),
+            counters: vec![PeerCounters::default(); n],
+            cfg,
+            out: None,
+            notices: Vec::with_capacity(MAX_NOTICES),
+            notices_dropped: 0,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RedirectConfig {
+        &self.cfg
+    }
+
+    /// This node's address.
+    pub fn node(&self) -> u32 {
+        self.cfg.node
+    }
+
+    /// The redirect port.
+    pub fn port(&self) -> u16 {
+        self.cfg.port
+    }
+
+    /// The peers.
+    pub fn peers(&self) -> &[u32] {
+        &self.cfg.peers
+    }
+
+    /// Whether `addr` is a peer (notices and redirected packets are accepted only from
+    /// peers).
+    pub fn is_peer(&self, addr: u32) -> bool {
+        addr != self.cfg.node && self.cfg.peers.contains(&addr)
+    }
+
+    /// A peer's counters, mutable.
+    pub fn peer_mut(&mut self, addr: u32) -> Option<&mut PeerCounters> {
+        let i = self.cfg.peers.iter().position(|p| *p == addr)?;
+        self.counters.get_mut(i)
+    }
+
+    /// Every peer with its counters.
+    pub fn peer_counters(&self) -> impl Iterator<Item = (u32, PeerCounters)> + '_ {
+        self.cfg
+            .peers
+            .iter()
+            .copied()
+            .zip(self.counters.iter().copied())
+    }
+
+    /// Takes a token for a packet of an unknown flow.
+    pub fn take_token(&mut self, now_ms: u64) -> bool {
+        self.bucket.take(now_ms)
+    }
+
+    /// Queues a notice; `false` if the queue is full.
+    pub fn queue_notice(&mut self, n: Notice) -> bool {
+        if self.notices.len() >= MAX_NOTICES {
+            self.notices_dropped += 1;
+            return false;
+        }
+        if let Some(c) = self.peer_mut(n.to) {
+            c.notices_sent += 1;
+        }
+        self.notices.push(n);
+        true
+    }
+
+    /// Takes the queued notices (after a batch).
+    pub fn take_notices(&mut self) -> std::vec::Drain<'_, Notice> {
+        self.notices.drain(..)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{HashMap, HashSet};
+
+    #[test]
+    fn hop_list_is_bounded_and_deduplicated() {
+        let mut h = HopList::new();
+        for i in 1..=MAX_HOPS as u32 {
+            assert!(h.push(i));
+        }
+        assert!(h.push(3), "already there: no-op");
+        assert!(!h.push(99), "full");
+        assert_eq!(h.len(), MAX_HOPS);
+        assert_eq!(h.origin(), Some(1));
+        assert!(HopList::from_slice(&[0; MAX_HOPS + 1]).is_none());
+    }
+
+    #[test]
+    fn next_hop_skips_self_and_visited_and_ends() {
+        let peers = [1, 2, 3];
+        let mut h = HopList::new();
+        h.push(2);
+        let a = next_hop(&peers, 2, &h, 0).unwrap();
+        assert_ne!(a, 2);
+        h.push(a);
+        let b = next_hop(&peers, a, &h, 0).unwrap();
+        assert!(b != 2 && b != a);
+        h.push(b);
+        assert_eq!(next_hop(&peers, b, &h, 0), None);
+        assert_eq!(next_hop(&[], 1, &HopList::new(), 0), None);
+    }
+
+    #[test]
+    fn bucket_refills_at_its_rate_and_caps_at_burst() {
+        let mut b = TokenBucket::new(100, 10);
+        let mut got = 0;
+        for _ in 0..50 {
+            got += u32::from(b.take(0));
+        }
+        assert_eq!(got, 10, "burst");
+        assert!(!b.take(5), "0.5 token after 5 ms");
+        assert!(b.take(10), "1 token after 10 ms");
+        // A long quiet spell saves at most the burst.
+        let mut got = 0;
+        for _ in 0..50 {
+            got += u32::from(b.take(100_000));
+        }
+        assert_eq!(got, 10);
+        // A clock going backwards never mints tokens.
+        assert!(!b.take(50_000));
+    }
+
+    /// A node in the model: the flows it owns, its redirect records (flow → owner, with
+    /// expiry), its peer list (nodes may disagree about it) and its bucket.
+    struct Node {
+        addr: u32,
+        owned: HashSet<u32>,
+        records: HashMap<u32, (u32, u64)>,
+        peers: Vec<u32>,
+        bucket: TokenBucket,
+        sent: u64,
+    }
+
+    const IDLE_MS: u64 = 10_000;
+
+    /// Delivers a packet of `flow` arriving from the router at node `at`, following the
+    /// same rules as the engine: owned → served; a live record → straight to its owner
+    /// (uncharged, no question); else ask the peers in turn, each charging its bucket,
+    /// never revisiting. Returns (served at, nodes visited in order).
+    fn deliver(nodes: &mut [Node], at: usize, flow: u32, now: u64) -> (Option<usize>, Vec<u32>) {
+        let idx = |nodes: &[Node], a: u32| nodes.iter().position(|n| n.addr == a);
+        let mut hops = HopList::new();
+        let mut cur = at;
+        let mut path = vec![nodes[cur].addr];
+        let mut asked = false;
+        loop {
+            let me = nodes[cur].addr;
+            if nodes[cur].owned.contains(&flow) {
+                if asked {
+                    let origin = hops.origin().unwrap();
+                    if let Some(o) = idx(nodes, origin) {
+                        nodes[o].records.insert(flow, (me, now + IDLE_MS));
+                    }
+                }
+                return (Some(cur), path);
+            }
+            hops.push(me);
+            let rec = nodes[cur].records.get(&flow).copied();
+            let next = match rec {
+                Some((owner, exp)) if exp > now && !hops.contains(owner) => {
+                    nodes[cur].records.insert(flow, (owner, now + IDLE_MS));
+                    Some(owner)
+                }
+                _ => {
+                    if rec.is_some_and(|(_, exp)| exp <= now) {
+                        nodes[cur].records.remove(&flow);
+                    }
+                    if !nodes[cur].bucket.take(now) {
+                        return (None, path);
+                    }
+                    asked = asked || cur == at;
+                    next_hop(&nodes[cur].peers, me, &hops, u64::from(flow))
+                }
+            };
+            let Some(next) = next else {
+                return (None, path);
+            };
+            nodes[cur].sent += 1;
+            let Some(n) = idx(nodes, next) else {
+                return (None, path);
+            };
+            assert!(!path.contains(&next), "loop: {path:?} -> {next}");
+            path.push(next);
+            cur = n;
+        }
+    }
+
+    proptest! {
+        /// Random clusters (2..8 nodes, possibly disagreeing peer lists), random flow
+        /// owners, random arrival nodes over virtual time: a packet never visits a node
+        /// twice, visits at most MAX_HOPS nodes, reaches its owner whenever the owner is
+        /// in every asked node's peer list and tokens last, and a redirect record is used
+        /// only until it expires.
+        #[test]
+        fn no_loop_bounded_and_reaches_the_owner(
+            n in 2usize..8,
+            owners in prop::collection::vec(0usize..8, 1..20),
+            arrivals in prop::collection::vec((0usize..8, 0usize..20, 0u64..30_000), 1..200),
+            drop_peer in prop::option::of((0usize..8, 0usize..8)),
+        ) {
+            let mut nodes: Vec<Node> = (0..n).map(|i| Node {
+                addr: 100 + i as u32,
+                owned: HashSet::new(),
+                records: HashMap::new(),
+                peers: (0..n).map(|j| 100 + j as u32).collect(),
+                bucket: TokenBucket::new(1_000_000, 1_000_000),
+                sent: 0,
+            }).collect();
+            for (f, o) in owners.iter().enumerate() {
+                nodes[o % n].owned.insert(f as u32);
+            }
+            // One node may miss one peer in its list (a stale view).
+            let mut partial = None;
+            if let Some((a, b)) = drop_peer {
+                let (a, b) = (a % n, b % n);
+                let gone = nodes[b].addr;
+                nodes[a].peers.retain(|p| *p != gone);
+                partial = Some((a, gone));
+            }
+            let mut arrivals = arrivals;
+            arrivals.sort_by_key(|a| a.2);
+            for (at, f, now) in arrivals {
+                let at = at % n;
+                let f = (f % owners.len()) as u32;
+                let (served, path) = deliver(&mut nodes, at, f, now);
+                let uniq: HashSet<_> = path.iter().collect();
+                prop_assert_eq!(uniq.len(), path.len(), "a node visited twice");
+                prop_assert!(path.len() <= MAX_HOPS.min(n));
+                let owner = owners[f as usize] % n;
+                let stale_view = partial.is_some_and(|(a, gone)| gone == nodes[owner].addr && path.iter().any(|p| *p == nodes[a].addr));
+                if !stale_view {
+                    prop_assert_eq!(served, Some(owner), "path {:?}", path);
+                }
+                if let Some(s) = served {
+                    prop_assert_eq!(s, owner, "served by a node that does not own the flow");
+                }
+            }
+            // Expiry in virtual time: every record is gone for good after the idle time.
+            let late = 1_000_000;
+            for node in nodes.iter_mut() {
+                node.records.retain(|_, (_, exp)| *exp > late);
+                prop_assert!(node.records.is_empty());
+            }
+        }
+
+        /// A flood of packets of unknown flows costs at most the bucket between nodes:
+        /// each arrival sends at most (nodes - 1) redirects, and each node sends at most
+        /// burst + rate × time of them.
+        #[test]
+        fn unknown_floods_are_bounded_by_the_bucket(
+            n in 2usize..6,
+            count in 1usize..3000,
+            span_ms in 1u64..5000,
+        ) {
+            let (rate, burst) = (200u32, 20u32);
+            let mut nodes: Vec<Node> = (0..n).map(|i| Node {
+                addr: 100 + i as u32,
+                owned: HashSet::new(),
+                records: HashMap::new(),
+                peers: (0..n).map(|j| 100 + j as u32).collect(),
+                bucket: TokenBucket::new(rate, burst),
+                sent: 0,
+            }).collect();
+            for i in 0..count {
+                let now = span_ms * i as u64 / count as u64;
+                let (served, _) = deliver(&mut nodes, i % n, 1_000_000 + i as u32, now);
+                prop_assert_eq!(served, None);
+            }
+            for node in &nodes {
+                let bound = u64::from(burst) + u64::from(rate) * span_ms / 1000 + 1;
+                prop_assert!(node.sent <= bound, "{} > {}", node.sent, bound);
+            }
+        }
+    }
+}
