@@ -32,6 +32,9 @@ pub struct SpeakerConfig {
     pub router_id: Option<Ipv4Addr>,
     /// Where to accept BGP connections.
     pub listen: SocketAddr,
+    /// BFD runs in juneau-bfd, which writes this status file; `None`: BFD runs in this
+    /// process (see `crate::bfd_io`).
+    pub bfd_status_file: Option<std::path::PathBuf>,
 }
 
 /// Reads the node's control state in a thread (futex wake-ups, no polling) and publishes
@@ -89,6 +92,8 @@ enum PeerCmd {
     Shutdown,
     /// Peer removed.
     Stop(Notification),
+    /// BFD says the path to the peer failed: tear the session down at once (RFC 5882).
+    BfdDown(String),
     /// Peer reconfigured; `reset`: connection-level settings changed (address, port,
     /// source, TTL, password), so the session restarts on new sockets.
     Reconfigure {
@@ -154,11 +159,30 @@ pub async fn run(
 
     let mut peers: HashMap<String, PeerHandle> = HashMap::new();
     let mut md5_keys: HashMap<Ipv4Addr, String> = HashMap::new();
+    let (bfd_tx, mut bfd_rx) = mpsc::unbounded_channel();
+    let bfd = match &cfg.bfd_status_file {
+        None => Some(crate::bfd_io::spawn(
+            crate::bfd_io::report_to_hub(hub.clone()),
+            bfd_tx,
+            false,
+        )),
+        Some(path) => {
+            tokio::spawn(crate::bfd_io::follow_status_file(
+                path.clone(),
+                crate::bfd_io::report_to_hub(hub.clone()),
+                bfd_tx,
+            ));
+            None
+        }
+    };
     let mut changed = true;
     loop {
         if changed {
             changed = false;
             let st = state_rx.borrow_and_update().clone();
+            if let Some(bfd) = &bfd {
+                bfd.set(crate::bfd_io::wanted(&st.1));
+            }
             reconcile(
                 &cfg,
                 &st,
@@ -180,6 +204,13 @@ pub async fn run(
                 match peers.values().find(|p| p.cfg.peer_address == ip) {
                     Some(p) => { let _ = p.tx.send(PeerCmd::Inbound(stream)); }
                     None => tracing::info!(%addr, "connection from an unconfigured address closed"),
+                }
+            }
+            Some(n) = bfd_rx.recv() => {
+                if n.is_path_failure() {
+                    if let Some(p) = peers.get(&n.peer) {
+                        let _ = p.tx.send(PeerCmd::BfdDown(format!("BFD session down: {}", n.diag)));
+                    }
                 }
             }
             _ = shutdown.changed() => break,
@@ -416,6 +447,13 @@ impl PeerTask {
                         let acts = self.fsm.handle(Event::Stop(Some(n)));
                         self.apply(acts).await;
                         break;
+                    }
+                    Some(PeerCmd::BfdDown(reason)) => {
+                        tracing::warn!(%reason, "tearing the session down");
+                        let mut acts = self.fsm.handle(Event::Stop(Some(Notification::cease(cease::BFD_DOWN))));
+                        acts.extend(self.fsm.handle(Event::Start));
+                        self.apply(acts).await;
+                        self.hub.peer_owned(&self.cfg.name, self.owner, |p| p.last_error = Some(reason));
                     }
                     Some(PeerCmd::Shutdown) | None => {
                         let graceful = matches!(self.session, Some((_, _, true)));

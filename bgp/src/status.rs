@@ -12,6 +12,7 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
+use crate::bfd::BfdState;
 use crate::fsm::State;
 
 /// What an operator wants to know about one peer.
@@ -42,6 +43,8 @@ pub struct PeerStatus {
     pub treat_as_withdraw: u64,
     /// Graceful restart was negotiated on the current session.
     pub graceful_restart: bool,
+    /// BFD on the path to the peer, when configured.
+    pub bfd: Option<BfdStatus>,
     /// Which run of the peer's task owns this entry (a reconfigured peer's old task must
     /// not overwrite its successor's status).
     #[serde(skip)]
@@ -64,7 +67,51 @@ impl PeerStatus {
             updates_sent: 0,
             treat_as_withdraw: 0,
             graceful_restart: false,
+            bfd: None,
             owner: 0,
+        }
+    }
+}
+
+/// The BFD session of one peer.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct BfdStatus {
+    /// AdminDown, Down, Init or Up.
+    pub state: BfdState,
+    /// Why the session last went down (ours) or the peer's reason when it signalled it.
+    pub diag: String,
+    /// The peer's last diagnostic.
+    pub peer_diag: String,
+    /// Negotiated detection time, once the peer is heard.
+    pub detection_time_ms: Option<u64>,
+    /// Times an Up session went down.
+    pub down_events: u64,
+    /// Why the session could not be set up, if it could not.
+    pub error: Option<String>,
+}
+
+impl BfdStatus {
+    /// The status of a running session.
+    pub fn new(s: &crate::bfd::Session) -> Self {
+        BfdStatus {
+            state: s.state(),
+            diag: s.local_diag().to_string(),
+            peer_diag: s.remote_diag().to_string(),
+            detection_time_ms: s.detection_time().map(|d| d.as_millis() as u64),
+            down_events: 0,
+            error: None,
+        }
+    }
+
+    /// A session that could not be set up.
+    pub fn error(e: String) -> Self {
+        BfdStatus {
+            state: BfdState::Down,
+            diag: String::new(),
+            peer_diag: String::new(),
+            detection_time_ms: None,
+            down_events: 0,
+            error: Some(e),
         }
     }
 }

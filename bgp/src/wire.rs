@@ -208,6 +208,8 @@ pub mod cease {
     pub const OTHER_CONFIGURATION_CHANGE: u8 = 6;
     /// Connection Collision Resolution.
     pub const CONNECTION_COLLISION_RESOLUTION: u8 = 7;
+    /// BFD Down (RFC 9384).
+    pub const BFD_DOWN: u8 = 10;
 }
 
 impl Notification {

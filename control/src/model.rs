@@ -198,6 +198,32 @@ pub struct PeerConfig {
     pub md5_password: Option<String>,
     /// Only accept connections, never connect.
     pub passive: bool,
+    /// Bidirectional Forwarding Detection (RFC 5880) on the path to the peer; `None`
+    /// disables it.
+    pub bfd: Option<BfdSettings>,
+}
+
+/// BFD timers of one peer (asynchronous mode). The session is declared down when no
+/// packet arrived for `multiplier` x the negotiated receive interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BfdSettings {
+    /// Slowest rate at which we want the peer's packets (ms).
+    pub min_rx_ms: u32,
+    /// Fastest rate at which we want to send (ms).
+    pub min_tx_ms: u32,
+    /// Detection multiplier (>= 1).
+    pub multiplier: u8,
+}
+
+impl Default for BfdSettings {
+    /// 300 ms x 3: a dead path is declared down within about 0.9 s.
+    fn default() -> Self {
+        BfdSettings {
+            min_rx_ms: 300,
+            min_tx_ms: 300,
+            multiplier: 3,
+        }
+    }
 }
 
 impl PeerConfig {
@@ -222,6 +248,7 @@ impl PeerConfig {
             graceful_restart_time: None,
             md5_password: None,
             passive: false,
+            bfd: None,
         }
     }
 }

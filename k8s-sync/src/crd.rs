@@ -351,6 +351,29 @@ pub struct BGPPeerSpec {
     /// Wait for the router to connect; never dial out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passive: Option<bool>,
+    /// Bidirectional Forwarding Detection (RFC 5880; single hop RFC 5881, or multihop RFC
+    /// 5883 when ebgpMultihop > 1) on the path to the router: a path failure tears the
+    /// session down within multiplier x interval instead of the hold time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfd: Option<Bfd>,
+}
+
+/// BFD timers of a BGPPeer (asynchronous mode).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Bfd {
+    /// Slowest interval at which the router's packets are wanted, ms (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 60000))]
+    pub min_rx_ms: Option<u32>,
+    /// Fastest interval at which we send, ms (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 60000))]
+    pub min_tx_ms: Option<u32>,
+    /// Missed packets before the path is declared down (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 255))]
+    pub multiplier: Option<u8>,
 }
 
 fn communities_schema(_: &mut SchemaGenerator) -> Schema {

@@ -138,6 +138,14 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
             .filter(|g| g.enabled)
             .map(|g| g.restart_time_seconds.unwrap_or(120));
         cfg.passive = p.spec.passive.unwrap_or(false);
+        cfg.bfd = p.spec.bfd.as_ref().map(|b| {
+            let d = juneau_control::model::BfdSettings::default();
+            juneau_control::model::BfdSettings {
+                min_rx_ms: b.min_rx_ms.unwrap_or(d.min_rx_ms),
+                min_tx_ms: b.min_tx_ms.unwrap_or(d.min_tx_ms),
+                multiplier: b.multiplier.unwrap_or(d.multiplier),
+            }
+        });
         if let Some(r) = &p.spec.password_secret_ref {
             let ns = &view.secret_namespace;
             let key = r.key.as_deref().unwrap_or("password");
@@ -377,6 +385,11 @@ mod tests {
                 ebgp_multihop: None,
                 graceful_restart: None,
                 passive: None,
+                bfd: Some(crate::crd::Bfd {
+                    min_rx_ms: Some(150),
+                    min_tx_ms: None,
+                    multiplier: None,
+                }),
             },
         );
         peer.metadata.labels = Some([("role".to_string(), "tor".to_string())].into());
@@ -463,6 +476,15 @@ mod tests {
         assert!(a.peers.is_empty());
         assert_eq!(s.peers.len(), 1);
         assert_eq!(s.peers[0].md5_password.as_deref(), Some("s3cret"));
+        assert_eq!(
+            s.peers[0].bfd,
+            Some(juneau_control::model::BfdSettings {
+                min_rx_ms: 150,
+                min_tx_ms: 300,
+                multiplier: 3
+            }),
+            "BFD from the BGPPeer, defaults filled in"
+        );
         assert_eq!(s.peers[0].hold_time, 9);
         assert_eq!(s.peers[0].keepalive_time, 3);
     }

@@ -22,6 +22,11 @@ pub(crate) fn sample_state() -> NodeState {
     peer.graceful_restart_time = Some(120);
     peer.ebgp_multihop = Some(4);
     peer.source_address = Some(Ipv4Addr::new(192, 0, 2, 10));
+    peer.bfd = Some(BfdSettings {
+        min_rx_ms: 250,
+        min_tx_ms: 100_000,
+        multiplier: 7,
+    });
     let peer2 = PeerConfig {
         passive: true,
         ..PeerConfig::new("tor-2", Ipv4Addr::new(192, 0, 2, 2), 65000, 65001)
