@@ -485,6 +485,47 @@ impl Session {
         }
     }
 
+    /// Before this process exits for a restart: announces a slow rate `tx` with a Poll, so
+    /// that the peer's detection time (its view of our multiplier x `tx`) covers the time
+    /// until a new process [`resume`](Self::resume)s the session. Only an Up session is
+    /// held; [`poll_active`](Self::poll_active) turns false once the peer acknowledged.
+    pub fn hold_for_restart(&mut self, tx: Duration) {
+        if self.state != BfdState::Up {
+            return;
+        }
+        self.desired_tx = tx;
+        self.poll_active = true;
+        self.send_now = true;
+    }
+
+    /// A Poll Sequence is running (not yet answered with a Final).
+    pub fn poll_active(&self) -> bool {
+        self.poll_active
+    }
+
+    /// Continues a session that an earlier process held Up with
+    /// [`hold_for_restart`](Self::hold_for_restart): same discriminators, state Up, the
+    /// fast rate requested again with a Poll at once. If the peer has meanwhile declared
+    /// the session down it says so in its next packet, and the session goes Down.
+    pub fn resume(cfg: BfdConfig, local_disc: u32, remote_disc: u32, now: Instant) -> Self {
+        let mut s = Session::new(cfg, local_disc, now);
+        s.state = BfdState::Up;
+        s.remote_state = BfdState::Up;
+        s.remote_disc = remote_disc;
+        s.remote_detect_mult = 3;
+        s.desired_tx = cfg.desired_min_tx;
+        s.tx_basis = cfg.desired_min_tx;
+        s.poll_active = true;
+        s.send_now = true;
+        s.detect_at = s.detection_time().map(|d| now + d);
+        s.events.push_back(SessionEvent::StateChanged {
+            from: BfdState::Down,
+            to: BfdState::Up,
+            diag: Diag::None,
+        });
+        s
+    }
+
     /// Handles a received, decoded packet for this session (RFC 5880 6.8.6).
     pub fn handle_packet(&mut self, now: Instant, p: &Packet) -> Result<(), PacketError> {
         if p.your_disc != 0 && p.your_disc != self.local_disc {

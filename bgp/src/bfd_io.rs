@@ -83,19 +83,47 @@ impl BfdNotice {
     }
 }
 
+enum Cmd {
+    Set(Vec<BfdPeer>),
+    Hold(std::time::Duration, tokio::sync::oneshot::Sender<()>),
+}
+
 /// Hands the wanted set of sessions to the BFD task.
 #[derive(Debug, Clone)]
 pub struct BfdHandle {
-    tx: mpsc::UnboundedSender<Vec<BfdPeer>>,
+    tx: mpsc::UnboundedSender<Cmd>,
+}
+
+impl std::fmt::Debug for Cmd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Cmd::Set(_) => "Set",
+            Cmd::Hold(..) => "Hold",
+        })
+    }
 }
 
 impl BfdHandle {
     /// Replaces the set of sessions: new ones start Down, removed ones are dropped,
     /// changed ones restart.
     pub fn set(&self, peers: Vec<BfdPeer>) {
-        let _ = self.tx.send(peers);
+        let _ = self.tx.send(Cmd::Set(peers));
+    }
+
+    /// Before a restart: every Up session announces the slow rate `tx` and waits (at most
+    /// a second) for the peer to acknowledge; then the task stops without AdminDown, so
+    /// the peers keep the sessions Up for their multiplier x `tx` (see
+    /// [`Session::hold_for_restart`]).
+    pub async fn hold_for_restart(&self, tx: std::time::Duration) {
+        let (ack, done) = tokio::sync::oneshot::channel();
+        if self.tx.send(Cmd::Hold(tx, ack)).is_ok() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), done).await;
+        }
     }
 }
+
+/// A session an earlier process held for its restart: resumed with these discriminators.
+pub type Resume = HashMap<String, (u32, u32)>;
 
 /// Where session status goes: `(peer, Some(status))` on every change, `(peer, None)`
 /// when the session is removed.
@@ -114,8 +142,19 @@ pub fn spawn(
     notices: mpsc::UnboundedSender<BfdNotice>,
     control_plane_independent: bool,
 ) -> BfdHandle {
+    spawn_resuming(report, notices, control_plane_independent, Resume::new())
+}
+
+/// [`spawn`], resuming the sessions an earlier process held for its restart.
+pub fn spawn_resuming(
+    report: Report,
+    notices: mpsc::UnboundedSender<BfdNotice>,
+    control_plane_independent: bool,
+    resume: Resume,
+) -> BfdHandle {
     let (tx, rx) = mpsc::unbounded_channel();
     let task = BfdTask {
+        resume,
         report,
         notices,
         control_plane_independent,
@@ -151,6 +190,7 @@ struct Entry {
 }
 
 struct BfdTask {
+    resume: Resume,
     report: Report,
     notices: mpsc::UnboundedSender<BfdNotice>,
     control_plane_independent: bool,
@@ -210,7 +250,8 @@ fn bind_receiver(port: u16) -> io::Result<UdpSocket> {
 }
 
 impl BfdTask {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Vec<BfdPeer>>) {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+        let mut holding: Option<(Instant, tokio::sync::oneshot::Sender<()>)> = None;
         loop {
             let deadline = self
                 .sessions
@@ -218,15 +259,33 @@ impl BfdTask {
                 .map(|e| e.session.poll_timeout())
                 .min();
             tokio::select! {
-                want = rx.recv() => match want {
-                    Some(w) => self.apply(w),
+                cmd = rx.recv() => match cmd {
+                    Some(Cmd::Set(w)) => self.apply(w),
+                    Some(Cmd::Hold(tx, ack)) => {
+                        tracing::info!(tx_ms = tx.as_millis() as u64, "holding BFD sessions for a restart");
+                        for e in self.sessions.values_mut() {
+                            e.session.hold_for_restart(tx);
+                        }
+                        holding = Some((Instant::now(), ack));
+                    }
                     None => break,
                 },
                 r = recv_opt(&self.single) => self.on_datagram(r, false),
                 r = recv_opt(&self.multi) => self.on_datagram(r, true),
-                _ = sleep_until_opt(deadline) => {}
+                _ = sleep_until_opt(deadline.map(|d| if holding.is_some() { d.min(Instant::now() + std::time::Duration::from_millis(20)) } else { d })) => {}
             }
             self.drive();
+            if let Some((since, _)) = &holding {
+                let acked = self.sessions.values().all(|e| !e.session.poll_active());
+                if acked || since.elapsed() > std::time::Duration::from_secs(1) {
+                    tracing::info!(acked, "BFD sessions held; stopping without AdminDown");
+                    if let Some((_, ack)) = holding.take() {
+                        let _ = ack.send(());
+                    }
+                    // Stop here: no AdminDown, the peers wait for the next process.
+                    std::future::pending::<()>().await;
+                }
+            }
         }
         // Tell the peers we are going away on purpose (RFC 5882: AdminDown is not a path
         // failure).
@@ -280,7 +339,13 @@ impl BfdTask {
                 control_plane_independent: self.control_plane_independent,
                 ..w.cfg
             };
-            let session = Session::new(cfg, disc, Instant::now());
+            let session = match self.resume.remove(&w.name) {
+                Some((local, remote)) if local != 0 && remote != 0 => {
+                    tracing::info!(peer = %w.name, discriminator = local, "BFD session resumed after a restart");
+                    Session::resume(cfg, local, remote, Instant::now())
+                }
+                _ => Session::new(cfg, disc, Instant::now()),
+            };
             let name = w.name.clone();
             (self.report)(&name, Some(BfdStatus::new(&session)));
             self.sessions.insert(
@@ -428,6 +493,25 @@ pub struct BfdFile {
     pub written_unix: u64,
     /// Per BGP peer name.
     pub sessions: std::collections::BTreeMap<String, BfdStatus>,
+    /// Set by a juneau-bfd that stopped for a restart: until then (Unix ms) the peers keep
+    /// its Up sessions, and the next juneau-bfd resumes them.
+    #[serde(default)]
+    pub held_until_unix_ms: Option<u64>,
+}
+
+impl BfdFile {
+    /// The sessions a new process may resume at `now_unix_ms`.
+    pub fn resumable(&self, now_unix_ms: u64) -> Resume {
+        match self.held_until_unix_ms {
+            Some(until) if until > now_unix_ms => self
+                .sessions
+                .iter()
+                .filter(|(_, st)| st.state == BfdState::Up)
+                .map(|(n, st)| (n.clone(), (st.local_discriminator, st.remote_discriminator)))
+                .collect(),
+            _ => Resume::new(),
+        }
+    }
 }
 
 /// How often juneau-bgp reads juneau-bfd's status file: adds at most this much to the

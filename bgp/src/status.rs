@@ -88,6 +88,12 @@ pub struct BfdStatus {
     pub down_events: u64,
     /// Why the session could not be set up, if it could not.
     pub error: Option<String>,
+    /// Our discriminator (0: no session).
+    #[serde(default)]
+    pub local_discriminator: u32,
+    /// The peer's discriminator (0: not heard).
+    #[serde(default)]
+    pub remote_discriminator: u32,
 }
 
 impl BfdStatus {
@@ -100,6 +106,8 @@ impl BfdStatus {
             detection_time_ms: s.detection_time().map(|d| d.as_millis() as u64),
             down_events: 0,
             error: None,
+            local_discriminator: s.local_disc(),
+            remote_discriminator: s.remote_disc(),
         }
     }
 
@@ -112,6 +120,8 @@ impl BfdStatus {
             detection_time_ms: None,
             down_events: 0,
             error: Some(e),
+            local_discriminator: 0,
+            remote_discriminator: 0,
         }
     }
 }

@@ -210,7 +210,10 @@ fn bfd_with_frr_detects_a_dead_link_within_the_detection_time() -> Result<()> {
 /// the speaker) against BIRD with `graceful restart on; bfd on;`:
 /// 1. `kill -9` of juneau-bgp and a restart 1 s later: BFD stays Up, the router keeps
 ///    the route the whole time (graceful restart), nothing is withdrawn;
-/// 2. the node's link dies: the route is withdrawn within the BFD detection time.
+/// 2. juneau-bfd and juneau-bgp stopped with SIGTERM (a pod replaced on upgrade) and
+///    started again 2 s later: juneau-bfd held its session, the new one resumes it, BIRD's
+///    BFD never goes down and the route stays;
+/// 3. the node's link dies: the route is withdrawn within the BFD detection time.
 #[test]
 fn defaults_keep_routes_over_restarts_and_withdraw_a_dead_node_with_bird() -> Result<()> {
     let topo = Topo::new("bfdgr", 1)?;
@@ -286,7 +289,44 @@ fn defaults_keep_routes_over_restarts_and_withdraw_a_dead_node_with_bird() -> Re
     let info = router.bird_protocol_info("node0")?;
     assert!(info.contains("Established"), "{info}");
 
-    // 2. The node dies (its link drops everything): withdrawn within the detection time.
+    // 2. Both replaced (SIGTERM, back 2 s later), as on an upgrade of the pod: juneau-bfd
+    //    holds its session (slow rate via a Poll), the next one resumes it.
+    let mut bfdd = bfdd;
+    bfdd.terminate()?;
+    s.terminate()?;
+    let stopped = Instant::now();
+    route_kept_until("juneau-bfd and juneau-bgp stopped", &|| {
+        Ok(stopped.elapsed() >= Duration::from_secs(2))
+    })?;
+    assert!(
+        bird_bfd_up()?,
+        "BIRD kept the BFD session Up while juneau-bfd was away"
+    );
+    let bfdd = s.start_bfd(&topo.nodes[0])?;
+    std::fs::remove_file(&s.status_path)?;
+    s.spawn(&topo.nodes[0])?;
+    route_kept_until("juneau-bfd and juneau-bgp restarted", &|| {
+        Ok(s.peer_state("router").unwrap_or_default() == "Established"
+            && stopped.elapsed() > Duration::from_secs(5))
+    })
+    .map_err(|e| e.context(bfdd.logs()))?;
+    assert!(
+        bfdd.logs().contains("resumed after a restart"),
+        "{}",
+        bfdd.logs()
+    );
+    assert!(
+        !router.full_log().contains("BFD session down"),
+        "BIRD never saw BFD go down:\n{}",
+        router.logs()
+    );
+    // The fast rate is back: BIRD's detection time of us is 900 ms again.
+    wait_for("BIRD back at the fast rate", UP, || {
+        let out = router.bird_cli(&["show", "bfd", "sessions"])?;
+        Ok(out.contains("0.300").then_some(()))
+    })?;
+
+    // 3. The node dies (its link drops everything): withdrawn within the detection time.
     let t0 = Instant::now();
     cut(&topo.nodes[0])?;
     wait_for(

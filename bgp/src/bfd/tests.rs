@@ -417,3 +417,44 @@ fn a_peer_polling_for_a_faster_rate_is_timed_out_on_its_old_rate_until_it_switch
     assert_eq!(s.state(), BfdState::Down);
     assert_eq!(s.local_diag(), Diag::DetectionTimeExpired);
 }
+
+/// A restart of the process that runs a session: hold (slow rate via Poll), stop, resume
+/// with the same discriminators. The peer never goes down, and detects a dead path at
+/// the fast rate again afterwards.
+#[test]
+fn a_held_session_survives_a_restart_and_resumes_fast() {
+    let mut p = Pair::new(cfg(300, 3), cfg(300, 3));
+    p.run_for(Duration::from_secs(4));
+    assert!(p.up());
+    let at = p.now;
+    p.a.hold_for_restart(Duration::from_secs(10));
+    p.run_for(Duration::from_millis(100));
+    assert!(!p.a.poll_active(), "the peer acknowledged the slow rate");
+    assert_eq!(p.b.detection_time(), Some(Duration::from_secs(30)));
+    let (la, ra) = (p.a.local_disc(), p.a.remote_disc());
+    // a's process is gone for 20 s: b keeps the session Up.
+    let cfg_a = p.a.config();
+    p.a = Session::new(cfg_a, 0x7777, p.now + Duration::from_secs(3600)); // silent
+    p.run_for(Duration::from_secs(20));
+    assert_eq!(p.b.state(), BfdState::Up, "b held the session for 20 s");
+    let now = p.now;
+    p.a = Session::resume(cfg_a, la, ra, now);
+    p.run_for(Duration::from_secs(2));
+    assert!(p.up());
+    assert_eq!(p.b.detection_time(), Some(Duration::from_millis(900)));
+    let downs = p
+        .log
+        .iter()
+        .filter(|l| l.0 >= at && !l.1)
+        .filter(|l| {
+            matches!(
+                l.2,
+                SessionEvent::StateChanged {
+                    to: BfdState::Down,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(downs, 0, "b never went down");
+}

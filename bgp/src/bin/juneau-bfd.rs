@@ -30,6 +30,19 @@ struct Args {
     /// Session states as JSON, replaced atomically on every change (juneau-bgp reads it).
     #[arg(long)]
     status_file: PathBuf,
+    /// On SIGTERM, Up sessions announce this transmit interval (ms) before the process
+    /// exits, so the routers keep them Up for 3 x this long while a new juneau-bfd starts
+    /// and resumes them (0: send AdminDown instead). A node that dies in that window is
+    /// detected only when it ends.
+    #[arg(long, default_value_t = 20_000)]
+    restart_hold_ms: u64,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,17 +74,31 @@ async fn run(args: Args) -> anyhow::Result<()> {
         })
     };
     let (notice_tx, mut notice_rx) = mpsc::unbounded_channel();
-    let bfd = bfd_io::spawn(report, notice_tx, true);
+    // Sessions an earlier juneau-bfd held for its restart.
+    let resume = std::fs::read(&args.status_file)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<BfdFile>(&b).ok())
+        .map(|f| f.resumable(unix_ms()))
+        .unwrap_or_default();
+    if !resume.is_empty() {
+        tracing::info!(
+            sessions = resume.len(),
+            "resuming BFD sessions held by the previous process"
+        );
+    }
+    let bfd = bfd_io::spawn_resuming(report, notice_tx, true, resume);
+    let held_until: Arc<Mutex<Option<u64>>> = Arc::default();
     tokio::spawn(async move { while notice_rx.recv().await.is_some() {} });
 
     let mut state_rx = speaker::watch_state(args.state_file.clone());
     let node = Arc::new(Mutex::new(String::new()));
     {
-        let (sessions, changed, node, path) = (
+        let (sessions, changed, node, path, held_until) = (
             sessions.clone(),
             changed.clone(),
             node.clone(),
             args.status_file.clone(),
+            held_until.clone(),
         );
         tokio::spawn(async move {
             loop {
@@ -80,6 +107,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     pid: std::process::id(),
                     written_unix: unix_now(),
                     sessions: sessions.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                    held_until_unix_ms: *held_until.lock().unwrap_or_else(|e| e.into_inner()),
                 };
                 if let Err(e) = write_atomically(&path, &file) {
                     tracing::warn!(path = %path.display(), error = %e, "cannot write status file");
@@ -104,8 +132,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
             _ = int.recv() => break,
         }
     }
-    tracing::info!("shutting down: sessions go AdminDown (not a path failure for the peers)");
-    drop(bfd);
+    if args.restart_hold_ms == 0 {
+        tracing::info!("shutting down: sessions go AdminDown");
+        drop(bfd);
+    } else {
+        let hold = std::time::Duration::from_millis(args.restart_hold_ms);
+        bfd.hold_for_restart(hold).await;
+        // The routers time us out after our multiplier (3 or more) x hold: resume within
+        // 2 x hold to leave a margin.
+        *held_until.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(unix_ms() + 2 * args.restart_hold_ms);
+        changed.notify_one();
+        tracing::info!(
+            hold_ms = args.restart_hold_ms,
+            "shutting down: sessions held for the next juneau-bfd"
+        );
+    }
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     Ok(())
 }
