@@ -18,6 +18,8 @@ pub struct RouteAttrs {
     pub large_communities: Vec<[u32; 3]>,
     /// LOCAL_PREF (sent to iBGP peers only).
     pub local_pref: Option<u32>,
+    /// Extra copies of our AS in the AS_PATH (eBGP only; graceful maintenance).
+    pub as_path_prepend: u8,
 }
 
 /// VIP -> attributes, for one peer.
@@ -40,6 +42,7 @@ pub fn desired_for(state: &NodeState, peer: &str) -> AdjRibOut {
                     communities: a.communities.clone(),
                     large_communities: a.large_communities.clone(),
                     local_pref: a.local_pref,
+                    as_path_prepend: 0,
                 },
             )
         })
@@ -91,7 +94,11 @@ pub fn diff(old: &AdjRibOut, new: &AdjRibOut, p: SessionParams) -> Vec<Update> {
     for (attrs, vips) in groups {
         let pa = PathAttributes {
             origin: Origin::Igp,
-            as_path: if p.ibgp { vec![] } else { vec![p.local_asn] },
+            as_path: if p.ibgp {
+                vec![]
+            } else {
+                vec![p.local_asn; 1 + usize::from(attrs.as_path_prepend)]
+            },
             next_hop: p.next_hop,
             local_pref: if p.ibgp {
                 Some(attrs.local_pref.unwrap_or(100))
@@ -221,6 +228,7 @@ mod tests {
                         communities: vec![1, 2, 3],
                         large_communities: vec![[1, 2, 3]],
                         local_pref: None,
+                        as_path_prepend: 0,
                     },
                 )
             })

@@ -201,6 +201,31 @@ pub struct PeerConfig {
     /// Bidirectional Forwarding Detection (RFC 5880) on the path to the peer; `None`
     /// disables it.
     pub bfd: Option<BfdSettings>,
+    /// Graceful maintenance in progress (the node is cordoned): announce with less
+    /// preference, then withdraw. `None`: normal operation.
+    pub drain: Option<DrainSettings>,
+}
+
+/// How a node leaves a peer's path when it goes into maintenance (RFC 8326).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DrainSettings {
+    /// Extra copies of our AS prepended to the AS_PATH (eBGP) while draining.
+    pub as_path_prepend: u8,
+    /// LOCAL_PREF sent to iBGP peers while draining (RFC 8326 suggests 0).
+    pub local_pref: u32,
+    /// Seconds between the less-preferred re-announcement and the withdrawal.
+    pub wait_seconds: u16,
+}
+
+impl Default for DrainSettings {
+    /// Two extra AS hops, LOCAL_PREF 0, withdraw after 30 s.
+    fn default() -> Self {
+        DrainSettings {
+            as_path_prepend: 2,
+            local_pref: 0,
+            wait_seconds: 30,
+        }
+    }
 }
 
 /// BFD timers of one peer (asynchronous mode). The session is declared down when no
@@ -249,6 +274,7 @@ impl PeerConfig {
             md5_password: None,
             passive: false,
             bfd: None,
+            drain: None,
         }
     }
 }

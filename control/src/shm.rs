@@ -44,8 +44,8 @@ use memmap2::MmapMut;
 
 use crate::maglev::{self, MaglevTable};
 use crate::model::{
-    AdvertisedVip, BfdSettings, Frontend, LocalBackend, NodeService, NodeState, PeerConfig,
-    Protocol,
+    AdvertisedVip, BfdSettings, DrainSettings, Frontend, LocalBackend, NodeService, NodeState,
+    PeerConfig, Protocol,
 };
 
 /// `b"JUNEAUNS"` little-endian: identifies a Juneau node-state file.
@@ -71,7 +71,8 @@ pub const MD5_BYTES: usize = 80;
 /// Words per peer record: name, 12 words of settings, the TCP-MD5 key, then
 /// [`PEER_EXTRA_WORDS`] (BFD; layout 2).
 pub const PEER_WORDS: usize = NAME_BYTES / 4 + 12 + MD5_BYTES / 4 + PEER_EXTRA_WORDS;
-/// Words of a peer record after the TCP-MD5 key: BFD min rx, min tx, multiplier, spare.
+/// Words of a peer record after the TCP-MD5 key: BFD min rx, min tx, multiplier; drain
+/// prepend, LOCAL_PREF, wait; spare.
 pub const PEER_EXTRA_WORDS: usize = 8;
 /// Peers addressable by an advertised VIP's peer mask.
 pub const MAX_PEERS: u32 = 64;
@@ -608,6 +609,11 @@ fn encode(
             x[0] = b.min_rx_ms;
             x[1] = b.min_tx_ms;
             x[2] = u32::from(b.multiplier) | (1 << 8);
+        }
+        if let Some(d) = &p.drain {
+            x[3] = u32::from(d.as_path_prepend) | (1 << 8);
+            x[4] = d.local_pref;
+            x[5] = u32::from(d.wait_seconds);
         }
     }
 
@@ -1213,6 +1219,11 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
                 min_rx_ms: x[0],
                 min_tx_ms: x[1],
                 multiplier: x[2] as u8,
+            }),
+            drain: ((x[3] >> 8) & 1 == 1).then_some(DrainSettings {
+                as_path_prepend: x[3] as u8,
+                local_pref: x[4],
+                wait_seconds: x[5] as u16,
             }),
         });
     }

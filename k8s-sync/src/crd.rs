@@ -356,6 +356,27 @@ pub struct BGPPeerSpec {
     /// session down within multiplier x interval instead of the hold time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bfd: Option<Bfd>,
+    /// Graceful maintenance (RFC 8326): when a node is cordoned (`spec.unschedulable`),
+    /// its VIPs are re-announced less preferred (GRACEFUL_SHUTDOWN community, LOCAL_PREF
+    /// for iBGP, AS_PATH prepend for eBGP), then withdrawn after `drainSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<Maintenance>,
+}
+
+/// How a cordoned node leaves this peer's path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Maintenance {
+    /// Extra copies of the local AS prepended for eBGP (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 10))]
+    pub as_path_prepend: Option<u8>,
+    /// LOCAL_PREF sent to iBGP peers (default 0, as RFC 8326 suggests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_pref: Option<u32>,
+    /// Seconds between the less-preferred announcement and the withdrawal (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_seconds: Option<u16>,
 }
 
 /// BFD timers of a BGPPeer (asynchronous mode).

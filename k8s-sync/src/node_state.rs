@@ -85,6 +85,10 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
         .and_then(|n| n.metadata.labels.as_ref())
         .unwrap_or(&empty);
     let excluded = me.is_some_and(node_excluded);
+    // Cordoned: graceful maintenance on every peer (see `juneau_bgp::maintenance`).
+    let cordoned = me
+        .and_then(|n| n.spec.as_ref()?.unschedulable)
+        .unwrap_or(false);
     let router_id = me.and_then(|n| {
         n.status
             .as_ref()?
@@ -159,6 +163,23 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
                     continue;
                 }
             }
+        }
+        if cordoned {
+            let d = juneau_control::model::DrainSettings::default();
+            let m = p
+                .spec
+                .maintenance
+                .clone()
+                .unwrap_or(crate::crd::Maintenance {
+                    as_path_prepend: None,
+                    local_pref: None,
+                    drain_seconds: None,
+                });
+            cfg.drain = Some(juneau_control::model::DrainSettings {
+                as_path_prepend: m.as_path_prepend.unwrap_or(d.as_path_prepend),
+                local_pref: m.local_pref.unwrap_or(d.local_pref),
+                wait_seconds: m.drain_seconds.unwrap_or(d.wait_seconds),
+            });
         }
         let plabels = p.metadata.labels.clone().unwrap_or_default();
         peers.push((cfg, plabels));
@@ -390,6 +411,7 @@ mod tests {
                     min_tx_ms: None,
                     multiplier: None,
                 }),
+                maintenance: None,
             },
         );
         peer.metadata.labels = Some([("role".to_string(), "tor".to_string())].into());
@@ -487,6 +509,28 @@ mod tests {
         );
         assert_eq!(s.peers[0].hold_time, 9);
         assert_eq!(s.peers[0].keepalive_time, 3);
+        assert_eq!(s.peers[0].drain, None, "not cordoned");
+    }
+
+    #[test]
+    fn a_cordoned_node_drains_every_peer() {
+        let mut v = view();
+        let n = v.nodes.get_mut("node-a").unwrap();
+        n.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(
+            s.peers[0].drain,
+            Some(juneau_control::model::DrainSettings::default())
+        );
+        assert_eq!(s.advertised.len(), 1, "still announced: the speaker drains");
+        v.peers[0].spec.maintenance = Some(crate::crd::Maintenance {
+            as_path_prepend: Some(5),
+            local_pref: None,
+            drain_seconds: Some(4),
+        });
+        let (s, _) = build_node_state("node-a", &v);
+        let d = s.peers[0].drain.unwrap();
+        assert_eq!((d.as_path_prepend, d.local_pref, d.wait_seconds), (5, 0, 4));
     }
 
     #[test]

@@ -27,6 +27,11 @@ pub(crate) fn sample_state() -> NodeState {
         min_tx_ms: 100_000,
         multiplier: 7,
     });
+    peer.drain = Some(DrainSettings {
+        as_path_prepend: 3,
+        local_pref: 7,
+        wait_seconds: 65535,
+    });
     let peer2 = PeerConfig {
         passive: true,
         ..PeerConfig::new("tor-2", Ipv4Addr::new(192, 0, 2, 2), 65000, 65001)
