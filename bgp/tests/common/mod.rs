@@ -613,6 +613,48 @@ impl Router {
         ])
     }
 
+    /// GoBGP with a TOML configuration written by the test (API on 127.0.0.1:50051).
+    pub fn start_gobgp_with_config(topo: &Topo, toml: &str) -> Result<Self> {
+        require("gobgpd")?;
+        require("gobgp")?;
+        let dir = topo.dir.path().join("router");
+        std::fs::create_dir_all(&dir)?;
+        let mut r = Router {
+            kind: RouterKind::Gobgp,
+            ns_name: topo.router.name().to_string(),
+            dir: dir.clone(),
+            children: vec![],
+            log_files: vec![],
+        };
+        let conf = dir.join("gobgpd.toml");
+        std::fs::write(&conf, toml)?;
+        let log = dir.join("gobgpd.log");
+        let child = topo.router.spawn_logged(
+            &[
+                "gobgpd",
+                "-f",
+                conf.to_str().unwrap(),
+                "-t",
+                "toml",
+                "-p",
+                "--pprof-disable",
+                "--api-hosts",
+                "127.0.0.1:50051",
+            ],
+            &log,
+        )?;
+        r.children.push(child);
+        r.log_files.push(log);
+        wait_for("gobgpd API", Duration::from_secs(10), || {
+            Ok(
+                r.cli(&["gobgp", "-u", "127.0.0.1", "-p", "50051", "global"])
+                    .is_ok()
+                    .then_some(()),
+            )
+        })?;
+        Ok(r)
+    }
+
     /// BIRD with a configuration written by the test.
     pub fn start_bird_with_config(topo: &Topo, cfg: &str) -> Result<Self> {
         require("/usr/sbin/bird")?;
