@@ -75,6 +75,7 @@ mod tests {
                 large_communities: vec![],
                 local_pref: Some(150),
                 as_path_prepend: 0,
+                weight: None,
             },
         )]
         .into();

@@ -20,6 +20,8 @@ pub struct RouteAttrs {
     pub local_pref: Option<u32>,
     /// Extra copies of our AS in the AS_PATH (eBGP only; graceful maintenance).
     pub as_path_prepend: u8,
+    /// Ready local backends, sent as link bandwidth (weighted ECMP).
+    pub weight: Option<u32>,
 }
 
 /// VIP -> attributes, for one peer.
@@ -43,6 +45,7 @@ pub fn desired_for(state: &NodeState, peer: &str) -> AdjRibOut {
                     large_communities: a.large_communities.clone(),
                     local_pref: a.local_pref,
                     as_path_prepend: 0,
+                    weight: a.weight,
                 },
             )
         })
@@ -59,6 +62,10 @@ pub struct SessionParams {
     /// NEXT_HOP.
     pub next_hop: Ipv4Addr,
 }
+
+/// Link bandwidth announced per Ready local backend: 1 Gbit/s, in bytes per second (the
+/// unit of the link-bandwidth community). Only the ratio between nodes matters.
+pub const BYTES_PER_SECOND_PER_BACKEND: u64 = 125_000_000;
 
 /// Announcements per UPDATE (5 bytes each; well under the 4096-byte limit with attributes).
 pub const NLRI_PER_UPDATE: usize = 500;
@@ -107,6 +114,9 @@ pub fn diff(old: &AdjRibOut, new: &AdjRibOut, p: SessionParams) -> Vec<Update> {
             },
             communities: attrs.communities.clone(),
             large_communities: attrs.large_communities.clone(),
+            link_bandwidth: attrs
+                .weight
+                .map(|w| (p.local_asn, u64::from(w) * BYTES_PER_SECOND_PER_BACKEND)),
         };
         for chunk in vips.chunks(NLRI_PER_UPDATE) {
             out.push(Update {
@@ -132,6 +142,7 @@ mod tests {
             large_communities: vec![],
             local_pref: None,
             peers,
+            weight: None,
         }
     }
 
@@ -229,6 +240,7 @@ mod tests {
                         large_communities: vec![[1, 2, 3]],
                         local_pref: None,
                         as_path_prepend: 0,
+                        weight: None,
                     },
                 )
             })

@@ -22,6 +22,7 @@ fn vip_with_local_pref(n0: &mut Speaker) -> Result<()> {
         large_communities: vec![],
         local_pref: Some(250),
         peers: vec![],
+        weight: None,
     }];
     n0.publish_state(&st)
 }

@@ -167,6 +167,10 @@ pub struct AdvertisedVip {
     pub local_pref: Option<u32>,
     /// Indexes into [`NodeState::peers`] of the peers this VIP goes to; empty means all.
     pub peers: Vec<u16>,
+    /// Weighted ECMP: this node's Ready local backends of the VIP, announced as the BGP
+    /// link-bandwidth extended community so routers can spread traffic per Pod; `None`:
+    /// not requested by the BGPAdvertisement.
+    pub weight: Option<u32>,
 }
 
 /// How this node's BGP speaker talks to one upstream router.

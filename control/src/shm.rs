@@ -575,6 +575,8 @@ fn encode(
         for (j, l) in a.large_communities.iter().enumerate() {
             rec[16 + 3 * j..19 + 3 * j].copy_from_slice(l);
         }
+        rec[28] = a.weight.unwrap_or(0);
+        rec[29] = u32::from(a.weight.is_some());
     }
 
     for (i, p) in state.peers.iter().enumerate() {
@@ -1187,6 +1189,7 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
                 .map(|j| [rec[16 + 3 * j], rec[17 + 3 * j], rec[18 + 3 * j]])
                 .collect(),
             peers: (0..64u16).filter(|p| mask & (1 << p) != 0).collect(),
+            weight: (rec[29] != 0).then_some(rec[28]),
         });
     }
     let mut peers = Vec::with_capacity(np);

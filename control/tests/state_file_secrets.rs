@@ -51,6 +51,7 @@ fn state(peers: usize, vips: usize) -> NodeState {
             large_communities: vec![],
             local_pref: None,
             peers: vec![],
+            weight: None,
         })
         .collect();
     NodeState {

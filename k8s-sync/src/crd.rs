@@ -464,6 +464,11 @@ pub struct BGPAdvertisementSpec {
     /// LOCAL_PREF sent to iBGP peers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_pref: Option<u32>,
+    /// Weighted ECMP: attach the BGP link-bandwidth extended community in proportion to
+    /// each node's Ready local backends of the VIP (1 Gbit/s per backend), so a router
+    /// that honours it (FRR: weighted ECMP by link bandwidth) spreads traffic per Pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weighted_by_backends: Option<bool>,
 }
 
 /// Every CRD of the group, in a stable order.

@@ -272,6 +272,7 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
         let mut local_pref: Option<u32> = None;
         let mut peer_idx = BTreeSet::new();
         let mut all_peers = false;
+        let mut weighted = false;
         for adv in &view.advertisements {
             if !(adv.spec.address_pools.is_empty() || adv.spec.address_pools.contains(&pool)) {
                 continue;
@@ -295,6 +296,7 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
             if let Some(lp) = adv.spec.local_pref {
                 local_pref = Some(local_pref.map_or(lp, |x| x.max(lp)));
             }
+            weighted |= adv.spec.weighted_by_backends.unwrap_or(false);
             match &adv.spec.peer_selector {
                 None => all_peers = true,
                 Some(sel) => {
@@ -319,6 +321,9 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
             } else {
                 peer_idx.into_iter().collect()
             },
+            // Ready local Pods of the VIP (one per Pod IP, whatever its ports).
+            weight: weighted
+                .then(|| local.iter().map(|e| e.ip).collect::<BTreeSet<_>>().len() as u32),
         });
     }
 
@@ -424,6 +429,7 @@ mod tests {
                 communities: vec!["64512:100".into()],
                 large_communities: vec!["64512:1:2".into()],
                 local_pref: Some(150),
+                weighted_by_backends: None,
             },
         );
         let secret = Secret {
@@ -510,6 +516,15 @@ mod tests {
         assert_eq!(s.peers[0].hold_time, 9);
         assert_eq!(s.peers[0].keepalive_time, 3);
         assert_eq!(s.peers[0].drain, None, "not cordoned");
+        assert_eq!(a.weight, None, "not asked for");
+    }
+
+    #[test]
+    fn weighted_advertisement_carries_the_ready_local_pods() {
+        let mut v = view();
+        v.advertisements[0].spec.weighted_by_backends = Some(true);
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(s.advertised[0].weight, Some(2), "two Ready Pods on node-a");
     }
 
     #[test]

@@ -299,6 +299,7 @@ impl Speaker {
                 large_communities: vec![[65001, 1, 2]],
                 local_pref: None,
                 peers: vec![],
+                weight: None,
             })
             .collect();
         self.writer.publish(&self.state)?;

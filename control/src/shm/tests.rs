@@ -59,6 +59,7 @@ pub(crate) fn sample_state() -> NodeState {
             large_communities: vec![[65000, 1, 2]],
             local_pref: Some(200),
             peers: vec![1],
+            weight: Some(3),
         }],
         peers: vec![peer, peer2],
     }
