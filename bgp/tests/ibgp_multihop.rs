@@ -163,3 +163,40 @@ fn ebgp_multihop_with_gobgp() -> Result<()> {
     router.wait_nexthops(VIP, &[Ipv4Addr::new(10, 255, 0, 2)], UP)?;
     Ok(())
 }
+
+/// Multihop BFD (RFC 5883, UDP 4784) with FRR's bfdd on the eBGP multihop session.
+#[test]
+fn multihop_bfd_with_frr_comes_up() -> Result<()> {
+    let m = multihop_topology("mbf")?;
+    let router = Router::start_frr_with_config(
+        &m.router_topo,
+        &format!(
+            "frr defaults traditional\nhostname router\nlog stdout debugging\n!\nrouter bgp {ROUTER_ASN}\n \
+             bgp router-id 10.0.2.2\n no bgp ebgp-requires-policy\n neighbor 10.255.0.2 remote-as {NODE_ASN}\n \
+             neighbor 10.255.0.2 ebgp-multihop 2\n neighbor 10.255.0.2 update-source 10.0.2.2\n \
+             neighbor 10.255.0.2 timers 3 9\n neighbor 10.255.0.2 timers connect 1\n \
+             neighbor 10.255.0.2 bfd profile fast\n!\n"
+        ),
+        Some(
+            "hostname router\nlog stdout debugging\n!\nbfd\n profile fast\n  receive-interval 300\n  \
+             transmit-interval 300\n  detect-multiplier 3\n !\n!\n",
+        ),
+    )?;
+    let mut pc = multihop_peer();
+    pc.bfd = Some(juneau_control::model::BfdSettings::default());
+    let n0 = Speaker::start_with_peers(&m.topo, 0, vec![pc])?;
+    n0.wait_established("router", UP)?;
+    wait_for("our multihop BFD session Up", UP, || {
+        Ok((n0.status()?["peers"]["router"]["bfd"]["state"] == "Up").then_some(()))
+    })
+    .map_err(|e| e.context(router.vtysh("show bfd peers").unwrap_or_default()))?;
+    let out = router.vtysh("show bfd peers json")?;
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    let p = v
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["peer"] == "10.255.0.2").cloned())
+        .unwrap_or_default();
+    assert_eq!(p["status"], "up", "{out}");
+    assert_eq!(p["multihop"], true, "{out}");
+    Ok(())
+}
