@@ -9,11 +9,16 @@
 //!
 //! Modules: [`wire`] (the codec over netgauze-bgp-pkt), [`fsm`] (the sans-IO RFC 4271
 //! state machine), [`rib`] (what each peer should have, as UPDATE diffs), [`speaker`]
-//! (the tokio daemon), [`status`] (status file and metrics), [`sockopt`] (TCP-MD5, TTL).
+//! (the tokio daemon), [`status`] (status file and metrics), [`sockopt`] (TCP-MD5, TTL),
+//! [`bfd`] (the sans-IO RFC 5880 session), [`bfd_io`] (BFD over UDP, RFC 5881/5883) and
+//! [`maintenance`] (graceful shutdown before a withdrawal, RFC 8326).
 
 #![warn(missing_docs)]
 
+pub mod bfd;
+pub mod bfd_io;
 pub mod fsm;
+pub mod maintenance;
 pub mod rib;
 pub mod sockopt;
 pub mod speaker;

@@ -28,6 +28,11 @@ struct Args {
     /// Serve Prometheus metrics on this address.
     #[arg(long)]
     metrics_addr: Option<SocketAddr>,
+    /// BFD runs in a separate juneau-bfd process that writes this file: follow it (a
+    /// path failure still tears the session down) instead of running BFD here. Lets BFD
+    /// survive restarts of this speaker (graceful restart without a BFD flap).
+    #[arg(long)]
+    bfd_status_file: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -71,6 +76,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let cfg = SpeakerConfig {
         router_id: args.router_id,
         listen: args.listen,
+        bfd_status_file: args.bfd_status_file.clone(),
     };
     speaker::run(cfg, state_rx, hub.clone(), stop_rx).await?;
     // Let the status writer record the final state.

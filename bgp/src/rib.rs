@@ -18,6 +18,10 @@ pub struct RouteAttrs {
     pub large_communities: Vec<[u32; 3]>,
     /// LOCAL_PREF (sent to iBGP peers only).
     pub local_pref: Option<u32>,
+    /// Extra copies of our AS in the AS_PATH (eBGP only; graceful maintenance).
+    pub as_path_prepend: u8,
+    /// Ready local backends, sent as link bandwidth (weighted ECMP).
+    pub weight: Option<u32>,
 }
 
 /// VIP -> attributes, for one peer.
@@ -40,6 +44,8 @@ pub fn desired_for(state: &NodeState, peer: &str) -> AdjRibOut {
                     communities: a.communities.clone(),
                     large_communities: a.large_communities.clone(),
                     local_pref: a.local_pref,
+                    as_path_prepend: 0,
+                    weight: a.weight,
                 },
             )
         })
@@ -56,6 +62,10 @@ pub struct SessionParams {
     /// NEXT_HOP.
     pub next_hop: Ipv4Addr,
 }
+
+/// Link bandwidth announced per Ready local backend: 1 Gbit/s, in bytes per second (the
+/// unit of the link-bandwidth community). Only the ratio between nodes matters.
+pub const BYTES_PER_SECOND_PER_BACKEND: u64 = 125_000_000;
 
 /// Announcements per UPDATE (5 bytes each; well under the 4096-byte limit with attributes).
 pub const NLRI_PER_UPDATE: usize = 500;
@@ -91,7 +101,11 @@ pub fn diff(old: &AdjRibOut, new: &AdjRibOut, p: SessionParams) -> Vec<Update> {
     for (attrs, vips) in groups {
         let pa = PathAttributes {
             origin: Origin::Igp,
-            as_path: if p.ibgp { vec![] } else { vec![p.local_asn] },
+            as_path: if p.ibgp {
+                vec![]
+            } else {
+                vec![p.local_asn; 1 + usize::from(attrs.as_path_prepend)]
+            },
             next_hop: p.next_hop,
             local_pref: if p.ibgp {
                 Some(attrs.local_pref.unwrap_or(100))
@@ -100,6 +114,9 @@ pub fn diff(old: &AdjRibOut, new: &AdjRibOut, p: SessionParams) -> Vec<Update> {
             },
             communities: attrs.communities.clone(),
             large_communities: attrs.large_communities.clone(),
+            link_bandwidth: attrs
+                .weight
+                .map(|w| (p.local_asn, u64::from(w) * BYTES_PER_SECOND_PER_BACKEND)),
         };
         for chunk in vips.chunks(NLRI_PER_UPDATE) {
             out.push(Update {
@@ -125,6 +142,7 @@ mod tests {
             large_communities: vec![],
             local_pref: None,
             peers,
+            weight: None,
         }
     }
 
@@ -221,6 +239,8 @@ mod tests {
                         communities: vec![1, 2, 3],
                         large_communities: vec![[1, 2, 3]],
                         local_pref: None,
+                        as_path_prepend: 0,
+                        weight: None,
                     },
                 )
             })

@@ -32,6 +32,9 @@ pub struct SpeakerConfig {
     pub router_id: Option<Ipv4Addr>,
     /// Where to accept BGP connections.
     pub listen: SocketAddr,
+    /// BFD runs in juneau-bfd, which writes this status file; `None`: BFD runs in this
+    /// process (see `crate::bfd_io`).
+    pub bfd_status_file: Option<std::path::PathBuf>,
 }
 
 /// Reads the node's control state in a thread (futex wake-ups, no polling) and publishes
@@ -89,6 +92,8 @@ enum PeerCmd {
     Shutdown,
     /// Peer removed.
     Stop(Notification),
+    /// BFD says the path to the peer failed: tear the session down at once (RFC 5882).
+    BfdDown(String),
     /// Peer reconfigured; `reset`: connection-level settings changed (address, port,
     /// source, TTL, password), so the session restarts on new sockets.
     Reconfigure {
@@ -154,11 +159,30 @@ pub async fn run(
 
     let mut peers: HashMap<String, PeerHandle> = HashMap::new();
     let mut md5_keys: HashMap<Ipv4Addr, String> = HashMap::new();
+    let (bfd_tx, mut bfd_rx) = mpsc::unbounded_channel();
+    let bfd = match &cfg.bfd_status_file {
+        None => Some(crate::bfd_io::spawn(
+            crate::bfd_io::report_to_hub(hub.clone()),
+            bfd_tx,
+            false,
+        )),
+        Some(path) => {
+            tokio::spawn(crate::bfd_io::follow_status_file(
+                path.clone(),
+                crate::bfd_io::report_to_hub(hub.clone()),
+                bfd_tx,
+            ));
+            None
+        }
+    };
     let mut changed = true;
     loop {
         if changed {
             changed = false;
             let st = state_rx.borrow_and_update().clone();
+            if let Some(bfd) = &bfd {
+                bfd.set(crate::bfd_io::wanted(&st.1));
+            }
             reconcile(
                 &cfg,
                 &st,
@@ -180,6 +204,13 @@ pub async fn run(
                 match peers.values().find(|p| p.cfg.peer_address == ip) {
                     Some(p) => { let _ = p.tx.send(PeerCmd::Inbound(stream)); }
                     None => tracing::info!(%addr, "connection from an unconfigured address closed"),
+                }
+            }
+            Some(n) = bfd_rx.recv() => {
+                if n.is_path_failure() {
+                    if let Some(p) = peers.get(&n.peer) {
+                        let _ = p.tx.send(PeerCmd::BfdDown(format!("BFD session down: {}", n.diag)));
+                    }
                 }
             }
             _ = shutdown.changed() => break,
@@ -344,6 +375,9 @@ struct PeerTask {
     /// The established connection, its announcement parameters, and what the peer has.
     session: Option<(ConnId, SessionParams, bool)>,
     rib_out: AdjRibOut,
+    /// When the current drain (graceful maintenance) began, and whether its withdrawal
+    /// was sent.
+    drain: Option<(Instant, bool)>,
 }
 
 impl PeerTask {
@@ -369,6 +403,36 @@ impl PeerTask {
             owner,
             session: None,
             rib_out: AdjRibOut::new(),
+            drain: None,
+        }
+    }
+
+    /// Starts or ends a drain when the configuration says so.
+    fn update_drain(&mut self) {
+        match (&self.cfg.drain, self.drain) {
+            (Some(d), None) => {
+                tracing::info!(
+                    as_path_prepend = d.as_path_prepend,
+                    local_pref = d.local_pref,
+                    wait_seconds = d.wait_seconds,
+                    "graceful maintenance: announcing less preferred, then withdrawing"
+                );
+                self.drain = Some((Instant::now(), false));
+            }
+            (None, Some(_)) => {
+                tracing::info!("graceful maintenance ended: announcing normally");
+                self.drain = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// When the drain's withdrawal is due, if it has not been sent.
+    fn drain_deadline(&self) -> Option<Instant> {
+        let d = self.cfg.drain?;
+        match self.drain? {
+            (since, false) => Some(since + Duration::from_secs(u64::from(d.wait_seconds))),
+            (_, true) => None,
         }
     }
 
@@ -381,11 +445,19 @@ impl PeerTask {
     }
 
     async fn run(mut self, mut cmds: mpsc::UnboundedReceiver<PeerCmd>) {
+        self.update_drain();
         let acts = self.fsm.handle(Event::Start);
         self.apply(acts).await;
         loop {
             let deadline = self.timers.values().min().copied();
             tokio::select! {
+                _ = sleep_until_opt(self.drain_deadline()) => {
+                    tracing::info!("graceful maintenance: withdrawing");
+                    self.sync_routes().await;
+                    if let Some((_, done)) = &mut self.drain {
+                        *done = true;
+                    }
+                }
                 io = self.io_rx.recv() => {
                     let Some(io) = io else { break };
                     self.on_io(io).await;
@@ -411,11 +483,20 @@ impl PeerTask {
                             acts.extend(self.fsm.handle(Event::ConfigChanged(sc)));
                         }
                         self.apply(acts).await;
+                        self.update_drain();
+                        self.sync_routes().await;
                     }
                     Some(PeerCmd::Stop(n)) => {
                         let acts = self.fsm.handle(Event::Stop(Some(n)));
                         self.apply(acts).await;
                         break;
+                    }
+                    Some(PeerCmd::BfdDown(reason)) => {
+                        tracing::warn!(%reason, "tearing the session down");
+                        let mut acts = self.fsm.handle(Event::Stop(Some(Notification::cease(cease::BFD_DOWN))));
+                        acts.extend(self.fsm.handle(Event::Start));
+                        self.apply(acts).await;
+                        self.hub.peer_owned(&self.cfg.name, self.owner, |p| p.last_error = Some(reason));
                     }
                     Some(PeerCmd::Shutdown) | None => {
                         let graceful = matches!(self.session, Some((_, _, true)));
@@ -433,7 +514,10 @@ impl PeerTask {
                 },
                 r = self.state_rx.changed() => {
                     if r.is_err() { break; }
-                    self.sync_routes().await;
+                    let seen = Instant::now();
+                    if self.sync_routes().await {
+                        self.hub.observe_update_latency(seen.elapsed());
+                    }
                 }
                 _ = sleep_until_opt(deadline) => {
                     let now = Instant::now();
@@ -665,18 +749,22 @@ impl PeerTask {
         }
     }
 
-    /// Brings the peer's routes in line with the control state.
-    async fn sync_routes(&mut self) {
+    /// Brings the peer's routes in line with the control state; true if UPDATEs were sent.
+    async fn sync_routes(&mut self) -> bool {
         let Some((id, params, _)) = self.session else {
-            return;
+            return false;
         };
-        let desired = {
+        let mut desired = {
             let st = self.state_rx.borrow_and_update();
             rib::desired_for(&st.1, &self.cfg.name)
         };
+        if let (Some(d), Some((since, _))) = (&self.cfg.drain, self.drain) {
+            let phase = crate::maintenance::phase(d, since.elapsed());
+            desired = crate::maintenance::apply(desired, d, phase);
+        }
         let updates = rib::diff(&self.rib_out, &desired, params);
         if updates.is_empty() {
-            return;
+            return false;
         }
         let mut bytes = Vec::new();
         for u in &updates {
@@ -702,7 +790,9 @@ impl PeerTask {
                 p.prefixes_announced = n;
                 p.updates_sent += sent;
             });
+            return true;
         }
+        false
     }
 }
 

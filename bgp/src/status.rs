@@ -2,7 +2,6 @@
 //! and Prometheus metrics.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -12,6 +11,7 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
+use crate::bfd::BfdState;
 use crate::fsm::State;
 
 /// What an operator wants to know about one peer.
@@ -42,6 +42,8 @@ pub struct PeerStatus {
     pub treat_as_withdraw: u64,
     /// Graceful restart was negotiated on the current session.
     pub graceful_restart: bool,
+    /// BFD on the path to the peer, when configured.
+    pub bfd: Option<BfdStatus>,
     /// Which run of the peer's task owns this entry (a reconfigured peer's old task must
     /// not overwrite its successor's status).
     #[serde(skip)]
@@ -64,7 +66,61 @@ impl PeerStatus {
             updates_sent: 0,
             treat_as_withdraw: 0,
             graceful_restart: false,
+            bfd: None,
             owner: 0,
+        }
+    }
+}
+
+/// The BFD session of one peer.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct BfdStatus {
+    /// AdminDown, Down, Init or Up.
+    pub state: BfdState,
+    /// Why the session last went down (ours) or the peer's reason when it signalled it.
+    pub diag: String,
+    /// The peer's last diagnostic.
+    pub peer_diag: String,
+    /// Negotiated detection time, once the peer is heard.
+    pub detection_time_ms: Option<u64>,
+    /// Times an Up session went down.
+    pub down_events: u64,
+    /// Why the session could not be set up, if it could not.
+    pub error: Option<String>,
+    /// Our discriminator (0: no session).
+    #[serde(default)]
+    pub local_discriminator: u32,
+    /// The peer's discriminator (0: not heard).
+    #[serde(default)]
+    pub remote_discriminator: u32,
+}
+
+impl BfdStatus {
+    /// The status of a running session.
+    pub fn new(s: &crate::bfd::Session) -> Self {
+        BfdStatus {
+            state: s.state(),
+            diag: s.local_diag().to_string(),
+            peer_diag: s.remote_diag().to_string(),
+            detection_time_ms: s.detection_time().map(|d| d.as_millis() as u64),
+            down_events: 0,
+            error: None,
+            local_discriminator: s.local_disc(),
+            remote_discriminator: s.remote_disc(),
+        }
+    }
+
+    /// A session that could not be set up.
+    pub fn error(e: String) -> Self {
+        BfdStatus {
+            state: BfdState::Down,
+            diag: String::new(),
+            peer_diag: String::new(),
+            detection_time_ms: None,
+            down_events: 0,
+            error: Some(e),
+            local_discriminator: 0,
+            remote_discriminator: 0,
         }
     }
 }
@@ -84,14 +140,36 @@ pub struct Status {
     pub peers: BTreeMap<String, PeerStatus>,
 }
 
-/// A metric: name, help text, value of one peer.
-type Metric = (&'static str, &'static str, fn(&PeerStatus) -> u64);
-
 /// Shared status, with a wake-up for the file writer.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StatusHub {
     inner: Mutex<Status>,
     changed: Notify,
+    update_latency: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl Default for StatusHub {
+    fn default() -> Self {
+        StatusHub {
+            inner: Mutex::default(),
+            changed: Notify::default(),
+            // 50 us .. ~3 s.
+            update_latency: prometheus_client::metrics::histogram::Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(50e-6, 4.0, 9),
+            ),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct PeerLabel {
+    peer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct PeerStateLabel {
+    peer: String,
+    state: String,
 }
 
 /// How often the status file is rewritten while a session is up, to refresh uptimes.
@@ -167,87 +245,174 @@ impl StatusHub {
         }
     }
 
-    /// The Prometheus text exposition of the current status.
+    /// Records how long one peer took from a control-state change reaching it to its
+    /// UPDATEs written to the socket.
+    pub fn observe_update_latency(&self, d: std::time::Duration) {
+        self.update_latency.observe(d.as_secs_f64());
+    }
+
+    /// The Prometheus text exposition of the current status (prometheus-client; the
+    /// per-peer values are taken from the status at scrape time).
     pub fn metrics(&self) -> String {
+        use prometheus_client::metrics::counter::Counter;
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+        use prometheus_client::registry::Registry;
+
         let s = self.snapshot();
-        let mut m = String::new();
-        let states = [
-            State::Idle,
-            State::Connect,
-            State::Active,
-            State::OpenSent,
-            State::OpenConfirm,
-            State::Established,
-        ];
-        m.push_str("# HELP juneau_bgp_peer_up 1 if the session with the peer is Established.\n# TYPE juneau_bgp_peer_up gauge\n");
+        let now = unix_now();
+        let mut reg = Registry::default();
+        let gauge = |reg: &mut Registry, name: &str, help: &str, f: &dyn Fn(&PeerStatus) -> i64| {
+            let fam = Family::<PeerLabel, Gauge>::default();
+            for p in s.peers.values() {
+                fam.get_or_create(&PeerLabel {
+                    peer: p.name.clone(),
+                })
+                .set(f(p));
+            }
+            reg.register(name, help, fam);
+        };
+        let counter =
+            |reg: &mut Registry, name: &str, help: &str, f: &dyn Fn(&PeerStatus) -> u64| {
+                let fam = Family::<PeerLabel, Counter>::default();
+                for p in s.peers.values() {
+                    fam.get_or_create(&PeerLabel {
+                        peer: p.name.clone(),
+                    })
+                    .inc_by(f(p));
+                }
+                reg.register(name, help, fam);
+            };
+        gauge(
+            &mut reg,
+            "juneau_bgp_peer_up",
+            "1 if the session with the peer is Established.",
+            &|p| i64::from(p.state == State::Established),
+        );
+        let states = Family::<PeerStateLabel, Gauge>::default();
         for p in s.peers.values() {
-            let _ = writeln!(
-                m,
-                "juneau_bgp_peer_up{{peer=\"{}\"}} {}",
-                p.name,
-                (p.state == State::Established) as u8
-            );
-        }
-        m.push_str("# HELP juneau_bgp_peer_state Session state (1 for the current state).\n# TYPE juneau_bgp_peer_state gauge\n");
-        for p in s.peers.values() {
-            for st in states {
-                let _ = writeln!(
-                    m,
-                    "juneau_bgp_peer_state{{peer=\"{}\",state=\"{st}\"}} {}",
-                    p.name,
-                    (p.state == st) as u8
-                );
+            for st in [
+                State::Idle,
+                State::Connect,
+                State::Active,
+                State::OpenSent,
+                State::OpenConfirm,
+                State::Established,
+            ] {
+                states
+                    .get_or_create(&PeerStateLabel {
+                        peer: p.name.clone(),
+                        state: st.to_string(),
+                    })
+                    .set(i64::from(p.state == st));
             }
         }
-        let gauges: [Metric; 1] = [(
+        reg.register(
+            "juneau_bgp_peer_state",
+            "Session state (1 for the current state).",
+            states,
+        );
+        gauge(
+            &mut reg,
             "juneau_bgp_prefixes_announced",
             "VIPs currently announced to the peer.",
-            |p| p.prefixes_announced as u64,
-        )];
-        let counters: [Metric; 4] = [
-            (
-                "juneau_bgp_prefixes_received_total",
-                "Prefixes received from the peer and discarded.",
-                |p| p.prefixes_received,
-            ),
-            (
-                "juneau_bgp_session_flaps_total",
-                "Established sessions that went down.",
-                |p| p.session_flaps,
-            ),
-            (
-                "juneau_bgp_updates_sent_total",
-                "UPDATE messages sent.",
-                |p| p.updates_sent,
-            ),
-            (
-                "juneau_bgp_treat_as_withdraw_total",
-                "Malformed UPDATEs handled as treat-as-withdraw.",
-                |p| p.treat_as_withdraw,
-            ),
-        ];
-        for (kind, list) in [("gauge", &gauges[..]), ("counter", &counters[..])] {
-            for (name, help, f) in list {
-                let _ = writeln!(m, "# HELP {name} {help}\n# TYPE {name} {kind}");
-                for p in s.peers.values() {
-                    let _ = writeln!(m, "{name}{{peer=\"{}\"}} {}", p.name, f(p));
-                }
-            }
-        }
-        m.push_str("# HELP juneau_bgp_peer_uptime_seconds Seconds since the session became Established.\n# TYPE juneau_bgp_peer_uptime_seconds gauge\n");
-        let now = unix_now();
+            &|p| p.prefixes_announced as i64,
+        );
+        gauge(
+            &mut reg,
+            "juneau_bgp_peer_uptime_seconds",
+            "Seconds since the session became Established.",
+            &|p| {
+                p.established_since_unix
+                    .map(|t| now.saturating_sub(t) as i64)
+                    .unwrap_or(0)
+            },
+        );
+        counter(
+            &mut reg,
+            "juneau_bgp_prefixes_received",
+            "Prefixes received from the peer and discarded.",
+            &|p| p.prefixes_received,
+        );
+        counter(
+            &mut reg,
+            "juneau_bgp_session_flaps",
+            "Established sessions that went down.",
+            &|p| p.session_flaps,
+        );
+        counter(
+            &mut reg,
+            "juneau_bgp_updates_sent",
+            "UPDATE messages sent.",
+            &|p| p.updates_sent,
+        );
+        counter(
+            &mut reg,
+            "juneau_bgp_treat_as_withdraw",
+            "Malformed UPDATEs handled as treat-as-withdraw.",
+            &|p| p.treat_as_withdraw,
+        );
+        // BFD, for the peers that have it.
+        let bfd_up = Family::<PeerLabel, Gauge>::default();
+        let bfd_state = Family::<PeerStateLabel, Gauge>::default();
+        let bfd_detect = Family::<PeerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        let bfd_downs = Family::<PeerLabel, Counter>::default();
         for p in s.peers.values() {
-            let up = p
-                .established_since_unix
-                .map(|t| now.saturating_sub(t))
-                .unwrap_or(0);
-            let _ = writeln!(
-                m,
-                "juneau_bgp_peer_uptime_seconds{{peer=\"{}\"}} {up}",
-                p.name
-            );
+            let Some(b) = &p.bfd else { continue };
+            let peer = PeerLabel {
+                peer: p.name.clone(),
+            };
+            bfd_up
+                .get_or_create(&peer)
+                .set(i64::from(b.state == BfdState::Up));
+            for st in [
+                BfdState::AdminDown,
+                BfdState::Down,
+                BfdState::Init,
+                BfdState::Up,
+            ] {
+                bfd_state
+                    .get_or_create(&PeerStateLabel {
+                        peer: p.name.clone(),
+                        state: st.to_string(),
+                    })
+                    .set(i64::from(b.state == st));
+            }
+            if let Some(ms) = b.detection_time_ms {
+                bfd_detect.get_or_create(&peer).set(ms as f64 / 1e3);
+            }
+            bfd_downs.get_or_create(&peer).inc_by(b.down_events);
         }
-        m
+        reg.register(
+            "juneau_bgp_bfd_up",
+            "1 if the BFD session to the peer is Up.",
+            bfd_up,
+        );
+        reg.register(
+            "juneau_bgp_bfd_state",
+            "BFD session state (1 for the current state).",
+            bfd_state,
+        );
+        reg.register(
+            "juneau_bgp_bfd_detection_time_seconds",
+            "Negotiated BFD detection time.",
+            bfd_detect,
+        );
+        reg.register(
+            "juneau_bgp_bfd_down_events",
+            "Times an Up BFD session went down.",
+            bfd_downs,
+        );
+        reg.register(
+            "juneau_bgp_update_latency_seconds",
+            "From a control-state change reaching a peer's task to its UPDATEs written.",
+            self.update_latency.clone(),
+        );
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
+            tracing::warn!(error = %e, "cannot encode metrics");
+        }
+        out
     }
 
     /// Serves `/metrics` (any path) over plain HTTP/1.1.
@@ -264,7 +429,7 @@ impl StatusHub {
                         .await;
                 let body = hub.metrics();
                 let resp = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = sock.write_all(resp.as_bytes()).await;
@@ -310,6 +475,47 @@ mod tests {
         assert!(m.contains("juneau_bgp_peer_up{peer=\"tor\"} 1"));
         assert!(m.contains("juneau_bgp_prefixes_announced{peer=\"tor\"} 3"));
         assert!(m.contains("juneau_bgp_peer_state{peer=\"tor\",state=\"Idle\"} 0"));
+        assert!(m.contains("# TYPE juneau_bgp_session_flaps counter"), "{m}");
+        assert!(
+            m.contains("juneau_bgp_session_flaps_total{peer=\"tor\"} 0"),
+            "{m}"
+        );
+        assert!(
+            !m.contains("juneau_bgp_bfd_up{"),
+            "no BFD series without BFD: {m}"
+        );
+        hub.peer("tor", |p| {
+            p.bfd = Some(BfdStatus {
+                state: BfdState::Up,
+                diag: String::new(),
+                peer_diag: String::new(),
+                detection_time_ms: Some(900),
+                down_events: 2,
+                error: None,
+                local_discriminator: 1,
+                remote_discriminator: 2,
+            })
+        });
+        hub.observe_update_latency(std::time::Duration::from_micros(300));
+        let m = hub.metrics();
+        assert!(m.contains("juneau_bgp_bfd_up{peer=\"tor\"} 1"), "{m}");
+        assert!(
+            m.contains("juneau_bgp_bfd_state{peer=\"tor\",state=\"Up\"} 1"),
+            "{m}"
+        );
+        assert!(
+            m.contains("juneau_bgp_bfd_detection_time_seconds{peer=\"tor\"} 0.9"),
+            "{m}"
+        );
+        assert!(
+            m.contains("juneau_bgp_bfd_down_events_total{peer=\"tor\"} 2"),
+            "{m}"
+        );
+        assert!(
+            m.contains("juneau_bgp_update_latency_seconds_count 1"),
+            "{m}"
+        );
+        assert!(m.ends_with("# EOF\n"), "{m}");
         assert_eq!(
             std::fs::read_dir(dir.path()).unwrap().count(),
             1,

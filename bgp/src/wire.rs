@@ -142,6 +142,10 @@ pub struct PathAttributes {
     pub communities: Vec<u32>,
     /// LARGE_COMMUNITIES (RFC 8092).
     pub large_communities: Vec<[u32; 3]>,
+    /// The link-bandwidth extended community (draft-ietf-idr-link-bandwidth): the AS (two
+    /// octets; `AS_TRANS` 23456 if ours does not fit) and bytes per second (sent as an
+    /// IEEE float).
+    pub link_bandwidth: Option<(u32, u64)>,
 }
 
 /// An UPDATE message.
@@ -208,6 +212,8 @@ pub mod cease {
     pub const OTHER_CONFIGURATION_CHANGE: u8 = 6;
     /// Connection Collision Resolution.
     pub const CONNECTION_COLLISION_RESOLUTION: u8 = 7;
+    /// BFD Down (RFC 9384).
+    pub const BFD_DOWN: u8 = 10;
 }
 
 impl Notification {
@@ -826,6 +832,25 @@ fn update_to_ng(u: &Update) -> Result<BgpUpdateMessage, EncodeError> {
                 a.large_communities.len() * 12 > 255,
             )?);
         }
+        if let Some((asn, bw)) = a.link_bandwidth {
+            use netgauze_bgp_pkt::community::{
+                ExtendedCommunity, NonTransitiveTwoOctetExtendedCommunity,
+            };
+            let c = ExtendedCommunity::NonTransitiveTwoOctet(
+                NonTransitiveTwoOctetExtendedCommunity::LinkBandwidth {
+                    global_admin: u16::try_from(asn).unwrap_or(23456),
+                    local_admin: (bw as f32).to_bits(),
+                },
+            );
+            attrs.push(attr(
+                PathAttributeValue::ExtendedCommunities(
+                    netgauze_bgp_pkt::path_attribute::ExtendedCommunities::new(vec![c]),
+                ),
+                true,
+                true,
+                false,
+            )?);
+        }
     }
     Ok(BgpUpdateMessage::new(withdrawn, attrs, nlri))
 }
@@ -1011,6 +1036,7 @@ fn update_from_ng(u: &BgpUpdateMessage) -> Result<Message, DecodeError> {
             local_pref: None,
             communities: Vec::new(),
             large_communities: Vec::new(),
+            link_bandwidth: None,
         };
         for pa in u.path_attributes() {
             match pa.value() {
@@ -1026,6 +1052,25 @@ fn update_from_ng(u: &BgpUpdateMessage) -> Result<Message, DecodeError> {
                 PathAttributeValue::LocalPreference(l) => a.local_pref = Some(l.metric()),
                 PathAttributeValue::Communities(c) => {
                     a.communities = c.communities().iter().map(|c| c.value()).collect()
+                }
+                PathAttributeValue::ExtendedCommunities(c) => {
+                    use netgauze_bgp_pkt::community::{
+                        ExtendedCommunity, NonTransitiveTwoOctetExtendedCommunity,
+                    };
+                    for ec in c.communities() {
+                        if let ExtendedCommunity::NonTransitiveTwoOctet(
+                            NonTransitiveTwoOctetExtendedCommunity::LinkBandwidth {
+                                global_admin,
+                                local_admin,
+                            },
+                        ) = ec
+                        {
+                            a.link_bandwidth = Some((
+                                u32::from(*global_admin),
+                                f32::from_bits(*local_admin) as u64,
+                            ));
+                        }
+                    }
                 }
                 PathAttributeValue::LargeCommunities(c) => {
                     a.large_communities = c

@@ -125,6 +125,7 @@ fn ibgp_sends_local_pref_and_an_empty_as_path() -> Result<()> {
         large_communities: vec![],
         local_pref: Some(250),
         peers: vec![],
+        weight: None,
     }];
     n0.publish_state(&st)?;
     router.wait_nexthops(VIP, &[node_addr(0)], Duration::from_secs(30))?;
@@ -271,6 +272,7 @@ fn vips_go_only_to_the_peers_they_name() -> Result<()> {
         large_communities: vec![],
         local_pref: None,
         peers,
+        weight: None,
     };
     let mut st = n0.state.clone();
     st.advertised = vec![

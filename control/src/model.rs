@@ -167,6 +167,10 @@ pub struct AdvertisedVip {
     pub local_pref: Option<u32>,
     /// Indexes into [`NodeState::peers`] of the peers this VIP goes to; empty means all.
     pub peers: Vec<u16>,
+    /// Weighted ECMP: this node's Ready local backends of the VIP, announced as the BGP
+    /// link-bandwidth extended community so routers can spread traffic per Pod; `None`:
+    /// not requested by the BGPAdvertisement.
+    pub weight: Option<u32>,
 }
 
 /// How this node's BGP speaker talks to one upstream router.
@@ -198,6 +202,57 @@ pub struct PeerConfig {
     pub md5_password: Option<String>,
     /// Only accept connections, never connect.
     pub passive: bool,
+    /// Bidirectional Forwarding Detection (RFC 5880) on the path to the peer; `None`
+    /// disables it.
+    pub bfd: Option<BfdSettings>,
+    /// Graceful maintenance in progress (the node is cordoned): announce with less
+    /// preference, then withdraw. `None`: normal operation.
+    pub drain: Option<DrainSettings>,
+}
+
+/// How a node leaves a peer's path when it goes into maintenance (RFC 8326).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DrainSettings {
+    /// Extra copies of our AS prepended to the AS_PATH (eBGP) while draining.
+    pub as_path_prepend: u8,
+    /// LOCAL_PREF sent to iBGP peers while draining (RFC 8326 suggests 0).
+    pub local_pref: u32,
+    /// Seconds between the less-preferred re-announcement and the withdrawal.
+    pub wait_seconds: u16,
+}
+
+impl Default for DrainSettings {
+    /// Two extra AS hops, LOCAL_PREF 0, withdraw after 30 s.
+    fn default() -> Self {
+        DrainSettings {
+            as_path_prepend: 2,
+            local_pref: 0,
+            wait_seconds: 30,
+        }
+    }
+}
+
+/// BFD timers of one peer (asynchronous mode). The session is declared down when no
+/// packet arrived for `multiplier` x the negotiated receive interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BfdSettings {
+    /// Slowest rate at which we want the peer's packets (ms).
+    pub min_rx_ms: u32,
+    /// Fastest rate at which we want to send (ms).
+    pub min_tx_ms: u32,
+    /// Detection multiplier (>= 1).
+    pub multiplier: u8,
+}
+
+impl Default for BfdSettings {
+    /// 300 ms x 3: a dead path is declared down within about 0.9 s.
+    fn default() -> Self {
+        BfdSettings {
+            min_rx_ms: 300,
+            min_tx_ms: 300,
+            multiplier: 3,
+        }
+    }
 }
 
 impl PeerConfig {
@@ -222,6 +277,8 @@ impl PeerConfig {
             graceful_restart_time: None,
             md5_password: None,
             passive: false,
+            bfd: None,
+            drain: None,
         }
     }
 }

@@ -44,13 +44,14 @@ use memmap2::MmapMut;
 
 use crate::maglev::{self, MaglevTable};
 use crate::model::{
-    AdvertisedVip, Frontend, LocalBackend, NodeService, NodeState, PeerConfig, Protocol,
+    AdvertisedVip, BfdSettings, DrainSettings, Frontend, LocalBackend, NodeService, NodeState,
+    PeerConfig, Protocol,
 };
 
 /// `b"JUNEAUNS"` little-endian: identifies a Juneau node-state file.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
 /// Bumped on every incompatible change of the layout below.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: usize = 4096;
 /// Words per service record: vip, protocol | port << 16, first backend, backend count.
@@ -67,8 +68,12 @@ pub const VIP_WORDS: usize = 32;
 pub const NAME_BYTES: usize = 256;
 /// Bytes of a TCP-MD5 key (the kernel's `TCP_MD5SIG_MAXKEYLEN`).
 pub const MD5_BYTES: usize = 80;
-/// Words per peer record.
-pub const PEER_WORDS: usize = NAME_BYTES / 4 + 12 + MD5_BYTES / 4;
+/// Words per peer record: name, 12 words of settings, the TCP-MD5 key, then
+/// [`PEER_EXTRA_WORDS`] (BFD; layout 2).
+pub const PEER_WORDS: usize = NAME_BYTES / 4 + 12 + MD5_BYTES / 4 + PEER_EXTRA_WORDS;
+/// Words of a peer record after the TCP-MD5 key: BFD min rx, min tx, multiplier; drain
+/// prepend, LOCAL_PREF, wait; spare.
+pub const PEER_EXTRA_WORDS: usize = 8;
 /// Peers addressable by an advertised VIP's peer mask.
 pub const MAX_PEERS: u32 = 64;
 /// Slot header: 16 words of counts/generation/checksum/router id, then the node name.
@@ -77,6 +82,11 @@ const READ_RETRIES: usize = 1000;
 
 /// The directory node-state files live in by default.
 pub const DEFAULT_DIR: &str = "/run/juneau";
+/// Mode of a node-state file: it carries the BGP peers' TCP-MD5 passwords, so only its
+/// owner (the node agent's user, root in `deploy/`) may read or write it.
+pub const FILE_MODE: u32 = 0o600;
+/// Mode of a node-state directory the writer creates (an existing one is left as is).
+pub const DIR_MODE: u32 = 0o700;
 
 /// `/run/juneau/<node>.state`.
 pub fn default_path(node: &str) -> PathBuf {
@@ -202,7 +212,7 @@ const _: () = assert!(std::mem::size_of::<Capacity>() == 20);
 const _: () = assert!(std::mem::size_of::<FileHeader>() == 96);
 const _: () = assert!(std::mem::align_of::<FileHeader>() == 8);
 const _: () = assert!(std::mem::size_of::<FileHeader>() <= HEADER_BYTES);
-const _: () = assert!(PEER_WORDS == 96);
+const _: () = assert!(PEER_WORDS == 104);
 
 /// Everything that can go wrong with a node-state file.
 #[derive(Debug, thiserror::Error)]
@@ -365,13 +375,20 @@ impl Mapping {
     /// Creates a zeroed file of `capacity` at `path` (not yet visible under its final
     /// name) with a valid header.
     fn create(path: &Path, capacity: Capacity, first_generation: u64) -> Result<Self, ShmError> {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        // The file carries the peers' TCP-MD5 passwords: owner only (FILE_MODE), also when
+        // a temp file of that name was left behind with other bits (mode applies only on
+        // creation, hence the explicit set).
         let file: File = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(FILE_MODE)
             .open(path)
             .map_err(io("creating", path))?;
+        file.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))
+            .map_err(io("restricting the mode of", path))?;
         file.set_len(capacity.file_bytes() as u64)
             .map_err(io("sizing", path))?;
         // SAFETY: as in `open`; the file is new and private to this writer until renamed.
@@ -558,6 +575,8 @@ fn encode(
         for (j, l) in a.large_communities.iter().enumerate() {
             rec[16 + 3 * j..19 + 3 * j].copy_from_slice(l);
         }
+        rec[28] = a.weight.unwrap_or(0);
+        rec[29] = u32::from(a.weight.is_some());
     }
 
     for (i, p) in state.peers.iter().enumerate() {
@@ -587,6 +606,17 @@ fn encode(
         f[9] = md5.len() as u32;
         f[10] = u32::from(p.md5_password.is_some());
         put_bytes(&mut f[12..12 + MD5_BYTES / 4], md5);
+        let x = &mut f[12 + MD5_BYTES / 4..];
+        if let Some(b) = &p.bfd {
+            x[0] = b.min_rx_ms;
+            x[1] = b.min_tx_ms;
+            x[2] = u32::from(b.multiplier) | (1 << 8);
+        }
+        if let Some(d) = &p.drain {
+            x[3] = u32::from(d.as_path_prepend) | (1 << 8);
+            x[4] = d.local_pref;
+            x[5] = u32::from(d.wait_seconds);
+        }
     }
 
     let sum = checksum(out, &sec, cap);
@@ -668,8 +698,13 @@ impl NodeStateWriter {
             )));
         }
         if let Some(dir) = path.parent() {
-            if !dir.as_os_str().is_empty() {
-                std::fs::create_dir_all(dir).map_err(io("creating directory", dir))?;
+            if !dir.as_os_str().is_empty() && !dir.exists() {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(DIR_MODE)
+                    .create(dir)
+                    .map_err(io("creating directory", dir))?;
             }
         }
         let inherited_generation = Mapping::open(&path)
@@ -1154,6 +1189,7 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
                 .map(|j| [rec[16 + 3 * j], rec[17 + 3 * j], rec[18 + 3 * j]])
                 .collect(),
             peers: (0..64u16).filter(|p| mask & (1 << p) != 0).collect(),
+            weight: (rec[29] != 0).then_some(rec[28]),
         });
     }
     let mut peers = Vec::with_capacity(np);
@@ -1163,6 +1199,7 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
         let f = &rec[NAME_BYTES / 4..];
         let md5_len = (f[9] as usize).min(MD5_BYTES);
         let md5 = get_bytes(&f[12..12 + MD5_BYTES / 4], md5_len);
+        let x = &f[12 + MD5_BYTES / 4..];
         peers.push(PeerConfig {
             name,
             peer_address: Ipv4Addr::from(f[0]),
@@ -1181,6 +1218,16 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
             } else {
                 None
             },
+            bfd: ((x[2] >> 8) & 1 == 1).then_some(BfdSettings {
+                min_rx_ms: x[0],
+                min_tx_ms: x[1],
+                multiplier: x[2] as u8,
+            }),
+            drain: ((x[3] >> 8) & 1 == 1).then_some(DrainSettings {
+                as_path_prepend: x[3] as u8,
+                local_pref: x[4],
+                wait_seconds: x[5] as u16,
+            }),
         });
     }
     Ok(Snapshot {

@@ -50,6 +50,7 @@ fn table(seed: u32) -> NodeState {
             large_communities: vec![[seed, i as u32, 7]; i.min(2)],
             local_pref: (i % 2 == 0).then_some(seed),
             peers: vec![],
+            weight: None,
         })
         .collect();
     let peers = (0..(seed % 3) as usize)

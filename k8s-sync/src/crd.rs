@@ -372,6 +372,50 @@ pub struct BGPPeerSpec {
     /// Wait for the router to connect; never dial out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passive: Option<bool>,
+    /// Bidirectional Forwarding Detection (RFC 5880; single hop RFC 5881, or multihop RFC
+    /// 5883 when ebgpMultihop > 1) on the path to the router: a path failure tears the
+    /// session down within multiplier x interval instead of the hold time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfd: Option<Bfd>,
+    /// Graceful maintenance (RFC 8326): when a node is cordoned (`spec.unschedulable`),
+    /// its VIPs are re-announced less preferred (GRACEFUL_SHUTDOWN community, LOCAL_PREF
+    /// for iBGP, AS_PATH prepend for eBGP), then withdrawn after `drainSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<Maintenance>,
+}
+
+/// How a cordoned node leaves this peer's path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Maintenance {
+    /// Extra copies of the local AS prepended for eBGP (default 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 10))]
+    pub as_path_prepend: Option<u8>,
+    /// LOCAL_PREF sent to iBGP peers (default 0, as RFC 8326 suggests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_pref: Option<u32>,
+    /// Seconds between the less-preferred announcement and the withdrawal (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_seconds: Option<u16>,
+}
+
+/// BFD timers of a BGPPeer (asynchronous mode).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Bfd {
+    /// Slowest interval at which the router's packets are wanted, ms (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 60000))]
+    pub min_rx_ms: Option<u32>,
+    /// Fastest interval at which we send, ms (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 60000))]
+    pub min_tx_ms: Option<u32>,
+    /// Missed packets before the path is declared down (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 255))]
+    pub multiplier: Option<u8>,
 }
 
 fn communities_schema(_: &mut SchemaGenerator) -> Schema {
@@ -441,6 +485,11 @@ pub struct BGPAdvertisementSpec {
     /// LOCAL_PREF sent to iBGP peers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_pref: Option<u32>,
+    /// Weighted ECMP: attach the BGP link-bandwidth extended community in proportion to
+    /// each node's Ready local backends of the VIP (1 Gbit/s per backend), so a router
+    /// that honours it (FRR: weighted ECMP by link bandwidth) spreads traffic per Pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weighted_by_backends: Option<bool>,
 }
 
 /// Every CRD of the group, in a stable order.

@@ -85,6 +85,10 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
         .and_then(|n| n.metadata.labels.as_ref())
         .unwrap_or(&empty);
     let excluded = me.is_some_and(node_excluded);
+    // Cordoned: graceful maintenance on every peer (see `juneau_bgp::maintenance`).
+    let cordoned = me
+        .and_then(|n| n.spec.as_ref()?.unschedulable)
+        .unwrap_or(false);
     let router_id = me.and_then(|n| {
         n.status
             .as_ref()?
@@ -138,6 +142,14 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
             .filter(|g| g.enabled)
             .map(|g| g.restart_time_seconds.unwrap_or(120));
         cfg.passive = p.spec.passive.unwrap_or(false);
+        cfg.bfd = p.spec.bfd.as_ref().map(|b| {
+            let d = juneau_control::model::BfdSettings::default();
+            juneau_control::model::BfdSettings {
+                min_rx_ms: b.min_rx_ms.unwrap_or(d.min_rx_ms),
+                min_tx_ms: b.min_tx_ms.unwrap_or(d.min_tx_ms),
+                multiplier: b.multiplier.unwrap_or(d.multiplier),
+            }
+        });
         if let Some(r) = &p.spec.password_secret_ref {
             let ns = &view.secret_namespace;
             let key = r.key.as_deref().unwrap_or("password");
@@ -151,6 +163,23 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
                     continue;
                 }
             }
+        }
+        if cordoned {
+            let d = juneau_control::model::DrainSettings::default();
+            let m = p
+                .spec
+                .maintenance
+                .clone()
+                .unwrap_or(crate::crd::Maintenance {
+                    as_path_prepend: None,
+                    local_pref: None,
+                    drain_seconds: None,
+                });
+            cfg.drain = Some(juneau_control::model::DrainSettings {
+                as_path_prepend: m.as_path_prepend.unwrap_or(d.as_path_prepend),
+                local_pref: m.local_pref.unwrap_or(d.local_pref),
+                wait_seconds: m.drain_seconds.unwrap_or(d.wait_seconds),
+            });
         }
         let plabels = p.metadata.labels.clone().unwrap_or_default();
         peers.push((cfg, plabels));
@@ -243,6 +272,7 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
         let mut local_pref: Option<u32> = None;
         let mut peer_idx = BTreeSet::new();
         let mut all_peers = false;
+        let mut weighted = false;
         for adv in &view.advertisements {
             if !(adv.spec.address_pools.is_empty() || adv.spec.address_pools.contains(&pool)) {
                 continue;
@@ -266,6 +296,7 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
             if let Some(lp) = adv.spec.local_pref {
                 local_pref = Some(local_pref.map_or(lp, |x| x.max(lp)));
             }
+            weighted |= adv.spec.weighted_by_backends.unwrap_or(false);
             match &adv.spec.peer_selector {
                 None => all_peers = true,
                 Some(sel) => {
@@ -290,6 +321,9 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
             } else {
                 peer_idx.into_iter().collect()
             },
+            // Ready local Pods of the VIP (one per Pod IP, whatever its ports).
+            weight: weighted
+                .then(|| local.iter().map(|e| e.ip).collect::<BTreeSet<_>>().len() as u32),
         });
     }
 
@@ -377,6 +411,12 @@ mod tests {
                 ebgp_multihop: None,
                 graceful_restart: None,
                 passive: None,
+                bfd: Some(crate::crd::Bfd {
+                    min_rx_ms: Some(150),
+                    min_tx_ms: None,
+                    multiplier: None,
+                }),
+                maintenance: None,
             },
         );
         peer.metadata.labels = Some([("role".to_string(), "tor".to_string())].into());
@@ -389,6 +429,7 @@ mod tests {
                 communities: vec!["64512:100".into()],
                 large_communities: vec!["64512:1:2".into()],
                 local_pref: Some(150),
+                weighted_by_backends: None,
             },
         );
         let secret = Secret {
@@ -463,8 +504,48 @@ mod tests {
         assert!(a.peers.is_empty());
         assert_eq!(s.peers.len(), 1);
         assert_eq!(s.peers[0].md5_password.as_deref(), Some("s3cret"));
+        assert_eq!(
+            s.peers[0].bfd,
+            Some(juneau_control::model::BfdSettings {
+                min_rx_ms: 150,
+                min_tx_ms: 300,
+                multiplier: 3
+            }),
+            "BFD from the BGPPeer, defaults filled in"
+        );
         assert_eq!(s.peers[0].hold_time, 9);
         assert_eq!(s.peers[0].keepalive_time, 3);
+        assert_eq!(s.peers[0].drain, None, "not cordoned");
+        assert_eq!(a.weight, None, "not asked for");
+    }
+
+    #[test]
+    fn weighted_advertisement_carries_the_ready_local_pods() {
+        let mut v = view();
+        v.advertisements[0].spec.weighted_by_backends = Some(true);
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(s.advertised[0].weight, Some(2), "two Ready Pods on node-a");
+    }
+
+    #[test]
+    fn a_cordoned_node_drains_every_peer() {
+        let mut v = view();
+        let n = v.nodes.get_mut("node-a").unwrap();
+        n.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(
+            s.peers[0].drain,
+            Some(juneau_control::model::DrainSettings::default())
+        );
+        assert_eq!(s.advertised.len(), 1, "still announced: the speaker drains");
+        v.peers[0].spec.maintenance = Some(crate::crd::Maintenance {
+            as_path_prepend: Some(5),
+            local_pref: None,
+            drain_seconds: Some(4),
+        });
+        let (s, _) = build_node_state("node-a", &v);
+        let d = s.peers[0].drain.unwrap();
+        assert_eq!((d.as_path_prepend, d.local_pref, d.wait_seconds), (5, 0, 4));
     }
 
     #[test]

@@ -643,6 +643,7 @@ mod tests {
                 communities: vec![],
                 large_communities: vec![],
                 local_pref: None,
+                weighted_by_backends: None,
             }],
             waiters: vec![],
         }

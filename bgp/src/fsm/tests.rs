@@ -450,6 +450,7 @@ fn attribute_errors_are_treat_as_withdraw_and_keep_the_session() {
             local_pref: None,
             communities: vec![],
             large_communities: vec![],
+            link_bandwidth: None,
         }),
         announced: vec![
             "192.0.2.1/32".parse().unwrap(),

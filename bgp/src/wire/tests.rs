@@ -46,6 +46,7 @@ fn ebgp_update() -> (Message, Vec<u8>) {
             local_pref: None,
             communities: vec![(65001 << 16) | 100],
             large_communities: vec![[65001, 1, 2]],
+            link_bandwidth: None,
         }),
         announced: vec!["192.0.2.10/32".parse().unwrap()],
     });
@@ -69,6 +70,7 @@ fn ibgp_update_4byte_as() -> (Message, Vec<u8>) {
             local_pref: Some(200),
             communities: vec![],
             large_communities: vec![],
+            link_bandwidth: None,
         }),
         announced: vec![
             "198.51.100.1/32".parse().unwrap(),
@@ -94,6 +96,7 @@ fn as_path_4byte_update() -> (Message, Vec<u8>) {
             local_pref: None,
             communities: vec![],
             large_communities: vec![],
+            link_bandwidth: None,
         }),
         announced: vec!["192.0.2.10/32".parse().unwrap()],
     });
@@ -483,4 +486,32 @@ fn opens_captured_from_real_routers_decode() {
             "{name}"
         );
     }
+}
+
+#[test]
+fn link_bandwidth_round_trips_as_a_non_transitive_extended_community() {
+    let u = Update {
+        withdrawn: vec![],
+        attributes: Some(PathAttributes {
+            origin: Origin::Igp,
+            as_path: vec![65001],
+            next_hop: Ipv4Addr::new(10, 0, 0, 1),
+            local_pref: None,
+            communities: vec![],
+            large_communities: vec![],
+            link_bandwidth: Some((65001, 250_000_000)),
+        }),
+        announced: vec!["192.0.2.10/32".parse().unwrap()],
+    };
+    let bytes = encode(&Message::Update(u.clone())).unwrap();
+    // Attribute 16 (EXTENDED COMMUNITIES), optional transitive; type 0x40 (non-transitive
+    // two-octet AS), subtype 0x04 (link bandwidth), AS 65001, 2.5e8 as an IEEE float.
+    let mut want = vec![0xc0, 16, 8, 0x40, 0x04, 0xfd, 0xe9];
+    want.extend_from_slice(&250_000_000f32.to_bits().to_be_bytes());
+    assert!(
+        bytes.windows(want.len()).any(|w| w == want.as_slice()),
+        "{bytes:02x?}"
+    );
+    let ctx = DecodeContext::default();
+    assert_eq!(decode(&bytes, ctx).unwrap(), Message::Update(u));
 }

@@ -156,6 +156,8 @@ pub struct Speaker {
     pub state: NodeState,
     child: Option<NsChild>,
     restarts: u32,
+    /// More juneau-bgp arguments (e.g. `--bfd-status-file`), used from the next spawn on.
+    pub extra_args: Vec<String>,
 }
 
 impl Speaker {
@@ -174,6 +176,25 @@ impl Speaker {
     }
 
     pub fn start_with_peers(topo: &Topo, node: usize, peers: Vec<PeerConfig>) -> Result<Self> {
+        let mut s = Self::start_with_peers_stopped(topo, node, peers)?;
+        s.spawn(&topo.nodes[node])?;
+        Ok(s)
+    }
+
+    /// Like [`start_with_peers`](Self::start_with_peers), with more juneau-bgp arguments.
+    pub fn start_with_args(
+        topo: &Topo,
+        node: usize,
+        peers: Vec<PeerConfig>,
+        args: &[&str],
+    ) -> Result<Self> {
+        let mut s = Self::start_with_peers_stopped(topo, node, peers)?;
+        s.extra_args = args.iter().map(|a| a.to_string()).collect();
+        s.spawn(&topo.nodes[node])?;
+        Ok(s)
+    }
+
+    fn start_with_peers_stopped(topo: &Topo, node: usize, peers: Vec<PeerConfig>) -> Result<Self> {
         let state_path = topo.dir.path().join(format!("node{node}.state"));
         let status_path = topo.dir.path().join(format!("node{node}.status.json"));
         let log_path = topo.dir.path().join(format!("node{node}.log"));
@@ -185,7 +206,7 @@ impl Speaker {
             ..Default::default()
         };
         writer.publish(&state)?;
-        let mut s = Speaker {
+        Ok(Speaker {
             node,
             ns_name: topo.nodes[node].name().to_string(),
             state_path,
@@ -195,9 +216,30 @@ impl Speaker {
             state,
             child: None,
             restarts: 0,
-        };
-        s.spawn(&topo.nodes[node])?;
-        Ok(s)
+            extra_args: vec![],
+        })
+    }
+
+    /// Starts juneau-bfd for this node (BFD apart from the speaker); its status file is
+    /// `node<i>.bfd.json`, to hand to juneau-bgp as `--bfd-status-file`.
+    pub fn start_bfd(&self, ns: &Netns) -> Result<BfdDaemon> {
+        let status_path = self.state_path.with_extension("bfd.json");
+        let log_path = self.state_path.with_extension("bfd.log");
+        let child = ns.spawn_logged(
+            &[
+                env!("CARGO_BIN_EXE_juneau-bfd"),
+                "--state-file",
+                self.state_path.to_str().unwrap(),
+                "--status-file",
+                status_path.to_str().unwrap(),
+            ],
+            &log_path,
+        )?;
+        Ok(BfdDaemon {
+            child: Some(child),
+            status_path,
+            log_path,
+        })
     }
 
     pub fn spawn(&mut self, ns: &Netns) -> Result<()> {
@@ -216,7 +258,10 @@ impl Speaker {
                 "0.0.0.0:179",
                 "--metrics-addr",
                 "127.0.0.1:9179",
-            ],
+            ]
+            .into_iter()
+            .chain(self.extra_args.iter().map(String::as_str))
+            .collect::<Vec<&str>>(),
             &log,
         )?;
         self.child = Some(child);
@@ -254,6 +299,7 @@ impl Speaker {
                 large_communities: vec![[65001, 1, 2]],
                 local_pref: None,
                 peers: vec![],
+                weight: None,
             })
             .collect();
         self.writer.publish(&self.state)?;
@@ -311,6 +357,45 @@ impl Drop for Speaker {
             );
         }
         self.kill();
+    }
+}
+
+/// A juneau-bfd process of one node.
+pub struct BfdDaemon {
+    child: Option<NsChild>,
+    pub status_path: PathBuf,
+    pub log_path: PathBuf,
+}
+
+impl BfdDaemon {
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for the daemon to exit.
+    pub fn terminate(&mut self) -> Result<()> {
+        let Some(c) = self.child.as_mut() else {
+            bail!("not running")
+        };
+        c.signal(15);
+        wait_for(
+            "juneau-bfd to exit after SIGTERM",
+            Duration::from_secs(10),
+            || Ok((!c.is_running()).then_some(())),
+        )?;
+        self.child = None;
+        Ok(())
+    }
+}
+
+impl Drop for BfdDaemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("JUNEAU_TEST_SHOW_LOGS").is_some() {
+            eprintln!("juneau-bfd logs:\n{}", self.logs());
+        }
+        if let Some(mut c) = self.child.take() {
+            c.kill();
+        }
     }
 }
 
@@ -383,47 +468,7 @@ impl Router {
                     }
                 }
                 cfg += " address-family ipv4 unicast\n  maximum-paths 8\n exit-address-family\n!\n";
-                std::fs::write(dir.join("bgpd.conf"), cfg)?;
-                std::fs::write(dir.join("zebra.conf"), "hostname router\n!\n")?;
-                // The daemons drop to the `frr` user: let it reach and write the directory.
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(topo.dir.path(), std::fs::Permissions::from_mode(0o755))?;
-                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
-                let zsock = dir.join("zserv.api");
-                for (daemon, extra) in [("zebra", vec![]), ("bgpd", vec!["-p", "179"])] {
-                    let log = dir.join(format!("{daemon}.log"));
-                    let mut argv: Vec<String> = vec![
-                        format!("/usr/lib/frr/{daemon}"),
-                        "-f".into(),
-                        dir.join(format!("{daemon}.conf")).to_str().unwrap().into(),
-                        "-i".into(),
-                        dir.join(format!("{daemon}.pid")).to_str().unwrap().into(),
-                        "-z".into(),
-                        zsock.to_str().unwrap().into(),
-                        "--vty_socket".into(),
-                        dir.to_str().unwrap().into(),
-                        "-u".into(),
-                        "frr".into(),
-                        "-g".into(),
-                        "frr".into(),
-                        "-A".into(),
-                        "127.0.0.1".into(),
-                    ];
-                    argv.extend(extra.iter().map(|s| s.to_string()));
-                    let argv: Vec<&str> = argv.iter().map(|s| s.as_str()).collect();
-                    let child = topo.router.spawn_logged(&argv, &log)?;
-                    r.children.push(child);
-                    r.log_files.push(log);
-                    if daemon == "zebra" {
-                        wait_for("zebra socket", Duration::from_secs(10), || {
-                            Ok(zsock.exists().then_some(()))
-                        })?;
-                    }
-                }
-                let vty = dir.join("bgpd.vty");
-                wait_for("bgpd vty socket", Duration::from_secs(10), || {
-                    Ok(vty.exists().then_some(()))
-                })?;
+                r.spawn_frr(topo, &cfg, None)?;
             }
             RouterKind::Gobgp => {
                 require("gobgpd")?;
@@ -470,6 +515,144 @@ impl Router {
                 })?;
             }
         }
+        Ok(r)
+    }
+
+    /// FRR (zebra, bgpd, and bfdd when `bfdd_cfg` is given) with configurations written
+    /// by the test.
+    pub fn start_frr_with_config(
+        topo: &Topo,
+        bgpd_cfg: &str,
+        bfdd_cfg: Option<&str>,
+    ) -> Result<Self> {
+        require("/usr/lib/frr/bgpd")?;
+        let dir = topo.dir.path().join("router");
+        std::fs::create_dir_all(&dir)?;
+        let mut r = Router {
+            kind: RouterKind::Frr,
+            ns_name: topo.router.name().to_string(),
+            dir,
+            children: vec![],
+            log_files: vec![],
+        };
+        r.spawn_frr(topo, bgpd_cfg, bfdd_cfg)?;
+        Ok(r)
+    }
+
+    fn spawn_frr(&mut self, topo: &Topo, cfg: &str, bfdd_cfg: Option<&str>) -> Result<()> {
+        let r = self;
+        let dir = r.dir.clone();
+        std::fs::write(dir.join("bgpd.conf"), cfg)?;
+        let mut daemons = vec![
+            ("zebra", vec![]),
+            ("bgpd", vec!["-p".to_string(), "179".to_string()]),
+        ];
+        if let Some(b) = bfdd_cfg {
+            std::fs::write(dir.join("bfdd.conf"), b)?;
+            daemons.insert(
+                1,
+                (
+                    "bfdd",
+                    vec![
+                        "--bfdctl".to_string(),
+                        dir.join("bfdd.sock").to_str().unwrap().to_string(),
+                    ],
+                ),
+            );
+        }
+        std::fs::write(dir.join("zebra.conf"), "hostname router\n!\n")?;
+        // The daemons drop to the `frr` user: let it reach and write the directory.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(topo.dir.path(), std::fs::Permissions::from_mode(0o755))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
+        let zsock = dir.join("zserv.api");
+        for (daemon, extra) in daemons {
+            let log = dir.join(format!("{daemon}.log"));
+            let mut argv: Vec<String> = vec![
+                format!("/usr/lib/frr/{daemon}"),
+                "-f".into(),
+                dir.join(format!("{daemon}.conf")).to_str().unwrap().into(),
+                "-i".into(),
+                dir.join(format!("{daemon}.pid")).to_str().unwrap().into(),
+                "-z".into(),
+                zsock.to_str().unwrap().into(),
+                "--vty_socket".into(),
+                dir.to_str().unwrap().into(),
+                "-u".into(),
+                "frr".into(),
+                "-g".into(),
+                "frr".into(),
+                "-A".into(),
+                "127.0.0.1".into(),
+            ];
+            argv.extend(extra);
+            let argv: Vec<&str> = argv.iter().map(|s| s.as_str()).collect();
+            let child = topo.router.spawn_logged(&argv, &log)?;
+            r.children.push(child);
+            r.log_files.push(log);
+            if daemon == "zebra" {
+                wait_for("zebra socket", Duration::from_secs(10), || {
+                    Ok(zsock.exists().then_some(()))
+                })?;
+            }
+        }
+        let vty = dir.join("bgpd.vty");
+        wait_for("bgpd vty socket", Duration::from_secs(10), || {
+            Ok(vty.exists().then_some(()))
+        })?;
+        Ok(())
+    }
+
+    /// FRR only: runs a vtysh command.
+    pub fn vtysh(&self, cmd: &str) -> Result<String> {
+        self.cli(&[
+            "vtysh",
+            "--vty_socket",
+            self.dir.to_str().unwrap(),
+            "-c",
+            cmd,
+        ])
+    }
+
+    /// GoBGP with a TOML configuration written by the test (API on 127.0.0.1:50051).
+    pub fn start_gobgp_with_config(topo: &Topo, toml: &str) -> Result<Self> {
+        require("gobgpd")?;
+        require("gobgp")?;
+        let dir = topo.dir.path().join("router");
+        std::fs::create_dir_all(&dir)?;
+        let mut r = Router {
+            kind: RouterKind::Gobgp,
+            ns_name: topo.router.name().to_string(),
+            dir: dir.clone(),
+            children: vec![],
+            log_files: vec![],
+        };
+        let conf = dir.join("gobgpd.toml");
+        std::fs::write(&conf, toml)?;
+        let log = dir.join("gobgpd.log");
+        let child = topo.router.spawn_logged(
+            &[
+                "gobgpd",
+                "-f",
+                conf.to_str().unwrap(),
+                "-t",
+                "toml",
+                "-p",
+                "--pprof-disable",
+                "--api-hosts",
+                "127.0.0.1:50051",
+            ],
+            &log,
+        )?;
+        r.children.push(child);
+        r.log_files.push(log);
+        wait_for("gobgpd API", Duration::from_secs(10), || {
+            Ok(
+                r.cli(&["gobgp", "-u", "127.0.0.1", "-p", "50051", "global"])
+                    .is_ok()
+                    .then_some(()),
+            )
+        })?;
         Ok(r)
     }
 

@@ -22,6 +22,16 @@ pub(crate) fn sample_state() -> NodeState {
     peer.graceful_restart_time = Some(120);
     peer.ebgp_multihop = Some(4);
     peer.source_address = Some(Ipv4Addr::new(192, 0, 2, 10));
+    peer.bfd = Some(BfdSettings {
+        min_rx_ms: 250,
+        min_tx_ms: 100_000,
+        multiplier: 7,
+    });
+    peer.drain = Some(DrainSettings {
+        as_path_prepend: 3,
+        local_pref: 7,
+        wait_seconds: 65535,
+    });
     let peer2 = PeerConfig {
         passive: true,
         ..PeerConfig::new("tor-2", Ipv4Addr::new(192, 0, 2, 2), 65000, 65001)
@@ -49,6 +59,7 @@ pub(crate) fn sample_state() -> NodeState {
             large_communities: vec![[65000, 1, 2]],
             local_pref: Some(200),
             peers: vec![1],
+            weight: Some(3),
         }],
         peers: vec![peer, peer2],
     }

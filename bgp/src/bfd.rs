@@ -1,0 +1,654 @@
+//! Bidirectional Forwarding Detection (RFC 5880), asynchronous mode, sans-IO.
+//!
+//! A [`Session`] is driven by its owner with the current time: [`Session::handle_packet`]
+//! for each received control packet, [`Session::handle_timeout`] when
+//! [`Session::poll_timeout`] has passed, and [`Session::poll_transmit`] /
+//! [`Session::poll_event`] to collect what to send and what changed. It never reads a
+//! clock or touches a socket, so tests run it in virtual time (see `bfd/tests.rs`); the
+//! UDP glue (RFC 5881 single hop, RFC 5883 multihop) is [`crate::bfd_io`].
+//!
+//! Supported: asynchronous mode, the Poll/Final sequence for timer changes, the 1 s slow
+//! rate while not Up (RFC 5880 6.8.3), jitter (6.8.7). Not supported (and never asked
+//! for by our packets): demand mode, the echo function, authentication (packets with the
+//! A bit are discarded and counted).
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// BFD protocol version.
+pub const VERSION: u8 = 1;
+/// Length of a control packet without authentication.
+pub const PACKET_LEN: usize = 24;
+/// Destination UDP port of single-hop BFD (RFC 5881).
+pub const PORT_SINGLE_HOP: u16 = 3784;
+/// Destination UDP port of multihop BFD (RFC 5883).
+pub const PORT_MULTI_HOP: u16 = 4784;
+/// Rate while the session is not Up (RFC 5880 6.8.3: at least one second).
+pub const SLOW_TX: Duration = Duration::from_secs(1);
+
+/// Session state (RFC 5880 4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+pub enum BfdState {
+    /// Administratively down.
+    AdminDown,
+    /// Down.
+    Down,
+    /// Init: the peer is heard, but the peer does not hear us yet.
+    Init,
+    /// Up.
+    Up,
+}
+
+impl BfdState {
+    fn from_bits(b: u8) -> Self {
+        match b & 3 {
+            0 => BfdState::AdminDown,
+            1 => BfdState::Down,
+            2 => BfdState::Init,
+            _ => BfdState::Up,
+        }
+    }
+    fn bits(self) -> u8 {
+        match self {
+            BfdState::AdminDown => 0,
+            BfdState::Down => 1,
+            BfdState::Init => 2,
+            BfdState::Up => 3,
+        }
+    }
+}
+
+impl fmt::Display for BfdState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Diagnostic codes (RFC 5880 4.1): why the session last went down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum Diag {
+    /// No diagnostic.
+    None,
+    /// Control detection time expired: no packet from the peer in time.
+    DetectionTimeExpired,
+    /// Echo function failed.
+    EchoFailed,
+    /// The neighbor signaled session down.
+    NeighborSignaledDown,
+    /// Forwarding plane reset.
+    ForwardingPlaneReset,
+    /// Path down.
+    PathDown,
+    /// Concatenated path down.
+    ConcatenatedPathDown,
+    /// Administratively down.
+    AdministrativelyDown,
+    /// Reverse concatenated path down.
+    ReverseConcatenatedPathDown,
+    /// A code this implementation does not know.
+    Other(u8),
+}
+
+impl Diag {
+    fn from_bits(b: u8) -> Self {
+        match b {
+            0 => Diag::None,
+            1 => Diag::DetectionTimeExpired,
+            2 => Diag::EchoFailed,
+            3 => Diag::NeighborSignaledDown,
+            4 => Diag::ForwardingPlaneReset,
+            5 => Diag::PathDown,
+            6 => Diag::ConcatenatedPathDown,
+            7 => Diag::AdministrativelyDown,
+            8 => Diag::ReverseConcatenatedPathDown,
+            n => Diag::Other(n),
+        }
+    }
+    fn bits(self) -> u8 {
+        match self {
+            Diag::None => 0,
+            Diag::DetectionTimeExpired => 1,
+            Diag::EchoFailed => 2,
+            Diag::NeighborSignaledDown => 3,
+            Diag::ForwardingPlaneReset => 4,
+            Diag::PathDown => 5,
+            Diag::ConcatenatedPathDown => 6,
+            Diag::AdministrativelyDown => 7,
+            Diag::ReverseConcatenatedPathDown => 8,
+            Diag::Other(n) => n & 0x1f,
+        }
+    }
+}
+
+impl fmt::Display for Diag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Diag::None => "no diagnostic",
+            Diag::DetectionTimeExpired => "control detection time expired",
+            Diag::EchoFailed => "echo function failed",
+            Diag::NeighborSignaledDown => "neighbor signaled session down",
+            Diag::ForwardingPlaneReset => "forwarding plane reset",
+            Diag::PathDown => "path down",
+            Diag::ConcatenatedPathDown => "concatenated path down",
+            Diag::AdministrativelyDown => "administratively down",
+            Diag::ReverseConcatenatedPathDown => "reverse concatenated path down",
+            Diag::Other(_) => "unknown diagnostic",
+        })
+    }
+}
+
+/// A BFD control packet (RFC 5880 4.1), without authentication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packet {
+    /// Diagnostic.
+    pub diag: Diag,
+    /// The sender's session state.
+    pub state: BfdState,
+    /// P: the sender starts a Poll Sequence.
+    pub poll: bool,
+    /// F: the sender answers a Poll.
+    pub final_: bool,
+    /// C: the sender's BFD does not share fate with its control plane.
+    pub control_plane_independent: bool,
+    /// D: demand mode (we never set it).
+    pub demand: bool,
+    /// Detection multiplier.
+    pub detect_mult: u8,
+    /// The sender's discriminator.
+    pub my_disc: u32,
+    /// The receiver's discriminator as the sender knows it (0: unknown).
+    pub your_disc: u32,
+    /// Desired min TX interval, microseconds.
+    pub desired_min_tx_us: u32,
+    /// Required min RX interval, microseconds.
+    pub required_min_rx_us: u32,
+    /// Required min echo RX interval, microseconds (0: no echo).
+    pub required_min_echo_rx_us: u32,
+}
+
+/// Why a received packet was discarded (RFC 5880 6.8.6).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PacketError {
+    /// Shorter than the mandatory section.
+    #[error("packet of {0} bytes is shorter than 24")]
+    TooShort(usize),
+    /// Not version 1.
+    #[error("BFD version {0} (expected 1)")]
+    Version(u8),
+    /// Length field below 24 or beyond the datagram.
+    #[error("length field {field} does not fit the {datagram}-byte datagram")]
+    Length {
+        /// The Length field.
+        field: u8,
+        /// Bytes received.
+        datagram: usize,
+    },
+    /// Authentication present: not supported.
+    #[error("authenticated packet (authentication is not configured)")]
+    Authenticated,
+    /// Detect Mult is zero.
+    #[error("detect multiplier is zero")]
+    ZeroDetectMult,
+    /// Multipoint bit set.
+    #[error("multipoint bit set")]
+    Multipoint,
+    /// My Discriminator is zero.
+    #[error("my discriminator is zero")]
+    ZeroMyDiscriminator,
+    /// Your Discriminator zero while the sender claims Init or Up.
+    #[error("your discriminator is zero in state {0}")]
+    ZeroYourDiscriminator(BfdState),
+    /// Your Discriminator is not ours.
+    #[error("your discriminator {got} is not ours ({ours})")]
+    WrongDiscriminator {
+        /// In the packet.
+        got: u32,
+        /// Ours.
+        ours: u32,
+    },
+}
+
+impl Packet {
+    /// The 24 bytes on the wire.
+    pub fn encode(&self) -> [u8; PACKET_LEN] {
+        let mut b = [0u8; PACKET_LEN];
+        b[0] = (VERSION << 5) | self.diag.bits();
+        b[1] = (self.state.bits() << 6)
+            | (u8::from(self.poll) << 5)
+            | (u8::from(self.final_) << 4)
+            | (u8::from(self.control_plane_independent) << 3)
+            | (u8::from(self.demand) << 1);
+        b[2] = self.detect_mult;
+        b[3] = PACKET_LEN as u8;
+        b[4..8].copy_from_slice(&self.my_disc.to_be_bytes());
+        b[8..12].copy_from_slice(&self.your_disc.to_be_bytes());
+        b[12..16].copy_from_slice(&self.desired_min_tx_us.to_be_bytes());
+        b[16..20].copy_from_slice(&self.required_min_rx_us.to_be_bytes());
+        b[20..24].copy_from_slice(&self.required_min_echo_rx_us.to_be_bytes());
+        b
+    }
+
+    /// Parses and checks a datagram's payload (the session-independent checks of RFC 5880
+    /// 6.8.6).
+    pub fn decode(b: &[u8]) -> Result<Packet, PacketError> {
+        if b.len() < PACKET_LEN {
+            return Err(PacketError::TooShort(b.len()));
+        }
+        let version = b[0] >> 5;
+        if version != VERSION {
+            return Err(PacketError::Version(version));
+        }
+        let len = b[3];
+        if usize::from(len) < PACKET_LEN || usize::from(len) > b.len() {
+            return Err(PacketError::Length {
+                field: len,
+                datagram: b.len(),
+            });
+        }
+        if b[1] & 0x04 != 0 {
+            return Err(PacketError::Authenticated);
+        }
+        if b[2] == 0 {
+            return Err(PacketError::ZeroDetectMult);
+        }
+        if b[1] & 0x01 != 0 {
+            return Err(PacketError::Multipoint);
+        }
+        let word = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let p = Packet {
+            diag: Diag::from_bits(b[0] & 0x1f),
+            state: BfdState::from_bits(b[1] >> 6),
+            poll: b[1] & 0x20 != 0,
+            final_: b[1] & 0x10 != 0,
+            control_plane_independent: b[1] & 0x08 != 0,
+            demand: b[1] & 0x02 != 0,
+            detect_mult: b[2],
+            my_disc: word(4),
+            your_disc: word(8),
+            desired_min_tx_us: word(12),
+            required_min_rx_us: word(16),
+            required_min_echo_rx_us: word(20),
+        };
+        if p.my_disc == 0 {
+            return Err(PacketError::ZeroMyDiscriminator);
+        }
+        if p.your_disc == 0 && matches!(p.state, BfdState::Init | BfdState::Up) {
+            return Err(PacketError::ZeroYourDiscriminator(p.state));
+        }
+        Ok(p)
+    }
+}
+
+/// A session's timers and role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BfdConfig {
+    /// Fastest rate we want to send at while Up.
+    pub desired_min_tx: Duration,
+    /// Fastest rate we can receive at.
+    pub required_min_rx: Duration,
+    /// Detection multiplier we announce (the peer uses it to time us out).
+    pub detect_mult: u8,
+    /// Set the C bit: our BFD survives a restart of the control plane.
+    pub control_plane_independent: bool,
+}
+
+impl From<juneau_control::model::BfdSettings> for BfdConfig {
+    fn from(s: juneau_control::model::BfdSettings) -> Self {
+        BfdConfig {
+            desired_min_tx: Duration::from_millis(u64::from(s.min_tx_ms.max(1))),
+            required_min_rx: Duration::from_millis(u64::from(s.min_rx_ms.max(1))),
+            detect_mult: s.multiplier.max(1),
+            control_plane_independent: false,
+        }
+    }
+}
+
+/// What a session reports to its owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// The state changed.
+    StateChanged {
+        /// Before.
+        from: BfdState,
+        /// After.
+        to: BfdState,
+        /// The local diagnostic (why we went down) or, for a peer-signaled down, the
+        /// peer's.
+        diag: Diag,
+    },
+}
+
+/// One BFD session (RFC 5880 6.8.1 state variables), sans-IO.
+#[derive(Debug)]
+pub struct Session {
+    cfg: BfdConfig,
+    local_disc: u32,
+    remote_disc: u32,
+    state: BfdState,
+    remote_state: BfdState,
+    local_diag: Diag,
+    remote_diag: Diag,
+    /// What we currently announce as Desired Min TX (1 s while not Up).
+    desired_tx: Duration,
+    /// What is used for our transmit timer (an increase waits for the Poll to end).
+    tx_basis: Duration,
+    remote_min_rx: Duration,
+    remote_desired_tx: Duration,
+    remote_detect_mult: u8,
+    poll_active: bool,
+    send_final: bool,
+    send_now: bool,
+    next_tx: Instant,
+    detect_at: Option<Instant>,
+    events: VecDeque<SessionEvent>,
+    rng: u64,
+    /// Packets discarded by the session checks.
+    pub discarded: u64,
+}
+
+fn us(d: Duration) -> u32 {
+    u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
+}
+
+impl Session {
+    /// A session in state Down that starts sending at `now`. `local_disc` must be
+    /// non-zero and unique among this system's sessions.
+    pub fn new(cfg: BfdConfig, local_disc: u32, now: Instant) -> Self {
+        assert_ne!(local_disc, 0, "BFD discriminators are non-zero");
+        let slow = cfg.desired_min_tx.max(SLOW_TX);
+        Session {
+            cfg,
+            local_disc,
+            remote_disc: 0,
+            state: BfdState::Down,
+            remote_state: BfdState::Down,
+            local_diag: Diag::None,
+            remote_diag: Diag::None,
+            desired_tx: slow,
+            tx_basis: slow,
+            remote_min_rx: Duration::from_micros(1),
+            remote_desired_tx: SLOW_TX,
+            remote_detect_mult: 0,
+            poll_active: false,
+            send_final: false,
+            send_now: false,
+            next_tx: now,
+            detect_at: None,
+            events: VecDeque::new(),
+            rng: u64::from(local_disc) ^ 0x9e37_79b9_7f4a_7c15,
+            discarded: 0,
+        }
+    }
+
+    /// Current state.
+    pub fn state(&self) -> BfdState {
+        self.state
+    }
+    /// Our discriminator.
+    pub fn local_disc(&self) -> u32 {
+        self.local_disc
+    }
+    /// The peer's discriminator (0 until heard).
+    pub fn remote_disc(&self) -> u32 {
+        self.remote_disc
+    }
+    /// Why the session last went down.
+    pub fn local_diag(&self) -> Diag {
+        self.local_diag
+    }
+    /// The peer's last diagnostic.
+    pub fn remote_diag(&self) -> Diag {
+        self.remote_diag
+    }
+    /// The configuration.
+    pub fn config(&self) -> BfdConfig {
+        self.cfg
+    }
+
+    /// The negotiated detection time (async mode: the peer's multiplier times the slower
+    /// of our required RX and the peer's desired TX); `None` before the peer is heard.
+    pub fn detection_time(&self) -> Option<Duration> {
+        (self.remote_detect_mult > 0).then(|| {
+            self.cfg.required_min_rx.max(self.remote_desired_tx)
+                * u32::from(self.remote_detect_mult)
+        })
+    }
+
+    /// The interval between our packets before jitter.
+    pub fn transmit_interval(&self) -> Duration {
+        self.tx_basis.max(self.remote_min_rx)
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must be called next.
+    pub fn poll_timeout(&self) -> Instant {
+        match self.detect_at {
+            Some(d) => d.min(self.next_tx),
+            None => self.next_tx,
+        }
+    }
+
+    /// Handles the timers due at `now`: detection-time expiry and the periodic transmit
+    /// (collected with [`poll_transmit`](Self::poll_transmit)).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(at) = self.detect_at {
+            if at <= now {
+                self.detect_at = None;
+                self.remote_disc = 0;
+                self.remote_detect_mult = 0;
+                self.remote_state = BfdState::Down;
+                self.remote_min_rx = Duration::from_micros(1);
+                self.remote_desired_tx = SLOW_TX;
+                if matches!(self.state, BfdState::Init | BfdState::Up) {
+                    self.local_diag = Diag::DetectionTimeExpired;
+                    self.set_state(BfdState::Down);
+                }
+            }
+        }
+    }
+
+    /// The packet to send now, if one is due (periodic, or a Final answering a Poll).
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Packet> {
+        if self.send_final {
+            self.send_final = false;
+            return Some(self.packet(false, true));
+        }
+        if now < self.next_tx && !self.send_now {
+            return None;
+        }
+        self.send_now = false;
+        let interval = self.transmit_interval();
+        // Jitter (RFC 5880 6.8.7): 75-100 % of the interval, 75-90 % with multiplier 1.
+        let max = if self.cfg.detect_mult == 1 { 90 } else { 100 };
+        let pct = 75 + (self.next_random() % (max - 75 + 1));
+        self.next_tx = now + interval * pct as u32 / 100;
+        Some(self.packet(self.poll_active, false))
+    }
+
+    /// The next event for the owner.
+    pub fn poll_event(&mut self) -> Option<SessionEvent> {
+        self.events.pop_front()
+    }
+
+    /// Takes the session administratively down (sent to the peer, which must not treat it
+    /// as a path failure), or back up to Down.
+    pub fn set_admin_down(&mut self, down: bool, now: Instant) {
+        if down && self.state != BfdState::AdminDown {
+            self.local_diag = Diag::AdministrativelyDown;
+            self.set_state(BfdState::AdminDown);
+            self.next_tx = now;
+        } else if !down && self.state == BfdState::AdminDown {
+            self.local_diag = Diag::None;
+            self.set_state(BfdState::Down);
+        }
+    }
+
+    /// Before this process exits for a restart: announces a slow rate `tx` with a Poll, so
+    /// that the peer's detection time (its view of our multiplier x `tx`) covers the time
+    /// until a new process [`resume`](Self::resume)s the session. Only an Up session is
+    /// held; [`poll_active`](Self::poll_active) turns false once the peer acknowledged.
+    pub fn hold_for_restart(&mut self, tx: Duration) {
+        if self.state != BfdState::Up {
+            return;
+        }
+        self.desired_tx = tx;
+        self.poll_active = true;
+        self.send_now = true;
+    }
+
+    /// A Poll Sequence is running (not yet answered with a Final).
+    pub fn poll_active(&self) -> bool {
+        self.poll_active
+    }
+
+    /// Continues a session that an earlier process held Up with
+    /// [`hold_for_restart`](Self::hold_for_restart): same discriminators, state Up, the
+    /// fast rate requested again with a Poll at once. If the peer has meanwhile declared
+    /// the session down it says so in its next packet, and the session goes Down.
+    pub fn resume(cfg: BfdConfig, local_disc: u32, remote_disc: u32, now: Instant) -> Self {
+        let mut s = Session::new(cfg, local_disc, now);
+        s.state = BfdState::Up;
+        s.remote_state = BfdState::Up;
+        s.remote_disc = remote_disc;
+        s.remote_detect_mult = 3;
+        s.desired_tx = cfg.desired_min_tx;
+        s.tx_basis = cfg.desired_min_tx;
+        s.poll_active = true;
+        s.send_now = true;
+        s.detect_at = s.detection_time().map(|d| now + d);
+        s.events.push_back(SessionEvent::StateChanged {
+            from: BfdState::Down,
+            to: BfdState::Up,
+            diag: Diag::None,
+        });
+        s
+    }
+
+    /// Handles a received, decoded packet for this session (RFC 5880 6.8.6).
+    pub fn handle_packet(&mut self, now: Instant, p: &Packet) -> Result<(), PacketError> {
+        if p.your_disc != 0 && p.your_disc != self.local_disc {
+            self.discarded += 1;
+            return Err(PacketError::WrongDiscriminator {
+                got: p.your_disc,
+                ours: self.local_disc,
+            });
+        }
+        self.remote_disc = p.my_disc;
+        self.remote_state = p.state;
+        self.remote_diag = p.diag;
+        self.remote_detect_mult = p.detect_mult;
+        let old_remote_tx = self.remote_desired_tx;
+        self.remote_desired_tx = Duration::from_micros(u64::from(p.desired_min_tx_us.max(1)));
+        let new_min_rx = Duration::from_micros(u64::from(p.required_min_rx_us));
+        if new_min_rx > Duration::ZERO && new_min_rx < self.remote_min_rx {
+            // The peer can take packets faster: no need to wait out a slow timer.
+            self.next_tx = self.next_tx.min(now + new_min_rx);
+        }
+        self.remote_min_rx = new_min_rx;
+        if p.final_ && self.poll_active {
+            self.poll_active = false;
+            self.tx_basis = self.desired_tx;
+        }
+        if self.state == BfdState::AdminDown {
+            return Ok(());
+        }
+        // A peer that polls to change its rate may keep its old (slower) schedule until
+        // the Poll ends (BIRD does): until then, time it out on the slower of the two.
+        let remote_tx = if p.poll {
+            old_remote_tx.max(self.remote_desired_tx)
+        } else {
+            self.remote_desired_tx
+        };
+        self.detect_at =
+            Some(now + self.cfg.required_min_rx.max(remote_tx) * u32::from(p.detect_mult));
+        if p.state == BfdState::AdminDown {
+            if self.state != BfdState::Down {
+                self.local_diag = Diag::NeighborSignaledDown;
+                self.set_state(BfdState::Down);
+            }
+        } else {
+            match (self.state, p.state) {
+                (BfdState::Down, BfdState::Down) => self.set_state(BfdState::Init),
+                (BfdState::Down, BfdState::Init) => self.set_state(BfdState::Up),
+                (BfdState::Init, BfdState::Init | BfdState::Up) => self.set_state(BfdState::Up),
+                (BfdState::Up, BfdState::Down) => {
+                    self.local_diag = Diag::NeighborSignaledDown;
+                    self.set_state(BfdState::Down);
+                }
+                _ => {}
+            }
+        }
+        if p.poll {
+            self.send_final = true;
+        }
+        Ok(())
+    }
+
+    fn set_state(&mut self, to: BfdState) {
+        let from = self.state;
+        if from == to {
+            return;
+        }
+        self.state = to;
+        if to == BfdState::Up {
+            self.local_diag = Diag::None;
+        }
+        // Fast timers only while Up; a change of what we announce starts a Poll Sequence.
+        let want = if to == BfdState::Up {
+            self.cfg.desired_min_tx
+        } else {
+            self.cfg.desired_min_tx.max(SLOW_TX)
+        };
+        if want != self.desired_tx {
+            if want < self.desired_tx || to != BfdState::Up {
+                self.tx_basis = want;
+            }
+            self.desired_tx = want;
+            self.poll_active = to == BfdState::Up;
+        }
+        if to == BfdState::Up {
+            // Tell the peer at once (with the Poll for the faster rate): it times us out
+            // on the rate we announce, not on our old slow schedule.
+            self.send_now = true;
+        }
+        let diag = if to == BfdState::Down && self.local_diag == Diag::NeighborSignaledDown {
+            self.remote_diag
+        } else {
+            self.local_diag
+        };
+        self.events
+            .push_back(SessionEvent::StateChanged { from, to, diag });
+    }
+
+    fn packet(&self, poll: bool, final_: bool) -> Packet {
+        Packet {
+            diag: self.local_diag,
+            state: self.state,
+            poll,
+            final_,
+            control_plane_independent: self.cfg.control_plane_independent,
+            demand: false,
+            detect_mult: self.cfg.detect_mult,
+            my_disc: self.local_disc,
+            your_disc: self.remote_disc,
+            desired_min_tx_us: us(self.desired_tx),
+            required_min_rx_us: us(self.cfg.required_min_rx),
+            required_min_echo_rx_us: 0,
+        }
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // xorshift64: jitter only needs to decorrelate senders, not to be unpredictable.
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        x
+    }
+}
+
+#[cfg(test)]
+mod tests;

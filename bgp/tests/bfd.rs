@@ -1,0 +1,349 @@
+//! BFD interop: juneau-bgp's BFD (RFC 5880/5881) against BIRD 2's and FRR's bfdd, in
+//! network namespaces. Sessions come up, and when the link dies (nftables drops every
+//! packet of the node) both sides declare the session down within the detection time
+//! (300 ms x 3) and the router withdraws the node's route at once, instead of after the
+//! 9 s hold time. Measurements go to `$CARGO_TARGET_TMPDIR/bgp-convergence.tsv`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use common::*;
+use juneau_control::model::BfdSettings;
+use juneau_tests::netns::Netns;
+
+const UP: Duration = Duration::from_secs(60);
+/// 300 ms x 3, the detection time both sides agree on.
+const DETECTION: Duration = Duration::from_millis(900);
+/// What a test asserts: the detection time plus generous room for a loaded CI machine,
+/// still far below the 9 s hold time that would withdraw the route without BFD.
+const BOUND: Duration = Duration::from_millis(2500);
+
+fn bfd_peer(node: usize) -> juneau_control::model::PeerConfig {
+    let mut pc = Speaker::peer_config(node, &NodePeering::default());
+    pc.bfd = Some(BfdSettings {
+        min_rx_ms: 300,
+        min_tx_ms: 300,
+        multiplier: 3,
+    });
+    pc
+}
+
+/// Drops every packet in and out of the namespace (the link is dead for IP, the veth
+/// stays up so nothing but BFD or the hold timer can notice).
+pub fn cut(ns: &Netns) -> Result<()> {
+    ns.exec(&["nft", "add", "table", "inet", "juneau_cut"])?;
+    for hook in ["input", "output"] {
+        ns.exec(&[
+            "nft",
+            &format!("add chain inet juneau_cut {hook} {{ type filter hook {hook} priority -300; policy drop; }}"),
+        ])?;
+    }
+    Ok(())
+}
+
+pub fn heal(ns: &Netns) -> Result<()> {
+    ns.exec(&["nft", "delete", "table", "inet", "juneau_cut"])?;
+    Ok(())
+}
+
+fn our_bfd_state(s: &Speaker) -> Result<String> {
+    Ok(s.status()?["peers"]["router"]["bfd"]["state"]
+        .as_str()
+        .unwrap_or("")
+        .to_string())
+}
+
+/// Waits for BFD Up on both sides.
+fn wait_bfd_up(s: &Speaker, router_up: impl Fn() -> Result<bool>) -> Result<()> {
+    wait_for("our BFD session Up", UP, || {
+        Ok((our_bfd_state(s)? == "Up").then_some(()))
+    })
+    .map_err(|e| e.context(s.logs()))?;
+    wait_for("the router's BFD session Up", UP, || {
+        Ok(router_up()?.then_some(()))
+    })?;
+    Ok(())
+}
+
+/// Cuts the link and measures (ours Down, router withdrew) from the cut.
+fn cut_and_measure(
+    topo: &Topo,
+    s: &Speaker,
+    router: &Router,
+    kind: RouterKind,
+) -> Result<(Duration, Duration)> {
+    let t0 = Instant::now();
+    cut(&topo.nodes[0])?;
+    let (mut ours, mut theirs) = (None, None);
+    while ours.is_none() || theirs.is_none() {
+        if t0.elapsed() > Duration::from_secs(15) {
+            bail!(
+                "after 15 s: ours down {ours:?}, router withdrew {theirs:?}\n{}\n{}",
+                s.logs(),
+                router.logs()
+            );
+        }
+        if ours.is_none() && our_bfd_state(s)? == "Down" {
+            ours = Some(t0.elapsed());
+        }
+        if theirs.is_none() && router.bgp_nexthops(VIP)?.is_empty() {
+            theirs = Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (ours, theirs) = (ours.unwrap(), theirs.unwrap());
+    record(kind, "bfd: link cut -> juneau-bgp BFD Down", ours);
+    record(
+        kind,
+        "bfd: link cut -> route withdrawn by the router",
+        theirs,
+    );
+    let st = s.status()?;
+    let p = &st["peers"]["router"];
+    assert_eq!(p["bfd"]["diag"], "control detection time expired", "{p}");
+    assert!(
+        p["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("BFD session down"),
+        "the BGP session was torn down by BFD: {p}"
+    );
+    assert!(
+        ours <= BOUND && theirs <= BOUND,
+        "{kind:?}: detection {ours:?} / withdrawal {theirs:?}, want about {DETECTION:?}"
+    );
+    Ok((ours, theirs))
+}
+
+#[test]
+fn bfd_with_bird_detects_a_dead_link_within_the_detection_time() -> Result<()> {
+    let topo = Topo::new("bfdb", 1)?;
+    let router = Router::start_bird_with_config(
+        &topo,
+        &format!(
+            "router id {rid};\nprotocol device {{ scan time 10; }}\n\
+             protocol bfd {{ interface \"d0\" {{ min rx interval 300 ms; min tx interval 300 ms; multiplier 3; }}; }}\n\
+             protocol bgp node0 {{\n local {rid} as {ROUTER_ASN};\n neighbor {n} as {NODE_ASN};\n \
+             hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
+             bfd on;\n ipv4 {{ import all; export none; }};\n}}\n",
+            rid = router_addr(0),
+            n = node_addr(0),
+        ),
+    )?;
+    let mut s = Speaker::start_with_peers(&topo, 0, vec![bfd_peer(0)])?;
+    s.publish_vips(&[VIP])?;
+    s.wait_established("router", UP)?;
+    router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
+    wait_bfd_up(&s, || {
+        Ok(router
+            .bird_cli(&["show", "bfd", "sessions"])?
+            .lines()
+            .any(|l| l.starts_with(&node_addr(0).to_string()) && l.contains(" Up ")))
+    })?;
+    // It stays Up (no flap once the timers went fast).
+    std::thread::sleep(Duration::from_secs(3));
+    let st = s.status()?;
+    assert_eq!(st["peers"]["router"]["bfd"]["state"], "Up", "{st}");
+    assert_eq!(st["peers"]["router"]["bfd"]["down_events"], 0, "{st}");
+    assert_eq!(st["peers"]["router"]["bfd"]["detection_time_ms"], 900);
+
+    let (ours, theirs) = cut_and_measure(&topo, &s, &router, RouterKind::Bird)?;
+    println!("BIRD: ours {ours:?}, withdrawn {theirs:?}");
+
+    // The path heals: BFD and BGP come back, the route returns.
+    heal(&topo.nodes[0])?;
+    wait_bfd_up(&s, || {
+        Ok(router
+            .bird_cli(&["show", "bfd", "sessions"])?
+            .contains(" Up "))
+    })?;
+    router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
+    Ok(())
+}
+
+#[test]
+fn bfd_with_frr_detects_a_dead_link_within_the_detection_time() -> Result<()> {
+    let topo = Topo::new("bfdf", 1)?;
+    let rid = router_addr(0);
+    let n = node_addr(0);
+    let router = Router::start_frr_with_config(
+        &topo,
+        &format!(
+            "frr defaults traditional\nhostname router\nlog stdout debugging\n!\n\
+             router bgp {ROUTER_ASN}\n bgp router-id {rid}\n no bgp ebgp-requires-policy\n \
+             neighbor {n} remote-as {NODE_ASN}\n neighbor {n} timers 3 9\n neighbor {n} timers connect 1\n \
+             neighbor {n} bfd profile fast\n!\n"
+        ),
+        Some(
+            "hostname router\nlog stdout debugging\n!\nbfd\n profile fast\n  receive-interval 300\n  \
+             transmit-interval 300\n  detect-multiplier 3\n !\n!\n",
+        ),
+    )?;
+    let mut s = Speaker::start_with_peers(&topo, 0, vec![bfd_peer(0)])?;
+    s.publish_vips(&[VIP])?;
+    s.wait_established("router", UP)?;
+    router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
+    let frr_up = || -> Result<bool> {
+        let out = router.vtysh("show bfd peers json")?;
+        let v: serde_json::Value = serde_json::from_str(&out)?;
+        Ok(v.as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["peer"] == n.to_string() && p["status"] == "up"))
+    };
+    wait_bfd_up(&s, frr_up)?;
+    let out = router.vtysh("show bfd peers json")?;
+    println!("FRR BFD peers: {out}");
+
+    let (ours, theirs) = cut_and_measure(&topo, &s, &router, RouterKind::Frr)?;
+    println!("FRR: ours {ours:?}, withdrawn {theirs:?}");
+
+    heal(&topo.nodes[0])?;
+    wait_bfd_up(&s, frr_up)?;
+    router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
+    Ok(())
+}
+
+/// The defaults (graceful restart 120 s + BFD 300 ms x 3 run by juneau-bfd, apart from
+/// the speaker) against BIRD with `graceful restart on; bfd on;`:
+/// 1. `kill -9` of juneau-bgp and a restart 1 s later: BFD stays Up, the router keeps
+///    the route the whole time (graceful restart), nothing is withdrawn;
+/// 2. juneau-bfd and juneau-bgp stopped with SIGTERM (a pod replaced on upgrade) and
+///    started again 2 s later: juneau-bfd held its session, the new one resumes it, BIRD's
+///    BFD never goes down and the route stays;
+/// 3. the node's link dies: the route is withdrawn within the BFD detection time.
+#[test]
+fn defaults_keep_routes_over_restarts_and_withdraw_a_dead_node_with_bird() -> Result<()> {
+    let topo = Topo::new("bfdgr", 1)?;
+    let router = Router::start_bird_with_config(
+        &topo,
+        &format!(
+            "router id {rid};\nprotocol device {{ scan time 10; }}\n\
+             protocol bfd {{ interface \"d0\" {{ min rx interval 300 ms; min tx interval 300 ms; multiplier 3; }}; }}\n\
+             protocol bgp node0 {{\n local {rid} as {ROUTER_ASN};\n neighbor {n} as {NODE_ASN};\n \
+             hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
+             graceful restart on; graceful restart time 120;\n bfd on;\n debug {{ states, events }};\n ipv4 {{ import all; export none; }};\n}}\n",
+            rid = router_addr(0),
+            n = node_addr(0),
+        ),
+    )?;
+    let bfd_file = topo.dir.path().join("node0.bfd.json");
+    let mut s = Speaker::start_with_args(
+        &topo,
+        0,
+        vec![bfd_peer(0)],
+        &["--bfd-status-file", bfd_file.to_str().unwrap()],
+    )?;
+    let bfdd = s.start_bfd(&topo.nodes[0])?;
+    s.publish_vips(&[VIP])?;
+    s.wait_established("router", UP)?;
+    router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
+    let bird_bfd_up = || -> Result<bool> {
+        Ok(router
+            .bird_cli(&["show", "bfd", "sessions"])?
+            .lines()
+            .any(|l| l.starts_with(&node_addr(0).to_string()) && l.contains(" Up ")))
+    };
+    wait_bfd_up(&s, bird_bfd_up).map_err(|e| e.context(bfdd.logs()))?;
+    wait_for("graceful restart negotiated", UP, || {
+        Ok((s.status()?["peers"]["router"]["graceful_restart"] == true).then_some(()))
+    })?;
+
+    // Watches the router's route (and its BFD session) until `until` holds.
+    let route_kept_until = |what: &str, until: &dyn Fn() -> Result<bool>| -> Result<()> {
+        let t0 = Instant::now();
+        loop {
+            if router.bgp_nexthops(VIP)? != vec![node_addr(0)] {
+                bail!(
+                    "{what}: the router lost the route after {:?}\n{}",
+                    t0.elapsed(),
+                    router.logs()
+                );
+            }
+            if until()? {
+                return Ok(());
+            }
+            if t0.elapsed() > UP {
+                bail!("{what}: not back after {UP:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+
+    // 1. Speaker crash and restart 1 s later.
+    s.kill();
+    let killed = Instant::now();
+    route_kept_until("juneau-bgp killed", &|| {
+        Ok(killed.elapsed() >= Duration::from_secs(1))
+    })?;
+    assert!(bird_bfd_up()?, "BFD stayed Up while juneau-bgp was dead");
+    std::fs::remove_file(&s.status_path)?;
+    s.spawn(&topo.nodes[0])?;
+    route_kept_until("juneau-bgp restarted", &|| {
+        Ok(s.peer_state("router").unwrap_or_default() == "Established"
+            && killed.elapsed() > Duration::from_secs(4))
+    })?;
+    assert!(bird_bfd_up()?, "BFD never went down");
+    let info = router.bird_protocol_info("node0")?;
+    assert!(info.contains("Established"), "{info}");
+
+    // 2. Both replaced (SIGTERM, back 2 s later), as on an upgrade of the pod: juneau-bfd
+    //    holds its session (slow rate via a Poll), the next one resumes it.
+    let mut bfdd = bfdd;
+    bfdd.terminate()?;
+    s.terminate()?;
+    let stopped = Instant::now();
+    route_kept_until("juneau-bfd and juneau-bgp stopped", &|| {
+        Ok(stopped.elapsed() >= Duration::from_secs(2))
+    })?;
+    assert!(
+        bird_bfd_up()?,
+        "BIRD kept the BFD session Up while juneau-bfd was away"
+    );
+    let bfdd = s.start_bfd(&topo.nodes[0])?;
+    std::fs::remove_file(&s.status_path)?;
+    s.spawn(&topo.nodes[0])?;
+    route_kept_until("juneau-bfd and juneau-bgp restarted", &|| {
+        Ok(s.peer_state("router").unwrap_or_default() == "Established"
+            && stopped.elapsed() > Duration::from_secs(5))
+    })
+    .map_err(|e| e.context(bfdd.logs()))?;
+    assert!(
+        bfdd.logs().contains("resumed after a restart"),
+        "{}",
+        bfdd.logs()
+    );
+    assert!(
+        !router.full_log().contains("BFD session down"),
+        "BIRD never saw BFD go down:\n{}",
+        router.logs()
+    );
+    // The fast rate is back: BIRD's detection time of us is 900 ms again.
+    wait_for("BIRD back at the fast rate", UP, || {
+        let out = router.bird_cli(&["show", "bfd", "sessions"])?;
+        Ok(out.contains("0.300").then_some(()))
+    })?;
+
+    // 3. The node dies (its link drops everything): withdrawn within the detection time.
+    let t0 = Instant::now();
+    cut(&topo.nodes[0])?;
+    wait_for(
+        "the router to withdraw the dead node",
+        Duration::from_secs(15),
+        || Ok(router.bgp_nexthops(VIP)?.is_empty().then_some(())),
+    )?;
+    let took = t0.elapsed();
+    record(
+        RouterKind::Bird,
+        "defaults: node link cut -> route withdrawn",
+        took,
+    );
+    assert!(
+        took <= BOUND,
+        "withdrawn after {took:?}, want about {DETECTION:?}"
+    );
+    drop(bfdd);
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! The node-state file carries the BGP peers' TCP-MD5 passwords: it and the directory the
+//! writer creates must be readable by their owner only, also after the file grew (a new
+//! file renamed over the old one). Checked with a real unprivileged user (uid 65534 via
+//! `setpriv`), so it needs root.
+
+use std::net::Ipv4Addr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use juneau_control::model::{AdvertisedVip, NodeState, PeerConfig};
+use juneau_control::shm::{Capacity, NodeStateReader, NodeStateWriter, DIR_MODE, FILE_MODE};
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// Whether uid/gid 65534 (nobody) can read the file, as `cat` run under `setpriv` says.
+fn nobody_can_read(p: &Path) -> bool {
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "cat",
+        ])
+        .arg(p)
+        .output()
+        .expect("setpriv (util-linux) runs");
+    out.status.success()
+}
+
+fn state(peers: usize, vips: usize) -> NodeState {
+    let peers = (0..peers)
+        .map(|i| {
+            let mut p = PeerConfig::new(
+                format!("tor-{i}"),
+                Ipv4Addr::new(192, 0, 2, 1 + i as u8),
+                65000,
+                65001,
+            );
+            p.md5_password = Some("s3cret-md5".into());
+            p
+        })
+        .collect();
+    let advertised = (0..vips)
+        .map(|i| AdvertisedVip {
+            vip: Ipv4Addr::new(203, 0, 113, i as u8),
+            communities: vec![],
+            large_communities: vec![],
+            local_pref: None,
+            peers: vec![],
+            weight: None,
+        })
+        .collect();
+    NodeState {
+        node: "node-a".into(),
+        peers,
+        advertised,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn state_file_and_new_directory_are_owner_only_also_after_growth() {
+    if current_uid() != 0 {
+        panic!("this test must run as root (it switches to uid 65534 to try reading)");
+    }
+    // A world-traversable parent, so only the modes under test keep `nobody` out.
+    let parent = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = parent.path().join("juneau");
+    let path = dir.join("node-a.state");
+    let small = Capacity {
+        services: 1,
+        backends: 1,
+        vips: 1,
+        peers: 1,
+        maglev_size: 251,
+    };
+    let mut w = NodeStateWriter::create(&path, small).unwrap();
+    w.publish(&state(1, 1)).unwrap();
+    assert_eq!(mode(&dir), DIR_MODE, "a directory the writer creates");
+    assert_eq!(mode(&path), FILE_MODE);
+    assert_eq!(FILE_MODE & 0o077, 0, "no group or other bits");
+
+    // Open the directory to others to test the file's own mode.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(!nobody_can_read(&path), "uid 65534 read the state file");
+
+    // Grow: a new file is renamed over the path; it must be owner-only too.
+    let ino_before = std::fs::metadata(&path).unwrap();
+    w.publish(&state(4, 9)).unwrap();
+    let ino_after = std::fs::metadata(&path).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_ne!(ino_before.ino(), ino_after.ino(), "the file was replaced");
+    assert_eq!(mode(&path), FILE_MODE, "after growth by rename");
+    assert!(
+        !nobody_can_read(&path),
+        "uid 65534 read the grown state file"
+    );
+
+    // The owner (root here, the agent/dataplane/speaker in deploy/) still reads it.
+    let mut r = NodeStateReader::open(&path).unwrap();
+    assert_eq!(
+        r.snapshot().unwrap().state.peers[0].md5_password.as_deref(),
+        Some("s3cret-md5")
+    );
+
+    // The check can fail: with a world-readable mode, uid 65534 does read the file.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(
+        nobody_can_read(&path),
+        "control: setpriv as 65534 should read a 0644 file"
+    );
+}
+
+#[test]
+fn an_existing_directory_is_left_alone_and_the_file_is_still_owner_only() {
+    let parent = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = parent.path().join("node-b.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    w.publish(&state(2, 2)).unwrap();
+    assert_eq!(mode(parent.path()), 0o755);
+    assert_eq!(mode(&path), FILE_MODE);
+}
+
+fn current_uid() -> u32 {
+    // `id -u` avoids an unsafe libc call in a test of a safe crate.
+    let out = Command::new("id").arg("-u").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
