@@ -484,3 +484,5 @@ fn opens_captured_from_real_routers_decode() {
         );
     }
 }
+
+mod fuzz_seeds;
