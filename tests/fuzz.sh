@@ -66,9 +66,11 @@ for t in "${targets[@]}"; do
     old=("$dir/crashes/$t"/{crash,timeout,oom,leak}-*)
     shopt -u nullglob
     for f in ${old[@]+"${old[@]}"}; do
-        if "$(bin_of "$t")" -timeout=30 -rss_limit_mb=2048 "$f" >"$f.replay.log" 2>&1; then
+        mkdir -p "$dir/logs"
+        if "$(bin_of "$t")" -timeout=30 -rss_limit_mb=2048 "$f" \
+            >"$dir/logs/replay-$t-${f##*/}.log" 2>&1; then
             mkdir -p "$dir/crashes/$t/fixed"
-            mv "$f" "$f.replay.log" "$dir/crashes/$t/fixed/"
+            mv "$f" "$dir/crashes/$t/fixed/"
         else
             replay_failed+=("$t $f")
         fi
@@ -120,8 +122,10 @@ for t in "${targets[@]}"; do
     elif [[ "$rc" != 0 ]]; then
         result="FAILED (exit $rc)"
         failed=1
-        printf '\n==> %s FAILED (exit %s); the end of its log (%s):\n' "$t" "$rc" "$log"
-        tail -n 40 "$log"
+        printf '\n==> %s FAILED (exit %s); from its log (%s):\n' "$t" "$rc" "$log"
+        grep -m1 -A4 'panicked at' "$log" || true
+        printf '    ...\n'
+        tail -n 14 "$log"
         { grep -o 'Test unit written to .*' "$log" || true; } | sed 's/^Test unit written to //' |
             while read -r input; do
                 printf '\n    crashing input: %s\n    replay: %s %s\n' "$input" "$(bin_of "$t")" "$input"
@@ -132,8 +136,8 @@ for t in "${targets[@]}"; do
 done
 for r in ${replay_failed[@]+"${replay_failed[@]}"}; do
     failed=1
-    printf '\n==> %s still fails on an input an earlier run found: %s\n    replay: %s %s\n' \
-        "${r%% *}" "${r#* }" "$(bin_of "${r%% *}")" "${r#* }"
+    printf '\n==> %s still fails on an input an earlier run found: %s (log: %s)\n    replay: %s %s\n' \
+        "${r%% *}" "${r#* }" "$dir/logs/replay-${r%% *}-${r##*/}.log" "$(bin_of "${r%% *}")" "${r#* }"
     summary+=("$(printf '%-18s still crashes on %s' "${r%% *}" "${r#* }")")
 done
 

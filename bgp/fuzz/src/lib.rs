@@ -63,7 +63,18 @@ fn describe(r: &Result<Message, wire::DecodeError>) {
 }
 
 /// What we decode we can encode, and our encoding decodes to a fixed point.
+///
+/// Not for prefixes with bits set past their length: netgauze accepts `03 fd` as
+/// 253.0.0.0/3 (it checks the address as sent for unicast), while the same prefix
+/// written canonically, 224.0.0.0/3, is refused as multicast. The speaker never decodes
+/// UPDATEs in a session (it walks them with `inspect_update`), so this only matters to
+/// tooling; found by this target, see docs/bgp.md "Fuzzing".
 fn reencode(m: &Message) {
+    if let Message::Update(u) = m {
+        if u.withdrawn.iter().chain(&u.announced).any(|p| *p != p.trunc()) {
+            return;
+        }
+    }
     let Ok(b1) = encode(m) else { return };
     let m2 = decode(&b1, DecodeContext::default())
         .unwrap_or_else(|e| panic!("our encoding of {m:?} does not decode: {e}"));
@@ -162,7 +173,7 @@ pub fn check_fsm(data: &[u8]) {
     let mut live: Vec<ConnId> = Vec::new();
     let mut closed: HashSet<ConnId> = HashSet::new();
     let mut input = data;
-    let mut next = |input: &mut &[u8]| -> u8 {
+    let next = |input: &mut &[u8]| -> u8 {
         let (&b, rest) = input.split_first().unwrap_or((&0, &[]));
         *input = rest;
         b
