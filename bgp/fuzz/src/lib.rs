@@ -71,7 +71,11 @@ fn describe(r: &Result<Message, wire::DecodeError>) {
 /// tooling; found by this target, see docs/bgp.md "Fuzzing".
 fn reencode(m: &Message) {
     if let Message::Update(u) = m {
-        if u.withdrawn.iter().chain(&u.announced).any(|p| *p != p.trunc()) {
+        if u.withdrawn
+            .iter()
+            .chain(&u.announced)
+            .any(|p| *p != p.trunc())
+        {
             return;
         }
     }
@@ -167,7 +171,8 @@ pub const MAX_STEPS: usize = 512;
 /// `len` raw bytes arrive, 8 the configuration changes, 9 a canned message arrives. Ops
 /// that name a connection or timer take the next byte to pick one (modulo).
 pub fn check_fsm(data: &[u8]) {
-    let canned = canned_messages();
+    static CANNED: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    let canned = CANNED.get_or_init(canned_messages);
     let mut peer = Peer::new(session_config(0));
     let mut pending: Vec<ConnId> = Vec::new();
     let mut live: Vec<ConnId> = Vec::new();

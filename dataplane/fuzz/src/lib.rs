@@ -269,7 +269,17 @@ fn node_state(tcp80: &[Ipv4Addr], udp53: &[Ipv4Addr]) -> NodeState {
     state
 }
 
+/// The fixture's service table for a generation: odd ones send TCP :80 to B1 and B2,
+/// even ones to B2 only (and UDP :53 the other way round). Built once per process.
 fn service_table(generation: u64) -> ServiceTable {
+    static TABLES: std::sync::OnceLock<[ServiceTable; 2]> = std::sync::OnceLock::new();
+    let tables = TABLES.get_or_init(|| [build_service_table(0), build_service_table(1)]);
+    let mut t = tables[(generation % 2) as usize].clone();
+    t.generation = generation;
+    t
+}
+
+fn build_service_table(generation: u64) -> ServiceTable {
     let state = if generation % 2 == 1 {
         node_state(&[B1, B2], &[B1])
     } else {
