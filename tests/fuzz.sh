@@ -84,8 +84,10 @@ fuzz_one() {
     seeds="$crate/seeds/$t"
     log="$dir/logs/$t.log"
     mkdir -p "$corpus" "$dir/crashes/$t" "$dir/logs"
-    # libFuzzer stops itself after -max_total_time; the outer timeout only catches a
-    # fuzzer that never gets going.
+    rm -f "$dir/logs/$t.rc"
+    # libFuzzer stops itself after -max_total_time and writes hangs (-timeout, per
+    # input) as timeout-* artifacts; the outer timeout only catches a fuzzer that never
+    # gets going (exit 124).
     local rc=0
     timeout --kill-after=10 $((seconds + 120)) "$(bin_of "$t")" "$corpus" "$seeds" \
         -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2048 -max_len=4096 \
