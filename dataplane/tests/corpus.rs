@@ -1,13 +1,14 @@
 //! Runs the parser and the forwarding engine over a generated corpus of malformed and
-//! truncated frames (the CI counterpart of the cargo-fuzz target in `fuzz/`).
+//! truncated frames (deterministic; the coverage-guided counterparts are the fuzz targets
+//! in `fuzz/`, whose seed corpora [`fuzz_seeds`] generates from the same seed frames).
 //!
 //! The corpus: valid seed frames (TCP SYN/data, UDP, UDP without checksum, IP options,
 //! fragments, ARP, IPv6, VLAN), every truncation of each, each byte of each replaced by
 //! 0x00, 0xff and its bit-inverse, and 20 000 seeded random multi-byte mutations.
 //! Nothing may panic; every frame that fails to parse is counted as `malformed`; every
 //! frame the engine transmits parses again and carries correct checksums when the
-//! input's were correct. Set `JUNEAU_FUZZ_CORPUS_DIR` to also write the corpus out as
-//! seed files for `cargo fuzz`.
+//! input's were correct. Set `JUNEAU_FUZZ_CORPUS_DIR` to also write the whole corpus out
+//! as single-frame inputs of the `dataplane-engine` fuzz target (its `Records` format).
 
 use std::net::Ipv4Addr;
 
@@ -297,9 +298,13 @@ fn generated_corpus_never_panics_and_is_counted() {
     if let Ok(dir) = std::env::var("JUNEAU_FUZZ_CORPUS_DIR") {
         std::fs::create_dir_all(&dir).unwrap();
         for (i, (f, side)) in corpus.iter().enumerate() {
-            // First byte selects the ingress side in the fuzz target.
-            let tag = if *side == Side::Uplink { 0u8 } else { 1 };
-            std::fs::write(format!("{dir}/seed-{i:06}"), [&[tag][..], f].concat()).unwrap();
+            if f.len() <= 255 {
+                std::fs::write(
+                    format!("{dir}/seed-{i:06}"),
+                    engine_records(&[(*side, 0, f)]),
+                )
+                .unwrap();
+            }
         }
     }
     let (mut e, nb) = engine();
@@ -345,5 +350,129 @@ fn generated_corpus_never_panics_and_is_counted() {
     eprintln!(
         "{} frames: {parse_errors} malformed, {transmitted} transmitted",
         corpus.len()
+    );
+}
+
+/// Engine fuzz input (`dataplane/fuzz/src/lib.rs`, `Records`): `ctl len frame`, `ctl` bit
+/// 0 = from a Pod (bit 1: Pod 1), clock advance `(ctl >> 2)^4` ms; `0xff` swaps services.
+fn engine_records(frames: &[(Side, u8, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (side, advance, frame) in frames {
+        assert!(frame.len() <= 255 && *advance < 64);
+        let side_bits = match side {
+            Side::Uplink => 0,
+            Side::Pod(0) => 1,
+            Side::Pod(_) => 3,
+        };
+        out.push(advance << 2 | side_bits);
+        out.push(frame.len() as u8);
+        out.extend_from_slice(frame);
+    }
+    out
+}
+
+/// The fuzz targets' seed corpora, generated from the seed frames above: each frame
+/// alone for the parser target; for the engine target each frame alone plus whole
+/// exchanges (TCP handshake, data and close with replies from either backend, UDP
+/// query/answer, ICMP errors both ways, a service-table swap mid-flow, a flow timing
+/// out).
+fn fuzz_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (i, (f, side)) in seeds().iter().enumerate() {
+        out.push(("dataplane-packet", format!("frame-{i:02}"), f.clone()));
+        out.push((
+            "dataplane-engine",
+            format!("frame-{i:02}"),
+            engine_records(&[(*side, 0, f)]),
+        ));
+    }
+    const B2: [u8; 4] = [10, 1, 0, 6];
+    let tcp = |src, sport, dst, dport, payload: &[u8], flags| {
+        frame(IPPROTO_TCP, src, sport, dst, dport, payload, &[], flags)
+    };
+    let (syn, ack) = (tcp_flags::SYN, tcp_flags::ACK);
+    let fin = tcp_flags::FIN | ack;
+    let c_syn = tcp(CLIENT, 40000, VIP, 80, b"", syn);
+    let c_ack = tcp(CLIENT, 40000, VIP, 80, b"GET / HTTP/1.1\r\n\r\n", ack);
+    let c_fin = tcp(CLIENT, 40000, VIP, 80, b"", fin);
+    let b1_synack = tcp(B1, 8080, CLIENT, 40000, b"", syn | ack);
+    let b2_synack = tcp(B2, 8080, CLIENT, 40000, b"", syn | ack);
+    let b1_data = tcp(B1, 8080, CLIENT, 40000, b"HTTP/1.1 200 OK\r\n\r\n", ack);
+    let b2_data = tcp(B2, 8080, CLIENT, 40000, b"HTTP/1.1 200 OK\r\n\r\n", ack);
+    let b1_fin = tcp(B1, 8080, CLIENT, 40000, b"", fin);
+    let b2_fin = tcp(B2, 8080, CLIENT, 40000, b"", fin);
+    let (up, p0, p1) = (Side::Uplink, Side::Pod(0), Side::Pod(1));
+    let handshake: Vec<(Side, u8, &[u8])> = vec![
+        (up, 0, &c_syn),
+        (p0, 1, &b1_synack),
+        (p1, 1, &b2_synack),
+        (up, 1, &c_ack),
+        (p0, 1, &b1_data),
+        (p1, 1, &b2_data),
+        (up, 2, &c_fin),
+        (p0, 1, &b1_fin),
+        (p1, 1, &b2_fin),
+    ];
+    out.push((
+        "dataplane-engine",
+        "tcp-connection".into(),
+        engine_records(&handshake),
+    ));
+    let mut swapped = engine_records(&handshake[..5]);
+    swapped.push(0xff);
+    swapped.extend(engine_records(&handshake[3..]));
+    out.push(("dataplane-engine", "tcp-services-swapped".into(), swapped));
+    let idle = engine_records(&[(up, 0, &c_syn), (p0, 1, &b1_synack), (up, 63, &c_ack)]);
+    out.push(("dataplane-engine", "tcp-idle-timeout".into(), idle));
+    let q = frame(IPPROTO_UDP, CLIENT, 5353, VIP, 53, b"query", &[], 0);
+    let a1 = frame(IPPROTO_UDP, B1, 5353, CLIENT, 5353, b"answer", &[], 0);
+    let a2 = frame(IPPROTO_UDP, B2, 5353, CLIENT, 5353, b"answer", &[], 0);
+    out.push((
+        "dataplane-engine",
+        "udp-exchange".into(),
+        engine_records(&[(up, 0, &q), (p0, 1, &a1), (p1, 1, &a2), (up, 20, &q)]),
+    ));
+    let s = seeds();
+    // seeds() ends with: ICMP to the VIP, ICMP from a backend, ARP, IPv6, VLAN.
+    let (icmp_in, icmp_out) = (&s[s.len() - 5].0, &s[s.len() - 4].0);
+    out.push((
+        "dataplane-engine",
+        "icmp-errors".into(),
+        engine_records(&[(up, 0, &q), (p0, 1, icmp_out), (up, 1, icmp_in)]),
+    ));
+    out
+}
+
+/// The committed seed corpora (`dataplane/fuzz/seeds/`) are exactly what
+/// [`fuzz_seeds`] generates; `JUNEAU_WRITE_FUZZ_SEEDS=1` rewrites them.
+#[test]
+fn fuzz_seed_corpora_are_generated_from_the_seed_frames() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    let want = fuzz_seeds();
+    if std::env::var_os("JUNEAU_WRITE_FUZZ_SEEDS").is_some() {
+        for target in ["dataplane-packet", "dataplane-engine"] {
+            let dir = root.join(target);
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+        }
+        for (target, name, bytes) in &want {
+            std::fs::write(root.join(target).join(name), bytes).unwrap();
+        }
+    }
+    let mut have = Vec::new();
+    for target in ["dataplane-packet", "dataplane-engine"] {
+        for e in std::fs::read_dir(root.join(target)).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().into_string().unwrap();
+            have.push((target, name, std::fs::read(e.path()).unwrap()));
+        }
+    }
+    let mut want = want;
+    want.sort();
+    have.sort();
+    assert!(
+        want == have,
+        "dataplane/fuzz/seeds is stale: regenerate with JUNEAU_WRITE_FUZZ_SEEDS=1 \
+         cargo test -p juneau-dataplane --test corpus fuzz_seed"
     );
 }

@@ -515,3 +515,5 @@ fn link_bandwidth_round_trips_as_a_non_transitive_extended_community() {
     let ctx = DecodeContext::default();
     assert_eq!(decode(&bytes, ctx).unwrap(), Message::Update(u));
 }
+
+mod fuzz_seeds;

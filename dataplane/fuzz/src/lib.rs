@@ -1,0 +1,503 @@
+//! What the dataplane fuzz targets check, kept out of the `fuzz_target!` bodies so the
+//! targets stay one line and a crashing input can be replayed from a plain test.
+//!
+//! - [`check_packet`]: one frame through [`packet::parse`], [`packet::parse_fast`] /
+//!   [`packet::parse_fast_as`] (which must agree with `parse`), the ICMP-error view and
+//!   every rewrite the engine uses; a rewritten frame parses to the updated view and keeps
+//!   valid checksums valid.
+//! - [`check_engine`]: a sequence of frames (format in [`Records`]) through two engines
+//!   with the same small service table, one with the established-flow fast path and one
+//!   without: both must give the same verdict and bytes for every frame, a frame that is
+//!   not transmitted is unchanged, a transmitted one re-parses with valid checksums (when
+//!   they were valid) and is NATed to a backend or from the VIP, every verdict is counted.
+
+use std::net::Ipv4Addr;
+
+use juneau_control::maglev::MaglevTable;
+use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
+use juneau_dataplane::counters::DropReason;
+use juneau_dataplane::engine::{Engine, EngineConfig, PassReason, Verdict};
+use juneau_dataplane::neigh::{Iface, Neighbours, Route, Side};
+use juneau_dataplane::packet::{
+    self, L4Checksum, NatSide, Parsed, ETH_HEADER_LEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP,
+};
+use juneau_dataplane::services::ServiceTable;
+
+/// The VIP of the fixture's Services.
+pub const VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+/// A backend on Pod interface 0.
+pub const B1: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 5);
+/// A backend on Pod interface 1.
+pub const B2: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 6);
+/// A client behind the default gateway.
+pub const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+/// Clients in this /24 are routed via a gateway without a neighbour entry.
+pub const UNRESOLVED_NET: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 0);
+
+fn csum_ok(stored: u16, computed: u16) -> bool {
+    // One's complement has two zeros: an incremental update may leave either.
+    stored == computed || (stored ^ computed == 0xffff && (stored == 0 || computed == 0))
+}
+
+/// The IPv4 header checksum of a parsed frame verifies.
+pub fn ip_checksum_ok(f: &[u8], v: &packet::Ipv4View) -> bool {
+    let hdr = &f[ETH_HEADER_LEN..ETH_HEADER_LEN + v.header_len];
+    csum_ok(
+        u16::from_be_bytes([hdr[10], hdr[11]]),
+        packet::ipv4_header_checksum(hdr),
+    )
+}
+
+/// The TCP/UDP checksum of a parsed frame verifies (or is UDP's "none"); true without L4.
+pub fn l4_checksum_ok(f: &[u8], v: &packet::Ipv4View) -> bool {
+    let Some(l4) = v.l4 else { return true };
+    if l4.udp_no_checksum {
+        return true;
+    }
+    let off = packet::l4_csum_offset(v);
+    csum_ok(
+        u16::from_be_bytes([f[off], f[off + 1]]),
+        packet::l4_checksum(f, v),
+    )
+}
+
+/// Both checksums of an IPv4 frame verify.
+pub fn checksums_ok(f: &[u8]) -> bool {
+    match packet::parse(f) {
+        Ok(Parsed::Ipv4(v)) => ip_checksum_ok(f, &v) && l4_checksum_ok(f, &v),
+        _ => false,
+    }
+}
+
+fn fast_agrees_with_parse(frame: &[u8], parsed: &Result<Parsed, packet::ParseError>) {
+    let full = match parsed {
+        Ok(Parsed::Ipv4(v)) if v.header_len == 20 && !v.fragment => v.l4.map(|l4| (*v, l4)),
+        _ => None,
+    };
+    let fast = packet::parse_fast(frame);
+    match (fast, full) {
+        (None, None) => {}
+        (Some(p), Some((v, l4))) => {
+            assert_eq!(
+                (p.src, p.dst, p.protocol, p.ttl),
+                (v.src, v.dst, v.protocol, v.ttl)
+            );
+            assert_eq!(
+                (p.src_port, p.dst_port, p.tcp_flags),
+                (l4.src_port, l4.dst_port, l4.tcp_flags)
+            );
+            assert_eq!(usize::from(p.l4_len), v.total_len - 20);
+        }
+        (a, b) => panic!("parse_fast {a:?} but parse {b:?}"),
+    }
+    let (tcp, udp) = (
+        packet::parse_fast_as::<true>(frame),
+        packet::parse_fast_as::<false>(frame),
+    );
+    match fast {
+        Some(p) if p.protocol == IPPROTO_TCP => assert_eq!((tcp, udp), (Some(p), None)),
+        Some(p) => assert_eq!((tcp, udp), (None, Some(p))),
+        None => assert_eq!((tcp, udp), (None, None)),
+    }
+}
+
+/// One frame through the parsers and every rewrite. Panics on a broken invariant.
+pub fn check_packet(frame: &[u8]) {
+    let parsed = packet::parse(frame);
+    fast_agrees_with_parse(frame, &parsed);
+    let Ok(Parsed::Ipv4(v)) = parsed else { return };
+    assert!(v.header_len >= 20 && v.header_len <= v.total_len);
+    assert!(ETH_HEADER_LEN + v.total_len <= frame.len());
+    assert_eq!(
+        v.l4.is_some(),
+        !v.fragment && matches!(v.protocol, IPPROTO_TCP | IPPROTO_UDP)
+    );
+    let ip_ok = ip_checksum_ok(frame, &v);
+    if let Some(e) = packet::parse_icmp_error(frame, &v) {
+        for (outer, quoted) in [
+            (NatSide::Destination, NatSide::Source),
+            (NatSide::Source, NatSide::Destination),
+        ] {
+            let (mut g, mut w) = (frame.to_vec(), v);
+            packet::rewrite_icmp_error(&mut g, &mut w, &e, outer, 0x0a01_0005, quoted, 1, 8080);
+            assert_eq!(packet::parse(&g), Ok(Parsed::Ipv4(w)), "ICMP rewrite view");
+            assert!(
+                !ip_ok || ip_checksum_ok(&g, &w),
+                "ICMP rewrite broke the outer header checksum"
+            );
+            let icmp = &g[w.l4_offset()..ETH_HEADER_LEN + w.total_len];
+            let mut s = 0u32;
+            for c in icmp.chunks(2) {
+                s += u32::from(c[0]) << 8 | u32::from(*c.get(1).unwrap_or(&0));
+            }
+            while s >> 16 != 0 {
+                s = (s & 0xffff) + (s >> 16);
+            }
+            assert_eq!(s, 0xffff, "ICMP checksum after rewrite");
+        }
+    }
+    if v.l4.is_none() {
+        return;
+    }
+    let l4_ok = l4_checksum_ok(frame, &v);
+    for (side, mode) in [
+        (NatSide::Destination, L4Checksum::Incremental),
+        (NatSide::Source, L4Checksum::Incremental),
+        (NatSide::Destination, L4Checksum::Recompute),
+        (NatSide::Source, L4Checksum::Recompute),
+    ] {
+        let (mut g, mut w) = (frame.to_vec(), v);
+        packet::rewrite_addr_port(&mut g, &mut w, side, 0x0a01_0005, 8080, mode);
+        let forwarded = packet::decrement_ttl(&mut g, &mut w);
+        assert_eq!(forwarded, v.ttl > 1);
+        packet::set_macs(&mut g, packet::MacAddr([1; 6]), packet::MacAddr([2; 6]));
+        assert_eq!(g.len(), frame.len());
+        assert_eq!(
+            packet::parse(&g),
+            Ok(Parsed::Ipv4(w)),
+            "{side:?} {mode:?}: view"
+        );
+        let l4 = w.l4.expect("l4 kept");
+        let (addr, port) = match side {
+            NatSide::Destination => (w.dst, l4.dst_port),
+            NatSide::Source => (w.src, l4.src_port),
+        };
+        assert_eq!((addr, port), (0x0a01_0005, 8080));
+        assert!(
+            !ip_ok || ip_checksum_ok(&g, &w),
+            "{side:?} {mode:?}: IPv4 checksum broken"
+        );
+        if mode == L4Checksum::Recompute || l4_ok {
+            assert!(l4_checksum_ok(&g, &w), "{side:?} {mode:?}: L4 checksum");
+        }
+    }
+}
+
+/// The records of an engine input: `ctl len frame[len]`, repeated; the last frame takes
+/// what is left when `len` overruns the input. `ctl`: bit 0 set = from a Pod interface
+/// (bit 1 picks Pod 0 or 1), the clock advances by `(ctl >> 2)^4` ms before the frame;
+/// `ctl == 0xff` (no `len`, no frame) swaps the service table for the other one.
+pub struct Records<'a>(pub &'a [u8]);
+
+/// One step of an engine input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record<'a> {
+    /// A frame arriving on `side` after `advance_ms`.
+    Frame {
+        /// Ingress.
+        side: Side,
+        /// Clock advance before the frame.
+        advance_ms: u64,
+        /// The frame.
+        frame: &'a [u8],
+    },
+    /// Swap the service table.
+    SwapServices,
+}
+
+/// The `ctl` byte that swaps the service table.
+pub const SWAP_SERVICES: u8 = 0xff;
+
+impl<'a> Iterator for Records<'a> {
+    type Item = Record<'a>;
+
+    fn next(&mut self) -> Option<Record<'a>> {
+        let (&ctl, rest) = self.0.split_first()?;
+        if ctl == SWAP_SERVICES {
+            self.0 = rest;
+            return Some(Record::SwapServices);
+        }
+        let (len, rest) = match rest.split_first() {
+            Some((&len, rest)) => (usize::from(len), rest),
+            None => (0, rest),
+        };
+        let (frame, rest) = rest.split_at(len.min(rest.len()));
+        self.0 = rest;
+        let side = match ctl & 3 {
+            1 => Side::Pod(0),
+            3 => Side::Pod(1),
+            _ => Side::Uplink,
+        };
+        Some(Record::Frame {
+            side,
+            advance_ms: u64::from(ctl >> 2).pow(4),
+            frame,
+        })
+    }
+}
+
+/// Encodes frames as an engine input (for seed corpora).
+pub fn encode_records(frames: &[(Side, u8, &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (side, advance, frame) in frames {
+        assert!(frame.len() <= 255 && *advance < 64);
+        let side_bits = match side {
+            Side::Uplink => 0,
+            Side::Pod(0) => 1,
+            Side::Pod(_) => 3,
+        };
+        out.push(advance << 2 | side_bits);
+        out.push(frame.len() as u8);
+        out.extend_from_slice(frame);
+    }
+    out
+}
+
+fn node_state(tcp80: &[Ipv4Addr], udp53: &[Ipv4Addr]) -> NodeState {
+    let svc = |protocol, port, backends: &[Ipv4Addr], target| NodeService {
+        frontend: Frontend {
+            vip: VIP,
+            protocol,
+            port,
+        },
+        backends: backends
+            .iter()
+            .map(|&ip| LocalBackend { ip, port: target })
+            .collect(),
+    };
+    let mut state = NodeState {
+        node: "fuzz".into(),
+        services: vec![
+            svc(Protocol::Tcp, 80, tcp80, 8080),
+            svc(Protocol::Udp, 53, udp53, 5353),
+            // A frontend without a local backend.
+            svc(Protocol::Tcp, 443, &[], 8443),
+        ],
+        ..Default::default()
+    };
+    state.normalize();
+    state
+}
+
+/// The fixture's service table for a generation: odd ones send TCP :80 to B1 and B2,
+/// even ones to B2 only (and UDP :53 the other way round). Built once per process.
+fn service_table(generation: u64) -> ServiceTable {
+    static TABLES: std::sync::OnceLock<[ServiceTable; 2]> = std::sync::OnceLock::new();
+    let tables = TABLES.get_or_init(|| [build_service_table(0), build_service_table(1)]);
+    let mut t = tables[(generation % 2) as usize].clone();
+    t.generation = generation;
+    t
+}
+
+fn build_service_table(generation: u64) -> ServiceTable {
+    let state = if generation % 2 == 1 {
+        node_state(&[B1, B2], &[B1])
+    } else {
+        node_state(&[B2], &[B1, B2])
+    };
+    let maglev: Vec<Vec<u16>> = state
+        .services
+        .iter()
+        .map(|s| {
+            let mut b = s.backends.clone();
+            b.sort();
+            b.dedup();
+            MaglevTable::new(&b, 13).expect("maglev").slots().to_vec()
+        })
+        .collect();
+    ServiceTable::new(generation, &state, &maglev)
+}
+
+/// The fixture's next-hop table: uplink 1, Pods 2 (B1) and 3 (B2), default route via a
+/// resolved gateway, [`UNRESOLVED_NET`]/24 via a gateway with no neighbour entry.
+pub fn neighbours() -> Neighbours {
+    let mac = packet::MacAddr;
+    let mut nb = Neighbours::new(
+        Iface {
+            ifindex: 1,
+            mac: mac([0xa; 6]),
+        },
+        vec![
+            Iface {
+                ifindex: 2,
+                mac: mac([0xb; 6]),
+            },
+            Iface {
+                ifindex: 3,
+                mac: mac([0xc; 6]),
+            },
+        ],
+    );
+    let gw = u32::from(Ipv4Addr::new(192, 0, 2, 254));
+    nb.add_route(Route {
+        prefix: 0,
+        len: 0,
+        gateway: Some(gw),
+        ifindex: 1,
+    });
+    nb.add_route(Route {
+        prefix: u32::from(UNRESOLVED_NET),
+        len: 24,
+        gateway: Some(u32::from(Ipv4Addr::new(192, 0, 2, 253))),
+        ifindex: 1,
+    });
+    for (b, ifindex) in [(B1, 2), (B2, 3)] {
+        nb.add_route(Route {
+            prefix: u32::from(b),
+            len: 32,
+            gateway: None,
+            ifindex,
+        });
+        nb.add_neighbour(u32::from(b), ifindex, mac([ifindex as u8; 6]));
+    }
+    nb.add_neighbour(gw, 1, mac([1; 6]));
+    nb
+}
+
+/// Flow capacity of the fuzzed engines: small, so a table-full is reachable.
+pub const FLOW_CAPACITY: usize = 64;
+
+fn engine(fast_path: bool) -> Engine {
+    let mut e = Engine::new(EngineConfig {
+        flow_capacity: FLOW_CAPACITY,
+        ..Default::default()
+    });
+    e.set_fast_path(fast_path);
+    e.set_services(service_table(1));
+    e
+}
+
+/// What a verdict count must add up to.
+#[derive(Debug, Default)]
+struct Tally {
+    frames: u64,
+    passed: u64,
+    dropped: u64,
+    malformed: u64,
+}
+
+fn check_verdict(
+    input: &[u8],
+    out: &[u8],
+    side: Side,
+    verdict: Verdict,
+    table: &ServiceTable,
+    tally: &mut Tally,
+) {
+    let parsed = packet::parse(input);
+    tally.frames += 1;
+    match verdict {
+        Verdict::Tx(_) => {}
+        Verdict::Pass(_) => tally.passed += 1,
+        Verdict::Drop(_) => tally.dropped += 1,
+    }
+    match parsed {
+        Err(_) => {
+            tally.malformed += 1;
+            assert_eq!(verdict, Verdict::Drop(DropReason::Malformed));
+        }
+        Ok(Parsed::NotIpv4(_)) => assert_eq!(verdict, Verdict::Pass(PassReason::NotIpv4)),
+        Ok(Parsed::Ipv4(_)) => {}
+    }
+    let Verdict::Tx(egress) = verdict else {
+        assert_eq!(
+            out, input,
+            "a frame not transmitted was modified ({verdict:?})"
+        );
+        return;
+    };
+    let Ok(Parsed::Ipv4(vin)) = parsed else {
+        panic!("transmitted a frame that does not parse")
+    };
+    assert_eq!(out.len(), input.len(), "length changed");
+    let Ok(Parsed::Ipv4(v)) = packet::parse(out) else {
+        panic!("transmitted frame does not parse")
+    };
+    assert_eq!(
+        u16::from(v.ttl) + 1,
+        u16::from(vin.ttl),
+        "TTL decremented once"
+    );
+    if checksums_ok(input) {
+        assert!(checksums_ok(out), "NAT broke a valid checksum");
+    }
+    if v.protocol == IPPROTO_ICMP {
+        return;
+    }
+    let l4 = v.l4.expect("transmitted TCP/UDP frame has L4");
+    match side {
+        Side::Uplink => {
+            assert!(
+                matches!(egress, Side::Pod(_)),
+                "uplink frame sent to {egress:?}"
+            );
+            assert!(table.is_vip(vin.dst), "forwarded a frame not sent to a VIP");
+            let backends = table.backend_keys();
+            assert!(
+                backends.contains(&(v.dst_addr(), l4.dst_port, v.protocol)),
+                "DNAT to {}:{} which is no backend",
+                v.dst_addr(),
+                l4.dst_port
+            );
+        }
+        Side::Pod(_) => {
+            assert_eq!(egress, Side::Uplink, "reply sent to {egress:?}");
+            assert!(
+                table.find(v.src, v.protocol, l4.src_port).is_some(),
+                "reply not from a frontend: {}:{}",
+                v.src_addr(),
+                l4.src_port
+            );
+        }
+    }
+}
+
+/// Engine inputs longer than this are cut (keeps one execution short).
+pub const MAX_RECORDS: usize = 256;
+
+/// A sequence of frames through a fast-path and a general-path engine. Panics on a
+/// broken invariant.
+pub fn check_engine(data: &[u8]) {
+    let nb = neighbours();
+    let mut fast = engine(true);
+    let mut general = engine(false);
+    let mut tally = Tally::default();
+    let mut generation = 1;
+    let mut now: u64 = 1_000;
+    for record in Records(data).take(MAX_RECORDS) {
+        let (side, advance_ms, frame) = match record {
+            Record::SwapServices => {
+                generation += 1;
+                fast.set_services(service_table(generation));
+                general.set_services(service_table(generation));
+                continue;
+            }
+            Record::Frame {
+                side,
+                advance_ms,
+                frame,
+            } => (side, advance_ms, frame),
+        };
+        now += advance_ms;
+        let (mut a, mut b) = (frame.to_vec(), frame.to_vec());
+        let va = fast.process(&mut a, side, &nb, now);
+        let vb = general.process(&mut b, side, &nb, now);
+        assert_eq!(va, vb, "fast and general path verdicts differ");
+        assert_eq!(a, b, "fast and general path rewrites differ");
+        check_verdict(frame, &a, side, va, fast.services(), &mut tally);
+        let missing_a: Vec<_> = fast.missing.take().collect();
+        let missing_b: Vec<_> = general.missing.take().collect();
+        assert_eq!(missing_a, missing_b, "next hops to resolve differ");
+        assert_eq!(fast.sweep(now, 4), general.sweep(now, 4), "sweeps differ");
+        assert!(fast.flows().len() <= fast.flows().capacity());
+        assert_eq!(
+            fast.flows().len(),
+            general.flows().len(),
+            "flow counts differ"
+        );
+    }
+    let (ca, cb) = (fast.counters(), general.counters());
+    assert_eq!(ca.drops, cb.drops, "drop counters differ");
+    assert_eq!(&ca.services, &cb.services, "service counters differ");
+    assert_eq!(
+        ca.rx_packets, tally.frames,
+        "every frame counted as received"
+    );
+    assert_eq!(ca.kernel_bound, tally.passed, "every pass counted");
+    assert_eq!(
+        ca.drops.iter().sum::<u64>(),
+        tally.dropped,
+        "every drop counted once"
+    );
+    assert_eq!(ca.drops_for(DropReason::Malformed), tally.malformed);
+}
