@@ -1025,6 +1025,7 @@ mod tests {
                         port: 80,
                     },
                     backends: bs.clone(),
+                    terminating: Vec::new(),
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1033,6 +1034,7 @@ mod tests {
                         port: 53,
                     },
                     backends: bs.clone(),
+                    terminating: Vec::new(),
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1041,6 +1043,7 @@ mod tests {
                         port: 80,
                     },
                     backends: vec![],
+                    terminating: Vec::new(),
                 },
             ],
             ..Default::default()

@@ -225,6 +225,7 @@ fn engine() -> (Engine, Neighbours) {
                     ip: Ipv4Addr::from(B1),
                     port: 8080,
                 }],
+                terminating: Vec::new(),
             },
             NodeService {
                 frontend: Frontend {
@@ -236,6 +237,7 @@ fn engine() -> (Engine, Neighbours) {
                     ip: Ipv4Addr::from(B1),
                     port: 5353,
                 }],
+                terminating: Vec::new(),
             },
         ],
         ..Default::default()

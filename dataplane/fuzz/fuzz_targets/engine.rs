@@ -17,8 +17,8 @@ fn setup() -> (Engine, Neighbours) {
     let mut state = NodeState {
         node: "n".into(),
         services: vec![
-            NodeService { frontend: Frontend { vip, protocol: Protocol::Tcp, port: 80 }, backends: vec![LocalBackend { ip: b, port: 8080 }] },
-            NodeService { frontend: Frontend { vip, protocol: Protocol::Udp, port: 53 }, backends: vec![LocalBackend { ip: b, port: 5353 }] },
+            NodeService { frontend: Frontend { vip, protocol: Protocol::Tcp, port: 80 }, backends: vec![LocalBackend { ip: b, port: 8080 }], terminating: Vec::new() },
+            NodeService { frontend: Frontend { vip, protocol: Protocol::Udp, port: 53 }, backends: vec![LocalBackend { ip: b, port: 5353 }], terminating: Vec::new() },
         ],
         ..Default::default()
     };
