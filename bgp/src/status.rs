@@ -82,6 +82,10 @@ pub struct Status {
     pub written_unix: u64,
     /// Per peer, by name.
     pub peers: BTreeMap<String, PeerStatus>,
+    /// VIPs the agent wants announced that are withdrawn because the dataplane cannot
+    /// serve them (dead, stopped, or VIP not programmed), with the reason.
+    #[serde(default)]
+    pub held_back: BTreeMap<Ipv4Addr, String>,
 }
 
 /// A metric: name, help text, value of one peer.
@@ -234,6 +238,11 @@ impl StatusHub {
                 }
             }
         }
+        let _ = writeln!(
+            m,
+            "# HELP juneau_bgp_vips_held_back VIPs withheld because the dataplane cannot serve them.\n# TYPE juneau_bgp_vips_held_back gauge\njuneau_bgp_vips_held_back {}",
+            s.held_back.len()
+        );
         m.push_str("# HELP juneau_bgp_peer_uptime_seconds Seconds since the session became Established.\n# TYPE juneau_bgp_peer_uptime_seconds gauge\n");
         let now = unix_now();
         for p in s.peers.values() {

@@ -156,6 +156,8 @@ pub struct Speaker {
     pub state: NodeState,
     child: Option<NsChild>,
     restarts: u32,
+    /// Dataplane-gate arguments for the next `spawn`; empty: `--no-dataplane-gate`.
+    pub gate_args: Vec<String>,
 }
 
 impl Speaker {
@@ -195,6 +197,7 @@ impl Speaker {
             state,
             child: None,
             restarts: 0,
+            gate_args: Vec::new(),
         };
         s.spawn(&topo.nodes[node])?;
         Ok(s)
@@ -205,6 +208,12 @@ impl Speaker {
             .log_path
             .with_extension(format!("{}.log", self.restarts));
         self.restarts += 1;
+        let no_gate = ["--no-dataplane-gate".to_string()];
+        let gate: Vec<&str> = if self.gate_args.is_empty() {
+            no_gate.iter().map(String::as_str).collect()
+        } else {
+            self.gate_args.iter().map(String::as_str).collect()
+        };
         let child = ns.spawn_logged(
             &[
                 env!("CARGO_BIN_EXE_juneau-bgp"),
@@ -216,7 +225,10 @@ impl Speaker {
                 "0.0.0.0:179",
                 "--metrics-addr",
                 "127.0.0.1:9179",
-            ],
+            ]
+            .into_iter()
+            .chain(gate)
+            .collect::<Vec<_>>(),
             &log,
         )?;
         self.child = Some(child);
