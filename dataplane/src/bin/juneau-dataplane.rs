@@ -41,6 +41,10 @@ struct Args {
     /// The node-state file the node agent publishes (juneau_control::shm).
     #[arg(long, value_name = "PATH")]
     state_file: PathBuf,
+    /// The dataplane status juneau-bgp reads before announcing a VIP (heartbeat,
+    /// programmed VIPs); default: the state file with extension `.dataplane`.
+    #[arg(long, value_name = "PATH")]
+    status_file: Option<PathBuf>,
     /// Write counters as JSON to this file about once a second (atomically, by rename).
     #[arg(long, value_name = "PATH")]
     stats_file: Option<PathBuf>,
@@ -115,6 +119,9 @@ fn main() -> Result<()> {
         pod_iface_frames: a.pod_iface_frames,
         uplink: a.uplink,
         pod_ifaces: a.pod_ifaces,
+        status_file: a.status_file.unwrap_or_else(|| {
+            juneau_control::dataplane_status::path_for_state_file(&a.state_file)
+        }),
         state_file: a.state_file,
         stats_file: a.stats_file,
         metrics_addr: a.metrics_addr,
