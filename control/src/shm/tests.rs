@@ -379,7 +379,10 @@ fn terminating_backends_round_trip_and_are_never_picked() {
     let drained = snap
         .service_index(&frontend([203, 0, 113, 11], Protocol::Tcp, 443))
         .unwrap();
-    assert_eq!(snap.state.services[drained].terminating, vec![backend(8, 443)]);
+    assert_eq!(
+        snap.state.services[drained].terminating,
+        vec![backend(8, 443)]
+    );
     for h in 0..5000u64 {
         let hash = h.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let f = &snap.state.services[web].frontend;
