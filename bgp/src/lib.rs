@@ -3,13 +3,15 @@
 //! Owns: the wire codec wrapper, the sans-IO session FSM, the per-peer sessions and the
 //! speaker's status. Reads what to announce and to whom from `juneau_control::shm`.
 //!
-//! Must not touch: Kubernetes, the dataplane, or the kernel's routing table (routes
-//! received from peers are discarded, never installed).
+//! Must not touch: Kubernetes, the dataplane (it only *reads* the dataplane's status file,
+//! [`gate`]), or the kernel's routing table (routes received from peers are discarded,
+//! never installed).
 
 //!
 //! Modules: [`wire`] (the codec over netgauze-bgp-pkt), [`fsm`] (the sans-IO RFC 4271
 //! state machine), [`rib`] (what each peer should have, as UPDATE diffs), [`speaker`]
-//! (the tokio daemon), [`status`] (status file and metrics), [`sockopt`] (TCP-MD5, TTL),
+//! (the tokio daemon), [`gate`] (announce only what a live dataplane has programmed),
+//! [`status`] (status file and metrics), [`sockopt`] (TCP-MD5, TTL),
 //! [`bfd`] (the sans-IO RFC 5880 session), [`bfd_io`] (BFD over UDP, RFC 5881/5883) and
 //! [`maintenance`] (graceful shutdown before a withdrawal, RFC 8326).
 
@@ -18,6 +20,7 @@
 pub mod bfd;
 pub mod bfd_io;
 pub mod fsm;
+pub mod gate;
 pub mod maintenance;
 pub mod rib;
 pub mod sockopt;

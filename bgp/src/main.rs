@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
+use juneau_bgp::gate::{self, GateConfig};
 use juneau_bgp::speaker::{self, SpeakerConfig};
 use juneau_bgp::status::StatusHub;
 
@@ -33,6 +34,17 @@ struct Args {
     /// survive restarts of this speaker (graceful restart without a BFD flap).
     #[arg(long)]
     bfd_status_file: Option<PathBuf>,
+    /// The dataplane's status file (heartbeat, programmed VIPs); default: the state file
+    /// with extension `.dataplane`.
+    #[arg(long, env = "JUNEAU_DATAPLANE_STATUS_FILE")]
+    dataplane_status_file: Option<PathBuf>,
+    /// Withdraw every VIP when the dataplane's heartbeat is older than this (ms).
+    #[arg(long, default_value_t = 500)]
+    dataplane_heartbeat_timeout_ms: u64,
+    /// Announce what the state file says without checking the dataplane: for route-only
+    /// set-ups (another forwarder behind the VIPs) and tests without a dataplane.
+    #[arg(long)]
+    no_dataplane_gate: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,7 +73,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tracing::info!(%addr, "serving metrics");
         tokio::spawn(hub.clone().serve_metrics(l));
     }
-    let state_rx = speaker::watch_state(args.state_file.clone());
+    let state_rx = if args.no_dataplane_gate {
+        tracing::warn!("--no-dataplane-gate: announcing VIPs without checking the dataplane");
+        speaker::watch_state(args.state_file.clone())
+    } else {
+        let gate = GateConfig {
+            status_file: args.dataplane_status_file.clone().unwrap_or_else(|| {
+                juneau_control::dataplane_status::path_for_state_file(&args.state_file)
+            }),
+            heartbeat_timeout: std::time::Duration::from_millis(
+                args.dataplane_heartbeat_timeout_ms,
+            ),
+        };
+        gate::watch_gated_state(args.state_file.clone(), gate, hub.clone())
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};

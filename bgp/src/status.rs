@@ -138,6 +138,10 @@ pub struct Status {
     pub written_unix: u64,
     /// Per peer, by name.
     pub peers: BTreeMap<String, PeerStatus>,
+    /// VIPs the agent wants announced that are withdrawn because the dataplane cannot
+    /// serve them (dead, stopped, or VIP not programmed), with the reason.
+    #[serde(default)]
+    pub held_back: BTreeMap<Ipv4Addr, String>,
 }
 
 /// Shared status, with a wake-up for the file writer.
@@ -402,6 +406,13 @@ impl StatusHub {
             "juneau_bgp_bfd_down_events",
             "Times an Up BFD session went down.",
             bfd_downs,
+        );
+        let held_back = Gauge::<i64>::default();
+        held_back.set(s.held_back.len() as i64);
+        reg.register(
+            "juneau_bgp_vips_held_back",
+            "VIPs withheld because the dataplane cannot serve them.",
+            held_back,
         );
         reg.register(
             "juneau_bgp_update_latency_seconds",

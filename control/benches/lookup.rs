@@ -25,6 +25,7 @@ fn state(services: usize) -> NodeState {
                         port: 8080,
                     })
                     .collect(),
+                terminating: Vec::new(),
             })
             .collect(),
         ..NodeState::default()

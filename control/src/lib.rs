@@ -4,14 +4,17 @@
 //! service tables, BGP peer settings), the pure decisions made on it ([`ipam`] VIP
 //! allocation, [`advertise`] which nodes announce a VIP, [`maglev`] backend choice for new
 //! flows) and the shared-memory ABI ([`shm`]) through which the node agent publishes a
-//! node's [`model::NodeState`] to the dataplane and the BGP speaker.
+//! node's [`model::NodeState`] to the dataplane and the BGP speaker, and the small
+//! [`dataplane_status`] file through which the dataplane tells the BGP speaker it is alive
+//! and which VIPs it has programmed.
 //!
-//! Must not touch: the network, Kubernetes, clocks other than the heartbeat stamp, threads,
+//! Must not touch: the network, Kubernetes, clocks other than the heartbeat stamps, threads,
 //! or any I/O other than the shared-memory file. Everything here is deterministic and
 //! unit-testable; the processes around it are thin glue.
 #![warn(missing_docs)]
 
 pub mod advertise;
+pub mod dataplane_status;
 pub mod ipam;
 pub mod maglev;
 pub mod model;

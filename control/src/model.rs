@@ -114,6 +114,12 @@ impl EndpointConditions {
     pub const fn takes_new_traffic(&self) -> bool {
         self.ready && !self.terminating
     }
+
+    /// Serving but terminating: the endpoint finishes the connections it has (graceful
+    /// drain) but takes no new one.
+    pub const fn drains(&self) -> bool {
+        self.serving && self.terminating
+    }
 }
 
 /// A backend Pod endpoint of a Service.
@@ -149,9 +155,26 @@ impl fmt::Display for LocalBackend {
 pub struct NodeService {
     /// `VIP:port/protocol`.
     pub frontend: Frontend,
-    /// Local Ready, non-terminating backends, sorted. Empty means: drop (and do not
-    /// advertise the VIP on account of this frontend).
+    /// Local Ready, non-terminating backends, sorted: the only ones new flows go to (the
+    /// Maglev table is built over these). Empty means: no new flow is accepted (and the
+    /// VIP is not advertised on account of this frontend).
     pub backends: Vec<LocalBackend>,
+    /// Local backends that are `serving` but `terminating` (graceful drain), sorted: flows
+    /// already going to them keep going until they end or the endpoint disappears; no
+    /// new flow picks them, and they never make the node advertise the VIP.
+    #[serde(default)]
+    pub terminating: Vec<LocalBackend>,
+}
+
+impl NodeService {
+    /// A frontend with these Ready backends and none draining.
+    pub fn new(frontend: Frontend, backends: Vec<LocalBackend>) -> Self {
+        NodeService {
+            frontend,
+            backends,
+            terminating: Vec::new(),
+        }
+    }
 }
 
 /// A VIP this node must announce as a /32, with the path attributes to announce it with.
@@ -305,6 +328,11 @@ impl NodeState {
         for s in &mut self.services {
             s.backends.sort();
             s.backends.dedup();
+            s.terminating.sort();
+            s.terminating.dedup();
+            // A backend that takes new flows is not draining.
+            let ready = &s.backends;
+            s.terminating.retain(|b| ready.binary_search(b).is_err());
         }
         self.services.sort_by_key(|s| s.frontend);
         self.advertised.sort_by_key(|a| a.vip);

@@ -13,7 +13,7 @@
 //! ```
 //!
 //! A slot is an array of 32-bit words: an 80-word slot header, then fixed-capacity
-//! sections — services (4 words each), backends (2), Maglev slots (two u16 per word),
+//! sections — services ([`SERVICE_WORDS`] each), backends (2), Maglev slots (two u16 per word),
 //! advertised VIPs ([`VIP_WORDS`]) and peers ([`PEER_WORDS`]). Everything is stored as
 //! offsets and counts, never pointers; all shared accesses are atomic loads and stores,
 //! so there is no data race even in the language model's sense.
@@ -51,13 +51,25 @@ use crate::model::{
 /// `b"JUNEAUNS"` little-endian: identifies a Juneau node-state file.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
 /// Bumped on every incompatible change of the layout below.
-pub const LAYOUT_VERSION: u32 = 2;
+///
+/// - 1: first release.
+/// - 2: graceful drain — a service record carries a terminating-backend count after its
+///   Ready count ([`SERVICE_WORDS`] 4 -> 5), the terminating backends follow the Ready
+///   ones, and a backend record's port word has [`BACKEND_TERMINATING`] set for them.
+///   (Merged with) BFD: 8 more words per peer (BFD and drain settings).
+/// - 3: both of the above in one layout (two branches had each bumped to 2).
+pub const LAYOUT_VERSION: u32 = 3;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: usize = 4096;
-/// Words per service record: vip, protocol | port << 16, first backend, backend count.
-pub const SERVICE_WORDS: usize = 4;
-/// Words per backend record: ip, port.
+/// Words per service record: vip, protocol | port << 16, first backend, Ready backend
+/// count, terminating backend count. The service's Ready backends are records
+/// `first .. first + ready`, its terminating ones follow them.
+pub const SERVICE_WORDS: usize = 5;
+/// Words per backend record: ip, port | flags << 16.
 pub const BACKEND_WORDS: usize = 2;
+/// Flag in a backend record's port word: the backend is `serving` but `terminating`
+/// (existing flows only; never in the Maglev table).
+pub const BACKEND_TERMINATING: u32 = 1 << 16;
 /// Standard communities per advertised VIP.
 pub const MAX_COMMUNITIES: usize = 8;
 /// Large communities per advertised VIP.
@@ -463,7 +475,11 @@ fn ip_word(ip: Ipv4Addr) -> u32 {
 
 /// Counts what a state needs, validating what cannot grow.
 fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmError> {
-    let backends: usize = state.services.iter().map(|s| s.backends.len()).sum();
+    let backends: usize = state
+        .services
+        .iter()
+        .map(|s| s.backends.len() + s.terminating.len())
+        .sum();
     for s in &state.services {
         if s.backends.len() >= maglev_size as usize {
             return Err(ShmError::Unrepresentable(format!(
@@ -504,7 +520,11 @@ fn encode(
     hdr[0] = generation as u32;
     hdr[1] = (generation >> 32) as u32;
     hdr[2] = state.services.len() as u32;
-    let n_backends: usize = state.services.iter().map(|s| s.backends.len()).sum();
+    let n_backends: usize = state
+        .services
+        .iter()
+        .map(|s| s.backends.len() + s.terminating.len())
+        .sum();
     hdr[3] = n_backends as u32;
     hdr[4] = state.advertised.len() as u32;
     hdr[5] = state.peers.len() as u32;
@@ -525,10 +545,13 @@ fn encode(
         rec[1] = u32::from(s.frontend.protocol.number()) | (u32::from(s.frontend.port) << 16);
         rec[2] = next_backend as u32;
         rec[3] = s.backends.len() as u32;
-        for b in &s.backends {
+        rec[4] = s.terminating.len() as u32;
+        let ready = s.backends.iter().map(|b| (b, 0));
+        let draining = s.terminating.iter().map(|b| (b, BACKEND_TERMINATING));
+        for (b, flags) in ready.chain(draining) {
             let br = &mut out[sec.backends + next_backend * BACKEND_WORDS..][..BACKEND_WORDS];
             br[0] = ip_word(b.ip);
-            br[1] = u32::from(b.port);
+            br[1] = u32::from(b.port) | flags;
             next_backend += 1;
         }
         let table = MaglevTable::new(&s.backends, cap.maglev_size)
@@ -1117,6 +1140,7 @@ fn lookup_in(
                     return None;
                 }
                 let br = sec.backends + (first + b) * BACKEND_WORDS;
+                // `count` is the Ready count: a terminating backend is never picked.
                 return Some(LocalBackend {
                     ip: Ipv4Addr::from(ld(br)?),
                     port: ld(br + 1)? as u16,
@@ -1138,19 +1162,26 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
     for i in 0..ns {
         let rec = &w[sec.services + i * SERVICE_WORDS..][..SERVICE_WORDS];
         let protocol = Protocol::from_number((rec[1] & 0xff) as u8).ok_or("unknown protocol")?;
-        let (first, count) = (rec[2] as usize, rec[3] as usize);
-        if first + count > nb {
+        let (first, count, draining) = (rec[2] as usize, rec[3] as usize, rec[4] as usize);
+        if first + count + draining > nb {
             return Err(format!("service {i} backends out of range"));
         }
-        let backends = (first..first + count)
-            .map(|b| {
-                let br = &w[sec.backends + b * BACKEND_WORDS..][..BACKEND_WORDS];
-                LocalBackend {
-                    ip: Ipv4Addr::from(br[0]),
-                    port: br[1] as u16,
-                }
+        let backend = |b: usize, terminating: bool| {
+            let br = &w[sec.backends + b * BACKEND_WORDS..][..BACKEND_WORDS];
+            if (br[1] & BACKEND_TERMINATING != 0) != terminating || br[1] >> 17 != 0 {
+                return Err(format!("service {i} backend {b} has inconsistent flags"));
+            }
+            Ok(LocalBackend {
+                ip: Ipv4Addr::from(br[0]),
+                port: br[1] as u16,
             })
-            .collect();
+        };
+        let backends = (first..first + count)
+            .map(|b| backend(b, false))
+            .collect::<Result<Vec<_>, _>>()?;
+        let terminating = (first + count..first + count + draining)
+            .map(|b| backend(b, true))
+            .collect::<Result<Vec<_>, _>>()?;
         let words = &w[sec.maglev + i * mw..][..mw];
         let mut slots: Vec<u16> = words
             .iter()
@@ -1170,6 +1201,7 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
                 port: (rec[1] >> 16) as u16,
             },
             backends,
+            terminating,
         });
         maglev_tables.push(slots);
     }

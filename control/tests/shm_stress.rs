@@ -41,6 +41,7 @@ fn table(seed: u32) -> NodeState {
                     port: (seed % 60000) as u16 + b as u16,
                 })
                 .collect(),
+            terminating: Vec::new(),
         })
         .collect();
     let advertised = (0..(seed % 4) as usize)

@@ -30,7 +30,11 @@ fn parse_service(s: &str) -> Result<NodeService> {
             port: port.parse()?,
         });
     }
-    Ok(NodeService { frontend, backends })
+    Ok(NodeService {
+        frontend,
+        backends,
+        terminating: Vec::new(),
+    })
 }
 
 fn main() -> Result<()> {

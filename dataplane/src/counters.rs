@@ -177,8 +177,10 @@ pub struct ServiceStats {
     pub protocol: String,
     /// The Service port.
     pub port: u16,
-    /// Local backends now.
+    /// Local Ready backends now (the ones new flows go to).
     pub backends: usize,
+    /// Local draining backends now (`serving` but `terminating`: existing flows only).
+    pub draining_backends: usize,
     /// Counters (carried over across service-table updates, by frontend).
     #[serde(flatten)]
     pub counters: ServiceCounters,
@@ -474,6 +476,30 @@ impl Stats {
             }
         }
         self.redirect_prometheus(&mut s);
+        for (name, help, get) in [
+            (
+                "juneau_dataplane_service_backends",
+                "Local Ready backends (new flows go to these).",
+                (|s| s.backends) as fn(&ServiceStats) -> usize,
+            ),
+            (
+                "juneau_dataplane_service_draining_backends",
+                "Local serving-but-terminating backends (existing flows only).",
+                |s| s.draining_backends,
+            ),
+        ] {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for svc in &self.services {
+                let _ = writeln!(
+                    s,
+                    "{name}{{vip=\"{}\",protocol=\"{}\",port=\"{}\"}} {}",
+                    svc.vip,
+                    svc.protocol,
+                    svc.port,
+                    get(svc)
+                );
+            }
+        }
         s
     }
 }
@@ -493,6 +519,7 @@ mod tests {
             protocol: "TCP".into(),
             port: 80,
             backends: 2,
+            draining_backends: 1,
             counters: ServiceCounters {
                 packets_in: 5,
                 new_flows: 1,
@@ -502,6 +529,7 @@ mod tests {
         let text = st.prometheus();
         assert!(text.contains("juneau_dataplane_drops_total{reason=\"port_not_exposed\"} 4"));
         assert!(text.contains("juneau_dataplane_service_packets_in_total{vip=\"203.0.113.10\",protocol=\"TCP\",port=\"80\"} 5"));
+        assert!(text.contains("juneau_dataplane_service_draining_backends{vip=\"203.0.113.10\",protocol=\"TCP\",port=\"80\"} 1"));
         assert_eq!(
             st.total_drops(),
             (0..DropReason::ALL.len() as u64).sum::<u64>()

@@ -1077,6 +1077,7 @@ mod tests {
                         port: 80,
                     },
                     backends: bs.clone(),
+                    terminating: Vec::new(),
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1085,6 +1086,7 @@ mod tests {
                         port: 53,
                     },
                     backends: bs.clone(),
+                    terminating: Vec::new(),
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1093,6 +1095,7 @@ mod tests {
                         port: 80,
                     },
                     backends: vec![],
+                    terminating: Vec::new(),
                 },
             ],
             ..Default::default()
@@ -1292,6 +1295,7 @@ mod tests {
                 ip: Ipv4Addr::from(B2),
                 port: 9,
             }],
+            terminating: Vec::new(),
         });
         m.push(maglev(1));
         s.normalize();

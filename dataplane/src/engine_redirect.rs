@@ -334,6 +334,7 @@ mod tests {
                 } else {
                     vec![]
                 },
+                terminating: Vec::new(),
             }],
             ..NodeState::default()
         };

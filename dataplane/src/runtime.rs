@@ -27,6 +27,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, ensure, Context, Result};
 use arc_swap::ArcSwap;
+use juneau_control::dataplane_status::DataplaneStatusWriter;
 use juneau_control::shm::NodeStateReader;
 use xsk_rs::config::{
     BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
@@ -63,6 +64,9 @@ pub struct RuntimeConfig {
     pub pin_dir: PathBuf,
     /// JSON stats file, rewritten atomically about once a second.
     pub stats_file: Option<PathBuf>,
+    /// The dataplane status juneau-bgp reads (`juneau_control::dataplane_status`):
+    /// heartbeat, programmed generation and VIPs.
+    pub status_file: PathBuf,
     /// Address to serve Prometheus metrics on (`GET /metrics`).
     pub metrics_addr: Option<SocketAddr>,
     /// Engine settings.
@@ -699,6 +703,15 @@ fn forward_loop(
 
     let mut reader = open_state(&cfg.state_file);
     let mut seen_generation = 0u64;
+    // What juneau-bgp may announce: our heartbeat and the VIPs steered to us.
+    let mut status = DataplaneStatusWriter::create(&cfg.status_file).with_context(|| {
+        format!(
+            "creating the dataplane status {}",
+            cfg.status_file.display()
+        )
+    })?;
+    let mut programmed: Vec<std::net::Ipv4Addr> = Vec::new();
+    let mut last_beat = Instant::now();
     // Backend addresses of the table in force (to spot new ones).
     let mut known_backends: std::collections::HashSet<u32> = Default::default();
     let mut last_open_try = Instant::now();
@@ -737,10 +750,16 @@ fn forward_loop(
                 match r.snapshot() {
                     Ok(snap) => {
                         let table = ServiceTable::from_snapshot(&snap);
+                        let vips: Vec<std::net::Ipv4Addr> = table.vips().collect();
                         if let Err(e) = io.steering.sync(&table) {
                             // E.g. more VIPs than the map holds: keep forwarding what is
                             // steered rather than stop serving every VIP.
                             tracing::error!(error = %e, "updating the steering maps failed; some VIPs may not be steered");
+                            // Only VIPs steered before and still wanted are surely in
+                            // the map: announce no other.
+                            programmed.retain(|v| vips.contains(v));
+                        } else {
+                            programmed = vips;
                         }
                         tracing::info!(
                             generation = snap.generation,
@@ -792,6 +811,10 @@ fn forward_loop(
                         }
                         engine.set_services(table);
                         seen_generation = g;
+                        if let Err(e) = status.publish(snap.generation, programmed.iter().copied())
+                        {
+                            tracing::error!(error = %e, "writing the dataplane status failed; juneau-bgp keeps the previous VIP set");
+                        }
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "reading the node state failed; keeping the previous table")
@@ -801,6 +824,12 @@ fn forward_loop(
         }
         // Neighbours: one atomic load per iteration. Discovered Pod interfaces follow
         // the table (and are re-checked every second, e.g. to retry a failed attach).
+        // Sign of life for juneau-bgp: a clock read and a store, at most every 20 ms
+        // (an idle loop wakes at least every `idle_sleep_ms`).
+        if now.duration_since(last_beat) >= Duration::from_millis(20) {
+            last_beat = now;
+            status.heartbeat();
+        }
         let v = shared.version();
         let nb_changed = v != nb_version;
         if nb_changed {
@@ -1109,7 +1138,8 @@ fn collect_stats(
             vip: s.frontend.vip.to_string(),
             protocol: s.frontend.protocol.to_string(),
             port: s.frontend.port,
-            backends: s.backends.len(),
+            backends: s.ready,
+            draining_backends: s.backends.len() - s.ready,
             counters: c.services.get(i).copied().unwrap_or_default(),
         });
     }

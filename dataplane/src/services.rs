@@ -46,12 +46,19 @@ impl Hasher for FastHasher {
 pub type FastBuild = BuildHasherDefault<FastHasher>;
 
 /// One frontend with its local backends and Maglev slots.
+///
+/// `backends` holds the Ready backends (sorted) followed by the draining ones — `serving`
+/// but `terminating` (sorted): existing flows to a draining backend are kept (flow
+/// re-validation finds it), while the Maglev table only indexes the first `ready`
+/// entries, so no new flow picks one.
 #[derive(Debug, Clone)]
 pub struct Service {
     /// `VIP:port/protocol`.
     pub frontend: Frontend,
-    /// Local Ready backends (sorted).
+    /// Local Ready backends (sorted), then local draining backends (sorted).
     pub backends: Vec<LocalBackend>,
+    /// How many of `backends` are Ready (the rest are draining).
+    pub ready: usize,
     /// Maglev lookup table: entries index `backends` (anything else means none).
     pub maglev: Vec<u16>,
     /// Slot of `backends[0]` in the table's flat list of `(service, backend)` pairs;
@@ -67,7 +74,7 @@ impl Service {
             return None;
         }
         let slot = self.maglev[(flow_hash % self.maglev.len() as u64) as usize];
-        self.backends.get(usize::from(slot)).copied()
+        self.backends[..self.ready].get(usize::from(slot)).copied()
     }
 
     /// The index in `backends` Maglev gives a flow hash.
@@ -77,7 +84,7 @@ impl Service {
             return None;
         }
         let slot = usize::from(self.maglev[(flow_hash % self.maglev.len() as u64) as usize]);
-        (slot < self.backends.len()).then_some(slot)
+        (slot < self.ready).then_some(slot)
     }
 
     /// Whether `ip:port` is still one of this service's backends.
@@ -93,7 +100,21 @@ impl Service {
             ip: Ipv4Addr::from(ip),
             port,
         };
-        self.backends.binary_search(&b).ok()
+        let (ready, draining) = self.backends.split_at(self.ready);
+        ready
+            .binary_search(&b)
+            .ok()
+            .or_else(|| draining.binary_search(&b).ok().map(|i| i + self.ready))
+    }
+
+    /// The Ready backends (the ones new flows go to).
+    pub fn ready_backends(&self) -> &[LocalBackend] {
+        &self.backends[..self.ready]
+    }
+
+    /// The draining backends (existing flows only).
+    pub fn draining_backends(&self) -> &[LocalBackend] {
+        &self.backends[self.ready..]
     }
 }
 
@@ -124,6 +145,16 @@ impl ServiceTable {
             let mut backends = s.backends.clone();
             backends.sort();
             backends.dedup();
+            let ready = backends.len();
+            let mut draining: Vec<LocalBackend> = s
+                .terminating
+                .iter()
+                .filter(|b| backends.binary_search(b).is_err())
+                .copied()
+                .collect();
+            draining.sort();
+            draining.dedup();
+            backends.extend(draining);
             let slots = maglev.get(i).cloned().unwrap_or_default();
             let f = s.frontend;
             t.by_frontend
@@ -135,6 +166,7 @@ impl ServiceTable {
             t.services.push(Service {
                 frontend: f,
                 backends,
+                ready,
                 maglev: slots,
                 first_slot,
             });
@@ -203,5 +235,67 @@ impl ServiceTable {
                     .map(move |b| (b.ip, b.port, s.frontend.protocol.number()))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use juneau_control::model::{NodeService, Protocol};
+
+    fn b(last: u8) -> LocalBackend {
+        LocalBackend {
+            ip: Ipv4Addr::new(10, 0, 0, last),
+            port: 80,
+        }
+    }
+
+    #[test]
+    fn draining_backends_keep_flows_but_never_take_new_ones() {
+        let frontend = Frontend {
+            vip: Ipv4Addr::new(203, 0, 113, 1),
+            protocol: Protocol::Tcp,
+            port: 80,
+        };
+        let state = NodeState {
+            services: vec![NodeService {
+                frontend,
+                backends: vec![b(3), b(1)],
+                terminating: vec![b(2), b(1)],
+            }],
+            ..Default::default()
+        };
+        let table = juneau_control::maglev::MaglevTable::new(&[b(1), b(3)], 13).unwrap();
+        let t = ServiceTable::new(1, &state, &[table.slots().to_vec()]);
+        let s = t.service(0);
+        // b(1) is Ready, so it is not draining as well.
+        assert_eq!(s.ready_backends(), &[b(1), b(3)]);
+        assert_eq!(s.draining_backends(), &[b(2)]);
+        assert_eq!(t.slot_count(), 3);
+        assert_eq!(s.backend_index(u32::from(b(2).ip), 80), Some(2));
+        assert_eq!(s.backend_index(u32::from(b(3).ip), 80), Some(1));
+        assert_eq!(s.backend_index(u32::from(b(9).ip), 80), None);
+        for h in 0..1000u64 {
+            let i = s.pick_index(h).unwrap();
+            assert!(i < 2, "hash {h} picked draining backend {i}");
+            assert_ne!(s.pick(h), Some(b(2)));
+        }
+        // Replies from a draining backend are still steered to the dataplane.
+        assert!(t.backend_keys().contains(&(b(2).ip, 80, 6)));
+
+        // Only draining backends: the frontend stays, no new flow gets a backend.
+        let state = NodeState {
+            services: vec![NodeService {
+                frontend,
+                backends: vec![],
+                terminating: vec![b(2)],
+            }],
+            ..Default::default()
+        };
+        let t = ServiceTable::new(2, &state, &[vec![juneau_control::maglev::NO_BACKEND; 13]]);
+        assert!(t.is_vip(u32::from(frontend.vip)));
+        let s = t.service(0);
+        assert_eq!(s.pick_index(7), None);
+        assert_eq!(s.backend_index(u32::from(b(2).ip), 80), Some(0));
     }
 }

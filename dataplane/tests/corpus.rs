@@ -226,6 +226,7 @@ fn engine() -> (Engine, Neighbours) {
                     ip: Ipv4Addr::from(B1),
                     port: 8080,
                 }],
+                terminating: Vec::new(),
             },
             NodeService {
                 frontend: Frontend {
@@ -237,6 +238,7 @@ fn engine() -> (Engine, Neighbours) {
                     ip: Ipv4Addr::from(B1),
                     port: 5353,
                 }],
+                terminating: Vec::new(),
             },
         ],
         ..Default::default()

@@ -229,6 +229,7 @@ fn service(protocol: Protocol, port: u16, target: u16, pods: &[usize]) -> NodeSe
                 port: target,
             })
             .collect(),
+        terminating: Vec::new(),
     }
 }
 
@@ -1333,6 +1334,7 @@ fn a_state_file_replaced_by_a_bigger_one_is_followed() -> Result<()> {
                 ip: pod_ip(1),
                 port: HTTP_PORT,
             }],
+            terminating: Vec::new(),
         });
     }
     let want = state.services.len();
@@ -1953,5 +1955,142 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
         s["flows"],
         s["xsk_rx_ring_full"]
     );
+    lab.finish()
+}
+
+/// Pods `ready` take new flows; Pods `draining` are `serving` but `terminating`.
+fn drain_state(ready: &[usize], draining: &[usize]) -> NodeState {
+    let mut st = node_state(ready);
+    for s in &mut st.services {
+        let port = s.backends.first().map(|b| b.port).unwrap_or(
+            match (s.frontend.protocol, s.frontend.port) {
+                (Protocol::Tcp, _) => HTTP_PORT,
+                (_, 53) => UDP_PORT,
+                _ => CLOSED_PORT,
+            },
+        );
+        s.terminating = draining
+            .iter()
+            .map(|&i| LocalBackend {
+                ip: pod_ip(i),
+                port,
+            })
+            .collect();
+    }
+    st
+}
+
+fn publish_and_wait(lab: &mut Lab, st: &NodeState) -> Result<u64> {
+    let g = lab.writer.publish(st)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lab
+        .stats()
+        .ok()
+        .and_then(|s| s["generation"].as_u64())
+        .unwrap_or(0)
+        < g
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "dataplane did not take generation {g}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(g)
+}
+
+/// Graceful drain: pod1 turns `serving` + `terminating` while connections (one in the
+/// middle of a 1 MiB response) run through it. They all complete; every new connection
+/// goes to pod0; a node with only draining backends still forwards the flows it has but
+/// accepts no new one; when the endpoint disappears its flows end.
+#[test]
+fn a_terminating_backend_finishes_its_connections_and_gets_no_new_ones() -> Result<()> {
+    let mut lab = Lab::new("dpd")?;
+    let mut conns = lab.connect_many(20)?;
+    let mut on: Vec<usize> = Vec::new();
+    for c in conns.iter_mut() {
+        on.push(pod_of(&http_get(c)?).context("pod")?);
+    }
+    let long = on
+        .iter()
+        .position(|p| *p == 1)
+        .context("no connection on pod1")?;
+    // A long response in flight on one pod1 connection: read only its start now.
+    conns[long].write_all(b"GET /big HTTP/1.1\r\nHost: vip\r\n\r\n")?;
+    let mut first = [0u8; 4096];
+    let n = conns[long].read(&mut first)?;
+    ensure!(n > 0, "no start of the long response");
+
+    // pod1 starts terminating.
+    publish_and_wait(&mut lab, &drain_state(&[0], &[1]))?;
+    let svc = &lab.stats()?["services"][0];
+    assert_eq!(
+        (svc["backends"].as_u64(), svc["draining_backends"].as_u64()),
+        (Some(1), Some(1)),
+        "{svc}"
+    );
+    // The long response completes: 1 MiB body after the headers.
+    let mut got = first[..n].to_vec();
+    let mut chunk = vec![0u8; 65536];
+    let body_start = loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end + 4;
+        }
+        let n = conns[long].read(&mut chunk)?;
+        ensure!(n > 0, "long connection closed in its headers");
+        got.extend_from_slice(&chunk[..n]);
+    };
+    while got.len() - body_start < 1 << 20 {
+        let n = conns[long]
+            .read(&mut chunk)
+            .context("the long response to a terminating backend was cut")?;
+        ensure!(n > 0, "long connection closed after {} bytes", got.len());
+        got.extend_from_slice(&chunk[..n]);
+    }
+    // Every existing connection keeps working, on the backend it had.
+    for (i, c) in conns.iter_mut().enumerate() {
+        let body = http_get(c)
+            .with_context(|| format!("connection {i} (pod{}) broke while draining", on[i]))?;
+        assert_eq!(pod_of(&body), Some(on[i]), "connection {i} moved");
+    }
+    // New connections: pod0 only.
+    let mut fresh = lab.connect_many(20)?;
+    for c in fresh.iter_mut() {
+        assert_eq!(pod_of(&http_get(c)?), Some(0), "a new flow went to pod1");
+    }
+
+    // Only draining backends left: flows continue, nothing new is accepted.
+    publish_and_wait(&mut lab, &drain_state(&[], &[0, 1]))?;
+    for (i, c) in conns.iter_mut().enumerate() {
+        let body = http_get(c).with_context(|| format!("connection {i} broke"))?;
+        assert_eq!(pod_of(&body), Some(on[i]));
+    }
+    let refused = in_ns(lab.client.name(), || {
+        TcpStream::connect_timeout(
+            &SocketAddr::V4(SocketAddrV4::new(VIP, 80)),
+            Duration::from_secs(2),
+        )
+        .map(|_| ())
+    });
+    assert!(
+        refused.is_err(),
+        "a new connection was accepted with no Ready backend"
+    );
+
+    // pod1's endpoint disappears: its flows end; pod0's keep draining.
+    publish_and_wait(&mut lab, &drain_state(&[], &[0]))?;
+    for (i, c) in conns.iter_mut().enumerate() {
+        if on[i] == 0 {
+            assert_eq!(pod_of(&http_get(c)?), Some(0));
+        } else {
+            c.set_read_timeout(Some(Duration::from_millis(1500)))?;
+            assert!(
+                http_get(c).is_err(),
+                "connection {i} to a gone endpoint served"
+            );
+        }
+    }
+    lab.wait_drops("backend_removed", 1)?;
+    drop((conns, fresh));
     lab.finish()
 }

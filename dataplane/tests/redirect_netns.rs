@@ -237,6 +237,7 @@ fn build_node(
                 ip: POD[i].parse()?,
                 port: HTTP_PORT,
             }],
+            terminating: Vec::new(),
         }],
         ..Default::default()
     })?;

@@ -216,9 +216,9 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
         if !host.is_empty() {
             continue; // the controller marks such a Service Failed; never serve it half.
         }
-        let local: Vec<_> = eps
+        let here: Vec<_> = eps
             .iter()
-            .filter(|e| e.node.as_deref() == Some(node) && e.conditions.takes_new_traffic())
+            .filter(|e| e.node.as_deref() == Some(node))
             .collect();
         let mut any_backend = false;
         for sp in svc
@@ -237,7 +237,17 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
             };
             let sp_name = sp.name.clone().filter(|n| !n.is_empty());
             let mut backends = Vec::new();
-            for e in &local {
+            let mut terminating = Vec::new();
+            for e in &here {
+                // Ready: new flows. Serving but terminating: only the flows it already
+                // has (graceful drain). Anything else: nothing.
+                let list = if e.conditions.takes_new_traffic() {
+                    &mut backends
+                } else if e.conditions.drains() {
+                    &mut terminating
+                } else {
+                    continue;
+                };
                 // The EndpointSlice port carrying the Service port's name holds the
                 // resolved target port (named targetPorts are resolved per Pod).
                 if let Some((_, _, tp)) = e
@@ -245,7 +255,7 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
                     .iter()
                     .find(|(n, pr, _)| *n == sp_name && pr.eq_ignore_ascii_case(proto_name))
                 {
-                    backends.push(LocalBackend {
+                    list.push(LocalBackend {
                         ip: e.ip,
                         port: *tp,
                     });
@@ -259,6 +269,7 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
                     port,
                 },
                 backends,
+                terminating,
             });
         }
         if !any_backend || excluded {
@@ -322,8 +333,13 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
                 peer_idx.into_iter().collect()
             },
             // Ready local Pods of the VIP (one per Pod IP, whatever its ports).
-            weight: weighted
-                .then(|| local.iter().map(|e| e.ip).collect::<BTreeSet<_>>().len() as u32),
+            weight: weighted.then(|| {
+                here.iter()
+                    .filter(|e| e.conditions.takes_new_traffic())
+                    .map(|e| e.ip)
+                    .collect::<BTreeSet<_>>()
+                    .len() as u32
+            }),
         });
     }
 
@@ -691,6 +707,48 @@ mod tests {
         v.slices.insert("default/nginx".into(), vec![sl]);
         let (s, _) = build_node_state("node-a", &v);
         assert_eq!(s.services[0].backends[0].port, 9000);
+    }
+
+    #[test]
+    fn serving_terminating_endpoints_drain_and_never_advertise() {
+        let b = |last: u8| LocalBackend {
+            ip: Ipv4Addr::new(10, 0, 0, last),
+            port: 8080,
+        };
+        // node-a has Ready .1, .2 and serving+terminating .5: .5 drains.
+        let (s, _) = build_node_state("node-a", &view());
+        assert_eq!(s.services[0].backends, vec![b(1), b(2)]);
+        assert_eq!(s.services[0].terminating, vec![b(5)]);
+        assert_eq!(s.advertised.len(), 1);
+
+        // Only terminating endpoints left on node-a: the frontend stays (existing flows
+        // are forwarded), the VIP is not advertised; a terminating endpoint that no
+        // longer serves is gone altogether.
+        let mut v = view();
+        let mut sl = slice(
+            "nginx",
+            "nginx-1",
+            &[
+                ("10.0.0.5", "node-a", true, true),
+                ("10.0.0.6", "node-a", false, true),
+                ("10.0.0.3", "node-c", true, false),
+            ],
+            ("http", 8080),
+        );
+        // Kubernetes reports ready=false for a terminating endpoint; serving says
+        // whether it still answers.
+        let c = sl.endpoints[0].conditions.as_mut().unwrap();
+        c.ready = Some(false);
+        c.serving = Some(true);
+        v.slices.insert("default/nginx".into(), vec![sl]);
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(s.services.len(), 1);
+        assert!(s.services[0].backends.is_empty());
+        assert_eq!(s.services[0].terminating, vec![b(5)]);
+        assert!(s.advertised.is_empty(), "{:?}", s.advertised);
+        // node-c still advertises.
+        let (s, _) = build_node_state("node-c", &v);
+        assert_eq!(s.advertised.len(), 1);
     }
 
     #[test]

@@ -347,6 +347,7 @@ mod tests {
             communities: vec![],
             large_communities: vec![],
             local_pref: None,
+            weighted_by_backends: None,
         }];
         let sl = slice(
             "web",

@@ -451,6 +451,8 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
             d.join("bgp.status.json").to_str().unwrap(),
             "--listen",
             "0.0.0.0:179",
+            // Route convergence only: no dataplane runs here.
+            "--no-dataplane-gate",
         ],
         &bgp_log,
     )?;

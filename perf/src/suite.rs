@@ -304,6 +304,7 @@ fn node_state() -> juneau_control::model::NodeState {
             ip: BACKEND_IP,
             port: bport,
         }],
+        terminating: Vec::new(),
     };
     let mut st = NodeState {
         node: "perf-node".into(),

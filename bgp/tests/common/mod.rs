@@ -158,6 +158,8 @@ pub struct Speaker {
     restarts: u32,
     /// More juneau-bgp arguments (e.g. `--bfd-status-file`), used from the next spawn on.
     pub extra_args: Vec<String>,
+    /// Dataplane-gate arguments for the next `spawn`; empty: `--no-dataplane-gate`.
+    pub gate_args: Vec<String>,
 }
 
 impl Speaker {
@@ -217,6 +219,7 @@ impl Speaker {
             child: None,
             restarts: 0,
             extra_args: vec![],
+            gate_args: Vec::new(),
         })
     }
 
@@ -247,6 +250,12 @@ impl Speaker {
             .log_path
             .with_extension(format!("{}.log", self.restarts));
         self.restarts += 1;
+        let no_gate = ["--no-dataplane-gate".to_string()];
+        let gate: Vec<&str> = if self.gate_args.is_empty() {
+            no_gate.iter().map(String::as_str).collect()
+        } else {
+            self.gate_args.iter().map(String::as_str).collect()
+        };
         let child = ns.spawn_logged(
             &[
                 env!("CARGO_BIN_EXE_juneau-bgp"),
@@ -260,6 +269,7 @@ impl Speaker {
                 "127.0.0.1:9179",
             ]
             .into_iter()
+            .chain(gate)
             .chain(self.extra_args.iter().map(String::as_str))
             .collect::<Vec<&str>>(),
             &log,

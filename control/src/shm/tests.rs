@@ -43,14 +43,19 @@ pub(crate) fn sample_state() -> NodeState {
             NodeService {
                 frontend: frontend([203, 0, 113, 10], Protocol::Tcp, 80),
                 backends: vec![backend(5, 80), backend(6, 80)],
+                // backend 5 is Ready, so normalize() drops it from the draining list.
+                terminating: vec![backend(9, 80), backend(5, 80)],
             },
             NodeService {
                 frontend: frontend([203, 0, 113, 10], Protocol::Udp, 53),
                 backends: vec![backend(7, 5353)],
+                terminating: Vec::new(),
             },
             NodeService {
                 frontend: frontend([203, 0, 113, 11], Protocol::Tcp, 443),
                 backends: vec![],
+                // Only draining backends: existing flows only, nothing to pick.
+                terminating: vec![backend(8, 443)],
             },
         ],
         advertised: vec![AdvertisedVip {
@@ -368,4 +373,54 @@ fn wait_change_wakes_on_publish() {
     let got = r.wait_change(g, Duration::from_secs(30));
     let published = t.join().unwrap();
     assert_eq!(got, published);
+}
+
+#[test]
+fn terminating_backends_round_trip_and_are_never_picked() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    w.publish(&sample_state()).unwrap();
+    let mut r = NodeStateReader::open(&path).unwrap();
+    let snap = r.snapshot().unwrap();
+    let web = snap
+        .service_index(&frontend([203, 0, 113, 10], Protocol::Tcp, 80))
+        .unwrap();
+    assert_eq!(snap.state.services[web].terminating, vec![backend(9, 80)]);
+    let drained = snap
+        .service_index(&frontend([203, 0, 113, 11], Protocol::Tcp, 443))
+        .unwrap();
+    assert_eq!(
+        snap.state.services[drained].terminating,
+        vec![backend(8, 443)]
+    );
+    for h in 0..5000u64 {
+        let hash = h.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let f = &snap.state.services[web].frontend;
+        assert_ne!(r.lookup(f, hash), Some(backend(9, 80)));
+        assert_ne!(snap.pick(web, hash), Some(backend(9, 80)));
+        let f = &snap.state.services[drained].frontend;
+        assert_eq!(r.lookup(f, hash), None);
+        assert_eq!(snap.pick(drained, hash), None);
+    }
+}
+
+#[test]
+fn a_backend_flag_that_contradicts_its_position_is_refused() {
+    let mut state = sample_state();
+    state.normalize();
+    let cap = Capacity::default();
+    let mut words = vec![0u32; cap.sections().end];
+    encode(&state, &cap, 1, &mut words).unwrap();
+    assert!(decode(&words, &cap, 1).is_ok());
+    // The first backend record is Ready: mark it terminating.
+    let first = cap.sections().backends;
+    let mut bad = words.clone();
+    bad[first + 1] |= BACKEND_TERMINATING;
+    let e = decode(&bad, &cap, 1).unwrap_err();
+    assert!(e.contains("inconsistent flags"), "{e}");
+    // Unknown flag bits are refused too.
+    let mut bad = words;
+    bad[first + 1] |= 1 << 20;
+    assert!(decode(&bad, &cap, 1).is_err());
 }

@@ -47,6 +47,7 @@ pub fn setup(recompute: bool, capacity: usize) -> (Engine, Neighbours) {
                 port: 53,
             },
             backends: vec![LocalBackend { ip: B, port: 5353 }],
+            terminating: Vec::new(),
         }],
         ..Default::default()
     };

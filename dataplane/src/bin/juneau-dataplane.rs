@@ -51,6 +51,10 @@ struct Args {
     /// every interface; maps: the flow table is lost) and exit. Stop the dataplane first.
     #[arg(long, requires = "pin_dir")]
     remove_pins: bool,
+    /// The dataplane status juneau-bgp reads before announcing a VIP (heartbeat,
+    /// programmed VIPs); default: the state file with extension `.dataplane`.
+    #[arg(long, value_name = "PATH")]
+    status_file: Option<PathBuf>,
     /// Write counters as JSON to this file about once a second (atomically, by rename).
     #[arg(long, value_name = "PATH")]
     stats_file: Option<PathBuf>,
@@ -168,6 +172,9 @@ fn main() -> Result<()> {
         pod_iface_frames: a.pod_iface_frames,
         uplink,
         pod_ifaces: a.pod_ifaces,
+        status_file: a
+            .status_file
+            .unwrap_or_else(|| juneau_control::dataplane_status::path_for_state_file(&state_file)),
         state_file,
         pin_dir,
         stats_file: a.stats_file,

@@ -47,6 +47,7 @@ fn engine() -> Result<Engine> {
                 port: LOAD_PORT,
             },
             backends: backends.clone(),
+            terminating: Vec::new(),
         }],
         ..Default::default()
     };

@@ -1,0 +1,216 @@
+//! Health-gated announcements against real BIRD 2: `juneau-bgp` announces a VIP only
+//! while the dataplane's status file (`juneau_control::dataplane_status`) shows a fresh
+//! heartbeat and that VIP programmed.
+//!
+//! The dataplane side is played by this test through the real `DataplaneStatusWriter`
+//! (the file protocol `juneau-dataplane` uses), so the crash is exact: the heartbeat stops
+//! and nothing else changes, as after `kill -9`. The end-to-end version with the real
+//! dataplane binary is `k8s-sync/tests/static_stability.rs`.
+//!
+//! Needs root and the Debian package `bird2` (tests/setup.sh).
+
+mod common;
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use common::*;
+use juneau_control::dataplane_status::DataplaneStatusWriter;
+
+const UP: Duration = Duration::from_secs(60);
+const ROUTE: Duration = Duration::from_secs(30);
+/// The speaker's heartbeat limit in this test (the default).
+const LIMIT_MS: u64 = 500;
+
+/// A stand-in dataplane: the real status writer, heartbeating every 10 ms from a thread
+/// (as the forwarding loop's housekeeping does).
+struct FakeDataplane {
+    writer: Arc<Mutex<Option<DataplaneStatusWriter>>>,
+    stop: Arc<AtomicBool>,
+    last_beat: Arc<Mutex<Instant>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FakeDataplane {
+    fn start(path: &std::path::Path) -> Result<Self> {
+        let writer = Arc::new(Mutex::new(Some(DataplaneStatusWriter::create(path)?)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let last_beat = Arc::new(Mutex::new(Instant::now()));
+        let thread = {
+            let (writer, stop, last_beat) = (writer.clone(), stop.clone(), last_beat.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(w) = writer.lock().unwrap().as_ref() {
+                        w.heartbeat();
+                        *last_beat.lock().unwrap() = Instant::now();
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            })
+        };
+        Ok(FakeDataplane {
+            writer,
+            stop,
+            last_beat,
+            thread: Some(thread),
+        })
+    }
+
+    fn program(&self, generation: u64, vips: &[Ipv4Addr]) -> Result<()> {
+        self.writer
+            .lock()
+            .unwrap()
+            .as_mut()
+            .context("dataplane gone")?
+            .publish(generation, vips.iter().copied())?;
+        Ok(())
+    }
+
+    /// `kill -9`: the heartbeat stops, the file stays as it was (not marked stopped).
+    /// Returns the instant of the last heartbeat.
+    fn crash(mut self) -> Instant {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // Leak the writer: a killed process runs no destructor.
+        std::mem::forget(self.writer.lock().unwrap().take());
+        let t = *self.last_beat.lock().unwrap();
+        t
+    }
+}
+
+impl Drop for FakeDataplane {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn held_back(n: &Speaker) -> String {
+    n.status()
+        .map(|s| s["held_back"].to_string())
+        .unwrap_or_default()
+}
+
+/// BIRD must not have the VIP during all of `for_`.
+fn stays_withdrawn(router: &Router, for_: Duration, why: &str) -> Result<()> {
+    let end = Instant::now() + for_;
+    while Instant::now() < end {
+        let hops = router.bgp_nexthops(VIP)?;
+        ensure!(hops.is_empty(), "{why}: BIRD has {VIP} via {hops:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_vip_is_announced_only_while_a_live_dataplane_has_it_programmed() -> Result<()> {
+    let topo = Topo::new("gate", 1)?;
+    let router = Router::start(
+        &topo,
+        RouterKind::Bird,
+        &[Neighbor {
+            node: 0,
+            password: None,
+        }],
+    )?;
+    // Graceful restart off: a withdrawal must reach BIRD's table at once.
+    let peering = NodePeering {
+        graceful_restart: false,
+        ..Default::default()
+    };
+    let mut n0 = Speaker::start(&topo, 0, &peering)?;
+    // Restart the speaker with the gate on, its status file at the default place next to
+    // the state file.
+    n0.kill();
+    n0.gate_args = vec![
+        "--dataplane-heartbeat-timeout-ms".into(),
+        LIMIT_MS.to_string(),
+    ];
+    n0.spawn(&topo.nodes[0])?;
+    n0.wait_established("router", UP)?;
+    let status_file = n0.state_path.with_extension("dataplane");
+
+    // 1. The agent wants the VIP announced, but no dataplane runs: held back.
+    n0.publish_vips(&[VIP])?;
+    wait_for("the VIP held back (no dataplane)", ROUTE, || {
+        Ok(held_back(&n0).contains("unreadable").then_some(()))
+    })
+    .with_context(|| n0.logs())?;
+    stays_withdrawn(&router, Duration::from_secs(1), "no dataplane")?;
+
+    // 2. A dataplane starts but has not programmed the VIP yet: still held back.
+    let dp = FakeDataplane::start(&status_file)?;
+    dp.program(1, &[])?;
+    wait_for("the VIP held back (not programmed)", ROUTE, || {
+        Ok(held_back(&n0).contains("not programmed").then_some(()))
+    })?;
+    stays_withdrawn(&router, Duration::from_secs(1), "VIP not programmed")?;
+
+    // 3. Programmed: announced.
+    let programmed = Instant::now();
+    dp.program(2, &[VIP])?;
+    router.wait_nexthops(VIP, &[node_addr(0)], ROUTE)?;
+    record(
+        RouterKind::Bird,
+        "dataplane programmed the VIP -> route at BIRD",
+        programmed.elapsed(),
+    );
+    assert_eq!(n0.status()?["held_back"], serde_json::json!({}));
+
+    // 4. The dataplane crashes: withdrawn at BIRD.
+    let last_beat = dp.crash();
+    let deadline = Instant::now() + ROUTE;
+    let gone = loop {
+        if router.bgp_nexthops(VIP)?.is_empty() {
+            break last_beat.elapsed();
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "route still at BIRD {ROUTE:?} after the dataplane stopped beating:\n{}",
+            n0.logs()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    record(
+        RouterKind::Bird,
+        "dataplane crash (last heartbeat) -> route gone at BIRD",
+        gone,
+    );
+    println!(
+        "dataplane crash -> withdrawn at BIRD: {} ms (heartbeat limit {LIMIT_MS} ms)",
+        gone.as_millis()
+    );
+    // The target is 1 s; the assertion is generous because a loaded CI machine can
+    // delay any of the three processes. The number above is the measurement.
+    assert!(
+        gone < Duration::from_secs(3),
+        "withdrawal took {gone:?} after the last heartbeat"
+    );
+    assert!(
+        held_back(&n0).contains("presumed down"),
+        "{}",
+        held_back(&n0)
+    );
+    // The session itself stayed up: only the route went.
+    assert_eq!(n0.status()?["peers"]["router"]["session_flaps"], 0);
+
+    // 5. A restarted dataplane: nothing announced until it has the VIP programmed.
+    let dp = FakeDataplane::start(&status_file)?;
+    stays_withdrawn(&router, Duration::from_secs(1), "restarted, not programmed")?;
+    dp.program(3, &[VIP])?;
+    router.wait_nexthops(VIP, &[node_addr(0)], ROUTE)?;
+
+    // 6. A clean stop withdraws at once (no need to wait for the heartbeat to age).
+    drop(dp);
+    router.wait_nexthops(VIP, &[], ROUTE)?;
+    assert!(held_back(&n0).contains("stopped"), "{}", held_back(&n0));
+    Ok(())
+}

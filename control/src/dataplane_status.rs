@@ -1,0 +1,681 @@
+//! The dataplane status: what this node's `juneau-dataplane` has programmed, and whether it
+//! is alive — published by the dataplane (one writer), read by `juneau-bgp` (which
+//! announces a VIP only while the dataplane is alive and has that VIP programmed).
+//!
+//! # Layout (version [`STATUS_LAYOUT_VERSION`])
+//!
+//! One small file per node, default [`default_path`] (`/run/juneau/<node>.dataplane`, next
+//! to the node-state file), mapped `MAP_SHARED` by both processes:
+//!
+//! ```text
+//! [0, 4096)              StatusHeader (#[repr(C)], 64 bytes used): magic "JUNEAUDP",
+//!                        layout_version, vip_capacity, seq, state_generation,
+//!                        heartbeat_mono_ns, started_mono_ns, pid, vip_count, stopped,
+//!                        superseded
+//! [4096, 4096 + 4*cap)   programmed VIPs, one u32 each (host order), sorted
+//! ```
+//!
+//! # Protocol
+//!
+//! `state_generation`, `vip_count` and the VIP words are written under a seqlock (`seq`
+//! odd while writing; the same argument as `docs/shared-memory.md`, with every shared
+//! access atomic). The heartbeat is a single atomic store of `CLOCK_MONOTONIC` nanoseconds
+//! — a system-wide clock, so the dataplane and the speaker compare it across processes and
+//! containers (unless they run in different time namespaces, which Juneau's manifests do
+//! not do) — made from the dataplane's per-iteration housekeeping, never per packet.
+//!
+//! A clean stop sets `stopped` (readers withdraw at once); a crash leaves the heartbeat to
+//! age. A new writer never reuses the old file: it writes a new one beside it, renames it
+//! over the path and then sets `superseded` in the old one, so a reader re-opens the path
+//! (and a reader still mapping the old file never sees it truncated).
+
+use std::fs::OpenOptions;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use memmap2::{MmapOptions, MmapRaw};
+
+/// `b"JUNEAUDP"` little-endian: identifies a Juneau dataplane-status file.
+pub const STATUS_MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUDP");
+/// Bumped on every incompatible change of the layout.
+pub const STATUS_LAYOUT_VERSION: u32 = 1;
+/// Bytes before the VIP words.
+pub const STATUS_HEADER_BYTES: usize = 4096;
+/// VIPs a new file holds; a publish that needs more grows the file (new file + rename).
+pub const DEFAULT_VIP_CAPACITY: u32 = 1024;
+const READ_RETRIES: usize = 1000;
+
+/// `/run/juneau/<node>.dataplane`.
+pub fn default_path(node: &str) -> PathBuf {
+    Path::new(crate::shm::DEFAULT_DIR).join(format!("{node}.dataplane"))
+}
+
+/// The status file that goes with a node-state file: same directory and stem, extension
+/// `.dataplane` (`/run/juneau/node-a.state` -> `/run/juneau/node-a.dataplane`). Both the
+/// dataplane and the speaker derive their default from their `--state-file` this way.
+pub fn path_for_state_file(state_file: &Path) -> PathBuf {
+    state_file.with_extension("dataplane")
+}
+
+/// Nanoseconds of `CLOCK_MONOTONIC` (system-wide, never jumps, counts since boot).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to a valid pointer; CLOCK_MONOTONIC
+    // always exists on Linux (vDSO, no syscall).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// The header. Written once at creation: magic, version, capacity. Everything else is
+/// atomic (shared between processes).
+#[repr(C)]
+pub struct StatusHeader {
+    magic: u64,
+    layout_version: u32,
+    vip_capacity: u32,
+    /// Seqlock over `state_generation`, `vip_count` and the VIP words.
+    seq: AtomicU64,
+    /// Generation of the node-state table the dataplane has programmed (0: none yet).
+    state_generation: AtomicU64,
+    /// `CLOCK_MONOTONIC` ns of the writer's last sign of life.
+    heartbeat_mono_ns: AtomicU64,
+    /// `CLOCK_MONOTONIC` ns when the writer started.
+    started_mono_ns: AtomicU64,
+    /// The writer's process id (in its own pid namespace: informational only).
+    pid: AtomicU32,
+    /// VIPs in use of the VIP words.
+    vip_count: AtomicU32,
+    /// 1 once the writer stopped cleanly: nothing is programmed any more.
+    stopped: AtomicU32,
+    /// 1 once a newer file has been renamed over this one's path.
+    superseded: AtomicU32,
+}
+
+const _: () = assert!(std::mem::size_of::<StatusHeader>() == 64);
+const _: () = assert!(std::mem::align_of::<StatusHeader>() == 8);
+const _: () = assert!(std::mem::size_of::<StatusHeader>() <= STATUS_HEADER_BYTES);
+
+/// Everything that can go wrong with a dataplane-status file.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The file could not be created, opened, sized, mapped or renamed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file does not start with the dataplane-status magic number.
+    #[error("{path} is not a Juneau dataplane-status file (bad magic)")]
+    NotAStatusFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Written by a dataplane with another layout.
+    #[error("{path} has dataplane-status layout version {found}, this binary reads version {expected}; run matching versions of juneau-dataplane and juneau-bgp")]
+    LayoutVersion {
+        /// The file.
+        path: PathBuf,
+        /// Version in the file.
+        found: u32,
+        /// Version this binary speaks.
+        expected: u32,
+    },
+    /// The file is shorter than its header says.
+    #[error("{path} is truncated: {len} bytes, layout needs {needed}")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        len: u64,
+        /// The length its header implies.
+        needed: u64,
+    },
+    /// The writer kept rewriting the VIP set during every read attempt.
+    #[error("the dataplane kept rewriting its status during {0} read attempts")]
+    Contended(usize),
+    /// The VIP count exceeds the file's capacity.
+    #[error("{path} is corrupt: {what}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StatusError + 'a {
+    move |source| StatusError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn file_bytes(capacity: u32) -> u64 {
+    STATUS_HEADER_BYTES as u64 + 4 * u64::from(capacity)
+}
+
+struct Mapping {
+    map: MmapRaw,
+    capacity: u32,
+}
+
+impl Mapping {
+    fn header(&self) -> &StatusHeader {
+        // SAFETY: the mapping is at least STATUS_HEADER_BYTES long (checked in `open`, or
+        // created so), page-aligned, and StatusHeader is repr(C) of plain integers and
+        // atomics, valid for every bit pattern. Its plain fields are only written before
+        // the file is visible under its final name.
+        unsafe { &*(self.map.as_ptr() as *const StatusHeader) }
+    }
+
+    fn vips(&self) -> &[AtomicU32] {
+        // SAFETY: [STATUS_HEADER_BYTES, + 4 * capacity) lies inside the mapping (length
+        // validated against the capacity), is 4-aligned, and AtomicU32 has u32's layout;
+        // every process accesses these words only through atomics.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.map.as_ptr().add(STATUS_HEADER_BYTES) as *const AtomicU32,
+                self.capacity as usize,
+            )
+        }
+    }
+
+    /// Maps an existing file: read-only for readers (the speaker needs no write access
+    /// to the dataplane's file), read-write for a writer marking it superseded.
+    fn open(path: &Path, writable: bool) -> Result<Self, StatusError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(path)
+            .map_err(io("opening", path))?;
+        let len = file
+            .metadata()
+            .map_err(io("reading metadata of", path))?
+            .len();
+        if len < STATUS_HEADER_BYTES as u64 {
+            return Err(StatusError::Truncated {
+                path: path.to_path_buf(),
+                len,
+                needed: STATUS_HEADER_BYTES as u64,
+            });
+        }
+        // MAP_SHARED mapping of a file only Juneau writes; every shared access is atomic
+        // (see `header`, `vips`); the file is never truncated while in use (a new writer
+        // renames a new file over it), so no SIGBUS. A read-only mapping is only ever
+        // loaded from (atomic loads of at most 8 bytes, which never write on any target
+        // Juneau builds for).
+        let map = if writable {
+            MmapOptions::new().map_raw(&file)
+        } else {
+            MmapOptions::new().map_raw_read_only(&file)
+        }
+        .map_err(io("mapping", path))?;
+        let m = Mapping { map, capacity: 0 };
+        let h = m.header();
+        if h.magic != STATUS_MAGIC {
+            return Err(StatusError::NotAStatusFile {
+                path: path.to_path_buf(),
+            });
+        }
+        if h.layout_version != STATUS_LAYOUT_VERSION {
+            return Err(StatusError::LayoutVersion {
+                path: path.to_path_buf(),
+                found: h.layout_version,
+                expected: STATUS_LAYOUT_VERSION,
+            });
+        }
+        let capacity = h.vip_capacity;
+        if len < file_bytes(capacity) {
+            return Err(StatusError::Truncated {
+                path: path.to_path_buf(),
+                len,
+                needed: file_bytes(capacity),
+            });
+        }
+        Ok(Mapping { capacity, ..m })
+    }
+
+    /// Creates a new file at `path` (a temporary name, not yet visible to readers).
+    fn create(path: &Path, capacity: u32, started: u64) -> Result<Self, StatusError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(io("creating", path))?;
+        file.set_len(file_bytes(capacity))
+            .map_err(io("sizing", path))?;
+        // The file is private to this writer until renamed; see `open`.
+        let map = MmapOptions::new()
+            .map_raw(&file)
+            .map_err(io("mapping", path))?;
+        let hdr = StatusHeader {
+            magic: STATUS_MAGIC,
+            layout_version: STATUS_LAYOUT_VERSION,
+            vip_capacity: capacity,
+            seq: AtomicU64::new(0),
+            state_generation: AtomicU64::new(0),
+            heartbeat_mono_ns: AtomicU64::new(monotonic_ns()),
+            started_mono_ns: AtomicU64::new(started),
+            pid: AtomicU32::new(std::process::id()),
+            vip_count: AtomicU32::new(0),
+            stopped: AtomicU32::new(0),
+            superseded: AtomicU32::new(0),
+        };
+        // SAFETY: the mapping is at least STATUS_HEADER_BYTES long and page-aligned; no
+        // other process has this file mapped yet.
+        unsafe { std::ptr::write(map.as_mut_ptr() as *mut StatusHeader, hdr) };
+        Ok(Mapping { map, capacity })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The writer (juneau-dataplane).
+
+/// The one writer of a dataplane-status file.
+pub struct DataplaneStatusWriter {
+    path: PathBuf,
+    live: Mapping,
+    started: u64,
+}
+
+impl DataplaneStatusWriter {
+    /// Creates a fresh status (nothing programmed, heartbeat now) and renames it over
+    /// `path`; a file left by an earlier dataplane is marked superseded so its readers
+    /// move to this one. The directory is created if missing.
+    pub fn create(path: impl AsRef<Path>) -> Result<Self, StatusError> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(io("creating directory", dir))?;
+        }
+        let started = monotonic_ns();
+        let live = Self::replace(&path, DEFAULT_VIP_CAPACITY, started, 0, &[])?;
+        Ok(DataplaneStatusWriter {
+            path,
+            live,
+            started,
+        })
+    }
+
+    /// Writes a complete new file holding `vips`, renames it over `path`, marks the old
+    /// file superseded.
+    fn replace(
+        path: &Path,
+        capacity: u32,
+        started: u64,
+        generation: u64,
+        vips: &[u32],
+    ) -> Result<Mapping, StatusError> {
+        let tmp = path.with_extension(format!("dataplane.tmp{}", std::process::id()));
+        let new = Mapping::create(&tmp, capacity, started)?;
+        write_vips(&new, generation, vips);
+        let old = Mapping::open(path, true).ok();
+        if let Err(e) = std::fs::rename(&tmp, path) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(StatusError::Io {
+                op: "renaming the new dataplane status over",
+                path: path.to_path_buf(),
+                source: e,
+            });
+        }
+        if let Some(old) = old {
+            old.header().superseded.store(1, Ordering::Release);
+        }
+        Ok(new)
+    }
+
+    /// The path readers open.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Records that the node-state table of `state_generation` is installed and these
+    /// VIPs are programmed (steered to the dataplane); also a heartbeat. Grows the file
+    /// when the VIPs do not fit. Call it after each table is installed, not per packet.
+    pub fn publish(
+        &mut self,
+        state_generation: u64,
+        vips: impl IntoIterator<Item = Ipv4Addr>,
+    ) -> Result<(), StatusError> {
+        let mut words: Vec<u32> = vips.into_iter().map(u32::from).collect();
+        words.sort_unstable();
+        words.dedup();
+        let need = u32::try_from(words.len()).unwrap_or(u32::MAX);
+        if need > self.live.capacity {
+            let mut cap = self.live.capacity.max(1);
+            while cap < need {
+                cap = cap.saturating_mul(2);
+            }
+            self.live = Self::replace(&self.path, cap, self.started, state_generation, &words)?;
+        } else {
+            write_vips(&self.live, state_generation, &words);
+        }
+        self.heartbeat();
+        Ok(())
+    }
+
+    /// Stamps the heartbeat: one clock read (vDSO) and one atomic store. Call it from the
+    /// forwarding loop's housekeeping (at least every `idle_sleep`, never per packet).
+    #[inline]
+    pub fn heartbeat(&self) {
+        self.heartbeat_at(monotonic_ns());
+    }
+
+    /// Stamps the heartbeat with a `CLOCK_MONOTONIC` reading the caller already has.
+    #[inline]
+    pub fn heartbeat_at(&self, mono_ns: u64) {
+        self.live
+            .header()
+            .heartbeat_mono_ns
+            .store(mono_ns, Ordering::Release);
+    }
+
+    /// Marks the dataplane stopped (nothing forwarded any more): readers withdraw at once
+    /// instead of waiting for the heartbeat to age. Also done on drop.
+    pub fn mark_stopped(&self) {
+        self.live.header().stopped.store(1, Ordering::Release);
+    }
+}
+
+impl Drop for DataplaneStatusWriter {
+    fn drop(&mut self) {
+        self.mark_stopped();
+    }
+}
+
+fn write_vips(m: &Mapping, generation: u64, vips: &[u32]) {
+    let h = m.header();
+    let s = h.seq.load(Ordering::Relaxed);
+    h.seq.store(s.wrapping_add(1) | 1, Ordering::Relaxed);
+    fence(Ordering::Release);
+    h.state_generation.store(generation, Ordering::Relaxed);
+    h.vip_count.store(vips.len() as u32, Ordering::Relaxed);
+    for (dst, v) in m.vips().iter().zip(vips) {
+        dst.store(*v, Ordering::Relaxed);
+    }
+    h.seq.store((s | 1).wrapping_add(1), Ordering::Release);
+}
+
+// ---------------------------------------------------------------------------------------
+// The reader (juneau-bgp, tests).
+
+/// A consistent reading of the dataplane status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataplaneStatus {
+    /// The dataplane's process id (in its own pid namespace).
+    pub pid: u32,
+    /// Time since its last heartbeat (zero if the stamp is in the future).
+    pub heartbeat_age: Duration,
+    /// How long the writer has been running.
+    pub uptime: Duration,
+    /// Generation of the node-state table it has programmed (0: none yet).
+    pub state_generation: u64,
+    /// The VIPs it has programmed, sorted.
+    pub vips: Vec<Ipv4Addr>,
+    /// It stopped cleanly: nothing is forwarded.
+    pub stopped: bool,
+}
+
+impl DataplaneStatus {
+    /// Alive: not stopped and a heartbeat younger than `max_age`.
+    pub fn alive(&self, max_age: Duration) -> bool {
+        !self.stopped && self.heartbeat_age <= max_age
+    }
+
+    /// Whether `vip` is programmed.
+    pub fn has_vip(&self, vip: Ipv4Addr) -> bool {
+        self.vips.binary_search(&vip).is_ok()
+    }
+}
+
+/// A reader of a dataplane-status file. Follows the path when a new dataplane replaces
+/// the file.
+pub struct DataplaneStatusReader {
+    path: PathBuf,
+    map: Mapping,
+}
+
+impl DataplaneStatusReader {
+    /// Opens and validates the file at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StatusError> {
+        let path = path.as_ref().to_path_buf();
+        let map = Mapping::open(&path, false)?;
+        Ok(DataplaneStatusReader { path, map })
+    }
+
+    /// The file read.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the current status (re-opening the path first if a new dataplane replaced
+    /// the file). Allocates; call it on a timer, not per packet.
+    pub fn read(&mut self) -> Result<DataplaneStatus, StatusError> {
+        if self.map.header().superseded.load(Ordering::Acquire) != 0 {
+            self.map = Mapping::open(&self.path, false)?;
+        }
+        let h = self.map.header();
+        let mut vips = Vec::new();
+        for _ in 0..READ_RETRIES {
+            let s1 = h.seq.load(Ordering::Acquire);
+            if s1 % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let generation = h.state_generation.load(Ordering::Relaxed);
+            let n = h.vip_count.load(Ordering::Relaxed) as usize;
+            vips.clear();
+            vips.extend(
+                self.map
+                    .vips()
+                    .iter()
+                    .take(n)
+                    .map(|w| Ipv4Addr::from(w.load(Ordering::Relaxed))),
+            );
+            fence(Ordering::Acquire);
+            if h.seq.load(Ordering::Relaxed) != s1 {
+                continue;
+            }
+            if n > self.map.capacity as usize {
+                return Err(StatusError::Corrupt {
+                    path: self.path.clone(),
+                    what: format!("{n} VIPs in a file for {}", self.map.capacity),
+                });
+            }
+            if !vips.is_sorted() {
+                return Err(StatusError::Corrupt {
+                    path: self.path.clone(),
+                    what: "VIPs are not sorted".into(),
+                });
+            }
+            let now = monotonic_ns();
+            let beat = h.heartbeat_mono_ns.load(Ordering::Acquire);
+            let started = h.started_mono_ns.load(Ordering::Relaxed);
+            return Ok(DataplaneStatus {
+                pid: h.pid.load(Ordering::Relaxed),
+                heartbeat_age: Duration::from_nanos(now.saturating_sub(beat)),
+                uptime: Duration::from_nanos(now.saturating_sub(started)),
+                state_generation: generation,
+                vips,
+                stopped: h.stopped.load(Ordering::Acquire) != 0,
+            });
+        }
+        Err(StatusError::Contended(READ_RETRIES))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(n: u8) -> Ipv4Addr {
+        Ipv4Addr::new(203, 0, 113, n)
+    }
+
+    #[test]
+    fn round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = path_for_state_file(&dir.path().join("node-a.state"));
+        assert_eq!(path, dir.path().join("node-a.dataplane"));
+        let mut w = DataplaneStatusWriter::create(&path).unwrap();
+        let mut r = DataplaneStatusReader::open(&path).unwrap();
+        let s = r.read().unwrap();
+        assert_eq!(s.state_generation, 0);
+        assert!(s.vips.is_empty());
+        assert_eq!(s.pid, std::process::id());
+        assert!(s.alive(Duration::from_secs(5)), "{s:?}");
+
+        w.publish(7, [ip(2), ip(1), ip(2)]).unwrap();
+        let s = r.read().unwrap();
+        assert_eq!(s.state_generation, 7);
+        assert_eq!(s.vips, vec![ip(1), ip(2)]);
+        assert!(s.has_vip(ip(1)) && !s.has_vip(ip(3)));
+
+        w.publish(8, [ip(3)]).unwrap();
+        let s = r.read().unwrap();
+        assert_eq!((s.state_generation, s.vips.clone()), (8, vec![ip(3)]));
+    }
+
+    #[test]
+    fn heartbeat_ages_and_refreshes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        let w = DataplaneStatusWriter::create(&path).unwrap();
+        let mut r = DataplaneStatusReader::open(&path).unwrap();
+        // A beat 2 s in the past: stale for a 1 s limit.
+        w.heartbeat_at(monotonic_ns() - 2_000_000_000);
+        let s = r.read().unwrap();
+        assert!(s.heartbeat_age >= Duration::from_secs(2), "{s:?}");
+        assert!(!s.alive(Duration::from_secs(1)));
+        assert!(s.alive(Duration::from_secs(10)));
+        w.heartbeat();
+        assert!(r.read().unwrap().alive(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn writer_gone_stopped_and_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        let mut w = DataplaneStatusWriter::create(&path).unwrap();
+        w.publish(3, [ip(1)]).unwrap();
+        let mut r = DataplaneStatusReader::open(&path).unwrap();
+        drop(w);
+        // A clean stop is visible at once; the last VIP set stays readable.
+        let s = r.read().unwrap();
+        assert!(s.stopped && !s.alive(Duration::from_secs(60)), "{s:?}");
+        assert_eq!(s.vips, vec![ip(1)]);
+
+        // A restarted dataplane: a fresh file, nothing programmed, the reader follows.
+        let mut w2 = DataplaneStatusWriter::create(&path).unwrap();
+        let s = r.read().unwrap();
+        assert!(
+            !s.stopped && s.vips.is_empty() && s.state_generation == 0,
+            "{s:?}"
+        );
+        w2.publish(4, [ip(1)]).unwrap();
+        assert_eq!(r.read().unwrap().vips, vec![ip(1)]);
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn grows_past_capacity() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        let mut w = DataplaneStatusWriter::create(&path).unwrap();
+        let mut r = DataplaneStatusReader::open(&path).unwrap();
+        let many: Vec<Ipv4Addr> = (0..3000u32)
+            .map(|i| Ipv4Addr::from(0x0a00_0000 + i))
+            .collect();
+        w.publish(9, many.clone()).unwrap();
+        let s = r.read().unwrap();
+        assert_eq!(s.vips, many);
+        assert!(!s.stopped);
+    }
+
+    #[test]
+    fn version_mismatch_and_bad_files_are_refused_with_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        DataplaneStatusWriter::create(&path)
+            .unwrap()
+            .publish(1, [ip(1)])
+            .unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[8..12].copy_from_slice(&99u32.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let e = DataplaneStatusReader::open(&path).err().unwrap();
+        assert!(
+            matches!(
+                e,
+                StatusError::LayoutVersion {
+                    found: 99,
+                    expected: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("juneau-bgp"), "{e}");
+
+        std::fs::write(&path, b"JUNEAUNS").unwrap();
+        let e = DataplaneStatusReader::open(&path).err().unwrap();
+        assert!(matches!(e, StatusError::Truncated { .. }), "{e}");
+        std::fs::write(&path, vec![0u8; 8192]).unwrap();
+        let e = DataplaneStatusReader::open(&path).err().unwrap();
+        assert!(matches!(e, StatusError::NotAStatusFile { .. }), "{e}");
+        let e = DataplaneStatusReader::open(dir.path().join("missing"))
+            .err()
+            .unwrap();
+        assert!(matches!(e, StatusError::Io { .. }), "{e}");
+    }
+
+    #[test]
+    fn concurrent_reader_never_sees_a_torn_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        let mut w = DataplaneStatusWriter::create(&path).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut r = DataplaneStatusReader::open(&path).unwrap();
+                let mut seen = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let s = match r.read() {
+                        Ok(s) => s,
+                        Err(StatusError::Contended(_)) => continue,
+                        Err(e) => panic!("{e}"),
+                    };
+                    // Generation g publishes exactly the VIPs 1..=g%50.
+                    let want: Vec<Ipv4Addr> = (1..=(s.state_generation % 50) as u32)
+                        .map(Ipv4Addr::from)
+                        .collect();
+                    assert_eq!(s.vips, want, "torn at generation {}", s.state_generation);
+                    seen += 1;
+                }
+                seen
+            })
+        };
+        for g in 1..20_000u64 {
+            w.publish(g, (1..=(g % 50) as u32).map(Ipv4Addr::from))
+                .unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(reader.join().unwrap() > 0);
+    }
+}
