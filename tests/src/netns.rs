@@ -121,6 +121,14 @@ impl Netns {
         Ok(NsChild { child })
     }
 
+    /// Leaves the namespace in place when this handle drops (the lab's `up`, whose
+    /// `down` deletes it by name); returns its name.
+    pub fn detach(self) -> String {
+        let name = self.name.clone();
+        std::mem::forget(self);
+        name
+    }
+
     /// Adds an address (`a.b.c.d/len`) to an interface in this namespace and sets it up.
     pub fn addr(&self, ifname: &str, cidr: &str) -> Result<()> {
         self.exec(&["ip", "addr", "add", cidr, "dev", ifname])?;
