@@ -217,6 +217,13 @@ impl KubeletNode {
     /// Node), and returns once containerd answers and the kubelet runs. Use
     /// [`wait_ready`](Self::wait_ready) with kubectl for the Node's Ready condition.
     pub fn start(spec: NodeSpec, images: &Images, kubelet_bin: &Path) -> Result<KubeletNode> {
+        let mut node = Self::start_runtime(spec, images)?;
+        node.start_kubelet(kubelet_bin)?;
+        Ok(node)
+    }
+
+    /// Only containerd, with the images imported (no kubelet yet).
+    pub fn start_runtime(spec: NodeSpec, images: &Images) -> Result<KubeletNode> {
         // Whatever an earlier run with these names left.
         cleanup(&spec.dir, &spec.cgroup_root, Some(&spec.netns));
         for d in [
@@ -270,11 +277,11 @@ impl KubeletNode {
             },
         )?;
         images::import(&sock, &images.archives())?;
-        node.start_kubelet(kubelet_bin)?;
         Ok(node)
     }
 
-    fn start_kubelet(&mut self, kubelet_bin: &Path) -> Result<()> {
+    /// Starts the kubelet (after [`start_runtime`](Self::start_runtime)).
+    pub fn start_kubelet(&mut self, kubelet_bin: &Path) -> Result<()> {
         let s = &self.spec;
         let mut argv: Vec<String> = vec![
             kubelet_bin.display().to_string(),
@@ -528,6 +535,11 @@ pub fn cleanup(dir: &Path, cgroup_root: &str, netns: Option<&str>) {
     if dir.exists() && mounts_under(dir).is_empty() {
         let _ = fs::remove_dir_all(dir);
     }
+    // containerd 1.6 keeps shim sockets (and ctr its FIFOs) in fixed directories; they
+    // go when empty (rmdir leaves them to another node still running).
+    for d in ["/run/containerd/s", "/run/containerd/fifo", "/run/containerd"] {
+        let _ = fs::remove_dir(d);
+    }
 }
 
 /// Fails when something of a node is left: a process in its cgroup tree, a mount under
@@ -551,4 +563,55 @@ pub fn check_gone(dir: &Path, cgroup_root: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netns::{unique_prefix, Netns};
+
+    /// containerd in a namespace imports both images, runs nginx from its image (its
+    /// config test passes inside the container), and nothing is left after cleanup.
+    #[test]
+    fn containerd_runs_the_local_images_and_leaves_nothing() -> Result<()> {
+        let p = unique_prefix("nod");
+        let netns = Netns::new(format!("{p}n"))?;
+        let tmp = tempfile::tempdir()?;
+        let images = Images::build(&tmp.path().join("images"))?;
+        let dir = tmp.path().join("node");
+        let cgroup_root = format!("/{p}");
+        let spec = NodeSpec {
+            name: format!("{p}-node"),
+            netns: netns.name().to_string(),
+            node_ip: Ipv4Addr::new(10, 252, 0, 2),
+            pod_subnet: Ipv4Addr::new(10, 252, 1, 0),
+            dir: dir.clone(),
+            cgroup_root: cgroup_root.clone(),
+            kubeconfig: tmp.path().join("none"),
+            labels: vec![],
+        };
+        let node = KubeletNode::start_runtime(spec, &images)?;
+        make_cgroup_root(&cgroup_root)?;
+        let sock = node.containerd_socket();
+        let ctr = |args: &[&str]| -> Result<String> {
+            let out = Command::new("ctr").arg("-a").arg(&sock).args(["-n", "k8s.io"]).args(args).output()?;
+            if !out.status.success() {
+                bail!("ctr {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            Ok(format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+        };
+        let list = ctr(&["images", "ls", "-q"])?;
+        assert!(list.contains("docker.io/library/nginx:1.27"), "{list}");
+        assert!(list.contains(PAUSE_IMAGE), "{list}");
+        let runc_root = dir.join("runc-ctr").display().to_string();
+        let test = ctr(&[
+            "run", "--rm", "--runc-root", &runc_root, "--cgroup", &format!("{cgroup_root}/t"),
+            "docker.io/library/nginx:1.27", &format!("{p}-t"),
+            "/usr/sbin/nginx", "-t", "-c", "/etc/nginx/nginx.conf",
+        ])?;
+        assert!(test.contains("test is successful"), "{test}");
+        drop(node);
+        check_gone(&dir, &cgroup_root)?;
+        Ok(())
+    }
 }
