@@ -535,9 +535,25 @@ pub fn cleanup(dir: &Path, cgroup_root: &str, netns: Option<&str>) {
     if dir.exists() && mounts_under(dir).is_empty() {
         let _ = fs::remove_dir_all(dir);
     }
+    // The kubelet links each container's log into the fixed /var/log/containers.
+    let prefix = dir.display().to_string();
+    for e in fs::read_dir("/var/log/containers")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if fs::read_link(e.path()).is_ok_and(|t| t.starts_with(&prefix)) {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+    let _ = fs::remove_dir("/var/log/containers");
     // containerd 1.6 keeps shim sockets (and ctr its FIFOs) in fixed directories; they
     // go when empty (rmdir leaves them to another node still running).
-    for d in ["/run/containerd/s", "/run/containerd/fifo", "/run/containerd"] {
+    for d in [
+        "/run/containerd/s",
+        "/run/containerd/fifo",
+        "/run/containerd",
+    ] {
         let _ = fs::remove_dir(d);
     }
 }
@@ -594,20 +610,38 @@ mod tests {
         make_cgroup_root(&cgroup_root)?;
         let sock = node.containerd_socket();
         let ctr = |args: &[&str]| -> Result<String> {
-            let out = Command::new("ctr").arg("-a").arg(&sock).args(["-n", "k8s.io"]).args(args).output()?;
+            let out = Command::new("ctr")
+                .arg("-a")
+                .arg(&sock)
+                .args(["-n", "k8s.io"])
+                .args(args)
+                .output()?;
             if !out.status.success() {
                 bail!("ctr {args:?}: {}", String::from_utf8_lossy(&out.stderr));
             }
-            Ok(format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+            Ok(format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
         };
         let list = ctr(&["images", "ls", "-q"])?;
         assert!(list.contains("docker.io/library/nginx:1.27"), "{list}");
         assert!(list.contains(PAUSE_IMAGE), "{list}");
         let runc_root = dir.join("runc-ctr").display().to_string();
         let test = ctr(&[
-            "run", "--rm", "--runc-root", &runc_root, "--cgroup", &format!("{cgroup_root}/t"),
-            "docker.io/library/nginx:1.27", &format!("{p}-t"),
-            "/usr/sbin/nginx", "-t", "-c", "/etc/nginx/nginx.conf",
+            "run",
+            "--rm",
+            "--runc-root",
+            &runc_root,
+            "--cgroup",
+            &format!("{cgroup_root}/t"),
+            "docker.io/library/nginx:1.27",
+            &format!("{p}-t"),
+            "/usr/sbin/nginx",
+            "-t",
+            "-c",
+            "/etc/nginx/nginx.conf",
         ])?;
         assert!(test.contains("test is successful"), "{test}");
         drop(node);
