@@ -5,6 +5,8 @@
 //! a grace period) also stops the helpers it started. In a namespace it is started with
 //! `nsenter --net=/run/netns/NS`, not `ip netns exec`: the latter also remounts `/sys`
 //! for the child, and the kubelet then fails to find its cgroup mounts (FACTS.md).
+//! Programs that read their namespace's interfaces from `/sys/class/net` (Juneau's
+//! dataplane) need exactly that remount: [`DaemonSpec::in_netns_with_sysfs`].
 //! [`Daemon::detach`] hands a process over to something that outlives this one (the
 //! lab's `up`), which then stops it by pid.
 
@@ -30,6 +32,10 @@ pub struct DaemonSpec {
     pub env: BTreeMap<String, String>,
     /// Where stdout and stderr go (appended, so a restart keeps the earlier lines).
     pub log: PathBuf,
+    /// Enter the namespace with `ip netns exec` (which also mounts a `/sys` showing the
+    /// namespace's interfaces, what programs that read `/sys/class/net` need) rather
+    /// than `nsenter --net` (what the kubelet needs).
+    pub netns_sysfs: bool,
 }
 
 impl DaemonSpec {
@@ -43,9 +49,16 @@ impl DaemonSpec {
         }
     }
 
-    /// Runs it in network namespace `ns`.
+    /// Runs it in network namespace `ns` (`nsenter --net`: the host's `/sys`).
     pub fn in_netns(mut self, ns: &str) -> Self {
         self.netns = Some(ns.to_string());
+        self
+    }
+
+    /// Runs it in network namespace `ns` with `ip netns exec` (`/sys` of the namespace).
+    pub fn in_netns_with_sysfs(mut self, ns: &str) -> Self {
+        self.netns = Some(ns.to_string());
+        self.netns_sysfs = true;
         self
     }
 
@@ -79,6 +92,12 @@ impl Daemon {
             .open(&spec.log)
             .with_context(|| format!("opening {}", spec.log.display()))?;
         let mut cmd = match &spec.netns {
+            Some(ns) if spec.netns_sysfs => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]);
+                c.args(&spec.argv);
+                c
+            }
             Some(ns) => {
                 let mut c = Command::new("nsenter");
                 c.arg(format!("--net=/run/netns/{ns}")).arg("--");

@@ -786,7 +786,7 @@ impl Lab {
             ],
             logs().join(format!("agent-{node}.log")),
         )
-        .in_netns(&ns(node))
+        .in_netns_with_sysfs(&ns(node))
         .env(
             "KUBECONFIG",
             state()
@@ -827,7 +827,7 @@ impl Lab {
             ],
             logs().join(format!("dataplane-{node}.log")),
         )
-        .in_netns(&ns(node))
+        .in_netns_with_sysfs(&ns(node))
         .env("RUST_LOG", "info")
     }
 
@@ -862,7 +862,7 @@ impl Lab {
             ],
             logs().join(format!("bgp-{node}.log")),
         )
-        .in_netns(&ns(node))
+        .in_netns_with_sysfs(&ns(node))
         .env("RUST_LOG", "info"))
     }
 
