@@ -8,7 +8,8 @@
 //! - [`NGINX_IMAGE`] (`nginx:1.27`, the guide's name): `/usr/sbin/nginx` with the shared
 //!   libraries it links, `/bin/sleep` (for a `preStop` hook), Debian's welcome page and
 //!   `mime.types`, and a config that logs every request to stdout (so `kubectl logs`
-//!   shows it), serves `/healthz` without logging it (the readiness probe), and adds
+//!   shows it), serves `/healthz` without logging it (the readiness probe; also alone on
+//!   port 8080), and adds
 //!   `X-Served-By: <pod name>`. Stop signal SIGQUIT: nginx finishes its requests and
 //!   then exits (SIGTERM would drop them), like the official image.
 
@@ -59,6 +60,17 @@ http {
       default_type text/plain;
       return 200 "ok\n";
     }
+  }
+  # /healthz only, on a port of its own (not the serving port): for probes that must not
+  # share the serving port's path (see docs/operations.md).
+  server {
+    listen 8080;
+    access_log off;
+    location = /healthz {
+      default_type text/plain;
+      return 200 "ok\n";
+    }
+    location / { return 404; }
   }
 }
 "#;

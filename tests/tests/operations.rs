@@ -30,6 +30,14 @@ use juneau_tests::load::LoadReport;
 /// Operations asserted to cause zero failed requests (the others are reported).
 const MUST_BE_CLEAN: &[&str] = &[];
 
+/// Until the dataplane stops black-holing the kubelet's probes to local backend Pods on
+/// the Service's target port (issue 10), Pods on nodes running the dataplane flap
+/// NotReady when probed on the serving port, which drowns every operation's numbers in
+/// probe noise (a first run could not even get 6 Pods Ready at once). The suite therefore
+/// probes `/healthz` on the image's probe-only port 8080. The lab and lab_e2e keep the
+/// probe on the serving port. Set to `None` once issue 10 is fixed.
+const PROBE_PORT_UNTIL_ISSUE_10: Option<u16> = Some(8080);
+
 const NODE_A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
 const NODE_B: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 12);
 const NODE_C: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 13);
@@ -176,6 +184,7 @@ fn table(rows: &[Row]) -> String {
 }
 
 fn pod_on_node_b() -> String {
+    let port = PROBE_PORT_UNTIL_ISSUE_10.map_or("http".to_string(), |p| p.to_string());
     r#"apiVersion: v1
 kind: Pod
 metadata:
@@ -191,14 +200,14 @@ spec:
       imagePullPolicy: Never
       ports: [{containerPort: 80, name: http}]
       readinessProbe:
-        httpGet: {path: /healthz, port: http}
+        httpGet: {path: /healthz, port: PORT}
         periodSeconds: 2
         failureThreshold: 2
       lifecycle:
         preStop:
           exec: {command: ["/bin/sleep", "5"]}
 "#
-    .to_string()
+    .replace("PORT", &port)
 }
 
 #[test]
@@ -209,6 +218,44 @@ fn day2_operations_under_load() -> Result<()> {
     let t_suite = Instant::now();
     let bins = JuneauBins::build_and_locate()?;
     let mut lab = Lab::up(bins)?;
+    let result = operations(&mut lab, t_suite);
+    if result.is_err() {
+        lab::keep_logs();
+    }
+    drop(lab);
+    lab::check_nothing_left()?;
+    let rows = result?;
+    for r in &rows {
+        assert!(
+            r.report.ok > 0,
+            "{}: the load got no answer at all: {:?}",
+            r.name,
+            r.report
+        );
+        if MUST_BE_CLEAN.contains(&r.name) {
+            assert_eq!(
+                r.report.failed, 0,
+                "{}: failed requests under load: {:?}",
+                r.name, r.report
+            );
+        }
+    }
+    Ok(())
+}
+
+fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
+    if let Some(port) = PROBE_PORT_UNTIL_ISSUE_10 {
+        kubectl(&[
+            "patch",
+            "deployment/nginx",
+            "--type=json",
+            "-p",
+            &format!(
+                r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/readinessProbe/httpGet/port","value":{port}}}]"#
+            ),
+        ])?;
+        kubectl(&["rollout", "status", "deployment/nginx", "--timeout=180s"])?;
+    }
     settled(3)?;
     let dir = tempfile::tempdir()?;
     let d = dir.path();
@@ -312,23 +359,5 @@ fn day2_operations_under_load() -> Result<()> {
     let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join("operations.md");
     std::fs::write(&file, &t)?;
     println!("(also in {})", file.display());
-    drop(lab);
-    lab::check_nothing_left()?;
-
-    for r in &rows {
-        assert!(
-            r.report.ok > 0,
-            "{}: the load got no answer at all: {:?}",
-            r.name,
-            r.report
-        );
-        if MUST_BE_CLEAN.contains(&r.name) {
-            assert_eq!(
-                r.report.failed, 0,
-                "{}: failed requests under load: {:?}",
-                r.name, r.report
-            );
-        }
-    }
-    Ok(())
+    Ok(rows)
 }
