@@ -17,9 +17,7 @@
 //! [`BIRD_POLL`] for the /32 (BIRD's routing table, i.e. after BIRD parsed the UPDATE
 //! and imported it); the resolution is that interval plus one query.
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::Ipv4Addr;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;

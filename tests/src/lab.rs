@@ -964,18 +964,30 @@ impl Lab {
             .restart()
     }
 
-    /// `kill -9` of the controller replica holding the Lease, then starts it again;
-    /// returns the old leader's identity.
-    pub fn kill_controller_leader(&mut self) -> Result<String> {
+    /// `kill -9` of the controller replica holding the Lease; waits (at most `timeout`)
+    /// until the other replica holds it, then starts the killed one again (as a
+    /// restarted Pod would come back, now standing by). Returns (old, new) leader.
+    pub fn kill_controller_leader(&mut self, timeout: Duration) -> Result<(String, String)> {
         let leader = controller_leader()?.context("no controller holds the Lease")?;
         let idx: usize = leader
             .strip_prefix("lab-controller-")
             .and_then(|i| i.parse().ok())
             .with_context(|| format!("unexpected leader {leader}"))?;
-        let d = self.controllers.get_mut(idx).context("no such replica")?;
-        d.kill();
-        d.restart()?;
-        Ok(leader)
+        self.controllers
+            .get_mut(idx)
+            .context("no such replica")?
+            .kill();
+        let new = wait_for(
+            "the other controller replica to take the Lease",
+            timeout,
+            Duration::from_millis(500),
+            || Ok(controller_leader()?.filter(|l| *l != leader)),
+        );
+        self.controllers
+            .get_mut(idx)
+            .context("no such replica")?
+            .restart()?;
+        Ok((leader, new?))
     }
 
     /// The pid of each node's dataplane.
