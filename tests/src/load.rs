@@ -55,6 +55,8 @@ pub struct LoadReport {
     pub resets: u64,
     /// Of the failed: timed out (connect or answer).
     pub timeouts: u64,
+    /// Of the failed: connection refused (a RST answering the SYN).
+    pub refused: u64,
     /// Requests on a reused keep-alive connection that failed before any answer byte
     /// and then succeeded on a new connection.
     pub keepalive_retries: u64,
@@ -69,7 +71,7 @@ impl LoadReport {
     pub fn to_json(&self) -> serde_json::Value {
         json!({
             "requests": self.requests, "ok": self.ok, "failed": self.failed,
-            "resets": self.resets, "timeouts": self.timeouts,
+            "resets": self.resets, "timeouts": self.timeouts, "refused": self.refused,
             "keepalive_retries": self.keepalive_retries,
             "longest_gap_ms": self.longest_gap_ms, "duration_ms": self.duration_ms,
         })
@@ -87,6 +89,7 @@ impl LoadReport {
             failed: g("failed")?,
             resets: g("resets")?,
             timeouts: g("timeouts")?,
+            refused: g("refused")?,
             keepalive_retries: g("keepalive_retries")?,
             longest_gap_ms: g("longest_gap_ms")?,
             duration_ms: g("duration_ms")?,
@@ -100,6 +103,7 @@ enum Outcome {
     Status,
     Reset,
     Timeout,
+    Refused,
     Other,
 }
 
@@ -109,6 +113,7 @@ fn classify(e: &std::io::Error) -> Outcome {
             Outcome::Reset
         }
         ErrorKind::TimedOut | ErrorKind::WouldBlock => Outcome::Timeout,
+        ErrorKind::ConnectionRefused => Outcome::Refused,
         _ => Outcome::Other,
     }
 }
@@ -185,6 +190,7 @@ fn record(shared: &Mutex<Shared>, start: Instant, outcome: Outcome) {
             match o {
                 Outcome::Reset => s.report.resets += 1,
                 Outcome::Timeout => s.report.timeouts += 1,
+                Outcome::Refused => s.report.refused += 1,
                 _ => {}
             }
         }
@@ -366,7 +372,7 @@ mod tests {
         let closed = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let r = run(&spec(closed))?;
         assert_eq!(r.ok, 0, "{r:?}");
-        assert!(r.failed > 0, "{r:?}");
+        assert!(r.failed > 0 && r.refused == r.failed, "{r:?}");
         Ok(())
     }
 }

@@ -161,19 +161,20 @@ fn measure(
 
 fn table(rows: &[Row]) -> String {
     let mut t = String::from(
-        "| operation | requests | failed | resets | timeouts | keep-alive retries | longest gap (ms) | operation took (s) |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| operation | requests | failed | resets | timeouts | refused | keep-alive retries | longest gap (ms) | operation took (s) |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         let p = &r.report;
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |",
             r.name,
             p.requests,
             p.failed,
             p.resets,
             p.timeouts,
+            p.refused,
             p.keepalive_retries,
             p.longest_gap_ms,
             r.took.as_secs_f64()
