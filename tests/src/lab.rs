@@ -254,16 +254,7 @@ pub fn in_ns(name: &str, argv: &[&str]) -> Result<String> {
 
 /// The router's kernel next hops for the VIP, sorted.
 pub fn router_next_hops() -> Result<Vec<Ipv4Addr>> {
-    let out = in_ns("router", &["ip", "route", "show", &format!("{VIP}/32")])?;
-    let mut v: Vec<Ipv4Addr> = out
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .windows(2)
-        .filter(|w| w[0] == "via")
-        .filter_map(|w| w[1].parse().ok())
-        .collect();
-    v.sort();
-    Ok(v)
+    crate::netns::route_next_hops(&ns("router"), VIP)
 }
 
 // ------------------------------------------------------------------------- binaries

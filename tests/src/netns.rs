@@ -154,6 +154,24 @@ impl Drop for Netns {
     }
 }
 
+/// The next hops (`via`) of the kernel route to `prefix`/32 in namespace `ns`, sorted:
+/// an ECMP route lists several.
+pub fn route_next_hops(ns: &str, prefix: std::net::Ipv4Addr) -> Result<Vec<std::net::Ipv4Addr>> {
+    let out = run(
+        "ip",
+        &["-n", ns, "-4", "route", "show", &format!("{prefix}/32")],
+    )?;
+    let mut v: Vec<std::net::Ipv4Addr> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "via")
+        .filter_map(|w| w[1].parse().ok())
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
 /// Connects `a` and `b` with a veth pair named `a_if` (in `a`) and `b_if` (in `b`),
 /// both up.
 pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) -> Result<()> {

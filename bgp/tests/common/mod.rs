@@ -115,18 +115,7 @@ impl Topo {
 
     /// Next hops of `prefix` in the router namespace's kernel table (`ip route`).
     pub fn kernel_nexthops(&self, prefix: Ipv4Addr) -> Result<Vec<Ipv4Addr>> {
-        let out = self
-            .router
-            .exec(&["ip", "-4", "route", "show", &format!("{prefix}/32")])?;
-        let mut v: Vec<Ipv4Addr> = out
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .windows(2)
-            .filter(|w| w[0] == "via")
-            .filter_map(|w| w[1].parse().ok())
-            .collect();
-        v.sort();
-        Ok(v)
+        juneau_tests::netns::route_next_hops(self.router.name(), prefix)
     }
 }
 
