@@ -169,6 +169,9 @@ fn lab_walks_the_guide_on_real_kubelets_and_down_leaves_nothing() -> Result<()> 
     }
     result?;
     // down leaves nothing; a second down is harmless.
+    drop(down);
+    lab_cmd("down")?;
+    check_nothing_left()?;
     Ok(())
 }
 
@@ -347,7 +350,5 @@ fn walk() -> Result<()> {
 
     let show = lab_cmd("show")?;
     assert!(show.contains("Welcome to nginx"), "lab show:\n{show}");
-
-    // down leaves nothing; a second down is harmless.
     Ok(())
 }
