@@ -182,12 +182,17 @@ fn walk() -> Result<()> {
     // Real Pods placed by the real scheduler: two on node-a, one on node-c, all Ready
     // by their own probes, running the image built here.
     let pods = nginx_pods()?;
-    let count = |n: &str| pods.iter().filter(|p| p.node == n && p.ready).count();
+    let count = |n: &str| pods.iter().filter(|p| p.node == n).count();
     assert_eq!(
         (count("node-a"), count("node-b"), count("node-c")),
         (2, 0, 1),
         "Pod placement: {pods:?}"
     );
+    // Until issue 10 lands, the dataplane black-holes the kubelet's probes to local Pods
+    // on the serving port now and then, so a Pod may be NotReady for a moment: wait.
+    eventually("all 3 nginx Pods Ready", Duration::from_secs(90), || {
+        Ok(nginx_pods()?.iter().filter(|p| p.ready).count() == 3)
+    })?;
     let spec = kubectl(&["get", "deploy", "nginx", "-o", "jsonpath={.spec.template.spec.containers[0].readinessProbe.httpGet.port} {.spec.template.spec.containers[0].lifecycle.preStop.exec.command} {.spec.template.spec.terminationGracePeriodSeconds}"])?;
     assert_eq!(
         spec.trim(),
