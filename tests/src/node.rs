@@ -547,8 +547,21 @@ pub fn cleanup(dir: &Path, cgroup_root: &str, netns: Option<&str>) {
         }
     }
     let _ = fs::remove_dir("/var/log/containers");
-    // containerd 1.6 keeps shim sockets (and ctr its FIFOs) in fixed directories; they
-    // go when empty (rmdir leaves them to another node still running).
+    // containerd 1.6 keeps shim sockets (and ctr its FIFOs) in fixed directories. A shim
+    // killed with SIGKILL leaves its socket: remove the sockets nobody listens on any
+    // more (a live shim's, e.g. another node's, still accepts), then the directories
+    // when empty.
+    for e in fs::read_dir("/run/containerd/s")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Err(err) = std::os::unix::net::UnixStream::connect(e.path()) {
+            if err.kind() == std::io::ErrorKind::ConnectionRefused {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
     for d in [
         "/run/containerd/s",
         "/run/containerd/fifo",
