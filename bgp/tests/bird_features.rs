@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use common::*;
 use juneau_control::model::{AdvertisedVip, PeerConfig};
+use juneau_tests::bird::{BgpNeighbor, BirdConfig};
 use juneau_tests::netns::{veth, Netns};
 
 const UP: Duration = Duration::from_secs(60);
@@ -43,11 +44,13 @@ fn ebgp_multihop_across_a_router_and_ttl_one_never_gets_there() -> Result<()> {
     };
     let router = Router::start_bird_with_config(
         &bird_topo,
-        "router id 10.0.2.2;\nprotocol device { }\n\
-         protocol static { ipv4; route 10.0.1.0/24 via 10.0.2.1; route 10.255.0.2/32 via 10.0.2.1; }\n\
-         protocol bgp node0 {\n local 10.0.2.2 as 65000;\n neighbor 10.255.0.2 as 65001;\n multihop 2;\n \
-         hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
-         ipv4 { import all; export none; };\n}\n",
+        &BirdConfig::new(Ipv4Addr::new(10, 0, 2, 2))
+            .raw("protocol static { ipv4; route 10.0.1.0/24 via 10.0.2.1; route 10.255.0.2/32 via 10.0.2.1; }")
+            .bgp(
+                &BgpNeighbor::new("node0", Ipv4Addr::new(10, 0, 2, 2), 65000, Ipv4Addr::new(10, 255, 0, 2), 65001)
+                    .extra("multihop 2;"),
+            )
+            .render(),
     )?;
 
     let mut pc = PeerConfig::new("router", Ipv4Addr::new(10, 0, 2, 2), ROUTER_ASN, NODE_ASN);
@@ -105,12 +108,12 @@ fn ibgp_sends_local_pref_and_an_empty_as_path() -> Result<()> {
     let topo = Topo::new("ib", 1)?;
     let router = Router::start_bird_with_config(
         &topo,
-        &format!(
-            "router id 10.0.1.1;\nprotocol device {{ }}\n\
-             protocol bgp node0 {{\n local 10.0.1.1 as {NODE_ASN};\n neighbor 10.0.1.2 as {NODE_ASN};\n direct;\n \
-             hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
-             ipv4 {{ import all; export none; }};\n}}\n"
-        ),
+        &BirdConfig::new(router_addr(0))
+            .bgp(
+                &BgpNeighbor::new("node0", router_addr(0), NODE_ASN, node_addr(0), NODE_ASN)
+                    .extra("direct;"),
+            )
+            .render(),
     )?;
     let mut pc = PeerConfig::new("router", router_addr(0), NODE_ASN, NODE_ASN);
     pc.hold_time = 9;
@@ -146,13 +149,13 @@ fn received_routes_are_counted_and_never_installed() -> Result<()> {
     let topo = Topo::new("rx", 1)?;
     let _router = Router::start_bird_with_config(
         &topo,
-        &format!(
-            "router id 10.0.1.1;\nprotocol device {{ }}\n\
-             protocol static {{ ipv4; route 198.51.100.0/24 blackhole; route 203.0.113.0/25 blackhole; }}\n\
-             protocol bgp node0 {{\n local 10.0.1.1 as {ROUTER_ASN};\n neighbor 10.0.1.2 as {NODE_ASN};\n \
-             hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
-             ipv4 {{ import all; export all; }};\n}}\n"
-        ),
+        &BirdConfig::new(router_addr(0))
+            .raw("protocol static { ipv4; route 198.51.100.0/24 blackhole; route 203.0.113.0/25 blackhole; }")
+            .bgp(
+                &BgpNeighbor::new("node0", router_addr(0), ROUTER_ASN, node_addr(0), NODE_ASN)
+                    .ipv4("import all; export all;"),
+            )
+            .render(),
     )?;
     let n0 = Speaker::start(&topo, 0, &NodePeering::default())?;
     n0.wait_established("router", UP)?;
@@ -229,20 +232,15 @@ fn vips_go_only_to_the_peers_they_name() -> Result<()> {
     veth(&topo.nodes[0], "uplink2", &topo.router, "e0")?;
     topo.nodes[0].addr("uplink2", "10.0.3.2/24")?;
     topo.router.addr("e0", "10.0.3.1/24")?;
-    let session = |name: &str, local: &str, neighbor: &str| {
-        format!(
-            "protocol bgp {name} {{\n local {local} as {ROUTER_ASN};\n neighbor {neighbor} as {NODE_ASN};\n \
-             hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
-             ipv4 {{ import all; export none; }};\n}}\n"
-        )
+    let session = |name: &str, local: [u8; 4], neighbor: [u8; 4]| {
+        BgpNeighbor::new(name, local.into(), ROUTER_ASN, neighbor.into(), NODE_ASN)
     };
     let router = Router::start_bird_with_config(
         &topo,
-        &format!(
-            "router id 10.0.1.1;\nprotocol device {{ }}\n{}{}",
-            session("link_a", "10.0.1.1", "10.0.1.2"),
-            session("link_b", "10.0.3.1", "10.0.3.2")
-        ),
+        &BirdConfig::new(router_addr(0))
+            .bgp(&session("link_a", [10, 0, 1, 1], [10, 0, 1, 2]))
+            .bgp(&session("link_b", [10, 0, 3, 1], [10, 0, 3, 2]))
+            .render(),
     )?;
     let peer = |name: &str, addr: Ipv4Addr| {
         let mut pc = PeerConfig::new(name, addr, ROUTER_ASN, NODE_ASN);

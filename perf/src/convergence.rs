@@ -17,9 +17,7 @@
 //! [`BIRD_POLL`] for the /32 (BIRD's routing table, i.e. after BIRD parsed the UPDATE
 //! and imported it); the resolution is that interval plus one query.
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::Ipv4Addr;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
@@ -29,6 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
 use juneau_control::shm::NodeStateReader;
+use juneau_tests::bird::{BgpNeighbor, Bird, BirdConfig};
 use juneau_tests::kube::KubeCluster;
 use juneau_tests::netns::{unique_prefix, veth, Netns, NsChild};
 use serde::{Deserialize, Serialize};
@@ -209,57 +208,6 @@ fn tail(p: &Path) -> String {
     l[l.len().saturating_sub(30)..].join("\n")
 }
 
-/// A connection to BIRD's control socket (what `birdc` speaks).
-struct Birdc {
-    r: BufReader<UnixStream>,
-    w: UnixStream,
-}
-
-impl Birdc {
-    fn connect(path: &Path) -> Result<Birdc> {
-        let w =
-            UnixStream::connect(path).with_context(|| format!("connecting {}", path.display()))?;
-        w.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let mut b = Birdc {
-            r: BufReader::new(w.try_clone()?),
-            w,
-        };
-        b.read_reply()?; // "0001 BIRD 2.x ready."
-        Ok(b)
-    }
-
-    /// Reads lines until the reply's last line (code 0xxx, 8xxx or 9xxx followed by a space).
-    fn read_reply(&mut self) -> Result<String> {
-        let mut out = String::new();
-        loop {
-            let mut line = String::new();
-            if self.r.read_line(&mut line)? == 0 {
-                bail!("BIRD closed its control socket");
-            }
-            out.push_str(&line);
-            let b = line.as_bytes();
-            if b.len() >= 5
-                && b[..4].iter().all(u8::is_ascii_digit)
-                && b[4] == b' '
-                && matches!(b[0], b'0' | b'8' | b'9')
-            {
-                return Ok(out);
-            }
-        }
-    }
-
-    fn cmd(&mut self, c: &str) -> Result<String> {
-        self.w.write_all(format!("{c}\n").as_bytes())?;
-        self.read_reply()
-    }
-
-    fn has_route(&mut self, vip: Ipv4Addr) -> Result<bool> {
-        let p = format!("{vip}/32");
-        let r = self.cmd(&format!("show route {p}"))?;
-        Ok(r.contains(&p))
-    }
-}
-
 fn eventually<T>(what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
     let start = Instant::now();
     let mut last = String::new();
@@ -335,32 +283,20 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
         .tempdir()?;
     let d = dir.path();
 
-    let bird_conf = d.join("bird.conf");
-    std::fs::write(
-        &bird_conf,
-        format!(
-            "log stderr all;\nrouter id {ROUTER_ADDR};\nprotocol device {{ scan time 10; }}\n\
-             protocol bgp juneau {{\n local {ROUTER_ADDR} as 65000;\n neighbor {NODE_ADDR} as 65001;\n \
-             hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
-             ipv4 {{ import all; export none; }};\n}}\n"
-        ),
+    let bird = Bird::start(
+        router.name(),
+        &d.join("router"),
+        &BirdConfig::new(ROUTER_ADDR)
+            .bgp(&BgpNeighbor::new(
+                "juneau",
+                ROUTER_ADDR,
+                65000,
+                NODE_ADDR,
+                65001,
+            ))
+            .render(),
     )?;
-    let ctl = d.join("bird.ctl");
-    let bird_log = d.join("bird.log");
-    let _bird: NsChild = router.spawn_logged(
-        &[
-            "/usr/sbin/bird",
-            "-f",
-            "-c",
-            bird_conf.to_str().unwrap(),
-            "-s",
-            ctl.to_str().unwrap(),
-            "-P",
-            d.join("bird.pid").to_str().unwrap(),
-        ],
-        &bird_log,
-    )?;
-    eventually("BIRD's control socket", || Ok(ctl.exists().then_some(())))?;
+    let bird_log = bird.log().to_path_buf();
 
     // Kubernetes objects: node-a (InternalIP = its BGP router id), network, peer,
     // advertisement, a Service and its EndpointSlice with one ready endpoint on node-a.
@@ -467,7 +403,7 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
         let mut r = NodeStateReader::open(&state)?;
         Ok(r.snapshot()?.state.advertised.first().map(|a| a.vip))
     })?;
-    let mut birdc = Birdc::connect(&ctl)?;
+    let mut birdc = bird.control()?;
     eventually("BIRD to have the VIP's /32 from juneau-bgp", || {
         Ok(birdc.has_route(vip)?.then_some(()))
     })

@@ -18,6 +18,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! [`KubeCluster::start_with`] takes [`ClusterOptions`]: another listen address (nodes in
+//! network namespaces reach it through a bridge), a fixed directory (the lab's), the
+//! node-lifecycle controller on (real kubelets send heartbeats). With real kubelets
+//! ([`crate::node`]) a [`KubeCluster::start_scheduler`] places the Pods.
+//!
 //! The apiserver runs with RBAC authorization, the ServiceAccount admission plugin off
 //! (there is no kubelet to consume Pod tokens, and Pods can then be created before the
 //! controller-manager has made the namespace's `default` ServiceAccount), and no
@@ -25,7 +30,7 @@
 
 use std::fs;
 use std::io::Write as _;
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -49,6 +54,47 @@ pub fn kubernetes_version() -> &'static str {
         .find_map(|l| l.strip_prefix("require k8s.io/kubernetes "))
         .and_then(|rest| rest.split_whitespace().next())
         .expect("tests/k8s/go.mod has a `require k8s.io/kubernetes vX.Y.Z` line")
+}
+
+/// How to start a [`KubeCluster`].
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Where the apiserver listens (default 127.0.0.1).
+    pub bind_address: Ipv4Addr,
+    /// The apiserver's port (default: a free one).
+    pub api_port: Option<u16>,
+    /// A fixed directory for certificates, logs and etcd data (default: a new temporary
+    /// one). Removed on drop like the temporary one, unless the cluster is detached.
+    pub dir: Option<PathBuf>,
+    /// Run the controller-manager's node-lifecycle controller (only with real kubelets:
+    /// without heartbeats it would mark every Node NotReady).
+    pub node_lifecycle: bool,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            bind_address: Ipv4Addr::LOCALHOST,
+            api_port: None,
+            dir: None,
+            node_lifecycle: false,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum ClusterDir {
+    Temp(tempfile::TempDir),
+    Fixed(PathBuf),
+}
+
+impl ClusterDir {
+    fn path(&self) -> &Path {
+        match self {
+            ClusterDir::Temp(t) => t.path(),
+            ClusterDir::Fixed(p) => p,
+        }
+    }
 }
 
 /// The directory holding `etcd`, `kube-apiserver` and `kube-controller-manager`:
@@ -114,11 +160,18 @@ struct Proc {
     name: &'static str,
     child: Child,
     log: PathBuf,
+    bin: PathBuf,
+    args: Vec<String>,
+    detached: bool,
 }
 
 impl Proc {
     fn spawn(name: &'static str, bin: &Path, args: &[String], log: PathBuf) -> Result<Self> {
-        let f = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .with_context(|| format!("creating {}", log.display()))?;
         let child = Command::new(bin)
             .args(args)
             .stdin(Stdio::null())
@@ -126,7 +179,19 @@ impl Proc {
             .stderr(f)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        Ok(Proc { name, child, log })
+        Ok(Proc {
+            name,
+            child,
+            log,
+            bin: bin.to_path_buf(),
+            args: args.to_vec(),
+            detached: false,
+        })
+    }
+
+    /// The same command again, as a new process.
+    fn respawn(&self) -> Result<Self> {
+        Proc::spawn(self.name, &self.bin, &self.args, self.log.clone())
     }
 
     /// Fails with the log tail if the process has exited.
@@ -143,6 +208,9 @@ impl Proc {
     }
 
     fn stop(&mut self) {
+        if self.detached {
+            return;
+        }
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = Command::new("kill")
                 .args(["-TERM", &self.child.id().to_string()])
@@ -171,13 +239,16 @@ impl Drop for Proc {
 pub struct KubeCluster {
     // Field order is drop order: processes first (controller-manager, apiserver, etcd),
     // the temporary directory last.
+    scheduler: Option<Proc>,
     controller_manager: Option<Proc>,
     apiserver: Proc,
     etcd: Proc,
     bin_dir: PathBuf,
     server: String,
     kubeconfig: PathBuf,
-    dir: tempfile::TempDir,
+    options: ClusterOptions,
+    detached: bool,
+    dir: ClusterDir,
 }
 
 impl KubeCluster {
@@ -185,10 +256,15 @@ impl KubeCluster {
     /// apiserver answers `/readyz`. (A port taken between choosing and binding it —
     /// tests run in parallel — is retried with new ports, up to three times.)
     pub fn start() -> Result<Self> {
+        Self::start_with(ClusterOptions::default())
+    }
+
+    /// [`start`](Self::start) with options.
+    pub fn start_with(options: ClusterOptions) -> Result<Self> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::start_once() {
+            match Self::start_once(&options) {
                 Err(e) if attempt < 3 && format!("{e:#}").contains("address already in use") => {
                     eprintln!("kube cluster: a port was taken meanwhile, retrying: {e:#}");
                 }
@@ -197,17 +273,31 @@ impl KubeCluster {
         }
     }
 
-    fn start_once() -> Result<Self> {
+    fn start_once(options: &ClusterOptions) -> Result<Self> {
         let bin_dir = binaries_dir()?;
         let n = CLUSTERS.fetch_add(1, Ordering::Relaxed);
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("juneau-kube-{}-{n}-", std::process::id()))
-            .tempdir()
-            .context("creating the cluster's temporary directory")?;
+        let dir = match &options.dir {
+            Some(d) => {
+                let _ = fs::remove_dir_all(d);
+                fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+                ClusterDir::Fixed(d.clone())
+            }
+            None => ClusterDir::Temp(
+                tempfile::Builder::new()
+                    .prefix(&format!("juneau-kube-{}-{n}-", std::process::id()))
+                    .tempdir()
+                    .context("creating the cluster's temporary directory")?,
+            ),
+        };
         let d = dir.path().to_path_buf();
-        Self::make_credentials(&d)?;
+        Self::make_credentials(&d, options.bind_address)?;
 
-        let (etcd_client, etcd_peer, api_port) = (free_port()?, free_port()?, free_port()?);
+        let (etcd_client, etcd_peer) = (free_port()?, free_port()?);
+        let api_port = match options.api_port {
+            Some(p) => p,
+            None => free_port()?,
+        };
+        let bind = options.bind_address;
         let etcd_url = format!("http://127.0.0.1:{etcd_client}");
         let peer_url = format!("http://127.0.0.1:{etcd_peer}");
         let etcd_args: Vec<String> = vec![
@@ -232,9 +322,11 @@ impl KubeCluster {
         let p = |f: &str| d.join(f).display().to_string();
         let api_args: Vec<String> = vec![
             format!("--etcd-servers={etcd_url}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
+            format!("--bind-address={bind}"),
+            format!("--advertise-address={bind}"),
             format!("--secure-port={api_port}"),
+            // Kubelets report their InternalIP and a Hostname nothing resolves.
+            "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
             format!("--tls-cert-file={}", p("apiserver.crt")),
             format!("--tls-private-key-file={}", p("apiserver.key")),
             format!("--client-ca-file={}", p("ca.crt")),
@@ -256,7 +348,7 @@ impl KubeCluster {
             d.join("kube-apiserver.log"),
         )?;
 
-        let server = format!("https://127.0.0.1:{api_port}");
+        let server = format!("https://{bind}:{api_port}");
         let kubeconfig = d.join("admin.kubeconfig");
         write_kubeconfig(
             &kubeconfig,
@@ -268,19 +360,22 @@ impl KubeCluster {
         etcd.check_running()?;
 
         let mut cluster = KubeCluster {
+            scheduler: None,
             controller_manager: None,
             apiserver,
             etcd,
             bin_dir,
             server,
             kubeconfig,
+            options: options.clone(),
+            detached: false,
             dir,
         };
         cluster.wait_ready()?;
         Ok(cluster)
     }
 
-    fn make_credentials(d: &Path) -> Result<()> {
+    fn make_credentials(d: &Path, bind: Ipv4Addr) -> Result<()> {
         // A CA, a serving certificate for the loopback address and the in-cluster names,
         // and an RSA key that signs ServiceAccount tokens.
         openssl(
@@ -338,10 +433,12 @@ impl KubeCluster {
         )?;
         fs::write(
             d.join("apiserver.ext"),
-            "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,\
-             DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n\
-             extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n\
-             basicConstraints=CA:FALSE\n",
+            format!(
+                "subjectAltName=IP:127.0.0.1,IP:{bind},IP:10.96.0.1,DNS:localhost,DNS:kubernetes,\
+                 DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n\
+                 extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n\
+                 basicConstraints=CA:FALSE\n"
+            ),
         )?;
         openssl(
             d,
@@ -415,7 +512,11 @@ impl KubeCluster {
             "--cert-dir".into(),
             d.join("kcm-certs").display().to_string(),
             "--leader-elect=false".into(),
-            "--controllers=*,-node-lifecycle-controller".into(),
+            if self.options.node_lifecycle {
+                "--controllers=*".into()
+            } else {
+                "--controllers=*,-node-lifecycle-controller".into()
+            },
             "--profiling=false".into(),
         ];
         self.controller_manager = Some(Proc::spawn(
@@ -443,6 +544,84 @@ impl KubeCluster {
         }
     }
 
+    /// Starts kube-scheduler (the default profile), which places Pods on the Nodes that
+    /// real kubelets registered, and waits until it answers its health check.
+    pub fn start_scheduler(&mut self) -> Result<()> {
+        if self.scheduler.is_some() {
+            return Ok(());
+        }
+        let d = self.dir.path().to_path_buf();
+        let port = free_port()?;
+        let args: Vec<String> = vec![
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--authentication-kubeconfig={}", self.kubeconfig.display()),
+            format!("--authorization-kubeconfig={}", self.kubeconfig.display()),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            "--leader-elect=false".into(),
+            "--profiling=false".into(),
+        ];
+        self.scheduler = Some(Proc::spawn(
+            "kube-scheduler",
+            &self.bin_dir.join("kube-scheduler"),
+            &args,
+            d.join("kube-scheduler.log"),
+        )?);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(s) = self.scheduler.as_mut() {
+                s.check_running()?;
+            }
+            let ok = Command::new("curl")
+                .args([
+                    "-skf",
+                    "-m",
+                    "2",
+                    &format!("https://127.0.0.1:{port}/healthz"),
+                ])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false);
+            if ok {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("kube-scheduler not healthy within {READY_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// Restarts kube-apiserver (SIGTERM, then the same command line) and waits until it
+    /// is ready again; returns how long it was away.
+    pub fn restart_apiserver(&mut self) -> Result<Duration> {
+        let t0 = Instant::now();
+        self.apiserver.stop();
+        self.apiserver = self.apiserver.respawn()?;
+        self.wait_ready()?;
+        Ok(t0.elapsed())
+    }
+
+    /// Leaves every process running and the directory in place when this handle
+    /// drops (the lab's `up`); returns (name, pid) of each process.
+    pub fn detach(mut self) -> Vec<(String, u32)> {
+        self.detached = true;
+        let mut v = Vec::new();
+        for p in [
+            Some(&mut self.etcd),
+            Some(&mut self.apiserver),
+            self.controller_manager.as_mut(),
+            self.scheduler.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            p.detached = true;
+            v.push((p.name.to_string(), p.child.id()));
+        }
+        v
+    }
+
     /// `https://127.0.0.1:<port>`.
     pub fn server(&self) -> &str {
         &self.server
@@ -467,6 +646,7 @@ impl KubeCluster {
     pub fn pids(&self) -> Vec<u32> {
         let mut v = vec![self.etcd.child.id(), self.apiserver.child.id()];
         v.extend(self.controller_manager.as_ref().map(|p| p.child.id()));
+        v.extend(self.scheduler.as_ref().map(|p| p.child.id()));
         v
     }
 
@@ -522,6 +702,12 @@ impl KubeCluster {
 
 impl Drop for KubeCluster {
     fn drop(&mut self) {
+        if self.detached {
+            return;
+        }
+        if let Some(mut s) = self.scheduler.take() {
+            s.stop();
+        }
         if let Some(mut kcm) = self.controller_manager.take() {
             kcm.stop();
         }
@@ -542,11 +728,15 @@ impl Drop for KubeCluster {
                     "etcd.log",
                     "kube-apiserver.log",
                     "kube-controller-manager.log",
+                    "kube-scheduler.log",
                 ] {
                     let _ = fs::copy(self.dir.path().join(log), keep.join(log));
                 }
                 eprintln!("kube cluster logs kept in {}", keep.display());
             }
+        }
+        if let ClusterDir::Fixed(d) = &self.dir {
+            let _ = fs::remove_dir_all(d);
         }
     }
 }

@@ -1,11 +1,21 @@
 //! # juneau-tests — the end-to-end test harness
 //!
 //! Owns: helpers that build real test environments — network namespaces and veth pairs
-//! ([`netns`]), real BGP daemons, a real etcd + kube-apiserver — and the cross-crate
-//! end-to-end tests in `tests/tests/`.
+//! ([`netns`]), long-running processes ([`daemon`]), the one BIRD 2 router ([`bird`]), a
+//! real etcd + kube-apiserver + controller-manager + scheduler ([`kube`]), real nodes
+//! with their own containerd and kubelet ([`node`]) running locally built images
+//! ([`images`]), the lab built from all of these ([`lab`], the `juneau-lab` binary), an
+//! HTTP load client ([`load`]) — and the cross-crate end-to-end tests in `tests/tests/`.
 //!
 //! Must not touch: product logic. Everything here starts, wires and inspects the real
-//! binaries; nothing here stands in for them.
+//! binaries; nothing here stands in for them. Everything cleans up on drop, also on
+//! panic: processes, namespaces, mounts, cgroups, containerd state.
 
+pub mod bird;
+pub mod daemon;
+pub mod images;
 pub mod kube;
+pub mod lab;
+pub mod load;
 pub mod netns;
+pub mod node;

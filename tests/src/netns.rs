@@ -121,6 +121,14 @@ impl Netns {
         Ok(NsChild { child })
     }
 
+    /// Leaves the namespace in place when this handle drops (the lab's `up`, whose
+    /// `down` deletes it by name); returns its name.
+    pub fn detach(self) -> String {
+        let name = self.name.clone();
+        std::mem::forget(self);
+        name
+    }
+
     /// Adds an address (`a.b.c.d/len`) to an interface in this namespace and sets it up.
     pub fn addr(&self, ifname: &str, cidr: &str) -> Result<()> {
         self.exec(&["ip", "addr", "add", cidr, "dev", ifname])?;
@@ -144,6 +152,24 @@ impl Drop for Netns {
             .args(["netns", "del", &self.name])
             .output();
     }
+}
+
+/// The next hops (`via`) of the kernel route to `prefix`/32 in namespace `ns`, sorted:
+/// an ECMP route lists several.
+pub fn route_next_hops(ns: &str, prefix: std::net::Ipv4Addr) -> Result<Vec<std::net::Ipv4Addr>> {
+    let out = run(
+        "ip",
+        &["-n", ns, "-4", "route", "show", &format!("{prefix}/32")],
+    )?;
+    let mut v: Vec<std::net::Ipv4Addr> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "via")
+        .filter_map(|w| w[1].parse().ok())
+        .collect();
+    v.sort();
+    Ok(v)
 }
 
 /// Connects `a` and `b` with a veth pair named `a_if` (in `a`) and `b_if` (in `b`),

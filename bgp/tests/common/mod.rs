@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use juneau_control::model::{AdvertisedVip, NodeState, PeerConfig};
 use juneau_control::shm::{Capacity, NodeStateWriter};
+use juneau_tests::bird::{BgpNeighbor, Bird, BirdConfig};
 use juneau_tests::netns::{unique_prefix, veth, Netns, NsChild};
 
 pub const ROUTER_ASN: u32 = 65000;
@@ -114,18 +115,7 @@ impl Topo {
 
     /// Next hops of `prefix` in the router namespace's kernel table (`ip route`).
     pub fn kernel_nexthops(&self, prefix: Ipv4Addr) -> Result<Vec<Ipv4Addr>> {
-        let out = self
-            .router
-            .exec(&["ip", "-4", "route", "show", &format!("{prefix}/32")])?;
-        let mut v: Vec<Ipv4Addr> = out
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .windows(2)
-            .filter(|w| w[0] == "via")
-            .filter_map(|w| w[1].parse().ok())
-            .collect();
-        v.sort();
-        Ok(v)
+        juneau_tests::netns::route_next_hops(self.router.name(), prefix)
     }
 }
 
@@ -429,6 +419,7 @@ pub struct Router {
     dir: PathBuf,
     children: Vec<NsChild>,
     log_files: Vec<PathBuf>,
+    bird: Option<Bird>,
 }
 
 impl Router {
@@ -441,27 +432,26 @@ impl Router {
             dir: dir.clone(),
             children: vec![],
             log_files: vec![],
+            bird: None,
         };
         let rid = router_addr(0);
         match kind {
             RouterKind::Bird => {
-                require("/usr/sbin/bird")?;
-                let mut cfg = format!(
-                    "log stderr all;\nrouter id {rid};\nprotocol device {{ scan time 10; }}\n\
-                     protocol kernel {{ ipv4 {{ import none; export all; }}; merge paths on; }}\n"
-                );
+                let mut cfg = BirdConfig::new(rid).kernel_ecmp();
                 for n in neighbors {
-                    cfg += &format!(
-                        "protocol bgp node{i} {{\n local {la} as {ROUTER_ASN};\n neighbor {na} as {NODE_ASN};\n \
-                         hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
-                         graceful restart on; graceful restart time 120;\n{pw} ipv4 {{ import all; export none; }};\n}}\n",
-                        i = n.node,
-                        la = router_addr(n.node),
-                        na = node_addr(n.node),
-                        pw = n.password.as_ref().map(|p| format!(" password \"{p}\";\n")).unwrap_or_default(),
+                    cfg = cfg.bgp(
+                        &BgpNeighbor::new(
+                            &format!("node{}", n.node),
+                            router_addr(n.node),
+                            ROUTER_ASN,
+                            node_addr(n.node),
+                            NODE_ASN,
+                        )
+                        .graceful_restart(120)
+                        .password(n.password.clone()),
                     );
                 }
-                r.spawn_bird(&topo.router, &cfg)?;
+                r.spawn_bird(&topo.router, &cfg.render())?;
             }
             RouterKind::Frr => {
                 require("/usr/lib/frr/bgpd")?;
@@ -668,7 +658,6 @@ impl Router {
 
     /// BIRD with a configuration written by the test.
     pub fn start_bird_with_config(topo: &Topo, cfg: &str) -> Result<Self> {
-        require("/usr/sbin/bird")?;
         let dir = topo.dir.path().join("router");
         std::fs::create_dir_all(&dir)?;
         let mut r = Router {
@@ -677,39 +666,18 @@ impl Router {
             dir,
             children: vec![],
             log_files: vec![],
+            bird: None,
         };
         r.spawn_bird(&topo.router, cfg)?;
         Ok(r)
     }
 
+    /// The one BIRD implementation of the harness (juneau_tests::bird).
     fn spawn_bird(&mut self, ns: &Netns, cfg: &str) -> Result<()> {
-        let dir = self.dir.clone();
-        let conf = dir.join("bird.conf");
-        let cfg = if cfg.contains("log stderr") {
-            cfg.to_string()
-        } else {
-            format!("log stderr all;\n{cfg}")
-        };
-        std::fs::write(&conf, cfg)?;
-        let log = dir.join("bird.log");
-        let child = ns.spawn_logged(
-            &[
-                "/usr/sbin/bird",
-                "-f",
-                "-c",
-                conf.to_str().unwrap(),
-                "-s",
-                dir.join("bird.ctl").to_str().unwrap(),
-                "-P",
-                dir.join("bird.pid").to_str().unwrap(),
-            ],
-            &log,
-        )?;
-        self.children.push(child);
-        self.log_files.push(log);
-        wait_for("BIRD control socket", Duration::from_secs(10), || {
-            Ok(dir.join("bird.ctl").exists().then_some(()))
-        })
+        let bird = Bird::start(ns.name(), &self.dir, cfg)?;
+        self.log_files.push(bird.log().to_path_buf());
+        self.bird = Some(bird);
+        Ok(())
     }
 
     fn cli(&self, argv: &[&str]) -> Result<String> {
@@ -732,38 +700,7 @@ impl Router {
         let p = format!("{prefix}/32");
         let mut hops: Vec<Ipv4Addr> = match self.kind {
             RouterKind::Bird => {
-                let ctl = self.dir.join("bird.ctl");
-                let out = Command::new("ip")
-                    .args([
-                        "netns",
-                        "exec",
-                        &self.ns_name,
-                        "birdc",
-                        "-s",
-                        ctl.to_str().unwrap(),
-                        "show",
-                        "route",
-                        "for",
-                        &p,
-                        "all",
-                    ])
-                    .output()?;
-                let out = String::from_utf8_lossy(&out.stdout).into_owned();
-                if out.contains("Network not found") {
-                    return Ok(vec![]);
-                }
-                if !out.contains(&p) {
-                    bail!("unexpected birdc output: {out}");
-                }
-                let hops: Vec<Ipv4Addr> = out
-                    .lines()
-                    .filter_map(|l| l.trim().strip_prefix("BGP.next_hop:"))
-                    .filter_map(|h| h.trim().parse().ok())
-                    .collect();
-                if hops.is_empty() {
-                    bail!("birdc shows {p} without a BGP next hop: {out}");
-                }
-                hops
+                juneau_tests::bird::bgp_nexthops(&self.dir.join("bird.ctl"), prefix)?
             }
             RouterKind::Frr => {
                 let out = self.cli(&[
@@ -822,47 +759,19 @@ impl Router {
 
     /// BIRD only: runs a `birdc` command.
     pub fn bird_cli(&self, args: &[&str]) -> Result<String> {
-        let ctl = self.dir.join("bird.ctl");
-        let mut argv = vec!["birdc", "-s", ctl.to_str().unwrap()];
-        argv.extend_from_slice(args);
-        self.cli(&argv)
+        juneau_tests::bird::birdc(&self.dir.join("bird.ctl"), args)
     }
 
     /// BIRD only: the state of a BGP protocol as `show protocols` prints it.
     pub fn bird_protocol_info(&self, name: &str) -> Result<String> {
-        let ctl = self.dir.join("bird.ctl");
-        let out = self.cli(&[
-            "birdc",
-            "-s",
-            ctl.to_str().unwrap(),
-            "show",
-            "protocols",
-            name,
-        ])?;
-        Ok(out
-            .lines()
-            .find(|l| l.starts_with(name))
-            .unwrap_or("")
-            .to_string())
+        self.bird.as_ref().context("not BIRD")?.protocol_info(name)
     }
 
     /// The router's own rendering of its paths for `prefix`/32 (text or JSON).
     pub fn route_text(&self, prefix: Ipv4Addr) -> Result<String> {
         let p = format!("{prefix}/32");
         match self.kind {
-            RouterKind::Bird => {
-                let ctl = self.dir.join("bird.ctl");
-                self.cli(&[
-                    "birdc",
-                    "-s",
-                    ctl.to_str().unwrap(),
-                    "show",
-                    "route",
-                    "for",
-                    &p,
-                    "all",
-                ])
-            }
+            RouterKind::Bird => self.bird.as_ref().context("not BIRD")?.route_text(prefix),
             RouterKind::Frr => self.cli(&[
                 "vtysh",
                 "--vty_socket",

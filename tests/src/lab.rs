@@ -1,0 +1,1498 @@
+//! The lab: one whole Juneau installation on this machine, on real parts — etcd,
+//! kube-apiserver, kube-controller-manager and kube-scheduler ([`crate::kube`]), three
+//! nodes each with its own containerd and kubelet ([`crate::node`]), an upstream BIRD 2
+//! router ([`crate::bird`]) and a client, in network namespaces — and the user guide's
+//! walk on it. Used by the `juneau-lab` binary (`./lab/lab up|show|down`), the lab's
+//! end-to-end test and the day-2 operations suite.
+//!
+//! There is one lab per machine: its namespaces (`jlab-*`), the host bridge `jlab-mgmt`,
+//! the host routes to the nodes' addresses, the state directory [`STATE`] and the node
+//! state files `/run/juneau/node-*.state` have fixed names. [`Lab`] removes all of it
+//! when dropped (also on panic) unless [`Lab::detach`]ed; [`down`] removes it by name.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write as _;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::bird::{bgp_nexthops, BgpNeighbor, Bird, BirdConfig};
+use crate::daemon::{stop_pid, tail, wait_for, Daemon, DaemonSpec};
+use crate::images::Images;
+use crate::kube::{binaries_dir, write_kubeconfig, ClusterOptions, KubeCluster};
+use crate::netns::{run, Netns};
+use crate::node::{self, KubeletNode, NodeSpec};
+
+/// Everything the lab writes (kube/, nodes/, router/, logs/, pids/, images/).
+pub const STATE: &str = "/run/juneau-lab";
+/// Prefix of the lab's network namespaces.
+pub const NETNS_PREFIX: &str = "jlab-";
+/// The guide's VIP.
+pub const VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+/// The guide's client.
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 42);
+const ROUTER_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// The router's address on the node fabric.
+pub const ROUTER_FABRIC_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+const ROUTER_ASN: u32 = 64512;
+const NODE_ASN: u32 = 64513;
+/// The host end of the management bridge; the API server listens here.
+pub const MGMT_HOST: Ipv4Addr = Ipv4Addr::new(172, 31, 255, 1);
+const API_PORT: u16 = 6443;
+const MGMT_BRIDGE: &str = "jlab-mgmt";
+/// Where the agents write and the dataplanes and speakers read the node state.
+const SHM_DIR: &str = "/run/juneau";
+
+/// One lab node's names and addresses.
+#[derive(Debug, Clone, Copy)]
+pub struct LabNode {
+    /// Node name.
+    pub name: &'static str,
+    /// One letter for interface names.
+    pub short: &'static str,
+    /// Uplink address (InternalIP, BGP router id).
+    pub ip: Ipv4Addr,
+    /// Management address (towards the API server).
+    pub mgmt: Ipv4Addr,
+    /// Pod subnet base (`/24` on cni0, gateway `.1`).
+    pub pods: Ipv4Addr,
+}
+
+/// node-a, node-b, node-c.
+pub const NODES: [LabNode; 3] = [
+    LabNode {
+        name: "node-a",
+        short: "a",
+        ip: Ipv4Addr::new(192, 0, 2, 11),
+        mgmt: Ipv4Addr::new(172, 31, 255, 11),
+        pods: Ipv4Addr::new(10, 244, 1, 0),
+    },
+    LabNode {
+        name: "node-b",
+        short: "b",
+        ip: Ipv4Addr::new(192, 0, 2, 12),
+        mgmt: Ipv4Addr::new(172, 31, 255, 12),
+        pods: Ipv4Addr::new(10, 244, 2, 0),
+    },
+    LabNode {
+        name: "node-c",
+        short: "c",
+        ip: Ipv4Addr::new(192, 0, 2, 13),
+        mgmt: Ipv4Addr::new(172, 31, 255, 13),
+        pods: Ipv4Addr::new(10, 244, 3, 0),
+    },
+];
+
+/// The node named `name`.
+pub fn lab_node(name: &str) -> Result<LabNode> {
+    NODES
+        .iter()
+        .find(|n| n.name == name)
+        .copied()
+        .with_context(|| format!("the lab has no node {name}"))
+}
+
+fn state() -> PathBuf {
+    PathBuf::from(STATE)
+}
+
+/// The admin kubeconfig (what `export KUBECONFIG=...` gives the user).
+pub fn admin_kubeconfig() -> PathBuf {
+    state().join("kube/admin.kubeconfig")
+}
+
+/// BIRD's control socket.
+pub fn bird_ctl() -> PathBuf {
+    state().join("router/bird.ctl")
+}
+
+fn logs() -> PathBuf {
+    state().join("logs")
+}
+
+fn node_dir(n: &str) -> PathBuf {
+    state().join("nodes").join(n)
+}
+
+fn cgroup_root(n: &str) -> String {
+    format!("/jlab-{n}")
+}
+
+fn ns(name: &str) -> String {
+    format!("{NETNS_PREFIX}{name}")
+}
+
+// ------------------------------------------------------------------------- output
+
+fn bold(s: &str) -> String {
+    if std::env::var_os("NO_COLOR").is_none()
+        && std::io::IsTerminal::is_terminal(&std::io::stdout())
+    {
+        format!("\x1b[1m{s}\x1b[0m")
+    } else {
+        s.to_string()
+    }
+}
+
+/// `==> what` (a step of the walk).
+pub fn step(what: &str) {
+    println!("\n{}", bold(&format!("==> {what}")));
+}
+
+/// `    ✓ what`.
+pub fn ok(what: &str) {
+    println!("    ✓ {what}");
+}
+
+/// `    what`.
+pub fn info(what: &str) {
+    println!("    {what}");
+}
+
+// ------------------------------------------------------------------------- commands
+
+/// `kubectl ARGS...` with the lab's admin kubeconfig; stdout, or an error with stderr.
+pub fn kubectl(args: &[&str]) -> Result<String> {
+    let out = kubectl_output(args)?;
+    if !out.status.success() {
+        bail!(
+            "`kubectl {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn kubectl_output(args: &[&str]) -> Result<Output> {
+    Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(admin_kubeconfig())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("running kubectl")
+}
+
+/// `kubectl apply -f -` of `yaml`.
+pub fn kubectl_apply(yaml: &str) -> Result<String> {
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(admin_kubeconfig())
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running kubectl")?;
+    child
+        .stdin
+        .take()
+        .context("kubectl stdin")?
+        .write_all(yaml.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "kubectl apply failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Prints `$ CMD` as a user would type it, runs it and prints its output; fails if it
+/// fails. `display` is what is shown, `argv` what runs.
+fn show(display: &str, argv: &[&str], env: &[(&str, &str)]) -> Result<String> {
+    println!("{}", bold(&format!("$ {display}")));
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {display}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    print!("{text}");
+    if !text.ends_with('\n') && !text.is_empty() {
+        println!();
+    }
+    if !out.status.success() {
+        bail!(
+            "`{display}` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(text)
+}
+
+/// Runs `argv` in the lab namespace `name` (e.g. `client`).
+pub fn in_ns(name: &str, argv: &[&str]) -> Result<String> {
+    let mut full = vec![
+        "nsenter".to_string(),
+        format!("--net=/run/netns/{}", ns(name)),
+        "--".into(),
+    ];
+    full.extend(argv.iter().map(|s| s.to_string()));
+    let out = Command::new(&full[0])
+        .args(&full[1..])
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {argv:?} in {}", ns(name)))?;
+    if !out.status.success() {
+        bail!(
+            "{argv:?} in {} failed ({}): {}",
+            ns(name),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The router's kernel next hops for the VIP, sorted.
+pub fn router_next_hops() -> Result<Vec<Ipv4Addr>> {
+    crate::netns::route_next_hops(&ns("router"), VIP)
+}
+
+// ------------------------------------------------------------------------- binaries
+
+/// Juneau's own binaries (debug builds next to this program or the test).
+#[derive(Debug, Clone)]
+pub struct JuneauBins {
+    /// The directory holding them.
+    pub dir: PathBuf,
+}
+
+impl JuneauBins {
+    /// `$JUNEAU_BIN_DIR`, else the directory of the running executable (a test's
+    /// `target/debug/deps` counts as `target/debug`).
+    pub fn locate() -> Result<JuneauBins> {
+        let dir = match std::env::var_os("JUNEAU_BIN_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => {
+                let exe = std::env::current_exe()?;
+                let mut d = exe
+                    .parent()
+                    .context("executable has no directory")?
+                    .to_path_buf();
+                if d.ends_with("deps") {
+                    d.pop();
+                }
+                d
+            }
+        };
+        let b = JuneauBins { dir };
+        for name in [
+            "juneau-k8s-sync",
+            "juneau-dataplane",
+            "juneau-bgp",
+            "kubectl-juneau",
+        ] {
+            if !b.path(name).is_file() {
+                bail!(
+                    "{} is missing: build with `cargo build -p juneau-k8s-sync -p juneau-dataplane \
+                     -p juneau-bgp --bins` (./lab/lab does)",
+                    b.path(name).display()
+                );
+            }
+        }
+        Ok(b)
+    }
+
+    /// Builds the binaries with cargo into the target directory this test runs from,
+    /// then locates them (for tests: `cargo test -p juneau-tests` builds only this
+    /// crate's binaries).
+    pub fn build_and_locate() -> Result<JuneauBins> {
+        if std::env::var_os("JUNEAU_BIN_DIR").is_none() {
+            let exe = std::env::current_exe()?;
+            // <target>/debug/deps/<test> -> <target>
+            let target = exe
+                .ancestors()
+                .find(|p| p.ends_with("debug"))
+                .and_then(Path::parent)
+                .context("cannot find the cargo target directory")?
+                .to_path_buf();
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .current_dir(&root)
+                .env("CARGO_TARGET_DIR", &target)
+                .args([
+                    "build",
+                    "-p",
+                    "juneau-k8s-sync",
+                    "-p",
+                    "juneau-dataplane",
+                    "-p",
+                    "juneau-bgp",
+                    "-p",
+                    "juneau-tests",
+                    "--bins",
+                ])
+                .output()
+                .context("running cargo build")?;
+            if !out.status.success() {
+                bail!(
+                    "cargo build of Juneau's binaries failed:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        Self::locate()
+    }
+
+    /// The path of binary `name`.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+// ------------------------------------------------------------------------- the lab
+
+/// A running lab. Dropping it removes everything (see [`down`]) unless detached.
+#[derive(Debug)]
+pub struct Lab {
+    bins: JuneauBins,
+    // Drop order (explicit in `teardown`): Juneau, nodes, router, control plane, netns.
+    controllers: Vec<Daemon>,
+    agents: BTreeMap<String, Daemon>,
+    speakers: BTreeMap<String, Daemon>,
+    dataplanes: BTreeMap<String, Daemon>,
+    nodes: Vec<KubeletNode>,
+    bird: Option<Bird>,
+    cluster: Option<KubeCluster>,
+    netns: Vec<Netns>,
+    detached: bool,
+}
+
+/// Whether anything of a lab exists on this machine (its state directory or a
+/// namespace).
+pub fn exists() -> bool {
+    state().exists() || lab_netns().map(|v| !v.is_empty()).unwrap_or(false)
+}
+
+fn lab_netns() -> Result<Vec<String>> {
+    let out = run("ip", &["netns", "list"])?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(NETNS_PREFIX))
+        .map(str::to_string)
+        .collect())
+}
+
+impl Lab {
+    /// Brings the whole lab up: control plane, topology, router, nodes (kubelets register
+    /// themselves), Juneau (CRDs, RBAC, controller ×2, an agent, a dataplane and a BGP
+    /// speaker per node) and the guide's manifests; returns when the nginx Pods are
+    /// Ready by their own probes. Fails if a lab exists already.
+    pub fn up(bins: JuneauBins) -> Result<Lab> {
+        if exists() {
+            bail!("a lab exists on this machine ({STATE} or {NETNS_PREFIX}* namespaces): run `./lab/lab down` first");
+        }
+        for d in ["logs", "pids", "nodes", "router", "images"] {
+            fs::create_dir_all(state().join(d))?;
+        }
+        let mut lab = Lab {
+            bins,
+            controllers: vec![],
+            agents: BTreeMap::new(),
+            speakers: BTreeMap::new(),
+            dataplanes: BTreeMap::new(),
+            nodes: vec![],
+            bird: None,
+            cluster: None,
+            netns: vec![],
+            detached: false,
+        };
+        if let Err(e) = lab.bring_up() {
+            keep_logs();
+            return Err(e);
+        }
+        Ok(lab)
+    }
+
+    fn bring_up(&mut self) -> Result<()> {
+        self.topology()?;
+        self.control_plane()?;
+        self.router()?;
+        self.juneau_objects()?;
+        self.start_nodes()?;
+        self.start_controllers()?;
+        for n in NODES {
+            self.start_agent(n.name)?;
+        }
+        self.guide_manifests()?;
+        self.wait_pods_ready(3, Duration::from_secs(240))?;
+        println!("{}", bold("$ kubectl get pods -o wide"));
+        print!("{}", kubectl(&["get", "pods", "-o", "wide"])?);
+        step("juneau-dataplane (uplink eth0, Pods on bridge cni0) and juneau-bgp on every node");
+        for n in NODES {
+            self.start_dataplane(n.name)?;
+            self.start_speaker(n.name)?;
+        }
+        Ok(())
+    }
+
+    /// The binaries this lab runs.
+    pub fn bins(&self) -> &JuneauBins {
+        &self.bins
+    }
+
+    fn topology(&mut self) -> Result<()> {
+        step(&format!(
+            "Network namespaces: client, router (BIRD 2), node-a, node-b, node-c; management bridge {MGMT_BRIDGE} {MGMT_HOST}/24"
+        ));
+        run("ip", &["link", "add", MGMT_BRIDGE, "type", "bridge"])?;
+        run(
+            "ip",
+            &[
+                "addr",
+                "add",
+                &format!("{MGMT_HOST}/24"),
+                "dev",
+                MGMT_BRIDGE,
+            ],
+        )?;
+        run("ip", &["link", "set", MGMT_BRIDGE, "up"])?;
+        let client = Netns::new(ns("client"))?;
+        let router = Netns::new(ns("router"))?;
+        run(
+            "ip",
+            &[
+                "link",
+                "add",
+                "eth0",
+                "netns",
+                client.name(),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "c0",
+                "netns",
+                router.name(),
+            ],
+        )?;
+        client.addr("eth0", &format!("{CLIENT_IP}/24"))?;
+        // A real wire carries finished checksums; a veth from a kernel socket carries
+        // CHECKSUM_PARTIAL ones (docs/lab.md).
+        client.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
+        client.exec(&[
+            "ip",
+            "route",
+            "add",
+            "default",
+            "via",
+            &ROUTER_CLIENT_IP.to_string(),
+        ])?;
+        router.addr("c0", &format!("{ROUTER_CLIENT_IP}/24"))?;
+        router.exec(&["ip", "link", "add", "fabric", "type", "bridge"])?;
+        router.addr("fabric", &format!("{ROUTER_FABRIC_IP}/24"))?;
+        router.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        // ECMP hashes on addresses and ports, so one client's connections spread.
+        router.exec(&["sysctl", "-qw", "net.ipv4.fib_multipath_hash_policy=1"])?;
+        ok(&format!("client {CLIENT_IP} --- router {ROUTER_CLIENT_IP}"));
+        self.netns.push(client);
+        for n in NODES {
+            let node = Netns::new(ns(n.name))?;
+            let f = format!("f-{}", n.short);
+            run(
+                "ip",
+                &[
+                    "link",
+                    "add",
+                    "eth0",
+                    "netns",
+                    node.name(),
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    &f,
+                    "netns",
+                    router.name(),
+                ],
+            )?;
+            router.exec(&["ip", "link", "set", &f, "master", "fabric", "up"])?;
+            // XDP_REDIRECT into the node's uplink veth drops unless its peer has GRO on.
+            let _ = router.exec(&["ethtool", "-K", &f, "gro", "on"]);
+            node.addr("eth0", &format!("{}/24", n.ip))?;
+            node.exec(&[
+                "ip",
+                "route",
+                "add",
+                "default",
+                "via",
+                &ROUTER_FABRIC_IP.to_string(),
+            ])?;
+            node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+            // Management link to the host (API server; and the API server to the kubelet).
+            let m = format!("jlab-m-{}", n.short);
+            run(
+                "ip",
+                &[
+                    "link",
+                    "add",
+                    &m,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "mgmt0",
+                    "netns",
+                    node.name(),
+                ],
+            )?;
+            run("ip", &["link", "set", &m, "master", MGMT_BRIDGE, "up"])?;
+            node.addr("mgmt0", &format!("{}/24", n.mgmt))?;
+            // The API server reaches the kubelet at the node's InternalIP (kubectl logs).
+            run(
+                "ip",
+                &[
+                    "route",
+                    "replace",
+                    &format!("{}/32", n.ip),
+                    "via",
+                    &n.mgmt.to_string(),
+                    "dev",
+                    MGMT_BRIDGE,
+                ],
+            )?;
+            // The Pod network's bridge, made before any Pod exists (the dataplane serves
+            // it from the start); the bridge CNI plugin plugs Pods into it. Its MAC is
+            // fixed so it does not change when the first Pod's veth joins.
+            let o = n.pods.octets();
+            node.exec(&["ip", "link", "add", "cni0", "type", "bridge"])?;
+            node.exec(&[
+                "ip",
+                "link",
+                "set",
+                "cni0",
+                "address",
+                &format!("02:00:0a:f4:{:02x}:01", o[2]),
+            ])?;
+            node.addr("cni0", &format!("{}.{}.{}.1/24", o[0], o[1], o[2]))?;
+            ok(&format!(
+                "{} uplink {} (router fabric {ROUTER_FABRIC_IP}), mgmt {}, Pods {}.{}.{}.0/24 on bridge cni0",
+                n.name, n.ip, n.mgmt, o[0], o[1], o[2]
+            ));
+            self.netns.push(node);
+        }
+        self.netns.push(router);
+        Ok(())
+    }
+
+    fn control_plane(&mut self) -> Result<()> {
+        step(&format!(
+            "Kubernetes control plane: etcd, kube-apiserver ({MGMT_HOST}:{API_PORT}), kube-controller-manager, kube-scheduler"
+        ));
+        let mut k = KubeCluster::start_with(ClusterOptions {
+            bind_address: MGMT_HOST,
+            api_port: Some(API_PORT),
+            dir: Some(state().join("kube")),
+            node_lifecycle: true,
+        })?;
+        k.start_controller_manager()?;
+        k.start_scheduler()?;
+        ok(&format!(
+            "API at {} (binaries from {})",
+            k.server(),
+            binaries_dir()?.display()
+        ));
+        self.cluster = Some(k);
+        Ok(())
+    }
+
+    fn router(&mut self) -> Result<()> {
+        step(&format!(
+            "Upstream router: BIRD 2, AS {ROUTER_ASN}, eBGP to each node (AS {NODE_ASN}), ECMP into the kernel"
+        ));
+        let mut conf = BirdConfig::new(ROUTER_FABRIC_IP).kernel_ecmp();
+        for n in NODES {
+            conf = conf.bgp(&BgpNeighbor::new(
+                &n.name.replace('-', "_"),
+                ROUTER_FABRIC_IP,
+                ROUTER_ASN,
+                n.ip,
+                NODE_ASN,
+            ));
+        }
+        let bird = Bird::start(&ns("router"), &state().join("router"), &conf.render())?;
+        ok(&format!(
+            "BIRD running (birdc -s {} show protocols)",
+            bird.ctl().display()
+        ));
+        self.bird = Some(bird);
+        Ok(())
+    }
+
+    fn juneau_objects(&mut self) -> Result<()> {
+        step("Juneau CRDs and RBAC from deploy/ (kubectl apply)");
+        let root = repo_root();
+        let crds = root.join("deploy/crds/juneau.loutres.me.yaml");
+        let out = kubectl(&[
+            "apply",
+            "-f",
+            &crds.display().to_string(),
+            "-f",
+            &root.join("deploy/namespace.yaml").display().to_string(),
+            "-f",
+            &root.join("deploy/rbac.yaml").display().to_string(),
+        ])?;
+        for l in out.lines() {
+            info(l);
+        }
+        wait_for(
+            "the CRDs Established",
+            Duration::from_secs(60),
+            Duration::from_millis(500),
+            || {
+                Ok(kubectl(&[
+                    "wait",
+                    "--for=condition=Established",
+                    "crd",
+                    "--all",
+                    "--timeout=2s",
+                ])
+                .is_ok()
+                .then_some(()))
+            },
+        )?;
+        let k = self.cluster.as_ref().context("no cluster")?;
+        for sa in ["juneau-controller", "juneau-node"] {
+            let token = kubectl(&[
+                "create",
+                "token",
+                sa,
+                "-n",
+                "juneau-system",
+                "--duration=48h",
+            ])?;
+            let path = state().join(format!("kube/{sa}.kubeconfig"));
+            write_kubeconfig(
+                &path,
+                k.server(),
+                &k.ca_cert(),
+                &format!("system:serviceaccount:juneau-system:{sa}"),
+                token.trim(),
+            )?;
+            ok(&format!(
+                "ServiceAccount juneau-system/{sa} -> {} (RBAC from deploy/rbac.yaml)",
+                path.display()
+            ));
+        }
+        Ok(())
+    }
+
+    fn start_nodes(&mut self) -> Result<()> {
+        step(
+            "Nodes: containerd + kubelet in each node's namespace; the kubelets register the Nodes",
+        );
+        let images = Images::build(&state().join("images"))?;
+        ok("images built locally: localhost/juneau-pause:1 (sandbox), nginx:1.27 (Debian's nginx)");
+        let kubelet = binaries_dir()?.join("kubelet");
+        if !kubelet.is_file() {
+            bail!(
+                "{} missing: run tests/setup.sh (tests/k8s/build.sh builds it)",
+                kubelet.display()
+            );
+        }
+        for n in NODES {
+            let spec = NodeSpec {
+                name: n.name.to_string(),
+                netns: ns(n.name),
+                node_ip: n.ip,
+                pod_subnet: n.pods,
+                dir: node_dir(n.name),
+                cgroup_root: cgroup_root(n.name),
+                kubeconfig: admin_kubeconfig(),
+                labels: vec!["juneau.loutres.me/lab=true".into()],
+            };
+            let node = KubeletNode::start(spec, &images, &kubelet)?;
+            ok(&format!(
+                "{}: containerd ({}), kubelet (log {})",
+                n.name,
+                node.containerd_socket().display(),
+                node_dir(n.name).join("kubelet.log").display()
+            ));
+            self.nodes.push(node);
+        }
+        let kc = admin_kubeconfig();
+        for node in &mut self.nodes {
+            node.wait_ready(&kc, Duration::from_secs(180))?;
+        }
+        println!("{}", bold("$ kubectl get nodes -o wide"));
+        print!("{}", kubectl(&["get", "nodes", "-o", "wide"])?);
+        Ok(())
+    }
+
+    fn controller_spec(&self, replica: usize) -> DaemonSpec {
+        DaemonSpec::new(
+            format!("juneau-controller-{replica}"),
+            &[
+                &self.bins.path("juneau-k8s-sync").display().to_string(),
+                "controller",
+            ],
+            logs().join(format!("juneau-controller-{replica}.log")),
+        )
+        .env(
+            "KUBECONFIG",
+            state()
+                .join("kube/juneau-controller.kubeconfig")
+                .display()
+                .to_string(),
+        )
+        .env("POD_NAME", format!("lab-controller-{replica}"))
+        .env("POD_NAMESPACE", "juneau-system")
+        .env("RUST_LOG", "info")
+    }
+
+    fn start_controllers(&mut self) -> Result<()> {
+        step("juneau-k8s-sync controller, two replicas with leader election (ServiceAccount juneau-controller)");
+        for r in 0..2 {
+            self.controllers
+                .push(Daemon::spawn(self.controller_spec(r))?);
+        }
+        let leader = wait_for(
+            "a leader on Lease juneau-system/juneau-controller",
+            Duration::from_secs(60),
+            Duration::from_millis(500),
+            || Ok(controller_leader()?.filter(|l| l.starts_with("lab-controller"))),
+        )?;
+        ok(&format!("leader: {leader}"));
+        Ok(())
+    }
+
+    fn agent_spec(&self, node: &str) -> DaemonSpec {
+        DaemonSpec::new(
+            format!("agent-{node}"),
+            &[
+                &self.bins.path("juneau-k8s-sync").display().to_string(),
+                "agent",
+                "--node",
+                node,
+            ],
+            logs().join(format!("agent-{node}.log")),
+        )
+        .in_netns_with_sysfs(&ns(node))
+        .env(
+            "KUBECONFIG",
+            state()
+                .join("kube/juneau-node.kubeconfig")
+                .display()
+                .to_string(),
+        )
+        .env("RUST_LOG", "info")
+    }
+
+    fn start_agent(&mut self, node: &str) -> Result<()> {
+        let d = Daemon::spawn(self.agent_spec(node))?;
+        ok(&format!(
+            "{node}: juneau-k8s-sync agent (pid {}, log {})",
+            d.pid(),
+            d.log().display()
+        ));
+        self.agents.insert(node.to_string(), d);
+        Ok(())
+    }
+
+    fn dataplane_spec(&self, node: &str) -> DaemonSpec {
+        DaemonSpec::new(
+            format!("dataplane-{node}"),
+            &[
+                &self.bins.path("juneau-dataplane").display().to_string(),
+                "--uplink",
+                "eth0",
+                "--pod-iface",
+                "cni0",
+                "--state-file",
+                &format!("{SHM_DIR}/{node}.state"),
+                "--stats-file",
+                &state()
+                    .join(format!("dataplane-{node}.stats.json"))
+                    .display()
+                    .to_string(),
+            ],
+            logs().join(format!("dataplane-{node}.log")),
+        )
+        .in_netns_with_sysfs(&ns(node))
+        .env("RUST_LOG", "info")
+    }
+
+    fn start_dataplane(&mut self, node: &str) -> Result<()> {
+        let mut d = Daemon::spawn(self.dataplane_spec(node))?;
+        std::thread::sleep(Duration::from_millis(300));
+        d.check_running()?;
+        ok(&format!(
+            "{node}: juneau-dataplane (pid {}, log {})",
+            d.pid(),
+            d.log().display()
+        ));
+        self.dataplanes.insert(node.to_string(), d);
+        Ok(())
+    }
+
+    fn speaker_spec(&self, node: &str) -> Result<DaemonSpec> {
+        let n = lab_node(node)?;
+        Ok(DaemonSpec::new(
+            format!("bgp-{node}"),
+            &[
+                &self.bins.path("juneau-bgp").display().to_string(),
+                "--state-file",
+                &format!("{SHM_DIR}/{node}.state"),
+                "--router-id",
+                &n.ip.to_string(),
+                "--status-file",
+                &state()
+                    .join(format!("bgp-{node}.status.json"))
+                    .display()
+                    .to_string(),
+            ],
+            logs().join(format!("bgp-{node}.log")),
+        )
+        .in_netns_with_sysfs(&ns(node))
+        .env("RUST_LOG", "info"))
+    }
+
+    fn start_speaker(&mut self, node: &str) -> Result<()> {
+        let mut d = Daemon::spawn(self.speaker_spec(node)?)?;
+        std::thread::sleep(Duration::from_millis(300));
+        d.check_running()?;
+        ok(&format!(
+            "{node}: juneau-bgp (pid {}, log {})",
+            d.pid(),
+            d.log().display()
+        ));
+        self.speakers.insert(node.to_string(), d);
+        Ok(())
+    }
+
+    fn guide_manifests(&mut self) -> Result<()> {
+        step("The guide's manifests (lab/manifests/), applied with kubectl as a user would");
+        let mut files: Vec<PathBuf> = fs::read_dir(repo_root().join("lab/manifests"))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
+        files.sort();
+        for f in files {
+            let name = f
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            println!(
+                "{}",
+                bold(&format!("$ kubectl apply -f lab/manifests/{name}"))
+            );
+            for l in kubectl(&["apply", "-f", &f.display().to_string()])?.lines() {
+                info(l);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `want` nginx Pods are Ready and none is terminating.
+    pub fn wait_pods_ready(&mut self, want: usize, timeout: Duration) -> Result<()> {
+        step(&format!(
+            "Waiting for {want} nginx Pods Ready by their own readiness probes"
+        ));
+        let t0 = Instant::now();
+        wait_for(
+            &format!("{want} nginx Pods Ready"),
+            timeout,
+            Duration::from_secs(1),
+            || {
+                let pods = nginx_pods()?;
+                let ready = pods.iter().filter(|p| p.ready && !p.terminating).count();
+                Ok((ready == want && pods.len() == want).then_some(()))
+            },
+        )
+        .with_context(|| {
+            format!(
+                "Pods now:\n{}",
+                kubectl(&["get", "pods", "-o", "wide"]).unwrap_or_default()
+            )
+        })?;
+        ok(&format!("{want} Pods Ready after {:.0?}", t0.elapsed()));
+        Ok(())
+    }
+
+    /// The control plane.
+    pub fn cluster(&mut self) -> Result<&mut KubeCluster> {
+        self.cluster
+            .as_mut()
+            .context("the lab has no control plane")
+    }
+
+    /// The router.
+    pub fn bird(&self) -> Result<&Bird> {
+        self.bird.as_ref().context("the lab has no router")
+    }
+
+    /// `kill -9` of node's dataplane, then the same command again.
+    pub fn kill_and_restart_dataplane(&mut self, node: &str) -> Result<()> {
+        let d = self.dataplanes.get_mut(node).context("no such dataplane")?;
+        d.kill();
+        d.restart()
+    }
+
+    /// SIGTERM to node's BGP speaker, then the same command again.
+    pub fn restart_speaker(&mut self, node: &str) -> Result<()> {
+        self.speakers
+            .get_mut(node)
+            .context("no such speaker")?
+            .restart()
+    }
+
+    /// SIGTERM to node's agent, then the same command again.
+    pub fn restart_agent(&mut self, node: &str) -> Result<()> {
+        self.agents
+            .get_mut(node)
+            .context("no such agent")?
+            .restart()
+    }
+
+    /// `kill -9` of the controller replica holding the Lease; waits (at most `timeout`)
+    /// until the other replica holds it, then starts the killed one again (as a
+    /// restarted Pod would come back, now standing by). Returns (old, new) leader.
+    pub fn kill_controller_leader(&mut self, timeout: Duration) -> Result<(String, String)> {
+        let leader = controller_leader()?.context("no controller holds the Lease")?;
+        let idx: usize = leader
+            .strip_prefix("lab-controller-")
+            .and_then(|i| i.parse().ok())
+            .with_context(|| format!("unexpected leader {leader}"))?;
+        self.controllers
+            .get_mut(idx)
+            .context("no such replica")?
+            .kill();
+        let new = wait_for(
+            "the other controller replica to take the Lease",
+            timeout,
+            Duration::from_millis(500),
+            || Ok(controller_leader()?.filter(|l| *l != leader)),
+        );
+        self.controllers
+            .get_mut(idx)
+            .context("no such replica")?
+            .restart()?;
+        Ok((leader, new?))
+    }
+
+    /// The pid of each node's dataplane.
+    pub fn dataplane_pids(&self) -> BTreeMap<String, u32> {
+        self.dataplanes
+            .iter()
+            .map(|(n, d)| (n.clone(), d.pid()))
+            .collect()
+    }
+
+    /// Leaves everything running (the lab's `up`): writes each process's pid to
+    /// `STATE/pids/<name>.pid` for [`down`].
+    pub fn detach(mut self) -> Result<()> {
+        let mut pids: Vec<(String, u32, String)> = Vec::new();
+        let mut take = |d: Daemon, expect: &str| {
+            let name = d.name().replace(' ', "-");
+            pids.push((name, d.detach(), expect.to_string()));
+        };
+        for d in std::mem::take(&mut self.controllers) {
+            take(d, "juneau-k8s-sync");
+        }
+        for (_, d) in std::mem::take(&mut self.agents) {
+            take(d, "juneau-k8s-sync");
+        }
+        for (_, d) in std::mem::take(&mut self.speakers) {
+            take(d, "juneau-bgp");
+        }
+        for (_, d) in std::mem::take(&mut self.dataplanes) {
+            take(d, "juneau-dataplane");
+        }
+        for n in std::mem::take(&mut self.nodes) {
+            for (name, pid) in n.detach() {
+                let expect = name.split(' ').next().unwrap_or_default().to_string();
+                pids.push((name.replace(' ', "-"), pid, expect));
+            }
+        }
+        if let Some(b) = self.bird.take() {
+            pids.push(("bird-router".into(), b.detach(), "bird".into()));
+        }
+        if let Some(k) = self.cluster.take() {
+            for (name, pid) in k.detach() {
+                pids.push((name.clone(), pid, name));
+            }
+        }
+        for n in std::mem::take(&mut self.netns) {
+            n.detach();
+        }
+        let dir = state().join("pids");
+        fs::create_dir_all(&dir)?;
+        for (name, pid, expect) in pids {
+            fs::write(dir.join(format!("{name}.pid")), format!("{pid} {expect}\n"))?;
+        }
+        self.detached = true;
+        Ok(())
+    }
+
+    fn teardown(&mut self) {
+        for d in self.controllers.iter_mut() {
+            d.stop_within(Duration::from_secs(3));
+        }
+        for d in self.agents.values_mut().chain(self.speakers.values_mut()) {
+            d.stop_within(Duration::from_secs(3));
+        }
+        for d in self.dataplanes.values_mut() {
+            d.stop_within(Duration::from_secs(3));
+        }
+        self.controllers.clear();
+        self.agents.clear();
+        self.speakers.clear();
+        self.dataplanes.clear();
+        self.nodes.clear();
+        self.bird = None;
+        self.cluster = None;
+        self.netns.clear();
+        down_quiet();
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if !self.detached {
+            if std::thread::panicking() {
+                keep_logs();
+            }
+            self.teardown();
+        }
+    }
+}
+
+/// Copies the lab's logs to `$TMPDIR/juneau-lab-logs-<pid>` (a failed run's evidence).
+pub fn keep_logs() {
+    let keep = std::env::temp_dir().join(format!("juneau-lab-logs-{}", std::process::id()));
+    let _ = fs::create_dir_all(&keep);
+    let copy = |src: PathBuf, name: String| {
+        let _ = fs::copy(src, keep.join(name));
+    };
+    for e in fs::read_dir(logs()).into_iter().flatten().flatten() {
+        copy(e.path(), e.file_name().to_string_lossy().into_owned());
+    }
+    for n in NODES {
+        for f in ["kubelet.log", "containerd.log"] {
+            copy(node_dir(n.name).join(f), format!("{}-{f}", n.name));
+        }
+    }
+    for f in [
+        "kube-apiserver.log",
+        "kube-controller-manager.log",
+        "kube-scheduler.log",
+        "etcd.log",
+    ] {
+        copy(state().join("kube").join(f), f.to_string());
+    }
+    copy(state().join("router/bird.log"), "bird.log".into());
+    eprintln!("lab logs kept in {}", keep.display());
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// The holder of the controller's Lease.
+pub fn controller_leader() -> Result<Option<String>> {
+    let out = kubectl_output(&[
+        "get",
+        "lease",
+        "juneau-controller",
+        "-n",
+        "juneau-system",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ])?;
+    let h = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    Ok((out.status.success() && !h.is_empty()).then_some(h))
+}
+
+/// One nginx Pod as the API shows it.
+#[derive(Debug, Clone)]
+pub struct PodInfo {
+    /// Pod name.
+    pub name: String,
+    /// Node it runs on (empty while pending).
+    pub node: String,
+    /// Its Ready condition.
+    pub ready: bool,
+    /// Being deleted.
+    pub terminating: bool,
+}
+
+/// The Pods labelled `app=nginx`.
+pub fn nginx_pods() -> Result<Vec<PodInfo>> {
+    let out = kubectl(&["get", "pods", "-l", "app=nginx", "-o", "json"])?;
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    Ok(v["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| PodInfo {
+            name: p["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            node: p["spec"]["nodeName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            ready: p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True"),
+            terminating: !p["metadata"]["deletionTimestamp"].is_null(),
+        })
+        .collect())
+}
+
+// ------------------------------------------------------------------------- what the user sees
+
+/// The guide's "what you see": the Service's VIP, `kubectl juneau describe`, the
+/// router's two ECMP next hops, curl from the client, and the client's address in
+/// `kubectl logs deploy/nginx`.
+pub fn show_walk(bins: &JuneauBins) -> Result<()> {
+    show_api(bins)?;
+    show_data()
+}
+
+fn show_api(bins: &JuneauBins) -> Result<()> {
+    step("The Service gets its VIP");
+    wait_for(
+        &format!("EXTERNAL-IP {VIP} on Service nginx"),
+        Duration::from_secs(120),
+        Duration::from_secs(1),
+        || {
+            Ok((kubectl(&[
+                "get",
+                "svc",
+                "nginx",
+                "-o",
+                "jsonpath={.status.loadBalancer.ingress[0].ip}",
+            ])?
+            .trim()
+                == VIP.to_string())
+            .then_some(()))
+        },
+    )?;
+    let kc = admin_kubeconfig().display().to_string();
+    let env = [("KUBECONFIG", kc.as_str())];
+    show(
+        "kubectl get svc nginx",
+        &["kubectl", "get", "svc", "nginx"],
+        &env,
+    )?;
+    step("Why, and from where: kubectl juneau describe loadbalancer nginx");
+    let settled = wait_for(
+        "ServiceLoadBalancer nginx Ready with node-a and node-c advertising",
+        Duration::from_secs(90),
+        Duration::from_secs(1),
+        || {
+            Ok((kubectl(&[
+                "get",
+                "serviceloadbalancer",
+                "nginx",
+                "-o",
+                "jsonpath={.status.phase} {.status.backendSummary.localReadyNodes}",
+            ])?
+            .trim()
+                == "Ready 2")
+                .then_some(()))
+        },
+    );
+    if let Err(e) = settled {
+        info(&format!("(not settled: {e:#}; showing it as it is)"));
+    }
+    show(
+        "kubectl get serviceloadbalancer nginx",
+        &["kubectl", "get", "serviceloadbalancer", "nginx"],
+        &env,
+    )?;
+    let path = format!(
+        "{}:{}",
+        bins.dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    show(
+        "kubectl juneau describe loadbalancer nginx",
+        &["kubectl", "juneau", "describe", "loadbalancer", "nginx"],
+        &[("KUBECONFIG", kc.as_str()), ("PATH", path.as_str())],
+    )?;
+    println!();
+    Ok(())
+}
+
+fn show_data() -> Result<()> {
+    step("The router learned the /32 from node-a and node-c and spreads it with ECMP");
+    let want = vec![NODES[0].ip, NODES[2].ip];
+    wait_for(
+        &format!("two ECMP next hops for {VIP}/32 on the router"),
+        Duration::from_secs(120),
+        Duration::from_secs(1),
+        || Ok((router_next_hops()? == want).then_some(())),
+    )
+    .with_context(|| {
+        format!(
+            "router routes:\n{}\nBIRD:\n{}",
+            in_ns("router", &["ip", "route"]).unwrap_or_default(),
+            crate::bird::birdc(&bird_ctl(), &["show", "protocols"]).unwrap_or_default()
+        )
+    })?;
+    let netns_router = ns("router");
+    show(
+        &format!("ip netns exec {netns_router} ip route show {VIP}/32"),
+        &[
+            "nsenter",
+            &format!("--net=/run/netns/{netns_router}"),
+            "--",
+            "ip",
+            "route",
+            "show",
+            &format!("{VIP}/32"),
+        ],
+        &[],
+    )?;
+    let ctl = bird_ctl().display().to_string();
+    show(
+        &format!("birdc -s {ctl} show route {VIP}/32"),
+        &["birdc", "-s", &ctl, "show", "route", &format!("{VIP}/32")],
+        &[],
+    )?;
+    let hops = bgp_nexthops(&bird_ctl(), VIP)?;
+    ok(&format!("BGP paths at the router: {hops:?}"));
+    step(&format!("The client ({CLIENT_IP}) opens http://{VIP}/"));
+    let netns_client = ns("client");
+    // The first SYN may race the last ECMP/flow set-up: retry a few times, then fail.
+    let mut last = None;
+    for _ in 0..5 {
+        match show(
+            &format!("ip netns exec {netns_client} curl -sS -m 10 -i http://{VIP}/"),
+            &[
+                "nsenter",
+                &format!("--net=/run/netns/{netns_client}"),
+                "--",
+                "curl",
+                "-sS",
+                "-m",
+                "10",
+                "-i",
+                &format!("http://{VIP}/"),
+            ],
+            &[],
+        ) {
+            Ok(_) => {
+                last = None;
+                break;
+            }
+            Err(e) => {
+                last = Some(e);
+                std::thread::sleep(Duration::from_secs(2));
+            }
+        }
+    }
+    if let Some(e) = last {
+        return Err(e.context("curl through the VIP from the client"));
+    }
+    step("nginx saw the client's real address (no SNAT)");
+    // `kubectl logs deploy/nginx` shows the log of the Pod kubectl picks; the router's
+    // ECMP and the node's backend choice may have sent the request to another one, so
+    // the client asks again (at most 30 times) until that Pod has served it.
+    let client_line = |log: &str| {
+        log.lines()
+            .rev()
+            .find(|l| l.starts_with(&format!("{CLIENT_IP} ")))
+            .map(str::to_string)
+    };
+    let mut line = client_line(&kubectl(&["logs", "deploy/nginx"])?);
+    for _ in 0..30 {
+        if line.is_some() {
+            break;
+        }
+        let _ = in_ns(
+            "client",
+            &[
+                "curl",
+                "-sS",
+                "-m",
+                "5",
+                "-o",
+                "/dev/null",
+                &format!("http://{VIP}/"),
+            ],
+        );
+        line = client_line(&kubectl(&["logs", "deploy/nginx"])?);
+    }
+    let Some(line) = line else {
+        bail!("no line from {CLIENT_IP} in `kubectl logs deploy/nginx` after 30 more requests");
+    };
+    println!(
+        "{}",
+        bold(&format!(
+            "$ kubectl logs deploy/nginx | grep {CLIENT_IP} | tail -n 1"
+        ))
+    );
+    println!("{line}");
+    Ok(())
+}
+
+/// What `./lab/lab up` prints at the end.
+pub fn hint(bins: &JuneauBins) {
+    println!(
+        "\n{}\n    export KUBECONFIG={}\n    kubectl get svc,serviceloadbalancers,nodes,pods -o wide\n    \
+         PATH={}:$PATH kubectl juneau describe loadbalancer nginx\n    \
+         ip netns exec jlab-client curl http://{VIP}/\n    kubectl logs deploy/nginx\n    \
+         birdc -s {} show route\nLogs: {}  Tear down: ./lab/lab down",
+        bold("The lab is up. Point kubectl at it:"),
+        admin_kubeconfig().display(),
+        bins.dir.display(),
+        bird_ctl().display(),
+        logs().display()
+    );
+}
+
+// ------------------------------------------------------------------------- down
+
+/// Removes everything a lab made, by name: the processes recorded in `STATE/pids`,
+/// each node (containerd, kubelet, Pods, their namespaces, mounts and cgroups), the
+/// `jlab-*` namespaces, the management bridge and routes, the node state files and the
+/// state directory. Idempotent. Prints what it removed.
+pub fn down() -> Result<()> {
+    step("Tearing the lab down");
+    let removed = down_quiet();
+    for r in &removed {
+        info(r);
+    }
+    check_nothing_left()?;
+    ok("nothing of the lab is left");
+    Ok(())
+}
+
+fn down_quiet() -> Vec<String> {
+    let mut removed = Vec::new();
+    // Juneau first (BGP withdraws while the router still runs), the control plane last.
+    let order = [
+        "juneau-controller",
+        "agent-",
+        "bgp-",
+        "dataplane-",
+        "kubelet",
+        "containerd",
+        "bird-router",
+        "kube-scheduler",
+        "kube-controller-manager",
+        "kube-apiserver",
+        "etcd",
+    ];
+    let mut pidfiles: Vec<PathBuf> = fs::read_dir(state().join("pids"))
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    pidfiles.sort_by_key(|p| {
+        let n = p
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        order
+            .iter()
+            .position(|o| n.starts_with(o))
+            .unwrap_or(order.len())
+    });
+    for f in pidfiles {
+        let text = fs::read_to_string(&f).unwrap_or_default();
+        let mut it = text.split_whitespace();
+        if let (Some(Ok(pid)), Some(expect)) = (it.next().map(str::parse::<u32>), it.next()) {
+            stop_pid(pid, expect, Duration::from_secs(5));
+            removed.push(format!(
+                "stopped {} (pid {pid})",
+                f.file_stem().unwrap_or_default().to_string_lossy()
+            ));
+        }
+    }
+    for n in NODES {
+        if node_dir(n.name).exists() || cgroup_present(n.name) {
+            node::cleanup(&node_dir(n.name), &cgroup_root(n.name), Some(&ns(n.name)));
+            removed.push(format!(
+                "removed {}'s containerd, kubelet, Pods and cgroups",
+                n.name
+            ));
+        }
+        if run("ip", &["route", "show", &format!("{}/32", n.ip)])
+            .map(|o| !o.stdout.is_empty())
+            .unwrap_or(false)
+        {
+            let _ = run("ip", &["route", "del", &format!("{}/32", n.ip)]);
+            removed.push(format!("removed host route {}/32", n.ip));
+        }
+    }
+    for name in lab_netns().unwrap_or_default() {
+        if let Ok(out) = run("ip", &["netns", "pids", &name]) {
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).output();
+            }
+        }
+        let _ = run("ip", &["netns", "del", &name]);
+        removed.push(format!("removed netns {name}"));
+    }
+    if run("ip", &["link", "show", MGMT_BRIDGE]).is_ok() {
+        let _ = run("ip", &["link", "del", MGMT_BRIDGE]);
+        removed.push(format!("removed bridge {MGMT_BRIDGE}"));
+    }
+    if state().exists() {
+        for n in NODES {
+            let f = PathBuf::from(format!("{SHM_DIR}/{}.state", n.name));
+            if f.exists() {
+                let _ = fs::remove_file(&f);
+                removed.push(format!("removed {}", f.display()));
+            }
+        }
+        let _ = fs::remove_dir_all(state());
+        removed.push(format!("removed {STATE}"));
+    }
+    removed
+}
+
+fn cgroup_present(node: &str) -> bool {
+    Path::new("/sys/fs/cgroup/pids")
+        .join(cgroup_root(node).trim_start_matches('/'))
+        .exists()
+        || Path::new("/sys/fs/cgroup")
+            .join(cgroup_root(node).trim_start_matches('/'))
+            .exists()
+}
+
+/// Fails naming what is left of a lab, if anything.
+pub fn check_nothing_left() -> Result<()> {
+    let netns = lab_netns()?;
+    if !netns.is_empty() {
+        bail!("namespaces left: {netns:?}");
+    }
+    if state().exists() {
+        bail!("{STATE} left");
+    }
+    if run("ip", &["link", "show", MGMT_BRIDGE]).is_ok() {
+        bail!("bridge {MGMT_BRIDGE} left");
+    }
+    for n in NODES {
+        node::check_gone(&node_dir(n.name), &cgroup_root(n.name))?;
+        if Path::new(&format!("{SHM_DIR}/{}.state", n.name)).exists() {
+            bail!("{SHM_DIR}/{}.state left", n.name);
+        }
+    }
+    Ok(())
+}
+
+/// The lab's log directory's file for `name` (for error messages).
+pub fn log_tail(name: &str, n: usize) -> String {
+    tail(&logs().join(name), n)
+}

@@ -1,0 +1,378 @@
+//! A small HTTP load through a VIP that counts what an operator cares about during a
+//! change: requests, failed requests, connection resets and the longest time without a
+//! successful response.
+//!
+//! Two kinds of clients run side by side, each paced (bounded rate) and bounded in time:
+//! keep-alive clients (one connection, request after request, like a browser or a
+//! connection pool) and new-connection clients (connect, one request, close). A request
+//! that fails on a reused keep-alive connection before any byte of the answer came back
+//! is retried once on a new connection, as HTTP clients do for idempotent requests (the
+//! server may have closed an idle connection); it counts as a reset or failure only if
+//! the retry fails too — the first failure is counted in `keepalive_retries`.
+//!
+//! Runs where it is started: the lab starts it inside the client's namespace
+//! (`juneau-lab load`), so it needs no namespace code of its own.
+
+use std::io::{ErrorKind, Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use serde_json::json;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LoadSpec {
+    /// `ip:port` of the VIP.
+    pub target: SocketAddr,
+    /// Keep-alive clients.
+    pub keepalive_clients: usize,
+    /// New-connection clients.
+    pub new_connection_clients: usize,
+    /// Requests per second per client at most.
+    pub rate_per_client: u32,
+    /// Stop after this long at the latest.
+    pub max_duration: Duration,
+    /// Stop as soon as this file exists.
+    pub stop_file: Option<PathBuf>,
+    /// Connect timeout and per-request read timeout.
+    pub timeout: Duration,
+}
+
+/// What happened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Requests sent (a retried request counts once).
+    pub requests: u64,
+    /// Answered `200 OK`.
+    pub ok: u64,
+    /// Not answered with `200 OK` (error, timeout, reset, other status).
+    pub failed: u64,
+    /// Of the failed: connection reset by the peer (or broken pipe).
+    pub resets: u64,
+    /// Of the failed: timed out (connect or answer).
+    pub timeouts: u64,
+    /// Of the failed: connection refused (a RST answering the SYN).
+    pub refused: u64,
+    /// Requests on a reused keep-alive connection that failed before any answer byte
+    /// and then succeeded on a new connection.
+    pub keepalive_retries: u64,
+    /// Longest time between two successful answers (or from start/to end), ms.
+    pub longest_gap_ms: u64,
+    /// How long the load ran, ms.
+    pub duration_ms: u64,
+}
+
+impl LoadReport {
+    /// As JSON (what `juneau-lab load` prints).
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "requests": self.requests, "ok": self.ok, "failed": self.failed,
+            "resets": self.resets, "timeouts": self.timeouts, "refused": self.refused,
+            "keepalive_retries": self.keepalive_retries,
+            "longest_gap_ms": self.longest_gap_ms, "duration_ms": self.duration_ms,
+        })
+    }
+
+    /// From [`to_json`](Self::to_json)'s output.
+    pub fn from_json(v: &serde_json::Value) -> Result<LoadReport> {
+        let g = |k: &str| -> Result<u64> {
+            v[k].as_u64()
+                .ok_or_else(|| anyhow::anyhow!("load report without {k}: {v}"))
+        };
+        Ok(LoadReport {
+            requests: g("requests")?,
+            ok: g("ok")?,
+            failed: g("failed")?,
+            resets: g("resets")?,
+            timeouts: g("timeouts")?,
+            refused: g("refused")?,
+            keepalive_retries: g("keepalive_retries")?,
+            longest_gap_ms: g("longest_gap_ms")?,
+            duration_ms: g("duration_ms")?,
+        })
+    }
+}
+
+#[derive(Debug)]
+enum Outcome {
+    Ok,
+    Status,
+    Reset,
+    Timeout,
+    Refused,
+    Other,
+}
+
+fn classify(e: &std::io::Error) -> Outcome {
+    match e.kind() {
+        ErrorKind::ConnectionReset | ErrorKind::BrokenPipe | ErrorKind::ConnectionAborted => {
+            Outcome::Reset
+        }
+        ErrorKind::TimedOut | ErrorKind::WouldBlock => Outcome::Timeout,
+        ErrorKind::ConnectionRefused => Outcome::Refused,
+        _ => Outcome::Other,
+    }
+}
+
+/// One request on `conn`; `Err((outcome, got_any_byte))` on failure.
+fn request(conn: &mut TcpStream, host: &str, keepalive: bool) -> Result<(), (Outcome, bool)> {
+    let req = format!(
+        "GET / HTTP/1.1\r\nHost: {host}\r\nUser-Agent: juneau-load\r\nConnection: {}\r\n\r\n",
+        if keepalive { "keep-alive" } else { "close" }
+    );
+    conn.write_all(req.as_bytes())
+        .map_err(|e| (classify(&e), false))?;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    let header_end;
+    loop {
+        let n = conn
+            .read(&mut chunk)
+            .map_err(|e| (classify(&e), !buf.is_empty()))?;
+        if n == 0 {
+            // Closed before a full header: for a reused connection, a server close.
+            return Err((Outcome::Reset, !buf.is_empty()));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            header_end = p + 4;
+            break;
+        }
+        if buf.len() > 64 * 1024 {
+            return Err((Outcome::Other, true));
+        }
+    }
+    let head = String::from_utf8_lossy(&buf[..header_end]).to_ascii_lowercase();
+    let status_ok = head.starts_with("http/1.1 200");
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let mut have = buf.len() - header_end;
+    while have < len {
+        let n = conn.read(&mut chunk).map_err(|e| (classify(&e), true))?;
+        if n == 0 {
+            return Err((Outcome::Reset, true));
+        }
+        have += n;
+    }
+    if !status_ok {
+        return Err((Outcome::Status, true));
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Shared {
+    report: LoadReport,
+    last_ok: Option<Instant>,
+}
+
+fn record(shared: &Mutex<Shared>, start: Instant, outcome: Outcome) {
+    let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
+    s.report.requests += 1;
+    match outcome {
+        Outcome::Ok => {
+            let now = Instant::now();
+            let since = s.last_ok.unwrap_or(start);
+            let gap = now.duration_since(since).as_millis() as u64;
+            s.report.longest_gap_ms = s.report.longest_gap_ms.max(gap);
+            s.last_ok = Some(now);
+            s.report.ok += 1;
+        }
+        o => {
+            s.report.failed += 1;
+            match o {
+                Outcome::Reset => s.report.resets += 1,
+                Outcome::Timeout => s.report.timeouts += 1,
+                Outcome::Refused => s.report.refused += 1,
+                _ => {}
+            }
+        }
+    }
+}
+
+fn connect(spec: &LoadSpec) -> Result<TcpStream, Outcome> {
+    let c = TcpStream::connect_timeout(&spec.target, spec.timeout).map_err(|e| classify(&e))?;
+    let _ = c.set_read_timeout(Some(spec.timeout));
+    let _ = c.set_write_timeout(Some(spec.timeout));
+    let _ = c.set_nodelay(true);
+    Ok(c)
+}
+
+fn client(
+    spec: &LoadSpec,
+    keepalive: bool,
+    shared: &Mutex<Shared>,
+    stop: &AtomicBool,
+    start: Instant,
+) {
+    let host = spec.target.ip().to_string();
+    let pace = Duration::from_secs_f64(1.0 / f64::from(spec.rate_per_client.max(1)));
+    let mut conn: Option<TcpStream> = None;
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Relaxed) && start.elapsed() < spec.max_duration {
+        let now = Instant::now();
+        if now < next {
+            std::thread::sleep(next - now);
+        }
+        next += pace;
+        if next < Instant::now() {
+            next = Instant::now();
+        }
+        let reused = conn.is_some();
+        let mut c = match conn.take() {
+            Some(c) => c,
+            None => match connect(spec) {
+                Ok(c) => c,
+                Err(o) => {
+                    record(shared, start, o);
+                    continue;
+                }
+            },
+        };
+        let outcome = match request(&mut c, &host, keepalive) {
+            Ok(()) => {
+                if keepalive {
+                    conn = Some(c);
+                }
+                Outcome::Ok
+            }
+            Err((_, false)) if reused => {
+                // The reused connection failed before any answer: retry once, new connection.
+                let retried = match connect(spec) {
+                    Ok(mut c2) => match request(&mut c2, &host, keepalive) {
+                        Ok(()) => {
+                            conn = Some(c2);
+                            Outcome::Ok
+                        }
+                        Err((o, _)) => o,
+                    },
+                    Err(o) => o,
+                };
+                if matches!(retried, Outcome::Ok) {
+                    shared
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .report
+                        .keepalive_retries += 1;
+                }
+                retried
+            }
+            Err((o, _)) => o,
+        };
+        record(shared, start, outcome);
+    }
+}
+
+/// Runs the load until `max_duration` or the stop file; returns the counts.
+pub fn run(spec: &LoadSpec) -> Result<LoadReport> {
+    if spec.keepalive_clients + spec.new_connection_clients == 0 {
+        bail!("no clients");
+    }
+    let shared = Arc::new(Mutex::new(Shared::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let mut threads = Vec::new();
+    for i in 0..spec.keepalive_clients + spec.new_connection_clients {
+        let keepalive = i < spec.keepalive_clients;
+        let (spec, shared, stop) = (spec.clone(), shared.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            client(&spec, keepalive, &shared, &stop, start)
+        }));
+    }
+    while start.elapsed() < spec.max_duration {
+        if spec.stop_file.as_ref().is_some_and(|f| f.exists()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
+    let end = Instant::now();
+    let tail_gap = end.duration_since(s.last_ok.unwrap_or(start)).as_millis() as u64;
+    s.report.longest_gap_ms = s.report.longest_gap_ms.max(tail_gap);
+    s.report.duration_ms = end.duration_since(start).as_millis() as u64;
+    Ok(s.report.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A tiny HTTP server on loopback: answers `n_ok` requests per connection, then
+    /// closes (so keep-alive clients see server closes), or resets every connection.
+    fn server(reset: bool) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { continue };
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 2048];
+                    for _ in 0..3 {
+                        if reset {
+                            // Closing with the request unread makes the kernel send RST.
+                            let _ = c.peek(&mut buf);
+                            return;
+                        }
+                        let Ok(n) = c.read(&mut buf) else { return };
+                        if n == 0 {
+                            return;
+                        }
+                        let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn spec(target: SocketAddr) -> LoadSpec {
+        LoadSpec {
+            target,
+            keepalive_clients: 1,
+            new_connection_clients: 1,
+            rate_per_client: 100,
+            max_duration: Duration::from_millis(600),
+            stop_file: None,
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn a_healthy_server_gives_no_failures_and_closed_keepalives_are_retried() -> Result<()> {
+        let r = run(&spec(server(false)))?;
+        assert!(r.requests > 40, "{r:?}");
+        assert_eq!(r.failed, 0, "{r:?}");
+        assert_eq!(r.ok, r.requests, "{r:?}");
+        // The server closes each connection after 3 answers.
+        assert!(r.keepalive_retries > 0, "{r:?}");
+        assert!(r.longest_gap_ms < 500, "{r:?}");
+        Ok(())
+    }
+
+    #[test]
+    fn resets_and_refused_connections_count_as_failures() -> Result<()> {
+        let r = run(&spec(server(true)))?;
+        assert_eq!(r.ok, 0, "{r:?}");
+        assert_eq!(r.failed, r.requests, "{r:?}");
+        assert!(r.resets > 0, "{r:?}");
+        assert!(r.longest_gap_ms >= 500, "{r:?}");
+        // Nothing listens: connection refused.
+        let closed = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let r = run(&spec(closed))?;
+        assert_eq!(r.ok, 0, "{r:?}");
+        assert!(r.failed > 0 && r.refused == r.failed, "{r:?}");
+        Ok(())
+    }
+}

@@ -1,0 +1,364 @@
+//! Day-2 operations under load, on the lab's real cluster (real kubelets, scheduler,
+//! BIRD, Juneau's binaries): while an HTTP load runs through the VIP from the client
+//! (keep-alive and new-connection clients, paced, bounded in time; `juneau-lab load`,
+//! tests/src/load.rs), each routine operation happens, one at a time. For each: requests,
+//! failed requests, connection resets, timeouts, keep-alive retries and the longest gap
+//! without a successful answer. The table is printed and written to
+//! `$CARGO_TARGET_TMPDIR/operations.md`; docs/operations.md records a run.
+//!
+//! Target: zero failed requests for every operation. Operations that other work still
+//! has to fix (dataplane flow survival, health-gated announcements, graceful BGP
+//! restart) report their numbers honestly; zero is asserted only for the operations in
+//! [`MUST_BE_CLEAN`], which passed reliably when this suite was written.
+//!
+//! Needs root and what tests/setup.sh installs. It brings up the one lab of the machine
+//! (netns jlab-*, /run/juneau-lab), so it fails if a lab is already up.
+
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use juneau_tests::daemon::{wait_for, Daemon, DaemonSpec};
+use juneau_tests::lab::{
+    self, kubectl, kubectl_apply, nginx_pods, router_next_hops, JuneauBins, Lab, VIP,
+};
+use juneau_tests::load::LoadReport;
+
+/// Operations asserted to cause zero failed requests (the others are reported).
+/// (Each had 0 failed requests in every run so far; see docs/operations.md.)
+const MUST_BE_CLEAN: &[&str] = &[
+    "a Pod appears on node-b (no Pods before) and leaves",
+    "juneau-bgp restart (node-a)",
+    "node agent restart (node-a)",
+];
+
+/// Until the dataplane stops black-holing the kubelet's probes to local backend Pods on
+/// the Service's target port (issue 10), Pods on nodes running the dataplane flap
+/// NotReady when probed on the serving port, which drowns every operation's numbers in
+/// probe noise (a first run could not even get 6 Pods Ready at once). The suite therefore
+/// probes `/healthz` on the image's probe-only port 8080. The lab and lab_e2e keep the
+/// probe on the serving port. Set to `None` once issue 10 is fixed.
+const PROBE_PORT_UNTIL_ISSUE_10: Option<u16> = Some(8080);
+
+const NODE_A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
+const NODE_B: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 12);
+const NODE_C: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 13);
+/// Load before and after each operation.
+const QUIET: Duration = Duration::from_secs(3);
+const SETTLE: Duration = Duration::from_secs(180);
+
+fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
+    wait_for(what, timeout, Duration::from_millis(500), || {
+        Ok(f()?.then_some(()))
+    })
+}
+
+/// Waits until `n` nginx Pods are Ready, none terminating, and the router's next hops
+/// are exactly the nodes that have one.
+fn settled(n: usize) -> Result<()> {
+    wait(
+        &format!("{n} Ready nginx Pods and the router's next hops following them"),
+        SETTLE,
+        || {
+            let pods = nginx_pods()?;
+            if pods.len() != n || pods.iter().any(|p| !p.ready || p.terminating) {
+                return Ok(false);
+            }
+            let mut want: Vec<Ipv4Addr> = pods
+                .iter()
+                .map(|p| match p.node.as_str() {
+                    "node-a" => NODE_A,
+                    "node-b" => NODE_B,
+                    _ => NODE_C,
+                })
+                .collect();
+            want.sort();
+            want.dedup();
+            Ok(router_next_hops()? == want)
+        },
+    )
+}
+
+/// One measured operation.
+struct Row {
+    name: &'static str,
+    report: LoadReport,
+    took: Duration,
+}
+
+/// The load through the VIP, running in the client's namespace until stopped.
+struct Load {
+    daemon: Daemon,
+    stop: PathBuf,
+    out: PathBuf,
+}
+
+impl Load {
+    fn start(dir: &Path, name: &str) -> Result<Load> {
+        let stop = dir.join(format!("{name}.stop"));
+        let out = dir.join(format!("{name}.json"));
+        let daemon = Daemon::spawn(
+            DaemonSpec::new(
+                format!("load {name}"),
+                &[
+                    env!("CARGO_BIN_EXE_juneau-lab"),
+                    "load",
+                    "--target",
+                    &format!("{VIP}:80"),
+                    "--keepalive",
+                    "2",
+                    "--fresh",
+                    "2",
+                    "--rate",
+                    "20",
+                    "--max-seconds",
+                    "400",
+                    "--stop-file",
+                    &stop.display().to_string(),
+                    "--out",
+                    &out.display().to_string(),
+                ],
+                dir.join(format!("{name}.log")),
+            )
+            .in_netns("jlab-client"),
+        )?;
+        Ok(Load { daemon, stop, out })
+    }
+
+    fn finish(mut self) -> Result<LoadReport> {
+        std::fs::write(&self.stop, "stop")?;
+        wait("the load to stop", Duration::from_secs(30), || {
+            Ok(!self.daemon.is_running())
+        })?;
+        let text = std::fs::read_to_string(&self.out).with_context(|| {
+            format!(
+                "load report {} (log {})",
+                self.out.display(),
+                self.daemon.log().display()
+            )
+        })?;
+        LoadReport::from_json(&serde_json::from_str(&text)?)
+    }
+}
+
+/// Runs `op` under load: QUIET, op (which waits until things settled), QUIET.
+fn measure(
+    dir: &Path,
+    rows: &mut Vec<Row>,
+    name: &'static str,
+    op: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    println!("\n==> {name}");
+    let load = Load::start(dir, &name.replace(' ', "-"))?;
+    std::thread::sleep(QUIET);
+    let t0 = Instant::now();
+    let result = op();
+    let took = t0.elapsed();
+    std::thread::sleep(QUIET);
+    let report = load.finish()?;
+    result.with_context(|| format!("operation `{name}`"))?;
+    println!("    {report:?} (operation took {took:.1?})");
+    rows.push(Row { name, report, took });
+    Ok(())
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut t = String::from(
+        "| operation | requests | failed | resets | timeouts | refused | keep-alive retries | longest gap (ms) | operation took (s) |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        let p = &r.report;
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |",
+            r.name,
+            p.requests,
+            p.failed,
+            p.resets,
+            p.timeouts,
+            p.refused,
+            p.keepalive_retries,
+            p.longest_gap_ms,
+            r.took.as_secs_f64()
+        );
+    }
+    t
+}
+
+fn pod_on_node_b() -> String {
+    let port = PROBE_PORT_UNTIL_ISSUE_10.map_or("http".to_string(), |p| p.to_string());
+    r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: nginx-on-node-b
+  namespace: default
+  labels: {app: nginx}
+spec:
+  nodeSelector: {kubernetes.io/hostname: node-b}
+  terminationGracePeriodSeconds: 30
+  containers:
+    - name: nginx
+      image: nginx:1.27
+      imagePullPolicy: Never
+      ports: [{containerPort: 80, name: http}]
+      readinessProbe:
+        httpGet: {path: /healthz, port: PORT}
+        periodSeconds: 2
+        failureThreshold: 2
+      lifecycle:
+        preStop:
+          exec: {command: ["/bin/sleep", "5"]}
+"#
+    .replace("PORT", &port)
+}
+
+#[test]
+fn day2_operations_under_load() -> Result<()> {
+    if lab::exists() {
+        bail!("a lab exists on this machine: run `./lab/lab down` first");
+    }
+    let t_suite = Instant::now();
+    let bins = JuneauBins::build_and_locate()?;
+    let mut lab = Lab::up(bins)?;
+    let result = operations(&mut lab, t_suite);
+    if result.is_err() {
+        lab::keep_logs();
+    }
+    drop(lab);
+    lab::check_nothing_left()?;
+    let rows = result?;
+    for r in &rows {
+        assert!(
+            r.report.ok > 0,
+            "{}: the load got no answer at all: {:?}",
+            r.name,
+            r.report
+        );
+        if MUST_BE_CLEAN.contains(&r.name) {
+            assert_eq!(
+                r.report.failed, 0,
+                "{}: failed requests under load: {:?}",
+                r.name, r.report
+            );
+        }
+    }
+    Ok(())
+}
+
+fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
+    if let Some(port) = PROBE_PORT_UNTIL_ISSUE_10 {
+        kubectl(&[
+            "patch",
+            "deployment/nginx",
+            "--type=json",
+            "-p",
+            &format!(
+                r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/readinessProbe/httpGet/port","value":{port}}}]"#
+            ),
+        ])?;
+        kubectl(&["rollout", "status", "deployment/nginx", "--timeout=180s"])?;
+    }
+    settled(3)?;
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    // The load works before anything happens.
+    let baseline = Load::start(d, "baseline")?;
+    std::thread::sleep(Duration::from_secs(3));
+    let b = baseline.finish()?;
+    assert!(
+        b.ok > 0 && b.failed == 0,
+        "no clean load through the VIP before any operation: {b:?}"
+    );
+
+    let mut rows = Vec::new();
+    measure(
+        d,
+        &mut rows,
+        "rolling update (kubectl rollout restart)",
+        || {
+            kubectl(&["rollout", "restart", "deployment/nginx"])?;
+            kubectl(&["rollout", "status", "deployment/nginx", "--timeout=180s"])?;
+            settled(3)
+        },
+    )?;
+    measure(d, &mut rows, "scale 3 -> 6 -> 2", || {
+        kubectl(&["scale", "deployment/nginx", "--replicas=6"])?;
+        settled(6)?;
+        kubectl(&["scale", "deployment/nginx", "--replicas=2"])?;
+        settled(2)
+    })?;
+    kubectl(&["scale", "deployment/nginx", "--replicas=3"])?;
+    settled(3)?;
+    measure(
+        d,
+        &mut rows,
+        "a Pod appears on node-b (no Pods before) and leaves",
+        || {
+            kubectl_apply(&pod_on_node_b())?;
+            settled(4)?;
+            kubectl(&[
+                "delete",
+                "pod",
+                "nginx-on-node-b",
+                "--wait=true",
+                "--timeout=120s",
+            ])?;
+            settled(3)
+        },
+    )?;
+    measure(
+        d,
+        &mut rows,
+        "juneau-dataplane kill -9 + restart (node-a)",
+        || {
+            lab.kill_and_restart_dataplane("node-a")?;
+            std::thread::sleep(Duration::from_secs(5));
+            settled(3)
+        },
+    )?;
+    measure(d, &mut rows, "juneau-bgp restart (node-a)", || {
+        lab.restart_speaker("node-a")?;
+        std::thread::sleep(Duration::from_secs(2));
+        settled(3)
+    })?;
+    measure(d, &mut rows, "node agent restart (node-a)", || {
+        lab.restart_agent("node-a")?;
+        std::thread::sleep(Duration::from_secs(5));
+        settled(3)
+    })?;
+    measure(d, &mut rows, "controller leader killed (kill -9)", || {
+        let (old, new) = lab.kill_controller_leader(Duration::from_secs(60))?;
+        println!("    leader {old} killed; {new} took over");
+        settled(3)
+    })?;
+    measure(d, &mut rows, "kube-apiserver restarted", || {
+        lab.cluster()?.restart_apiserver()?;
+        std::thread::sleep(Duration::from_secs(5));
+        settled(3)
+    })?;
+    measure(d, &mut rows, "kubectl drain node-a (and uncordon)", || {
+        kubectl(&[
+            "drain",
+            "node-a",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=180s",
+        ])?;
+        settled(3)?;
+        kubectl(&["uncordon", "node-a"])?;
+        Ok(())
+    })?;
+
+    let t = table(&rows);
+    println!(
+        "\nDay-2 operations under load ({:.0?} in all):\n\n{t}",
+        t_suite.elapsed()
+    );
+    let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join("operations.md");
+    std::fs::write(&file, &t)?;
+    println!("(also in {})", file.display());
+    Ok(rows)
+}
