@@ -534,6 +534,7 @@ impl Router {
             dir,
             children: vec![],
             log_files: vec![],
+            bird: None,
         };
         r.spawn_frr(topo, bgpd_cfg, bfdd_cfg)?;
         Ok(r)
@@ -626,6 +627,7 @@ impl Router {
             dir: dir.clone(),
             children: vec![],
             log_files: vec![],
+            bird: None,
         };
         let conf = dir.join("gobgpd.toml");
         std::fs::write(&conf, toml)?;
