@@ -84,6 +84,8 @@ fn service_yaml(i: u32) -> Result<(Service, EndpointSlice)> {
         "metadata": {"name": name, "namespace": "default",
             "annotations": {"juneau.loutres.me/load-balancer-external-network": "perf"}},
         "spec": {"type": "LoadBalancer", "loadBalancerClass": "juneau.loutres.me/load-balancer",
+            // 10 000 LoadBalancer Services would exhaust the NodePort range (2 768 ports).
+            "allocateLoadBalancerNodePorts": false,
             "externalTrafficPolicy": "Local", "selector": {"app": name},
             "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}]}
     }))?;
