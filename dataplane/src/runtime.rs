@@ -684,6 +684,92 @@ impl Io<'_> {
     }
 }
 
+/// The loop's own timing, logged once a second at debug level (`RUST_LOG=
+/// juneau_dataplane=debug`): where a packet's wait comes from. Gaps between iterations
+/// that are not the loop's own idle sleep are time the thread was not running (preempted)
+/// or stuck in a syscall; the RX batch sizes show how full batches are; kicks with nothing
+/// newly produced are `sendto`s spent only on frames the kernel had not taken yet.
+#[derive(Default)]
+struct LoopTiming {
+    last_top: Option<Instant>,
+    slept: Duration,
+    iterations: u64,
+    max_gap: Duration,
+    gaps_over_100us: u64,
+    gaps_over_1ms: u64,
+    /// Frames received per iteration: 0, 1-8, 9-32, 33+.
+    batches: [u64; 4],
+    kicks: u64,
+    idle_kicks: u64,
+    sleeps: u64,
+    sleep_total: Duration,
+    yields: u64,
+    nonvoluntary_switches: u64,
+}
+
+impl LoopTiming {
+    fn top(&mut self, now: Instant) {
+        if let Some(l) = self.last_top {
+            let gap = now.saturating_duration_since(l).saturating_sub(self.slept);
+            self.max_gap = self.max_gap.max(gap);
+            self.gaps_over_100us += u64::from(gap > Duration::from_micros(100));
+            self.gaps_over_1ms += u64::from(gap > Duration::from_millis(1));
+        }
+        self.last_top = Some(now);
+        self.slept = Duration::ZERO;
+        self.iterations += 1;
+    }
+
+    fn received(&mut self, n: usize) {
+        self.batches[match n {
+            0 => 0,
+            1..=8 => 1,
+            9..=32 => 2,
+            _ => 3,
+        }] += 1;
+    }
+
+    fn slept_for(&mut self, d: Duration) {
+        self.sleeps += 1;
+        self.sleep_total += d;
+        self.slept += d;
+    }
+
+    /// Logs the last second and starts over.
+    fn log(&mut self) {
+        let switches = std::fs::read_to_string("/proc/thread-self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("nonvoluntary_ctxt_switches"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            })
+            .unwrap_or(0);
+        tracing::debug!(
+            iterations = self.iterations,
+            max_gap_us = self.max_gap.as_micros() as u64,
+            gaps_over_100us = self.gaps_over_100us,
+            gaps_over_1ms = self.gaps_over_1ms,
+            rx_batches_empty = self.batches[0],
+            rx_batches_1_8 = self.batches[1],
+            rx_batches_9_32 = self.batches[2],
+            rx_batches_33_64 = self.batches[3],
+            kicks = self.kicks,
+            idle_kicks = self.idle_kicks,
+            sleeps = self.sleeps,
+            sleep_ms = self.sleep_total.as_millis() as u64,
+            yields = self.yields,
+            preempted = switches.saturating_sub(self.nonvoluntary_switches),
+            "loop timing"
+        );
+        *self = LoopTiming {
+            last_top: self.last_top,
+            nonvoluntary_switches: switches,
+            ..Default::default()
+        };
+    }
+}
+
 fn forward_loop(
     cfg: &RuntimeConfig,
     io: &mut Io<'_>,
@@ -733,8 +819,10 @@ fn forward_loop(
     let mut pollfds = pollfds_of(&io.ports);
     pending.resize_with(io.ports.len(), || Vec::with_capacity(RX_BATCH * 4));
 
+    let mut timing = LoopTiming::default();
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();
+        timing.top(now);
         // The flow table's clock: CLOCK_MONOTONIC, shared with the XDP program and
         // unaffected by a restart of this process.
         let now_ms = monotonic_ms();
@@ -940,6 +1028,7 @@ fn forward_loop(
             }
         }
         send_notices(engine, umem, pool, &mut pending[0]);
+        timing.received(received);
         // TX.
         for (j, p) in ports.iter_mut().enumerate() {
             let q = &mut pending[j];
@@ -956,9 +1045,16 @@ fn forward_loop(
                 p.unsent += sent as u32;
                 q.clear();
             }
-            if p.in_flight > 0 {
-                // Copy mode transmits at most 32 frames per sendto().
-                let calls = p.unsent.div_ceil(COPY_MODE_TX_BATCH).max(1);
+            // Kick policy: copy mode transmits only inside sendto(), at most 32 frames per
+            // call. Kick for the frames produced since the last kick, and again only while
+            // the TX ring still holds frames the kernel has not taken (a kick cut short by
+            // its per-call budget or a busy device); completions of frames already taken
+            // arrive without a kick. Zero-copy drivers: kick while any are in flight.
+            let queued = cfg.ring_size.saturating_sub(p.tx.nb_free_exact());
+            if p.unsent > 0 || queued > 0 || (cfg.zero_copy && p.in_flight > 0) {
+                let calls = p.unsent.max(queued).div_ceil(COPY_MODE_TX_BATCH).max(1);
+                timing.kicks += u64::from(calls);
+                timing.idle_kicks += u64::from(p.unsent == 0);
                 for _ in 0..calls {
                     if let Err(e) = p.tx.wakeup() {
                         tracing::debug!(iface = %p.name, error = %e, "TX wakeup failed");
@@ -976,17 +1072,27 @@ fn forward_loop(
         if now.duration_since(last_stats) >= Duration::from_secs(1) {
             last_stats = now;
             let _ = stats_tx.try_send(collect_stats(engine, io, seen_generation, &nb, shared));
+            timing.log();
         }
 
         // Activity: frames received, or TX completions still coming in (a frame the
         // kernel did not take yet is retried on every iteration while we spin).
         if received > 0 || completed > 0 {
             last_activity = now;
-        } else if now.duration_since(last_activity) >= busy {
+        } else if now.duration_since(last_activity) < busy {
+            // Nothing arrived: let whatever else is runnable on this core go first. In
+            // copy mode that is typically the interface's NAPI (softirq or threaded
+            // kthread) that fills our RX rings: spinning on empty rings would take the
+            // core from the very work that feeds them. Returns at once when nothing else
+            // wants the core.
+            std::thread::yield_now();
+            timing.yields += 1;
+        } else {
             // Idle back-off: sleep until a packet arrives or the timeout passes.
             for pfd in pollfds.iter_mut() {
                 pfd.revents = 0;
             }
+            let before = Instant::now();
             // SAFETY: `pollfds` is a valid array of pollfd for its length.
             unsafe {
                 libc::poll(
@@ -995,6 +1101,7 @@ fn forward_loop(
                     cfg.idle_sleep_ms,
                 );
             }
+            timing.slept_for(before.elapsed());
             // A socket whose interface vanished reports an error at once; do not spin
             // on it until it is detached.
             if pollfds

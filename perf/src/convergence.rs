@@ -42,7 +42,7 @@ pub const BIRD_POLL: Duration = Duration::from_millis(1);
 const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bound on the set-up's "eventually" checks (busy 2-core machine).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(120);
-const NODE: &str = "node-a";
+pub(crate) const NODE: &str = "node-a";
 const NODE_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 2);
 const ROUTER_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 1);
 const SLICE: &str = "web-1";
@@ -180,7 +180,7 @@ pub fn missing(bins: &Binaries) -> Vec<crate::prereq::Missing> {
 }
 
 /// A host process killed and reaped on drop.
-struct HostProc(Child);
+pub(crate) struct HostProc(Child);
 
 impl Drop for HostProc {
     fn drop(&mut self) {
@@ -190,7 +190,12 @@ impl Drop for HostProc {
 }
 
 impl HostProc {
-    fn check(&mut self, name: &str, log: &Path) -> Result<()> {
+    /// The process id.
+    pub(crate) fn id(&self) -> u32 {
+        self.0.id()
+    }
+
+    pub(crate) fn check(&mut self, name: &str, log: &Path) -> Result<()> {
         if let Some(st) = self.0.try_wait()? {
             bail!(
                 "{name} exited ({st}); log {}:\n{}",
@@ -202,13 +207,13 @@ impl HostProc {
     }
 }
 
-fn tail(p: &Path) -> String {
+pub(crate) fn tail(p: &Path) -> String {
     let t = std::fs::read_to_string(p).unwrap_or_default();
     let l: Vec<&str> = t.lines().collect();
     l[l.len().saturating_sub(30)..].join("\n")
 }
 
-fn eventually<T>(what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+pub(crate) fn eventually<T>(what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
     let start = Instant::now();
     let mut last = String::new();
     loop {
@@ -243,19 +248,62 @@ fn advertised(r: &mut NodeStateReader, vip: Ipv4Addr) -> Result<bool> {
     Ok(r.snapshot()?.state.advertised.iter().any(|a| a.vip == vip))
 }
 
-/// Runs the set-up, `reps` withdraw/announce cycles, and returns the distributions.
-/// `say` prints progress.
-pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<ConvergenceReport> {
-    let m = missing(bins);
-    if !m.is_empty() {
-        bail!(
-            "missing: {}",
-            m.iter()
-                .map(|m| format!("{} ({})", m.what, m.fix))
-                .collect::<Vec<_>>()
-                .join("; ")
-        );
+/// The one Service of the convergence measurement and its EndpointSlice (one ready
+/// endpoint on node-a).
+fn web_service_yaml() -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: default\n  annotations:\n    \
+         juneau.loutres.me/load-balancer-external-network: perf\nspec:\n  type: LoadBalancer\n  \
+         loadBalancerClass: juneau.loutres.me/load-balancer\n  externalTrafficPolicy: Local\n  \
+         selector: {{app: web}}\n  ports:\n  - {{name: http, protocol: TCP, port: 80, targetPort: 8080}}\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {SLICE}\n  namespace: default\n  \
+         labels: {{kubernetes.io/service-name: web, endpointslice.kubernetes.io/managed-by: juneau-perf}}\n\
+         addressType: IPv4\nports:\n- {{name: http, protocol: TCP, port: 8080}}\nendpoints:\n\
+         - addresses: [\"10.244.0.10\"]\n  nodeName: {NODE}\n  conditions: {{ready: true, serving: true, terminating: false}}\n"
+    )
+}
+
+/// The real control plane of one node: etcd + kube-apiserver with the CRDs, BIRD 2 in a
+/// router namespace, `juneau-k8s-sync controller` and `agent --node node-a` on the host
+/// (admin kubeconfig), `juneau-bgp` in a node namespace peering with BIRD; Node `node-a`,
+/// an AddressPool `perf` of `pool`, ExternalNetwork, BGPAdvertisement and BGPPeer. Fields
+/// drop in order: daemons first, the cluster last.
+pub(crate) struct Bed {
+    pub(crate) controller: HostProc,
+    pub(crate) controller_log: PathBuf,
+    pub(crate) agent: HostProc,
+    pub(crate) agent_log: PathBuf,
+    pub(crate) bgp: NsChild,
+    pub(crate) bgp_log: PathBuf,
+    pub(crate) bird: Bird,
+    pub(crate) bird_log: PathBuf,
+    /// The agent's state file.
+    pub(crate) state: PathBuf,
+    /// BIRD's control socket.
+    pub(crate) ctl: PathBuf,
+    _node: Netns,
+    _router: Netns,
+    _dir: tempfile::TempDir,
+    pub(crate) k: KubeCluster,
+}
+
+impl Bed {
+    /// Fails if the controller or the agent exited.
+    pub(crate) fn check(&mut self) -> Result<()> {
+        self.controller
+            .check("juneau-k8s-sync controller", &self.controller_log)?;
+        self.agent.check("juneau-k8s-sync agent", &self.agent_log)
     }
+}
+
+/// Starts the [`Bed`] with the address pool `pool` (CIDR) and `extra_yaml` applied with
+/// the Juneau objects (before the daemons start).
+pub(crate) fn start_bed(
+    bins: &Binaries,
+    say: &dyn Fn(String),
+    pool: &str,
+    extra_yaml: &str,
+) -> Result<Bed> {
     say("convergence: starting etcd + kube-apiserver".into());
     let k = KubeCluster::start()?;
     k.apply_yaml(CRDS)?;
@@ -316,22 +364,17 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
     ])?;
     k.apply_yaml(&format!(
         "apiVersion: juneau.loutres.me/v1alpha1\nkind: AddressPool\nmetadata: {{name: perf}}\n\
-         spec: {{advertiseMode: bgp, addresses: [203.0.113.0/24]}}\n---\n\
+         spec: {{advertiseMode: bgp, addresses: [{pool}]}}\n---\n\
          apiVersion: juneau.loutres.me/v1alpha1\nkind: ExternalNetwork\nmetadata: {{name: perf}}\n\
          spec: {{type: bgp, addressPools: [perf]}}\n---\n\
          apiVersion: juneau.loutres.me/v1alpha1\nkind: BGPAdvertisement\nmetadata: {{name: perf}}\n\
          spec: {{addressPools: [perf]}}\n---\n\
          apiVersion: juneau.loutres.me/v1alpha1\nkind: BGPPeer\nmetadata: {{name: router}}\n\
-         spec: {{peerAddress: {ROUTER_ADDR}, peerASN: 65000, localASN: 65001, holdTimeSeconds: 9, connectRetrySeconds: 1}}\n---\n\
-         apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: default\n  annotations:\n    \
-         juneau.loutres.me/load-balancer-external-network: perf\nspec:\n  type: LoadBalancer\n  \
-         loadBalancerClass: juneau.loutres.me/load-balancer\n  externalTrafficPolicy: Local\n  \
-         selector: {{app: web}}\n  ports:\n  - {{name: http, protocol: TCP, port: 80, targetPort: 8080}}\n---\n\
-         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {SLICE}\n  namespace: default\n  \
-         labels: {{kubernetes.io/service-name: web, endpointslice.kubernetes.io/managed-by: juneau-perf}}\n\
-         addressType: IPv4\nports:\n- {{name: http, protocol: TCP, port: 8080}}\nendpoints:\n\
-         - addresses: [\"10.244.0.10\"]\n  nodeName: {NODE}\n  conditions: {{ready: true, serving: true, terminating: false}}\n"
+         spec: {{peerAddress: {ROUTER_ADDR}, peerASN: 65000, localASN: 65001, holdTimeSeconds: 9, connectRetrySeconds: 1}}\n"
     ))?;
+    if !extra_yaml.is_empty() {
+        k.apply_yaml(extra_yaml)?;
+    }
 
     // The real daemons: controller and agent on the host (admin kubeconfig), juneau-bgp
     // in the node namespace.
@@ -353,7 +396,7 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
             .with_context(|| format!("starting {}", bins.k8s_sync.display()))?;
         Ok((HostProc(c), log))
     };
-    let (mut controller, controller_log) = spawn_host(
+    let (controller, controller_log) = spawn_host(
         "controller",
         &[
             "controller",
@@ -365,7 +408,7 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
             "6",
         ],
     )?;
-    let (mut agent, agent_log) = spawn_host(
+    let (agent, agent_log) = spawn_host(
         "agent",
         &[
             "agent",
@@ -378,7 +421,7 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
         ],
     )?;
     let bgp_log = d.join("juneau-bgp.log");
-    let _bgp: NsChild = node.spawn_logged(
+    let bgp: NsChild = node.spawn_logged(
         &[
             bins.bgp.to_str().unwrap(),
             "--state-file",
@@ -392,18 +435,54 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
         ],
         &bgp_log,
     )?;
+    Ok(Bed {
+        controller,
+        controller_log,
+        agent,
+        agent_log,
+        bgp,
+        bgp_log,
+        ctl: bird.ctl().to_path_buf(),
+        bird,
+        bird_log,
+        state,
+        _node: node,
+        _router: router,
+        _dir: dir,
+        k,
+    })
+}
 
+/// Runs the set-up, `reps` withdraw/announce cycles, and returns the distributions.
+/// `say` prints progress.
+pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<ConvergenceReport> {
+    let m = missing(bins);
+    if !m.is_empty() {
+        bail!(
+            "missing: {}",
+            m.iter()
+                .map(|m| format!("{} ({})", m.what, m.fix))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    let mut bed = start_bed(bins, say, "203.0.113.0/24", &web_service_yaml())?;
+    let state = bed.state.clone();
+    let (agent_log, bgp_log, bird_log) = (
+        bed.agent_log.clone(),
+        bed.bgp_log.clone(),
+        bed.bird_log.clone(),
+    );
     say("convergence: waiting for the VIP in shared memory and at BIRD".into());
     let vip = eventually("the agent to advertise the Service's VIP", || {
-        controller.check("juneau-k8s-sync controller", &controller_log)?;
-        agent.check("juneau-k8s-sync agent", &agent_log)?;
+        bed.check()?;
         if !state.exists() {
             return Ok(None);
         }
         let mut r = NodeStateReader::open(&state)?;
         Ok(r.snapshot()?.state.advertised.first().map(|a| a.vip))
     })?;
-    let mut birdc = bird.control()?;
+    let mut birdc = bed.bird.control()?;
     eventually("BIRD to have the VIP's /32 from juneau-bgp", || {
         Ok(birdc.has_route(vip)?.then_some(()))
     })
@@ -429,7 +508,7 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
         .enable_all()
         .build()?;
     let api: kube::Api<k8s_openapi::api::discovery::v1::EndpointSlice> = rt.block_on(async {
-        let kc = kube::config::Kubeconfig::read_from(k.kubeconfig())?;
+        let kc = kube::config::Kubeconfig::read_from(bed.k.kubeconfig())?;
         let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
         let client = kube::Client::try_from(cfg)?;
         anyhow::Ok(kube::Api::namespaced(client, "default"))
@@ -444,8 +523,7 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
     for rep in 0..reps {
         for ready in [false, true] {
             check_interrupt()?;
-            controller.check("juneau-k8s-sync controller", &controller_log)?;
-            agent.check("juneau-k8s-sync agent", &agent_log)?;
+            bed.check()?;
             let barrier = Arc::new(Barrier::new(3));
             let seen = reader.generation();
             let (t0, rtt, t_shm, t_bird, gap) = std::thread::scope(|s| -> Result<_> {

@@ -10,10 +10,13 @@
 pub mod bpf;
 pub mod convergence;
 pub mod cost;
+pub mod cpu;
 pub mod latency;
+pub mod livegen;
 pub mod packet;
 pub mod prereq;
 pub mod report;
+pub mod scale;
 pub mod suite;
 pub mod topology;
 pub mod xsk;

@@ -54,6 +54,13 @@ struct RunArgs {
     /// Skip the control-plane convergence measurement.
     #[arg(long)]
     no_convergence: bool,
+    /// Services of the control-plane scale measurement (default: 10000 in `run` and
+    /// `scale`, 20 in `smoke`; 0 skips it).
+    #[arg(long)]
+    scale_services: Option<u32>,
+    /// Longest wait for the scale measurement's Services to converge, seconds.
+    #[arg(long, default_value_t = 300)]
+    scale_timeout_s: u64,
 }
 
 #[derive(Subcommand)]
@@ -65,6 +72,9 @@ enum Cmd {
     /// Only the control-plane convergence measurement (real kube-apiserver, k8s-sync,
     /// juneau-bgp, BIRD 2): EndpointSlice change -> shared memory and -> BIRD.
     Convergence(RunArgs),
+    /// Only the control-plane scale measurement: N Services (3 endpoints each) at once
+    /// against the real apiserver, controller, agent, juneau-bgp and BIRD.
+    Scale(RunArgs),
     /// Lists missing prerequisites and exits.
     Check(RunArgs),
     /// Re-renders report.md and the plots from DIR/report.json.
@@ -72,11 +82,16 @@ enum Cmd {
         /// The report directory.
         dir: PathBuf,
     },
-    /// (internal) AF_XDP TX generator; prints a JSON result.
+    /// (internal) traffic generator (live-frames BPF_PROG_RUN by default, or the older
+    /// AF_XDP TX generator with `--afxdp`); prints a JSON result.
     #[command(hide = true)]
     Gen {
         #[arg(long)]
         iface: String,
+        /// Use the AF_XDP copy-mode TX generator (tops out at ~1-2 Mpps here) instead of
+        /// live frames.
+        #[arg(long)]
+        afxdp: bool,
         #[arg(long)]
         src_mac: String,
         #[arg(long)]
@@ -247,6 +262,72 @@ fn run_convergence(
     }
 }
 
+/// Measures control-plane scale into `report` (a failure is recorded as an error).
+fn run_scale(
+    bins: &convergence::Binaries,
+    n: u32,
+    timeout: Duration,
+    progress: &Progress,
+    report: &mut Report,
+) {
+    progress.say(format!("control-plane scale: {n} Services at once"));
+    match juneau_perf::scale::measure(bins, n, timeout, &|m| progress.say(m)) {
+        Ok(r) => {
+            progress.say(format!(
+                "scale: all VIPs {:?} s, all Ready {:?} s, shared memory {:?} s, BIRD {:?} s",
+                r.all_vips_s, r.all_ready_s, r.shm_all_advertised_s, r.bird_all_routes_s
+            ));
+            report.scale = Some(r);
+        }
+        Err(e) => report.add_error("scale", format!("{e:#}")),
+    }
+}
+
+fn scale_only(args: &RunArgs) -> Result<()> {
+    let out = std::path::absolute(&args.out)?;
+    let bins = convergence_binaries(args)?;
+    let missing = convergence::missing(&bins);
+    if !missing.is_empty() {
+        for m in &missing {
+            eprintln!("  - {}: {}", m.what, m.fix);
+        }
+        bail!(
+            "{} prerequisite(s) missing (nothing was installed)",
+            missing.len()
+        );
+    }
+    std::fs::create_dir_all(&out)?;
+    let bins = stage_convergence_binaries(&bins, &out)?;
+    ctrlc::set_handler(|| {
+        eprintln!("interrupt: stopping and removing the namespaces...");
+        INTERRUPTED.store(true, Ordering::Relaxed);
+    })
+    .context("installing the Ctrl-C handler")?;
+    let n = args.scale_services.unwrap_or(10_000);
+    let timeout = Duration::from_secs(args.scale_timeout_s);
+    let progress = Progress::new(timeout);
+    let mut report = Report {
+        date: juneau_perf::cost::utc_now(),
+        machine: prereq::machine(),
+        load_average_start: prereq::loadavg(),
+        mode: "scale".into(),
+        config: serde_json::json!({ "scale_services": n }),
+        ..Default::default()
+    };
+    report.cost.status = "Not measured (scale only).".into();
+    report.convergence = "Not measured (scale only).".into();
+    run_scale(&bins, n, timeout, &progress, &mut report);
+    report.load_average_end = prereq::loadavg();
+    let files = report.write(&out)?;
+    for f in files {
+        eprintln!("  {}", f.display());
+    }
+    if let Some((_, e)) = report.errors.first() {
+        bail!("scale failed: {e}");
+    }
+    Ok(())
+}
+
 fn convergence_only(args: &RunArgs) -> Result<()> {
     let out = std::path::absolute(&args.out)?;
     let bins = convergence_binaries(args)?;
@@ -391,6 +472,18 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     if let Some(reps) = conv_reps {
         run_convergence(&conv_bins, reps, &progress, &mut report);
     }
+    let scale_n = args
+        .scale_services
+        .unwrap_or(if smoke { 20 } else { 10_000 });
+    if scale_n > 0 && conv_reps.is_some() {
+        run_scale(
+            &conv_bins,
+            scale_n,
+            Duration::from_secs(args.scale_timeout_s),
+            &progress,
+            &mut report,
+        );
+    }
     report.load_average_end = prereq::loadavg();
     report.dataplane_counters = suite::dataplane_counters();
     report.compute_ratios();
@@ -441,6 +534,7 @@ fn main() -> Result<()> {
         }
         Cmd::Smoke(a) => run_suite(&a, true),
         Cmd::Convergence(a) => convergence_only(&a),
+        Cmd::Scale(a) => scale_only(&a),
         Cmd::Check(a) => {
             let plan = plan_for(&a, false)?;
             let mut missing = prereq::check(Some(&plan.dataplane), !a.no_cost);
@@ -459,6 +553,7 @@ fn main() -> Result<()> {
         }
         Cmd::Gen {
             iface,
+            afxdp,
             src_mac,
             dst_mac,
             dst_ip,
@@ -468,21 +563,35 @@ fn main() -> Result<()> {
             duration_ms,
             max_packets,
         } => {
-            let cfg = xsk::GenConfig {
-                iface,
-                template: Template {
-                    src_mac: parse_mac(&src_mac).context("--src-mac")?,
-                    dst_mac: parse_mac(&dst_mac).context("--dst-mac")?,
-                    dst_ip,
-                    dst_port,
-                },
-                src_base: juneau_perf::topology::FLOW_BASE,
-                flows,
-                rate_pps: rate,
-                duration: Duration::from_millis(duration_ms),
-                max_packets,
+            let template = Template {
+                src_mac: parse_mac(&src_mac).context("--src-mac")?,
+                dst_mac: parse_mac(&dst_mac).context("--dst-mac")?,
+                dst_ip,
+                dst_port,
             };
-            let r = xsk::generate(&cfg, &never)?;
+            let r = if afxdp {
+                let cfg = xsk::GenConfig {
+                    iface,
+                    template,
+                    src_base: juneau_perf::topology::FLOW_BASE,
+                    flows,
+                    rate_pps: rate,
+                    duration: Duration::from_millis(duration_ms),
+                    max_packets,
+                };
+                xsk::generate(&cfg, &never)?
+            } else {
+                let cfg = juneau_perf::livegen::LiveGenConfig {
+                    iface,
+                    template,
+                    src_base: juneau_perf::topology::FLOW_BASE,
+                    flows,
+                    rate_pps: rate,
+                    duration: Duration::from_millis(duration_ms),
+                    max_packets,
+                };
+                juneau_perf::livegen::generate(&cfg, &never)?
+            };
             println!("{}", serde_json::to_string(&r)?);
             Ok(())
         }

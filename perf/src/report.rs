@@ -27,6 +27,42 @@ pub struct ScenarioResult {
     /// What the generator offered in each run (its own send rate); a delivered rate close
     /// to it means the generator, not the path, was the limit.
     pub offered_pps: Vec<f64>,
+    /// Every run's figures (delivered, offered, the path's CPU time, saturation).
+    #[serde(default)]
+    pub runs: Vec<RunFigures>,
+    /// Whether every run was saturated (ratios are computed only from saturated rows).
+    #[serde(default)]
+    pub saturated: bool,
+    /// Median CPU time of the path per delivered packet, ns (its threads' run time over
+    /// the window / packets delivered in the window).
+    #[serde(default)]
+    pub ns_per_packet: Option<f64>,
+    /// The same in cycles of the TSC clock (`cycles_clock_mhz`).
+    #[serde(default)]
+    pub cycles_per_packet: Option<f64>,
+    /// Packets delivered per CPU-second of the path (1e9 / ns_per_packet).
+    #[serde(default)]
+    pub pps_per_cpu_second: Option<f64>,
+}
+
+/// One throughput run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunFigures {
+    /// Packets/s counted by the sink in the window.
+    pub delivered_pps: f64,
+    /// Packets/s the generator offered (its own count over its whole run).
+    pub offered_pps: f64,
+    /// CPU time of the path's threads per second of window (1.0 = one full core).
+    pub path_cores: f64,
+    /// The path core's time shares from /proc/stat (other processes on the shared
+    /// machine included).
+    pub path_core: crate::cpu::CoreLoad,
+    /// The path's CPU time per delivered packet, ns.
+    pub ns_per_packet: f64,
+    /// Delivered < 97 % of offered, or the path core >= 95 % busy.
+    pub saturated: bool,
+    /// Why it counts as saturated, or why not.
+    pub saturation: String,
 }
 
 /// Median of a list (mean of the middle two for even lengths).
@@ -55,7 +91,33 @@ impl ScenarioResult {
             median_pps: median(&runs_pps),
             runs_pps,
             offered_pps: Vec::new(),
+            runs: Vec::new(),
+            saturated: false,
+            ns_per_packet: None,
+            cycles_per_packet: None,
+            pps_per_cpu_second: None,
         }
+    }
+
+    /// Summarizes measured runs: medians, saturation of every run, CPU cost.
+    pub fn from_runs(name: &str, flows: u32, runs: Vec<RunFigures>) -> ScenarioResult {
+        let mut r =
+            ScenarioResult::new(name, flows, runs.iter().map(|f| f.delivered_pps).collect());
+        r.offered_pps = runs.iter().map(|f| f.offered_pps).collect();
+        r.saturated = !runs.is_empty() && runs.iter().all(|f| f.saturated);
+        let ns: Vec<f64> = runs
+            .iter()
+            .map(|f| f.ns_per_packet)
+            .filter(|x| x.is_finite() && *x > 0.0)
+            .collect();
+        if !ns.is_empty() {
+            let m = median(&ns);
+            r.ns_per_packet = Some(m);
+            r.cycles_per_packet = crate::cpu::tsc_mhz().map(|mhz| m * mhz / 1e3);
+            r.pps_per_cpu_second = Some(1e9 / m);
+        }
+        r.runs = runs;
+        r
     }
 }
 
@@ -68,6 +130,9 @@ pub struct FlowScalePoint {
     pub runs_pps: Vec<f64>,
     /// Median run.
     pub median_pps: f64,
+    /// Saturation and CPU cost of the runs.
+    #[serde(default)]
+    pub summary: Option<ScenarioResult>,
 }
 
 /// Latency through the VIP at one offered load.
@@ -118,6 +183,21 @@ pub struct Ratios {
     pub juneau_vs_afxdp_l2fwd: Option<f64>,
     /// juneau at the largest flow count / at the smallest (target >= 0.9 for 1M vs 1k).
     pub juneau_flow_scale_largest_vs_smallest: Option<f64>,
+    /// Packets per CPU-second of the path, juneau / nft-dnat (target >= 1.5).
+    #[serde(default)]
+    pub cpu_juneau_vs_nft_dnat: Option<f64>,
+    /// Packets per CPU-second, juneau / xdp-dnat (target >= 1.0).
+    #[serde(default)]
+    pub cpu_juneau_vs_xdp_dnat: Option<f64>,
+    /// Packets per CPU-second, juneau / afxdp-l2fwd (target >= 0.9).
+    #[serde(default)]
+    pub cpu_juneau_vs_afxdp_l2fwd: Option<f64>,
+    /// Packets per CPU-second, juneau at the largest flow count / at the smallest.
+    #[serde(default)]
+    pub cpu_juneau_flow_scale_largest_vs_smallest: Option<f64>,
+    /// Ratios not computed, and why (a side not saturated, or not measured).
+    #[serde(default)]
+    pub refused: Vec<String>,
 }
 
 /// Everything one `juneau-perf run` measured.
@@ -150,6 +230,9 @@ pub struct Report {
     /// Control-plane convergence distributions, when measured.
     #[serde(default)]
     pub convergence_results: Option<crate::convergence::ConvergenceReport>,
+    /// Control-plane scale (N Services at once), when measured.
+    #[serde(default)]
+    pub scale: Option<crate::scale::ScaleReport>,
     /// juneau-dataplane's own counters after each `juneau` run (cumulative since its
     /// start): AF_XDP ring drops show where packets were lost.
     pub dataplane_counters: Vec<serde_json::Value>,
@@ -163,31 +246,69 @@ impl Report {
         self.errors.push((scenario.into(), msg));
     }
 
-    fn median_of(&self, name: &str) -> Option<f64> {
-        self.scenarios
-            .iter()
-            .find(|s| s.name == name)
-            .map(|s| s.median_pps)
-    }
-
-    /// Computes the ratios from the medians.
+    /// Computes the ratios from the medians, only between rows whose every run was
+    /// saturated (an unsaturated row measures the generator, not the path); refusals are
+    /// listed in `ratios.refused`.
     pub fn compute_ratios(&mut self) {
-        let j = self.median_of("juneau");
-        let r = |b: Option<f64>| match (j, b) {
-            (Some(j), Some(b)) if b > 0.0 => Some(j / b),
-            _ => None,
-        };
-        self.ratios.juneau_vs_nft_dnat = r(self.median_of("nft-dnat"));
-        self.ratios.juneau_vs_xdp_dnat = r(self.median_of("xdp-dnat"));
-        self.ratios.juneau_vs_afxdp_l2fwd = r(self.median_of("afxdp-l2fwd"));
+        let mut refused = Vec::new();
+        let find = |n: &str| self.scenarios.iter().find(|s| s.name == n).cloned();
+        let mut pair =
+            |a: Option<ScenarioResult>, b: Option<ScenarioResult>, what: &str| match (a, b) {
+                (Some(a), Some(b)) => {
+                    let unsat: Vec<String> = [&a, &b]
+                        .iter()
+                        .filter(|s| !s.saturated)
+                        .map(|s| format!("{} ({} flows)", s.name, s.flows))
+                        .collect();
+                    if !unsat.is_empty() {
+                        refused.push(format!(
+                            "{what}: not all runs saturated: {}",
+                            unsat.join(", ")
+                        ));
+                        return (None, None);
+                    }
+                    let pps = (b.median_pps > 0.0).then(|| a.median_pps / b.median_pps);
+                    let cpu = match (a.pps_per_cpu_second, b.pps_per_cpu_second) {
+                        (Some(x), Some(y)) if y > 0.0 => Some(x / y),
+                        _ => None,
+                    };
+                    (pps, cpu)
+                }
+                _ => {
+                    refused.push(format!("{what}: a side was not measured"));
+                    (None, None)
+                }
+            };
+        let j = find("juneau");
+        let (a, b) = pair(j.clone(), find("nft-dnat"), "juneau / nft-dnat");
+        self.ratios.juneau_vs_nft_dnat = a;
+        self.ratios.cpu_juneau_vs_nft_dnat = b;
+        let (a, b) = pair(j.clone(), find("xdp-dnat"), "juneau / xdp-dnat");
+        self.ratios.juneau_vs_xdp_dnat = a;
+        self.ratios.cpu_juneau_vs_xdp_dnat = b;
+        let (a, b) = pair(j, find("afxdp-l2fwd"), "juneau / afxdp-l2fwd");
+        self.ratios.juneau_vs_afxdp_l2fwd = a;
+        self.ratios.cpu_juneau_vs_afxdp_l2fwd = b;
         let smallest = self.flow_scale.iter().min_by_key(|p| p.flows);
         let largest = self.flow_scale.iter().max_by_key(|p| p.flows);
-        self.ratios.juneau_flow_scale_largest_vs_smallest = match (smallest, largest) {
-            (Some(s), Some(l)) if s.flows != l.flows && s.median_pps > 0.0 => {
-                Some(l.median_pps / s.median_pps)
-            }
-            _ => None,
+        let summary = |p: &FlowScalePoint| {
+            p.summary.clone().unwrap_or_else(|| {
+                let mut s = ScenarioResult::new("juneau", p.flows, p.runs_pps.clone());
+                s.saturated = true; // older reports carry no saturation: as measured then
+                s
+            })
         };
+        let (a, b) = match (smallest, largest) {
+            (Some(s), Some(l)) if s.flows != l.flows => pair(
+                Some(summary(l)),
+                Some(summary(s)),
+                "juneau largest / smallest flow count",
+            ),
+            _ => (None, None),
+        };
+        self.ratios.juneau_flow_scale_largest_vs_smallest = a;
+        self.ratios.cpu_juneau_flow_scale_largest_vs_smallest = b;
+        self.ratios.refused = refused;
     }
 
     /// The Markdown report.
@@ -203,42 +324,127 @@ impl Report {
             self.date, self.machine, self.load_average_start, self.load_average_end, self.config
         );
         m += "Delivered packets/s counted by the XDP sink in the backend namespace; 64-byte UDP\n";
-        m += "from an AF_XDP generator in the client namespace, through the node namespace.\n\n";
-        m += "## Throughput\n\n| scenario | flows | runs (pps) | min | median | max | generator offered (pps) |\n|---|---:|---|---:|---:|---:|---|\n";
-        for s in &self.scenarios {
-            let runs: Vec<String> = s.runs_pps.iter().map(|p| format!("{p:.0}")).collect();
+        m += "offered by a live-frames XDP generator (BPF_PROG_RUN) alone on CPU 0; every forwarding\n";
+        m += "path runs on CPU 1 (the node's threaded-NAPI kthreads and the userspace forwarder pinned\n";
+        m +=
+            "there). CPU time of the path = run time of its threads (NAPI kthreads, ksoftirqd/1,\n";
+        m += "forwarder) over the window, from /proc/<pid>/task/*/schedstat; cycles = ns x the TSC\n";
+        m += &format!(
+            "clock ({}; this VM exposes no PMU cycle counter). A run is *saturated* when delivered < {:.0} %\n",
+            crate::cpu::tsc_mhz()
+                .map(|m| format!("{m:.0} MHz"))
+                .unwrap_or_else(|| "unknown".into()),
+            100.0 * crate::suite::SATURATION_DELIVERED_BELOW
+        );
+        m += &format!(
+            "of offered or the path core is >= {:.0} % busy (/proc/stat); ratios come only from rows saturated in every run.\n\n",
+            100.0 * crate::suite::SATURATION_CORE_BUSY
+        );
+        m += "## Throughput and CPU cost per packet\n\n| scenario | flows | saturated | median delivered pps | offered pps (runs) | path cores (runs) | path core busy (runs) | ns/packet | cycles/packet | packets per CPU-second |\n|---|---:|---|---:|---|---|---|---:|---:|---:|\n";
+        let rows = self
+            .scenarios
+            .iter()
+            .chain(self.flow_scale.iter().filter_map(|p| p.summary.as_ref()));
+        for s in rows {
+            let join = |v: Vec<String>| v.join(", ");
             m += &format!(
-                "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {} |\n",
+                "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} |\n",
                 s.name,
                 s.flows,
-                runs.join(", "),
-                s.min_pps,
+                if s.runs.is_empty() {
+                    "not recorded".to_string()
+                } else if s.saturated {
+                    "**yes** (all runs)".to_string()
+                } else {
+                    format!(
+                        "NO ({} of {} runs)",
+                        s.runs.iter().filter(|r| r.saturated).count(),
+                        s.runs.len()
+                    )
+                },
                 s.median_pps,
-                s.max_pps,
-                s.offered_pps
-                    .iter()
-                    .map(|p| format!("{p:.0}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                join(s.offered_pps.iter().map(|p| format!("{p:.0}")).collect()),
+                join(
+                    s.runs
+                        .iter()
+                        .map(|r| format!("{:.2}", r.path_cores))
+                        .collect()
+                ),
+                join(
+                    s.runs
+                        .iter()
+                        .map(|r| format!("{:.0}%", 100.0 * r.path_core.busy))
+                        .collect()
+                ),
+                s.ns_per_packet
+                    .map(|x| format!("{x:.0}"))
+                    .unwrap_or_else(|| "-".into()),
+                s.cycles_per_packet
+                    .map(|x| format!("{x:.0}"))
+                    .unwrap_or_else(|| "-".into()),
+                s.pps_per_cpu_second
+                    .map(|x| format!("{x:.0}"))
+                    .unwrap_or_else(|| "-".into()),
             );
         }
-        m += "\n![throughput](throughput.png)\n\n## Ratios (medians of this run)\n\n| ratio | value | target |\n|---|---:|---:|\n";
-        m += &format!(
-            "| juneau / nft-dnat | {} | >= 1.5 |\n",
-            f(self.ratios.juneau_vs_nft_dnat)
-        );
-        m += &format!(
-            "| juneau / xdp-dnat | {} | >= 1.0 |\n",
-            f(self.ratios.juneau_vs_xdp_dnat)
-        );
-        m += &format!(
-            "| juneau / afxdp-l2fwd | {} | >= 0.9 |\n",
-            f(self.ratios.juneau_vs_afxdp_l2fwd)
-        );
-        m += &format!(
-            "| juneau largest / smallest flow count | {} | >= 0.9 |\n",
-            f(self.ratios.juneau_flow_scale_largest_vs_smallest)
-        );
+        m += "\nPer run: \n\n";
+        for s in self
+            .scenarios
+            .iter()
+            .chain(self.flow_scale.iter().filter_map(|p| p.summary.as_ref()))
+        {
+            for (i, r) in s.runs.iter().enumerate() {
+                m += &format!(
+                    "- {} @ {} flows, run {}: {:.0} of {:.0} pps, {:.0} ns/packet, path core user {:.0}% / system {:.0}% / softirq {:.0}% / steal {:.0}%: {}\n",
+                    s.name,
+                    s.flows,
+                    i + 1,
+                    r.delivered_pps,
+                    r.offered_pps,
+                    r.ns_per_packet,
+                    100.0 * r.path_core.user,
+                    100.0 * r.path_core.system,
+                    100.0 * r.path_core.softirq,
+                    100.0 * r.path_core.steal,
+                    r.saturation
+                );
+            }
+        }
+        m += "\n![throughput](throughput.png)\n\n## Ratios (medians of this run; only from saturated rows)\n\n| ratio | delivered pps | packets per CPU-second | target |\n|---|---:|---:|---:|\n";
+        for (name, a, b, t) in [
+            (
+                "juneau / nft-dnat",
+                self.ratios.juneau_vs_nft_dnat,
+                self.ratios.cpu_juneau_vs_nft_dnat,
+                ">= 1.5",
+            ),
+            (
+                "juneau / xdp-dnat",
+                self.ratios.juneau_vs_xdp_dnat,
+                self.ratios.cpu_juneau_vs_xdp_dnat,
+                ">= 1.0",
+            ),
+            (
+                "juneau / afxdp-l2fwd",
+                self.ratios.juneau_vs_afxdp_l2fwd,
+                self.ratios.cpu_juneau_vs_afxdp_l2fwd,
+                ">= 0.9",
+            ),
+            (
+                "juneau largest / smallest flow count",
+                self.ratios.juneau_flow_scale_largest_vs_smallest,
+                self.ratios.cpu_juneau_flow_scale_largest_vs_smallest,
+                ">= 0.9",
+            ),
+        ] {
+            m += &format!("| {name} | {} | {} | {t} |\n", f(a), f(b));
+        }
+        if !self.ratios.refused.is_empty() {
+            m += "\nRefused (a ratio of unsaturated runs measures the generator, not the paths):\n\n";
+            for r in &self.ratios.refused {
+                m += &format!("- {r}\n");
+            }
+        }
         if !self.dataplane_counters.is_empty() {
             m += "\njuneau-dataplane's own counters after each `juneau` run (its stats file, written about once a second, so up to ~1 s stale; cumulative since its start, warm-up included):\n\n";
             m += "| flows | rx | tx | engine drops | xsk rx ring full | xsk fill ring empty | xsk rx dropped |\n|---:|---:|---:|---:|---:|---:|---:|\n";
@@ -329,13 +535,17 @@ impl Report {
             }
             m += "\n![convergence](convergence.png)\n";
         }
+        if let Some(sc) = &self.scale {
+            m += "\n## Control-plane scale\n\n";
+            m += &crate::scale::markdown(sc);
+        }
         if !self.errors.is_empty() {
             m += "\n## Failures\n\n";
             for (s, e) in &self.errors {
                 m += &format!("- **{s}**: {}\n", e.replace('\n', " / "));
             }
         }
-        if self.mode == "convergence" {
+        if self.mode == "convergence" || self.mode == "scale" {
             // `juneau-perf convergence` measured nothing else: drop the empty sections.
             if let (Some(a), Some(b)) = (
                 m.find("Delivered packets/s"),
@@ -408,41 +618,72 @@ mod tests {
         assert_eq!(median(&[]), 0.0);
     }
 
+    fn row(name: &str, flows: u32, pps: &[f64], ns: f64, saturated: bool) -> ScenarioResult {
+        let runs = pps
+            .iter()
+            .map(|&p| RunFigures {
+                delivered_pps: p,
+                offered_pps: p * 2.0,
+                path_cores: 1.0,
+                ns_per_packet: ns,
+                saturated,
+                ..Default::default()
+            })
+            .collect();
+        ScenarioResult::from_runs(name, flows, runs)
+    }
+
     #[test]
-    fn ratios_come_from_medians_and_are_absent_without_juneau() {
+    fn ratios_come_from_saturated_medians_and_are_absent_without_juneau() {
         let mut r = Report::default();
-        r.scenarios.push(ScenarioResult::new(
-            "nft-dnat",
-            256,
-            vec![100.0, 200.0, 300.0],
-        ));
+        r.scenarios
+            .push(row("nft-dnat", 256, &[100.0, 200.0, 300.0], 1000.0, true));
         r.compute_ratios();
         assert!(r.ratios.juneau_vs_nft_dnat.is_none());
         assert!(r
             .markdown()
-            .contains("| juneau / nft-dnat | not measured |"));
-        r.scenarios.push(ScenarioResult::new(
-            "juneau",
-            256,
-            vec![300.0, 500.0, 400.0],
-        ));
-        r.flow_scale = vec![
+            .contains("| juneau / nft-dnat | not measured | not measured |"));
+        r.scenarios
+            .push(row("juneau", 256, &[300.0, 500.0, 400.0], 250.0, true));
+        let point = |flows, pps: f64| {
+            let s = row("juneau", flows, &[pps], 300.0, true);
             FlowScalePoint {
-                flows: 1_000_000,
-                runs_pps: vec![90.0],
-                median_pps: 90.0,
-            },
-            FlowScalePoint {
-                flows: 1_000,
-                runs_pps: vec![100.0],
-                median_pps: 100.0,
-            },
-        ];
+                flows,
+                runs_pps: s.runs_pps.clone(),
+                median_pps: s.median_pps,
+                summary: Some(s),
+            }
+        };
+        r.flow_scale = vec![point(1_000_000, 90.0), point(1_000, 100.0)];
         r.compute_ratios();
         assert_eq!(r.ratios.juneau_vs_nft_dnat, Some(2.0));
+        assert_eq!(r.ratios.cpu_juneau_vs_nft_dnat, Some(4.0));
         assert!(r.ratios.juneau_vs_xdp_dnat.is_none());
         assert_eq!(r.ratios.juneau_flow_scale_largest_vs_smallest, Some(0.9));
         let s = &r.scenarios[1];
         assert_eq!((s.min_pps, s.median_pps, s.max_pps), (300.0, 400.0, 500.0));
+        assert_eq!(s.pps_per_cpu_second, Some(4_000_000.0));
+    }
+
+    #[test]
+    fn no_ratio_from_an_unsaturated_row() {
+        let mut r = Report::default();
+        r.scenarios
+            .push(row("nft-dnat", 256, &[100.0], 1000.0, false));
+        r.scenarios.push(row("juneau", 256, &[300.0], 250.0, true));
+        r.compute_ratios();
+        assert!(r.ratios.juneau_vs_nft_dnat.is_none());
+        assert!(r.ratios.cpu_juneau_vs_nft_dnat.is_none());
+        assert!(
+            r.ratios
+                .refused
+                .iter()
+                .any(|x| x.contains("nft-dnat (256 flows)")),
+            "{:?}",
+            r.ratios.refused
+        );
+        let md = r.markdown();
+        assert!(md.contains("NO (0 of 1 runs)"), "{md}");
+        assert!(md.contains("Refused"), "{md}");
     }
 }

@@ -111,6 +111,14 @@ impl Topology {
             &format!("net.ipv4.conf.{nb_if}.rp_filter=0"),
         ])?;
         client.exec(&["ethtool", "-K", &c_if, "tx", "off"])?;
+        // Threaded NAPI on both node ends (GRO on so that the veth has NAPI even without
+        // an XDP program): the node's receive work runs in `napi/<iface>-*` kthreads that
+        // the suite pins to the path core, instead of in the softirq of whichever core
+        // sent the frame (FACTS.md, "A generator fast enough").
+        for i in [&nc_if, &nb_if] {
+            node.exec(&["ethtool", "-K", i, "gro", "on"])?;
+            node.exec(&["sh", "-c", &format!("echo 1 > /sys/class/net/{i}/threaded")])?;
+        }
         backend.exec(&["ethtool", "-K", &b_if, "tx", "off"])?;
         let t = Topology {
             c_mac: mac_of(&client, &c_if)?,

@@ -163,16 +163,32 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
             "{name}: nothing delivered"
         );
     }
-    for r in [
-        "juneau_vs_nft_dnat",
-        "juneau_vs_xdp_dnat",
-        "juneau_vs_afxdp_l2fwd",
+    // A ratio is computed only between saturated rows; otherwise the report says why.
+    for (r, other) in [
+        ("juneau_vs_nft_dnat", "nft-dnat"),
+        ("juneau_vs_xdp_dnat", "xdp-dnat"),
+        ("juneau_vs_afxdp_l2fwd", "afxdp-l2fwd"),
     ] {
+        let refused = report["ratios"]["refused"]
+            .as_array()
+            .expect("ratios.refused")
+            .iter()
+            .any(|x| x.as_str().unwrap_or("").contains(other));
         assert!(
-            report["ratios"][r].as_f64().is_some(),
-            "ratio {r} missing: {:#}",
+            report["ratios"][r].as_f64().is_some() != refused,
+            "ratio {r}: neither computed nor refused (or both): {:#}",
             report["ratios"]
         );
+    }
+    for s in scenarios {
+        let runs = s["runs"].as_array().expect("per-run figures");
+        for run in runs {
+            assert!(run["ns_per_packet"].as_f64().unwrap() > 0.0, "{run}");
+            assert!(
+                run["saturation"].as_str().is_some_and(|x| !x.is_empty()),
+                "{run}"
+            );
+        }
     }
     let scale = report["flow_scale"].as_array().expect("flow_scale");
     assert!(scale.len() >= 2, "flow scale points: {scale:?}");

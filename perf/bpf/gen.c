@@ -1,0 +1,76 @@
+/* The live-frames traffic generator: run with BPF_PROG_RUN and BPF_F_TEST_XDP_LIVE_FRAMES
+ * (perf/src/livegen.rs), the kernel runs this program on every frame made from one 64-byte
+ * UDP template and transmits what it redirects. Each frame gets the next flow's source
+ * address and port (the same mapping as `packet::flow`: 64 source ports per address), so
+ * the flow count is exact; the IPv4 header checksum is recomputed, the UDP checksum set
+ * to 0 ("none", valid for UDP over IPv4). Frame contents persist across page recycling
+ * in live-frames mode, so every field that varies is written on every frame. With a rate,
+ * frames not yet due are dropped before they are sent (token clock in GEN_SEQ[1]). */
+#include "common.h"
+
+struct gen_cfg {
+    __u32 ifindex;   /* where to redirect (the client's veth, in the caller's netns) */
+    __u32 flows;     /* number of flows, sent round robin (>= 1) */
+    __u32 src_base;  /* first source address, host byte order */
+    __u32 pad;
+    __u64 gap_ns;    /* pacing: at most one frame per gap_ns (0: no pacing) */
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct gen_cfg);
+} GEN_CFG SEC(".maps");
+
+/* Index 0: frames sent (redirected) so far; index 1: the pacing clock (time the next
+ * frame is due). The generator is pinned to one CPU; per-CPU needs no atomics. */
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 2);
+    __type(key, __u32);
+    __type(value, __u64);
+} GEN_SEQ SEC(".maps");
+
+SEC("xdp")
+int xdp_gen(struct xdp_md *ctx)
+{
+    struct ethhdr *eth;
+    struct iphdr *ip;
+    struct udphdr *udp;
+    if (parse_udp4(ctx, &eth, &ip, &udp) < 0)
+        return XDP_ABORTED;
+    __u32 zero = 0, one = 1;
+    struct gen_cfg *cfg = bpf_map_lookup_elem(&GEN_CFG, &zero);
+    __u64 *seq = bpf_map_lookup_elem(&GEN_SEQ, &zero);
+    __u64 *due = bpf_map_lookup_elem(&GEN_SEQ, &one);
+    if (!cfg || !seq || !due || cfg->flows == 0)
+        return XDP_ABORTED;
+    if (cfg->gap_ns) {
+        /* Pacing: a frame that is not due yet is dropped here, before it is sent (the
+         * kernel's frame loop spins at full speed, the wire sees the paced rate). A
+         * clock that fell behind by more than 64 gaps restarts from now (no catch-up
+         * burst). */
+        __u64 now = bpf_ktime_get_ns();
+        if (now < *due)
+            return XDP_DROP;
+        if (now - *due > 64 * cfg->gap_ns)
+            *due = now;
+        *due += cfg->gap_ns;
+    }
+    __u32 i = (__u32)(*seq % cfg->flows);
+    *seq += 1;
+    ip->saddr = bpf_htonl(cfg->src_base + (i >> 6));
+    udp->source = bpf_htons(10000 + (i & 63));
+    udp->check = 0;
+    ip->check = 0;
+    __u32 sum = 0;
+    __u16 *w = (__u16 *)ip;
+#pragma unroll
+    for (int k = 0; k < 10; k++)
+        sum += w[k];
+    ip->check = csum_fold32(sum);
+    return bpf_redirect(cfg->ifindex, 0);
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,164 @@
+//! The live-frames traffic generator: the kernel's `BPF_PROG_RUN` with
+//! `BPF_F_TEST_XDP_LIVE_FRAMES` runs `bpf/gen.c` on frames built from one 64-byte UDP
+//! template and transmits every frame the program redirects into the client's veth
+//! (`../shared/notes/FACTS.md`, "A generator fast enough"). On this machine it offers
+//! several Mpps from one core — more than any forwarding path here carries on the other
+//! core — which is what makes "saturated" provable: the receiving side's ring overflows
+//! and delivered < offered.
+//!
+//! Runs in the client namespace (`juneau-perf gen`, spawned with `ip netns exec` and
+//! pinned with `taskset`): `bpf_redirect`'s ifindex is resolved in the namespace of the
+//! caller. Every `BPF_PROG_RUN` call swaps the program into the XDP dispatcher and out
+//! again, each with an RCU grace period (milliseconds on a busy machine), so calls are
+//! long (~200 ms of frames each, sized from the previous call); with a rate, the program
+//! paces itself against `bpf_ktime_get_ns` and drops frames that are not due yet, so
+//! the wire sees an even rate, not bursts. "Offered" counts frames sent (redirected).
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use aya::maps::Array;
+use aya::programs::{TestRun, TestRunAttrs, TestRunOptions, Xdp};
+use aya::Ebpf;
+
+use crate::packet::{self, Template, FRAME_LEN};
+use crate::xsk::GenResult;
+
+/// The generator object (embedded).
+pub static GEN_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gen.o"));
+
+/// Frames per `BPF_PROG_RUN` batch inside the kernel (the kernel's limit is 256).
+const KERNEL_BATCH: u32 = 64;
+/// Wall time one call should last.
+const CALL_TIME: Duration = Duration::from_millis(200);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GenCfg {
+    ifindex: u32,
+    flows: u32,
+    src_base: u32,
+    pad: u32,
+    gap_ns: u64,
+}
+// SAFETY: a #[repr(C)] struct (4 x u32, then a u64 at offset 16: no padding); the
+// layout of `struct gen_cfg`.
+unsafe impl aya::Pod for GenCfg {}
+
+/// What to send.
+#[derive(Debug, Clone)]
+pub struct LiveGenConfig {
+    /// Interface to send on (in the current namespace).
+    pub iface: String,
+    /// The fixed frame fields.
+    pub template: Template,
+    /// First client source address of the flow set.
+    pub src_base: Ipv4Addr,
+    /// Number of flows, round robin.
+    pub flows: u32,
+    /// Frames per second; 0 sends as fast as the core allows.
+    pub rate_pps: u64,
+    /// Stop after this long...
+    pub duration: Duration,
+    /// ...or after this many frames.
+    pub max_packets: u64,
+}
+
+fn ifindex(iface: &str) -> Result<u32> {
+    let c = std::ffi::CString::new(iface)?;
+    // SAFETY: a valid NUL-terminated string.
+    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if idx == 0 {
+        bail!("no interface {iface} in this namespace");
+    }
+    Ok(idx)
+}
+
+/// Sends until the duration or the frame bound is reached (or `stop` is set). The
+/// result counts frames the generator offered (run through the program and handed to
+/// the veth); what arrives is counted at the sink.
+pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool) -> Result<GenResult> {
+    let mut bpf = Ebpf::load(GEN_OBJ).context("loading gen.o")?;
+    {
+        let mut m: Array<_, GenCfg> = Array::try_from(bpf.map_mut("GEN_CFG").context("GEN_CFG")?)?;
+        m.set(
+            0,
+            GenCfg {
+                ifindex: ifindex(&cfg.iface)?,
+                flows: cfg.flows.max(1),
+                src_base: u32::from(cfg.src_base),
+                pad: 0,
+                gap_ns: if cfg.rate_pps == 0 {
+                    0
+                } else {
+                    (1e9 / cfg.rate_pps as f64).round().max(1.0) as u64
+                },
+            },
+            0,
+        )?;
+    }
+    {
+        let prog: &mut Xdp = bpf
+            .program_mut("xdp_gen")
+            .context("program xdp_gen missing")?
+            .try_into()?;
+        prog.load().context("loading xdp_gen")?;
+    }
+    let mut frame = [0u8; FRAME_LEN];
+    packet::write_frame(&mut frame, &cfg.template, packet::flow(cfg.src_base, 0));
+    let sent_so_far = |bpf: &Ebpf| -> Result<u64> {
+        let m: aya::maps::PerCpuArray<_, u64> =
+            aya::maps::PerCpuArray::try_from(bpf.map("GEN_SEQ").context("GEN_SEQ")?)?;
+        Ok(m.get(&0, 0)?.iter().sum())
+    };
+    // Frames the kernel runs per call (sent and paced-out alike), re-sized after each
+    // call so that a call lasts about CALL_TIME.
+    let mut chunk: u32 = 1 << 20;
+    let mut sent = 0u64;
+    let start = Instant::now();
+    loop {
+        if stop.load(Ordering::Relaxed) || sent >= cfg.max_packets {
+            break;
+        }
+        let elapsed = start.elapsed();
+        if elapsed >= cfg.duration {
+            break;
+        }
+        let left = cfg.duration - elapsed;
+        let mut n = chunk;
+        if cfg.rate_pps == 0 {
+            n = u64::from(n).min(cfg.max_packets - sent) as u32;
+        }
+        if left < CALL_TIME {
+            n = ((f64::from(n) * left.as_secs_f64() / CALL_TIME.as_secs_f64()) as u32)
+                .max(KERNEL_BATCH);
+        }
+        let t = Instant::now();
+        let opts = TestRunOptions {
+            data_in: Some(&frame),
+            repeat: n,
+            attrs: TestRunAttrs::new().xdp_live_frames(KERNEL_BATCH),
+            ..Default::default()
+        };
+        let prog: &Xdp = bpf
+            .program("xdp_gen")
+            .context("program xdp_gen missing")?
+            .try_into()?;
+        if let Err(e) = prog.test_run(opts) {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            return Err(anyhow::Error::new(e))
+                .context("BPF_PROG_RUN with BPF_F_TEST_XDP_LIVE_FRAMES (needs Linux >= 5.18)");
+        }
+        let took = t.elapsed().as_secs_f64().max(1e-6);
+        chunk = ((f64::from(n) * CALL_TIME.as_secs_f64() / took) as u32).clamp(1 << 12, 1 << 26);
+        sent = sent_so_far(&bpf)?;
+    }
+    Ok(GenResult {
+        sent,
+        elapsed_s: start.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,390 @@
+//! Control-plane scale: N Services (3 endpoints each, default N = 10 000) created at once
+//! against the real control plane of one node ([`crate::convergence::Bed`]: etcd +
+//! kube-apiserver, `juneau-k8s-sync controller` and `agent`, `juneau-bgp`, BIRD 2).
+//!
+//! Measured from `t0` = just before the first create is sent: when every Service shows
+//! its VIP (`.status.loadBalancer.ingress`), when every ServiceLoadBalancer is `Ready`,
+//! when the agent's shared-memory state advertises all N VIPs (and how often it
+//! published, its CPU time, the state file's size), when BIRD has all N /32s, and the
+//! memory (RSS now / peak) of every process of the bed. Observers poll: the API every
+//! second (a list of N objects), BIRD's route count every 200 ms, the shared memory
+//! through its futex (microseconds), so each figure is late by at most its poll interval
+//! (stated in the report).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use futures::StreamExt;
+use juneau_control::shm::NodeStateReader;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
+use serde::{Deserialize, Serialize};
+
+use crate::convergence::{start_bed, Binaries, NODE};
+use crate::suite::INTERRUPTED;
+use juneau_tests::bird::BirdControl as Birdc;
+
+/// Creates in flight at once.
+const CONCURRENCY: usize = 32;
+/// API observer's poll interval.
+const API_POLL: Duration = Duration::from_secs(1);
+/// BIRD observer's poll interval.
+const BIRD_POLL: Duration = Duration::from_millis(200);
+
+/// Memory of one process.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Rss {
+    /// Process.
+    pub name: String,
+    /// Resident set now, MiB.
+    pub rss_mib: f64,
+    /// Peak resident set, MiB.
+    pub peak_mib: f64,
+}
+
+/// What the scale run measured (seconds from `t0`; None = not reached in time).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ScaleReport {
+    /// Services created.
+    pub services: u32,
+    /// Endpoints per Service (all ready, all on the one node).
+    pub endpoints_per_service: u32,
+    /// Time to create every Service and EndpointSlice (client side, 32 in flight).
+    pub create_s: f64,
+    /// Every Service shows its VIP.
+    pub all_vips_s: Option<f64>,
+    /// Every ServiceLoadBalancer has condition Ready=True.
+    pub all_ready_s: Option<f64>,
+    /// The agent's shared memory advertises every VIP.
+    pub shm_all_advertised_s: Option<f64>,
+    /// Publishes the agent made until then.
+    pub agent_publishes: u64,
+    /// The agent's CPU time over the run, s (user + system).
+    pub agent_cpu_s: f64,
+    /// The controller's CPU time over the run, s.
+    pub controller_cpu_s: f64,
+    /// Size of the state file at the end, bytes.
+    pub state_file_bytes: u64,
+    /// BIRD has every /32 in its table.
+    pub bird_all_routes_s: Option<f64>,
+    /// Memory of each process at the end.
+    pub memory: Vec<Rss>,
+    /// Goal for `all_ready_s`.
+    pub goal_s: f64,
+    /// How it was measured.
+    pub method: String,
+}
+
+fn service_yaml(i: u32) -> Result<(Service, EndpointSlice)> {
+    let name = format!("s{i:05}");
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "default",
+            "annotations": {"juneau.loutres.me/load-balancer-external-network": "perf"}},
+        "spec": {"type": "LoadBalancer", "loadBalancerClass": "juneau.loutres.me/load-balancer",
+            // 10 000 LoadBalancer Services would exhaust the NodePort range (2 768 ports).
+            "allocateLoadBalancerNodePorts": false,
+            "externalTrafficPolicy": "Local", "selector": {"app": name},
+            "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}]}
+    }))?;
+    let ep = |k: u32| {
+        serde_json::json!({
+            "addresses": [format!("10.{}.{}.{}", 128 + (i >> 14), (i >> 6) & 255, ((i & 63) << 2) + k)],
+            "nodeName": NODE,
+            "conditions": {"ready": true, "serving": true, "terminating": false}
+        })
+    };
+    let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{name}-1"), "namespace": "default",
+            "labels": {"kubernetes.io/service-name": name,
+                "endpointslice.kubernetes.io/managed-by": "juneau-perf"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+        "endpoints": [ep(1), ep(2), ep(3)]
+    }))?;
+    Ok((svc, slice))
+}
+
+fn rss_of(name: &str, pid: u32) -> Rss {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |key: &str| {
+        text.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Rss {
+        name: name.into(),
+        rss_mib: kib("VmRSS:") / 1024.0,
+        peak_mib: kib("VmHWM:") / 1024.0,
+    }
+}
+
+fn cpu_s(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let Some(rp) = s.rfind(')') else { return 0.0 };
+    let f: Vec<&str> = s[rp + 2..].split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let t = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (t(11) + t(12)) / hz
+}
+
+fn stopped() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+/// Runs the scale measurement with `n` Services; gives up waiting after `timeout`.
+pub fn measure(
+    bins: &Binaries,
+    n: u32,
+    timeout: Duration,
+    say: &dyn Fn(String),
+) -> Result<ScaleReport> {
+    if n == 0 || n > 16_000 {
+        bail!("--services must be between 1 and 16000 (the address pool is a /18)");
+    }
+    let mut bed = start_bed(bins, say, "100.64.0.0/18", "")?;
+    // The BGP session first, so BIRD's figure is not the session's start-up.
+    let mut birdc = crate::convergence::eventually("BIRD's control socket", || {
+        Ok(Birdc::connect(&bed.ctl).ok())
+    })?;
+    crate::convergence::eventually("the BGP session with juneau-bgp", || {
+        Ok(birdc
+            .cmd("show protocols juneau")?
+            .contains("Established")
+            .then_some(()))
+    })?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let client = rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(bed.k.kubeconfig())?;
+        let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        cfg.read_timeout = Some(Duration::from_secs(60));
+        anyhow::Ok(kube::Client::try_from(cfg)?)
+    })?;
+    let objects: Vec<(Service, EndpointSlice)> = (0..n).map(service_yaml).collect::<Result<_>>()?;
+    let agent_pid = bed.agent.id();
+    let controller_pid = bed.controller.id();
+    let (agent_cpu0, controller_cpu0) = (cpu_s(agent_pid), cpu_s(controller_pid));
+    let done = Arc::new(AtomicBool::new(false));
+    say(format!(
+        "scale: creating {n} Services with 3 endpoints each ({CONCURRENCY} in flight)"
+    ));
+    let t0 = Instant::now();
+    let deadline = t0 + timeout;
+    let (shm, bird, create_s, all_vips, all_ready) = std::thread::scope(|s| -> Result<_> {
+        let state = bed.state.clone();
+        let d1 = done.clone();
+        // Shared memory: futex wake-ups, microsecond resolution.
+        let shm = s.spawn(move || -> Result<(Option<Duration>, u64)> {
+            let mut r = crate::convergence::eventually("the agent's state file", || {
+                Ok(NodeStateReader::open(&state).ok())
+            })?;
+            let (mut g, mut publishes) = (r.generation(), 0u64);
+            while Instant::now() < deadline && !d1.load(Ordering::Relaxed) && !stopped() {
+                let ng = r.wait_change(g, Duration::from_millis(200));
+                if ng == g {
+                    continue;
+                }
+                let t = t0.elapsed();
+                publishes += ng.saturating_sub(g);
+                g = ng;
+                if r.snapshot()?.state.advertised.len() >= n as usize {
+                    return Ok((Some(t), publishes));
+                }
+            }
+            Ok((None, publishes))
+        });
+        let d2 = done.clone();
+        let bc = &mut birdc;
+        let bird = s.spawn(move || -> Result<Option<Duration>> {
+            while Instant::now() < deadline && !d2.load(Ordering::Relaxed) && !stopped() {
+                let t = t0.elapsed();
+                let out = bc.cmd("show route count")?;
+                let count = out
+                    .split_whitespace()
+                    .find_map(|w| w.parse::<u64>().ok())
+                    .unwrap_or(0);
+                if count >= u64::from(n) {
+                    return Ok(Some(t));
+                }
+                std::thread::sleep(BIRD_POLL);
+            }
+            Ok(None)
+        });
+        // Create everything.
+        let created = rt.block_on(async {
+            let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
+            let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(client.clone(), "default");
+            let results: Vec<Result<()>> = futures::stream::iter(objects.iter())
+                .map(|(svc, slice)| {
+                    let (svcs, slices) = (svcs.clone(), slices.clone());
+                    async move {
+                        svcs.create(&PostParams::default(), svc)
+                            .await
+                            .context("creating a Service")?;
+                        slices
+                            .create(&PostParams::default(), slice)
+                            .await
+                            .context("creating an EndpointSlice")?;
+                        Ok(())
+                    }
+                })
+                .buffer_unordered(CONCURRENCY)
+                .collect()
+                .await;
+            results.into_iter().collect::<Result<Vec<()>>>()
+        });
+        let create_s = t0.elapsed();
+        if let Err(e) = created {
+            done.store(true, Ordering::Relaxed);
+            return Err(e);
+        }
+        say(format!(
+            "scale: created in {:.1} s; waiting for VIPs, Ready, shared memory, BIRD",
+            create_s.as_secs_f64()
+        ));
+        let slb = ApiResource {
+            group: "juneau.loutres.me".into(),
+            version: "v1alpha1".into(),
+            api_version: "juneau.loutres.me/v1alpha1".into(),
+            kind: "ServiceLoadBalancer".into(),
+            plural: "serviceloadbalancers".into(),
+        };
+        let (mut all_vips, mut all_ready) = (None, None);
+        while Instant::now() < deadline && !stopped() && (all_vips.is_none() || all_ready.is_none())
+        {
+            bed.check()?;
+            let t = t0.elapsed();
+            let (vips, ready) = rt.block_on(async {
+                let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
+                let list = svcs.list(&ListParams::default()).await?;
+                let vips = list
+                    .items
+                    .iter()
+                    .filter(|s| {
+                        s.status
+                            .as_ref()
+                            .and_then(|st| st.load_balancer.as_ref())
+                            .and_then(|lb| lb.ingress.as_ref())
+                            .is_some_and(|i| !i.is_empty())
+                    })
+                    .count();
+                let slbs: kube::Api<DynamicObject> = kube::Api::all_with(client.clone(), &slb);
+                let list = slbs.list(&ListParams::default()).await?;
+                let ready = list
+                    .items
+                    .iter()
+                    .filter(|o| {
+                        o.data["status"]["conditions"].as_array().is_some_and(|c| {
+                            c.iter()
+                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                        })
+                    })
+                    .count();
+                anyhow::Ok((vips, ready))
+            })?;
+            if all_vips.is_none() && vips >= n as usize {
+                all_vips = Some(t);
+            }
+            if all_ready.is_none() && ready >= n as usize {
+                all_ready = Some(t);
+            }
+            say(format!(
+                "scale: {:.0} s: {vips}/{n} VIPs shown, {ready}/{n} Ready",
+                t.as_secs_f64()
+            ));
+            std::thread::sleep(API_POLL);
+        }
+        let shm = shm.join().expect("shm observer")?;
+        let bird = bird.join().expect("BIRD observer")?;
+        done.store(true, Ordering::Relaxed);
+        Ok((shm, bird, create_s, all_vips, all_ready))
+    })?;
+    if stopped() {
+        bail!("interrupted (Ctrl-C): cleaning up");
+    }
+    let mut memory = vec![
+        rss_of("juneau-k8s-sync controller", controller_pid),
+        rss_of("juneau-k8s-sync agent", agent_pid),
+        rss_of("juneau-bgp", bed.bgp.id()),
+        rss_of("BIRD", bed.bird.pid()),
+    ];
+    let kp = bed.k.pids();
+    for (name, pid) in ["etcd", "kube-apiserver"].iter().zip(kp) {
+        memory.push(rss_of(name, pid));
+    }
+    let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+    Ok(ScaleReport {
+        services: n,
+        endpoints_per_service: 3,
+        create_s: create_s.as_secs_f64(),
+        all_vips_s: secs(all_vips),
+        all_ready_s: secs(all_ready),
+        shm_all_advertised_s: secs(shm.0),
+        agent_publishes: shm.1,
+        agent_cpu_s: cpu_s(agent_pid) - agent_cpu0,
+        controller_cpu_s: cpu_s(controller_pid) - controller_cpu0,
+        state_file_bytes: std::fs::metadata(&bed.state).map(|m| m.len()).unwrap_or(0),
+        bird_all_routes_s: secs(bird),
+        memory,
+        goal_s: 60.0,
+        method: format!(
+            "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent, juneau-bgp and BIRD 2 \
+             (the convergence bed); t0 = just before the first create; {n} Services + {n} EndpointSlices \
+             created with {CONCURRENCY} requests in flight; the API is listed every {} s (figures late by up \
+             to that), BIRD's route count every {} ms, shared memory via its futex",
+            juneau_tests::kube::kubernetes_version(),
+            API_POLL.as_secs(),
+            BIRD_POLL.as_millis()
+        ),
+    })
+}
+
+/// The report section.
+pub fn markdown(r: &ScaleReport) -> String {
+    let f = |v: Option<f64>| {
+        v.map(|x| format!("{x:.1} s"))
+            .unwrap_or_else(|| "**not reached**".into())
+    };
+    let mut m = format!(
+        "{} Services x {} endpoints. {}.\n\n| from t0 to | time |\n|---|---:|\n",
+        r.services, r.endpoints_per_service, r.method
+    );
+    m += &format!(
+        "| every Service and EndpointSlice created | {:.1} s |\n",
+        r.create_s
+    );
+    m += &format!("| every Service shows its VIP | {} |\n", f(r.all_vips_s));
+    m += &format!(
+        "| every ServiceLoadBalancer Ready (goal <= {:.0} s) | {} |\n",
+        r.goal_s,
+        f(r.all_ready_s)
+    );
+    m += &format!(
+        "| the agent's shared memory advertises every VIP | {} |\n",
+        f(r.shm_all_advertised_s)
+    );
+    m += &format!("| BIRD has every /32 | {} |\n", f(r.bird_all_routes_s));
+    m += &format!(
+        "\nAgent: {} publishes until all were advertised, {:.1} s CPU over the run ({:.0} ms CPU per publish on average); \
+         state file {:.1} MiB. Controller: {:.1} s CPU.\n\n| process | RSS MiB | peak RSS MiB |\n|---|---:|---:|\n",
+        r.agent_publishes,
+        r.agent_cpu_s,
+        if r.agent_publishes > 0 { 1e3 * r.agent_cpu_s / r.agent_publishes as f64 } else { 0.0 },
+        r.state_file_bytes as f64 / (1 << 20) as f64,
+        r.controller_cpu_s
+    );
+    for x in &r.memory {
+        m += &format!("| {} | {:.0} | {:.0} |\n", x.name, x.rss_mib, x.peak_mib);
+    }
+    m
+}
