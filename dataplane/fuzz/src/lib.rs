@@ -254,6 +254,7 @@ fn node_state(tcp80: &[Ipv4Addr], udp53: &[Ipv4Addr]) -> NodeState {
             .iter()
             .map(|&ip| LocalBackend { ip, port: target })
             .collect(),
+        terminating: Vec::new(),
     };
     let mut state = NodeState {
         node: "fuzz".into(),
@@ -380,6 +381,10 @@ fn check_verdict(
         Verdict::Tx(_) => {}
         Verdict::Pass(_) => tally.passed += 1,
         Verdict::Drop(_) => tally.dropped += 1,
+        // Redirects between nodes are off in this engine (no node address, no peers).
+        Verdict::Redirect | Verdict::TxResized(..) | Verdict::Consumed => {
+            panic!("{verdict:?} from an engine without redirects")
+        }
     }
     match parsed {
         Err(_) => {
