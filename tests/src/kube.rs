@@ -126,7 +126,7 @@ pub fn binaries_dir() -> Result<PathBuf> {
 }
 
 /// A free TCP port on 127.0.0.1 (bound then released; good enough for tests).
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0").context("binding a free loopback port")?;
     Ok(l.local_addr()?.port())
 }
