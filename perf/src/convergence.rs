@@ -260,16 +260,7 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
     let k = KubeCluster::start()?;
     k.apply_yaml(CRDS)?;
     k.kubectl(&["create", "namespace", "juneau-system"])?;
-    k.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/addresspools.juneau.loutres.me",
-        "crd/externalnetworks.juneau.loutres.me",
-        "crd/serviceloadbalancers.juneau.loutres.me",
-        "crd/bgppeers.juneau.loutres.me",
-        "crd/bgpadvertisements.juneau.loutres.me",
-    ])?;
+    k.wait_crds_established(juneau_tests::kube::JUNEAU_CRDS)?;
 
     // Namespaces: node <p>n (uplink 10.0.1.2) <-> router <p>r (d0 10.0.1.1).
     let prefix = unique_prefix("cvg");

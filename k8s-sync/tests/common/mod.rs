@@ -46,16 +46,7 @@ impl Env {
             deploy.join("namespace.yaml").to_str().unwrap(),
         ])?;
         k.kubectl(&["apply", "-f", deploy.join("rbac.yaml").to_str().unwrap()])?;
-        k.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/addresspools.juneau.loutres.me",
-            "crd/externalnetworks.juneau.loutres.me",
-            "crd/serviceloadbalancers.juneau.loutres.me",
-            "crd/bgppeers.juneau.loutres.me",
-            "crd/bgpadvertisements.juneau.loutres.me",
-        ])?;
+        k.wait_crds_established(juneau_tests::kube::JUNEAU_CRDS)?;
         let controller_kubeconfig =
             k.service_account_kubeconfig("juneau-system", "juneau-controller")?;
         let node_kubeconfig = k.service_account_kubeconfig("juneau-system", "juneau-node")?;
