@@ -159,8 +159,8 @@ pub fn missing(bins: &Binaries) -> Vec<crate::prereq::Missing> {
         "cargo build --release -p juneau-bgp (or --bgp PATH / $JUNEAU_BGP)",
     );
     need(
-        Path::new("/usr/sbin/bird").exists(),
-        "BIRD 2 (/usr/sbin/bird)".into(),
+        Path::new(juneau_tests::bird::BIRD).exists(),
+        format!("BIRD 2 ({})", juneau_tests::bird::BIRD),
         "apt-get install bird2",
     );
     need(
