@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use common::*;
 use juneau_control::model::BfdSettings;
+use juneau_tests::bird::{BgpNeighbor, BirdConfig};
 use juneau_tests::netns::Netns;
 
 const UP: Duration = Duration::from_secs(60);
@@ -28,6 +29,20 @@ fn bfd_peer(node: usize) -> juneau_control::model::PeerConfig {
         multiplier: 3,
     });
     pc
+}
+
+/// BIRD with BFD at 300 ms x 3 on its link to node 0 and one neighbour, node 0, as
+/// `neighbor` makes it (the caller turns BFD on for the session).
+fn bird_bfd_config(neighbor: impl FnOnce(BgpNeighbor) -> BgpNeighbor) -> BirdConfig {
+    BirdConfig::new(router_addr(0))
+        .bfd("d0", 300, 300, 3)
+        .bgp(&neighbor(BgpNeighbor::new(
+            "node0",
+            router_addr(0),
+            ROUTER_ASN,
+            node_addr(0),
+            NODE_ASN,
+        )))
 }
 
 /// Drops every packet in and out of the namespace (the link is dead for IP, the veth
@@ -120,18 +135,8 @@ fn cut_and_measure(
 #[test]
 fn bfd_with_bird_detects_a_dead_link_within_the_detection_time() -> Result<()> {
     let topo = Topo::new("bfdb", 1)?;
-    let router = Router::start_bird_with_config(
-        &topo,
-        &format!(
-            "router id {rid};\nprotocol device {{ scan time 10; }}\n\
-             protocol bfd {{ interface \"d0\" {{ min rx interval 300 ms; min tx interval 300 ms; multiplier 3; }}; }}\n\
-             protocol bgp node0 {{\n local {rid} as {ROUTER_ASN};\n neighbor {n} as {NODE_ASN};\n \
-             hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
-             bfd on;\n ipv4 {{ import all; export none; }};\n}}\n",
-            rid = router_addr(0),
-            n = node_addr(0),
-        ),
-    )?;
+    let router =
+        Router::start_bird_with_config(&topo, &bird_bfd_config(BgpNeighbor::bfd).render())?;
     let mut s = Speaker::start_with_peers(&topo, 0, vec![bfd_peer(0)])?;
     s.publish_vips(&[VIP])?;
     s.wait_established("router", UP)?;
@@ -219,15 +224,7 @@ fn defaults_keep_routes_over_restarts_and_withdraw_a_dead_node_with_bird() -> Re
     let topo = Topo::new("bfdgr", 1)?;
     let router = Router::start_bird_with_config(
         &topo,
-        &format!(
-            "router id {rid};\nprotocol device {{ scan time 10; }}\n\
-             protocol bfd {{ interface \"d0\" {{ min rx interval 300 ms; min tx interval 300 ms; multiplier 3; }}; }}\n\
-             protocol bgp node0 {{\n local {rid} as {ROUTER_ASN};\n neighbor {n} as {NODE_ASN};\n \
-             hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
-             graceful restart on; graceful restart time 120;\n bfd on;\n debug {{ states, events }};\n ipv4 {{ import all; export none; }};\n}}\n",
-            rid = router_addr(0),
-            n = node_addr(0),
-        ),
+        &bird_bfd_config(|n| n.graceful_restart(120).bfd().debug_states()).render(),
     )?;
     let bfd_file = topo.dir.path().join("node0.bfd.json");
     let mut s = Speaker::start_with_args(

@@ -34,7 +34,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use common::*;
 use juneau_control::shm::NodeStateReader;
-use juneau_tests::netns::{unique_prefix, veth, Netns, NsChild};
+use juneau_tests::bird::{BgpNeighbor, Bird, BirdConfig};
+use juneau_tests::netns::{unique_prefix, veth, Netns};
 
 const ROUTER_ADDR: &str = "10.0.1.1";
 const NODE_ADDR: &str = "10.0.1.2";
@@ -199,30 +200,6 @@ fn fresh_request(ns: &str, vip: Ipv4Addr) -> Result<()> {
     Ok(())
 }
 
-/// BIRD's next hops for `vip`/32.
-fn bird_nexthops(router: &Netns, ctl: &Path, vip: Ipv4Addr) -> Result<Vec<String>> {
-    let out = router.output(&[
-        "birdc",
-        "-s",
-        ctl.to_str().unwrap(),
-        "show",
-        "route",
-        &format!("{vip}/32"),
-    ])?;
-    let out = String::from_utf8_lossy(&out.stdout).into_owned();
-    if out.contains("Network not found") {
-        return Ok(Vec::new());
-    }
-    ensure!(out.contains("BIRD"), "birdc failed: {out}");
-    Ok(out
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .windows(2)
-        .filter(|w| w[0] == "via")
-        .map(|w| w[1].to_string())
-        .collect())
-}
-
 fn objects(pod_ip: &str) -> String {
     format!(
         "apiVersion: juneau.loutres.me/v1alpha1\nkind: AddressPool\nmetadata: {{name: public-v4}}\n\
@@ -241,10 +218,6 @@ fn objects(pod_ip: &str) -> String {
 fn agent_and_apiserver_outages_withdraw_nothing_and_traffic_keeps_flowing() -> Result<()> {
     let bgp_bin = workspace_binary("juneau-bgp")?;
     let dp_bin = workspace_binary("juneau-dataplane")?;
-    ensure!(
-        Path::new("/usr/sbin/bird").exists(),
-        "bird2 is not installed: run tests/setup.sh"
-    );
 
     // Namespaces first, so everything is torn down after the processes in them.
     let p = unique_prefix("stab");
@@ -266,30 +239,22 @@ fn agent_and_apiserver_outages_withdraw_nothing_and_traffic_keeps_flowing() -> R
         .prefix(&format!("{p}-"))
         .tempdir()?;
     let d = dir.path();
-    let ctl = d.join("bird.ctl");
-    std::fs::write(
-        d.join("bird.conf"),
-        format!(
-            "log stderr all;\nrouter id {ROUTER_ADDR};\nprotocol device {{ scan time 10; }}\n\
-             protocol kernel {{ ipv4 {{ import none; export all; }}; }}\n\
-             protocol bgp node_a {{\n local {ROUTER_ADDR} as 65000;\n neighbor {NODE_ADDR} as 65001;\n \
-             hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
-             ipv4 {{ import all; export none; }};\n}}\n"
-        ),
+    let router_addr: Ipv4Addr = ROUTER_ADDR.parse()?;
+    let bird = Bird::start(
+        router.name(),
+        &d.join("bird"),
+        &BirdConfig::new(router_addr)
+            .kernel_ecmp()
+            .bgp(&BgpNeighbor::new(
+                "node_a",
+                router_addr,
+                65000,
+                NODE_ADDR.parse()?,
+                65001,
+            ))
+            .render(),
     )?;
-    let mut bird: NsChild = router.spawn_logged(
-        &[
-            "/usr/sbin/bird",
-            "-f",
-            "-c",
-            d.join("bird.conf").to_str().unwrap(),
-            "-s",
-            ctl.to_str().unwrap(),
-            "-P",
-            d.join("bird.pid").to_str().unwrap(),
-        ],
-        &d.join("bird.log"),
-    )?;
+    let node_addr: Ipv4Addr = NODE_ADDR.parse()?;
 
     // The control plane, the agent, then the node's daemons.
     let env = Env::start()?;
@@ -332,10 +297,7 @@ fn agent_and_apiserver_outages_withdraw_nothing_and_traffic_keeps_flowing() -> R
             "{what}\n--- juneau-bgp ---\n{}\n--- juneau-dataplane ---\n{}\n--- bird ---\n{}",
             tail(&std::fs::read_to_string(&bgp_log).unwrap_or_default(), 40),
             tail(&std::fs::read_to_string(&dp_log).unwrap_or_default(), 40),
-            tail(
-                &std::fs::read_to_string(d.join("bird.log")).unwrap_or_default(),
-                20
-            ),
+            bird.log_tail(20),
         )
     };
 
@@ -356,7 +318,7 @@ fn agent_and_apiserver_outages_withdraw_nothing_and_traffic_keeps_flowing() -> R
             logs("juneau-dataplane exited")
         );
         ensure!(bgp.is_running(), "{}", logs("juneau-bgp exited"));
-        Ok((bird_nexthops(&router, &ctl, vip)? == [NODE_ADDR]).then_some(()))
+        Ok((bird.bgp_nexthops(vip)? == [node_addr]).then_some(()))
     })
     .with_context(|| logs("no route"))?;
     eventually("traffic through the VIP", || {
@@ -372,8 +334,8 @@ fn agent_and_apiserver_outages_withdraw_nothing_and_traffic_keeps_flowing() -> R
         let end = Instant::now() + period;
         let mut looks = 0;
         while Instant::now() < end {
-            let hops = bird_nexthops(&router, &ctl, vip)?;
-            if hops != [NODE_ADDR] {
+            let hops = bird.bgp_nexthops(vip)?;
+            if hops != [node_addr] {
                 bail!("{what}: BIRD's route to {vip} changed to {hops:?}");
             }
             http_get(long).with_context(|| format!("{what}: the long connection broke"))?;
@@ -433,7 +395,7 @@ fn agent_and_apiserver_outages_withdraw_nothing_and_traffic_keeps_flowing() -> R
     let killed = Instant::now();
     dataplane.kill();
     let gone = loop {
-        if bird_nexthops(&router, &ctl, vip)?.is_empty() {
+        if bird.bgp_nexthops(vip)?.is_empty() {
             break killed.elapsed();
         }
         ensure!(
@@ -475,7 +437,7 @@ fn agent_and_apiserver_outages_withdraw_nothing_and_traffic_keeps_flowing() -> R
                 "restarted dataplane exited: {}",
                 std::fs::read_to_string(&dp_log2).unwrap_or_default()
             );
-            Ok((bird_nexthops(&router, &ctl, vip)? == [NODE_ADDR]).then_some(()))
+            Ok((bird.bgp_nexthops(vip)? == [node_addr]).then_some(()))
         },
     )?;
     eventually("traffic through the VIP after the restart", || {
@@ -483,6 +445,6 @@ fn agent_and_apiserver_outages_withdraw_nothing_and_traffic_keeps_flowing() -> R
     })?;
     dataplane.kill();
     bgp.kill();
-    bird.kill();
+    drop(bird);
     Ok(())
 }

@@ -159,8 +159,8 @@ pub fn missing(bins: &Binaries) -> Vec<crate::prereq::Missing> {
         "cargo build --release -p juneau-bgp (or --bgp PATH / $JUNEAU_BGP)",
     );
     need(
-        Path::new("/usr/sbin/bird").exists(),
-        "BIRD 2 (/usr/sbin/bird)".into(),
+        Path::new(juneau_tests::bird::BIRD).exists(),
+        format!("BIRD 2 ({})", juneau_tests::bird::BIRD),
         "apt-get install bird2",
     );
     need(
@@ -308,16 +308,7 @@ pub(crate) fn start_bed(
     let k = KubeCluster::start()?;
     k.apply_yaml(CRDS)?;
     k.kubectl(&["create", "namespace", "juneau-system"])?;
-    k.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/addresspools.juneau.loutres.me",
-        "crd/externalnetworks.juneau.loutres.me",
-        "crd/serviceloadbalancers.juneau.loutres.me",
-        "crd/bgppeers.juneau.loutres.me",
-        "crd/bgpadvertisements.juneau.loutres.me",
-    ])?;
+    k.wait_crds_established(juneau_tests::kube::JUNEAU_CRDS)?;
 
     // Namespaces: node <p>n (uplink 10.0.1.2) <-> router <p>r (d0 10.0.1.1).
     let prefix = unique_prefix("cvg");

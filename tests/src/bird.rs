@@ -96,6 +96,17 @@ impl BgpNeighbor {
         self
     }
 
+    /// With BFD for this session (`bfd on;`): needs a [`BirdConfig::bfd`] protocol.
+    pub fn bfd(self) -> Self {
+        self.extra("bfd on;\n")
+    }
+
+    /// With BIRD's debug messages about state changes and events in its log
+    /// (`debug { states, events };`).
+    pub fn debug_states(self) -> Self {
+        self.extra("debug { states, events };\n")
+    }
+
     /// With this ipv4 channel policy (e.g. `import all; export all;`).
     pub fn ipv4(mut self, channel: &str) -> Self {
         self.ipv4_channel = channel.to_string();
@@ -147,6 +158,16 @@ impl BirdConfig {
     pub fn kernel_ecmp(mut self) -> Self {
         self.text.push_str(
             "protocol kernel {\n ipv4 { import none; export all; };\n merge paths on;\n}\n",
+        );
+        self
+    }
+
+    /// A BFD protocol (RFC 5880/5881) on `interface` with these intervals and detect
+    /// multiplier, for neighbours with [`BgpNeighbor::bfd`].
+    pub fn bfd(mut self, interface: &str, min_rx_ms: u32, min_tx_ms: u32, multiplier: u32) -> Self {
+        let _ = writeln!(
+            self.text,
+            "protocol bfd {{ interface \"{interface}\" {{ min rx interval {min_rx_ms} ms; min tx interval {min_tx_ms} ms; multiplier {multiplier}; }}; }}"
         );
         self
     }
@@ -416,8 +437,11 @@ mod tests {
                     65001,
                 )
                 .graceful_restart(120)
-                .password(Some("s3cret".into())),
+                .password(Some("s3cret".into()))
+                .bfd()
+                .debug_states(),
             )
+            .bfd("d0", 300, 300, 3)
             .render();
         for want in [
             "router id 10.0.1.1;",
@@ -428,6 +452,8 @@ mod tests {
             "hold time 9; keepalive time 3;",
             " graceful restart on; graceful restart time 120;",
             " password \"s3cret\";",
+            " bfd on;\n debug { states, events };\n ipv4 {",
+            "protocol bfd { interface \"d0\" { min rx interval 300 ms; min tx interval 300 ms; multiplier 3; }; }",
             " ipv4 { import all; export none; };",
         ] {
             assert!(c.contains(want), "{want:?} missing from:\n{c}");

@@ -125,8 +125,17 @@ pub fn binaries_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// Juneau's CustomResourceDefinitions (deploy/crds), for [`KubeCluster::wait_crds_established`].
+pub const JUNEAU_CRDS: &[&str] = &[
+    "addresspools.juneau.loutres.me",
+    "externalnetworks.juneau.loutres.me",
+    "serviceloadbalancers.juneau.loutres.me",
+    "bgppeers.juneau.loutres.me",
+    "bgpadvertisements.juneau.loutres.me",
+];
+
 /// A free TCP port on 127.0.0.1 (bound then released; good enough for tests).
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0").context("binding a free loopback port")?;
     Ok(l.local_addr()?.port())
 }
@@ -667,6 +676,16 @@ impl KubeCluster {
             args,
             kubectl_output(&self.kubeconfig, args, Some(stdin))?,
         )
+    }
+
+    /// Waits (at most 60 s) until these CustomResourceDefinitions are Established,
+    /// e.g. [`JUNEAU_CRDS`].
+    pub fn wait_crds_established(&self, crds: &[&str]) -> Result<()> {
+        let mut args = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+        let names: Vec<String> = crds.iter().map(|c| format!("crd/{c}")).collect();
+        args.extend(names.iter().map(String::as_str));
+        self.kubectl(&args)?;
+        Ok(())
     }
 
     /// `kubectl apply -f -` of a YAML document (as admin).

@@ -66,21 +66,9 @@ pub fn require(bin: &str) -> Result<()> {
 pub fn wait_for<T>(
     what: &str,
     timeout: Duration,
-    mut f: impl FnMut() -> Result<Option<T>>,
+    f: impl FnMut() -> Result<Option<T>>,
 ) -> Result<T> {
-    let start = Instant::now();
-    let mut last_err = None;
-    loop {
-        match f() {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last_err = Some(e),
-        }
-        if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what} (last error: {last_err:?})");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    juneau_tests::daemon::wait_for(what, timeout, Duration::from_millis(20), f)
 }
 
 pub struct Topo {
@@ -487,32 +475,7 @@ impl Router {
                         pw = n.password.as_ref().map(|p| format!("    auth-password = \"{p}\"\n")).unwrap_or_default(),
                     );
                 }
-                let conf = dir.join("gobgpd.toml");
-                std::fs::write(&conf, cfg)?;
-                let log = dir.join("gobgpd.log");
-                let child = topo.router.spawn_logged(
-                    &[
-                        "gobgpd",
-                        "-f",
-                        conf.to_str().unwrap(),
-                        "-t",
-                        "toml",
-                        "-p",
-                        "--pprof-disable",
-                        "--api-hosts",
-                        "127.0.0.1:50051",
-                    ],
-                    &log,
-                )?;
-                r.children.push(child);
-                r.log_files.push(log);
-                wait_for("gobgpd API", Duration::from_secs(10), || {
-                    Ok(
-                        r.cli(&["gobgp", "-u", "127.0.0.1", "-p", "50051", "global"])
-                            .is_ok()
-                            .then_some(()),
-                    )
-                })?;
+                r.spawn_gobgp(&topo.router, &cfg)?;
             }
         }
         Ok(r)
@@ -629,32 +592,7 @@ impl Router {
             log_files: vec![],
             bird: None,
         };
-        let conf = dir.join("gobgpd.toml");
-        std::fs::write(&conf, toml)?;
-        let log = dir.join("gobgpd.log");
-        let child = topo.router.spawn_logged(
-            &[
-                "gobgpd",
-                "-f",
-                conf.to_str().unwrap(),
-                "-t",
-                "toml",
-                "-p",
-                "--pprof-disable",
-                "--api-hosts",
-                "127.0.0.1:50051",
-            ],
-            &log,
-        )?;
-        r.children.push(child);
-        r.log_files.push(log);
-        wait_for("gobgpd API", Duration::from_secs(10), || {
-            Ok(
-                r.cli(&["gobgp", "-u", "127.0.0.1", "-p", "50051", "global"])
-                    .is_ok()
-                    .then_some(()),
-            )
-        })?;
+        r.spawn_gobgp(&topo.router, toml)?;
         Ok(r)
     }
 
@@ -672,6 +610,36 @@ impl Router {
         };
         r.spawn_bird(&topo.router, cfg)?;
         Ok(r)
+    }
+
+    /// gobgpd with this TOML configuration, its API on 127.0.0.1:50051, in `ns`.
+    fn spawn_gobgp(&mut self, ns: &Netns, toml: &str) -> Result<()> {
+        let conf = self.dir.join("gobgpd.toml");
+        std::fs::write(&conf, toml)?;
+        let log = self.dir.join("gobgpd.log");
+        let child = ns.spawn_logged(
+            &[
+                "gobgpd",
+                "-f",
+                conf.to_str().unwrap(),
+                "-t",
+                "toml",
+                "-p",
+                "--pprof-disable",
+                "--api-hosts",
+                "127.0.0.1:50051",
+            ],
+            &log,
+        )?;
+        self.children.push(child);
+        self.log_files.push(log);
+        wait_for("gobgpd API", Duration::from_secs(10), || {
+            Ok(self
+                .cli(&["gobgp", "-u", "127.0.0.1", "-p", "50051", "global"])
+                .is_ok()
+                .then_some(()))
+        })?;
+        Ok(())
     }
 
     /// The one BIRD implementation of the harness (juneau_tests::bird).

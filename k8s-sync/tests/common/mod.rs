@@ -7,7 +7,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use juneau_tests::kube::KubeCluster;
@@ -46,16 +46,7 @@ impl Env {
             deploy.join("namespace.yaml").to_str().unwrap(),
         ])?;
         k.kubectl(&["apply", "-f", deploy.join("rbac.yaml").to_str().unwrap()])?;
-        k.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/addresspools.juneau.loutres.me",
-            "crd/externalnetworks.juneau.loutres.me",
-            "crd/serviceloadbalancers.juneau.loutres.me",
-            "crd/bgppeers.juneau.loutres.me",
-            "crd/bgpadvertisements.juneau.loutres.me",
-        ])?;
+        k.wait_crds_established(juneau_tests::kube::JUNEAU_CRDS)?;
         let controller_kubeconfig =
             k.service_account_kubeconfig("juneau-system", "juneau-controller")?;
         let node_kubeconfig = k.service_account_kubeconfig("juneau-system", "juneau-node")?;
@@ -202,11 +193,7 @@ pub struct Daemon {
     pub metrics_port: u16,
 }
 
-/// A free TCP port on 127.0.0.1 (bound then released).
-pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
+pub use juneau_tests::kube::free_port;
 
 /// `GET http://127.0.0.1:{port}{path}`: (status code, body), with curl.
 pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
@@ -327,20 +314,8 @@ pub fn tail(s: &str, n: usize) -> String {
 
 /// Polls `f` until it returns Some, failing after `EVENTUALLY` with `what` and the last
 /// observed value.
-pub fn eventually<T>(what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
-    let deadline = Instant::now() + EVENTUALLY;
-    let mut last_err = String::new();
-    loop {
-        match f() {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last_err = format!("{e:#}"),
-        }
-        if Instant::now() > deadline {
-            bail!("timed out after {EVENTUALLY:?} waiting for {what} {last_err}");
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
+pub fn eventually<T>(what: &str, f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    juneau_tests::daemon::wait_for(what, EVENTUALLY, Duration::from_millis(250), f)
 }
 
 /// The seed guide's ExternalNetwork + AddressPool, plus the BGPAdvertisement and BGPPeer
