@@ -131,6 +131,7 @@ pub fn canned_messages() -> Vec<Vec<u8>> {
             local_pref: None,
             communities: vec![(65001 << 16) | 100],
             large_communities: vec![[65001, 1, 2]],
+            link_bandwidth: None,
         }),
         announced: vec!["198.51.100.0/24".parse().expect("prefix")],
     });
