@@ -34,14 +34,6 @@ const MUST_BE_CLEAN: &[&str] = &[
     "node agent restart (node-a)",
 ];
 
-/// Until the dataplane stops black-holing the kubelet's probes to local backend Pods on
-/// the Service's target port (issue 10), Pods on nodes running the dataplane flap
-/// NotReady when probed on the serving port, which drowns every operation's numbers in
-/// probe noise (a first run could not even get 6 Pods Ready at once). The suite therefore
-/// probes `/healthz` on the image's probe-only port 8080. The lab and lab_e2e keep the
-/// probe on the serving port. Set to `None` once issue 10 is fixed.
-const PROBE_PORT_UNTIL_ISSUE_10: Option<u16> = Some(8080);
-
 const NODE_A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
 const NODE_B: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 12);
 const NODE_C: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 13);
@@ -189,7 +181,6 @@ fn table(rows: &[Row]) -> String {
 }
 
 fn pod_on_node_b() -> String {
-    let port = PROBE_PORT_UNTIL_ISSUE_10.map_or("http".to_string(), |p| p.to_string());
     r#"apiVersion: v1
 kind: Pod
 metadata:
@@ -205,14 +196,14 @@ spec:
       imagePullPolicy: Never
       ports: [{containerPort: 80, name: http}]
       readinessProbe:
-        httpGet: {path: /healthz, port: PORT}
+        httpGet: {path: /healthz, port: http}
         periodSeconds: 2
         failureThreshold: 2
       lifecycle:
         preStop:
           exec: {command: ["/bin/sleep", "5"]}
 "#
-    .replace("PORT", &port)
+    .to_string()
 }
 
 #[test]
@@ -249,18 +240,6 @@ fn day2_operations_under_load() -> Result<()> {
 }
 
 fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
-    if let Some(port) = PROBE_PORT_UNTIL_ISSUE_10 {
-        kubectl(&[
-            "patch",
-            "deployment/nginx",
-            "--type=json",
-            "-p",
-            &format!(
-                r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/readinessProbe/httpGet/port","value":{port}}}]"#
-            ),
-        ])?;
-        kubectl(&["rollout", "status", "deployment/nginx", "--timeout=180s"])?;
-    }
     settled(3)?;
     let dir = tempfile::tempdir()?;
     let d = dir.path();
