@@ -46,6 +46,32 @@ const API_PORT: u16 = 6443;
 const MGMT_BRIDGE: &str = "jlab-mgmt";
 /// Where the agents write and the dataplanes and speakers read the node state.
 const SHM_DIR: &str = "/run/juneau";
+/// MTU of the node fabric (node uplinks, the router's fabric ports): room for the
+/// dataplane's redirect header (up to 68 bytes) on top of the client side's 1500
+/// (docs/dataplane.md, "Redirects between nodes", MTU).
+const FABRIC_MTU: u16 = 1600;
+
+/// The node's own bpffs (`mount -t bpf`), where its dataplane pins its flow table,
+/// maps and links (`--pin-dir`). `ip netns exec` remounts /sys, so /sys/fs/bpf is not
+/// visible to the dataplane; a bpffs outside /sys is, and flows survive a restart.
+fn bpf_dir(node: &str) -> PathBuf {
+    state().join("bpf").join(node)
+}
+
+/// The dataplane's `--pin-dir` inside [`bpf_dir`] (`--remove-pins` removes the pin
+/// directory itself, which cannot be the mount point).
+fn pin_dir(node: &str) -> PathBuf {
+    bpf_dir(node).join("juneau")
+}
+
+/// Whether `dir` is a mount point (in /proc/self/mounts).
+fn is_mount_point(dir: &Path) -> bool {
+    let want = dir.display().to_string();
+    fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
+}
 
 /// One lab node's names and addresses.
 #[derive(Debug, Clone, Copy)]
@@ -54,9 +80,9 @@ pub struct LabNode {
     pub name: &'static str,
     /// One letter for interface names.
     pub short: &'static str,
-    /// Uplink address (InternalIP, BGP router id).
+    /// Uplink address on the fabric (BGP router id, the dataplane's `--node-address`).
     pub ip: Ipv4Addr,
-    /// Management address (towards the API server).
+    /// Management address (towards the API server; the Node's InternalIP).
     pub mgmt: Ipv4Addr,
     /// Pod subnet base (`/24` on cni0, gateway `.1`).
     pub pods: Ipv4Addr,
@@ -516,9 +542,11 @@ impl Lab {
                     router.name(),
                 ],
             )?;
+            router.exec(&["ip", "link", "set", &f, "mtu", &FABRIC_MTU.to_string()])?;
             router.exec(&["ip", "link", "set", &f, "master", "fabric", "up"])?;
             // XDP_REDIRECT into the node's uplink veth drops unless its peer has GRO on.
             let _ = router.exec(&["ethtool", "-K", &f, "gro", "on"]);
+            node.exec(&["ip", "link", "set", "eth0", "mtu", &FABRIC_MTU.to_string()])?;
             node.addr("eth0", &format!("{}/24", n.ip))?;
             node.exec(&[
                 "ip",
@@ -548,19 +576,8 @@ impl Lab {
             )?;
             run("ip", &["link", "set", &m, "master", MGMT_BRIDGE, "up"])?;
             node.addr("mgmt0", &format!("{}/24", n.mgmt))?;
-            // The API server reaches the kubelet at the node's InternalIP (kubectl logs).
-            run(
-                "ip",
-                &[
-                    "route",
-                    "replace",
-                    &format!("{}/32", n.ip),
-                    "via",
-                    &n.mgmt.to_string(),
-                    "dev",
-                    MGMT_BRIDGE,
-                ],
-            )?;
+            // The API server reaches the kubelet at the node's InternalIP (kubectl logs),
+            // which is the management address: on jlab-mgmt's /24, no host route.
             // The Pod network's bridge, made before any Pod exists (the dataplane serves
             // it from the start); the bridge CNI plugin plugs Pods into it. Its MAC is
             // fixed so it does not change when the first Pod's veth joins.
@@ -704,7 +721,10 @@ impl Lab {
             let spec = NodeSpec {
                 name: n.name.to_string(),
                 netns: ns(n.name),
-                node_ip: n.ip,
+                // The InternalIP the API server connects to: the management address, so
+                // nothing of the host is routed into 192.0.2.0/24 (the host's own network
+                // may be that documentation range too).
+                node_ip: n.mgmt,
                 pod_subnet: n.pods,
                 dir: node_dir(n.name),
                 cgroup_root: cgroup_root(n.name),
@@ -800,6 +820,18 @@ impl Lab {
     }
 
     fn dataplane_spec(&self, node: &str) -> DaemonSpec {
+        // Redirects between nodes (docs/dataplane.md): this node's fabric address and
+        // every other node's, so packets of connections another node holds (after the
+        // ECMP group changed, or during a drain) are sent there.
+        let me = NODES
+            .iter()
+            .find(|n| n.name == node)
+            .map_or(ROUTER_FABRIC_IP, |n| n.ip);
+        let peers: Vec<String> = NODES
+            .iter()
+            .filter(|n| n.name != node)
+            .map(|n| n.ip.to_string())
+            .collect();
         DaemonSpec::new(
             format!("dataplane-{node}"),
             &[
@@ -815,14 +847,39 @@ impl Lab {
                     .join(format!("dataplane-{node}.stats.json"))
                     .display()
                     .to_string(),
-            ],
+                "--pin-dir",
+                &pin_dir(node).display().to_string(),
+                "--node-address",
+                &me.to_string(),
+                "--redirect-mtu",
+                &FABRIC_MTU.to_string(),
+            ]
+            .into_iter()
+            .chain(peers.iter().flat_map(|p| ["--redirect-peer", p.as_str()]))
+            .collect::<Vec<&str>>(),
             logs().join(format!("dataplane-{node}.log")),
         )
         .in_netns_with_sysfs(&ns(node))
         .env("RUST_LOG", "info")
     }
 
+    /// Mounts the node's bpffs ([`bpf_dir`]) and records the dataplane binary there, so
+    /// that [`down`] can remove the pins even from another process.
+    fn mount_bpffs(&self, node: &str) -> Result<()> {
+        let dir = bpf_dir(node);
+        fs::create_dir_all(&dir)?;
+        if !is_mount_point(&dir) {
+            run("mount", &["-t", "bpf", "bpf", &dir.display().to_string()])?;
+        }
+        fs::write(
+            state().join("bpf/juneau-dataplane.path"),
+            self.bins.path("juneau-dataplane").display().to_string(),
+        )?;
+        Ok(())
+    }
+
     fn start_dataplane(&mut self, node: &str) -> Result<()> {
+        self.mount_bpffs(node)?;
         let mut d = Daemon::spawn(self.dataplane_spec(node))?;
         std::thread::sleep(Duration::from_millis(300));
         d.check_running()?;
@@ -1435,6 +1492,7 @@ fn down_quiet() -> Vec<String> {
             removed.push(format!("removed host route {}/32", n.ip));
         }
     }
+    removed.extend(remove_bpffs());
     for name in lab_netns().unwrap_or_default() {
         if let Ok(out) = run("ip", &["netns", "pids", &name]) {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
@@ -1462,6 +1520,32 @@ fn down_quiet() -> Vec<String> {
     removed
 }
 
+/// Removes each node's dataplane pins (`juneau-dataplane --remove-pins`) and unmounts
+/// its bpffs; idempotent (nothing mounted: nothing done).
+fn remove_bpffs() -> Vec<String> {
+    let mut removed = Vec::new();
+    let bin = fs::read_to_string(state().join("bpf/juneau-dataplane.path")).ok();
+    for n in NODES {
+        let dir = bpf_dir(n.name);
+        if !is_mount_point(&dir) {
+            continue;
+        }
+        let d = dir.display().to_string();
+        if let Some(bin) = &bin {
+            let _ = Command::new(bin.trim())
+                .args(["--remove-pins", "--pin-dir"])
+                .arg(pin_dir(n.name))
+                .output();
+        }
+        let _ = run("umount", &[&d]);
+        removed.push(format!(
+            "removed {}'s dataplane pins, unmounted {d}",
+            n.name
+        ));
+    }
+    removed
+}
+
 fn cgroup_present(node: &str) -> bool {
     Path::new("/sys/fs/cgroup/pids")
         .join(cgroup_root(node).trim_start_matches('/'))
@@ -1479,6 +1563,11 @@ pub fn check_nothing_left() -> Result<()> {
     }
     if state().exists() {
         bail!("{STATE} left");
+    }
+    for n in NODES {
+        if is_mount_point(&bpf_dir(n.name)) {
+            bail!("bpffs {} still mounted", bpf_dir(n.name).display());
+        }
     }
     if run("ip", &["link", "show", MGMT_BRIDGE]).is_ok() {
         bail!("bridge {MGMT_BRIDGE} left");

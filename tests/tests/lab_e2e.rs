@@ -66,10 +66,12 @@ fn eventually(
     bail!("{what}: not within {timeout:?} (last error: {last})")
 }
 
-/// curl through the VIP. Until issue 10 lands (the dataplane black-holes the kubelet's
-/// probes to local Pods on the serving port, so Pods flap NotReady, and a node keeps
-/// being chosen a moment after its last Ready backend went), a single connection can be
-/// refused; up to 3 attempts 2 s apart, each failure printed, the last one returned.
+/// curl through the VIP; up to 3 attempts 2 s apart, each failure printed, the last one
+/// returned. Issue 10 is merged (probes no longer black-holed), but a single attempt
+/// still failed once (2026-12-01): right after node-c withdrew, node-a's agent also
+/// published `advertised=0` for ~2 s (while kube-controller-manager logged "EndpointSlice
+/// informer cache is out of date" for default/nginx), so the router had no route and
+/// curl failed to connect. Not understood yet; kept printed, not hidden.
 fn curl_vip() -> Result<String> {
     let mut last = None;
     for attempt in 1..=3 {
