@@ -1980,25 +1980,6 @@ fn drain_state(ready: &[usize], draining: &[usize]) -> NodeState {
     st
 }
 
-fn publish_and_wait(lab: &mut Lab, st: &NodeState) -> Result<u64> {
-    let g = lab.writer.publish(st)?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while lab
-        .stats()
-        .ok()
-        .and_then(|s| s["generation"].as_u64())
-        .unwrap_or(0)
-        < g
-    {
-        ensure!(
-            Instant::now() < deadline,
-            "dataplane did not take generation {g}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(g)
-}
-
 /// Graceful drain: pod1 turns `serving` + `terminating` while connections (one in the
 /// middle of a 1 MiB response) run through it. They all complete; every new connection
 /// goes to pod0; a node with only draining backends still forwards the flows it has but
@@ -2022,7 +2003,7 @@ fn a_terminating_backend_finishes_its_connections_and_gets_no_new_ones() -> Resu
     ensure!(n > 0, "no start of the long response");
 
     // pod1 starts terminating.
-    publish_and_wait(&mut lab, &drain_state(&[0], &[1]))?;
+    lab.publish_state(&drain_state(&[0], &[1]))?;
     let svc = &lab.stats()?["services"][0];
     assert_eq!(
         (svc["backends"].as_u64(), svc["draining_backends"].as_u64()),
@@ -2060,7 +2041,7 @@ fn a_terminating_backend_finishes_its_connections_and_gets_no_new_ones() -> Resu
     }
 
     // Only draining backends left: flows continue, nothing new is accepted.
-    publish_and_wait(&mut lab, &drain_state(&[], &[0, 1]))?;
+    lab.publish_state(&drain_state(&[], &[0, 1]))?;
     for (i, c) in conns.iter_mut().enumerate() {
         let body = http_get(c).with_context(|| format!("connection {i} broke"))?;
         assert_eq!(pod_of(&body), Some(on[i]));
@@ -2078,7 +2059,7 @@ fn a_terminating_backend_finishes_its_connections_and_gets_no_new_ones() -> Resu
     );
 
     // pod1's endpoint disappears: its flows end; pod0's keep draining.
-    publish_and_wait(&mut lab, &drain_state(&[], &[0]))?;
+    lab.publish_state(&drain_state(&[], &[0]))?;
     for (i, c) in conns.iter_mut().enumerate() {
         if on[i] == 0 {
             assert_eq!(pod_of(&http_get(c)?), Some(0));
