@@ -21,17 +21,18 @@
 use std::collections::{BTreeMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
 use juneau_control::shm::{Capacity, NodeStateWriter};
-use juneau_tests::netns::{run, unique_prefix, veth, Netns, NsChild};
+use juneau_tests::frames::{inet_checksum, inject, TcpFlood};
+use juneau_tests::http::{http_get, read_response, TestBackend};
+use juneau_tests::netns::{in_ns, mac_of, run, unique_prefix, veth, Netns, NsChild};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 10);
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 1, 2);
@@ -44,175 +45,14 @@ fn pod_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 100, 2 + i as u8, 2)
 }
 
-/// Runs `f` on a thread that has entered network namespace `ns`; sockets it creates
-/// stay in that namespace wherever they are used afterwards.
-fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let ns = ns.to_string();
-    std::thread::spawn(move || {
-        enter_ns(&ns).expect("entering namespace");
-        f()
-    })
-    .join()
-    .expect("namespace thread panicked")
-}
-
-fn enter_ns(ns: &str) -> Result<()> {
-    let f = std::fs::File::open(format!("/var/run/netns/{ns}"))
-        .with_context(|| format!("opening netns {ns}"))?;
-    // SAFETY: setns(2) on a valid namespace fd affects only the calling thread.
-    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    ensure!(r == 0, "setns({ns}): {}", std::io::Error::last_os_error());
-    Ok(())
-}
-
-/// A backend Pod's servers with their access log.
-struct Backend {
-    name: String,
-    stop: Arc<AtomicBool>,
-    log: Arc<Mutex<Vec<SocketAddr>>>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl Backend {
-    fn start(ns: &str, name: &str) -> Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tcp, udp) = in_ns(ns, || -> Result<(TcpListener, UdpSocket)> {
-            let t = TcpListener::bind(("0.0.0.0", HTTP_PORT))?;
-            let u = UdpSocket::bind(("0.0.0.0", UDP_PORT))?;
-            Ok((t, u))
-        })?;
-        tcp.set_nonblocking(true)?;
-        udp.set_read_timeout(Some(Duration::from_millis(100)))?;
-        let mut threads = Vec::new();
-        {
-            let (stop, log, name) = (stop.clone(), log.clone(), name.to_string());
-            threads.push(std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    match tcp.accept() {
-                        Ok((conn, peer)) => {
-                            let (stop, log, name) = (stop.clone(), log.clone(), name.clone());
-                            std::thread::spawn(move || serve_http(conn, peer, &name, &log, &stop));
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                    }
-                }
-            }));
-        }
-        {
-            let (stop, log, name) = (stop.clone(), log.clone(), name.to_string());
-            threads.push(std::thread::spawn(move || {
-                let mut buf = [0u8; 2048];
-                while !stop.load(Ordering::Relaxed) {
-                    if let Ok((n, peer)) = udp.recv_from(&mut buf) {
-                        log.lock().unwrap().push(peer);
-                        let mut reply = format!("{name} saw {peer} ").into_bytes();
-                        reply.extend_from_slice(&buf[..n]);
-                        let _ = udp.send_to(&reply, peer);
-                    }
-                }
-            }));
-        }
-        Ok(Backend {
-            name: name.to_string(),
-            stop,
-            log,
-            threads,
-        })
-    }
-
-    fn peers(&self) -> Vec<SocketAddr> {
-        self.log.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Minimal HTTP/1.1 with keep-alive: `GET /` answers `<pod> saw <peer>`, `GET /big`
-/// answers 1 MiB.
-fn serve_http(
-    mut conn: TcpStream,
-    peer: SocketAddr,
-    name: &str,
-    log: &Mutex<Vec<SocketAddr>>,
-    stop: &AtomicBool,
-) {
-    let _ = conn.set_nonblocking(false);
-    let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while !stop.load(Ordering::Relaxed) {
-        match conn.read(&mut chunk) {
-            Ok(0) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
-            Err(_) => return,
-        }
-        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let req = String::from_utf8_lossy(&buf[..end]).to_string();
-            buf.drain(..end + 4);
-            log.lock().unwrap().push(peer);
-            let body = if req.starts_with("GET /big") {
-                vec![b'x'; 1 << 20]
-            } else {
-                format!("{name} saw {peer}\n").into_bytes()
-            };
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: text/plain\r\n\r\n",
-                body.len()
-            );
-            if conn
-                .write_all(head.as_bytes())
-                .and_then(|_| conn.write_all(&body))
-                .is_err()
-            {
-                return;
-            }
-        }
-    }
-}
-
-/// Sends `GET /` on a kept-alive connection and returns the body.
-fn http_get(conn: &mut TcpStream) -> Result<String> {
-    conn.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n")?;
-    read_response(conn)
-}
-
-/// Reads one HTTP/1.1 response (with Content-Length) and returns the body.
-fn read_response(conn: &mut TcpStream) -> Result<String> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 1024];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_string();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("Content-Length: "))
-                .context("no Content-Length")?
-                .trim()
-                .parse()?;
-            if buf.len() >= end + 4 + len {
-                return Ok(String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).to_string());
-            }
-        }
-        let n = conn.read(&mut chunk)?;
-        ensure!(n > 0, "connection closed");
-        buf.extend_from_slice(&chunk[..n]);
-    }
+/// A backend Pod: HTTP on 8080 and UDP echo on 5353, answering `<name> saw <peer>`.
+fn start_backend(ns: &str, name: &str) -> Result<TestBackend> {
+    TestBackend::start(
+        ns,
+        name,
+        SocketAddr::from(([0, 0, 0, 0], HTTP_PORT)),
+        Some(SocketAddr::from(([0, 0, 0, 0], UDP_PORT))),
+    )
 }
 
 fn service(protocol: Protocol, port: u16, target: u16, pods: &[usize]) -> NodeService {
@@ -281,7 +121,7 @@ struct Lab {
     bpffs: BpfMount,
     /// The dataplane's command line (to start it again).
     argv: Vec<String>,
-    backends: Vec<Backend>,
+    backends: Vec<TestBackend>,
     writer: NodeStateWriter,
     stats: PathBuf,
     log: PathBuf,
@@ -394,8 +234,8 @@ impl Lab {
             wire_pod(&node, pod, i, bridge)?;
         }
         let backends = vec![
-            Backend::start(pods[0].name(), "pod0")?,
-            Backend::start(pods[1].name(), "pod1")?,
+            start_backend(pods[0].name(), "pod0")?,
+            start_backend(pods[1].name(), "pod1")?,
         ];
         let dir = tempfile::tempdir()?;
         let state_path = dir.path().join("node-a.state");
@@ -1024,59 +864,13 @@ fn malformed_corpus(dst_mac: [u8; 6], src_mac: [u8; 6]) -> Vec<Vec<u8>> {
 #[test]
 fn malformed_frames_are_counted_and_never_crash_the_dataplane() -> Result<()> {
     let mut lab = Lab::new("dpm")?;
-    let node_mac = lab.node.exec(&["cat", "/sys/class/net/up0/address"])?;
-    let client_mac = lab.client.exec(&["cat", "/sys/class/net/eth0/address"])?;
-    let mac = |s: &str| -> [u8; 6] {
-        let v: Vec<u8> = s
-            .trim()
-            .split(':')
-            .map(|x| u8::from_str_radix(x, 16).unwrap())
-            .collect();
-        v.try_into().unwrap()
-    };
-    let corpus = malformed_corpus(mac(&node_mac), mac(&client_mac));
+    let corpus = malformed_corpus(mac_of(&lab.node, "up0")?, mac_of(&lab.client, "eth0")?);
     let n = corpus.len();
-    let sent = in_ns(lab.client.name(), move || -> Result<usize> {
-        // SAFETY: plain socket(2); the fd is checked and closed below.
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
-        ensure!(
-            fd >= 0,
-            "AF_PACKET socket: {}",
-            std::io::Error::last_os_error()
-        );
-        let ifindex = {
-            let name = std::ffi::CString::new("eth0").unwrap();
-            // SAFETY: valid NUL-terminated name.
-            unsafe { libc::if_nametoindex(name.as_ptr()) }
-        };
-        // SAFETY: sockaddr_ll is plain data; zeroed is a valid starting value.
-        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_ifindex = ifindex as i32;
-        addr.sll_halen = 6;
-        let mut sent = 0;
-        for _ in 0..5 {
-            for f in &corpus {
-                // SAFETY: `f` and `addr` are valid for the lengths given.
-                let r = unsafe {
-                    libc::sendto(
-                        fd,
-                        f.as_ptr().cast(),
-                        f.len(),
-                        0,
-                        (&addr as *const libc::sockaddr_ll).cast(),
-                        std::mem::size_of::<libc::sockaddr_ll>() as u32,
-                    )
-                };
-                if r >= 0 {
-                    sent += 1;
-                }
-            }
-        }
-        // SAFETY: closing our own fd.
-        unsafe { libc::close(fd) };
-        Ok(sent)
-    })?;
+    let sent = inject(
+        lab.client.name(),
+        "eth0",
+        (0..5).flat_map(|_| corpus.iter().cloned()).collect(),
+    )?;
     assert!(sent >= n, "sent {sent} of {} frames", 5 * n);
     let malformed = lab.wait_drops("malformed", 20)?;
     assert!(
@@ -1142,7 +936,7 @@ fn pods_behind_a_bridge_and_a_new_pod_need_no_restart() -> Result<()> {
     let name = format!("{}x", lab.node.name());
     let pod1 = Netns::new(name)?;
     wire_pod(&lab.node, &pod1, 1, true)?;
-    lab.backends.push(Backend::start(pod1.name(), "pod1")?);
+    lab.backends.push(start_backend(pod1.name(), "pod1")?);
     lab.pods.push(pod1);
     lab.publish(&[0, 1])?;
 
@@ -1213,18 +1007,6 @@ fn stale_neighbour_entries_of_pods_are_kept_alive() -> Result<()> {
         std::thread::sleep(Duration::from_millis(250));
     }
     lab.finish()
-}
-
-/// The one's-complement checksum of `data` (RFC 1071).
-fn inet_checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
-    for c in data.chunks(2) {
-        sum += u32::from(c[0]) << 8 | u32::from(*c.get(1).unwrap_or(&0));
-    }
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 #[test]
@@ -1425,7 +1207,7 @@ fn per_pod_veths_found_through_routes_come_and_go_without_a_restart() -> Result<
     // A Pod namespace created after the dataplane started, on its own veth pv2.
     let pod2 = Netns::new(format!("{}x", lab.node.name()))?;
     wire_pod(&lab.node, &pod2, 2, false)?;
-    lab.backends.push(Backend::start(pod2.name(), "pod2")?);
+    lab.backends.push(start_backend(pod2.name(), "pod2")?);
     lab.pods.push(pod2);
     lab.publish(&[0, 1, 2])?;
     lab.wait_pod_ifaces(&["pv0", "pv1", "pv2"], &[])?;
@@ -1524,111 +1306,16 @@ fn many_pod_veth_attach_detach_cycles_leak_no_frames() -> Result<()> {
     lab.finish()
 }
 
-fn mac_of(ns: &Netns, ifname: &str) -> Result<[u8; 6]> {
-    let s = ns.exec(&["cat", &format!("/sys/class/net/{ifname}/address")])?;
-    let v: Vec<u8> = s
-        .trim()
-        .split(':')
-        .map(|x| u8::from_str_radix(x, 16))
-        .collect::<Result<_, _>>()?;
-    v.try_into().map_err(|_| anyhow::anyhow!("bad MAC {s}"))
-}
-
-/// `n` TCP segments with `flags` to VIP:80 from pseudo-random sources in 198.18.0.0/15
-/// (valid checksums, so a Pod answers a SYN as it would a real one).
-fn flood_frames(
-    dst_mac: [u8; 6],
-    src_mac: [u8; 6],
-    n: usize,
-    flags: u8,
-    seed: u64,
-) -> Vec<Vec<u8>> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let src = [198, 18 + (x & 1) as u8, (x >> 8) as u8, (x >> 16) as u8];
-        let sport = 1024 + ((x >> 24) as u16 % 60000);
-        let mut tcp = [0u8; 20];
-        tcp[0..2].copy_from_slice(&sport.to_be_bytes());
-        tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
-        tcp[4..8].copy_from_slice(&((x >> 32) as u32).to_be_bytes());
-        tcp[8..12].copy_from_slice(&(x as u32).to_be_bytes());
-        tcp[12] = 0x50;
-        tcp[13] = flags;
-        tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
-        let mut pseudo = Vec::with_capacity(32);
-        pseudo.extend_from_slice(&src);
-        pseudo.extend_from_slice(&VIP.octets());
-        pseudo.extend_from_slice(&[0, 6, 0, 20]);
-        pseudo.extend_from_slice(&tcp);
-        let c = inet_checksum(&pseudo);
-        tcp[16..18].copy_from_slice(&c.to_be_bytes());
-        let mut ip = [0u8; 20];
-        ip[0] = 0x45;
-        ip[2..4].copy_from_slice(&40u16.to_be_bytes());
-        ip[6] = 0x40;
-        ip[8] = 64;
-        ip[9] = 6;
-        ip[12..16].copy_from_slice(&src);
-        ip[16..20].copy_from_slice(&VIP.octets());
-        let c = inet_checksum(&ip);
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
-        let mut f = dst_mac.to_vec();
-        f.extend_from_slice(&src_mac);
-        f.extend_from_slice(&[0x08, 0x00]);
-        f.extend_from_slice(&ip);
-        f.extend_from_slice(&tcp);
-        out.push(f);
+/// TCP segments with `flags` to VIP:80 from pseudo-random sources (see [`TcpFlood`]).
+fn flood(dst_mac: [u8; 6], src_mac: [u8; 6], flags: u8, seed: u64) -> TcpFlood {
+    TcpFlood {
+        dst_mac,
+        src_mac,
+        dst: VIP,
+        dst_port: 80,
+        flags,
+        seed,
     }
-    out
-}
-
-/// Sends raw frames out of `eth0` of namespace `ns` (AF_PACKET), in bursts of 500 with
-/// a 5 ms pause; returns how many were sent.
-fn inject(ns: &str, frames: Vec<Vec<u8>>) -> Result<usize> {
-    in_ns(ns, move || -> Result<usize> {
-        // SAFETY: plain socket(2); the fd is checked and closed below.
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
-        ensure!(
-            fd >= 0,
-            "AF_PACKET socket: {}",
-            std::io::Error::last_os_error()
-        );
-        let name = std::ffi::CString::new("eth0").unwrap();
-        // SAFETY: valid NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        // SAFETY: sockaddr_ll is plain data; zeroed is a valid starting value.
-        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_ifindex = ifindex as i32;
-        addr.sll_halen = 6;
-        let mut sent = 0;
-        for burst in frames.chunks(500) {
-            for f in burst {
-                // SAFETY: `f` and `addr` are valid for the lengths given.
-                let r = unsafe {
-                    libc::sendto(
-                        fd,
-                        f.as_ptr().cast(),
-                        f.len(),
-                        0,
-                        (&addr as *const libc::sockaddr_ll).cast(),
-                        std::mem::size_of::<libc::sockaddr_ll>() as u32,
-                    )
-                };
-                if r >= 0 {
-                    sent += 1;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        // SAFETY: closing our own fd.
-        unsafe { libc::close(fd) };
-        Ok(sent)
-    })
 }
 
 /// A one-connection-at-a-time HTTP server in namespace `ns` on `addr`, answering
@@ -1886,7 +1573,11 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
     assert_eq!(flows_before, 4, "{}", lab.stats()?);
     // ACK flood.
     let t = Instant::now();
-    let sent = inject(lab.client.name(), flood_frames(dst, src, 20_000, 0x10, 7))?;
+    let sent = inject(
+        lab.client.name(),
+        "eth0",
+        flood(dst, src, 0x10, 7).frames(20_000),
+    )?;
     let ack_secs = t.elapsed().as_secs_f64();
     let dropped = lab.wait_drops("non_syn_without_flow", 1000)?;
     std::thread::sleep(Duration::from_millis(1500));
@@ -1926,7 +1617,8 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
     for part in 0..4u64 {
         syn_sent += inject(
             lab.client.name(),
-            flood_frames(dst, src, 5_000, 0x02, 100 + part),
+            "eth0",
+            flood(dst, src, 0x02, 100 + part).frames(5_000),
         )?;
         // A legitimate new connection in the middle of the flood.
         let mut c = lab.connect_many(1)?;

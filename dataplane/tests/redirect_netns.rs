@@ -17,134 +17,21 @@
 //! dataplanes' per-peer redirect counters. The router is the kernel with a multipath
 //! route (`fib_multipath_hash_policy=1`), not BIRD: the ECMP *change* is what matters here.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
 use juneau_control::shm::{Capacity, NodeStateWriter};
-use juneau_tests::netns::{run, unique_prefix, veth, Netns, NsChild};
+use juneau_tests::frames::{inject, TcpFlood};
+use juneau_tests::http::{http_get, TestBackend};
+use juneau_tests::netns::{in_ns, mac_of, run, unique_prefix, veth, Netns, NsChild};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 10);
 const NODE: [&str; 2] = ["10.1.0.2", "10.1.0.3"];
 const POD: [&str; 2] = ["10.10.1.2", "10.10.2.2"];
 const HTTP_PORT: u16 = 8080;
-
-fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let ns = ns.to_string();
-    std::thread::spawn(move || {
-        let fd = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("netns");
-        // SAFETY: setns(2) on a valid namespace fd affects only the calling thread.
-        let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns {ns}");
-        f()
-    })
-    .join()
-    .expect("namespace thread panicked")
-}
-
-/// A keep-alive HTTP server in a Pod namespace answering `GET /` with its name.
-struct Server {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Server {
-    fn start(ns: &str, name: &'static str) -> Result<Self> {
-        let l = in_ns(ns, || TcpListener::bind(("0.0.0.0", HTTP_PORT)))?;
-        l.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let s2 = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !s2.load(Ordering::Relaxed) {
-                match l.accept() {
-                    Ok((c, _)) => {
-                        let s3 = s2.clone();
-                        std::thread::spawn(move || serve(c, name, &s3));
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-        });
-        Ok(Server {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn serve(mut c: TcpStream, name: &str, stop: &AtomicBool) {
-    let _ = c.set_nonblocking(false);
-    let _ = c.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 2048];
-    while !stop.load(Ordering::Relaxed) {
-        match c.read(&mut chunk) {
-            Ok(0) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
-            Err(_) => return,
-        }
-        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            buf.drain(..end + 4);
-            let body = format!("{name}\n");
-            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
-            if c.write_all(head.as_bytes())
-                .and_then(|_| c.write_all(body.as_bytes()))
-                .is_err()
-            {
-                return;
-            }
-        }
-    }
-}
-
-fn http_get(c: &mut TcpStream) -> Result<String> {
-    c.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n")?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 512];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_string();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("Content-Length: "))
-                .context("no Content-Length")?
-                .trim()
-                .parse()?;
-            if buf.len() >= end + 4 + len {
-                return Ok(String::from_utf8_lossy(&buf[end + 4..end + 4 + len])
-                    .trim()
-                    .to_string());
-            }
-        }
-        let n = c.read(&mut chunk)?;
-        ensure!(n > 0, "connection closed");
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
 
 struct BpfMount(PathBuf);
 
@@ -159,7 +46,7 @@ impl Drop for BpfMount {
 struct Node {
     dataplane: NsChild,
     _bpf: BpfMount,
-    _server: Server,
+    _server: TestBackend,
     _writer: NodeStateWriter,
     stats: PathBuf,
     log: PathBuf,
@@ -221,7 +108,12 @@ fn build_node(
         "via",
         &format!("10.10.{}.1", i + 1),
     ])?;
-    let server = Server::start(pod.name(), ["podA", "podB"][i])?;
+    let server = TestBackend::start(
+        pod.name(),
+        ["podA", "podB"][i],
+        SocketAddr::from(([0, 0, 0, 0], HTTP_PORT)),
+        None,
+    )?;
 
     let state_path = dir.join(format!("{name}.state"));
     let mut writer = NodeStateWriter::create(&state_path, Capacity::default())?;
@@ -333,7 +225,7 @@ fn round(conns: &mut [(TcpStream, String)]) -> (Vec<String>, usize) {
     let mut ok = 0;
     for (i, (c, pod)) in conns.iter_mut().enumerate() {
         match http_get(c) {
-            Ok(body) if body == *pod => ok += 1,
+            Ok(body) if body.split_whitespace().next() == Some(pod.as_str()) => ok += 1,
             Ok(body) => failures.push(format!("conn {i}: answered by {body}, opened on {pod}")),
             Err(e) => failures.push(format!("conn {i} ({pod}): {e}")),
         }
@@ -357,7 +249,13 @@ fn open(client: &Netns, n: usize) -> Result<Vec<(TcpStream, String)>> {
     })?;
     let mut out = Vec::new();
     for mut c in conns.drain(..) {
-        let pod = http_get(&mut c).context("first request on a new connection")?;
+        let body = http_get(&mut c).context("first request on a new connection")?;
+        // `<pod> saw <client>`: the Pod's name is the connection's identity here.
+        let pod = body
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
         out.push((c, pod));
     }
     Ok(out)
@@ -570,113 +468,6 @@ fn connections_survive_ecmp_changes_between_two_real_dataplanes() -> Result<()> 
     t.finish()
 }
 
-fn mac_of(ns: &Netns, ifname: &str) -> Result<[u8; 6]> {
-    let s = ns.exec(&["cat", &format!("/sys/class/net/{ifname}/address")])?;
-    let v: Vec<u8> = s
-        .trim()
-        .split(':')
-        .map(|x| u8::from_str_radix(x, 16))
-        .collect::<Result<_, _>>()?;
-    v.try_into().map_err(|_| anyhow::anyhow!("bad MAC {s}"))
-}
-
-fn inet_checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
-    for c in data.chunks(2) {
-        sum += u32::from(c[0]) << 8 | u32::from(*c.get(1).unwrap_or(&0));
-    }
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-/// `n` TCP ACKs to VIP:80 from pseudo-random sources in 198.18.0.0/15, valid checksums.
-fn ack_frames(dst_mac: [u8; 6], src_mac: [u8; 6], n: usize) -> Vec<Vec<u8>> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let src = [198, 18 + (x & 1) as u8, (x >> 8) as u8, (x >> 16) as u8];
-            let sport = 1024 + ((x >> 24) as u16 % 60000);
-            let mut tcp = [0u8; 20];
-            tcp[0..2].copy_from_slice(&sport.to_be_bytes());
-            tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
-            tcp[4..8].copy_from_slice(&((x >> 32) as u32).to_be_bytes());
-            tcp[8..12].copy_from_slice(&(x as u32).to_be_bytes());
-            tcp[12] = 0x50;
-            tcp[13] = 0x10; // ACK
-            tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
-            let mut pseudo = Vec::with_capacity(32);
-            pseudo.extend_from_slice(&src);
-            pseudo.extend_from_slice(&VIP.octets());
-            pseudo.extend_from_slice(&[0, 6, 0, 20]);
-            pseudo.extend_from_slice(&tcp);
-            let c = inet_checksum(&pseudo);
-            tcp[16..18].copy_from_slice(&c.to_be_bytes());
-            let mut ip = [0u8; 20];
-            ip[0] = 0x45;
-            ip[2..4].copy_from_slice(&40u16.to_be_bytes());
-            ip[6] = 0x40;
-            ip[8] = 64;
-            ip[9] = 6;
-            ip[12..16].copy_from_slice(&src);
-            ip[16..20].copy_from_slice(&VIP.octets());
-            let c = inet_checksum(&ip);
-            ip[10..12].copy_from_slice(&c.to_be_bytes());
-            let mut f = dst_mac.to_vec();
-            f.extend_from_slice(&src_mac);
-            f.extend_from_slice(&[0x08, 0x00]);
-            f.extend_from_slice(&ip);
-            f.extend_from_slice(&tcp);
-            f
-        })
-        .collect()
-}
-
-/// Sends raw frames out of `eth0` of namespace `ns` (AF_PACKET), in bursts of 500 with
-/// a 5 ms pause; returns how many were sent.
-fn inject(ns: &str, frames: Vec<Vec<u8>>) -> Result<usize> {
-    in_ns(ns, move || -> Result<usize> {
-        // SAFETY: plain socket(2); the fd is checked and closed below.
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
-        ensure!(fd >= 0, "AF_PACKET: {}", std::io::Error::last_os_error());
-        let name = std::ffi::CString::new("eth0").unwrap();
-        // SAFETY: valid NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        // SAFETY: sockaddr_ll is plain data; zeroed is a valid starting value.
-        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_ifindex = ifindex as i32;
-        addr.sll_halen = 6;
-        let mut sent = 0;
-        for burst in frames.chunks(500) {
-            for f in burst {
-                // SAFETY: `f` and `addr` are valid for the lengths given.
-                let r = unsafe {
-                    libc::sendto(
-                        fd,
-                        f.as_ptr().cast(),
-                        f.len(),
-                        0,
-                        (&addr as *const libc::sockaddr_ll).cast(),
-                        std::mem::size_of::<libc::sockaddr_ll>() as u32,
-                    )
-                };
-                if r >= 0 {
-                    sent += 1;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        // SAFETY: closing our own fd.
-        unsafe { libc::close(fd) };
-        Ok(sent)
-    })
-}
-
 #[test]
 fn a_flood_of_random_acks_stays_within_the_redirect_budget_between_nodes() -> Result<()> {
     let (rate, burst) = (200u64, 50u64);
@@ -687,7 +478,19 @@ fn a_flood_of_random_acks_stays_within_the_redirect_budget_between_nodes() -> Re
     let dst = mac_of(&t.router, "c0")?;
     let src = mac_of(&t.client, "eth0")?;
     let start = Instant::now();
-    let sent = inject(t.client.name(), ack_frames(dst, src, 20_000))?;
+    let sent = inject(
+        t.client.name(),
+        "eth0",
+        TcpFlood {
+            dst_mac: dst,
+            src_mac: src,
+            dst: VIP,
+            dst_port: 80,
+            flags: 0x10,
+            seed: 0x9e37_79b9_7f4a_7c15,
+        }
+        .frames(20_000),
+    )?;
     let elapsed = start.elapsed().as_secs_f64();
     let (failures, _) = round(&mut conns);
     ensure!(failures.is_empty(), "{}", t.diag(&format!("{failures:?}")));

@@ -22,20 +22,17 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use common::*;
 use juneau_control::shm::NodeStateReader;
 use juneau_tests::bird::{BgpNeighbor, Bird, BirdConfig};
-use juneau_tests::netns::{unique_prefix, veth, Netns};
+use juneau_tests::http::{http_get, TestBackend};
+use juneau_tests::netns::{in_ns, unique_prefix, veth, Netns};
 
 const ROUTER_ADDR: &str = "10.0.1.1";
 const NODE_ADDR: &str = "10.0.1.2";
@@ -59,123 +56,6 @@ fn workspace_binary(package: &str) -> Result<PathBuf> {
     let p = dir.join(package);
     ensure!(p.exists(), "{package} not at {}", p.display());
     Ok(p)
-}
-
-fn enter_ns(ns: &str) -> Result<()> {
-    let f = std::fs::File::open(format!("/var/run/netns/{ns}"))
-        .with_context(|| format!("opening netns {ns}"))?;
-    // SAFETY: setns(2) on a valid namespace fd affects only the calling thread.
-    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    ensure!(r == 0, "setns({ns}): {}", std::io::Error::last_os_error());
-    Ok(())
-}
-
-/// Runs `f` on a thread inside namespace `ns` (sockets it makes stay there).
-fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    let ns = ns.to_string();
-    std::thread::spawn(move || {
-        enter_ns(&ns)?;
-        f()
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("namespace thread panicked"))?
-}
-
-/// A keep-alive HTTP server in the Pod namespace: every request is answered
-/// `pod0 saw <peer>`.
-struct Backend {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Backend {
-    fn start(ns: &str) -> Result<Self> {
-        let listener = in_ns(ns, || Ok(TcpListener::bind(("0.0.0.0", 8080))?))?;
-        listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((c, peer)) => {
-                        let s = s.clone();
-                        std::thread::spawn(move || serve(c, peer, &s));
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-        });
-        Ok(Backend {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn serve(mut c: TcpStream, peer: SocketAddr, stop: &AtomicBool) {
-    let _ = c.set_nonblocking(false);
-    let _ = c.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 2048];
-    while !stop.load(Ordering::Relaxed) {
-        match c.read(&mut chunk) {
-            Ok(0) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
-            Err(_) => return,
-        }
-        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            buf.drain(..end + 4);
-            let body = format!("pod0 saw {peer}\n");
-            let msg = format!(
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-            if c.write_all(msg.as_bytes()).is_err() {
-                return;
-            }
-        }
-    }
-}
-
-/// `GET /` on a kept-alive connection; the body.
-fn http_get(c: &mut TcpStream) -> Result<String> {
-    c.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n")?;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 1024];
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_string();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("Content-Length: "))
-                .context("no Content-Length")?
-                .trim()
-                .parse()?;
-            if buf.len() >= end + 4 + len {
-                return Ok(String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).to_string());
-            }
-        }
-        let n = c.read(&mut chunk)?;
-        ensure!(n > 0, "connection closed");
-        buf.extend_from_slice(&chunk[..n]);
-    }
 }
 
 fn connect(ns: &str, vip: Ipv4Addr) -> Result<TcpStream> {
@@ -233,7 +113,12 @@ fn agent_and_apiserver_outages_withdraw_nothing_and_traffic_keeps_flowing() -> R
     node.addr("pv0", "10.100.2.1/24")?;
     pod.addr("eth0", &format!("{POD_IP}/24"))?;
     pod.exec(&["ip", "route", "add", "default", "via", "10.100.2.1"])?;
-    let _backend = Backend::start(pod.name())?;
+    let _backend = TestBackend::start(
+        pod.name(),
+        "pod0",
+        SocketAddr::from(([0, 0, 0, 0], 8080)),
+        None,
+    )?;
 
     let dir = tempfile::Builder::new()
         .prefix(&format!("{p}-"))

@@ -5,7 +5,8 @@
 //! real etcd + kube-apiserver + controller-manager + scheduler ([`kube`]), real nodes
 //! with their own containerd and kubelet ([`node`]) running locally built images
 //! ([`images`]), the lab built from all of these ([`lab`], the `juneau-lab` binary), an
-//! HTTP load client ([`load`]) — and the cross-crate end-to-end tests in `tests/tests/`.
+//! HTTP load client ([`load`]), test backends on threads in Pod namespaces with a raw HTTP
+//! client ([`http`]) and hand-made frames injected by AF_PACKET ([`frames`]) — and the cross-crate end-to-end tests in `tests/tests/`.
 //!
 //! Must not touch: product logic. Everything here starts, wires and inspects the real
 //! binaries; nothing here stands in for them. Everything cleans up on drop, also on
@@ -13,6 +14,8 @@
 
 pub mod bird;
 pub mod daemon;
+pub mod frames;
+pub mod http;
 pub mod images;
 pub mod kube;
 pub mod lab;

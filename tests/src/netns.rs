@@ -154,6 +154,35 @@ impl Drop for Netns {
     }
 }
 
+/// Runs `f` on a thread that has entered network namespace `ns` (by name, as `ip netns`
+/// knows it); sockets it creates stay in that namespace wherever they are used
+/// afterwards. Panics if the namespace cannot be entered (a test harness error).
+pub fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(format!("/var/run/netns/{ns}"))
+            .unwrap_or_else(|e| panic!("opening netns {ns}: {e}"));
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .unwrap_or_else(|e| panic!("setns({ns}): {e}"));
+        f()
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("a thread inside a network namespace panicked"))
+}
+
+/// The MAC address of interface `ifname` in namespace `ns`.
+pub fn mac_of(ns: &Netns, ifname: &str) -> Result<[u8; 6]> {
+    let s = ns.exec(&["cat", &format!("/sys/class/net/{ifname}/address")])?;
+    let v: Vec<u8> = s
+        .trim()
+        .split(':')
+        .map(|x| u8::from_str_radix(x, 16))
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("MAC of {ifname} in {}: {s:?}", ns.name()))?;
+    v.try_into()
+        .map_err(|_| anyhow::anyhow!("MAC of {ifname} in {}: {s:?}", ns.name()))
+}
+
 /// The next hops (`via`) of the kernel route to `prefix`/32 in namespace `ns`, sorted:
 /// an ECMP route lists several.
 pub fn route_next_hops(ns: &str, prefix: std::net::Ipv4Addr) -> Result<Vec<std::net::Ipv4Addr>> {

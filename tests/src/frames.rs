@@ -1,0 +1,144 @@
+//! Raw Ethernet frames for dataplane tests: hand-made TCP segments (valid checksums)
+//! and their injection on an interface inside a namespace (AF_PACKET through
+//! `pnet_datalink`), for floods no socket API would send (spoofed ACKs and SYNs).
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::netns::in_ns;
+
+/// The one's-complement checksum of `data` (RFC 1071).
+pub fn inet_checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for c in data.chunks(2) {
+        sum += u32::from(c[0]) << 8 | u32::from(*c.get(1).unwrap_or(&0));
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// What a flood of TCP segments looks like.
+#[derive(Clone, Copy, Debug)]
+pub struct TcpFlood {
+    pub dst_mac: [u8; 6],
+    pub src_mac: [u8; 6],
+    pub dst: Ipv4Addr,
+    pub dst_port: u16,
+    /// TCP flags byte (0x10 ACK, 0x02 SYN).
+    pub flags: u8,
+    /// Seed of the pseudo-random sources (same seed, same frames).
+    pub seed: u64,
+}
+
+impl TcpFlood {
+    /// `n` segments from pseudo-random sources in 198.18.0.0/15 and ports 1024..61024,
+    /// with valid IPv4 and TCP checksums (so a Pod answers a SYN as it would a real one).
+    pub fn frames(&self, n: usize) -> Vec<Vec<u8>> {
+        let mut x = self.seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let src = [198, 18 + (x & 1) as u8, (x >> 8) as u8, (x >> 16) as u8];
+                let sport = 1024 + ((x >> 24) as u16 % 60000);
+                self.frame(src, sport, (x >> 32) as u32, x as u32)
+            })
+            .collect()
+    }
+
+    fn frame(&self, src: [u8; 4], sport: u16, seq: u32, ack: u32) -> Vec<u8> {
+        let mut tcp = [0u8; 20];
+        tcp[0..2].copy_from_slice(&sport.to_be_bytes());
+        tcp[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
+        tcp[4..8].copy_from_slice(&seq.to_be_bytes());
+        tcp[8..12].copy_from_slice(&ack.to_be_bytes());
+        tcp[12] = 0x50;
+        tcp[13] = self.flags;
+        tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
+        let mut pseudo = Vec::with_capacity(32);
+        pseudo.extend_from_slice(&src);
+        pseudo.extend_from_slice(&self.dst.octets());
+        pseudo.extend_from_slice(&[0, 6, 0, 20]);
+        pseudo.extend_from_slice(&tcp);
+        tcp[16..18].copy_from_slice(&inet_checksum(&pseudo).to_be_bytes());
+        let mut ip = [0u8; 20];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&40u16.to_be_bytes());
+        ip[6] = 0x40;
+        ip[8] = 64;
+        ip[9] = 6;
+        ip[12..16].copy_from_slice(&src);
+        ip[16..20].copy_from_slice(&self.dst.octets());
+        let c = inet_checksum(&ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut f = self.dst_mac.to_vec();
+        f.extend_from_slice(&self.src_mac);
+        f.extend_from_slice(&[0x08, 0x00]);
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&tcp);
+        f
+    }
+}
+
+/// Sends raw frames out of `ifname` in namespace `ns`, in bursts of 500 with a 5 ms
+/// pause between bursts (bounded in count by `frames`); returns how many were sent.
+pub fn inject(ns: &str, ifname: &str, frames: Vec<Vec<u8>>) -> Result<usize> {
+    let (ns, ifname) = (ns.to_string(), ifname.to_string());
+    in_ns(&ns.clone(), move || -> Result<usize> {
+        let iface = pnet_datalink::interfaces()
+            .into_iter()
+            .find(|i| i.name == ifname)
+            .with_context(|| format!("no interface {ifname} in {ns}"))?;
+        let mut tx = match pnet_datalink::channel(&iface, Default::default())
+            .with_context(|| format!("AF_PACKET channel on {ifname} in {ns}"))?
+        {
+            pnet_datalink::Channel::Ethernet(tx, _rx) => tx,
+            _ => anyhow::bail!("{ifname} in {ns}: not an Ethernet channel"),
+        };
+        let mut sent = 0;
+        for burst in frames.chunks(500) {
+            for f in burst {
+                if matches!(tx.send_to(f, None), Some(Ok(()))) {
+                    sent += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(sent)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksums_of_a_flood_frame_verify() {
+        let f = TcpFlood {
+            dst_mac: [2, 0, 0, 0, 0, 1],
+            src_mac: [2, 0, 0, 0, 0, 2],
+            dst: Ipv4Addr::new(10, 200, 0, 10),
+            dst_port: 80,
+            flags: 0x10,
+            seed: 7,
+        };
+        let frames = f.frames(3);
+        assert_eq!(frames.len(), 3);
+        assert_ne!(frames[0], frames[1], "sources differ");
+        for fr in &frames {
+            let ip = &fr[14..34];
+            assert_eq!(inet_checksum(ip), 0, "IPv4 header checksum verifies");
+            let mut pseudo = ip[12..20].to_vec();
+            pseudo.extend_from_slice(&[0, 6, 0, 20]);
+            pseudo.extend_from_slice(&fr[34..54]);
+            assert_eq!(inet_checksum(&pseudo), 0, "TCP checksum verifies");
+            assert_eq!(fr[47], 0x10);
+            assert_eq!(&fr[30..34], &[10, 200, 0, 10]);
+        }
+    }
+}
