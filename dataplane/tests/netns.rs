@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
 use juneau_control::shm::{Capacity, NodeStateWriter};
-use juneau_tests::frames::{inet_checksum, inject, TcpFlood};
+use juneau_tests::frames::{inet_checksum, inject, send_raw_ipv4, TcpFlood};
 use juneau_tests::http::{http_get, read_response, TestBackend};
-use juneau_tests::netns::{in_ns, mac_of, run, unique_prefix, veth, Netns, NsChild};
+use juneau_tests::netns::{in_ns, mac_of, require_root, run, unique_prefix, veth, Netns, NsChild};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 10);
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 1, 2);
@@ -173,9 +173,7 @@ impl Lab {
         routes: bool,
         extra: &[&str],
     ) -> Result<Self> {
-        // SAFETY: geteuid has no preconditions.
-        let euid = unsafe { libc::geteuid() };
-        ensure!(euid == 0, "the dataplane netns tests must run as root");
+        require_root()?;
         for (t, a) in [
             ("ip", "-V"),
             ("ethtool", "--version"),
@@ -1056,36 +1054,7 @@ fn fragmentation_needed_reaches_the_backend_so_path_mtu_discovery_works() -> Res
     icmp.extend_from_slice(&quote);
     let c = inet_checksum(&icmp);
     icmp[2..4].copy_from_slice(&c.to_be_bytes());
-    in_ns(lab.client.name(), move || -> Result<()> {
-        // SAFETY: plain socket(2); the fd is checked and closed below.
-        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP) };
-        ensure!(
-            fd >= 0,
-            "raw ICMP socket: {}",
-            std::io::Error::last_os_error()
-        );
-        // SAFETY: sockaddr_in is plain data; zeroed is a valid starting value.
-        let mut to: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        to.sin_family = libc::AF_INET as u16;
-        to.sin_addr.s_addr = u32::from(VIP).to_be();
-        for _ in 0..3 {
-            // SAFETY: `icmp` and `to` are valid for the lengths given.
-            let r = unsafe {
-                libc::sendto(
-                    fd,
-                    icmp.as_ptr().cast(),
-                    icmp.len(),
-                    0,
-                    (&to as *const libc::sockaddr_in).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as u32,
-                )
-            };
-            ensure!(r >= 0, "sending ICMP: {}", std::io::Error::last_os_error());
-        }
-        // SAFETY: closing our own fd.
-        unsafe { libc::close(fd) };
-        Ok(())
-    })?;
+    send_raw_ipv4(lab.client.name(), VIP, libc::IPPROTO_ICMP, icmp, 3)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !route(pod).contains("mtu 1280") {
         ensure!(

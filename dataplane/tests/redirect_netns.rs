@@ -26,7 +26,7 @@ use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Prot
 use juneau_control::shm::{Capacity, NodeStateWriter};
 use juneau_tests::frames::{inject, TcpFlood};
 use juneau_tests::http::{http_get, TestBackend};
-use juneau_tests::netns::{in_ns, mac_of, run, unique_prefix, veth, Netns, NsChild};
+use juneau_tests::netns::{in_ns, mac_of, require_root, run, unique_prefix, veth, Netns, NsChild};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 10);
 const NODE: [&str; 2] = ["10.1.0.2", "10.1.0.3"];
@@ -272,8 +272,7 @@ struct Topo {
 
 impl Topo {
     fn build(tag: &str, extra: &[&str]) -> Result<Self> {
-        // SAFETY: geteuid has no preconditions.
-        ensure!(unsafe { libc::geteuid() } == 0, "must run as root");
+        require_root()?;
         let p = unique_prefix(tag);
         let dir = tempfile::tempdir()?;
         let client = Netns::new(format!("{p}c"))?;

@@ -113,6 +113,29 @@ pub fn inject(ns: &str, ifname: &str, frames: Vec<Vec<u8>>) -> Result<usize> {
     })
 }
 
+/// Sends `payload` as the body of raw IPv4 packets of protocol `proto` to `dst` from
+/// namespace `ns`, `times` times (the kernel writes the IPv4 header) — an ICMP error a
+/// router would send, say.
+pub fn send_raw_ipv4(
+    ns: &str,
+    dst: Ipv4Addr,
+    proto: i32,
+    payload: Vec<u8>,
+    times: usize,
+) -> Result<()> {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    in_ns(ns, move || -> Result<()> {
+        let s = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::from(proto)))
+            .context("raw IPv4 socket")?;
+        let to = SockAddr::from(std::net::SocketAddrV4::new(dst, 0));
+        for _ in 0..times {
+            s.send_to(&payload, &to)
+                .with_context(|| format!("sending to {dst}"))?;
+        }
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

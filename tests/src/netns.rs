@@ -154,6 +154,14 @@ impl Drop for Netns {
     }
 }
 
+/// Fails unless this process runs as root (namespaces, veths, BPF need it).
+pub fn require_root() -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("this test builds network namespaces and must run as root");
+    }
+    Ok(())
+}
+
 /// Runs `f` on a thread that has entered network namespace `ns` (by name, as `ip netns`
 /// knows it); sockets it creates stay in that namespace wherever they are used
 /// afterwards. Panics if the namespace cannot be entered (a test harness error).
