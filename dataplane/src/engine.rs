@@ -447,7 +447,7 @@ impl Engine {
     #[inline]
     fn revalidate(&mut self, id: u32) -> Result<u32, Option<u32>> {
         let gen = self.table.generation32();
-        let f = *self.flows.get(id);
+        let f = self.flows.get(id);
         if f.checked_generation == gen {
             return Ok(f.slot);
         }
@@ -467,9 +467,11 @@ impl Engine {
                 match svc.backend_index(f.backend, f.backend_port) {
                     Some(b) => {
                         let slot = svc.first_slot + b as u32;
-                        let rec = self.flows.get_mut(id);
-                        rec.slot = slot;
-                        rec.checked_generation = gen;
+                        // Another worker's flow stays unchecked until its owner sees it.
+                        if let Some(rec) = self.flows.get_mut(id) {
+                            rec.slot = slot;
+                            rec.checked_generation = gen;
+                        }
                         Ok(slot)
                     }
                     None => {
@@ -705,7 +707,7 @@ impl Engine {
                 }
             }
         };
-        let f = *self.flows.get(id);
+        let f = self.flows.get(id);
         let (side, src, dst) = match nb.resolve(f.backend) {
             Resolve::Found { side, src, dst } => (side, src, dst),
             Resolve::Miss { ip, ifindex } => {
@@ -764,7 +766,7 @@ impl Engine {
             },
             _ => return self.drop(DropReason::NoFlow, None),
         };
-        let f = *self.flows.get(id);
+        let f = self.flows.get(id);
         let (side, src, dst) = match nb.resolve(f.backend) {
             Resolve::Found { side, src, dst } => (side, src, dst),
             Resolve::Miss { ip, ifindex } => {
@@ -820,7 +822,7 @@ impl Engine {
         if v.ttl <= 1 {
             return self.pass(PassReason::TtlExpired);
         }
-        let f = *self.flows.get(id);
+        let f = self.flows.get(id);
         let (side, src, dst) = match nb.resolve(f.client) {
             Resolve::Found { side, src, dst } => (side, src, dst),
             Resolve::Miss { ip, ifindex } => {
@@ -888,7 +890,7 @@ impl Engine {
         if v.ttl <= 1 {
             return self.pass(PassReason::TtlExpired);
         }
-        let f = *self.flows.get(id);
+        let f = self.flows.get(id);
         let (side, src, dst) = match nb.resolve(f.client) {
             Resolve::Found { side, src, dst } => (side, src, dst),
             Resolve::Miss { ip, ifindex } => {
@@ -1207,19 +1209,7 @@ mod tests {
             ..Default::default()
         };
         let regions = SharedRegions {
-            meta: Region::heap(
-                1,
-                FlowMeta {
-                    magic: 0,
-                    layout: 0,
-                    capacity: 0,
-                    index_slots: 0,
-                    seq: 0,
-                    seed: 0,
-                    seed2: 0,
-                    reserved: [0; 3],
-                },
-            ),
+            meta: Region::heap(1, FlowMeta::EMPTY),
             index: Region::heap(crate::steering::index_slots(256), 0u64),
             records: Region::heap(256, Flow::new(0, 0, 0, 0, 0, 0, 0, 0, 0)),
         };
