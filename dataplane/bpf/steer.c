@@ -216,6 +216,32 @@ static __always_inline int held_in(struct flow_meta *m, __u32 w, __u32 h, __u32 
 	return 1; // probe limit: let userspace decide
 }
 
+// A reply look-up across the tables (`bpf_loop` context).
+struct probe_ctx {
+	__u32 h, src, dst, workers, now;
+	__u16 sp, dp;
+	__u8 proto;
+	int held;
+};
+
+// Probes table `w`; stops the loop (1) past the last table or once the answer is yes.
+static long probe_table(__u32 w, void *data)
+{
+	struct probe_ctx *c = data;
+	if (w >= c->workers)
+		return 1;
+	struct flow_meta *t = bpf_map_lookup_elem(&flow_meta, &w);
+	if (!t || t->magic != FLOW_MAGIC || t->layout != FLOW_LAYOUT_VERSION) {
+		c->held = 1; // being (re)initialised: let userspace decide
+		return 1;
+	}
+	if (held_in(t, w, c->h, c->src, c->dst, c->sp, c->dp, c->proto, c->now)) {
+		c->held = 1;
+		return 1;
+	}
+	return 0;
+}
+
 // Whether the dataplane holds a flow whose reverse key (backend -> client) is this
 // 5-tuple, given as the packet holds it (network order), in any worker's table.
 // Conservative: whenever the answer is uncertain (userspace was moving index slots, the
@@ -234,22 +260,21 @@ static __always_inline int reply_of_held_flow(__be32 saddr, __be32 daddr, __be16
 	__u64 addrs = (__u64)saddr | ((__u64)daddr << 32);
 	__u32 ports = (__u32)sport | ((__u32)dport << 16);
 	__u32 h = flow_hash(addrs ^ m->seed, ((__u64)ports | ((__u64)proto << 32)) ^ m->seed2);
-	__u32 src = bpf_ntohl(saddr), dst = bpf_ntohl(daddr);
-	__u16 sp = bpf_ntohs(sport), dp = bpf_ntohs(dport);
-	__u32 now = (__u32)(bpf_ktime_get_ns() / 1000000);
-	__u32 workers = m->workers;
-	for (__u32 w = 0; w < MAX_WORKERS; w++) {
-		if (w >= workers)
-			break;
-		struct flow_meta *t = bpf_map_lookup_elem(&flow_meta, &w);
-		if (!t)
-			return 1;
-		if (t->magic != FLOW_MAGIC || t->layout != FLOW_LAYOUT_VERSION)
-			return 1; // being (re)initialised: let userspace decide
-		if (held_in(t, w, h, src, dst, sp, dp, proto, now))
-			return 1;
-	}
-	return 0;
+	struct probe_ctx c = {
+		.h = h,
+		.src = bpf_ntohl(saddr),
+		.dst = bpf_ntohl(daddr),
+		.workers = m->workers,
+		.now = (__u32)(bpf_ktime_get_ns() / 1000000),
+		.sp = bpf_ntohs(sport),
+		.dp = bpf_ntohs(dport),
+		.proto = proto,
+		.held = 0,
+	};
+	// One callback per table (bpf_loop): each is verified once, and the table number
+	// is a plain argument rather than a loop counter the verifier must tell apart.
+	bpf_loop(MAX_WORKERS, probe_table, &c, 0);
+	return c.held;
 }
 
 static __always_inline int uplink(struct iphdr *ip, void *end, __u32 slot)

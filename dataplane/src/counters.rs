@@ -248,6 +248,9 @@ pub struct Stats {
     /// Per forwarding worker (one per RX queue group; docs/dataplane.md, "More than one
     /// worker"): its packets and rates. The totals above are their sums.
     pub workers: Vec<WorkerStats>,
+    /// Packets whose flow was found in another worker's table (a connection's two
+    /// directions arrived on queues of different workers).
+    pub cross_worker_lookups: u64,
 }
 
 /// One forwarding worker's share of the traffic.

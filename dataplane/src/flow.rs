@@ -444,6 +444,8 @@ pub struct FlowTable {
     workers: u32,
     /// The other workers' tables of the group, read-only (see [`Peer`]).
     peers: Vec<Peer>,
+    /// Look-ups answered from another worker's table.
+    remote_hits: std::cell::Cell<u64>,
 }
 
 /// A read-only view of another worker's table of the same group: its header, index and
@@ -677,6 +679,7 @@ impl FlowTable {
             table: 0,
             workers: 1,
             peers: Vec::new(),
+            remote_hits: std::cell::Cell::new(0),
             half_open: HalfOpen {
                 max: capacity.div_ceil(4),
                 count: 0,
@@ -1177,11 +1180,19 @@ impl FlowTable {
         dir: Option<Direction>,
         now_ms: u64,
     ) -> Option<(FlowId, Direction)> {
-        self.peers.iter().enumerate().find_map(|(p, peer)| {
+        let hit = self.peers.iter().enumerate().find_map(|(p, peer)| {
             let want = |f: &Flow, d: Direction| dir.is_none_or(|w| w == d) && f.key(d) == *k;
             peer.find(h, want, now_ms)
                 .map(|(id, d)| (REMOTE | (p as u32) << PEER_SHIFT | id, d))
-        })
+        });
+        self.remote_hits
+            .set(self.remote_hits.get() + u64::from(hit.is_some()));
+        hit
+    }
+
+    /// Look-ups answered from another worker's table so far.
+    pub fn remote_hits(&self) -> u64 {
+        self.remote_hits.get()
     }
 
     /// The view and record number of a [`FlowId`] of another worker's table.

@@ -591,11 +591,11 @@ fn open_flow_tables(
     );
     let restored = match &opened {
         Opened::Adopted { flows, expired } => {
-            tracing::info!(pin_dir = %cfg.pin_dir.display(), flows, expired, workers, "flow tables found again; their flows are kept");
+            tracing::info!(pin_dir = %cfg.pin_dir.display(), flows, expired, workers, "flow table found again; its flows are kept");
             *flows as u64
         }
         Opened::Fresh { reason } => {
-            tracing::info!(pin_dir = %cfg.pin_dir.display(), reason, workers, "starting with empty flow tables");
+            tracing::info!(pin_dir = %cfg.pin_dir.display(), reason, workers, "starting with an empty flow table");
             0
         }
     };

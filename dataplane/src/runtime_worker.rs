@@ -376,6 +376,7 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
         half_open_max: flows.half_open_max() as u64,
         half_open_evicted: flows.half_open_evicted(),
         flows_restored: c.flows_restored,
+        cross_worker_lookups: flows.remote_hits(),
         umem_frames: pool.total() as u64,
         umem_frames_free: pool.free.len() as u64,
         umem_frames_in_kernel: ports
@@ -423,6 +424,7 @@ pub(super) fn merge(total: &mut Stats, other: &Stats) {
     total.half_open_max += other.half_open_max;
     total.half_open_evicted += other.half_open_evicted;
     total.flows_restored += other.flows_restored;
+    total.cross_worker_lookups += other.cross_worker_lookups;
     total.xsk_rx_dropped += other.xsk_rx_dropped;
     total.xsk_rx_ring_full += other.xsk_rx_ring_full;
     total.xsk_fill_ring_empty += other.xsk_fill_ring_empty;
