@@ -1196,6 +1196,79 @@ mod tests {
         assert_eq!(e.flows().len(), 2);
     }
 
+    /// Two workers' engines over one group of flow tables: a connection whose client
+    /// packets reach worker 0 and whose replies reach worker 1 is served by both, the
+    /// handshake followed across them; worker 1 never re-validates or removes worker 0's
+    /// flow (after a backend is removed it drops the reply; worker 0 removes the flow).
+    #[test]
+    fn a_connection_split_over_two_workers() {
+        let nb = neighbours();
+        let cfg = EngineConfig {
+            flow_capacity: 256,
+            ..Default::default()
+        };
+        let mut tables = FlowTable::new_group(2, 256, cfg.timeouts, 3).into_iter();
+        let mut w0 = Engine::with_flows(cfg, tables.next().unwrap());
+        let mut w1 = Engine::with_flows(cfg, tables.next().unwrap());
+        for e in [&mut w0, &mut w1] {
+            update(e, 1, &[B1, B2]);
+        }
+        let mut f = syn(43000);
+        assert!(matches!(
+            w0.process(&mut f, Side::Uplink, &nb, 10),
+            Verdict::Tx(_)
+        ));
+        let b = Ipv4Addr::from(parse(&f).dst).octets();
+        let flags = tcp_flags::SYN | tcp_flags::ACK;
+        let mut r = tcp(b, 8080, CLIENT, 43000, flags);
+        assert_eq!(
+            w1.process(&mut r, Side::Pod(0), &nb, 11),
+            Verdict::Tx(Side::Uplink)
+        );
+        assert_eq!(parse(&r).src, u32::from(Ipv4Addr::from(VIP)));
+        let mut a = tcp(CLIENT, 43000, VIP, 80, tcp_flags::ACK);
+        assert!(matches!(
+            w0.process(&mut a, Side::Uplink, &nb, 12),
+            Verdict::Tx(_)
+        ));
+        assert_eq!(w0.flows().half_open(), 0, "established across workers");
+        // Data both ways (fast paths), then replies after a table change (slow path).
+        for t in 13..20 {
+            let mut r = tcp(b, 8080, CLIENT, 43000, tcp_flags::ACK);
+            assert_eq!(
+                w1.process(&mut r, Side::Pod(0), &nb, t),
+                Verdict::Tx(Side::Uplink)
+            );
+        }
+        for e in [&mut w0, &mut w1] {
+            update(e, 2, &[B1, B2]);
+        }
+        let mut r = tcp(b, 8080, CLIENT, 43000, tcp_flags::ACK);
+        assert_eq!(
+            w1.process(&mut r, Side::Pod(0), &nb, 21),
+            Verdict::Tx(Side::Uplink)
+        );
+        assert_eq!(w1.flows().len(), 0, "worker 1 owns no flow");
+        assert!(w1.flows().remote_hits() > 0);
+        // The backend goes: worker 1 drops its replies, worker 0 removes the flow.
+        let other = if b == B1 { B2 } else { B1 };
+        for e in [&mut w0, &mut w1] {
+            update(e, 3, &[other]);
+        }
+        let mut r = tcp(b, 8080, CLIENT, 43000, tcp_flags::ACK);
+        assert!(matches!(
+            w1.process(&mut r, Side::Pod(0), &nb, 22),
+            Verdict::Drop(_)
+        ));
+        assert_eq!(w0.flows().len(), 1);
+        let mut a = tcp(CLIENT, 43000, VIP, 80, tcp_flags::ACK);
+        assert!(matches!(
+            w0.process(&mut a, Side::Uplink, &nb, 23),
+            Verdict::Drop(_)
+        ));
+        assert_eq!(w0.flows().len(), 0);
+    }
+
     /// A flow table handed from one engine to the next (what a restart does with the
     /// pinned table) keeps every connection on its backend, and re-validates each flow
     /// against the new service table even when the slots differ.
