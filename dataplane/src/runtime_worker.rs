@@ -496,3 +496,48 @@ impl Collector {
         Some(total)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(rx: u64, flows: u64, drops: u64) -> Stats {
+        let mut s = Stats {
+            rx_packets: rx,
+            tx_packets: rx,
+            flows,
+            cross_worker_lookups: 1,
+            ..Default::default()
+        };
+        s.drops.insert("no_flow".into(), drops);
+        s.rx_packets_per_socket.insert(format!("up0/{flows}"), rx);
+        s
+    }
+
+    #[test]
+    fn workers_stats_are_summed_once_worker_0_reported() {
+        let mut c = Collector::new(2);
+        assert!(
+            c.add(1, stats(30, 1, 2)).is_none(),
+            "worker 0 carries the process-wide parts"
+        );
+        let mut w0 = stats(70, 0, 5);
+        w0.generation = 9;
+        let total = c.add(0, w0).expect("merged");
+        assert_eq!(total.rx_packets, 100);
+        assert_eq!(total.flows, 1);
+        assert_eq!(total.generation, 9);
+        assert_eq!(total.cross_worker_lookups, 2);
+        assert_eq!(total.drops["no_flow"], 7);
+        assert_eq!(total.rx_packets_per_socket.len(), 2);
+        let per: Vec<(u32, u64)> = total
+            .workers
+            .iter()
+            .map(|w| (w.worker, w.rx_packets))
+            .collect();
+        assert_eq!(per, vec![(0, 70), (1, 30)]);
+        // A later report of worker 1 replaces its earlier one (counters are totals).
+        let total = c.add(1, stats(50, 1, 2)).expect("merged");
+        assert_eq!(total.rx_packets, 120);
+    }
+}
