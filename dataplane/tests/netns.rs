@@ -2190,5 +2190,28 @@ fn two_workers_share_connections_across_queues_and_survive_a_restart() -> Result
         http_get(c)?;
     }
     drop(conns);
+    // Another worker count: the pinned tables are not reused (logged), new connections
+    // are served.
+    lab.kill9();
+    let at = lab
+        .argv
+        .iter()
+        .position(|a| a == "--workers")
+        .expect("--workers")
+        + 1;
+    lab.argv[at] = "1".into();
+    lab.start()?;
+    let log = lab.dataplane_log();
+    assert!(
+        log.contains("replaced by fresh ones") && log.contains("--workers"),
+        "{log}"
+    );
+    let mut c = lab.connect_many(2)?;
+    for c in c.iter_mut() {
+        http_get(c)?;
+    }
+    let s = lab.stats()?;
+    assert_eq!(s["flows_restored"].as_u64(), Some(0), "{s}");
+    drop(c);
     lab.finish()
 }
