@@ -308,88 +308,12 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         !cfg.pod_ifaces.is_empty() || cfg.pod_ifaces_from_routes,
         "no Pod interfaces: give --pod-iface or --pod-ifaces-from-routes"
     );
-    let uplink = netlink::iface(&cfg.uplink).with_context(|| format!("uplink {}", cfg.uplink))?;
-    let mut pods = Vec::new();
-    for name in &cfg.pod_ifaces {
-        pods.push((
-            name.clone(),
-            netlink::iface(name).with_context(|| format!("Pod interface {name}"))?,
-        ));
-    }
-    let pod_ifaces: Vec<Iface> = pods.iter().map(|p| p.1).collect();
-    let backend_ips: Option<Arc<ArcSwap<Vec<u32>>>> = cfg
-        .pod_ifaces_from_routes
-        .then(|| Arc::new(ArcSwap::from_pointee(Vec::new())));
-    let source = PodSource {
-        explicit: pod_ifaces.clone(),
-        from_routes: backend_ips.clone(),
-    };
-
-    // Neighbours: a resolver thread keeps a copy fresh.
-    let mut nl = Netlink::open().context("opening a netlink socket")?;
-    let first = nl
-        .snapshot(uplink, &pod_ifaces)
-        .context("reading routes and neighbours")?;
-    let shared = Arc::new(SharedNeighbours::new(first));
-    let (miss_tx, miss_rx) = mpsc::sync_channel::<(u32, u32)>(256);
-    let stop_resolver = Arc::new(AtomicBool::new(false));
-    let keepalive = Duration::from_secs(cfg.neighbour_keepalive_s.max(1));
-    let resolver = {
-        let (shared, stop) = (shared.clone(), stop_resolver.clone());
-        std::thread::Builder::new()
-            .name("neighbours".into())
-            .spawn(move || {
-                netlink::run_resolver(
-                    nl,
-                    uplink,
-                    source,
-                    shared,
-                    miss_rx,
-                    stop,
-                    Duration::from_secs(1),
-                    keepalive,
-                )
-            })?
-    };
-
-    // One socket per RX queue of every interface (veth: one queue).
-    let mut steered = Vec::new();
-    let mut slot = 0u32;
-    let all = std::iter::once((cfg.uplink.clone(), uplink, Side::Uplink)).chain(
-        pods.iter()
-            .enumerate()
-            .map(|(i, (n, f))| (n.clone(), *f, Side::Pod(i as u16))),
-    );
-    let mut sides = Vec::new();
-    for (name, iface, side) in all {
-        let queues = rx_queues(&name);
-        steered.push(SteeredIface {
-            name: name.clone(),
-            ifindex: iface.ifindex,
-            uplink: side == Side::Uplink,
-            slot_base: slot,
-            queues,
-        });
-        sides.push(side);
-        slot += queues;
-    }
-    let max_discovered = if cfg.pod_ifaces_from_routes {
-        cfg.max_pod_sockets
-    } else {
-        0
-    };
-    ensure!(
-        slot + max_discovered <= 4096,
-        "at most 4096 AF_XDP sockets (interfaces x RX queues, plus --max-pod-sockets) are supported"
-    );
-    ensure!(
-        steered.len() + max_discovered as usize <= 256,
-        "at most 256 interfaces (uplink, --pod-iface and --max-pod-sockets) are supported"
-    );
-
+    let ifs = Interfaces::resolve(&cfg)?;
+    let resolver = Resolver::start(&cfg, &ifs)?;
+    let layout = Layout::of(&cfg, &ifs)?;
+    let workers = worker_count(&cfg, &layout.steered)?;
     // XDP steering (pinned maps and flow tables, found again after a restart), then
     // sockets.
-    let workers = worker_count(&cfg, &steered)?;
     let (mut steering, regions, replaced) = Steering::load(
         &cfg.pin_dir,
         cfg.engine.flow_capacity,
@@ -400,71 +324,18 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         tracing::warn!(pin_dir = %cfg.pin_dir.display(), reason, "pinned maps not reusable: replaced by fresh ones (flows of the previous run are lost)");
     }
     let (tables, flows_restored) = open_flow_tables(&cfg, regions, workers);
-    steering.attach_all(&steered)?;
+    steering.attach_all(&layout.steered)?;
     for (name, mode) in &steering.modes {
         tracing::info!(iface = %name, mode, "XDP steering attached");
     }
-    let per_socket = cfg.frames_per_iface.max(2 * cfg.ring_size);
-    let pod_frames = cfg.pod_iface_frames.max(2);
-    let umems = (0..workers)
-        .map(|w| {
-            let sockets: u32 = steered
-                .iter()
-                .map(|si| (0..si.queues).filter(|q| q % workers == w).count() as u32)
-                .sum();
-            let extra = if w == 0 {
-                max_discovered * pod_frames
-            } else {
-                0
-            };
-            new_umem(&cfg, sockets * per_socket + extra)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let sock_cfg = socket_config(&cfg)?;
-    let mut engines = Vec::new();
-    let mut sockets = Vec::new();
-    let mut factories = Vec::new();
-    for (w, (table, (umem, _))) in tables.into_iter().zip(&umems).enumerate() {
-        let mut factory = SocketFactory {
-            umem,
-            cfg: sock_cfg,
-            next_id: 0,
-        };
-        let mut ports = Vec::new();
-        for (si, side) in steered.iter().zip(&sides) {
-            ports.extend(factory.open(
-                si,
-                *side,
-                cfg.ring_size,
-                &mut steering,
-                (w as u32, workers),
-            )?);
-        }
-        let mut engine = Engine::with_flows(cfg.engine, table);
-        if w == 0 {
-            engine.counters_mut().flows_restored = flows_restored;
-        }
-        if let Some(r) = &cfg.redirect {
-            engine.set_redirect(crate::redirect::Redirector::new(r.clone()));
-        }
-        engines.push(engine);
-        sockets.push(ports);
-        factories.push(factory);
-    }
+    let umems = layout.umems(&cfg, workers)?;
+    let mut built = build_workers(&cfg, &layout, tables, &umems, &mut steering, workers)?;
+    built[0].engine.counters_mut().flows_restored = flows_restored;
     if let Some(r) = &cfg.redirect {
         let node = std::net::Ipv4Addr::from(r.node);
         steering.listen_redirects(node, r.port)?;
         tracing::info!(node = %node, port = r.port, peers = r.peers.len(), "redirects between nodes on");
     }
-    let discovery = Discovery {
-        slot_base: slot,
-        slots_used: vec![false; max_discovered as usize],
-        fill_budget: (pod_frames / 2).clamp(1, cfg.ring_size),
-        attached: Vec::new(),
-        retry_after: Default::default(),
-        attaches: 0,
-        detaches: 0,
-    };
     tracing::info!(
         uplink = %cfg.uplink,
         pods = ?cfg.pod_ifaces,
@@ -479,69 +350,305 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         serve_metrics(addr, metrics_text.clone())?;
     }
     let (stats_tx, stats_writer) = spawn_stats_writer(&cfg, metrics_text, workers as usize)?;
-
-    let mut umems = umems.iter();
-    let (umem0, descs0) = umems.next().expect("one worker at least");
+    let first = built.remove(0);
+    let mut engine = first.engine;
     let mut io = Io {
-        pool: FramePool::new(descs0.clone(), 4096),
-        ports: sockets.remove(0),
+        pool: first.pool,
+        ports: first.ports,
         steering,
-        factory: factories.remove(0),
-        discovery,
-        explicit: pod_ifaces.iter().map(|p| p.ifindex).collect(),
-        backend_ips,
+        factory: first.factory,
+        discovery: layout.discovery(&cfg),
+        explicit: ifs.pods.iter().map(|p| p.1.ifindex).collect(),
+        backend_ips: ifs.backend_ips.clone(),
     };
-    debug_assert!(std::ptr::eq(io.factory.umem, umem0));
-    let mut engines = engines.into_iter();
-    let mut engine = engines.next().expect("one worker at least");
-    let others: Vec<worker::Worker<'_>> = engines
-        .zip(sockets)
-        .zip(umems)
+    let others = built
+        .into_iter()
         .enumerate()
-        .map(|(i, ((engine, ports), (umem, descs)))| worker::Worker {
+        .map(|(i, b)| worker::Worker {
             id: i + 1,
+            umem: b.factory.umem,
+            pool: b.pool,
+            ports: b.ports,
+            engine: b.engine,
+        })
+        .collect();
+    let result = run_workers(&cfg, &mut io, &mut engine, others, &resolver, &stats_tx);
+    drop(stats_tx);
+    let _ = stats_writer.join();
+    resolver.stop();
+    drop(io);
+    tracing::info!(pin_dir = %cfg.pin_dir.display(), "juneau-dataplane stopped; XDP links and flow table stay pinned (juneau-dataplane --remove-pins removes them)");
+    result
+}
+
+/// The interfaces named on the command line.
+struct Interfaces {
+    uplink: Iface,
+    /// `--pod-iface` names and interfaces, in order (`Side::Pod` index).
+    pods: Vec<(String, Iface)>,
+    /// Backend addresses handed to the resolver (route discovery on).
+    backend_ips: Option<Arc<ArcSwap<Vec<u32>>>>,
+}
+
+impl Interfaces {
+    fn resolve(cfg: &RuntimeConfig) -> Result<Self> {
+        let uplink =
+            netlink::iface(&cfg.uplink).with_context(|| format!("uplink {}", cfg.uplink))?;
+        let mut pods = Vec::new();
+        for name in &cfg.pod_ifaces {
+            pods.push((
+                name.clone(),
+                netlink::iface(name).with_context(|| format!("Pod interface {name}"))?,
+            ));
+        }
+        let backend_ips = cfg
+            .pod_ifaces_from_routes
+            .then(|| Arc::new(ArcSwap::from_pointee(Vec::new())));
+        Ok(Interfaces {
+            uplink,
+            pods,
+            backend_ips,
+        })
+    }
+
+    fn pod_ifaces(&self) -> Vec<Iface> {
+        self.pods.iter().map(|p| p.1).collect()
+    }
+}
+
+/// The neighbour resolver thread and what the workers use to talk to it.
+struct Resolver {
+    shared: Arc<SharedNeighbours>,
+    miss_tx: mpsc::SyncSender<(u32, u32)>,
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+impl Resolver {
+    /// Neighbours: a resolver thread keeps a copy fresh.
+    fn start(cfg: &RuntimeConfig, ifs: &Interfaces) -> Result<Self> {
+        let pod_ifaces = ifs.pod_ifaces();
+        let source = PodSource {
+            explicit: pod_ifaces.clone(),
+            from_routes: ifs.backend_ips.clone(),
+        };
+        let mut nl = Netlink::open().context("opening a netlink socket")?;
+        let first = nl
+            .snapshot(ifs.uplink, &pod_ifaces)
+            .context("reading routes and neighbours")?;
+        let shared = Arc::new(SharedNeighbours::new(first));
+        let (miss_tx, miss_rx) = mpsc::sync_channel::<(u32, u32)>(256);
+        let stop = Arc::new(AtomicBool::new(false));
+        let keepalive = Duration::from_secs(cfg.neighbour_keepalive_s.max(1));
+        let uplink = ifs.uplink;
+        let handle = {
+            let (shared, stop) = (shared.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("neighbours".into())
+                .spawn(move || {
+                    netlink::run_resolver(
+                        nl,
+                        uplink,
+                        source,
+                        shared,
+                        miss_rx,
+                        stop,
+                        Duration::from_secs(1),
+                        keepalive,
+                    )
+                })?
+        };
+        Ok(Resolver {
+            shared,
+            miss_tx,
+            stop,
+            handle,
+        })
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        drop(self.miss_tx);
+        let _ = self.handle.join();
+    }
+}
+
+/// The fixed interfaces' redirect-map slots: one socket per RX queue of every interface
+/// (veth: one queue unless created with more), then room for discovered Pod interfaces.
+struct Layout {
+    steered: Vec<SteeredIface>,
+    sides: Vec<Side>,
+    /// Slots of the fixed interfaces (the first discovered one's base).
+    slots: u32,
+    max_discovered: u32,
+}
+
+impl Layout {
+    fn of(cfg: &RuntimeConfig, ifs: &Interfaces) -> Result<Self> {
+        let mut steered = Vec::new();
+        let mut slot = 0u32;
+        let all = std::iter::once((cfg.uplink.clone(), ifs.uplink, Side::Uplink)).chain(
+            ifs.pods
+                .iter()
+                .enumerate()
+                .map(|(i, (n, f))| (n.clone(), *f, Side::Pod(i as u16))),
+        );
+        let mut sides = Vec::new();
+        for (name, iface, side) in all {
+            let queues = rx_queues(&name);
+            steered.push(SteeredIface {
+                name: name.clone(),
+                ifindex: iface.ifindex,
+                uplink: side == Side::Uplink,
+                slot_base: slot,
+                queues,
+            });
+            sides.push(side);
+            slot += queues;
+        }
+        let max_discovered = if cfg.pod_ifaces_from_routes {
+            cfg.max_pod_sockets
+        } else {
+            0
+        };
+        ensure!(
+            slot + max_discovered <= 4096,
+            "at most 4096 AF_XDP sockets (interfaces x RX queues, plus --max-pod-sockets) are supported"
+        );
+        ensure!(
+            steered.len() + max_discovered as usize <= 256,
+            "at most 256 interfaces (uplink, --pod-iface and --max-pod-sockets) are supported"
+        );
+        Ok(Layout {
+            steered,
+            sides,
+            slots: slot,
+            max_discovered,
+        })
+    }
+
+    /// One UMEM per worker: frames for each of its sockets, and worker 0's for
+    /// discovered Pod interfaces.
+    fn umems(&self, cfg: &RuntimeConfig, workers: u32) -> Result<Vec<(Umem, Vec<FrameDesc>)>> {
+        let per_socket = cfg.frames_per_iface.max(2 * cfg.ring_size);
+        let pod_frames = cfg.pod_iface_frames.max(2);
+        (0..workers)
+            .map(|w| {
+                let sockets: u32 = self
+                    .steered
+                    .iter()
+                    .map(|si| (0..si.queues).filter(|q| q % workers == w).count() as u32)
+                    .sum();
+                let extra = if w == 0 {
+                    self.max_discovered * pod_frames
+                } else {
+                    0
+                };
+                new_umem(cfg, sockets * per_socket + extra)
+            })
+            .collect()
+    }
+
+    fn discovery(&self, cfg: &RuntimeConfig) -> Discovery {
+        Discovery {
+            slot_base: self.slots,
+            slots_used: vec![false; self.max_discovered as usize],
+            fill_budget: (cfg.pod_iface_frames.max(2) / 2).clamp(1, cfg.ring_size),
+            attached: Vec::new(),
+            retry_after: Default::default(),
+            attaches: 0,
+            detaches: 0,
+        }
+    }
+}
+
+/// One worker's parts, before its loop starts.
+struct Built<'u> {
+    factory: SocketFactory<'u>,
+    pool: FramePool<FrameDesc>,
+    ports: Vec<Port>,
+    engine: Engine,
+}
+
+/// Every worker's sockets (its queues of every interface, registered in the redirect
+/// map), frame pool and engine over its flow table.
+fn build_workers<'u>(
+    cfg: &RuntimeConfig,
+    layout: &Layout,
+    tables: Vec<FlowTable>,
+    umems: &'u [(Umem, Vec<FrameDesc>)],
+    steering: &mut Steering,
+    workers: u32,
+) -> Result<Vec<Built<'u>>> {
+    let sock_cfg = socket_config(cfg)?;
+    let mut out = Vec::new();
+    for (w, (table, (umem, descs))) in tables.into_iter().zip(umems).enumerate() {
+        let mut factory = SocketFactory {
             umem,
+            cfg: sock_cfg,
+            next_id: 0,
+        };
+        let mut ports = Vec::new();
+        for (si, side) in layout.steered.iter().zip(&layout.sides) {
+            let mine = (w as u32, workers);
+            ports.extend(factory.open(si, *side, cfg.ring_size, steering, mine)?);
+        }
+        let mut engine = Engine::with_flows(cfg.engine, table);
+        if let Some(r) = &cfg.redirect {
+            engine.set_redirect(crate::redirect::Redirector::new(r.clone()));
+        }
+        out.push(Built {
+            factory,
             pool: FramePool::new(descs.clone(), 4096),
             ports,
             engine,
-        })
-        .collect();
+        });
+    }
+    Ok(out)
+}
+
+/// Worker 0's loop on this thread, the others on their own; returns when worker 0 stops
+/// (signal or error), after stopping the others.
+fn run_workers(
+    cfg: &RuntimeConfig,
+    io: &mut Io<'_>,
+    engine: &mut Engine,
+    others: Vec<worker::Worker<'_>>,
+    resolver: &Resolver,
+    stats_tx: &StatsSender,
+) -> Result<()> {
     let published = worker::Published::default();
-    let result = std::thread::scope(|sc| -> Result<()> {
+    std::thread::scope(|sc| -> Result<()> {
         for wk in others {
             let ctx = worker::Shared {
-                cfg: &cfg,
-                neighbours: &shared,
+                cfg,
+                neighbours: &resolver.shared,
                 published: &published,
-                miss_tx: miss_tx.clone(),
+                miss_tx: resolver.miss_tx.clone(),
                 stats_tx: stats_tx.clone(),
             };
-            std::thread::Builder::new()
-                .name(format!("worker-{}", wk.id))
-                .spawn_scoped(sc, move || worker::worker_loop(wk, ctx))
-                .context("starting a forwarding worker")?;
+            let id = wk.id;
+            let spawned = std::thread::Builder::new()
+                .name(format!("worker-{id}"))
+                .spawn_scoped(sc, move || worker::worker_loop(wk, ctx));
+            if let Err(e) = spawned {
+                STOP.store(true, Ordering::Relaxed);
+                return Err(e).with_context(|| format!("starting forwarding worker {id}"));
+            }
         }
         let r = forward_loop(
-            &cfg,
-            &mut io,
-            &mut engine,
-            &shared,
-            &miss_tx,
-            &stats_tx,
+            cfg,
+            io,
+            engine,
+            &resolver.shared,
+            &resolver.miss_tx,
+            stats_tx,
             &published,
         );
         // Worker 0 stopping (signal or error) stops them all.
         STOP.store(true, Ordering::Relaxed);
         r
-    });
-    drop(stats_tx);
-    let _ = stats_writer.join();
-    stop_resolver.store(true, Ordering::Relaxed);
-    drop(miss_tx);
-    let _ = resolver.join();
-    drop(io);
-    tracing::info!(pin_dir = %cfg.pin_dir.display(), "juneau-dataplane stopped; XDP links and flow table stay pinned (juneau-dataplane --remove-pins removes them)");
-    result
+    })
 }
 
 /// Forwarding workers: `--workers`, or one per RX queue of the uplink (0). More than one
@@ -907,6 +1014,166 @@ impl LoopTiming {
     }
 }
 
+/// What worker 0's loop needs besides its rings to follow the control state.
+struct ControlCtx<'a> {
+    nb: &'a Neighbours,
+    shared: &'a SharedNeighbours,
+    miss_tx: &'a mpsc::SyncSender<(u32, u32)>,
+    published: &'a worker::Published,
+}
+
+/// The node state followed (one atomic load per iteration; a snapshot only on change)
+/// and the dataplane status written for juneau-bgp (heartbeat, programmed VIPs).
+struct Control {
+    reader: Option<NodeStateReader>,
+    last_open_try: Instant,
+    seen_generation: u64,
+    status: DataplaneStatusWriter,
+    /// VIPs steered to us: what juneau-bgp may announce.
+    programmed: Vec<std::net::Ipv4Addr>,
+    last_beat: Instant,
+    /// Backend addresses of the table in force (to spot new ones).
+    known_backends: std::collections::HashSet<u32>,
+}
+
+impl Control {
+    fn new(cfg: &RuntimeConfig) -> Result<Self> {
+        let status = DataplaneStatusWriter::create(&cfg.status_file).with_context(|| {
+            format!(
+                "creating the dataplane status {}",
+                cfg.status_file.display()
+            )
+        })?;
+        Ok(Control {
+            reader: open_state(&cfg.state_file),
+            last_open_try: Instant::now(),
+            seen_generation: 0,
+            status,
+            programmed: Vec::new(),
+            last_beat: Instant::now(),
+            known_backends: Default::default(),
+        })
+    }
+
+    /// Once per iteration: a new service table when the state moved, and the heartbeat
+    /// (a clock read and a store, at most every 20 ms; an idle loop wakes at least every
+    /// `idle_sleep_ms`).
+    fn poll(
+        &mut self,
+        cfg: &RuntimeConfig,
+        now: Instant,
+        io: &mut Io<'_>,
+        engine: &mut Engine,
+        ctx: &ControlCtx<'_>,
+    ) {
+        if self.reader.is_none() && now.duration_since(self.last_open_try) > Duration::from_secs(1)
+        {
+            self.last_open_try = now;
+            self.reader = open_state(&cfg.state_file);
+        }
+        if let Some(r) = self.reader.as_mut() {
+            let g = r.generation();
+            if g != self.seen_generation && g != 0 {
+                match r.snapshot() {
+                    Ok(snap) => {
+                        self.apply(&snap, io, engine, ctx);
+                        self.seen_generation = g;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the node state failed; keeping the previous table")
+                    }
+                }
+            }
+        }
+        if now.duration_since(self.last_beat) >= Duration::from_millis(20) {
+            self.last_beat = now;
+            self.status.heartbeat();
+        }
+    }
+
+    /// A new node state: steering maps, backends for the resolver, the engines' table,
+    /// then the status (the VIPs now programmed).
+    fn apply(
+        &mut self,
+        snap: &juneau_control::shm::Snapshot,
+        io: &mut Io<'_>,
+        engine: &mut Engine,
+        ctx: &ControlCtx<'_>,
+    ) {
+        let table = ServiceTable::from_snapshot(snap);
+        let vips: Vec<std::net::Ipv4Addr> = table.vips().collect();
+        if let Err(e) = io.steering.sync(&table) {
+            // E.g. more VIPs than the map holds: keep forwarding what is steered rather
+            // than stop serving every VIP.
+            tracing::error!(error = %e, "updating the steering maps failed; some VIPs may not be steered");
+            // Only VIPs steered before and still wanted are surely in the map: announce
+            // no other.
+            self.programmed.retain(|v| vips.contains(v));
+        } else {
+            self.programmed = vips;
+        }
+        tracing::info!(
+            generation = snap.generation,
+            services = table.services().len(),
+            "service table updated"
+        );
+        if let Some(b) = &io.backend_ips {
+            // The resolver finds their interfaces (route look-up).
+            let mut ips: Vec<u32> = table
+                .services()
+                .iter()
+                .flat_map(|s| s.backends.iter().map(|b| u32::from(b.ip)))
+                .collect();
+            ips.sort_unstable();
+            ips.dedup();
+            b.store(Arc::new(ips));
+            let _ = ctx.miss_tx.try_send((0, 0));
+        }
+        self.resolve_backends(&table, ctx);
+        ctx.published.publish(&table);
+        engine.set_services(table);
+        if let Err(e) = self
+            .status
+            .publish(snap.generation, self.programmed.iter().copied())
+        {
+            tracing::error!(error = %e, "writing the dataplane status failed; juneau-bgp keeps the previous VIP set");
+        }
+    }
+
+    /// Starts resolving new backends now rather than on their first packet. A backend
+    /// address new to the table is re-resolved even when the kernel has an entry: a new
+    /// Pod may reuse the address (and not the MAC) of a deleted one.
+    fn resolve_backends(&mut self, table: &ServiceTable, ctx: &ControlCtx<'_>) {
+        let nb = ctx.nb;
+        let mut reverify = Vec::new();
+        let mut now_backends = std::collections::HashSet::new();
+        for s in table.services() {
+            for b in &s.backends {
+                let ip = u32::from(b.ip);
+                now_backends.insert(ip);
+                if !self.known_backends.contains(&ip) {
+                    if let Some(r) = nb.route(ip) {
+                        if matches!(nb.side_of(r.ifindex), Some((Side::Pod(_), _))) {
+                            reverify.push((r.gateway.unwrap_or(ip), r.ifindex));
+                        }
+                    }
+                }
+                if let Resolve::Miss { ip, ifindex } = nb.resolve(ip) {
+                    let _ = ctx.miss_tx.try_send((ip, ifindex));
+                }
+            }
+        }
+        self.known_backends = now_backends;
+        if !reverify.is_empty() {
+            for k in reverify {
+                // Full queue: that backend is resolved on its first miss.
+                let _ = ctx.shared.reverify.push(k);
+            }
+            let _ = ctx.miss_tx.try_send((0, 0));
+        }
+    }
+}
+
 fn forward_loop(
     cfg: &RuntimeConfig,
     io: &mut Io<'_>,
@@ -919,24 +1186,8 @@ fn forward_loop(
     let mut b = Bufs::new(cfg.ring_size, io.ports.len());
     let mut nb: Arc<Neighbours> = shared.get();
     let mut nb_version = shared.version();
-    // Egress: the queue-0 socket of each interface.
     let mut egress = io.egress_map(&nb);
-
-    let mut reader = open_state(&cfg.state_file);
-    let mut seen_generation = 0u64;
-    // What juneau-bgp may announce: our heartbeat and the VIPs steered to us.
-    let mut status = DataplaneStatusWriter::create(&cfg.status_file).with_context(|| {
-        format!(
-            "creating the dataplane status {}",
-            cfg.status_file.display()
-        )
-    })?;
-    let mut programmed: Vec<std::net::Ipv4Addr> = Vec::new();
-    let mut last_beat = Instant::now();
-    // Backend addresses of the table in force (to spot new ones).
-    let mut known_backends: std::collections::HashSet<u32> = Default::default();
-    let mut last_open_try = Instant::now();
-
+    let mut control = Control::new(cfg)?;
     let mut last_stats = Instant::now();
     let mut last_reconcile = Instant::now();
     let mut last_activity = Instant::now();
@@ -949,99 +1200,17 @@ fn forward_loop(
         // The flow table's clock: CLOCK_MONOTONIC, shared with the XDP program and
         // unaffected by a restart of this process.
         let now_ms = monotonic_ms();
-
-        // Control state: one atomic load per iteration; a snapshot only on change.
-        if reader.is_none() && now.duration_since(last_open_try) > Duration::from_secs(1) {
-            last_open_try = now;
-            reader = open_state(&cfg.state_file);
-        }
-        if let Some(r) = reader.as_mut() {
-            let g = r.generation();
-            if g != seen_generation && g != 0 {
-                match r.snapshot() {
-                    Ok(snap) => {
-                        let table = ServiceTable::from_snapshot(&snap);
-                        let vips: Vec<std::net::Ipv4Addr> = table.vips().collect();
-                        if let Err(e) = io.steering.sync(&table) {
-                            // E.g. more VIPs than the map holds: keep forwarding what is
-                            // steered rather than stop serving every VIP.
-                            tracing::error!(error = %e, "updating the steering maps failed; some VIPs may not be steered");
-                            // Only VIPs steered before and still wanted are surely in
-                            // the map: announce no other.
-                            programmed.retain(|v| vips.contains(v));
-                        } else {
-                            programmed = vips;
-                        }
-                        tracing::info!(
-                            generation = snap.generation,
-                            services = table.services().len(),
-                            "service table updated"
-                        );
-                        if let Some(b) = &io.backend_ips {
-                            // The resolver finds their interfaces (route look-up).
-                            let mut ips: Vec<u32> = table
-                                .services()
-                                .iter()
-                                .flat_map(|s| s.backends.iter().map(|b| u32::from(b.ip)))
-                                .collect();
-                            ips.sort_unstable();
-                            ips.dedup();
-                            b.store(Arc::new(ips));
-                            let _ = miss_tx.try_send((0, 0));
-                        }
-                        // Start resolving new backends now rather than on their first
-                        // packet. A backend address new to the table is re-resolved even
-                        // when the kernel has an entry: a new Pod may reuse the address
-                        // (and not the MAC) of a deleted one.
-                        let mut reverify = Vec::new();
-                        let mut now_backends = std::collections::HashSet::new();
-                        for s in table.services() {
-                            for b in &s.backends {
-                                let ip = u32::from(b.ip);
-                                now_backends.insert(ip);
-                                if !known_backends.contains(&ip) {
-                                    if let Some(r) = nb.route(ip) {
-                                        if matches!(nb.side_of(r.ifindex), Some((Side::Pod(_), _)))
-                                        {
-                                            reverify.push((r.gateway.unwrap_or(ip), r.ifindex));
-                                        }
-                                    }
-                                }
-                                if let Resolve::Miss { ip, ifindex } = nb.resolve(ip) {
-                                    let _ = miss_tx.try_send((ip, ifindex));
-                                }
-                            }
-                        }
-                        known_backends = now_backends;
-                        if !reverify.is_empty() {
-                            for k in reverify {
-                                // Full queue: that backend is resolved on its first miss.
-                                let _ = shared.reverify.push(k);
-                            }
-                            let _ = miss_tx.try_send((0, 0));
-                        }
-                        published.publish(&table);
-                        engine.set_services(table);
-                        seen_generation = g;
-                        if let Err(e) = status.publish(snap.generation, programmed.iter().copied())
-                        {
-                            tracing::error!(error = %e, "writing the dataplane status failed; juneau-bgp keeps the previous VIP set");
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "reading the node state failed; keeping the previous table")
-                    }
-                }
-            }
-        }
+        let ctx = ControlCtx {
+            nb: &nb,
+            shared,
+            miss_tx,
+            published,
+        };
+        control.poll(cfg, now, io, engine, &ctx);
         // Neighbours: one atomic load per iteration. Discovered Pod interfaces follow
         // the table (and are re-checked every second, e.g. to retry a failed attach).
         // Sign of life for juneau-bgp: a clock read and a store, at most every 20 ms
         // (an idle loop wakes at least every `idle_sleep_ms`).
-        if now.duration_since(last_beat) >= Duration::from_millis(20) {
-            last_beat = now;
-            status.heartbeat();
-        }
         let v = shared.version();
         let nb_changed = v != nb_version;
         if nb_changed {
@@ -1066,26 +1235,24 @@ fn forward_loop(
         } = &mut *io;
         let umem = factory.umem;
         let mut rings = Rings { ports, pool, umem };
-        let (received, completed) = worker::receive(
+        let (received, completed) = worker::step(
             &mut rings,
             engine,
             &nb,
             &egress,
             &mut b,
             now_ms,
-            cfg.redirect_mtu,
+            cfg,
+            &mut timing,
+            miss_tx,
         );
-        send_notices(engine, umem, rings.pool, &mut b.pending[0]);
-        timing.received(received);
-        worker::transmit(&mut rings, engine, &mut b, cfg, &mut timing);
-        for (ip, ifindex) in engine.missing.take() {
-            let _ = miss_tx.try_send((ip, ifindex));
-        }
-        engine.sweep(now_ms, SWEEP_BUDGET);
 
         if now.duration_since(last_stats) >= Duration::from_secs(1) {
             last_stats = now;
-            let _ = stats_tx.try_send((0, collect_stats(engine, io, seen_generation, &nb, shared)));
+            let _ = stats_tx.try_send((
+                0,
+                collect_stats(engine, io, control.seen_generation, &nb, shared),
+            ));
             timing.log();
         }
 
@@ -1103,7 +1270,10 @@ fn forward_loop(
         }
     }
     // Final stats so a short-lived run leaves them behind.
-    let _ = stats_tx.send((0, collect_stats(engine, io, seen_generation, &nb, shared)));
+    let _ = stats_tx.send((
+        0,
+        collect_stats(engine, io, control.seen_generation, &nb, shared),
+    ));
     Ok(())
 }
 

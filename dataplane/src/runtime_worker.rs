@@ -37,9 +37,35 @@ pub(super) struct Rings<'p, 'u> {
     pub umem: &'u Umem,
 }
 
+/// One pass over a worker's rings — RX and the engine's verdicts, "I own this flow"
+/// notices, TX, neighbour requests, a bounded sweep of its own flow table. Returns the
+/// frames received and completed.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn step(
+    r: &mut Rings<'_, '_>,
+    engine: &mut Engine,
+    nb: &Neighbours,
+    egress: &[Option<usize>],
+    b: &mut Bufs,
+    now_ms: u64,
+    cfg: &RuntimeConfig,
+    timing: &mut LoopTiming,
+    miss_tx: &mpsc::SyncSender<(u32, u32)>,
+) -> (usize, usize) {
+    let (received, completed) = receive(r, engine, nb, egress, b, now_ms, cfg.redirect_mtu);
+    send_notices(engine, r.umem, r.pool, &mut b.pending[0]);
+    timing.received(received);
+    transmit(r, engine, b, cfg, timing);
+    for (ip, ifindex) in engine.missing.take() {
+        let _ = miss_tx.try_send((ip, ifindex));
+    }
+    engine.sweep(now_ms, SWEEP_BUDGET);
+    (received, completed)
+}
+
 /// Completions back to the free stack, fill-ring refill, then RX and the engine's
 /// verdict for every socket. Returns the frames received and completed.
-pub(super) fn receive(
+fn receive(
     r: &mut Rings<'_, '_>,
     engine: &mut Engine,
     nb: &Neighbours,
@@ -136,7 +162,7 @@ fn dispatch(
 }
 
 /// Produces every socket's pending frames on its TX ring and kicks the kernel.
-pub(super) fn transmit(
+fn transmit(
     r: &mut Rings<'_, '_>,
     engine: &mut Engine,
     b: &mut Bufs,
@@ -321,22 +347,17 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
             pool: &mut w.pool,
             umem: w.umem,
         };
-        let (received, completed) = receive(
+        let (received, completed) = step(
             &mut rings,
             &mut w.engine,
             &nb,
             &egress,
             &mut b,
             now_ms,
-            cfg.redirect_mtu,
+            cfg,
+            &mut timing,
+            &s.miss_tx,
         );
-        send_notices(&mut w.engine, w.umem, rings.pool, &mut b.pending[0]);
-        timing.received(received);
-        transmit(&mut rings, &mut w.engine, &mut b, cfg, &mut timing);
-        for (ip, ifindex) in w.engine.missing.take() {
-            let _ = s.miss_tx.try_send((ip, ifindex));
-        }
-        w.engine.sweep(now_ms, SWEEP_BUDGET);
         if now.duration_since(last_stats) >= Duration::from_secs(1) {
             last_stats = now;
             let _ = s
