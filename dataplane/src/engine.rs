@@ -500,7 +500,8 @@ impl Engine {
         now_ms: u64,
     ) -> Option<Verdict> {
         let id = self.flows.find_live(&p.raw, Direction::Forward, now_ms)?;
-        let f = self.flows.get(id);
+        // This worker's flows only: another worker's take the general path.
+        let f = self.flows.local(id)?;
         if f.checked_generation != self.table.generation32() {
             return None;
         }
@@ -543,7 +544,7 @@ impl Engine {
         now_ms: u64,
     ) -> Option<Verdict> {
         let id = self.flows.find_live(&p.raw, Direction::Reverse, now_ms)?;
-        let f = self.flows.get(id);
+        let f = self.flows.local(id)?;
         if f.checked_generation != self.table.generation32() {
             return None;
         }

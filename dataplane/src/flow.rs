@@ -1133,7 +1133,8 @@ impl FlowTable {
     /// The established-flow look-up of the fast path: the live flow whose key for
     /// direction `dir` is `k`, comparing packed words of the record. `None` on a miss, a
     /// hit in the other direction or an expired flow — the general [`FlowTable::lookup`]
-    /// then decides (and removes the expired flow); this one changes nothing.
+    /// then decides (and removes the expired flow); this one changes nothing. This table
+    /// only: a flow of another worker's table is found by the general look-up.
     #[inline(always)]
     pub fn find_live(&self, k: &RawKey, dir: Direction, now_ms: u64) -> Option<FlowId> {
         let h = self.hash_raw(k);
@@ -1145,12 +1146,7 @@ impl FlowTable {
         loop {
             let slot = *self.index.get(i)?;
             if slot == 0 {
-                if self.peers.is_empty() {
-                    return None;
-                }
-                return self
-                    .peer_lookup(h, &k.to_key(), Some(dir), now_ms)
-                    .map(|(id, _)| id);
+                return None;
             }
             let low = (slot as u32).wrapping_sub(1);
             if (slot >> 32) as u32 == h {
@@ -1182,6 +1178,7 @@ impl FlowTable {
     /// A key found in another worker's table: the tables in order, each probed like
     /// the XDP program does ([`Peer::find`]); `dir` restricts the direction.
     #[cold]
+    #[inline(never)]
     fn peer_lookup(
         &self,
         h: u32,
@@ -1221,11 +1218,25 @@ impl FlowTable {
     }
 
     /// A copy of the record of a flow (of this table or another worker's).
-    #[inline]
+    #[inline(always)]
     pub fn get(&self, id: FlowId) -> Flow {
-        if id & REMOTE == 0 {
-            return self.flows[id as usize];
+        // A remote id (top bit set) is beyond every table: one bounds check for both.
+        match self.flows.get(id as usize) {
+            Some(f) => *f,
+            None => self.get_remote(id),
         }
+    }
+
+    /// The record of a flow of this table, by reference (`None` for another worker's:
+    /// [`FlowTable::get`] copies those).
+    #[inline(always)]
+    pub fn local(&self, id: FlowId) -> Option<&Flow> {
+        self.flows.get(id as usize)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn get_remote(&self, id: FlowId) -> Flow {
         let (peer, local) = self.remote(id);
         peer.read(local)
     }
@@ -1488,6 +1499,7 @@ impl FlowTable {
     /// the half-open bookkeeping ([`FlowTable::track_half_open`]) and clamps an expiry
     /// a race left too long on its next sweep.
     #[cold]
+    #[inline(never)]
     fn touch_remote(&self, id: FlowId, dir: Direction, tcp_flags: u8, now_ms: u64) {
         let (peer, local) = self.remote(id);
         let proto = peer.read(local).proto;
@@ -2001,8 +2013,9 @@ mod tests {
         assert!(FlowTable::is_remote(rid));
         assert_eq!(g[1].get(rid), g[0].get(id));
         let raw = RawKey::from_key(&rev(&f));
-        assert_eq!(g[1].find_live(&raw, Direction::Reverse, 1), Some(rid));
-        assert_eq!(g[1].find_live(&raw, Direction::Forward, 1), None);
+        // The fast path's look-up serves the worker's own flows only.
+        assert_eq!(g[1].find_live(&raw, Direction::Reverse, 1), None);
+        assert_eq!(g[0].find_live(&raw, Direction::Reverse, 1), Some(id));
         // SYN-ACK through worker 1, the client's ACK through worker 0.
         g[1].touch(rid, Direction::Reverse, tcp_flags::SYN | tcp_flags::ACK, 2);
         assert_eq!(g[0].get(id).state(), FlowState::SynReceived);
