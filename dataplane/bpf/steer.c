@@ -32,7 +32,9 @@
 
 // Must match `flow::FLOW_MAGIC` / `flow::LAYOUT_VERSION` and the record layout.
 #define FLOW_MAGIC 0x4a554e4541554654ULL // "JUNEAUFT"
-#define FLOW_LAYOUT_VERSION 1
+#define FLOW_LAYOUT_VERSION 2
+// Most flow tables (forwarding workers); `flow::MAX_WORKERS`.
+#define MAX_WORKERS 16
 // Longest probe; userspace never places a key further than this from its home slot.
 #define MAX_PROBE 128
 
@@ -53,7 +55,9 @@ struct frontend_key {
 	__u8 pad;
 };
 
-// The shared flow table's header (`flow::FlowMeta`).
+// The shared flow tables' headers (`flow::FlowMeta`), one per forwarding worker: table w
+// owns index slots [w * index_slots, (w + 1) * index_slots) and records
+// [w * capacity, (w + 1) * capacity); its index slots hold record numbers within its part.
 struct flow_meta {
 	__u64 magic;
 	__u32 layout;
@@ -62,7 +66,9 @@ struct flow_meta {
 	__u32 seq; // odd while userspace moves index slots
 	__u64 seed;
 	__u64 seed2;
-	__u64 reserved[3];
+	__u32 workers; // tables in the group, one per forwarding worker
+	__u32 table;   // this table's number: its part of flow_index / flow_records
+	__u64 reserved[2];
 };
 
 // One flow record (`flow::Flow`), host byte order.
@@ -108,6 +114,7 @@ struct {
 	__type(value, __u8);
 } frontends SEC(".maps");
 
+// Sized at load time (one entry per worker).
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
@@ -171,32 +178,18 @@ static __always_inline __u32 flow_hash(__u64 a, __u64 b)
 	return (__u32)(h ^ (h >> 32));
 }
 
-// Whether the dataplane holds a flow whose reverse key (backend -> client) is this
-// 5-tuple, given as the packet holds it (network order). Conservative: whenever the
-// answer is uncertain (userspace was moving index slots, the probe limit was reached)
-// it says yes, so the packet goes to userspace, which decides exactly (and drops what
-// has no flow). It never says no for a flow that is held.
-static __always_inline int reply_of_held_flow(__be32 saddr, __be32 daddr, __be16 sport,
-					      __be16 dport, __u8 proto)
+// Whether table `m` (number `w`) holds a flow whose reverse key (backend -> client) is
+// this 5-tuple: 1 yes or unsure, 0 no.
+static __always_inline int held_in(struct flow_meta *m, __u32 w, __u32 h, __u32 src, __u32 dst,
+				   __u16 sp, __u16 dp, __u8 proto, __u32 now)
 {
-	__u32 zero = 0;
-	struct flow_meta *m = bpf_map_lookup_elem(&flow_meta, &zero);
-	if (!m)
-		return 0;
-	if (m->magic != FLOW_MAGIC || m->layout != FLOW_LAYOUT_VERSION)
-		return 0; // no table (yet): nothing is held
 	__u32 seq = *(volatile __u32 *)&m->seq;
 	if (seq & 1)
 		return 1;
-	__u64 addrs = (__u64)saddr | ((__u64)daddr << 32);
-	__u32 ports = (__u32)sport | ((__u32)dport << 16);
-	__u32 h = flow_hash(addrs ^ m->seed, ((__u64)ports | ((__u64)proto << 32)) ^ m->seed2);
 	__u32 mask = m->index_slots - 1;
-	__u32 src = bpf_ntohl(saddr), dst = bpf_ntohl(daddr);
-	__u16 sp = bpf_ntohs(sport), dp = bpf_ntohs(dport);
-	__u32 now = (__u32)(bpf_ktime_get_ns() / 1000000);
+	__u32 ibase = w * m->index_slots, rbase = w * m->capacity;
 	for (__u32 i = 0; i < MAX_PROBE; i++) {
-		__u32 at = (h + i) & mask;
+		__u32 at = ibase + ((h + i) & mask);
 		__u64 *slotp = bpf_map_lookup_elem(&flow_index, &at);
 		if (!slotp)
 			return 1;
@@ -211,7 +204,7 @@ static __always_inline int reply_of_held_flow(__be32 saddr, __be32 daddr, __be16
 		__u32 low = (__u32)slot - 1;
 		if ((low & 1) != 1) // a forward (client -> VIP) key
 			continue;
-		__u32 id = low >> 1;
+		__u32 id = rbase + (low >> 1);
 		struct flow *f = bpf_map_lookup_elem(&flow_records, &id);
 		if (!f)
 			continue;
@@ -221,6 +214,67 @@ static __always_inline int reply_of_held_flow(__be32 saddr, __be32 daddr, __be16
 			return 1;
 	}
 	return 1; // probe limit: let userspace decide
+}
+
+// A reply look-up across the tables (`bpf_loop` context).
+struct probe_ctx {
+	__u32 h, src, dst, workers, now;
+	__u16 sp, dp;
+	__u8 proto;
+	int held;
+};
+
+// Probes table `w`; stops the loop (1) past the last table or once the answer is yes.
+static long probe_table(__u32 w, void *data)
+{
+	struct probe_ctx *c = data;
+	if (w >= c->workers)
+		return 1;
+	struct flow_meta *t = bpf_map_lookup_elem(&flow_meta, &w);
+	if (!t || t->magic != FLOW_MAGIC || t->layout != FLOW_LAYOUT_VERSION) {
+		c->held = 1; // being (re)initialised: let userspace decide
+		return 1;
+	}
+	if (held_in(t, w, c->h, c->src, c->dst, c->sp, c->dp, c->proto, c->now)) {
+		c->held = 1;
+		return 1;
+	}
+	return 0;
+}
+
+// Whether the dataplane holds a flow whose reverse key (backend -> client) is this
+// 5-tuple, given as the packet holds it (network order), in any worker's table.
+// Conservative: whenever the answer is uncertain (userspace was moving index slots, the
+// probe limit was reached) it says yes, so the packet goes to userspace, which decides
+// exactly (and drops what has no flow). It never says no for a flow that is held.
+static __always_inline int reply_of_held_flow(__be32 saddr, __be32 daddr, __be16 sport,
+					      __be16 dport, __u8 proto)
+{
+	__u32 zero = 0;
+	struct flow_meta *m = bpf_map_lookup_elem(&flow_meta, &zero);
+	if (!m)
+		return 0;
+	if (m->magic != FLOW_MAGIC || m->layout != FLOW_LAYOUT_VERSION)
+		return 0; // no table (yet): nothing is held
+	// Every table uses the same seeds (userspace hashes a key once for all of them).
+	__u64 addrs = (__u64)saddr | ((__u64)daddr << 32);
+	__u32 ports = (__u32)sport | ((__u32)dport << 16);
+	__u32 h = flow_hash(addrs ^ m->seed, ((__u64)ports | ((__u64)proto << 32)) ^ m->seed2);
+	struct probe_ctx c = {
+		.h = h,
+		.src = bpf_ntohl(saddr),
+		.dst = bpf_ntohl(daddr),
+		.workers = m->workers,
+		.now = (__u32)(bpf_ktime_get_ns() / 1000000),
+		.sp = bpf_ntohs(sport),
+		.dp = bpf_ntohs(dport),
+		.proto = proto,
+		.held = 0,
+	};
+	// One callback per table (bpf_loop): each is verified once, and the table number
+	// is a plain argument rather than a loop counter the verifier must tell apart.
+	bpf_loop(MAX_WORKERS, probe_table, &c, 0);
+	return c.held;
 }
 
 static __always_inline int uplink(struct iphdr *ip, void *end, __u32 slot)

@@ -245,6 +245,29 @@ pub struct Stats {
     pub redirect_peers: Vec<RedirectPeerStats>,
     /// Owner notices not sent because the per-batch queue was full.
     pub redirect_notices_dropped: u64,
+    /// Per forwarding worker (one per RX queue group; docs/dataplane.md, "More than one
+    /// worker"): its packets and rates. The totals above are their sums.
+    pub workers: Vec<WorkerStats>,
+    /// Packets whose flow was found in another worker's table (a connection's two
+    /// directions arrived on queues of different workers).
+    pub cross_worker_lookups: u64,
+}
+
+/// One forwarding worker's share of the traffic.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct WorkerStats {
+    /// Worker number (it serves the RX queues `q` with `q % workers == worker`).
+    pub worker: u32,
+    /// Packets received on its sockets.
+    pub rx_packets: u64,
+    /// Packets it transmitted.
+    pub tx_packets: u64,
+    /// Flows in its table (it created them).
+    pub flows: u64,
+    /// Packets received per second over the last interval.
+    pub rx_pps: u64,
+    /// Packets transmitted per second over the last interval.
+    pub tx_pps: u64,
 }
 
 /// One peer node's redirect counters, for export.

@@ -447,7 +447,7 @@ impl Engine {
     #[inline]
     fn revalidate(&mut self, id: u32) -> Result<u32, Option<u32>> {
         let gen = self.table.generation32();
-        let f = *self.flows.get(id);
+        let f = self.flows.get(id);
         if f.checked_generation == gen {
             return Ok(f.slot);
         }
@@ -467,9 +467,11 @@ impl Engine {
                 match svc.backend_index(f.backend, f.backend_port) {
                     Some(b) => {
                         let slot = svc.first_slot + b as u32;
-                        let rec = self.flows.get_mut(id);
-                        rec.slot = slot;
-                        rec.checked_generation = gen;
+                        // Another worker's flow stays unchecked until its owner sees it.
+                        if let Some(rec) = self.flows.get_mut(id) {
+                            rec.slot = slot;
+                            rec.checked_generation = gen;
+                        }
                         Ok(slot)
                     }
                     None => {
@@ -498,7 +500,8 @@ impl Engine {
         now_ms: u64,
     ) -> Option<Verdict> {
         let id = self.flows.find_live(&p.raw, Direction::Forward, now_ms)?;
-        let f = self.flows.get(id);
+        // This worker's flows only: another worker's take the general path.
+        let f = self.flows.local(id)?;
         if f.checked_generation != self.table.generation32() {
             return None;
         }
@@ -541,7 +544,7 @@ impl Engine {
         now_ms: u64,
     ) -> Option<Verdict> {
         let id = self.flows.find_live(&p.raw, Direction::Reverse, now_ms)?;
-        let f = self.flows.get(id);
+        let f = self.flows.local(id)?;
         if f.checked_generation != self.table.generation32() {
             return None;
         }
@@ -705,7 +708,7 @@ impl Engine {
                 }
             }
         };
-        let f = *self.flows.get(id);
+        let f = self.flows.get(id);
         let (side, src, dst) = match nb.resolve(f.backend) {
             Resolve::Found { side, src, dst } => (side, src, dst),
             Resolve::Miss { ip, ifindex } => {
@@ -764,7 +767,7 @@ impl Engine {
             },
             _ => return self.drop(DropReason::NoFlow, None),
         };
-        let f = *self.flows.get(id);
+        let f = self.flows.get(id);
         let (side, src, dst) = match nb.resolve(f.backend) {
             Resolve::Found { side, src, dst } => (side, src, dst),
             Resolve::Miss { ip, ifindex } => {
@@ -820,7 +823,7 @@ impl Engine {
         if v.ttl <= 1 {
             return self.pass(PassReason::TtlExpired);
         }
-        let f = *self.flows.get(id);
+        let f = self.flows.get(id);
         let (side, src, dst) = match nb.resolve(f.client) {
             Resolve::Found { side, src, dst } => (side, src, dst),
             Resolve::Miss { ip, ifindex } => {
@@ -888,7 +891,7 @@ impl Engine {
         if v.ttl <= 1 {
             return self.pass(PassReason::TtlExpired);
         }
-        let f = *self.flows.get(id);
+        let f = self.flows.get(id);
         let (side, src, dst) = match nb.resolve(f.client) {
             Resolve::Found { side, src, dst } => (side, src, dst),
             Resolve::Miss { ip, ifindex } => {
@@ -1194,6 +1197,79 @@ mod tests {
         assert_eq!(e.flows().len(), 2);
     }
 
+    /// Two workers' engines over one group of flow tables: a connection whose client
+    /// packets reach worker 0 and whose replies reach worker 1 is served by both, the
+    /// handshake followed across them; worker 1 never re-validates or removes worker 0's
+    /// flow (after a backend is removed it drops the reply; worker 0 removes the flow).
+    #[test]
+    fn a_connection_split_over_two_workers() {
+        let nb = neighbours();
+        let cfg = EngineConfig {
+            flow_capacity: 256,
+            ..Default::default()
+        };
+        let mut tables = FlowTable::new_group(2, 256, cfg.timeouts, 3).into_iter();
+        let mut w0 = Engine::with_flows(cfg, tables.next().unwrap());
+        let mut w1 = Engine::with_flows(cfg, tables.next().unwrap());
+        for e in [&mut w0, &mut w1] {
+            update(e, 1, &[B1, B2]);
+        }
+        let mut f = syn(43000);
+        assert!(matches!(
+            w0.process(&mut f, Side::Uplink, &nb, 10),
+            Verdict::Tx(_)
+        ));
+        let b = Ipv4Addr::from(parse(&f).dst).octets();
+        let flags = tcp_flags::SYN | tcp_flags::ACK;
+        let mut r = tcp(b, 8080, CLIENT, 43000, flags);
+        assert_eq!(
+            w1.process(&mut r, Side::Pod(0), &nb, 11),
+            Verdict::Tx(Side::Uplink)
+        );
+        assert_eq!(parse(&r).src, u32::from(Ipv4Addr::from(VIP)));
+        let mut a = tcp(CLIENT, 43000, VIP, 80, tcp_flags::ACK);
+        assert!(matches!(
+            w0.process(&mut a, Side::Uplink, &nb, 12),
+            Verdict::Tx(_)
+        ));
+        assert_eq!(w0.flows().half_open(), 0, "established across workers");
+        // Data both ways (fast paths), then replies after a table change (slow path).
+        for t in 13..20 {
+            let mut r = tcp(b, 8080, CLIENT, 43000, tcp_flags::ACK);
+            assert_eq!(
+                w1.process(&mut r, Side::Pod(0), &nb, t),
+                Verdict::Tx(Side::Uplink)
+            );
+        }
+        for e in [&mut w0, &mut w1] {
+            update(e, 2, &[B1, B2]);
+        }
+        let mut r = tcp(b, 8080, CLIENT, 43000, tcp_flags::ACK);
+        assert_eq!(
+            w1.process(&mut r, Side::Pod(0), &nb, 21),
+            Verdict::Tx(Side::Uplink)
+        );
+        assert_eq!(w1.flows().len(), 0, "worker 1 owns no flow");
+        assert!(w1.flows().remote_hits() > 0);
+        // The backend goes: worker 1 drops its replies, worker 0 removes the flow.
+        let other = if b == B1 { B2 } else { B1 };
+        for e in [&mut w0, &mut w1] {
+            update(e, 3, &[other]);
+        }
+        let mut r = tcp(b, 8080, CLIENT, 43000, tcp_flags::ACK);
+        assert!(matches!(
+            w1.process(&mut r, Side::Pod(0), &nb, 22),
+            Verdict::Drop(_)
+        ));
+        assert_eq!(w0.flows().len(), 1);
+        let mut a = tcp(CLIENT, 43000, VIP, 80, tcp_flags::ACK);
+        assert!(matches!(
+            w0.process(&mut a, Side::Uplink, &nb, 23),
+            Verdict::Drop(_)
+        ));
+        assert_eq!(w0.flows().len(), 0);
+    }
+
     /// A flow table handed from one engine to the next (what a restart does with the
     /// pinned table) keeps every connection on its backend, and re-validates each flow
     /// against the new service table even when the slots differ.
@@ -1207,19 +1283,7 @@ mod tests {
             ..Default::default()
         };
         let regions = SharedRegions {
-            meta: Region::heap(
-                1,
-                FlowMeta {
-                    magic: 0,
-                    layout: 0,
-                    capacity: 0,
-                    index_slots: 0,
-                    seq: 0,
-                    seed: 0,
-                    seed2: 0,
-                    reserved: [0; 3],
-                },
-            ),
+            meta: Region::heap(1, FlowMeta::EMPTY),
             index: Region::heap(crate::steering::index_slots(256), 0u64),
             records: Region::heap(256, Flow::new(0, 0, 0, 0, 0, 0, 0, 0, 0)),
         };

@@ -243,7 +243,9 @@ impl Engine {
         }
         match self.flows.lookup(&key, now_ms) {
             Some((id, Direction::Forward)) if self.flows.get(id).state() == FlowState::Redirect => {
-                self.flows.get_mut(id).backend = from;
+                if let Some(f) = self.flows.get_mut(id) {
+                    f.backend = from; // (another worker's record keeps its owner's view)
+                }
                 self.flows.touch_redirect(id, 0, now_ms);
             }
             Some(_) => {} // held here (or a conflicting reverse key): keep it

@@ -31,6 +31,8 @@
 use std::collections::VecDeque;
 
 use crate::packet::{tcp_flags, IPPROTO_TCP};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, Ordering};
+
 use crate::region::{release_store_u32, release_store_u64, Region};
 
 /// Idle timeouts per connection state, in milliseconds.
@@ -86,6 +88,50 @@ pub enum FlowState {
 }
 
 impl FlowState {
+    /// The state a record's byte holds (unknown values read as free).
+    #[inline(always)]
+    pub fn from_u8(v: u8) -> Self {
+        match v {
+            1 => FlowState::SynSent,
+            2 => FlowState::Established,
+            3 => FlowState::Closing,
+            4 => FlowState::Reset,
+            5 => FlowState::Udp,
+            6 => FlowState::SynReceived,
+            7 => FlowState::Redirect,
+            _ => FlowState::Free,
+        }
+    }
+
+    /// The state after a packet with `tcp_flags` in direction `dir` of a flow of
+    /// protocol `proto` in this state (see [`FlowTable::touch`]).
+    #[inline(always)]
+    pub fn next(self, proto: u8, dir: Direction, tcp_flags: u8) -> Self {
+        let syn = tcp_flags & tcp_flags::SYN != 0;
+        let ack = tcp_flags & tcp_flags::ACK != 0;
+        if self == FlowState::Redirect {
+            FlowState::Redirect
+        } else if proto != IPPROTO_TCP {
+            FlowState::Udp
+        } else if tcp_flags & tcp_flags::RST != 0 {
+            FlowState::Reset
+        } else if tcp_flags & tcp_flags::FIN != 0 {
+            FlowState::Closing
+        } else {
+            match (self, dir) {
+                // A fresh SYN re-using a closed 5-tuple starts over (same backend).
+                (FlowState::Closing | FlowState::Reset, Direction::Forward) if syn && !ack => {
+                    FlowState::SynSent
+                }
+                (FlowState::SynSent, Direction::Reverse) if syn && ack => FlowState::SynReceived,
+                (FlowState::SynReceived, Direction::Forward) if ack && !syn => {
+                    FlowState::Established
+                }
+                (s, _) => s,
+            }
+        }
+    }
+
     /// Half-open TCP: no completed handshake yet.
     pub fn is_half_open(self) -> bool {
         matches!(self, FlowState::SynSent | FlowState::SynReceived)
@@ -130,6 +176,19 @@ pub struct RawKey {
 }
 
 impl RawKey {
+    /// The key in host byte order.
+    pub fn to_key(&self) -> FlowKey {
+        let a = self.addrs.to_le_bytes();
+        let p = self.ports.to_le_bytes();
+        FlowKey {
+            src: u32::from_be_bytes([a[0], a[1], a[2], a[3]]),
+            dst: u32::from_be_bytes([a[4], a[5], a[6], a[7]]),
+            src_port: u16::from_be_bytes([p[0], p[1]]),
+            dst_port: u16::from_be_bytes([p[2], p[3]]),
+            proto: self.proto,
+        }
+    }
+
     /// The raw form of a key.
     #[inline(always)]
     pub fn from_key(k: &FlowKey) -> Self {
@@ -194,14 +253,19 @@ pub struct FlowMeta {
     pub seed: u64,
     /// Second index hash seed word.
     pub seed2: u64,
+    /// Tables in the group (one per forwarding worker), all in the same maps.
+    pub workers: u32,
+    /// This table's number in the group (its part of the maps).
+    pub table: u32,
     /// Unused, zero.
-    pub reserved: [u64; 3],
+    pub reserved: [u64; 2],
 }
 
 const _: () = assert!(std::mem::size_of::<FlowMeta>() == 64);
 
 impl FlowMeta {
-    const EMPTY: FlowMeta = FlowMeta {
+    /// An uninitialised header (no table).
+    pub const EMPTY: FlowMeta = FlowMeta {
         magic: 0,
         layout: 0,
         capacity: 0,
@@ -209,7 +273,9 @@ impl FlowMeta {
         seq: 0,
         seed: 0,
         seed2: 0,
-        reserved: [0; 3],
+        workers: 0,
+        table: 0,
+        reserved: [0; 2],
     };
 }
 
@@ -218,7 +284,7 @@ pub const FLOW_MAGIC: u64 = 0x4a55_4e45_4155_4654;
 /// Version of the shared layout (header, record, index slot, hash). Bump it with any
 /// change to them or to the steering program's maps: a pinned table of another version
 /// is never read, a fresh one is made. `FLOW_LAYOUT_VERSION` in `bpf/steer.c`.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// No key is stored further than this many slots from its home slot (the XDP program's
 /// probe bound, `MAX_PROBE` in `bpf/steer.c`).
 pub const MAX_PROBE: usize = 128;
@@ -227,7 +293,22 @@ pub const MAX_PROBE: usize = 128;
 /// such flow is re-validated against the new process's table on its next packet.
 pub const UNCHECKED_GENERATION: u32 = u32::MAX;
 
-/// The three shared regions of a pinned flow table.
+/// Most flow tables in a group (forwarding workers); `MAX_WORKERS` in `bpf/steer.c`.
+pub const MAX_WORKERS: usize = 16;
+/// Most records per table: a [`FlowId`] of another worker's table carries the table in
+/// its top bits.
+pub const MAX_TABLE_CAPACITY: usize = (1 << PEER_SHIFT) - 1;
+/// Attempts of a look-up in another worker's table while that worker moves index slots.
+const PEER_RETRIES: usize = 32;
+/// Spins of such a look-up waiting for the owner to finish moving slots.
+const PEER_WAITS: usize = 4096;
+/// Set in a [`FlowId`] of a record in another worker's table.
+const REMOTE: u32 = 1 << 31;
+const PEER_SHIFT: u32 = 27;
+const LOCAL_MASK: u32 = (1 << PEER_SHIFT) - 1;
+
+/// The three shared regions of a pinned flow table (of a whole group: `meta` has one
+/// header per table, `index` and `records` are the tables' parts back to back).
 #[derive(Debug)]
 pub struct SharedRegions {
     /// The `flow_meta` map (one value).
@@ -288,16 +369,7 @@ impl Flow {
 
     /// The connection state.
     pub fn state(&self) -> FlowState {
-        match self.state {
-            1 => FlowState::SynSent,
-            2 => FlowState::Established,
-            3 => FlowState::Closing,
-            4 => FlowState::Reset,
-            5 => FlowState::Udp,
-            6 => FlowState::SynReceived,
-            7 => FlowState::Redirect,
-            _ => FlowState::Free,
-        }
+        FlowState::from_u8(self.state)
     }
 
     #[inline(always)]
@@ -370,6 +442,163 @@ pub struct FlowTable {
     timeouts: Timeouts,
     live: usize,
     half_open: HalfOpen,
+    /// This table's number in its group, and the group's size (one table per
+    /// forwarding worker; 0 and 1 for a lone table).
+    table: u32,
+    workers: u32,
+    /// The other workers' tables of the group, read-only (see [`Peer`]).
+    peers: Vec<Peer>,
+    /// Look-ups answered from another worker's table.
+    remote_hits: std::cell::Cell<u64>,
+}
+
+/// A read-only view of another worker's table of the same group: its header, index and
+/// records, in the same (mapped or heap) memory its owner writes. Look-ups follow the
+/// owner's ordering like the XDP program does (index slot acquire, record behind it) and
+/// additionally bracket the probe with the header's sequence word (a seqlock: a record
+/// freed and reused meanwhile shows as a changed word, and the look-up is retried).
+/// The only writes through a view are [`FlowTable::touch`]'s two atomic words, `state`
+/// (compare-and-swap) and `expires` (store).
+struct Peer {
+    meta: *const FlowMeta,
+    index: *const u64,
+    records: *mut Flow,
+    mask: usize,
+    capacity: usize,
+    _keep: Vec<crate::region::KeepAlive>,
+}
+
+// SAFETY: the pointers address memory kept alive by `_keep` (the whole group's regions);
+// it is only read with atomic/volatile loads and written with the atomic stores above,
+// which are sound from any thread.
+unsafe impl Send for Peer {}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Peer({} records)", self.capacity)
+    }
+}
+
+impl Peer {
+    /// The seqlock word.
+    fn seq(&self) -> &AtomicU32 {
+        // SAFETY: `meta` points to a live, aligned header (kept by `_keep`); its `seq`
+        // word is only ever written atomically by its owner.
+        unsafe { AtomicU32::from_ptr(std::ptr::addr_of!((*self.meta).seq).cast_mut()) }
+    }
+
+    /// The live record whose key for its direction satisfies `want`, with the hash `h`.
+    /// A probe that overlapped a deletion in the owner's table is retried (up to
+    /// [`PEER_RETRIES`] times, then reported as a miss: the packet is then handled as if
+    /// no flow were held).
+    fn find(
+        &self,
+        h: u32,
+        want: impl Fn(&Flow, Direction) -> bool,
+        now_ms: u64,
+    ) -> Option<(u32, Direction)> {
+        let (mut tries, mut waits) = (0, 0);
+        while tries < PEER_RETRIES && waits < PEER_WAITS {
+            let s1 = self.seq().load(Ordering::Acquire);
+            if s1 & 1 == 1 {
+                // The owner is moving slots (a deletion takes well under a microsecond).
+                waits += 1;
+                std::hint::spin_loop();
+                continue;
+            }
+            tries += 1;
+            let found = self.probe(h, &want);
+            fence(Ordering::Acquire);
+            if self.seq().load(Ordering::Relaxed) == s1 {
+                return found
+                    .filter(|(_, _, f)| !f.expired(now_ms as u32))
+                    .map(|(id, dir, _)| (id, dir));
+            }
+        }
+        None
+    }
+
+    fn probe(
+        &self,
+        h: u32,
+        want: &impl Fn(&Flow, Direction) -> bool,
+    ) -> Option<(u32, Direction, Flow)> {
+        let mut i = h as usize & self.mask;
+        for _ in 0..MAX_PROBE {
+            // SAFETY: `i <= mask < index length`; the slot is only written atomically.
+            let slot = unsafe { AtomicU64::from_ptr(self.index.add(i).cast_mut()) }
+                .load(Ordering::Acquire);
+            if slot == 0 {
+                return None;
+            }
+            if (slot >> 32) as u32 == h {
+                let (id, dir) = FlowTable::slot_flow(slot);
+                if (id as usize) < self.capacity {
+                    let f = self.read(id);
+                    if f.state != FlowState::Free as u8 && want(&f, dir) {
+                        return Some((id, dir, f));
+                    }
+                }
+            }
+            i = (i + 1) & self.mask;
+        }
+        None
+    }
+
+    /// A copy of record `id` (`id < capacity`). Its owner may be changing it: the
+    /// caller validates the copy (seqlock in [`Peer::find`]) or uses only fields that
+    /// never change while the record is indexed.
+    fn read(&self, id: u32) -> Flow {
+        // SAFETY: `id < capacity`, the records are live (kept by `_keep`) and every bit
+        // pattern is a valid `Flow`; a volatile read because the owner writes it.
+        unsafe { self.records.add(id as usize).read_volatile() }
+    }
+
+    /// The record's `state` and `expires` words, for atomic access.
+    fn words(&self, id: u32) -> (&AtomicU8, &AtomicU32) {
+        let rec = self.records.wrapping_add(id as usize);
+        // SAFETY: `id < capacity` (checked by the caller's id decoding); both fields are
+        // aligned, live (kept by `_keep`), and written by every worker only atomically.
+        unsafe {
+            (
+                AtomicU8::from_ptr(std::ptr::addr_of_mut!((*rec).state)),
+                AtomicU32::from_ptr(std::ptr::addr_of_mut!((*rec).expires)),
+            )
+        }
+    }
+}
+
+/// A record's `state` and `expires` words as atomics (other workers of the group update
+/// them concurrently, see [`Peer`]).
+#[inline(always)]
+fn words_of(f: &mut Flow) -> (&AtomicU8, &AtomicU32) {
+    // SAFETY: both fields are aligned and exclusively borrowed through `f` (within this
+    // thread); other threads access them only atomically.
+    unsafe {
+        (
+            AtomicU8::from_ptr(std::ptr::addr_of_mut!(f.state)),
+            AtomicU32::from_ptr(std::ptr::addr_of_mut!(f.expires)),
+        )
+    }
+}
+
+/// Moves a state word from what it holds to what `step` makes of it with a
+/// compare-and-swap (another worker may move it meanwhile; its change is then the base).
+/// Returns the state before and after.
+#[inline(always)]
+fn advance(word: &AtomicU8, step: impl Fn(FlowState) -> FlowState) -> (FlowState, FlowState) {
+    let mut cur = word.load(Ordering::Relaxed);
+    loop {
+        let before = FlowState::from_u8(cur);
+        let after = step(before);
+        if after as u8 == cur {
+            return (before, after);
+        }
+        match word.compare_exchange_weak(cur, after as u8, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return (before, after),
+            Err(now) => cur = now,
+        }
+    }
 }
 
 #[inline]
@@ -415,7 +644,7 @@ fn advise_huge_pages<T>(v: &Vec<T>) {
 impl FlowTable {
     /// A table for `capacity` flows (at least 1). Allocates everything now.
     pub fn new(capacity: usize, timeouts: Timeouts, seed: u64) -> Self {
-        let capacity = capacity.clamp(1, (u32::MAX / 4) as usize);
+        let capacity = capacity.clamp(1, MAX_TABLE_CAPACITY);
         let slots = (capacity * 4).next_power_of_two();
         // Ask for huge pages before the memory is touched: random lookups over tens of MiB
         // otherwise pay a TLB miss (a costly nested page walk in a VM) on every access.
@@ -456,6 +685,10 @@ impl FlowTable {
             sweep_cursor: 0,
             timeouts,
             live: 0,
+            table: 0,
+            workers: 1,
+            peers: Vec::new(),
+            remote_hits: std::cell::Cell::new(0),
             half_open: HalfOpen {
                 max: capacity.div_ceil(4),
                 count: 0,
@@ -479,43 +712,173 @@ impl FlowTable {
         seed: u64,
         now_ms: u64,
     ) -> (Self, Opened) {
+        let (mut tables, opened) = Self::open_group(regions, 1, timeouts, seed, now_ms);
+        (tables.remove(0), opened)
+    }
+
+    /// The tables of a group of `workers` forwarding workers (one each) in the pinned
+    /// maps: `meta` holds one header per table, `index` and `records` the tables' parts
+    /// back to back. The group is kept only as a whole — every header of this layout,
+    /// size, worker count and seed — otherwise every table is made fresh (a restart with
+    /// another worker count starts empty). Each table is written by its worker only and
+    /// reads the others' (docs/dataplane.md, "More than one worker").
+    pub fn open_group(
+        regions: SharedRegions,
+        workers: usize,
+        timeouts: Timeouts,
+        seed: u64,
+        now_ms: u64,
+    ) -> (Vec<Self>, Opened) {
         let SharedRegions {
             meta,
             index,
             records,
         } = regions;
-        let m = meta[0];
-        let problem = if m.magic != FLOW_MAGIC {
-            Some("no flow table in the pinned map yet".to_string())
-        } else if m.layout != LAYOUT_VERSION {
-            Some(format!(
-                "pinned flow table has layout version {}, this binary uses {LAYOUT_VERSION}",
-                m.layout
-            ))
-        } else if m.capacity as usize != records.len()
-            || m.index_slots as usize != index.len()
-            || !index.len().is_power_of_two()
-            || index.len() < records.len() * 4
-        {
-            Some(format!(
-                "pinned flow table header ({} flows, {} index slots) does not match its maps ({} records, {} slots)",
-                m.capacity,
-                m.index_slots,
-                records.len(),
-                index.len()
-            ))
-        } else {
-            None
+        let workers = workers.clamp(1, MAX_WORKERS);
+        assert!(
+            meta.len() == workers
+                && index.len().is_multiple_of(workers)
+                && records.len().is_multiple_of(workers),
+            "flow maps sized for {workers} tables"
+        );
+        let problem = Self::group_problem(&meta, index.len() / workers, records.len() / workers);
+        let (seed_kept, seed2) = (meta[0].seed, meta[0].seed2);
+        let seed = if problem.is_none() { seed_kept } else { seed };
+        let parts = meta
+            .split(workers)
+            .into_iter()
+            .zip(index.split(workers))
+            .zip(records.split(workers));
+        let mut tables: Vec<Self> = parts
+            .enumerate()
+            .map(|(w, ((m, i), r))| {
+                let mut t = Self::assemble(r, i, m, timeouts, seed);
+                t.table = w as u32;
+                t.workers = workers as u32;
+                t
+            })
+            .collect();
+        let opened = match problem {
+            Some(reason) => {
+                for t in &mut tables {
+                    t.write_fresh_meta();
+                }
+                Opened::Fresh { reason }
+            }
+            None => {
+                let (mut flows, mut expired) = (0, 0);
+                for t in &mut tables {
+                    t.seed2 = seed2;
+                    let (f, e) = t.reindex(now_ms);
+                    flows += f;
+                    expired += e;
+                }
+                Opened::Adopted { flows, expired }
+            }
         };
-        let seed_kept = if problem.is_none() { m.seed } else { seed };
-        let mut t = Self::assemble(records, index, meta, timeouts, seed_kept);
-        if let Some(reason) = problem {
-            t.write_fresh_meta();
-            return (t, Opened::Fresh { reason });
+        Self::link(&mut tables);
+        (tables, opened)
+    }
+
+    /// A group of `workers` fresh tables of `capacity` flows each on the heap (tests).
+    pub fn new_group(workers: usize, capacity: usize, timeouts: Timeouts, seed: u64) -> Vec<Self> {
+        let capacity = capacity.clamp(1, MAX_TABLE_CAPACITY);
+        let slots = (capacity * 4).next_power_of_two();
+        let regions = SharedRegions {
+            meta: Region::heap(workers, FlowMeta::EMPTY),
+            index: Region::heap(workers * slots, 0),
+            records: Region::heap(workers * capacity, Flow::new(0, 0, 0, 0, 0, 0, 0, 0, 0)),
+        };
+        Self::open_group(regions, workers, timeouts, seed, 0).0
+    }
+
+    /// Gives a group's memory back as one set of regions (to open it again, as a
+    /// restarted process does).
+    pub fn group_into_regions(tables: Vec<Self>) -> SharedRegions {
+        let (mut meta, mut index, mut records) = (Vec::new(), Vec::new(), Vec::new());
+        for t in tables {
+            meta.push(t.meta);
+            index.push(t.index);
+            records.push(t.flows);
         }
-        t.seed2 = m.seed2;
-        let (flows, expired) = t.reindex(now_ms);
-        (t, Opened::Adopted { flows, expired })
+        SharedRegions {
+            meta: Region::join(meta),
+            index: Region::join(index),
+            records: Region::join(records),
+        }
+    }
+
+    /// Why the pinned group cannot be kept (`None`: it can).
+    fn group_problem(meta: &[FlowMeta], slots: usize, capacity: usize) -> Option<String> {
+        let workers = meta.len();
+        for (w, m) in meta.iter().enumerate() {
+            let problem = if m.magic != FLOW_MAGIC {
+                Some("no flow table in the pinned map yet".to_string())
+            } else if m.layout != LAYOUT_VERSION {
+                Some(format!(
+                    "pinned flow table has layout version {}, this binary uses {LAYOUT_VERSION}",
+                    m.layout
+                ))
+            } else if m.workers as usize != workers || m.table as usize != w {
+                Some(format!(
+                    "pinned flow table {} of {} tables, this run has {workers} workers",
+                    m.table, m.workers
+                ))
+            } else if m.capacity as usize != capacity
+                || m.index_slots as usize != slots
+                || !slots.is_power_of_two()
+                || slots < capacity * 4
+            {
+                Some(format!(
+                    "pinned flow table header ({} flows, {} index slots) does not match its maps ({} records, {} slots)",
+                    m.capacity, m.index_slots, capacity, slots
+                ))
+            } else if m.seed != meta[0].seed || m.seed2 != meta[0].seed2 {
+                Some("pinned flow tables disagree on their hash seed".to_string())
+            } else {
+                None
+            };
+            if problem.is_some() {
+                return problem;
+            }
+        }
+        None
+    }
+
+    /// Gives every table of a group read-only views of the others.
+    fn link(tables: &mut [Self]) {
+        let views: Vec<_> = tables
+            .iter()
+            .map(|t| {
+                (
+                    t.meta.as_ptr(),
+                    t.index.as_ptr(),
+                    t.flows.as_ptr(),
+                    t.mask,
+                    t.flows.len(),
+                    [
+                        t.meta.keep_alive(),
+                        t.index.keep_alive(),
+                        t.flows.keep_alive(),
+                    ],
+                )
+            })
+            .collect();
+        for (w, t) in tables.iter_mut().enumerate() {
+            t.peers = views
+                .iter()
+                .enumerate()
+                .filter(|(o, _)| *o != w)
+                .map(|(_, (meta, index, records, mask, capacity, keep))| Peer {
+                    meta: *meta,
+                    index: *index,
+                    records: records.cast_mut(),
+                    mask: *mask,
+                    capacity: *capacity,
+                    _keep: keep.iter().flatten().cloned().collect(),
+                })
+                .collect();
+        }
     }
 
     /// Clears everything and writes the header last (a reader sees no table until the
@@ -535,7 +898,9 @@ impl FlowTable {
         m.index_slots = self.index.len() as u32;
         m.seed = self.seed;
         m.seed2 = self.seed2;
-        m.reserved = [0; 3];
+        m.workers = self.workers;
+        m.table = self.table;
+        m.reserved = [0; 2];
         self.end_move();
         release_store_u64(&mut self.meta[0].magic, FLOW_MAGIC);
     }
@@ -748,7 +1113,7 @@ impl FlowTable {
         loop {
             let slot = self.index[i];
             if slot == 0 {
-                return None;
+                return self.peer_lookup(h, k, None, now_ms);
             }
             if (slot >> 32) as u32 == h {
                 let (id, dir) = Self::slot_flow(slot);
@@ -756,7 +1121,7 @@ impl FlowTable {
                 if f.key(dir) == *k {
                     if f.expired(now_ms as u32) {
                         self.remove_expired(id);
-                        return None;
+                        return self.peer_lookup(h, k, None, now_ms);
                     }
                     return Some((id, dir));
                 }
@@ -768,7 +1133,8 @@ impl FlowTable {
     /// The established-flow look-up of the fast path: the live flow whose key for
     /// direction `dir` is `k`, comparing packed words of the record. `None` on a miss, a
     /// hit in the other direction or an expired flow — the general [`FlowTable::lookup`]
-    /// then decides (and removes the expired flow); this one changes nothing.
+    /// then decides (and removes the expired flow); this one changes nothing. This table
+    /// only: a flow of another worker's table is found by the general look-up.
     #[inline(always)]
     pub fn find_live(&self, k: &RawKey, dir: Direction, now_ms: u64) -> Option<FlowId> {
         let h = self.hash_raw(k);
@@ -809,15 +1175,79 @@ impl FlowTable {
         }
     }
 
-    /// The record of a flow.
-    #[inline]
-    pub fn get(&self, id: FlowId) -> &Flow {
-        &self.flows[id as usize]
+    /// A key found in another worker's table: the tables in order, each probed like
+    /// the XDP program does ([`Peer::find`]); `dir` restricts the direction.
+    #[cold]
+    #[inline(never)]
+    fn peer_lookup(
+        &self,
+        h: u32,
+        k: &FlowKey,
+        dir: Option<Direction>,
+        now_ms: u64,
+    ) -> Option<(FlowId, Direction)> {
+        let hit = self.peers.iter().enumerate().find_map(|(p, peer)| {
+            let want = |f: &Flow, d: Direction| dir.is_none_or(|w| w == d) && f.key(d) == *k;
+            peer.find(h, want, now_ms)
+                .map(|(id, d)| (REMOTE | (p as u32) << PEER_SHIFT | id, d))
+        });
+        self.remote_hits
+            .set(self.remote_hits.get() + u64::from(hit.is_some()));
+        hit
     }
 
-    /// The record of a flow, mutable (for re-validation bookkeeping).
-    pub fn get_mut(&mut self, id: FlowId) -> &mut Flow {
-        &mut self.flows[id as usize]
+    /// Look-ups answered from another worker's table so far.
+    pub fn remote_hits(&self) -> u64 {
+        self.remote_hits.get()
+    }
+
+    /// The view and record number of a [`FlowId`] of another worker's table.
+    #[inline]
+    fn remote(&self, id: FlowId) -> (&Peer, u32) {
+        let peer = &self.peers[((id & !REMOTE) >> PEER_SHIFT) as usize];
+        let local = id & LOCAL_MASK;
+        assert!((local as usize) < peer.capacity, "flow id out of range");
+        (peer, local)
+    }
+
+    /// Whether a flow lives in another worker's table (found by a look-up here, owned
+    /// and removed there).
+    #[inline]
+    pub fn is_remote(id: FlowId) -> bool {
+        id & REMOTE != 0
+    }
+
+    /// A copy of the record of a flow (of this table or another worker's).
+    #[inline(always)]
+    pub fn get(&self, id: FlowId) -> Flow {
+        // A remote id (top bit set) is beyond every table: one bounds check for both.
+        match self.flows.get(id as usize) {
+            Some(f) => *f,
+            None => self.get_remote(id),
+        }
+    }
+
+    /// The record of a flow of this table, by reference (`None` for another worker's:
+    /// [`FlowTable::get`] copies those).
+    #[inline(always)]
+    pub fn local(&self, id: FlowId) -> Option<&Flow> {
+        self.flows.get(id as usize)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn get_remote(&self, id: FlowId) -> Flow {
+        let (peer, local) = self.remote(id);
+        peer.read(local)
+    }
+
+    /// The record of a flow of this table, mutable (re-validation bookkeeping); `None`
+    /// for a flow of another worker's table, which only its owner changes.
+    pub fn get_mut(&mut self, id: FlowId) -> Option<&mut Flow> {
+        if id & REMOTE != 0 {
+            return None;
+        }
+        self.flows.get_mut(id as usize)
     }
 
     /// Inserts a new flow (the caller looked it up first and found nothing). When the
@@ -925,6 +1355,16 @@ impl FlowTable {
     /// timeout its TCP flags call for (the record's `slot` remembers a FIN or RST, so
     /// later ACKs do not lengthen it again). The state stays [`FlowState::Redirect`].
     pub fn touch_redirect(&mut self, id: FlowId, tcp_flags: u8, now_ms: u64) {
+        if id & REMOTE != 0 {
+            // Another worker's record: its expiry only (the FIN/RST memory is its
+            // owner's, who sees the flow's other packets).
+            let (peer, local) = self.remote(id);
+            let t = self.timeouts.tcp_established_ms;
+            peer.words(local)
+                .1
+                .store((now_ms as u32).wrapping_add(t), Ordering::Relaxed);
+            return;
+        }
         let f = &mut self.flows[id as usize];
         if tcp_flags & tcp_flags::RST != 0 {
             f.slot = 2;
@@ -936,7 +1376,9 @@ impl FlowTable {
             1 => self.timeouts.tcp_fin_ms,
             _ => self.timeouts.tcp_rst_ms,
         };
-        f.expires = (now_ms as u32).wrapping_add(t);
+        words_of(f)
+            .1
+            .store((now_ms as u32).wrapping_add(t), Ordering::Relaxed);
     }
 
     /// The empty index slots a flow's forward and reverse keys would take, with their
@@ -980,6 +1422,10 @@ impl FlowTable {
                 self.half_open.evicted += 1;
                 return true;
             }
+            if self.half_open.serial[id as usize] == serial {
+                // Left half-open through another worker's touch: catch up.
+                self.left_half_open(id);
+            }
         }
         false
     }
@@ -997,13 +1443,7 @@ impl FlowTable {
     }
 
     fn timeout_of(&self, s: FlowState) -> u32 {
-        match s {
-            FlowState::SynSent | FlowState::SynReceived => self.timeouts.tcp_syn_ms,
-            FlowState::Established | FlowState::Redirect => self.timeouts.tcp_established_ms,
-            FlowState::Closing => self.timeouts.tcp_fin_ms,
-            FlowState::Reset => self.timeouts.tcp_rst_ms,
-            FlowState::Udp | FlowState::Free => self.timeouts.udp_ms,
-        }
+        timeout_for(&self.timeouts, s)
     }
 
     /// [`FlowTable::touch`] for the fast path: a UDP flow (`TCP == false`, checked
@@ -1021,7 +1461,9 @@ impl FlowTable {
             let udp_ms = self.timeouts.udp_ms;
             if let Some(f) = self.flows.get_mut(id as usize) {
                 if f.proto != IPPROTO_TCP {
-                    f.expires = (now_ms as u32).wrapping_add(udp_ms);
+                    words_of(f)
+                        .1
+                        .store((now_ms as u32).wrapping_add(udp_ms), Ordering::Relaxed);
                     return;
                 }
             }
@@ -1035,39 +1477,59 @@ impl FlowTable {
     /// spoofed SYN the backend answers stays half-open.
     #[inline(always)]
     pub fn touch(&mut self, id: FlowId, dir: Direction, tcp_flags: u8, now_ms: u64) {
-        let f = &mut self.flows[id as usize];
-        let state = f.state();
-        let syn = tcp_flags & tcp_flags::SYN != 0;
-        let ack = tcp_flags & tcp_flags::ACK != 0;
-        let next = if f.proto != IPPROTO_TCP {
-            FlowState::Udp
-        } else if tcp_flags & tcp_flags::RST != 0 {
-            FlowState::Reset
-        } else if tcp_flags & tcp_flags::FIN != 0 {
-            FlowState::Closing
-        } else {
-            match (state, dir) {
-                // A fresh SYN re-using a closed 5-tuple starts over (same backend).
-                (FlowState::Closing | FlowState::Reset, Direction::Forward) if syn && !ack => {
-                    FlowState::SynSent
-                }
-                (FlowState::SynSent, Direction::Reverse) if syn && ack => FlowState::SynReceived,
-                (FlowState::SynReceived, Direction::Forward) if ack && !syn => {
-                    FlowState::Established
-                }
-                (s, _) => s,
-            }
-        };
-        if next != state {
-            f.state = next as u8;
-            if state.is_half_open() && !next.is_half_open() {
-                self.left_half_open(id);
-            } else if !state.is_half_open() && next.is_half_open() {
-                self.half_open_push(id);
-            }
+        if id & REMOTE != 0 {
+            return self.touch_remote(id, dir, tcp_flags, now_ms);
         }
-        let t = self.timeout_of(next);
-        self.flows[id as usize].expires = (now_ms as u32).wrapping_add(t);
+        let timeouts = self.timeouts;
+        let f = &mut self.flows[id as usize];
+        let proto = f.proto;
+        let (state, expires) = words_of(f);
+        let (before, next) = advance(state, |s| s.next(proto, dir, tcp_flags));
+        expires.store(
+            (now_ms as u32).wrapping_add(timeout_for(&timeouts, next)),
+            Ordering::Relaxed,
+        );
+        if before != next {
+            self.track_half_open(id, next);
+        }
+    }
+
+    /// [`FlowTable::touch`] of a record in another worker's table: only its `state`
+    /// (compare-and-swap) and `expires` (store) words change; its owner catches up with
+    /// the half-open bookkeeping ([`FlowTable::track_half_open`]) and clamps an expiry
+    /// a race left too long on its next sweep.
+    #[cold]
+    #[inline(never)]
+    fn touch_remote(&self, id: FlowId, dir: Direction, tcp_flags: u8, now_ms: u64) {
+        let (peer, local) = self.remote(id);
+        let proto = peer.read(local).proto;
+        let (state, expires) = peer.words(local);
+        let (before, next) = advance(state, |s| {
+            if s == FlowState::Free {
+                s
+            } else {
+                s.next(proto, dir, tcp_flags)
+            }
+        });
+        if before != FlowState::Free {
+            expires.store(
+                (now_ms as u32).wrapping_add(self.timeout_of(next)),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// Keeps the half-open queue and count in step with a record's state, which
+    /// another worker may have moved ([`FlowTable::touch_remote`]): a record is tracked
+    /// (non-zero serial) exactly while its state is half-open, once this catches up.
+    #[inline(always)]
+    fn track_half_open(&mut self, id: FlowId, now: FlowState) {
+        let tracked = self.half_open.serial[id as usize] != 0;
+        if tracked && !now.is_half_open() {
+            self.left_half_open(id);
+        } else if !tracked && now.is_half_open() {
+            self.half_open_push(id);
+        }
     }
 
     fn find_slot(&self, id: FlowId, dir: Direction) -> Option<usize> {
@@ -1117,6 +1579,9 @@ impl FlowTable {
 
     /// Removes a flow (both keys) and frees its record.
     pub fn remove(&mut self, id: FlowId) {
+        if id & REMOTE != 0 {
+            return; // its owner removes it (expiry or its own re-validation)
+        }
         let state = self.flows[id as usize].state();
         if state == FlowState::Free {
             return;
@@ -1128,12 +1593,31 @@ impl FlowTable {
             }
         }
         self.end_move();
-        self.flows[id as usize].state = FlowState::Free as u8;
-        if state.is_half_open() {
+        words_of(&mut self.flows[id as usize])
+            .0
+            .store(FlowState::Free as u8, Ordering::Relaxed);
+        if self.half_open.serial[id as usize] != 0 {
             self.left_half_open(id);
         }
         self.free.push(id);
         self.live -= 1;
+    }
+
+    /// A live record other workers may have touched: its half-open tracking follows its
+    /// state, and an expiry beyond what its state allows (two workers' touches raced
+    /// across a state change) is clamped.
+    #[cold]
+    fn catch_up(&mut self, id: FlowId, f: Flow, now: u32) {
+        let state = f.state();
+        self.track_half_open(id, state);
+        if state != FlowState::Redirect {
+            let limit = self.timeout_of(state);
+            if f.expires.wrapping_sub(now) > limit {
+                words_of(&mut self.flows[id as usize])
+                    .1
+                    .store(now.wrapping_add(limit), Ordering::Relaxed);
+            }
+        }
     }
 
     /// Examines up to `budget` records from a rotating cursor and removes the expired
@@ -1145,13 +1629,30 @@ impl FlowTable {
         for _ in 0..budget.min(n) {
             let id = self.sweep_cursor;
             self.sweep_cursor = if id + 1 == n { 0 } else { id + 1 };
-            let f = &self.flows[id];
-            if f.state != FlowState::Free as u8 && f.expired(now) {
+            let f = self.flows[id];
+            if f.state == FlowState::Free as u8 {
+                continue;
+            }
+            if f.expired(now) {
                 self.remove(id as u32);
                 removed += 1;
+            } else if !self.peers.is_empty() {
+                self.catch_up(id as u32, f, now);
             }
         }
         removed
+    }
+}
+
+/// The idle timeout of a state.
+#[inline(always)]
+fn timeout_for(t: &Timeouts, s: FlowState) -> u32 {
+    match s {
+        FlowState::SynSent | FlowState::SynReceived => t.tcp_syn_ms,
+        FlowState::Established | FlowState::Redirect => t.tcp_established_ms,
+        FlowState::Closing => t.tcp_fin_ms,
+        FlowState::Reset => t.tcp_rst_ms,
+        FlowState::Udp | FlowState::Free => t.udp_ms,
     }
 }
 
@@ -1497,6 +1998,150 @@ mod tests {
         assert!(t3.lookup(&rev(&a), later).is_none());
         assert_eq!(t3.meta[0].layout, LAYOUT_VERSION);
         assert_eq!(t3.meta[0].magic, FLOW_MAGIC);
+    }
+
+    #[test]
+    fn a_worker_finds_and_touches_another_workers_flows() {
+        let to = Timeouts::default();
+        let mut g = FlowTable::new_group(2, 64, to, 5);
+        let f = flow(0xc0000201, 40000, 0x0a010005);
+        let id = g[0].insert(f, tcp_flags::SYN, 0).unwrap();
+        assert_eq!(g[0].half_open(), 1);
+        // The reply arrives at worker 1: found in worker 0's table.
+        let (rid, dir) = g[1].lookup(&rev(&f), 1).expect("found across workers");
+        assert_eq!(dir, Direction::Reverse);
+        assert!(FlowTable::is_remote(rid));
+        assert_eq!(g[1].get(rid), g[0].get(id));
+        let raw = RawKey::from_key(&rev(&f));
+        // The fast path's look-up serves the worker's own flows only.
+        assert_eq!(g[1].find_live(&raw, Direction::Reverse, 1), None);
+        assert_eq!(g[0].find_live(&raw, Direction::Reverse, 1), Some(id));
+        // SYN-ACK through worker 1, the client's ACK through worker 0.
+        g[1].touch(rid, Direction::Reverse, tcp_flags::SYN | tcp_flags::ACK, 2);
+        assert_eq!(g[0].get(id).state(), FlowState::SynReceived);
+        g[0].touch(id, Direction::Forward, tcp_flags::ACK, 3);
+        assert_eq!(g[0].get(id).state(), FlowState::Established);
+        assert_eq!(g[0].half_open(), 0);
+        // Worker 1 refreshes the expiry; it never removes or re-validates the record.
+        g[1].touch(rid, Direction::Reverse, tcp_flags::ACK, 100_000);
+        assert_eq!(g[0].get(id).expires, 100_000 + to.tcp_established_ms);
+        g[1].remove(rid);
+        assert!(g[1].get_mut(rid).is_none());
+        assert_eq!(g[0].len(), 1);
+        // A backend RST seen by worker 1 takes a half-open flow out of worker 0's
+        // half-open count once worker 0 catches up (its sweep).
+        let h = flow(0xc0000202, 40001, 0x0a010005);
+        let hid = g[0].insert(h, tcp_flags::SYN, 0).unwrap();
+        assert_eq!(g[0].half_open(), 1);
+        let (rh, _) = g[1].lookup(&rev(&h), 1).unwrap();
+        g[1].touch(rh, Direction::Reverse, tcp_flags::RST, 1);
+        assert_eq!(g[0].get(hid).state(), FlowState::Reset);
+        g[0].sweep(2, 64);
+        assert_eq!(g[0].half_open(), 0);
+        // Removed by its owner: gone for everyone.
+        g[0].remove(id);
+        assert!(g[1].lookup(&fwd(&f), 200_000).is_none());
+    }
+
+    /// Worker 1 looks up a flow of worker 0 while worker 0 inserts and removes other
+    /// flows around it (backward shifts, record reuse) on another thread: a hit is always
+    /// that flow, never another record or a torn one (the seqlock of [`Peer::find`]).
+    /// Misses (a probe that overlapped deletions more than the retry bound allows) are
+    /// counted, not asserted: they depend on scheduling.
+    #[test]
+    fn cross_worker_lookups_race_with_the_owners_deletions() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let to = Timeouts::default();
+        let mut g = FlowTable::new_group(2, 64, to, 21);
+        let reader = g.pop().unwrap();
+        let mut owner = g.pop().unwrap();
+        let kept = flow(0xc0000201, 1000, 0x0a010005);
+        let kept_id = owner.insert(kept, tcp_flags::ACK, 0).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let churn = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(Ordering::Relaxed) && rounds < 2_000_000 {
+                    let ids: Vec<_> = (0..40u16)
+                        .filter_map(|p| {
+                            let f = flow(0xc0000201, 2000 + p, 0x0a010005);
+                            owner.insert(f, tcp_flags::ACK, 0).ok()
+                        })
+                        .collect();
+                    for id in ids {
+                        owner.remove(id);
+                    }
+                    rounds += 1;
+                }
+                (owner, rounds)
+            })
+        };
+        let mut reader = reader;
+        let (mut hits, mut misses) = (0u64, 0u64);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+        while std::time::Instant::now() < deadline {
+            for k in [fwd(&kept), rev(&kept)] {
+                match reader.lookup(&k, 1) {
+                    Some((id, _)) => {
+                        assert_eq!(id & LOCAL_MASK, kept_id, "a hit is the flow itself");
+                        hits += 1;
+                    }
+                    None => misses += 1,
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let (owner, rounds) = churn.join().unwrap();
+        assert_eq!(owner.len(), 1);
+        assert!(hits > 0 && rounds > 0, "hits {hits}, churn rounds {rounds}");
+        eprintln!("cross-worker look-ups under churn: {hits} hits, {misses} misses, {rounds} churn rounds");
+    }
+
+    #[test]
+    fn a_group_survives_a_restart_with_the_same_worker_count_only() {
+        let to = Timeouts::default();
+        let mut g = FlowTable::new_group(2, 64, to, 9);
+        let a = flow(1, 1, 9);
+        let b = flow(2, 2, 9);
+        g[0].insert(a, tcp_flags::ACK, 1000).unwrap();
+        g[1].insert(b, tcp_flags::ACK, 1000).unwrap();
+        let regions = FlowTable::group_into_regions(g);
+        let (mut g2, opened) = FlowTable::open_group(regions, 2, to, 1, 1001);
+        assert_eq!(
+            opened,
+            Opened::Adopted {
+                flows: 2,
+                expired: 0
+            }
+        );
+        assert!(
+            g2[0].lookup(&rev(&b), 1002).is_some(),
+            "b found from worker 0"
+        );
+        assert!(
+            g2[1].lookup(&fwd(&a), 1002).is_some(),
+            "a found from worker 1"
+        );
+        // The same maps read as a group of one (another --workers): a fresh table.
+        let SharedRegions {
+            mut meta,
+            index,
+            records,
+        } = FlowTable::group_into_regions(g2);
+        meta[1] = FlowMeta::EMPTY;
+        let one = SharedRegions {
+            meta: Region::join(meta.split(2).into_iter().take(1).collect()),
+            index: Region::join(index.split(2).into_iter().take(1).collect()),
+            records: Region::join(records.split(2).into_iter().take(1).collect()),
+        };
+        let (mut t, opened) = FlowTable::open_group(one, 1, to, 1, 1003);
+        assert!(
+            matches!(opened, Opened::Fresh { ref reason } if reason.contains("workers")),
+            "{opened:?}"
+        );
+        assert!(t[0].lookup(&fwd(&a), 1004).is_none());
     }
 
     /// The XDP program's look-up (`reply_of_held_flow` in bpf/steer.c), transcribed:

@@ -14,13 +14,33 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub struct Region<T: Copy> {
     ptr: NonNull<T>,
     len: usize,
+    /// A part of a mapped region.
+    mapped_part: bool,
     backing: Backing<T>,
 }
 
 enum Backing<T> {
     Heap(#[allow(dead_code)] Vec<T>),
-    Mapped { bytes: usize },
+    Mapped {
+        bytes: usize,
+    },
+    /// A part of a region split with [`Region::split`]: the whole stays alive while any
+    /// part (or a [`KeepAlive`] of it) does.
+    Part(#[allow(dead_code)] KeepAlive),
 }
+
+/// Keeps the memory of a split region alive (held by its parts and by read-only views
+/// other workers take of them).
+#[derive(Clone)]
+pub struct KeepAlive(#[allow(dead_code)] std::sync::Arc<dyn Send + Sync>);
+
+/// The whole region behind its parts; never accessed, only dropped.
+struct Whole<T: Copy>(#[allow(dead_code)] Region<T>);
+// SAFETY: `Whole` is never read or written through (it only owns the memory until the
+// last part is gone), so sharing it between threads shares nothing.
+unsafe impl<T: Copy> Sync for Whole<T> {}
+// SAFETY: as above; dropping it (unmap / free) from any thread is sound.
+unsafe impl<T: Copy> Send for Whole<T> {}
 
 // SAFETY: a `Region` owns its memory exclusively within this process (the heap vector,
 // or a shared mapping of a BPF map that only this process writes and the XDP program
@@ -33,6 +53,7 @@ impl<T: Copy> std::fmt::Debug for Region<T> {
         let kind = match self.backing {
             Backing::Heap(_) => "heap",
             Backing::Mapped { .. } => "mapped",
+            Backing::Part(_) => "part",
         };
         write!(
             f,
@@ -43,7 +64,7 @@ impl<T: Copy> std::fmt::Debug for Region<T> {
     }
 }
 
-impl<T: Copy> Region<T> {
+impl<T: Copy + 'static> Region<T> {
     /// `len` copies of `fill` on the heap.
     pub fn heap(len: usize, fill: T) -> Self {
         Self::from_vec(vec![fill; len])
@@ -56,6 +77,7 @@ impl<T: Copy> Region<T> {
         Region {
             ptr,
             len,
+            mapped_part: false,
             backing: Backing::Heap(v),
         }
     }
@@ -104,13 +126,78 @@ impl<T: Copy> Region<T> {
         Ok(Region {
             ptr: NonNull::new(p.cast::<T>()).ok_or_else(std::io::Error::last_os_error)?,
             len,
+            mapped_part: false,
             backing: Backing::Mapped { bytes },
         })
     }
 
     /// Whether the memory is a shared map (read by the XDP program, kept by the kernel).
     pub fn is_mapped(&self) -> bool {
-        matches!(self.backing, Backing::Mapped { .. })
+        match &self.backing {
+            Backing::Mapped { .. } => true,
+            Backing::Heap(_) => false,
+            Backing::Part(_) => self.mapped_part,
+        }
+    }
+
+    /// Splits the region into `n` equal consecutive parts (`len` must be a multiple of
+    /// `n`); each part is written only through itself (one writer per part), and the
+    /// memory lives until every part and every [`KeepAlive`] is gone.
+    pub fn split(self, n: usize) -> Vec<Region<T>> {
+        assert!(
+            n > 0 && self.len.is_multiple_of(n),
+            "a region splits into equal parts"
+        );
+        let each = self.len / n;
+        let (base, mapped) = (self.ptr, self.is_mapped());
+        let keep = KeepAlive(std::sync::Arc::new(Whole(self)));
+        (0..n)
+            .map(|i| Region {
+                // SAFETY: `i * each < len`, so the offset stays inside the allocation
+                // (or one past its end for an empty part, which is never dereferenced).
+                ptr: unsafe { NonNull::new_unchecked(base.as_ptr().add(i * each)) },
+                len: each,
+                mapped_part: mapped,
+                backing: Backing::Part(keep.clone()),
+            })
+            .collect()
+    }
+
+    /// The parts of one [`Region::split`], in order, as one region again.
+    pub fn join(parts: Vec<Region<T>>) -> Region<T> {
+        let first = parts.first().expect("at least one part");
+        let (ptr, mapped) = (first.ptr, first.is_mapped());
+        let keep = first.keep_alive().expect("parts of a split region");
+        let mut len = 0;
+        for p in &parts {
+            assert!(
+                std::ptr::eq(p.ptr.as_ptr(), ptr.as_ptr().wrapping_add(len))
+                    && p.keep_alive()
+                        .is_some_and(|k| std::sync::Arc::ptr_eq(&k.0, &keep.0)),
+                "consecutive parts of one region"
+            );
+            len += p.len;
+        }
+        Region {
+            ptr,
+            len,
+            mapped_part: mapped,
+            backing: Backing::Part(keep),
+        }
+    }
+
+    /// What keeps this part's memory alive (`None` for a whole region).
+    pub fn keep_alive(&self) -> Option<KeepAlive> {
+        match &self.backing {
+            Backing::Part(k) => Some(k.clone()),
+            _ => None,
+        }
+    }
+
+    /// The first element's address, for read-only views of another worker's part
+    /// (valid while a [`KeepAlive`] of it is held).
+    pub fn as_ptr(&self) -> *const T {
+        self.ptr.as_ptr()
     }
 }
 
@@ -203,6 +290,21 @@ mod tests {
         r.store_release(4, 9);
         assert_eq!(&r[3..5], &[7, 9]);
         assert!(!r.is_mapped());
+    }
+
+    #[test]
+    fn split_parts_are_disjoint_and_outlive_the_whole() {
+        let r = Region::from_vec((0..12u64).collect());
+        let mut parts = r.split(3);
+        assert_eq!(parts.len(), 3);
+        assert_eq!(&parts[1][..], &[4, 5, 6, 7]);
+        parts[2][0] = 99;
+        let keep = parts[2].keep_alive().expect("a part");
+        let p = parts[2].as_ptr();
+        drop(parts);
+        // SAFETY: `keep` holds the memory; index 0 of the third part was written above.
+        assert_eq!(unsafe { *p }, 99);
+        drop(keep);
     }
 
     #[test]

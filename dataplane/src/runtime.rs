@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -43,6 +43,10 @@ use crate::netlink::{self, Netlink, PodSource, SharedNeighbours};
 use crate::region::monotonic_ms;
 use crate::services::ServiceTable;
 use crate::steering::{IfaceLink, SteeredIface, Steering};
+
+#[path = "runtime_worker.rs"]
+mod worker;
+use worker::{Bufs, Rings};
 
 /// Frames taken from one RX ring per loop iteration.
 const RX_BATCH: usize = 64;
@@ -98,6 +102,10 @@ pub struct RuntimeConfig {
     pub redirect: Option<crate::redirect::RedirectConfig>,
     /// Largest IPv4 packet sent to another node (the node network's MTU).
     pub redirect_mtu: usize,
+    /// Forwarding workers (threads), each serving the RX queues `q` with
+    /// `q % workers == worker` of every interface and transmitting on its own; 0: one per
+    /// RX queue of the uplink.
+    pub workers: u32,
 }
 
 struct Port {
@@ -105,7 +113,6 @@ struct Port {
     id: u32,
     name: String,
     ifindex: u32,
-    queue: u32,
     side: Side,
     /// Most frames this socket's fill ring holds.
     fill_budget: u32,
@@ -218,13 +225,14 @@ impl SocketFactory<'_> {
         side: Side,
         fill_budget: u32,
         steering: &mut Steering,
+        (worker, workers): (u32, u32),
     ) -> Result<Vec<Port>> {
         let name = &si.name;
         let ifname: Interface = name
             .parse()
             .map_err(|e| anyhow!("interface name {name}: {e:?}"))?;
         let mut out = Vec::new();
-        for q in 0..si.queues {
+        for q in (0..si.queues).filter(|q| q % workers == worker) {
             // SAFETY: the UMEM outlives the socket (both live until `run` returns, sockets
             // are dropped first) and every frame handed to its rings comes from this UMEM.
             let (tx, rx, rings) = unsafe { Socket::new(self.cfg, self.umem, &ifname, q) }
@@ -238,7 +246,6 @@ impl SocketFactory<'_> {
                 id: self.next_id,
                 name: format!("{name}/{q}"),
                 ifindex: si.ifindex,
-                queue: q,
                 side,
                 fill_budget,
                 fill_held: 0,
@@ -301,213 +308,465 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         !cfg.pod_ifaces.is_empty() || cfg.pod_ifaces_from_routes,
         "no Pod interfaces: give --pod-iface or --pod-ifaces-from-routes"
     );
-    let uplink = netlink::iface(&cfg.uplink).with_context(|| format!("uplink {}", cfg.uplink))?;
-    let mut pods = Vec::new();
-    for name in &cfg.pod_ifaces {
-        pods.push((
-            name.clone(),
-            netlink::iface(name).with_context(|| format!("Pod interface {name}"))?,
-        ));
-    }
-    let pod_ifaces: Vec<Iface> = pods.iter().map(|p| p.1).collect();
-    let backend_ips: Option<Arc<ArcSwap<Vec<u32>>>> = cfg
-        .pod_ifaces_from_routes
-        .then(|| Arc::new(ArcSwap::from_pointee(Vec::new())));
-    let source = PodSource {
-        explicit: pod_ifaces.clone(),
-        from_routes: backend_ips.clone(),
-    };
-
-    // Neighbours: a resolver thread keeps a copy fresh.
-    let mut nl = Netlink::open().context("opening a netlink socket")?;
-    let first = nl
-        .snapshot(uplink, &pod_ifaces)
-        .context("reading routes and neighbours")?;
-    let shared = Arc::new(SharedNeighbours::new(first));
-    let (miss_tx, miss_rx) = mpsc::sync_channel::<(u32, u32)>(256);
-    let stop_resolver = Arc::new(AtomicBool::new(false));
-    let keepalive = Duration::from_secs(cfg.neighbour_keepalive_s.max(1));
-    let resolver = {
-        let (shared, stop) = (shared.clone(), stop_resolver.clone());
-        std::thread::Builder::new()
-            .name("neighbours".into())
-            .spawn(move || {
-                netlink::run_resolver(
-                    nl,
-                    uplink,
-                    source,
-                    shared,
-                    miss_rx,
-                    stop,
-                    Duration::from_secs(1),
-                    keepalive,
-                )
-            })?
-    };
-
-    // One socket per RX queue of every interface (veth: one queue).
-    let mut steered = Vec::new();
-    let mut slot = 0u32;
-    let all = std::iter::once((cfg.uplink.clone(), uplink, Side::Uplink)).chain(
-        pods.iter()
-            .enumerate()
-            .map(|(i, (n, f))| (n.clone(), *f, Side::Pod(i as u16))),
-    );
-    let mut sides = Vec::new();
-    for (name, iface, side) in all {
-        let queues = rx_queues(&name);
-        steered.push(SteeredIface {
-            name: name.clone(),
-            ifindex: iface.ifindex,
-            uplink: side == Side::Uplink,
-            slot_base: slot,
-            queues,
-        });
-        sides.push(side);
-        slot += queues;
-    }
-    let max_discovered = if cfg.pod_ifaces_from_routes {
-        cfg.max_pod_sockets
-    } else {
-        0
-    };
-    ensure!(
-        slot + max_discovered <= 4096,
-        "at most 4096 AF_XDP sockets (interfaces x RX queues, plus --max-pod-sockets) are supported"
-    );
-    ensure!(
-        steered.len() + max_discovered as usize <= 256,
-        "at most 256 interfaces (uplink, --pod-iface and --max-pod-sockets) are supported"
-    );
-
-    // XDP steering (pinned maps and flow table, found again after a restart), then
+    let ifs = Interfaces::resolve(&cfg)?;
+    let resolver = Resolver::start(&cfg, &ifs)?;
+    let layout = Layout::of(&cfg, &ifs)?;
+    let workers = worker_count(&cfg, &layout.steered)?;
+    // XDP steering (pinned maps and flow tables, found again after a restart), then
     // sockets.
-    let (mut steering, regions, replaced) =
-        Steering::load(&cfg.pin_dir, cfg.engine.flow_capacity, cfg.generic_xdp)?;
+    let (mut steering, regions, replaced) = Steering::load(
+        &cfg.pin_dir,
+        cfg.engine.flow_capacity,
+        workers as usize,
+        cfg.generic_xdp,
+    )?;
     if let Some(reason) = &replaced {
         tracing::warn!(pin_dir = %cfg.pin_dir.display(), reason, "pinned maps not reusable: replaced by fresh ones (flows of the previous run are lost)");
     }
-    let (flows, opened) = FlowTable::open_shared(
+    let (tables, flows_restored) = open_flow_tables(&cfg, regions, workers);
+    steering.attach_all(&layout.steered)?;
+    for (name, mode) in &steering.modes {
+        tracing::info!(iface = %name, mode, "XDP steering attached");
+    }
+    let umems = layout.umems(&cfg, workers)?;
+    let mut built = build_workers(&cfg, &layout, tables, &umems, &mut steering, workers)?;
+    built[0].engine.counters_mut().flows_restored = flows_restored;
+    if let Some(r) = &cfg.redirect {
+        let node = std::net::Ipv4Addr::from(r.node);
+        steering.listen_redirects(node, r.port)?;
+        tracing::info!(node = %node, port = r.port, peers = r.peers.len(), "redirects between nodes on");
+    }
+    tracing::info!(
+        uplink = %cfg.uplink,
+        pods = ?cfg.pod_ifaces,
+        pod_ifaces_from_routes = cfg.pod_ifaces_from_routes,
+        workers,
+        frames_per_worker = ?umems.iter().map(|u| u.1.len()).collect::<Vec<_>>(),
+        flow_capacity = cfg.engine.flow_capacity,
+        "juneau-dataplane forwarding"
+    );
+    let metrics_text = Arc::new(Mutex::new(String::new()));
+    if let Some(addr) = cfg.metrics_addr {
+        serve_metrics(addr, metrics_text.clone())?;
+    }
+    let (stats_tx, stats_writer) = spawn_stats_writer(&cfg, metrics_text, workers as usize)?;
+    let first = built.remove(0);
+    let mut engine = first.engine;
+    let mut io = Io {
+        pool: first.pool,
+        ports: first.ports,
+        steering,
+        factory: first.factory,
+        discovery: layout.discovery(&cfg),
+        explicit: ifs.pods.iter().map(|p| p.1.ifindex).collect(),
+        backend_ips: ifs.backend_ips.clone(),
+    };
+    let others = built
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| worker::Worker {
+            id: i + 1,
+            umem: b.factory.umem,
+            pool: b.pool,
+            ports: b.ports,
+            engine: b.engine,
+        })
+        .collect();
+    let result = run_workers(&cfg, &mut io, &mut engine, others, &resolver, &stats_tx);
+    drop(stats_tx);
+    let _ = stats_writer.join();
+    resolver.stop();
+    drop(io);
+    tracing::info!(pin_dir = %cfg.pin_dir.display(), "juneau-dataplane stopped; XDP links and flow table stay pinned (juneau-dataplane --remove-pins removes them)");
+    result
+}
+
+/// The interfaces named on the command line.
+struct Interfaces {
+    uplink: Iface,
+    /// `--pod-iface` names and interfaces, in order (`Side::Pod` index).
+    pods: Vec<(String, Iface)>,
+    /// Backend addresses handed to the resolver (route discovery on).
+    backend_ips: Option<Arc<ArcSwap<Vec<u32>>>>,
+}
+
+impl Interfaces {
+    fn resolve(cfg: &RuntimeConfig) -> Result<Self> {
+        let uplink =
+            netlink::iface(&cfg.uplink).with_context(|| format!("uplink {}", cfg.uplink))?;
+        let mut pods = Vec::new();
+        for name in &cfg.pod_ifaces {
+            pods.push((
+                name.clone(),
+                netlink::iface(name).with_context(|| format!("Pod interface {name}"))?,
+            ));
+        }
+        let backend_ips = cfg
+            .pod_ifaces_from_routes
+            .then(|| Arc::new(ArcSwap::from_pointee(Vec::new())));
+        Ok(Interfaces {
+            uplink,
+            pods,
+            backend_ips,
+        })
+    }
+
+    fn pod_ifaces(&self) -> Vec<Iface> {
+        self.pods.iter().map(|p| p.1).collect()
+    }
+}
+
+/// The neighbour resolver thread and what the workers use to talk to it.
+struct Resolver {
+    shared: Arc<SharedNeighbours>,
+    miss_tx: mpsc::SyncSender<(u32, u32)>,
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+impl Resolver {
+    /// Neighbours: a resolver thread keeps a copy fresh.
+    fn start(cfg: &RuntimeConfig, ifs: &Interfaces) -> Result<Self> {
+        let pod_ifaces = ifs.pod_ifaces();
+        let source = PodSource {
+            explicit: pod_ifaces.clone(),
+            from_routes: ifs.backend_ips.clone(),
+        };
+        let mut nl = Netlink::open().context("opening a netlink socket")?;
+        let first = nl
+            .snapshot(ifs.uplink, &pod_ifaces)
+            .context("reading routes and neighbours")?;
+        let shared = Arc::new(SharedNeighbours::new(first));
+        let (miss_tx, miss_rx) = mpsc::sync_channel::<(u32, u32)>(256);
+        let stop = Arc::new(AtomicBool::new(false));
+        let keepalive = Duration::from_secs(cfg.neighbour_keepalive_s.max(1));
+        let uplink = ifs.uplink;
+        let handle = {
+            let (shared, stop) = (shared.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("neighbours".into())
+                .spawn(move || {
+                    netlink::run_resolver(
+                        nl,
+                        uplink,
+                        source,
+                        shared,
+                        miss_rx,
+                        stop,
+                        Duration::from_secs(1),
+                        keepalive,
+                    )
+                })?
+        };
+        Ok(Resolver {
+            shared,
+            miss_tx,
+            stop,
+            handle,
+        })
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        drop(self.miss_tx);
+        let _ = self.handle.join();
+    }
+}
+
+/// The fixed interfaces' redirect-map slots: one socket per RX queue of every interface
+/// (veth: one queue unless created with more), then room for discovered Pod interfaces.
+struct Layout {
+    steered: Vec<SteeredIface>,
+    sides: Vec<Side>,
+    /// Slots of the fixed interfaces (the first discovered one's base).
+    slots: u32,
+    max_discovered: u32,
+}
+
+impl Layout {
+    fn of(cfg: &RuntimeConfig, ifs: &Interfaces) -> Result<Self> {
+        let mut steered = Vec::new();
+        let mut slot = 0u32;
+        let all = std::iter::once((cfg.uplink.clone(), ifs.uplink, Side::Uplink)).chain(
+            ifs.pods
+                .iter()
+                .enumerate()
+                .map(|(i, (n, f))| (n.clone(), *f, Side::Pod(i as u16))),
+        );
+        let mut sides = Vec::new();
+        for (name, iface, side) in all {
+            let queues = rx_queues(&name);
+            steered.push(SteeredIface {
+                name: name.clone(),
+                ifindex: iface.ifindex,
+                uplink: side == Side::Uplink,
+                slot_base: slot,
+                queues,
+            });
+            sides.push(side);
+            slot += queues;
+        }
+        let max_discovered = if cfg.pod_ifaces_from_routes {
+            cfg.max_pod_sockets
+        } else {
+            0
+        };
+        ensure!(
+            slot + max_discovered <= 4096,
+            "at most 4096 AF_XDP sockets (interfaces x RX queues, plus --max-pod-sockets) are supported"
+        );
+        ensure!(
+            steered.len() + max_discovered as usize <= 256,
+            "at most 256 interfaces (uplink, --pod-iface and --max-pod-sockets) are supported"
+        );
+        Ok(Layout {
+            steered,
+            sides,
+            slots: slot,
+            max_discovered,
+        })
+    }
+
+    /// One UMEM per worker: frames for each of its sockets, and worker 0's for
+    /// discovered Pod interfaces.
+    fn umems(&self, cfg: &RuntimeConfig, workers: u32) -> Result<Vec<(Umem, Vec<FrameDesc>)>> {
+        let per_socket = cfg.frames_per_iface.max(2 * cfg.ring_size);
+        let pod_frames = cfg.pod_iface_frames.max(2);
+        (0..workers)
+            .map(|w| {
+                let sockets: u32 = self
+                    .steered
+                    .iter()
+                    .map(|si| (0..si.queues).filter(|q| q % workers == w).count() as u32)
+                    .sum();
+                let extra = if w == 0 {
+                    self.max_discovered * pod_frames
+                } else {
+                    0
+                };
+                new_umem(cfg, sockets * per_socket + extra)
+            })
+            .collect()
+    }
+
+    fn discovery(&self, cfg: &RuntimeConfig) -> Discovery {
+        Discovery {
+            slot_base: self.slots,
+            slots_used: vec![false; self.max_discovered as usize],
+            fill_budget: (cfg.pod_iface_frames.max(2) / 2).clamp(1, cfg.ring_size),
+            attached: Vec::new(),
+            retry_after: Default::default(),
+            attaches: 0,
+            detaches: 0,
+        }
+    }
+}
+
+/// One worker's parts, before its loop starts.
+struct Built<'u> {
+    factory: SocketFactory<'u>,
+    pool: FramePool<FrameDesc>,
+    ports: Vec<Port>,
+    engine: Engine,
+}
+
+/// Every worker's sockets (its queues of every interface, registered in the redirect
+/// map), frame pool and engine over its flow table.
+fn build_workers<'u>(
+    cfg: &RuntimeConfig,
+    layout: &Layout,
+    tables: Vec<FlowTable>,
+    umems: &'u [(Umem, Vec<FrameDesc>)],
+    steering: &mut Steering,
+    workers: u32,
+) -> Result<Vec<Built<'u>>> {
+    let sock_cfg = socket_config(cfg)?;
+    let mut out = Vec::new();
+    for (w, (table, (umem, descs))) in tables.into_iter().zip(umems).enumerate() {
+        let mut factory = SocketFactory {
+            umem,
+            cfg: sock_cfg,
+            next_id: 0,
+        };
+        let mut ports = Vec::new();
+        for (si, side) in layout.steered.iter().zip(&layout.sides) {
+            let mine = (w as u32, workers);
+            ports.extend(factory.open(si, *side, cfg.ring_size, steering, mine)?);
+        }
+        let mut engine = Engine::with_flows(cfg.engine, table);
+        if let Some(r) = &cfg.redirect {
+            engine.set_redirect(crate::redirect::Redirector::new(r.clone()));
+        }
+        out.push(Built {
+            factory,
+            pool: FramePool::new(descs.clone(), 4096),
+            ports,
+            engine,
+        });
+    }
+    Ok(out)
+}
+
+/// Worker 0's loop on this thread, the others on their own; returns when worker 0 stops
+/// (signal or error), after stopping the others.
+fn run_workers(
+    cfg: &RuntimeConfig,
+    io: &mut Io<'_>,
+    engine: &mut Engine,
+    others: Vec<worker::Worker<'_>>,
+    resolver: &Resolver,
+    stats_tx: &StatsSender,
+) -> Result<()> {
+    let published = worker::Published::default();
+    std::thread::scope(|sc| -> Result<()> {
+        for wk in others {
+            let ctx = worker::Shared {
+                cfg,
+                neighbours: &resolver.shared,
+                published: &published,
+                miss_tx: resolver.miss_tx.clone(),
+                stats_tx: stats_tx.clone(),
+            };
+            let id = wk.id;
+            let spawned = std::thread::Builder::new()
+                .name(format!("worker-{id}"))
+                .spawn_scoped(sc, move || worker::worker_loop(wk, ctx));
+            if let Err(e) = spawned {
+                STOP.store(true, Ordering::Relaxed);
+                return Err(e).with_context(|| format!("starting forwarding worker {id}"));
+            }
+        }
+        let r = forward_loop(
+            cfg,
+            io,
+            engine,
+            &resolver.shared,
+            &resolver.miss_tx,
+            stats_tx,
+            &published,
+        );
+        // Worker 0 stopping (signal or error) stops them all.
+        STOP.store(true, Ordering::Relaxed);
+        r
+    })
+}
+
+/// Forwarding workers: `--workers`, or one per RX queue of the uplink (0). More than one
+/// needs every interface to have a queue for each worker (a worker transmits only on its
+/// own sockets) and fixed Pod interfaces.
+fn worker_count(cfg: &RuntimeConfig, steered: &[SteeredIface]) -> Result<u32> {
+    let max = crate::flow::MAX_WORKERS as u32;
+    let n = match cfg.workers {
+        0 if cfg.pod_ifaces_from_routes => 1,
+        0 => steered.iter().map(|s| s.queues).min().unwrap_or(1).min(max),
+        n => n,
+    };
+    ensure!(
+        n <= max,
+        "at most {max} forwarding workers are supported (--workers {n})"
+    );
+    if n > 1 {
+        ensure!(
+            !cfg.pod_ifaces_from_routes,
+            "--workers {n} with --pod-ifaces-from-routes is not supported yet (per-Pod veths have one queue, which only one worker could transmit on): use --workers 1"
+        );
+        for si in steered {
+            ensure!(
+                si.queues >= n,
+                "{} has {} RX queue(s); {n} workers need at least {n} (each worker receives and transmits on its own queues)",
+                si.name,
+                si.queues
+            );
+        }
+    }
+    Ok(n)
+}
+
+/// The group of flow tables (one per worker) in the pinned maps, and how many flows a
+/// previous run left that were kept.
+fn open_flow_tables(
+    cfg: &RuntimeConfig,
+    regions: crate::flow::SharedRegions,
+    workers: u32,
+) -> (Vec<FlowTable>, u64) {
+    let (tables, opened) = FlowTable::open_group(
         regions,
+        workers as usize,
         cfg.engine.timeouts,
         cfg.engine.hash_seed,
         monotonic_ms(),
     );
-    let flows_restored = match &opened {
+    let restored = match &opened {
         Opened::Adopted { flows, expired } => {
-            tracing::info!(pin_dir = %cfg.pin_dir.display(), flows, expired, "flow table found again; its flows are kept");
+            tracing::info!(pin_dir = %cfg.pin_dir.display(), flows, expired, workers, "flow table found again; its flows are kept");
             *flows as u64
         }
         Opened::Fresh { reason } => {
-            tracing::info!(pin_dir = %cfg.pin_dir.display(), reason, "starting with an empty flow table");
+            tracing::info!(pin_dir = %cfg.pin_dir.display(), reason, workers, "starting with an empty flow table");
             0
         }
     };
-    steering.attach_all(&steered)?;
-    for (name, mode) in &steering.modes {
-        tracing::info!(iface = %name, mode, "XDP steering attached");
-    }
-    let fixed_frames = cfg.frames_per_iface.max(2 * cfg.ring_size) * slot;
-    let pod_frames = cfg.pod_iface_frames.max(2);
-    let total_frames = fixed_frames + max_discovered * pod_frames;
+    (tables, restored)
+}
+
+/// One worker's UMEM of `frames` 4 KiB frames, with their descriptors.
+fn new_umem(cfg: &RuntimeConfig, frames: u32) -> Result<(Umem, Vec<FrameDesc>)> {
     let umem_cfg = UmemConfig::builder()
         .frame_size(FrameSize::new(4096).map_err(|e| anyhow!("{e}"))?)
         .fill_queue_size(QueueSize::new(cfg.ring_size).map_err(|e| anyhow!("{e}"))?)
         .comp_queue_size(QueueSize::new(cfg.ring_size).map_err(|e| anyhow!("{e}"))?)
         .build()
         .map_err(|e| anyhow!("UMEM config: {e}"))?;
-    let (umem, descs) = Umem::new(
+    Umem::new(
         umem_cfg,
-        NonZeroU32::new(total_frames).expect("non-zero"),
+        NonZeroU32::new(frames.max(1)).expect("non-zero"),
         false,
     )
-    .map_err(|e| anyhow!("creating the UMEM ({total_frames} frames): {e}"))?;
+    .map_err(|e| anyhow!("creating the UMEM ({frames} frames): {e}"))
+}
+
+fn socket_config(cfg: &RuntimeConfig) -> Result<SocketConfig> {
     let bind = if cfg.zero_copy {
         BindFlags::XDP_ZEROCOPY
     } else {
         BindFlags::XDP_COPY
     };
-    let sock_cfg = SocketConfig::builder()
+    Ok(SocketConfig::builder()
         .rx_queue_size(QueueSize::new(cfg.ring_size).map_err(|e| anyhow!("{e}"))?)
         .tx_queue_size(QueueSize::new(cfg.ring_size).map_err(|e| anyhow!("{e}"))?)
         .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
         .bind_flags(bind)
-        .build();
-    let mut factory = SocketFactory {
-        umem: &umem,
-        cfg: sock_cfg,
-        next_id: 0,
-    };
-    let mut ports = Vec::with_capacity(slot as usize);
-    for (si, side) in steered.iter().zip(&sides) {
-        ports.extend(factory.open(si, *side, cfg.ring_size, &mut steering)?);
-    }
-    let discovery = Discovery {
-        slot_base: slot,
-        slots_used: vec![false; max_discovered as usize],
-        fill_budget: (pod_frames / 2).clamp(1, cfg.ring_size),
-        attached: Vec::new(),
-        retry_after: Default::default(),
-        attaches: 0,
-        detaches: 0,
-    };
-    tracing::info!(
-        uplink = %cfg.uplink,
-        pods = ?cfg.pod_ifaces,
-        pod_ifaces_from_routes = cfg.pod_ifaces_from_routes,
-        frames = total_frames,
-        flow_capacity = cfg.engine.flow_capacity,
-        "juneau-dataplane forwarding"
-    );
+        .build())
+}
 
-    let metrics_text = Arc::new(Mutex::new(String::new()));
-    if let Some(addr) = cfg.metrics_addr {
-        serve_metrics(addr, metrics_text.clone())?;
-    }
-    // Serialising and writing the stats happens on its own thread, so the forwarding
-    // loop only copies its counters once a second.
-    let (stats_tx, stats_rx) = mpsc::sync_channel::<Stats>(2);
-    let stats_writer = {
-        let (path, text) = (cfg.stats_file.clone(), metrics_text.clone());
-        std::thread::Builder::new().name("stats".into()).spawn(move || {
-            for stats in stats_rx {
-                *text.lock().unwrap_or_else(|p| p.into_inner()) = stats.prometheus();
-                if let Some(path) = &path {
-                    let json = serde_json::to_vec_pretty(&stats).unwrap_or_default();
-                    if let Err(e) = write_atomically(path, &json) {
-                        tracing::warn!(path = %path.display(), error = %e, "writing the stats file failed");
-                    }
+/// Where workers send their statistics (worker number, stats).
+type StatsSender = mpsc::SyncSender<(usize, Stats)>;
+
+/// Serialising and writing the stats happens on its own thread, so the forwarding
+/// workers only copy their counters once a second; it merges the workers' reports.
+fn spawn_stats_writer(
+    cfg: &RuntimeConfig,
+    text: Arc<Mutex<String>>,
+    workers: usize,
+) -> Result<(StatsSender, std::thread::JoinHandle<()>)> {
+    let (stats_tx, stats_rx) = mpsc::sync_channel::<(usize, Stats)>(2 * workers);
+    let path = cfg.stats_file.clone();
+    let h = std::thread::Builder::new().name("stats".into()).spawn(move || {
+        let mut collector = worker::Collector::new(workers);
+        for (w, stats) in stats_rx {
+            let Some(stats) = collector.add(w, stats) else {
+                continue;
+            };
+            *text.lock().unwrap_or_else(|p| p.into_inner()) = stats.prometheus();
+            if let Some(path) = &path {
+                let json = serde_json::to_vec_pretty(&stats).unwrap_or_default();
+                if let Err(e) = write_atomically(path, &json) {
+                    tracing::warn!(path = %path.display(), error = %e, "writing the stats file failed");
                 }
             }
-        })?
-    };
-
-    let mut io = Io {
-        pool: FramePool::new(descs, 4096),
-        ports,
-        steering,
-        factory,
-        discovery,
-        explicit: pod_ifaces.iter().map(|p| p.ifindex).collect(),
-        backend_ips,
-    };
-    let mut engine = Engine::with_flows(cfg.engine, flows);
-    engine.counters_mut().flows_restored = flows_restored;
-    if let Some(r) = &cfg.redirect {
-        let node = std::net::Ipv4Addr::from(r.node);
-        io.steering.listen_redirects(node, r.port)?;
-        tracing::info!(node = %node, port = r.port, peers = r.peers.len(), "redirects between nodes on");
-        engine.set_redirect(crate::redirect::Redirector::new(r.clone()));
-    }
-    let result = forward_loop(&cfg, &mut io, &mut engine, &shared, &miss_tx, &stats_tx);
-    drop(stats_tx);
-    let _ = stats_writer.join();
-    stop_resolver.store(true, Ordering::Relaxed);
-    drop(miss_tx);
-    let _ = resolver.join();
-    drop(io);
-    tracing::info!(pin_dir = %cfg.pin_dir.display(), "juneau-dataplane stopped; XDP links and flow table stay pinned (juneau-dataplane --remove-pins removes them)");
-    result
+        }
+    })?;
+    Ok((stats_tx, h))
 }
 
 /// The loop's I/O state: frames, sockets, steering, discovered Pod interfaces.
@@ -524,17 +783,9 @@ struct Io<'a> {
 }
 
 impl Io<'_> {
-    /// Egress socket (queue 0) of each of `nb`'s Pod interfaces, by `Side::Pod` index;
-    /// `None` while the interface has no socket yet.
+    /// Egress socket of each of `nb`'s Pod interfaces, by `Side::Pod` index.
     fn egress_map(&self, nb: &Neighbours) -> Vec<Option<usize>> {
-        nb.pods()
-            .iter()
-            .map(|i| {
-                self.ports
-                    .iter()
-                    .position(|p| p.ifindex == i.ifindex && p.queue == 0 && p.side != Side::Uplink)
-            })
-            .collect()
+        worker::egress_map(&self.ports, nb)
     }
 
     /// Attaches the Pod interfaces `nb` lists that have no sockets yet and detaches
@@ -620,6 +871,7 @@ impl Io<'_> {
             Side::Pod(0),
             self.discovery.fill_budget,
             &mut self.steering,
+            (0, 1),
         );
         let ports = match opened {
             Ok(p) => p,
@@ -673,14 +925,6 @@ impl Io<'_> {
         drop(p);
         let n = self.pool.reclaim(id, &[]);
         tracing::debug!(socket = id, frames = n, "socket closed, frames reclaimed");
-    }
-
-    /// Frames the kernel holds through live sockets.
-    fn frames_in_kernel(&self) -> u64 {
-        self.ports
-            .iter()
-            .map(|p| u64::from(p.fill_held) + u64::from(p.in_flight))
-            .sum()
     }
 }
 
@@ -770,54 +1014,184 @@ impl LoopTiming {
     }
 }
 
+/// What worker 0's loop needs besides its rings to follow the control state.
+struct ControlCtx<'a> {
+    nb: &'a Neighbours,
+    shared: &'a SharedNeighbours,
+    miss_tx: &'a mpsc::SyncSender<(u32, u32)>,
+    published: &'a worker::Published,
+}
+
+/// The node state followed (one atomic load per iteration; a snapshot only on change)
+/// and the dataplane status written for juneau-bgp (heartbeat, programmed VIPs).
+struct Control {
+    reader: Option<NodeStateReader>,
+    last_open_try: Instant,
+    seen_generation: u64,
+    status: DataplaneStatusWriter,
+    /// VIPs steered to us: what juneau-bgp may announce.
+    programmed: Vec<std::net::Ipv4Addr>,
+    last_beat: Instant,
+    /// Backend addresses of the table in force (to spot new ones).
+    known_backends: std::collections::HashSet<u32>,
+}
+
+impl Control {
+    fn new(cfg: &RuntimeConfig) -> Result<Self> {
+        let status = DataplaneStatusWriter::create(&cfg.status_file).with_context(|| {
+            format!(
+                "creating the dataplane status {}",
+                cfg.status_file.display()
+            )
+        })?;
+        Ok(Control {
+            reader: open_state(&cfg.state_file),
+            last_open_try: Instant::now(),
+            seen_generation: 0,
+            status,
+            programmed: Vec::new(),
+            last_beat: Instant::now(),
+            known_backends: Default::default(),
+        })
+    }
+
+    /// Once per iteration: a new service table when the state moved, and the heartbeat
+    /// (a clock read and a store, at most every 20 ms; an idle loop wakes at least every
+    /// `idle_sleep_ms`).
+    fn poll(
+        &mut self,
+        cfg: &RuntimeConfig,
+        now: Instant,
+        io: &mut Io<'_>,
+        engine: &mut Engine,
+        ctx: &ControlCtx<'_>,
+    ) {
+        if self.reader.is_none() && now.duration_since(self.last_open_try) > Duration::from_secs(1)
+        {
+            self.last_open_try = now;
+            self.reader = open_state(&cfg.state_file);
+        }
+        if let Some(r) = self.reader.as_mut() {
+            let g = r.generation();
+            if g != self.seen_generation && g != 0 {
+                match r.snapshot() {
+                    Ok(snap) => {
+                        self.apply(&snap, io, engine, ctx);
+                        self.seen_generation = g;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the node state failed; keeping the previous table")
+                    }
+                }
+            }
+        }
+        if now.duration_since(self.last_beat) >= Duration::from_millis(20) {
+            self.last_beat = now;
+            self.status.heartbeat();
+        }
+    }
+
+    /// A new node state: steering maps, backends for the resolver, the engines' table,
+    /// then the status (the VIPs now programmed).
+    fn apply(
+        &mut self,
+        snap: &juneau_control::shm::Snapshot,
+        io: &mut Io<'_>,
+        engine: &mut Engine,
+        ctx: &ControlCtx<'_>,
+    ) {
+        let table = ServiceTable::from_snapshot(snap);
+        let vips: Vec<std::net::Ipv4Addr> = table.vips().collect();
+        if let Err(e) = io.steering.sync(&table) {
+            // E.g. more VIPs than the map holds: keep forwarding what is steered rather
+            // than stop serving every VIP.
+            tracing::error!(error = %e, "updating the steering maps failed; some VIPs may not be steered");
+            // Only VIPs steered before and still wanted are surely in the map: announce
+            // no other.
+            self.programmed.retain(|v| vips.contains(v));
+        } else {
+            self.programmed = vips;
+        }
+        tracing::info!(
+            generation = snap.generation,
+            services = table.services().len(),
+            "service table updated"
+        );
+        if let Some(b) = &io.backend_ips {
+            // The resolver finds their interfaces (route look-up).
+            let mut ips: Vec<u32> = table
+                .services()
+                .iter()
+                .flat_map(|s| s.backends.iter().map(|b| u32::from(b.ip)))
+                .collect();
+            ips.sort_unstable();
+            ips.dedup();
+            b.store(Arc::new(ips));
+            let _ = ctx.miss_tx.try_send((0, 0));
+        }
+        self.resolve_backends(&table, ctx);
+        ctx.published.publish(&table);
+        engine.set_services(table);
+        if let Err(e) = self
+            .status
+            .publish(snap.generation, self.programmed.iter().copied())
+        {
+            tracing::error!(error = %e, "writing the dataplane status failed; juneau-bgp keeps the previous VIP set");
+        }
+    }
+
+    /// Starts resolving new backends now rather than on their first packet. A backend
+    /// address new to the table is re-resolved even when the kernel has an entry: a new
+    /// Pod may reuse the address (and not the MAC) of a deleted one.
+    fn resolve_backends(&mut self, table: &ServiceTable, ctx: &ControlCtx<'_>) {
+        let nb = ctx.nb;
+        let mut reverify = Vec::new();
+        let mut now_backends = std::collections::HashSet::new();
+        for s in table.services() {
+            for b in &s.backends {
+                let ip = u32::from(b.ip);
+                now_backends.insert(ip);
+                if !self.known_backends.contains(&ip) {
+                    if let Some(r) = nb.route(ip) {
+                        if matches!(nb.side_of(r.ifindex), Some((Side::Pod(_), _))) {
+                            reverify.push((r.gateway.unwrap_or(ip), r.ifindex));
+                        }
+                    }
+                }
+                if let Resolve::Miss { ip, ifindex } = nb.resolve(ip) {
+                    let _ = ctx.miss_tx.try_send((ip, ifindex));
+                }
+            }
+        }
+        self.known_backends = now_backends;
+        if !reverify.is_empty() {
+            for k in reverify {
+                // Full queue: that backend is resolved on its first miss.
+                let _ = ctx.shared.reverify.push(k);
+            }
+            let _ = ctx.miss_tx.try_send((0, 0));
+        }
+    }
+}
+
 fn forward_loop(
     cfg: &RuntimeConfig,
     io: &mut Io<'_>,
     engine: &mut Engine,
     shared: &SharedNeighbours,
     miss_tx: &mpsc::SyncSender<(u32, u32)>,
-    stats_tx: &mpsc::SyncSender<Stats>,
+    stats_tx: &mpsc::SyncSender<(usize, Stats)>,
+    published: &worker::Published,
 ) -> Result<()> {
-    let mut rx_buf = vec![FrameDesc::default(); RX_BATCH];
-    let mut hashes = [0u32; RX_BATCH];
-    let mut cq_buf = vec![FrameDesc::default(); cfg.ring_size as usize];
-    let mut pending: Vec<Vec<FrameDesc>> = Vec::new();
+    let mut b = Bufs::new(cfg.ring_size, io.ports.len());
     let mut nb: Arc<Neighbours> = shared.get();
     let mut nb_version = shared.version();
-    // Egress: the queue-0 socket of each interface.
     let mut egress = io.egress_map(&nb);
-
-    let mut reader = open_state(&cfg.state_file);
-    let mut seen_generation = 0u64;
-    // What juneau-bgp may announce: our heartbeat and the VIPs steered to us.
-    let mut status = DataplaneStatusWriter::create(&cfg.status_file).with_context(|| {
-        format!(
-            "creating the dataplane status {}",
-            cfg.status_file.display()
-        )
-    })?;
-    let mut programmed: Vec<std::net::Ipv4Addr> = Vec::new();
-    let mut last_beat = Instant::now();
-    // Backend addresses of the table in force (to spot new ones).
-    let mut known_backends: std::collections::HashSet<u32> = Default::default();
-    let mut last_open_try = Instant::now();
-
+    let mut control = Control::new(cfg)?;
     let mut last_stats = Instant::now();
     let mut last_reconcile = Instant::now();
     let mut last_activity = Instant::now();
-    let busy = Duration::from_micros(cfg.busy_poll_us);
-    let pollfds_of = |ports: &[Port]| -> Vec<libc::pollfd> {
-        ports
-            .iter()
-            .map(|p| libc::pollfd {
-                fd: p.rx.fd().as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect()
-    };
-    let mut pollfds = pollfds_of(&io.ports);
-    pending.resize_with(io.ports.len(), || Vec::with_capacity(RX_BATCH * 4));
+    let mut pollfds = worker::pollfds_of(&io.ports);
 
     let mut timing = LoopTiming::default();
     while !STOP.load(Ordering::Relaxed) {
@@ -826,98 +1200,17 @@ fn forward_loop(
         // The flow table's clock: CLOCK_MONOTONIC, shared with the XDP program and
         // unaffected by a restart of this process.
         let now_ms = monotonic_ms();
-
-        // Control state: one atomic load per iteration; a snapshot only on change.
-        if reader.is_none() && now.duration_since(last_open_try) > Duration::from_secs(1) {
-            last_open_try = now;
-            reader = open_state(&cfg.state_file);
-        }
-        if let Some(r) = reader.as_mut() {
-            let g = r.generation();
-            if g != seen_generation && g != 0 {
-                match r.snapshot() {
-                    Ok(snap) => {
-                        let table = ServiceTable::from_snapshot(&snap);
-                        let vips: Vec<std::net::Ipv4Addr> = table.vips().collect();
-                        if let Err(e) = io.steering.sync(&table) {
-                            // E.g. more VIPs than the map holds: keep forwarding what is
-                            // steered rather than stop serving every VIP.
-                            tracing::error!(error = %e, "updating the steering maps failed; some VIPs may not be steered");
-                            // Only VIPs steered before and still wanted are surely in
-                            // the map: announce no other.
-                            programmed.retain(|v| vips.contains(v));
-                        } else {
-                            programmed = vips;
-                        }
-                        tracing::info!(
-                            generation = snap.generation,
-                            services = table.services().len(),
-                            "service table updated"
-                        );
-                        if let Some(b) = &io.backend_ips {
-                            // The resolver finds their interfaces (route look-up).
-                            let mut ips: Vec<u32> = table
-                                .services()
-                                .iter()
-                                .flat_map(|s| s.backends.iter().map(|b| u32::from(b.ip)))
-                                .collect();
-                            ips.sort_unstable();
-                            ips.dedup();
-                            b.store(Arc::new(ips));
-                            let _ = miss_tx.try_send((0, 0));
-                        }
-                        // Start resolving new backends now rather than on their first
-                        // packet. A backend address new to the table is re-resolved even
-                        // when the kernel has an entry: a new Pod may reuse the address
-                        // (and not the MAC) of a deleted one.
-                        let mut reverify = Vec::new();
-                        let mut now_backends = std::collections::HashSet::new();
-                        for s in table.services() {
-                            for b in &s.backends {
-                                let ip = u32::from(b.ip);
-                                now_backends.insert(ip);
-                                if !known_backends.contains(&ip) {
-                                    if let Some(r) = nb.route(ip) {
-                                        if matches!(nb.side_of(r.ifindex), Some((Side::Pod(_), _)))
-                                        {
-                                            reverify.push((r.gateway.unwrap_or(ip), r.ifindex));
-                                        }
-                                    }
-                                }
-                                if let Resolve::Miss { ip, ifindex } = nb.resolve(ip) {
-                                    let _ = miss_tx.try_send((ip, ifindex));
-                                }
-                            }
-                        }
-                        known_backends = now_backends;
-                        if !reverify.is_empty() {
-                            for k in reverify {
-                                // Full queue: that backend is resolved on its first miss.
-                                let _ = shared.reverify.push(k);
-                            }
-                            let _ = miss_tx.try_send((0, 0));
-                        }
-                        engine.set_services(table);
-                        seen_generation = g;
-                        if let Err(e) = status.publish(snap.generation, programmed.iter().copied())
-                        {
-                            tracing::error!(error = %e, "writing the dataplane status failed; juneau-bgp keeps the previous VIP set");
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "reading the node state failed; keeping the previous table")
-                    }
-                }
-            }
-        }
+        let ctx = ControlCtx {
+            nb: &nb,
+            shared,
+            miss_tx,
+            published,
+        };
+        control.poll(cfg, now, io, engine, &ctx);
         // Neighbours: one atomic load per iteration. Discovered Pod interfaces follow
         // the table (and are re-checked every second, e.g. to retry a failed attach).
         // Sign of life for juneau-bgp: a clock read and a store, at most every 20 ms
         // (an idle loop wakes at least every `idle_sleep_ms`).
-        if now.duration_since(last_beat) >= Duration::from_millis(20) {
-            last_beat = now;
-            status.heartbeat();
-        }
         let v = shared.version();
         let nb_changed = v != nb_version;
         if nb_changed {
@@ -927,14 +1220,13 @@ fn forward_loop(
         if nb_changed || now.duration_since(last_reconcile) >= Duration::from_secs(1) {
             last_reconcile = now;
             if io.reconcile_pods(&nb, now) {
-                pollfds = pollfds_of(&io.ports);
-                pending.resize_with(io.ports.len(), || Vec::with_capacity(RX_BATCH * 4));
+                pollfds = worker::pollfds_of(&io.ports);
+                b.pending
+                    .resize_with(io.ports.len(), || Vec::with_capacity(RX_BATCH * 4));
             }
             egress = io.egress_map(&nb);
         }
 
-        let mut received = 0usize;
-        let mut completed = 0usize;
         let Io {
             pool,
             ports,
@@ -942,136 +1234,25 @@ fn forward_loop(
             ..
         } = &mut *io;
         let umem = factory.umem;
-        for p in ports.iter_mut() {
-            // Completions back to the free stack.
-            // SAFETY: `cq_buf` entries are overwritten with addresses of frames of our
-            // UMEM that the kernel has finished transmitting.
-            let done = unsafe { p.cq.consume(&mut cq_buf) };
-            completed += done;
-            p.in_flight = p.in_flight.saturating_sub(done as u32);
-            pool.free.extend_from_slice(&cq_buf[..done]);
-            // Generous refill: as many frames as the fill ring takes, up to the
-            // socket's budget.
-            let want = p.fill_budget.saturating_sub(p.fill_held);
-            let room = p.fq.nb_free(want.min(pool.free.len() as u32)) as usize;
-            let give = room.min(pool.free.len()).min(want as usize);
-            if give > 0 {
-                let from = pool.free.len() - give;
-                // SAFETY: these frames are in no ring and not referenced elsewhere.
-                let put = unsafe { p.fq.produce(&pool.free[from..]) };
-                pool.take_free_tail(p.id, put);
-                p.fill_held += put as u32;
-            }
-            // RX.
-            // SAFETY: `rx_buf` receives descriptors of frames of our UMEM that the kernel
-            // filled and handed over.
-            let n = unsafe { p.rx.consume(&mut rx_buf) };
-            received += n;
-            p.rx_packets += n as u64;
-            p.fill_held = p.fill_held.saturating_sub(n as u32);
-            let side = p.side;
-            if n > 1 {
-                // Pull the batch's flow-table memory into the cache first, so its
-                // cache misses overlap instead of stalling each packet in turn.
-                for (h, d) in hashes.iter_mut().zip(&rx_buf[..n]) {
-                    // SAFETY: as below; this only reads the frame.
-                    *h = engine.flow_hash(unsafe { umem.data(d) }.contents());
-                }
-                std::hint::black_box(engine.warm(&hashes[..n]));
-            }
-            for d in rx_buf.iter_mut().take(n) {
-                // SAFETY: the frame came off the RX ring, so the kernel no longer touches
-                // it and nothing else in userspace refers to it until we hand it on.
-                let mut data = unsafe { umem.data_mut(d) };
-                let verdict = engine.process(data.contents_mut(), side, &nb, now_ms);
-                match verdict {
-                    Verdict::Tx(out) => {
-                        let j = match out {
-                            Side::Uplink => Some(0),
-                            Side::Pod(k) => egress.get(usize::from(k)).copied().flatten(),
-                        };
-                        match j {
-                            Some(j) => pending[j].push(*d),
-                            None => {
-                                engine.counters_mut().drop(DropReason::PodIfaceNotAttached);
-                                pool.free.push(*d);
-                            }
-                        }
-                    }
-                    Verdict::Pass(_) => {
-                        engine.counters_mut().drop(DropReason::KernelBound);
-                        pool.free.push(*d);
-                    }
-                    Verdict::Drop(_) | Verdict::Consumed => pool.free.push(*d),
-                    Verdict::TxResized(out, len) => {
-                        data.cursor().set_pos(usize::from(len));
-                        let j = match out {
-                            Side::Uplink => Some(0),
-                            Side::Pod(k) => egress.get(usize::from(k)).copied().flatten(),
-                        };
-                        match j {
-                            Some(j) => pending[j].push(*d),
-                            None => {
-                                engine.counters_mut().drop(DropReason::PodIfaceNotAttached);
-                                pool.free.push(*d);
-                            }
-                        }
-                    }
-                    Verdict::Redirect => {
-                        if redirect_encapsulate(engine, &mut data, cfg.redirect_mtu) {
-                            pending[0].push(*d);
-                        } else {
-                            pool.free.push(*d);
-                        }
-                    }
-                }
-            }
-        }
-        send_notices(engine, umem, pool, &mut pending[0]);
-        timing.received(received);
-        // TX.
-        for (j, p) in ports.iter_mut().enumerate() {
-            let q = &mut pending[j];
-            if !q.is_empty() {
-                // SAFETY: frames from our UMEM, now owned by nobody but this queue.
-                let sent = unsafe { p.tx.produce(q) };
-                pool.hand_over(p.id, &q[..sent]);
-                for d in &q[sent..] {
-                    engine.counters_mut().drop(DropReason::TxRingFull);
-                    pool.free.push(*d);
-                }
-                engine.counters_mut().tx_packets += sent as u64;
-                p.in_flight += sent as u32;
-                p.unsent += sent as u32;
-                q.clear();
-            }
-            // Kick policy: copy mode transmits only inside sendto(), at most 32 frames per
-            // call. Kick for the frames produced since the last kick, and again only while
-            // the TX ring still holds frames the kernel has not taken (a kick cut short by
-            // its per-call budget or a busy device); completions of frames already taken
-            // arrive without a kick. Zero-copy drivers: kick while any are in flight.
-            let queued = cfg.ring_size.saturating_sub(p.tx.nb_free_exact());
-            if p.unsent > 0 || queued > 0 || (cfg.zero_copy && p.in_flight > 0) {
-                let calls = p.unsent.max(queued).div_ceil(COPY_MODE_TX_BATCH).max(1);
-                timing.kicks += u64::from(calls);
-                timing.idle_kicks += u64::from(p.unsent == 0);
-                for _ in 0..calls {
-                    if let Err(e) = p.tx.wakeup() {
-                        tracing::debug!(iface = %p.name, error = %e, "TX wakeup failed");
-                        break;
-                    }
-                }
-                p.unsent = 0;
-            }
-        }
-        for (ip, ifindex) in engine.missing.take() {
-            let _ = miss_tx.try_send((ip, ifindex));
-        }
-        engine.sweep(now_ms, SWEEP_BUDGET);
+        let mut rings = Rings { ports, pool, umem };
+        let (received, completed) = worker::step(
+            &mut rings,
+            engine,
+            &nb,
+            &egress,
+            &mut b,
+            now_ms,
+            cfg,
+            &mut timing,
+            miss_tx,
+        );
 
         if now.duration_since(last_stats) >= Duration::from_secs(1) {
             last_stats = now;
-            let _ = stats_tx.try_send(collect_stats(engine, io, seen_generation, &nb, shared));
+            let _ = stats_tx.try_send((
+                0,
+                collect_stats(engine, io, control.seen_generation, &nb, shared),
+            ));
             timing.log();
         }
 
@@ -1079,41 +1260,20 @@ fn forward_loop(
         // kernel did not take yet is retried on every iteration while we spin).
         if received > 0 || completed > 0 {
             last_activity = now;
-        } else if now.duration_since(last_activity) < busy {
-            // Nothing arrived: let whatever else is runnable on this core go first. In
-            // copy mode that is typically the interface's NAPI (softirq or threaded
-            // kthread) that fills our RX rings: spinning on empty rings would take the
-            // core from the very work that feeds them. Returns at once when nothing else
-            // wants the core.
-            std::thread::yield_now();
-            timing.yields += 1;
         } else {
-            // Idle back-off: sleep until a packet arrives or the timeout passes.
-            for pfd in pollfds.iter_mut() {
-                pfd.revents = 0;
-            }
-            let before = Instant::now();
-            // SAFETY: `pollfds` is a valid array of pollfd for its length.
-            unsafe {
-                libc::poll(
-                    pollfds.as_mut_ptr(),
-                    pollfds.len() as libc::nfds_t,
-                    cfg.idle_sleep_ms,
-                );
-            }
-            timing.slept_for(before.elapsed());
-            // A socket whose interface vanished reports an error at once; do not spin
-            // on it until it is detached.
-            if pollfds
-                .iter()
-                .any(|p| p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0)
-            {
-                std::thread::sleep(Duration::from_millis(cfg.idle_sleep_ms.max(0) as u64));
-            }
+            worker::idle(
+                cfg,
+                &mut pollfds,
+                now.duration_since(last_activity),
+                &mut timing,
+            );
         }
     }
     // Final stats so a short-lived run leaves them behind.
-    let _ = stats_tx.send(collect_stats(engine, io, seen_generation, &nb, shared));
+    let _ = stats_tx.send((
+        0,
+        collect_stats(engine, io, control.seen_generation, &nb, shared),
+    ));
     Ok(())
 }
 
@@ -1189,37 +1349,18 @@ fn collect_stats(
     nb: &Neighbours,
     shared: &SharedNeighbours,
 ) -> Stats {
-    let ports = &io.ports;
-    let c = engine.counters();
-    let flows = engine.flows();
-    let mut st = Stats {
-        timestamp: now_unix(),
-        generation,
-        rx_packets: c.rx_packets,
-        tx_packets: c.tx_packets,
-        flows: flows.len() as u64,
-        flow_capacity: flows.capacity() as u64,
-        flow_table_bytes: flows.memory_bytes() as u64,
-        half_open_flows: flows.half_open() as u64,
-        half_open_max: flows.half_open_max() as u64,
-        half_open_evicted: flows.half_open_evicted(),
-        flows_restored: c.flows_restored,
-        neighbours: nb.neighbour_count() as u64,
-        neighbour_requests: shared.requests.load(Ordering::Relaxed),
-        umem_frames: io.pool.total() as u64,
-        umem_frames_free: io.pool.free.len() as u64,
-        umem_frames_in_kernel: io.frames_in_kernel(),
-        umem_frames_reclaimed: io.pool.reclaimed,
-        pod_ifaces: io
-            .discovery
-            .attached
-            .iter()
-            .map(|d| d.steered.name.clone())
-            .collect(),
-        pod_iface_attaches: io.discovery.attaches,
-        pod_iface_detaches: io.discovery.detaches,
-        ..Default::default()
-    };
+    let mut st = worker::worker_stats(engine, &io.ports, &io.pool);
+    st.generation = generation;
+    st.neighbours = nb.neighbour_count() as u64;
+    st.neighbour_requests = shared.requests.load(Ordering::Relaxed);
+    st.pod_ifaces = io
+        .discovery
+        .attached
+        .iter()
+        .map(|d| d.steered.name.clone())
+        .collect();
+    st.pod_iface_attaches = io.discovery.attaches;
+    st.pod_iface_detaches = io.discovery.detaches;
     if let Some(r) = engine.redirect() {
         st.redirect_notices_dropped = r.notices_dropped;
         st.redirect_peers = r
@@ -1231,33 +1372,11 @@ fn collect_stats(
             .collect();
     }
     let sd = io.steering.drops();
-    for r in DropReason::ALL {
-        let in_kernel = match r {
-            DropReason::PortNotExposed => sd.port_not_exposed,
-            DropReason::UnsupportedProtocol => sd.unsupported_protocol,
-            _ => 0,
-        };
-        st.drops
-            .insert(r.name().to_string(), c.drops_for(r) + in_kernel);
-    }
-    for (i, s) in engine.services().services().iter().enumerate() {
-        st.services.push(ServiceStats {
-            vip: s.frontend.vip.to_string(),
-            protocol: s.frontend.protocol.to_string(),
-            port: s.frontend.port,
-            backends: s.ready,
-            draining_backends: s.backends.len() - s.ready,
-            counters: c.services.get(i).copied().unwrap_or_default(),
-        });
-    }
-    for p in ports {
-        st.rx_packets_per_socket
-            .insert(p.name.clone(), p.rx_packets);
-        if let Ok(x) = p.rx.fd().xdp_statistics() {
-            st.xsk_rx_dropped += x.rx_dropped();
-            st.xsk_rx_ring_full += x.rx_ring_full();
-            st.xsk_fill_ring_empty += x.rx_fill_ring_empty_descs();
-        }
-    }
+    *st.drops
+        .entry(DropReason::PortNotExposed.name().to_string())
+        .or_default() += sd.port_not_exposed;
+    *st.drops
+        .entry(DropReason::UnsupportedProtocol.name().to_string())
+        .or_default() += sd.unsupported_protocol;
     st
 }

@@ -137,13 +137,17 @@ where
 }
 
 /// Sizes a pinned map must have to be reused: `(name, key, value, max_entries, flags)`.
-fn expected_maps(records: u32, slots: u32) -> [(&'static str, u32, u32, u32, u32); 8] {
+fn expected_maps(
+    records: u32,
+    slots: u32,
+    workers: u32,
+) -> [(&'static str, u32, u32, u32, u32); 8] {
     [
         ("xsks", 4, 4, 4096, 0),
         ("ifaces", 4, 12, 256, 0),
         ("vips", 4, 1, 65536, 0),
         ("frontends", 8, 1, 65536, 0),
-        ("flow_meta", 4, 64, 1, BPF_F_MMAPABLE),
+        ("flow_meta", 4, 64, workers, BPF_F_MMAPABLE),
         ("flow_index", 4, 8, slots, BPF_F_MMAPABLE),
         ("flow_records", 4, 32, records, BPF_F_MMAPABLE),
         ("redirect_in", 8, 1, 16, 0),
@@ -152,12 +156,19 @@ fn expected_maps(records: u32, slots: u32) -> [(&'static str, u32, u32, u32, u32
 
 /// Index slots for a capacity (as [`crate::flow::FlowTable`] sizes them).
 pub fn index_slots(capacity: usize) -> usize {
-    (capacity.clamp(1, (u32::MAX / 4) as usize) * 4).next_power_of_two()
+    (capacity.clamp(1, crate::flow::MAX_TABLE_CAPACITY) * 4).next_power_of_two()
+}
+
+/// Records per worker's table for a total `--flow-capacity` shared by `workers`.
+pub fn per_worker_capacity(total: usize, workers: usize) -> usize {
+    total
+        .div_ceil(workers.max(1))
+        .clamp(1, crate::flow::MAX_TABLE_CAPACITY)
 }
 
 /// Why the pinned maps in `dir` cannot be reused, if they cannot.
-fn pinned_mismatch(dir: &Path, records: u32, slots: u32) -> Option<String> {
-    for (name, key, value, max, flags) in expected_maps(records, slots) {
+fn pinned_mismatch(dir: &Path, records: u32, slots: u32, workers: u32) -> Option<String> {
+    for (name, key, value, max, flags) in expected_maps(records, slots, workers) {
         let path = dir.join(name);
         if !path.exists() {
             continue;
@@ -174,7 +185,7 @@ fn pinned_mismatch(dir: &Path, records: u32, slots: u32) -> Option<String> {
         );
         if got != (key, value, max, flags) {
             return Some(format!(
-                "pinned map {name} has key/value/entries/flags {got:?}, this binary needs {:?} (changed --flow-capacity or a new version)",
+                "pinned map {name} has key/value/entries/flags {got:?}, this binary needs {:?} (changed --flow-capacity, --workers or a new version)",
                 (key, value, max, flags)
             ));
         }
@@ -211,10 +222,12 @@ impl Steering {
     /// Loads the program with its maps pinned under `pin_dir` (created if missing),
     /// reusing the pinned maps of a previous run when they fit (same sizes and flow-table
     /// layout), otherwise replacing them (the reason is returned, for the log). Returns
-    /// the flow table's shared regions (mapped), for [`crate::flow::FlowTable::open_shared`].
+    /// the flow tables' shared regions (mapped; one table per forwarding worker, each of
+    /// `flow_capacity / workers` flows), for [`crate::flow::FlowTable::open_group`].
     pub fn load(
         pin_dir: &Path,
         flow_capacity: usize,
+        workers: usize,
         force_generic: bool,
     ) -> Result<(Self, SharedRegions, Option<String>)> {
         let pinned = on_bpffs(pin_dir);
@@ -224,23 +237,27 @@ impl Steering {
         } else {
             tracing::warn!(pin_dir = %pin_dir.display(), "the pin directory is not on a BPF filesystem (mount -t bpf bpf /sys/fs/bpf): nothing is pinned, flows will NOT survive a restart and the XDP program goes with the process");
         }
-        let records = flow_capacity.clamp(1, (u32::MAX / 4) as usize) as u32;
-        let slots = index_slots(flow_capacity) as u32;
+        let workers = workers.clamp(1, crate::flow::MAX_WORKERS);
+        let each = per_worker_capacity(flow_capacity, workers);
+        let records = (each * workers) as u32;
+        let slots = (index_slots(each) * workers) as u32;
+        let workers = workers as u32;
         let replaced = if pinned {
-            pinned_mismatch(pin_dir, records, slots)
+            pinned_mismatch(pin_dir, records, slots, workers)
         } else {
             None
         };
         if replaced.is_some() {
-            for (name, ..) in expected_maps(records, slots) {
+            for (name, ..) in expected_maps(records, slots, workers) {
                 let _ = std::fs::remove_file(pin_dir.join(name));
             }
         }
         let mut loader = EbpfLoader::new();
         loader
+            .map_max_entries("flow_meta", workers)
             .map_max_entries("flow_index", slots)
             .map_max_entries("flow_records", records);
-        let names = expected_maps(records, slots);
+        let names = expected_maps(records, slots, workers);
         let paths: Vec<(&str, PathBuf)> =
             names.iter().map(|(n, ..)| (*n, pin_dir.join(n))).collect();
         if pinned {
@@ -523,7 +540,7 @@ fn frontend_key(f: &(Ipv4Addr, u16, u8)) -> FrontendKey {
 }
 
 /// Maps the values of one of the program's `BPF_F_MMAPABLE` array maps.
-fn map_region<T: Copy>(bpf: &Ebpf, name: &str) -> Result<Region<T>> {
+fn map_region<T: Copy + 'static>(bpf: &Ebpf, name: &str) -> Result<Region<T>> {
     let map = bpf
         .map(name)
         .ok_or_else(|| anyhow!("steering program has no map {name}"))?;

@@ -32,7 +32,9 @@ use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Prot
 use juneau_control::shm::{Capacity, NodeStateWriter};
 use juneau_tests::frames::{inet_checksum, inject, send_raw_ipv4, TcpFlood};
 use juneau_tests::http::{http_get, read_response, TestBackend};
-use juneau_tests::netns::{in_ns, mac_of, require_root, run, unique_prefix, veth, Netns, NsChild};
+use juneau_tests::netns::{
+    in_ns, mac_of, require_root, run, unique_prefix, veth, veth_queues, Netns, NsChild,
+};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 10);
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 1, 2);
@@ -173,6 +175,26 @@ impl Lab {
         routes: bool,
         extra: &[&str],
     ) -> Result<Self> {
+        Self::build_full(tag, queues, 1, bridge, routes, extra)
+    }
+
+    /// `workers` forwarding workers over an uplink and Pod veths of `workers` queues
+    /// each.
+    fn with_workers(tag: &str, workers: u32, extra: &[&str]) -> Result<Self> {
+        let n = workers.to_string();
+        let mut argv = vec!["--workers", n.as_str()];
+        argv.extend_from_slice(extra);
+        Self::build_full(tag, workers, workers, false, false, &argv)
+    }
+
+    fn build_full(
+        tag: &str,
+        queues: u32,
+        pod_queues: u32,
+        bridge: bool,
+        routes: bool,
+        extra: &[&str],
+    ) -> Result<Self> {
         require_root()?;
         for (t, a) in [
             ("ip", "-V"),
@@ -229,7 +251,7 @@ impl Lab {
             node.addr("br0", "10.100.2.1/23")?;
         }
         for (i, pod) in pods.iter().enumerate() {
-            wire_pod(&node, pod, i, bridge)?;
+            wire_pod(&node, pod, i, bridge, pod_queues)?;
         }
         let backends = vec![
             start_backend(pods[0].name(), "pod0")?,
@@ -521,9 +543,13 @@ impl Lab {
 
 /// Connects Pod `i` to the node: its own veth `pv<i>` with a /24 (per-Pod veth, as
 /// ptp-style CNIs do), or a port of bridge `br0` (bridge CNIs).
-fn wire_pod(node: &Netns, pod: &Netns, i: usize, bridge: bool) -> Result<()> {
+fn wire_pod(node: &Netns, pod: &Netns, i: usize, bridge: bool, queues: u32) -> Result<()> {
     let pv = format!("pv{i}");
-    veth(node, &pv, pod, "eth0")?;
+    if queues == 1 {
+        veth(node, &pv, pod, "eth0")?;
+    } else {
+        veth_queues(node, &pv, pod, "eth0", queues)?;
+    }
     if bridge {
         node.exec(&["ip", "link", "set", &pv, "master", "br0"])?;
         pod.addr("eth0", &format!("{}/23", pod_ip(i)))?;
@@ -933,7 +959,7 @@ fn pods_behind_a_bridge_and_a_new_pod_need_no_restart() -> Result<()> {
     // A new Pod is created and plugged into the bridge, then becomes a backend.
     let name = format!("{}x", lab.node.name());
     let pod1 = Netns::new(name)?;
-    wire_pod(&lab.node, &pod1, 1, true)?;
+    wire_pod(&lab.node, &pod1, 1, true, 1)?;
     lab.backends.push(start_backend(pod1.name(), "pod1")?);
     lab.pods.push(pod1);
     lab.publish(&[0, 1])?;
@@ -1175,7 +1201,7 @@ fn per_pod_veths_found_through_routes_come_and_go_without_a_restart() -> Result<
 
     // A Pod namespace created after the dataplane started, on its own veth pv2.
     let pod2 = Netns::new(format!("{}x", lab.node.name()))?;
-    wire_pod(&lab.node, &pod2, 2, false)?;
+    wire_pod(&lab.node, &pod2, 2, false, 1)?;
     lab.backends.push(start_backend(pod2.name(), "pod2")?);
     lab.pods.push(pod2);
     lab.publish(&[0, 1, 2])?;
@@ -1200,7 +1226,7 @@ fn per_pod_veths_found_through_routes_come_and_go_without_a_restart() -> Result<
         }
     }
     // ... and re-created: pod1 serves again.
-    wire_pod(&lab.node, &lab.pods[1], 1, false)?;
+    wire_pod(&lab.node, &lab.pods[1], 1, false, 1)?;
     lab.wait_pod_ifaces(&["pv0", "pv1", "pv2"], &[])?;
     let mut seen = HashSet::new();
     for mut c in lab.connect_many(30)? {
@@ -1247,7 +1273,7 @@ fn many_pod_veth_attach_detach_cycles_leak_no_frames() -> Result<()> {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        wire_pod(&lab.node, &lab.pods[1], 1, false)?;
+        wire_pod(&lab.node, &lab.pods[1], 1, false, 1)?;
         let deadline = Instant::now() + Duration::from_secs(20);
         while lab.stats()?["pod_iface_attaches"].as_u64().unwrap_or(0) < attaches0 + i {
             ensure!(
@@ -1734,5 +1760,125 @@ fn a_terminating_backend_finishes_its_connections_and_gets_no_new_ones() -> Resu
     }
     lab.wait_drops("backend_removed", 1)?;
     drop((conns, fresh));
+    lab.finish()
+}
+
+/// Per-worker figures from the stats file: `(rx_packets, flows)` of each worker.
+fn per_worker(s: &serde_json::Value) -> Vec<(u64, u64)> {
+    s["workers"]
+        .as_array()
+        .map(|ws| {
+            ws.iter()
+                .map(|w| {
+                    (
+                        w["rx_packets"].as_u64().unwrap_or(0),
+                        w["flows"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Two forwarding workers (`--workers 2`) over 2-queue veths on the uplink and both Pod
+/// sides. The client's connections spread over both uplink queues (the sender's TX
+/// queue, picked by its flow hash, is the veth receiver's RX queue), and each Pod's
+/// replies over both queues of its veth independently, so many connections have their
+/// two directions on different workers: replies must be found in the other worker's
+/// table (counted as `cross_worker_lookups`). Then: no flow from spoofed ACKs, and the
+/// connections survive `kill -9` and a restart with the same worker count.
+#[test]
+fn two_workers_share_connections_across_queues_and_survive_a_restart() -> Result<()> {
+    let mut lab = Lab::with_workers("dpw", 2, &[])?;
+    let mut conns = lab.connect_many(32)?;
+    for c in conns.iter_mut() {
+        c.set_read_timeout(Some(Duration::from_secs(20)))?;
+        let body = http_get(c)?;
+        assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+    }
+    // The stats file is rewritten about once a second (merged from both workers).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let s = loop {
+        let s = lab.stats()?;
+        let w = per_worker(&s);
+        if w.len() == 2 && w.iter().all(|(rx, flows)| *rx > 0 && *flows > 0) && s["flows"] == 32 {
+            break s;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "both workers must receive and own flows: {s}\n{}",
+            lab.dataplane_log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let cross = s["cross_worker_lookups"].as_u64().unwrap_or(0);
+    assert!(cross > 0, "no reply was found across workers: {s}");
+    eprintln!(
+        "2 workers: per worker (rx, flows) {:?}, cross-worker look-ups {cross}, sockets {}",
+        per_worker(&s),
+        s["rx_packets_per_socket"]
+    );
+    // Spoofed ACKs (on both uplink queues: their source ports vary) create no flow.
+    let dst = mac_of(&lab.node, "up0")?;
+    let src = mac_of(&lab.client, "eth0")?;
+    inject(
+        lab.client.name(),
+        "eth0",
+        flood(dst, src, 0x10, 11).frames(4_000),
+    )?;
+    lab.wait_drops("non_syn_without_flow", 500)?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = lab.stats()?;
+    assert_eq!(s["flows"].as_u64(), Some(32), "ACKs created flows: {s}");
+    // kill -9 and a restart with the same workers: every connection carries on.
+    lab.kill9();
+    let pending: Vec<JoinHandle<(TcpStream, Result<String>)>> = conns
+        .drain(..)
+        .map(|mut c| {
+            std::thread::spawn(move || {
+                let r = http_get(&mut c);
+                (c, r)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    lab.start()?;
+    for (i, h) in pending.into_iter().enumerate() {
+        let (c, r) = h.join().expect("request thread");
+        let body = r.with_context(|| {
+            format!("connection {i} after the restart:\n{}", lab.dataplane_log())
+        })?;
+        assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+        conns.push(c);
+    }
+    let s = lab.stats()?;
+    assert!(s["flows_restored"].as_u64().unwrap_or(0) >= 32, "{s}");
+    for c in conns.iter_mut() {
+        http_get(c)?;
+    }
+    drop(conns);
+    // Another worker count: the pinned tables are not reused (logged), new connections
+    // are served.
+    lab.kill9();
+    let at = lab
+        .argv
+        .iter()
+        .position(|a| a == "--workers")
+        .expect("--workers")
+        + 1;
+    lab.argv[at] = "1".into();
+    lab.start()?;
+    let log = lab.dataplane_log();
+    assert!(
+        log.contains("replaced by fresh ones") && log.contains("--workers"),
+        "{log}"
+    );
+    let mut c = lab.connect_many(2)?;
+    for c in c.iter_mut() {
+        http_get(c)?;
+    }
+    let s = lab.stats()?;
+    assert_eq!(s["flows_restored"].as_u64(), Some(0), "{s}");
+    drop(c);
     lab.finish()
 }

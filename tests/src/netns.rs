@@ -224,6 +224,40 @@ pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) -> Result<()> {
     Ok(())
 }
 
+/// A veth pair with `queues` RX and TX queues on each end (`numrxqueues`/`numtxqueues`),
+/// both ends up.
+pub fn veth_queues(a: &Netns, a_if: &str, b: &Netns, b_if: &str, queues: u32) -> Result<()> {
+    let q = queues.to_string();
+    run(
+        "ip",
+        &[
+            "link",
+            "add",
+            a_if,
+            "netns",
+            &a.name,
+            "numrxqueues",
+            &q,
+            "numtxqueues",
+            &q,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            b_if,
+            "netns",
+            &b.name,
+            "numrxqueues",
+            &q,
+            "numtxqueues",
+            &q,
+        ],
+    )?;
+    a.exec(&["ip", "link", "set", a_if, "up"])?;
+    b.exec(&["ip", "link", "set", b_if, "up"])?;
+    Ok(())
+}
+
 /// A process running in a namespace, killed on drop.
 #[derive(Debug)]
 pub struct NsChild {

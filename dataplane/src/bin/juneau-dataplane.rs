@@ -133,6 +133,13 @@ struct Args {
     /// packet that does not fit once encapsulated (up to 68 bytes more) is dropped.
     #[arg(long, default_value_t = 1500)]
     redirect_mtu: usize,
+    /// Forwarding workers (threads). Each serves the RX queues `q` with
+    /// `q % workers == worker` of every interface, transmits on its own queues and owns
+    /// one flow table; 0: one per RX queue of the uplink. More than one needs every
+    /// interface to have at least that many queues and fixed --pod-iface interfaces.
+    /// Changing it across a restart starts with empty flow tables.
+    #[arg(long, default_value_t = 1)]
+    workers: u32,
 }
 
 fn main() -> Result<()> {
@@ -209,6 +216,7 @@ fn main() -> Result<()> {
                 burst: a.redirect_burst,
             }),
         redirect_mtu: a.redirect_mtu,
+        workers: a.workers,
     };
     run(cfg)
 }

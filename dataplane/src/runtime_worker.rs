@@ -1,0 +1,564 @@
+//! One forwarding worker's ring work, and the loop of workers 1..N (worker 0 runs
+//! [`super::forward_loop`], which also owns control-state sync, interface attach and
+//! the status file). Every worker has its own UMEM, frame pool, sockets (the RX queues
+//! `q` with `q % workers == worker` of every interface), TX queues and flow table; the
+//! only things it shares are read-only snapshots (service table, neighbours) it picks up
+//! between batches, other workers' flow tables (read, plus two atomic words per record,
+//! see `crate::flow`), and the stats channel.
+
+use super::*;
+
+/// A worker's per-iteration buffers.
+pub(super) struct Bufs {
+    rx: Vec<FrameDesc>,
+    hashes: [u32; RX_BATCH],
+    cq: Vec<FrameDesc>,
+    /// Frames to transmit, by socket (index into the worker's ports).
+    pub pending: Vec<Vec<FrameDesc>>,
+}
+
+impl Bufs {
+    pub fn new(ring_size: u32, sockets: usize) -> Self {
+        let mut pending = Vec::new();
+        pending.resize_with(sockets, || Vec::with_capacity(RX_BATCH * 4));
+        Bufs {
+            rx: vec![FrameDesc::default(); RX_BATCH],
+            hashes: [0; RX_BATCH],
+            cq: vec![FrameDesc::default(); ring_size as usize],
+            pending,
+        }
+    }
+}
+
+/// What a worker's rings need per batch.
+pub(super) struct Rings<'p, 'u> {
+    pub ports: &'p mut [Port],
+    pub pool: &'p mut FramePool<FrameDesc>,
+    pub umem: &'u Umem,
+}
+
+/// One pass over a worker's rings — RX and the engine's verdicts, "I own this flow"
+/// notices, TX, neighbour requests, a bounded sweep of its own flow table. Returns the
+/// frames received and completed.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn step(
+    r: &mut Rings<'_, '_>,
+    engine: &mut Engine,
+    nb: &Neighbours,
+    egress: &[Option<usize>],
+    b: &mut Bufs,
+    now_ms: u64,
+    cfg: &RuntimeConfig,
+    timing: &mut LoopTiming,
+    miss_tx: &mpsc::SyncSender<(u32, u32)>,
+) -> (usize, usize) {
+    let (received, completed) = receive(r, engine, nb, egress, b, now_ms, cfg.redirect_mtu);
+    send_notices(engine, r.umem, r.pool, &mut b.pending[0]);
+    timing.received(received);
+    transmit(r, engine, b, cfg, timing);
+    for (ip, ifindex) in engine.missing.take() {
+        let _ = miss_tx.try_send((ip, ifindex));
+    }
+    engine.sweep(now_ms, SWEEP_BUDGET);
+    (received, completed)
+}
+
+/// Completions back to the free stack, fill-ring refill, then RX and the engine's
+/// verdict for every socket. Returns the frames received and completed.
+fn receive(
+    r: &mut Rings<'_, '_>,
+    engine: &mut Engine,
+    nb: &Neighbours,
+    egress: &[Option<usize>],
+    b: &mut Bufs,
+    now_ms: u64,
+    mtu: usize,
+) -> (usize, usize) {
+    let (mut received, mut completed) = (0, 0);
+    let umem = r.umem;
+    for p in r.ports.iter_mut() {
+        completed += refill(p, r.pool, &mut b.cq);
+        // SAFETY: `rx` receives descriptors of frames of our UMEM that the kernel filled
+        // and handed over.
+        let n = unsafe { p.rx.consume(&mut b.rx) };
+        received += n;
+        p.rx_packets += n as u64;
+        p.fill_held = p.fill_held.saturating_sub(n as u32);
+        if n > 1 {
+            // Pull the batch's flow-table memory into the cache first, so its cache
+            // misses overlap instead of stalling each packet in turn.
+            for (h, d) in b.hashes.iter_mut().zip(&b.rx[..n]) {
+                // SAFETY: as below; this only reads the frame.
+                *h = engine.flow_hash(unsafe { umem.data(d) }.contents());
+            }
+            std::hint::black_box(engine.warm(&b.hashes[..n]));
+        }
+        for d in b.rx.iter_mut().take(n) {
+            // SAFETY: the frame came off the RX ring, so the kernel no longer touches it
+            // and nothing else in userspace refers to it until we hand it on.
+            let mut data = unsafe { umem.data_mut(d) };
+            let verdict = engine.process(data.contents_mut(), p.side, nb, now_ms);
+            let to = dispatch(engine, verdict, &mut data, egress, mtu);
+            match to {
+                Some(j) => b.pending[j].push(*d),
+                None => r.pool.free.push(*d),
+            }
+        }
+    }
+    (received, completed)
+}
+
+/// Completions of one socket back to the free stack, and a generous refill of its fill
+/// ring (as many frames as it takes, up to its budget). Returns the completions.
+fn refill(p: &mut Port, pool: &mut FramePool<FrameDesc>, cq: &mut [FrameDesc]) -> usize {
+    // SAFETY: `cq` entries are overwritten with addresses of frames of our UMEM that the
+    // kernel has finished transmitting.
+    let done = unsafe { p.cq.consume(cq) };
+    p.in_flight = p.in_flight.saturating_sub(done as u32);
+    pool.free.extend_from_slice(&cq[..done]);
+    let want = p.fill_budget.saturating_sub(p.fill_held);
+    let room = p.fq.nb_free(want.min(pool.free.len() as u32)) as usize;
+    let give = room.min(pool.free.len()).min(want as usize);
+    if give > 0 {
+        let from = pool.free.len() - give;
+        // SAFETY: these frames are in no ring and not referenced elsewhere.
+        let put = unsafe { p.fq.produce(&pool.free[from..]) };
+        pool.take_free_tail(p.id, put);
+        p.fill_held += put as u32;
+    }
+    done
+}
+
+/// The socket a verdict sends the frame out of (index into the worker's ports; the
+/// uplink socket is 0), or `None` when the frame goes back to the free stack (counted).
+fn dispatch(
+    engine: &mut Engine,
+    verdict: Verdict,
+    data: &mut xsk_rs::umem::frame::DataMut<'_>,
+    egress: &[Option<usize>],
+    mtu: usize,
+) -> Option<usize> {
+    let out = match verdict {
+        Verdict::Tx(out) => out,
+        Verdict::TxResized(out, len) => {
+            data.cursor().set_pos(usize::from(len));
+            out
+        }
+        Verdict::Pass(_) => {
+            engine.counters_mut().drop(DropReason::KernelBound);
+            return None;
+        }
+        Verdict::Drop(_) | Verdict::Consumed => return None,
+        Verdict::Redirect => return redirect_encapsulate(engine, data, mtu).then_some(0),
+    };
+    let j = match out {
+        Side::Uplink => Some(0),
+        Side::Pod(k) => egress.get(usize::from(k)).copied().flatten(),
+    };
+    if j.is_none() {
+        engine.counters_mut().drop(DropReason::PodIfaceNotAttached);
+    }
+    j
+}
+
+/// Produces every socket's pending frames on its TX ring and kicks the kernel.
+fn transmit(
+    r: &mut Rings<'_, '_>,
+    engine: &mut Engine,
+    b: &mut Bufs,
+    cfg: &RuntimeConfig,
+    timing: &mut LoopTiming,
+) {
+    for (j, p) in r.ports.iter_mut().enumerate() {
+        let q = &mut b.pending[j];
+        if !q.is_empty() {
+            // SAFETY: frames from our UMEM, now owned by nobody but this queue.
+            let sent = unsafe { p.tx.produce(q) };
+            r.pool.hand_over(p.id, &q[..sent]);
+            for d in &q[sent..] {
+                engine.counters_mut().drop(DropReason::TxRingFull);
+                r.pool.free.push(*d);
+            }
+            engine.counters_mut().tx_packets += sent as u64;
+            p.in_flight += sent as u32;
+            p.unsent += sent as u32;
+            q.clear();
+        }
+        kick(p, cfg, timing);
+    }
+}
+
+/// Kick policy: copy mode transmits only inside sendto(), at most 32 frames per call.
+/// Kick for the frames produced since the last kick, and again only while the TX ring
+/// still holds frames the kernel has not taken (a kick cut short by its per-call budget
+/// or a busy device); completions of frames already taken arrive without a kick.
+/// Zero-copy drivers: kick while any are in flight.
+fn kick(p: &mut Port, cfg: &RuntimeConfig, timing: &mut LoopTiming) {
+    let queued = cfg.ring_size.saturating_sub(p.tx.nb_free_exact());
+    if p.unsent > 0 || queued > 0 || (cfg.zero_copy && p.in_flight > 0) {
+        let calls = p.unsent.max(queued).div_ceil(COPY_MODE_TX_BATCH).max(1);
+        timing.kicks += u64::from(calls);
+        timing.idle_kicks += u64::from(p.unsent == 0);
+        for _ in 0..calls {
+            if let Err(e) = p.tx.wakeup() {
+                tracing::debug!(iface = %p.name, error = %e, "TX wakeup failed");
+                break;
+            }
+        }
+        p.unsent = 0;
+    }
+}
+
+/// When nothing arrived: yield the core for a while (`busy_poll_us`), then sleep in
+/// `poll(2)` on the sockets for at most `idle_sleep_ms` (a packet wakes it at once).
+pub(super) fn idle(
+    cfg: &RuntimeConfig,
+    pollfds: &mut [libc::pollfd],
+    since_activity: Duration,
+    timing: &mut LoopTiming,
+) {
+    if since_activity < Duration::from_micros(cfg.busy_poll_us) {
+        // Let whatever else is runnable on this core go first. In copy mode that is
+        // typically the interface's NAPI (softirq or threaded kthread) that fills our RX
+        // rings: spinning on empty rings would take the core from the very work that
+        // feeds them. Returns at once when nothing else wants the core.
+        std::thread::yield_now();
+        timing.yields += 1;
+        return;
+    }
+    for pfd in pollfds.iter_mut() {
+        pfd.revents = 0;
+    }
+    let before = Instant::now();
+    // SAFETY: `pollfds` is a valid array of pollfd for its length.
+    unsafe {
+        libc::poll(
+            pollfds.as_mut_ptr(),
+            pollfds.len() as libc::nfds_t,
+            cfg.idle_sleep_ms,
+        );
+    }
+    timing.slept_for(before.elapsed());
+    // A socket whose interface vanished reports an error at once; do not spin on it
+    // until it is detached.
+    if pollfds
+        .iter()
+        .any(|p| p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0)
+    {
+        std::thread::sleep(Duration::from_millis(cfg.idle_sleep_ms.max(0) as u64));
+    }
+}
+
+/// The sockets' poll set.
+pub(super) fn pollfds_of(ports: &[Port]) -> Vec<libc::pollfd> {
+    ports
+        .iter()
+        .map(|p| libc::pollfd {
+            fd: p.rx.fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect()
+}
+
+/// Egress socket of each of `nb`'s Pod interfaces among `ports` (the first socket of
+/// this worker on that interface), by `Side::Pod` index; `None` while it has none.
+pub(super) fn egress_map(ports: &[Port], nb: &Neighbours) -> Vec<Option<usize>> {
+    nb.pods()
+        .iter()
+        .map(|i| {
+            ports
+                .iter()
+                .position(|p| p.ifindex == i.ifindex && p.side != Side::Uplink)
+        })
+        .collect()
+}
+
+/// The service table worker 0 read last, for the other workers: a version word they
+/// check once per iteration, and the table they clone when it moved.
+#[derive(Default)]
+pub(super) struct Published {
+    version: AtomicU64,
+    table: Mutex<Option<ServiceTable>>,
+}
+
+impl Published {
+    /// Worker 0: a new table is in force.
+    pub fn publish(&self, table: &ServiceTable) {
+        *self.table.lock().unwrap_or_else(|p| p.into_inner()) = Some(table.clone());
+        self.version.fetch_add(1, Ordering::Release);
+    }
+
+    /// The table, when its version is not `seen` (which is updated).
+    fn newer(&self, seen: &mut u64) -> Option<ServiceTable> {
+        let v = self.version.load(Ordering::Acquire);
+        if v == *seen {
+            return None;
+        }
+        *seen = v;
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// A worker other than 0: its sockets, frames and engine.
+pub(super) struct Worker<'u> {
+    pub id: usize,
+    pub umem: &'u Umem,
+    pub pool: FramePool<FrameDesc>,
+    pub ports: Vec<Port>,
+    pub engine: Engine,
+}
+
+/// What every worker shares (read-only on the packet path).
+pub(super) struct Shared<'a> {
+    pub cfg: &'a RuntimeConfig,
+    pub neighbours: &'a SharedNeighbours,
+    pub published: &'a Published,
+    pub miss_tx: mpsc::SyncSender<(u32, u32)>,
+    pub stats_tx: mpsc::SyncSender<(usize, Stats)>,
+}
+
+/// The loop of workers 1..N: follow the service table and neighbours worker 0 and the
+/// resolver publish, forward, sweep its own flow table, send stats once a second.
+pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
+    let cfg = s.cfg;
+    let mut b = Bufs::new(cfg.ring_size, w.ports.len());
+    let mut nb: Arc<Neighbours> = s.neighbours.get();
+    let mut nb_version = s.neighbours.version();
+    let mut egress = egress_map(&w.ports, &nb);
+    let mut pollfds = pollfds_of(&w.ports);
+    let mut seen_table = 0u64;
+    let (mut last_stats, mut last_activity) = (Instant::now(), Instant::now());
+    let mut timing = LoopTiming::default();
+    while !STOP.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        timing.top(now);
+        let now_ms = monotonic_ms();
+        if let Some(t) = s.published.newer(&mut seen_table) {
+            w.engine.set_services(t);
+        }
+        if s.neighbours.version() != nb_version {
+            nb_version = s.neighbours.version();
+            nb = s.neighbours.get();
+            egress = egress_map(&w.ports, &nb);
+        }
+        let mut rings = Rings {
+            ports: &mut w.ports,
+            pool: &mut w.pool,
+            umem: w.umem,
+        };
+        let (received, completed) = step(
+            &mut rings,
+            &mut w.engine,
+            &nb,
+            &egress,
+            &mut b,
+            now_ms,
+            cfg,
+            &mut timing,
+            &s.miss_tx,
+        );
+        if now.duration_since(last_stats) >= Duration::from_secs(1) {
+            last_stats = now;
+            let _ = s
+                .stats_tx
+                .try_send((w.id, worker_stats(&w.engine, &w.ports, &w.pool)));
+            timing.log();
+        }
+        if received > 0 || completed > 0 {
+            last_activity = now;
+        } else {
+            idle(
+                cfg,
+                &mut pollfds,
+                now.duration_since(last_activity),
+                &mut timing,
+            );
+        }
+    }
+    let _ = s
+        .stats_tx
+        .send((w.id, worker_stats(&w.engine, &w.ports, &w.pool)));
+}
+
+/// The statistics one worker contributes: its engine's counters and flow table, its
+/// sockets and frames.
+pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<FrameDesc>) -> Stats {
+    let c = engine.counters();
+    let flows = engine.flows();
+    let mut st = Stats {
+        timestamp: now_unix(),
+        rx_packets: c.rx_packets,
+        tx_packets: c.tx_packets,
+        flows: flows.len() as u64,
+        flow_capacity: flows.capacity() as u64,
+        flow_table_bytes: flows.memory_bytes() as u64,
+        half_open_flows: flows.half_open() as u64,
+        half_open_max: flows.half_open_max() as u64,
+        half_open_evicted: flows.half_open_evicted(),
+        flows_restored: c.flows_restored,
+        cross_worker_lookups: flows.remote_hits(),
+        umem_frames: pool.total() as u64,
+        umem_frames_free: pool.free.len() as u64,
+        umem_frames_in_kernel: ports
+            .iter()
+            .map(|p| u64::from(p.fill_held) + u64::from(p.in_flight))
+            .sum(),
+        umem_frames_reclaimed: pool.reclaimed,
+        ..Default::default()
+    };
+    for r in DropReason::ALL {
+        st.drops.insert(r.name().to_string(), c.drops_for(r));
+    }
+    for (i, s) in engine.services().services().iter().enumerate() {
+        st.services.push(ServiceStats {
+            vip: s.frontend.vip.to_string(),
+            protocol: s.frontend.protocol.to_string(),
+            port: s.frontend.port,
+            backends: s.ready,
+            draining_backends: s.backends.len() - s.ready,
+            counters: c.services.get(i).copied().unwrap_or_default(),
+        });
+    }
+    for p in ports {
+        st.rx_packets_per_socket
+            .insert(p.name.clone(), p.rx_packets);
+        if let Ok(x) = p.rx.fd().xdp_statistics() {
+            st.xsk_rx_dropped += x.rx_dropped();
+            st.xsk_rx_ring_full += x.rx_ring_full();
+            st.xsk_fill_ring_empty += x.rx_fill_ring_empty_descs();
+        }
+    }
+    st
+}
+
+/// Adds worker `other`'s statistics to `total` (worker 0's, which carries the
+/// process-wide parts: generation, neighbours, interfaces, steering drops, redirect
+/// peers).
+pub(super) fn merge(total: &mut Stats, other: &Stats) {
+    total.rx_packets += other.rx_packets;
+    total.tx_packets += other.tx_packets;
+    total.flows += other.flows;
+    total.flow_capacity += other.flow_capacity;
+    total.flow_table_bytes += other.flow_table_bytes;
+    total.half_open_flows += other.half_open_flows;
+    total.half_open_max += other.half_open_max;
+    total.half_open_evicted += other.half_open_evicted;
+    total.flows_restored += other.flows_restored;
+    total.cross_worker_lookups += other.cross_worker_lookups;
+    total.xsk_rx_dropped += other.xsk_rx_dropped;
+    total.xsk_rx_ring_full += other.xsk_rx_ring_full;
+    total.xsk_fill_ring_empty += other.xsk_fill_ring_empty;
+    total.umem_frames += other.umem_frames;
+    total.umem_frames_free += other.umem_frames_free;
+    total.umem_frames_in_kernel += other.umem_frames_in_kernel;
+    total.umem_frames_reclaimed += other.umem_frames_reclaimed;
+    for (k, v) in &other.drops {
+        *total.drops.entry(k.clone()).or_default() += v;
+    }
+    for (k, v) in &other.rx_packets_per_socket {
+        *total.rx_packets_per_socket.entry(k.clone()).or_default() += v;
+    }
+    for s in &other.services {
+        let same =
+            |t: &&mut ServiceStats| t.vip == s.vip && t.protocol == s.protocol && t.port == s.port;
+        if let Some(t) = total.services.iter_mut().find(same) {
+            let (a, b) = (&mut t.counters, &s.counters);
+            a.packets_in += b.packets_in;
+            a.bytes_in += b.bytes_in;
+            a.packets_out += b.packets_out;
+            a.bytes_out += b.bytes_out;
+            a.new_flows += b.new_flows;
+            a.drops += b.drops;
+        }
+    }
+}
+
+/// The stats thread's view of the workers: the latest statistics of each, merged, with
+/// per-worker rates from the previous merge.
+#[derive(Default)]
+pub(super) struct Collector {
+    latest: Vec<Option<Stats>>,
+    previous: Vec<(Instant, u64, u64)>,
+}
+
+impl Collector {
+    pub fn new(workers: usize) -> Self {
+        Collector {
+            latest: vec![None; workers],
+            previous: vec![(Instant::now(), 0, 0); workers],
+        }
+    }
+
+    /// Records worker `w`'s statistics; returns the merged whole once worker 0 has
+    /// reported (it carries the process-wide parts).
+    pub fn add(&mut self, w: usize, st: Stats) -> Option<Stats> {
+        let now = Instant::now();
+        let (t0, rx0, tx0) = self.previous[w];
+        let secs = now.duration_since(t0).as_secs_f64().max(1e-3);
+        let rate = |a: u64, b: u64| (a.saturating_sub(b) as f64 / secs) as u64;
+        let ws = crate::counters::WorkerStats {
+            worker: w as u32,
+            rx_packets: st.rx_packets,
+            tx_packets: st.tx_packets,
+            flows: st.flows,
+            rx_pps: rate(st.rx_packets, rx0),
+            tx_pps: rate(st.tx_packets, tx0),
+        };
+        self.previous[w] = (now, st.rx_packets, st.tx_packets);
+        let mut st = st;
+        st.workers = vec![ws];
+        self.latest[w] = Some(st);
+        let mut total = self.latest[0].clone()?;
+        for s in self.latest[1..].iter().flatten() {
+            merge(&mut total, s);
+            total.workers.extend(s.workers.iter().cloned());
+        }
+        Some(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(rx: u64, flows: u64, drops: u64) -> Stats {
+        let mut s = Stats {
+            rx_packets: rx,
+            tx_packets: rx,
+            flows,
+            cross_worker_lookups: 1,
+            ..Default::default()
+        };
+        s.drops.insert("no_flow".into(), drops);
+        s.rx_packets_per_socket.insert(format!("up0/{flows}"), rx);
+        s
+    }
+
+    #[test]
+    fn workers_stats_are_summed_once_worker_0_reported() {
+        let mut c = Collector::new(2);
+        assert!(
+            c.add(1, stats(30, 1, 2)).is_none(),
+            "worker 0 carries the process-wide parts"
+        );
+        let mut w0 = stats(70, 0, 5);
+        w0.generation = 9;
+        let total = c.add(0, w0).expect("merged");
+        assert_eq!(total.rx_packets, 100);
+        assert_eq!(total.flows, 1);
+        assert_eq!(total.generation, 9);
+        assert_eq!(total.cross_worker_lookups, 2);
+        assert_eq!(total.drops["no_flow"], 7);
+        assert_eq!(total.rx_packets_per_socket.len(), 2);
+        let per: Vec<(u32, u64)> = total
+            .workers
+            .iter()
+            .map(|w| (w.worker, w.rx_packets))
+            .collect();
+        assert_eq!(per, vec![(0, 70), (1, 30)]);
+        // A later report of worker 1 replaces its earlier one (counters are totals).
+        let total = c.add(1, stats(50, 1, 2)).expect("merged");
+        assert_eq!(total.rx_packets, 120);
+    }
+}
