@@ -617,7 +617,7 @@ fn run_workers(
     resolver: &Resolver,
     stats_tx: &StatsSender,
 ) -> Result<()> {
-    let published = worker::Published::default();
+    let published = worker::Published::new(others.len() + 1);
     std::thread::scope(|sc| -> Result<()> {
         for wk in others {
             let ctx = worker::Shared {
@@ -1085,7 +1085,11 @@ impl Control {
                 }
             }
         }
-        if now.duration_since(self.last_beat) >= Duration::from_millis(20) {
+        // Every worker must be looping: an idle one wakes every `idle_sleep_ms`.
+        let max_ms = 250u64.max(4 * cfg.idle_sleep_ms.max(0) as u64);
+        if now.duration_since(self.last_beat) >= Duration::from_millis(20)
+            && ctx.published.all_alive(monotonic_ms(), max_ms)
+        {
             self.last_beat = now;
             self.status.heartbeat();
         }
@@ -1209,8 +1213,6 @@ fn forward_loop(
         control.poll(cfg, now, io, engine, &ctx);
         // Neighbours: one atomic load per iteration. Discovered Pod interfaces follow
         // the table (and are re-checked every second, e.g. to retry a failed attach).
-        // Sign of life for juneau-bgp: a clock read and a store, at most every 20 ms
-        // (an idle loop wakes at least every `idle_sleep_ms`).
         let v = shared.version();
         let nb_changed = v != nb_version;
         if nb_changed {
