@@ -1,10 +1,13 @@
-//! The AF_XDP forwarding loop: sockets, shared UMEM, rings, state and neighbour
-//! refresh, stats. Everything per packet is delegated to [`Engine`].
+//! The AF_XDP forwarding workers: sockets, UMEMs, rings, state and neighbour refresh,
+//! stats. Everything per packet is delegated to [`Engine`].
 //!
-//! One AF_XDP socket per interface (queue 0; veth has one queue), all sharing one UMEM,
-//! so a frame received on the uplink is rewritten in place and handed to a Pod
-//! interface's TX ring without a copy in userspace. Frames cycle through a free stack:
-//! free → fill ring → RX → (TX → completion ring) → free.
+//! One AF_XDP socket per RX queue of every interface. With `--workers N`, worker `w`
+//! owns the sockets of queues `q % N == w`, one UMEM shared by them, its own TX queues
+//! and its own flow table (`runtime_worker.rs`; docs/dataplane.md, "More than one
+//! worker"); worker 0 also follows the control state and attaches interfaces. A frame
+//! received on the uplink is rewritten in place and handed to a Pod interface's TX ring
+//! of the same worker without a copy in userspace. Frames cycle through the worker's
+//! free stack: free → fill ring → RX → (TX → completion ring) → free.
 //!
 //! Pod interfaces named on the command line are fixed; with route discovery on, the
 //! resolver thread lists the interfaces the kernel routes backends out of, and the loop

@@ -571,6 +571,22 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_that_stops_looping_is_noticed() {
+        let p = Published::new(3);
+        p.beat(1, 10_000);
+        p.beat(2, 10_000);
+        assert!(p.all_alive(10_200, 250));
+        p.beat(1, 10_400);
+        assert!(!p.all_alive(10_400, 250), "worker 2 silent for 400 ms");
+        p.beat(2, 10_400);
+        assert!(p.all_alive(10_400, 250));
+        assert!(
+            Published::new(1).all_alive(u64::MAX, 0),
+            "one worker: only itself"
+        );
+    }
+
+    #[test]
     fn workers_stats_are_summed_once_worker_0_reported() {
         let mut c = Collector::new(2);
         assert!(
