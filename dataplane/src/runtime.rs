@@ -1,10 +1,13 @@
-//! The AF_XDP forwarding loop: sockets, shared UMEM, rings, state and neighbour
-//! refresh, stats. Everything per packet is delegated to [`Engine`].
+//! The AF_XDP forwarding workers: sockets, UMEMs, rings, state and neighbour refresh,
+//! stats. Everything per packet is delegated to [`Engine`].
 //!
-//! One AF_XDP socket per interface (queue 0; veth has one queue), all sharing one UMEM,
-//! so a frame received on the uplink is rewritten in place and handed to a Pod
-//! interface's TX ring without a copy in userspace. Frames cycle through a free stack:
-//! free → fill ring → RX → (TX → completion ring) → free.
+//! One AF_XDP socket per RX queue of every interface. With `--workers N`, worker `w`
+//! owns the sockets of queues `q % N == w`, one UMEM shared by them, its own TX queues
+//! and its own flow table (`runtime_worker.rs`; docs/dataplane.md, "More than one
+//! worker"); worker 0 also follows the control state and attaches interfaces. A frame
+//! received on the uplink is rewritten in place and handed to a Pod interface's TX ring
+//! of the same worker without a copy in userspace. Frames cycle through the worker's
+//! free stack: free → fill ring → RX → (TX → completion ring) → free.
 //!
 //! Pod interfaces named on the command line are fixed; with route discovery on, the
 //! resolver thread lists the interfaces the kernel routes backends out of, and the loop
@@ -617,7 +620,7 @@ fn run_workers(
     resolver: &Resolver,
     stats_tx: &StatsSender,
 ) -> Result<()> {
-    let published = worker::Published::default();
+    let published = worker::Published::new(others.len() + 1);
     std::thread::scope(|sc| -> Result<()> {
         for wk in others {
             let ctx = worker::Shared {
@@ -1085,7 +1088,11 @@ impl Control {
                 }
             }
         }
-        if now.duration_since(self.last_beat) >= Duration::from_millis(20) {
+        // Every worker must be looping: an idle one wakes every `idle_sleep_ms`.
+        let max_ms = 250u64.max(4 * cfg.idle_sleep_ms.max(0) as u64);
+        if now.duration_since(self.last_beat) >= Duration::from_millis(20)
+            && ctx.published.all_alive(monotonic_ms(), max_ms)
+        {
             self.last_beat = now;
             self.status.heartbeat();
         }
@@ -1209,8 +1216,6 @@ fn forward_loop(
         control.poll(cfg, now, io, engine, &ctx);
         // Neighbours: one atomic load per iteration. Discovered Pod interfaces follow
         // the table (and are re-checked every second, e.g. to retry a failed attach).
-        // Sign of life for juneau-bgp: a clock read and a store, at most every 20 ms
-        // (an idle loop wakes at least every `idle_sleep_ms`).
         let v = shared.version();
         let nb_changed = v != nb_version;
         if nb_changed {

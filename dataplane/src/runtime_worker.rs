@@ -275,14 +275,48 @@ pub(super) fn egress_map(ports: &[Port], nb: &Neighbours) -> Vec<Option<usize>> 
 }
 
 /// The service table worker 0 read last, for the other workers: a version word they
-/// check once per iteration, and the table they clone when it moved.
+/// check once per iteration, and the table they clone when it moved. And the other
+/// workers' signs of life, which worker 0's heartbeat stands for.
 #[derive(Default)]
 pub(super) struct Published {
     version: AtomicU64,
     table: Mutex<Option<ServiceTable>>,
+    /// `CLOCK_MONOTONIC` ms of each worker's latest iteration (index 0 unused).
+    alive: Vec<Alive>,
 }
 
+/// One worker's sign of life, on a cache line of its own (each worker stores to it
+/// every iteration).
+#[derive(Default)]
+#[repr(align(64))]
+struct Alive(AtomicU64);
+
 impl Published {
+    pub fn new(workers: usize) -> Self {
+        Published {
+            alive: (0..workers)
+                .map(|_| Alive(AtomicU64::new(monotonic_ms())))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Worker `w` is looping.
+    fn beat(&self, w: usize, now_ms: u64) {
+        if let Some(a) = self.alive.get(w) {
+            a.0.store(now_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether every other worker looped within `max_ms` (a worker stuck in the kernel
+    /// or a panic stops the process's heartbeat, so juneau-bgp withdraws the node).
+    pub fn all_alive(&self, now_ms: u64, max_ms: u64) -> bool {
+        self.alive
+            .iter()
+            .skip(1)
+            .all(|a| now_ms.saturating_sub(a.0.load(Ordering::Relaxed)) <= max_ms)
+    }
+
     /// Worker 0: a new table is in force.
     pub fn publish(&self, table: &ServiceTable) {
         *self.table.lock().unwrap_or_else(|p| p.into_inner()) = Some(table.clone());
@@ -334,6 +368,7 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
         let now = Instant::now();
         timing.top(now);
         let now_ms = monotonic_ms();
+        s.published.beat(w.id, now_ms);
         if let Some(t) = s.published.newer(&mut seen_table) {
             w.engine.set_services(t);
         }
@@ -533,6 +568,22 @@ mod tests {
         s.drops.insert("no_flow".into(), drops);
         s.rx_packets_per_socket.insert(format!("up0/{flows}"), rx);
         s
+    }
+
+    #[test]
+    fn a_worker_that_stops_looping_is_noticed() {
+        let p = Published::new(3);
+        p.beat(1, 10_000);
+        p.beat(2, 10_000);
+        assert!(p.all_alive(10_200, 250));
+        p.beat(1, 10_400);
+        assert!(!p.all_alive(10_400, 250), "worker 2 silent for 400 ms");
+        p.beat(2, 10_400);
+        assert!(p.all_alive(10_400, 250));
+        assert!(
+            Published::new(1).all_alive(u64::MAX, 0),
+            "one worker: only itself"
+        );
     }
 
     #[test]

@@ -1882,3 +1882,26 @@ fn two_workers_share_connections_across_queues_and_survive_a_restart() -> Result
     drop(c);
     lab.finish()
 }
+
+/// More workers than an interface has queues, or several workers with route discovery
+/// of per-Pod veths: the dataplane refuses to start and says why.
+#[test]
+fn more_workers_than_queues_is_refused_with_a_clear_error() -> Result<()> {
+    let err = Lab::build_with("dpwq", 1, false, false, &["--workers", "2"])
+        .err()
+        .context("2 workers on 1-queue veths must not start")?;
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("up0 has 1 RX queue(s); 2 workers need at least 2"),
+        "{msg}"
+    );
+    let err = Lab::build_with("dpwr", 1, false, true, &["--workers", "2"])
+        .err()
+        .context("2 workers with route discovery must not start")?;
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("--pod-ifaces-from-routes is not supported"),
+        "{msg}"
+    );
+    Ok(())
+}

@@ -173,7 +173,12 @@ pub fn read_response(conn: &mut TcpStream) -> Result<String> {
                 return Ok(String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).to_string());
             }
         }
-        let n = conn.read(&mut chunk)?;
+        let n = match conn.read(&mut chunk) {
+            // A signal interrupted the read (seen once in a full parallel run): retry,
+            // as std's `read_exact` does.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => r?,
+        };
         ensure!(n > 0, "connection closed");
         buf.extend_from_slice(&chunk[..n]);
     }
