@@ -494,10 +494,15 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     let mut engine = Engine::with_flows(cfg.engine, flows);
     engine.counters_mut().flows_restored = flows_restored;
     if let Some(r) = &cfg.redirect {
-        let node = std::net::Ipv4Addr::from(r.node);
-        io.steering.listen_redirects(node, r.port)?;
-        tracing::info!(node = %node, port = r.port, peers = r.peers.len(), "redirects between nodes on");
         engine.set_redirect(crate::redirect::Redirector::new(r.clone()));
+        if r.node_from_state {
+            tracing::info!(
+                port = r.port,
+                static_peers = r.peers.len(),
+                "redirects between nodes on once the node agent publishes this node's address"
+            );
+        }
+        listen_redirects(&mut io.steering, &engine)?;
     }
     let result = forward_loop(&cfg, &mut io, &mut engine, &shared, &miss_tx, &stats_tx);
     drop(stats_tx);
@@ -898,6 +903,9 @@ fn forward_loop(
                             let _ = miss_tx.try_send((0, 0));
                         }
                         engine.set_services(table);
+                        if let Err(e) = listen_redirects(&mut io.steering, engine) {
+                            tracing::error!(error = %e, "steering redirected packets to this node failed; it takes none");
+                        }
                         seen_generation = g;
                         if let Err(e) = status.publish(snap.generation, programmed.iter().copied())
                         {
@@ -1114,6 +1122,19 @@ fn forward_loop(
     }
     // Final stats so a short-lived run leaves them behind.
     let _ = stats_tx.send(collect_stats(engine, io, seen_generation, &nb, shared));
+    Ok(())
+}
+
+/// Steers redirected packets to this node's redirect address (issue 12), once it is known
+/// (given, or published by the node agent) and whenever it changes.
+fn listen_redirects(steering: &mut crate::steering::Steering, engine: &Engine) -> Result<()> {
+    if let Some(r) = engine.redirect().filter(|r| r.active()) {
+        let node = std::net::Ipv4Addr::from(r.node());
+        if steering.listening_redirects() != Some((node, r.port())) {
+            steering.listen_redirects(node, r.port())?;
+            tracing::info!(node = %node, port = r.port(), peers = r.all_peers().len(), "redirects between nodes on");
+        }
+    }
     Ok(())
 }
 

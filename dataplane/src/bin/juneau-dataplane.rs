@@ -110,13 +110,16 @@ struct Args {
     /// recomputing them (only if no Pod interface uses tx checksum offload).
     #[arg(long)]
     trust_pod_checksums: bool,
-    /// This node's address on the node network (the Node's InternalIP, which is also
-    /// the address juneau-bgp peers from): turns on redirects between nodes, so packets
-    /// of connections another node holds are sent there instead of being dropped
-    /// (docs/dataplane.md, "Redirects between nodes").
-    #[arg(long)]
-    node_address: Option<std::net::Ipv4Addr>,
-    /// A peer node's address (repeatable): the nodes asked about unknown flows.
+    /// This node's address on the node network, or `auto`: turns on redirects between
+    /// nodes, so packets of connections another node holds are sent there instead of
+    /// being dropped (docs/dataplane.md, "Redirects between nodes"). `auto` takes the
+    /// address the node agent publishes for this node (the Node's InternalIP, or its
+    /// `juneau.loutres.me/redirect-address` annotation); redirects start once it is
+    /// published. The peers of each VIP always come from the agent.
+    #[arg(long, value_parser = parse_node_address)]
+    node_address: Option<NodeAddress>,
+    /// A peer node's address (repeatable), asked about unknown flows of every VIP in
+    /// addition to the peers the agent publishes per VIP (for set-ups without the agent).
     #[arg(long = "redirect-peer")]
     redirect_peers: Vec<std::net::Ipv4Addr>,
     /// UDP port redirected packets and notices use (the same on every node).
@@ -133,6 +136,25 @@ struct Args {
     /// packet that does not fit once encapsulated (up to 68 bytes more) is dropped.
     #[arg(long, default_value_t = 1500)]
     redirect_mtu: usize,
+}
+
+/// `--node-address`: an address, or `auto` (published by the node agent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeAddress {
+    Given(std::net::Ipv4Addr),
+    FromState,
+}
+
+fn parse_node_address(s: &str) -> Result<NodeAddress, String> {
+    if s == "auto" {
+        return Ok(NodeAddress::FromState);
+    }
+    match s.parse::<std::net::Ipv4Addr>() {
+        Ok(ip) if !ip.is_unspecified() => Ok(NodeAddress::Given(ip)),
+        _ => Err(format!(
+            "{s:?} is neither an IPv4 address nor `auto` (the address the node agent publishes)"
+        )),
+    }
 }
 
 fn main() -> Result<()> {
@@ -202,11 +224,15 @@ fn main() -> Result<()> {
         redirect: a
             .node_address
             .map(|node| juneau_dataplane::redirect::RedirectConfig {
-                node: u32::from(node),
+                node: match node {
+                    NodeAddress::Given(ip) => u32::from(ip),
+                    NodeAddress::FromState => 0,
+                },
                 port: a.redirect_port,
                 peers: a.redirect_peers.iter().map(|p| u32::from(*p)).collect(),
                 rate_per_s: a.redirect_rate,
                 burst: a.redirect_burst,
+                node_from_state: node == NodeAddress::FromState,
             }),
         redirect_mtu: a.redirect_mtu,
     };
