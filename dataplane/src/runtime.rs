@@ -499,7 +499,7 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
             tracing::info!(
                 port = r.port,
                 static_peers = r.peers.len(),
-                "redirects between nodes on once the node agent publishes this node's address"
+                "redirects between nodes start when the node agent publishes this node's address"
             );
         }
         listen_redirects(&mut io.steering, &engine)?;
