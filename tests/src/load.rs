@@ -64,6 +64,10 @@ pub struct LoadReport {
     /// close): a segment of an established connection reached a server that never saw
     /// it (issue 12). Counted whether or not the retry then succeeded.
     pub keepalive_resets: u64,
+    /// Requests on a reused keep-alive connection that got no answer within the timeout
+    /// (the connection's packets went nowhere: e.g. dropped by a node that does not hold
+    /// it). Counted whether or not the retry then succeeded.
+    pub keepalive_timeouts: u64,
     /// Longest time between two successful answers (or from start/to end), ms.
     pub longest_gap_ms: u64,
     /// How long the load ran, ms.
@@ -78,6 +82,7 @@ impl LoadReport {
             "resets": self.resets, "timeouts": self.timeouts, "refused": self.refused,
             "keepalive_retries": self.keepalive_retries,
             "keepalive_resets": self.keepalive_resets,
+            "keepalive_timeouts": self.keepalive_timeouts,
             "longest_gap_ms": self.longest_gap_ms, "duration_ms": self.duration_ms,
         })
     }
@@ -98,6 +103,7 @@ impl LoadReport {
             keepalive_retries: g("keepalive_retries")?,
             // Absent from reports of older builds.
             keepalive_resets: v["keepalive_resets"].as_u64().unwrap_or(0),
+            keepalive_timeouts: v["keepalive_timeouts"].as_u64().unwrap_or(0),
             longest_gap_ms: g("longest_gap_ms")?,
             duration_ms: g("duration_ms")?,
         })
@@ -253,12 +259,13 @@ fn client(
                 Outcome::Ok
             }
             Err((first, false)) if reused => {
-                if matches!(first, Outcome::Reset) {
-                    shared
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .report
-                        .keepalive_resets += 1;
+                {
+                    let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
+                    match first {
+                        Outcome::Reset => s.report.keepalive_resets += 1,
+                        Outcome::Timeout => s.report.keepalive_timeouts += 1,
+                        _ => {}
+                    }
                 }
                 // The reused connection failed before any answer: retry once, new connection.
                 let retried = match connect(spec) {
@@ -377,9 +384,10 @@ mod tests {
         Ok(())
     }
 
-    /// A server that answers the first request of each connection and resets the
-    /// connection on the second (what a Pod that never saw a connection does).
-    fn server_resetting_reused_connections() -> SocketAddr {
+    /// A server that answers the first request of each connection and, on the second,
+    /// resets the connection (what a Pod that never saw a connection does) or, with
+    /// `reset` false, never answers (what a node dropping the connection's packets does).
+    fn server_failing_reused_connections(reset: bool) -> SocketAddr {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         std::thread::spawn(move || {
@@ -391,6 +399,10 @@ mod tests {
                         return;
                     }
                     let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                    if !reset {
+                        std::thread::sleep(Duration::from_secs(3));
+                        return;
+                    }
                     // Wait for the next request, then close with it unread: RST.
                     let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
                     let _ = c.peek(&mut buf);
@@ -401,13 +413,19 @@ mod tests {
     }
 
     #[test]
-    fn resets_of_reused_keepalive_connections_are_counted_even_when_the_retry_works() -> Result<()>
-    {
-        let mut sp = spec(server_resetting_reused_connections());
+    fn resets_and_stalls_of_reused_keepalive_connections_are_counted_even_when_the_retry_works(
+    ) -> Result<()> {
+        let mut sp = spec(server_failing_reused_connections(true));
         sp.new_connection_clients = 0;
         let r = run(&sp)?;
-        assert!(r.keepalive_resets > 0, "{r:?}");
+        assert!(r.keepalive_resets > 0 && r.keepalive_timeouts == 0, "{r:?}");
         assert_eq!(r.failed, 0, "the retries on new connections work: {r:?}");
+        // A server that stops answering on a reused connection: a keep-alive timeout.
+        let mut sp = spec(server_failing_reused_connections(false));
+        sp.new_connection_clients = 0;
+        let r = run(&sp)?;
+        assert!(r.keepalive_timeouts > 0 && r.keepalive_resets == 0, "{r:?}");
+        assert_eq!(r.failed, 0, "{r:?}");
         // A server that closes cleanly is not a reset.
         let r = run(&spec(server(false)))?;
         assert!(r.keepalive_retries > 0 && r.keepalive_resets == 0, "{r:?}");

@@ -9,8 +9,9 @@
 //! 2. a node's only Pod terminates gracefully (preStop): the node withdraws the VIP while
 //!    its connections drain, so the router sends them to the other node.
 //!
-//! Asserted: 0 failed requests, 0 resets (also none hidden by the load's keep-alive
-//! retry), 0 timeouts, and the dataplanes did redirect packets between the nodes (so the
+//! Asserted: 0 failed requests, 0 resets, 0 timeouts — also none hidden by the load's
+//! retry of a failed keep-alive request on a new connection (a keep-alive connection that
+//! got a RST or stalled past the 2 s timeout counts) — and the dataplanes did redirect packets between the nodes (so the
 //! scenario exercised the path). `JUNEAU_LAB_NO_REDIRECTS=1` starts the dataplanes
 //! without redirects, to see what they prevent (the test then fails; not for CI).
 //!
@@ -128,11 +129,13 @@ fn ecmp_changes_reset_no_connection() -> Result<()> {
         (
             report.failed,
             report.resets,
+            report.timeouts,
             report.keepalive_resets,
-            report.timeouts
+            report.keepalive_timeouts
         ),
-        (0, 0, 0, 0),
-        "failed requests, resets, resets of keep-alive connections (retried), timeouts: {report:?}"
+        (0, 0, 0, 0, 0),
+        "failed requests, resets, timeouts, and resets or stalls of keep-alive connections \
+         (which the load retried on a new connection): {report:?}"
     );
     assert!(
         redirected > 0,
