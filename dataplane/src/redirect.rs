@@ -17,9 +17,10 @@
 //! - [`TokenBucket`]: what a node spends on packets of *unknown* flows (a flood of random
 //!   ACKs must not become a flood between nodes); redirects of flows an owner vouched for
 //!   are not charged;
-//! - [`Redirector`]: this node's address, its peers and their counters, the bucket, and
-//!   the outputs the I/O loop takes after each packet or batch ([`RedirectOut`],
-//!   [`Notice`]).
+//! - [`Redirector`]: this node's address (given, or published by the node agent), its
+//!   peers — per VIP as the agent publishes them ([`Redirector::set_from_state`]), plus
+//!   the static ones — and their counters per peer node, the bucket, and the outputs the
+//!   I/O loop takes after each packet or batch ([`RedirectOut`], [`Notice`]).
 //!
 //! Must not touch: packets' bytes (that is [`crate::redirect_wire`]), sockets, the clock
 //! (time is passed in, so the property tests run in virtual time).
