@@ -238,3 +238,21 @@ fn main() -> Result<()> {
     };
     run(cfg)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_address_is_an_address_or_auto_and_nothing_else() {
+        assert_eq!(
+            parse_node_address("192.0.2.11"),
+            Ok(NodeAddress::Given("192.0.2.11".parse().unwrap()))
+        );
+        assert_eq!(parse_node_address("auto"), Ok(NodeAddress::FromState));
+        for bad in ["", "0.0.0.0", "AUTO", "node-a", "192.0.2.300", "2001:db8::1"] {
+            let e = parse_node_address(bad).unwrap_err();
+            assert!(e.contains("neither an IPv4 address nor `auto`"), "{bad}: {e}");
+        }
+    }
+}
