@@ -250,9 +250,19 @@ mod tests {
             Ok(NodeAddress::Given("192.0.2.11".parse().unwrap()))
         );
         assert_eq!(parse_node_address("auto"), Ok(NodeAddress::FromState));
-        for bad in ["", "0.0.0.0", "AUTO", "node-a", "192.0.2.300", "2001:db8::1"] {
+        for bad in [
+            "",
+            "0.0.0.0",
+            "AUTO",
+            "node-a",
+            "192.0.2.300",
+            "2001:db8::1",
+        ] {
             let e = parse_node_address(bad).unwrap_err();
-            assert!(e.contains("neither an IPv4 address nor `auto`"), "{bad}: {e}");
+            assert!(
+                e.contains("neither an IPv4 address nor `auto`"),
+                "{bad}: {e}"
+            );
         }
     }
 }
