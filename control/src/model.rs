@@ -320,6 +320,43 @@ pub struct NodeState {
     pub advertised: Vec<AdvertisedVip>,
     /// BGP peers of this node.
     pub peers: Vec<PeerConfig>,
+    /// Redirects between nodes (issue 12): this node's address on the node network and,
+    /// per VIP, the other nodes that hold connections of it.
+    #[serde(default)]
+    pub redirects: Redirects,
+}
+
+/// Where packets of connections another node holds are sent (issue 12): published by the
+/// node agent from the Nodes' addresses and the EndpointSlices, read by the dataplane.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Redirects {
+    /// This node's redirect address: where the other nodes send it packets and notices
+    /// (the Node's InternalIP, or its `juneau.loutres.me/redirect-address` annotation).
+    /// `None`: not known (no usable address); the dataplane then takes no redirects from
+    /// the state.
+    pub node_address: Option<Ipv4Addr>,
+    /// Per VIP served here, sorted by VIP: the other nodes with a serving endpoint of it.
+    pub vips: Vec<VipRedirectPeers>,
+}
+
+/// The nodes asked about a VIP's connections this node does not hold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VipRedirectPeers {
+    /// The VIP.
+    pub vip: Vip,
+    /// Redirect addresses of the other nodes with a Ready or serving-but-terminating
+    /// (draining) endpoint of the VIP's Service, sorted, without this node.
+    pub nodes: Vec<Ipv4Addr>,
+}
+
+impl Redirects {
+    /// The peers published for `vip` (empty when none).
+    pub fn peers_of(&self, vip: Vip) -> &[Ipv4Addr] {
+        self.vips
+            .binary_search_by_key(&vip, |v| v.vip)
+            .map(|i| self.vips[i].nodes.as_slice())
+            .unwrap_or(&[])
+    }
 }
 
 impl NodeState {
@@ -336,6 +373,12 @@ impl NodeState {
         }
         self.services.sort_by_key(|s| s.frontend);
         self.advertised.sort_by_key(|a| a.vip);
+        for v in &mut self.redirects.vips {
+            v.nodes.sort();
+            v.nodes.dedup();
+        }
+        self.redirects.vips.sort_by_key(|v| v.vip);
+        self.redirects.vips.dedup_by_key(|v| v.vip);
     }
 
     /// The service for a frontend, if this node serves it.

@@ -14,7 +14,8 @@
 //!
 //! A slot is an array of 32-bit words: an 80-word slot header, then fixed-capacity
 //! sections — services ([`SERVICE_WORDS`] each), backends (2), Maglev slots (two u16 per word),
-//! advertised VIPs ([`VIP_WORDS`]) and peers ([`PEER_WORDS`]). Everything is stored as
+//! advertised VIPs ([`VIP_WORDS`]), peers ([`PEER_WORDS`]), and (layout 4) redirect VIPs
+//! ([`REDIRECT_VIP_WORDS`]) with their peer nodes' addresses (one word each). Everything is stored as
 //! offsets and counts, never pointers; all shared accesses are atomic loads and stores,
 //! so there is no data race even in the language model's sense.
 //!
@@ -45,7 +46,7 @@ use memmap2::MmapMut;
 use crate::maglev::{self, MaglevTable};
 use crate::model::{
     AdvertisedVip, BfdSettings, DrainSettings, Frontend, LocalBackend, NodeService, NodeState,
-    PeerConfig, Protocol,
+    PeerConfig, Protocol, Redirects, VipRedirectPeers,
 };
 
 /// `b"JUNEAUNS"` little-endian: identifies a Juneau node-state file.
@@ -58,7 +59,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
 ///   ones, and a backend record's port word has [`BACKEND_TERMINATING`] set for them.
 ///   (Merged with) BFD: 8 more words per peer (BFD and drain settings).
 /// - 3: both of the above in one layout (two branches had each bumped to 2).
-pub const LAYOUT_VERSION: u32 = 3;
+/// - 4: redirects between nodes (issue 12) — the capacity gains redirect VIPs and redirect
+///   node addresses (file header 96 -> 104 bytes), the slot header carries this node's
+///   redirect address (words 10, 11) and the two counts (12, 13), and two sections follow
+///   the peers: redirect VIP records (vip, first address, count) and node addresses.
+pub const LAYOUT_VERSION: u32 = 4;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: usize = 4096;
 /// Words per service record: vip, protocol | port << 16, first backend, Ready backend
@@ -88,6 +93,11 @@ pub const PEER_WORDS: usize = NAME_BYTES / 4 + 12 + MD5_BYTES / 4 + PEER_EXTRA_W
 pub const PEER_EXTRA_WORDS: usize = 8;
 /// Peers addressable by an advertised VIP's peer mask.
 pub const MAX_PEERS: u32 = 64;
+/// Words per redirect VIP record: vip, first node address, count.
+pub const REDIRECT_VIP_WORDS: usize = 3;
+/// Most redirect peer nodes per VIP (a redirected packet visits at most 8 nodes anyway;
+/// the agent keeps the first ones and says so).
+pub const MAX_REDIRECT_NODES_PER_VIP: usize = 64;
 /// Slot header: 16 words of counts/generation/checksum/router id, then the node name.
 const SLOT_HEADER_WORDS: usize = 16 + NAME_BYTES / 4;
 const READ_RETRIES: usize = 1000;
@@ -119,6 +129,10 @@ pub struct Capacity {
     pub peers: u32,
     /// Maglev table size per frontend (a prime).
     pub maglev_size: u32,
+    /// VIPs with redirect peers (layout 4).
+    pub redirect_vips: u32,
+    /// Redirect peer addresses over all those VIPs (layout 4).
+    pub redirect_nodes: u32,
 }
 
 impl Default for Capacity {
@@ -129,6 +143,8 @@ impl Default for Capacity {
             vips: 64,
             peers: 8,
             maglev_size: maglev::DEFAULT_TABLE_SIZE,
+            redirect_vips: 64,
+            redirect_nodes: 256,
         }
     }
 }
@@ -144,13 +160,17 @@ impl Capacity {
         let maglev = backends + self.backends as usize * BACKEND_WORDS;
         let vips = maglev + self.services as usize * self.maglev_words();
         let peers = vips + self.vips as usize * VIP_WORDS;
-        let end = peers + self.peers as usize * PEER_WORDS;
+        let redirect_vips = peers + self.peers as usize * PEER_WORDS;
+        let redirect_nodes = redirect_vips + self.redirect_vips as usize * REDIRECT_VIP_WORDS;
+        let end = redirect_nodes + self.redirect_nodes as usize;
         Sections {
             services,
             backends,
             maglev,
             vips,
             peers,
+            redirect_vips,
+            redirect_nodes,
             end,
         }
     }
@@ -170,6 +190,8 @@ impl Capacity {
             vips: grow(self.vips, need.vips),
             peers: grow(self.peers, need.peers).min(MAX_PEERS),
             maglev_size: self.maglev_size,
+            redirect_vips: grow(self.redirect_vips, need.redirect_vips),
+            redirect_nodes: grow(self.redirect_nodes, need.redirect_nodes),
         }
     }
 
@@ -178,6 +200,8 @@ impl Capacity {
             && need.backends <= self.backends
             && need.vips <= self.vips
             && need.peers <= self.peers
+            && need.redirect_vips <= self.redirect_vips
+            && need.redirect_nodes <= self.redirect_nodes
     }
 
     /// Bytes of a whole file with this capacity.
@@ -193,6 +217,8 @@ struct Sections {
     maglev: usize,
     vips: usize,
     peers: usize,
+    redirect_vips: usize,
+    redirect_nodes: usize,
     end: usize,
 }
 
@@ -220,8 +246,8 @@ pub struct FileHeader {
     slot_seq: [AtomicU64; 2],
 }
 
-const _: () = assert!(std::mem::size_of::<Capacity>() == 20);
-const _: () = assert!(std::mem::size_of::<FileHeader>() == 96);
+const _: () = assert!(std::mem::size_of::<Capacity>() == 28);
+const _: () = assert!(std::mem::size_of::<FileHeader>() == 104);
 const _: () = assert!(std::mem::align_of::<FileHeader>() == 8);
 const _: () = assert!(std::mem::size_of::<FileHeader>() <= HEADER_BYTES);
 const _: () = assert!(PEER_WORDS == 104);
@@ -496,6 +522,27 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
             state.peers.len()
         )));
     }
+    for v in &state.redirects.vips {
+        if v.nodes.len() > MAX_REDIRECT_NODES_PER_VIP {
+            return Err(ShmError::Unrepresentable(format!(
+                "VIP {} has {} redirect peer nodes; at most {MAX_REDIRECT_NODES_PER_VIP}",
+                v.vip,
+                v.nodes.len()
+            )));
+        }
+        if v.nodes.iter().any(|n| n.is_unspecified()) {
+            return Err(ShmError::Unrepresentable(format!(
+                "VIP {} lists redirect peer node 0.0.0.0",
+                v.vip
+            )));
+        }
+    }
+    if state.redirects.node_address == Some(Ipv4Addr::UNSPECIFIED) {
+        return Err(ShmError::Unrepresentable(
+            "this node's redirect address is 0.0.0.0".into(),
+        ));
+    }
+    let redirect_nodes: usize = state.redirects.vips.iter().map(|v| v.nodes.len()).sum();
     let c = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     Ok(Capacity {
         services: c(state.services.len()),
@@ -503,6 +550,8 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
         vips: c(state.advertised.len()),
         peers: c(state.peers.len()),
         maglev_size,
+        redirect_vips: c(state.redirects.vips.len()),
+        redirect_nodes: c(redirect_nodes),
     })
 }
 
@@ -531,6 +580,15 @@ fn encode(
     // [6], [7]: checksum, filled below.
     hdr[8] = state.router_id.map(ip_word).unwrap_or(0);
     hdr[9] = u32::from(state.router_id.is_some());
+    hdr[10] = state.redirects.node_address.map(ip_word).unwrap_or(0);
+    hdr[11] = u32::from(state.redirects.node_address.is_some());
+    hdr[12] = state.redirects.vips.len() as u32;
+    hdr[13] = state
+        .redirects
+        .vips
+        .iter()
+        .map(|v| v.nodes.len() as u32)
+        .sum();
     put_name(
         &mut hdr[SLOT_HEADER_WORDS - NAME_BYTES / 4..],
         &state.node,
@@ -642,6 +700,18 @@ fn encode(
         }
     }
 
+    let mut next_node = 0usize;
+    for (i, v) in state.redirects.vips.iter().enumerate() {
+        let rec = &mut out[sec.redirect_vips + i * REDIRECT_VIP_WORDS..][..REDIRECT_VIP_WORDS];
+        rec[0] = ip_word(v.vip);
+        rec[1] = next_node as u32;
+        rec[2] = v.nodes.len() as u32;
+        for n in &v.nodes {
+            out[sec.redirect_nodes + next_node] = ip_word(*n);
+            next_node += 1;
+        }
+    }
+
     let sum = checksum(out, &sec, cap);
     out[6] = sum as u32;
     out[7] = (sum >> 32) as u32;
@@ -649,17 +719,20 @@ fn encode(
 }
 
 /// The ranges of a slot that hold data for its counts.
-fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, usize); 6]> {
+fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, usize); 8]> {
     let (ns, nb, nv, np) = (
         hdr[2] as usize,
         hdr[3] as usize,
         hdr[4] as usize,
         hdr[5] as usize,
     );
+    let (nrv, nrn) = (hdr[12] as usize, hdr[13] as usize);
     if ns > cap.services as usize
         || nb > cap.backends as usize
         || nv > cap.vips as usize
         || np > cap.peers as usize
+        || nrv > cap.redirect_vips as usize
+        || nrn > cap.redirect_nodes as usize
     {
         return None;
     }
@@ -670,6 +743,8 @@ fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, u
         (sec.maglev, ns * cap.maglev_words()),
         (sec.vips, nv * VIP_WORDS),
         (sec.peers, np * PEER_WORDS),
+        (sec.redirect_vips, nrv * REDIRECT_VIP_WORDS),
+        (sec.redirect_nodes, nrn),
     ])
 }
 
@@ -1262,6 +1337,7 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
             }),
         });
     }
+    let redirects = decode_redirects(w, &sec)?;
     Ok(Snapshot {
         generation,
         state: NodeState {
@@ -1270,9 +1346,33 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
             services,
             advertised,
             peers,
+            redirects,
         },
         maglev: maglev_tables,
     })
+}
+
+/// The redirect part of a slot (layout 4): bounds-checked against the counts, which
+/// `used_ranges` checked against the capacity.
+fn decode_redirects(w: &[u32], sec: &Sections) -> Result<Redirects, String> {
+    let (nrv, nrn) = (w[12] as usize, w[13] as usize);
+    let node_address = (w[11] != 0).then(|| Ipv4Addr::from(w[10]));
+    let mut vips = Vec::with_capacity(nrv);
+    for i in 0..nrv {
+        let rec = &w[sec.redirect_vips + i * REDIRECT_VIP_WORDS..][..REDIRECT_VIP_WORDS];
+        let (first, count) = (rec[1] as usize, rec[2] as usize);
+        if count > MAX_REDIRECT_NODES_PER_VIP || first + count > nrn {
+            return Err(format!("redirect VIP {i} nodes out of range"));
+        }
+        vips.push(VipRedirectPeers {
+            vip: Ipv4Addr::from(rec[0]),
+            nodes: w[sec.redirect_nodes + first..][..count]
+                .iter()
+                .map(|a| Ipv4Addr::from(*a))
+                .collect(),
+        });
+    }
+    Ok(Redirects { node_address, vips })
 }
 
 #[cfg(test)]

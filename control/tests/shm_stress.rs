@@ -70,6 +70,18 @@ fn table(seed: u32) -> NodeState {
         services,
         advertised,
         peers,
+        // Redirect peers vary in number too, so growth crosses their capacity as well.
+        redirects: Redirects {
+            node_address: seed.is_multiple_of(2).then(|| Ipv4Addr::from(seed | 1)),
+            vips: (0..seed % 4)
+                .map(|v| VipRedirectPeers {
+                    vip: Ipv4Addr::new(203, 0, 113, v as u8),
+                    nodes: (0..(seed / 4) % 5)
+                        .map(|n| Ipv4Addr::new(192, 0, 2, (n + 1) as u8))
+                        .collect(),
+                })
+                .collect(),
+        },
     };
     s.normalize();
     s
@@ -83,6 +95,8 @@ fn writer(path: &Path, deadline: Instant) -> Result<(), String> {
         peers: 1,
         // A small prime keeps Maglev builds cheap, so the writer republishes fast.
         maglev_size: 61,
+        redirect_vips: 1,
+        redirect_nodes: 2,
     };
     let mut w = NodeStateWriter::create(path, small).map_err(|e| e.to_string())?;
     let mut seed = 1u32;

@@ -78,6 +78,7 @@ fn state_file_and_new_directory_are_owner_only_also_after_growth() {
         vips: 1,
         peers: 1,
         maglev_size: 251,
+        ..Capacity::default()
     };
     let mut w = NodeStateWriter::create(&path, small).unwrap();
     w.publish(&state(1, 1)).unwrap();

@@ -295,6 +295,9 @@ impl Engine {
             }
         }
         self.counters.services = counters;
+        if let Some(r) = self.redirect.as_mut() {
+            r.set_from_state(table.redirects());
+        }
         self.table = table;
     }
 
@@ -760,6 +763,12 @@ impl Engine {
             dst_port: e.inner_src_port,
             proto: e.inner_protocol,
         };
+        if e.inner_src == v.dst {
+            // A flow another node holds (issue 12): the error goes there, like its packets.
+            if let Some(r) = self.redirect_icmp_error(frame.len(), &key, nb, now_ms) {
+                return r;
+            }
+        }
         let (id, service) = match self.flows.lookup(&key, now_ms) {
             Some((id, Direction::Forward)) if e.inner_src == v.dst => match self.revalidate(id) {
                 Ok(slot) => (id, self.table.slot_service(slot)),

@@ -47,8 +47,7 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Option<Verdict> {
-        self.redirect.as_ref()?;
-        if key.proto != packet::IPPROTO_TCP {
+        if !self.redirect.as_ref()?.active() || key.proto != packet::IPPROTO_TCP {
             return None;
         }
         let syn_only = flags & (tcp_flags::SYN | tcp_flags::ACK | tcp_flags::RST) == tcp_flags::SYN;
@@ -71,7 +70,37 @@ impl Engine {
             }
             Some(_) => None,
             None if syn_only => None,
-            None => Some(self.redirect_unknown(frame_len, key, nb, now_ms)),
+            None => Some(self.redirect_unknown(true, frame_len, key, nb, now_ms)),
+        }
+    }
+
+    /// Called for an ICMP error to a VIP about a packet of flow `key` (forward key; e.g.
+    /// "fragmentation needed" for a reply the owner sent): `Some` when the flow is another
+    /// node's — a redirect record is followed (uncharged), an unknown TCP flow is asked
+    /// about like its packets (charged to the bucket, no notice: the error names no
+    /// connection the owner could vouch for by serving it). `None`: handled here.
+    pub(super) fn redirect_icmp_error(
+        &mut self,
+        frame_len: usize,
+        key: &FlowKey,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Option<Verdict> {
+        if !self.redirect.as_ref()?.active() || key.proto != packet::IPPROTO_TCP {
+            return None;
+        }
+        match self.flows.lookup(key, now_ms) {
+            Some((id, Direction::Forward)) if self.flows.get(id).state() == FlowState::Redirect => {
+                let owner = self.flows.get(id).backend;
+                let mut hops = self.redirect_ctx.map(|c| c.0).unwrap_or_default();
+                let me = self.redirect.as_ref()?.node();
+                if !hops.push(me) || hops.contains(owner) {
+                    return Some(self.drop(DropReason::RedirectNoPeer, None));
+                }
+                Some(self.send_to(owner, hops, false, frame_len, key, nb))
+            }
+            Some(_) => None,
+            None => Some(self.redirect_unknown(false, frame_len, key, nb, now_ms)),
         }
     }
 
@@ -79,6 +108,7 @@ impl Engine {
     /// redirect record for: ask the next peer (charged to the bucket).
     fn redirect_unknown(
         &mut self,
+        segment: bool,
         frame_len: usize,
         key: &FlowKey,
         nb: &Neighbours,
@@ -87,14 +117,16 @@ impl Engine {
         let Some(r) = self.redirect.as_mut() else {
             return self.drop(DropReason::NonSynWithoutFlow, None);
         };
+        // Only a TCP segment asks for a notice (an ICMP error carries no connection the
+        // owner vouches for by serving it).
         let (mut hops, ask) = match self.redirect_ctx {
             Some((h, f)) => (h, f & FLAG_ASK != 0),
-            None => (HopList::new(), true),
+            None => (HopList::new(), segment),
         };
         let me = r.node();
         let h = hash_key(key, super::MAGLEV_HASH_SEED);
         let next = if hops.push(me) {
-            next_hop(r.peers(), me, &hops, h)
+            next_hop(r.peers_for(key.dst), me, &hops, h)
         } else {
             None
         };
@@ -163,7 +195,10 @@ impl Engine {
         now_ms: u64,
     ) -> Option<Verdict> {
         let r = self.redirect.as_ref()?;
-        if self.redirect_ctx.is_some() || !wire::is_redirect(frame, r.node(), r.port()) {
+        if !r.active()
+            || self.redirect_ctx.is_some()
+            || !wire::is_redirect(frame, r.node(), r.port())
+        {
             return None;
         }
         let from = wire::outer_source(frame);
@@ -185,7 +220,8 @@ impl Engine {
             Ok(Parsed::Ipv4(v)) => v,
             _ => return Some(self.drop(DropReason::RedirectMalformed, None)),
         };
-        if v.l4.is_none() || !self.table.is_vip(v.dst) {
+        let icmp_error = v.l4.is_none() && packet::parse_icmp_error(inner, &v).is_some();
+        if (v.l4.is_none() && !icmp_error) || !self.table.is_vip(v.dst) {
             return Some(self.drop(DropReason::RedirectNotServed, None));
         }
         let key = v.l4.map(|l4| FlowKey {
@@ -268,7 +304,9 @@ mod tests {
     use crate::packet::MacAddr;
     use crate::redirect::{RedirectConfig, DEFAULT_PORT};
     use crate::services::ServiceTable;
-    use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
+    use juneau_control::model::{
+        Frontend, LocalBackend, NodeService, NodeState, Protocol, Redirects, VipRedirectPeers,
+    };
 
     const VIP: u32 = 0x0ac8_000a;
     const CLIENT: u32 = 0x0a64_0102;
@@ -316,6 +354,12 @@ mod tests {
 
     /// Node `i` with its own Pod as the VIP's only backend (`has_backend`), or none.
     fn node(i: usize, has_backend: bool, rate: u32) -> Engine {
+        node_with(i, has_backend, rate, false)
+    }
+
+    /// As [`node`]; `from_state`: no static peers, no `--node-address`: both come from
+    /// the published state (the agent's per-VIP peers and this node's address).
+    fn node_with(i: usize, has_backend: bool, rate: u32, from_state: bool) -> Engine {
         let mut e = Engine::new(EngineConfig {
             flow_capacity: 1024,
             timeouts: Timeouts::default(),
@@ -338,6 +382,11 @@ mod tests {
                 },
                 terminating: Vec::new(),
             }],
+            redirects: if from_state {
+                redirects_for(i)
+            } else {
+                Redirects::default()
+            },
             ..NodeState::default()
         };
         let maglev: Vec<Vec<u16>> = state
@@ -350,15 +399,31 @@ mod tests {
                     .to_vec()
             })
             .collect();
-        e.set_services(ServiceTable::new(1, &state, &maglev));
         e.set_redirect(Redirector::new(RedirectConfig {
-            node: NODES[i],
+            node: if from_state { 0 } else { NODES[i] },
             port: DEFAULT_PORT,
-            peers: NODES.to_vec(),
+            peers: if from_state { vec![] } else { NODES.to_vec() },
             rate_per_s: rate,
             burst: rate,
+            node_from_state: from_state,
         }));
+        e.set_services(ServiceTable::new(1, &state, &maglev));
         e
+    }
+
+    /// What the agent publishes for node `i`: its address, the VIP's other nodes.
+    fn redirects_for(i: usize) -> Redirects {
+        Redirects {
+            node_address: Some(NODES[i].into()),
+            vips: vec![VipRedirectPeers {
+                vip: VIP.into(),
+                nodes: NODES
+                    .iter()
+                    .filter(|n| **n != NODES[i])
+                    .map(|n| (*n).into())
+                    .collect(),
+            }],
+        }
     }
 
     fn tcp(cport: u16, flags: u8) -> Vec<u8> {
@@ -391,6 +456,7 @@ mod tests {
         let nb = nb();
         let mut cur = at;
         let mut between = 0;
+        let original_len = frame.len();
         loop {
             let v = nodes[cur].process(&mut frame, Side::Uplink, &nb, now);
             // Notices go out after the batch.
@@ -416,7 +482,7 @@ mod tests {
                         &POD[cur].to_be_bytes(),
                         "DNAT to the owner's Pod"
                     );
-                    assert_eq!(usize::from(n), 14 + 50);
+                    assert_eq!(usize::from(n), original_len);
                     return (Some(cur), between);
                 }
                 Verdict::Redirect => {
@@ -572,5 +638,141 @@ mod tests {
             ),
             "{v:?}"
         );
+    }
+
+    /// An ICMP "fragmentation needed" from a router to the VIP quoting the reply the
+    /// owner sent for the client's connection on `cport` (VIP:80 -> client).
+    fn frag_needed(cport: u16) -> Vec<u8> {
+        let mut quoted = tcp(cport, tcp_flags::ACK)[14..14 + 28].to_vec();
+        // The reply: VIP:80 -> CLIENT:cport.
+        quoted[12..16].copy_from_slice(&VIP.to_be_bytes());
+        quoted[16..20].copy_from_slice(&CLIENT.to_be_bytes());
+        quoted[20..22].copy_from_slice(&80u16.to_be_bytes());
+        quoted[22..24].copy_from_slice(&cport.to_be_bytes());
+        let mut f = vec![0u8; 14 + 20 + 8 + quoted.len()];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        f[14] = 0x45;
+        let total = (f.len() - 14) as u16;
+        f[16..18].copy_from_slice(&total.to_be_bytes());
+        f[22] = 64;
+        f[23] = packet::IPPROTO_ICMP;
+        f[26..30].copy_from_slice(&[198, 51, 100, 1]);
+        f[30..34].copy_from_slice(&VIP.to_be_bytes());
+        let c = packet::ipv4_header_checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f[34] = packet::ICMP_DEST_UNREACH;
+        f[35] = 4;
+        f[40..42].copy_from_slice(&1400u16.to_be_bytes());
+        f[42..].copy_from_slice(&quoted);
+        let mut sum = 0u32;
+        for c in f[34..].chunks(2) {
+            sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        f[36..38].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        f
+    }
+
+    #[test]
+    fn icmp_errors_about_a_redirected_flow_reach_its_owner() {
+        let mut nodes = vec![node(0, true, 100), node(1, true, 100), node(2, true, 100)];
+        assert_eq!(run(&mut nodes, 0, tcp(40000, tcp_flags::SYN), 0).0, Some(0));
+        // Node 2 gets the flow's packets now and learns the owner (a redirect record).
+        assert_eq!(run(&mut nodes, 2, tcp(40000, tcp_flags::ACK), 1).0, Some(0));
+        assert_eq!(nodes[2].flows().len(), 1);
+        // A router on the client's path sends "fragmentation needed" for the owner's
+        // reply to the VIP; it hashes to node 2: it follows the record to node 0, whose
+        // Pod gets it (run checks the DNAT to node 0's Pod).
+        let limited = nodes[2]
+            .counters()
+            .drops_for(DropReason::RedirectRateLimited);
+        let (served, between) = run(&mut nodes, 2, frag_needed(40000), 2);
+        assert_eq!((served, between), (Some(0), 1));
+        // Node 1 has neither the flow nor a record: it asks the peers in turn, like
+        // for a segment of an unknown flow, and the error still reaches node 0.
+        let (served, between) = run(&mut nodes, 1, frag_needed(40000), 3);
+        assert_eq!(served, Some(0));
+        assert!((1..=2).contains(&between), "{between}");
+        assert_eq!(
+            nodes[1].flows().len(),
+            0,
+            "an ICMP error makes no redirect record"
+        );
+        assert_eq!(
+            nodes[2]
+                .counters()
+                .drops_for(DropReason::RedirectRateLimited),
+            limited
+        );
+        // An error about no flow anywhere ends at the last node, dropped, not looped.
+        let (served, between) = run(&mut nodes, 1, frag_needed(40999), 4);
+        assert_eq!(served, None);
+        assert!(between <= 2, "{between}");
+    }
+
+    #[test]
+    fn peers_and_address_published_by_the_agent_turn_redirects_on() {
+        let mut nodes = vec![
+            node_with(0, true, 100, true),
+            node_with(1, true, 100, true),
+            node_with(2, true, 100, true),
+        ];
+        assert!(nodes.iter().all(|n| n.redirect().unwrap().active()));
+        assert_eq!(run(&mut nodes, 0, tcp(40000, tcp_flags::SYN), 0).0, Some(0));
+        let (served, _) = run(&mut nodes, 2, tcp(40000, tcp_flags::ACK), 1);
+        assert_eq!(served, Some(0), "found through the published peers");
+        // Counters per peer node: node 2 counts what it sent to node 0.
+        let r = nodes[2].redirect().unwrap();
+        assert_eq!(r.all_peers(), [NODES[0], NODES[1]]);
+        let to0 = r.peer_counters().find(|(a, _)| *a == NODES[0]).unwrap().1;
+        assert!(
+            to0.redirected_to >= 1 && to0.notices_received == 1,
+            "{to0:?}"
+        );
+
+        // The agent drops node 0 from node 2's list (its endpoints are gone): it is no
+        // longer asked, and its counters stay (a peer that comes back keeps counting).
+        let mut published = redirects_for(2);
+        published.vips[0]
+            .nodes
+            .retain(|n| u32::from(*n) != NODES[0]);
+        nodes[2].redirect_mut().unwrap().set_from_state(&published);
+        let r = nodes[2].redirect().unwrap();
+        assert_eq!(r.peers_for(VIP), [NODES[1]]);
+        assert!(!r.is_peer(NODES[0]));
+        assert_eq!(r.peer_counters().count(), 2);
+
+        // Before the agent publishes an address, redirects are off: an unknown segment
+        // is dropped as without redirects (never answered with a RST).
+        let mut e = node(1, true, 100);
+        e.set_redirect(Redirector::new(RedirectConfig {
+            node: NODES[1],
+            port: DEFAULT_PORT,
+            peers: vec![],
+            rate_per_s: 100,
+            burst: 100,
+            node_from_state: true,
+        }));
+        assert!(
+            !e.redirect().unwrap().active(),
+            "a given address is ignored"
+        );
+        e.redirect_mut()
+            .unwrap()
+            .set_from_state(&Redirects::default());
+        assert!(!e.redirect().unwrap().active());
+        assert_eq!(
+            e.process(&mut tcp(41000, tcp_flags::ACK), Side::Uplink, &nb(), 0),
+            Verdict::Drop(DropReason::NonSynWithoutFlow)
+        );
+        e.redirect_mut().unwrap().set_from_state(&redirects_for(1));
+        assert_eq!(e.redirect().unwrap().node(), NODES[1]);
+        // A state without an address keeps the one in use.
+        e.redirect_mut()
+            .unwrap()
+            .set_from_state(&Redirects::default());
+        assert_eq!(e.redirect().unwrap().node(), NODES[1]);
     }
 }

@@ -17,9 +17,10 @@
 //! - [`TokenBucket`]: what a node spends on packets of *unknown* flows (a flood of random
 //!   ACKs must not become a flood between nodes); redirects of flows an owner vouched for
 //!   are not charged;
-//! - [`Redirector`]: this node's address, its peers and their counters, the bucket, and
-//!   the outputs the I/O loop takes after each packet or batch ([`RedirectOut`],
-//!   [`Notice`]).
+//! - [`Redirector`]: this node's address (given, or published by the node agent), its
+//!   peers — per VIP as the agent publishes them ([`Redirector::set_from_state`]), plus
+//!   the static ones — and their counters per peer node, the bucket, and the outputs the
+//!   I/O loop takes after each packet or batch ([`RedirectOut`], [`Notice`]).
 //!
 //! Must not touch: packets' bytes (that is [`crate::redirect_wire`]), sockets, the clock
 //! (time is passed in, so the property tests run in virtual time).
@@ -180,7 +181,15 @@ pub struct RedirectConfig {
     pub rate_per_s: u32,
     /// Burst of such redirects.
     pub burst: u32,
+    /// Take this node's address from the node state (the agent publishes it,
+    /// [`juneau_control::model::Redirects::node_address`]) instead of `node`; `node` is 0
+    /// until the state gives one, and redirects stay off until then.
+    pub node_from_state: bool,
 }
+
+/// Most peer nodes whose counters are kept after they left every peer list (so a peer
+/// that comes back keeps counting where it was); beyond it, the stale ones are forgotten.
+pub const MAX_STALE_PEER_COUNTERS: usize = 1024;
 
 /// A packet to encapsulate and send to `peer` (taken by the I/O loop after a
 /// [`crate::engine::Verdict::Redirect`]).
@@ -220,7 +229,14 @@ pub const MAX_NOTICES: usize = 64;
 pub struct Redirector {
     cfg: RedirectConfig,
     bucket: TokenBucket,
-    counters: Vec<PeerCounters>,
+    /// Per VIP (sorted by VIP): the nodes the agent published for it, then the static
+    /// `--redirect-peer` ones not among them.
+    vip_peers: Vec<(u32, Vec<u32>)>,
+    /// Every peer (static and published), sorted: redirected packets and notices are
+    /// accepted from these.
+    all_peers: Vec<u32>,
+    /// Counters per peer node, sorted by address; peers that left the lists keep theirs.
+    counters: Vec<(u32, PeerCounters)>,
     /// Set by the engine with [`crate::engine::Verdict::Redirect`].
     pub out: Option<RedirectOut>,
     notices: Vec<Notice>,
@@ -233,15 +249,85 @@ impl Redirector {
     pub fn new(mut cfg: RedirectConfig) -> Self {
         let mut seen = std::collections::HashSet::new();
         cfg.peers.retain(|p| *p != 0 && seen.insert(*p));
-        let n = cfg.peers.len();
-        Redirector {
+        if cfg.node_from_state {
+            cfg.node = 0;
+        }
+        let mut r = Redirector {
             bucket: TokenBucket::new(cfg.rate_per_s, cfg.burst),
-            counters: vec![PeerCounters::default(); n],
+            vip_peers: Vec::new(),
+            all_peers: Vec::new(),
+            counters: Vec::new(),
             cfg,
             out: None,
             notices: Vec::with_capacity(MAX_NOTICES),
             notices_dropped: 0,
+        };
+        r.rebuild_peers();
+        r
+    }
+
+    /// Takes what the node agent published (issue 12): this node's address (when
+    /// [`RedirectConfig::node_from_state`]; a state without one keeps the address in use)
+    /// and the peers of each VIP. Called when a new service table is installed, never
+    /// per packet.
+    pub fn set_from_state(&mut self, published: &juneau_control::model::Redirects) {
+        if self.cfg.node_from_state {
+            if let Some(a) = published.node_address {
+                self.cfg.node = u32::from(a);
+            }
         }
+        self.vip_peers = published
+            .vips
+            .iter()
+            .map(|v| {
+                let mut list: Vec<u32> = v.nodes.iter().map(|a| u32::from(*a)).collect();
+                for p in &self.cfg.peers {
+                    if !list.contains(p) {
+                        list.push(*p);
+                    }
+                }
+                list.retain(|p| *p != 0);
+                (u32::from(v.vip), list)
+            })
+            .collect();
+        self.vip_peers.sort_by_key(|v| v.0);
+        self.vip_peers.dedup_by_key(|v| v.0);
+        self.rebuild_peers();
+    }
+
+    /// Recomputes the union of peers and keeps a counter per peer (stale ones bounded).
+    fn rebuild_peers(&mut self) {
+        let me = self.cfg.node;
+        let mut all: Vec<u32> = self
+            .cfg
+            .peers
+            .iter()
+            .chain(self.vip_peers.iter().flat_map(|v| v.1.iter()))
+            .copied()
+            .filter(|p| *p != 0 && *p != me)
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        let mut counters: Vec<(u32, PeerCounters)> = all
+            .iter()
+            .map(|p| (*p, self.counter_of(*p).unwrap_or_default()))
+            .collect();
+        let stale: Vec<(u32, PeerCounters)> = self
+            .counters
+            .iter()
+            .filter(|(a, _)| all.binary_search(a).is_err())
+            .take(MAX_STALE_PEER_COUNTERS)
+            .copied()
+            .collect();
+        counters.extend(stale);
+        counters.sort_unstable_by_key(|c| c.0);
+        self.counters = counters;
+        self.all_peers = all;
+    }
+
+    fn counter_of(&self, addr: u32) -> Option<PeerCounters> {
+        let i = self.counters.binary_search_by_key(&addr, |c| c.0).ok()?;
+        Some(self.counters[i].1)
     }
 
     /// The settings.
@@ -259,30 +345,47 @@ impl Redirector {
         self.cfg.port
     }
 
-    /// The peers.
+    /// Whether redirects are active: this node's address is known (given, or published
+    /// by the agent when taken from the state).
+    pub fn active(&self) -> bool {
+        self.cfg.node != 0
+    }
+
+    /// The static peers (`--redirect-peer`).
     pub fn peers(&self) -> &[u32] {
         &self.cfg.peers
     }
 
+    /// The nodes asked about a flow to `vip`, in order: the ones the agent published for
+    /// the VIP then the static ones; only the static ones for a VIP without a list.
+    pub fn peers_for(&self, vip: u32) -> &[u32] {
+        match self.vip_peers.binary_search_by_key(&vip, |v| v.0) {
+            Ok(i) => &self.vip_peers[i].1,
+            Err(_) => &self.cfg.peers,
+        }
+    }
+
+    /// Every peer node (static and published), sorted.
+    pub fn all_peers(&self) -> &[u32] {
+        &self.all_peers
+    }
+
     /// Whether `addr` is a peer (notices and redirected packets are accepted only from
-    /// peers).
+    /// peers: a static one, or one the agent published for any VIP).
     pub fn is_peer(&self, addr: u32) -> bool {
-        addr != self.cfg.node && self.cfg.peers.contains(&addr)
+        addr != self.cfg.node && self.all_peers.binary_search(&addr).is_ok()
     }
 
     /// A peer's counters, mutable.
     pub fn peer_mut(&mut self, addr: u32) -> Option<&mut PeerCounters> {
-        let i = self.cfg.peers.iter().position(|p| *p == addr)?;
-        self.counters.get_mut(i)
+        let i = self.counters.binary_search_by_key(&addr, |c| c.0).ok()?;
+        self.counters.get_mut(i).map(|c| &mut c.1)
     }
 
-    /// Every peer with its counters.
+    /// Every peer node with its counters (current peers and ones that left the lists),
+    /// by address.
     pub fn peer_counters(&self) -> impl Iterator<Item = (u32, PeerCounters)> + '_ {
-        self.cfg
-            .peers
-            .iter()
-            .copied()
-            .zip(self.counters.iter().copied())
+        self.counters.iter().copied()
     }
 
     /// Takes a token for a packet of an unknown flow.

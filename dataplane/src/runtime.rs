@@ -335,9 +335,14 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     let mut built = build_workers(&cfg, &layout, tables, &umems, &mut steering, workers)?;
     built[0].engine.counters_mut().flows_restored = flows_restored;
     if let Some(r) = &cfg.redirect {
-        let node = std::net::Ipv4Addr::from(r.node);
-        steering.listen_redirects(node, r.port)?;
-        tracing::info!(node = %node, port = r.port, peers = r.peers.len(), "redirects between nodes on");
+        if r.node_from_state {
+            tracing::info!(
+                port = r.port,
+                static_peers = r.peers.len(),
+                "redirects between nodes start when the node agent publishes this node's address"
+            );
+        }
+        listen_redirects(&mut steering, &built[0].engine)?;
     }
     tracing::info!(
         uplink = %cfg.uplink,
@@ -1139,6 +1144,9 @@ impl Control {
         self.resolve_backends(&table, ctx);
         ctx.published.publish(&table);
         engine.set_services(table);
+        if let Err(e) = listen_redirects(&mut io.steering, engine) {
+            tracing::error!(error = %e, "steering redirected packets to this node failed; it takes none");
+        }
         if let Err(e) = self
             .status
             .publish(snap.generation, self.programmed.iter().copied())
@@ -1279,6 +1287,19 @@ fn forward_loop(
         0,
         collect_stats(engine, io, control.seen_generation, &nb, shared),
     ));
+    Ok(())
+}
+
+/// Steers redirected packets to this node's redirect address (issue 12), once it is known
+/// (given, or published by the node agent) and whenever it changes.
+fn listen_redirects(steering: &mut crate::steering::Steering, engine: &Engine) -> Result<()> {
+    if let Some(r) = engine.redirect().filter(|r| r.active()) {
+        let node = std::net::Ipv4Addr::from(r.node());
+        if steering.listening_redirects() != Some((node, r.port())) {
+            steering.listen_redirects(node, r.port())?;
+            tracing::info!(node = %node, port = r.port(), peers = r.all_peers().len(), "redirects between nodes on");
+        }
+    }
     Ok(())
 }
 

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::Ipv4Addr;
 
-use juneau_control::model::{Frontend, LocalBackend, NodeState};
+use juneau_control::model::{Frontend, LocalBackend, NodeState, Redirects};
 
 /// A small multiplicative hasher for integer keys (FxHash-style); the keys it hashes are
 /// not attacker-chosen beyond the service configuration.
@@ -131,6 +131,9 @@ pub struct ServiceTable {
     vips: HashSet<u32, FastBuild>,
     /// The service of each `(service, backend)` slot.
     slot_service: Vec<u32>,
+    /// What the agent published for redirects between nodes (issue 12): this node's
+    /// address and each VIP's peer nodes; the engine hands it to its redirector.
+    redirects: Redirects,
 }
 
 impl ServiceTable {
@@ -139,6 +142,7 @@ impl ServiceTable {
     pub fn new(generation: u64, state: &NodeState, maglev: &[Vec<u16>]) -> Self {
         let mut t = ServiceTable {
             generation,
+            redirects: state.redirects.clone(),
             ..Default::default()
         };
         for (i, s) in state.services.iter().enumerate() {
@@ -218,6 +222,11 @@ impl ServiceTable {
     /// All services, in index order.
     pub fn services(&self) -> &[Service] {
         &self.services
+    }
+
+    /// The redirect address and per-VIP peer nodes the agent published.
+    pub fn redirects(&self) -> &Redirects {
+        &self.redirects
     }
 
     /// Every VIP served.

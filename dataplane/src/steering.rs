@@ -114,6 +114,8 @@ pub struct Steering {
     links: HashMap<String, FdLink>,
     /// The mode each interface was attached in (`kept` when a pinned link was reused).
     pub modes: Vec<(String, &'static str)>,
+    /// The `address:port` redirected packets are steered from (issue 12), if any.
+    redirect_listen: Option<(Ipv4Addr, u16)>,
 }
 
 impl std::fmt::Debug for Steering {
@@ -321,6 +323,7 @@ impl Steering {
             installed_frontends,
             links: HashMap::new(),
             modes: Vec::new(),
+            redirect_listen: None,
         };
         Ok((st, regions, replaced))
     }
@@ -438,7 +441,12 @@ impl Steering {
 
     /// Steers UDP datagrams to `addr:port` arriving on the uplink to userspace: redirected
     /// packets and notices from other nodes (issue 12, `redirect_in` in bpf/steer.c).
+    /// A later call with another address (taken from the node state) replaces the
+    /// earlier one; the same address again changes nothing.
     pub fn listen_redirects(&mut self, addr: Ipv4Addr, port: u16) -> Result<()> {
+        if self.redirect_listen == Some((addr, port)) {
+            return Ok(());
+        }
         let m = self
             .bpf
             .map_mut("redirect_in")
@@ -446,7 +454,16 @@ impl Steering {
         let mut m: BpfHashMap<&mut MapData, FrontendKey, u8> =
             BpfHashMap::try_from(m).context("map redirect_in")?;
         m.insert(frontend_key(&(addr, port, 17)), 1, 0)
-            .with_context(|| format!("steering redirects to {addr}:{port}"))
+            .with_context(|| format!("steering redirects to {addr}:{port}"))?;
+        if let Some(old) = self.redirect_listen.replace((addr, port)) {
+            let _ = m.remove(&frontend_key(&(old.0, old.1, 17)));
+        }
+        Ok(())
+    }
+
+    /// The `address:port` redirected packets are steered from, if any.
+    pub fn listening_redirects(&self) -> Option<(Ipv4Addr, u16)> {
+        self.redirect_listen
     }
 
     /// Puts an AF_XDP socket into the redirect map at `slot`.

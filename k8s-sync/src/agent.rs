@@ -222,6 +222,8 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
                         services = state.services.len(),
                         advertised = state.advertised.len(),
                         peers = state.peers.len(),
+                        redirect_address = ?state.redirects.node_address,
+                        redirect_vips = state.redirects.vips.len(),
                         "published node state"
                     );
                     debug!(?state, "node state");

@@ -5,8 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
+use juneau_control::shm::MAX_REDIRECT_NODES_PER_VIP;
 use juneau_control::{
-    AdvertisedVip, Frontend, LocalBackend, NodeService, NodeState, PeerConfig, Protocol,
+    AdvertisedVip, Frontend, LocalBackend, NodeService, NodeState, PeerConfig, Protocol, Redirects,
+    VipRedirectPeers,
 };
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -19,6 +21,95 @@ use crate::reconcile::is_managed;
 
 /// Namespace a BGPPeer's password Secret is looked up in when it names none.
 pub const DEFAULT_SECRET_NAMESPACE: &str = "juneau-system";
+
+/// Node annotation overriding the address other nodes send redirected packets to (issue
+/// 12): by default the Node's InternalIP. Set it when the dataplane's uplink is on
+/// another network than the InternalIP (e.g. a separate fabric, as in the lab).
+pub const REDIRECT_ADDRESS_ANNOTATION: &str = "juneau.loutres.me/redirect-address";
+
+/// The address other nodes send `node` redirected packets to: the
+/// [`REDIRECT_ADDRESS_ANNOTATION`] if set, else the first IPv4 InternalIP. `Ok(None)`: the
+/// Node has neither. `Err`: the annotation is not a usable IPv4 address (said in plain
+/// words; the node is then left out of redirects rather than guessed at).
+pub fn redirect_address(node: &Node) -> Result<Option<Ipv4Addr>, String> {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    if let Some(v) = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(REDIRECT_ADDRESS_ANNOTATION))
+    {
+        return match v.trim().parse::<Ipv4Addr>() {
+            Ok(ip) if !ip.is_unspecified() && !ip.is_broadcast() && !ip.is_multicast() => {
+                Ok(Some(ip))
+            }
+            _ => Err(format!(
+                "Node {name}: annotation {REDIRECT_ADDRESS_ANNOTATION}={v:?} is not a unicast IPv4 address; the node is left out of redirects between nodes until it is fixed"
+            )),
+        };
+    }
+    Ok(node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse::<Ipv4Addr>().ok()))
+}
+
+/// The redirect part of `node`'s state: its own address and, per VIP in `vip_nodes`, the
+/// other nodes' addresses (bad annotations become warnings, the node left out).
+fn redirects(
+    node: &str,
+    view: &AgentView,
+    vip_nodes: BTreeMap<Ipv4Addr, BTreeSet<String>>,
+    warnings: &mut Vec<String>,
+) -> Redirects {
+    let mut addresses: BTreeMap<&str, Option<Ipv4Addr>> = BTreeMap::new();
+    let mut address_of = |name: &str, warnings: &mut Vec<String>| -> Option<Ipv4Addr> {
+        if let Some(a) = addresses.get(name) {
+            return *a;
+        }
+        let a = match view.nodes.get(name).map(redirect_address) {
+            Some(Ok(a)) => a,
+            Some(Err(w)) => {
+                warnings.push(w);
+                None
+            }
+            None => None, // not (yet) in the watch cache
+        };
+        let key = view
+            .nodes
+            .get_key_value(name)
+            .map_or("", |(k, _)| k.as_str());
+        if !key.is_empty() {
+            addresses.insert(key, a);
+        }
+        a
+    };
+    let node_address = address_of(node, warnings);
+    let mut vips = Vec::new();
+    for (vip, names) in vip_nodes {
+        let mut nodes: Vec<Ipv4Addr> = names
+            .iter()
+            .filter(|n| n.as_str() != node)
+            .filter_map(|n| address_of(n, warnings))
+            .filter(|a| Some(*a) != node_address)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if nodes.len() > MAX_REDIRECT_NODES_PER_VIP {
+            warnings.push(format!(
+                "VIP {vip}: {} nodes hold endpoints; redirects ask only the first {MAX_REDIRECT_NODES_PER_VIP}",
+                nodes.len()
+            ));
+            nodes.truncate(MAX_REDIRECT_NODES_PER_VIP);
+        }
+        vips.push(VipRedirectPeers { vip, nodes });
+    }
+    Redirects { node_address, vips }
+}
 
 /// Everything the agent watches, as plain values.
 #[derive(Debug, Default, Clone)]
@@ -187,6 +278,9 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
 
     let mut services = Vec::new();
     let mut advertised = Vec::new();
+    // Per VIP served here: the nodes with a serving endpoint (Ready, or serving while
+    // terminating: the drain case), asked about connections this node does not hold.
+    let mut vip_nodes: BTreeMap<Ipv4Addr, BTreeSet<String>> = BTreeMap::new();
     for slb in &view.slbs {
         let Some(st) = slb.status.as_ref() else {
             continue;
@@ -220,6 +314,11 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
             .iter()
             .filter(|e| e.node.as_deref() == Some(node))
             .collect();
+        vip_nodes.entry(vip).or_default().extend(
+            eps.iter()
+                .filter(|e| e.conditions.ready || e.conditions.serving)
+                .filter_map(|e| e.node.clone()),
+        );
         let mut any_backend = false;
         for sp in svc
             .spec
@@ -343,12 +442,14 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
         });
     }
 
+    let redirects = redirects(node, view, vip_nodes, &mut warnings);
     let mut state = NodeState {
         node: node.to_string(),
         router_id,
         services,
         advertised,
         peers: peers.into_iter().map(|(c, _)| c).collect(),
+        redirects,
     };
     state.normalize();
     (state, warnings)
@@ -749,6 +850,118 @@ mod tests {
         // node-c still advertises.
         let (s, _) = build_node_state("node-c", &v);
         assert_eq!(s.advertised.len(), 1);
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    fn annotate(v: &mut AgentView, node: &str, value: &str) {
+        v.nodes
+            .get_mut(node)
+            .unwrap()
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(REDIRECT_ADDRESS_ANNOTATION.into(), value.into());
+    }
+
+    #[test]
+    fn a_bad_redirect_address_annotation_is_reported_and_the_node_left_out() {
+        let mut v = view();
+        v.nodes.extend([node("node-b", "192.168.0.2", false)]);
+        v.slices.get_mut("default/nginx").unwrap()[0]
+            .endpoints
+            .push(
+                slice(
+                    "nginx",
+                    "x",
+                    &[("10.0.0.7", "node-b", true, false)],
+                    ("http", 8080),
+                )
+                .endpoints[0]
+                    .clone(),
+            );
+        annotate(&mut v, "node-c", "not-an-address");
+        annotate(&mut v, "node-b", "0.0.0.0");
+        let (s, w) = build_node_state("node-a", &v);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w.iter().any(|m| m.contains("node-c")
+                && m.contains(REDIRECT_ADDRESS_ANNOTATION)
+                && m.contains("not-an-address")),
+            "{w:?}"
+        );
+        // Everything else is still published: services, advertisement, this node's own
+        // address; the VIP simply has no peer to ask.
+        assert_eq!(s.services[0].backends.len(), 2);
+        assert_eq!(s.advertised.len(), 1);
+        assert_eq!(s.redirects.node_address, Some(ip("192.168.0.1")));
+        assert_eq!(s.redirects.vips.len(), 1);
+        assert!(s.redirects.vips[0].nodes.is_empty());
+        // A bad annotation on this node's own Node: no own address (the dataplane takes
+        // no redirects from the state), peers still published.
+        let mut v = view();
+        annotate(&mut v, "node-a", "192.168.0.300");
+        let (s, w) = build_node_state("node-a", &v);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(s.redirects.node_address, None);
+        assert_eq!(
+            s.redirects.peers_of(ip("203.0.113.10")),
+            [ip("192.168.0.3")]
+        );
+    }
+
+    #[test]
+    fn redirect_peers_are_the_other_nodes_with_serving_endpoints() {
+        let mut v = view();
+        v.nodes.extend([
+            node("node-b", "192.168.0.2", false),
+            node("node-d", "192.168.0.4", false),
+            node("node-e", "192.168.0.5", false),
+        ]);
+        let mut sl = slice(
+            "nginx",
+            "nginx-2",
+            &[
+                // node-b: Ready. node-d: terminating but still serving (drain). node-e:
+                // neither Ready nor serving: not asked.
+                ("10.0.1.1", "node-b", true, false),
+                ("10.0.1.2", "node-d", false, true),
+                ("10.0.1.3", "node-e", false, false),
+            ],
+            ("http", 8080),
+        );
+        sl.endpoints[1].conditions.as_mut().unwrap().serving = Some(true);
+        v.slices.get_mut("default/nginx").unwrap().push(sl);
+        // node-c's uplink is on another network: its annotation wins over InternalIP.
+        annotate(&mut v, "node-c", " 192.0.2.13 ");
+        let (s, w) = build_node_state("node-a", &v);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(s.redirects.node_address, Some(ip("192.168.0.1")));
+        assert_eq!(
+            s.redirects.peers_of(ip("203.0.113.10")),
+            [ip("192.0.2.13"), ip("192.168.0.2"), ip("192.168.0.4")],
+            "sorted, without this node"
+        );
+        // node-e has no serving endpoint, but it serves the frontend: its list holds
+        // every serving node, node-a included.
+        let (s, _) = build_node_state("node-e", &v);
+        assert_eq!(s.redirects.node_address, Some(ip("192.168.0.5")));
+        assert_eq!(
+            s.redirects.peers_of(ip("203.0.113.10")),
+            [
+                ip("192.0.2.13"),
+                ip("192.168.0.1"),
+                ip("192.168.0.2"),
+                ip("192.168.0.4")
+            ]
+        );
+        // A node the agent does not know (yet) is left out silently.
+        let (s, w) = build_node_state("node-z", &v);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(s.redirects.node_address, None);
+        assert_eq!(s.redirects.peers_of(ip("203.0.113.10")).len(), 4);
     }
 
     #[test]

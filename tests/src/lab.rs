@@ -80,7 +80,8 @@ pub struct LabNode {
     pub name: &'static str,
     /// One letter for interface names.
     pub short: &'static str,
-    /// Uplink address on the fabric (BGP router id, the dataplane's `--node-address`).
+    /// Uplink address on the fabric (BGP router id; the redirect address the agent publishes
+    /// from the Node annotation).
     pub ip: Ipv4Addr,
     /// Management address (towards the API server; the Node's InternalIP).
     pub mgmt: Ipv4Addr,
@@ -112,6 +113,16 @@ pub const NODES: [LabNode; 3] = [
         pods: Ipv4Addr::new(10, 244, 3, 0),
     },
 ];
+
+/// The Node annotation the agents read for the redirect address (the kubelets'
+/// InternalIP is the management address, the dataplanes' uplinks are on the fabric).
+pub const REDIRECT_ADDRESS_ANNOTATION: &str = "juneau.loutres.me/redirect-address";
+
+/// Whether `JUNEAU_LAB_NO_REDIRECTS=1` asks for dataplanes without redirects between nodes
+/// (to show what they prevent, e.g. in tests/tests/ecmp_change.rs; never in CI).
+pub fn redirects_disabled() -> bool {
+    std::env::var("JUNEAU_LAB_NO_REDIRECTS").is_ok_and(|v| v == "1")
+}
 
 /// The node named `name`.
 pub fn lab_node(name: &str) -> Result<LabNode> {
@@ -744,6 +755,20 @@ impl Lab {
         for node in &mut self.nodes {
             node.wait_ready(&kc, Duration::from_secs(180))?;
         }
+        // The kubelets' InternalIP is the management address; the dataplanes' uplinks
+        // are on the fabric: the agents publish this address for redirects between
+        // nodes (docs/dataplane.md), and each dataplane takes its own (`--node-address
+        // auto`).
+        for n in NODES {
+            kubectl(&[
+                "annotate",
+                "--overwrite",
+                "node",
+                n.name,
+                &format!("{REDIRECT_ADDRESS_ANNOTATION}={}", n.ip),
+            ])?;
+        }
+        ok("Nodes annotated with their fabric addresses (juneau.loutres.me/redirect-address)");
         println!("{}", bold("$ kubectl get nodes -o wide"));
         print!("{}", kubectl(&["get", "nodes", "-o", "wide"])?);
         Ok(())
@@ -820,18 +845,16 @@ impl Lab {
     }
 
     fn dataplane_spec(&self, node: &str) -> DaemonSpec {
-        // Redirects between nodes (docs/dataplane.md): this node's fabric address and
-        // every other node's, so packets of connections another node holds (after the
-        // ECMP group changed, or during a drain) are sent there.
-        let me = NODES
-            .iter()
-            .find(|n| n.name == node)
-            .map_or(ROUTER_FABRIC_IP, |n| n.ip);
-        let peers: Vec<String> = NODES
-            .iter()
-            .filter(|n| n.name != node)
-            .map(|n| n.ip.to_string())
-            .collect();
+        // Redirects between nodes (docs/dataplane.md): the agent publishes this node's
+        // fabric address (the Node annotation) and, per VIP, the other nodes serving it,
+        // so packets of connections another node holds (after the ECMP group changed, or
+        // during a drain) are sent there. `JUNEAU_LAB_NO_REDIRECTS=1` starts the
+        // dataplanes without (to see what the redirects prevent; not for CI).
+        let redirects: &[&str] = if redirects_disabled() {
+            &[]
+        } else {
+            &["--node-address", "auto"]
+        };
         DaemonSpec::new(
             format!("dataplane-{node}"),
             &[
@@ -849,13 +872,11 @@ impl Lab {
                     .to_string(),
                 "--pin-dir",
                 &pin_dir(node).display().to_string(),
-                "--node-address",
-                &me.to_string(),
                 "--redirect-mtu",
                 &FABRIC_MTU.to_string(),
             ]
             .into_iter()
-            .chain(peers.iter().flat_map(|p| ["--redirect-peer", p.as_str()]))
+            .chain(redirects.iter().copied())
             .collect::<Vec<&str>>(),
             logs().join(format!("dataplane-{node}.log")),
         )
@@ -1584,4 +1605,96 @@ pub fn check_nothing_left() -> Result<()> {
 /// The lab's log directory's file for `name` (for error messages).
 pub fn log_tail(name: &str, n: usize) -> String {
     tail(&logs().join(name), n)
+}
+
+/// The node's dataplane stats file (`--stats-file`, JSON), as last written.
+pub fn dataplane_stats(node: &str) -> Result<serde_json::Value> {
+    let path = state().join(format!("dataplane-{node}.stats.json"));
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Packets the node's dataplane redirected to other nodes and received from them (sums
+/// over its per-peer counters, `redirect_peers` in the stats file).
+pub fn redirected_packets(node: &str) -> Result<(u64, u64)> {
+    let s = dataplane_stats(node)?;
+    let sum = |k: &str| -> u64 {
+        s["redirect_peers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p[k].as_u64())
+            .sum()
+    };
+    Ok((sum("redirected_to"), sum("received_from")))
+}
+
+/// An HTTP load through the VIP from the client's namespace (`juneau-lab load`,
+/// [`crate::load`]), running until [`LabLoad::finish`] (or `max_seconds`).
+pub struct LabLoad {
+    daemon: Daemon,
+    stop: PathBuf,
+    out: PathBuf,
+}
+
+impl LabLoad {
+    /// Starts `keepalive` keep-alive clients and `fresh` new-connection clients, each
+    /// at most `rate` requests per second; files go to `dir`.
+    pub fn start(
+        bins: &JuneauBins,
+        dir: &Path,
+        name: &str,
+        keepalive: usize,
+        fresh: usize,
+        rate: u32,
+        max_seconds: u64,
+    ) -> Result<LabLoad> {
+        let stop = dir.join(format!("{name}.stop"));
+        let out = dir.join(format!("{name}.json"));
+        let daemon = Daemon::spawn(
+            DaemonSpec::new(
+                format!("load {name}"),
+                &[
+                    &bins.path("juneau-lab").display().to_string(),
+                    "load",
+                    "--target",
+                    &format!("{VIP}:80"),
+                    "--keepalive",
+                    &keepalive.to_string(),
+                    "--fresh",
+                    &fresh.to_string(),
+                    "--rate",
+                    &rate.to_string(),
+                    "--max-seconds",
+                    &max_seconds.to_string(),
+                    "--stop-file",
+                    &stop.display().to_string(),
+                    "--out",
+                    &out.display().to_string(),
+                ],
+                dir.join(format!("{name}.log")),
+            )
+            .in_netns(&ns("client")),
+        )?;
+        Ok(LabLoad { daemon, stop, out })
+    }
+
+    /// Stops the load and reads its report.
+    pub fn finish(mut self) -> Result<crate::load::LoadReport> {
+        fs::write(&self.stop, "stop")?;
+        wait_for(
+            "the load to stop",
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || Ok((!self.daemon.is_running()).then_some(())),
+        )?;
+        let text = fs::read_to_string(&self.out).with_context(|| {
+            format!(
+                "load report {} (log {})",
+                self.out.display(),
+                self.daemon.log().display()
+            )
+        })?;
+        crate::load::LoadReport::from_json(&serde_json::from_str(&text)?)
+    }
 }

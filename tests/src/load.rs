@@ -60,6 +60,14 @@ pub struct LoadReport {
     /// Requests on a reused keep-alive connection that failed before any answer byte
     /// and then succeeded on a new connection.
     pub keepalive_retries: u64,
+    /// Requests on a reused keep-alive connection answered with a RST (not a clean
+    /// close): a segment of an established connection reached a server that never saw
+    /// it (issue 12). Counted whether or not the retry then succeeded.
+    pub keepalive_resets: u64,
+    /// Requests on a reused keep-alive connection that got no answer within the timeout
+    /// (the connection's packets went nowhere: e.g. dropped by a node that does not hold
+    /// it). Counted whether or not the retry then succeeded.
+    pub keepalive_timeouts: u64,
     /// Longest time between two successful answers (or from start/to end), ms.
     pub longest_gap_ms: u64,
     /// How long the load ran, ms.
@@ -73,6 +81,8 @@ impl LoadReport {
             "requests": self.requests, "ok": self.ok, "failed": self.failed,
             "resets": self.resets, "timeouts": self.timeouts, "refused": self.refused,
             "keepalive_retries": self.keepalive_retries,
+            "keepalive_resets": self.keepalive_resets,
+            "keepalive_timeouts": self.keepalive_timeouts,
             "longest_gap_ms": self.longest_gap_ms, "duration_ms": self.duration_ms,
         })
     }
@@ -91,6 +101,9 @@ impl LoadReport {
             timeouts: g("timeouts")?,
             refused: g("refused")?,
             keepalive_retries: g("keepalive_retries")?,
+            // Absent from reports of older builds.
+            keepalive_resets: v["keepalive_resets"].as_u64().unwrap_or(0),
+            keepalive_timeouts: v["keepalive_timeouts"].as_u64().unwrap_or(0),
             longest_gap_ms: g("longest_gap_ms")?,
             duration_ms: g("duration_ms")?,
         })
@@ -102,6 +115,8 @@ enum Outcome {
     Ok,
     Status,
     Reset,
+    /// Closed (FIN) before a full answer; counted with the resets.
+    Closed,
     Timeout,
     Refused,
     Other,
@@ -135,7 +150,7 @@ fn request(conn: &mut TcpStream, host: &str, keepalive: bool) -> Result<(), (Out
             .map_err(|e| (classify(&e), !buf.is_empty()))?;
         if n == 0 {
             // Closed before a full header: for a reused connection, a server close.
-            return Err((Outcome::Reset, !buf.is_empty()));
+            return Err((Outcome::Closed, !buf.is_empty()));
         }
         buf.extend_from_slice(&chunk[..n]);
         if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -188,7 +203,7 @@ fn record(shared: &Mutex<Shared>, start: Instant, outcome: Outcome) {
         o => {
             s.report.failed += 1;
             match o {
-                Outcome::Reset => s.report.resets += 1,
+                Outcome::Reset | Outcome::Closed => s.report.resets += 1,
                 Outcome::Timeout => s.report.timeouts += 1,
                 Outcome::Refused => s.report.refused += 1,
                 _ => {}
@@ -243,7 +258,15 @@ fn client(
                 }
                 Outcome::Ok
             }
-            Err((_, false)) if reused => {
+            Err((first, false)) if reused => {
+                {
+                    let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
+                    match first {
+                        Outcome::Reset => s.report.keepalive_resets += 1,
+                        Outcome::Timeout => s.report.keepalive_timeouts += 1,
+                        _ => {}
+                    }
+                }
                 // The reused connection failed before any answer: retry once, new connection.
                 let retried = match connect(spec) {
                     Ok(mut c2) => match request(&mut c2, &host, keepalive) {
@@ -358,6 +381,54 @@ mod tests {
         // The server closes each connection after 3 answers.
         assert!(r.keepalive_retries > 0, "{r:?}");
         assert!(r.longest_gap_ms < 500, "{r:?}");
+        Ok(())
+    }
+
+    /// A server that answers the first request of each connection and, on the second,
+    /// resets the connection (what a Pod that never saw a connection does) or, with
+    /// `reset` false, never answers (what a node dropping the connection's packets does).
+    fn server_failing_reused_connections(reset: bool) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { continue };
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 2048];
+                    if !matches!(c.read(&mut buf), Ok(n) if n > 0) {
+                        return;
+                    }
+                    let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                    if !reset {
+                        std::thread::sleep(Duration::from_secs(3));
+                        return;
+                    }
+                    // Wait for the next request, then close with it unread: RST.
+                    let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+                    let _ = c.peek(&mut buf);
+                });
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn resets_and_stalls_of_reused_keepalive_connections_are_counted_even_when_the_retry_works(
+    ) -> Result<()> {
+        let mut sp = spec(server_failing_reused_connections(true));
+        sp.new_connection_clients = 0;
+        let r = run(&sp)?;
+        assert!(r.keepalive_resets > 0 && r.keepalive_timeouts == 0, "{r:?}");
+        assert_eq!(r.failed, 0, "the retries on new connections work: {r:?}");
+        // A server that stops answering on a reused connection: a keep-alive timeout.
+        let mut sp = spec(server_failing_reused_connections(false));
+        sp.new_connection_clients = 0;
+        let r = run(&sp)?;
+        assert!(r.keepalive_timeouts > 0 && r.keepalive_resets == 0, "{r:?}");
+        assert_eq!(r.failed, 0, "{r:?}");
+        // A server that closes cleanly is not a reset.
+        let r = run(&spec(server(false)))?;
+        assert!(r.keepalive_retries > 0 && r.keepalive_resets == 0, "{r:?}");
         Ok(())
     }
 

@@ -67,6 +67,24 @@ pub(crate) fn sample_state() -> NodeState {
             weight: Some(3),
         }],
         peers: vec![peer, peer2],
+        redirects: Redirects {
+            node_address: Some(Ipv4Addr::new(192, 0, 2, 10)),
+            vips: vec![
+                VipRedirectPeers {
+                    vip: Ipv4Addr::new(203, 0, 113, 11),
+                    nodes: vec![Ipv4Addr::new(192, 0, 2, 12)],
+                },
+                VipRedirectPeers {
+                    vip: Ipv4Addr::new(203, 0, 113, 10),
+                    // Unsorted, with a duplicate: normalize() sorts and dedups.
+                    nodes: vec![
+                        Ipv4Addr::new(192, 0, 2, 13),
+                        Ipv4Addr::new(192, 0, 2, 11),
+                        Ipv4Addr::new(192, 0, 2, 13),
+                    ],
+                },
+            ],
+        },
     }
 }
 
@@ -76,9 +94,9 @@ fn tmp() -> tempfile::TempDir {
 
 #[test]
 fn header_layout_is_stable() {
-    assert_eq!(std::mem::size_of::<FileHeader>(), 96);
-    assert_eq!(std::mem::offset_of!(FileHeader, generation), 48);
-    assert_eq!(std::mem::offset_of!(FileHeader, slot_seq), 80);
+    assert_eq!(std::mem::size_of::<FileHeader>(), 104);
+    assert_eq!(std::mem::offset_of!(FileHeader, generation), 56);
+    assert_eq!(std::mem::offset_of!(FileHeader, slot_seq), 88);
     assert_eq!(MAGIC.to_le_bytes(), *b"JUNEAUNS");
 }
 
@@ -173,6 +191,8 @@ fn growing_past_capacity_renames_a_new_file_and_readers_follow() {
         vips: 1,
         peers: 1,
         maglev_size: 251,
+        redirect_vips: 1,
+        redirect_nodes: 1,
     };
     let mut w = NodeStateWriter::create(&path, small).unwrap();
     let mut one = sample_state();
@@ -180,6 +200,7 @@ fn growing_past_capacity_renames_a_new_file_and_readers_follow() {
     one.services[0].backends.truncate(1);
     one.peers.truncate(1);
     one.advertised[0].peers = vec![0];
+    one.redirects.vips.truncate(1);
     w.publish(&one).unwrap();
     let mut r = NodeStateReader::open(&path).unwrap();
     let len_before = std::fs::metadata(&path).unwrap().len();
@@ -190,6 +211,7 @@ fn growing_past_capacity_renames_a_new_file_and_readers_follow() {
     let big = sample_state();
     w.publish(&big).unwrap();
     assert!(w.capacity().services >= 3 && w.capacity().backends >= 3);
+    assert!(w.capacity().redirect_vips >= 2 && w.capacity().redirect_nodes >= 3);
     assert_ne!(
         r.generation(),
         g_before,
@@ -289,6 +311,19 @@ fn unrepresentable_state_is_refused_and_the_last_table_stays() {
     assert!(w.publish(&bad).is_err());
     let mut bad = good.clone();
     bad.advertised[0].peers = vec![5];
+    assert!(w.publish(&bad).is_err());
+    let mut bad = good.clone();
+    bad.redirects.vips[0].nodes = (1..=MAX_REDIRECT_NODES_PER_VIP as u32 + 1)
+        .map(Ipv4Addr::from)
+        .collect();
+    assert!(
+        matches!(w.publish(&bad), Err(ShmError::Unrepresentable(m)) if m.contains("redirect peer nodes"))
+    );
+    let mut bad = good.clone();
+    bad.redirects.vips[0].nodes.push(Ipv4Addr::UNSPECIFIED);
+    assert!(w.publish(&bad).is_err());
+    let mut bad = good.clone();
+    bad.redirects.node_address = Some(Ipv4Addr::UNSPECIFIED);
     assert!(w.publish(&bad).is_err());
 
     assert_eq!(r.generation(), g);
@@ -423,4 +458,58 @@ fn a_backend_flag_that_contradicts_its_position_is_refused() {
     let mut bad = words;
     bad[first + 1] |= 1 << 20;
     assert!(decode(&bad, &cap, 1).is_err());
+}
+
+#[test]
+fn redirect_peers_round_trip_per_vip() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    w.publish(&sample_state()).unwrap();
+    let mut r = NodeStateReader::open(&path).unwrap();
+    let snap = r.snapshot().unwrap();
+    let red = &snap.state.redirects;
+    assert_eq!(red.node_address, Some(Ipv4Addr::new(192, 0, 2, 10)));
+    assert_eq!(
+        red.peers_of(Ipv4Addr::new(203, 0, 113, 10)),
+        [Ipv4Addr::new(192, 0, 2, 11), Ipv4Addr::new(192, 0, 2, 13)]
+    );
+    assert_eq!(
+        red.peers_of(Ipv4Addr::new(203, 0, 113, 11)),
+        [Ipv4Addr::new(192, 0, 2, 12)]
+    );
+    assert!(red.peers_of(Ipv4Addr::new(203, 0, 113, 99)).is_empty());
+
+    // No redirect address and no peers: both absent again.
+    let mut none = sample_state();
+    none.redirects = Redirects::default();
+    w.publish(&none).unwrap();
+    assert_eq!(r.snapshot().unwrap().state.redirects, Redirects::default());
+}
+
+#[test]
+fn redirect_counts_past_the_capacity_are_refused_as_corrupt() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    w.publish(&sample_state()).unwrap();
+    let mut r = NodeStateReader::open(&path).unwrap();
+    // Scribble a node count past the capacity into the current slot's header.
+    let idx = (r.generation() % 2) as usize;
+    let sec = r.map.sections;
+    r.map.slot(idx)[13].store(u32::MAX, Ordering::Relaxed);
+    assert!(matches!(r.snapshot(), Err(ShmError::Corrupt(..))));
+    // A count within the capacity but a record pointing past it: also refused (the
+    // checksum is recomputed so only the bounds check can catch it).
+    let slot = r.map.slot(idx);
+    slot[13].store(3, Ordering::Relaxed);
+    slot[sec.redirect_vips + 1].store(100, Ordering::Relaxed);
+    let words: Vec<u32> = slot.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+    let sum = checksum(&words, &sec, &r.map.capacity);
+    slot[6].store(sum as u32, Ordering::Relaxed);
+    slot[7].store((sum >> 32) as u32, Ordering::Relaxed);
+    assert!(
+        matches!(r.snapshot(), Err(ShmError::Corrupt(_, m)) if m.contains("redirect")),
+        "bounds"
+    );
 }

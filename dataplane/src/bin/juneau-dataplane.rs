@@ -110,13 +110,16 @@ struct Args {
     /// recomputing them (only if no Pod interface uses tx checksum offload).
     #[arg(long)]
     trust_pod_checksums: bool,
-    /// This node's address on the node network (the Node's InternalIP, which is also
-    /// the address juneau-bgp peers from): turns on redirects between nodes, so packets
-    /// of connections another node holds are sent there instead of being dropped
-    /// (docs/dataplane.md, "Redirects between nodes").
-    #[arg(long)]
-    node_address: Option<std::net::Ipv4Addr>,
-    /// A peer node's address (repeatable): the nodes asked about unknown flows.
+    /// This node's address on the node network, or `auto`: turns on redirects between
+    /// nodes, so packets of connections another node holds are sent there instead of
+    /// being dropped (docs/dataplane.md, "Redirects between nodes"). `auto` takes the
+    /// address the node agent publishes for this node (the Node's InternalIP, or its
+    /// `juneau.loutres.me/redirect-address` annotation); redirects start once it is
+    /// published. The peers of each VIP always come from the agent.
+    #[arg(long, value_parser = parse_node_address)]
+    node_address: Option<NodeAddress>,
+    /// A peer node's address (repeatable), asked about unknown flows of every VIP in
+    /// addition to the peers the agent publishes per VIP (for set-ups without the agent).
     #[arg(long = "redirect-peer")]
     redirect_peers: Vec<std::net::Ipv4Addr>,
     /// UDP port redirected packets and notices use (the same on every node).
@@ -140,6 +143,25 @@ struct Args {
     /// Changing it across a restart starts with empty flow tables.
     #[arg(long, default_value_t = 1)]
     workers: u32,
+}
+
+/// `--node-address`: an address, or `auto` (published by the node agent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeAddress {
+    Given(std::net::Ipv4Addr),
+    FromState,
+}
+
+fn parse_node_address(s: &str) -> Result<NodeAddress, String> {
+    if s == "auto" {
+        return Ok(NodeAddress::FromState);
+    }
+    match s.parse::<std::net::Ipv4Addr>() {
+        Ok(ip) if !ip.is_unspecified() => Ok(NodeAddress::Given(ip)),
+        _ => Err(format!(
+            "{s:?} is neither an IPv4 address nor `auto` (the address the node agent publishes)"
+        )),
+    }
 }
 
 fn main() -> Result<()> {
@@ -209,14 +231,46 @@ fn main() -> Result<()> {
         redirect: a
             .node_address
             .map(|node| juneau_dataplane::redirect::RedirectConfig {
-                node: u32::from(node),
+                node: match node {
+                    NodeAddress::Given(ip) => u32::from(ip),
+                    NodeAddress::FromState => 0,
+                },
                 port: a.redirect_port,
                 peers: a.redirect_peers.iter().map(|p| u32::from(*p)).collect(),
                 rate_per_s: a.redirect_rate,
                 burst: a.redirect_burst,
+                node_from_state: node == NodeAddress::FromState,
             }),
         redirect_mtu: a.redirect_mtu,
         workers: a.workers,
     };
     run(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_address_is_an_address_or_auto_and_nothing_else() {
+        assert_eq!(
+            parse_node_address("192.0.2.11"),
+            Ok(NodeAddress::Given("192.0.2.11".parse().unwrap()))
+        );
+        assert_eq!(parse_node_address("auto"), Ok(NodeAddress::FromState));
+        for bad in [
+            "",
+            "0.0.0.0",
+            "AUTO",
+            "node-a",
+            "192.0.2.300",
+            "2001:db8::1",
+        ] {
+            let e = parse_node_address(bad).unwrap_err();
+            assert!(
+                e.contains("neither an IPv4 address nor `auto`"),
+                "{bad}: {e}"
+            );
+        }
+    }
 }
