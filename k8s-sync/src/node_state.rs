@@ -58,6 +58,26 @@ pub fn redirect_address(node: &Node) -> Result<Option<Ipv4Addr>, String> {
         .find_map(|a| a.address.parse::<Ipv4Addr>().ok()))
 }
 
+/// Whether node `name` can ever have announced a VIP of `pool` — a BGPPeer and a
+/// BGPAdvertisement covering the pool select it — and so can hold connections of it. A
+/// node that cannot (e.g. a node outside the edge nodes, running no Juneau at all) is
+/// never asked: a redirected packet sent there would be lost, and every later packet of
+/// the flow (same hash, same first peer) with it.
+fn may_announce(view: &AgentView, name: &str, pool: &str) -> bool {
+    let empty = BTreeMap::new();
+    let Some(n) = view.nodes.get(name) else {
+        return false;
+    };
+    let labels = n.metadata.labels.as_ref().unwrap_or(&empty);
+    view.peers
+        .iter()
+        .any(|p| selects(p.spec.node_selector.as_ref(), labels))
+        && view.advertisements.iter().any(|a| {
+            (a.spec.address_pools.is_empty() || a.spec.address_pools.iter().any(|x| x == pool))
+                && selects(a.spec.node_selector.as_ref(), labels)
+        })
+}
+
 /// The redirect part of `node`'s state: its own address and, per VIP in `vip_nodes`, the
 /// other nodes' addresses (bad annotations become warnings, the node left out).
 fn redirects(
@@ -314,10 +334,12 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
             .iter()
             .filter(|e| e.node.as_deref() == Some(node))
             .collect();
+        let pool = st.address_pool.clone().unwrap_or_default();
         vip_nodes.entry(vip).or_default().extend(
             eps.iter()
                 .filter(|e| e.conditions.ready || e.conditions.serving)
-                .filter_map(|e| e.node.clone()),
+                .filter_map(|e| e.node.clone())
+                .filter(|n| may_announce(view, n, &pool)),
         );
         let mut any_backend = false;
         for sp in svc
@@ -375,7 +397,6 @@ pub fn build_node_state(node: &str, view: &AgentView) -> (NodeState, Vec<String>
             continue;
         }
         // Attributes from the BGPAdvertisements covering the VIP's pool on this node.
-        let pool = st.address_pool.clone().unwrap_or_default();
         let mut matched = false;
         let mut communities = BTreeSet::new();
         let mut large = BTreeSet::new();
@@ -962,6 +983,71 @@ mod tests {
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(s.redirects.node_address, None);
         assert_eq!(s.redirects.peers_of(ip("203.0.113.10")).len(), 4);
+    }
+
+    #[test]
+    fn nodes_that_can_never_announce_the_vip_are_not_asked() {
+        let mut v = view();
+        v.nodes.extend([
+            node("node-b", "192.168.0.2", false),
+            node("node-d", "192.168.0.4", false),
+        ]);
+        v.slices.get_mut("default/nginx").unwrap().push(slice(
+            "nginx",
+            "nginx-2",
+            &[
+                ("10.0.1.1", "node-b", true, false),
+                ("10.0.1.2", "node-d", true, false),
+            ],
+            ("http", 8080),
+        ));
+        let edge = |v: &mut AgentView, n: &str| {
+            v.nodes
+                .get_mut(n)
+                .unwrap()
+                .metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert("edge".into(), "true".into());
+        };
+        for n in ["node-a", "node-c", "node-d"] {
+            edge(&mut v, n);
+        }
+        let edge_only = LabelSelector {
+            match_labels: Some([("edge".to_string(), "true".to_string())].into()),
+            ..Default::default()
+        };
+        // Only edge nodes peer: node-b (not edge) runs Pods but never announces.
+        v.peers[0].spec.node_selector = Some(edge_only.clone());
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(
+            s.redirects.peers_of(ip("203.0.113.10")),
+            [ip("192.168.0.3"), ip("192.168.0.4")]
+        );
+        // Only node-a and node-c get the VIP's pool advertised: node-d is left out too.
+        v.nodes
+            .get_mut("node-d")
+            .unwrap()
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("pool".into(), "other".into());
+        v.advertisements[0].spec.node_selector = Some(LabelSelector {
+            match_expressions: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                    key: "pool".into(),
+                    operator: "DoesNotExist".into(),
+                    values: None,
+                },
+            ]),
+            ..Default::default()
+        });
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(
+            s.redirects.peers_of(ip("203.0.113.10")),
+            [ip("192.168.0.3")]
+        );
     }
 
     #[test]
