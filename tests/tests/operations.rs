@@ -15,13 +15,13 @@
 
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use juneau_tests::daemon::{wait_for, Daemon, DaemonSpec};
+use juneau_tests::daemon::wait_for;
 use juneau_tests::lab::{
-    self, kubectl, kubectl_apply, nginx_pods, router_next_hops, JuneauBins, Lab, VIP,
+    self, kubectl, kubectl_apply, nginx_pods, router_next_hops, JuneauBins, Lab, LabLoad,
 };
 use juneau_tests::load::LoadReport;
 
@@ -87,70 +87,21 @@ struct Row {
     took: Duration,
 }
 
-/// The load through the VIP, running in the client's namespace until stopped.
-struct Load {
-    daemon: Daemon,
-    stop: PathBuf,
-    out: PathBuf,
-}
-
-impl Load {
-    fn start(dir: &Path, name: &str) -> Result<Load> {
-        let stop = dir.join(format!("{name}.stop"));
-        let out = dir.join(format!("{name}.json"));
-        let daemon = Daemon::spawn(
-            DaemonSpec::new(
-                format!("load {name}"),
-                &[
-                    env!("CARGO_BIN_EXE_juneau-lab"),
-                    "load",
-                    "--target",
-                    &format!("{VIP}:80"),
-                    "--keepalive",
-                    "2",
-                    "--fresh",
-                    "2",
-                    "--rate",
-                    "20",
-                    "--max-seconds",
-                    "400",
-                    "--stop-file",
-                    &stop.display().to_string(),
-                    "--out",
-                    &out.display().to_string(),
-                ],
-                dir.join(format!("{name}.log")),
-            )
-            .in_netns("jlab-client"),
-        )?;
-        Ok(Load { daemon, stop, out })
-    }
-
-    fn finish(mut self) -> Result<LoadReport> {
-        std::fs::write(&self.stop, "stop")?;
-        wait("the load to stop", Duration::from_secs(30), || {
-            Ok(!self.daemon.is_running())
-        })?;
-        let text = std::fs::read_to_string(&self.out).with_context(|| {
-            format!(
-                "load report {} (log {})",
-                self.out.display(),
-                self.daemon.log().display()
-            )
-        })?;
-        LoadReport::from_json(&serde_json::from_str(&text)?)
-    }
+/// The load of every operation: 2 keep-alive and 2 new-connection clients, 20 req/s each.
+fn start_load(bins: &JuneauBins, dir: &Path, name: &str) -> Result<LabLoad> {
+    LabLoad::start(bins, dir, name, 2, 2, 20, 400)
 }
 
 /// Runs `op` under load: QUIET, op (which waits until things settled), QUIET.
 fn measure(
+    bins: &JuneauBins,
     dir: &Path,
     rows: &mut Vec<Row>,
     name: &'static str,
     op: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
     println!("\n==> {name}");
-    let load = Load::start(dir, &name.replace(' ', "-"))?;
+    let load = start_load(bins, dir, &name.replace(' ', "-"))?;
     std::thread::sleep(QUIET);
     let t0 = Instant::now();
     let result = op();
@@ -251,7 +202,8 @@ fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
     let dir = tempfile::tempdir()?;
     let d = dir.path();
     // The load works before anything happens.
-    let baseline = Load::start(d, "baseline")?;
+    let bins = JuneauBins::locate()?;
+    let baseline = start_load(&bins, d, "baseline")?;
     std::thread::sleep(Duration::from_secs(3));
     let b = baseline.finish()?;
     assert!(
@@ -261,6 +213,7 @@ fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
 
     let mut rows = Vec::new();
     measure(
+        &bins,
         d,
         &mut rows,
         "rolling update (kubectl rollout restart)",
@@ -270,7 +223,7 @@ fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
             settled(3)
         },
     )?;
-    measure(d, &mut rows, "scale 3 -> 6 -> 2", || {
+    measure(&bins, d, &mut rows, "scale 3 -> 6 -> 2", || {
         kubectl(&["scale", "deployment/nginx", "--replicas=6"])?;
         settled(6)?;
         kubectl(&["scale", "deployment/nginx", "--replicas=2"])?;
@@ -279,6 +232,7 @@ fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
     kubectl(&["scale", "deployment/nginx", "--replicas=3"])?;
     settled(3)?;
     measure(
+        &bins,
         d,
         &mut rows,
         "a Pod appears on node-b (no Pods before) and leaves",
@@ -296,6 +250,7 @@ fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
         },
     )?;
     measure(
+        &bins,
         d,
         &mut rows,
         "juneau-dataplane kill -9 + restart (node-a)",
@@ -305,38 +260,50 @@ fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
             settled(3)
         },
     )?;
-    measure(d, &mut rows, "juneau-bgp restart (node-a)", || {
+    measure(&bins, d, &mut rows, "juneau-bgp restart (node-a)", || {
         lab.restart_speaker("node-a")?;
         std::thread::sleep(Duration::from_secs(2));
         settled(3)
     })?;
-    measure(d, &mut rows, "node agent restart (node-a)", || {
+    measure(&bins, d, &mut rows, "node agent restart (node-a)", || {
         lab.restart_agent("node-a")?;
         std::thread::sleep(Duration::from_secs(5));
         settled(3)
     })?;
-    measure(d, &mut rows, "controller leader killed (kill -9)", || {
-        let (old, new) = lab.kill_controller_leader(Duration::from_secs(60))?;
-        println!("    leader {old} killed; {new} took over");
-        settled(3)
-    })?;
-    measure(d, &mut rows, "kube-apiserver restarted", || {
+    measure(
+        &bins,
+        d,
+        &mut rows,
+        "controller leader killed (kill -9)",
+        || {
+            let (old, new) = lab.kill_controller_leader(Duration::from_secs(60))?;
+            println!("    leader {old} killed; {new} took over");
+            settled(3)
+        },
+    )?;
+    measure(&bins, d, &mut rows, "kube-apiserver restarted", || {
         lab.cluster()?.restart_apiserver()?;
         std::thread::sleep(Duration::from_secs(5));
         settled(3)
     })?;
-    measure(d, &mut rows, "kubectl drain node-a (and uncordon)", || {
-        kubectl(&[
-            "drain",
-            "node-a",
-            "--ignore-daemonsets",
-            "--delete-emptydir-data",
-            "--timeout=180s",
-        ])?;
-        settled(3)?;
-        kubectl(&["uncordon", "node-a"])?;
-        Ok(())
-    })?;
+    measure(
+        &bins,
+        d,
+        &mut rows,
+        "kubectl drain node-a (and uncordon)",
+        || {
+            kubectl(&[
+                "drain",
+                "node-a",
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=180s",
+            ])?;
+            settled(3)?;
+            kubectl(&["uncordon", "node-a"])?;
+            Ok(())
+        },
+    )?;
 
     let t = table(&rows);
     println!(
