@@ -22,7 +22,7 @@ use std::num::NonZeroU32;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, ensure, Context, Result};
@@ -67,7 +67,8 @@ pub struct RuntimeConfig {
     /// The dataplane status juneau-bgp reads (`juneau_control::dataplane_status`):
     /// heartbeat, programmed generation and VIPs.
     pub status_file: PathBuf,
-    /// Address to serve Prometheus metrics on (`GET /metrics`).
+    /// Address of `/metrics`, `/healthz`, `/readyz` (must bind); `None`: the default
+    /// [`crate::metrics::DEFAULT_METRICS_ADDR`], only warned about when taken.
     pub metrics_addr: Option<SocketAddr>,
     /// Engine settings.
     pub engine: EngineConfig,
@@ -155,30 +156,6 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
         f.write_all(contents)?;
     }
     std::fs::rename(&tmp, path)
-}
-
-fn serve_metrics(addr: SocketAddr, text: Arc<Mutex<String>>) -> Result<()> {
-    let listener = std::net::TcpListener::bind(addr)
-        .with_context(|| format!("binding metrics address {addr}"))?;
-    tracing::info!(%addr, "serving Prometheus metrics on /metrics");
-    std::thread::Builder::new().name("metrics".into()).spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-            let mut req = [0u8; 1024];
-            let n = std::io::Read::read(&mut conn, &mut req).unwrap_or(0);
-            let line = String::from_utf8_lossy(&req[..n]);
-            let ok = line.starts_with("GET /metrics") || line.starts_with("GET / ");
-            let body = if ok { text.lock().map(|t| t.clone()).unwrap_or_default() } else { "not found\n".into() };
-            let status = if ok { "200 OK" } else { "404 Not Found" };
-            let _ = write!(
-                conn,
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    })?;
-    Ok(())
 }
 
 /// Number of RX queues of an interface (from sysfs; 1 when unknown).
@@ -460,24 +437,24 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         "juneau-dataplane forwarding"
     );
 
-    let metrics_text = Arc::new(Mutex::new(String::new()));
-    if let Some(addr) = cfg.metrics_addr {
-        serve_metrics(addr, metrics_text.clone())?;
-    }
+    // /metrics, /healthz, /readyz on their own thread (crate::metrics); the stats thread
+    // below hands it the counters.
+    let exporter = crate::metrics::Exporter::new(&cfg.status_file);
+    exporter.serve(cfg.metrics_addr)?;
     // Serialising and writing the stats happens on its own thread, so the forwarding
     // loop only copies its counters once a second.
     let (stats_tx, stats_rx) = mpsc::sync_channel::<Stats>(2);
     let stats_writer = {
-        let (path, text) = (cfg.stats_file.clone(), metrics_text.clone());
+        let (path, exporter) = (cfg.stats_file.clone(), exporter.clone());
         std::thread::Builder::new().name("stats".into()).spawn(move || {
             for stats in stats_rx {
-                *text.lock().unwrap_or_else(|p| p.into_inner()) = stats.prometheus();
                 if let Some(path) = &path {
                     let json = serde_json::to_vec_pretty(&stats).unwrap_or_default();
                     if let Err(e) = write_atomically(path, &json) {
                         tracing::warn!(path = %path.display(), error = %e, "writing the stats file failed");
                     }
                 }
+                exporter.update(stats);
             }
         })?
     };
