@@ -5,7 +5,8 @@
 //! real etcd + kube-apiserver + controller-manager + scheduler ([`kube`]), real nodes
 //! with their own containerd and kubelet ([`node`]) running locally built images
 //! ([`images`]), the lab built from all of these ([`lab`], the `juneau-lab` binary), an
-//! HTTP load client ([`load`]) — and the cross-crate end-to-end tests in `tests/tests/`.
+//! HTTP load client ([`load`]), a real Prometheus scraping Juneau's processes
+//! ([`prometheus`]) — and the cross-crate end-to-end tests in `tests/tests/`.
 //!
 //! Must not touch: product logic. Everything here starts, wires and inspects the real
 //! binaries; nothing here stands in for them. Everything cleans up on drop, also on
@@ -19,3 +20,4 @@ pub mod lab;
 pub mod load;
 pub mod netns;
 pub mod node;
+pub mod prometheus;
