@@ -856,6 +856,12 @@ impl Lab {
                 "agent",
                 "--node",
                 node,
+                // The speaker's status (speaker_spec), published as NodeBGPStatus/<node>.
+                "--bgp-status-file",
+                &state()
+                    .join(format!("bgp-{node}.status.json"))
+                    .display()
+                    .to_string(),
             ],
             logs().join(format!("agent-{node}.log")),
         )

@@ -280,6 +280,7 @@ fn walk() -> Result<()> {
     );
 
     prometheus_sees_what_the_lab_did()?;
+    peers_show_the_live_sessions()?;
 
     // `up` again is harmless.
     let again = lab_cmd("up")?;
@@ -497,5 +498,67 @@ fn prometheus_sees_what_the_lab_did() -> Result<()> {
         exprs.len(),
         t0.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// `kubectl juneau peers -o json` (the real plugin through the real kubectl): every node's
+/// session to the router Established, live (its agent read the real speaker's status),
+/// with the prefixes each node announces (1, 0, 1).
+fn peers_show_the_live_sessions() -> Result<()> {
+    let bins = lab::JuneauBins::locate()?;
+    let path = format!(
+        "{}:{}",
+        bins.dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let peers = || -> Result<serde_json::Value> {
+        let out = Command::new("kubectl")
+            .args(["juneau", "peers", "-o", "json"])
+            .env("KUBECONFIG", lab::admin_kubeconfig())
+            .env("PATH", &path)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl juneau peers: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+    let want: Vec<(String, bool, String, u64)> = [("node-a", 1), ("node-b", 0), ("node-c", 1)]
+        .iter()
+        .map(|(n, p)| (n.to_string(), true, "Established".to_string(), *p))
+        .collect();
+    let mut last = serde_json::Value::Null;
+    eventually(
+        "kubectl juneau peers: 3 nodes live, Established",
+        Duration::from_secs(60),
+        || {
+            last = peers()?;
+            let got: Vec<(String, bool, String, u64)> = last
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|n| {
+                    let s = &n["sessions"][0];
+                    (
+                        n["node"].as_str().unwrap_or_default().to_string(),
+                        n["live"] == true,
+                        s["state"].as_str().unwrap_or_default().to_string(),
+                        s["prefixesAnnounced"].as_u64().unwrap_or(99),
+                    )
+                })
+                .collect();
+            Ok(got == want)
+        },
+    )
+    .with_context(|| format!("last answer: {last}"))?;
+    for n in last.as_array().into_iter().flatten() {
+        let s = &n["sessions"][0];
+        if s["peer"] != "upstream" || s["uptimeSeconds"].as_i64().is_none() {
+            bail!("session of {}: {s}", n["node"]);
+        }
+    }
+    println!("kubectl juneau peers: {last}");
     Ok(())
 }
