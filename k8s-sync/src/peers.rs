@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use crate::crd::{BGPPeer, NodeBGPStatus};
-use crate::report::table;
+use crate::report::{table, Why};
 use crate::speaker_status::SPEAKER_STATUS_AVAILABLE;
 
 /// One node's sessions.
@@ -220,6 +220,68 @@ pub fn render(report: &[NodePeers]) -> String {
     out
 }
 
+/// Refines `kubectl juneau why` with what the speakers report (their NodeBGPStatus): a
+/// node the controller counts as advertising whose speaker withholds the VIP (the
+/// dataplane has not programmed it, or is down) or has no Established session does not
+/// announce it; the nodes whose speaker state is not current are named as not checked.
+pub fn refine_why(why: &mut Why, statuses: &[NodeBGPStatus]) {
+    let by_node: BTreeMap<String, &NodeBGPStatus> =
+        statuses.iter().map(|s| (s.name_any(), s)).collect();
+    let mut unknown = Vec::new();
+    for v in why.nodes.iter_mut().filter(|v| v.advertising) {
+        let live = by_node
+            .get(&v.node)
+            .and_then(|o| o.status.as_ref())
+            .filter(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == SPEAKER_STATUS_AVAILABLE && c.status == "True")
+            });
+        let Some(s) = live else {
+            unknown.push(v.node.clone());
+            continue;
+        };
+        let held = why
+            .vip
+            .as_ref()
+            .and_then(|vip| s.held_back.iter().find(|h| &h.vip == vip));
+        if let Some(h) = held {
+            v.advertising = false;
+            v.reason = "DataplaneNotReady".into();
+            v.message = format!("the speaker withholds the VIP: {}", h.reason);
+        } else if s.established_sessions == 0 {
+            let states: Vec<String> = s
+                .peers
+                .iter()
+                .map(|p| format!("{} {}", p.name, p.state))
+                .collect();
+            v.advertising = false;
+            v.reason = "NoSessionUp".into();
+            v.message = if states.is_empty() {
+                "the speaker has no BGP session configured".into()
+            } else {
+                format!("no BGP session Established ({})", states.join(", "))
+            };
+        } else {
+            let up: Vec<&str> = s
+                .peers
+                .iter()
+                .filter(|p| p.state == "Established")
+                .map(|p| p.name.as_str())
+                .collect();
+            v.message += &format!("; Established to {}", up.join(", "));
+        }
+    }
+    why.not_checked = if unknown.is_empty() {
+        vec![]
+    } else {
+        vec![format!(
+            "whether the speaker of {} has a session up and the VIP programmed: no current NodeBGPStatus (see `kubectl juneau peers`)",
+            unknown.join(", ")
+        )]
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,13 +321,18 @@ mod tests {
         };
         let good = NodeBGPStatusStatus {
             peers: vec![established.clone()],
+            sessions: 1,
+            established_sessions: 1,
             ..status_from(&Reading::Ok(Default::default()), None, now)
         };
         let stale = status_from(&Reading::Unreadable("corrupt".into()), Some(&good), now);
         let r = peers_report(
             &[peer("tor")],
             &[node("node-a"), node("node-b"), node("node-c")],
-            &[status("node-a", good), status("node-b", stale)],
+            &[
+                status("node-a", good.clone()),
+                status("node-b", stale.clone()),
+            ],
             now,
         );
         assert_eq!(r.len(), 3);
@@ -288,6 +355,56 @@ mod tests {
             "{t}"
         );
         assert_eq!(human_duration(59), "59s");
+        // why: node-a Established and not holding the VIP back stays advertising; the
+        // same with the VIP held back does not; node-b (stale) is not checked.
+        let verdict = |n: &str| crate::report::NodeVerdict {
+            node: n.into(),
+            advertising: true,
+            reason: "Advertising".into(),
+            message: "announces the VIP: 1 Ready local backend(s)".into(),
+        };
+        let mut w = Why {
+            service: "default/web".into(),
+            vip: Some("203.0.113.10".into()),
+            phase: "Ready".into(),
+            service_problems: vec![],
+            nodes: vec![verdict("node-a"), verdict("node-b")],
+            not_checked: vec![],
+        };
+        let mut a = status("node-a", good.clone());
+        refine_why(&mut w, &[a.clone(), status("node-b", stale.clone())]);
+        assert!(w.nodes[0].advertising);
+        assert!(
+            w.nodes[0].message.ends_with("; Established to tor"),
+            "{:?}",
+            w.nodes[0]
+        );
+        assert!(w.not_checked[0].contains("node-b"), "{:?}", w.not_checked);
+        a.status
+            .as_mut()
+            .unwrap()
+            .held_back
+            .push(crate::crd::HeldBackVip {
+                vip: "203.0.113.10".into(),
+                reason: "not programmed in the dataplane yet".into(),
+            });
+        w.nodes = vec![verdict("node-a")];
+        refine_why(&mut w, &[a.clone()]);
+        assert_eq!(
+            (w.nodes[0].advertising, w.nodes[0].reason.as_str()),
+            (false, "DataplaneNotReady")
+        );
+        assert!(w.not_checked.is_empty());
+        let mut down = good.clone();
+        down.established_sessions = 0;
+        down.peers[0].state = "Active".into();
+        w.nodes = vec![verdict("node-a")];
+        refine_why(&mut w, &[status("node-a", down)]);
+        assert_eq!(w.nodes[0].reason, "NoSessionUp");
+        assert_eq!(
+            w.nodes[0].message,
+            "no BGP session Established (tor Active)"
+        );
         assert_eq!(human_duration(86_400 + 1), "1d0h0m1s");
     }
 }

@@ -208,17 +208,23 @@ async fn why(
         .await
         .context("listing Nodes")?
         .items;
-    let advs = Api::<BGPAdvertisement>::all(c)
+    let advs = Api::<BGPAdvertisement>::all(c.clone())
         .list(&ListParams::default())
         .await
         .context("listing BGPAdvertisements")?
+        .items;
+    let speakers = Api::<NodeBGPStatus>::all(c)
+        .list(&ListParams::default())
+        .await
+        .context("listing NodeBGPStatuses")?
         .items;
     let world = World {
         nodes: report::node_map(nodes),
         advertisements: advs.into_iter().map(|a| a.spec).collect(),
         ..Default::default()
     };
-    let r = report::why(&slb, &slices, &world);
+    let mut r = report::why(&slb, &slices, &world);
+    juneau_k8s_sync::peers::refine_why(&mut r, &speakers);
     emit(output, &r, || {
         let mut out = format!(
             "Service {}  vip: {}  phase: {}\n",
