@@ -295,6 +295,7 @@ fn helm_chart_and_a_real_prometheus() -> Result<()> {
             Target::new("juneau-agent", format!("127.0.0.1:{}", agent.metrics_port))
                 .label("node", "node-a"),
         ],
+        interval_s: 1,
     })?;
     let prom = server.api();
     eventually("Prometheus scrapes both targets", || {

@@ -484,7 +484,7 @@ impl Lab {
     /// with the shipped alert rules loaded.
     fn start_prometheus(&mut self) -> Result<()> {
         step(&format!(
-            "Prometheus on http://{PROMETHEUS_ADDR} scraping every Juneau process"
+            "Prometheus on http://{PROMETHEUS_ADDR} scraping every Juneau process every 5 s"
         ));
         let mut targets: Vec<Target> = self
             .controller_metrics
@@ -505,6 +505,8 @@ impl Lab {
             listen: PROMETHEUS_ADDR,
             rule_files: vec![repo_root().join("deploy/monitoring/juneau-alerts.rules.yaml")],
             targets,
+            // Every 5 s: light on a small machine (the operations suite runs under it).
+            interval_s: 5,
         })?;
         ok(&format!(
             "prometheus (pid {}, {} targets, log {})",

@@ -58,20 +58,24 @@ pub struct PrometheusSpec {
     pub listen: SocketAddr,
     /// Rule files loaded (`rule_files:`).
     pub rule_files: Vec<PathBuf>,
-    /// What it scrapes, every second.
+    /// What it scrapes.
     pub targets: Vec<Target>,
+    /// Scrape and rule-evaluation interval, seconds (the scrape timeout is at most 1 s).
+    pub interval_s: u32,
 }
 
 impl PrometheusSpec {
-    /// The `prometheus.yml` for this spec: 1 s scrape and evaluation interval, one
-    /// `scrape_configs` entry per job, targets with their labels.
+    /// The `prometheus.yml` for this spec: scrape and evaluation every
+    /// [`interval_s`](Self::interval_s), one `scrape_configs` entry per job, targets with
+    /// their labels.
     pub fn config(&self) -> String {
         let mut jobs: BTreeMap<&str, Vec<&Target>> = BTreeMap::new();
         for t in &self.targets {
             jobs.entry(&t.job).or_default().push(t);
         }
-        let mut s = String::from(
-            "global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\n",
+        let i = self.interval_s.max(1);
+        let mut s = format!(
+            "global: {{scrape_interval: {i}s, scrape_timeout: 1s, evaluation_interval: {i}s}}\n"
         );
         s += "rule_files:\n";
         for r in &self.rule_files {
@@ -293,8 +297,15 @@ mod tests {
                 Target::new("juneau-agent", "10.0.0.2:9742").label("node", "b"),
                 Target::new("juneau-controller", "127.0.0.1:1"),
             ],
+            interval_s: 2,
         };
         let c = spec.config();
+        assert!(
+            c.starts_with(
+                "global: {scrape_interval: 2s, scrape_timeout: 1s, evaluation_interval: 2s}\n"
+            ),
+            "{c}"
+        );
         assert!(c.contains("rule_files:\n  - '/r.yaml'\n"), "{c}");
         assert!(c.contains("  - job_name: juneau-agent\n    static_configs:\n      - {targets: ['10.0.0.1:9742'], labels: {node: 'a'}}\n      - {targets: ['10.0.0.2:9742'], labels: {node: 'b'}}\n"), "{c}");
         assert!(
