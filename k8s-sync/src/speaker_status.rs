@@ -280,6 +280,7 @@ pub async fn run(client: kube::Client, node: String, path: PathBuf) {
         .and_then(|o| o.status);
     let mut written = false;
     let mut last_kind = "";
+    let mut last_error: Option<String> = None;
     info!(node = %node, path = %path.display(), "publishing the speaker's sessions as NodeBGPStatus/{node}");
     let mut tick = tokio::time::interval(POLL);
     loop {
@@ -305,8 +306,17 @@ pub async fn run(client: kube::Client, node: String, path: PathBuf) {
             Ok(()) => {
                 previous = Some(next);
                 written = true;
+                last_error = None;
             }
-            Err(e) => warn!(error = %e, "writing NodeBGPStatus/{node} failed; retrying"),
+            Err(e) => {
+                // Logged once per distinct error (a missing CRD or RBAC rule would
+                // otherwise log every poll).
+                let text = e.to_string();
+                if last_error.as_deref() != Some(text.as_str()) {
+                    warn!(error = %text, "writing NodeBGPStatus/{node} failed; retrying every {POLL:?}");
+                    last_error = Some(text);
+                }
+            }
         }
     }
 }
