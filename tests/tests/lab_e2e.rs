@@ -498,6 +498,10 @@ fn prometheus_sees_what_the_lab_did() -> Result<()> {
         exprs.len(),
         t0.elapsed().as_secs_f64()
     );
+    // Measured, not asserted: what one scrape of each kind of process costs.
+    let ms = prom.values_by("max by (job) (scrape_duration_seconds) * 1000", "job")?;
+    let samples = prom.values_by("max by (job) (scrape_samples_scraped)", "job")?;
+    println!("scrape duration (ms, max over instances): {ms:?}; samples per scrape: {samples:?}");
     Ok(())
 }
 
@@ -560,5 +564,41 @@ fn peers_show_the_live_sessions() -> Result<()> {
         }
     }
     println!("kubectl juneau peers: {last}");
+    // `why` joins the speakers' view: node-a and node-c announce with their session up.
+    let out = Command::new("kubectl")
+        .args(["juneau", "why", "nginx", "-n", "default", "-o", "json"])
+        .env("KUBECONFIG", lab::admin_kubeconfig())
+        .env("PATH", &path)
+        .output()?;
+    let why: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+    let verdicts: Vec<(String, bool, String)> = why["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| {
+            (
+                n["node"].as_str().unwrap_or_default().to_string(),
+                n["advertising"] == true,
+                n["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        vec![
+            ("node-a".to_string(), true, "Advertising".to_string()),
+            ("node-b".to_string(), false, "NoLocalBackend".to_string()),
+            ("node-c".to_string(), true, "Advertising".to_string()),
+        ],
+        "{why}"
+    );
+    for n in why["nodes"].as_array().into_iter().flatten() {
+        if n["advertising"] == true {
+            let m = n["message"].as_str().unwrap_or_default();
+            assert!(m.ends_with("; Established to upstream"), "{n}");
+        }
+    }
+    assert_eq!(why["notChecked"], serde_json::json!([]), "{why}");
     Ok(())
 }
