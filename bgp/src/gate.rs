@@ -248,6 +248,15 @@ fn run(path: PathBuf, gate: GateConfig, hub: Arc<StatusHub>, tx: watch::Sender<S
         );
         let kinds: BTreeMap<Ipv4Addr, &'static str> =
             held.iter().map(|(v, r)| (*v, r.kind())).collect();
+        hub.set_dataplane(crate::status::DataplaneSeen {
+            at: std::time::Instant::now(),
+            heartbeat_age: status.as_ref().ok().map(|s| s.heartbeat_age),
+            alive: status
+                .as_ref()
+                .is_ok_and(|s| s.alive(gate.heartbeat_timeout)),
+            programmed_vips: status.as_ref().map_or(0, |s| s.vips.len()),
+            held_back: kinds.clone(),
+        });
         if kinds != held_kinds {
             for (vip, reason) in &held {
                 if held_kinds.get(vip) != Some(&reason.kind()) {

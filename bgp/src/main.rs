@@ -9,6 +9,9 @@ use juneau_bgp::gate::{self, GateConfig};
 use juneau_bgp::speaker::{self, SpeakerConfig};
 use juneau_bgp::status::StatusHub;
 
+/// Default `--metrics-addr` (the node's port 9744: the speaker runs on the host network).
+const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9744";
+
 /// Announces this node's VIPs (as /32s) to its BGP peers, exactly as the node's shared
 /// control state says, and reports per-peer status.
 #[derive(Debug, Parser)]
@@ -26,7 +29,8 @@ struct Args {
     /// Per-peer status as JSON, replaced atomically on every change.
     #[arg(long)]
     status_file: Option<PathBuf>,
-    /// Serve Prometheus metrics on this address.
+    /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` on this address; when not
+    /// given, on 0.0.0.0:9744 (and without them, with a warning, if that is taken).
     #[arg(long)]
     metrics_addr: Option<SocketAddr>,
     /// BFD runs in a separate juneau-bfd process that writes this file: follow it (a
@@ -66,12 +70,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(path) = args.status_file.clone() {
         tokio::spawn(hub.clone().write_loop(path));
     }
-    if let Some(addr) = args.metrics_addr {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding metrics address {addr}"))?;
-        tracing::info!(%addr, "serving metrics");
-        tokio::spawn(hub.clone().serve_metrics(l));
+    let default = DEFAULT_METRICS_ADDR
+        .parse()
+        .context("the default metrics address")?;
+    if let Some(l) = juneau_telemetry::bind(args.metrics_addr, default)? {
+        l.set_nonblocking(true)?;
+        let l = tokio::net::TcpListener::from_std(l).context("the metrics listener")?;
+        tokio::spawn(juneau_telemetry::serve(l, hub.clone()));
     }
     let state_rx = if args.no_dataplane_gate {
         tracing::warn!("--no-dataplane-gate: announcing VIPs without checking the dataplane");

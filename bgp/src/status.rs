@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
 use crate::bfd::BfdState;
@@ -144,12 +143,30 @@ pub struct Status {
     pub held_back: BTreeMap<Ipv4Addr, String>,
 }
 
+/// What the dataplane gate last read from the dataplane's status file, for metrics
+/// (kept out of [`Status`]: it changes every poll, the status file would be rewritten
+/// every 50 ms).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataplaneSeen {
+    /// When it was read.
+    pub at: std::time::Instant,
+    /// Age of the dataplane's heartbeat then (`None`: status file unreadable or missing).
+    pub heartbeat_age: Option<std::time::Duration>,
+    /// Alive as the gate judges it (readable, not stopped, heartbeat within the limit).
+    pub alive: bool,
+    /// VIPs the dataplane has programmed.
+    pub programmed_vips: usize,
+    /// Why each held-back VIP is held back (`HoldReason::kind`).
+    pub held_back: BTreeMap<Ipv4Addr, &'static str>,
+}
+
 /// Shared status, with a wake-up for the file writer.
 #[derive(Debug)]
 pub struct StatusHub {
     inner: Mutex<Status>,
     changed: Notify,
     update_latency: prometheus_client::metrics::histogram::Histogram,
+    dataplane: Mutex<Option<DataplaneSeen>>,
 }
 
 impl Default for StatusHub {
@@ -161,6 +178,7 @@ impl Default for StatusHub {
             update_latency: prometheus_client::metrics::histogram::Histogram::new(
                 prometheus_client::metrics::histogram::exponential_buckets(50e-6, 4.0, 9),
             ),
+            dataplane: Mutex::new(None),
         }
     }
 }
@@ -255,9 +273,91 @@ impl StatusHub {
         self.update_latency.observe(d.as_secs_f64());
     }
 
-    /// The Prometheus text exposition of the current status (prometheus-client; the
-    /// per-peer values are taken from the status at scrape time).
+    /// Records what the dataplane gate read (every poll; no file write, no wake-up).
+    pub fn set_dataplane(&self, seen: DataplaneSeen) {
+        *self.dataplane.lock().unwrap_or_else(|e| e.into_inner()) = Some(seen);
+    }
+
+    /// What the dataplane gate last read, if it runs.
+    pub fn dataplane(&self) -> Option<DataplaneSeen> {
+        self.dataplane
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The OpenMetrics text of the current status (see [`juneau_telemetry::Endpoint`]).
     pub fn metrics(&self) -> String {
+        juneau_telemetry::encode(self).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot encode metrics");
+            String::new()
+        })
+    }
+
+    fn collect_dataplane(&self, reg: &mut prometheus_client::registry::Registry) {
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+        let Some(d) = self.dataplane() else { return };
+        if let Some(age) = d.heartbeat_age {
+            let g = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+            g.set((age + d.at.elapsed()).as_secs_f64());
+            reg.register(
+                "juneau_dataplane_heartbeat_age_seconds",
+                "Age of the node's dataplane heartbeat, read by the speaker from the dataplane status file.",
+                g,
+            );
+        }
+        let alive = Gauge::<i64>::default();
+        alive.set(i64::from(d.alive));
+        reg.register(
+            "juneau_bgp_dataplane_alive",
+            "1 while the dataplane status is readable, not stopped and its heartbeat within --dataplane-heartbeat-timeout-ms.",
+            alive,
+        );
+        let programmed = Gauge::<i64>::default();
+        programmed.set(d.programmed_vips as i64);
+        reg.register(
+            "juneau_bgp_dataplane_programmed_vips",
+            "VIPs the dataplane reports as programmed.",
+            programmed,
+        );
+        let held = Family::<VipReasonLabel, Gauge>::default();
+        for (vip, reason) in &d.held_back {
+            held.get_or_create(&VipReasonLabel {
+                vip: vip.to_string(),
+                reason: (*reason).to_string(),
+            })
+            .set(1);
+        }
+        reg.register(
+            "juneau_bgp_vip_held_back",
+            "1 for each VIP the agent wants announced that the speaker withholds, with the reason.",
+            held,
+        );
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct VipReasonLabel {
+    vip: String,
+    reason: String,
+}
+
+impl juneau_telemetry::Endpoint for StatusHub {
+    fn live(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        if self.snapshot().state_generation == 0 {
+            Err("not ready: no node state read yet (is the node agent publishing?)".into())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The per-peer values are taken from the status at scrape time.
+    fn collect(&self, reg: &mut prometheus_client::registry::Registry) {
         use prometheus_client::metrics::counter::Counter;
         use prometheus_client::metrics::family::Family;
         use prometheus_client::metrics::gauge::Gauge;
@@ -265,7 +365,7 @@ impl StatusHub {
 
         let s = self.snapshot();
         let now = unix_now();
-        let mut reg = Registry::default();
+        self.collect_dataplane(reg);
         let gauge = |reg: &mut Registry, name: &str, help: &str, f: &dyn Fn(&PeerStatus) -> i64| {
             let fam = Family::<PeerLabel, Gauge>::default();
             for p in s.peers.values() {
@@ -288,7 +388,7 @@ impl StatusHub {
                 reg.register(name, help, fam);
             };
         gauge(
-            &mut reg,
+            &mut *reg,
             "juneau_bgp_peer_up",
             "1 if the session with the peer is Established.",
             &|p| i64::from(p.state == State::Established),
@@ -317,13 +417,13 @@ impl StatusHub {
             states,
         );
         gauge(
-            &mut reg,
+            &mut *reg,
             "juneau_bgp_prefixes_announced",
             "VIPs currently announced to the peer.",
             &|p| p.prefixes_announced as i64,
         );
         gauge(
-            &mut reg,
+            &mut *reg,
             "juneau_bgp_peer_uptime_seconds",
             "Seconds since the session became Established.",
             &|p| {
@@ -333,25 +433,25 @@ impl StatusHub {
             },
         );
         counter(
-            &mut reg,
+            &mut *reg,
             "juneau_bgp_prefixes_received",
             "Prefixes received from the peer and discarded.",
             &|p| p.prefixes_received,
         );
         counter(
-            &mut reg,
+            &mut *reg,
             "juneau_bgp_session_flaps",
             "Established sessions that went down.",
             &|p| p.session_flaps,
         );
         counter(
-            &mut reg,
+            &mut *reg,
             "juneau_bgp_updates_sent",
             "UPDATE messages sent.",
             &|p| p.updates_sent,
         );
         counter(
-            &mut reg,
+            &mut *reg,
             "juneau_bgp_treat_as_withdraw",
             "Malformed UPDATEs handled as treat-as-withdraw.",
             &|p| p.treat_as_withdraw,
@@ -419,34 +519,6 @@ impl StatusHub {
             "From a control-state change reaching a peer's task to its UPDATEs written.",
             self.update_latency.clone(),
         );
-        let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &reg) {
-            tracing::warn!(error = %e, "cannot encode metrics");
-        }
-        out
-    }
-
-    /// Serves `/metrics` (any path) over plain HTTP/1.1.
-    pub async fn serve_metrics(self: Arc<Self>, listener: tokio::net::TcpListener) {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else {
-                continue;
-            };
-            let hub = self.clone();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 2048];
-                let _ =
-                    tokio::time::timeout(std::time::Duration::from_secs(2), sock.read(&mut buf))
-                        .await;
-                let body = hub.metrics();
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = sock.write_all(resp.as_bytes()).await;
-                let _ = sock.shutdown().await;
-            });
-        }
     }
 }
 

@@ -145,6 +145,21 @@ fn a_vip_is_announced_only_while_a_live_dataplane_has_it_programmed() -> Result<
     })
     .with_context(|| n0.logs())?;
     stays_withdrawn(&router, Duration::from_secs(1), "no dataplane")?;
+    // Visible in the speaker's metrics: no dataplane alive, the VIP held back and why;
+    // no heartbeat age without a status file.
+    wait_for("metrics: dataplane not alive", ROUTE, || {
+        Ok((n0.metric("juneau_bgp_dataplane_alive")? == Some(0.0)).then_some(()))
+    })?;
+    let held =
+        format!("juneau_bgp_vip_held_back{{vip=\"{VIP}\",reason=\"dataplane_status_unreadable\"}}");
+    assert_eq!(n0.metric(&held)?, Some(1.0));
+    assert_eq!(n0.metric("juneau_dataplane_heartbeat_age_seconds")?, None);
+    assert_eq!(
+        n0.http("/readyz")?.0,
+        200,
+        "the speaker has read the node state"
+    );
+    assert_eq!(n0.http("/healthz")?.0, 200);
 
     // 2. A dataplane starts but has not programmed the VIP yet: still held back.
     let dp = FakeDataplane::start(&status_file)?;
@@ -153,6 +168,9 @@ fn a_vip_is_announced_only_while_a_live_dataplane_has_it_programmed() -> Result<
         Ok(held_back(&n0).contains("not programmed").then_some(()))
     })?;
     stays_withdrawn(&router, Duration::from_secs(1), "VIP not programmed")?;
+    let held = format!("juneau_bgp_vip_held_back{{vip=\"{VIP}\",reason=\"vip_not_programmed\"}}");
+    assert_eq!(n0.metric(&held)?, Some(1.0));
+    assert_eq!(n0.metric("juneau_bgp_dataplane_alive")?, Some(1.0));
 
     // 3. Programmed: announced.
     let programmed = Instant::now();
@@ -164,6 +182,15 @@ fn a_vip_is_announced_only_while_a_live_dataplane_has_it_programmed() -> Result<
         programmed.elapsed(),
     );
     assert_eq!(n0.status()?["held_back"], serde_json::json!({}));
+    let age = n0
+        .metric("juneau_dataplane_heartbeat_age_seconds")?
+        .context("heartbeat age exported")?;
+    assert!(age < 1.0, "a live dataplane's heartbeat is {age} s old");
+    assert_eq!(n0.metric(&held)?, None, "nothing held back");
+    assert_eq!(
+        n0.metric("juneau_bgp_dataplane_programmed_vips")?,
+        Some(1.0)
+    );
 
     // 4. The dataplane crashes: withdrawn at BIRD.
     let last_beat = dp.crash();
@@ -199,6 +226,19 @@ fn a_vip_is_announced_only_while_a_live_dataplane_has_it_programmed() -> Result<
         "{}",
         held_back(&n0)
     );
+    // The dead dataplane is visible in the speaker's metrics: its heartbeat ages.
+    wait_for(
+        "metrics: heartbeat age past 1 s, dataplane not alive",
+        ROUTE,
+        || {
+            let age = n0.metric("juneau_dataplane_heartbeat_age_seconds")?;
+            let alive = n0.metric("juneau_bgp_dataplane_alive")?;
+            Ok((age.is_some_and(|a| a > 1.0) && alive == Some(0.0)).then_some(()))
+        },
+    )?;
+    let stale =
+        format!("juneau_bgp_vip_held_back{{vip=\"{VIP}\",reason=\"dataplane_heartbeat_stale\"}}");
+    assert_eq!(n0.metric(&stale)?, Some(1.0));
     // The session itself stayed up: only the route went.
     assert_eq!(n0.status()?["peers"]["router"]["session_flaps"], 0);
 

@@ -194,7 +194,7 @@ fn malformed_messages_get_a_notification_and_other_peers_are_unaffected() -> Res
             &SocketAddr::from(([127, 0, 0, 1], 9179)),
             Duration::from_secs(5),
         )?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
         let mut body = String::new();
         s.read_to_string(&mut body)?;
         Ok(body)

@@ -1,10 +1,9 @@
 //! The dataplane's counters: one per drop reason, one set per service, and the I/O
-//! layer's own; rendered as Prometheus text and as the JSON stats file.
+//! layer's own; exported as the JSON stats file and (through [`crate::metrics`], with
+//! `prometheus-client`) as Prometheus metrics.
 //!
 //! Counters are plain `u64`s owned by the single forwarding thread (no atomics on the
 //! packet path); the thread publishes a copy ([`Stats`]) about once a second.
-
-use std::fmt::Write as _;
 
 use serde::Serialize;
 
@@ -281,249 +280,9 @@ pub struct RedirectPeerStats {
 }
 
 impl Stats {
-    fn redirect_prometheus(&self, s: &mut String) {
-        type Get = fn(&crate::redirect::PeerCounters) -> u64;
-        let families: [(&str, &str, Get); 4] = [
-            (
-                "juneau_dataplane_redirected_to_peer_packets_total",
-                "Packets of flows held elsewhere sent to this peer node.",
-                |c| c.redirected_to,
-            ),
-            (
-                "juneau_dataplane_redirected_from_peer_packets_total",
-                "Redirected packets received from this peer node.",
-                |c| c.received_from,
-            ),
-            (
-                "juneau_dataplane_redirect_notices_sent_total",
-                "Flow-owner notices sent to this peer node.",
-                |c| c.notices_sent,
-            ),
-            (
-                "juneau_dataplane_redirect_notices_received_total",
-                "Flow-owner notices received from this peer node.",
-                |c| c.notices_received,
-            ),
-        ];
-        for (name, help, get) in families {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter");
-            for p in &self.redirect_peers {
-                let _ = writeln!(s, "{name}{{peer=\"{}\"}} {}", p.peer, get(&p.counters));
-            }
-        }
-        let name = "juneau_dataplane_redirect_notices_dropped_total";
-        let _ = writeln!(
-            s,
-            "# HELP {name} Owner notices not sent (queue full).\n# TYPE {name} counter\n{name} {}",
-            self.redirect_notices_dropped
-        );
-    }
-
     /// The total of every drop reason.
     pub fn total_drops(&self) -> u64 {
         self.drops.values().sum()
-    }
-
-    /// Prometheus text exposition format.
-    pub fn prometheus(&self) -> String {
-        let mut s = String::new();
-        let mut counter = |name: &str, help: &str, v: u64| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        };
-        counter(
-            "juneau_dataplane_rx_packets_total",
-            "Frames received from AF_XDP sockets.",
-            self.rx_packets,
-        );
-        counter(
-            "juneau_dataplane_tx_packets_total",
-            "Frames transmitted.",
-            self.tx_packets,
-        );
-        counter(
-            "juneau_dataplane_xsk_rx_dropped_total",
-            "Frames the kernel dropped on AF_XDP receive.",
-            self.xsk_rx_dropped,
-        );
-        counter(
-            "juneau_dataplane_xsk_rx_ring_full_total",
-            "Frames lost to a full AF_XDP RX ring.",
-            self.xsk_rx_ring_full,
-        );
-        counter(
-            "juneau_dataplane_xsk_fill_ring_empty_total",
-            "Times the AF_XDP fill ring was empty.",
-            self.xsk_fill_ring_empty,
-        );
-        counter(
-            "juneau_dataplane_neighbour_requests_total",
-            "Neighbour resolutions requested from the kernel.",
-            self.neighbour_requests,
-        );
-        counter(
-            "juneau_dataplane_umem_frames_reclaimed_total",
-            "UMEM frames taken back from closed AF_XDP sockets.",
-            self.umem_frames_reclaimed,
-        );
-        counter(
-            "juneau_dataplane_pod_iface_attaches_total",
-            "Pod interfaces found through routes and attached.",
-            self.pod_iface_attaches,
-        );
-        counter(
-            "juneau_dataplane_pod_iface_detaches_total",
-            "Discovered Pod interfaces detached.",
-            self.pod_iface_detaches,
-        );
-        counter(
-            "juneau_dataplane_half_open_evicted_total",
-            "Half-open TCP flows evicted, oldest first, to make room for newer ones.",
-            self.half_open_evicted,
-        );
-        let _ = writeln!(
-            s,
-            "# HELP juneau_dataplane_drops_total Frames dropped, by reason."
-        );
-        let _ = writeln!(s, "# TYPE juneau_dataplane_drops_total counter");
-        for (r, v) in &self.drops {
-            let _ = writeln!(s, "juneau_dataplane_drops_total{{reason=\"{r}\"}} {v}");
-        }
-        for (name, help, v) in [
-            (
-                "juneau_dataplane_flows",
-                "Flows in the flow table.",
-                self.flows,
-            ),
-            (
-                "juneau_dataplane_flow_capacity",
-                "Flow table capacity.",
-                self.flow_capacity,
-            ),
-            (
-                "juneau_dataplane_flow_table_bytes",
-                "Memory held by the flow table.",
-                self.flow_table_bytes,
-            ),
-            (
-                "juneau_dataplane_half_open_flows",
-                "Half-open TCP flows in the flow table.",
-                self.half_open_flows,
-            ),
-            (
-                "juneau_dataplane_half_open_max",
-                "Most half-open TCP flows held at once.",
-                self.half_open_max,
-            ),
-            (
-                "juneau_dataplane_flows_restored",
-                "Flows found in the pinned flow table when this process started.",
-                self.flows_restored,
-            ),
-            (
-                "juneau_dataplane_neighbours",
-                "Neighbour entries known.",
-                self.neighbours,
-            ),
-            (
-                "juneau_dataplane_umem_frames",
-                "UMEM frames in total.",
-                self.umem_frames,
-            ),
-            (
-                "juneau_dataplane_umem_frames_free",
-                "UMEM frames in userspace, ready for fill rings.",
-                self.umem_frames_free,
-            ),
-            (
-                "juneau_dataplane_umem_frames_in_kernel",
-                "UMEM frames held by the kernel through live sockets.",
-                self.umem_frames_in_kernel,
-            ),
-            (
-                "juneau_dataplane_pod_ifaces",
-                "Pod interfaces found through routes with sockets now.",
-                self.pod_ifaces.len() as u64,
-            ),
-            (
-                "juneau_dataplane_state_generation",
-                "Generation of the shared control state in force.",
-                self.generation,
-            ),
-        ] {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        }
-        type Field = fn(&ServiceCounters) -> u64;
-        let fields: [(&str, &str, Field); 6] = [
-            (
-                "juneau_dataplane_service_packets_in_total",
-                "Client to backend packets.",
-                |c| c.packets_in,
-            ),
-            (
-                "juneau_dataplane_service_bytes_in_total",
-                "Client to backend bytes.",
-                |c| c.bytes_in,
-            ),
-            (
-                "juneau_dataplane_service_packets_out_total",
-                "Backend to client packets.",
-                |c| c.packets_out,
-            ),
-            (
-                "juneau_dataplane_service_bytes_out_total",
-                "Backend to client bytes.",
-                |c| c.bytes_out,
-            ),
-            (
-                "juneau_dataplane_service_new_flows_total",
-                "Flows created.",
-                |c| c.new_flows,
-            ),
-            (
-                "juneau_dataplane_service_drops_total",
-                "Packets dropped for the service.",
-                |c| c.drops,
-            ),
-        ];
-        for (name, help, get) in fields {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter");
-            for svc in &self.services {
-                let _ = writeln!(
-                    s,
-                    "{name}{{vip=\"{}\",protocol=\"{}\",port=\"{}\"}} {}",
-                    svc.vip,
-                    svc.protocol,
-                    svc.port,
-                    get(&svc.counters)
-                );
-            }
-        }
-        self.redirect_prometheus(&mut s);
-        for (name, help, get) in [
-            (
-                "juneau_dataplane_service_backends",
-                "Local Ready backends (new flows go to these).",
-                (|s| s.backends) as fn(&ServiceStats) -> usize,
-            ),
-            (
-                "juneau_dataplane_service_draining_backends",
-                "Local serving-but-terminating backends (existing flows only).",
-                |s| s.draining_backends,
-            ),
-        ] {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge");
-            for svc in &self.services {
-                let _ = writeln!(
-                    s,
-                    "{name}{{vip=\"{}\",protocol=\"{}\",port=\"{}\"}} {}",
-                    svc.vip,
-                    svc.protocol,
-                    svc.port,
-                    get(svc)
-                );
-            }
-        }
-        s
     }
 }
 
@@ -532,7 +291,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn prometheus_lists_every_reason_and_service() {
+    fn drop_reasons_have_distinct_names_and_sum() {
         let mut st = Stats::default();
         for r in DropReason::ALL {
             st.drops.insert(r.name().into(), r as u64);
@@ -549,10 +308,6 @@ mod tests {
                 ..Default::default()
             },
         });
-        let text = st.prometheus();
-        assert!(text.contains("juneau_dataplane_drops_total{reason=\"port_not_exposed\"} 4"));
-        assert!(text.contains("juneau_dataplane_service_packets_in_total{vip=\"203.0.113.10\",protocol=\"TCP\",port=\"80\"} 5"));
-        assert!(text.contains("juneau_dataplane_service_draining_backends{vip=\"203.0.113.10\",protocol=\"TCP\",port=\"80\"} 1"));
         assert_eq!(
             st.total_drops(),
             (0..DropReason::ALL.len() as u64).sum::<u64>()

@@ -13,13 +13,15 @@
 //! - [`services`], [`neigh`]: read-only tables the packet path consults;
 //! - [`engine`]: frame + ingress side → verdict, no I/O;
 //! - [`redirect`], [`redirect_wire`]: second-chance redirects between nodes (issue 12);
-//! - [`counters`]: drop reasons, per-service counters, Prometheus / JSON export.
+//! - [`counters`]: drop reasons, per-service counters, the JSON stats;
+//! - [`metrics`]: `/metrics` (`prometheus-client`), `/healthz`, `/readyz`, off the packet path.
 #![warn(missing_docs)]
 
 pub mod counters;
 pub mod engine;
 pub mod flow;
 pub mod frames;
+pub mod metrics;
 pub mod neigh;
 pub mod netlink;
 pub mod packet;

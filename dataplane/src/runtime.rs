@@ -74,7 +74,8 @@ pub struct RuntimeConfig {
     /// The dataplane status juneau-bgp reads (`juneau_control::dataplane_status`):
     /// heartbeat, programmed generation and VIPs.
     pub status_file: PathBuf,
-    /// Address to serve Prometheus metrics on (`GET /metrics`).
+    /// Address of `/metrics`, `/healthz`, `/readyz` (must bind); `None`: the default
+    /// [`crate::metrics::DEFAULT_METRICS_ADDR`], only warned about when taken.
     pub metrics_addr: Option<SocketAddr>,
     /// Engine settings.
     pub engine: EngineConfig,
@@ -165,30 +166,6 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
         f.write_all(contents)?;
     }
     std::fs::rename(&tmp, path)
-}
-
-fn serve_metrics(addr: SocketAddr, text: Arc<Mutex<String>>) -> Result<()> {
-    let listener = std::net::TcpListener::bind(addr)
-        .with_context(|| format!("binding metrics address {addr}"))?;
-    tracing::info!(%addr, "serving Prometheus metrics on /metrics");
-    std::thread::Builder::new().name("metrics".into()).spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-            let mut req = [0u8; 1024];
-            let n = std::io::Read::read(&mut conn, &mut req).unwrap_or(0);
-            let line = String::from_utf8_lossy(&req[..n]);
-            let ok = line.starts_with("GET /metrics") || line.starts_with("GET / ");
-            let body = if ok { text.lock().map(|t| t.clone()).unwrap_or_default() } else { "not found\n".into() };
-            let status = if ok { "200 OK" } else { "404 Not Found" };
-            let _ = write!(
-                conn,
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    })?;
-    Ok(())
 }
 
 /// Number of RX queues of an interface (from sysfs; 1 when unknown).
@@ -353,11 +330,11 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         flow_capacity = cfg.engine.flow_capacity,
         "juneau-dataplane forwarding"
     );
-    let metrics_text = Arc::new(Mutex::new(String::new()));
-    if let Some(addr) = cfg.metrics_addr {
-        serve_metrics(addr, metrics_text.clone())?;
-    }
-    let (stats_tx, stats_writer) = spawn_stats_writer(&cfg, metrics_text, workers as usize)?;
+    // /metrics, /healthz, /readyz on their own thread (crate::metrics); the stats thread
+    // hands it the merged counters.
+    let exporter = crate::metrics::Exporter::new(&cfg.status_file);
+    exporter.serve(cfg.metrics_addr)?;
+    let (stats_tx, stats_writer) = spawn_stats_writer(&cfg, exporter, workers as usize)?;
     let first = built.remove(0);
     let mut engine = first.engine;
     let mut io = Io {
@@ -754,7 +731,7 @@ type StatsSender = mpsc::SyncSender<(usize, Stats)>;
 /// workers only copy their counters once a second; it merges the workers' reports.
 fn spawn_stats_writer(
     cfg: &RuntimeConfig,
-    text: Arc<Mutex<String>>,
+    exporter: Arc<crate::metrics::Exporter>,
     workers: usize,
 ) -> Result<(StatsSender, std::thread::JoinHandle<()>)> {
     let (stats_tx, stats_rx) = mpsc::sync_channel::<(usize, Stats)>(2 * workers);
@@ -765,13 +742,13 @@ fn spawn_stats_writer(
             let Some(stats) = collector.add(w, stats) else {
                 continue;
             };
-            *text.lock().unwrap_or_else(|p| p.into_inner()) = stats.prometheus();
             if let Some(path) = &path {
                 let json = serde_json::to_vec_pretty(&stats).unwrap_or_default();
                 if let Err(e) = write_atomically(path, &json) {
                     tracing::warn!(path = %path.display(), error = %e, "writing the stats file failed");
                 }
             }
+            exporter.update(stats);
         }
     })?;
     Ok((stats_tx, h))

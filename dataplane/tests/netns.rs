@@ -665,6 +665,49 @@ fn http_and_udp_through_the_vip_keep_the_client_ip() -> Result<()> {
             .any(|x| x["new_flows"].as_u64().unwrap_or(0) > 0),
         "{s}"
     );
+    // The same counters through /metrics (on by default, port 9743 of the node), and
+    // the probes: live, and ready (state programmed, heartbeat fresh).
+    let get = |path: &str| {
+        lab.node.exec(&[
+            "curl",
+            "-sS",
+            "-m",
+            "5",
+            "-w",
+            "\n%{http_code}",
+            &format!("http://127.0.0.1:9743{path}"),
+        ])
+    };
+    assert!(get("/healthz")?.ends_with("\n200"));
+    assert!(get("/readyz")?.ends_with("\n200"));
+    // Two TCP connections (curl twice); the counters reach /metrics within ~1 s.
+    let tcp80 = "juneau_dataplane_service_new_flows_total{vip=\"10.200.0.10\",protocol=\"TCP\",port=\"80\"}";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let metrics = loop {
+        let m = get("/metrics")?;
+        ensure!(m.ends_with("# EOF\n\n200"), "{m}");
+        let new_flows: u64 = m
+            .lines()
+            .find(|l| l.starts_with(tcp80))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0);
+        if new_flows >= 2 {
+            break m;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "curl made 2 TCP flows, metrics say {new_flows}:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        metrics.contains("juneau_dataplane_drops_total{reason=\"no_backend\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("juneau_dataplane_programmed_vips 1"),
+        "{metrics}"
+    );
     lab.finish()
 }
 

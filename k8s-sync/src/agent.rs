@@ -35,6 +35,9 @@ pub struct AgentOptions {
     pub metrics: AgentMetrics,
     /// Readiness: set once the first state is published.
     pub health: std::sync::Arc<Health>,
+    /// juneau-bgp's status file, published as NodeBGPStatus/<node>
+    /// ([`crate::speaker_status`]).
+    pub bgp_status_file: PathBuf,
 }
 
 fn record(m: &AgentMetrics, state: &NodeState, generation: u64) {
@@ -188,6 +191,11 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
             )
         })?;
     info!(node = %opts.node, state_file = %opts.state_file.display(), "agent started");
+    tokio::spawn(crate::speaker_status::run(
+        client.clone(),
+        opts.node.clone(),
+        opts.bgp_status_file.clone(),
+    ));
     let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
     let mut last: Option<NodeState> = None;
     let mut last_warnings: Vec<String> = Vec::new();

@@ -9,6 +9,9 @@
 //!   (modelled on MetalLB's BGPPeer and Calico's BGPPeer).
 //! * [`BGPAdvertisement`] (cluster): which AddressPools' VIPs are announced to which peers,
 //!   with which communities and LOCAL_PREF (modelled on MetalLB's BGPAdvertisement).
+//! * [`NodeBGPStatus`] (cluster): one per node, same name; the live BGP sessions of the
+//!   node's speaker as its node agent reads them (modelled on Calico's
+//!   CalicoNodeStatus); written only by that agent.
 //!
 //! Validation lives in the schema where the apiserver can check it (formats, enums, CEL
 //! rules), so `kubectl apply` rejects bad objects with a message; the controller and agent
@@ -492,6 +495,121 @@ pub struct BGPAdvertisementSpec {
     pub weighted_by_backends: Option<bool>,
 }
 
+/// The BGP sessions of one node as its speaker reports them. Created and written only by
+/// the node's agent (server-side apply, field manager `juneau-agent`); do not edit.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[kube(
+    group = "juneau.loutres.me",
+    version = "v1alpha1",
+    kind = "NodeBGPStatus",
+    shortname = "nbs",
+    category = "juneau",
+    status = "NodeBGPStatusStatus",
+    printcolumn = r#"{"name":"Established","type":"integer","jsonPath":".status.establishedSessions"}"#,
+    printcolumn = r#"{"name":"Sessions","type":"integer","jsonPath":".status.sessions"}"#,
+    printcolumn = r#"{"name":"Available","type":"string","jsonPath":".status.conditions[?(@.type==\"SpeakerStatusAvailable\")].status"}"#,
+    printcolumn = r#"{"name":"Observed","type":"date","jsonPath":".status.observedTime"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeBGPStatusSpec {
+    /// The node (also the object's name).
+    pub node: String,
+}
+
+/// What the node's speaker reports, as its agent last read it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeBGPStatusStatus {
+    /// When the sessions shown were read from the speaker's status file (RFC 3339). The
+    /// status is rewritten only when something in it changes; uptime is now minus
+    /// `establishedSince`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_time: Option<String>,
+    /// The speaker's BGP identifier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "routerID")]
+    pub router_id: Option<String>,
+    /// Generation of the node state the speaker last applied.
+    #[serde(default)]
+    pub state_generation: u64,
+    /// Sessions configured on the speaker.
+    #[serde(default)]
+    pub sessions: u32,
+    /// Sessions Established.
+    #[serde(default)]
+    pub established_sessions: u32,
+    /// One entry per session, by peer name.
+    #[serde(default)]
+    pub peers: Vec<BGPSessionStatus>,
+    /// VIPs the agent asks to announce that the speaker withholds, and why.
+    #[serde(default)]
+    pub held_back: Vec<HeldBackVip>,
+    /// `SpeakerStatusAvailable`: False when the speaker's status file is missing or
+    /// unreadable (the reason says which; `peers` then keeps what was last read).
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// One BGP session of a node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BGPSessionStatus {
+    /// The BGPPeer's name.
+    pub name: String,
+    /// The router's address.
+    pub peer_address: String,
+    /// Idle, Connect, Active, OpenSent, OpenConfirm or Established.
+    pub state: String,
+    /// Since when the session is Established (RFC 3339); uptime = now - this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub established_since: Option<String>,
+    /// VIPs (/32) announced to the peer.
+    #[serde(default)]
+    pub prefixes_announced: u64,
+    /// Prefixes the peer sent (discarded).
+    #[serde(default)]
+    pub prefixes_received: u64,
+    /// Times an Established session went down.
+    #[serde(default)]
+    pub session_flaps: u64,
+    /// Graceful restart negotiated.
+    #[serde(default)]
+    pub graceful_restart: bool,
+    /// The last error (NOTIFICATION, connection failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// BFD on the path to the peer, when configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfd: Option<BfdSessionStatus>,
+}
+
+/// BFD of one session.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BfdSessionStatus {
+    /// AdminDown, Down, Init or Up.
+    pub state: String,
+    /// Negotiated detection time, once the peer is heard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detection_time_ms: Option<u64>,
+    /// Times an Up session went down.
+    #[serde(default)]
+    pub down_events: u64,
+    /// Why the session went down last, or could not be set up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnostic: Option<String>,
+}
+
+/// A VIP the speaker withholds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldBackVip {
+    /// The VIP.
+    pub vip: String,
+    /// Why (from the speaker).
+    pub reason: String,
+}
+
 /// Every CRD of the group, in a stable order.
 pub fn all_crds(
 ) -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
@@ -503,6 +621,7 @@ pub fn all_crds(
         ServiceLoadBalancer::crd(),
         BGPPeer::crd(),
         BGPAdvertisement::crd(),
+        NodeBGPStatus::crd(),
     ]
 }
 

@@ -8,9 +8,9 @@
 //! made by `juneau_control`, this crate only feeds and reports them.
 //!
 //! Layout: pure decisions with unit tests ([`reconcile`], [`node_state`], [`vips`],
-//! [`pools`], [`endpoints`], [`describe`]) and thin glue that watches and writes
-//! ([`controller`], [`agent`]); [`metrics`] serves both processes' Prometheus metrics
-//! and probes. [`crd`] holds the resource types; `crdgen` prints them.
+//! [`pools`], [`endpoints`], [`describe`], [`report`], [`peers`]) and thin glue that watches and writes
+//! ([`controller`], [`agent`], [`speaker_status`]: the node's BGP sessions into a
+//! NodeBGPStatus); [`metrics`] serves both processes' Prometheus metrics and probes. [`crd`] holds the resource types; `crdgen` prints them.
 #![warn(missing_docs)]
 
 pub mod agent;
@@ -20,9 +20,11 @@ pub mod describe;
 pub mod endpoints;
 pub mod metrics;
 pub mod node_state;
+pub mod peers;
 pub mod pools;
 pub mod reconcile;
 pub mod report;
+pub mod speaker_status;
 pub mod vips;
 
 /// Everything that can go wrong while talking to Kubernetes.

@@ -132,6 +132,7 @@ pub const JUNEAU_CRDS: &[&str] = &[
     "serviceloadbalancers.juneau.loutres.me",
     "bgppeers.juneau.loutres.me",
     "bgpadvertisements.juneau.loutres.me",
+    "nodebgpstatuses.juneau.loutres.me",
 ];
 
 /// A free TCP port on 127.0.0.1 (bound then released; good enough for tests).

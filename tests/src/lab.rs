@@ -26,6 +26,7 @@ use crate::images::Images;
 use crate::kube::{binaries_dir, write_kubeconfig, ClusterOptions, KubeCluster};
 use crate::netns::{run, Netns};
 use crate::node::{self, KubeletNode, NodeSpec};
+use crate::prometheus::{Prometheus, PrometheusSpec, Target};
 
 /// Everything the lab writes (kube/, nodes/, router/, logs/, pids/, images/).
 pub const STATE: &str = "/run/juneau-lab";
@@ -50,6 +51,16 @@ const SHM_DIR: &str = "/run/juneau";
 /// dataplane's redirect header (up to 68 bytes) on top of the client side's 1500
 /// (docs/dataplane.md, "Redirects between nodes", MTU).
 const FABRIC_MTU: u16 = 1600;
+/// Where the lab's Prometheus listens (on the management bridge, reachable from the
+/// host): it scrapes every Juneau process of the lab (docs/lab.md).
+pub const PROMETHEUS_ADDR: std::net::SocketAddr =
+    std::net::SocketAddr::V4(std::net::SocketAddrV4::new(MGMT_HOST, 9740));
+/// Metrics ports of the node components (their defaults; each node is its own netns).
+const NODE_METRICS_PORTS: [(&str, u16); 3] = [
+    ("juneau-agent", 9742),
+    ("juneau-dataplane", 9743),
+    ("juneau-bgp", 9744),
+];
 
 /// The node's own bpffs (`mount -t bpf`), where its dataplane pins its flow table,
 /// maps and links (`--pin-dir`). `ip netns exec` remounts /sys, so /sys/fs/bpf is not
@@ -397,6 +408,9 @@ pub struct Lab {
     agents: BTreeMap<String, Daemon>,
     speakers: BTreeMap<String, Daemon>,
     dataplanes: BTreeMap<String, Daemon>,
+    /// Metrics port of each controller replica on [`MGMT_HOST`] (both run on the host).
+    controller_metrics: Vec<u16>,
+    prometheus: Option<Prometheus>,
     nodes: Vec<KubeletNode>,
     bird: Option<Bird>,
     cluster: Option<KubeCluster>,
@@ -438,6 +452,8 @@ impl Lab {
             agents: BTreeMap::new(),
             speakers: BTreeMap::new(),
             dataplanes: BTreeMap::new(),
+            controller_metrics: vec![],
+            prometheus: None,
             nodes: vec![],
             bird: None,
             cluster: None,
@@ -470,6 +486,46 @@ impl Lab {
             self.start_dataplane(n.name)?;
             self.start_speaker(n.name)?;
         }
+        self.start_prometheus()?;
+        Ok(())
+    }
+
+    /// Prometheus (Debian's) scraping every Juneau process: both controller replicas
+    /// and each node's agent, dataplane and speaker (on the node's management address),
+    /// with the shipped alert rules loaded.
+    fn start_prometheus(&mut self) -> Result<()> {
+        step(&format!(
+            "Prometheus on http://{PROMETHEUS_ADDR} scraping every Juneau process every 5 s"
+        ));
+        let mut targets: Vec<Target> = self
+            .controller_metrics
+            .iter()
+            .enumerate()
+            .map(|(r, port)| {
+                Target::new("juneau-controller", format!("{MGMT_HOST}:{port}"))
+                    .label("pod", &format!("lab-controller-{r}"))
+            })
+            .collect();
+        for n in NODES {
+            for (job, port) in NODE_METRICS_PORTS {
+                targets.push(Target::new(job, format!("{}:{port}", n.mgmt)).label("node", n.name));
+            }
+        }
+        let p = Prometheus::start(&PrometheusSpec {
+            dir: state().join("prometheus"),
+            listen: PROMETHEUS_ADDR,
+            rule_files: vec![repo_root().join("deploy/monitoring/juneau-alerts.rules.yaml")],
+            targets,
+            // Every 5 s: light on a small machine (the operations suite runs under it).
+            interval_s: 5,
+        })?;
+        ok(&format!(
+            "prometheus (pid {}, {} targets, log {})",
+            p.pid(),
+            2 + 3 * NODE_METRICS_PORTS.len(),
+            state().join("prometheus/prometheus.log").display()
+        ));
+        self.prometheus = Some(p);
         Ok(())
     }
 
@@ -775,11 +831,18 @@ impl Lab {
     }
 
     fn controller_spec(&self, replica: usize) -> DaemonSpec {
+        let metrics = self
+            .controller_metrics
+            .get(replica)
+            .map(|p| format!("{MGMT_HOST}:{p}"))
+            .unwrap_or_else(|| format!("{MGMT_HOST}:0"));
         DaemonSpec::new(
             format!("juneau-controller-{replica}"),
             &[
                 &self.bins.path("juneau-k8s-sync").display().to_string(),
                 "controller",
+                "--metrics-addr",
+                &metrics,
             ],
             logs().join(format!("juneau-controller-{replica}.log")),
         )
@@ -798,6 +861,7 @@ impl Lab {
     fn start_controllers(&mut self) -> Result<()> {
         step("juneau-k8s-sync controller, two replicas with leader election (ServiceAccount juneau-controller)");
         for r in 0..2 {
+            self.controller_metrics.push(crate::kube::free_port()?);
             self.controllers
                 .push(Daemon::spawn(self.controller_spec(r))?);
         }
@@ -819,6 +883,12 @@ impl Lab {
                 "agent",
                 "--node",
                 node,
+                // The speaker's status (speaker_spec), published as NodeBGPStatus/<node>.
+                "--bgp-status-file",
+                &state()
+                    .join(format!("bgp-{node}.status.json"))
+                    .display()
+                    .to_string(),
             ],
             logs().join(format!("agent-{node}.log")),
         )
@@ -1071,6 +1141,9 @@ impl Lab {
     /// `STATE/pids/<name>.pid` for [`down`].
     pub fn detach(mut self) -> Result<()> {
         let mut pids: Vec<(String, u32, String)> = Vec::new();
+        if let Some(p) = self.prometheus.take() {
+            pids.push(("prometheus".into(), p.detach(), "prometheus".into()));
+        }
         let mut take = |d: Daemon, expect: &str| {
             let name = d.name().replace(' ', "-");
             pids.push((name, d.detach(), expect.to_string()));
@@ -1114,6 +1187,7 @@ impl Lab {
     }
 
     fn teardown(&mut self) {
+        self.prometheus = None;
         for d in self.controllers.iter_mut() {
             d.stop_within(Duration::from_secs(3));
         }
@@ -1430,7 +1504,8 @@ pub fn hint(bins: &JuneauBins) {
         "\n{}\n    export KUBECONFIG={}\n    kubectl get svc,serviceloadbalancers,nodes,pods -o wide\n    \
          PATH={}:$PATH kubectl juneau describe loadbalancer nginx\n    \
          ip netns exec jlab-client curl http://{VIP}/\n    kubectl logs deploy/nginx\n    \
-         birdc -s {} show route\nLogs: {}  Tear down: ./lab/lab down",
+         birdc -s {} show route\n    \
+         curl -s 'http://{PROMETHEUS_ADDR}/api/v1/query?query=juneau_bgp_peer_up'   (Prometheus)\nLogs: {}  Tear down: ./lab/lab down",
         bold("The lab is up. Point kubectl at it:"),
         admin_kubeconfig().display(),
         bins.dir.display(),
@@ -1460,6 +1535,7 @@ fn down_quiet() -> Vec<String> {
     let mut removed = Vec::new();
     // Juneau first (BGP withdraws while the router still runs), the control plane last.
     let order = [
+        "prometheus",
         "juneau-controller",
         "agent-",
         "bgp-",
@@ -1593,6 +1669,10 @@ pub fn check_nothing_left() -> Result<()> {
     if run("ip", &["link", "show", MGMT_BRIDGE]).is_ok() {
         bail!("bridge {MGMT_BRIDGE} left");
     }
+    let prometheus = processes_with_arg(&state().join("prometheus").display().to_string());
+    if !prometheus.is_empty() {
+        bail!("the lab's Prometheus still runs (pids {prometheus:?})");
+    }
     for n in NODES {
         node::check_gone(&node_dir(n.name), &cgroup_root(n.name))?;
         if Path::new(&format!("{SHM_DIR}/{}.state", n.name)).exists() {
@@ -1600,6 +1680,21 @@ pub fn check_nothing_left() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Pids of the processes with an argument containing `needle`.
+fn processes_with_arg(needle: &str) -> Vec<u32> {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+        .collect()
 }
 
 /// The lab's log directory's file for `name` (for error messages).

@@ -6,7 +6,9 @@
 //! with their own containerd and kubelet ([`node`]) running locally built images
 //! ([`images`]), the lab built from all of these ([`lab`], the `juneau-lab` binary), an
 //! HTTP load client ([`load`]), test backends on threads in Pod namespaces with a raw HTTP
-//! client ([`http`]) and hand-made frames injected by AF_PACKET ([`frames`]) — and the cross-crate end-to-end tests in `tests/tests/`.
+//! client ([`http`]), hand-made frames injected by AF_PACKET ([`frames`]), a real
+//! Prometheus scraping Juneau's processes ([`prometheus`]) — and the cross-crate
+//! end-to-end tests in `tests/tests/`.
 //!
 //! Must not touch: product logic. Everything here starts, wires and inspects the real
 //! binaries; nothing here stands in for them. Everything cleans up on drop, also on
@@ -22,3 +24,4 @@ pub mod lab;
 pub mod load;
 pub mod netns;
 pub mod node;
+pub mod prometheus;

@@ -10,7 +10,7 @@
 //! Needs root and what tests/setup.sh installs. It brings up the one lab of the machine
 //! (netns jlab-*, /run/juneau-lab), so it fails if a lab is already up.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +20,7 @@ use anyhow::{bail, Context, Result};
 use juneau_tests::lab::{
     self, check_nothing_left, in_ns, kubectl, nginx_pods, router_next_hops, CLIENT_IP, STATE, VIP,
 };
+use juneau_tests::prometheus::PromApi;
 
 const NODE_A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
 const NODE_C: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 13);
@@ -278,6 +279,9 @@ fn walk() -> Result<()> {
         "no nginx Pod logged the client's real address {CLIENT_IP}"
     );
 
+    prometheus_sees_what_the_lab_did()?;
+    peers_show_the_live_sessions()?;
+
     // `up` again is harmless.
     let again = lab_cmd("up")?;
     assert!(
@@ -361,5 +365,240 @@ fn walk() -> Result<()> {
 
     let show = lab_cmd("show")?;
     assert!(show.contains("Welcome to nginx"), "lab show:\n{show}");
+    Ok(())
+}
+
+/// The lab's Prometheus, through its HTTP API: every process scraped, the key series
+/// equal to what the lab did, every dashboard panel with data, the rules healthy and
+/// no alert firing.
+fn prometheus_sees_what_the_lab_did() -> Result<()> {
+    let prom = PromApi::new(lab::PROMETHEUS_ADDR);
+    let t0 = Instant::now();
+    // 2 controller replicas + 3 nodes x (agent, dataplane, speaker).
+    eventually(
+        "Prometheus scrapes all 11 targets",
+        Duration::from_secs(60),
+        || {
+            let t = prom.targets()?;
+            let down: Vec<_> = t.iter().filter(|x| x.2 != "up").collect();
+            if !down.is_empty() {
+                bail!("{} targets, not up: {down:?}", t.len());
+            }
+            Ok(t.len() == 11)
+        },
+    )?;
+    let nodes = |q: &str| -> Result<BTreeMap<String, f64>> { prom.values_by(q, "node") };
+    let want = |pairs: &[(&str, f64)]| -> BTreeMap<String, f64> {
+        pairs.iter().map(|(n, v)| (n.to_string(), *v)).collect()
+    };
+    eventually(
+        "one controller replica leads",
+        Duration::from_secs(30),
+        || Ok(prom.value("sum(juneau_controller_is_leader)")? == Some(1.0)),
+    )?;
+    // Pool usage = the VIPs handed out (every Service's ingress IP).
+    let vips: BTreeSet<String> = kubectl(&[
+        "get",
+        "svc",
+        "-A",
+        "-o",
+        "jsonpath={.items[*].status.loadBalancer.ingress[*].ip}",
+    ])?
+    .split_whitespace()
+    .map(String::from)
+    .collect();
+    assert!(vips.contains(&VIP.to_string()), "{vips:?}");
+    eventually(
+        "pool addresses in use = VIPs handed out",
+        Duration::from_secs(30),
+        || Ok(prom.value("sum(juneau_address_pool_addresses_in_use)")? == Some(vips.len() as f64)),
+    )?;
+    // The VIP is announced by exactly the nodes with Ready Pods (node-a and node-c), to
+    // the router over Established sessions, from dataplanes that are alive.
+    let ready: BTreeSet<String> = nginx_pods()?
+        .into_iter()
+        .filter(|p| p.ready)
+        .map(|p| p.node)
+        .collect();
+    assert_eq!(
+        ready,
+        ["node-a", "node-c"].map(String::from).into(),
+        "nodes with Ready Pods"
+    );
+    let advertised = format!("juneau_agent_vip_advertised{{vip=\"{VIP}\"}} == 1");
+    eventually(
+        "agents announce the VIP from node-a and node-c",
+        Duration::from_secs(30),
+        || Ok(nodes(&advertised)?.keys().cloned().collect::<BTreeSet<_>>() == ready),
+    )?;
+    eventually(
+        "BGP sessions Established on every node",
+        Duration::from_secs(30),
+        || {
+            Ok(nodes("juneau_bgp_peer_up")?
+                == want(&[("node-a", 1.0), ("node-b", 1.0), ("node-c", 1.0)]))
+        },
+    )?;
+    eventually(
+        "speakers announce 1, 0, 1 VIPs",
+        Duration::from_secs(30),
+        || {
+            Ok(nodes("sum by (node) (juneau_bgp_prefixes_announced)")?
+                == want(&[("node-a", 1.0), ("node-b", 0.0), ("node-c", 1.0)]))
+        },
+    )?;
+    let ages = nodes("juneau_dataplane_heartbeat_age_seconds")?;
+    assert_eq!(ages.len(), 3, "heartbeat ages: {ages:?}");
+    assert!(
+        ages.values().all(|a| *a < 2.0),
+        "a dataplane heartbeat is stale: {ages:?}"
+    );
+    assert_eq!(
+        nodes("juneau_bgp_dataplane_alive")?,
+        want(&[("node-a", 1.0), ("node-b", 1.0), ("node-c", 1.0)])
+    );
+    // The curls through the VIP were forwarded by the dataplanes.
+    let forwarded = format!("sum(juneau_dataplane_service_packets_in_total{{vip=\"{VIP}\"}})");
+    eventually(
+        "dataplanes forwarded the curls' packets",
+        Duration::from_secs(30),
+        || Ok(prom.value(&forwarded)?.is_some_and(|v| v > 0.0)),
+    )?;
+    // Every dashboard panel's query returns data.
+    let dash = repo().join("deploy/monitoring/grafana-dashboard.json");
+    let exprs = PromApi::dashboard_queries(&dash)?;
+    assert!(exprs.len() >= 20, "{} panel queries", exprs.len());
+    for e in &exprs {
+        eventually(
+            &format!("data for panel query {e}"),
+            Duration::from_secs(60),
+            || Ok(!prom.query(e)?.is_empty()),
+        )?;
+    }
+    // The shipped rules load and evaluate; nothing fires in a healthy lab.
+    let rules = prom.api("/api/v1/rules", None)?;
+    let loaded: Vec<&serde_json::Value> = rules["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+        .collect();
+    assert_eq!(loaded.len(), 7, "{rules}");
+    for r in &loaded {
+        assert_eq!(r["health"], "ok", "{r}");
+    }
+    let firing = prom.query("ALERTS{alertstate=\"firing\"}")?;
+    assert!(
+        firing.is_empty(),
+        "alerts firing in a healthy lab: {firing:?}"
+    );
+    println!(
+        "Prometheus at {}: 11 targets up, key series and {} dashboard queries checked in {:.1} s",
+        prom.url(),
+        exprs.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    // Measured, not asserted: what one scrape of each kind of process costs.
+    let ms = prom.values_by("max by (job) (scrape_duration_seconds) * 1000", "job")?;
+    let samples = prom.values_by("max by (job) (scrape_samples_scraped)", "job")?;
+    println!("scrape duration (ms, max over instances): {ms:?}; samples per scrape: {samples:?}");
+    Ok(())
+}
+
+/// `kubectl juneau peers -o json` (the real plugin through the real kubectl): every node's
+/// session to the router Established, live (its agent read the real speaker's status),
+/// with the prefixes each node announces (1, 0, 1).
+fn peers_show_the_live_sessions() -> Result<()> {
+    let bins = lab::JuneauBins::locate()?;
+    let path = format!(
+        "{}:{}",
+        bins.dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let peers = || -> Result<serde_json::Value> {
+        let out = Command::new("kubectl")
+            .args(["juneau", "peers", "-o", "json"])
+            .env("KUBECONFIG", lab::admin_kubeconfig())
+            .env("PATH", &path)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl juneau peers: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+    let want: Vec<(String, bool, String, u64)> = [("node-a", 1), ("node-b", 0), ("node-c", 1)]
+        .iter()
+        .map(|(n, p)| (n.to_string(), true, "Established".to_string(), *p))
+        .collect();
+    let mut last = serde_json::Value::Null;
+    eventually(
+        "kubectl juneau peers: 3 nodes live, Established",
+        Duration::from_secs(60),
+        || {
+            last = peers()?;
+            let got: Vec<(String, bool, String, u64)> = last
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|n| {
+                    let s = &n["sessions"][0];
+                    (
+                        n["node"].as_str().unwrap_or_default().to_string(),
+                        n["live"] == true,
+                        s["state"].as_str().unwrap_or_default().to_string(),
+                        s["prefixesAnnounced"].as_u64().unwrap_or(99),
+                    )
+                })
+                .collect();
+            Ok(got == want)
+        },
+    )
+    .with_context(|| format!("last answer: {last}"))?;
+    for n in last.as_array().into_iter().flatten() {
+        let s = &n["sessions"][0];
+        if s["peer"] != "upstream" || s["uptimeSeconds"].as_i64().is_none() {
+            bail!("session of {}: {s}", n["node"]);
+        }
+    }
+    println!("kubectl juneau peers: {last}");
+    // `why` joins the speakers' view: node-a and node-c announce with their session up.
+    let out = Command::new("kubectl")
+        .args(["juneau", "why", "nginx", "-n", "default", "-o", "json"])
+        .env("KUBECONFIG", lab::admin_kubeconfig())
+        .env("PATH", &path)
+        .output()?;
+    let why: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+    let verdicts: Vec<(String, bool, String)> = why["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| {
+            (
+                n["node"].as_str().unwrap_or_default().to_string(),
+                n["advertising"] == true,
+                n["reason"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        vec![
+            ("node-a".to_string(), true, "Advertising".to_string()),
+            ("node-b".to_string(), false, "NoLocalBackend".to_string()),
+            ("node-c".to_string(), true, "Advertising".to_string()),
+        ],
+        "{why}"
+    );
+    for n in why["nodes"].as_array().into_iter().flatten() {
+        if n["advertising"] == true {
+            let m = n["message"].as_str().unwrap_or_default();
+            assert!(m.ends_with("; Established to upstream"), "{n}");
+        }
+    }
+    assert_eq!(why["notChecked"], serde_json::json!([]), "{why}");
     Ok(())
 }

@@ -306,6 +306,35 @@ impl Speaker {
         Ok(serde_json::from_slice(&b)?)
     }
 
+    /// `GET path` of the speaker's metrics endpoint (127.0.0.1:9179 in the node's
+    /// namespace): HTTP status code and body.
+    pub fn http(&self, path: &str) -> Result<(u16, String)> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns_name, "curl", "-sS", "-m", "5"])
+            .args([
+                "-w",
+                "\n%{http_code}",
+                &format!("http://127.0.0.1:9179{path}"),
+            ])
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        let code = code.trim().parse().with_context(|| {
+            format!("GET {path}: {text}{}", String::from_utf8_lossy(&out.stderr))
+        })?;
+        Ok((code, body.to_string()))
+    }
+
+    /// The value of the sample `series` (name with labels, exactly as exported) on
+    /// `/metrics`, if present.
+    pub fn metric(&self, series: &str) -> Result<Option<f64>> {
+        let (_, body) = self.http("/metrics")?;
+        Ok(body.lines().find_map(|l| {
+            let (name, v) = l.rsplit_once(' ')?;
+            (name == series).then(|| v.parse().ok())?
+        }))
+    }
+
     pub fn peer_state(&self, peer: &str) -> Result<String> {
         let s = self.status()?;
         Ok(s["peers"][peer]["state"].as_str().unwrap_or("").to_string())

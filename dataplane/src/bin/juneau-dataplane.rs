@@ -58,7 +58,8 @@ struct Args {
     /// Write counters as JSON to this file about once a second (atomically, by rename).
     #[arg(long, value_name = "PATH")]
     stats_file: Option<PathBuf>,
-    /// Serve Prometheus metrics on this address (`GET /metrics`).
+    /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` on this address; when not
+    /// given, on 0.0.0.0:9743 (and without them, with a warning, if that is taken).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<SocketAddr>,
     /// Flow table capacity (flows); memory is ~68 bytes per flow, allocated at start.

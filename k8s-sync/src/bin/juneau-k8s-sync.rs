@@ -58,6 +58,10 @@ enum Command {
         /// here must be free; port 0 picks one).
         #[arg(long)]
         metrics_addr: Option<SocketAddr>,
+        /// juneau-bgp's status file, published as the node's NodeBGPStatus (default
+        /// /run/juneau/<node>.bgp-status.json, the speaker's --status-file in deploy/).
+        #[arg(long)]
+        bgp_status_file: Option<PathBuf>,
     },
 }
 
@@ -142,7 +146,10 @@ async fn main() -> anyhow::Result<()> {
             state_file,
             namespace,
             metrics_addr,
+            bgp_status_file,
         } => {
+            let bgp_status_file = bgp_status_file
+                .unwrap_or_else(|| juneau_k8s_sync::speaker_status::default_path(&node));
             let mut registry = Registry::default();
             let metrics = AgentMetrics::new(&mut registry);
             let health = Arc::new(Health::default());
@@ -162,6 +169,7 @@ async fn main() -> anyhow::Result<()> {
                     secret_namespace: namespace,
                     metrics,
                     health,
+                    bgp_status_file,
                 },
             )
             .await

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use juneau_k8s_sync::crd::{
-    AddressPool, BGPAdvertisement, BGPPeer, ExternalNetwork, ServiceLoadBalancer,
+    AddressPool, BGPAdvertisement, BGPPeer, ExternalNetwork, NodeBGPStatus, ServiceLoadBalancer,
     LOAD_BALANCER_CLASS,
 };
 use juneau_k8s_sync::describe::render;
@@ -62,8 +62,8 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// Per node BGP sessions (session state is not in the API yet: shows the configured
-    /// peers per node and says so).
+    /// Per node BGP sessions: state, uptime, prefixes announced, BFD (from each node's
+    /// NodeBGPStatus, written by its agent), and configured peers not reported.
     Peers {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -208,17 +208,23 @@ async fn why(
         .await
         .context("listing Nodes")?
         .items;
-    let advs = Api::<BGPAdvertisement>::all(c)
+    let advs = Api::<BGPAdvertisement>::all(c.clone())
         .list(&ListParams::default())
         .await
         .context("listing BGPAdvertisements")?
+        .items;
+    let speakers = Api::<NodeBGPStatus>::all(c)
+        .list(&ListParams::default())
+        .await
+        .context("listing NodeBGPStatuses")?
         .items;
     let world = World {
         nodes: report::node_map(nodes),
         advertisements: advs.into_iter().map(|a| a.spec).collect(),
         ..Default::default()
     };
-    let r = report::why(&slb, &slices, &world);
+    let mut r = report::why(&slb, &slices, &world);
+    juneau_k8s_sync::peers::refine_why(&mut r, &speakers);
     emit(output, &r, || {
         let mut out = format!(
             "Service {}  vip: {}  phase: {}\n",
@@ -254,82 +260,29 @@ async fn why(
     })
 }
 
-/// What `peers` can say today.
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct PeersReport {
-    sessions_available: bool,
-    reason: String,
-    configured: Vec<ConfiguredPeer>,
-}
-
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ConfiguredPeer {
-    node: String,
-    peer: String,
-    peer_address: String,
-    peer_asn: u32,
-}
-
-const PEERS_UNAVAILABLE: &str = "per-node BGP session state (state, uptime, prefixes, BFD) is not published to the Kubernetes API yet; read each node speaker's /metrics (juneau_bgp_peer_up, juneau_bgp_peer_state, juneau_bgp_prefixes_announced) or its status file";
-
 async fn peers(c: kube::Client, output: Output) -> anyhow::Result<Option<String>> {
     let peers = Api::<BGPPeer>::all(c.clone())
         .list(&ListParams::default())
         .await
         .context("listing BGPPeers")?
         .items;
-    let nodes = Api::<Node>::all(c)
+    let nodes = Api::<Node>::all(c.clone())
         .list(&ListParams::default())
         .await
         .context("listing Nodes")?
         .items;
-    let mut configured = Vec::new();
-    for n in &nodes {
-        let labels = n.metadata.labels.clone().unwrap_or_default();
-        for p in &peers {
-            let selected = match &p.spec.node_selector {
-                None => true,
-                Some(sel) => kube::core::Selector::try_from(sel.clone())
-                    .is_ok_and(|s| kube::core::SelectorExt::matches(&s, &labels)),
-            };
-            if selected {
-                configured.push(ConfiguredPeer {
-                    node: n.metadata.name.clone().unwrap_or_default(),
-                    peer: p.metadata.name.clone().unwrap_or_default(),
-                    peer_address: p.spec.peer_address.clone(),
-                    peer_asn: p.spec.peer_asn,
-                });
-            }
-        }
-    }
-    let r = PeersReport {
-        sessions_available: false,
-        reason: PEERS_UNAVAILABLE.into(),
-        configured,
-    };
-    emit(output, &r, || {
-        let mut out = format!(
-            "Session state: not available yet: {}\n\nConfigured sessions (from BGPPeers):\n",
-            r.reason
-        );
-        out.push_str(&table(
-            &["NODE", "PEER", "ADDRESS", "ASN"],
-            &r.configured
-                .iter()
-                .map(|p| {
-                    vec![
-                        p.node.clone(),
-                        p.peer.clone(),
-                        p.peer_address.clone(),
-                        p.peer_asn.to_string(),
-                    ]
-                })
-                .collect::<Vec<_>>(),
-        ));
-        out
-    })
+    let statuses = Api::<NodeBGPStatus>::all(c)
+        .list(&ListParams::default())
+        .await
+        .context("listing NodeBGPStatuses")?
+        .items;
+    let r = juneau_k8s_sync::peers::peers_report(
+        &peers,
+        &nodes,
+        &statuses,
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    emit(output, &r, || juneau_k8s_sync::peers::render(&r))
 }
 
 #[derive(Subcommand, Debug)]

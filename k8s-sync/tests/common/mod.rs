@@ -110,10 +110,13 @@ impl Env {
         Ok(d)
     }
 
-    /// Starts the agent of `node` as ServiceAccount juneau-system/juneau-node.
+    /// Starts the agent of `node` as ServiceAccount juneau-system/juneau-node. It reads
+    /// the speaker's status from `state_file` with extension `bgp-status.json` (never the
+    /// machine's /run/juneau).
     pub fn agent(&self, node: &str, state_file: &Path) -> Result<Daemon> {
         let port = free_port()?;
         let addr = format!("127.0.0.1:{port}");
+        let bgp_status = state_file.with_extension("bgp-status.json");
         let mut d = Daemon::spawn(
             &format!("agent-{node}"),
             env!("CARGO_BIN_EXE_juneau-k8s-sync"),
@@ -127,6 +130,8 @@ impl Env {
                 "juneau-system",
                 "--metrics-addr",
                 &addr,
+                "--bgp-status-file",
+                bgp_status.to_str().unwrap(),
             ],
             &self.node_kubeconfig,
             self.k.dir(),

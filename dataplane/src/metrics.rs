@@ -1,0 +1,543 @@
+//! The dataplane's metrics endpoint: `/metrics` (the last [`Stats`] the forwarding loop
+//! handed over, encoded by `prometheus-client` at scrape time), `/healthz` and `/readyz`
+//! (from the dataplane's own status file: the heartbeat and the generation it has
+//! programmed), served by `juneau_telemetry` on a thread of its own.
+//!
+//! Off the forwarding path: the loop only copies its plain counters into a [`Stats`] about
+//! once a second (on the stats thread, which calls [`Exporter::update`]); building the
+//! registry and encoding happen per scrape on the metrics thread.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use juneau_control::dataplane_status::{DataplaneStatus, DataplaneStatusReader};
+use juneau_telemetry::Endpoint;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::counters::{ServiceCounters, ServiceStats, Stats};
+use crate::redirect::PeerCounters;
+
+/// Default `--metrics-addr` (the node's port 9743: the dataplane runs on the host network).
+pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9743";
+/// `/readyz` fails when the forwarding loop's heartbeat is older than this.
+pub const READY_HEARTBEAT_MAX: Duration = Duration::from_secs(2);
+/// `/healthz` fails when the forwarding loop's heartbeat is older than this.
+pub const LIVE_HEARTBEAT_MAX: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabels {
+    vip: String,
+    protocol: String,
+    port: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerLabel {
+    peer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SocketLabel {
+    socket: String,
+}
+
+fn counter(r: &mut Registry, name: &str, help: &str, v: u64) {
+    let c = Counter::<u64>::default();
+    c.inc_by(v);
+    r.register(name, help, c);
+}
+
+fn gauge(r: &mut Registry, name: &str, help: &str, v: u64) {
+    let g = Gauge::<i64>::default();
+    g.set(v.min(i64::MAX as u64) as i64);
+    r.register(name, help, g);
+}
+
+/// Registers every series of `st` (names: `docs/dataplane.md`, "Counters and metrics").
+pub fn register_stats(r: &mut Registry, st: &Stats) {
+    let counters: [(&str, &str, u64); 10] = [
+        (
+            "juneau_dataplane_rx_packets",
+            "Frames received from AF_XDP sockets",
+            st.rx_packets,
+        ),
+        (
+            "juneau_dataplane_tx_packets",
+            "Frames transmitted",
+            st.tx_packets,
+        ),
+        (
+            "juneau_dataplane_xsk_rx_dropped",
+            "Frames the kernel dropped on AF_XDP receive",
+            st.xsk_rx_dropped,
+        ),
+        (
+            "juneau_dataplane_xsk_rx_ring_full",
+            "Frames lost to a full AF_XDP RX ring",
+            st.xsk_rx_ring_full,
+        ),
+        (
+            "juneau_dataplane_xsk_fill_ring_empty",
+            "Times the AF_XDP fill ring was empty",
+            st.xsk_fill_ring_empty,
+        ),
+        (
+            "juneau_dataplane_neighbour_requests",
+            "Neighbour resolutions requested from the kernel",
+            st.neighbour_requests,
+        ),
+        (
+            "juneau_dataplane_umem_frames_reclaimed",
+            "UMEM frames taken back from closed AF_XDP sockets",
+            st.umem_frames_reclaimed,
+        ),
+        (
+            "juneau_dataplane_pod_iface_attaches",
+            "Pod interfaces found through routes and attached",
+            st.pod_iface_attaches,
+        ),
+        (
+            "juneau_dataplane_pod_iface_detaches",
+            "Discovered Pod interfaces detached",
+            st.pod_iface_detaches,
+        ),
+        (
+            "juneau_dataplane_half_open_evicted",
+            "Half-open TCP flows evicted, oldest first, to make room for newer ones",
+            st.half_open_evicted,
+        ),
+    ];
+    for (name, help, v) in counters {
+        counter(r, name, help, v);
+    }
+    let gauges: [(&str, &str, u64); 12] = [
+        (
+            "juneau_dataplane_flows",
+            "Flows in the flow table",
+            st.flows,
+        ),
+        (
+            "juneau_dataplane_flow_capacity",
+            "Flow table capacity",
+            st.flow_capacity,
+        ),
+        (
+            "juneau_dataplane_flow_table_bytes",
+            "Memory held by the flow table",
+            st.flow_table_bytes,
+        ),
+        (
+            "juneau_dataplane_half_open_flows",
+            "Half-open TCP flows in the flow table",
+            st.half_open_flows,
+        ),
+        (
+            "juneau_dataplane_half_open_max",
+            "Most half-open TCP flows held at once",
+            st.half_open_max,
+        ),
+        (
+            "juneau_dataplane_flows_restored",
+            "Flows found in the pinned flow table when this process started",
+            st.flows_restored,
+        ),
+        (
+            "juneau_dataplane_neighbours",
+            "Neighbour entries known",
+            st.neighbours,
+        ),
+        (
+            "juneau_dataplane_umem_frames",
+            "UMEM frames in total",
+            st.umem_frames,
+        ),
+        (
+            "juneau_dataplane_umem_frames_free",
+            "UMEM frames in userspace, ready for fill rings",
+            st.umem_frames_free,
+        ),
+        (
+            "juneau_dataplane_umem_frames_in_kernel",
+            "UMEM frames held by the kernel through live sockets",
+            st.umem_frames_in_kernel,
+        ),
+        (
+            "juneau_dataplane_pod_ifaces",
+            "Pod interfaces found through routes with sockets now",
+            st.pod_ifaces.len() as u64,
+        ),
+        (
+            "juneau_dataplane_state_generation",
+            "Generation of the shared control state in force",
+            st.generation,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        gauge(r, name, help, v);
+    }
+
+    let drops = Family::<ReasonLabel, Counter>::default();
+    for (reason, v) in &st.drops {
+        drops
+            .get_or_create(&ReasonLabel {
+                reason: reason.clone(),
+            })
+            .inc_by(*v);
+    }
+    r.register("juneau_dataplane_drops", "Frames dropped, by reason", drops);
+
+    let sockets = Family::<SocketLabel, Counter>::default();
+    for (socket, v) in &st.rx_packets_per_socket {
+        sockets
+            .get_or_create(&SocketLabel {
+                socket: socket.clone(),
+            })
+            .inc_by(*v);
+    }
+    r.register(
+        "juneau_dataplane_socket_rx_packets",
+        "Frames received per AF_XDP socket (interface/queue)",
+        sockets,
+    );
+
+    register_services(r, &st.services);
+    register_redirects(r, st);
+}
+
+fn register_services(r: &mut Registry, services: &[ServiceStats]) {
+    let labels = |s: &ServiceStats| ServiceLabels {
+        vip: s.vip.clone(),
+        protocol: s.protocol.clone(),
+        port: s.port,
+    };
+    type Field = fn(&ServiceCounters) -> u64;
+    let fields: [(&str, &str, Field); 6] = [
+        (
+            "juneau_dataplane_service_packets_in",
+            "Client to backend packets",
+            |c| c.packets_in,
+        ),
+        (
+            "juneau_dataplane_service_bytes_in",
+            "Client to backend bytes",
+            |c| c.bytes_in,
+        ),
+        (
+            "juneau_dataplane_service_packets_out",
+            "Backend to client packets",
+            |c| c.packets_out,
+        ),
+        (
+            "juneau_dataplane_service_bytes_out",
+            "Backend to client bytes",
+            |c| c.bytes_out,
+        ),
+        ("juneau_dataplane_service_new_flows", "Flows created", |c| {
+            c.new_flows
+        }),
+        (
+            "juneau_dataplane_service_drops",
+            "Packets dropped for the service",
+            |c| c.drops,
+        ),
+    ];
+    for (name, help, get) in fields {
+        let f = Family::<ServiceLabels, Counter>::default();
+        for s in services {
+            f.get_or_create(&labels(s)).inc_by(get(&s.counters));
+        }
+        r.register(name, help, f);
+    }
+    type Now = fn(&ServiceStats) -> usize;
+    let now: [(&str, &str, Now); 2] = [
+        (
+            "juneau_dataplane_service_backends",
+            "Local Ready backends (new flows go to these)",
+            |s| s.backends,
+        ),
+        (
+            "juneau_dataplane_service_draining_backends",
+            "Local serving-but-terminating backends (existing flows only)",
+            |s| s.draining_backends,
+        ),
+    ];
+    for (name, help, get) in now {
+        let f = Family::<ServiceLabels, Gauge>::default();
+        for s in services {
+            f.get_or_create(&labels(s)).set(get(s) as i64);
+        }
+        r.register(name, help, f);
+    }
+}
+
+fn register_redirects(r: &mut Registry, st: &Stats) {
+    type Get = fn(&PeerCounters) -> u64;
+    let families: [(&str, &str, Get); 4] = [
+        (
+            "juneau_dataplane_redirected_to_peer_packets",
+            "Packets of flows held elsewhere sent to this peer node",
+            |c| c.redirected_to,
+        ),
+        (
+            "juneau_dataplane_redirected_from_peer_packets",
+            "Redirected packets received from this peer node",
+            |c| c.received_from,
+        ),
+        (
+            "juneau_dataplane_redirect_notices_sent",
+            "Flow-owner notices sent to this peer node",
+            |c| c.notices_sent,
+        ),
+        (
+            "juneau_dataplane_redirect_notices_received",
+            "Flow-owner notices received from this peer node",
+            |c| c.notices_received,
+        ),
+    ];
+    for (name, help, get) in families {
+        let f = Family::<PeerLabel, Counter>::default();
+        for p in &st.redirect_peers {
+            f.get_or_create(&PeerLabel {
+                peer: p.peer.clone(),
+            })
+            .inc_by(get(&p.counters));
+        }
+        r.register(name, help, f);
+    }
+    counter(
+        r,
+        "juneau_dataplane_redirect_notices_dropped",
+        "Owner notices not sent (queue full)",
+        st.redirect_notices_dropped,
+    );
+}
+
+/// The last statistics and the way to the dataplane's own status, answering the
+/// endpoint's requests.
+pub struct Exporter {
+    latest: Mutex<Option<Arc<Stats>>>,
+    status_path: PathBuf,
+    status: Mutex<Option<DataplaneStatusReader>>,
+    pid: u32,
+}
+
+impl Exporter {
+    /// An exporter reading this process's status at `status_path`; serves nothing yet.
+    pub fn new(status_path: &Path) -> Arc<Exporter> {
+        Arc::new(Exporter {
+            latest: Mutex::new(None),
+            status_path: status_path.to_path_buf(),
+            status: Mutex::new(None),
+            pid: std::process::id(),
+        })
+    }
+
+    /// Binds `given` (or [`DEFAULT_METRICS_ADDR`], only warned about when taken) and
+    /// serves from a thread of its own. Returns the address served, if any.
+    pub fn serve(
+        self: &Arc<Self>,
+        given: Option<SocketAddr>,
+    ) -> Result<Option<SocketAddr>, juneau_telemetry::Error> {
+        let default = DEFAULT_METRICS_ADDR
+            .parse()
+            .expect("the default metrics address parses");
+        let Some(l) = juneau_telemetry::bind(given, default)? else {
+            return Ok(None);
+        };
+        let addr = l.local_addr().ok();
+        juneau_telemetry::spawn_thread(l, self.clone())?;
+        Ok(addr)
+    }
+
+    /// Hands over the latest statistics (the stats thread, about once a second).
+    pub fn update(&self, stats: Stats) {
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(stats));
+    }
+
+    /// This process's status, `None` while it has not written one yet (starting up).
+    fn own_status(&self) -> Option<DataplaneStatus> {
+        let mut g = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = DataplaneStatusReader::open(&self.status_path).ok();
+        }
+        let s = g.as_mut()?.read();
+        match s {
+            Ok(s) if s.pid == self.pid => Some(s),
+            // Another process's file (an older dataplane's, before ours replaced it) or
+            // unreadable: look again next time.
+            _ => {
+                *g = None;
+                None
+            }
+        }
+    }
+}
+
+impl Endpoint for Exporter {
+    fn collect(&self, r: &mut Registry) {
+        let st = self
+            .latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(st) = st {
+            register_stats(r, &st);
+        }
+        if let Some(s) = self.own_status() {
+            gauge(
+                r,
+                "juneau_dataplane_programmed_vips",
+                "VIPs steered to this dataplane, as published for juneau-bgp",
+                s.vips.len() as u64,
+            );
+        }
+    }
+
+    fn live(&self) -> Result<(), String> {
+        match self.own_status() {
+            // Starting: attaching to the interfaces can take seconds.
+            None => Ok(()),
+            Some(s) if s.heartbeat_age > LIVE_HEARTBEAT_MAX => Err(format!(
+                "forwarding loop stalled: heartbeat {} ms old",
+                s.heartbeat_age.as_millis()
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        match self.own_status() {
+            None => Err(format!(
+                "not ready: starting, no heartbeat in {} yet",
+                self.status_path.display()
+            )),
+            Some(s) if s.stopped => Err("not ready: stopping".into()),
+            Some(s) if s.heartbeat_age > READY_HEARTBEAT_MAX => Err(format!(
+                "not ready: forwarding loop heartbeat {} ms old",
+                s.heartbeat_age.as_millis()
+            )),
+            Some(s) if s.state_generation == 0 => Err(
+                "not ready: no node state programmed yet (is the node agent publishing?)".into(),
+            ),
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::counters::{DropReason, RedirectPeerStats};
+    use juneau_control::dataplane_status::DataplaneStatusWriter;
+
+    fn stats() -> Stats {
+        let mut st = Stats::default();
+        for r in DropReason::ALL {
+            st.drops.insert(r.name().into(), r as u64);
+        }
+        st.rx_packets = 11;
+        st.flows = 3;
+        st.rx_packets_per_socket.insert("eth0/0".into(), 9);
+        st.services.push(ServiceStats {
+            vip: "203.0.113.10".into(),
+            protocol: "TCP".into(),
+            port: 80,
+            backends: 2,
+            draining_backends: 1,
+            counters: ServiceCounters {
+                packets_in: 5,
+                new_flows: 1,
+                ..Default::default()
+            },
+        });
+        st.redirect_peers.push(RedirectPeerStats {
+            peer: "192.0.2.12".into(),
+            counters: PeerCounters {
+                redirected_to: 4,
+                ..Default::default()
+            },
+        });
+        st
+    }
+
+    fn text(st: &Stats) -> String {
+        let mut r = Registry::default();
+        register_stats(&mut r, st);
+        let mut s = String::new();
+        prometheus_client::encoding::text::encode(&mut s, &r).unwrap();
+        s
+    }
+
+    #[test]
+    fn every_reason_service_peer_and_socket_is_exported() {
+        let t = text(&stats());
+        for r in DropReason::ALL {
+            let line = format!(
+                "juneau_dataplane_drops_total{{reason=\"{}\"}} {}",
+                r.name(),
+                r as u64
+            );
+            assert!(t.contains(&line), "{line} missing:\n{t}");
+        }
+        for line in [
+            "# TYPE juneau_dataplane_rx_packets counter",
+            "juneau_dataplane_rx_packets_total 11",
+            "# TYPE juneau_dataplane_flows gauge",
+            "juneau_dataplane_flows 3",
+            "juneau_dataplane_service_packets_in_total{vip=\"203.0.113.10\",protocol=\"TCP\",port=\"80\"} 5",
+            "juneau_dataplane_service_draining_backends{vip=\"203.0.113.10\",protocol=\"TCP\",port=\"80\"} 1",
+            "juneau_dataplane_redirected_to_peer_packets_total{peer=\"192.0.2.12\"} 4",
+            "juneau_dataplane_socket_rx_packets_total{socket=\"eth0/0\"} 9",
+            "juneau_dataplane_redirect_notices_dropped_total 0",
+            "# EOF",
+        ] {
+            assert!(t.contains(line), "{line} missing:\n{t}");
+        }
+    }
+
+    #[test]
+    fn probes_follow_the_own_status_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        let ex = Exporter::new(&path);
+        // Starting: live, not ready, and no stats yet means no dataplane series.
+        assert!(ex.live().is_ok());
+        assert!(ex.ready().unwrap_err().contains("starting"));
+        let mut r = Registry::default();
+        ex.collect(&mut r);
+        let mut s = String::new();
+        prometheus_client::encoding::text::encode(&mut s, &r).unwrap();
+        assert_eq!(s, "# EOF\n");
+        let mut w = DataplaneStatusWriter::create(&path).unwrap();
+        w.heartbeat();
+        assert!(ex.ready().unwrap_err().contains("no node state programmed"));
+        w.publish(4, ["203.0.113.10".parse().unwrap()]).unwrap();
+        w.heartbeat();
+        assert_eq!(ex.ready(), Ok(()));
+        assert_eq!(ex.live(), Ok(()));
+        // A stalled loop: heartbeat far in the past.
+        let old = juneau_control::dataplane_status::monotonic_ns()
+            .saturating_sub(LIVE_HEARTBEAT_MAX.as_nanos() as u64 + 1_000_000_000);
+        w.heartbeat_at(old);
+        assert!(ex.ready().unwrap_err().contains("heartbeat"));
+        assert!(ex.live().unwrap_err().contains("stalled"));
+        w.heartbeat();
+        w.mark_stopped();
+        assert!(ex.ready().unwrap_err().contains("stopping"));
+        ex.update(stats());
+        let t = juneau_telemetry::encode(ex.as_ref()).unwrap();
+        assert!(t.contains("juneau_dataplane_programmed_vips 1"), "{t}");
+        assert!(t.contains("juneau_dataplane_rx_packets_total 11"), "{t}");
+    }
+}
