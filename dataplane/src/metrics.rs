@@ -20,7 +20,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::counters::{ServiceCounters, ServiceStats, Stats};
+use crate::counters::{ServiceCounters, ServiceStats, Stats, WorkerStats};
 use crate::redirect::PeerCounters;
 
 /// Default `--metrics-addr` (the node's port 9743: the dataplane runs on the host network).
@@ -40,6 +40,11 @@ struct ServiceLabels {
     vip: String,
     protocol: String,
     port: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkerLabel {
+    worker: u32,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -213,6 +218,64 @@ pub fn register_stats(r: &mut Registry, st: &Stats) {
 
     register_services(r, &st.services);
     register_redirects(r, st);
+    register_workers(r, st);
+}
+
+/// Per forwarding worker (`--workers`): packets, flows it owns, rates over the last
+/// report; and the packets whose flow another worker holds.
+fn register_workers(r: &mut Registry, st: &Stats) {
+    type Get = fn(&WorkerStats) -> u64;
+    let totals: [(&str, &str, Get); 2] = [
+        (
+            "juneau_dataplane_worker_rx_packets",
+            "Frames received by this forwarding worker",
+            |w| w.rx_packets,
+        ),
+        (
+            "juneau_dataplane_worker_tx_packets",
+            "Frames transmitted by this forwarding worker",
+            |w| w.tx_packets,
+        ),
+    ];
+    for (name, help, get) in totals {
+        let f = Family::<WorkerLabel, Counter>::default();
+        for w in &st.workers {
+            f.get_or_create(&WorkerLabel { worker: w.worker })
+                .inc_by(get(w));
+        }
+        r.register(name, help, f);
+    }
+    let now: [(&str, &str, Get); 3] = [
+        (
+            "juneau_dataplane_worker_flows",
+            "Flows in this worker's table (it created them)",
+            |w| w.flows,
+        ),
+        (
+            "juneau_dataplane_worker_rx_packets_per_second",
+            "Frames received per second by this worker over the last report",
+            |w| w.rx_pps,
+        ),
+        (
+            "juneau_dataplane_worker_tx_packets_per_second",
+            "Frames transmitted per second by this worker over the last report",
+            |w| w.tx_pps,
+        ),
+    ];
+    for (name, help, get) in now {
+        let f = Family::<WorkerLabel, Gauge>::default();
+        for w in &st.workers {
+            f.get_or_create(&WorkerLabel { worker: w.worker })
+                .set(get(w).min(i64::MAX as u64) as i64);
+        }
+        r.register(name, help, f);
+    }
+    counter(
+        r,
+        "juneau_dataplane_cross_worker_lookups",
+        "Packets whose flow was in another worker's table",
+        st.cross_worker_lookups,
+    );
 }
 
 fn register_services(r: &mut Registry, services: &[ServiceStats]) {
@@ -449,6 +512,15 @@ mod tests {
         st.rx_packets = 11;
         st.flows = 3;
         st.rx_packets_per_socket.insert("eth0/0".into(), 9);
+        st.workers.push(WorkerStats {
+            worker: 1,
+            rx_packets: 7,
+            tx_packets: 6,
+            flows: 2,
+            rx_pps: 70,
+            tx_pps: 60,
+        });
+        st.cross_worker_lookups = 5;
         st.services.push(ServiceStats {
             vip: "203.0.113.10".into(),
             protocol: "TCP".into(),
@@ -500,6 +572,10 @@ mod tests {
             "juneau_dataplane_redirected_to_peer_packets_total{peer=\"192.0.2.12\"} 4",
             "juneau_dataplane_socket_rx_packets_total{socket=\"eth0/0\"} 9",
             "juneau_dataplane_redirect_notices_dropped_total 0",
+            "juneau_dataplane_worker_rx_packets_total{worker=\"1\"} 7",
+            "juneau_dataplane_worker_flows{worker=\"1\"} 2",
+            "juneau_dataplane_worker_tx_packets_per_second{worker=\"1\"} 60",
+            "juneau_dataplane_cross_worker_lookups_total 5",
             "# EOF",
         ] {
             assert!(t.contains(line), "{line} missing:\n{t}");
