@@ -6,21 +6,16 @@
 //! Names follow the Prometheus conventions: `juneau_` prefix, `_total` on counters, base
 //! units (`_seconds`). The list with meanings is in `docs/observability.md`.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response, StatusCode};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use tracing::{info, warn};
 
 /// Default `--metrics-addr` of the controller.
 pub const CONTROLLER_METRICS_ADDR: &str = "0.0.0.0:9741";
@@ -251,44 +246,31 @@ impl Health {
     }
 }
 
-fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    if let Ok(v) = content_type.parse() {
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
-    }
-    r
+/// The controller's or agent's registry and health, served through
+/// [`juneau_telemetry`] (one HTTP endpoint implementation for every process).
+struct Served {
+    registry: Arc<Registry>,
+    health: Arc<Health>,
 }
 
-fn route(req: &Request<Incoming>, registry: &Registry, health: &Health) -> Response<Full<Bytes>> {
-    match req.uri().path() {
-        "/metrics" => {
-            let mut text = String::new();
-            match prometheus_client::encoding::text::encode(&mut text, registry) {
-                Ok(()) => reply(
-                    StatusCode::OK,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    text,
-                ),
-                Err(e) => reply(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/plain",
-                    format!("encoding metrics: {e}\n"),
-                ),
-            }
+impl juneau_telemetry::Endpoint for Served {
+    fn collect(&self, _registry: &mut Registry) {
+        // Unused: `encode` serves the long-lived registry of metric handles.
+    }
+    fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+    fn live(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn ready(&self) -> Result<(), String> {
+        if self.health.is_ready() {
+            Ok(())
+        } else {
+            Err("not ready".into())
         }
-        "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" if health.is_ready() => reply(StatusCode::OK, "text/plain", "ready\n".into()),
-        "/readyz" => reply(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "not ready\n".into(),
-        ),
-        _ => reply(
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "try /metrics, /healthz or /readyz\n".into(),
-        ),
     }
 }
 
@@ -306,31 +288,5 @@ pub async fn serve(
     registry: Arc<Registry>,
     health: Arc<Health>,
 ) {
-    if let Ok(a) = listener.local_addr() {
-        info!(addr = %a, "serving /metrics, /healthz and /readyz");
-    }
-    loop {
-        let (sock, _) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                warn!(error = %e, "metrics listener accept");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let (registry, health) = (registry.clone(), health.clone());
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let r = route(&req, &registry, &health);
-                async move { Ok::<_, Infallible>(r) }
-            });
-            let io = hyper_util::rt::TokioIo::new(sock);
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, svc)
-                .await
-            {
-                tracing::debug!(error = %e, "metrics connection");
-            }
-        });
-    }
+    juneau_telemetry::serve(listener, Arc::new(Served { registry, health })).await
 }

@@ -1,7 +1,7 @@
 //! # juneau-telemetry — the HTTP endpoint every Juneau process serves
 //!
-//! Owns: the small HTTP/1.1 server (hyper) behind `--metrics-addr` of the dataplane and
-//! the BGP speaker: `GET /metrics` (OpenMetrics text encoded by `prometheus-client`),
+//! Owns: the small HTTP/1.1 server (hyper) behind `--metrics-addr` of every process
+//! (controller, agent, dataplane, BGP speaker): `GET /metrics` (OpenMetrics text encoded by `prometheus-client`),
 //! `GET /healthz` (liveness) and `GET /readyz` (readiness), and the rule shared by every
 //! process for its *default* address: taken → a warning and no endpoint; an address given
 //! explicitly must bind.
@@ -26,6 +26,16 @@ pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; char
 pub trait Endpoint: Send + Sync + 'static {
     /// Fills `registry` with the process's metrics at scrape time.
     fn collect(&self, registry: &mut Registry);
+    /// The OpenMetrics text of `/metrics`: by default a fresh registry filled by
+    /// [`Endpoint::collect`] per scrape; a process that keeps one long-lived registry
+    /// of metric handles (the controller and the agent) encodes that instead.
+    fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut registry = Registry::default();
+        self.collect(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry)?;
+        Ok(text)
+    }
     /// `Ok` while the process is alive; `Err(why)` makes `/healthz` answer 503.
     fn live(&self) -> Result<(), String>;
     /// `Ok` once the process does its job; `Err(why)` makes `/readyz` answer 503.
@@ -65,13 +75,9 @@ pub fn bind(
     }
 }
 
-/// Encodes what `ep` collects as OpenMetrics text.
+/// Encodes what `ep` serves on `/metrics` ([`Endpoint::encode`]).
 pub fn encode(ep: &dyn Endpoint) -> Result<String, std::fmt::Error> {
-    let mut registry = Registry::default();
-    ep.collect(&mut registry);
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry)?;
-    Ok(text)
+    ep.encode()
 }
 
 fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
