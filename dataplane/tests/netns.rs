@@ -209,38 +209,7 @@ impl Lab {
         let client = Netns::new(format!("{p}c"))?;
         let node = Netns::new(format!("{p}n"))?;
         let pods = vec![Netns::new(format!("{p}p0"))?, Netns::new(format!("{p}p1"))?];
-        if queues == 1 {
-            veth(&node, "up0", &client, "eth0")?;
-        } else {
-            let q = queues.to_string();
-            run(
-                "ip",
-                &[
-                    "link",
-                    "add",
-                    "up0",
-                    "netns",
-                    node.name(),
-                    "numrxqueues",
-                    &q,
-                    "numtxqueues",
-                    &q,
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    "eth0",
-                    "netns",
-                    client.name(),
-                    "numrxqueues",
-                    &q,
-                    "numtxqueues",
-                    &q,
-                ],
-            )?;
-            node.exec(&["ip", "link", "set", "up0", "up"])?;
-            client.exec(&["ip", "link", "set", "eth0", "up"])?;
-        }
+        veth_queues(&node, "up0", &client, "eth0", queues)?;
         node.addr("up0", "10.100.1.1/24")?;
         client.addr("eth0", "10.100.1.2/24")?;
         client.exec(&["ip", "route", "add", "10.200.0.0/24", "via", "10.100.1.1"])?;
@@ -1344,6 +1313,20 @@ fn many_pod_veth_attach_detach_cycles_leak_no_frames() -> Result<()> {
     lab.finish()
 }
 
+/// One `GET /` on every connection, each on a thread of its own (answered whenever the
+/// path is back): join them to get the connections and answers back.
+fn requests_in_flight(conns: &mut Vec<TcpStream>) -> Vec<JoinHandle<(TcpStream, Result<String>)>> {
+    conns
+        .drain(..)
+        .map(|mut c| {
+            std::thread::spawn(move || {
+                let r = http_get(&mut c);
+                (c, r)
+            })
+        })
+        .collect()
+}
+
 /// TCP segments with `flags` to VIP:80 from pseudo-random sources (see [`TcpFlood`]).
 fn flood(dst_mac: [u8; 6], src_mac: [u8; 6], flags: u8, seed: u64) -> TcpFlood {
     TcpFlood {
@@ -1493,15 +1476,7 @@ fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
             .context("node -> Pod while the dataplane is down")?;
         assert!(body.starts_with("pod0 saw 10.100.2.1:"), "{body}");
         // Requests sent while it is down: TCP retransmits them.
-        let pending: Vec<JoinHandle<(TcpStream, Result<String>)>> = conns
-            .drain(..)
-            .map(|mut c| {
-                std::thread::spawn(move || {
-                    let r = http_get(&mut c);
-                    (c, r)
-                })
-            })
-            .collect();
+        let pending = requests_in_flight(&mut conns);
         std::thread::sleep(Duration::from_millis(500));
         let t0 = Instant::now();
         lab.start()?;
@@ -1875,15 +1850,7 @@ fn two_workers_share_connections_across_queues_and_survive_a_restart() -> Result
     assert_eq!(s["flows"].as_u64(), Some(32), "ACKs created flows: {s}");
     // kill -9 and a restart with the same workers: every connection carries on.
     lab.kill9();
-    let pending: Vec<JoinHandle<(TcpStream, Result<String>)>> = conns
-        .drain(..)
-        .map(|mut c| {
-            std::thread::spawn(move || {
-                let r = http_get(&mut c);
-                (c, r)
-            })
-        })
-        .collect();
+    let pending = requests_in_flight(&mut conns);
     std::thread::sleep(Duration::from_millis(300));
     lab.start()?;
     for (i, h) in pending.into_iter().enumerate() {

@@ -1793,3 +1793,29 @@ impl LabLoad {
         crate::load::LoadReport::from_json(&serde_json::from_str(&text)?)
     }
 }
+
+/// An nginx Pod of the lab's Deployment pinned to node-b (which has none otherwise): the
+/// ECMP group grows to three next hops while it is Ready, and shrinks when it leaves
+/// (preStop 5 s, 30 s grace).
+pub const POD_ON_NODE_B: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: nginx-on-node-b
+  namespace: default
+  labels: {app: nginx}
+spec:
+  nodeSelector: {kubernetes.io/hostname: node-b}
+  terminationGracePeriodSeconds: 30
+  containers:
+    - name: nginx
+      image: nginx:1.27
+      imagePullPolicy: Never
+      ports: [{containerPort: 80, name: http}]
+      readinessProbe:
+        httpGet: {path: /healthz, port: http}
+        periodSeconds: 2
+        failureThreshold: 2
+      lifecycle:
+        preStop:
+          exec: {command: ["/bin/sleep", "5"]}
+"#;

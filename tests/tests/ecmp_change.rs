@@ -75,29 +75,6 @@ fn next_hops(want: &[Ipv4Addr], timeout: Duration) -> Result<()> {
     )
 }
 
-const POD_ON_NODE_B: &str = r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: nginx-on-node-b
-  namespace: default
-  labels: {app: nginx}
-spec:
-  nodeSelector: {kubernetes.io/hostname: node-b}
-  terminationGracePeriodSeconds: 30
-  containers:
-    - name: nginx
-      image: nginx:1.27
-      imagePullPolicy: Never
-      ports: [{containerPort: 80, name: http}]
-      readinessProbe:
-        httpGet: {path: /healthz, port: http}
-        periodSeconds: 2
-        failureThreshold: 2
-      lifecycle:
-        preStop:
-          exec: {command: ["/bin/sleep", "5"]}
-"#;
-
 #[test]
 fn ecmp_changes_reset_no_connection() -> Result<()> {
     if lab::exists() {
@@ -167,7 +144,7 @@ fn scenario(bins: &JuneauBins) -> Result<(LoadReport, u64)> {
         std::thread::sleep(QUIET);
         // 1. node-b gains its first Pod (2 -> 3 next hops) and loses it (3 -> 2).
         println!("==> a Pod starts on node-b");
-        kubectl_apply(POD_ON_NODE_B)?;
+        kubectl_apply(lab::POD_ON_NODE_B)?;
         settled(4)?;
         std::thread::sleep(QUIET);
         println!("==> it leaves");

@@ -138,32 +138,6 @@ fn table(rows: &[Row]) -> String {
     t
 }
 
-fn pod_on_node_b() -> String {
-    r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: nginx-on-node-b
-  namespace: default
-  labels: {app: nginx}
-spec:
-  nodeSelector: {kubernetes.io/hostname: node-b}
-  terminationGracePeriodSeconds: 30
-  containers:
-    - name: nginx
-      image: nginx:1.27
-      imagePullPolicy: Never
-      ports: [{containerPort: 80, name: http}]
-      readinessProbe:
-        httpGet: {path: /healthz, port: http}
-        periodSeconds: 2
-        failureThreshold: 2
-      lifecycle:
-        preStop:
-          exec: {command: ["/bin/sleep", "5"]}
-"#
-    .to_string()
-}
-
 #[test]
 fn day2_operations_under_load() -> Result<()> {
     if lab::exists() {
@@ -237,7 +211,7 @@ fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
         &mut rows,
         "a Pod appears on node-b (no Pods before) and leaves",
         || {
-            kubectl_apply(&pod_on_node_b())?;
+            kubectl_apply(lab::POD_ON_NODE_B)?;
             settled(4)?;
             kubectl(&[
                 "delete",
