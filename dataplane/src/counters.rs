@@ -185,6 +185,41 @@ pub struct ServiceStats {
     pub counters: ServiceCounters,
 }
 
+/// Upper bounds (µs) of the loop-gap histogram's buckets; a last bucket holds the rest.
+pub const LOOP_GAP_BOUNDS_US: [u64; 8] = [10, 50, 100, 500, 1_000, 5_000, 10_000, 100_000];
+
+/// How long a forwarding worker's loop went between two iterations beyond its own idle
+/// sleep (processing a batch, preemption, a slow syscall): the most a packet arriving
+/// meanwhile waited before the loop looked at its ring. Cumulative since start.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct GapHistogram {
+    /// Observations per bucket (not cumulative): `LOOP_GAP_BOUNDS_US`, then the rest.
+    pub buckets: [u64; 9],
+    /// Sum of the observed gaps, µs.
+    pub sum_us: u64,
+    /// Number of observations.
+    pub count: u64,
+}
+
+impl GapHistogram {
+    /// Records one gap.
+    pub fn observe(&mut self, us: u64) {
+        let i = LOOP_GAP_BOUNDS_US.partition_point(|&b| b < us);
+        self.buckets[i] += 1;
+        self.sum_us += us;
+        self.count += 1;
+    }
+
+    /// Adds another worker's observations.
+    pub fn add(&mut self, other: &GapHistogram) {
+        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+            *a += b;
+        }
+        self.sum_us += other.sum_us;
+        self.count += other.count;
+    }
+}
+
 /// Everything exported, as written to the stats file (JSON) and served as metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Stats {
@@ -250,6 +285,8 @@ pub struct Stats {
     /// Packets whose flow was found in another worker's table (a connection's two
     /// directions arrived on queues of different workers).
     pub cross_worker_lookups: u64,
+    /// Gaps between loop iterations of every worker (latency the loop adds).
+    pub loop_gap: GapHistogram,
 }
 
 /// One forwarding worker's share of the traffic.
@@ -283,6 +320,25 @@ impl Stats {
     /// The total of every drop reason.
     pub fn total_drops(&self) -> u64 {
         self.drops.values().sum()
+    }
+}
+
+#[cfg(test)]
+mod gap_tests {
+    use super::*;
+
+    #[test]
+    fn gaps_land_in_their_buckets_and_add_up() {
+        let mut h = GapHistogram::default();
+        for us in [0, 10, 11, 100, 150_000] {
+            h.observe(us);
+        }
+        assert_eq!(h.buckets, [2, 1, 1, 0, 0, 0, 0, 0, 1]);
+        assert_eq!((h.count, h.sum_us), (5, 150_121));
+        let mut t = h.clone();
+        t.add(&h);
+        assert_eq!(t.buckets[0], 4);
+        assert_eq!(t.count, 10);
     }
 }
 

@@ -14,13 +14,16 @@ use std::time::Duration;
 
 use juneau_control::dataplane_status::{DataplaneStatus, DataplaneStatusReader};
 use juneau_telemetry::Endpoint;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::counters::{ServiceCounters, ServiceStats, Stats, WorkerStats};
+use crate::counters::{
+    GapHistogram, ServiceCounters, ServiceStats, Stats, WorkerStats, LOOP_GAP_BOUNDS_US,
+};
 use crate::redirect::PeerCounters;
 
 /// Default `--metrics-addr` (the node's port 9743: the dataplane runs on the host network).
@@ -219,6 +222,32 @@ pub fn register_stats(r: &mut Registry, st: &Stats) {
     register_services(r, &st.services);
     register_redirects(r, st);
     register_workers(r, st);
+    r.register(
+        "juneau_dataplane_loop_gap_seconds",
+        "Time between two iterations of a forwarding loop beyond its own idle sleep \
+         (the longest a packet arriving meanwhile waited to be looked at), every worker",
+        LoopGap(st.loop_gap.clone()),
+    );
+}
+
+/// The loop-gap histogram, bucketed by the workers; encoded as a Prometheus histogram.
+#[derive(Debug)]
+struct LoopGap(GapHistogram);
+
+impl EncodeMetric for LoopGap {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let h = &self.0;
+        let buckets: Vec<(f64, u64)> = LOOP_GAP_BOUNDS_US
+            .iter()
+            .map(|&us| us as f64 / 1e6)
+            .chain(std::iter::once(f64::MAX))
+            .zip(h.buckets.iter().copied())
+            .collect();
+        encoder.encode_histogram::<NoLabelSet>(h.sum_us as f64 / 1e6, h.count, &buckets, None)
+    }
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
 }
 
 /// Per forwarding worker (`--workers`): packets, flows it owns, rates over the last
@@ -521,6 +550,8 @@ mod tests {
             tx_pps: 60,
         });
         st.cross_worker_lookups = 5;
+        st.loop_gap.observe(20);
+        st.loop_gap.observe(2_000);
         st.services.push(ServiceStats {
             vip: "203.0.113.10".into(),
             protocol: "TCP".into(),
@@ -576,6 +607,12 @@ mod tests {
             "juneau_dataplane_worker_flows{worker=\"1\"} 2",
             "juneau_dataplane_worker_tx_packets_per_second{worker=\"1\"} 60",
             "juneau_dataplane_cross_worker_lookups_total 5",
+            "# TYPE juneau_dataplane_loop_gap_seconds histogram",
+            "juneau_dataplane_loop_gap_seconds_bucket{le=\"0.00001\"} 0",
+            "juneau_dataplane_loop_gap_seconds_bucket{le=\"0.00005\"} 1",
+            "juneau_dataplane_loop_gap_seconds_bucket{le=\"0.005\"} 2",
+            "juneau_dataplane_loop_gap_seconds_count 2",
+            "juneau_dataplane_loop_gap_seconds_bucket{le=\"+Inf\"} 2",
             "# EOF",
         ] {
             assert!(t.contains(line), "{line} missing:\n{t}");

@@ -934,6 +934,8 @@ struct LoopTiming {
     sleep_total: Duration,
     yields: u64,
     nonvoluntary_switches: u64,
+    /// Every gap since start (exported as `juneau_dataplane_loop_gap_seconds`).
+    gaps: crate::counters::GapHistogram,
 }
 
 impl LoopTiming {
@@ -943,6 +945,8 @@ impl LoopTiming {
             self.max_gap = self.max_gap.max(gap);
             self.gaps_over_100us += u64::from(gap > Duration::from_micros(100));
             self.gaps_over_1ms += u64::from(gap > Duration::from_millis(1));
+            self.gaps
+                .observe(gap.as_micros().min(u128::from(u64::MAX)) as u64);
         }
         self.last_top = Some(now);
         self.slept = Duration::ZERO;
@@ -994,6 +998,7 @@ impl LoopTiming {
         *self = LoopTiming {
             last_top: self.last_top,
             nonvoluntary_switches: switches,
+            gaps: std::mem::take(&mut self.gaps),
             ..Default::default()
         };
     }
@@ -1239,10 +1244,9 @@ fn forward_loop(
 
         if now.duration_since(last_stats) >= Duration::from_secs(1) {
             last_stats = now;
-            let _ = stats_tx.try_send((
-                0,
-                collect_stats(engine, io, control.seen_generation, &nb, shared),
-            ));
+            let mut st = collect_stats(engine, io, control.seen_generation, &nb, shared);
+            st.loop_gap = timing.gaps.clone();
+            let _ = stats_tx.try_send((0, st));
             timing.log();
         }
 

@@ -395,9 +395,9 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
         );
         if now.duration_since(last_stats) >= Duration::from_secs(1) {
             last_stats = now;
-            let _ = s
-                .stats_tx
-                .try_send((w.id, worker_stats(&w.engine, &w.ports, &w.pool)));
+            let mut st = worker_stats(&w.engine, &w.ports, &w.pool);
+            st.loop_gap = timing.gaps.clone();
+            let _ = s.stats_tx.try_send((w.id, st));
             timing.log();
         }
         if received > 0 || completed > 0 {
@@ -481,6 +481,7 @@ pub(super) fn merge(total: &mut Stats, other: &Stats) {
     total.half_open_evicted += other.half_open_evicted;
     total.flows_restored += other.flows_restored;
     total.cross_worker_lookups += other.cross_worker_lookups;
+    total.loop_gap.add(&other.loop_gap);
     total.xsk_rx_dropped += other.xsk_rx_dropped;
     total.xsk_rx_ring_full += other.xsk_rx_ring_full;
     total.xsk_fill_ring_empty += other.xsk_fill_ring_empty;
