@@ -16,6 +16,7 @@
 //! - [`counters`]: drop reasons, per-service counters, Prometheus / JSON export.
 #![warn(missing_docs)]
 
+pub mod busy_poll;
 pub mod counters;
 pub mod engine;
 pub mod flow;

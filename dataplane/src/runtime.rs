@@ -98,6 +98,8 @@ pub struct RuntimeConfig {
     pub redirect: Option<crate::redirect::RedirectConfig>,
     /// Largest IPv4 packet sent to another node (the node network's MTU).
     pub redirect_mtu: usize,
+    /// AF_XDP busy polling (`crate::busy_poll`): frames per poll; 0 = off.
+    pub xsk_busy_poll_budget: u32,
 }
 
 struct Port {
@@ -208,6 +210,8 @@ struct SocketFactory<'a> {
     umem: &'a Umem,
     cfg: xsk_rs::config::SocketConfig,
     next_id: u32,
+    /// `RuntimeConfig::xsk_busy_poll_budget`.
+    busy_poll_budget: u32,
 }
 
 impl SocketFactory<'_> {
@@ -232,6 +236,10 @@ impl SocketFactory<'_> {
             let (fq, cq) = rings.ok_or_else(|| {
                 anyhow!("{name} queue {q}: no fill/completion ring for the socket")
             })?;
+            if self.busy_poll_budget > 0 {
+                crate::busy_poll::enable(rx.fd().as_raw_fd(), self.busy_poll_budget)
+                    .with_context(|| format!("busy polling on {name} queue {q}"))?;
+            }
             steering.register_socket(si.slot_base + q, rx.fd())?;
             self.next_id += 1;
             out.push(Port {
@@ -437,6 +445,7 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         umem: &umem,
         cfg: sock_cfg,
         next_id: 0,
+        busy_poll_budget: cfg.xsk_busy_poll_budget,
     };
     let mut ports = Vec::with_capacity(slot as usize);
     for (si, side) in steered.iter().zip(&sides) {
@@ -965,7 +974,12 @@ fn forward_loop(
             // RX.
             // SAFETY: `rx_buf` receives descriptors of frames of our UMEM that the kernel
             // filled and handed over.
-            let n = unsafe { p.rx.consume(&mut rx_buf) };
+            let mut n = unsafe { p.rx.consume(&mut rx_buf) };
+            if n == 0 && cfg.xsk_busy_poll_budget > 0 {
+                crate::busy_poll::poll_rx(p.rx.fd().as_raw_fd());
+                // SAFETY: as above.
+                n = unsafe { p.rx.consume(&mut rx_buf) };
+            }
             received += n;
             p.rx_packets += n as u64;
             p.fill_held = p.fill_held.saturating_sub(n as u32);
