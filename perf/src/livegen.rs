@@ -40,11 +40,14 @@ struct GenCfg {
     ifindex: u32,
     flows: u32,
     src_base: u32,
-    pad: u32,
+    flags: u32,
     gap_ns: u64,
+    peer_ip: u32,
+    peer_port: u16,
+    pad: u16,
 }
-// SAFETY: a #[repr(C)] struct (4 x u32, then a u64 at offset 16: no padding); the
-// layout of `struct gen_cfg`.
+// SAFETY: a #[repr(C)] struct (4 x u32, a u64 at offset 16, a u32 and two u16: 32 bytes,
+// no padding); the layout of `struct gen_cfg`.
 unsafe impl aya::Pod for GenCfg {}
 
 /// What to send.
@@ -64,7 +67,17 @@ pub struct LiveGenConfig {
     pub duration: Duration,
     /// ...or after this many frames.
     pub max_packets: u64,
+    /// Replies: the flow is the destination and `reply_from` the fixed source (the
+    /// template's destination fields are then overwritten per frame).
+    pub reply_from: Option<(Ipv4Addr, u16)>,
+    /// Send partial UDP checksums (the pseudo-header sum, as a Pod's kernel with tx
+    /// checksum offload hands them over) instead of none.
+    pub partial_checksum: bool,
 }
+
+/// `struct gen_cfg` flags (bpf/gen.c).
+const GEN_REPLY: u32 = 1;
+const GEN_PARTIAL_CSUM: u32 = 2;
 
 fn ifindex(iface: &str) -> Result<u32> {
     let c = std::ffi::CString::new(iface)?;
@@ -79,7 +92,9 @@ fn ifindex(iface: &str) -> Result<u32> {
 /// Sends until the duration or the frame bound is reached (or `stop` is set). The
 /// result counts frames the generator offered (run through the program and handed to
 /// the veth); what arrives is counted at the sink.
-pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool) -> Result<GenResult> {
+/// `ready` is called once the program is loaded, just before the first frame is sent
+/// (loading can take long on a busy machine: callers start their clocks here).
+pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Result<GenResult> {
     let mut bpf = Ebpf::load(GEN_OBJ).context("loading gen.o")?;
     {
         let mut m: Array<_, GenCfg> = Array::try_from(bpf.map_mut("GEN_CFG").context("GEN_CFG")?)?;
@@ -89,6 +104,20 @@ pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool) -> Result<GenResult> {
                 ifindex: ifindex(&cfg.iface)?,
                 flows: cfg.flows.max(1),
                 src_base: u32::from(cfg.src_base),
+                flags: if cfg.reply_from.is_some() {
+                    GEN_REPLY
+                } else {
+                    0
+                } | if cfg.partial_checksum {
+                    GEN_PARTIAL_CSUM
+                } else {
+                    0
+                },
+                peer_ip: cfg
+                    .reply_from
+                    .map(|(ip, _)| u32::from_ne_bytes(ip.octets()))
+                    .unwrap_or(0),
+                peer_port: cfg.reply_from.map(|(_, p)| p.to_be()).unwrap_or(0),
                 pad: 0,
                 gap_ns: if cfg.rate_pps == 0 {
                     0
@@ -117,6 +146,7 @@ pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool) -> Result<GenResult> {
     // call so that a call lasts about CALL_TIME.
     let mut chunk: u32 = 1 << 20;
     let mut sent = 0u64;
+    ready();
     let start = Instant::now();
     loop {
         if stop.load(Ordering::Relaxed) || sent >= cfg.max_packets {
