@@ -4,10 +4,15 @@
 //! filling the RX ring and the forwarding thread draining it as two tasks taking turns on
 //! one core. Socket options: `SO_PREFER_BUSY_POLL` (the kernel leaves the NAPI to the
 //! busy poller), `SO_BUSY_POLL` (µs one poll may spin) and `SO_BUSY_POLL_BUDGET` (frames
-//! per poll). Needs a NAPI id on the socket's queue (veth registers one when its XDP
-//! program runs in NAPI, i.e. with GRO on or XDP attached). Whether it helps on a given
-//! driver is measured by `juneau-perf` (scenario `juneau-busy-poll`), not assumed; off by
-//! default.
+//! per poll). Off by default.
+//!
+//! It needs a NAPI id on the socket, and since Linux 6.13 ("xsk: Bring back busy polling
+//! support") the kernel sets one only at bind time and only for a **zero-copy** socket on
+//! a driver that registers its queues' NAPI. Copy-mode sockets (veth, every Pod
+//! interface) get none, so there the options are accepted and nothing is busy-polled:
+//! measured with `juneau-perf --scenarios juneau-busy-poll` on Linux 6.18 + veth,
+//! `BusyPollRxPackets` of the node's /proc/net/netstat stayed 0 (docs/dataplane.md,
+//! "Busy polling"). It is for zero-copy NICs.
 
 use std::io;
 use std::os::fd::RawFd;

@@ -511,10 +511,10 @@ impl Report {
         }
         if !self.dataplane_counters.is_empty() {
             m += "\njuneau-dataplane's own counters after each `juneau` run (its stats file, written about once a second, so up to ~1 s stale; cumulative since its start, warm-up included):\n\n";
-            m += "| scenario | flows | rx | tx | engine drops | xsk rx ring full | xsk fill ring empty | xsk rx dropped |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
+            m += "| scenario | flows | rx | tx | engine drops | xsk rx ring full | xsk fill ring empty | xsk rx dropped | received by busy polling (node netns) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
             for c in &self.dataplane_counters {
                 m += &format!(
-                    "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                     c["scenario"].as_str().unwrap_or("juneau"),
                     c["flows"],
                     c["rx_packets"],
@@ -522,7 +522,8 @@ impl Report {
                     c["engine_drops"],
                     c["xsk_rx_ring_full"],
                     c["xsk_fill_ring_empty"],
-                    c["xsk_rx_dropped"]
+                    c["xsk_rx_dropped"],
+                    c["busy_poll_rx_packets"]
                 );
             }
         }

@@ -151,7 +151,6 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
         "xdp-dnat",
         "afxdp-l2fwd",
         "juneau",
-        "juneau-busy-poll",
     ] {
         let s = scenarios
             .iter()

@@ -92,7 +92,8 @@ struct Args {
     idle_sleep_ms: i32,
     /// AF_XDP busy polling: the forwarding thread runs the interfaces' NAPI itself
     /// (SO_PREFER_BUSY_POLL, SO_BUSY_POLL, SO_BUSY_POLL_BUDGET = this many frames per
-    /// poll); 0 = off. See docs/dataplane.md, "Busy polling".
+    /// poll); 0 = off. Works only for zero-copy sockets on Linux >= 6.13 (not veth):
+    /// docs/dataplane.md, "Busy polling".
     #[arg(long, default_value_t = 0)]
     xsk_busy_poll_budget: u32,
     /// UMEM frames (4 KiB each) per interface.
