@@ -187,8 +187,17 @@ fn run(plan: &Plan, lp: &LoopCostPlan, say: &dyn Fn(String)) -> Result<LoopCost>
         "--vgdb=yes".into(),
         format!("--callgrind-out-file={}", out.display()),
     ];
-    // Idle: sleep in poll(2) at once (no spinning between windows to subtract).
-    p.dataplane_args = vec!["--busy-poll-us".into(), "0".into()];
+    // Idle: sleep in poll(2) at once (no spinning between windows to subtract). A flow
+    // table no bigger than the cases need (filling a 1 Mi-flow table under callgrind
+    // takes long in a debug build).
+    let need = lp.flows.iter().copied().max().unwrap_or(0).max(lp.packets) as usize;
+    let capacity = (2 * need).next_power_of_two().clamp(65_536, 1 << 20);
+    p.dataplane_args = vec![
+        "--busy-poll-us".into(),
+        "0".into(),
+        "--flow-capacity".into(),
+        capacity.to_string(),
+    ];
     let t = Topology::build()?;
     let tag = format!("loop-cost-{}", std::process::id());
     let stats_file = p.out_dir.join(format!("juneau-dataplane-stats-{tag}.json"));
