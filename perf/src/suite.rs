@@ -849,17 +849,25 @@ fn window_run(
     })
 }
 
-/// Checks that the path's work ran where it should: every NAPI kthread of the node's
-/// interfaces and every forwarder thread last ran on the path core.
-fn check_placement(t: &Topology, a: &Active) -> Result<()> {
-    let (_, path_cpu) = cpus();
+/// Run time (ns) of one thread.
+fn thread_run_ns(tid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{tid}/schedstat"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The node's NAPI kthreads and the forwarder's threads, with a description each.
+fn path_threads(t: &Topology, a: &Active) -> Vec<(u32, String)> {
     let mut tids: Vec<(u32, String)> = Vec::new();
     for i in [&t.nc_if, &t.nb_if] {
-        tids.extend(
-            crate::cpu::napi_threads(i)
-                .into_iter()
-                .map(|x| (x, format!("NAPI kthread of {i}"))),
-        );
+        for x in crate::cpu::napi_threads(i) {
+            if !tids.iter().any(|(y, _)| *y == x) {
+                tids.push((x, format!("NAPI kthread {x} of {i}")));
+            }
+        }
     }
     if let Some(f) = &a.forwarder {
         if let Ok(d) = std::fs::read_dir(format!("/proc/{}/task", f.id())) {
@@ -868,14 +876,32 @@ fn check_placement(t: &Topology, a: &Active) -> Result<()> {
                     .to_string_lossy()
                     .parse()
                     .ok()
-                    .map(|x| (x, format!("{} thread", a.forwarder_name)))
+                    .map(|x| (x, format!("{} thread {x}", a.forwarder_name)))
             }));
         }
     }
-    for (tid, what) in tids {
+    tids
+}
+
+/// Checks that the path's work ran where it should: every NAPI kthread of the node's
+/// interfaces and every forwarder thread that ran since `before` (run times taken after
+/// pinning) last ran on the path core. A thread that did not run since (e.g. the Pod
+/// side's kthread in a forward-only run) still shows where it ran before it was pinned.
+fn check_placement(t: &Topology, a: &Active, before: &[(u32, u64)]) -> Result<()> {
+    let (_, path_cpu) = cpus();
+    for (tid, what) in path_threads(t, a) {
+        let ran = match (before.iter().find(|(x, _)| *x == tid), thread_run_ns(tid)) {
+            (Some((_, b)), Some(now)) => now > *b,
+            // Not seen at pinning time: a thread created since (not pinned by us).
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        if !ran {
+            continue;
+        }
         if let Some(c) = crate::cpu::last_cpu(tid) {
             if c != path_cpu {
-                bail!("{what} {tid} ran on CPU {c}, not the path core {path_cpu}");
+                bail!("{what} ran on CPU {c}, not the path core {path_cpu}");
             }
         }
     }
@@ -897,6 +923,10 @@ fn measure(
     warmup: Duration,
 ) -> Result<RunFigures> {
     let tids = pin_path(t, a)?;
+    let pinned: Vec<(u32, u64)> = path_threads(t, a)
+        .into_iter()
+        .filter_map(|(x, _)| Some((x, thread_run_ns(x)?)))
+        .collect();
     let cw = plan.calibrate_window;
     let flood = window_run(t, a, &tids, flows, 0, warmup.min(cw), cw)?;
     let mut steps = vec![(flood.offered_pps, flood.delivered_pps)];
@@ -910,7 +940,7 @@ fn measure(
         rate *= STEP_UP;
     }
     let mut r = window_run(t, a, &tids, flows, rate as u64, warmup, plan.duration)?;
-    check_placement(t, a)?;
+    check_placement(t, a, &pinned)?;
     r.calibration = steps;
     Ok(r)
 }
