@@ -24,6 +24,7 @@ struct gen_cfg {
     __u32 peer_ip;   /* GEN_REPLY: the fixed source address, network byte order */
     __u16 peer_port; /* GEN_REPLY: the fixed source port, network byte order */
     __u16 pad;
+    __u64 max_sent;  /* send no more than this many frames in all (0: no bound) */
 };
 
 struct {
@@ -56,6 +57,8 @@ int xdp_gen(struct xdp_md *ctx)
     __u64 *due = bpf_map_lookup_elem(&GEN_SEQ, &one);
     if (!cfg || !seq || !due || cfg->flows == 0)
         return XDP_ABORTED;
+    if (cfg->max_sent && *seq >= cfg->max_sent)
+        return XDP_DROP;
     if (cfg->gap_ns) {
         /* Pacing: a frame that is not due yet is dropped here, before it is sent (the
          * kernel's frame loop spins at full speed, the wire sees the paced rate). A

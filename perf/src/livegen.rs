@@ -45,9 +45,10 @@ struct GenCfg {
     peer_ip: u32,
     peer_port: u16,
     pad: u16,
+    max_sent: u64,
 }
-// SAFETY: a #[repr(C)] struct (4 x u32, a u64 at offset 16, a u32 and two u16: 32 bytes,
-// no padding); the layout of `struct gen_cfg`.
+// SAFETY: a #[repr(C)] struct (4 x u32, a u64 at offset 16, a u32 and two u16, a u64 at
+// offset 32: 40 bytes, no padding); the layout of `struct gen_cfg`.
 unsafe impl aya::Pod for GenCfg {}
 
 /// What to send.
@@ -122,6 +123,13 @@ pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Res
                 .unwrap_or(0),
             peer_port: cfg.reply_from.map(|(_, p)| p.to_be()).unwrap_or(0),
             pad: 0,
+            // Paced calls run many frames through the program per frame sent: the bound
+            // must hold inside a call too.
+            max_sent: if cfg.max_packets == u64::MAX {
+                0
+            } else {
+                cfg.max_packets
+            },
             gap_ns: if cfg.rate_pps == 0 {
                 0
             } else {
