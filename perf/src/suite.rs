@@ -765,6 +765,10 @@ pub const OFFER_ABOVE: f64 = 1.15;
 /// ...and steps the rate up by this factor while the path still carries what is offered.
 pub const STEP_UP: f64 = 1.3;
 
+/// A paced step that delivers less than this share of what the flood delivered falls
+/// back to the flood for the measured window.
+pub const PACED_BELOW_FLOOD: f64 = 0.9;
+
 /// One measured generator run: the generator offers `rate` (0: as fast as it can) for
 /// `warmup` + `window`; the sink, the path's threads and both cores are read around the
 /// window.
@@ -934,6 +938,15 @@ fn measure(
     for _ in 0..plan.calibrate_steps {
         let f = window_run(t, a, &tids, flows, rate as u64, cw / 3, cw)?;
         steps.push((f.offered_pps, f.delivered_pps));
+        if f.delivered_pps < PACED_BELOW_FLOOD * flood.delivered_pps {
+            // Paced, the path carried less than under the flood: every frame then wakes
+            // the path's kthread, and on a core shared with other work each wake-up can
+            // wait a scheduler slice (seen on the loaded development machine: kernel
+            // paths delivered 3-20 % of a paced rate they carried flooded). Measure
+            // flooded, as run f did; the report shows "rate asked: unpaced".
+            rate = 0.0;
+            break;
+        }
         if f.delivered_pps < SATURATION_DELIVERED_BELOW * f.offered_pps {
             break;
         }
