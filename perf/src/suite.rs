@@ -967,7 +967,7 @@ fn latency_point(
     plan: &Plan,
     load: f64,
     max_pps: f64,
-) -> Result<ProbeResult> {
+) -> Result<(ProbeResult, f64)> {
     let exe = self_exe()?;
     let rate = (max_pps * load).round() as u64;
     let bg = Gen::start(
@@ -998,7 +998,8 @@ fn latency_point(
         "--duration-ms",
         &plan.latency_duration.as_millis().to_string(),
     ])?;
-    let _ = bg.finish()?;
+    let bg = bg.finish()?;
+    let offered = bg.sent as f64 / bg.elapsed_s.max(1e-9);
     a.check_forwarder()?;
     if !out.status.success() {
         bail!(
@@ -1013,7 +1014,7 @@ fn latency_point(
             r.sent
         );
     }
-    Ok(r)
+    Ok((r, offered))
 }
 
 /// Runs the whole plan in rounds: each round measures every scenario once (each on a
@@ -1220,7 +1221,7 @@ fn latency_pass(
     wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
     pin_path(&t, &a)?;
     for &load in &plan.latency_loads {
-        let p = latency_point(&t, &mut a, plan, load, median)?;
+        let (p, offered) = latency_point(&t, &mut a, plan, load, median)?;
         progress.say(format!(
             "{}: latency at {:.0}% load: p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us ({}/{} replies)",
             sc.name(),
@@ -1234,7 +1235,8 @@ fn latency_pass(
         report.latency.push(LatencyPoint {
             scenario: sc.name().into(),
             load_fraction: load,
-            offered_pps: median * load,
+            // What the generator really offered (its own count), not the asked rate.
+            offered_pps: offered,
             result: p,
         });
     }
