@@ -135,7 +135,14 @@ fn stats(path: &Path) -> Result<(u64, u64)> {
 /// about once a second), returns (rx_packets, flows).
 fn settle(path: &Path) -> Result<(u64, u64)> {
     let deadline = Instant::now() + Duration::from_secs(180);
-    let mut last = stats(path)?;
+    // The first stats file comes a second or more after start-up (under callgrind).
+    let mut last = loop {
+        match stats(path) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => suite::sleep(Duration::from_millis(250))?,
+        }
+    };
     let mut since = Instant::now();
     loop {
         suite::sleep(Duration::from_millis(250))?;

@@ -75,6 +75,9 @@ enum Cmd {
     /// Only the control-plane scale measurement: N Services (3 endpoints each) at once
     /// against the real apiserver, controller, agent, juneau-bgp and BIRD.
     Scale(RunArgs),
+    /// Only the whole-loop userspace cost: the dataplane under callgrind (instruction
+    /// counts: meaningful on a loaded machine too).
+    LoopCost(RunArgs),
     /// Lists missing prerequisites and exits.
     Check(RunArgs),
     /// Re-renders report.md and the plots from DIR/report.json.
@@ -342,6 +345,40 @@ fn scale_only(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
+fn loop_cost_plan(smoke: bool) -> juneau_perf::loopcost::LoopCostPlan {
+    juneau_perf::loopcost::LoopCostPlan {
+        packets: if smoke { 1_000 } else { 20_000 },
+        flows: if smoke {
+            vec![1_000]
+        } else {
+            vec![1_000, 1_000_000]
+        },
+        rate: 50_000,
+    }
+}
+
+fn loop_cost_only(args: &RunArgs) -> Result<()> {
+    let mut plan = plan_for(args, false)?;
+    std::fs::create_dir_all(&plan.out_dir)?;
+    suite::stage_binaries(&mut plan)?;
+    ctrlc::set_handler(|| {
+        eprintln!("interrupt: stopping and removing the namespaces...");
+        INTERRUPTED.store(true, Ordering::Relaxed);
+    })
+    .context("installing the Ctrl-C handler")?;
+    let progress = Progress::new(juneau_perf::loopcost::EXPECTED);
+    let l = juneau_perf::loopcost::measure(&plan, &loop_cost_plan(false), &|m| progress.say(m));
+    progress.say(format!("loop cost: {}", l.status));
+    std::fs::write(
+        plan.out_dir.join("loop-cost.json"),
+        serde_json::to_vec_pretty(&l)?,
+    )?;
+    if l.cases.is_empty() {
+        bail!("loop cost not measured: {}", l.status);
+    }
+    Ok(())
+}
+
 fn convergence_only(args: &RunArgs) -> Result<()> {
     let out = std::path::absolute(&args.out)?;
     let bins = convergence_binaries(args)?;
@@ -484,15 +521,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
         report.cost = juneau_perf::cost::measure(&cost_bench, &plan.out_dir, smoke);
         progress.say(format!("cost: {}", report.cost.status));
         if with_juneau {
-            let lp = juneau_perf::loopcost::LoopCostPlan {
-                packets: if smoke { 1_000 } else { 20_000 },
-                flows: if smoke {
-                    vec![1_000]
-                } else {
-                    vec![1_000, 1_000_000]
-                },
-                rate: 50_000,
-            };
+            let lp = loop_cost_plan(smoke);
             progress.say("whole userspace cost: the dataplane under callgrind");
             let l = juneau_perf::loopcost::measure(&plan, &lp, &|m| progress.say(m));
             progress.say(format!("loop cost: {}", l.status));
@@ -567,6 +596,7 @@ fn main() -> Result<()> {
         Cmd::Smoke(a) => run_suite(&a, true),
         Cmd::Convergence(a) => convergence_only(&a),
         Cmd::Scale(a) => scale_only(&a),
+        Cmd::LoopCost(a) => loop_cost_only(&a),
         Cmd::Check(a) => {
             let plan = plan_for(&a, false)?;
             let mut missing = prereq::check(Some(&plan.dataplane), !a.no_cost);
