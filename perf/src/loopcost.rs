@@ -204,6 +204,10 @@ fn run(plan: &Plan, lp: &LoopCostPlan, say: &dyn Fn(String)) -> Result<LoopCost>
         "0".into(),
         "--flow-capacity".into(),
         capacity.to_string(),
+        // Warming 1 M flows under callgrind takes about a minute: no flow may expire
+        // before its window (the default UDP timeout is 60 s).
+        "--udp-timeout".into(),
+        "900".into(),
     ];
     let t = Topology::build()?;
     let tag = format!("loop-cost-{}", std::process::id());
