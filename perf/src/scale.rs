@@ -37,7 +37,8 @@ const BIRD_POLL: Duration = Duration::from_millis(200);
 /// Creates at most this many times: an apiserver whose etcd is slow on a loaded machine
 /// answers some creates with 500 (seen with 10 000 Services: etcd "apply request took
 /// too long") or 429; those are retried after a pause, and a retry that finds the object
-/// already there (the first attempt landed after all) counts as created.
+/// already there (an earlier attempt landed after all, possibly one the client retried
+/// by itself) counts as created.
 const CREATE_ATTEMPTS: u32 = 8;
 
 async fn with_retries<T, F, Fut>(mut f: F) -> Result<()>
@@ -50,7 +51,9 @@ where
         attempt += 1;
         match f().await {
             Ok(_) => return Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 409 && attempt > 1 => return Ok(()),
+            // Names are unique to this run: "already exists" means an earlier attempt
+            // (ours, or the client's own retry of a 5xx) landed.
+            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
             Err(kube::Error::Api(e))
                 if (e.code >= 500 || e.code == 429) && attempt < CREATE_ATTEMPTS =>
             {
