@@ -17,6 +17,7 @@
 //! - [`metrics`]: `/metrics` (`prometheus-client`), `/healthz`, `/readyz`, off the packet path.
 #![warn(missing_docs)]
 
+pub mod busy_poll;
 pub mod counters;
 pub mod engine;
 pub mod flow;

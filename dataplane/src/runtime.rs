@@ -106,6 +106,8 @@ pub struct RuntimeConfig {
     pub redirect: Option<crate::redirect::RedirectConfig>,
     /// Largest IPv4 packet sent to another node (the node network's MTU).
     pub redirect_mtu: usize,
+    /// AF_XDP busy polling (`crate::busy_poll`): frames per poll; 0 = off.
+    pub xsk_busy_poll_budget: u32,
     /// Forwarding workers (threads), each serving the RX queues `q` with
     /// `q % workers == worker` of every interface and transmitting on its own; 0: one per
     /// RX queue of the uplink.
@@ -195,6 +197,8 @@ struct SocketFactory<'a> {
     umem: &'a Umem,
     cfg: xsk_rs::config::SocketConfig,
     next_id: u32,
+    /// `RuntimeConfig::xsk_busy_poll_budget`.
+    busy_poll_budget: u32,
 }
 
 impl SocketFactory<'_> {
@@ -220,6 +224,10 @@ impl SocketFactory<'_> {
             let (fq, cq) = rings.ok_or_else(|| {
                 anyhow!("{name} queue {q}: no fill/completion ring for the socket")
             })?;
+            if self.busy_poll_budget > 0 {
+                crate::busy_poll::enable(rx.fd().as_raw_fd(), self.busy_poll_budget)
+                    .with_context(|| format!("busy polling on {name} queue {q}"))?;
+            }
             steering.register_socket(si.slot_base + q, rx.fd())?;
             self.next_id += 1;
             out.push(Port {
@@ -572,6 +580,7 @@ fn build_workers<'u>(
             umem,
             cfg: sock_cfg,
             next_id: 0,
+            busy_poll_budget: cfg.xsk_busy_poll_budget,
         };
         let mut ports = Vec::new();
         for (si, side) in layout.steered.iter().zip(&layout.sides) {

@@ -52,7 +52,7 @@ pub(super) fn step(
     timing: &mut LoopTiming,
     miss_tx: &mpsc::SyncSender<(u32, u32)>,
 ) -> (usize, usize) {
-    let (received, completed) = receive(r, engine, nb, egress, b, now_ms, cfg.redirect_mtu);
+    let (received, completed) = receive(r, engine, nb, egress, b, now_ms, cfg);
     send_notices(engine, r.umem, r.pool, &mut b.pending[0]);
     timing.received(received);
     transmit(r, engine, b, cfg, timing);
@@ -72,15 +72,21 @@ fn receive(
     egress: &[Option<usize>],
     b: &mut Bufs,
     now_ms: u64,
-    mtu: usize,
+    cfg: &RuntimeConfig,
 ) -> (usize, usize) {
+    let mtu = cfg.redirect_mtu;
     let (mut received, mut completed) = (0, 0);
     let umem = r.umem;
     for p in r.ports.iter_mut() {
         completed += refill(p, r.pool, &mut b.cq);
         // SAFETY: `rx` receives descriptors of frames of our UMEM that the kernel filled
         // and handed over.
-        let n = unsafe { p.rx.consume(&mut b.rx) };
+        let mut n = unsafe { p.rx.consume(&mut b.rx) };
+        if n == 0 && cfg.xsk_busy_poll_budget > 0 {
+            crate::busy_poll::poll_rx(p.rx.fd().as_raw_fd());
+            // SAFETY: as above.
+            n = unsafe { p.rx.consume(&mut b.rx) };
+        }
         received += n;
         p.rx_packets += n as u64;
         p.fill_held = p.fill_held.saturating_sub(n as u32);

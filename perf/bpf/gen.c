@@ -3,17 +3,28 @@
  * UDP template and transmits what it redirects. Each frame gets the next flow's source
  * address and port (the same mapping as `packet::flow`: 64 source ports per address), so
  * the flow count is exact; the IPv4 header checksum is recomputed, the UDP checksum set
- * to 0 ("none", valid for UDP over IPv4). Frame contents persist across page recycling
+ * to 0 ("none", valid for UDP over IPv4) or, with GEN_PARTIAL_CSUM, to a partial checksum.
+ * With GEN_REPLY the flow is the destination (replies of a backend to the flows' clients).
+ * Frame contents persist across page recycling
  * in live-frames mode, so every field that varies is written on every frame. With a rate,
  * frames not yet due are dropped before they are sent (token clock in GEN_SEQ[1]). */
 #include "common.h"
 
+/* flags */
+#define GEN_REPLY 1        /* the flow is the destination, peer_ip:peer_port the source */
+#define GEN_PARTIAL_CSUM 2 /* UDP checksum = folded pseudo-header sum (CHECKSUM_PARTIAL, as
+                              a Pod's kernel with tx offload hands it over), not 0 */
+
 struct gen_cfg {
     __u32 ifindex;   /* where to redirect (the client's veth, in the caller's netns) */
     __u32 flows;     /* number of flows, sent round robin (>= 1) */
-    __u32 src_base;  /* first source address, host byte order */
-    __u32 pad;
+    __u32 src_base;  /* first flow address, host byte order */
+    __u32 flags;     /* GEN_* */
     __u64 gap_ns;    /* pacing: at most one frame per gap_ns (0: no pacing) */
+    __u32 peer_ip;   /* GEN_REPLY: the fixed source address, network byte order */
+    __u16 peer_port; /* GEN_REPLY: the fixed source port, network byte order */
+    __u16 pad;
+    __u64 max_sent;  /* send no more than this many frames in all (0: no bound) */
 };
 
 struct {
@@ -46,6 +57,8 @@ int xdp_gen(struct xdp_md *ctx)
     __u64 *due = bpf_map_lookup_elem(&GEN_SEQ, &one);
     if (!cfg || !seq || !due || cfg->flows == 0)
         return XDP_ABORTED;
+    if (cfg->max_sent && *seq >= cfg->max_sent)
+        return XDP_DROP;
     if (cfg->gap_ns) {
         /* Pacing: a frame that is not due yet is dropped here, before it is sent (the
          * kernel's frame loop spins at full speed, the wire sees the paced rate). A
@@ -60,9 +73,27 @@ int xdp_gen(struct xdp_md *ctx)
     }
     __u32 i = (__u32)(*seq % cfg->flows);
     *seq += 1;
-    ip->saddr = bpf_htonl(cfg->src_base + (i >> 6));
-    udp->source = bpf_htons(10000 + (i & 63));
+    __u32 flow_ip = bpf_htonl(cfg->src_base + (i >> 6));
+    __u16 flow_port = bpf_htons(10000 + (i & 63));
+    if (cfg->flags & GEN_REPLY) {
+        ip->saddr = cfg->peer_ip;
+        udp->source = cfg->peer_port;
+        ip->daddr = flow_ip;
+        udp->dest = flow_port;
+    } else {
+        ip->saddr = flow_ip;
+        udp->source = flow_port;
+    }
     udp->check = 0;
+    if (cfg->flags & GEN_PARTIAL_CSUM) {
+        /* What the kernel leaves in the field for the NIC to finish: the pseudo-header
+         * sum, folded, not complemented. */
+        __u32 p = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) +
+                  (ip->daddr >> 16) + bpf_htons(IPPROTO_UDP) + udp->len;
+        p = (p & 0xffff) + (p >> 16);
+        p = (p & 0xffff) + (p >> 16);
+        udp->check = (__u16)p;
+    }
     ip->check = 0;
     __u32 sum = 0;
     __u16 *w = (__u16 *)ip;

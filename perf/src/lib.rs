@@ -13,6 +13,7 @@ pub mod cost;
 pub mod cpu;
 pub mod latency;
 pub mod livegen;
+pub mod loopcost;
 pub mod packet;
 pub mod prereq;
 pub mod report;

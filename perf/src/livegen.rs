@@ -40,11 +40,15 @@ struct GenCfg {
     ifindex: u32,
     flows: u32,
     src_base: u32,
-    pad: u32,
+    flags: u32,
     gap_ns: u64,
+    peer_ip: u32,
+    peer_port: u16,
+    pad: u16,
+    max_sent: u64,
 }
-// SAFETY: a #[repr(C)] struct (4 x u32, then a u64 at offset 16: no padding); the
-// layout of `struct gen_cfg`.
+// SAFETY: a #[repr(C)] struct (4 x u32, a u64 at offset 16, a u32 and two u16, a u64 at
+// offset 32: 40 bytes, no padding); the layout of `struct gen_cfg`.
 unsafe impl aya::Pod for GenCfg {}
 
 /// What to send.
@@ -64,7 +68,17 @@ pub struct LiveGenConfig {
     pub duration: Duration,
     /// ...or after this many frames.
     pub max_packets: u64,
+    /// Replies: the flow is the destination and `reply_from` the fixed source (the
+    /// template's destination fields are then overwritten per frame).
+    pub reply_from: Option<(Ipv4Addr, u16)>,
+    /// Send partial UDP checksums (the pseudo-header sum, as a Pod's kernel with tx
+    /// checksum offload hands them over) instead of none.
+    pub partial_checksum: bool,
 }
+
+/// `struct gen_cfg` flags (bpf/gen.c).
+const GEN_REPLY: u32 = 1;
+const GEN_PARTIAL_CSUM: u32 = 2;
 
 fn ifindex(iface: &str) -> Result<u32> {
     let c = std::ffi::CString::new(iface)?;
@@ -76,29 +90,56 @@ fn ifindex(iface: &str) -> Result<u32> {
     Ok(idx)
 }
 
+fn set_cfg(bpf: &mut Ebpf, c: GenCfg) -> Result<()> {
+    let mut m: Array<_, GenCfg> = Array::try_from(bpf.map_mut("GEN_CFG").context("GEN_CFG")?)?;
+    m.set(0, c, 0)?;
+    Ok(())
+}
+
 /// Sends until the duration or the frame bound is reached (or `stop` is set). The
 /// result counts frames the generator offered (run through the program and handed to
 /// the veth); what arrives is counted at the sink.
-pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool) -> Result<GenResult> {
+/// `ready` is called once the program is loaded, just before the first frame is sent
+/// (loading can take long on a busy machine: callers start their clocks here).
+pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Result<GenResult> {
     let mut bpf = Ebpf::load(GEN_OBJ).context("loading gen.o")?;
-    {
-        let mut m: Array<_, GenCfg> = Array::try_from(bpf.map_mut("GEN_CFG").context("GEN_CFG")?)?;
-        m.set(
-            0,
-            GenCfg {
-                ifindex: ifindex(&cfg.iface)?,
-                flows: cfg.flows.max(1),
-                src_base: u32::from(cfg.src_base),
-                pad: 0,
-                gap_ns: if cfg.rate_pps == 0 {
-                    0
-                } else {
-                    (1e9 / cfg.rate_pps as f64).round().max(1.0) as u64
-                },
+    let base = {
+        let c = GenCfg {
+            ifindex: ifindex(&cfg.iface)?,
+            flows: cfg.flows.max(1),
+            src_base: u32::from(cfg.src_base),
+            flags: if cfg.reply_from.is_some() {
+                GEN_REPLY
+            } else {
+                0
+            } | if cfg.partial_checksum {
+                GEN_PARTIAL_CSUM
+            } else {
+                0
             },
-            0,
-        )?;
-    }
+            peer_ip: cfg
+                .reply_from
+                .map(|(ip, _)| u32::from_ne_bytes(ip.octets()))
+                .unwrap_or(0),
+            peer_port: cfg.reply_from.map(|(_, p)| p.to_be()).unwrap_or(0),
+            pad: 0,
+            // Paced calls run many frames through the program per frame sent: the bound
+            // must hold inside a call too.
+            max_sent: if cfg.max_packets == u64::MAX {
+                0
+            } else {
+                cfg.max_packets
+            },
+            gap_ns: if cfg.rate_pps == 0 {
+                0
+            } else {
+                (1e9 / cfg.rate_pps as f64).round().max(1.0) as u64
+            },
+        };
+        set_cfg(&mut bpf, c)?;
+        c
+    };
+    let mut gap_ns = base.gap_ns as f64;
     {
         let prog: &mut Xdp = bpf
             .program_mut("xdp_gen")
@@ -117,6 +158,7 @@ pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool) -> Result<GenResult> {
     // call so that a call lasts about CALL_TIME.
     let mut chunk: u32 = 1 << 20;
     let mut sent = 0u64;
+    ready();
     let start = Instant::now();
     loop {
         if stop.load(Ordering::Relaxed) || sent >= cfg.max_packets {
@@ -156,6 +198,24 @@ pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool) -> Result<GenResult> {
         let took = t.elapsed().as_secs_f64().max(1e-6);
         chunk = ((f64::from(n) * CALL_TIME.as_secs_f64() / took) as u32).clamp(1 << 12, 1 << 26);
         sent = sent_so_far(&bpf)?;
+        if cfg.rate_pps > 0 {
+            // No frames go out between calls (each swaps the program into the XDP
+            // dispatcher and out, with RCU grace periods: up to half the wall time on a
+            // loaded machine, measured), so pace a little faster inside the calls until
+            // the average since the start is the asked rate (at most 4x the rate).
+            let due = cfg.rate_pps as f64 * start.elapsed().as_secs_f64();
+            if due > 0.0 && sent > 0 {
+                let b = base.gap_ns as f64;
+                gap_ns = (gap_ns * sent as f64 / due).clamp(b / 4.0, b);
+                set_cfg(
+                    &mut bpf,
+                    GenCfg {
+                        gap_ns: gap_ns.round().max(1.0) as u64,
+                        ..base
+                    },
+                )?;
+            }
+        }
     }
     Ok(GenResult {
         sent,

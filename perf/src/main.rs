@@ -75,6 +75,9 @@ enum Cmd {
     /// Only the control-plane scale measurement: N Services (3 endpoints each) at once
     /// against the real apiserver, controller, agent, juneau-bgp and BIRD.
     Scale(RunArgs),
+    /// Only the whole-loop userspace cost: the dataplane under callgrind (instruction
+    /// counts: meaningful on a loaded machine too).
+    LoopCost(RunArgs),
     /// Lists missing prerequisites and exits.
     Check(RunArgs),
     /// Re-renders report.md and the plots from DIR/report.json.
@@ -109,6 +112,12 @@ enum Cmd {
         duration_ms: u64,
         #[arg(long, default_value_t = u64::MAX)]
         max_packets: u64,
+        /// Replies: the flows are the destinations, this the fixed source (live frames).
+        #[arg(long)]
+        reply_from: Option<SocketAddr>,
+        /// Partial UDP checksums (as a Pod with tx offload sends them; live frames).
+        #[arg(long)]
+        partial_checksum: bool,
     },
     /// (internal) raw AF_XDP forwarder baseline.
     #[command(hide = true)]
@@ -159,7 +168,11 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
             latency_loads: vec![0.5],
             latency_duration: Duration::from_millis(700),
             probe_rate: 500,
+            calibrate_window: Duration::from_millis(300),
+            calibrate_steps: 2,
             dataplane: suite::default_dataplane(),
+            dataplane_wrapper: Vec::new(),
+            dataplane_args: Vec::new(),
             out_dir: out,
         }
     } else {
@@ -173,7 +186,11 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
             latency_loads: vec![0.1, 0.5, 0.9],
             latency_duration: Duration::from_secs(4),
             probe_rate: 1000,
+            calibrate_window: Duration::from_secs(1),
+            calibrate_steps: 4,
             dataplane: suite::default_dataplane(),
+            dataplane_wrapper: Vec::new(),
+            dataplane_args: Vec::new(),
             out_dir: out,
         }
     };
@@ -328,6 +345,40 @@ fn scale_only(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
+fn loop_cost_plan(smoke: bool) -> juneau_perf::loopcost::LoopCostPlan {
+    juneau_perf::loopcost::LoopCostPlan {
+        packets: if smoke { 1_000 } else { 20_000 },
+        flows: if smoke {
+            vec![1_000]
+        } else {
+            vec![1_000, 1_000_000]
+        },
+        rate: 50_000,
+    }
+}
+
+fn loop_cost_only(args: &RunArgs) -> Result<()> {
+    let mut plan = plan_for(args, false)?;
+    std::fs::create_dir_all(&plan.out_dir)?;
+    suite::stage_binaries(&mut plan)?;
+    ctrlc::set_handler(|| {
+        eprintln!("interrupt: stopping and removing the namespaces...");
+        INTERRUPTED.store(true, Ordering::Relaxed);
+    })
+    .context("installing the Ctrl-C handler")?;
+    let progress = Progress::new(juneau_perf::loopcost::EXPECTED);
+    let l = juneau_perf::loopcost::measure(&plan, &loop_cost_plan(false), &|m| progress.say(m));
+    progress.say(format!("loop cost: {}", l.status));
+    std::fs::write(
+        plan.out_dir.join("loop-cost.json"),
+        serde_json::to_vec_pretty(&l)?,
+    )?;
+    if l.cases.is_empty() {
+        bail!("loop cost not measured: {}", l.status);
+    }
+    Ok(())
+}
+
 fn convergence_only(args: &RunArgs) -> Result<()> {
     let out = std::path::absolute(&args.out)?;
     let bins = convergence_binaries(args)?;
@@ -382,7 +433,10 @@ fn convergence_only(args: &RunArgs) -> Result<()> {
 
 fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     let plan = plan_for(args, smoke)?;
-    let with_juneau = plan.scenarios.contains(&Scenario::Juneau);
+    let with_juneau = plan
+        .scenarios
+        .iter()
+        .any(|s| matches!(s, Scenario::Juneau | Scenario::JuneauBusyPoll));
     let cost = !args.no_cost;
     let mut missing = prereq::check(with_juneau.then_some(plan.dataplane.as_path()), cost);
     // Convergence: 30 repetitions in `run`, 3 in `smoke` (~10 s more).
@@ -420,7 +474,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     .context("installing the Ctrl-C handler")?;
     let expected = plan.expected()
         + if cost {
-            juneau_perf::cost::EXPECTED
+            juneau_perf::cost::EXPECTED + juneau_perf::loopcost::EXPECTED
         } else {
             Duration::ZERO
         }
@@ -466,6 +520,13 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
         progress.say("userspace cost: callgrind on the dataplane's packet path");
         report.cost = juneau_perf::cost::measure(&cost_bench, &plan.out_dir, smoke);
         progress.say(format!("cost: {}", report.cost.status));
+        if with_juneau {
+            let lp = loop_cost_plan(smoke);
+            progress.say("whole userspace cost: the dataplane under callgrind");
+            let l = juneau_perf::loopcost::measure(&plan, &lp, &|m| progress.say(m));
+            progress.say(format!("loop cost: {}", l.status));
+            report.loop_cost = Some(l);
+        }
     } else {
         report.cost.status = "Not measured (--no-cost).".into();
     }
@@ -535,6 +596,7 @@ fn main() -> Result<()> {
         Cmd::Smoke(a) => run_suite(&a, true),
         Cmd::Convergence(a) => convergence_only(&a),
         Cmd::Scale(a) => scale_only(&a),
+        Cmd::LoopCost(a) => loop_cost_only(&a),
         Cmd::Check(a) => {
             let plan = plan_for(&a, false)?;
             let mut missing = prereq::check(Some(&plan.dataplane), !a.no_cost);
@@ -562,7 +624,14 @@ fn main() -> Result<()> {
             rate,
             duration_ms,
             max_packets,
+            reply_from,
+            partial_checksum,
         } => {
+            // The caller starts its clock at this line (stdout, before the JSON result).
+            let ready = || {
+                println!("ready");
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+            };
             let template = Template {
                 src_mac: parse_mac(&src_mac).context("--src-mac")?,
                 dst_mac: parse_mac(&dst_mac).context("--dst-mac")?,
@@ -579,6 +648,7 @@ fn main() -> Result<()> {
                     duration: Duration::from_millis(duration_ms),
                     max_packets,
                 };
+                ready();
                 xsk::generate(&cfg, &never)?
             } else {
                 let cfg = juneau_perf::livegen::LiveGenConfig {
@@ -589,8 +659,14 @@ fn main() -> Result<()> {
                     rate_pps: rate,
                     duration: Duration::from_millis(duration_ms),
                     max_packets,
+                    reply_from: match reply_from {
+                        Some(SocketAddr::V4(a)) => Some((*a.ip(), a.port())),
+                        Some(a) => bail!("--reply-from {a}: IPv4 only"),
+                        None => None,
+                    },
+                    partial_checksum,
                 };
-                juneau_perf::livegen::generate(&cfg, &never)?
+                juneau_perf::livegen::generate(&cfg, &never, &ready)?
             };
             println!("{}", serde_json::to_string(&r)?);
             Ok(())

@@ -33,10 +33,14 @@ pub struct ScenarioResult {
     /// Whether every run was saturated (ratios are computed only from saturated rows).
     #[serde(default)]
     pub saturated: bool,
-    /// Median CPU time of the path per delivered packet, ns (its threads' run time over
-    /// the window / packets delivered in the window).
+    /// Median CPU time of the path per delivered packet, ns: the path core's busy time
+    /// over the window / packets delivered in the window (older reports: the path's
+    /// threads' run time).
     #[serde(default)]
     pub ns_per_packet: Option<f64>,
+    /// Median of the path's own threads' run time per delivered packet, ns.
+    #[serde(default)]
+    pub thread_ns_per_packet: Option<f64>,
     /// The same in cycles of the TSC clock (`cycles_clock_mhz`).
     #[serde(default)]
     pub cycles_per_packet: Option<f64>,
@@ -52,17 +56,46 @@ pub struct RunFigures {
     pub delivered_pps: f64,
     /// Packets/s the generator offered (its own count over its whole run).
     pub offered_pps: f64,
+    /// The rate the generator was asked to offer (paced; 0 = as fast as it could), found
+    /// by the calibration.
+    #[serde(default)]
+    pub rate_pps: u64,
     /// CPU time of the path's threads per second of window (1.0 = one full core).
     pub path_cores: f64,
     /// The path core's time shares from /proc/stat (other processes on the shared
     /// machine included).
     pub path_core: crate::cpu::CoreLoad,
-    /// The path's CPU time per delivered packet, ns.
+    /// The generator core's time shares (a kernel path whose work leaked onto the
+    /// generator's core would show here as softirq).
+    #[serde(default)]
+    pub gen_core: crate::cpu::CoreLoad,
+    /// CPU time of the path's own threads per delivered packet, ns.
     pub ns_per_packet: f64,
+    /// Busy time of the path core (user + system + irq + softirq, /proc/stat) per
+    /// delivered packet, ns: the cost figure of the report (on a quiet machine the path's
+    /// threads are nearly all of it; the difference is other work on that core).
+    #[serde(default)]
+    pub core_ns_per_packet: f64,
     /// Delivered < 97 % of offered, or the path core >= 95 % busy.
     pub saturated: bool,
     /// Why it counts as saturated, or why not.
     pub saturation: String,
+    /// The calibration's steps before the window: (offered, delivered) packets/s; the
+    /// first is the unpaced flood.
+    #[serde(default)]
+    pub calibration: Vec<(f64, f64)>,
+}
+
+impl RunFigures {
+    /// The per-packet cost the report uses: the path core's busy time per packet when
+    /// measured (newer reports), else the path's threads' time.
+    pub fn cost_ns(&self) -> f64 {
+        if self.core_ns_per_packet > 0.0 {
+            self.core_ns_per_packet
+        } else {
+            self.ns_per_packet
+        }
+    }
 }
 
 /// Median of a list (mean of the middle two for even lengths).
@@ -94,6 +127,7 @@ impl ScenarioResult {
             runs: Vec::new(),
             saturated: false,
             ns_per_packet: None,
+            thread_ns_per_packet: None,
             cycles_per_packet: None,
             pps_per_cpu_second: None,
         }
@@ -107,9 +141,17 @@ impl ScenarioResult {
         r.saturated = !runs.is_empty() && runs.iter().all(|f| f.saturated);
         let ns: Vec<f64> = runs
             .iter()
+            .map(|f| f.cost_ns())
+            .filter(|x| x.is_finite() && *x > 0.0)
+            .collect();
+        let tns: Vec<f64> = runs
+            .iter()
             .map(|f| f.ns_per_packet)
             .filter(|x| x.is_finite() && *x > 0.0)
             .collect();
+        if !tns.is_empty() {
+            r.thread_ns_per_packet = Some(median(&tns));
+        }
         if !ns.is_empty() {
             let m = median(&ns);
             r.ns_per_packet = Some(m);
@@ -225,6 +267,9 @@ pub struct Report {
     pub latency: Vec<LatencyPoint>,
     /// Userspace cost.
     pub cost: Cost,
+    /// Whole userspace cost (the real dataplane under callgrind), when measured.
+    #[serde(default)]
+    pub loop_cost: Option<crate::loopcost::LoopCost>,
     /// Control-plane convergence: a one-line summary (or why it was not measured).
     pub convergence: String,
     /// Control-plane convergence distributions, when measured.
@@ -326,9 +371,16 @@ impl Report {
         m += "Delivered packets/s counted by the XDP sink in the backend namespace; 64-byte UDP\n";
         m += "offered by a live-frames XDP generator (BPF_PROG_RUN) alone on CPU 0; every forwarding\n";
         m += "path runs on CPU 1 (the node's threaded-NAPI kthreads and the userspace forwarder pinned\n";
-        m +=
-            "there). CPU time of the path = run time of its threads (NAPI kthreads, ksoftirqd/1,\n";
-        m += "forwarder) over the window, from /proc/<pid>/task/*/schedstat; cycles = ns x the TSC\n";
+        m += "there, checked after each run). Offered rate: calibrated per run (a short flood, then\n";
+        m += &format!(
+            "{OA:.2}x what the path delivered under it, stepped up by {SU:.1}x while the path carried everything),\n",
+            OA = crate::suite::OFFER_ABOVE,
+            SU = crate::suite::STEP_UP
+        );
+        m += "so the path is saturated without being flooded many times over. ns/packet = busy time of the\n";
+        m += "path core (user + system + irq + softirq, /proc/stat) over the window / packets delivered in it;\n";
+        m += "the path's own threads' run time per packet (NAPI kthreads, ksoftirqd/1, forwarder; schedstat)\n";
+        m += "is listed beside it (\"threads\"). cycles = ns x the TSC\n";
         m += &format!(
             "clock ({}; this VM exposes no PMU cycle counter). A run is *saturated* when delivered < {:.0} %\n",
             crate::cpu::tsc_mhz()
@@ -340,7 +392,7 @@ impl Report {
             "of offered or the path core is >= {:.0} % busy (/proc/stat); ratios come only from rows saturated in every run.\n\n",
             100.0 * crate::suite::SATURATION_CORE_BUSY
         );
-        m += "## Throughput and CPU cost per packet\n\n| scenario | flows | saturated | median delivered pps | offered pps (runs) | path cores (runs) | path core busy (runs) | ns/packet | cycles/packet | packets per CPU-second |\n|---|---:|---|---:|---|---|---|---:|---:|---:|\n";
+        m += "## Throughput and CPU cost per packet\n\n| scenario | flows | saturated | median delivered pps | offered pps (runs) | path cores (runs) | path core busy (runs) | ns/packet | cycles/packet | packets per CPU-second | threads ns/packet |\n|---|---:|---|---:|---|---|---|---:|---:|---:|---:|\n";
         let rows = self
             .scenarios
             .iter()
@@ -348,7 +400,7 @@ impl Report {
         for s in rows {
             let join = |v: Vec<String>| v.join(", ");
             m += &format!(
-                "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |\n",
                 s.name,
                 s.flows,
                 if s.runs.is_empty() {
@@ -385,6 +437,9 @@ impl Report {
                 s.pps_per_cpu_second
                     .map(|x| format!("{x:.0}"))
                     .unwrap_or_else(|| "-".into()),
+                s.thread_ns_per_packet
+                    .map(|x| format!("{x:.0}"))
+                    .unwrap_or_else(|| "-".into()),
             );
         }
         m += "\nPer run: \n\n";
@@ -395,18 +450,27 @@ impl Report {
         {
             for (i, r) in s.runs.iter().enumerate() {
                 m += &format!(
-                    "- {} @ {} flows, run {}: {:.0} of {:.0} pps, {:.0} ns/packet, path core user {:.0}% / system {:.0}% / softirq {:.0}% / steal {:.0}%: {}\n",
+                    "- {} @ {} flows, run {}: {:.0} of {:.0} pps (rate asked {}), {:.0} ns/packet (threads {:.0}), path core user {:.0}% / system {:.0}% / softirq {:.0}% / steal {:.0}%, generator core busy {:.0}% (softirq {:.0}%): {}; calibration (offered -> delivered): {}\n",
                     s.name,
                     s.flows,
                     i + 1,
                     r.delivered_pps,
                     r.offered_pps,
+                    if r.rate_pps == 0 { "unpaced".to_string() } else { r.rate_pps.to_string() },
+                    r.cost_ns(),
                     r.ns_per_packet,
                     100.0 * r.path_core.user,
                     100.0 * r.path_core.system,
                     100.0 * r.path_core.softirq,
                     100.0 * r.path_core.steal,
-                    r.saturation
+                    100.0 * r.gen_core.busy,
+                    100.0 * r.gen_core.softirq,
+                    r.saturation,
+                    r.calibration
+                        .iter()
+                        .map(|(o, d)| format!("{o:.0} -> {d:.0}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 );
             }
         }
@@ -447,17 +511,19 @@ impl Report {
         }
         if !self.dataplane_counters.is_empty() {
             m += "\njuneau-dataplane's own counters after each `juneau` run (its stats file, written about once a second, so up to ~1 s stale; cumulative since its start, warm-up included):\n\n";
-            m += "| flows | rx | tx | engine drops | xsk rx ring full | xsk fill ring empty | xsk rx dropped |\n|---:|---:|---:|---:|---:|---:|---:|\n";
+            m += "| scenario | flows | rx | tx | engine drops | xsk rx ring full | xsk fill ring empty | xsk rx dropped | received by busy polling (node netns) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
             for c in &self.dataplane_counters {
                 m += &format!(
-                    "| {} | {} | {} | {} | {} | {} | {} |\n",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    c["scenario"].as_str().unwrap_or("juneau"),
                     c["flows"],
                     c["rx_packets"],
                     c["tx_packets"],
                     c["engine_drops"],
                     c["xsk_rx_ring_full"],
                     c["xsk_fill_ring_empty"],
-                    c["xsk_rx_dropped"]
+                    c["xsk_rx_dropped"],
+                    c["busy_poll_rx_packets"]
                 );
             }
         }
@@ -517,6 +583,43 @@ impl Report {
                 .map(|x| format!("{x:.0}"))
                 .unwrap_or_else(|| "not measured".into()),
         );
+        m += "\n### Whole userspace cost: forwarding loop + engine (the real dataplane under callgrind)\n\n";
+        match &self.loop_cost {
+            None => m += "Not measured in this run.\n",
+            Some(l) => {
+                m += &format!("{}\n\n", l.status);
+                if !l.cases.is_empty() {
+                    m += "| case | flows | packets | instructions/packet (whole loop, idle subtracted) | gross | engine only (above) |\n|---|---:|---:|---:|---:|---:|\n";
+                    let f =
+                        |v: Option<f64>| v.map(|x| format!("{x:.0}")).unwrap_or_else(|| "-".into());
+                    for k in &l.cases {
+                        let engine = if k.name.starts_with("forward, new") {
+                            f(self.cost.new_flow_instructions_per_packet)
+                        } else if k.name.starts_with("forward") {
+                            f(self.cost.established_instructions_per_packet)
+                        } else {
+                            format!(
+                                "{} (complete checksum)",
+                                f(self.cost.reply_instructions_per_packet)
+                            )
+                        };
+                        m += &format!(
+                            "| {} | {} | {} | {:.0} | {:.0} | {} |\n",
+                            k.name,
+                            if k.flows == 0 {
+                                "new".to_string()
+                            } else {
+                                k.flows.to_string()
+                            },
+                            k.packets,
+                            k.instructions_per_packet,
+                            k.gross_instructions_per_packet,
+                            engine
+                        );
+                    }
+                }
+            }
+        }
         m += &format!("\n## Control-plane convergence\n\n{}\n", self.convergence);
         if let Some(c) = &self.convergence_results {
             m += &format!(

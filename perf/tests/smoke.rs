@@ -184,6 +184,12 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
         let runs = s["runs"].as_array().expect("per-run figures");
         for run in runs {
             assert!(run["ns_per_packet"].as_f64().unwrap() > 0.0, "{run}");
+            assert!(run["core_ns_per_packet"].as_f64().unwrap() > 0.0, "{run}");
+            // The offered rate was calibrated: a flood, then at least one paced step.
+            assert!(
+                run["calibration"].as_array().is_some_and(|c| c.len() >= 2),
+                "{run}"
+            );
             assert!(
                 run["saturation"].as_str().is_some_and(|x| !x.is_empty()),
                 "{run}"

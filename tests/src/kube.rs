@@ -346,6 +346,10 @@ impl KubeCluster {
             format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
+            // Room for 10 000 `externalTrafficPolicy: Local` LoadBalancer Services (the
+            // perf scale run): each gets a health-check NodePort even with
+            // `allocateLoadBalancerNodePorts: false`, and the default range has 2 768.
+            "--service-node-port-range=30000-44999".into(),
             "--allow-privileged=true".into(),
             "--disable-admission-plugins=ServiceAccount".into(),
             "--enable-priority-and-fairness=false".into(),

@@ -91,6 +91,12 @@ struct Args {
     /// Longest sleep in poll(2) while idle, milliseconds (a packet wakes it at once).
     #[arg(long, default_value_t = 10)]
     idle_sleep_ms: i32,
+    /// AF_XDP busy polling: the forwarding thread runs the interfaces' NAPI itself
+    /// (SO_PREFER_BUSY_POLL, SO_BUSY_POLL, SO_BUSY_POLL_BUDGET = this many frames per
+    /// poll); 0 = off. Works only for zero-copy sockets on Linux >= 6.13 (not veth):
+    /// docs/dataplane.md, "Busy polling".
+    #[arg(long, default_value_t = 0)]
+    xsk_busy_poll_budget: u32,
     /// UMEM frames (4 KiB each) per interface.
     #[arg(long, default_value_t = 4096)]
     frames_per_iface: u32,
@@ -226,6 +232,7 @@ fn main() -> Result<()> {
         ring_size: a.ring_size,
         busy_poll_us: a.busy_poll_us,
         idle_sleep_ms: a.idle_sleep_ms,
+        xsk_busy_poll_budget: a.xsk_busy_poll_budget,
         generic_xdp: a.generic_xdp,
         zero_copy: a.zero_copy,
         neighbour_keepalive_s: a.neighbour_keepalive,
