@@ -63,6 +63,9 @@ struct Gross {
     new: f64,
     baseline: f64,
     baseline_new: f64,
+    redirect_ask: f64,
+    redirect_own: f64,
+    baseline_redirect: f64,
 }
 
 /// Measures the cost, or says why it could not.
@@ -90,6 +93,9 @@ pub fn measure(bench: &Path, out_dir: &Path, smoke: bool) -> Cost {
             new: per_packet(bench, out_dir, "new", n)?,
             baseline: per_packet(bench, out_dir, "baseline", n)?,
             baseline_new: per_packet(bench, out_dir, "baseline-new", n)?,
+            redirect_ask: per_packet(bench, out_dir, "redirect-ask", n)?,
+            redirect_own: per_packet(bench, out_dir, "redirect-own", n)?,
+            baseline_redirect: per_packet(bench, out_dir, "baseline-redirect", n)?,
         })
     };
     match run() {
@@ -99,17 +105,24 @@ pub fn measure(bench: &Path, out_dir: &Path, smoke: bool) -> Cost {
                  loop as the forwarding loop inlines it (recorded 64-byte UDP frames, {profile} build), per packet as \
                  (Ir({}) - Ir({n})) / {n} so start-up cancels, minus the same figure for the loop alone without the \
                  engine (the baseline: {:.0} instructions/packet for the recorded-frame loop, {:.0} for the new-flow \
-                 loop, which writes a fresh frame per packet); the method of dataplane/examples/engine_cost.rs. Where \
+                 loop, which writes a fresh frame per packet, {:.0} for the redirected-path loop, which copies a \
+                 TCP frame of the encapsulated size); the method of dataplane/examples/engine_cost.rs. The redirected \
+                 path (issue 12) is a TCP connection node B owns that the router sends to node A: A follows its \
+                 redirect record and encapsulates (the verdict, `take_redirect` and `redirect_wire::encapsulate`), B \
+                 strips the outer headers and serves it as its established flow. Where \
                  the instructions go: docs/dataplane.md, \"Established-flow fast path\".",
                 2 * n,
                 g.baseline,
-                g.baseline_new
+                g.baseline_new,
+                g.baseline_redirect
             ),
             established_instructions_per_packet: Some(g.established - g.baseline),
             new_flow_instructions_per_packet: Some(g.new - g.baseline_new),
             reply_instructions_per_packet: Some(g.reply - g.baseline),
             baseline_instructions_per_packet: Some(g.baseline),
             new_flow_baseline_instructions_per_packet: Some(g.baseline_new),
+            redirect_ask_instructions_per_packet: Some(g.redirect_ask - g.baseline_redirect),
+            redirect_own_instructions_per_packet: Some(g.redirect_own - g.baseline_redirect),
             profile: profile.into(),
         },
         Err(e) => Cost {

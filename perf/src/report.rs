@@ -212,6 +212,14 @@ pub struct Cost {
     /// per packet), subtracted from the new-flow figure.
     #[serde(default)]
     pub new_flow_baseline_instructions_per_packet: Option<f64>,
+    /// Instructions per packet at the node the router sends another node's connection
+    /// to (issue 12): redirect-record look-up and encapsulation in place.
+    #[serde(default)]
+    pub redirect_ask_instructions_per_packet: Option<f64>,
+    /// Instructions per packet at the owner of a redirected packet: outer headers
+    /// stripped, then served as its own established flow.
+    #[serde(default)]
+    pub redirect_own_instructions_per_packet: Option<f64>,
 }
 
 /// The ratios the product is held to.
@@ -571,6 +579,13 @@ impl Report {
             self.cost.established_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
             self.cost.new_flow_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
             self.cost.reply_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
+        );
+        m += &format!(
+            "| redirected (issue 12), at the node the router picked: record look-up + encapsulation | {} | |
+| redirected, at the owner: decapsulation + its established flow | {} | |
+",
+            self.cost.redirect_ask_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
+            self.cost.redirect_own_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
         );
         m += &format!(
             "| harness loop alone (baseline, subtracted above) | {} (new flow: {}) | |\n",

@@ -11,7 +11,12 @@
 //! Modes: `established` (one flow, after its first packet), `new` (every packet opens a
 //! new flow; its frame is written per packet), `reply` (a backend's reply on an
 //! established flow, reverse NAT), `baseline` (the `established`/`reply` loop without
-//! the engine), `baseline-new` (the `new` loop without the engine).
+//! the engine), `baseline-new` (the `new` loop without the engine); and the redirected
+//! path of issue 12 on a TCP connection another node owns: `redirect-ask` (the node the
+//! router sends it to follows its redirect record: look-up, encapsulation in place),
+//! `redirect-own` (the owner strips the outer headers and serves it as its own), with
+//! `baseline-redirect` (their loop without the engine: the same copy of a frame of that
+//! size).
 
 use std::hint::black_box;
 use std::net::Ipv4Addr;
@@ -162,10 +167,180 @@ fn run_recorded(
     Ok(())
 }
 
+/// The redirected path (issue 12): node addresses on the node network.
+const NODE_A: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
+const NODE_B: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 3);
+const NODE_B_MAC: [u8; 6] = [2, 0, 0, 0, 0, 5];
+const NODE_A_MAC: [u8; 6] = [2, 0, 0, 0, 0, 6];
+/// Room for the outer headers of an encapsulated frame.
+const REDIRECT_BUF: usize = 256;
+
+/// A node serving the VIP over TCP with redirects to/from the other node on.
+fn tcp_node(me: Ipv4Addr, peer: Ipv4Addr) -> Result<Engine> {
+    use juneau_dataplane::redirect::{RedirectConfig, Redirector, DEFAULT_PORT};
+    let backends = vec![LocalBackend {
+        ip: BACKEND_IP,
+        port: BACKEND_LOAD_PORT,
+    }];
+    let mut state = NodeState {
+        node: "cost".into(),
+        services: vec![NodeService {
+            frontend: Frontend {
+                vip: VIP,
+                protocol: Protocol::Tcp,
+                port: LOAD_PORT,
+            },
+            backends: backends.clone(),
+            terminating: Vec::new(),
+        }],
+        ..Default::default()
+    };
+    state.normalize();
+    let maglev = MaglevTable::new(&backends, juneau_control::maglev::DEFAULT_TABLE_SIZE)
+        .context("maglev")?;
+    let mut e = Engine::new(EngineConfig::default());
+    e.set_redirect(Redirector::new(RedirectConfig {
+        node: u32::from(me),
+        port: DEFAULT_PORT,
+        peers: vec![u32::from(peer)],
+        rate_per_s: 1_000_000,
+        burst: 1_000_000,
+        node_from_state: false,
+    }));
+    e.set_services(ServiceTable::new(1, &state, &[maglev.slots().to_vec()]));
+    Ok(e)
+}
+
+/// `neighbours()` plus the node network: both nodes on the uplink.
+fn node_network() -> Neighbours {
+    let mut nb = neighbours();
+    nb.add_route(Route {
+        prefix: u32::from(Ipv4Addr::new(10, 1, 0, 0)),
+        len: 24,
+        gateway: None,
+        ifindex: UPLINK,
+    });
+    nb.add_route(Route {
+        prefix: u32::from(Ipv4Addr::new(198, 18, 0, 0)),
+        len: 15,
+        gateway: Some(u32::from(CLIENT_IP)),
+        ifindex: UPLINK,
+    });
+    nb.add_neighbour(u32::from(NODE_A), UPLINK, MacAddr(NODE_A_MAC));
+    nb.add_neighbour(u32::from(NODE_B), UPLINK, MacAddr(NODE_B_MAC));
+    nb
+}
+
+/// One TCP segment of the client's connection with `flags` (valid checksums).
+fn tcp_segment(flags: u8) -> Vec<u8> {
+    juneau_tests::frames::TcpFlood {
+        dst_mac: NODE_UPLINK_MAC,
+        src_mac: CLIENT_MAC,
+        dst: VIP,
+        dst_port: LOAD_PORT,
+        flags,
+        seed: 42,
+    }
+    .frames(1)
+    .remove(0)
+}
+
+/// What the asking node's loop does with a redirect verdict: the frame encapsulated in
+/// place in its buffer; returns the new length.
+fn encapsulate(e: &mut Engine, buf: &mut [u8; REDIRECT_BUF]) -> Result<usize> {
+    use juneau_dataplane::redirect::DEFAULT_PORT;
+    let out = e
+        .take_redirect()
+        .context("no redirect after a Redirect verdict")?;
+    juneau_dataplane::redirect_wire::encapsulate(buf, &out, u32::from(NODE_A), DEFAULT_PORT, 1600)
+        .context("encapsulation")
+}
+
+/// Node B owns the connection (SYN, ACK through it); node A, which the router now sends
+/// it to, asked B once and holds B's notice as a redirect record. Returns both nodes, the
+/// client's ACK as A receives it and that ACK encapsulated by A as B receives it.
+fn redirect_pair(nb: &Neighbours) -> Result<(Engine, Engine, Vec<u8>, Vec<u8>)> {
+    use juneau_dataplane::redirect::DEFAULT_PORT;
+    let now = 1_000u64;
+    let (mut a, mut b) = (tcp_node(NODE_A, NODE_B)?, tcp_node(NODE_B, NODE_A)?);
+    for (flags, what) in [(0x02, "SYN at the owner"), (0x10, "ACK at the owner")] {
+        let mut f = tcp_segment(flags);
+        let v = b.process(&mut f, Side::Uplink, nb, now);
+        if !matches!(v, Verdict::Tx(Side::Pod(_))) {
+            bail!("{what}: {v:?}");
+        }
+    }
+    let ack = tcp_segment(0x10);
+    let mut buf = [0u8; REDIRECT_BUF];
+    buf[..ack.len()].copy_from_slice(&ack);
+    let v = a.process(&mut buf[..ack.len()], Side::Uplink, nb, now);
+    if v != Verdict::Redirect {
+        bail!("unknown ACK at the other node: {v:?}, not Redirect");
+    }
+    let len = encapsulate(&mut a, &mut buf)?;
+    let encapsulated = buf[..len].to_vec();
+    let mut inner = encapsulated.clone();
+    let v = b.process(&mut inner, Side::Uplink, nb, now);
+    if !matches!(v, Verdict::TxResized(Side::Pod(_), _)) {
+        bail!("redirected ACK at the owner: {v:?}");
+    }
+    let notices: Vec<_> = b
+        .redirect_mut()
+        .map(|r| r.take_notices().collect())
+        .unwrap_or_default();
+    for n in notices {
+        let mut nbuf = [0u8; REDIRECT_BUF];
+        let l = juneau_dataplane::redirect_wire::build_notice(
+            &mut nbuf,
+            &n.macs,
+            u32::from(NODE_B),
+            n.to,
+            DEFAULT_PORT,
+            &n.key,
+        )
+        .context("notice")?;
+        let v = a.process(&mut nbuf[..l], Side::Uplink, nb, now);
+        if v != Verdict::Consumed {
+            bail!("owner's notice: {v:?}");
+        }
+    }
+    if a.flows().is_empty() {
+        bail!("no redirect record at the asking node after the owner's notice");
+    }
+    Ok((a, b, ack, encapsulated))
+}
+
+/// `n` packets of the redirected path at the asking node (`own` false) or the owner.
+fn run_redirect(own: bool, n: u32) -> Result<()> {
+    let nb = node_network();
+    let (mut a, mut b, ack, encapsulated) = redirect_pair(&nb)?;
+    let rec = if own { &encapsulated } else { &ack };
+    let mut buf = [0u8; REDIRECT_BUF];
+    let mut done = 0u32;
+    for _ in 0..n {
+        buf[..rec.len()].copy_from_slice(rec);
+        if own {
+            if let Verdict::TxResized(Side::Pod(_), _) =
+                b.process(&mut buf[..rec.len()], Side::Uplink, &nb, 1_000)
+            {
+                done += 1;
+            }
+        } else if a.process(&mut buf[..rec.len()], Side::Uplink, &nb, 1_000) == Verdict::Redirect
+            && encapsulate(&mut a, &mut buf).is_ok()
+        {
+            done += 1;
+        }
+    }
+    if black_box(done) != n {
+        bail!("{done} of {n} redirected packets handled as expected");
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.len() != 3 {
-        bail!("usage: juneau-perf-cost established|new|reply|baseline|baseline-new N");
+        bail!("usage: juneau-perf-cost established|new|reply|baseline|baseline-new|redirect-ask|redirect-own|baseline-redirect N");
     }
     let n: u32 = args[2].parse().context("N")?;
     let mut e = engine()?;
@@ -224,6 +399,23 @@ fn main() -> Result<()> {
             }
             if black_box(tx) != n {
                 bail!("{tx} of {n} new flows forwarded");
+            }
+        }
+        "redirect-ask" => run_redirect(false, n)?,
+        "redirect-own" => run_redirect(true, n)?,
+        "baseline-redirect" => {
+            // Their loop without the engine: the copy of a frame of the encapsulated size.
+            let (_, _, _, rec) = redirect_pair(&node_network())?;
+            let mut rbuf = [0u8; REDIRECT_BUF];
+            let mut done = 0u32;
+            for _ in 0..n {
+                rbuf[..rec.len()].copy_from_slice(&rec);
+                if black_box(&mut rbuf[..rec.len()]).len() == rec.len() {
+                    done += 1;
+                }
+            }
+            if black_box(done) != n {
+                bail!("baseline-redirect loop miscounted");
             }
         }
         m => bail!("unknown mode {m}"),
