@@ -230,9 +230,14 @@ mod tests {
                 .filter(|(a, b)| before[usize::from(**a)] != after[usize::from(**b)])
                 .count();
             let frac = moved as f64 / f64::from(DEFAULT_TABLE_SIZE);
-            // The victim's own ~1/N must move; Maglev adds a little churn on top.
+            // The victim's own ~1/N must move; Maglev adds churn on top. With M = 4093 an
+            // exhaustive sweep of this test's whole input space (N 3..40, every salt, every
+            // victim; 2026-12-01) found at most 1/N + 0.150 (N = 4: 0.40 of the table) and
+            // at most 3.3x 1/N (N = 39); the earlier bound of 1/N + 0.06 failed on ~1 in 50
+            // random cases. Established connections never move (the flow table pins them):
+            // this churn decides only where new connections of unchanged clients land.
             prop_assert!(frac >= 0.9 / n as f64, "moved {frac}");
-            prop_assert!(frac <= 1.0 / n as f64 + 0.06, "moved {frac} of the table for N={n}");
+            prop_assert!(frac <= 1.0 / n as f64 + 0.16, "moved {frac} of the table for N={n}");
         }
 
         /// Adding one backend to N moves about 1/(N+1) of the table.
@@ -246,7 +251,9 @@ mod tests {
                 .filter(|(a, b)| before[usize::from(**a)] != after[usize::from(**b)])
                 .count();
             let frac = moved as f64 / f64::from(DEFAULT_TABLE_SIZE);
-            prop_assert!(frac <= 1.0 / (n + 1) as f64 + 0.06, "moved {frac} for N={n}");
+            // Exhaustive over this input space (N 2..40, every salt; 2026-12-01): at most
+            // 1/(N+1) + 0.098; the earlier + 0.06 was exceeded by some inputs.
+            prop_assert!(frac <= 1.0 / (n + 1) as f64 + 0.10, "moved {frac} for N={n}");
         }
     }
 }
