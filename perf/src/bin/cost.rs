@@ -38,7 +38,8 @@ const BACKEND_MAC: [u8; 6] = [2, 0, 0, 0, 0, 4];
 const UPLINK: u32 = 2;
 const POD: u32 = 3;
 
-fn engine() -> Result<Engine> {
+/// The one Service (VIP:LOAD_PORT over `protocol`, one backend) as the engine's table.
+fn service_table(protocol: Protocol) -> Result<ServiceTable> {
     let backends = vec![LocalBackend {
         ip: BACKEND_IP,
         port: BACKEND_LOAD_PORT,
@@ -48,7 +49,7 @@ fn engine() -> Result<Engine> {
         services: vec![NodeService {
             frontend: Frontend {
                 vip: VIP,
-                protocol: Protocol::Udp,
+                protocol,
                 port: LOAD_PORT,
             },
             backends: backends.clone(),
@@ -59,9 +60,12 @@ fn engine() -> Result<Engine> {
     state.normalize();
     let maglev = MaglevTable::new(&backends, juneau_control::maglev::DEFAULT_TABLE_SIZE)
         .context("maglev")?;
-    let table = ServiceTable::new(1, &state, &[maglev.slots().to_vec()]);
+    Ok(ServiceTable::new(1, &state, &[maglev.slots().to_vec()]))
+}
+
+fn engine() -> Result<Engine> {
     let mut e = Engine::new(EngineConfig::default());
-    e.set_services(table);
+    e.set_services(service_table(Protocol::Udp)?);
     Ok(e)
 }
 
@@ -178,26 +182,6 @@ const REDIRECT_BUF: usize = 256;
 /// A node serving the VIP over TCP with redirects to/from the other node on.
 fn tcp_node(me: Ipv4Addr, peer: Ipv4Addr) -> Result<Engine> {
     use juneau_dataplane::redirect::{RedirectConfig, Redirector, DEFAULT_PORT};
-    let backends = vec![LocalBackend {
-        ip: BACKEND_IP,
-        port: BACKEND_LOAD_PORT,
-    }];
-    let mut state = NodeState {
-        node: "cost".into(),
-        services: vec![NodeService {
-            frontend: Frontend {
-                vip: VIP,
-                protocol: Protocol::Tcp,
-                port: LOAD_PORT,
-            },
-            backends: backends.clone(),
-            terminating: Vec::new(),
-        }],
-        ..Default::default()
-    };
-    state.normalize();
-    let maglev = MaglevTable::new(&backends, juneau_control::maglev::DEFAULT_TABLE_SIZE)
-        .context("maglev")?;
     let mut e = Engine::new(EngineConfig::default());
     e.set_redirect(Redirector::new(RedirectConfig {
         node: u32::from(me),
@@ -207,7 +191,7 @@ fn tcp_node(me: Ipv4Addr, peer: Ipv4Addr) -> Result<Engine> {
         burst: 1_000_000,
         node_from_state: false,
     }));
-    e.set_services(ServiceTable::new(1, &state, &[maglev.slots().to_vec()]));
+    e.set_services(service_table(Protocol::Tcp)?);
     Ok(e)
 }
 
