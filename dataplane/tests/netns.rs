@@ -1327,6 +1327,24 @@ fn requests_in_flight(conns: &mut Vec<TcpStream>) -> Vec<JoinHandle<(TcpStream, 
         .collect()
 }
 
+/// Joins [`requests_in_flight`]: every request was answered, to the client's own
+/// address, after the restart; the connections go back into `conns`.
+fn answered_after_restart(
+    lab: &Lab,
+    pending: Vec<JoinHandle<(TcpStream, Result<String>)>>,
+    conns: &mut Vec<TcpStream>,
+) -> Result<()> {
+    for (i, h) in pending.into_iter().enumerate() {
+        let (c, r) = h.join().expect("request thread");
+        let body = r.with_context(|| {
+            format!("connection {i} after the restart:\n{}", lab.dataplane_log())
+        })?;
+        assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+        conns.push(c);
+    }
+    Ok(())
+}
+
 /// TCP segments with `flags` to VIP:80 from pseudo-random sources (see [`TcpFlood`]).
 fn flood(dst_mac: [u8; 6], src_mac: [u8; 6], flags: u8, seed: u64) -> TcpFlood {
     TcpFlood {
@@ -1490,14 +1508,7 @@ fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
             "{s}\n{}",
             lab.dataplane_log()
         );
-        for (i, h) in pending.into_iter().enumerate() {
-            let (c, r) = h.join().expect("request thread");
-            let body = r.with_context(|| {
-                format!("connection {i} after the restart:\n{}", lab.dataplane_log())
-            })?;
-            assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
-            conns.push(c);
-        }
+        answered_after_restart(&lab, pending, &mut conns)?;
         let body = read_response(&mut big)
             .with_context(|| format!("1 MiB response across the restart, round {round}"))?;
         assert_eq!(body.len(), 1 << 20);
@@ -1853,14 +1864,7 @@ fn two_workers_share_connections_across_queues_and_survive_a_restart() -> Result
     let pending = requests_in_flight(&mut conns);
     std::thread::sleep(Duration::from_millis(300));
     lab.start()?;
-    for (i, h) in pending.into_iter().enumerate() {
-        let (c, r) = h.join().expect("request thread");
-        let body = r.with_context(|| {
-            format!("connection {i} after the restart:\n{}", lab.dataplane_log())
-        })?;
-        assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
-        conns.push(c);
-    }
+    answered_after_restart(&lab, pending, &mut conns)?;
     let s = lab.stats()?;
     assert!(s["flows_restored"].as_u64().unwrap_or(0) >= 32, "{s}");
     for c in conns.iter_mut() {

@@ -300,10 +300,13 @@ fn run_scale(
     }
 }
 
-fn scale_only(args: &RunArgs) -> Result<()> {
-    let out = std::path::absolute(&args.out)?;
-    let bins = convergence_binaries(args)?;
-    let missing = convergence::missing(&bins);
+/// Refuses to start with anything `missing` (each listed with its fix), then makes `out`,
+/// stages the binaries into it and installs the Ctrl-C handler that stops cleanly.
+fn prepare_bed(
+    missing: Vec<prereq::Missing>,
+    bins: &convergence::Binaries,
+    out: &std::path::Path,
+) -> Result<convergence::Binaries> {
     if !missing.is_empty() {
         for m in &missing {
             eprintln!("  - {}: {}", m.what, m.fix);
@@ -313,13 +316,20 @@ fn scale_only(args: &RunArgs) -> Result<()> {
             missing.len()
         );
     }
-    std::fs::create_dir_all(&out)?;
-    let bins = stage_convergence_binaries(&bins, &out)?;
+    std::fs::create_dir_all(out)?;
+    let bins = stage_convergence_binaries(bins, out)?;
     ctrlc::set_handler(|| {
         eprintln!("interrupt: stopping and removing the namespaces...");
         INTERRUPTED.store(true, Ordering::Relaxed);
     })
     .context("installing the Ctrl-C handler")?;
+    Ok(bins)
+}
+
+fn scale_only(args: &RunArgs) -> Result<()> {
+    let out = std::path::absolute(&args.out)?;
+    let bins = convergence_binaries(args)?;
+    let bins = prepare_bed(convergence::missing(&bins), &bins, &out)?;
     let n = args.scale_services.unwrap_or(10_000);
     let timeout = Duration::from_secs(args.scale_timeout_s);
     let progress = Progress::new(timeout);
@@ -386,21 +396,8 @@ fn convergence_only(args: &RunArgs) -> Result<()> {
     missing.extend(convergence::missing(&bins));
     if !missing.is_empty() {
         eprintln!("juneau-perf convergence cannot run; missing:");
-        for m in &missing {
-            eprintln!("  - {}: {}", m.what, m.fix);
-        }
-        bail!(
-            "{} prerequisite(s) missing (nothing was installed)",
-            missing.len()
-        );
     }
-    std::fs::create_dir_all(&out)?;
-    let bins = stage_convergence_binaries(&bins, &out)?;
-    ctrlc::set_handler(|| {
-        eprintln!("interrupt: stopping and removing the namespaces...");
-        INTERRUPTED.store(true, Ordering::Relaxed);
-    })
-    .context("installing the Ctrl-C handler")?;
+    let bins = prepare_bed(missing, &bins, &out)?;
     let reps = args.convergence_reps.unwrap_or(30).max(1);
     let expected = convergence::expected(reps);
     eprintln!(
