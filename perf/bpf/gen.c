@@ -6,7 +6,10 @@
  * to 0 ("none", valid for UDP over IPv4) or, with GEN_PARTIAL_CSUM, to a partial checksum.
  * With GEN_REPLY the flow is the destination (replies of a backend to the flows' clients).
  * Frame contents persist across page recycling
- * in live-frames mode, so every field that varies is written on every frame. With a rate,
+ * in live-frames mode, and a kernel path forwards a frame in place (the node's ip_forward
+ * decrements the TTL and writes the next hop's MACs, a DNAT rewrites the destination, all
+ * in the page the generator sent): so the whole header (GEN_HDR_LEN bytes, the template
+ * in the config) is written on every frame, then the fields that vary. With a rate,
  * frames not yet due are dropped before they are sent (token clock in GEN_SEQ[1]). */
 #include "common.h"
 
@@ -25,7 +28,11 @@ struct gen_cfg {
     __u16 peer_port; /* GEN_REPLY: the fixed source port, network byte order */
     __u16 pad;
     __u64 max_sent;  /* send no more than this many frames in all (0: no bound) */
+    __u8 hdr[48];    /* the template's Ethernet + IPv4 + UDP header (GEN_HDR_LEN bytes) */
 };
+
+/* Ethernet (14) + IPv4 without options (20) + UDP (8). */
+#define GEN_HDR_LEN 42
 
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
@@ -46,10 +53,9 @@ struct {
 SEC("xdp")
 int xdp_gen(struct xdp_md *ctx)
 {
-    struct ethhdr *eth;
-    struct iphdr *ip;
-    struct udphdr *udp;
-    if (parse_udp4(ctx, &eth, &ip, &udp) < 0)
+    void *data = (void *)(long)ctx->data;
+    void *end = (void *)(long)ctx->data_end;
+    if (data + GEN_HDR_LEN > end)
         return XDP_ABORTED;
     __u32 zero = 0, one = 1;
     struct gen_cfg *cfg = bpf_map_lookup_elem(&GEN_CFG, &zero);
@@ -71,6 +77,11 @@ int xdp_gen(struct xdp_md *ctx)
             *due = now;
         *due += cfg->gap_ns;
     }
+    /* A recycled page holds what the last path that forwarded it wrote: restore the
+     * template's header first. */
+    __builtin_memcpy(data, cfg->hdr, GEN_HDR_LEN);
+    struct iphdr *ip = data + sizeof(struct ethhdr);
+    struct udphdr *udp = (void *)(ip + 1);
     __u32 i = (__u32)(*seq % cfg->flows);
     *seq += 1;
     __u32 flow_ip = bpf_htonl(cfg->src_base + (i >> 6));

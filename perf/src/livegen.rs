@@ -46,9 +46,14 @@ struct GenCfg {
     peer_port: u16,
     pad: u16,
     max_sent: u64,
+    /// The template's Ethernet + IPv4 + UDP header, written into every frame (a recycled
+    /// page holds what the path that forwarded it wrote).
+    hdr: [u8; 48],
 }
+/// Bytes of `hdr` the program writes (Ethernet 14 + IPv4 20 + UDP 8).
+const GEN_HDR_LEN: usize = 42;
 // SAFETY: a #[repr(C)] struct (4 x u32, a u64 at offset 16, a u32 and two u16, a u64 at
-// offset 32: 40 bytes, no padding); the layout of `struct gen_cfg`.
+// offset 32, 48 bytes at offset 40: 88 bytes, no padding); the layout of `struct gen_cfg`.
 unsafe impl aya::Pod for GenCfg {}
 
 /// What to send.
@@ -103,6 +108,10 @@ fn set_cfg(bpf: &mut Ebpf, c: GenCfg) -> Result<()> {
 /// (loading can take long on a busy machine: callers start their clocks here).
 pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Result<GenResult> {
     let mut bpf = Ebpf::load(GEN_OBJ).context("loading gen.o")?;
+    let mut frame = [0u8; FRAME_LEN];
+    packet::write_frame(&mut frame, &cfg.template, packet::flow(cfg.src_base, 0));
+    let mut hdr = [0u8; 48];
+    hdr[..GEN_HDR_LEN].copy_from_slice(&frame[..GEN_HDR_LEN]);
     let base = {
         let c = GenCfg {
             ifindex: ifindex(&cfg.iface)?,
@@ -130,6 +139,7 @@ pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Res
             } else {
                 cfg.max_packets
             },
+            hdr,
             gap_ns: if cfg.rate_pps == 0 {
                 0
             } else {
@@ -147,8 +157,6 @@ pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Res
             .try_into()?;
         prog.load().context("loading xdp_gen")?;
     }
-    let mut frame = [0u8; FRAME_LEN];
-    packet::write_frame(&mut frame, &cfg.template, packet::flow(cfg.src_base, 0));
     let sent_so_far = |bpf: &Ebpf| -> Result<u64> {
         let m: aya::maps::PerCpuArray<_, u64> =
             aya::maps::PerCpuArray::try_from(bpf.map("GEN_SEQ").context("GEN_SEQ")?)?;

@@ -187,7 +187,7 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
             latency_duration: Duration::from_secs(4),
             probe_rate: 1000,
             calibrate_window: Duration::from_secs(1),
-            calibrate_steps: 4,
+            calibrate_steps: 7,
             dataplane: suite::default_dataplane(),
             dataplane_wrapper: Vec::new(),
             dataplane_args: Vec::new(),

@@ -379,11 +379,15 @@ impl Report {
         m += "Delivered packets/s counted by the XDP sink in the backend namespace; 64-byte UDP\n";
         m += "offered by a live-frames XDP generator (BPF_PROG_RUN) alone on CPU 0; every forwarding\n";
         m += "path runs on CPU 1 (the node's threaded-NAPI kthreads and the userspace forwarder pinned\n";
-        m += "there, checked after each run). Offered rate: calibrated per run (a short flood, then\n";
+        m += "there, checked after each run). Offered rate: calibrated per run (a short flood, then paced\n";
         m += &format!(
-            "{OA:.2}x what the path delivered under it, stepped up by {SU:.1}x while the path carried everything),\n",
+            "steps from {OA:.2}x what the path delivered under it, {SU:.0}x up while the path carried everything, then\n",
             OA = crate::suite::OFFER_ABOVE,
             SU = crate::suite::STEP_UP
+        );
+        m += &format!(
+            "bisection until the highest carried and lowest not carried rates are within {:.2}x; the window runs at the latter),\n",
+            crate::suite::SEARCH_CLOSE
         );
         m += "so the path is saturated without being flooded many times over. ns/packet = busy time of the\n";
         m += "path core (user + system + irq + softirq, /proc/stat) over the window / packets delivered in it;\n";

@@ -117,10 +117,11 @@ const SETUP_S: f64 = 1.5;
 impl Plan {
     /// Estimated wall time of the whole plan.
     pub fn expected(&self) -> Duration {
-        // A flood and ~2 rate steps (each with a third of a window of warm-up, and a
+        // A flood and ~5 rate steps (each with a third of a window of warm-up, and a
         // generator start), then the measured window.
         let cw = self.calibrate_window.as_secs_f64();
-        let calib = (cw + 0.3) + 2.0 * (cw * 4.0 / 3.0 + 0.3);
+        let steps = f64::from(self.calibrate_steps.min(5));
+        let calib = (cw + 0.3) + steps * (cw * 4.0 / 3.0 + 0.3);
         let per_run =
             SETUP_S + calib + self.warmup.as_secs_f64() + self.duration.as_secs_f64() + 0.5;
         let mut s = 0.0;
@@ -759,11 +760,16 @@ pub const SATURATION_DELIVERED_BELOW: f64 = 0.97;
 /// Saturation by core time: the path core's busy share at or above this.
 pub const SATURATION_CORE_BUSY: f64 = 0.95;
 
-/// Offered-rate calibration: after a short flood (generator unpaced) the generator offers
-/// this much above what the path delivered under the flood...
+/// Offered-rate calibration: after a short flood (generator unpaced) the first paced
+/// step offers this much above what the path delivered under the flood...
 pub const OFFER_ABOVE: f64 = 1.15;
-/// ...and steps the rate up by this factor while the path still carries what is offered.
-pub const STEP_UP: f64 = 1.3;
+/// ...then the rate doubles while the path carries everything offered; once a rate was
+/// not carried, the search bisects (geometric mean) between the highest carried and the
+/// lowest not-carried rate until they are this close...
+pub const SEARCH_CLOSE: f64 = 1.15;
+/// ...and the measured window runs at the lowest rate found not carried: at most
+/// [`SEARCH_CLOSE`] (or 2x, if the steps ran out) above a rate the path carried.
+pub const STEP_UP: f64 = 2.0;
 
 /// A paced step that delivers less than this share of what the flood delivered falls
 /// back to the flood for the measured window.
@@ -912,13 +918,13 @@ fn check_placement(t: &Topology, a: &Active, before: &[(u32, u64)]) -> Result<()
     Ok(())
 }
 
-/// One throughput measurement with a calibrated offered rate: a short flood finds what
-/// the path carries, then the generator offers [`OFFER_ABOVE`] that, stepping up by
-/// [`STEP_UP`] (at most `plan.calibrate_steps` times) while the path still carries
-/// everything offered; the measured window runs at the first rate the path did not
-/// carry. So the path is saturated without a flood many times its capacity (which
-/// bounces the receive ring's cache lines between the cores and inflates the per-packet
-/// cost), and the report can show it: delivered < offered.
+/// One throughput measurement with a calibrated offered rate: a short flood gives a
+/// first estimate, then a search over paced rates (doubling while the path carries
+/// everything offered, then bisecting, at most `plan.calibrate_steps` steps) finds the
+/// lowest rate the path does not carry; the measured window runs there. So the path is
+/// saturated without a flood many times its capacity (which bounces the receive ring's
+/// cache lines between the cores and inflates the per-packet cost), and the report can
+/// show it: delivered < offered.
 fn measure(
     t: &Topology,
     a: &mut Active,
@@ -934,31 +940,150 @@ fn measure(
     let cw = plan.calibrate_window;
     let flood = window_run(t, a, &tids, flows, 0, warmup.min(cw), cw)?;
     let mut steps = vec![(flood.offered_pps, flood.delivered_pps)];
-    let mut rate = (flood.delivered_pps * OFFER_ABOVE).max(1000.0);
+    let mut search = RateSearch::new(flood.delivered_pps);
     for _ in 0..plan.calibrate_steps {
+        let Some(rate) = search.next_rate() else { break };
         let f = window_run(t, a, &tids, flows, rate as u64, cw / 3, cw)?;
         steps.push((f.offered_pps, f.delivered_pps));
         let carried = f.delivered_pps >= SATURATION_DELIVERED_BELOW * f.offered_pps;
         if !carried && f.delivered_pps < PACED_BELOW_FLOOD * flood.delivered_pps {
-            // Paced, the path carried less than under the flood: every frame then wakes
-            // the path's kthread, and on a core shared with other work each wake-up can
-            // wait a scheduler slice (seen on the loaded development machine: kernel
-            // paths delivered 3-20 % of a paced rate they carried flooded). Measure
-            // flooded, as run f did; the report shows "rate asked: unpaced".
-            rate = 0.0;
+            // Paced, the path carried less than under the flood: pacing itself hurts
+            // (each frame wakes the path's kthread; on a core shared with other work a
+            // wake-up can wait a scheduler slice). Measure flooded; the report shows
+            // "rate asked: unpaced".
+            search.give_up();
             break;
         }
-        if !carried {
-            break;
-        }
-        // Carried: ask for more (and make up for a generator that fell short of the
-        // asked rate on a busy machine).
-        rate *= STEP_UP * (rate / f.offered_pps.max(1.0)).clamp(1.0, 10.0);
+        search.record(rate, f.offered_pps, carried);
     }
-    let mut r = window_run(t, a, &tids, flows, rate as u64, warmup, plan.duration)?;
+    let mut r = window_run(
+        t,
+        a,
+        &tids,
+        flows,
+        search.window_rate() as u64,
+        warmup,
+        plan.duration,
+    )?;
     check_placement(t, a, &pinned)?;
     r.calibration = steps;
     Ok(r)
+}
+
+/// The offered-rate search of [`measure`], apart from the measuring (so it can be tested):
+/// rates asked, what the generator offered and whether the path carried it.
+#[derive(Debug, Clone)]
+pub(crate) struct RateSearch {
+    /// The next rate while no rate was found not carried.
+    next: f64,
+    /// The highest offered rate the path carried.
+    carried: f64,
+    /// The lowest asked rate the path did not carry.
+    not_carried: Option<f64>,
+    /// Pacing gave up: the window runs flooded.
+    flood: bool,
+}
+
+impl RateSearch {
+    pub(crate) fn new(flood_delivered_pps: f64) -> RateSearch {
+        RateSearch {
+            next: (flood_delivered_pps * OFFER_ABOVE).max(1000.0),
+            carried: 0.0,
+            not_carried: None,
+            flood: false,
+        }
+    }
+
+    /// The rate to try next, or `None` when the bracket is close enough.
+    pub(crate) fn next_rate(&self) -> Option<f64> {
+        if self.flood {
+            return None;
+        }
+        match self.not_carried {
+            None => Some(self.next),
+            Some(hi) if self.carried > 0.0 && hi / self.carried > SEARCH_CLOSE => {
+                Some((hi * self.carried).sqrt())
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Records a step: `rate` asked, `offered` what the generator really sent.
+    pub(crate) fn record(&mut self, rate: f64, offered: f64, carried: bool) {
+        if carried {
+            self.carried = self.carried.max(offered);
+            // A generator that fell short of the asked rate is made up for (at most 10x).
+            self.next = self.next.max(rate) * STEP_UP * (rate / offered.max(1.0)).clamp(1.0, 10.0);
+        } else {
+            self.not_carried = Some(self.not_carried.map_or(rate, |h: f64| h.min(rate)));
+        }
+    }
+
+    pub(crate) fn give_up(&mut self) {
+        self.flood = true;
+    }
+
+    /// The rate of the measured window (0: unpaced).
+    pub(crate) fn window_rate(&self) -> f64 {
+        if self.flood {
+            0.0
+        } else {
+            self.not_carried.unwrap_or(self.next)
+        }
+    }
+}
+
+#[cfg(test)]
+mod rate_search_tests {
+    use super::*;
+
+    /// Runs the search against a path that carries up to `capacity` (and a generator that
+    /// sends what it is asked), for at most `steps` steps; returns the window's rate.
+    fn search(flood: f64, capacity: f64, steps: u32) -> f64 {
+        let mut s = RateSearch::new(flood);
+        for _ in 0..steps {
+            let Some(r) = s.next_rate() else { break };
+            s.record(r, r, r <= capacity);
+        }
+        s.window_rate()
+    }
+
+    #[test]
+    fn the_window_runs_just_above_capacity() {
+        // The flood delivered a tenth of what the path carries paced.
+        let w = search(100_000.0, 1_000_000.0, 8);
+        assert!(w > 1_000_000.0, "{w}");
+        assert!(w <= 1_000_000.0 * SEARCH_CLOSE * 1.01, "{w}");
+    }
+
+    #[test]
+    fn a_first_step_not_carried_measures_there() {
+        // Capacity below the first step: nothing carried, the window runs at that step.
+        let w = search(100_000.0, 50_000.0, 8);
+        assert_eq!(w, 100_000.0 * OFFER_ABOVE);
+    }
+
+    #[test]
+    fn out_of_steps_the_window_is_above_every_carried_rate() {
+        let w = search(10_000.0, 1e9, 3);
+        assert!(w > 10_000.0 * OFFER_ABOVE * 4.0, "{w}");
+    }
+
+    #[test]
+    fn a_short_generator_is_made_up_for() {
+        let mut s = RateSearch::new(100_000.0);
+        let r = s.next_rate().unwrap();
+        s.record(r, r / 2.0, true);
+        assert_eq!(s.next_rate().unwrap(), r * STEP_UP * 2.0);
+    }
+
+    #[test]
+    fn giving_up_measures_flooded() {
+        let mut s = RateSearch::new(100_000.0);
+        s.give_up();
+        assert_eq!(s.next_rate(), None);
+        assert_eq!(s.window_rate(), 0.0);
+    }
 }
 
 fn latency_point(
