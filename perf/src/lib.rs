@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod bpf;
+pub mod calibrate;
 pub mod convergence;
 pub mod cost;
 pub mod cpu;

@@ -37,6 +37,7 @@ pub fn check(dataplane: Option<&Path>, callgrind: bool) -> Vec<Missing> {
         ("nft", "nftables"),
         ("ethtool", "ethtool"),
         ("taskset", "util-linux"),
+        ("chrt", "util-linux"),
         ("sysctl", "procps"),
     ] {
         if !has_cmd(cmd) {

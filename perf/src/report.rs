@@ -382,12 +382,12 @@ impl Report {
         m += "there, checked after each run). Offered rate: calibrated per run (a short flood, then paced\n";
         m += &format!(
             "steps from {OA:.2}x what the path delivered under it, {SU:.0}x up while the path carried everything, then\n",
-            OA = crate::suite::OFFER_ABOVE,
-            SU = crate::suite::STEP_UP
+            OA = crate::calibrate::OFFER_ABOVE,
+            SU = crate::calibrate::STEP_UP
         );
         m += &format!(
             "bisection until the highest carried and lowest not carried rates are within {:.2}x; the window runs at the latter),\n",
-            crate::suite::SEARCH_CLOSE
+            crate::calibrate::SEARCH_CLOSE
         );
         m += "so the path is saturated without being flooded many times over. ns/packet = busy time of the\n";
         m += "path core (user + system + irq + softirq, /proc/stat) over the window / packets delivered in it;\n";

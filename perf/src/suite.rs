@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use juneau_tests::netns::NsChild;
 
 use crate::bpf::{DnatConfig, PassProgram, Sink, XdpDnat};
+use crate::calibrate::{RateSearch, PACED_BELOW_FLOOD};
 use crate::latency::ProbeResult;
 use crate::packet::format_mac;
 use crate::report::{self, FlowScalePoint, LatencyPoint, Report, RunFigures, ScenarioResult};
@@ -343,6 +344,10 @@ fn node_state() -> juneau_control::model::NodeState {
     st
 }
 
+/// SCHED_FIFO priority of the latency prober and the echo server (both block in `recv`
+/// between probes; the kernel's real-time throttling bounds them anyway).
+const PROBE_RT_PRIORITY: &str = "20";
+
 pub(crate) fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Result<Active> {
     let (gen_cpu, fwd_cpu) = cpus();
     let exe = self_exe()?;
@@ -351,10 +356,14 @@ pub(crate) fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Resul
     // Frames XDP_REDIRECTed into the client's veth are only delivered with an XDP program
     // on the receiving end (FACTS.md).
     let pass = PassProgram::attach(t.client.name(), &t.c_if)?;
+    // The echo server and the prober share the generator's core, which the generator keeps
+    // busy (it paces by spinning in the kernel): as real-time tasks they run as soon as a
+    // probe arrives instead of waiting a scheduler slice behind the generator, which would
+    // put the generator's slice (milliseconds) into every path's latency tail alike.
     let echo = t.backend.spawn(&[
-        "nice",
-        "-n",
-        "-20",
+        "chrt",
+        "-f",
+        PROBE_RT_PRIORITY,
         "taskset",
         "-c",
         &gen_cpu.to_string(),
@@ -760,21 +769,6 @@ pub const SATURATION_DELIVERED_BELOW: f64 = 0.97;
 /// Saturation by core time: the path core's busy share at or above this.
 pub const SATURATION_CORE_BUSY: f64 = 0.95;
 
-/// Offered-rate calibration: after a short flood (generator unpaced) the first paced
-/// step offers this much above what the path delivered under the flood...
-pub const OFFER_ABOVE: f64 = 1.15;
-/// ...then the rate doubles while the path carries everything offered; once a rate was
-/// not carried, the search bisects (geometric mean) between the highest carried and the
-/// lowest not-carried rate until they are this close...
-pub const SEARCH_CLOSE: f64 = 1.15;
-/// ...and the measured window runs at the lowest rate found not carried: at most
-/// [`SEARCH_CLOSE`] (or 2x, if the steps ran out) above a rate the path carried.
-pub const STEP_UP: f64 = 2.0;
-
-/// A paced step that delivers less than this share of what the flood delivered falls
-/// back to the flood for the measured window.
-pub const PACED_BELOW_FLOOD: f64 = 0.9;
-
 /// One measured generator run: the generator offers `rate` (0: as fast as it can) for
 /// `warmup` + `window`; the sink, the path's threads and both cores are read around the
 /// window.
@@ -942,7 +936,9 @@ fn measure(
     let mut steps = vec![(flood.offered_pps, flood.delivered_pps)];
     let mut search = RateSearch::new(flood.delivered_pps);
     for _ in 0..plan.calibrate_steps {
-        let Some(rate) = search.next_rate() else { break };
+        let Some(rate) = search.next_rate() else {
+            break;
+        };
         let f = window_run(t, a, &tids, flows, rate as u64, cw / 3, cw)?;
         steps.push((f.offered_pps, f.delivered_pps));
         let carried = f.delivered_pps >= SATURATION_DELIVERED_BELOW * f.offered_pps;
@@ -970,122 +966,6 @@ fn measure(
     Ok(r)
 }
 
-/// The offered-rate search of [`measure`], apart from the measuring (so it can be tested):
-/// rates asked, what the generator offered and whether the path carried it.
-#[derive(Debug, Clone)]
-pub(crate) struct RateSearch {
-    /// The next rate while no rate was found not carried.
-    next: f64,
-    /// The highest offered rate the path carried.
-    carried: f64,
-    /// The lowest asked rate the path did not carry.
-    not_carried: Option<f64>,
-    /// Pacing gave up: the window runs flooded.
-    flood: bool,
-}
-
-impl RateSearch {
-    pub(crate) fn new(flood_delivered_pps: f64) -> RateSearch {
-        RateSearch {
-            next: (flood_delivered_pps * OFFER_ABOVE).max(1000.0),
-            carried: 0.0,
-            not_carried: None,
-            flood: false,
-        }
-    }
-
-    /// The rate to try next, or `None` when the bracket is close enough.
-    pub(crate) fn next_rate(&self) -> Option<f64> {
-        if self.flood {
-            return None;
-        }
-        match self.not_carried {
-            None => Some(self.next),
-            Some(hi) if self.carried > 0.0 && hi / self.carried > SEARCH_CLOSE => {
-                Some((hi * self.carried).sqrt())
-            }
-            Some(_) => None,
-        }
-    }
-
-    /// Records a step: `rate` asked, `offered` what the generator really sent.
-    pub(crate) fn record(&mut self, rate: f64, offered: f64, carried: bool) {
-        if carried {
-            self.carried = self.carried.max(offered);
-            // A generator that fell short of the asked rate is made up for (at most 10x).
-            self.next = self.next.max(rate) * STEP_UP * (rate / offered.max(1.0)).clamp(1.0, 10.0);
-        } else {
-            self.not_carried = Some(self.not_carried.map_or(rate, |h: f64| h.min(rate)));
-        }
-    }
-
-    pub(crate) fn give_up(&mut self) {
-        self.flood = true;
-    }
-
-    /// The rate of the measured window (0: unpaced).
-    pub(crate) fn window_rate(&self) -> f64 {
-        if self.flood {
-            0.0
-        } else {
-            self.not_carried.unwrap_or(self.next)
-        }
-    }
-}
-
-#[cfg(test)]
-mod rate_search_tests {
-    use super::*;
-
-    /// Runs the search against a path that carries up to `capacity` (and a generator that
-    /// sends what it is asked), for at most `steps` steps; returns the window's rate.
-    fn search(flood: f64, capacity: f64, steps: u32) -> f64 {
-        let mut s = RateSearch::new(flood);
-        for _ in 0..steps {
-            let Some(r) = s.next_rate() else { break };
-            s.record(r, r, r <= capacity);
-        }
-        s.window_rate()
-    }
-
-    #[test]
-    fn the_window_runs_just_above_capacity() {
-        // The flood delivered a tenth of what the path carries paced.
-        let w = search(100_000.0, 1_000_000.0, 8);
-        assert!(w > 1_000_000.0, "{w}");
-        assert!(w <= 1_000_000.0 * SEARCH_CLOSE * 1.01, "{w}");
-    }
-
-    #[test]
-    fn a_first_step_not_carried_measures_there() {
-        // Capacity below the first step: nothing carried, the window runs at that step.
-        let w = search(100_000.0, 50_000.0, 8);
-        assert_eq!(w, 100_000.0 * OFFER_ABOVE);
-    }
-
-    #[test]
-    fn out_of_steps_the_window_is_above_every_carried_rate() {
-        let w = search(10_000.0, 1e9, 3);
-        assert!(w > 10_000.0 * OFFER_ABOVE * 4.0, "{w}");
-    }
-
-    #[test]
-    fn a_short_generator_is_made_up_for() {
-        let mut s = RateSearch::new(100_000.0);
-        let r = s.next_rate().unwrap();
-        s.record(r, r / 2.0, true);
-        assert_eq!(s.next_rate().unwrap(), r * STEP_UP * 2.0);
-    }
-
-    #[test]
-    fn giving_up_measures_flooded() {
-        let mut s = RateSearch::new(100_000.0);
-        s.give_up();
-        assert_eq!(s.next_rate(), None);
-        assert_eq!(s.window_rate(), 0.0);
-    }
-}
-
 fn latency_point(
     t: &Topology,
     a: &mut Active,
@@ -1104,13 +984,13 @@ fn latency_point(
         u64::MAX,
     )?;
     sleep(Duration::from_millis(300))?;
-    // The prober and the echo server share the generator's core: the path core runs
-    // only the path.
+    // The prober and the echo server share the generator's core (real-time, so they
+    // preempt it: see `setup`): the path core runs only the path.
     let (gen_cpu, _) = cpus();
     let out = t.client.output(&[
-        "nice",
-        "-n",
-        "-20",
+        "chrt",
+        "-f",
+        PROBE_RT_PRIORITY,
         "taskset",
         "-c",
         &gen_cpu.to_string(),
