@@ -386,8 +386,9 @@ impl Report {
             SU = crate::calibrate::STEP_UP
         );
         m += &format!(
-            "bisection until the highest carried and lowest not carried rates are within {:.2}x; the window runs at the latter),\n",
-            crate::calibrate::SEARCH_CLOSE
+            "bisection until the highest carried and lowest not carried rates are within {:.2}x; the window offers {:.1}x the latter),\n",
+            crate::calibrate::SEARCH_CLOSE,
+            crate::calibrate::WINDOW_ABOVE
         );
         m += "so the path is saturated without being flooded many times over. ns/packet = busy time of the\n";
         m += "path core (user + system + irq + softirq, /proc/stat) over the window / packets delivered in it;\n";
