@@ -11,6 +11,7 @@
 //! through its futex (microseconds), so each figure is late by at most its poll interval
 //! (stated in the report).
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -113,6 +114,10 @@ pub struct ScaleReport {
     pub goal_s: f64,
     /// How it was measured.
     pub method: String,
+    /// Where the bed's logs were kept (controller, agent, juneau-bgp, BIRD,
+    /// kube-apiserver, etcd).
+    #[serde(default)]
+    pub logs: String,
 }
 
 fn service_yaml(i: u32) -> Result<(Service, EndpointSlice)> {
@@ -178,17 +183,108 @@ fn stopped() -> bool {
     INTERRUPTED.load(Ordering::Relaxed)
 }
 
-/// Runs the scale measurement with `n` Services; gives up waiting after `timeout`.
+/// Where the bed's logs are kept: `<out>/scale-logs`.
+pub const LOG_DIR: &str = "scale-logs";
+/// A kept log longer than this keeps its first quarter and its last three quarters of
+/// this size, with a line saying what was cut.
+const LOG_CAP: u64 = 16 << 20;
+
+/// Runs the scale measurement with `n` Services; gives up waiting after `timeout`. The
+/// logs of the controller, agent, juneau-bgp, BIRD, kube-apiserver and etcd are copied
+/// into `out`/[`LOG_DIR`] whatever the outcome (success, timeout, error, Ctrl-C), so a
+/// stall can be read afterwards.
 pub fn measure(
     bins: &Binaries,
     n: u32,
     timeout: Duration,
+    out: &Path,
     say: &dyn Fn(String),
 ) -> Result<ScaleReport> {
     if n == 0 || n > 16_000 {
         bail!("--services must be between 1 and 16000 (the address pool is a /18)");
     }
     let mut bed = start_bed(bins, say, "100.64.0.0/18", "")?;
+    let r = measure_on(&mut bed, n, timeout, say);
+    let dir = out.join(LOG_DIR);
+    match keep_logs(&bed, &dir) {
+        Ok(kept) => say(format!(
+            "scale: kept {} logs in {}",
+            kept.len(),
+            dir.display()
+        )),
+        Err(e) => say(format!(
+            "scale: could not keep the logs in {}: {e:#}",
+            dir.display()
+        )),
+    }
+    let mut r = r?;
+    r.logs = dir.display().to_string();
+    Ok(r)
+}
+
+/// Copies the bed's logs into `dir` (each capped at [`LOG_CAP`]); returns the files.
+fn keep_logs(bed: &crate::convergence::Bed, dir: &Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let logs = [
+        (&bed.controller_log, "controller.log"),
+        (&bed.agent_log, "agent.log"),
+        (&bed.bgp_log, "juneau-bgp.log"),
+        (&bed.bird_log, "bird.log"),
+        (
+            &bed.k.dir().join("kube-apiserver.log"),
+            "kube-apiserver.log",
+        ),
+        (&bed.k.dir().join("etcd.log"), "etcd.log"),
+    ];
+    let (mut kept, mut failed) = (Vec::new(), Vec::new());
+    for (src, name) in logs {
+        let dst = dir.join(name);
+        // One missing log does not cost the others.
+        match copy_capped(src, &dst, LOG_CAP) {
+            Ok(()) => kept.push(dst),
+            Err(e) => failed.push(format!("{}: {e:#}", src.display())),
+        }
+    }
+    if !failed.is_empty() {
+        bail!(
+            "kept {} logs, could not copy: {}",
+            kept.len(),
+            failed.join("; ")
+        );
+    }
+    Ok(kept)
+}
+
+/// Copies `src` to `dst`; a file longer than `cap` keeps its first `cap / 4` and last
+/// `3 cap / 4` bytes with a line between saying how many bytes were left out.
+pub fn copy_capped(src: &Path, dst: &Path, cap: u64) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut f = std::fs::File::open(src)?;
+    let len = f.metadata()?.len();
+    let mut w = std::io::BufWriter::new(std::fs::File::create(dst)?);
+    if len <= cap {
+        std::io::copy(&mut f, &mut w)?;
+    } else {
+        let (head, tail) = (cap / 4, cap - cap / 4);
+        std::io::copy(&mut (&mut f).take(head), &mut w)?;
+        writeln!(
+            w,
+            "\n[juneau-perf: {} bytes left out here; the log had {len} bytes]",
+            len - head - tail
+        )?;
+        f.seek(SeekFrom::Start(len - tail))?;
+        std::io::copy(&mut f.take(tail), &mut w)?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+fn measure_on(
+    bed: &mut crate::convergence::Bed,
+    n: u32,
+    timeout: Duration,
+    say: &dyn Fn(String),
+) -> Result<ScaleReport> {
     // The BGP session first, so BIRD's figure is not the session's start-up.
     let mut birdc = crate::convergence::eventually("BIRD's control socket", || {
         Ok(Birdc::connect(&bed.ctl).ok())
@@ -378,6 +474,7 @@ pub fn measure(
         bird_all_routes_s: secs(bird),
         memory,
         goal_s: 60.0,
+        logs: String::new(),
         method: format!(
             "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent, juneau-bgp and BIRD 2 \
              (the convergence bed); t0 = just before the first create; {n} Services + {n} EndpointSlices \
@@ -428,5 +525,43 @@ pub fn markdown(r: &ScaleReport) -> String {
     for x in &r.memory {
         m += &format!("| {} | {:.0} | {:.0} |\n", x.name, x.rss_mib, x.peak_mib);
     }
+    if !r.logs.is_empty() {
+        m += &format!(
+            "\nLogs of the controller, agent, juneau-bgp, BIRD, kube-apiserver and etcd: `{LOG_DIR}/`.\n"
+        );
+    }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_log_under_the_cap_is_copied_whole_and_a_longer_one_keeps_head_and_tail() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, dst) = (d.path().join("a.log"), d.path().join("b.log"));
+        std::fs::write(&src, "short log\n").unwrap();
+        copy_capped(&src, &dst, 100).unwrap();
+        assert_eq!(std::fs::read_to_string(&dst).unwrap(), "short log\n");
+
+        let text: String = (0..100).map(|i| format!("line {i:03}\n")).collect();
+        std::fs::write(&src, &text).unwrap(); // 900 bytes
+        copy_capped(&src, &dst, 400).unwrap();
+        let kept = std::fs::read_to_string(&dst).unwrap();
+        assert!(kept.starts_with(&text[..100]), "{kept}");
+        assert!(kept.ends_with(&text[600..]), "{kept}");
+        assert!(
+            kept.contains("500 bytes left out here; the log had 900 bytes"),
+            "{kept}"
+        );
+        assert!(!kept.contains("line 050"), "{kept}");
+    }
+
+    #[test]
+    fn a_missing_log_is_an_error() {
+        let d = tempfile::tempdir().unwrap();
+        let r = copy_capped(&d.path().join("absent.log"), &d.path().join("b.log"), 10);
+        assert!(r.is_err());
+    }
 }
