@@ -137,6 +137,12 @@ struct Ctx {
     pools: Store<AddressPool>,
     nodes: Store<Node>,
     advertisements: Store<BGPAdvertisement>,
+    /// The ServiceLoadBalancer records, as last seen by the watch: a reconcile reads its
+    /// record here, not with a GET (every Service is reconciled at least every 5 min;
+    /// with 10 000 Services those GETs alone kept the apiserver busy, issue 14). Writes
+    /// still carry the record's resourceVersion, so a stale copy costs a 409 and a
+    /// retry, never an overwrite.
+    records: Store<ServiceLoadBalancer>,
     failures: Mutex<HashMap<String, u32>>,
     /// Signalled when a VIP is released, so Services waiting for an address look again.
     released: futures::channel::mpsc::UnboundedSender<()>,
@@ -370,6 +376,7 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
     .reflect(pool_writer);
     let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()));
     let (advertisements, adv_stream) = reflect(Api::<BGPAdvertisement>::all(client.clone()));
+    let (records, record_stream) = reflect(Api::<ServiceLoadBalancer>::all(client.clone()));
     let (released, released_rx) = futures::channel::mpsc::unbounded();
     let pools_changed = Arc::new(tokio::sync::Notify::new());
     // Every pool event refreshes the pools' statuses; only a spec change (or a pool
@@ -412,6 +419,7 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
         pools,
         nodes,
         advertisements,
+        records,
         failures: Mutex::new(HashMap::new()),
         released,
     });
@@ -427,10 +435,7 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
         Api::<Service>::all(client.clone()),
         watcher::Config::default(),
     )
-    .owns(
-        Api::<ServiceLoadBalancer>::all(client.clone()),
-        watcher::Config::default(),
-    )
+    .owns_stream(record_stream)
     .watches_stream(slice_stream, |s: EndpointSlice| {
         let ns = s.namespace()?;
         let svc = s.labels().get(SERVICE_NAME_LABEL)?.clone();
@@ -489,6 +494,7 @@ async fn wait_ready(ctx: &Ctx) -> Result<(), Error> {
         let _ = ctx.pools.wait_until_ready().await;
         let _ = ctx.nodes.wait_until_ready().await;
         let _ = ctx.advertisements.wait_until_ready().await;
+        let _ = ctx.records.wait_until_ready().await;
     };
     tokio::time::timeout(Duration::from_secs(60), all)
         .await
@@ -748,7 +754,10 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }
     wait_ready(&ctx).await?;
 
-    let previous = slbs.get_opt(&name).await?;
+    let previous = ctx
+        .records
+        .get(&ObjectRef::new(&name).within(&ns))
+        .map(|r| (*r).clone());
     let prev_status = previous.as_ref().and_then(|p| p.status.clone());
     let world = world(&ctx);
     let slice_objs: Vec<Arc<EndpointSlice>> = ctx
