@@ -12,7 +12,7 @@
 //! (stated in the report).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,8 @@ use futures::StreamExt;
 use juneau_control::shm::NodeStateReader;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::runtime::watcher;
 use serde::{Deserialize, Serialize};
 
 use crate::convergence::{start_bed, Binaries, NODE};
@@ -30,8 +31,8 @@ use juneau_tests::bird::BirdControl as Birdc;
 
 /// Creates in flight at once.
 const CONCURRENCY: usize = 32;
-/// API observer's poll interval.
-const API_POLL: Duration = Duration::from_secs(1);
+/// How often the wait prints its progress.
+const PROGRESS: Duration = Duration::from_secs(5);
 /// BIRD observer's poll interval.
 const BIRD_POLL: Duration = Duration::from_millis(200);
 
@@ -115,7 +116,7 @@ pub struct ScaleReport {
     /// How it was measured.
     pub method: String,
     /// Where the bed's logs were kept (controller, agent, juneau-bgp, BIRD,
-    /// kube-apiserver, etcd).
+    /// kube-apiserver, etcd), relative to the report's directory.
     #[serde(default)]
     pub logs: String,
 }
@@ -218,7 +219,7 @@ pub fn measure(
         )),
     }
     let mut r = r?;
-    r.logs = dir.display().to_string();
+    r.logs = LOG_DIR.into();
     Ok(r)
 }
 
@@ -305,6 +306,12 @@ fn measure_on(
         cfg.read_timeout = Some(Duration::from_secs(60));
         anyhow::Ok(kube::Client::try_from(cfg)?)
     })?;
+    // Watches keep the kube client's default read timeout (longer than a watch's).
+    let watch_client = rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(bed.k.kubeconfig())?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        anyhow::Ok(kube::Client::try_from(cfg)?)
+    })?;
     let objects: Vec<(Service, EndpointSlice)> = (0..n).map(service_yaml).collect::<Result<_>>()?;
     let agent_pid = bed.agent.id();
     let controller_pid = bed.controller.id();
@@ -355,6 +362,24 @@ fn measure_on(
             }
             Ok(None)
         });
+        // Services showing a VIP, ServiceLoadBalancers Ready: counted from watch events,
+        // from t0 on (a list of N objects every second loaded the apiserver it measures).
+        let (vips_seen, ready_seen) =
+            (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let vip_task = rt.spawn(count_until(
+            kube::Api::<Service>::namespaced(watch_client.clone(), "default"),
+            n,
+            t0,
+            vips_seen.clone(),
+            shows_vip,
+        ));
+        let ready_task = rt.spawn(count_until(
+            kube::Api::<DynamicObject>::all_with(watch_client.clone(), &slb_resource()),
+            n,
+            t0,
+            ready_seen.clone(),
+            is_ready,
+        ));
         // Create everything.
         let created = rt.block_on(async {
             let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
@@ -388,58 +413,32 @@ fn measure_on(
             create_s.as_secs_f64(),
             RETRIES.load(Ordering::Relaxed)
         ));
-        let slb = ApiResource {
-            group: "juneau.loutres.me".into(),
-            version: "v1alpha1".into(),
-            api_version: "juneau.loutres.me/v1alpha1".into(),
-            kind: "ServiceLoadBalancer".into(),
-            plural: "serviceloadbalancers".into(),
-        };
-        let (mut all_vips, mut all_ready) = (None, None);
-        while Instant::now() < deadline && !stopped() && (all_vips.is_none() || all_ready.is_none())
+        let mut last_say = Instant::now();
+        while Instant::now() < deadline
+            && !stopped()
+            && !(vip_task.is_finished() && ready_task.is_finished())
         {
             bed.check()?;
-            let t = t0.elapsed();
-            let (vips, ready) = rt.block_on(async {
-                let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
-                let list = svcs.list(&ListParams::default()).await?;
-                let vips = list
-                    .items
-                    .iter()
-                    .filter(|s| {
-                        s.status
-                            .as_ref()
-                            .and_then(|st| st.load_balancer.as_ref())
-                            .and_then(|lb| lb.ingress.as_ref())
-                            .is_some_and(|i| !i.is_empty())
-                    })
-                    .count();
-                let slbs: kube::Api<DynamicObject> = kube::Api::all_with(client.clone(), &slb);
-                let list = slbs.list(&ListParams::default()).await?;
-                let ready = list
-                    .items
-                    .iter()
-                    .filter(|o| {
-                        o.data["status"]["conditions"].as_array().is_some_and(|c| {
-                            c.iter()
-                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                        })
-                    })
-                    .count();
-                anyhow::Ok((vips, ready))
-            })?;
-            if all_vips.is_none() && vips >= n as usize {
-                all_vips = Some(t);
+            if last_say.elapsed() >= PROGRESS {
+                last_say = Instant::now();
+                say(format!(
+                    "scale: {:.0} s: {}/{n} VIPs shown, {}/{n} Ready",
+                    t0.elapsed().as_secs_f64(),
+                    vips_seen.load(Ordering::Relaxed),
+                    ready_seen.load(Ordering::Relaxed)
+                ));
             }
-            if all_ready.is_none() && ready >= n as usize {
-                all_ready = Some(t);
-            }
-            say(format!(
-                "scale: {:.0} s: {vips}/{n} VIPs shown, {ready}/{n} Ready",
-                t.as_secs_f64()
-            ));
-            std::thread::sleep(API_POLL);
+            std::thread::sleep(Duration::from_millis(100));
         }
+        let finished = |task: tokio::task::JoinHandle<Option<Duration>>| {
+            if task.is_finished() {
+                rt.block_on(task).ok().flatten()
+            } else {
+                task.abort();
+                None
+            }
+        };
+        let (all_vips, all_ready) = (finished(vip_task), finished(ready_task));
         let shm = shm.join().expect("shm observer")?;
         let bird = bird.join().expect("BIRD observer")?;
         done.store(true, Ordering::Relaxed);
@@ -478,13 +477,93 @@ fn measure_on(
         method: format!(
             "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent, juneau-bgp and BIRD 2 \
              (the convergence bed); t0 = just before the first create; {n} Services + {n} EndpointSlices \
-             created with {CONCURRENCY} requests in flight; the API is listed every {} s (figures late by up \
-             to that), BIRD's route count every {} ms, shared memory via its futex",
+             created with {CONCURRENCY} requests in flight; Services and ServiceLoadBalancers are watched \
+             (a figure is when the watch event reached juneau-perf), BIRD's route count is asked every {} ms, \
+             shared memory via its futex",
             juneau_tests::kube::kubernetes_version(),
-            API_POLL.as_secs(),
             BIRD_POLL.as_millis()
         ),
     })
+}
+
+fn slb_resource() -> ApiResource {
+    ApiResource {
+        group: "juneau.loutres.me".into(),
+        version: "v1alpha1".into(),
+        api_version: "juneau.loutres.me/v1alpha1".into(),
+        kind: "ServiceLoadBalancer".into(),
+        plural: "serviceloadbalancers".into(),
+    }
+}
+
+fn shows_vip(s: &Service) -> bool {
+    s.status
+        .as_ref()
+        .and_then(|st| st.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .is_some_and(|i| !i.is_empty())
+}
+
+fn is_ready(o: &DynamicObject) -> bool {
+    o.data["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// Watches `api` until `n` of its objects satisfy `pred`; returns the time from `t0`
+/// when the event that made it `n` arrived (None if the watch ended). `seen` follows
+/// the count for progress.
+async fn count_until<K>(
+    api: kube::Api<K>,
+    n: u32,
+    t0: Instant,
+    seen: Arc<AtomicUsize>,
+    pred: fn(&K) -> bool,
+) -> Option<Duration>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use kube::runtime::watcher::{self, Event};
+    use kube::runtime::WatchStreamExt;
+    use std::collections::HashSet;
+    let key = |o: &K| {
+        format!(
+            "{}/{}",
+            o.meta().namespace.as_deref().unwrap_or_default(),
+            o.meta().name.as_deref().unwrap_or_default()
+        )
+    };
+    let (mut have, mut listing) = (HashSet::new(), HashSet::new());
+    let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+    while let Some(ev) = events.next().await {
+        // Errors: the watcher backs off and resumes by itself.
+        let Ok(ev) = ev else { continue };
+        match ev {
+            Event::Apply(o) => {
+                if pred(&o) {
+                    have.insert(key(&o));
+                } else {
+                    have.remove(&key(&o));
+                }
+            }
+            Event::Delete(o) => {
+                have.remove(&key(&o));
+            }
+            Event::Init => listing.clear(),
+            Event::InitApply(o) => {
+                if pred(&o) {
+                    listing.insert(key(&o));
+                }
+            }
+            Event::InitDone => have = std::mem::take(&mut listing),
+        }
+        seen.store(have.len(), Ordering::Relaxed);
+        if have.len() >= n as usize {
+            return Some(t0.elapsed());
+        }
+    }
+    None
 }
 
 /// The report section.
