@@ -56,6 +56,70 @@ struct Fence {
     identity: String,
 }
 
+/// Reconciles in flight at once. Unbounded (kube-runtime's default), 3 000 Services
+/// created at once put ~1 000 reconciles in flight, each with its own requests: the
+/// apiserver answered in tens of seconds, the Lease check saw the Lease expired and
+/// Services backed off for minutes (issue 14). A few dozen keep a 2-core apiserver busy.
+pub const RECONCILE_CONCURRENCY: u16 = 16;
+/// Retry of a reconcile whose write met a newer version than its cache had.
+const STALE_RETRY: Duration = Duration::from_secs(2);
+
+/// Which watch events of a kind whose status the controller writes itself (AddressPool)
+/// change what reconciles read: an object added or deleted, a new `generation` (a spec
+/// change), a relist that found a different set. A status-only write is none of these:
+/// as a bulk-reconcile trigger it made every allocation burst (one pool status write)
+/// reconcile every Service, O(N²) for N Services created at once (issue 14).
+#[derive(Debug, Default)]
+pub struct SpecChanges {
+    /// name -> (uid, generation) of every object seen.
+    seen: HashMap<String, (String, Option<i64>)>,
+    /// Objects of a relist in progress.
+    listing: Option<HashMap<String, (String, Option<i64>)>>,
+    listed_once: bool,
+}
+
+impl SpecChanges {
+    /// Whether `ev` changes the spec-level picture (the first listing does not: the
+    /// controller reconciles everything when it starts anyway).
+    pub fn changed<K: Resource>(&mut self, ev: &watcher::Event<K>) -> bool {
+        let id = |o: &K| {
+            let m = o.meta();
+            (
+                m.name.clone().unwrap_or_default(),
+                (m.uid.clone().unwrap_or_default(), m.generation),
+            )
+        };
+        match ev {
+            watcher::Event::Apply(o) => {
+                let (name, v) = id(o);
+                self.seen.insert(name, v.clone()) != Some(v)
+            }
+            watcher::Event::Delete(o) => {
+                self.seen.remove(&id(o).0);
+                true
+            }
+            watcher::Event::Init => {
+                self.listing = Some(HashMap::new());
+                false
+            }
+            watcher::Event::InitApply(o) => {
+                let (name, v) = id(o);
+                self.listing
+                    .get_or_insert_with(HashMap::new)
+                    .insert(name, v);
+                false
+            }
+            watcher::Event::InitDone => {
+                let listed = self.listing.take().unwrap_or_default();
+                let changed = self.listed_once && listed != self.seen;
+                self.seen = listed;
+                self.listed_once = true;
+                changed
+            }
+        }
+    }
+}
+
 struct Ctx {
     fence: Fence,
     metrics: ControllerMetrics,
@@ -73,6 +137,12 @@ struct Ctx {
     pools: Store<AddressPool>,
     nodes: Store<Node>,
     advertisements: Store<BGPAdvertisement>,
+    /// The ServiceLoadBalancer records, as last seen by the watch: a reconcile reads its
+    /// record here, not with a GET (every Service is reconciled at least every 5 min;
+    /// with 10 000 Services those GETs alone kept the apiserver busy, issue 14). Writes
+    /// still carry the record's resourceVersion, so a stale copy costs a 409 and a
+    /// retry, never an overwrite.
+    records: Store<ServiceLoadBalancer>,
     failures: Mutex<HashMap<String, u32>>,
     /// Signalled when a VIP is released, so Services waiting for an address look again.
     released: futures::channel::mpsc::UnboundedSender<()>,
@@ -297,22 +367,34 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
     let (book, waiters) = rebuild(&client).await?;
     let (slices, slice_stream) = reflect(Api::<EndpointSlice>::all(client.clone()));
     let (networks, net_stream) = reflect(Api::<ExternalNetwork>::all(client.clone()));
-    let (pools, pool_stream) = reflect(Api::<AddressPool>::all(client.clone()));
+    let (pools, pool_writer) = reflector::store();
+    let pool_events = watcher(
+        Api::<AddressPool>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(pool_writer);
     let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()));
     let (advertisements, adv_stream) = reflect(Api::<BGPAdvertisement>::all(client.clone()));
+    let (records, record_stream) = reflect(Api::<ServiceLoadBalancer>::all(client.clone()));
     let (released, released_rx) = futures::channel::mpsc::unbounded();
     let pools_changed = Arc::new(tokio::sync::Notify::new());
+    // Every pool event refreshes the pools' statuses; only a spec change (or a pool
+    // added or removed) reconciles every Service: the controller writes pool statuses
+    // itself after each burst of allocations (see [`SpecChanges`]).
     let pool_watch = {
         let n = pools_changed.clone();
-        pool_stream.map(move |e| {
+        let mut changes = SpecChanges::default();
+        pool_events.filter_map(move |e| {
             n.notify_one();
-            e
+            let spec = matches!(&e, Ok(ev) if changes.changed(ev));
+            future::ready(spec.then_some(()))
         })
     };
     let cluster_changes = futures::stream::select_all(vec![
         released_rx.boxed(),
         net_stream.map(|_| ()).boxed(),
-        pool_watch.map(|_| ()).boxed(),
+        pool_watch.boxed(),
         node_stream.map(|_| ()).boxed(),
         adv_stream.map(|_| ()).boxed(),
     ]);
@@ -337,6 +419,7 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
         pools,
         nodes,
         advertisements,
+        records,
         failures: Mutex::new(HashMap::new()),
         released,
     });
@@ -352,17 +435,18 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
         Api::<Service>::all(client.clone()),
         watcher::Config::default(),
     )
-    .owns(
-        Api::<ServiceLoadBalancer>::all(client.clone()),
-        watcher::Config::default(),
-    )
+    .owns_stream(record_stream)
     .watches_stream(slice_stream, |s: EndpointSlice| {
         let ns = s.namespace()?;
         let svc = s.labels().get(SERVICE_NAME_LABEL)?.clone();
         Some(ObjectRef::new(&svc).within(&ns))
     })
     .reconcile_all_on(cluster_changes)
-    .with_config(ControllerConfig::default().debounce(Duration::from_millis(100)))
+    .with_config(
+        ControllerConfig::default()
+            .debounce(Duration::from_millis(100))
+            .concurrency(RECONCILE_CONCURRENCY),
+    )
     .run(timed_reconcile, error_policy, ctx)
     .for_each(|r| {
         if let Err(e) = r {
@@ -379,6 +463,13 @@ fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<Ctx>) -> Action {
     ctx.metrics.reconcile_errors.inc();
     if is_fenced(err) {
         ctx.metrics.fenced_writes.inc();
+    }
+    if is_stale(err) {
+        // The watch cache had an older version than the apiserver: the newer one is on
+        // its way and triggers its own reconcile; this retry only bounds the wait should
+        // that be missed. Not a failure of the Service: no back-off, no warning.
+        tracing::debug!(service = %key, error = %err, "stale read; retrying");
+        return Action::requeue(STALE_RETRY);
     }
     let n = {
         let mut f = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
@@ -403,6 +494,7 @@ async fn wait_ready(ctx: &Ctx) -> Result<(), Error> {
         let _ = ctx.pools.wait_until_ready().await;
         let _ = ctx.nodes.wait_until_ready().await;
         let _ = ctx.advertisements.wait_until_ready().await;
+        let _ = ctx.records.wait_until_ready().await;
     };
     tokio::time::timeout(Duration::from_secs(60), all)
         .await
@@ -477,7 +569,18 @@ async fn publish(
 /// changed since it was read).
 fn is_fenced(err: &Error) -> bool {
     match err {
-        Error::Fenced(_) => true,
+        Error::Fenced(_) | Error::Stale(_) => true,
+        Error::Kube(kube::Error::Api(e)) => e.code == 409,
+        _ => false,
+    }
+}
+
+/// True when a write was refused only because the object changed since the watch cache
+/// read it (409 Conflict on a write conditioned on the resourceVersion, or the
+/// finalizer patch's resourceVersion test failing).
+fn is_stale(err: &Error) -> bool {
+    match err {
+        Error::Stale(_) => true,
         Error::Kube(kube::Error::Api(e)) => e.code == 409,
         _ => false,
     }
@@ -651,7 +754,10 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }
     wait_ready(&ctx).await?;
 
-    let previous = slbs.get_opt(&name).await?;
+    let previous = ctx
+        .records
+        .get(&ObjectRef::new(&name).within(&ns))
+        .map(|r| (*r).clone());
     let prev_status = previous.as_ref().and_then(|p| p.status.clone());
     let world = world(&ctx);
     let slice_objs: Vec<Arc<EndpointSlice>> = ctx
@@ -925,7 +1031,7 @@ async fn add_finalizer(api: &Api<Service>, svc: &Service) -> Result<Service, Err
         ])
     };
     let patch: json_patch::Patch = serde_json::from_value(patch)?;
-    Ok(api
+    match api
         .patch(
             &svc.name_any(),
             &PatchParams {
@@ -934,7 +1040,18 @@ async fn add_finalizer(api: &Api<Service>, svc: &Service) -> Result<Service, Err
             },
             &Patch::<()>::Json(patch),
         )
-        .await?)
+        .await
+    {
+        Ok(s) => Ok(s),
+        // The "test" operation failed: the Service changed since the cache read it.
+        Err(kube::Error::Api(e)) if e.code == 422 => Err(Error::Stale(format!(
+            "Service {} changed since resourceVersion {}: {}",
+            key_of(svc),
+            svc.resource_version().unwrap_or_default(),
+            e.message
+        ))),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn remove_finalizer(api: &Api<Service>, svc: &Service) -> Result<(), Error> {
@@ -959,5 +1076,91 @@ async fn remove_finalizer(api: &Api<Service>, svc: &Service) -> Result<(), Error
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::AddressPoolSpec;
+    use watcher::Event;
+
+    fn pool(name: &str, uid: &str, generation: i64, allocated: u64) -> AddressPool {
+        let mut p = AddressPool::new(
+            name,
+            AddressPoolSpec {
+                advertise_mode: crate::crd::AdvertiseMode::bgp(),
+                addresses: vec!["192.0.2.0/28".into()],
+                allow_network_and_broadcast: None,
+            },
+        );
+        p.metadata.uid = Some(uid.into());
+        p.metadata.generation = Some(generation);
+        p.status = Some(AddressPoolStatus {
+            addresses_allocated: allocated,
+            ..Default::default()
+        });
+        p
+    }
+
+    #[test]
+    fn only_spec_changes_of_a_pool_count_not_its_status() {
+        let mut c = SpecChanges::default();
+        let init = || Event::<AddressPool>::Init;
+        // The first listing: the controller reconciles everything at start anyway.
+        assert!(!c.changed(&init()));
+        assert!(!c.changed(&Event::InitApply(pool("a", "u1", 1, 0))));
+        assert!(!c.changed(&Event::<AddressPool>::InitDone));
+        // Status writes (same generation): not a change.
+        for n in 1..5 {
+            assert!(!c.changed(&Event::Apply(pool("a", "u1", 1, n))));
+        }
+        // A spec change bumps the generation.
+        assert!(c.changed(&Event::Apply(pool("a", "u1", 2, 5))));
+        assert!(!c.changed(&Event::Apply(pool("a", "u1", 2, 6))));
+        // A new pool, a deleted one, a pool re-created under the same name.
+        assert!(c.changed(&Event::Apply(pool("b", "u2", 1, 0))));
+        assert!(c.changed(&Event::Delete(pool("b", "u2", 1, 0))));
+        assert!(c.changed(&Event::Apply(pool("a", "u3", 1, 0))));
+    }
+
+    #[test]
+    fn a_relist_counts_only_when_it_finds_a_different_set() {
+        let mut c = SpecChanges::default();
+        for e in [
+            Event::Init,
+            Event::InitApply(pool("a", "u1", 1, 0)),
+            Event::InitDone,
+        ] {
+            c.changed(&e);
+        }
+        // Same pool, only its status moved while the watch was down.
+        assert!(!c.changed(&Event::<AddressPool>::Init));
+        assert!(!c.changed(&Event::InitApply(pool("a", "u1", 1, 9))));
+        assert!(!c.changed(&Event::<AddressPool>::InitDone));
+        // A pool deleted while the watch was down.
+        assert!(!c.changed(&Event::<AddressPool>::Init));
+        assert!(c.changed(&Event::<AddressPool>::InitDone));
+        // And added back.
+        assert!(!c.changed(&Event::<AddressPool>::Init));
+        assert!(!c.changed(&Event::InitApply(pool("a", "u4", 1, 0))));
+        assert!(c.changed(&Event::<AddressPool>::InitDone));
+    }
+
+    #[test]
+    fn conflicts_are_stale_reads_and_other_errors_are_not() {
+        let api = |code: u16| {
+            Error::Kube(kube::Error::Api(
+                kube::core::Status::failure("x", "y")
+                    .with_code(code)
+                    .boxed(),
+            ))
+        };
+        assert!(is_stale(&api(409)));
+        assert!(is_stale(&Error::Stale("changed".into())));
+        assert!(!is_stale(&api(422)));
+        assert!(!is_stale(&api(500)));
+        assert!(!is_stale(&Error::Fenced("deposed".into())));
+        assert!(!is_stale(&Error::NotReady("caches")));
     }
 }

@@ -42,4 +42,7 @@ pub enum Error {
     /// This replica may not write: it no longer holds the leader Lease.
     #[error("write fenced: {0}")]
     Fenced(String),
+    /// A write was refused because the object changed since the watch cache read it.
+    #[error("stale read: {0}")]
+    Stale(String),
 }

@@ -284,11 +284,12 @@ fn run_scale(
     bins: &convergence::Binaries,
     n: u32,
     timeout: Duration,
+    out: &std::path::Path,
     progress: &Progress,
     report: &mut Report,
 ) {
     progress.say(format!("control-plane scale: {n} Services at once"));
-    match juneau_perf::scale::measure(bins, n, timeout, &|m| progress.say(m)) {
+    match juneau_perf::scale::measure(bins, n, timeout, out, &|m| progress.say(m)) {
         Ok(r) => {
             progress.say(format!(
                 "scale: all VIPs {:?} s, all Ready {:?} s, shared memory {:?} s, BIRD {:?} s",
@@ -343,7 +344,7 @@ fn scale_only(args: &RunArgs) -> Result<()> {
     };
     report.cost.status = "Not measured (scale only).".into();
     report.convergence = "Not measured (scale only).".into();
-    run_scale(&bins, n, timeout, &progress, &mut report);
+    run_scale(&bins, n, timeout, &out, &progress, &mut report);
     report.load_average_end = prereq::loadavg();
     let files = report.write(&out)?;
     for f in files {
@@ -538,6 +539,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
             &conv_bins,
             scale_n,
             Duration::from_secs(args.scale_timeout_s),
+            &plan.out_dir,
             &progress,
             &mut report,
         );

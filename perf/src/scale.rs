@@ -11,7 +11,8 @@
 //! through its futex (microseconds), so each figure is late by at most its poll interval
 //! (stated in the report).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,8 @@ use futures::StreamExt;
 use juneau_control::shm::NodeStateReader;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::runtime::watcher;
 use serde::{Deserialize, Serialize};
 
 use crate::convergence::{start_bed, Binaries, NODE};
@@ -29,8 +31,8 @@ use juneau_tests::bird::BirdControl as Birdc;
 
 /// Creates in flight at once.
 const CONCURRENCY: usize = 32;
-/// API observer's poll interval.
-const API_POLL: Duration = Duration::from_secs(1);
+/// How often the wait prints its progress.
+const PROGRESS: Duration = Duration::from_secs(5);
 /// BIRD observer's poll interval.
 const BIRD_POLL: Duration = Duration::from_millis(200);
 
@@ -113,6 +115,10 @@ pub struct ScaleReport {
     pub goal_s: f64,
     /// How it was measured.
     pub method: String,
+    /// Where the bed's logs were kept (controller, agent, juneau-bgp, BIRD,
+    /// kube-apiserver, etcd), relative to the report's directory.
+    #[serde(default)]
+    pub logs: String,
 }
 
 fn service_yaml(i: u32) -> Result<(Service, EndpointSlice)> {
@@ -178,17 +184,108 @@ fn stopped() -> bool {
     INTERRUPTED.load(Ordering::Relaxed)
 }
 
-/// Runs the scale measurement with `n` Services; gives up waiting after `timeout`.
+/// Where the bed's logs are kept: `<out>/scale-logs`.
+pub const LOG_DIR: &str = "scale-logs";
+/// A kept log longer than this keeps its first quarter and its last three quarters of
+/// this size, with a line saying what was cut.
+const LOG_CAP: u64 = 16 << 20;
+
+/// Runs the scale measurement with `n` Services; gives up waiting after `timeout`. The
+/// logs of the controller, agent, juneau-bgp, BIRD, kube-apiserver and etcd are copied
+/// into `out`/[`LOG_DIR`] whatever the outcome (success, timeout, error, Ctrl-C), so a
+/// stall can be read afterwards.
 pub fn measure(
     bins: &Binaries,
     n: u32,
     timeout: Duration,
+    out: &Path,
     say: &dyn Fn(String),
 ) -> Result<ScaleReport> {
     if n == 0 || n > 16_000 {
         bail!("--services must be between 1 and 16000 (the address pool is a /18)");
     }
     let mut bed = start_bed(bins, say, "100.64.0.0/18", "")?;
+    let r = measure_on(&mut bed, n, timeout, say);
+    let dir = out.join(LOG_DIR);
+    match keep_logs(&bed, &dir) {
+        Ok(kept) => say(format!(
+            "scale: kept {} logs in {}",
+            kept.len(),
+            dir.display()
+        )),
+        Err(e) => say(format!(
+            "scale: could not keep the logs in {}: {e:#}",
+            dir.display()
+        )),
+    }
+    let mut r = r?;
+    r.logs = LOG_DIR.into();
+    Ok(r)
+}
+
+/// Copies the bed's logs into `dir` (each capped at [`LOG_CAP`]); returns the files.
+fn keep_logs(bed: &crate::convergence::Bed, dir: &Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let logs = [
+        (&bed.controller_log, "controller.log"),
+        (&bed.agent_log, "agent.log"),
+        (&bed.bgp_log, "juneau-bgp.log"),
+        (&bed.bird_log, "bird.log"),
+        (
+            &bed.k.dir().join("kube-apiserver.log"),
+            "kube-apiserver.log",
+        ),
+        (&bed.k.dir().join("etcd.log"), "etcd.log"),
+    ];
+    let (mut kept, mut failed) = (Vec::new(), Vec::new());
+    for (src, name) in logs {
+        let dst = dir.join(name);
+        // One missing log does not cost the others.
+        match copy_capped(src, &dst, LOG_CAP) {
+            Ok(()) => kept.push(dst),
+            Err(e) => failed.push(format!("{}: {e:#}", src.display())),
+        }
+    }
+    if !failed.is_empty() {
+        bail!(
+            "kept {} logs, could not copy: {}",
+            kept.len(),
+            failed.join("; ")
+        );
+    }
+    Ok(kept)
+}
+
+/// Copies `src` to `dst`; a file longer than `cap` keeps its first `cap / 4` and last
+/// `3 cap / 4` bytes with a line between saying how many bytes were left out.
+pub fn copy_capped(src: &Path, dst: &Path, cap: u64) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut f = std::fs::File::open(src)?;
+    let len = f.metadata()?.len();
+    let mut w = std::io::BufWriter::new(std::fs::File::create(dst)?);
+    if len <= cap {
+        std::io::copy(&mut f, &mut w)?;
+    } else {
+        let (head, tail) = (cap / 4, cap - cap / 4);
+        std::io::copy(&mut (&mut f).take(head), &mut w)?;
+        writeln!(
+            w,
+            "\n[juneau-perf: {} bytes left out here; the log had {len} bytes]",
+            len - head - tail
+        )?;
+        f.seek(SeekFrom::Start(len - tail))?;
+        std::io::copy(&mut f.take(tail), &mut w)?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+fn measure_on(
+    bed: &mut crate::convergence::Bed,
+    n: u32,
+    timeout: Duration,
+    say: &dyn Fn(String),
+) -> Result<ScaleReport> {
     // The BGP session first, so BIRD's figure is not the session's start-up.
     let mut birdc = crate::convergence::eventually("BIRD's control socket", || {
         Ok(Birdc::connect(&bed.ctl).ok())
@@ -207,6 +304,12 @@ pub fn measure(
         let kc = kube::config::Kubeconfig::read_from(bed.k.kubeconfig())?;
         let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
         cfg.read_timeout = Some(Duration::from_secs(60));
+        anyhow::Ok(kube::Client::try_from(cfg)?)
+    })?;
+    // Watches keep the kube client's default read timeout (longer than a watch's).
+    let watch_client = rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(bed.k.kubeconfig())?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
         anyhow::Ok(kube::Client::try_from(cfg)?)
     })?;
     let objects: Vec<(Service, EndpointSlice)> = (0..n).map(service_yaml).collect::<Result<_>>()?;
@@ -259,6 +362,24 @@ pub fn measure(
             }
             Ok(None)
         });
+        // Services showing a VIP, ServiceLoadBalancers Ready: counted from watch events,
+        // from t0 on (a list of N objects every second loaded the apiserver it measures).
+        let (vips_seen, ready_seen) =
+            (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let vip_task = rt.spawn(count_until(
+            kube::Api::<Service>::namespaced(watch_client.clone(), "default"),
+            n,
+            t0,
+            vips_seen.clone(),
+            shows_vip,
+        ));
+        let ready_task = rt.spawn(count_until(
+            kube::Api::<DynamicObject>::all_with(watch_client.clone(), &slb_resource()),
+            n,
+            t0,
+            ready_seen.clone(),
+            is_ready,
+        ));
         // Create everything.
         let created = rt.block_on(async {
             let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
@@ -292,58 +413,32 @@ pub fn measure(
             create_s.as_secs_f64(),
             RETRIES.load(Ordering::Relaxed)
         ));
-        let slb = ApiResource {
-            group: "juneau.loutres.me".into(),
-            version: "v1alpha1".into(),
-            api_version: "juneau.loutres.me/v1alpha1".into(),
-            kind: "ServiceLoadBalancer".into(),
-            plural: "serviceloadbalancers".into(),
-        };
-        let (mut all_vips, mut all_ready) = (None, None);
-        while Instant::now() < deadline && !stopped() && (all_vips.is_none() || all_ready.is_none())
+        let mut last_say = Instant::now();
+        while Instant::now() < deadline
+            && !stopped()
+            && !(vip_task.is_finished() && ready_task.is_finished())
         {
             bed.check()?;
-            let t = t0.elapsed();
-            let (vips, ready) = rt.block_on(async {
-                let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
-                let list = svcs.list(&ListParams::default()).await?;
-                let vips = list
-                    .items
-                    .iter()
-                    .filter(|s| {
-                        s.status
-                            .as_ref()
-                            .and_then(|st| st.load_balancer.as_ref())
-                            .and_then(|lb| lb.ingress.as_ref())
-                            .is_some_and(|i| !i.is_empty())
-                    })
-                    .count();
-                let slbs: kube::Api<DynamicObject> = kube::Api::all_with(client.clone(), &slb);
-                let list = slbs.list(&ListParams::default()).await?;
-                let ready = list
-                    .items
-                    .iter()
-                    .filter(|o| {
-                        o.data["status"]["conditions"].as_array().is_some_and(|c| {
-                            c.iter()
-                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                        })
-                    })
-                    .count();
-                anyhow::Ok((vips, ready))
-            })?;
-            if all_vips.is_none() && vips >= n as usize {
-                all_vips = Some(t);
+            if last_say.elapsed() >= PROGRESS {
+                last_say = Instant::now();
+                say(format!(
+                    "scale: {:.0} s: {}/{n} VIPs shown, {}/{n} Ready",
+                    t0.elapsed().as_secs_f64(),
+                    vips_seen.load(Ordering::Relaxed),
+                    ready_seen.load(Ordering::Relaxed)
+                ));
             }
-            if all_ready.is_none() && ready >= n as usize {
-                all_ready = Some(t);
-            }
-            say(format!(
-                "scale: {:.0} s: {vips}/{n} VIPs shown, {ready}/{n} Ready",
-                t.as_secs_f64()
-            ));
-            std::thread::sleep(API_POLL);
+            std::thread::sleep(Duration::from_millis(100));
         }
+        let finished = |task: tokio::task::JoinHandle<Option<Duration>>| {
+            if task.is_finished() {
+                rt.block_on(task).ok().flatten()
+            } else {
+                task.abort();
+                None
+            }
+        };
+        let (all_vips, all_ready) = (finished(vip_task), finished(ready_task));
         let shm = shm.join().expect("shm observer")?;
         let bird = bird.join().expect("BIRD observer")?;
         done.store(true, Ordering::Relaxed);
@@ -378,16 +473,97 @@ pub fn measure(
         bird_all_routes_s: secs(bird),
         memory,
         goal_s: 60.0,
+        logs: String::new(),
         method: format!(
             "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent, juneau-bgp and BIRD 2 \
              (the convergence bed); t0 = just before the first create; {n} Services + {n} EndpointSlices \
-             created with {CONCURRENCY} requests in flight; the API is listed every {} s (figures late by up \
-             to that), BIRD's route count every {} ms, shared memory via its futex",
+             created with {CONCURRENCY} requests in flight; Services and ServiceLoadBalancers are watched \
+             (a figure is when the watch event reached juneau-perf), BIRD's route count is asked every {} ms, \
+             shared memory via its futex",
             juneau_tests::kube::kubernetes_version(),
-            API_POLL.as_secs(),
             BIRD_POLL.as_millis()
         ),
     })
+}
+
+fn slb_resource() -> ApiResource {
+    ApiResource {
+        group: "juneau.loutres.me".into(),
+        version: "v1alpha1".into(),
+        api_version: "juneau.loutres.me/v1alpha1".into(),
+        kind: "ServiceLoadBalancer".into(),
+        plural: "serviceloadbalancers".into(),
+    }
+}
+
+fn shows_vip(s: &Service) -> bool {
+    s.status
+        .as_ref()
+        .and_then(|st| st.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .is_some_and(|i| !i.is_empty())
+}
+
+fn is_ready(o: &DynamicObject) -> bool {
+    o.data["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// Watches `api` until `n` of its objects satisfy `pred`; returns the time from `t0`
+/// when the event that made it `n` arrived (None if the watch ended). `seen` follows
+/// the count for progress.
+async fn count_until<K>(
+    api: kube::Api<K>,
+    n: u32,
+    t0: Instant,
+    seen: Arc<AtomicUsize>,
+    pred: fn(&K) -> bool,
+) -> Option<Duration>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use kube::runtime::watcher::{self, Event};
+    use kube::runtime::WatchStreamExt;
+    use std::collections::HashSet;
+    let key = |o: &K| {
+        format!(
+            "{}/{}",
+            o.meta().namespace.as_deref().unwrap_or_default(),
+            o.meta().name.as_deref().unwrap_or_default()
+        )
+    };
+    let (mut have, mut listing) = (HashSet::new(), HashSet::new());
+    let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+    while let Some(ev) = events.next().await {
+        // Errors: the watcher backs off and resumes by itself.
+        let Ok(ev) = ev else { continue };
+        match ev {
+            Event::Apply(o) => {
+                if pred(&o) {
+                    have.insert(key(&o));
+                } else {
+                    have.remove(&key(&o));
+                }
+            }
+            Event::Delete(o) => {
+                have.remove(&key(&o));
+            }
+            Event::Init => listing.clear(),
+            Event::InitApply(o) => {
+                if pred(&o) {
+                    listing.insert(key(&o));
+                }
+            }
+            Event::InitDone => have = std::mem::take(&mut listing),
+        }
+        seen.store(have.len(), Ordering::Relaxed);
+        if have.len() >= n as usize {
+            return Some(t0.elapsed());
+        }
+    }
+    None
 }
 
 /// The report section.
@@ -428,5 +604,43 @@ pub fn markdown(r: &ScaleReport) -> String {
     for x in &r.memory {
         m += &format!("| {} | {:.0} | {:.0} |\n", x.name, x.rss_mib, x.peak_mib);
     }
+    if !r.logs.is_empty() {
+        m += &format!(
+            "\nLogs of the controller, agent, juneau-bgp, BIRD, kube-apiserver and etcd: `{LOG_DIR}/`.\n"
+        );
+    }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_log_under_the_cap_is_copied_whole_and_a_longer_one_keeps_head_and_tail() {
+        let d = tempfile::tempdir().unwrap();
+        let (src, dst) = (d.path().join("a.log"), d.path().join("b.log"));
+        std::fs::write(&src, "short log\n").unwrap();
+        copy_capped(&src, &dst, 100).unwrap();
+        assert_eq!(std::fs::read_to_string(&dst).unwrap(), "short log\n");
+
+        let text: String = (0..100).map(|i| format!("line {i:03}\n")).collect();
+        std::fs::write(&src, &text).unwrap(); // 900 bytes
+        copy_capped(&src, &dst, 400).unwrap();
+        let kept = std::fs::read_to_string(&dst).unwrap();
+        assert!(kept.starts_with(&text[..100]), "{kept}");
+        assert!(kept.ends_with(&text[600..]), "{kept}");
+        assert!(
+            kept.contains("500 bytes left out here; the log had 900 bytes"),
+            "{kept}"
+        );
+        assert!(!kept.contains("line 050"), "{kept}");
+    }
+
+    #[test]
+    fn a_missing_log_is_an_error() {
+        let d = tempfile::tempdir().unwrap();
+        let r = copy_capped(&d.path().join("absent.log"), &d.path().join("b.log"), 10);
+        assert!(r.is_err());
+    }
 }
