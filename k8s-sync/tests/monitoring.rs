@@ -343,14 +343,8 @@ fn helm_chart_and_a_real_prometheus() -> Result<()> {
     }
 
     // The rules load and evaluate; the not-announced alert is pending for lonely only.
-    let rules = prom.api("/api/v1/rules", None)?;
-    let loaded: Vec<&Value> = rules["groups"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|g| g["rules"].as_array().into_iter().flatten())
-        .collect();
-    assert_eq!(loaded.len(), 7, "{rules}");
+    let loaded = prom.rules()?;
+    assert_eq!(loaded.len(), 7, "{loaded:?}");
     let firing = eventually("JuneauVIPNotAnnounced pending for lonely", || {
         let a = prom.query("ALERTS{alertname=\"JuneauVIPNotAnnounced\"}")?;
         Ok((!a.is_empty()).then_some(a))

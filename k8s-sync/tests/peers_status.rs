@@ -13,22 +13,12 @@ mod common;
 
 use std::path::Path;
 
-use anyhow::{ensure, Result};
+use anyhow::Result;
 use common::*;
 use serde_json::Value;
 
-fn juneau(env: &Env, args: &[&str]) -> Result<String> {
-    let out = kubectl_juneau(env, args)?;
-    ensure!(
-        out.status.success(),
-        "kubectl juneau {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).to_string())
-}
-
 fn node_entry(env: &Env, node: &str) -> Result<Option<Value>> {
-    let v: Value = serde_json::from_str(&juneau(env, &["peers", "-o", "json"])?)?;
+    let v: Value = serde_json::from_str(&kubectl_juneau_ok(env, &["peers", "-o", "json"])?)?;
     Ok(v.as_array()
         .into_iter()
         .flatten()
@@ -130,14 +120,14 @@ fn peers_show_live_sessions_and_say_why_when_the_speaker_status_is_missing_or_co
     );
     let up = tor["uptimeSeconds"].as_i64().unwrap_or(0);
     assert!((1000..1200).contains(&up), "uptime {up}");
-    let yaml: Value = serde_yaml::from_str(&juneau(&env, &["peers", "-o", "yaml"])?)?;
+    let yaml: Value = serde_yaml::from_str(&kubectl_juneau_ok(&env, &["peers", "-o", "yaml"])?)?;
     let ya = yaml
         .as_array()
         .and_then(|v| v.iter().find(|n| n["node"] == "node-a"))
         .cloned()
         .unwrap_or_default();
     assert_eq!(ya["sessions"][0]["state"], "Established", "{yaml}");
-    let table = juneau(&env, &["peers"])?;
+    let table = kubectl_juneau_ok(&env, &["peers"])?;
     let line = table
         .lines()
         .find(|l| l.starts_with("node-a"))
@@ -189,7 +179,7 @@ fn peers_show_live_sessions_and_say_why_when_the_speaker_status_is_missing_or_co
             .contains("read at"),
         "{a}"
     );
-    assert!(juneau(&env, &["peers"])?.contains("Established (stale)"));
+    assert!(kubectl_juneau_ok(&env, &["peers"])?.contains("Established (stale)"));
     agent.check_running()?;
     Ok(())
 }

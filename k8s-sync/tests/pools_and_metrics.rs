@@ -271,19 +271,10 @@ fn overlap_usage_creation_order_and_metrics() -> Result<()> {
     Ok(())
 }
 
-fn juneau(env: &Env, args: &[&str]) -> Result<String> {
-    let out = kubectl_juneau(env, args)?;
-    ensure!(
-        out.status.success(),
-        "kubectl juneau {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).to_string())
-}
-
 fn plugin_reports(env: &Env) -> Result<()> {
     // status: every Juneau Service, in JSON and as a table.
-    let rows: serde_json::Value = serde_json::from_str(&juneau(env, &["status", "-o", "json"])?)?;
+    let rows: serde_json::Value =
+        serde_json::from_str(&kubectl_juneau_ok(env, &["status", "-o", "json"])?)?;
     let by: std::collections::BTreeMap<String, serde_json::Value> = rows
         .as_array()
         .unwrap()
@@ -298,13 +289,14 @@ fn plugin_reports(env: &Env) -> Result<()> {
     assert_eq!(by["w3"]["advertisingNodes"], serde_json::json!(["node-a"]));
     assert_eq!(by["w5"]["phase"], "Pending");
     assert_eq!(by["w5"]["vip"], serde_json::Value::Null);
-    let table = juneau(env, &["status"])?;
+    let table = kubectl_juneau_ok(env, &["status"])?;
     ensure!(
         table.starts_with("NAMESPACE") && table.contains("w3") && table.contains("node-a"),
         "{table}"
     );
     // pools: usage and overlaps, in YAML.
-    let pools: serde_json::Value = serde_yaml::from_str(&juneau(env, &["pools", "-o", "yaml"])?)?;
+    let pools: serde_json::Value =
+        serde_yaml::from_str(&kubectl_juneau_ok(env, &["pools", "-o", "yaml"])?)?;
     let tiny = pools
         .as_array()
         .unwrap()
@@ -327,7 +319,7 @@ fn plugin_reports(env: &Env) -> Result<()> {
         .unwrap_or_default();
     assert_eq!(small["overlapsWith"], serde_json::json!(["big"]));
     // why: per node, the precise reason.
-    let w3 = juneau(env, &["why", "w3", "-n", "default"])?;
+    let w3 = kubectl_juneau_ok(env, &["why", "w3", "-n", "default"])?;
     let line = |node: &str| {
         w3.lines()
             .find(|l| l.starts_with(node))
@@ -337,7 +329,8 @@ fn plugin_reports(env: &Env) -> Result<()> {
     ensure!(line("node-a").contains("Advertising"), "{w3}");
     ensure!(line("node-b").contains("ExcludedByLabel"), "{w3}");
     ensure!(w3.contains("Not checked:"), "{w3}");
-    let w4: serde_json::Value = serde_json::from_str(&juneau(env, &["why", "w4", "-o", "json"])?)?;
+    let w4: serde_json::Value =
+        serde_json::from_str(&kubectl_juneau_ok(env, &["why", "w4", "-o", "json"])?)?;
     let verdicts: Vec<(String, String)> = w4["nodes"]
         .as_array()
         .unwrap()
@@ -356,7 +349,7 @@ fn plugin_reports(env: &Env) -> Result<()> {
             ("node-b".to_string(), "ExcludedByLabel".to_string())
         ]
     );
-    let w5 = juneau(env, &["why", "w5"])?;
+    let w5 = kubectl_juneau_ok(env, &["why", "w5"])?;
     ensure!(w5.contains("Problem: AddressPoolExhausted"), "{w5}");
     let missing = kubectl_juneau(env, &["why", "nope"])?;
     ensure!(!missing.status.success());
@@ -368,7 +361,7 @@ fn plugin_reports(env: &Env) -> Result<()> {
     // missing, and why (k8s-sync/tests/peers_status.rs covers the rest).
     eventually("peers: node-a StatusFileMissing", || {
         let peers: serde_json::Value =
-            serde_json::from_str(&juneau(env, &["peers", "-o", "json"])?)?;
+            serde_json::from_str(&kubectl_juneau_ok(env, &["peers", "-o", "json"])?)?;
         Ok(peers
             .as_array()
             .into_iter()
@@ -376,7 +369,7 @@ fn plugin_reports(env: &Env) -> Result<()> {
             .any(|n| n["node"] == "node-a" && n["reason"] == "StatusFileMissing")
             .then_some(()))
     })?;
-    let text = juneau(env, &["peers"])?;
+    let text = kubectl_juneau_ok(env, &["peers"])?;
     ensure!(
         text.contains("node-a: session state not current (StatusFileMissing)"),
         "{text}"

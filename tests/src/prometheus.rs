@@ -247,6 +247,18 @@ impl PromApi {
             .collect())
     }
 
+    /// Every loaded alerting and recording rule, across all groups (`/api/v1/rules`).
+    pub fn rules(&self) -> Result<Vec<Value>> {
+        let d = self.api("/api/v1/rules", None)?;
+        Ok(d["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+            .cloned()
+            .collect())
+    }
+
     /// The active scrape targets: `(job, instance, health, last error)`.
     pub fn targets(&self) -> Result<Vec<(String, String, String, String)>> {
         let d = self.api("/api/v1/targets", None)?;

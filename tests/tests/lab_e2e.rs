@@ -476,14 +476,8 @@ fn prometheus_sees_what_the_lab_did() -> Result<()> {
         )?;
     }
     // The shipped rules load and evaluate; nothing fires in a healthy lab.
-    let rules = prom.api("/api/v1/rules", None)?;
-    let loaded: Vec<&serde_json::Value> = rules["groups"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|g| g["rules"].as_array().into_iter().flatten())
-        .collect();
-    assert_eq!(loaded.len(), 7, "{rules}");
+    let loaded = prom.rules()?;
+    assert_eq!(loaded.len(), 7, "{loaded:?}");
     for r in &loaded {
         assert_eq!(r["health"], "ok", "{r}");
     }

@@ -465,6 +465,17 @@ pub fn kubectl_juneau(env: &Env, args: &[&str]) -> Result<std::process::Output> 
     kubectl_juneau_with(env.k.kubeconfig(), args)
 }
 
+/// `kubectl juneau ...` that must succeed: its standard output.
+pub fn kubectl_juneau_ok(env: &Env, args: &[&str]) -> Result<String> {
+    let out = kubectl_juneau(env, args)?;
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl juneau {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).to_string())
+}
+
 /// `kubectl juneau ...` with a given kubeconfig.
 pub fn kubectl_juneau_with(kubeconfig: &Path, args: &[&str]) -> Result<std::process::Output> {
     let plugin = Path::new(env!("CARGO_BIN_EXE_kubectl-juneau"));
