@@ -205,6 +205,13 @@ impl Daemon {
         signal_group(self.pid, "KILL");
         let _ = c.kill();
         let _ = c.wait();
+        // A SIGKILLed process dies when it is next scheduled, not when kill(2) returns:
+        // wait (bounded) until no member of the group is left, so a caller that removes
+        // the namespace or the files next finds nobody using them.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline && group_alive(self.pid) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Leaves the process running when this handle drops; returns its pid.
@@ -239,15 +246,34 @@ pub fn signal_group(pgid: u32, sig: &str) {
 
 /// Whether `pid` is a live process (not a zombie).
 pub fn alive(pid: u32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .unwrap_or_default()
-            .trim_start()
-            .starts_with('Z'),
-        Err(_) => false,
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| live_stat_pgrp(&stat))
+        .is_some()
+}
+
+/// Whether any live (not zombie) process is in process group `pgid`.
+pub fn group_alive(pgid: u32) -> bool {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|p| {
+        fs::read_to_string(p.path().join("stat"))
+            .ok()
+            .and_then(|stat| live_stat_pgrp(&stat))
+            == Some(pgid)
+    })
+}
+
+/// The process group of a `/proc/PID/stat` line, `None` for a zombie or an unreadable line.
+fn live_stat_pgrp(stat: &str) -> Option<u32> {
+    // After the command's closing parenthesis: state, ppid, pgrp.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?;
+    if state.starts_with('Z') {
+        return None;
     }
+    fields.nth(1)?.parse().ok()
 }
 
 /// Stops a process started by an earlier run (a detached [`Daemon`]): SIGTERM to its
@@ -327,6 +353,14 @@ mod tests {
         assert!(!alive(parent), "the daemon survived its drop");
         assert!(!alive(child), "the daemon's child survived its drop");
         Ok(())
+    }
+
+    #[test]
+    fn stat_lines_give_the_group_of_live_processes_only() {
+        assert_eq!(live_stat_pgrp("42 (sleep) S 1 40 40 0 -1"), Some(40));
+        assert_eq!(live_stat_pgrp("42 (a) b) R 1 7 7 0"), Some(7));
+        assert_eq!(live_stat_pgrp("42 (sleep) Z 1 40 40 0"), None);
+        assert_eq!(live_stat_pgrp("garbage"), None);
     }
 
     #[test]
