@@ -15,6 +15,16 @@
 // Everything else -- kubelet probes, Pod-to-Pod, a Pod's own outbound connections,
 // ARP, IPv6, BGP, SSH -- and any packet whose TTL would expire returns XDP_PASS.
 //
+// Forward packets of established flows take a fast path here when userspace has
+// published it (map `fast_slots`, see `dataplane/src/fast.rs` and docs/dataplane.md "XDP
+// fast path"): a packet from a client of an established TCP flow (no SYN/FIN/RST) or of a
+// UDP flow, whose record was checked against the service table the fast path was
+// published for, is rewritten here (DNAT, TTL, checksums, MACs), its expiry is pushed
+// out, its slot's counters are added to, and it is redirected straight to the backend's
+// interface -- only to interfaces userspace found able to take XDP frames. Anything else
+// (new flows, state changes, an unresolved next hop, a table being rewritten, replies)
+// goes to userspace as before, which stays the only writer of records.
+//
 // A redirect to an empty AF_XDP slot (the dataplane process is down) drops the packet
 // (`XDP_DROP` as the redirect fallback): TCP retransmits until the process is back.
 //
@@ -37,6 +47,18 @@
 #define MAX_WORKERS 16
 // Longest probe; userspace never places a key further than this from its home slot.
 #define MAX_PROBE 128
+
+// `fast::SLOTS_PER_TABLE`: entries of each table's part of `fast_slots` after its head.
+#define FAST_SLOTS 32767
+#define FAST_STRIDE (FAST_SLOTS + 1)
+
+// Flow states (`flow::FlowState`).
+#define STATE_ESTABLISHED 2
+#define STATE_UDP 5
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
 
 // steer_drops indexes.
 #define SD_PORT_NOT_EXPOSED 0
@@ -84,6 +106,30 @@ struct flow {
 	__u32 slot;
 	__u32 checked_generation;
 	__u32 expires; // CLOCK_MONOTONIC milliseconds, wrapping
+};
+
+// The head of one table's part of `fast_slots` (`fast::FastHead`), written by the
+// table's worker only.
+struct fast_head {
+	__u32 seq;	  // odd while the worker rewrites its part; 0: never published
+	__u32 generation; // service-table generation the slots below were written for
+	__u32 established_ms;
+	__u32 udp_ms;
+	__u32 reserved[12];
+};
+
+// One `(service, backend)` slot (`fast::FastSlot`): where forward packets go, and the
+// packets the fast path handled (the worker folds them into its service counters).
+struct fast_slot {
+	__u32 generation; // == the head's: usable
+	__u32 ifindex;	  // egress towards the backend (takes XDP frames)
+	__u8 macs[12];	  // destination then source MAC
+	__u32 reserved;
+	__u64 packets_in;
+	__u64 bytes_in;
+	__u64 packets_out;
+	__u64 bytes_out;
+	__u64 reserved2;
 };
 
 struct {
@@ -140,6 +186,15 @@ struct {
 	__type(value, struct flow);
 } flow_records SEC(".maps");
 
+// Sized at load time: FAST_STRIDE entries per table, the head first.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fast_slot);
+} fast_slots SEC(".maps");
+
 // This node's redirect endpoint(s) (issue 12): UDP to one of these `addr:port` on the
 // uplink carries a packet another node redirected here, or a notice.
 struct {
@@ -178,53 +233,70 @@ static __always_inline __u32 flow_hash(__u64 a, __u64 b)
 	return (__u32)(h ^ (h >> 32));
 }
 
-// Whether table `m` (number `w`) holds a flow whose reverse key (backend -> client) is
-// this 5-tuple: 1 yes or unsure, 0 no.
-static __always_inline int held_in(struct flow_meta *m, __u32 w, __u32 h, __u32 src, __u32 dst,
-				   __u16 sp, __u16 dp, __u8 proto, __u32 now)
+#define FIND_MISS 0
+#define FIND_HIT 1
+#define FIND_UNSURE 2
+
+// A flow look-up across the tables (`bpf_loop` context): the key as the packet holds
+// it (host order), which of the record's keys to match, and the answer.
+struct probe_ctx {
+	__u32 h, src, dst, workers, now;
+	__u16 sp, dp;
+	__u8 proto;
+	__u8 dir; // 0: forward key (client -> VIP), 1: reverse key (backend -> client)
+	int result;   // FIND_*
+	__u32 table;  // FIND_HIT: the table holding the flow
+	__u32 record; // FIND_HIT: its record (index into flow_records)
+};
+
+static __always_inline int key_matches(struct flow *f, struct probe_ctx *c)
+{
+	if (c->dir)
+		return f->backend == c->src && f->client == c->dst && f->backend_port == c->sp &&
+		       f->client_port == c->dp && f->proto == c->proto;
+	return f->client == c->src && f->vip == c->dst && f->client_port == c->sp &&
+	       f->vip_port == c->dp && f->proto == c->proto;
+}
+
+// Looks the key up in table `m` (number `w`): FIND_HIT with the record, FIND_MISS, or
+// FIND_UNSURE (userspace was moving index slots, or the probe limit was reached).
+static __always_inline int find_in(struct flow_meta *m, __u32 w, struct probe_ctx *c)
 {
 	__u32 seq = *(volatile __u32 *)&m->seq;
 	if (seq & 1)
-		return 1;
+		return FIND_UNSURE;
 	__u32 mask = m->index_slots - 1;
 	__u32 ibase = w * m->index_slots, rbase = w * m->capacity;
 	for (__u32 i = 0; i < MAX_PROBE; i++) {
-		__u32 at = ibase + ((h + i) & mask);
+		__u32 at = ibase + ((c->h + i) & mask);
 		__u64 *slotp = bpf_map_lookup_elem(&flow_index, &at);
 		if (!slotp)
-			return 1;
+			return FIND_UNSURE;
 		__u64 slot = *(volatile __u64 *)slotp;
 		if (slot == 0) {
 			// Miss, unless an index slot moved meanwhile.
 			__u32 seq2 = *(volatile __u32 *)&m->seq;
-			return seq2 != seq;
+			return seq2 != seq ? FIND_UNSURE : FIND_MISS;
 		}
-		if ((__u32)(slot >> 32) != h)
+		if ((__u32)(slot >> 32) != c->h)
 			continue;
 		__u32 low = (__u32)slot - 1;
-		if ((low & 1) != 1) // a forward (client -> VIP) key
+		if ((low & 1) != c->dir)
 			continue;
 		__u32 id = rbase + (low >> 1);
 		struct flow *f = bpf_map_lookup_elem(&flow_records, &id);
 		if (!f)
 			continue;
-		if (f->state != 0 && f->backend == src && f->client == dst &&
-		    f->backend_port == sp && f->client_port == dp && f->proto == proto &&
-		    (__s32)(f->expires - now) > 0)
-			return 1;
+		if (f->state != 0 && key_matches(f, c) && (__s32)(f->expires - c->now) > 0) {
+			c->table = w;
+			c->record = id;
+			return FIND_HIT;
+		}
 	}
-	return 1; // probe limit: let userspace decide
+	return FIND_UNSURE;
 }
 
-// A reply look-up across the tables (`bpf_loop` context).
-struct probe_ctx {
-	__u32 h, src, dst, workers, now;
-	__u16 sp, dp;
-	__u8 proto;
-	int held;
-};
-
-// Probes table `w`; stops the loop (1) past the last table or once the answer is yes.
+// Probes table `w`; stops the loop (1) past the last table or once the answer is known.
 static long probe_table(__u32 w, void *data)
 {
 	struct probe_ctx *c = data;
@@ -232,53 +304,236 @@ static long probe_table(__u32 w, void *data)
 		return 1;
 	struct flow_meta *t = bpf_map_lookup_elem(&flow_meta, &w);
 	if (!t || t->magic != FLOW_MAGIC || t->layout != FLOW_LAYOUT_VERSION) {
-		c->held = 1; // being (re)initialised: let userspace decide
+		c->result = FIND_UNSURE; // being (re)initialised: let userspace decide
 		return 1;
 	}
-	if (held_in(t, w, c->h, c->src, c->dst, c->sp, c->dp, c->proto, c->now)) {
-		c->held = 1;
-		return 1;
-	}
-	return 0;
+	int r = find_in(t, w, c);
+	if (r == FIND_MISS)
+		return 0;
+	c->result = r;
+	return 1;
 }
 
-// Whether the dataplane holds a flow whose reverse key (backend -> client) is this
-// 5-tuple, given as the packet holds it (network order), in any worker's table.
-// Conservative: whenever the answer is uncertain (userspace was moving index slots, the
-// probe limit was reached) it says yes, so the packet goes to userspace, which decides
-// exactly (and drops what has no flow). It never says no for a flow that is held.
-static __always_inline int reply_of_held_flow(__be32 saddr, __be32 daddr, __be16 sport,
-					      __be16 dport, __u8 proto)
+// Looks a 5-tuple (as the packet holds it, network order) up in every worker's table,
+// as the forward key (`dir` 0) or the reverse key (`dir` 1) of a flow. Conservative:
+// whenever the answer is uncertain it says FIND_UNSURE, so the packet goes to userspace,
+// which decides exactly. It never says FIND_MISS for a flow that is held.
+static __always_inline void find_flow(struct probe_ctx *c, __be32 saddr, __be32 daddr,
+				      __be16 sport, __be16 dport, __u8 proto, __u8 dir)
 {
 	__u32 zero = 0;
+	c->result = FIND_MISS;
 	struct flow_meta *m = bpf_map_lookup_elem(&flow_meta, &zero);
 	if (!m)
-		return 0;
+		return;
 	if (m->magic != FLOW_MAGIC || m->layout != FLOW_LAYOUT_VERSION)
-		return 0; // no table (yet): nothing is held
+		return; // no table (yet): nothing is held
 	// Every table uses the same seeds (userspace hashes a key once for all of them).
 	__u64 addrs = (__u64)saddr | ((__u64)daddr << 32);
 	__u32 ports = (__u32)sport | ((__u32)dport << 16);
-	__u32 h = flow_hash(addrs ^ m->seed, ((__u64)ports | ((__u64)proto << 32)) ^ m->seed2);
-	struct probe_ctx c = {
-		.h = h,
-		.src = bpf_ntohl(saddr),
-		.dst = bpf_ntohl(daddr),
-		.workers = m->workers,
-		.now = (__u32)(bpf_ktime_get_ns() / 1000000),
-		.sp = bpf_ntohs(sport),
-		.dp = bpf_ntohs(dport),
-		.proto = proto,
-		.held = 0,
-	};
+	c->h = flow_hash(addrs ^ m->seed, ((__u64)ports | ((__u64)proto << 32)) ^ m->seed2);
+	c->src = bpf_ntohl(saddr);
+	c->dst = bpf_ntohl(daddr);
+	c->workers = m->workers;
+	// CLOCK_MONOTONIC at tick resolution (cheaper than bpf_ktime_get_ns, which reads
+	// the clock source): expiries are seconds apart, a few ms do not matter.
+	c->now = (__u32)(bpf_ktime_get_coarse_ns() / 1000000);
+	c->sp = bpf_ntohs(sport);
+	c->dp = bpf_ntohs(dport);
+	c->proto = proto;
+	c->dir = dir;
 	// One callback per table (bpf_loop): each is verified once, and the table number
 	// is a plain argument rather than a loop counter the verifier must tell apart.
-	bpf_loop(MAX_WORKERS, probe_table, &c, 0);
-	return c.held;
+	bpf_loop(MAX_WORKERS, probe_table, c, 0);
 }
 
-static __always_inline int uplink(struct iphdr *ip, void *end, __u32 slot)
+// Whether the dataplane holds (or may hold) a flow whose reverse key is this 5-tuple.
+static __always_inline int reply_of_held_flow(__be32 saddr, __be32 daddr, __be16 sport,
+					      __be16 dport, __u8 proto)
 {
+	struct probe_ctx c = {};
+	find_flow(&c, saddr, daddr, sport, dport, proto, 1);
+	return c.result != FIND_MISS;
+}
+
+// ---- The established-flow fast path ----
+
+// One's-complement helpers over 16-bit words as memory holds them (the sum is
+// byte-order independent, RFC 1071). They fold exactly where `packet::csum_delta`,
+// `csum_delta_add`, `csum_apply` fold, so the bytes equal the engine's.
+static __always_inline __u16 fold_all(__u32 s)
+{
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)s;
+}
+
+static __always_inline __u16 fold_once(__u32 s)
+{
+	return (__u16)((s & 0xffff) + (s >> 16));
+}
+
+// `csum_delta` of an address change: the two words of `from` out, those of `to` in.
+static __always_inline __u16 addr_delta(__be32 from, __be32 to)
+{
+	return fold_all((__u32)(__u16)~(__u16)from + (__u16)~(__u16)(from >> 16) + (__u16)to +
+			(__u16)(to >> 16));
+}
+
+static __always_inline __u16 word_delta(__be16 from, __be16 to)
+{
+	return fold_all((__u32)(__u16)~from + to);
+}
+
+static __always_inline __u16 delta_add(__u16 a, __u16 b)
+{
+	return fold_once((__u32)a + b);
+}
+
+static __always_inline __u16 csum_apply(__u16 csum, __u16 delta)
+{
+	return ~fold_once((__u32)(__u16)~csum + delta);
+}
+
+// The TTL's word (TTL, protocol) as memory holds it drops by one in its first byte:
+// `!0x0100` in network order.
+static __always_inline __u16 ttl_delta(void)
+{
+	return (__u16)~bpf_htons(0x0100);
+}
+
+#define NO_FAST -1
+
+// Where a packet the fast path takes goes, and what it does to it.
+struct fast_plan {
+	__u32 ifindex;
+	__u8 macs[12];
+	__be32 new_addr; // the backend (the new destination)
+	__be16 new_port;
+	__u32 expires;
+	struct fast_slot *slot; // counters
+	struct flow *flow;
+};
+
+// The fast path's decision for a forward packet of a flow found in table `c->table`, record `c->record`:
+// 0 with `plan` filled in, or NO_FAST (nothing has been changed). Reads the table's head
+// before and after (a seqlock): a worker rewriting its slots meanwhile means NO_FAST.
+static __always_inline int fast_plan(struct xdp_md *ctx, struct iphdr *ip, void *end,
+				     struct probe_ctx *c, struct fast_plan *p)
+{
+	__u32 at = c->table * FAST_STRIDE;
+	struct fast_head *head = bpf_map_lookup_elem(&fast_slots, &at);
+	if (!head)
+		return NO_FAST;
+	__u32 seq = *(volatile __u32 *)&head->seq;
+	if (seq == 0 || (seq & 1))
+		return NO_FAST;
+	__u32 generation = *(volatile __u32 *)&head->generation;
+	struct flow *f = bpf_map_lookup_elem(&flow_records, &c->record);
+	if (!f || f->checked_generation != generation || !key_matches(f, c))
+		return NO_FAST;
+	__u8 *l4 = (void *)(ip + 1);
+	if (c->proto == IPPROTO_TCP) {
+		if ((void *)l4 + 20 > end)
+			return NO_FAST;
+		if (f->state != STATE_ESTABLISHED || (l4[13] & (TCP_FIN | TCP_SYN | TCP_RST)))
+			return NO_FAST;
+		p->expires = c->now + head->established_ms;
+	} else {
+		if ((void *)l4 + 8 > end)
+			return NO_FAST;
+		if (f->state != STATE_UDP)
+			return NO_FAST;
+		p->expires = c->now + head->udp_ms;
+	}
+	__u32 slot = f->slot;
+	if (slot >= FAST_SLOTS)
+		return NO_FAST;
+	at += 1 + slot;
+	struct fast_slot *e = bpf_map_lookup_elem(&fast_slots, &at);
+	if (!e)
+		return NO_FAST;
+	if (e->generation != generation || e->ifindex == 0)
+		return NO_FAST;
+	p->ifindex = e->ifindex;
+	__builtin_memcpy(p->macs, e->macs, 12);
+	p->new_addr = bpf_htonl(f->backend);
+	p->new_port = bpf_htons(f->backend_port);
+	if (*(volatile __u32 *)&head->seq != seq)
+		return NO_FAST;
+	p->slot = e;
+	p->flow = f;
+	return 0;
+}
+
+// Applies a plan: MACs, TTL, destination address and port, checksums (as
+// `Engine::forward_fast` writes them), expiry, counters; redirects to the egress.
+static __always_inline int fast_apply(struct xdp_md *ctx, struct iphdr *ip, void *end,
+				      struct fast_plan *p)
+{
+	struct ethhdr *eth = (void *)(long)ctx->data;
+	__be16 *ports = (void *)(ip + 1);
+	__u16 *csum;
+	if ((void *)(eth + 1) > end || (void *)(ports + 4) > end)
+		return XDP_PASS;
+	if (ip->protocol == IPPROTO_TCP) {
+		csum = (void *)((__u8 *)ports + 16);
+		if ((void *)(csum + 1) > end)
+			return XDP_PASS;
+	} else {
+		csum = (void *)((__u8 *)ports + 6);
+	}
+	__builtin_memcpy(eth->h_dest, p->macs, 6);
+	__builtin_memcpy(eth->h_source, p->macs + 6, 6);
+	__u16 a = addr_delta(ip->daddr, p->new_addr);
+	__u16 l4d = delta_add(a, word_delta(ports[1], p->new_port));
+	ip->check = csum_apply(ip->check, delta_add(a, ttl_delta()));
+	ip->ttl -= 1;
+	ip->daddr = p->new_addr;
+	ports[1] = p->new_port;
+	if (ip->protocol == IPPROTO_TCP) {
+		*csum = csum_apply(*csum, l4d);
+	} else if (*csum != 0) {
+		// `~(~old + delta)` with 0 sent as 0xffff, as `l4_csum_update` writes it.
+		*csum = fold_once((__u32)*csum + (__u16)~l4d);
+	}
+	// Push the expiry out only when it moves by a second or more: the record's cache
+	// line stays clean for most packets (an expiry up to 1 s early is harmless).
+	if ((__s32)(p->expires - *(volatile __u32 *)&p->flow->expires) >= 1000)
+		*(volatile __u32 *)&p->flow->expires = p->expires;
+	__u64 bytes = (__u64)((long)ctx->data_end - (long)ctx->data);
+	__sync_fetch_and_add(&p->slot->packets_in, 1);
+	__sync_fetch_and_add(&p->slot->bytes_in, bytes);
+	return bpf_redirect(p->ifindex, 0);
+}
+
+// A packet of a flow found in the tables: the fast path if it can, else userspace.
+static __always_inline int found(struct xdp_md *ctx, struct iphdr *ip, void *end,
+				 struct probe_ctx *c, __u32 xsk_slot)
+{
+	if (c->result == FIND_HIT && c->dir == 0) {
+		struct fast_plan p = {};
+		if (fast_plan(ctx, ip, end, c, &p) == 0)
+			return fast_apply(ctx, ip, end, &p);
+	}
+	return bpf_redirect_map(&xsks, xsk_slot, XDP_DROP);
+}
+
+static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *end, __u32 slot)
+{
+	// The common case first, with one hash look-up: a whole TCP/UDP packet to an
+	// exposed VIP:port.
+	__be16 *ports = (void *)(ip + 1);
+	struct frontend_key key = { .addr = ip->daddr, .proto = ip->protocol, .pad = 0 };
+	int l4 = ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP;
+	if (l4 && ip->ihl == 5 && !(ip->frag_off & bpf_htons(0x3fff)) && (void *)(ports + 2) <= end) {
+		key.port = ports[1];
+		if (bpf_map_lookup_elem(&frontends, &key)) {
+			struct probe_ctx c = {};
+			find_flow(&c, ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol, 0);
+			return found(ctx, ip, end, &c, slot);
+		}
+	}
 	if (!bpf_map_lookup_elem(&vips, &ip->daddr)) {
 		// Redirects from other nodes (whole datagrams without IP options only).
 		if (ip->protocol != IPPROTO_UDP || ip->ihl != 5 ||
@@ -295,15 +550,10 @@ static __always_inline int uplink(struct iphdr *ip, void *end, __u32 slot)
 	}
 	if (ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
 		return bpf_redirect_map(&xsks, slot, XDP_DROP); // counted by userspace
-	struct frontend_key key = { .addr = ip->daddr, .proto = ip->protocol, .pad = 0 };
-	if (ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP) {
-		__be16 *ports = (void *)(ip + 1);
+	if (l4) {
 		if ((void *)(ports + 2) > end)
 			return bpf_redirect_map(&xsks, slot, XDP_DROP); // malformed: counted
-		key.port = ports[1];
-		if (!bpf_map_lookup_elem(&frontends, &key))
-			return count_drop(SD_PORT_NOT_EXPOSED);
-		return bpf_redirect_map(&xsks, slot, XDP_DROP);
+		return count_drop(SD_PORT_NOT_EXPOSED); // (an exposed port was found above)
 	}
 	if (ip->protocol != IPPROTO_ICMP)
 		return count_drop(SD_UNSUPPORTED_PROTOCOL);
@@ -326,7 +576,7 @@ static __always_inline int uplink(struct iphdr *ip, void *end, __u32 slot)
 	return bpf_redirect_map(&xsks, slot, XDP_DROP);
 }
 
-static __always_inline int pod(struct iphdr *ip, void *end, __u32 slot)
+static __always_inline int pod(struct xdp_md *ctx, struct iphdr *ip, void *end, __u32 slot)
 {
 	if (ip->frag_off & bpf_htons(0x1fff))
 		return XDP_PASS; // a later fragment: no ports to match (see docs)
@@ -338,11 +588,15 @@ static __always_inline int pod(struct iphdr *ip, void *end, __u32 slot)
 		__be16 *ports = (void *)l4;
 		if ((void *)(ports + 2) > end)
 			return XDP_PASS;
-		if (!reply_of_held_flow(ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol))
+		struct probe_ctx c = {};
+		find_flow(&c, ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol, 1);
+		if (c.result == FIND_MISS)
 			return XDP_PASS;
 		// First fragments and packets with options of a flow go too: userspace
 		// counts and drops them rather than let the kernel route them un-NATed.
-		return bpf_redirect_map(&xsks, slot, XDP_DROP);
+		if (ihl != sizeof(*ip) || (ip->frag_off & bpf_htons(0x3fff)))
+			return bpf_redirect_map(&xsks, slot, XDP_DROP);
+		return found(ctx, ip, end, &c, slot);
 	}
 	if (ip->protocol != IPPROTO_ICMP || ihl != sizeof(*ip))
 		return XDP_PASS;
@@ -385,8 +639,8 @@ int juneau_steer(struct xdp_md *ctx)
 	if (queue >= conf->queues)
 		slot = 0xffffffff; // no socket on this queue: what is ours is dropped
 	if (conf->role == ROLE_UPLINK)
-		return uplink(ip, end, slot);
-	return pod(ip, end, slot);
+		return uplink(ctx, ip, end, slot);
+	return pod(ctx, ip, end, slot);
 }
 
 // No GPL-only helper is used, so the project licence is stated as is.

@@ -150,6 +150,9 @@ pub struct Counters {
     pub kernel_bound: u64,
     /// Flows found in the pinned flow table at start.
     pub flows_restored: u64,
+    /// Packets the steering program forwarded itself (XDP fast path), as folded so far;
+    /// they are in the per-service counters too, not in `rx_packets` / `tx_packets`.
+    pub xdp_fast_packets: u64,
     /// Indexed like the current service table.
     pub services: Vec<ServiceCounters>,
 }
@@ -231,6 +234,8 @@ pub struct Stats {
     pub rx_packets: u64,
     /// Frames transmitted.
     pub tx_packets: u64,
+    /// Packets the steering program forwarded itself (XDP fast path).
+    pub xdp_fast_packets: u64,
     /// Frames received per AF_XDP socket (`interface/queue`).
     pub rx_packets_per_socket: std::collections::BTreeMap<String, u64>,
     /// Drops by reason (every reason present, zero or not).

@@ -191,6 +191,8 @@ pub struct Engine {
     redirect: Option<crate::redirect::Redirector>,
     /// While a redirected packet is processed: the nodes it visited and its flags.
     redirect_ctx: Option<(crate::redirect::HopList, u8)>,
+    /// This worker's part of the XDP fast path, when the steering program runs.
+    xdp: Option<crate::fast::FastPath>,
 }
 
 #[path = "engine_redirect.rs"]
@@ -227,7 +229,57 @@ impl Engine {
             missing: MissingNeighbours::default(),
             redirect: None,
             redirect_ctx: None,
+            xdp: None,
         }
+    }
+
+    /// Publishes this worker's established flows to the steering program's fast path
+    /// (`fast_slots`) from now on, keeping it current with [`Engine::refresh_xdp`].
+    pub fn set_xdp_fast_path(&mut self, part: crate::fast::FastPath) {
+        self.xdp = Some(part);
+        self.rewrites_stamp = 0;
+    }
+
+    /// Keeps the XDP fast path current: republishes it when the service table or the
+    /// neighbours changed since it was published. One comparison when nothing changed;
+    /// the forwarding loop calls it once per iteration (the program may be forwarding
+    /// every packet, so no packet may be needed to trigger it).
+    #[inline]
+    pub fn refresh_xdp(&mut self, nb: &Neighbours) {
+        if self.xdp.is_some() && nb.stamp() != self.rewrites_stamp {
+            self.prepare(nb);
+        }
+    }
+
+    /// Adds what the XDP fast path forwarded since the last fold to the per-service
+    /// counters (and `xdp_fast_packets`). Off the packet path (with the statistics).
+    pub fn fold_xdp_counters(&mut self) {
+        // The slots' numbering is that of the rewrites, valid while they are current.
+        if self.rewrites_stamp == 0 {
+            return;
+        }
+        let Some(x) = self.xdp.as_mut() else {
+            return;
+        };
+        let (rewrites, counters) = (&self.rewrites, &mut self.counters);
+        x.fold(|slot, packets, bytes| {
+            let service = rewrites.get(slot).map(|r| r.service as usize);
+            if let Some(c) = service.and_then(|s| counters.services.get_mut(s)) {
+                c.packets_in += packets;
+                c.bytes_in += bytes;
+            }
+        });
+        self.counters.xdp_fast_packets = x.packets();
+    }
+
+    /// Where the XDP program may send a slot's packets (see [`crate::fast`]).
+    fn xdp_egress(rw: &SlotRewrite, nb: &Neighbours) -> crate::fast::Egress {
+        let ifindex = match rw.fwd_side? {
+            Side::Uplink => nb.uplink().ifindex,
+            Side::Pod(i) => nb.pods().get(usize::from(i))?.ifindex,
+        };
+        nb.takes_xdp_frames(ifindex)
+            .then_some((ifindex, rw.fwd_macs))
     }
 
     /// Turns the established-flow fast path off (every packet takes the general path);
@@ -281,11 +333,25 @@ impl Engine {
             e.valid = false;
         }
         self.rewrites_stamp = nb.stamp();
+        if let Some(x) = self.xdp.as_mut() {
+            let slots: Vec<_> = self
+                .rewrites
+                .iter()
+                .map(|rw| Self::xdp_egress(rw, nb))
+                .collect();
+            x.publish(self.table.generation32(), &self.flows.timeouts(), &slots);
+        }
     }
 
     /// Installs a new service table. Per-service counters follow their frontend; flows
     /// are re-validated lazily (on their next packet) against the new table.
     pub fn set_services(&mut self, table: ServiceTable) {
+        // What the XDP fast path forwarded under the old table, then stop it until the
+        // new one is published (`refresh_xdp`): its flows must be re-validated first.
+        self.fold_xdp_counters();
+        if let Some(x) = self.xdp.as_mut() {
+            x.disable();
+        }
         self.rewrites_stamp = 0;
         let mut counters = vec![ServiceCounters::default(); table.services().len()];
         for (i, old) in self.table.services().iter().enumerate() {

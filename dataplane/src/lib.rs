@@ -12,6 +12,7 @@
 //!   ([`region`]: its heap or mmapped-BPF-map memory, the only `unsafe` around it);
 //! - [`services`], [`neigh`]: read-only tables the packet path consults;
 //! - [`engine`]: frame + ingress side → verdict, no I/O;
+//! - [`fast`]: the XDP program's established-flow fast path, as the engine publishes it;
 //! - [`redirect`], [`redirect_wire`]: second-chance redirects between nodes (issue 12);
 //! - [`counters`]: drop reasons, per-service counters, the JSON stats;
 //! - [`metrics`]: `/metrics` (`prometheus-client`), `/healthz`, `/readyz`, off the packet path.
@@ -20,6 +21,7 @@
 pub mod busy_poll;
 pub mod counters;
 pub mod engine;
+pub mod fast;
 pub mod flow;
 pub mod frames;
 pub mod metrics;

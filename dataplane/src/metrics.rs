@@ -74,11 +74,16 @@ fn gauge(r: &mut Registry, name: &str, help: &str, v: u64) {
 
 /// Registers every series of `st` (names: `docs/dataplane.md`, "Counters and metrics").
 pub fn register_stats(r: &mut Registry, st: &Stats) {
-    let counters: [(&str, &str, u64); 10] = [
+    let counters: [(&str, &str, u64); 11] = [
         (
             "juneau_dataplane_rx_packets",
             "Frames received from AF_XDP sockets",
             st.rx_packets,
+        ),
+        (
+            "juneau_dataplane_xdp_fast_path_packets",
+            "Packets of established flows the XDP program forwarded itself",
+            st.xdp_fast_packets,
         ),
         (
             "juneau_dataplane_tx_packets",

@@ -75,6 +75,8 @@ pub struct Neighbours {
     host_routes: HashMap<u32, Route, FastBuild>,
     prefix_routes: Vec<Route>,
     entries: HashMap<u64, MacAddr, FastBuild>,
+    /// Interfaces that take frames an XDP program redirects to them (sorted).
+    xdp_frame_targets: Vec<u32>,
     /// Changes whenever the content changes (unique per process), so the engine can
     /// tell with one comparison whether what it derived from this table is still valid.
     stamp: u64,
@@ -106,8 +108,23 @@ impl Neighbours {
             host_routes: HashMap::default(),
             prefix_routes: Vec::new(),
             entries: HashMap::default(),
+            xdp_frame_targets: Vec::new(),
             stamp: next_stamp(),
         }
+    }
+
+    /// Sets the interfaces that take XDP-redirected frames (`xdp-features` `ndo-xmit`).
+    pub fn set_xdp_frame_targets(&mut self, mut ifindexes: Vec<u32>) {
+        ifindexes.sort_unstable();
+        ifindexes.dedup();
+        self.stamp = next_stamp();
+        self.xdp_frame_targets = ifindexes;
+    }
+
+    /// Whether the XDP program may redirect frames to `ifindex` (a veth only while its
+    /// peer runs XDP or has GRO on: otherwise the kernel drops them).
+    pub fn takes_xdp_frames(&self, ifindex: u32) -> bool {
+        self.xdp_frame_targets.binary_search(&ifindex).is_ok()
     }
 
     /// Identifies this content: equal stamps mean equal tables.

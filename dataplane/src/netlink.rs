@@ -73,15 +73,31 @@ fn ipv4(v: &[u8]) -> Option<u32> {
     (v.len() == 4).then(|| u32::from_be_bytes([v[0], v[1], v[2], v[3]]))
 }
 
+// Generic netlink: the `netdev` family's device dump (`xdp-features`).
+const GENL_ID_CTRL: u16 = 0x10;
+const CTRL_CMD_GETFAMILY: u8 = 3;
+const CTRL_ATTR_FAMILY_ID: u16 = 1;
+const CTRL_ATTR_FAMILY_NAME: u16 = 2;
+const NETDEV_CMD_DEV_GET: u8 = 1;
+const NETDEV_A_DEV_IFINDEX: u16 = 1;
+const NETDEV_A_DEV_XDP_FEATURES: u16 = 3;
+/// The device takes frames redirected by an XDP program (`ndo_xdp_xmit`); a veth only
+/// while its peer runs an XDP program or has GRO on.
+const NETDEV_XDP_ACT_NDO_XMIT: u64 = 4;
+
 impl Netlink {
-    /// Opens a socket in the current network namespace.
+    /// Opens a NETLINK_ROUTE socket in the current network namespace.
     pub fn open() -> io::Result<Self> {
+        Self::open_protocol(libc::NETLINK_ROUTE)
+    }
+
+    fn open_protocol(protocol: i32) -> io::Result<Self> {
         // SAFETY: plain socket(2) call; the returned fd is checked and owned below.
         let fd = unsafe {
             libc::socket(
                 libc::AF_NETLINK,
                 libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
+                protocol,
             )
         };
         if fd < 0 {
@@ -317,6 +333,11 @@ impl Netlink {
                 n.add_neighbour(ip, ifindex, mac);
             }
         }
+        match xdp_frame_targets() {
+            Ok(targets) => n.set_xdp_frame_targets(targets),
+            // Older kernels have no `netdev` family: the XDP fast path stays off.
+            Err(e) => tracing::debug!(error = %e, "reading XDP features over netlink failed"),
+        }
         Ok(n)
     }
 
@@ -351,6 +372,59 @@ impl Netlink {
         }
         Ok(stale.len())
     }
+}
+
+/// The interfaces (ifindexes) of this namespace that take frames an XDP program
+/// redirects to them (`xdp-features` has `ndo-xmit`), from the `netdev` generic-netlink
+/// family (Linux >= 6.3).
+pub fn xdp_frame_targets() -> io::Result<Vec<u32>> {
+    let mut nl = Netlink::open_protocol(libc::NETLINK_GENERIC)?;
+    let family = genl_family(&mut nl, "netdev")?;
+    let seq = nl.send(
+        family,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        &[NETDEV_CMD_DEV_GET, 1, 0, 0],
+    )?;
+    let mut out = Vec::new();
+    nl.recv_all(seq, |_, payload| {
+        let (mut ifindex, mut features) = (None, 0u64);
+        for (ty, v) in attrs(payload.get(4..).unwrap_or_default()) {
+            match ty {
+                NETDEV_A_DEV_IFINDEX if v.len() == 4 => {
+                    ifindex = Some(u32::from_ne_bytes([v[0], v[1], v[2], v[3]]));
+                }
+                NETDEV_A_DEV_XDP_FEATURES if v.len() == 8 => {
+                    features = u64::from_ne_bytes(v.try_into().unwrap_or_default());
+                }
+                _ => {}
+            }
+        }
+        if let Some(i) = ifindex.filter(|_| features & NETDEV_XDP_ACT_NDO_XMIT != 0) {
+            out.push(i);
+        }
+    })?;
+    Ok(out)
+}
+
+/// The id of generic-netlink family `name`.
+fn genl_family(nl: &mut Netlink, name: &str) -> io::Result<u16> {
+    let mut msg = vec![CTRL_CMD_GETFAMILY, 1, 0, 0];
+    let attr_len = 4 + name.len() + 1;
+    msg.extend_from_slice(&(attr_len as u16).to_ne_bytes());
+    msg.extend_from_slice(&CTRL_ATTR_FAMILY_NAME.to_ne_bytes());
+    msg.extend_from_slice(name.as_bytes());
+    msg.push(0);
+    msg.resize((msg.len() + 3) & !3, 0);
+    let seq = nl.send(GENL_ID_CTRL, NLM_F_REQUEST | NLM_F_ACK, &msg)?;
+    let mut id = None;
+    nl.recv_all(seq, |_, payload| {
+        for (ty, v) in attrs(payload.get(4..).unwrap_or_default()) {
+            if ty == CTRL_ATTR_FAMILY_ID && v.len() == 2 {
+                id = Some(u16::from_ne_bytes([v[0], v[1]]));
+            }
+        }
+    })?;
+    id.ok_or_else(|| io::Error::other(format!("no generic netlink family {name}")))
 }
 
 /// The interface each backend address is routed out of, by longest-prefix match over

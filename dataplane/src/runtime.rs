@@ -89,6 +89,9 @@ pub struct RuntimeConfig {
     pub idle_sleep_ms: i32,
     /// Attach XDP in generic (skb) mode.
     pub generic_xdp: bool,
+    /// Let the steering program forward established flows itself where the egress
+    /// takes XDP frames (docs/dataplane.md, "XDP fast path").
+    pub xdp_fast_path: bool,
     /// Bind sockets in zero-copy mode (NICs that support it; veth does not).
     pub zero_copy: bool,
     /// Re-probe stale neighbour entries this often (seconds).
@@ -311,6 +314,8 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     if let Some(reason) = &replaced {
         tracing::warn!(pin_dir = %cfg.pin_dir.display(), reason, "pinned maps not reusable: replaced by fresh ones (flows of the previous run are lost)");
     }
+    // Off until this process's workers publish it (a previous run's may be in force).
+    let fast_parts = steering.take_fast_parts(workers as usize);
     let (tables, flows_restored) = open_flow_tables(&cfg, regions, workers);
     steering.attach_all(&layout.steered)?;
     for (name, mode) in &steering.modes {
@@ -319,6 +324,11 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     let umems = layout.umems(&cfg, workers)?;
     let mut built = build_workers(&cfg, &layout, tables, &umems, &mut steering, workers)?;
     built[0].engine.counters_mut().flows_restored = flows_restored;
+    if cfg.xdp_fast_path {
+        for (b, part) in built.iter_mut().zip(fast_parts) {
+            b.engine.set_xdp_fast_path(part);
+        }
+    }
     if let Some(r) = &cfg.redirect {
         if r.node_from_state {
             tracing::info!(
@@ -1241,6 +1251,7 @@ fn forward_loop(
             }
             egress = io.egress_map(&nb);
         }
+        engine.refresh_xdp(&nb);
 
         let Io {
             pool,
@@ -1264,6 +1275,7 @@ fn forward_loop(
 
         if now.duration_since(last_stats) >= Duration::from_secs(1) {
             last_stats = now;
+            engine.fold_xdp_counters();
             let mut st = collect_stats(engine, io, control.seen_generation, &nb, shared);
             st.loop_gap = timing.gaps.clone();
             let _ = stats_tx.try_send((0, st));
@@ -1284,6 +1296,7 @@ fn forward_loop(
         }
     }
     // Final stats so a short-lived run leaves them behind.
+    engine.fold_xdp_counters();
     let _ = stats_tx.send((
         0,
         collect_stats(engine, io, control.seen_generation, &nb, shared),

@@ -383,6 +383,7 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
             nb = s.neighbours.get();
             egress = egress_map(&w.ports, &nb);
         }
+        w.engine.refresh_xdp(&nb);
         let mut rings = Rings {
             ports: &mut w.ports,
             pool: &mut w.pool,
@@ -401,6 +402,7 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
         );
         if now.duration_since(last_stats) >= Duration::from_secs(1) {
             last_stats = now;
+            w.engine.fold_xdp_counters();
             let mut st = worker_stats(&w.engine, &w.ports, &w.pool);
             st.loop_gap = timing.gaps.clone();
             let _ = s.stats_tx.try_send((w.id, st));
@@ -417,6 +419,7 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
             );
         }
     }
+    w.engine.fold_xdp_counters();
     let _ = s
         .stats_tx
         .send((w.id, worker_stats(&w.engine, &w.ports, &w.pool)));
@@ -431,6 +434,7 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
         timestamp: now_unix(),
         rx_packets: c.rx_packets,
         tx_packets: c.tx_packets,
+        xdp_fast_packets: c.xdp_fast_packets,
         flows: flows.len() as u64,
         flow_capacity: flows.capacity() as u64,
         flow_table_bytes: flows.memory_bytes() as u64,
@@ -478,6 +482,7 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
 /// peers).
 pub(super) fn merge(total: &mut Stats, other: &Stats) {
     total.rx_packets += other.rx_packets;
+    total.xdp_fast_packets += other.xdp_fast_packets;
     total.tx_packets += other.tx_packets;
     total.flows += other.flows;
     total.flow_capacity += other.flow_capacity;

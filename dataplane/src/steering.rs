@@ -116,6 +116,8 @@ pub struct Steering {
     pub modes: Vec<(String, &'static str)>,
     /// The `address:port` redirected packets are steered from (issue 12), if any.
     redirect_listen: Option<(Ipv4Addr, u16)>,
+    /// The XDP fast path's map (`fast_slots`), until the workers take their parts.
+    fast: Option<Region<crate::fast::FastSlot>>,
 }
 
 impl std::fmt::Debug for Steering {
@@ -143,7 +145,7 @@ fn expected_maps(
     records: u32,
     slots: u32,
     workers: u32,
-) -> [(&'static str, u32, u32, u32, u32); 8] {
+) -> [(&'static str, u32, u32, u32, u32); 9] {
     [
         ("xsks", 4, 4, 4096, 0),
         ("ifaces", 4, 12, 256, 0),
@@ -153,6 +155,13 @@ fn expected_maps(
         ("flow_index", 4, 8, slots, BPF_F_MMAPABLE),
         ("flow_records", 4, 32, records, BPF_F_MMAPABLE),
         ("redirect_in", 8, 1, 16, 0),
+        (
+            "fast_slots",
+            4,
+            64,
+            workers * crate::fast::STRIDE as u32,
+            BPF_F_MMAPABLE,
+        ),
     ]
 }
 
@@ -221,6 +230,68 @@ fn link_pin(dir: &Path, iface: &str) -> PathBuf {
 }
 
 impl Steering {
+    /// Runs the loaded program once on `frame` as if it had arrived on RX queue 0 of
+    /// `ingress_ifindex` (`BPF_PROG_TEST_RUN`: nothing is sent, no redirect happens);
+    /// returns the program's action and the frame as it left it. For tests that compare
+    /// the program with the engine.
+    pub fn test_run(&self, frame: &[u8], ingress_ifindex: u32) -> Result<(u32, Vec<u8>)> {
+        use aya::programs::{TestRun, TestRunOptions};
+        let prog: &Xdp = self
+            .bpf
+            .program("juneau_steer")
+            .ok_or_else(|| anyhow!("no program juneau_steer"))?
+            .try_into()?;
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
+        // egress_ifindex.
+        let md: [u32; 6] = [0, frame.len() as u32, 0, ingress_ifindex, 0, 0];
+        let ctx: Vec<u8> = md.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let mut out = vec![0u8; frame.len() + 256];
+        let r = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..Default::default()
+            })
+            .context("BPF_PROG_TEST_RUN of the steering program")?;
+        out.truncate(r.data_size_out as usize);
+        Ok((r.return_value, out))
+    }
+
+    /// Configures an interface in the program's `ifaces` map without attaching the
+    /// program to it (with [`Steering::test_run`]).
+    pub fn configure_iface(&mut self, i: &SteeredIface) -> Result<()> {
+        let conf = IfaceConf {
+            slot_base: i.slot_base,
+            queues: i.queues,
+            role: if i.uplink { ROLE_UPLINK } else { ROLE_POD },
+        };
+        self.ifaces.insert(i.ifindex, conf, 0)?;
+        Ok(())
+    }
+
+    /// The XDP fast path's parts, one per forwarding worker (in worker order), each
+    /// turned off until its worker publishes it; empty after the first call.
+    pub fn take_fast_parts(&mut self, workers: usize) -> Vec<crate::fast::FastPath> {
+        let Some(region) = self.fast.take() else {
+            return Vec::new();
+        };
+        let workers = workers.clamp(1, crate::flow::MAX_WORKERS);
+        if region.len() != workers * crate::fast::STRIDE {
+            tracing::warn!(
+                entries = region.len(),
+                workers,
+                "the fast-path map does not fit the workers: the XDP fast path stays off"
+            );
+            return Vec::new();
+        }
+        region
+            .split(workers)
+            .into_iter()
+            .map(crate::fast::FastPath::new)
+            .collect()
+    }
+
     /// Loads the program with its maps pinned under `pin_dir` (created if missing),
     /// reusing the pinned maps of a previous run when they fit (same sizes and flow-table
     /// layout), otherwise replacing them (the reason is returned, for the log). Returns
@@ -258,7 +329,8 @@ impl Steering {
         loader
             .map_max_entries("flow_meta", workers)
             .map_max_entries("flow_index", slots)
-            .map_max_entries("flow_records", records);
+            .map_max_entries("flow_records", records)
+            .map_max_entries("fast_slots", workers * crate::fast::STRIDE as u32);
         let names = expected_maps(records, slots, workers);
         let paths: Vec<(&str, PathBuf)> =
             names.iter().map(|(n, ..)| (*n, pin_dir.join(n))).collect();
@@ -275,6 +347,7 @@ impl Steering {
             index: map_region::<u64>(&bpf, "flow_index")?,
             records: map_region::<Flow>(&bpf, "flow_records")?,
         };
+        let fast = map_region::<crate::fast::FastSlot>(&bpf, "fast_slots")?;
         let mut ifaces: BpfHashMap<MapData, u32, IfaceConf> = take(&mut bpf, "ifaces")?;
         // Entries of interfaces that no longer exist (a previous run's Pod veths).
         let present = present_ifindexes();
@@ -324,6 +397,7 @@ impl Steering {
             links: HashMap::new(),
             modes: Vec::new(),
             redirect_listen: None,
+            fast: Some(fast),
         };
         Ok((st, regions, replaced))
     }

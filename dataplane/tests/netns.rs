@@ -834,6 +834,150 @@ fn removing_and_adding_backends_leaves_other_connections_alone() -> Result<()> {
     lab.finish()
 }
 
+/// The stats' `xdp_fast_packets` once two consecutive stats writes agree (the dataplane
+/// folds the program's counters into its stats once a second).
+fn settled_fast_packets(lab: &Lab) -> Result<u64> {
+    let read = || -> Option<(u64, u64)> {
+        let s = lab.stats().ok()?;
+        Some((s["timestamp"].as_u64()?, s["xdp_fast_packets"].as_u64()?))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last: Option<(u64, u64)> = None;
+    loop {
+        if let Some((t, v)) = read() {
+            if let Some((t0, v0)) = last {
+                if t > t0 && v == v0 {
+                    return Ok(v);
+                }
+            }
+            if last.is_none_or(|(t0, _)| t > t0) {
+                last = Some((t, v));
+            }
+        }
+        ensure!(Instant::now() < deadline, "xdp_fast_packets never settled");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The steering program forwards packets of established connections itself towards a
+/// Pod whose veth takes XDP frames (GRO on in the Pod), never towards one whose veth
+/// does not, and stops using a service table as soon as it changes: a removed backend's
+/// connections are not served by it any more (as on the userspace path).
+#[test]
+fn established_flows_take_the_xdp_fast_path_only_where_the_pod_takes_xdp_frames() -> Result<()> {
+    let mut lab = Lab::new("dpx")?;
+    lab.pods[0].exec(&["ethtool", "-K", "eth0", "gro", "on"])?;
+    let mut conns = lab.connect_many(12)?;
+    let mut on: Vec<usize> = Vec::new();
+    for c in conns.iter_mut() {
+        on.push(pod_of(&http_get(c)?).context("pod")?);
+    }
+    ensure!(
+        on.contains(&0) && on.contains(&1),
+        "need connections on both pods: {on:?}"
+    );
+    // Requests on pod0's connections until the program's packets show in the stats (the
+    // dataplane re-reads which interfaces take XDP frames about once a second).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        for (i, c) in conns.iter_mut().enumerate().filter(|(i, _)| on[*i] == 0) {
+            let body = http_get(c).with_context(|| format!("connection {i} on pod0"))?;
+            assert_eq!(pod_of(&body), Some(0));
+            assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+        }
+        if lab.stats()?["xdp_fast_packets"].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no packet took the XDP fast path: {}\n{}",
+            lab.stats()?,
+            lab.dataplane_log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A 1 MiB download over a fresh connection: its ACKs take the fast path.
+    let out = lab.client.output(&[
+        "curl",
+        "-sS",
+        "-m",
+        "20",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{size_download}",
+        "http://10.200.0.10/big",
+    ])?;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        (1u64 << 20).to_string()
+    );
+
+    // pod1's veth takes no XDP frames: its connections stay in userspace.
+    let before = settled_fast_packets(&lab)?;
+    for _ in 0..5 {
+        for (i, c) in conns.iter_mut().enumerate().filter(|(i, _)| on[*i] == 1) {
+            let body = http_get(c).with_context(|| format!("connection {i} on pod1"))?;
+            assert_eq!(pod_of(&body), Some(1));
+        }
+    }
+    assert_eq!(
+        settled_fast_packets(&lab)?,
+        before,
+        "packets towards a Pod whose veth takes no XDP frames took the fast path"
+    );
+    let s = lab.stats()?;
+    let packets_in: u64 = s["services"]
+        .as_array()
+        .context("services")?
+        .iter()
+        .filter_map(|x| x["packets_in"].as_u64())
+        .sum();
+    assert!(
+        packets_in >= before,
+        "the program's packets are in the service counters: {s}"
+    );
+
+    // Now pod1 takes XDP frames too: its connections move to the fast path.
+    lab.pods[1].exec(&["ethtool", "-K", "eth0", "gro", "on"])?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        for (i, c) in conns.iter_mut().enumerate().filter(|(i, _)| on[*i] == 1) {
+            let body = http_get(c).with_context(|| format!("connection {i} on pod1"))?;
+            assert_eq!(pod_of(&body), Some(1));
+        }
+        if lab.stats()?["xdp_fast_packets"].as_u64().unwrap_or(0) > before {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "pod1's connections never took the XDP fast path: {}",
+            lab.stats()?
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Remove pod0: the program must stop forwarding its connections at once and leave
+    // them to userspace, which drops them as `backend_removed` (a stale decision would
+    // send them to the slot's new owner, pod1's interface, unseen).
+    lab.publish(&[1])?;
+    for (i, c) in conns.iter_mut().enumerate() {
+        if on[i] == 0 {
+            c.set_read_timeout(Some(Duration::from_millis(1000)))?;
+            let r = http_get(c);
+            assert!(
+                r.is_err(),
+                "connection {i} to the removed backend must not be served: {r:?}"
+            );
+        } else {
+            assert_eq!(pod_of(&http_get(c)?), Some(1), "connection {i} on pod1");
+        }
+    }
+    lab.wait_drops("backend_removed", 1)?;
+    drop(conns);
+    lab.finish()
+}
+
 /// Frames that must not crash the dataplane: all addressed to the node's uplink MAC and
 /// the VIP so the steering program hands them to userspace.
 fn malformed_corpus(dst_mac: [u8; 6], src_mac: [u8; 6]) -> Vec<Vec<u8>> {
@@ -1551,8 +1695,8 @@ fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
     let mut c = lab.connect_many(1)?;
     http_get(&mut c[0])?;
     drop(c);
-    // Uninstall: stop it, remove the pins; the program leaves the interfaces at once
-    // (the namespaces are still there).
+    // Uninstall: stop it, remove the pins; the program leaves the interfaces (the
+    // namespaces are still there).
     lab.kill9();
     let pin = lab.bpffs.pin_dir();
     let bin = env!("CARGO_BIN_EXE_juneau-dataplane");
@@ -1565,12 +1709,21 @@ fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     ensure!(!pin.exists(), "{} still there", pin.display());
+    // The kernel frees an unpinned link from a workqueue: within moments, not
+    // necessarily before `--remove-pins` returns.
+    let deadline = Instant::now() + Duration::from_secs(5);
     for ifname in ["up0", "pv0", "pv1"] {
-        let show = lab.node.exec(&["ip", "-d", "link", "show", ifname])?;
-        ensure!(
-            !show.contains("prog/xdp"),
-            "XDP still on {ifname} after --remove-pins: {show}"
-        );
+        loop {
+            let show = lab.node.exec(&["ip", "-d", "link", "show", ifname])?;
+            if !show.contains("prog/xdp") {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "XDP still on {ifname} 5 s after --remove-pins: {show}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
     let (body, _) = curl(&lab.node, &format!("http://{}:{HTTP_PORT}/", pod_ip(0)))?;
     assert!(body.starts_with("pod0 saw"), "{body}");

@@ -431,10 +431,12 @@ fn convergence_only(args: &RunArgs) -> Result<()> {
 
 fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     let plan = plan_for(args, smoke)?;
-    let with_juneau = plan
-        .scenarios
-        .iter()
-        .any(|s| matches!(s, Scenario::Juneau | Scenario::JuneauBusyPoll));
+    let with_juneau = plan.scenarios.iter().any(|s| {
+        matches!(
+            s,
+            Scenario::Juneau | Scenario::JuneauAfxdp | Scenario::JuneauBusyPoll
+        )
+    });
     let cost = !args.no_cost;
     let mut missing = prereq::check(with_juneau.then_some(plan.dataplane.as_path()), cost);
     // Convergence: 30 repetitions in `run`, 3 in `smoke` (~10 s more).

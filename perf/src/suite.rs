@@ -33,8 +33,12 @@ pub enum Scenario {
     XdpDnat,
     /// Raw AF_XDP forwarder without NAT (MAC rewrite only): the userspace ceiling.
     AfxdpL2fwd,
-    /// The real juneau-dataplane binary fed by a real NodeStateWriter.
+    /// The real juneau-dataplane binary fed by a real NodeStateWriter (defaults: the
+    /// XDP fast path forwards established flows where the egress takes XDP frames).
     Juneau,
+    /// The same with every packet in userspace (`--no-xdp-fast-path`): the AF_XDP
+    /// path alone, which new flows and replies take.
+    JuneauAfxdp,
     /// The same with AF_XDP busy polling (`--xsk-busy-poll-budget`, and the node's veths
     /// deferring their NAPI to the busy poller: `napi_defer_hard_irqs`,
     /// `gro_flush_timeout`).
@@ -47,12 +51,13 @@ impl Scenario {
     /// NAPI id to busy-poll only when bound in zero-copy mode, which veth lacks — measured:
     /// `BusyPollRxPackets` stays 0 — so on this topology it measures the same loop as
     /// `juneau`; run it with `--scenarios` on a kernel or NIC where it can work.)
-    pub const ALL: [Scenario; 5] = [
+    pub const ALL: [Scenario; 6] = [
         Scenario::KernelForward,
         Scenario::NftDnat,
         Scenario::XdpDnat,
         Scenario::AfxdpL2fwd,
         Scenario::Juneau,
+        Scenario::JuneauAfxdp,
     ];
 
     /// The report name.
@@ -63,6 +68,7 @@ impl Scenario {
             Scenario::XdpDnat => "xdp-dnat",
             Scenario::AfxdpL2fwd => "afxdp-l2fwd",
             Scenario::Juneau => "juneau",
+            Scenario::JuneauAfxdp => "juneau-afxdp",
             Scenario::JuneauBusyPoll => "juneau-busy-poll",
         }
     }
@@ -71,7 +77,11 @@ impl Scenario {
     pub fn uses_vip(self) -> bool {
         matches!(
             self,
-            Scenario::NftDnat | Scenario::XdpDnat | Scenario::Juneau | Scenario::JuneauBusyPoll
+            Scenario::NftDnat
+                | Scenario::XdpDnat
+                | Scenario::Juneau
+                | Scenario::JuneauAfxdp
+                | Scenario::JuneauBusyPoll
         )
     }
 }
@@ -438,7 +448,7 @@ pub(crate) fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Resul
             active.forwarder_name = "the afxdp-l2fwd forwarder";
             active.forwarder_log = Some(log);
         }
-        Scenario::Juneau | Scenario::JuneauBusyPoll => {
+        Scenario::Juneau | Scenario::JuneauAfxdp | Scenario::JuneauBusyPoll => {
             if !plan.dataplane.exists() {
                 bail!(
                     "juneau-dataplane binary not found at {} (build it: cargo build --release -p juneau-dataplane, or pass --dataplane PATH)",
@@ -459,6 +469,9 @@ pub(crate) fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Resul
             let log = plan.out_dir.join(format!("juneau-dataplane-{tag}.log"));
             let dp = plan.dataplane.to_string_lossy().into_owned();
             let mut extra: Vec<&str> = plan.dataplane_args.iter().map(String::as_str).collect();
+            if sc == Scenario::JuneauAfxdp {
+                extra.push("--no-xdp-fast-path");
+            }
             if sc == Scenario::JuneauBusyPoll {
                 extra.extend(["--xsk-busy-poll-budget", "64"]);
                 // The veths keep their NAPI scheduled for the busy poller instead of
@@ -925,6 +938,7 @@ fn measure(
     plan: &Plan,
     flows: u32,
     warmup: Duration,
+    fill: Duration,
 ) -> Result<RunFigures> {
     let tids = pin_path(t, a)?;
     let pinned: Vec<(u32, u64)> = path_threads(t, a)
@@ -932,7 +946,7 @@ fn measure(
         .filter_map(|(x, _)| Some((x, thread_run_ns(x)?)))
         .collect();
     let cw = plan.calibrate_window;
-    let flood = window_run(t, a, &tids, flows, 0, warmup.min(cw), cw)?;
+    let flood = window_run(t, a, &tids, flows, 0, warmup.min(cw) + fill, cw)?;
     let mut steps = vec![(flood.offered_pps, flood.delivered_pps)];
     let mut search = RateSearch::new(flood.delivered_pps);
     for _ in 0..plan.calibrate_steps {
@@ -1048,7 +1062,7 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
                 continue;
             }
             check_interrupt()?;
-            match throughput_once(plan, *sc, plan.flows, plan.warmup) {
+            match throughput_once(plan, *sc, plan.flows, plan.warmup, Duration::ZERO) {
                 Ok(f) => {
                     say_run(
                         format!("round {}/{}: {}", round + 1, plan.runs, sc.name()),
@@ -1073,7 +1087,8 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
                     plan,
                     Scenario::Juneau,
                     flows,
-                    plan.warmup + plan.scale_warmup(flows),
+                    plan.warmup,
+                    plan.scale_warmup(flows),
                 ) {
                     Ok(f) => {
                         say_run(
@@ -1129,13 +1144,25 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
 }
 
 /// One throughput run on a fresh topology.
-fn throughput_once(plan: &Plan, sc: Scenario, flows: u32, warmup: Duration) -> Result<RunFigures> {
+/// One run: calibration, then the window. `fill` is extra traffic before the first
+/// calibration window, so that every flow exists before anything is measured (a new
+/// flow takes the userspace path; the flow-scale runs need seconds to create them all).
+fn throughput_once(
+    plan: &Plan,
+    sc: Scenario,
+    flows: u32,
+    warmup: Duration,
+    fill: Duration,
+) -> Result<RunFigures> {
     let t = Topology::build()?;
     let tag = format!("{}-{flows}-{}", sc.name(), std::process::id());
     let mut a = setup(&t, sc, plan, &tag)?;
     wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
-    let r = measure(&t, &mut a, plan, flows, warmup)?;
-    if matches!(sc, Scenario::Juneau | Scenario::JuneauBusyPoll) {
+    let r = measure(&t, &mut a, plan, flows, warmup, fill)?;
+    if matches!(
+        sc,
+        Scenario::Juneau | Scenario::JuneauAfxdp | Scenario::JuneauBusyPoll
+    ) {
         let busy_polled = busy_poll_rx_packets(&t);
         record_dataplane_counters(plan, sc, &tag, flows, busy_polled);
     }

@@ -106,6 +106,11 @@ struct Args {
     /// Attach XDP in generic (skb) mode instead of native.
     #[arg(long)]
     generic_xdp: bool,
+    /// Keep every packet in userspace: the steering program does not forward
+    /// established flows itself (it does so only towards interfaces that take XDP
+    /// frames; docs/dataplane.md, "XDP fast path").
+    #[arg(long)]
+    no_xdp_fast_path: bool,
     /// Bind AF_XDP sockets in zero-copy mode (NICs that support it; not veth).
     #[arg(long)]
     zero_copy: bool,
@@ -234,6 +239,7 @@ fn main() -> Result<()> {
         idle_sleep_ms: a.idle_sleep_ms,
         xsk_busy_poll_budget: a.xsk_busy_poll_budget,
         generic_xdp: a.generic_xdp,
+        xdp_fast_path: !a.no_xdp_fast_path,
         zero_copy: a.zero_copy,
         neighbour_keepalive_s: a.neighbour_keepalive,
         redirect: a
