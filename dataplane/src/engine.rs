@@ -1223,6 +1223,158 @@ mod tests {
         build_with(IPPROTO_TCP, src, sport, dst, dport, b"", 64, flags)
     }
 
+    /// The steering program's XDP fast path, run by the kernel (`BPF_PROG_TEST_RUN` of
+    /// the real program over this engine's own shared flow table and fast-path part),
+    /// writes exactly the bytes `Engine::process` writes for forward packets of
+    /// established flows — TCP and UDP, any TTL > 1, any checksum value incl. UDP's 0 —
+    /// and leaves to userspace (unchanged, to the empty socket slot: `XDP_DROP`) what
+    /// the engine must decide: SYN/FIN/RST, a flow not re-validated since the service
+    /// table changed, a part not yet republished. Loads BPF: needs root.
+    #[test]
+    fn the_xdp_fast_path_writes_what_the_engine_writes() -> anyhow::Result<()> {
+        use crate::steering::{SteeredIface, Steering};
+        const XDP_DROP: u32 = 1;
+        const XDP_REDIRECT: u32 = 4;
+        let dir = tempfile::tempdir()?;
+        let (mut st, regions, _) = Steering::load(dir.path(), 1024, 1, false)
+            .map_err(|e| e.context("loading the steering program (run as root)"))?;
+        let cfg = EngineConfig {
+            flow_capacity: 1024,
+            ..Default::default()
+        };
+        let now = crate::region::monotonic_ms;
+        let (tables, _) = FlowTable::open_group(regions, 1, cfg.timeouts, 7, now());
+        let mut e = Engine::with_flows(cfg, tables.into_iter().next().expect("a table"));
+        update(&mut e, 1, &[B1, B2]);
+        st.sync(e.services())?;
+        // The "uplink" is this namespace's loopback, only for the program's `ifaces` map:
+        // nothing is attached, a test run sends nothing.
+        st.configure_iface(&SteeredIface {
+            name: "lo".into(),
+            ifindex: 1,
+            uplink: true,
+            slot_base: 0,
+            queues: 1,
+        })?;
+        e.set_xdp_fast_path(st.take_fast_parts(1).remove(0));
+        let mut nb = neighbours();
+        nb.set_xdp_frame_targets(vec![10, 11]);
+        e.refresh_xdp(&nb);
+
+        // Establish a TCP connection through the engine, and a UDP flow.
+        let mut f = syn(44000);
+        assert!(matches!(
+            e.process(&mut f, Side::Uplink, &nb, now()),
+            Verdict::Tx(_)
+        ));
+        let b = Ipv4Addr::from(parse(&f).dst).octets();
+        let mut r = tcp(b, 8080, CLIENT, 44000, tcp_flags::SYN | tcp_flags::ACK);
+        assert!(matches!(
+            e.process(&mut r, Side::Pod(0), &nb, now()),
+            Verdict::Tx(_)
+        ));
+        let mut u = build_with(IPPROTO_UDP, CLIENT, 44001, VIP, 53, b"q", 64, 0);
+        assert!(matches!(
+            e.process(&mut u, Side::Uplink, &nb, now()),
+            Verdict::Tx(_)
+        ));
+
+        // `fast`: the program must forward it as the engine does; else leave it alone.
+        fn check(
+            st: &Steering,
+            e: &mut Engine,
+            nb: &Neighbours,
+            f: Vec<u8>,
+            fast: bool,
+            what: &str,
+        ) -> anyhow::Result<()> {
+            let (action, out) = st.test_run(&f, 1)?;
+            let mut want = f.clone();
+            let v = e.process(&mut want, Side::Uplink, nb, crate::region::monotonic_ms());
+            if fast {
+                assert!(
+                    matches!(v, Verdict::Tx(Side::Pod(_))),
+                    "{what}: engine {v:?}"
+                );
+                assert_eq!(action, XDP_REDIRECT, "{what}");
+                assert_eq!(out, want, "{what}: program and engine differ");
+            } else {
+                assert_eq!(action, XDP_DROP, "{what}: to the (empty) socket slot");
+                assert_eq!(out, f, "{what}: left unchanged");
+            }
+            Ok(())
+        }
+        // The client's ACK completes the handshake in the engine: userspace's.
+        check(
+            &st,
+            &mut e,
+            &nb,
+            tcp(CLIENT, 44000, VIP, 80, tcp_flags::ACK),
+            false,
+            "handshake ACK",
+        )?;
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for i in 0..300 {
+            let x = next();
+            let ttl = 2 + (x % 254) as u8;
+            let payload = vec![(x >> 8) as u8; (x >> 16) as usize % 64];
+            let udp = i % 2 == 0;
+            let mut f = if udp {
+                build_with(IPPROTO_UDP, CLIENT, 44001, VIP, 53, &payload, ttl, 0)
+            } else {
+                let flags = if x & (1 << 40) != 0 {
+                    0x08 | tcp_flags::ACK
+                } else {
+                    tcp_flags::ACK
+                };
+                build_with(IPPROTO_TCP, CLIENT, 44000, VIP, 80, &payload, ttl, flags)
+            };
+            // Any checksum values: both sides update incrementally, valid or not.
+            let c = (next() & 0xffff) as u16;
+            let l4c = if udp { 40 } else { 50 };
+            match i % 7 {
+                0 => f[l4c..l4c + 2].copy_from_slice(&[0, 0]),
+                1 => f[l4c..l4c + 2].copy_from_slice(&[0xff, 0xff]),
+                2 => f[24..26].copy_from_slice(&[0xff, 0xff]),
+                3 => f[l4c..l4c + 2].copy_from_slice(&c.to_be_bytes()),
+                4 => f[24..26].copy_from_slice(&c.to_be_bytes()),
+                _ => {}
+            }
+            check(&st, &mut e, &nb, f, true, &format!("packet {i}"))?;
+        }
+        // State changes stay userspace's.
+        for flags in [
+            tcp_flags::FIN | tcp_flags::ACK,
+            tcp_flags::RST,
+            tcp_flags::SYN,
+        ] {
+            let mut f = tcp(CLIENT, 44000, VIP, 80, flags);
+            let (action, out) = st.test_run(&f, 1)?;
+            assert_eq!((action, &out), (XDP_DROP, &f), "flags {flags:#x}");
+            let _ = e.process(&mut f, Side::Uplink, &nb, now());
+        }
+        // A new service table: off until republished, then the flow must be re-validated
+        // by the engine (one packet through userspace) before the program takes it.
+        update(&mut e, 2, &[B1, B2]);
+        let udp = || build_with(IPPROTO_UDP, CLIENT, 44001, VIP, 53, b"x", 64, 0);
+        let (action, _) = st.test_run(&udp(), 1)?;
+        assert_eq!(action, XDP_DROP, "part off after set_services");
+        e.refresh_xdp(&nb);
+        check(&st, &mut e, &nb, udp(), false, "not re-validated yet")?;
+        check(&st, &mut e, &nb, udp(), true, "re-validated")?;
+        // An interface that takes no XDP frames: its slots are not used.
+        nb.set_xdp_frame_targets(vec![]);
+        e.refresh_xdp(&nb);
+        check(&st, &mut e, &nb, udp(), false, "egress takes no XDP frames")?;
+        Ok(())
+    }
+
     #[test]
     fn only_a_syn_creates_a_tcp_flow() {
         let nb = neighbours();
