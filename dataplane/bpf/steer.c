@@ -342,6 +342,12 @@ static __always_inline void find_flow(struct probe_ctx *c, __be32 saddr, __be32 
 	c->dp = bpf_ntohs(dport);
 	c->proto = proto;
 	c->dir = dir;
+	if (c->workers == 1) {
+		// One forwarding worker (the default): its table directly, without the
+		// helper call and the callback.
+		c->result = find_in(m, 0, c);
+		return;
+	}
 	// One callback per table (bpf_loop): each is verified once, and the table number
 	// is a plain argument rather than a loop counter the verifier must tell apart.
 	bpf_loop(MAX_WORKERS, probe_table, c, 0);
