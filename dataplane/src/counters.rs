@@ -305,6 +305,8 @@ pub struct WorkerStats {
     pub tx_packets: u64,
     /// Flows in its table (it created them).
     pub flows: u64,
+    /// Packets of its flows the steering program forwarded itself (XDP fast path).
+    pub xdp_fast_packets: u64,
     /// Packets received per second over the last interval.
     pub rx_pps: u64,
     /// Packets transmitted per second over the last interval.

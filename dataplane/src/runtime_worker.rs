@@ -549,6 +549,7 @@ impl Collector {
             rx_packets: st.rx_packets,
             tx_packets: st.tx_packets,
             flows: st.flows,
+            xdp_fast_packets: st.xdp_fast_packets,
             rx_pps: rate(st.rx_packets, rx0),
             tx_pps: rate(st.tx_packets, tx0),
         };

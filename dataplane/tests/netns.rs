@@ -1962,6 +1962,60 @@ fn per_worker(s: &serde_json::Value) -> Vec<(u64, u64)> {
         .unwrap_or_default()
 }
 
+/// Two workers with the XDP fast path (both Pods' veths take XDP frames): each worker
+/// publishes its own part, and the program forwards the flows of both workers' tables
+/// through them; a kill -9 and a restart lose no connection (the program keeps
+/// forwarding established flows while the process is down; the new process turns the
+/// parts off until its workers republish them).
+#[test]
+fn two_workers_each_publish_their_fast_path_part_and_survive_a_restart() -> Result<()> {
+    let mut lab = Lab::with_workers("dpf", 2, &[])?;
+    for p in &lab.pods {
+        p.exec(&["ethtool", "-K", "eth0", "gro", "on"])?;
+    }
+    let mut conns = lab.connect_many(16)?;
+    let fast_per_worker = |s: &serde_json::Value| -> Vec<u64> {
+        s["workers"]
+            .as_array()
+            .map(|ws| {
+                ws.iter()
+                    .map(|w| w["xdp_fast_packets"].as_u64().unwrap_or(0))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        for c in conns.iter_mut() {
+            c.set_read_timeout(Some(Duration::from_secs(20)))?;
+            let body = http_get(c)?;
+            assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+        }
+        let s = lab.stats()?;
+        let fast = fast_per_worker(&s);
+        if fast.len() == 2 && fast.iter().all(|n| *n > 0) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "both workers' flows must take the fast path: {s}\n{}",
+            lab.dataplane_log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    lab.kill9();
+    let pending = requests_in_flight(&mut conns);
+    std::thread::sleep(Duration::from_millis(300));
+    lab.start()?;
+    answered_after_restart(&lab, pending, &mut conns)?;
+    for c in conns.iter_mut() {
+        let body = http_get(c)?;
+        assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+    }
+    drop(conns);
+    lab.finish()
+}
+
 /// Two forwarding workers (`--workers 2`) over 2-queue veths on the uplink and both Pod
 /// sides. The client's connections spread over both uplink queues (the sender's TX
 /// queue, picked by its flow hash, is the veth receiver's RX queue), and each Pod's
