@@ -544,6 +544,7 @@ mod tests {
             st.drops.insert(r.name().into(), r as u64);
         }
         st.rx_packets = 11;
+        st.xdp_fast_packets = 13;
         st.flows = 3;
         st.rx_packets_per_socket.insert("eth0/0".into(), 9);
         st.workers.push(WorkerStats {
@@ -551,6 +552,7 @@ mod tests {
             rx_packets: 7,
             tx_packets: 6,
             flows: 2,
+            xdp_fast_packets: 4,
             rx_pps: 70,
             tx_pps: 60,
         });
@@ -657,5 +659,9 @@ mod tests {
         let t = juneau_telemetry::encode(ex.as_ref()).unwrap();
         assert!(t.contains("juneau_dataplane_programmed_vips 1"), "{t}");
         assert!(t.contains("juneau_dataplane_rx_packets_total 11"), "{t}");
+        assert!(
+            t.contains("juneau_dataplane_xdp_fast_path_packets_total 13"),
+            "{t}"
+        );
     }
 }
