@@ -54,6 +54,10 @@ struct RunArgs {
     /// Skip the control-plane convergence measurement.
     #[arg(long)]
     no_convergence: bool,
+    /// An extra argument for every juneau-dataplane the run starts (repeatable, e.g.
+    /// `--dataplane-arg=--busy-poll-us=0`).
+    #[arg(long, allow_hyphen_values = true)]
+    dataplane_arg: Vec<String>,
     /// Services of the control-plane scale measurement (default: 10000 in `run` and
     /// `scale`, 20 in `smoke`; 0 skips it).
     #[arg(long)]
@@ -209,6 +213,8 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
     if let Some(dp) = &args.dataplane {
         plan.dataplane = std::path::absolute(dp)?;
     }
+    plan.dataplane_args
+        .extend(args.dataplane_arg.iter().cloned());
     Ok(plan)
 }
 
