@@ -435,6 +435,21 @@ impl Lab {
         Ok(g)
     }
 
+    /// Opens `n` TCP connections and makes a request on each: the connections and the
+    /// Pod each one is served by; both Pods must serve some.
+    fn connections_on_both_pods(&self, n: usize) -> Result<(Vec<TcpStream>, Vec<usize>)> {
+        let mut conns = self.connect_many(n)?;
+        let mut on: Vec<usize> = Vec::new();
+        for c in conns.iter_mut() {
+            on.push(pod_of(&http_get(c)?).context("pod")?);
+        }
+        ensure!(
+            on.contains(&0) && on.contains(&1),
+            "need connections on both pods: {on:?}"
+        );
+        Ok((conns, on))
+    }
+
     /// Opens `n` TCP connections to VIP:80 from the client namespace.
     fn connect_many(&self, n: usize) -> Result<Vec<TcpStream>> {
         in_ns(self.client.name(), move || -> Result<Vec<TcpStream>> {
@@ -540,6 +555,28 @@ fn wire_pod(node: &Netns, pod: &Netns, i: usize, bridge: bool, queues: u32) -> R
     Ok(())
 }
 
+/// Downloads 1 MiB from the VIP (`/big`) with curl from `client`; all of it must arrive.
+fn download_1mib(client: &Netns) -> Result<()> {
+    let out = client.output(&[
+        "curl",
+        "-sS",
+        "-m",
+        "20",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{size_download}",
+        "http://10.200.0.10/big",
+    ])?;
+    ensure!(
+        String::from_utf8_lossy(&out.stdout) == (1u64 << 20).to_string(),
+        "1 MiB download: {} bytes; {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
 fn curl(ns: &Netns, url: &str) -> Result<(String, String)> {
     let out = ns.output(&[
         "curl",
@@ -584,23 +621,7 @@ fn http_and_udp_through_the_vip_keep_the_client_ip() -> Result<()> {
         lab.backends[served].name
     );
     // A 1 MiB response (many full-size segments from a Pod with offloads on).
-    let out = lab.client.output(&[
-        "curl",
-        "-sS",
-        "-m",
-        "20",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{size_download}",
-        "http://10.200.0.10/big",
-    ])?;
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        (1u64 << 20).to_string(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    download_1mib(&lab.client)?;
 
     // UDP: the reply comes from VIP:53 and the backend saw the client's address.
     let (from, reply) = in_ns(lab.client.name(), || -> Result<(SocketAddr, String)> {
@@ -770,15 +791,7 @@ fn unexposed_port_is_dropped_while_node_traffic_still_works() -> Result<()> {
 #[test]
 fn removing_and_adding_backends_leaves_other_connections_alone() -> Result<()> {
     let mut lab = Lab::new("dpr")?;
-    let mut conns = lab.connect_many(30)?;
-    let mut on: Vec<usize> = Vec::new();
-    for c in conns.iter_mut() {
-        on.push(pod_of(&http_get(c)?).context("pod")?);
-    }
-    ensure!(
-        on.contains(&0) && on.contains(&1),
-        "need connections on both pods: {on:?}"
-    );
+    let (mut conns, on) = lab.connections_on_both_pods(30)?;
 
     // Remove pod1.
     lab.publish(&[0])?;
@@ -867,15 +880,7 @@ fn settled_fast_packets(lab: &Lab) -> Result<u64> {
 fn established_flows_take_the_xdp_fast_path_only_where_the_pod_takes_xdp_frames() -> Result<()> {
     let mut lab = Lab::new("dpx")?;
     lab.pods[0].exec(&["ethtool", "-K", "eth0", "gro", "on"])?;
-    let mut conns = lab.connect_many(12)?;
-    let mut on: Vec<usize> = Vec::new();
-    for c in conns.iter_mut() {
-        on.push(pod_of(&http_get(c)?).context("pod")?);
-    }
-    ensure!(
-        on.contains(&0) && on.contains(&1),
-        "need connections on both pods: {on:?}"
-    );
+    let (mut conns, on) = lab.connections_on_both_pods(12)?;
     // Requests on pod0's connections until the program's packets show in the stats (the
     // dataplane re-reads which interfaces take XDP frames about once a second).
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -897,21 +902,7 @@ fn established_flows_take_the_xdp_fast_path_only_where_the_pod_takes_xdp_frames(
         std::thread::sleep(Duration::from_millis(200));
     }
     // A 1 MiB download over a fresh connection: its ACKs take the fast path.
-    let out = lab.client.output(&[
-        "curl",
-        "-sS",
-        "-m",
-        "20",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{size_download}",
-        "http://10.200.0.10/big",
-    ])?;
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        (1u64 << 20).to_string()
-    );
+    download_1mib(&lab.client)?;
 
     // pod1's veth takes no XDP frames: its connections stay in userspace.
     let before = settled_fast_packets(&lab)?;
