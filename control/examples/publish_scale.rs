@@ -72,8 +72,6 @@ fn main() {
     let t = Instant::now();
     w.publish(&state(n, 0)).expect("first publish");
     println!("{n} services: first publish (new file) {:?}", t.elapsed());
-    let bytes = std::fs::metadata(&path).expect("stat").len();
-    println!("state file {:.1} MiB", bytes as f64 / (1 << 20) as f64);
     let states: Vec<NodeState> = (1..=rounds).map(|g| state(n, g)).collect();
     let mut changed = Vec::new();
     for s in &states {
@@ -93,6 +91,13 @@ fn main() {
         same.push(t.elapsed());
     }
     println!("nothing changed: median {:?}", median(same));
+    let meta = std::fs::metadata(&path).expect("stat");
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "state file {:.1} MiB long, {:.1} MiB allocated (never-written capacity stays a hole)",
+        mib(meta.len()),
+        mib(std::os::unix::fs::MetadataExt::blocks(&meta) * 512)
+    );
     let mut r = NodeStateReader::open(&path).expect("reader");
     let t = Instant::now();
     let snap = r.snapshot().expect("snapshot");
