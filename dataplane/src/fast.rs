@@ -91,8 +91,16 @@ impl FastPath {
         Self::new(Region::heap(STRIDE, FastSlot::default()))
     }
 
+    /// Entry `i` of the part (0: the head). Entries are only ever accessed through raw
+    /// pointers, field by field: the program writes the counters of the same entries
+    /// concurrently, so no Rust reference to a whole entry is made.
+    fn entry(&self, i: usize) -> *mut FastSlot {
+        assert!(i < STRIDE, "entry {i} of a {STRIDE}-entry part");
+        (self.part.as_ptr() as *mut FastSlot).wrapping_add(i)
+    }
+
     fn seq(&self) -> &AtomicU32 {
-        let p = self.part.as_ptr() as *mut FastHead;
+        let p = self.entry(0) as *mut FastHead;
         // SAFETY: entry 0 is a `FastHead` (same size, alignment of u32 satisfied by the
         // 64-byte entry); the region lives as long as `self`; the program reads the word
         // concurrently, so it is only accessed atomically.
@@ -131,24 +139,25 @@ impl FastPath {
         }
         self.disable();
         let old = self.published.as_ref().map_or(0, |(_, s)| s.len());
-        let gen_valid = generation;
         for i in 0..slots.len().max(old) {
-            let e = &mut self.part[1 + i];
+            let e = self.entry(1 + i);
             let (g, ifindex, macs) = match slots.get(i).copied().flatten() {
-                Some((ifindex, macs)) => (gen_valid, ifindex, macs),
-                None => (gen_valid.wrapping_add(1), 0, [0; 12]),
+                Some((ifindex, macs)) => (generation, ifindex, macs),
+                None => (generation.wrapping_add(1), 0, [0; 12]),
             };
             // Field by field: the counters of the same entry are the program's.
-            // SAFETY: plain stores to fields of an entry of the region we own; the
-            // program only reads them (and the seqlock makes it ignore torn values).
+            // SAFETY: `e` points into the region we own (checked index); plain stores to
+            // fields only this writer stores to; the program only reads them (and the
+            // seqlock makes it ignore torn values).
             unsafe {
-                std::ptr::write_volatile(&mut e.ifindex, ifindex);
-                std::ptr::write_volatile(&mut e.macs, macs);
-                std::ptr::write_volatile(&mut e.generation, g);
+                std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).ifindex), ifindex);
+                std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).macs), macs);
+                std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).generation), g);
             }
         }
-        let head = self.part.as_ptr() as *mut FastHead;
-        // SAFETY: entry 0 is the head (see `seq`); only this writer stores to it.
+        let head = self.entry(0) as *mut FastHead;
+        // SAFETY: entry 0 is the head (see `seq`); only this writer stores to these
+        // fields.
         unsafe {
             std::ptr::write_volatile(std::ptr::addr_of_mut!((*head).generation), generation);
             std::ptr::write_volatile(
@@ -170,15 +179,7 @@ impl FastPath {
         let n = self.published.as_ref().map_or(0, |(_, s)| s.len());
         let mut total = 0;
         for i in 0..n {
-            let e = &mut self.part[1 + i];
-            // SAFETY: 8-byte aligned counters in memory we own for as long as `self`;
-            // the program adds to them atomically, so they are only accessed atomically.
-            let (p, b) = unsafe {
-                (
-                    AtomicU64::from_ptr(&mut e.packets_in),
-                    AtomicU64::from_ptr(&mut e.bytes_in),
-                )
-            };
+            let (p, b) = self.counters(1 + i);
             if p.load(Ordering::Relaxed) == 0 {
                 continue;
             }
@@ -190,6 +191,19 @@ impl FastPath {
         self.packets += total;
     }
 
+    /// Entry `i`'s forward counters (packets, bytes).
+    fn counters(&self, i: usize) -> (&AtomicU64, &AtomicU64) {
+        let e = self.entry(i);
+        // SAFETY: 8-byte aligned counters in memory we own for as long as `self`; the
+        // program adds to them atomically, so they are only accessed atomically.
+        unsafe {
+            (
+                AtomicU64::from_ptr(std::ptr::addr_of_mut!((*e).packets_in)),
+                AtomicU64::from_ptr(std::ptr::addr_of_mut!((*e).bytes_in)),
+            )
+        }
+    }
+
     /// Packets the program forwarded through this part, as folded so far.
     pub fn packets(&self) -> u64 {
         self.packets
@@ -197,21 +211,25 @@ impl FastPath {
 
     /// The program's view of slot `i`: `(usable for generation, ifindex, macs)` (tests).
     pub fn slot(&self, i: usize) -> (bool, u32, [u8; 12]) {
-        let head = self.part.as_ptr() as *const FastHead;
-        // SAFETY: entry 0 is the head; read-only.
-        let g = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*head).generation)) };
-        let e = &self.part[1 + i];
-        (e.generation == g, e.ifindex, e.macs)
+        let head = self.entry(0) as *const FastHead;
+        let e = self.entry(1 + i);
+        // SAFETY: entries of the region we own (checked indexes); volatile reads of
+        // fields only this writer stores to.
+        unsafe {
+            let g = std::ptr::read_volatile(std::ptr::addr_of!((*head).generation));
+            (
+                std::ptr::read_volatile(std::ptr::addr_of!((*e).generation)) == g,
+                std::ptr::read_volatile(std::ptr::addr_of!((*e).ifindex)),
+                std::ptr::read_volatile(std::ptr::addr_of!((*e).macs)),
+            )
+        }
     }
 
     /// Adds to slot `i`'s counters as the program does (tests).
     pub fn count(&mut self, i: usize, packets: u64, bytes: u64) {
-        let e = &mut self.part[1 + i];
-        // SAFETY: as in `fold`.
-        unsafe {
-            AtomicU64::from_ptr(&mut e.packets_in).fetch_add(packets, Ordering::Relaxed);
-            AtomicU64::from_ptr(&mut e.bytes_in).fetch_add(bytes, Ordering::Relaxed);
-        }
+        let (p, b) = self.counters(1 + i);
+        p.fetch_add(packets, Ordering::Relaxed);
+        b.fetch_add(bytes, Ordering::Relaxed);
     }
 }
 
