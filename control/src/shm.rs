@@ -35,12 +35,10 @@
 //! A writer that dies mid-update leaves the current slot untouched: readers keep the last
 //! good table and can see the writer is gone from [`NodeStateReader::heartbeat_age`].
 
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use memmap2::MmapMut;
@@ -557,27 +555,16 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
     })
 }
 
-/// Encodes `state` (normalized) into the words of one slot, `tables[i]` being the packed
-/// Maglev table of `state.services[i]` ([`MaglevCache::tables_for`]). Only the words of
-/// the ranges the counts make used ([`used_ranges`]) are written (zeroed first, so a
-/// record's unused words are 0); the rest of `out` is left as it was: no reader looks
-/// past the counts.
+/// Encodes `state` (normalized) into the words of one slot. Returns the number of words
+/// used per section, for the checksum.
 fn encode(
     state: &NodeState,
     cap: &Capacity,
     generation: u64,
-    tables: &[Arc<[u32]>],
     out: &mut [u32],
 ) -> Result<(), ShmError> {
     let sec = cap.sections();
-    if tables.len() != state.services.len() {
-        return Err(ShmError::Unrepresentable(format!(
-            "{} Maglev tables for {} services",
-            tables.len(),
-            state.services.len()
-        )));
-    }
-    out[..SLOT_HEADER_WORDS].fill(0);
+    out.fill(0);
     let (hdr, _) = out.split_at_mut(SLOT_HEADER_WORDS);
     hdr[0] = generation as u32;
     hdr[1] = (generation >> 32) as u32;
@@ -607,15 +594,6 @@ fn encode(
         &state.node,
         "node",
     )?;
-    let ranges = used_ranges(out, &sec, cap).ok_or_else(|| {
-        ShmError::Unrepresentable("counts exceed the capacity (writer bug)".into())
-    })?;
-    for (start, len) in &ranges[1..] {
-        // The Maglev section is overwritten whole below.
-        if *start != sec.maglev {
-            out[*start..start + len].fill(0);
-        }
-    }
 
     let mut next_backend = 0usize;
     let mw = cap.maglev_words();
@@ -634,15 +612,14 @@ fn encode(
             br[1] = u32::from(b.port) | flags;
             next_backend += 1;
         }
-        let table = &tables[i];
-        if table.len() != mw {
-            return Err(ShmError::Unrepresentable(format!(
-                "{}: Maglev table of {} words, the file's tables have {mw}",
-                s.frontend,
-                table.len()
-            )));
+        let table = MaglevTable::new(&s.backends, cap.maglev_size)
+            .map_err(|e| ShmError::Unrepresentable(format!("{}: {e}", s.frontend)))?;
+        let words = &mut out[sec.maglev + i * mw..][..mw];
+        for (j, pair) in table.slots().chunks(2).enumerate() {
+            let lo = u32::from(pair[0]);
+            let hi = u32::from(*pair.get(1).unwrap_or(&maglev::NO_BACKEND));
+            words[j] = lo | (hi << 16);
         }
-        out[sec.maglev + i * mw..][..mw].copy_from_slice(table);
     }
 
     for (i, a) in state.advertised.iter().enumerate() {
@@ -803,71 +780,7 @@ pub struct NodeStateWriter {
     generation: u64,
     /// Generation found in an earlier file at `path`, continued so numbers only grow.
     inherited_generation: u64,
-    /// The slot being encoded: as long as a slot; only its used ranges are meaningful.
     scratch: Vec<u32>,
-    maglev: MaglevCache,
-}
-
-/// Packs Maglev slots as a slot stores them: two u16 per word, low half first, the odd
-/// last one paired with [`maglev::NO_BACKEND`].
-fn pack_maglev(table: &MaglevTable) -> Arc<[u32]> {
-    table
-        .slots()
-        .chunks(2)
-        .map(|pair| {
-            let lo = u32::from(pair[0]);
-            let hi = u32::from(*pair.get(1).unwrap_or(&maglev::NO_BACKEND));
-            lo | (hi << 16)
-        })
-        .collect()
-}
-
-/// The packed Maglev tables of the last publish, by Ready backend list (normalized:
-/// sorted, no duplicates). A table depends only on that list and the table size, so a
-/// publish rebuilds only the tables of services whose Ready backends changed (issue 14:
-/// rebuilding all 10 000 was two thirds of a publish). Holds only the last publish's
-/// tables (one per distinct backend list), so it never grows past the state.
-#[derive(Default)]
-struct MaglevCache {
-    size: u32,
-    tables: HashMap<Vec<LocalBackend>, Arc<[u32]>>,
-    /// Tables built (not found in the cache) since the writer was created.
-    built: u64,
-}
-
-impl MaglevCache {
-    /// The tables of `services` in order, from the last publish where the backend list is
-    /// the same, built otherwise. Afterwards the cache holds exactly these.
-    fn tables_for(
-        &mut self,
-        services: &[NodeService],
-        size: u32,
-    ) -> Result<Vec<Arc<[u32]>>, ShmError> {
-        let mut last = std::mem::take(&mut self.tables);
-        if size != self.size {
-            last.clear();
-            self.size = size;
-        }
-        let mut out = Vec::with_capacity(services.len());
-        for s in services {
-            if let Some(t) = self.tables.get(&s.backends) {
-                out.push(Arc::clone(t));
-                continue;
-            }
-            let (key, table) = match last.remove_entry(&s.backends) {
-                Some(kv) => kv,
-                None => {
-                    let t = MaglevTable::new(&s.backends, size)
-                        .map_err(|e| ShmError::Unrepresentable(format!("{}: {e}", s.frontend)))?;
-                    self.built += 1;
-                    (s.backends.clone(), pack_maglev(&t))
-                }
-            };
-            out.push(Arc::clone(&table));
-            self.tables.insert(key, table);
-        }
-        Ok(out)
-    }
 }
 
 impl NodeStateWriter {
@@ -905,7 +818,6 @@ impl NodeStateWriter {
             generation: inherited_generation,
             inherited_generation,
             scratch: Vec::new(),
-            maglev: MaglevCache::default(),
         })
     }
 
@@ -927,20 +839,17 @@ impl NodeStateWriter {
         state.normalize();
         let need = requirements(&state, self.capacity.maglev_size)?;
         let generation = self.generation + 1;
-        let tables = self
-            .maglev
-            .tables_for(&state.services, self.capacity.maglev_size)?;
         match &self.live {
             Some(live) if self.capacity.holds(&need) => {
                 let cap = self.capacity;
-                size_scratch(&mut self.scratch, cap.sections().end);
-                encode(&state, &cap, generation, &tables, &mut self.scratch)?;
+                self.scratch.resize(cap.sections().end, 0);
+                encode(&state, &cap, generation, &mut self.scratch)?;
                 write_slot(live, generation, &self.scratch);
                 publish_generation(live.header(), generation);
             }
             _ => {
                 let capacity = self.capacity.grown_for(&need);
-                self.replace_file(&state, &tables, capacity, generation)?;
+                self.replace_file(&state, capacity, generation)?;
             }
         }
         self.generation = generation;
@@ -952,17 +861,16 @@ impl NodeStateWriter {
     fn replace_file(
         &mut self,
         state: &NodeState,
-        tables: &[Arc<[u32]>],
         capacity: Capacity,
         generation: u64,
     ) -> Result<(), ShmError> {
-        size_scratch(&mut self.scratch, capacity.sections().end);
-        encode(state, &capacity, generation, tables, &mut self.scratch)?;
+        let mut words = vec![0u32; capacity.sections().end];
+        encode(state, &capacity, generation, &mut words)?;
         let tmp = self
             .path
             .with_extension(format!("tmp{}", std::process::id()));
         let new = Mapping::create(&tmp, capacity, generation)?;
-        write_slot(&new, generation, &self.scratch);
+        write_slot(&new, generation, &words);
         new.header().generation.store(generation, Ordering::Release);
         new.header()
             .change_futex
@@ -1010,28 +918,8 @@ impl NodeStateWriter {
     pub fn generation(&self) -> u64 {
         self.generation
     }
-
-    /// Maglev tables built since this writer was created; a service whose Ready backends
-    /// did not change since the last publish reuses its table and does not count.
-    pub fn maglev_tables_built(&self) -> u64 {
-        self.maglev.built
-    }
 }
 
-/// Makes `scratch` a slot long. A new buffer comes zeroed from the allocator (untouched
-/// pages cost nothing until encoded into); its old contents need no clearing, `encode`
-/// writes every word it uses.
-fn size_scratch(scratch: &mut Vec<u32>, words: usize) {
-    if scratch.len() != words {
-        *scratch = vec![0u32; words];
-    }
-}
-
-/// Writes the used ranges of `words` (an encoded slot) into slot `generation % 2` under
-/// its sequence counter. A word that already holds its value is not stored again: the
-/// slot last held generation `generation - 2`, and where little changed since, little is
-/// written (issue 14). Words past the counts are left as they are; readers never look
-/// there (`used_ranges`).
 fn write_slot(m: &Mapping, generation: u64, words: &[u32]) {
     let idx = (generation % 2) as usize;
     let seq = &m.header().slot_seq[idx];
@@ -1039,19 +927,8 @@ fn write_slot(m: &Mapping, generation: u64, words: &[u32]) {
     let s = seq.load(Ordering::Relaxed);
     seq.store(s.wrapping_add(1) | 1, Ordering::Relaxed);
     fence(Ordering::Release);
-    // `encode` made the counts fit the capacity; a slot without ranges is never built.
-    let ranges = used_ranges(words, &m.sections, &m.capacity).unwrap_or_default();
-    for (start, len) in ranges {
-        for (dst, w) in slot[start..start + len]
-            .iter()
-            .zip(&words[start..start + len])
-        {
-            // Only this process writes the slot, so reading it back is reading our own
-            // last store.
-            if dst.load(Ordering::Relaxed) != *w {
-                dst.store(*w, Ordering::Relaxed);
-            }
-        }
+    for (dst, w) in slot.iter().zip(words) {
+        dst.store(*w, Ordering::Relaxed);
     }
     seq.store((s | 1).wrapping_add(1), Ordering::Release);
 }

@@ -75,10 +75,6 @@ where
     let (store, writer) = reflector::store();
     let stream = watcher(api, wc)
         .default_backoff()
-        // managedFields are never read here, and are most of the bytes of the objects
-        // the agent copies on every batch of changes (issue 14: copying and freeing them
-        // was the bulk of the agent's CPU at thousands of Services).
-        .modify(|o| o.managed_fields_mut().clear())
         .reflect(writer)
         .map(|r| {
             if let Err(e) = r {

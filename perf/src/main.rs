@@ -65,11 +65,6 @@ struct RunArgs {
     /// Longest wait for the scale measurement's Services to converge, seconds.
     #[arg(long, default_value_t = 300)]
     scale_timeout_s: u64,
-    /// Scale measurement: create every Service before the Juneau daemons start and
-    /// measure from their start (Juneau's own convergence, without the apiserver's
-    /// creation rate).
-    #[arg(long)]
-    scale_precreated: bool,
 }
 
 #[derive(Subcommand)]
@@ -298,15 +293,9 @@ fn run_scale(
     out: &std::path::Path,
     progress: &Progress,
     report: &mut Report,
-    precreated: bool,
 ) {
     progress.say(format!("control-plane scale: {n} Services at once"));
-    let creation = if precreated {
-        juneau_perf::scale::Creation::Precreated
-    } else {
-        juneau_perf::scale::Creation::Live
-    };
-    match juneau_perf::scale::measure(bins, n, timeout, out, &|m| progress.say(m), creation) {
+    match juneau_perf::scale::measure(bins, n, timeout, out, &|m| progress.say(m)) {
         Ok(r) => {
             progress.say(format!(
                 "scale: all VIPs {:?} s, all Ready {:?} s, shared memory {:?} s, BIRD {:?} s",
@@ -356,20 +345,12 @@ fn scale_only(args: &RunArgs) -> Result<()> {
         machine: prereq::machine(),
         load_average_start: prereq::loadavg(),
         mode: "scale".into(),
-        config: serde_json::json!({ "scale_services": n, "scale_precreated": args.scale_precreated }),
+        config: serde_json::json!({ "scale_services": n }),
         ..Default::default()
     };
     report.cost.status = "Not measured (scale only).".into();
     report.convergence = "Not measured (scale only).".into();
-    run_scale(
-        &bins,
-        n,
-        timeout,
-        &out,
-        &progress,
-        &mut report,
-        args.scale_precreated,
-    );
+    run_scale(&bins, n, timeout, &out, &progress, &mut report);
     report.load_average_end = prereq::loadavg();
     let files = report.write(&out)?;
     for f in files {
@@ -569,7 +550,6 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
             &plan.out_dir,
             &progress,
             &mut report,
-            args.scale_precreated,
         );
     }
     report.load_average_end = prereq::loadavg();

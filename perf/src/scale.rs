@@ -2,12 +2,7 @@
 //! against the real control plane of one node ([`crate::convergence::Bed`]: etcd +
 //! kube-apiserver, `juneau-k8s-sync controller` and `agent`, `juneau-bgp`, BIRD 2).
 //!
-//! Two ways to create them ([`Creation`]): while the daemons run, `t0` = just before the
-//! first create (the apiserver's creation rate is then part of every figure), or
-//! `--scale-precreated`: all created before any Juneau daemon starts, `t0` = the daemons'
-//! start (Juneau's own convergence from a cold start with N Services waiting).
-//!
-//! Measured from `t0` (live: just before the first create is sent): when every Service shows
+//! Measured from `t0` = just before the first create is sent: when every Service shows
 //! its VIP (`.status.loadBalancer.ingress`), when every ServiceLoadBalancer is `Ready`,
 //! when the agent's shared-memory state advertises all N VIPs (and how often it
 //! published, its CPU time, the state file's size), when BIRD has all N /32s, and the
@@ -30,7 +25,7 @@ use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::runtime::watcher;
 use serde::{Deserialize, Serialize};
 
-use crate::convergence::{start_bed_with, Binaries, NODE};
+use crate::convergence::{start_bed, Binaries, NODE};
 use crate::suite::INTERRUPTED;
 use juneau_tests::bird::BirdControl as Birdc;
 
@@ -75,17 +70,6 @@ where
 /// Creates retried in this process (reported).
 static RETRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// When the scale measurement creates its Services and EndpointSlices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Creation {
-    /// While the Juneau daemons run; `t0` = just before the first create.
-    #[default]
-    Live,
-    /// Before any Juneau daemon starts; `t0` = the daemons' start, so the figures are
-    /// Juneau's own convergence, not the apiserver's creation rate.
-    Precreated,
-}
-
 /// Memory of one process.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Rss {
@@ -104,12 +88,8 @@ pub struct ScaleReport {
     pub services: u32,
     /// Endpoints per Service (all ready, all on the one node).
     pub endpoints_per_service: u32,
-    /// Time to create every Service and EndpointSlice (client side, 32 in flight). With
-    /// `precreated`, before `t0` (not part of the other figures).
+    /// Time to create every Service and EndpointSlice (client side, 32 in flight).
     pub create_s: f64,
-    /// Everything was created before the Juneau daemons started; `t0` = their start.
-    #[serde(default)]
-    pub precreated: bool,
     /// Creates retried after the apiserver answered 5xx or 429.
     #[serde(default)]
     pub create_retries: u64,
@@ -220,35 +200,12 @@ pub fn measure(
     timeout: Duration,
     out: &Path,
     say: &dyn Fn(String),
-    creation: Creation,
 ) -> Result<ScaleReport> {
     if n == 0 || n > 16_000 {
         bail!("--services must be between 1 and 16000 (the address pool is a /18)");
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let objects: Vec<(Service, EndpointSlice)> = (0..n).map(service_yaml).collect::<Result<_>>()?;
-    let mut precreated: Option<Duration> = None;
-    let mut bed = start_bed_with(bins, say, "100.64.0.0/18", "", &mut |k| {
-        if creation == Creation::Precreated {
-            say(format!(
-                "scale: creating {n} Services with 3 endpoints each ({CONCURRENCY} in flight) before the Juneau daemons start"
-            ));
-            let client = rt.block_on(api_client(k.kubeconfig(), true))?;
-            let t = Instant::now();
-            rt.block_on(create_all(&client, &objects))?;
-            precreated = Some(t.elapsed());
-            say(format!(
-                "scale: created in {:.1} s ({} creates retried after a 5xx/429); starting the daemons (t0)",
-                t.elapsed().as_secs_f64(),
-                RETRIES.load(Ordering::Relaxed)
-            ));
-        }
-        Ok(())
-    })?;
-    let r = measure_on(&mut bed, &rt, &objects, timeout, say, precreated);
+    let mut bed = start_bed(bins, say, "100.64.0.0/18", "")?;
+    let r = measure_on(&mut bed, n, timeout, say);
     let dir = out.join(LOG_DIR);
     match keep_logs(&bed, &dir) {
         Ok(kept) => say(format!(
@@ -323,84 +280,47 @@ pub fn copy_capped(src: &Path, dst: &Path, cap: u64) -> Result<()> {
     Ok(())
 }
 
-/// A client of the bed's apiserver; `requests`: with a 60 s read timeout (creates),
-/// else the client's default (watches, whose timeout is longer).
-async fn api_client(kubeconfig: &Path, requests: bool) -> Result<kube::Client> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    if requests {
-        cfg.read_timeout = Some(Duration::from_secs(60));
-    }
-    Ok(kube::Client::try_from(cfg)?)
-}
-
-/// Creates every Service and its EndpointSlice, [`CONCURRENCY`] pairs in flight.
-async fn create_all(client: &kube::Client, objects: &[(Service, EndpointSlice)]) -> Result<()> {
-    let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
-    let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(client.clone(), "default");
-    let results: Vec<Result<()>> = futures::stream::iter(objects.iter())
-        .map(|(svc, slice)| {
-            let (svcs, slices) = (svcs.clone(), slices.clone());
-            async move {
-                let pp = PostParams::default();
-                with_retries(|| svcs.create(&pp, svc))
-                    .await
-                    .context("creating a Service")?;
-                with_retries(|| slices.create(&pp, slice))
-                    .await
-                    .context("creating an EndpointSlice")?;
-                Ok(())
-            }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .collect()
-        .await;
-    results.into_iter().collect::<Result<Vec<()>>>()?;
-    Ok(())
-}
-
-/// Measures on a started bed. `precreated`: the objects were created before the daemons
-/// started (taking that long): `t0` is the daemons' start and nothing is created here.
 fn measure_on(
     bed: &mut crate::convergence::Bed,
-    rt: &tokio::runtime::Runtime,
-    objects: &[(Service, EndpointSlice)],
+    n: u32,
     timeout: Duration,
     say: &dyn Fn(String),
-    precreated: Option<Duration>,
 ) -> Result<ScaleReport> {
-    let n = objects.len() as u32;
+    // The BGP session first, so BIRD's figure is not the session's start-up.
     let mut birdc = crate::convergence::eventually("BIRD's control socket", || {
         Ok(Birdc::connect(&bed.ctl).ok())
     })?;
-    if precreated.is_none() {
-        // The BGP session first, so BIRD's figure is not the session's start-up.
-        crate::convergence::eventually("the BGP session with juneau-bgp", || {
-            Ok(birdc
-                .cmd("show protocols juneau")?
-                .contains("Established")
-                .then_some(()))
-        })?;
-    }
-    let client = rt.block_on(api_client(bed.k.kubeconfig(), true))?;
-    let watch_client = rt.block_on(api_client(bed.k.kubeconfig(), false))?;
+    crate::convergence::eventually("the BGP session with juneau-bgp", || {
+        Ok(birdc
+            .cmd("show protocols juneau")?
+            .contains("Established")
+            .then_some(()))
+    })?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let client = rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(bed.k.kubeconfig())?;
+        let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        cfg.read_timeout = Some(Duration::from_secs(60));
+        anyhow::Ok(kube::Client::try_from(cfg)?)
+    })?;
+    // Watches keep the kube client's default read timeout (longer than a watch's).
+    let watch_client = rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(bed.k.kubeconfig())?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        anyhow::Ok(kube::Client::try_from(cfg)?)
+    })?;
+    let objects: Vec<(Service, EndpointSlice)> = (0..n).map(service_yaml).collect::<Result<_>>()?;
     let agent_pid = bed.agent.id();
     let controller_pid = bed.controller.id();
-    // Precreated: the daemons' whole CPU time since their start counts.
-    let (agent_cpu0, controller_cpu0) = match precreated {
-        Some(_) => (0.0, 0.0),
-        None => (cpu_s(agent_pid), cpu_s(controller_pid)),
-    };
+    let (agent_cpu0, controller_cpu0) = (cpu_s(agent_pid), cpu_s(controller_pid));
     let done = Arc::new(AtomicBool::new(false));
-    let t0 = match precreated {
-        Some(_) => bed.daemons_started,
-        None => {
-            say(format!(
-                "scale: creating {n} Services with 3 endpoints each ({CONCURRENCY} in flight)"
-            ));
-            Instant::now()
-        }
-    };
+    say(format!(
+        "scale: creating {n} Services with 3 endpoints each ({CONCURRENCY} in flight)"
+    ));
+    let t0 = Instant::now();
     let deadline = t0 + timeout;
     let (shm, bird, create_s, all_vips, all_ready) = std::thread::scope(|s| -> Result<_> {
         let state = bed.state.clone();
@@ -410,13 +330,7 @@ fn measure_on(
             let mut r = crate::convergence::eventually("the agent's state file", || {
                 Ok(NodeStateReader::open(&state).ok())
             })?;
-            // Precreated: every publish since the agent's start counts (its file is new).
-            let first = if precreated.is_some() {
-                0
-            } else {
-                r.generation()
-            };
-            let (mut g, mut publishes) = (first, 0u64);
+            let (mut g, mut publishes) = (r.generation(), 0u64);
             while Instant::now() < deadline && !d1.load(Ordering::Relaxed) && !stopped() {
                 let ng = r.wait_change(g, Duration::from_millis(200));
                 if ng == g {
@@ -466,22 +380,39 @@ fn measure_on(
             ready_seen.clone(),
             is_ready,
         ));
-        let create_s = match precreated {
-            Some(d) => d,
-            None => {
-                let created = rt.block_on(create_all(&client, objects));
-                if let Err(e) = created {
-                    done.store(true, Ordering::Relaxed);
-                    return Err(e);
-                }
-                say(format!(
-                    "scale: created in {:.1} s ({} creates retried after a 5xx/429); waiting for VIPs, Ready, shared memory, BIRD",
-                    t0.elapsed().as_secs_f64(),
-                    RETRIES.load(Ordering::Relaxed)
-                ));
-                t0.elapsed()
-            }
-        };
+        // Create everything.
+        let created = rt.block_on(async {
+            let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
+            let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(client.clone(), "default");
+            let results: Vec<Result<()>> = futures::stream::iter(objects.iter())
+                .map(|(svc, slice)| {
+                    let (svcs, slices) = (svcs.clone(), slices.clone());
+                    async move {
+                        let pp = PostParams::default();
+                        with_retries(|| svcs.create(&pp, svc))
+                            .await
+                            .context("creating a Service")?;
+                        with_retries(|| slices.create(&pp, slice))
+                            .await
+                            .context("creating an EndpointSlice")?;
+                        Ok(())
+                    }
+                })
+                .buffer_unordered(CONCURRENCY)
+                .collect()
+                .await;
+            results.into_iter().collect::<Result<Vec<()>>>()
+        });
+        let create_s = t0.elapsed();
+        if let Err(e) = created {
+            done.store(true, Ordering::Relaxed);
+            return Err(e);
+        }
+        say(format!(
+            "scale: created in {:.1} s ({} creates retried after a 5xx/429); waiting for VIPs, Ready, shared memory, BIRD",
+            create_s.as_secs_f64(),
+            RETRIES.load(Ordering::Relaxed)
+        ));
         let mut last_say = Instant::now();
         while Instant::now() < deadline
             && !stopped()
@@ -531,7 +462,6 @@ fn measure_on(
         services: n,
         endpoints_per_service: 3,
         create_s: create_s.as_secs_f64(),
-        precreated: precreated.is_some(),
         create_retries: RETRIES.load(Ordering::Relaxed),
         all_vips_s: secs(all_vips),
         all_ready_s: secs(all_ready),
@@ -546,17 +476,11 @@ fn measure_on(
         logs: String::new(),
         method: format!(
             "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent, juneau-bgp and BIRD 2 \
-             (the convergence bed); {}; {n} Services + {n} EndpointSlices \
+             (the convergence bed); t0 = just before the first create; {n} Services + {n} EndpointSlices \
              created with {CONCURRENCY} requests in flight; Services and ServiceLoadBalancers are watched \
              (a figure is when the watch event reached juneau-perf), BIRD's route count is asked every {} ms, \
              shared memory via its futex",
             juneau_tests::kube::kubernetes_version(),
-            if precreated.is_some() {
-                "everything created before the Juneau daemons started, t0 = their start (the BGP session's \
-                 set-up is inside the figures)"
-            } else {
-                "t0 = just before the first create"
-            },
             BIRD_POLL.as_millis()
         ),
     })
@@ -653,8 +577,7 @@ pub fn markdown(r: &ScaleReport) -> String {
         r.services, r.endpoints_per_service, r.method
     );
     m += &format!(
-        "| every Service and EndpointSlice created | {}{:.1} s ({} creates retried after a 5xx/429) |\n",
-        if r.precreated { "before t0, in " } else { "" },
+        "| every Service and EndpointSlice created | {:.1} s ({} creates retried after a 5xx/429) |\n",
         r.create_s,
         r.create_retries
     );
