@@ -209,8 +209,9 @@ impl FastPath {
         self.packets
     }
 
-    /// The program's view of slot `i`: `(usable for generation, ifindex, macs)` (tests).
-    pub fn slot(&self, i: usize) -> (bool, u32, [u8; 12]) {
+    /// The program's view of slot `i`: `(usable for generation, ifindex, macs)`.
+    #[cfg(test)]
+    fn slot(&self, i: usize) -> (bool, u32, [u8; 12]) {
         let head = self.entry(0) as *const FastHead;
         let e = self.entry(1 + i);
         // SAFETY: entries of the region we own (checked indexes); volatile reads of
@@ -225,8 +226,9 @@ impl FastPath {
         }
     }
 
-    /// Adds to slot `i`'s counters as the program does (tests).
-    pub fn count(&mut self, i: usize, packets: u64, bytes: u64) {
+    /// Adds to slot `i`'s counters as the program does.
+    #[cfg(test)]
+    fn count(&mut self, i: usize, packets: u64, bytes: u64) {
         let (p, b) = self.counters(1 + i);
         p.fetch_add(packets, Ordering::Relaxed);
         b.fetch_add(bytes, Ordering::Relaxed);

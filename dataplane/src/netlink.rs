@@ -51,6 +51,9 @@ pub struct Netlink {
     fd: OwnedFd,
     seq: u32,
     buf: Vec<u8>,
+    /// The generic-netlink socket and `netdev` family id for XDP features, opened on
+    /// first use and kept (a snapshot is taken about once a second).
+    netdev: Option<Box<(Netlink, u16)>>,
 }
 
 fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
@@ -123,6 +126,7 @@ impl Netlink {
             fd,
             seq: 1,
             buf: vec![0; 1 << 16],
+            netdev: None,
         })
     }
 
@@ -333,10 +337,13 @@ impl Netlink {
                 n.add_neighbour(ip, ifindex, mac);
             }
         }
-        match xdp_frame_targets() {
+        match self.xdp_frame_targets() {
             Ok(targets) => n.set_xdp_frame_targets(targets),
             // Older kernels have no `netdev` family: the XDP fast path stays off.
-            Err(e) => tracing::debug!(error = %e, "reading XDP features over netlink failed"),
+            Err(e) => {
+                self.netdev = None; // opened again next time
+                tracing::debug!(error = %e, "reading XDP features over netlink failed");
+            }
         }
         Ok(n)
     }
@@ -374,36 +381,45 @@ impl Netlink {
     }
 }
 
-/// The interfaces (ifindexes) of this namespace that take frames an XDP program
-/// redirects to them (`xdp-features` has `ndo-xmit`), from the `netdev` generic-netlink
-/// family (Linux >= 6.3).
-pub fn xdp_frame_targets() -> io::Result<Vec<u32>> {
-    let mut nl = Netlink::open_protocol(libc::NETLINK_GENERIC)?;
-    let family = genl_family(&mut nl, "netdev")?;
-    let seq = nl.send(
-        family,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        &[NETDEV_CMD_DEV_GET, 1, 0, 0],
-    )?;
-    let mut out = Vec::new();
-    nl.recv_all(seq, |_, payload| {
-        let (mut ifindex, mut features) = (None, 0u64);
-        for (ty, v) in attrs(payload.get(4..).unwrap_or_default()) {
-            match ty {
-                NETDEV_A_DEV_IFINDEX if v.len() == 4 => {
-                    ifindex = Some(u32::from_ne_bytes([v[0], v[1], v[2], v[3]]));
+impl Netlink {
+    /// The interfaces (ifindexes) of this namespace that take frames an XDP program
+    /// redirects to them (`xdp-features` has `ndo-xmit`), from the `netdev`
+    /// generic-netlink family (Linux >= 6.3).
+    pub fn xdp_frame_targets(&mut self) -> io::Result<Vec<u32>> {
+        if self.netdev.is_none() {
+            let mut nl = Netlink::open_protocol(libc::NETLINK_GENERIC)?;
+            let family = genl_family(&mut nl, "netdev")?;
+            self.netdev = Some(Box::new((nl, family)));
+        }
+        let Some(netdev) = self.netdev.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let (nl, family) = &mut **netdev;
+        let seq = nl.send(
+            *family,
+            NLM_F_REQUEST | NLM_F_DUMP,
+            &[NETDEV_CMD_DEV_GET, 1, 0, 0],
+        )?;
+        let mut out = Vec::new();
+        nl.recv_all(seq, |_, payload| {
+            let (mut ifindex, mut features) = (None, 0u64);
+            for (ty, v) in attrs(payload.get(4..).unwrap_or_default()) {
+                match ty {
+                    NETDEV_A_DEV_IFINDEX if v.len() == 4 => {
+                        ifindex = Some(u32::from_ne_bytes([v[0], v[1], v[2], v[3]]));
+                    }
+                    NETDEV_A_DEV_XDP_FEATURES if v.len() == 8 => {
+                        features = u64::from_ne_bytes(v.try_into().unwrap_or_default());
+                    }
+                    _ => {}
                 }
-                NETDEV_A_DEV_XDP_FEATURES if v.len() == 8 => {
-                    features = u64::from_ne_bytes(v.try_into().unwrap_or_default());
-                }
-                _ => {}
             }
-        }
-        if let Some(i) = ifindex.filter(|_| features & NETDEV_XDP_ACT_NDO_XMIT != 0) {
-            out.push(i);
-        }
-    })?;
-    Ok(out)
+            if let Some(i) = ifindex.filter(|_| features & NETDEV_XDP_ACT_NDO_XMIT != 0) {
+                out.push(i);
+            }
+        })?;
+        Ok(out)
+    }
 }
 
 /// The id of generic-netlink family `name`.

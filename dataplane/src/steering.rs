@@ -258,8 +258,9 @@ impl Steering {
         Ok((r.return_value, out))
     }
 
-    /// Configures an interface in the program's `ifaces` map without attaching the
-    /// program to it (with [`Steering::test_run`]).
+    /// Configures an interface in the program's `ifaces` map (what
+    /// [`Steering::attach_iface`] does before attaching; alone, with
+    /// [`Steering::test_run`]).
     pub fn configure_iface(&mut self, i: &SteeredIface) -> Result<()> {
         let conf = IfaceConf {
             slot_base: i.slot_base,
@@ -482,12 +483,7 @@ impl Steering {
     /// Juneau's there is dropped, everything else passes). Returns the handle to give
     /// to [`Steering::detach_iface`].
     pub fn attach_iface(&mut self, i: &SteeredIface) -> Result<IfaceLink> {
-        let conf = IfaceConf {
-            slot_base: i.slot_base,
-            queues: i.queues,
-            role: if i.uplink { ROLE_UPLINK } else { ROLE_POD },
-        };
-        self.ifaces.insert(i.ifindex, conf, 0)?;
+        self.configure_iface(i)?;
         match self.attach_program(&i.name) {
             Ok(()) => Ok(IfaceLink {
                 name: i.name.clone(),
