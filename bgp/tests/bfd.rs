@@ -115,16 +115,22 @@ fn cut_and_measure(
         "bfd: link cut -> route withdrawn by the router",
         theirs,
     );
-    let st = s.status()?;
-    let p = &st["peers"]["router"];
-    assert_eq!(p["bfd"]["diag"], "control detection time expired", "{p}");
-    assert!(
-        p["last_error"]
-            .as_str()
-            .unwrap_or("")
-            .contains("BFD session down"),
-        "the BGP session was torn down by BFD: {p}"
+    // BFD Down tears the BGP session down a moment later, and the status file is
+    // written after that: wait for it rather than read it once.
+    let torn_down = wait_for(
+        "the BGP session torn down by BFD",
+        Duration::from_secs(10),
+        || {
+            let p = s.status()?["peers"]["router"].clone();
+            let by_bfd = p["last_error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("BFD session down");
+            Ok(by_bfd.then_some(p))
+        },
     );
+    let p = torn_down.map_err(|e| e.context(s.logs()))?;
+    assert_eq!(p["bfd"]["diag"], "control detection time expired", "{p}");
     assert!(
         ours <= BOUND && theirs <= BOUND,
         "{kind:?}: detection {ours:?} / withdrawal {theirs:?}, want about {DETECTION:?}"

@@ -209,7 +209,12 @@ fn two_thousand_vips_are_announced_and_withdrawn() -> Result<()> {
         "2000 VIPs announced (publish to router table)",
         t.elapsed(),
     );
-    assert_eq!(n0.status()?["peers"]["router"]["prefixes_announced"], 2000);
+    // The status file is written just after the UPDATEs are sent: it may trail BIRD.
+    wait_for(
+        "the speaker's status to show 2000",
+        Duration::from_secs(10),
+        || Ok((n0.status()?["peers"]["router"]["prefixes_announced"] == 2000).then_some(())),
+    )?;
     let t = Instant::now();
     n0.publish_vips(&[])?;
     wait_for("0 routes at BIRD", Duration::from_secs(60), || {
@@ -283,9 +288,16 @@ fn vips_go_only_to_the_peers_they_name() -> Result<()> {
     router.wait_nexthops(both, &[via_a, via_b], Duration::from_secs(30))?;
     router.wait_nexthops(only_a, &[via_a], Duration::from_secs(30))?;
     router.wait_nexthops(only_b, &[via_b], Duration::from_secs(30))?;
-    let status = n0.status()?;
-    assert_eq!(status["peers"]["a"]["prefixes_announced"], 2);
-    assert_eq!(status["peers"]["b"]["prefixes_announced"], 2);
+    // The status file may trail the routers by a moment.
+    wait_for(
+        "the speaker's status to show 2 prefixes per peer",
+        Duration::from_secs(10),
+        || {
+            let status = n0.status()?;
+            let two = |peer: &str| status["peers"][peer]["prefixes_announced"] == 2;
+            Ok((two("a") && two("b")).then_some(()))
+        },
+    )?;
 
     // Moving a VIP from one peer to the other withdraws it there and announces it here.
     st.advertised[0].peers = vec![1];

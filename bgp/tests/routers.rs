@@ -12,6 +12,17 @@ use common::*;
 const UP: Duration = Duration::from_secs(60);
 const ROUTE: Duration = Duration::from_secs(30);
 
+/// Waits until the speaker's status file says it announces `n` prefixes to the router:
+/// the file is written just after the UPDATE is sent, so the router may show the route
+/// a moment before it.
+fn wait_announced(s: &Speaker, n: u64) -> Result<()> {
+    wait_for(
+        "the speaker's status to show the announcement",
+        ROUTE,
+        || Ok((s.status()?["peers"]["router"]["prefixes_announced"] == n).then_some(())),
+    )
+}
+
 /// Session up; VIP appears as /32 via the node; a second node makes it ECMP; the last
 /// local backend leaving a node withdraws it there (timed); removing it everywhere
 /// withdraws it.
@@ -40,7 +51,7 @@ fn announce_withdraw_ecmp(kind: RouterKind) -> Result<()> {
     n0.publish_vips(&[VIP])?;
     let t = router.wait_nexthops(VIP, &[node_addr(0)], ROUTE)?;
     record(kind, "announce (publish to router table)", t);
-    assert_eq!(n0.status()?["peers"]["router"]["prefixes_announced"], 1);
+    wait_announced(&n0, 1)?;
     // ORIGIN, 4-byte AS_PATH, COMMUNITIES and LARGE_COMMUNITIES arrived intact.
     let text = router.route_text(VIP)?;
     for want in router.expected_attribute_texts() {
@@ -70,7 +81,7 @@ fn announce_withdraw_ecmp(kind: RouterKind) -> Result<()> {
         "withdraw after the last local backend left (publish to router table)",
         start.elapsed(),
     );
-    assert_eq!(n0.status()?["peers"]["router"]["prefixes_announced"], 0);
+    wait_announced(&n0, 0)?;
 
     n1.publish_vips(&[])?;
     router.wait_nexthops(VIP, &[], ROUTE)?;

@@ -133,8 +133,9 @@ fn classify(e: &std::io::Error) -> Outcome {
     }
 }
 
-/// One request on `conn`; `Err((outcome, got_any_byte))` on failure.
-fn request(conn: &mut TcpStream, host: &str, keepalive: bool) -> Result<(), (Outcome, bool)> {
+/// One request on `conn`; `Ok(reusable)` (false when the server announced
+/// `Connection: close`), `Err((outcome, got_any_byte))` on failure.
+fn request(conn: &mut TcpStream, host: &str, keepalive: bool) -> Result<bool, (Outcome, bool)> {
     let req = format!(
         "GET / HTTP/1.1\r\nHost: {host}\r\nUser-Agent: juneau-load\r\nConnection: {}\r\n\r\n",
         if keepalive { "keep-alive" } else { "close" }
@@ -168,6 +169,10 @@ fn request(conn: &mut TcpStream, host: &str, keepalive: bool) -> Result<(), (Out
         .find_map(|l| l.strip_prefix("content-length:"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
+    let server_closes = head
+        .lines()
+        .filter_map(|l| l.strip_prefix("connection:"))
+        .any(|v| v.trim() == "close");
     let mut have = buf.len() - header_end;
     while have < len {
         let n = conn.read(&mut chunk).map_err(|e| (classify(&e), true))?;
@@ -179,7 +184,7 @@ fn request(conn: &mut TcpStream, host: &str, keepalive: bool) -> Result<(), (Out
     if !status_ok {
         return Err((Outcome::Status, true));
     }
-    Ok(())
+    Ok(!server_closes)
 }
 
 #[derive(Default)]
@@ -252,8 +257,8 @@ fn client(
             },
         };
         let outcome = match request(&mut c, &host, keepalive) {
-            Ok(()) => {
-                if keepalive {
+            Ok(reusable) => {
+                if keepalive && reusable {
                     conn = Some(c);
                 }
                 Outcome::Ok
@@ -270,8 +275,10 @@ fn client(
                 // The reused connection failed before any answer: retry once, new connection.
                 let retried = match connect(spec) {
                     Ok(mut c2) => match request(&mut c2, &host, keepalive) {
-                        Ok(()) => {
-                            conn = Some(c2);
+                        Ok(reusable) => {
+                            if reusable {
+                                conn = Some(c2);
+                            }
                             Outcome::Ok
                         }
                         Err((o, _)) => o,
@@ -332,9 +339,20 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
-    /// A tiny HTTP server on loopback: answers `n_ok` requests per connection, then
-    /// closes (so keep-alive clients see server closes), or resets every connection.
-    fn server(reset: bool) -> SocketAddr {
+    /// How the test server ends a connection.
+    #[derive(Clone, Copy)]
+    enum End {
+        /// Answers 3 requests, then closes without notice (FIN, as nginx does at its
+        /// idle `keepalive_timeout`), reading what comes after so the close stays clean.
+        Silent,
+        /// Answers 3 requests, the last with `Connection: close` (as nginx does at
+        /// `keepalive_requests`), then closes.
+        Announced,
+        /// Resets every connection.
+        Reset,
+    }
+
+    fn server(end: End) -> SocketAddr {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         std::thread::spawn(move || {
@@ -342,8 +360,8 @@ mod tests {
                 let Ok(mut c) = c else { continue };
                 std::thread::spawn(move || {
                     let mut buf = [0u8; 2048];
-                    for _ in 0..3 {
-                        if reset {
+                    for i in 0..3 {
+                        if matches!(end, End::Reset) {
                             // Closing with the request unread makes the kernel send RST.
                             let _ = c.peek(&mut buf);
                             return;
@@ -352,8 +370,21 @@ mod tests {
                         if n == 0 {
                             return;
                         }
-                        let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                        let announce = matches!(end, End::Announced) && i == 2;
+                        let close = if announce {
+                            "Connection: close\r\n"
+                        } else {
+                            ""
+                        };
+                        let answer =
+                            format!("HTTP/1.1 200 OK\r\n{close}Content-Length: 2\r\n\r\nok");
+                        let _ = c.write_all(answer.as_bytes());
                     }
+                    // FIN first, then drain: a request already on its way is read, not
+                    // answered with RST.
+                    let _ = c.shutdown(std::net::Shutdown::Write);
+                    let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+                    while matches!(c.read(&mut buf), Ok(n) if n > 0) {}
                 });
             }
         });
@@ -374,7 +405,7 @@ mod tests {
 
     #[test]
     fn a_healthy_server_gives_no_failures_and_closed_keepalives_are_retried() -> Result<()> {
-        let r = run(&spec(server(false)))?;
+        let r = run(&spec(server(End::Silent)))?;
         assert!(r.requests > 40, "{r:?}");
         assert_eq!(r.failed, 0, "{r:?}");
         assert_eq!(r.ok, r.requests, "{r:?}");
@@ -427,14 +458,24 @@ mod tests {
         assert!(r.keepalive_timeouts > 0 && r.keepalive_resets == 0, "{r:?}");
         assert_eq!(r.failed, 0, "{r:?}");
         // A server that closes cleanly is not a reset.
-        let r = run(&spec(server(false)))?;
+        let r = run(&spec(server(End::Silent)))?;
         assert!(r.keepalive_retries > 0 && r.keepalive_resets == 0, "{r:?}");
         Ok(())
     }
 
     #[test]
+    fn an_announced_close_is_honoured_without_a_retry() -> Result<()> {
+        let r = run(&spec(server(End::Announced)))?;
+        assert!(r.requests > 40, "{r:?}");
+        assert_eq!(r.failed, 0, "{r:?}");
+        assert_eq!(r.keepalive_retries, 0, "{r:?}");
+        assert_eq!(r.keepalive_resets + r.keepalive_timeouts, 0, "{r:?}");
+        Ok(())
+    }
+
+    #[test]
     fn resets_and_refused_connections_count_as_failures() -> Result<()> {
-        let r = run(&spec(server(true)))?;
+        let r = run(&spec(server(End::Reset)))?;
         assert_eq!(r.ok, 0, "{r:?}");
         assert_eq!(r.failed, r.requests, "{r:?}");
         assert!(r.resets > 0, "{r:?}");
