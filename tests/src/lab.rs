@@ -1730,6 +1730,41 @@ pub struct LabLoad {
     daemon: Daemon,
     stop: PathBuf,
     out: PathBuf,
+    /// Diagnostic packet captures, stopped with the load.
+    _captures: Vec<Daemon>,
+}
+
+/// With `JUNEAU_LAB_CAPTURE=DIR` (a diagnostic, needs tcpdump): the connection
+/// openings and closings (SYN, FIN, RST) in the client's and every node's namespace go
+/// to `DIR/NAME-NAMESPACE-PID.pcap` for as long as a [`LabLoad`] runs.
+fn start_captures(name: &str) -> Result<Vec<Daemon>> {
+    let Some(dir) = std::env::var_os("JUNEAU_LAB_CAPTURE").map(PathBuf::from) else {
+        return Ok(Vec::new());
+    };
+    fs::create_dir_all(&dir)?;
+    let spaces = std::iter::once("client").chain(NODES.iter().map(|n| n.name));
+    spaces
+        .map(|space| {
+            let file = dir.join(format!("{name}-{space}-{}.pcap", std::process::id()));
+            Daemon::spawn(
+                DaemonSpec::new(
+                    format!("capture {name} {space}"),
+                    &[
+                        "tcpdump",
+                        "-i",
+                        "any",
+                        "-n",
+                        "-U",
+                        "-w",
+                        &file.display().to_string(),
+                        "tcp port 80 and tcp[tcpflags] & (tcp-syn|tcp-fin|tcp-rst) != 0",
+                    ],
+                    dir.join(format!("{name}-{space}.log")),
+                )
+                .in_netns(&ns(space)),
+            )
+        })
+        .collect()
 }
 
 impl LabLoad {
@@ -1771,7 +1806,13 @@ impl LabLoad {
             )
             .in_netns(&ns("client")),
         )?;
-        Ok(LabLoad { daemon, stop, out })
+        let _captures = start_captures(name)?;
+        Ok(LabLoad {
+            daemon,
+            stop,
+            out,
+            _captures,
+        })
     }
 
     /// Stops the load and reads its report.
