@@ -4,7 +4,7 @@
 // Attached to the uplink and to every Pod-facing interface. It redirects to the
 // interface's AF_XDP socket only what belongs to Juneau:
 //   - on the uplink: IPv4 TCP/UDP packets to a VIP:port/proto a Service exposes (map
-//     `frontends`), ICMP errors quoting a packet from such a VIP:port, and fragments /
+//     `frontends`; established flows' packets are fast-pathed before that look-up), ICMP errors quoting a packet from such a VIP:port, and fragments /
 //     packets with IP options to a VIP (userspace counts and drops them). Anything else
 //     to a VIP address (an unexposed port, ICMP echo, other protocols) is dropped here
 //     and counted in `steer_drops`: the node owns no VIP address, so the kernel would
@@ -15,15 +15,17 @@
 // Everything else -- kubelet probes, Pod-to-Pod, a Pod's own outbound connections,
 // ARP, IPv6, BGP, SSH -- and any packet whose TTL would expire returns XDP_PASS.
 //
-// Forward packets of established flows take a fast path here when userspace has
-// published it (map `fast_slots`, see `dataplane/src/fast.rs` and docs/dataplane.md "XDP
-// fast path"): a packet from a client of an established TCP flow (no SYN/FIN/RST) or of a
-// UDP flow, whose record was checked against the service table the fast path was
-// published for, is rewritten here (DNAT, TTL, checksums, MACs), its expiry is pushed
-// out, its slot's counters are added to, and it is redirected straight to the backend's
-// interface -- only to interfaces userspace found able to take XDP frames. Anything else
-// (new flows, state changes, an unresolved next hop, a table being rewritten, replies)
-// goes to userspace as before, which stays the only writer of records.
+// Packets of established flows take a fast path here when userspace has published it
+// (map `fast_slots`, see `dataplane/src/fast.rs` and docs/dataplane.md "XDP fast path"):
+// a packet of an established TCP flow (no SYN/FIN/RST) or of a UDP flow, whose record was
+// checked against the service table the fast path was published for, is rewritten here
+// -- a client's packet: DNAT; a backend's reply: reverse NAT, its partial (offload) L4
+// checksum completed -- with TTL, checksums and MACs; its expiry is pushed out, its
+// slot's counters are added to, and it is redirected straight to the backend's (or, for
+// a reply, the client's next hop's) interface -- only to interfaces userspace found able
+// to take XDP frames. Anything else (new flows, state changes, an unresolved next hop, a
+// table being rewritten) goes to userspace as before, which stays the only writer of
+// records.
 //
 // A redirect to an empty AF_XDP slot (the dataplane process is down) drops the packet
 // (`XDP_DROP` as the redirect fallback): TCP retransmits until the process is back.
@@ -48,9 +50,13 @@
 // Longest probe; userspace never places a key further than this from its home slot.
 #define MAX_PROBE 128
 
-// `fast::SLOTS_PER_TABLE`: entries of each table's part of `fast_slots` after its head.
-#define FAST_SLOTS 32767
-#define FAST_STRIDE (FAST_SLOTS + 1)
+// `fast::STRIDE`: entries of each table's part of `fast_slots`: the head, FAST_SLOTS
+// slots (`fast::SLOTS_PER_TABLE`), FAST_EGRESS reply-egress entries (`fast::EGRESS_ENTRIES`).
+#define FAST_STRIDE 32768
+#define FAST_EGRESS 256
+#define FAST_SLOTS (FAST_STRIDE - 1 - FAST_EGRESS)
+// Longest L4 segment whose partial checksum the program completes (64-byte chunks).
+#define CSUM_CHUNKS 24
 
 // Flow states (`flow::FlowState`).
 #define STATE_ESTABLISHED 2
@@ -115,7 +121,19 @@ struct fast_head {
 	__u32 generation; // service-table generation the slots below were written for
 	__u32 established_ms;
 	__u32 udp_ms;
-	__u32 reserved[12];
+	__u32 egress_epoch;	// reply-egress entries of another epoch are not used
+	__u32 complete_partial; // 1: complete replies' partial checksums
+	__u32 reserved[10];
+};
+
+// One reply-egress entry (`fast::ReplyEgress`): where replies to a client go.
+struct fast_egress {
+	__u32 seq;   // odd while the worker rewrites the entry
+	__u32 epoch; // == the head's egress_epoch: usable
+	__u32 client; // host order
+	__u32 ifindex; // egress towards the client (takes XDP frames); 0: none
+	__u8 macs[12]; // destination then source MAC
+	__u32 reserved[9];
 };
 
 // One `(service, backend)` slot (`fast::FastSlot`): where forward packets go, and the
@@ -125,12 +143,13 @@ struct fast_slot {
 	__u32 ifindex;	  // egress towards the backend (takes XDP frames)
 	__u8 macs[12];	  // destination then source MAC
 	__u32 reserved;
-	__u64 packets_in;
-	__u64 bytes_in;
-	__u64 packets_out;
-	__u64 bytes_out;
-	__u64 reserved2;
+	__u64 traffic_in;  // client -> backend: packets << 36 | bytes (`fast::TRAFFIC_PACKET`)
+	__u64 traffic_out; // replies, packed the same way
+	__u64 reserved2[3];
 };
+
+// One packet in a packed traffic counter: one atomic add counts it and its bytes.
+#define TRAFFIC_PACKET (1ULL << 36)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
@@ -210,6 +229,17 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } steer_drops SEC(".maps");
+
+// Which build of this program (and of its maps' sizes) is pinned beside the maps, so that
+// a restarted dataplane of the same build reuses the verified program instead of loading
+// it again (the verifier takes ~2 s here; the node's connections wait for the restart).
+// Written and read by userspace only.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} steer_build SEC(".maps");
 
 static __always_inline int count_drop(__u32 reason)
 {
@@ -414,21 +444,79 @@ static __always_inline __u16 ttl_delta(void)
 struct fast_plan {
 	__u32 ifindex;
 	__u8 macs[12];
-	__be32 new_addr; // the backend (the new destination)
+	__be32 new_addr; // forward: the backend (new destination); reply: the VIP (new source)
 	__be16 new_port;
+	__u8 reply;	       // a backend's reply (reverse NAT)
+	__u8 complete;	       // a reply whose partial L4 checksum is completed here
+	__u16 l4_len;	       // IP total length - 20
 	__u32 expires;
 	struct fast_slot *slot; // counters
 	struct flow *flow;
 };
 
-// The fast path's decision for a forward packet of a flow found in table `c->table`, record `c->record`:
-// 0 with `plan` filled in, or NO_FAST (nothing has been changed). Reads the table's head
-// before and after (a seqlock): a worker rewriting its slots meanwhile means NO_FAST.
-static __always_inline int fast_plan(struct xdp_md *ctx, struct iphdr *ip, void *end,
-				     struct probe_ctx *c, struct fast_plan *p)
+// The checks `packet::parse_fast` applies to a TCP/UDP packet with a 20-byte IP header,
+// so the program takes only what the engine's fast path would: 0, or NO_FAST.
+static __always_inline int l4_sane(struct iphdr *ip, void *end, __u8 *l4, struct fast_plan *p)
 {
-	__u32 at = c->table * FAST_STRIDE;
-	struct fast_head *head = bpf_map_lookup_elem(&fast_slots, &at);
+	__u32 total = bpf_ntohs(ip->tot_len);
+	if ((void *)ip + total > end)
+		return NO_FAST;
+	if (ip->protocol == IPPROTO_TCP) {
+		if (total < 40 || (void *)l4 + 20 > end)
+			return NO_FAST;
+		__u32 data_off = (l4[12] >> 4) * 4;
+		if (data_off < 20 || data_off > total - 20)
+			return NO_FAST;
+	} else {
+		if ((void *)l4 + 8 > end)
+			return NO_FAST;
+		__u32 udp_len = ((__u32)l4[4] << 8) | l4[5];
+		if (udp_len < 8 || udp_len + 20 > total)
+			return NO_FAST;
+	}
+	p->l4_len = total - 20;
+	return 0;
+}
+
+// `packet::is_partial_checksum`: whether an L4 checksum field (host order) holds only
+// the pseudo-header sum, as a veth with tx checksum offload hands it over.
+static __always_inline int is_partial(__u16 field, __u32 src, __u32 dst, __u8 proto, __u16 l4_len)
+{
+	__u32 s = (src >> 16) + (src & 0xffff) + (dst >> 16) + (dst & 0xffff) + proto + l4_len;
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return field == (__u16)s || (field == 0 && s == 0xffff);
+}
+
+// Where replies to `client` go: table part `base`'s reply-egress entry for it (the
+// engine's cache index), if the worker published one in this epoch.
+static __always_inline int reply_egress(__u32 base, __u32 epoch, __u32 client, struct fast_plan *p)
+{
+	__u32 at = base + 1 + FAST_SLOTS + ((client * 0x9e3779b1U) >> 24) % FAST_EGRESS;
+	struct fast_egress *e = (void *)bpf_map_lookup_elem(&fast_slots, &at);
+	if (!e)
+		return NO_FAST;
+	__u32 seq = *(volatile __u32 *)&e->seq;
+	if (seq & 1)
+		return NO_FAST;
+	if (e->epoch != epoch || e->client != client || e->ifindex == 0)
+		return NO_FAST;
+	p->ifindex = e->ifindex;
+	__builtin_memcpy(p->macs, e->macs, 12);
+	if (*(volatile __u32 *)&e->seq != seq)
+		return NO_FAST;
+	return 0;
+}
+
+// The fast path's decision for a packet of a flow found in table `c->table`, record
+// `c->record` (`c->dir`: 0 forward, 1 reply): 0 with `plan` filled in, or NO_FAST
+// (nothing has been changed). Reads the table's head before and after (a seqlock): a
+// worker rewriting its part meanwhile means NO_FAST.
+static __always_inline int fast_plan(struct iphdr *ip, void *end, struct probe_ctx *c,
+				     struct fast_plan *p)
+{
+	__u32 base = c->table * FAST_STRIDE;
+	struct fast_head *head = bpf_map_lookup_elem(&fast_slots, &base);
 	if (!head)
 		return NO_FAST;
 	__u32 seq = *(volatile __u32 *)&head->seq;
@@ -439,6 +527,8 @@ static __always_inline int fast_plan(struct xdp_md *ctx, struct iphdr *ip, void 
 	if (!f || f->checked_generation != generation || !key_matches(f, c))
 		return NO_FAST;
 	__u8 *l4 = (void *)(ip + 1);
+	if (l4_sane(ip, end, l4, p))
+		return NO_FAST;
 	if (c->proto == IPPROTO_TCP) {
 		if ((void *)l4 + 20 > end)
 			return NO_FAST;
@@ -446,8 +536,6 @@ static __always_inline int fast_plan(struct xdp_md *ctx, struct iphdr *ip, void 
 			return NO_FAST;
 		p->expires = c->now + head->established_ms;
 	} else {
-		if ((void *)l4 + 8 > end)
-			return NO_FAST;
 		if (f->state != STATE_UDP)
 			return NO_FAST;
 		p->expires = c->now + head->udp_ms;
@@ -455,16 +543,32 @@ static __always_inline int fast_plan(struct xdp_md *ctx, struct iphdr *ip, void 
 	__u32 slot = f->slot;
 	if (slot >= FAST_SLOTS)
 		return NO_FAST;
-	at += 1 + slot;
+	__u32 at = base + 1 + slot;
 	struct fast_slot *e = bpf_map_lookup_elem(&fast_slots, &at);
 	if (!e)
 		return NO_FAST;
-	if (e->generation != generation || e->ifindex == 0)
+	if (e->generation != generation)
 		return NO_FAST;
-	p->ifindex = e->ifindex;
-	__builtin_memcpy(p->macs, e->macs, 12);
-	p->new_addr = bpf_htonl(f->backend);
-	p->new_port = bpf_htons(f->backend_port);
+	if (c->dir == 0) {
+		if (e->ifindex == 0)
+			return NO_FAST;
+		p->ifindex = e->ifindex;
+		__builtin_memcpy(p->macs, e->macs, 12);
+		p->new_addr = bpf_htonl(f->backend);
+		p->new_port = bpf_htons(f->backend_port);
+	} else {
+		if (reply_egress(base, head->egress_epoch, f->client, p))
+			return NO_FAST;
+		p->reply = 1;
+		p->new_addr = bpf_htonl(f->vip);
+		p->new_port = bpf_htons(f->vip_port);
+		__u16 *csum = (void *)(l4 + (c->proto == IPPROTO_TCP ? 16 : 6));
+		if ((void *)(csum + 1) > end)
+			return NO_FAST;
+		__u16 field = bpf_ntohs(*csum);
+		p->complete = head->complete_partial && (c->proto == IPPROTO_TCP || field != 0) &&
+			      is_partial(field, c->src, c->dst, c->proto, p->l4_len);
+	}
 	if (*(volatile __u32 *)&head->seq != seq)
 		return NO_FAST;
 	p->slot = e;
@@ -472,8 +576,49 @@ static __always_inline int fast_plan(struct xdp_md *ctx, struct iphdr *ip, void 
 	return 0;
 }
 
-// Applies a plan: MACs, TTL, destination address and port, checksums (as
-// `Engine::forward_fast` writes them), expiry, counters; redirects to the egress.
+// The L4 checksum of a rewritten TCP/UDP packet computed from scratch, as
+// `packet::l4_checksum` computes it (UDP: 0 sent as 0xffff), written to `csum`; the
+// segment (`l4_len` bytes after a 20-byte IP header) is summed in 64-byte chunks. Words
+// are summed as memory holds them (RFC 1071: the sum is byte-order independent). -1 when
+// the segment cannot be read (the packet is then dropped: its header is already
+// rewritten).
+static __always_inline int complete_l4(struct xdp_md *ctx, struct iphdr *ip, __u16 *csum,
+				       __u32 l4_len)
+{
+	__u32 sum = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) +
+		    (ip->daddr >> 16) + bpf_htons((__u16)ip->protocol) + bpf_htons((__u16)l4_len);
+	int udp = ip->protocol == IPPROTO_UDP;
+	*csum = 0;
+	__u32 off = sizeof(struct ethhdr) + sizeof(struct iphdr);
+	for (__u32 i = 0; i < CSUM_CHUNKS; i++) {
+		__u32 done = i * 64;
+		if (done >= l4_len)
+			break;
+		__u64 n = (__u64)l4_len - done;
+		__u8 buf[64];
+		if (n >= 64) {
+			if (bpf_xdp_load_bytes(ctx, off + done, buf, 64))
+				return -1;
+		} else {
+			__builtin_memset(buf, 0, sizeof(buf));
+			// Bounds the verifier can see (1..63): clang may otherwise keep `n` in a
+			// form whose range it loses.
+			asm volatile("%0 &= 63" : "+r"(n));
+			if (n == 0 || bpf_xdp_load_bytes(ctx, off + done, buf, n))
+				return -1;
+		}
+		sum = (__u32)bpf_csum_diff(0, 0, (void *)buf, sizeof(buf), sum);
+	}
+	__u16 v = (__u16)~fold_all(sum);
+	if (udp && v == 0)
+		v = 0xffff;
+	*csum = v;
+	return 0;
+}
+
+// Applies a plan: MACs, TTL, the destination (forward) or source (reply) address and
+// port, checksums (as `Engine::forward_fast` / `reverse_fast` write them), expiry,
+// counters; redirects to the egress.
 static __always_inline int fast_apply(struct xdp_md *ctx, struct iphdr *ip, void *end,
 				      struct fast_plan *p)
 {
@@ -491,13 +636,18 @@ static __always_inline int fast_apply(struct xdp_md *ctx, struct iphdr *ip, void
 	}
 	__builtin_memcpy(eth->h_dest, p->macs, 6);
 	__builtin_memcpy(eth->h_source, p->macs + 6, 6);
-	__u16 a = addr_delta(ip->daddr, p->new_addr);
-	__u16 l4d = delta_add(a, word_delta(ports[1], p->new_port));
+	__be32 *addr = p->reply ? &ip->saddr : &ip->daddr;
+	__be16 *port = p->reply ? &ports[0] : &ports[1];
+	__u16 a = addr_delta(*addr, p->new_addr);
+	__u16 l4d = delta_add(a, word_delta(*port, p->new_port));
 	ip->check = csum_apply(ip->check, delta_add(a, ttl_delta()));
 	ip->ttl -= 1;
-	ip->daddr = p->new_addr;
-	ports[1] = p->new_port;
-	if (ip->protocol == IPPROTO_TCP) {
+	*addr = p->new_addr;
+	*port = p->new_port;
+	if (p->complete) {
+		if (complete_l4(ctx, ip, csum, p->l4_len))
+			return XDP_DROP;
+	} else if (ip->protocol == IPPROTO_TCP) {
 		*csum = csum_apply(*csum, l4d);
 	} else if (*csum != 0) {
 		// `~(~old + delta)` with 0 sent as 0xffff, as `l4_csum_update` writes it.
@@ -508,8 +658,8 @@ static __always_inline int fast_apply(struct xdp_md *ctx, struct iphdr *ip, void
 	if ((__s32)(p->expires - *(volatile __u32 *)&p->flow->expires) >= 1000)
 		*(volatile __u32 *)&p->flow->expires = p->expires;
 	__u64 bytes = (__u64)((long)ctx->data_end - (long)ctx->data);
-	__sync_fetch_and_add(&p->slot->packets_in, 1);
-	__sync_fetch_and_add(&p->slot->bytes_in, bytes);
+	__sync_fetch_and_add(p->reply ? &p->slot->traffic_out : &p->slot->traffic_in,
+			     TRAFFIC_PACKET | bytes);
 	return bpf_redirect(p->ifindex, 0);
 }
 
@@ -517,9 +667,9 @@ static __always_inline int fast_apply(struct xdp_md *ctx, struct iphdr *ip, void
 static __always_inline int found(struct xdp_md *ctx, struct iphdr *ip, void *end,
 				 struct probe_ctx *c, __u32 xsk_slot)
 {
-	if (c->result == FIND_HIT && c->dir == 0) {
+	if (c->result == FIND_HIT) {
 		struct fast_plan p = {};
-		if (fast_plan(ctx, ip, end, c, &p) == 0)
+		if (fast_plan(ip, end, c, &p) == 0)
 			return fast_apply(ctx, ip, end, &p);
 	}
 	return bpf_redirect_map(&xsks, xsk_slot, XDP_DROP);
@@ -527,18 +677,24 @@ static __always_inline int found(struct xdp_md *ctx, struct iphdr *ip, void *end
 
 static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *end, __u32 slot)
 {
-	// The common case first, with one hash look-up: a whole TCP/UDP packet to an
-	// exposed VIP:port.
+	// The common case first: a whole TCP/UDP packet of an established flow, which the
+	// fast path forwards without the `frontends` look-up (a record checked against the
+	// table the fast path was published for implies its VIP:port is exposed); then any
+	// other packet to an exposed VIP:port, which userspace handles.
 	__be16 *ports = (void *)(ip + 1);
 	struct frontend_key key = { .addr = ip->daddr, .proto = ip->protocol, .pad = 0 };
 	int l4 = ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP;
 	if (l4 && ip->ihl == 5 && !(ip->frag_off & bpf_htons(0x3fff)) && (void *)(ports + 2) <= end) {
-		key.port = ports[1];
-		if (bpf_map_lookup_elem(&frontends, &key)) {
-			struct probe_ctx c = {};
-			find_flow(&c, ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol, 0);
-			return found(ctx, ip, end, &c, slot);
+		struct probe_ctx c = {};
+		find_flow(&c, ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol, 0);
+		if (c.result == FIND_HIT) {
+			struct fast_plan p = {};
+			if (fast_plan(ip, end, &c, &p) == 0)
+				return fast_apply(ctx, ip, end, &p);
 		}
+		key.port = ports[1];
+		if (bpf_map_lookup_elem(&frontends, &key))
+			return bpf_redirect_map(&xsks, slot, XDP_DROP);
 	}
 	if (!bpf_map_lookup_elem(&vips, &ip->daddr)) {
 		// Redirects from other nodes (whole datagrams without IP options only).

@@ -16,16 +16,28 @@
 //! Scenarios: `baseline`, `parse`, `forward` (established flow, 256 flows), `reverse`
 //! (reply with L4 checksum recomputation, 64 B frames; `PAYLOAD=1472` for 1514 B),
 //! `reverse-incremental`, `new-flow`.
+//!
+//! Wall-clock scenarios (cache and TLB misses matter there, instruction counts do not):
+//! `forward-flows` (FLOWS established flows, default 1 Mi, visited in a scrambled order,
+//! batches of 64; `WARM=1` warms each batch first as the forwarding loop does;
+//! `SHARED=1` puts the flow table in the steering program's mmapped BPF maps, as the
+//! dataplane does, instead of the heap with huge pages — needs root) and `xdp-flows`
+//! (the steering program's established-flow fast path over FLOWS flows, run by the
+//! kernel with `BPF_PROG_TEST_RUN` one packet of a scrambled flow per run; the mean of
+//! the kernel's time per run, which includes one clock read; `HOT=1` sends flow 0's
+//! packet every time instead — needs root).
 
 use std::hint::black_box;
 
-use juneau_dataplane::engine::Verdict;
-use juneau_dataplane::neigh::Side;
+use juneau_dataplane::engine::{Engine, EngineConfig, Verdict};
+use juneau_dataplane::flow::FlowTable;
+use juneau_dataplane::neigh::{Neighbours, Side};
 use juneau_dataplane::packet::{self, Parsed};
+use juneau_dataplane::steering::Steering;
 
 #[path = "../benches/common/mod.rs"]
 mod common;
-use common::{setup, udp, B, CLIENT, VIP};
+use common::{setup, setup_engine, udp, B, CLIENT, VIP};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -117,51 +129,125 @@ fn main() {
                 e.sweep(i as u64, 64);
             }
         }
-        "forward-flows" => {
-            // FLOWS established flows (default 1 Mi), visited in a scrambled order; prints
-            // wall-clock ns/packet (cache misses matter here, instruction counts do not).
-            let flows: u32 = std::env::var("FLOWS")
-                .ok()
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(1 << 20);
-            let (mut e, nb) = setup(true, flows as usize);
-            // Frames are written into one buffer from a template (source address and port
-            // per flow; checksums are not fixed up, which costs the engine nothing extra),
-            // so only the engine's own memory accesses are measured.
-            let template = udp(CLIENT, 1, VIP, 53, 22);
-            let fill = |buf: &mut Vec<u8>, k: u32| {
-                buf.copy_from_slice(&template);
-                buf[26..30].copy_from_slice(&(0x0a00_0000 | (k >> 14)).to_be_bytes());
-                buf[34..36].copy_from_slice(&(1024 + (k & 0x3fff) as u16).to_be_bytes());
-            };
-            for k in 0..flows {
-                fill(&mut buf, k);
-                e.process(&mut buf, Side::Uplink, &nb, 0);
-            }
-            assert_eq!(e.flows().len(), flows as usize);
-            let warm = std::env::var("WARM").is_ok();
-            let mut batch: Vec<Vec<u8>> = vec![template.clone(); 64];
-            let mut hashes = [0u32; 64];
-            let t = std::time::Instant::now();
-            let mut k: u64 = 0;
-            for _ in 0..n / 64 {
-                for b in batch.iter_mut() {
-                    k = (k + 0x9e37_79b9) % u64::from(flows);
-                    fill(b, k as u32);
-                }
-                if warm {
-                    for (h, b) in hashes.iter_mut().zip(&batch) {
-                        *h = e.flow_hash(b);
-                    }
-                    black_box(e.warm(&hashes));
-                }
-                for b in batch.iter_mut() {
-                    black_box(e.process(b, Side::Uplink, &nb, 1));
-                }
-            }
-            let ns = t.elapsed().as_nanos() as f64 / n as f64;
-            println!("{flows} flows, warm={warm}: {ns:.0} ns/packet (forward, established, batches of 64)");
-        }
+        "forward-flows" => forward_flows(n),
+        "xdp-flows" => xdp_flows(n),
         other => panic!("unknown scenario {other}"),
     }
+}
+
+fn env_flows() -> u32 {
+    std::env::var("FLOWS")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(1 << 20)
+}
+
+/// The template frame of `forward-flows` / `xdp-flows`, and how flow `k`'s frame is made
+/// from it (source address and port per flow; checksums are not fixed up, which costs
+/// neither the engine nor the program anything extra).
+fn flow_frame(template: &[u8], buf: &mut [u8], k: u32) {
+    buf.copy_from_slice(template);
+    buf[26..30].copy_from_slice(&(0x0a00_0000 | (k >> 14)).to_be_bytes());
+    buf[34..36].copy_from_slice(&(1024 + (k & 0x3fff) as u16).to_be_bytes());
+}
+
+/// An engine over `flows` flows' table: on the heap (huge pages), or with `shared` in
+/// the steering program's BPF maps (returned too; not pinned: the temporary directory is
+/// not on a BPF filesystem). Every flow is established by one packet.
+fn engine_with_flows(
+    flows: u32,
+    shared: bool,
+) -> (Engine, Neighbours, Option<(Steering, tempfile::TempDir)>) {
+    let template = udp(CLIENT, 1, VIP, 53, 22);
+    let mut buf = template.clone();
+    let (mut e, nb, st) = if shared {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (st, regions, _) = Steering::load(dir.path(), flows as usize, 1, false)
+            .expect("loading the steering program (run as root)");
+        let cfg = EngineConfig {
+            flow_capacity: flows as usize,
+            ..Default::default()
+        };
+        let now = juneau_dataplane::region::monotonic_ms();
+        let (tables, _) = FlowTable::open_group(regions, 1, cfg.timeouts, cfg.hash_seed, now);
+        let e = Engine::with_flows(cfg, tables.into_iter().next().expect("a table"));
+        let (e, nb) = setup_engine(e);
+        (e, nb, Some((st, dir)))
+    } else {
+        let (e, nb) = setup(true, flows as usize);
+        (e, nb, None)
+    };
+    let now = juneau_dataplane::region::monotonic_ms();
+    for k in 0..flows {
+        flow_frame(&template, &mut buf, k);
+        e.process(&mut buf, Side::Uplink, &nb, now);
+    }
+    assert_eq!(
+        e.flows().len(),
+        flows as usize,
+        "every flow established (drops: {:?})",
+        e.counters().drops
+    );
+    (e, nb, st)
+}
+
+fn forward_flows(n: usize) {
+    let flows = env_flows();
+    let shared = std::env::var("SHARED").is_ok();
+    let (mut e, nb, _st) = engine_with_flows(flows, shared);
+    let template = udp(CLIENT, 1, VIP, 53, 22);
+    let warm = std::env::var("WARM").is_ok();
+    let mut batch: Vec<Vec<u8>> = vec![template.clone(); 64];
+    let mut hashes = [0u32; 64];
+    let now = juneau_dataplane::region::monotonic_ms();
+    let t = std::time::Instant::now();
+    let mut k: u64 = 0;
+    for _ in 0..n / 64 {
+        for b in batch.iter_mut() {
+            k = (k + 0x9e37_79b9) % u64::from(flows);
+            flow_frame(&template, b, k as u32);
+        }
+        if warm {
+            for (h, b) in hashes.iter_mut().zip(&batch) {
+                *h = e.flow_hash(b);
+            }
+            black_box(e.warm(&hashes));
+        }
+        for b in batch.iter_mut() {
+            black_box(e.process(b, Side::Uplink, &nb, now));
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    println!(
+        "{flows} flows, warm={warm}, shared={shared}: {ns:.0} ns/packet (forward, established, batches of 64)"
+    );
+}
+
+fn xdp_flows(n: usize) {
+    const XDP_REDIRECT: u32 = 4;
+    let flows = env_flows();
+    let (mut e, mut nb, st) = engine_with_flows(flows, true);
+    let (mut st, _dir) = st.expect("a shared table");
+    st.configure_test_uplink()
+        .expect("configuring lo as the uplink");
+    st.sync(e.services()).expect("programming the frontends");
+    e.set_xdp_fast_path(st.take_fast_parts(1).remove(0));
+    nb.set_xdp_frame_targets(vec![2]);
+    e.refresh_xdp(&nb);
+    let template = udp(CLIENT, 1, VIP, 53, 22);
+    let mut buf = template.clone();
+    let hot = std::env::var("HOT").is_ok();
+    let mut sum = 0u128;
+    let mut k: u64 = 0;
+    for _ in 0..n {
+        if !hot {
+            k = (k + 0x9e37_79b9) % u64::from(flows);
+        }
+        flow_frame(&template, &mut buf, k as u32);
+        let (action, d) = st.test_run_timed(&buf, 1, 1).expect("test run");
+        assert_eq!(action, XDP_REDIRECT, "the fast path forwards");
+        sum += d.as_nanos();
+    }
+    let total = sum as f64 / n as f64;
+    println!("{flows} flows, hot={hot}: {total:.0} ns/run (XDP fast path, forward, established)");
 }

@@ -153,6 +153,8 @@ pub struct Counters {
     /// Packets the steering program forwarded itself (XDP fast path), as folded so far;
     /// they are in the per-service counters too, not in `rx_packets` / `tx_packets`.
     pub xdp_fast_packets: u64,
+    /// Of `xdp_fast_packets`, the backends' replies.
+    pub xdp_fast_replies: u64,
     /// Indexed like the current service table.
     pub services: Vec<ServiceCounters>,
 }
@@ -236,6 +238,9 @@ pub struct Stats {
     pub tx_packets: u64,
     /// Packets the steering program forwarded itself (XDP fast path).
     pub xdp_fast_packets: u64,
+    /// Of `xdp_fast_packets`, the backends' replies.
+    #[serde(default)]
+    pub xdp_fast_replies: u64,
     /// Frames received per AF_XDP socket (`interface/queue`).
     pub rx_packets_per_socket: std::collections::BTreeMap<String, u64>,
     /// Drops by reason (every reason present, zero or not).
@@ -266,6 +271,14 @@ pub struct Stats {
     pub neighbours: u64,
     /// Resolution requests sent to the kernel.
     pub neighbour_requests: u64,
+    /// Service tables held back until their new backends' or peers' next hops were
+    /// resolved (docs/dataplane.md, "Neighbours and routes").
+    pub tables_held: u64,
+    /// Held tables replaced by a newer one before they went in (the newer one keeps
+    /// waiting for what the held one still waited for).
+    pub held_tables_replaced: u64,
+    /// Held tables installed with a next hop still unresolved after the longest hold.
+    pub held_tables_timed_out: u64,
     /// UMEM frames in total.
     pub umem_frames: u64,
     /// UMEM frames in userspace, ready for fill rings.

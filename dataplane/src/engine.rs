@@ -14,7 +14,9 @@
 //!   flow are dropped (never leaked un-NATed).
 
 use crate::counters::{Counters, DropReason, ServiceCounters};
-use crate::flow::{hash_key, Direction, Flow, FlowKey, FlowTable, InsertError, Timeouts};
+use crate::flow::{
+    hash_key, Direction, Flow, FlowKey, FlowState, FlowTable, InsertError, Timeouts,
+};
 use crate::neigh::{Neighbours, Resolve, Side};
 use crate::packet::{self, tcp_flags, FastView, L4Checksum, MacAddr, NatSide, Parsed};
 use crate::services::ServiceTable;
@@ -140,7 +142,8 @@ struct EgressEntry {
     macs: [u8; 12],
 }
 
-const EGRESS_CACHE: usize = 256;
+/// The reply next-hop cache: one entry per reply-egress entry of the XDP fast path.
+const EGRESS_CACHE: usize = crate::fast::EGRESS_ENTRIES;
 
 /// The one's-complement delta of decrementing the TTL (the word `ttl << 8 | proto`
 /// drops by 0x100): `~0x0100`.
@@ -235,7 +238,8 @@ impl Engine {
 
     /// Publishes this worker's established flows to the steering program's fast path
     /// (`fast_slots`) from now on, keeping it current with [`Engine::refresh_xdp`].
-    pub fn set_xdp_fast_path(&mut self, part: crate::fast::FastPath) {
+    pub fn set_xdp_fast_path(&mut self, mut part: crate::fast::FastPath) {
+        part.set_complete_partial(self.pod_checksum == PodChecksums::Detect);
         self.xdp = Some(part);
         self.rewrites_stamp = 0;
     }
@@ -262,24 +266,31 @@ impl Engine {
             return;
         };
         let (rewrites, counters) = (&self.rewrites, &mut self.counters);
-        x.fold(|slot, packets, bytes| {
+        x.fold(|slot, (packets_in, bytes_in), (packets_out, bytes_out)| {
             let service = rewrites.get(slot).map(|r| r.service as usize);
             if let Some(c) = service.and_then(|s| counters.services.get_mut(s)) {
-                c.packets_in += packets;
-                c.bytes_in += bytes;
+                c.packets_in += packets_in;
+                c.bytes_in += bytes_in;
+                c.packets_out += packets_out;
+                c.bytes_out += bytes_out;
             }
         });
         self.counters.xdp_fast_packets = x.packets();
+        self.counters.xdp_fast_replies = x.replies();
     }
 
     /// Where the XDP program may send a slot's packets (see [`crate::fast`]).
     fn xdp_egress(rw: &SlotRewrite, nb: &Neighbours) -> crate::fast::Egress {
-        let ifindex = match rw.fwd_side? {
+        Self::xdp_target(rw.fwd_side?, rw.fwd_macs, nb)
+    }
+
+    /// `side` as an XDP redirect target, if its interface takes XDP frames.
+    fn xdp_target(side: Side, macs: [u8; 12], nb: &Neighbours) -> crate::fast::Egress {
+        let ifindex = match side {
             Side::Uplink => nb.uplink().ifindex,
             Side::Pod(i) => nb.pods().get(usize::from(i))?.ifindex,
         };
-        nb.takes_xdp_frames(ifindex)
-            .then_some((ifindex, rw.fwd_macs))
+        nb.takes_xdp_frames(ifindex).then_some((ifindex, macs))
     }
 
     /// Turns the established-flow fast path off (every packet takes the general path);
@@ -334,6 +345,7 @@ impl Engine {
         }
         self.rewrites_stamp = nb.stamp();
         if let Some(x) = self.xdp.as_mut() {
+            x.clear_egress();
             let slots: Vec<_> = self
                 .rewrites
                 .iter()
@@ -523,6 +535,36 @@ impl Engine {
         self.revalidate_slow(id, f, gen)
     }
 
+    /// Whether a lone SYN that found forward flow `id` opens a new connection: the client
+    /// re-uses the 4-tuple of a connection that ended (its port is free again at once
+    /// when the server closed first, while the record waits out its FIN timeout), or the
+    /// flow's backend no longer takes new connections. The old record is removed then,
+    /// and the SYN goes where any new connection goes. A SYN retransmitted during a
+    /// handshake to a backend that is still Ready stays on its flow.
+    #[cold]
+    fn syn_reopens(&mut self, id: u32) -> bool {
+        if FlowTable::is_remote(id) {
+            // Another worker's record (only its owner removes it): left as it is. A
+            // connection's packets reach one worker (the queue is picked from the
+            // 4-tuple), so a re-used 4-tuple comes back to the record's owner.
+            return false;
+        }
+        let handshake = matches!(
+            self.flows.get(id).state(),
+            FlowState::SynSent | FlowState::SynReceived
+        );
+        if handshake {
+            match self.revalidate(id) {
+                Ok(slot) if self.table.slot_is_ready(slot) => return false,
+                Ok(_) => {}
+                // Removed by the re-validation (its backend left), or no table yet.
+                Err(_) => return true,
+            }
+        }
+        self.flows.remove(id);
+        true
+    }
+
     #[cold]
     fn revalidate_slow(&mut self, id: u32, f: Flow, gen: u32) -> Result<u32, Option<u32>> {
         if gen == 0 {
@@ -568,6 +610,11 @@ impl Engine {
         p: &FastView,
         now_ms: u64,
     ) -> Option<Verdict> {
+        // A SYN may open a new connection on an old record (`syn_reopens`): the
+        // general path decides, as in the steering program.
+        if TCP && p.tcp_flags & tcp_flags::SYN != 0 {
+            return None;
+        }
         let id = self.flows.find_live(&p.raw, Direction::Forward, now_ms)?;
         // This worker's flows only: another worker's take the general path.
         let f = self.flows.local(id)?;
@@ -657,7 +704,7 @@ impl Engine {
     /// Where replies to `client` go: from the cache, or resolved and cached.
     #[inline(always)]
     fn reply_egress(&mut self, client: u32, nb: &Neighbours) -> Option<(Side, [u8; 12])> {
-        let i = (client.wrapping_mul(0x9e37_79b1) >> 24) as usize % EGRESS_CACHE;
+        let i = crate::fast::egress_index(client);
         let e = &self.egress[i];
         if e.valid && e.ip == client {
             return e.side.map(|s| (s, e.macs));
@@ -681,6 +728,9 @@ impl Engine {
                     side: Some(side),
                     macs: m,
                 };
+                if let Some(x) = self.xdp.as_mut() {
+                    x.publish_egress(client, Self::xdp_target(side, m, nb));
+                }
                 Some((side, m))
             }
             // Not cached: the general path counts the drop and asks for resolution.
@@ -726,7 +776,12 @@ impl Engine {
         if let Some(r) = self.redirect_hook(frame.len(), &key, l4.tcp_flags, nb, now_ms) {
             return r;
         }
-        let (id, service, new) = match self.flows.lookup(&key, now_ms) {
+        let syn_only = v.protocol == packet::IPPROTO_TCP && tcp_flags::lone_syn(l4.tcp_flags);
+        let found = match self.flows.lookup(&key, now_ms) {
+            Some((id, Direction::Forward)) if syn_only && self.syn_reopens(id) => None,
+            other => other,
+        };
+        let (id, service, new) = match found {
             Some((id, Direction::Forward)) => match self.revalidate(id) {
                 Ok(slot) => (id, self.table.slot_service(slot), false),
                 Err(s) => return self.drop(DropReason::BackendRemoved, s),
@@ -738,15 +793,12 @@ impl Engine {
                 };
                 let svc = self.table.service(s);
                 let Some(bi) = svc.pick_index(hash_key(&key, MAGLEV_HASH_SEED)) else {
-                    return self.drop(DropReason::NoBackend, Some(s));
+                    return self.no_backend(frame.len(), &key, syn_only, s, nb, now_ms);
                 };
                 // Only a SYN opens a TCP flow: anything else without a flow is a spoofed
                 // segment or a connection this node never saw; a Pod would answer it
                 // with a RST.
-                if v.protocol == packet::IPPROTO_TCP
-                    && l4.tcp_flags & (tcp_flags::SYN | tcp_flags::ACK | tcp_flags::RST)
-                        != tcp_flags::SYN
-                {
+                if v.protocol == packet::IPPROTO_TCP && !syn_only {
                     return self.drop(DropReason::NonSynWithoutFlow, Some(s));
                 }
                 let b = svc.backends[bi];
@@ -805,6 +857,36 @@ impl Engine {
         c.bytes_in += frame.len() as u64;
         c.new_flows += u64::from(new);
         Verdict::Tx(side)
+    }
+
+    /// No Ready backend here for a new flow. A lone SYN goes to a peer that may have one
+    /// (redirects on): the node lost its last Ready backend and asked to withdraw its
+    /// route, which the router has not applied yet (or the node before had no backend
+    /// either). The next peer that has one serves it and tells the first node, like the
+    /// owner of a moved connection: the connection opens instead of waiting a second for
+    /// its SYN's retransmission. Charged to the redirect bucket. Anything else, or a SYN
+    /// no peer is left for, is dropped (`no_backend`; `redirect_no_peer` on a later node).
+    #[cold]
+    fn no_backend(
+        &mut self,
+        frame_len: usize,
+        key: &FlowKey,
+        syn_only: bool,
+        service: u32,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Verdict {
+        if syn_only && self.redirects_tcp(key) {
+            if let Some(v) = self.ask_next_peer(true, frame_len, key, nb, now_ms) {
+                return v;
+            }
+        }
+        let reason = if self.redirect_ctx.is_some() {
+            DropReason::RedirectNoPeer
+        } else {
+            DropReason::NoBackend
+        };
+        self.drop(reason, Some(service))
     }
 
     /// An ICMP error to a VIP about a packet we sent out (e.g. "fragmentation needed"
@@ -1247,15 +1329,7 @@ mod tests {
         let mut e = Engine::with_flows(cfg, tables.into_iter().next().expect("a table"));
         update(&mut e, 1, &[B1, B2]);
         st.sync(e.services())?;
-        // The "uplink" is this namespace's loopback, only for the program's `ifaces` map:
-        // nothing is attached, a test run sends nothing.
-        st.configure_iface(&SteeredIface {
-            name: "lo".into(),
-            ifindex: 1,
-            uplink: true,
-            slot_base: 0,
-            queues: 1,
-        })?;
+        st.configure_test_uplink()?;
         e.set_xdp_fast_path(st.take_fast_parts(1).remove(0));
         let mut nb = neighbours();
         nb.set_xdp_frame_targets(vec![10, 11]);
@@ -1279,7 +1353,38 @@ mod tests {
             Verdict::Tx(_)
         ));
 
+        let bu = Ipv4Addr::from(parse(&u).dst).octets();
+
         // `fast`: the program must forward it as the engine does; else leave it alone.
+        // Packets come in on the loopback, in the uplink's role unless `reply`.
+        fn check_on(
+            st: &Steering,
+            e: &mut Engine,
+            nb: &Neighbours,
+            f: Vec<u8>,
+            reply: bool,
+            fast: bool,
+            what: &str,
+        ) -> anyhow::Result<()> {
+            let (action, out) = st.test_run(&f, 1)?;
+            let mut want = f.clone();
+            let ingress = if reply { Side::Pod(0) } else { Side::Uplink };
+            let v = e.process(&mut want, ingress, nb, crate::region::monotonic_ms());
+            if fast {
+                let egress_ok = match v {
+                    Verdict::Tx(Side::Pod(_)) => !reply,
+                    Verdict::Tx(Side::Uplink) => reply,
+                    _ => false,
+                };
+                assert!(egress_ok, "{what}: engine {v:?}");
+                assert_eq!(action, XDP_REDIRECT, "{what}");
+                assert_eq!(out, want, "{what}: program and engine differ");
+            } else {
+                assert_eq!(action, XDP_DROP, "{what}: to the (empty) socket slot");
+                assert_eq!(out, f, "{what}: left unchanged");
+            }
+            Ok(())
+        }
         fn check(
             st: &Steering,
             e: &mut Engine,
@@ -1288,21 +1393,7 @@ mod tests {
             fast: bool,
             what: &str,
         ) -> anyhow::Result<()> {
-            let (action, out) = st.test_run(&f, 1)?;
-            let mut want = f.clone();
-            let v = e.process(&mut want, Side::Uplink, nb, crate::region::monotonic_ms());
-            if fast {
-                assert!(
-                    matches!(v, Verdict::Tx(Side::Pod(_))),
-                    "{what}: engine {v:?}"
-                );
-                assert_eq!(action, XDP_REDIRECT, "{what}");
-                assert_eq!(out, want, "{what}: program and engine differ");
-            } else {
-                assert_eq!(action, XDP_DROP, "{what}: to the (empty) socket slot");
-                assert_eq!(out, f, "{what}: left unchanged");
-            }
-            Ok(())
+            check_on(st, e, nb, f, false, fast, what)
         }
         // The client's ACK completes the handshake in the engine: userspace's.
         check(
@@ -1348,6 +1439,130 @@ mod tests {
             }
             check(&st, &mut e, &nb, f, true, &format!("packet {i}"))?;
         }
+
+        // Replies, in on a Pod interface (the loopback again, in the Pod role), out to
+        // the client's next hop on the uplink once the worker has published it.
+        let lo_as = |uplink| SteeredIface {
+            name: "lo".into(),
+            ifindex: 1,
+            uplink,
+            slot_base: 0,
+            queues: 1,
+        };
+        st.configure_iface(&lo_as(false))?;
+        nb.set_xdp_frame_targets(vec![2, 10, 11]);
+        e.refresh_xdp(&nb);
+        let tcp_reply = |payload: &[u8], ttl| {
+            build_with(
+                IPPROTO_TCP,
+                b,
+                8080,
+                CLIENT,
+                44000,
+                payload,
+                ttl,
+                tcp_flags::ACK,
+            )
+        };
+        let udp_reply =
+            |payload: &[u8], ttl| build_with(IPPROTO_UDP, bu, 8080, CLIENT, 44001, payload, ttl, 0);
+        check_on(
+            &st,
+            &mut e,
+            &nb,
+            tcp_reply(b"", 64),
+            true,
+            false,
+            "egress unresolved",
+        )?;
+        for i in 0..300 {
+            let x = next();
+            let ttl = 2 + (x % 254) as u8;
+            // Up to past the program's 64-byte chunks, and one full-size segment.
+            let len = if i == 7 {
+                1400
+            } else {
+                (x >> 16) as usize % 200
+            };
+            let payload: Vec<u8> = (0..len).map(|j| (x >> (j % 7)) as u8).collect();
+            let udp = i % 2 == 0;
+            let mut f = if udp {
+                udp_reply(&payload, ttl)
+            } else {
+                tcp_reply(&payload, ttl)
+            };
+            let c = (next() & 0xffff) as u16;
+            let l4c = if udp { 40 } else { 50 };
+            match i % 6 {
+                // What Pods send: a partial (pseudo-header only) checksum.
+                0 | 1 => packet::tests::set_partial_checksum(&mut f),
+                2 => f[l4c..l4c + 2].copy_from_slice(&[0, 0]),
+                3 => f[l4c..l4c + 2].copy_from_slice(&c.to_be_bytes()),
+                4 => f[24..26].copy_from_slice(&c.to_be_bytes()),
+                _ => {}
+            }
+            check_on(&st, &mut e, &nb, f, true, true, &format!("reply {i}"))?;
+        }
+        // A partial UDP checksum whose completion is 0, sent as 0xffff: a payload word
+        // chosen to make the one's-complement sum of the NATed datagram 0xffff.
+        let mut z = udp_reply(&[0, 0], 64);
+        packet::tests::set_partial_checksum(&mut z);
+        let mut probe = z.clone();
+        let _ = e.process(&mut probe, Side::Pod(0), &nb, now());
+        let sum = !u16::from_be_bytes([probe[40], probe[41]]);
+        let w = 0xffff - u32::from(sum);
+        z[42..44].copy_from_slice(&(w as u16).to_be_bytes());
+        let mut want = z.clone();
+        let _ = e.process(&mut want, Side::Pod(0), &nb, now());
+        assert_eq!(
+            &want[40..42],
+            &[0xff, 0xff],
+            "the crafted reply's checksum is 0"
+        );
+        check_on(
+            &st,
+            &mut e,
+            &nb,
+            z,
+            true,
+            true,
+            "UDP checksum 0 sent as 0xffff",
+        )?;
+        // A reply that changes the TCP state is userspace's.
+        let fin = build_with(
+            IPPROTO_TCP,
+            b,
+            8080,
+            CLIENT,
+            44000,
+            b"",
+            64,
+            tcp_flags::FIN | tcp_flags::ACK,
+        );
+        let (action, out) = st.test_run(&fin, 1)?;
+        assert_eq!((action, &out), (XDP_DROP, &fin), "a reply with FIN");
+        // New neighbours: the published egress dies with the worker's cache.
+        nb.set_xdp_frame_targets(vec![2, 10, 11, 12]);
+        e.refresh_xdp(&nb);
+        check_on(
+            &st,
+            &mut e,
+            &nb,
+            udp_reply(b"r", 64),
+            true,
+            false,
+            "egress cleared",
+        )?;
+        check_on(
+            &st,
+            &mut e,
+            &nb,
+            udp_reply(b"r", 64),
+            true,
+            true,
+            "egress republished",
+        )?;
+        st.configure_iface(&lo_as(true))?;
         // State changes stay userspace's.
         for flags in [
             tcp_flags::FIN | tcp_flags::ACK,
@@ -1628,6 +1843,134 @@ mod tests {
             assert_eq!((rv.src, rv.l4.unwrap().src_port), (ip(VIP), 80));
         }
         let _ = m;
+    }
+
+    /// The TCP service's table with `ready` backends for new flows and `draining` ones
+    /// (terminating but serving) for the flows they hold.
+    fn update_draining(e: &mut Engine, generation: u64, ready: &[[u8; 4]], draining: &[[u8; 4]]) {
+        let b = |l: &[[u8; 4]]| -> Vec<LocalBackend> {
+            l.iter()
+                .map(|b| LocalBackend {
+                    ip: Ipv4Addr::from(*b),
+                    port: 8080,
+                })
+                .collect()
+        };
+        let (mut s, _) = state(ready);
+        s.services.retain(|x| {
+            x.frontend.protocol == Protocol::Tcp && x.frontend.vip == Ipv4Addr::from(VIP)
+        });
+        s.services[0].terminating = b(draining);
+        s.normalize();
+        let m = vec![maglev(ready.len())];
+        e.set_services(ServiceTable::new(generation, &s, &m));
+    }
+
+    /// A client port of a new connection that Maglev gives to `backend`.
+    fn port_to(e: &mut Engine, nb: &Neighbours, backend: [u8; 4]) -> u16 {
+        (50000..51000u16)
+            .find(|p| {
+                let mut f = syn(*p);
+                let to = matches!(e.process(&mut f, Side::Uplink, nb, 1), Verdict::Tx(_))
+                    && parse(&f).dst == ip(backend);
+                let key = FlowKey {
+                    src: ip(CLIENT),
+                    dst: ip(VIP),
+                    src_port: *p,
+                    dst_port: 80,
+                    proto: IPPROTO_TCP,
+                };
+                if let Some((id, _)) = e.flows.lookup(&key, 1) {
+                    e.flows.remove(id);
+                }
+                to
+            })
+            .expect("a port to the backend")
+    }
+
+    /// A client re-uses the 4-tuple of a connection that ended — its port is free again
+    /// at once when the server closed first — while the dataplane still holds the old
+    /// record (FIN timeout). Its SYN opens a new connection, so it goes to a Ready backend,
+    /// never to the old one now draining (whose listener may be closed: a refused
+    /// connection, seen in the lab). A SYN retransmitted during a handshake keeps its flow
+    /// while its backend is Ready.
+    #[test]
+    fn a_syn_reusing_a_finished_connections_tuple_goes_to_a_ready_backend() {
+        let nb = neighbours();
+        let mut e = engine(&[B1, B2]);
+        let p = port_to(&mut e, &nb, B1);
+        let s = e.table.find(ip(VIP), IPPROTO_TCP, 80).unwrap() as usize;
+        let new_flows = |e: &Engine| e.counters().services[s].new_flows;
+        let before = new_flows(&e);
+        let step = |e: &mut Engine, from_pod: bool, flags: u8, t: u64| {
+            let mut f = if from_pod {
+                tcp(B1, 8080, CLIENT, p, flags)
+            } else {
+                tcp(CLIENT, p, VIP, 80, flags)
+            };
+            let side = if from_pod { Side::Pod(0) } else { Side::Uplink };
+            let v = e.process(&mut f, side, &nb, t);
+            (v, parse(&f).dst)
+        };
+        // Handshake (with the SYN retransmitted: same flow), request, both FINs.
+        assert_eq!(step(&mut e, false, tcp_flags::SYN, 10).1, ip(B1));
+        assert_eq!(step(&mut e, false, tcp_flags::SYN, 11).1, ip(B1));
+        assert_eq!(
+            new_flows(&e),
+            before + 1,
+            "a retransmitted SYN is the same connection"
+        );
+        step(&mut e, true, tcp_flags::SYN | tcp_flags::ACK, 12);
+        step(&mut e, false, tcp_flags::ACK, 13);
+        step(&mut e, true, tcp_flags::FIN | tcp_flags::ACK, 14);
+        step(&mut e, false, tcp_flags::FIN | tcp_flags::ACK, 15);
+        // B1's Pod terminates: it drains, B2 takes new connections.
+        update_draining(&mut e, 2, &[B2], &[B1]);
+        let before = new_flows(&e);
+        let (v, dst) = step(&mut e, false, tcp_flags::SYN, 1000);
+        assert!(matches!(v, Verdict::Tx(_)), "{v:?}");
+        assert_eq!(
+            dst,
+            ip(B2),
+            "the new connection went to the draining backend"
+        );
+        assert_eq!(new_flows(&e), before + 1, "counted as a new flow");
+        // The Pod's reply is un-NATed through the new record.
+        let mut r = tcp(B2, 8080, CLIENT, p, tcp_flags::SYN | tcp_flags::ACK);
+        assert_eq!(
+            e.process(&mut r, Side::Pod(1), &nb, 1001),
+            Verdict::Tx(Side::Uplink)
+        );
+        // A handshake in progress whose backend starts draining: the retransmitted SYN
+        // goes to a Ready backend too (new connections only go to Ready ones).
+        let mut e = engine(&[B1, B2]);
+        let p = port_to(&mut e, &nb, B1);
+        let mut f = syn(p);
+        assert!(matches!(
+            e.process(&mut f, Side::Uplink, &nb, 10),
+            Verdict::Tx(_)
+        ));
+        update_draining(&mut e, 2, &[B2], &[B1]);
+        let mut f = syn(p);
+        assert!(matches!(
+            e.process(&mut f, Side::Uplink, &nb, 1010),
+            Verdict::Tx(_)
+        ));
+        assert_eq!(parse(&f).dst, ip(B2));
+        // An established connection's segments still go to the draining backend.
+        let mut e = engine(&[B1, B2]);
+        let p = port_to(&mut e, &nb, B1);
+        let mut f = syn(p);
+        e.process(&mut f, Side::Uplink, &nb, 10);
+        let mut r = tcp(B1, 8080, CLIENT, p, tcp_flags::SYN | tcp_flags::ACK);
+        e.process(&mut r, Side::Pod(0), &nb, 11);
+        update_draining(&mut e, 2, &[B2], &[B1]);
+        let mut a = tcp(CLIENT, p, VIP, 80, tcp_flags::ACK);
+        assert!(matches!(
+            e.process(&mut a, Side::Uplink, &nb, 12),
+            Verdict::Tx(_)
+        ));
+        assert_eq!(parse(&a).dst, ip(B1));
     }
 
     #[test]

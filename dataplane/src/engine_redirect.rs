@@ -29,6 +29,11 @@ impl Engine {
         self.redirect.as_mut()
     }
 
+    /// Whether redirects are on and `key` is a TCP flow (the only ones redirected).
+    pub(super) fn redirects_tcp(&self, key: &FlowKey) -> bool {
+        self.redirect.as_ref().is_some_and(|r| r.active()) && key.proto == packet::IPPROTO_TCP
+    }
+
     /// The packet to encapsulate after a [`Verdict::Redirect`].
     pub fn take_redirect(&mut self) -> Option<RedirectOut> {
         self.redirect.as_mut()?.out.take()
@@ -37,7 +42,8 @@ impl Engine {
     /// Called by the general forward path for a TCP/UDP packet to a VIP, before the
     /// flow look-up. `Some` when the packet goes to another node (or is dropped on the
     /// way); `None` lets the normal path handle it: a flow held here, a SYN (a new
-    /// connection is always served here: a SYN finding a redirect record removes it),
+    /// connection is served here if it can be: a SYN finding a redirect record removes
+    /// it; without a Ready backend the normal path hands it on, `Engine::no_backend`),
     /// UDP (no SYN to tell new from old: created here), or redirects off.
     pub(super) fn redirect_hook(
         &mut self,
@@ -47,10 +53,10 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Option<Verdict> {
-        if !self.redirect.as_ref()?.active() || key.proto != packet::IPPROTO_TCP {
+        if !self.redirects_tcp(key) {
             return None;
         }
-        let syn_only = flags & (tcp_flags::SYN | tcp_flags::ACK | tcp_flags::RST) == tcp_flags::SYN;
+        let syn_only = tcp_flags::lone_syn(flags);
         match self.flows.lookup(key, now_ms) {
             Some((id, Direction::Forward)) if self.flows.get(id).state() == FlowState::Redirect => {
                 if syn_only && self.redirect_ctx.is_none() {
@@ -86,7 +92,7 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Option<Verdict> {
-        if !self.redirect.as_ref()?.active() || key.proto != packet::IPPROTO_TCP {
+        if !self.redirects_tcp(key) {
             return None;
         }
         match self.flows.lookup(key, now_ms) {
@@ -114,35 +120,45 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Verdict {
-        let Some(r) = self.redirect.as_mut() else {
+        if self.redirect.is_none() {
             return self.drop(DropReason::NonSynWithoutFlow, None);
-        };
+        }
         // Only a TCP segment asks for a notice (an ICMP error carries no connection the
         // owner vouches for by serving it).
+        match self.ask_next_peer(segment, frame_len, key, nb, now_ms) {
+            Some(v) => v,
+            // Nobody to ask at all: what issue 10 counts.
+            None if self.redirect_ctx.is_none() => self.drop(DropReason::NonSynWithoutFlow, None),
+            None => self.drop(DropReason::RedirectNoPeer, None),
+        }
+    }
+
+    /// Sends the packet to the next peer of its VIP not yet visited (first by the flow's
+    /// hash), charged to the bucket; `ask`: whether the first node wants a notice (a
+    /// redirected packet keeps the first node's choice). `None` when no peer is left.
+    pub(super) fn ask_next_peer(
+        &mut self,
+        ask: bool,
+        frame_len: usize,
+        key: &FlowKey,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Option<Verdict> {
+        let r = self.redirect.as_mut()?;
         let (mut hops, ask) = match self.redirect_ctx {
             Some((h, f)) => (h, f & FLAG_ASK != 0),
-            None => (HopList::new(), segment),
+            None => (HopList::new(), ask),
         };
         let me = r.node();
         let h = hash_key(key, super::MAGLEV_HASH_SEED);
-        let next = if hops.push(me) {
-            next_hop(r.peers_for(key.dst), me, &hops, h)
-        } else {
-            None
-        };
-        let Some(peer) = next else {
-            let reason = if self.redirect_ctx.is_none() {
-                // Nobody to ask at all: what issue 10 counts.
-                DropReason::NonSynWithoutFlow
-            } else {
-                DropReason::RedirectNoPeer
-            };
-            return self.drop(reason, None);
-        };
-        if !r.take_token(now_ms) {
-            return self.drop(DropReason::RedirectRateLimited, None);
+        if !hops.push(me) {
+            return None;
         }
-        self.send_to(peer, hops, ask, frame_len, key, nb)
+        let peer = next_hop(r.peers_for(key.dst), me, &hops, h)?;
+        if !r.take_token(now_ms) {
+            return Some(self.drop(DropReason::RedirectRateLimited, None));
+        }
+        Some(self.send_to(peer, hops, ask, frame_len, key, nb))
     }
 
     fn send_to(
@@ -528,7 +544,7 @@ mod tests {
                 .drops_for(DropReason::RedirectRateLimited),
             0
         );
-        // A new connection on node 2 is served on node 2 (a SYN is never redirected).
+        // A new connection on node 2 is served on node 2 (it has a Ready backend).
         assert_eq!(
             run(&mut nodes, 2, tcp(40001, tcp_flags::SYN), 10_000).0,
             Some(2)
@@ -551,6 +567,47 @@ mod tests {
         assert_eq!(run(&mut nodes, 0, tcp(40000, tcp_flags::ACK), 0).0, Some(0));
         let (served, _) = run(&mut nodes, 2, tcp(40000, tcp_flags::ACK), 1);
         assert_eq!(served, Some(0));
+    }
+
+    #[test]
+    fn a_syn_reaching_a_node_without_a_ready_backend_is_served_by_a_peer_that_has_one() {
+        // Node 2 just lost its last Ready backend and asked to withdraw; the router has
+        // not applied it yet. Node 1 has no Ready backend either: the SYN goes on to 0.
+        let mut nodes = vec![node(0, true, 100), node(1, false, 100), node(2, false, 100)];
+        let mut served_by_0 = 0;
+        for p in 0..64u16 {
+            let (served, hops) = run(&mut nodes, 2, tcp(41000 + p, tcp_flags::SYN), 0);
+            assert_eq!(served, Some(0), "port {p}");
+            assert!((1..=2).contains(&hops), "{hops}");
+            // The owner told node 2: the handshake's ACK and the rest follow, no asking.
+            let (served, hops) = run(&mut nodes, 2, tcp(41000 + p, tcp_flags::ACK), 1);
+            assert_eq!((served, hops), (Some(0), 1), "port {p}");
+            served_by_0 += 1;
+        }
+        assert_eq!(served_by_0, 64);
+        for n in &nodes {
+            assert_eq!(n.counters().drops_for(DropReason::NoBackend), 0);
+        }
+        // A retransmitted SYN of a connection already handed off reaches the same owner.
+        assert_eq!(run(&mut nodes, 2, tcp(41000, tcp_flags::SYN), 2).0, Some(0));
+        // Without any peer that has a Ready backend the SYN is dropped as no_backend on
+        // the first node (bounded: each node visited at most once).
+        let mut none = vec![
+            node(0, false, 100),
+            node(1, false, 100),
+            node(2, false, 100),
+        ];
+        let (served, hops) = run(&mut none, 2, tcp(42000, tcp_flags::SYN), 0);
+        assert_eq!(served, None);
+        assert!(hops <= 2, "{hops}");
+        let drops: u64 = none
+            .iter()
+            .map(|n| {
+                n.counters().drops_for(DropReason::NoBackend)
+                    + n.counters().drops_for(DropReason::RedirectNoPeer)
+            })
+            .sum();
+        assert_eq!(drops, 1);
     }
 
     #[test]

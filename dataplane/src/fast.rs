@@ -1,29 +1,40 @@
 //! The XDP fast path's shared state: one worker's part of the `fast_slots` map of
 //! `bpf/steer.c` (docs/dataplane.md, "XDP fast path").
 //!
-//! The steering program forwards packets of established flows itself (client to
-//! backend: DNAT, TTL, checksums, MACs, `XDP_REDIRECT`) when the flow's record was checked
-//! against the service table this part was last published for. The part is a head
-//! ([`FastHead`]: a sequence word, the service-table generation, the timeouts the program
-//! refreshes expiries with) and one [`FastSlot`] per `(service, backend)` slot of that
-//! table: the egress interface and MACs towards the backend, and the packets and bytes the
-//! program forwarded for it, which the worker folds into its service counters.
+//! The steering program forwards packets of established flows itself -- client to
+//! backend (DNAT) and backend to client (reverse NAT): addresses, ports, TTL, checksums,
+//! MACs, `XDP_REDIRECT` -- when the flow's record was checked against the service table
+//! this part was last published for. The part is:
+//! - a head ([`FastHead`]: a sequence word, the service-table generation, the timeouts the
+//!   program refreshes expiries with, whether replies' partial checksums are completed,
+//!   and the reply-egress epoch);
+//! - one [`FastSlot`] per `(service, backend)` slot of that table: the egress interface
+//!   and MACs towards the backend, and the packets and bytes the program forwarded for it
+//!   in each direction, which the worker folds into its service counters;
+//! - [`EGRESS_ENTRIES`] reply-egress entries ([`ReplyEgress`]), the worker's reply next-hop
+//!   cache as the program may use it: where replies to a client address go. An entry is
+//!   valid while its epoch equals the head's; the worker bumps the epoch whenever its own
+//!   cache is cleared (new neighbours or routes).
 //!
-//! One writer per part (its worker); the program only reads the head and the slots' first
-//! fields and adds to their counters. Publishing is a seqlock: the sequence word is odd
-//! while the slots are rewritten, and the program, which reads it before and after its
-//! decision, then leaves the packet to userspace.
+//! One writer per part (its worker); the program only reads the head, the entries' first
+//! fields and adds to the slots' counters. Publishing is a seqlock: the sequence word is
+//! odd while the slots are rewritten, and the program, which reads it before and after its
+//! decision, then leaves the packet to userspace. Each reply-egress entry has its own
+//! sequence word, for the same reason.
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use crate::flow::Timeouts;
 use crate::region::Region;
 
-/// Slots per worker's part after its head (`FAST_SLOTS` in `bpf/steer.c`). Flows of a
-/// slot beyond it take the userspace path.
-pub const SLOTS_PER_TABLE: usize = 32_767;
-/// Entries of one worker's part (`FAST_STRIDE`).
-pub const STRIDE: usize = SLOTS_PER_TABLE + 1;
+/// Entries of one worker's part (`FAST_STRIDE` in `bpf/steer.c`).
+pub const STRIDE: usize = 32_768;
+/// Reply-egress entries at the end of each part (`FAST_EGRESS`): the engine's reply
+/// next-hop cache size.
+pub const EGRESS_ENTRIES: usize = 256;
+/// Slots per worker's part after its head (`FAST_SLOTS`). Flows of a slot beyond it take
+/// the userspace path.
+pub const SLOTS_PER_TABLE: usize = STRIDE - 1 - EGRESS_ENTRIES;
 
 /// One `(service, backend)` slot (`struct fast_slot`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -36,11 +47,23 @@ pub struct FastSlot {
     /// Destination MAC then source MAC.
     macs: [u8; 12],
     reserved: u32,
-    packets_in: u64,
-    bytes_in: u64,
-    packets_out: u64,
-    bytes_out: u64,
-    reserved2: u64,
+    /// Client-to-backend traffic: packets and bytes packed ([`TRAFFIC_PACKET`]).
+    traffic_in: u64,
+    /// Replies, packed the same way.
+    traffic_out: u64,
+    reserved2: [u64; 3],
+}
+
+/// One packet in a packed traffic counter: packets in the high 28 bits, bytes in the low
+/// 36, so the program counts a packet and its bytes with one atomic add. The worker takes
+/// the counters once a second (and at each table change): 2^28 packets and 64 GiB per slot
+/// in between, 5 s of a 100 Gb/s link in bytes. A byte overflow would add one packet.
+pub const TRAFFIC_PACKET: u64 = 1 << 36;
+
+/// `(packets, bytes)` of a packed traffic counter.
+#[inline]
+pub fn unpack_traffic(v: u64) -> (u64, u64) {
+    (v >> 36, v & (TRAFFIC_PACKET - 1))
 }
 
 const _: () = assert!(std::mem::size_of::<FastSlot>() == 64);
@@ -54,10 +77,42 @@ struct FastHead {
     generation: u32,
     established_ms: u32,
     udp_ms: u32,
-    reserved: [u32; 12],
+    /// Reply-egress entries of another epoch are not used.
+    egress_epoch: u32,
+    /// 1: a reply whose L4 checksum is partial (pseudo-header only, as a Pod veth with tx
+    /// offload hands it over) gets it completed; 0: every checksum is updated
+    /// incrementally (`--trust-pod-checksums`).
+    complete_partial: u32,
+    reserved: [u32; 10],
 }
 
 const _: () = assert!(std::mem::size_of::<FastHead>() == std::mem::size_of::<FastSlot>());
+
+/// One reply-egress entry (`struct fast_egress`), stored in a [`FastSlot`]'s place.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+struct ReplyEgress {
+    /// Odd while the worker rewrites the entry.
+    seq: u32,
+    /// Equal to the head's `egress_epoch`: the entry may be used.
+    epoch: u32,
+    /// The client address (host order) replies go to.
+    client: u32,
+    /// Egress interface towards the client (one that takes XDP frames); 0: none.
+    ifindex: u32,
+    /// Destination MAC then source MAC.
+    macs: [u8; 12],
+    reserved: [u32; 9],
+}
+
+const _: () = assert!(std::mem::size_of::<ReplyEgress>() == std::mem::size_of::<FastSlot>());
+
+/// The reply-egress entry of a client address: the engine's cache index
+/// (`egress_index` in `bpf/steer.c`).
+#[inline]
+pub fn egress_index(client: u32) -> usize {
+    (client.wrapping_mul(0x9e37_79b1) >> 24) as usize % EGRESS_ENTRIES
+}
 
 /// Where the program may send a slot's packets: `(ifindex, destination + source MAC)`;
 /// `None` leaves the slot's flows to userspace.
@@ -71,6 +126,8 @@ pub struct FastPath {
     published: Option<(u32, Vec<Egress>)>,
     /// Packets the program forwarded, folded so far.
     packets: u64,
+    /// Of those, replies.
+    replies: u64,
 }
 
 impl FastPath {
@@ -81,8 +138,21 @@ impl FastPath {
             part,
             published: None,
             packets: 0,
+            replies: 0,
         };
         f.disable();
+        // A pinned part may hold another layout's entries here (slots of an older
+        // version): no entry is usable until this worker publishes it.
+        for i in 0..EGRESS_ENTRIES {
+            let e = f.egress_entry(i);
+            // SAFETY: an entry of the region we own (index below STRIDE); the part is off
+            // (odd sequence word), so the program reads none of it.
+            unsafe {
+                std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).seq), 0);
+                std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).ifindex), 0);
+                std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).client), 0);
+            }
+        }
         f
     }
 
@@ -166,47 +236,127 @@ impl FastPath {
             );
             std::ptr::write_volatile(std::ptr::addr_of_mut!((*head).udp_ms), timeouts.udp_ms);
         }
-        let s = self.seq();
-        let v = s.load(Ordering::Relaxed);
-        s.store(v.wrapping_add(1), Ordering::Release);
+        self.enable();
         self.published = Some((generation, slots.to_vec()));
     }
 
-    /// Takes the packets and bytes the program forwarded per slot since the last fold:
-    /// `add(slot, packets, bytes)` for each slot with packets, in the numbering of the
-    /// table last published.
-    pub fn fold(&mut self, mut add: impl FnMut(usize, u64, u64)) {
-        let n = self.published.as_ref().map_or(0, |(_, s)| s.len());
-        let mut total = 0;
-        for i in 0..n {
-            let (p, b) = self.counters(1 + i);
-            if p.load(Ordering::Relaxed) == 0 {
-                continue;
-            }
-            let packets = p.swap(0, Ordering::Relaxed);
-            let bytes = b.swap(0, Ordering::Relaxed);
-            total += packets;
-            add(i, packets, bytes);
+    /// Ends a rewrite started by [`FastPath::disable`]: the sequence word even again.
+    fn enable(&mut self) {
+        let s = self.seq();
+        let v = s.load(Ordering::Relaxed);
+        if v & 1 == 1 {
+            s.store(v.wrapping_add(1), Ordering::Release);
         }
-        self.packets += total;
     }
 
-    /// Entry `i`'s forward counters (packets, bytes).
-    fn counters(&self, i: usize) -> (&AtomicU64, &AtomicU64) {
+    /// Sets whether the program completes replies' partial checksums (the engine's
+    /// `--trust-pod-checksums` off) or always updates them incrementally.
+    pub fn set_complete_partial(&mut self, on: bool) {
+        let head = self.entry(0) as *mut FastHead;
+        let on = u32::from(on);
+        // SAFETY: entry 0 is the head (see `seq`); only this writer stores to it.
+        if unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*head).complete_partial)) } == on {
+            return;
+        }
+        // SAFETY: as above.
+        self.rewrite_head(|| unsafe {
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*head).complete_partial), on)
+        });
+    }
+
+    /// Runs `write` (stores to head fields) with the part off, then turns it back on if
+    /// it was on: a part never published stays off.
+    fn rewrite_head(&mut self, write: impl FnOnce()) {
+        let was_on = self.is_published();
+        self.disable();
+        write();
+        if was_on {
+            self.enable();
+        }
+    }
+
+    /// The reply-egress entry `i` (`0..EGRESS_ENTRIES`), after the slots.
+    fn egress_entry(&self, i: usize) -> *mut ReplyEgress {
+        self.entry(1 + SLOTS_PER_TABLE + i) as *mut ReplyEgress
+    }
+
+    /// Makes every reply-egress entry unusable (the worker's own cache was cleared).
+    pub fn clear_egress(&mut self) {
+        let head = self.entry(0) as *mut FastHead;
+        // SAFETY: entry 0 is the head (see `seq`); only this writer stores to it.
+        self.rewrite_head(|| unsafe {
+            let p = std::ptr::addr_of_mut!((*head).egress_epoch);
+            std::ptr::write_volatile(p, std::ptr::read_volatile(p).wrapping_add(1));
+        });
+    }
+
+    /// Publishes where replies to `client` go (the worker just resolved it): `None`
+    /// leaves them to userspace. Overwrites the entry of another client with the same
+    /// [`egress_index`].
+    pub fn publish_egress(&mut self, client: u32, egress: Egress) {
+        let e = self.egress_entry(egress_index(client));
+        let head = self.entry(0) as *const FastHead;
+        let (ifindex, macs) = egress.unwrap_or((0, [0; 12]));
+        // SAFETY: `e` is a reply-egress entry of the region we own (index below STRIDE);
+        // only this writer stores to it, the program reads it under its sequence word,
+        // which is only accessed atomically.
+        unsafe {
+            let seq = AtomicU32::from_ptr(std::ptr::addr_of_mut!((*e).seq));
+            let v = seq.load(Ordering::Relaxed) | 1;
+            seq.store(v, Ordering::Relaxed);
+            fence(Ordering::Release);
+            let epoch = std::ptr::read_volatile(std::ptr::addr_of!((*head).egress_epoch));
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).client), client);
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).ifindex), ifindex);
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).macs), macs);
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).epoch), epoch);
+            seq.store(v.wrapping_add(1), Ordering::Release);
+        }
+    }
+
+    /// Takes the packets and bytes the program forwarded per slot since the last fold:
+    /// `add(slot, in, out)` for each slot with packets, `in` (client to backend) and
+    /// `out` (replies) as `(packets, bytes)`, in the numbering of the table last
+    /// published.
+    pub fn fold(&mut self, mut add: impl FnMut(usize, (u64, u64), (u64, u64))) {
+        let n = self.published.as_ref().map_or(0, |(_, s)| s.len());
+        let (mut total, mut replies) = (0, 0);
+        for i in 0..n {
+            let [ti, to] = self.counters(1 + i);
+            if ti.load(Ordering::Relaxed) == 0 && to.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let inward = unpack_traffic(ti.swap(0, Ordering::Relaxed));
+            let outward = unpack_traffic(to.swap(0, Ordering::Relaxed));
+            total += inward.0 + outward.0;
+            replies += outward.0;
+            add(i, inward, outward);
+        }
+        self.packets += total;
+        self.replies += replies;
+    }
+
+    /// Entry `i`'s packed traffic counters: in, out.
+    fn counters(&self, i: usize) -> [&AtomicU64; 2] {
         let e = self.entry(i);
         // SAFETY: 8-byte aligned counters in memory we own for as long as `self`; the
         // program adds to them atomically, so they are only accessed atomically.
         unsafe {
-            (
-                AtomicU64::from_ptr(std::ptr::addr_of_mut!((*e).packets_in)),
-                AtomicU64::from_ptr(std::ptr::addr_of_mut!((*e).bytes_in)),
-            )
+            [
+                AtomicU64::from_ptr(std::ptr::addr_of_mut!((*e).traffic_in)),
+                AtomicU64::from_ptr(std::ptr::addr_of_mut!((*e).traffic_out)),
+            ]
         }
     }
 
     /// Packets the program forwarded through this part, as folded so far.
     pub fn packets(&self) -> u64 {
         self.packets
+    }
+
+    /// Of [`FastPath::packets`], the backends' replies.
+    pub fn replies(&self) -> u64 {
+        self.replies
     }
 
     /// The program's view of slot `i`: `(usable for generation, ifindex, macs)`.
@@ -229,9 +379,36 @@ impl FastPath {
     /// Adds to slot `i`'s counters as the program does.
     #[cfg(test)]
     fn count(&mut self, i: usize, packets: u64, bytes: u64) {
-        let (p, b) = self.counters(1 + i);
-        p.fetch_add(packets, Ordering::Relaxed);
-        b.fetch_add(bytes, Ordering::Relaxed);
+        // As the program adds: one packet at a time.
+        let [ti, to] = self.counters(1 + i);
+        for _ in 0..packets {
+            ti.fetch_add(TRAFFIC_PACKET | (bytes / packets), Ordering::Relaxed);
+            to.fetch_add(
+                (2 * TRAFFIC_PACKET) | (2 * bytes / packets),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// The program's view of the reply-egress entry for `client`: usable, ifindex, MACs.
+    #[cfg(test)]
+    fn egress(&self, client: u32) -> Option<(u32, [u8; 12])> {
+        let e = self.egress_entry(egress_index(client)) as *const ReplyEgress;
+        let head = self.entry(0) as *const FastHead;
+        // SAFETY: entries of the region we own; volatile reads.
+        unsafe {
+            let usable = std::ptr::read_volatile(std::ptr::addr_of!((*e).seq)) & 1 == 0
+                && std::ptr::read_volatile(std::ptr::addr_of!((*e).epoch))
+                    == std::ptr::read_volatile(std::ptr::addr_of!((*head).egress_epoch))
+                && std::ptr::read_volatile(std::ptr::addr_of!((*e).client)) == client
+                && std::ptr::read_volatile(std::ptr::addr_of!((*e).ifindex)) != 0;
+            usable.then(|| {
+                (
+                    std::ptr::read_volatile(std::ptr::addr_of!((*e).ifindex)),
+                    std::ptr::read_volatile(std::ptr::addr_of!((*e).macs)),
+                )
+            })
+        }
     }
 }
 
@@ -275,12 +452,69 @@ mod tests {
         f.publish(1, &Timeouts::default(), &[Some((3, MACS)), Some((3, MACS))]);
         f.count(1, 5, 500);
         let mut got = vec![];
-        f.fold(|i, p, b| got.push((i, p, b)));
-        assert_eq!(got, vec![(1, 5, 500)]);
+        f.fold(|i, a, b| got.push((i, a, b)));
+        assert_eq!(got, vec![(1, (5, 500), (10, 1000))]);
         got.clear();
-        f.fold(|i, p, b| got.push((i, p, b)));
+        f.fold(|i, a, b| got.push((i, a, b)));
         assert!(got.is_empty());
-        assert_eq!(f.packets(), 5);
+        assert_eq!((f.packets(), f.replies()), (15, 10));
+    }
+
+    #[test]
+    fn packed_traffic_keeps_packets_and_bytes_apart() {
+        assert_eq!(unpack_traffic(0), (0, 0));
+        let v = 3 * TRAFFIC_PACKET + 1500 + 64 + 9000;
+        assert_eq!(unpack_traffic(v), (3, 10_564));
+        // A whole second of a 100 Gb/s link in 64-byte packets fits both fields.
+        let pps = 148_809_524u64;
+        let v = pps * (TRAFFIC_PACKET | 64);
+        assert_eq!(unpack_traffic(v), (pps, pps * 64));
+    }
+
+    #[test]
+    fn reply_egress_entries_hold_one_client_each_and_die_with_the_epoch() {
+        let mut f = FastPath::heap();
+        f.publish(1, &Timeouts::default(), &[]);
+        let a: u32 = 0x0a00_0001;
+        // Another client with the same entry.
+        let b = (1..u32::MAX)
+            .map(|i| a.wrapping_add(i))
+            .find(|&c| egress_index(c) == egress_index(a))
+            .expect("a colliding address");
+        assert_eq!(f.egress(a), None, "nothing published yet");
+        f.publish_egress(a, Some((3, MACS)));
+        assert_eq!(f.egress(a), Some((3, MACS)));
+        f.publish_egress(b, Some((4, MACS)));
+        assert_eq!(f.egress(a), None, "overwritten by a colliding client");
+        assert_eq!(f.egress(b), Some((4, MACS)));
+        f.publish_egress(b, None);
+        assert_eq!(
+            f.egress(b),
+            None,
+            "an egress without XDP frames is not usable"
+        );
+        f.publish_egress(a, Some((3, MACS)));
+        f.clear_egress();
+        assert_eq!(f.egress(a), None, "cleared with the worker's cache");
+        assert!(f.is_published(), "clearing keeps the part on");
+        f.publish_egress(a, Some((3, MACS)));
+        assert_eq!(f.egress(a), Some((3, MACS)));
+    }
+
+    #[test]
+    fn the_partial_checksum_mode_is_in_the_head_and_keeps_the_part_on() {
+        let mut f = FastPath::heap();
+        f.set_complete_partial(true);
+        assert!(!f.is_published(), "setting the mode does not publish");
+        f.publish(1, &Timeouts::default(), &[]);
+        f.set_complete_partial(false);
+        assert!(f.is_published());
+        let head = f.entry(0) as *const FastHead;
+        // SAFETY: the head of a heap part.
+        assert_eq!(unsafe { (*head).complete_partial }, 0);
+        f.set_complete_partial(true);
+        // SAFETY: as above.
+        assert_eq!(unsafe { (*head).complete_partial }, 1);
     }
 
     #[test]

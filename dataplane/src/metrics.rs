@@ -74,7 +74,7 @@ fn gauge(r: &mut Registry, name: &str, help: &str, v: u64) {
 
 /// Registers every series of `st` (names: `docs/dataplane.md`, "Counters and metrics").
 pub fn register_stats(r: &mut Registry, st: &Stats) {
-    let counters: [(&str, &str, u64); 11] = [
+    let counters: [(&str, &str, u64); 15] = [
         (
             "juneau_dataplane_rx_packets",
             "Frames received from AF_XDP sockets",
@@ -84,6 +84,11 @@ pub fn register_stats(r: &mut Registry, st: &Stats) {
             "juneau_dataplane_xdp_fast_path_packets",
             "Packets of established flows the XDP program forwarded itself",
             st.xdp_fast_packets,
+        ),
+        (
+            "juneau_dataplane_xdp_fast_path_replies",
+            "Of those, backends' replies (reverse NAT in the XDP program)",
+            st.xdp_fast_replies,
         ),
         (
             "juneau_dataplane_tx_packets",
@@ -109,6 +114,21 @@ pub fn register_stats(r: &mut Registry, st: &Stats) {
             "juneau_dataplane_neighbour_requests",
             "Neighbour resolutions requested from the kernel",
             st.neighbour_requests,
+        ),
+        (
+            "juneau_dataplane_tables_held",
+            "Service tables held back until their new next hops were resolved",
+            st.tables_held,
+        ),
+        (
+            "juneau_dataplane_held_tables_replaced",
+            "Held service tables replaced by a newer one before they went in",
+            st.held_tables_replaced,
+        ),
+        (
+            "juneau_dataplane_held_tables_timed_out",
+            "Held service tables installed with a next hop still unresolved",
+            st.held_tables_timed_out,
         ),
         (
             "juneau_dataplane_umem_frames_reclaimed",
@@ -545,6 +565,7 @@ mod tests {
         }
         st.rx_packets = 11;
         st.xdp_fast_packets = 13;
+        st.xdp_fast_replies = 12;
         st.flows = 3;
         st.rx_packets_per_socket.insert("eth0/0".into(), 9);
         st.workers.push(WorkerStats {
@@ -660,7 +681,8 @@ mod tests {
         assert!(t.contains("juneau_dataplane_programmed_vips 1"), "{t}");
         assert!(t.contains("juneau_dataplane_rx_packets_total 11"), "{t}");
         assert!(
-            t.contains("juneau_dataplane_xdp_fast_path_packets_total 13"),
+            t.contains("juneau_dataplane_xdp_fast_path_packets_total 13")
+                && t.contains("juneau_dataplane_xdp_fast_path_replies_total 12"),
             "{t}"
         );
     }

@@ -17,7 +17,7 @@ use arc_swap::ArcSwap;
 use crossbeam_queue::ArrayQueue;
 use std::time::{Duration, Instant};
 
-use crate::neigh::{Iface, Neighbours, Route};
+use crate::neigh::{Iface, Neighbours, Resolve, Route};
 use crate::packet::MacAddr;
 
 const NLMSG_ERROR: u16 = 2;
@@ -352,9 +352,15 @@ impl Netlink {
     /// AF_XDP never confirms the kernel's entries, so they age to STALE and, on a busy
     /// table, get garbage-collected — costing a drop and a resolution on the next
     /// packet. This asks the kernel to re-probe (unicast ARP) every STALE entry on a Pod
-    /// interface and every STALE route gateway on the uplink, at most `limit` of them.
-    /// Returns how many were asked for.
-    pub fn keep_alive(&mut self, uplink: Iface, pods: &[Iface], limit: usize) -> io::Result<usize> {
+    /// interface, and every STALE route gateway or `ahead` address (the redirect peers)
+    /// on the uplink, at most `limit` of them. Returns how many were asked for.
+    pub fn keep_alive(
+        &mut self,
+        uplink: Iface,
+        pods: &[Iface],
+        ahead: &[u32],
+        limit: usize,
+    ) -> io::Result<usize> {
         let ours =
             |ifindex: u32| ifindex == uplink.ifindex || pods.iter().any(|p| p.ifindex == ifindex);
         let gateways: std::collections::HashSet<(u32, u32)> = self
@@ -369,7 +375,9 @@ impl Netlink {
             .filter(|&(ip, ifindex, _, state)| {
                 state == NUD_STALE
                     && ours(ifindex)
-                    && (ifindex != uplink.ifindex || gateways.contains(&(ip, ifindex)))
+                    && (ifindex != uplink.ifindex
+                        || gateways.contains(&(ip, ifindex))
+                        || ahead.contains(&ip))
             })
             .map(|(ip, ifindex, _, _)| (ip, ifindex))
             .take(limit)
@@ -566,6 +574,16 @@ pub struct SharedNeighbours {
     /// forwarding loop (then it wakes the resolver), drained by the resolver.
     /// A bounded lock-free queue: the forwarding loop never waits on the resolver.
     pub reverify: ArrayQueue<(u32, u32)>,
+    /// Entries taken off `reverify` so far, each dropped and re-requested before this
+    /// counts it (the queue is FIFO: a pusher knows when its entries were handled).
+    pub reverified: AtomicU64,
+    /// Addresses whose next hop is kept resolved ahead of any packet to them: the other
+    /// nodes this one redirects packets to (issue 12). A first redirect to a node whose
+    /// MAC is not known yet would be dropped as `no_neighbour` — right when an ECMP
+    /// change moves connections, so each cost its client a retransmission. Written by the
+    /// forwarding loop on a table change; the resolver requests any that is missing on
+    /// every pass (at least once per `period`).
+    ahead: ArcSwap<Vec<u32>>,
 }
 
 impl SharedNeighbours {
@@ -576,7 +594,33 @@ impl SharedNeighbours {
             table: ArcSwap::from_pointee(n),
             requests: AtomicU64::new(0),
             reverify: ArrayQueue::new(REVERIFY_QUEUE),
+            reverified: AtomicU64::new(0),
+            ahead: ArcSwap::from_pointee(Vec::new()),
         }
+    }
+
+    /// Sets the addresses kept resolved ahead of traffic (sorted, deduplicated by the
+    /// caller); returns whether they changed.
+    pub fn set_ahead(&self, ips: Vec<u32>) -> bool {
+        if **self.ahead.load() == ips {
+            return false;
+        }
+        self.ahead.store(Arc::new(ips));
+        true
+    }
+
+    /// The next hops of [`Self::set_ahead`]'s addresses that the current table cannot
+    /// resolve yet.
+    pub fn ahead_misses(&self) -> Vec<(u32, u32)> {
+        let nb = self.get();
+        self.ahead
+            .load()
+            .iter()
+            .filter_map(|ip| match nb.resolve(*ip) {
+                Resolve::Miss { ip, ifindex } => Some((ip, ifindex)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The current version (one atomic load).
@@ -596,10 +640,15 @@ impl SharedNeighbours {
     }
 }
 
+/// Waits between the re-reads of the kernel's tables after resolution requests (about
+/// 400 ms in all, until the answers are in).
+const REREAD_MS: [u64; 7] = [2, 5, 10, 20, 50, 100, 200];
+
 /// Runs the resolver until `stop` is set: refreshes the table every `period`; when a
 /// miss arrives on `misses`, asks the kernel to resolve it and re-reads the table a few
-/// times over the next ~400 ms until the entry appears; every `keepalive`, re-probes
-/// stale entries the dataplane depends on ([`Netlink::keep_alive`]).
+/// times over the next ~400 ms until the entry appears — also for any address kept
+/// resolved ahead ([`SharedNeighbours::set_ahead`]) that has no entry; every `keepalive`,
+/// re-probes stale entries the dataplane depends on ([`Netlink::keep_alive`]).
 #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
 pub fn run_resolver(
     mut nl: Netlink,
@@ -624,56 +673,72 @@ pub fn run_resolver(
             Err(e) => tracing::warn!(error = %e, "reading routes/neighbours over netlink failed"),
         }
     };
+    // A request that arrived while waiting for an answer: handled at once.
+    let mut carried: Option<(u32, u32)> = None;
+    // Position in the re-read schedule after requests (`REREAD_MS.len()`: none running).
+    let mut reread = REREAD_MS.len();
     while !stop.load(Ordering::Relaxed) {
-        match misses.recv_timeout(period) {
-            Ok(first) => {
-                let mut pending = vec![first];
-                pending.extend(misses.try_iter());
-                let now = Instant::now();
-                last_request.retain(|_, t| now.duration_since(*t) < Duration::from_secs(1));
-                let mut asked = false;
-                for k in reverify_new_backends(&mut nl, &shared) {
-                    asked = true;
-                    last_request.insert(k, now);
-                }
-                for (ip, ifindex) in pending {
-                    // (0, 0) only asks for a refresh (the backend set changed).
-                    if ip == 0 && ifindex == 0 {
-                        continue;
-                    }
-                    // At most one request per next hop per second.
-                    if last_request.contains_key(&(ip, ifindex)) {
-                        continue;
-                    }
-                    last_request.insert((ip, ifindex), now);
-                    shared.requests.fetch_add(1, Ordering::Relaxed);
-                    asked = true;
-                    tracing::debug!(next_hop = %Ipv4Addr::from(ip), ifindex, "resolving neighbour");
-                    if let Err(e) = nl.request_resolution(ip, ifindex) {
-                        tracing::warn!(next_hop = %Ipv4Addr::from(ip), error = %e, "neighbour resolution request failed");
-                    }
-                }
-                if asked {
-                    for wait_ms in [2, 5, 10, 20, 50, 100, 200] {
-                        std::thread::sleep(Duration::from_millis(wait_ms));
-                        refresh(&mut nl, &mut current);
-                    }
-                } else {
-                    refresh(&mut nl, &mut current);
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                // In case the wake-up was lost (full channel).
-                if !reverify_new_backends(&mut nl, &shared).is_empty() {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                refresh(&mut nl, &mut current)
-            }
+        let first = match carried.take() {
+            Some(m) => Ok(m),
+            None => misses.recv_timeout(period),
+        };
+        let pending: Vec<(u32, u32)> = match first {
+            Ok(first) => std::iter::once(first).chain(misses.try_iter()).collect(),
+            // Also in case a wake-up was lost (full channel).
+            Err(RecvTimeoutError::Timeout) => Vec::new(),
             Err(RecvTimeoutError::Disconnected) => return,
+        };
+        let now = Instant::now();
+        last_request.retain(|_, t| now.duration_since(*t) < Duration::from_secs(1));
+        let mut asked = false;
+        for k in reverify_new_backends(&mut nl, &shared) {
+            asked = true;
+            last_request.insert(k, now);
+        }
+        for (ip, ifindex) in pending.into_iter().chain(shared.ahead_misses()) {
+            // (0, 0) only asks for a refresh (the backend set changed).
+            if ip == 0 && ifindex == 0 {
+                continue;
+            }
+            // At most one request per next hop per second.
+            if last_request.contains_key(&(ip, ifindex)) {
+                continue;
+            }
+            last_request.insert((ip, ifindex), now);
+            shared.requests.fetch_add(1, Ordering::Relaxed);
+            asked = true;
+            tracing::debug!(next_hop = %Ipv4Addr::from(ip), ifindex, "resolving neighbour");
+            if let Err(e) = nl.request_resolution(ip, ifindex) {
+                tracing::warn!(next_hop = %Ipv4Addr::from(ip), error = %e, "neighbour resolution request failed");
+            }
+        }
+        if asked {
+            reread = 0;
+        }
+        if reread < REREAD_MS.len() {
+            // Re-read until the answers are in. A new request (a miss, or new backends
+            // to re-resolve) is taken at once, so one that never gets an answer (a
+            // neighbour that is down) delays no other; the re-reads resume after it.
+            while reread < REREAD_MS.len() {
+                let next = misses.recv_timeout(Duration::from_millis(REREAD_MS[reread]));
+                refresh(&mut nl, &mut current);
+                reread += 1;
+                match next {
+                    Ok(m) => {
+                        carried = Some(m);
+                        break;
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+        } else {
+            refresh(&mut nl, &mut current);
         }
         if last_keepalive.elapsed() >= keepalive {
             last_keepalive = Instant::now();
-            match nl.keep_alive(uplink, &current, 1024) {
+            let ahead = shared.ahead.load_full();
+            match nl.keep_alive(uplink, &current, &ahead, 1024) {
                 Ok(n) if n > 0 => tracing::debug!(count = n, "re-probing stale neighbours"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "neighbour keep-alive failed"),
@@ -694,6 +759,7 @@ fn reverify_new_backends(nl: &mut Netlink, shared: &SharedNeighbours) -> Vec<(u3
         if let Err(e) = nl.request_resolution(ip, ifindex) {
             tracing::warn!(backend = %Ipv4Addr::from(ip), error = %e, "neighbour resolution request failed");
         }
+        shared.reverified.fetch_add(1, Ordering::Release);
     }
     list
 }

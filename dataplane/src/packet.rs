@@ -38,6 +38,12 @@ pub mod tcp_flags {
     pub const RST: u8 = 0x04;
     /// ACK.
     pub const ACK: u8 = 0x10;
+
+    /// A SYN without ACK or RST: a client opening (or re-trying to open) a connection.
+    #[inline(always)]
+    pub fn lone_syn(flags: u8) -> bool {
+        flags & (SYN | ACK | RST) == SYN
+    }
 }
 
 /// A MAC address.

@@ -244,6 +244,15 @@ pub struct Redirector {
     pub notices_dropped: u64,
 }
 
+/// Every peer node a redirector with `cfg` has once `published` is in force (static
+/// and published, without this node), sorted: the nodes whose next hops are kept
+/// resolved ahead of the first redirect.
+pub fn peers_of(cfg: &RedirectConfig, published: &juneau_control::model::Redirects) -> Vec<u32> {
+    let mut r = Redirector::new(cfg.clone());
+    r.set_from_state(published);
+    r.all_peers
+}
+
 impl Redirector {
     /// A redirector for `cfg` (duplicate peers removed, order kept).
     pub fn new(mut cfg: RedirectConfig) -> Self {
@@ -417,6 +426,42 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::{HashMap, HashSet};
+
+    #[test]
+    fn the_peers_kept_resolved_are_the_static_and_published_ones_without_this_node() {
+        use juneau_control::model::{Redirects, VipRedirectPeers};
+        let ip = |d: u8| std::net::Ipv4Addr::new(192, 0, 2, d);
+        let cfg = RedirectConfig {
+            node: 0,
+            port: 7411,
+            peers: vec![u32::from(ip(20)), u32::from(ip(11))],
+            rate_per_s: 100,
+            burst: 10,
+            node_from_state: true,
+        };
+        let published = Redirects {
+            node_address: Some(ip(11)),
+            vips: vec![
+                VipRedirectPeers {
+                    vip: std::net::Ipv4Addr::new(203, 0, 113, 1),
+                    nodes: vec![ip(13), ip(12)],
+                },
+                VipRedirectPeers {
+                    vip: std::net::Ipv4Addr::new(203, 0, 113, 2),
+                    nodes: vec![ip(12)],
+                },
+            ],
+        };
+        let want: Vec<u32> = [12, 13, 20].map(|d| u32::from(ip(d))).to_vec();
+        assert_eq!(peers_of(&cfg, &published), want);
+        // Without a published address yet, nothing is this node: every listed peer.
+        let none = Redirects {
+            node_address: None,
+            ..published.clone()
+        };
+        assert_eq!(peers_of(&cfg, &none).len(), 4);
+        assert!(peers_of(&cfg, &Redirects::default()).len() == 2);
+    }
 
     #[test]
     fn hop_list_is_bounded_and_deduplicated() {

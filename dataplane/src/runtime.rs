@@ -14,10 +14,11 @@
 //! attaches sockets + steering to new ones and detaches vanished ones between batches,
 //! reclaiming the UMEM frames a closed socket held (`crate::frames`).
 //!
-//! The loop busy-polls. When nothing arrived for `busy_poll_us`, it sleeps in `poll(2)`
-//! on the sockets for at most `idle_sleep_ms` (a packet wakes it at once), so a quiet node
-//! does not burn a core; `--busy-poll-us 0` sleeps as soon as it is idle, a very large
-//! value never sleeps.
+//! The loop busy-polls while traffic comes steadily (several batches per 10 ms). When
+//! nothing arrived for `busy_poll_us`, or the traffic is only a trickle (as userspace sees
+//! it while the XDP fast path forwards established flows), it sleeps in `poll(2)` on the
+//! sockets for at most `idle_sleep_ms` (a packet wakes it at once), so a quiet node does
+//! not burn a core; `--busy-poll-us 0` sleeps as soon as it is idle.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -295,6 +296,7 @@ impl Discovery {
 /// Runs the dataplane until SIGINT/SIGTERM.
 pub fn run(cfg: RuntimeConfig) -> Result<()> {
     install_signal_handlers();
+    let started = std::time::Instant::now();
     ensure!(
         !cfg.pod_ifaces.is_empty() || cfg.pod_ifaces_from_routes,
         "no Pod interfaces: give --pod-iface or --pod-ifaces-from-routes"
@@ -303,6 +305,7 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     let resolver = Resolver::start(&cfg, &ifs)?;
     let layout = Layout::of(&cfg, &ifs)?;
     let workers = worker_count(&cfg, &layout.steered)?;
+    let resolved_ms = started.elapsed().as_millis();
     // XDP steering (pinned maps and flow tables, found again after a restart), then
     // sockets.
     let (mut steering, regions, replaced) = Steering::load(
@@ -314,9 +317,12 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     if let Some(reason) = &replaced {
         tracing::warn!(pin_dir = %cfg.pin_dir.display(), reason, "pinned maps not reusable: replaced by fresh ones (flows of the previous run are lost)");
     }
+    let steering_ms = started.elapsed().as_millis();
+    let program_reused = steering.program_reused();
     // Off until this process's workers publish it (a previous run's may be in force).
     let fast_parts = steering.take_fast_parts(workers as usize);
     let (tables, flows_restored) = open_flow_tables(&cfg, regions, workers);
+    let flows_ms = started.elapsed().as_millis();
     steering.attach_all(&layout.steered)?;
     for (name, mode) in &steering.modes {
         tracing::info!(iface = %name, mode, "XDP steering attached");
@@ -347,6 +353,16 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         frames_per_worker = ?umems.iter().map(|u| u.1.len()).collect::<Vec<_>>(),
         flow_capacity = cfg.engine.flow_capacity,
         "juneau-dataplane forwarding"
+    );
+    // What a restart costs (the node's connections wait for it): the start's phases,
+    // in ms since the process began.
+    tracing::info!(
+        interfaces_ms = resolved_ms,
+        steering_loaded_ms = steering_ms,
+        flow_tables_ms = flows_ms,
+        forwarding_ms = started.elapsed().as_millis(),
+        program_reused,
+        "start took"
     );
     // /metrics, /healthz, /readyz on their own thread (crate::metrics); the stats thread
     // hands it the merged counters.
@@ -1049,11 +1065,55 @@ struct Control {
     last_open_try: Instant,
     seen_generation: u64,
     status: DataplaneStatusWriter,
-    /// VIPs steered to us: what juneau-bgp may announce.
+    /// VIPs steered to us with a backend for new flows: what juneau-bgp may announce.
     programmed: Vec<std::net::Ipv4Addr>,
     last_beat: Instant,
-    /// Backend addresses of the table in force (to spot new ones).
+    /// Backend addresses of the table last read, in force or held (to spot new ones).
     known_backends: std::collections::HashSet<u32>,
+    /// Redirect peers of the table last read (to spot new ones).
+    known_peers: Vec<u32>,
+    /// A table waiting for its new backends' next hops (see [`Held`]).
+    held: Option<Held>,
+    /// Entries pushed to `SharedNeighbours::reverify` so far.
+    reverify_pushed: u64,
+    /// What the stats report of holding tables.
+    holds: HoldCounts,
+}
+
+/// Tables held so far (installed after waiting), replaced while held, and installed
+/// after [`HOLD_MAX`] with a next hop still unresolved.
+#[derive(Debug, Default, Clone, Copy)]
+struct HoldCounts {
+    held: u64,
+    replaced: u64,
+    timed_out: u64,
+}
+
+/// Longest a new table waits for its new backends' next hops to be resolved.
+const HOLD_MAX: Duration = Duration::from_millis(250);
+
+/// A new service table held back, the previous one still in force, until the next hops
+/// of its new backends are resolved (or [`HOLD_MAX`] has passed): installed at once, its
+/// first packets to a new backend would be dropped as `no_neighbour` while the resolver
+/// re-resolves it (milliseconds), each costing a client a 1 s SYN retransmission.
+struct Held {
+    table: ServiceTable,
+    generation: u64,
+    /// When the first table still waiting was read (a newer one keeps this time, so a
+    /// stream of changes is never held longer than `HOLD_MAX`).
+    since: Instant,
+    /// `SharedNeighbours::reverified` once the resolver has dropped and re-requested
+    /// every entry this table pushed.
+    reverify_target: u64,
+    /// The resolver's snapshot version once it had: a resolution must come from a
+    /// later snapshot (an earlier one may still hold a dropped entry).
+    version: Option<u64>,
+    /// Backend addresses (and new redirect peers) whose next hop must be found first; a
+    /// replacing table carries over only the backends (the peers stay resolved ahead).
+    waiting: Vec<u32>,
+    /// The snapshot version `waiting` was last checked against (checked again only
+    /// when the resolver publishes a new one).
+    checked: u64,
 }
 
 impl Control {
@@ -1072,6 +1132,10 @@ impl Control {
             programmed: Vec::new(),
             last_beat: Instant::now(),
             known_backends: Default::default(),
+            known_peers: Vec::new(),
+            held: None,
+            reverify_pushed: 0,
+            holds: HoldCounts::default(),
         })
     }
 
@@ -1093,18 +1157,17 @@ impl Control {
         }
         if let Some(r) = self.reader.as_mut() {
             let g = r.generation();
-            if g != self.seen_generation && g != 0 {
+            let held_g = self.held.as_ref().map(|h| h.generation);
+            if g != self.seen_generation && g != 0 && Some(g) != held_g {
                 match r.snapshot() {
-                    Ok(snap) => {
-                        self.apply(&snap, io, engine, ctx);
-                        self.seen_generation = g;
-                    }
+                    Ok(snap) => self.take(cfg, &snap, now, io, ctx),
                     Err(e) => {
                         tracing::warn!(error = %e, "reading the node state failed; keeping the previous table")
                     }
                 }
             }
         }
+        self.release_held(now, io, engine, ctx);
         // Every worker must be looping: an idle one wakes every `idle_sleep_ms`.
         let max_ms = 250u64.max(4 * cfg.idle_sleep_ms.max(0) as u64);
         if now.duration_since(self.last_beat) >= Duration::from_millis(20)
@@ -1115,32 +1178,68 @@ impl Control {
         }
     }
 
-    /// A new node state: steering maps, backends for the resolver, the engines' table,
-    /// then the status (the VIPs now programmed).
-    fn apply(
+    /// Installs the held table once its new backends' next hops are resolved in a
+    /// snapshot the resolver published after re-requesting them, or after [`HOLD_MAX`].
+    /// The check runs only when a new snapshot arrived.
+    fn release_held(
         &mut self,
-        snap: &juneau_control::shm::Snapshot,
+        now: Instant,
         io: &mut Io<'_>,
         engine: &mut Engine,
         ctx: &ControlCtx<'_>,
     ) {
-        let table = ServiceTable::from_snapshot(snap);
-        let vips: Vec<std::net::Ipv4Addr> = table.vips().collect();
-        if let Err(e) = io.steering.sync(&table) {
-            // E.g. more VIPs than the map holds: keep forwarding what is steered rather
-            // than stop serving every VIP.
-            tracing::error!(error = %e, "updating the steering maps failed; some VIPs may not be steered");
-            // Only VIPs steered before and still wanted are surely in the map: announce
-            // no other.
-            self.programmed.retain(|v| vips.contains(v));
-        } else {
-            self.programmed = vips;
+        let Some(h) = self.held.as_mut() else {
+            return;
+        };
+        if h.version.is_none() && ctx.shared.reverified.load(Ordering::Acquire) >= h.reverify_target
+        {
+            h.version = Some(ctx.shared.version());
         }
-        tracing::info!(
-            generation = snap.generation,
-            services = table.services().len(),
-            "service table updated"
-        );
+        let current = ctx.shared.version();
+        let refreshed = h.version.is_some_and(|v| current != v) && h.checked != current;
+        if refreshed {
+            h.checked = current;
+        }
+        let found = |nb: &Neighbours, ip: u32| matches!(nb.resolve(ip), Resolve::Found { .. });
+        let resolved = h.waiting.is_empty()
+            || refreshed && {
+                let nb = ctx.shared.get();
+                h.waiting.iter().all(|ip| found(&nb, *ip))
+            };
+        let waited = now.saturating_duration_since(h.since);
+        if !resolved && waited < HOLD_MAX {
+            return;
+        }
+        let h = self.held.take().expect("held");
+        if !h.waiting.is_empty() {
+            self.holds.held += 1;
+        }
+        if !resolved {
+            self.holds.timed_out += 1;
+            let nb = ctx.shared.get();
+            let missing: Vec<_> = h.waiting.iter().filter(|ip| !found(&nb, **ip)).collect();
+            tracing::warn!(
+                generation = h.generation,
+                waited_ms = waited.as_millis() as u64,
+                unresolved = missing.len(),
+                first = ?missing.iter().take(8).map(|ip| std::net::Ipv4Addr::from(**ip)).collect::<Vec<_>>(),
+                "new backends' next hops not resolved in time; installing the table anyway"
+            );
+        }
+        self.apply(h.table, h.generation, io, engine, ctx);
+    }
+
+    /// A new node state read: the resolver starts on its backends at once; the table is
+    /// installed now, or held (see [`Held`]) while new backends' next hops are resolved.
+    fn take(
+        &mut self,
+        cfg: &RuntimeConfig,
+        snap: &juneau_control::shm::Snapshot,
+        now: Instant,
+        io: &mut Io<'_>,
+        ctx: &ControlCtx<'_>,
+    ) {
+        let table = ServiceTable::from_snapshot(snap);
         if let Some(b) = &io.backend_ips {
             // The resolver finds their interfaces (route look-up).
             let mut ips: Vec<u32> = table
@@ -1153,7 +1252,63 @@ impl Control {
             b.store(Arc::new(ips));
             let _ = ctx.miss_tx.try_send((0, 0));
         }
-        self.resolve_backends(&table, ctx);
+        let mut waiting = self.resolve_backends(&table, ctx);
+        waiting.extend(self.resolve_peers(cfg, &table, ctx));
+        // A table replacing a held one still waits for the held one's new backends it
+        // keeps (they are no longer new to `known_backends`).
+        if let Some(old) = self.held.as_ref() {
+            let seen: std::collections::HashSet<u32> = waiting.iter().copied().collect();
+            waiting.extend(
+                old.waiting
+                    .iter()
+                    .filter(|ip| self.known_backends.contains(ip) && !seen.contains(ip)),
+            );
+        }
+        if self.held.is_some() {
+            self.holds.replaced += 1;
+        }
+        let since = self.held.as_ref().map_or(now, |h| h.since);
+        self.held = Some(Held {
+            table,
+            generation: snap.generation,
+            since,
+            reverify_target: self.reverify_pushed,
+            version: None,
+            waiting,
+            checked: 0,
+        });
+    }
+
+    /// Installs a service table: steering maps, the engines' table, then the status
+    /// (the VIPs now programmed).
+    fn apply(
+        &mut self,
+        table: ServiceTable,
+        generation: u64,
+        io: &mut Io<'_>,
+        engine: &mut Engine,
+        ctx: &ControlCtx<'_>,
+    ) {
+        self.seen_generation = generation;
+        // Announce only VIPs with a backend for new flows in the table in force: a VIP
+        // steered here without one (redirects between nodes, draining) would otherwise
+        // be announced before the table that brings its first backend is installed.
+        let vips = table.serving_vips();
+        if let Err(e) = io.steering.sync(&table) {
+            // E.g. more VIPs than the map holds: keep forwarding what is steered rather
+            // than stop serving every VIP.
+            tracing::error!(error = %e, "updating the steering maps failed; some VIPs may not be steered");
+            // Only VIPs steered before and still wanted are surely in the map: announce
+            // no other.
+            self.programmed.retain(|v| vips.contains(v));
+        } else {
+            self.programmed = vips;
+        }
+        tracing::info!(
+            generation,
+            services = table.services().len(),
+            "service table updated"
+        );
         ctx.published.publish(&table);
         engine.set_services(table);
         if let Err(e) = listen_redirects(&mut io.steering, engine) {
@@ -1161,7 +1316,7 @@ impl Control {
         }
         if let Err(e) = self
             .status
-            .publish(snap.generation, self.programmed.iter().copied())
+            .publish(generation, self.programmed.iter().copied())
         {
             tracing::error!(error = %e, "writing the dataplane status failed; juneau-bgp keeps the previous VIP set");
         }
@@ -1169,24 +1324,32 @@ impl Control {
 
     /// Starts resolving new backends now rather than on their first packet. A backend
     /// address new to the table is re-resolved even when the kernel has an entry: a new
-    /// Pod may reuse the address (and not the MAC) of a deleted one.
-    fn resolve_backends(&mut self, table: &ServiceTable, ctx: &ControlCtx<'_>) {
+    /// Pod may reuse the address (and not the MAC) of a deleted one. Returns the backend
+    /// addresses whose next hop is not known to be current yet: those re-resolved and
+    /// those missing.
+    fn resolve_backends(&mut self, table: &ServiceTable, ctx: &ControlCtx<'_>) -> Vec<u32> {
         let nb = ctx.nb;
         let mut reverify = Vec::new();
+        let mut waiting = std::collections::HashSet::new();
         let mut now_backends = std::collections::HashSet::new();
         for s in table.services() {
             for b in &s.backends {
                 let ip = u32::from(b.ip);
                 now_backends.insert(ip);
-                if !self.known_backends.contains(&ip) {
+                let new = !self.known_backends.contains(&ip);
+                if new {
                     if let Some(r) = nb.route(ip) {
                         if matches!(nb.side_of(r.ifindex), Some((Side::Pod(_), _))) {
                             reverify.push((r.gateway.unwrap_or(ip), r.ifindex));
+                            waiting.insert(ip);
                         }
                     }
                 }
-                if let Resolve::Miss { ip, ifindex } = nb.resolve(ip) {
-                    let _ = ctx.miss_tx.try_send((ip, ifindex));
+                if let Resolve::Miss { ip: hop, ifindex } = nb.resolve(ip) {
+                    let _ = ctx.miss_tx.try_send((hop, ifindex));
+                    if new {
+                        waiting.insert(ip);
+                    }
                 }
             }
         }
@@ -1194,10 +1357,41 @@ impl Control {
         if !reverify.is_empty() {
             for k in reverify {
                 // Full queue: that backend is resolved on its first miss.
-                let _ = ctx.shared.reverify.push(k);
+                if ctx.shared.reverify.push(k).is_ok() {
+                    self.reverify_pushed += 1;
+                }
             }
             let _ = ctx.miss_tx.try_send((0, 0));
         }
+        waiting.into_iter().collect()
+    }
+
+    /// Keeps the redirect peers' next hops resolved ahead of the first redirect (an ECMP
+    /// change sends a node connections it must redirect at once; each first packet
+    /// dropped as `no_neighbour` costs a retransmission). Returns the new peers whose
+    /// next hop is not resolved yet: the table waits for them like for new backends.
+    fn resolve_peers(
+        &mut self,
+        cfg: &RuntimeConfig,
+        table: &ServiceTable,
+        ctx: &ControlCtx<'_>,
+    ) -> Vec<u32> {
+        let Some(r) = cfg.redirect.as_ref() else {
+            return Vec::new();
+        };
+        let peers = crate::redirect::peers_of(r, table.redirects());
+        let mut waiting = Vec::new();
+        for &p in &peers {
+            if let Resolve::Miss { ip: hop, ifindex } = ctx.nb.resolve(p) {
+                let _ = ctx.miss_tx.try_send((hop, ifindex));
+                if self.known_peers.binary_search(&p).is_err() {
+                    waiting.push(p);
+                }
+            }
+        }
+        ctx.shared.set_ahead(peers.clone());
+        self.known_peers = peers;
+        waiting
     }
 }
 
@@ -1217,7 +1411,7 @@ fn forward_loop(
     let mut control = Control::new(cfg)?;
     let mut last_stats = Instant::now();
     let mut last_reconcile = Instant::now();
-    let mut last_activity = Instant::now();
+    let mut activity = worker::Activity::new(Instant::now());
     let mut pollfds = worker::pollfds_of(&io.ports);
 
     let mut timing = LoopTiming::default();
@@ -1276,7 +1470,7 @@ fn forward_loop(
         if now.duration_since(last_stats) >= Duration::from_secs(1) {
             last_stats = now;
             engine.fold_xdp_counters();
-            let mut st = collect_stats(engine, io, control.seen_generation, &nb, shared);
+            let mut st = collect_stats(engine, io, &control, &nb, shared);
             st.loop_gap = timing.gaps.clone();
             let _ = stats_tx.try_send((0, st));
             timing.log();
@@ -1285,22 +1479,14 @@ fn forward_loop(
         // Activity: frames received, or TX completions still coming in (a frame the
         // kernel did not take yet is retried on every iteration while we spin).
         if received > 0 || completed > 0 {
-            last_activity = now;
+            activity.worked(now);
         } else {
-            worker::idle(
-                cfg,
-                &mut pollfds,
-                now.duration_since(last_activity),
-                &mut timing,
-            );
+            worker::idle(cfg, &mut pollfds, &mut activity, &io.ports, &mut timing);
         }
     }
     // Final stats so a short-lived run leaves them behind.
     engine.fold_xdp_counters();
-    let _ = stats_tx.send((
-        0,
-        collect_stats(engine, io, control.seen_generation, &nb, shared),
-    ));
+    let _ = stats_tx.send((0, collect_stats(engine, io, &control, &nb, shared)));
     Ok(())
 }
 
@@ -1385,12 +1571,15 @@ fn send_notices(
 fn collect_stats(
     engine: &Engine,
     io: &Io<'_>,
-    generation: u64,
+    control: &Control,
     nb: &Neighbours,
     shared: &SharedNeighbours,
 ) -> Stats {
     let mut st = worker::worker_stats(engine, &io.ports, &io.pool);
-    st.generation = generation;
+    st.generation = control.seen_generation;
+    st.tables_held = control.holds.held;
+    st.held_tables_replaced = control.holds.replaced;
+    st.held_tables_timed_out = control.holds.timed_out;
     st.neighbours = nb.neighbour_count() as u64;
     st.neighbour_requests = shared.requests.load(Ordering::Relaxed);
     st.pod_ifaces = io

@@ -215,15 +215,84 @@ fn kick(p: &mut Port, cfg: &RuntimeConfig, timing: &mut LoopTiming) {
     }
 }
 
-/// When nothing arrived: yield the core for a while (`busy_poll_us`), then sleep in
-/// `poll(2)` on the sockets for at most `idle_sleep_ms` (a packet wakes it at once).
+/// Iterations with work within one window for the traffic to count as steady.
+const STEADY_ITERATIONS: u32 = 4;
+/// The window over which the loop's work is counted.
+const ACTIVITY_WINDOW: Duration = Duration::from_millis(10);
+
+/// When the loop last had work, and whether work comes steadily enough that yielding
+/// the core (and picking the next batch up without a wake-up) is worth it. With the XDP
+/// fast path forwarding established flows, userspace sees only a trickle (new flows, the
+/// odd reply): spinning for `busy_poll_us` after each of those packets would only take
+/// the core from the NAPI work that forwards everything else, so the loop then sleeps at
+/// once and a packet wakes it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Activity {
+    last: Instant,
+    window_start: Instant,
+    busy_now: u32,
+    busy_before: u32,
+}
+
+impl Activity {
+    pub(super) fn new(now: Instant) -> Self {
+        Activity {
+            last: now,
+            window_start: now,
+            busy_now: 0,
+            busy_before: 0,
+        }
+    }
+
+    fn roll(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.window_start);
+        if elapsed >= ACTIVITY_WINDOW {
+            // A window with nothing in between leaves nothing to carry over.
+            self.busy_before = if elapsed >= 2 * ACTIVITY_WINDOW {
+                0
+            } else {
+                self.busy_now
+            };
+            self.busy_now = 0;
+            self.window_start = now;
+        }
+    }
+
+    /// An iteration that received or completed frames.
+    pub(super) fn worked(&mut self, now: Instant) {
+        self.roll(now);
+        self.busy_now = self.busy_now.saturating_add(1);
+        self.last = now;
+    }
+
+    /// Whether to keep yielding instead of sleeping: within `busy_poll` of the last work,
+    /// and the work steady (at least [`STEADY_ITERATIONS`] iterations with work in this
+    /// or the previous window) or frames sent and not completed yet (`tx_in_flight`:
+    /// their completions, and a kick for what the kernel did not take, come from
+    /// iterations, not from a wake-up).
+    pub(super) fn spin(&mut self, now: Instant, busy_poll: Duration, tx_in_flight: bool) -> bool {
+        self.roll(now);
+        now.saturating_duration_since(self.last) < busy_poll
+            && (tx_in_flight || self.busy_now.max(self.busy_before) >= STEADY_ITERATIONS)
+    }
+}
+
+/// When nothing arrived: yield the core while the traffic is steady (see [`Activity`]),
+/// else sleep in `poll(2)` on the sockets for at most `idle_sleep_ms` (a packet wakes it
+/// at once).
 pub(super) fn idle(
     cfg: &RuntimeConfig,
     pollfds: &mut [libc::pollfd],
-    since_activity: Duration,
+    activity: &mut Activity,
+    ports: &[Port],
     timing: &mut LoopTiming,
 ) {
-    if since_activity < Duration::from_micros(cfg.busy_poll_us) {
+    let tx_in_flight = ports.iter().any(|p| p.in_flight > 0);
+    if activity.spin(
+        Instant::now(),
+        Duration::from_micros(cfg.busy_poll_us),
+        tx_in_flight,
+    ) {
         // Let whatever else is runnable on this core go first. In copy mode that is
         // typically the interface's NAPI (softirq or threaded kthread) that fills our RX
         // rings: spinning on empty rings would take the core from the very work that
@@ -368,7 +437,7 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
     let mut egress = egress_map(&w.ports, &nb);
     let mut pollfds = pollfds_of(&w.ports);
     let mut seen_table = 0u64;
-    let (mut last_stats, mut last_activity) = (Instant::now(), Instant::now());
+    let (mut last_stats, mut activity) = (Instant::now(), Activity::new(Instant::now()));
     let mut timing = LoopTiming::default();
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();
@@ -409,14 +478,9 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
             timing.log();
         }
         if received > 0 || completed > 0 {
-            last_activity = now;
+            activity.worked(now);
         } else {
-            idle(
-                cfg,
-                &mut pollfds,
-                now.duration_since(last_activity),
-                &mut timing,
-            );
+            idle(cfg, &mut pollfds, &mut activity, &w.ports, &mut timing);
         }
     }
     w.engine.fold_xdp_counters();
@@ -435,6 +499,7 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
         rx_packets: c.rx_packets,
         tx_packets: c.tx_packets,
         xdp_fast_packets: c.xdp_fast_packets,
+        xdp_fast_replies: c.xdp_fast_replies,
         flows: flows.len() as u64,
         flow_capacity: flows.capacity() as u64,
         flow_table_bytes: flows.memory_bytes() as u64,
@@ -483,6 +548,7 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
 pub(super) fn merge(total: &mut Stats, other: &Stats) {
     total.rx_packets += other.rx_packets;
     total.xdp_fast_packets += other.xdp_fast_packets;
+    total.xdp_fast_replies += other.xdp_fast_replies;
     total.tx_packets += other.tx_packets;
     total.flows += other.flows;
     total.flow_capacity += other.flow_capacity;
@@ -569,6 +635,58 @@ impl Collector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// In virtual time: the loop keeps yielding only after steady work, for at most
+    /// `busy_poll` after the last of it; a lone packet (or a trickle) lets it sleep.
+    #[test]
+    fn the_loop_spins_only_while_work_comes_steadily() {
+        let t0 = Instant::now();
+        let ms = |x: u64| t0 + Duration::from_micros(x * 1000);
+        let poll = Duration::from_millis(10);
+        let mut a = Activity::new(t0);
+        assert!(!a.spin(t0, poll, false), "nothing yet");
+        a.worked(ms(1));
+        assert!(
+            !a.spin(ms(1), poll, false),
+            "one packet is a trickle: sleep at once"
+        );
+        for i in 0..STEADY_ITERATIONS as u64 {
+            a.worked(ms(2) + Duration::from_micros(i * 10));
+        }
+        assert!(a.spin(ms(3), poll, false), "steady work: keep the core");
+        assert!(
+            a.spin(ms(12), poll, false),
+            "the window rolled; the previous one was steady"
+        );
+        assert!(
+            !a.spin(ms(13), poll, false),
+            "busy_poll after the last work: sleep"
+        );
+        assert!(!a.spin(ms(40), poll, false), "long idle: sleep");
+        a.worked(ms(41));
+        assert!(
+            !a.spin(ms(41), poll, false),
+            "one packet after a long idle is a trickle again"
+        );
+        assert!(
+            !a.spin(ms(41), Duration::ZERO, false),
+            "--busy-poll-us 0 never spins"
+        );
+        assert!(
+            a.spin(ms(42), poll, true),
+            "frames in flight: reap them without a wake-up"
+        );
+        assert!(
+            !a.spin(ms(52), poll, true),
+            "but not past busy_poll after the last work"
+        );
+        // A packet every 5 ms (200 pps): never steady.
+        let mut b = Activity::new(t0);
+        for i in 0..20 {
+            b.worked(ms(5 * i));
+            assert!(!b.spin(ms(5 * i), poll, false), "200 pps at {} ms", 5 * i);
+        }
+    }
 
     fn stats(rx: u64, flows: u64, drops: u64) -> Stats {
         let mut s = Stats {

@@ -214,6 +214,14 @@ impl ServiceTable {
         self.slot_service.get(slot as usize).copied().unwrap_or(0)
     }
 
+    /// Whether the backend of a `(service, backend)` slot takes new flows (Ready, not
+    /// draining).
+    pub fn slot_is_ready(&self, slot: u32) -> bool {
+        let s = self.service(self.slot_service(slot));
+        slot.checked_sub(s.first_slot)
+            .is_some_and(|i| (i as usize) < s.ready)
+    }
+
     /// Number of `(service, backend)` slots.
     pub fn slot_count(&self) -> usize {
         self.slot_service.len()
@@ -232,6 +240,22 @@ impl ServiceTable {
     /// Every VIP served.
     pub fn vips(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
         self.vips.iter().map(|&v| Ipv4Addr::from(v))
+    }
+
+    /// The VIPs with a backend new flows can go to (on any of their frontends): what
+    /// juneau-bgp may announce. A VIP steered here only for the flows it drains or for
+    /// redirects between nodes is not among them: announced on its account, new
+    /// connections would be dropped as `no_backend`.
+    pub fn serving_vips(&self) -> Vec<Ipv4Addr> {
+        let mut v: Vec<Ipv4Addr> = self
+            .services
+            .iter()
+            .filter(|s| s.ready > 0)
+            .map(|s| s.frontend.vip)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// Every `(backend ip, backend port, protocol)` served, for the steering program.
@@ -306,5 +330,39 @@ mod tests {
         let s = t.service(0);
         assert_eq!(s.pick_index(7), None);
         assert_eq!(s.backend_index(u32::from(b(2).ip), 80), Some(0));
+        // ...and its VIP is not one juneau-bgp may announce.
+        assert!(t.serving_vips().is_empty());
+    }
+
+    #[test]
+    fn only_vips_with_a_backend_for_new_flows_are_serving() {
+        let b = |last: u8| LocalBackend {
+            ip: Ipv4Addr::new(10, 0, 0, last),
+            port: 8080,
+        };
+        let svc = |vip: u8, port: u16, backends: Vec<LocalBackend>| NodeService {
+            frontend: Frontend {
+                vip: Ipv4Addr::new(203, 0, 113, vip),
+                protocol: Protocol::Tcp,
+                port,
+            },
+            backends,
+            terminating: vec![],
+        };
+        let state = NodeState {
+            services: vec![
+                svc(1, 80, vec![b(1)]),
+                svc(1, 443, vec![]),
+                svc(2, 80, vec![]),
+                svc(3, 80, vec![b(2)]),
+            ],
+            ..Default::default()
+        };
+        let t = ServiceTable::new(1, &state, &[]);
+        assert_eq!(t.vips().count(), 3);
+        assert_eq!(
+            t.serving_vips(),
+            vec![Ipv4Addr::new(203, 0, 113, 1), Ipv4Addr::new(203, 0, 113, 3)]
+        );
     }
 }

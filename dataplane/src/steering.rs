@@ -100,6 +100,9 @@ pub struct SteerDrops {
 /// The loaded, attached steering program and its maps.
 pub struct Steering {
     bpf: Ebpf,
+    /// The program found pinned from an earlier run of this build, reused unverified;
+    /// `None`: the one in `bpf`, loaded (verified) by this process.
+    reused: Option<Xdp>,
     pin_dir: PathBuf,
     /// Whether maps and links are pinned (`pin_dir` is on a BPF filesystem).
     pinned: bool,
@@ -145,7 +148,7 @@ fn expected_maps(
     records: u32,
     slots: u32,
     workers: u32,
-) -> [(&'static str, u32, u32, u32, u32); 9] {
+) -> [(&'static str, u32, u32, u32, u32); 11] {
     [
         ("xsks", 4, 4, 4096, 0),
         ("ifaces", 4, 12, 256, 0),
@@ -162,7 +165,26 @@ fn expected_maps(
             workers * crate::fast::STRIDE as u32,
             BPF_F_MMAPABLE,
         ),
+        // Pinned so that a reused program (see `PROG_PIN`) and this process count in the
+        // same map.
+        ("steer_drops", 4, 8, 4, 0),
+        ("steer_build", 4, 8, 1, 0),
     ]
+}
+
+/// The verified steering program's pin, beside its maps.
+const PROG_PIN: &str = "juneau_steer";
+
+/// What identifies the program this binary would load: its object and its maps' sizes.
+/// A pinned program with the same identity (`steer_build`) is the same program over the
+/// same maps. (`DefaultHasher::new()` has fixed keys: stable for a given binary.)
+fn build_id(records: u32, slots: u32, workers: u32) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    STEER_OBJ.hash(&mut h);
+    (records, slots, workers, LAYOUT_VERSION).hash(&mut h);
+    // 0 is what an unwritten `steer_build` holds.
+    h.finish().max(1)
 }
 
 /// Index slots for a capacity (as [`crate::flow::FlowTable`] sizes them).
@@ -178,6 +200,45 @@ pub fn per_worker_capacity(total: usize, workers: usize) -> usize {
 }
 
 /// Why the pinned maps in `dir` cannot be reused, if they cannot.
+/// The program pinned by an earlier run of this build over these same maps, if there is
+/// one: its maps were kept (no mismatch) and `steer_build` names this build.
+fn reusable_program(bpf: &mut Ebpf, pin_dir: &Path, id: u64) -> Option<Xdp> {
+    let pin = pin_dir.join(PROG_PIN);
+    if !pin.exists() {
+        return None;
+    }
+    let build: Array<&MapData, u64> = bpf.map("steer_build")?.try_into().ok()?;
+    if build.get(&0, 0).ok()? != id {
+        return None;
+    }
+    Xdp::from_pin(&pin, aya_obj::programs::XdpAttachType::Interface).ok()
+}
+
+/// Loads (verifies) the program and, with pins, pins it and records its build, replacing
+/// an earlier build's pin.
+fn load_and_pin_program(bpf: &mut Ebpf, pin_dir: &Path, pinned: bool, id: u64) -> Result<()> {
+    let prog: &mut Xdp = bpf
+        .program_mut("juneau_steer")
+        .ok_or_else(|| anyhow!("no program juneau_steer"))?
+        .try_into()?;
+    prog.load().context("verifying the XDP steering program")?;
+    if !pinned {
+        return Ok(());
+    }
+    let pin = pin_dir.join(PROG_PIN);
+    let _ = std::fs::remove_file(&pin);
+    prog.pin(&pin)
+        .with_context(|| format!("pinning the steering program at {}", pin.display()))?;
+    let mut build: Array<&mut MapData, u64> = bpf
+        .map_mut("steer_build")
+        .ok_or_else(|| anyhow!("steering program has no map steer_build"))?
+        .try_into()?;
+    build
+        .set(0, id, 0)
+        .context("recording the pinned program's build")?;
+    Ok(())
+}
+
 fn pinned_mismatch(dir: &Path, records: u32, slots: u32, workers: u32) -> Option<String> {
     for (name, key, value, max, flags) in expected_maps(records, slots, workers) {
         let path = dir.join(name);
@@ -236,15 +297,7 @@ impl Steering {
     /// the program with the engine.
     pub fn test_run(&self, frame: &[u8], ingress_ifindex: u32) -> Result<(u32, Vec<u8>)> {
         use aya::programs::{TestRun, TestRunOptions};
-        let prog: &Xdp = self
-            .bpf
-            .program("juneau_steer")
-            .ok_or_else(|| anyhow!("no program juneau_steer"))?
-            .try_into()?;
-        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
-        // egress_ifindex.
-        let md: [u32; 6] = [0, frame.len() as u32, 0, ingress_ifindex, 0, 0];
-        let ctx: Vec<u8> = md.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        let (prog, ctx) = self.test_run_input(frame, ingress_ifindex)?;
         let mut out = vec![0u8; frame.len() + 256];
         let r = prog
             .test_run(TestRunOptions {
@@ -256,6 +309,57 @@ impl Steering {
             .context("BPF_PROG_TEST_RUN of the steering program")?;
         out.truncate(r.data_size_out as usize);
         Ok((r.return_value, out))
+    }
+
+    /// Runs the loaded program `repeat` times on `frame` (as [`Steering::test_run`]) and
+    /// returns its action and the kernel's mean time per run (which includes one clock
+    /// read). For cost measurements (`examples/engine_cost.rs xdp-flows`).
+    pub fn test_run_timed(
+        &self,
+        frame: &[u8],
+        ingress_ifindex: u32,
+        repeat: u32,
+    ) -> Result<(u32, std::time::Duration)> {
+        use aya::programs::{TestRun, TestRunOptions};
+        let (prog, ctx) = self.test_run_input(frame, ingress_ifindex)?;
+        let r = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                ctx_in: Some(&ctx),
+                repeat,
+                ..Default::default()
+            })
+            .context("BPF_PROG_TEST_RUN of the steering program")?;
+        Ok((r.return_value, r.duration))
+    }
+
+    /// The loaded program and the `xdp_md` context of a test run of `frame` arriving on
+    /// `ingress_ifindex`.
+    fn test_run_input(&self, frame: &[u8], ingress_ifindex: u32) -> Result<(&Xdp, Vec<u8>)> {
+        let prog: &Xdp = match self.reused.as_ref() {
+            Some(p) => p,
+            None => self
+                .bpf
+                .program("juneau_steer")
+                .ok_or_else(|| anyhow!("no program juneau_steer"))?
+                .try_into()?,
+        };
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
+        // egress_ifindex.
+        let md: [u32; 6] = [0, frame.len() as u32, 0, ingress_ifindex, 0, 0];
+        Ok((prog, md.iter().flat_map(|w| w.to_ne_bytes()).collect()))
+    }
+
+    /// Configures this namespace's loopback as the uplink in the program's `ifaces` map,
+    /// for test runs only: nothing is attached, a test run sends nothing.
+    pub fn configure_test_uplink(&mut self) -> Result<()> {
+        self.configure_iface(&SteeredIface {
+            name: "lo".into(),
+            ifindex: 1,
+            uplink: true,
+            slot_base: 0,
+            queues: 1,
+        })
     }
 
     /// Configures an interface in the program's `ifaces` map (what
@@ -375,16 +479,21 @@ impl Steering {
             .filter_map(|k| k.ok())
             .map(|k| (Ipv4Addr::from(k.addr), u16::from_be_bytes(k.port), k.proto))
             .collect();
-        let prog: &mut Xdp = bpf
-            .program_mut("juneau_steer")
-            .ok_or_else(|| anyhow!("no program juneau_steer"))?
-            .try_into()?;
-        prog.load().context("verifying the XDP steering program")?;
+        let id = build_id(records, slots, workers);
+        let reused = if pinned && replaced.is_none() {
+            reusable_program(&mut bpf, pin_dir, id)
+        } else {
+            None
+        };
+        if reused.is_none() {
+            load_and_pin_program(&mut bpf, pin_dir, pinned, id)?;
+        }
         if pinned {
             remove_stale_link_pins(pin_dir);
         }
         let st = Steering {
             bpf,
+            reused,
             pin_dir: pin_dir.to_path_buf(),
             pinned,
             force_generic,
@@ -411,7 +520,15 @@ impl Steering {
         Ok(())
     }
 
+    /// Whether the program was found pinned and reused (the start's log says so).
+    pub fn program_reused(&self) -> bool {
+        self.reused.is_some()
+    }
+
     fn prog(&mut self) -> Result<&mut Xdp> {
+        if let Some(p) = self.reused.as_mut() {
+            return Ok(p);
+        }
         Ok(self
             .bpf
             .program_mut("juneau_steer")
@@ -722,6 +839,62 @@ mod tests {
         // procfs and a path that does not exist (its nearest ancestor is `/`).
         assert!(!on_bpffs(Path::new("/proc/self")));
         assert!(!on_bpffs(Path::new("/nonexistent-juneau/a/b")));
+    }
+
+    /// A private bpffs, unmounted (pins and all) on drop.
+    struct Bpffs(tempfile::TempDir);
+
+    impl Bpffs {
+        fn new() -> Self {
+            let d = tempfile::tempdir().unwrap();
+            let ok = std::process::Command::new("mount")
+                .args(["-t", "bpf", "bpf"])
+                .arg(d.path())
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "mounting a bpffs (needs root)");
+            Bpffs(d)
+        }
+    }
+
+    impl Drop for Bpffs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.0.path())
+                .status();
+        }
+    }
+
+    fn program_id(s: &mut Steering) -> u32 {
+        s.prog().unwrap().info().unwrap().id()
+    }
+
+    /// A restart of the same build over kept maps reuses the pinned, verified program
+    /// (the verifier's ~2 s is what a restarted node's connections would wait for); a
+    /// changed flow capacity (maps replaced) loads it again. Loads BPF: needs root.
+    #[test]
+    fn a_restart_of_the_same_build_reuses_the_verified_program() {
+        let fs = Bpffs::new();
+        let pin = fs.0.path().join("node");
+        let (mut first, _, replaced) = Steering::load(&pin, 1024, 1, false).unwrap();
+        assert!(replaced.is_none() && !first.program_reused());
+        let id = program_id(&mut first);
+        drop(first);
+        let (mut again, _, _) = Steering::load(&pin, 1024, 1, false).unwrap();
+        assert!(again.program_reused());
+        assert_eq!(program_id(&mut again), id, "the same kernel program");
+        // It runs: a frame to no VIP passes.
+        again.configure_test_uplink().unwrap();
+        let frame = vec![0u8; 64];
+        let (verdict, _) = again.test_run(&frame, 1).unwrap();
+        assert_eq!(verdict, 2, "XDP_PASS");
+        drop(again);
+        let (mut other, _, replaced) = Steering::load(&pin, 4096, 1, false).unwrap();
+        assert!(replaced.is_some(), "another capacity replaces the maps");
+        assert!(!other.program_reused());
+        assert_ne!(program_id(&mut other), id);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use juneau_tests::daemon::wait_for;
 use juneau_tests::lab::{
-    self, kubectl, kubectl_apply, nginx_pods, router_next_hops, JuneauBins, Lab, LabLoad,
+    self, kubectl, kubectl_apply, nginx_pods, router_next_hops, JuneauBins, Lab, LabLoad, NODES,
 };
 use juneau_tests::load::LoadReport;
 
@@ -87,6 +87,19 @@ struct Row {
     took: Duration,
 }
 
+/// Each node's dataplane drop counters (empty where the stats are not readable).
+fn drop_counts() -> Vec<(&'static str, serde_json::Value)> {
+    NODES
+        .iter()
+        .map(|n| {
+            let d = lab::dataplane_stats(n.name)
+                .map(|s| s["drops"].clone())
+                .unwrap_or_default();
+            (n.name, d)
+        })
+        .collect()
+}
+
 /// The load of every operation: 2 keep-alive and 2 new-connection clients, 20 req/s each.
 fn start_load(bins: &JuneauBins, dir: &Path, name: &str) -> Result<LabLoad> {
     LabLoad::start(bins, dir, name, 2, 2, 20, 400)
@@ -104,12 +117,29 @@ fn measure(
     let load = start_load(bins, dir, &name.replace(' ', "-"))?;
     std::thread::sleep(QUIET);
     let t0 = Instant::now();
+    let drops_before = drop_counts();
     let result = op();
     let took = t0.elapsed();
     std::thread::sleep(QUIET);
     let report = load.finish()?;
     result.with_context(|| format!("operation `{name}`"))?;
     println!("    {report:?} (operation took {took:.1?})");
+    // Where packets were dropped meanwhile, per node (a restarted dataplane counts
+    // from zero again).
+    for ((node, was), (_, after)) in drops_before.iter().zip(drop_counts()) {
+        let grew: Vec<String> = after
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| {
+                let (now, then) = (v.as_u64()?, was[k].as_u64().unwrap_or(0));
+                (now > then).then(|| format!("{k} {}", now - then))
+            })
+            .collect();
+        if !grew.is_empty() {
+            println!("    {node} dataplane drops: {}", grew.join(", "));
+        }
+    }
     rows.push(Row { name, report, took });
     Ok(())
 }
@@ -147,7 +177,13 @@ fn day2_operations_under_load() -> Result<()> {
     let bins = JuneauBins::build_and_locate()?;
     let mut lab = Lab::up(bins)?;
     let result = operations(&mut lab, t_suite);
-    if result.is_err() {
+    // Keep the logs also when an operation that must be clean failed a request: the
+    // dataplanes', agents' and kubelets' timestamps tell where it came from.
+    let unclean = result.as_ref().map_or(true, |rows| {
+        rows.iter()
+            .any(|r| MUST_BE_CLEAN.contains(&r.name) && r.report.failed > 0)
+    });
+    if unclean {
         lab::keep_logs();
     }
     drop(lab);

@@ -38,6 +38,16 @@ pub fn udp(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, payload: usize)
 
 /// An engine serving VIP:53/UDP -> B:5353 and the neighbours to reach client and backend.
 pub fn setup(recompute: bool, capacity: usize) -> (Engine, Neighbours) {
+    setup_engine(Engine::new(EngineConfig {
+        flow_capacity: capacity,
+        recompute_pod_checksums: recompute,
+        ..Default::default()
+    }))
+}
+
+/// [`setup`] over a given engine (e.g. one over a shared, BPF-map flow table).
+#[allow(dead_code)]
+pub fn setup_engine(mut e: Engine) -> (Engine, Neighbours) {
     let mut state = NodeState {
         node: "n".into(),
         services: vec![NodeService {
@@ -52,11 +62,6 @@ pub fn setup(recompute: bool, capacity: usize) -> (Engine, Neighbours) {
         ..Default::default()
     };
     state.normalize();
-    let mut e = Engine::new(EngineConfig {
-        flow_capacity: capacity,
-        recompute_pod_checksums: recompute,
-        ..Default::default()
-    });
     e.set_services(ServiceTable::new(1, &state, &[vec![0; 65537]]));
     let mut nb = Neighbours::new(
         Iface {
