@@ -35,10 +35,12 @@
 //! A writer that dies mid-update leaves the current slot untouched: readers keep the last
 //! good table and can see the writer is gone from [`NodeStateReader::heartbeat_age`].
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use memmap2::MmapMut;
@@ -63,7 +65,12 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
 ///   node addresses (file header 96 -> 104 bytes), the slot header carries this node's
 ///   redirect address (words 10, 11) and the two counts (12, 13), and two sections follow
 ///   the peers: redirect VIP records (vip, first address, count) and node addresses.
-pub const LAYOUT_VERSION: u32 = 4;
+/// - 5: the slot checksum (words 6, 7) is no longer FNV-1a over the used words' bytes but
+///   a seed plus the wrapping sum of a 64-bit mix of each nonzero used word with its
+///   index (`word_sum`): the writer updates it per changed word (issue 14: hashing 80 MB
+///   was 100 ms of a 130 ms publish at 10 000 Services), readers verify it several times
+///   faster. Nothing else changed.
+pub const LAYOUT_VERSION: u32 = 5;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: usize = 4096;
 /// Words per service record: vip, protocol | port << 16, first backend, Ready backend
@@ -322,13 +329,6 @@ fn now_unix_ns() -> u64 {
         .unwrap_or(0)
 }
 
-fn fnv64(h: &mut u64, w: u32) {
-    for b in w.to_le_bytes() {
-        *h ^= u64::from(b);
-        *h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-}
-
 /// A mapped node-state file and typed access to its header and slots.
 struct Mapping {
     map: MmapMut,
@@ -555,17 +555,191 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
     })
 }
 
-/// Encodes `state` (normalized) into the words of one slot. Returns the number of words
-/// used per section, for the checksum.
+/// Checks everything [`encode`] would refuse, before it changes anything: an encode that
+/// fails half-way would leave the writer's [`Image`] describing a slot no one wrote.
+fn validate(state: &NodeState, tables: &[Arc<[u32]>], mw: usize) -> Result<(), ShmError> {
+    let name_ok = |name: &str, what: &str| {
+        if name.len() > NAME_BYTES - 1 {
+            return Err(ShmError::Unrepresentable(format!(
+                "{what} name {name:?} is longer than {} bytes",
+                NAME_BYTES - 1
+            )));
+        }
+        Ok(())
+    };
+    name_ok(&state.node, "node")?;
+    if tables.len() != state.services.len() {
+        return Err(ShmError::Unrepresentable(format!(
+            "{} Maglev tables for {} services",
+            tables.len(),
+            state.services.len()
+        )));
+    }
+    for (s, table) in state.services.iter().zip(tables) {
+        if table.len() != mw {
+            return Err(ShmError::Unrepresentable(format!(
+                "{}: Maglev table of {} words, the file's tables have {mw}",
+                s.frontend,
+                table.len()
+            )));
+        }
+    }
+    for a in &state.advertised {
+        if a.communities.len() > MAX_COMMUNITIES
+            || a.large_communities.len() > MAX_LARGE_COMMUNITIES
+        {
+            return Err(ShmError::Unrepresentable(format!(
+                "VIP {} carries {} communities and {} large communities; at most {MAX_COMMUNITIES} and {MAX_LARGE_COMMUNITIES}",
+                a.vip,
+                a.communities.len(),
+                a.large_communities.len()
+            )));
+        }
+        if let Some(p) = a
+            .peers
+            .iter()
+            .find(|p| usize::from(**p) >= state.peers.len())
+        {
+            return Err(ShmError::Unrepresentable(format!(
+                "VIP {} names peer #{p}, but the node has {} peers",
+                a.vip,
+                state.peers.len()
+            )));
+        }
+    }
+    for p in &state.peers {
+        name_ok(&p.name, "peer")?;
+        let md5 = p.md5_password.as_deref().unwrap_or("").len();
+        if md5 > MD5_BYTES {
+            return Err(ShmError::Unrepresentable(format!(
+                "the TCP-MD5 password of peer {} is {md5} bytes; the kernel takes at most {MD5_BYTES}",
+                p.name,
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The checksum contribution (layout 5) of word `w` at index `p` of a slot: 0 for a zero
+/// word, else a 64-bit mix (SplitMix64's finaliser) of the index and the word. A slot's
+/// checksum is [`CHECKSUM_SEED`] plus the wrapping sum of its used words' contributions
+/// (the checksum words 6 and 7 left out): any one word's change moves it, a word moved
+/// to another index moves it, and the writer updates it per changed word instead of
+/// hashing the whole slot again (the byte-serial FNV-1a of layouts 1-4 was 100 ms of a
+/// 130 ms publish at 10 000 Services). Zero words counting nothing makes the writer's
+/// sum over its whole image (zero past the counts) equal the readers' sum over the used
+/// ranges.
+#[inline]
+fn word_sum(p: usize, w: u32) -> u64 {
+    if w == 0 {
+        return 0;
+    }
+    let mut z = ((p as u64) << 32) | u64::from(w);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The checksum of an all-zero slot (layout 5).
+const CHECKSUM_SEED: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Slot words holding the checksum itself.
+const CHECKSUM_WORDS: std::ops::Range<usize> = 6..8;
+
+/// The writer's copy of the slot image it last encoded, kept between publishes: the next
+/// publish changes, re-checksums and writes only the words that differ (issue 14).
+/// Invariants: `words` is zero past the ranges its counts use (so `sum` over all of it is
+/// the readers' sum over the used ranges); `sum` is the sum of [`word_sum`] over `words`
+/// but the checksum words; `tables[i]` is the table `words` holds for service `i`.
+struct Image {
+    words: Vec<u32>,
+    sum: u64,
+    tables: Vec<Arc<[u32]>>,
+    /// Word ranges `[start, end)` this publish changed, and those the one before changed.
+    dirty: Vec<(usize, usize)>,
+    prev_dirty: Vec<(usize, usize)>,
+}
+
+impl Image {
+    /// An all-zero image of `words` words. A new buffer comes zeroed from the allocator
+    /// (untouched pages cost nothing until encoded into).
+    fn new(words: usize) -> Self {
+        Image {
+            words: vec![0; words],
+            sum: 0,
+            tables: Vec::new(),
+            dirty: Vec::new(),
+            prev_dirty: Vec::new(),
+        }
+    }
+
+    /// Stores `new` at `start`, keeping the sum and the dirty ranges.
+    fn set(&mut self, start: usize, new: &[u32]) {
+        let Image { words, sum, .. } = self;
+        let mut changed: Option<(usize, usize)> = None;
+        for (i, (o, n)) in words[start..start + new.len()]
+            .iter_mut()
+            .zip(new)
+            .enumerate()
+        {
+            if *o != *n {
+                let p = start + i;
+                if !CHECKSUM_WORDS.contains(&p) {
+                    *sum = sum
+                        .wrapping_sub(word_sum(p, *o))
+                        .wrapping_add(word_sum(p, *n));
+                }
+                *o = *n;
+                changed = Some((changed.map_or(p, |c| c.0), p + 1));
+            }
+        }
+        if let Some((s, e)) = changed {
+            self.mark(s, e);
+        }
+    }
+
+    /// Zeroes `[start, end)`.
+    fn clear(&mut self, start: usize, end: usize) {
+        const ZEROS: [u32; 1024] = [0; 1024];
+        let mut at = start;
+        while at < end {
+            let n = (end - at).min(ZEROS.len());
+            self.set(at, &ZEROS[..n]);
+            at += n;
+        }
+    }
+
+    fn mark(&mut self, start: usize, end: usize) {
+        // Close ranges are merged: a few words written twice cost less than a long list.
+        if let Some(last) = self.dirty.last_mut() {
+            if start >= last.0 && start <= last.1 + 16 {
+                last.1 = last.1.max(end);
+                return;
+            }
+        }
+        self.dirty.push((start, end));
+    }
+}
+
+/// Encodes `state` (normalized, [`validate`]d) into `img` as generation `generation`,
+/// `tables[i]` being the packed Maglev table of `state.services[i]`
+/// ([`MaglevCache::tables_for`]): only words that differ from the last encode change; a
+/// service whose table is the very one `img` holds at its index is skipped. Records are
+/// written whole (their unused words 0) and what the last encode used past the new
+/// counts is zeroed. Then the checksum is sealed into words 6, 7.
 fn encode(
+    img: &mut Image,
     state: &NodeState,
     cap: &Capacity,
     generation: u64,
-    out: &mut [u32],
+    tables: &[Arc<[u32]>],
 ) -> Result<(), ShmError> {
     let sec = cap.sections();
-    out.fill(0);
-    let (hdr, _) = out.split_at_mut(SLOT_HEADER_WORDS);
+    img.prev_dirty = std::mem::take(&mut img.dirty);
+    let old = used_ranges(&img.words, &sec, cap)
+        .ok_or_else(|| ShmError::Unrepresentable("image counts exceed the capacity".into()))?;
+
+    let mut hdr = [0u32; SLOT_HEADER_WORDS];
     hdr[0] = generation as u32;
     hdr[1] = (generation >> 32) as u32;
     hdr[2] = state.services.len() as u32;
@@ -577,7 +751,9 @@ fn encode(
     hdr[3] = n_backends as u32;
     hdr[4] = state.advertised.len() as u32;
     hdr[5] = state.peers.len() as u32;
-    // [6], [7]: checksum, filled below.
+    // [6], [7]: checksum, sealed below.
+    hdr[6] = img.words[6];
+    hdr[7] = img.words[7];
     hdr[8] = state.router_id.map(ip_word).unwrap_or(0);
     hdr[9] = u32::from(state.router_id.is_some());
     hdr[10] = state.redirects.node_address.map(ip_word).unwrap_or(0);
@@ -594,57 +770,58 @@ fn encode(
         &state.node,
         "node",
     )?;
+    let new = used_ranges(&hdr, &sec, cap).ok_or_else(|| {
+        ShmError::Unrepresentable("counts exceed the capacity (writer bug)".into())
+    })?;
+    img.set(0, &hdr);
+    // What the last encode used past the new counts goes back to zero.
+    for ((start, old_len), (_, new_len)) in old.iter().zip(&new).skip(1) {
+        if old_len > new_len {
+            img.clear(start + new_len, start + old_len);
+        }
+    }
 
     let mut next_backend = 0usize;
     let mw = cap.maglev_words();
+    img.tables.truncate(state.services.len());
     for (i, s) in state.services.iter().enumerate() {
-        let rec = &mut out[sec.services + i * SERVICE_WORDS..][..SERVICE_WORDS];
-        rec[0] = ip_word(s.frontend.vip);
-        rec[1] = u32::from(s.frontend.protocol.number()) | (u32::from(s.frontend.port) << 16);
-        rec[2] = next_backend as u32;
-        rec[3] = s.backends.len() as u32;
-        rec[4] = s.terminating.len() as u32;
+        let rec = [
+            ip_word(s.frontend.vip),
+            u32::from(s.frontend.protocol.number()) | (u32::from(s.frontend.port) << 16),
+            next_backend as u32,
+            s.backends.len() as u32,
+            s.terminating.len() as u32,
+        ];
+        img.set(sec.services + i * SERVICE_WORDS, &rec);
         let ready = s.backends.iter().map(|b| (b, 0));
         let draining = s.terminating.iter().map(|b| (b, BACKEND_TERMINATING));
         for (b, flags) in ready.chain(draining) {
-            let br = &mut out[sec.backends + next_backend * BACKEND_WORDS..][..BACKEND_WORDS];
-            br[0] = ip_word(b.ip);
-            br[1] = u32::from(b.port) | flags;
+            img.set(
+                sec.backends + next_backend * BACKEND_WORDS,
+                &[ip_word(b.ip), u32::from(b.port) | flags],
+            );
             next_backend += 1;
         }
-        let table = MaglevTable::new(&s.backends, cap.maglev_size)
-            .map_err(|e| ShmError::Unrepresentable(format!("{}: {e}", s.frontend)))?;
-        let words = &mut out[sec.maglev + i * mw..][..mw];
-        for (j, pair) in table.slots().chunks(2).enumerate() {
-            let lo = u32::from(pair[0]);
-            let hi = u32::from(*pair.get(1).unwrap_or(&maglev::NO_BACKEND));
-            words[j] = lo | (hi << 16);
+        let table = &tables[i];
+        match img.tables.get(i) {
+            Some(t) if Arc::ptr_eq(t, table) => {}
+            _ => {
+                img.set(sec.maglev + i * mw, table);
+                if i < img.tables.len() {
+                    img.tables[i] = Arc::clone(table);
+                } else {
+                    img.tables.push(Arc::clone(table));
+                }
+            }
         }
     }
 
     for (i, a) in state.advertised.iter().enumerate() {
-        if a.communities.len() > MAX_COMMUNITIES
-            || a.large_communities.len() > MAX_LARGE_COMMUNITIES
-        {
-            return Err(ShmError::Unrepresentable(format!(
-                "VIP {} carries {} communities and {} large communities; at most {MAX_COMMUNITIES} and {MAX_LARGE_COMMUNITIES}",
-                a.vip,
-                a.communities.len(),
-                a.large_communities.len()
-            )));
-        }
         let mut mask = 0u64;
         for &p in &a.peers {
-            if usize::from(p) >= state.peers.len() {
-                return Err(ShmError::Unrepresentable(format!(
-                    "VIP {} names peer #{p}, but the node has {} peers",
-                    a.vip,
-                    state.peers.len()
-                )));
-            }
             mask |= 1 << p;
         }
-        let rec = &mut out[sec.vips + i * VIP_WORDS..][..VIP_WORDS];
+        let mut rec = [0u32; VIP_WORDS];
         rec[0] = ip_word(a.vip);
         rec[1] = a.local_pref.unwrap_or(0);
         rec[2] = u32::from(a.local_pref.is_some());
@@ -658,10 +835,11 @@ fn encode(
         }
         rec[28] = a.weight.unwrap_or(0);
         rec[29] = u32::from(a.weight.is_some());
+        img.set(sec.vips + i * VIP_WORDS, &rec);
     }
 
     for (i, p) in state.peers.iter().enumerate() {
-        let rec = &mut out[sec.peers + i * PEER_WORDS..][..PEER_WORDS];
+        let mut rec = [0u32; PEER_WORDS];
         put_name(&mut rec[..NAME_BYTES / 4], &p.name, "peer")?;
         let f = &mut rec[NAME_BYTES / 4..];
         f[0] = ip_word(p.peer_address);
@@ -677,13 +855,6 @@ fn encode(
         f[8] = u32::from(p.graceful_restart_time.unwrap_or(0))
             | (u32::from(p.graceful_restart_time.is_some()) << 16);
         let md5 = p.md5_password.as_deref().unwrap_or("").as_bytes();
-        if md5.len() > MD5_BYTES {
-            return Err(ShmError::Unrepresentable(format!(
-                "the TCP-MD5 password of peer {} is {} bytes; the kernel takes at most {MD5_BYTES}",
-                p.name,
-                md5.len()
-            )));
-        }
         f[9] = md5.len() as u32;
         f[10] = u32::from(p.md5_password.is_some());
         put_bytes(&mut f[12..12 + MD5_BYTES / 4], md5);
@@ -698,24 +869,30 @@ fn encode(
             x[4] = d.local_pref;
             x[5] = u32::from(d.wait_seconds);
         }
+        img.set(sec.peers + i * PEER_WORDS, &rec);
     }
 
     let mut next_node = 0usize;
     for (i, v) in state.redirects.vips.iter().enumerate() {
-        let rec = &mut out[sec.redirect_vips + i * REDIRECT_VIP_WORDS..][..REDIRECT_VIP_WORDS];
-        rec[0] = ip_word(v.vip);
-        rec[1] = next_node as u32;
-        rec[2] = v.nodes.len() as u32;
+        let rec = [ip_word(v.vip), next_node as u32, v.nodes.len() as u32];
+        img.set(sec.redirect_vips + i * REDIRECT_VIP_WORDS, &rec);
         for n in &v.nodes {
-            out[sec.redirect_nodes + next_node] = ip_word(*n);
+            img.set(sec.redirect_nodes + next_node, &[ip_word(*n)]);
             next_node += 1;
         }
     }
-
-    let sum = checksum(out, &sec, cap);
-    out[6] = sum as u32;
-    out[7] = (sum >> 32) as u32;
     Ok(())
+}
+
+/// Stores the image's checksum into its words 6, 7.
+fn seal(img: &mut Image, cap: &Capacity) {
+    let sum = CHECKSUM_SEED.wrapping_add(img.sum);
+    img.set(CHECKSUM_WORDS.start, &[sum as u32, (sum >> 32) as u32]);
+    debug_assert_eq!(
+        sum,
+        checksum(&img.words, &cap.sections(), cap),
+        "the image's running checksum drifted"
+    );
 }
 
 /// The ranges of a slot that hold data for its counts.
@@ -749,26 +926,42 @@ fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, u
 }
 
 fn checksum(words: &[u32], sec: &Sections, cap: &Capacity) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
     let Some(ranges) = used_ranges(words, sec, cap) else {
         return 0;
     };
+    let mut h = CHECKSUM_SEED;
     for (start, len) in ranges {
-        for (i, w) in words[start..start + len].iter().enumerate() {
-            // The checksum words themselves count as zero.
-            let w = if start == 0 && (i == 6 || i == 7) {
-                0
-            } else {
-                *w
-            };
-            fnv64(&mut h, w);
-        }
+        h = words[start..start + len]
+            .iter()
+            .enumerate()
+            .fold(h, |h, (i, w)| h.wrapping_add(word_sum(start + i, *w)));
     }
-    h
+    // The header range (always first, SLOT_HEADER_WORDS long) holds the checksum words,
+    // which count as nothing.
+    CHECKSUM_WORDS.fold(h, |h, p| h.wrapping_sub(word_sum(p, words[p])))
 }
 
 // ---------------------------------------------------------------------------------------
 // The writer.
+
+/// The steps of a publish, in order, as [`NodeStateWriter::publish_traced`] reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PublishPhase {
+    /// The state copied and normalized.
+    Normalize,
+    /// What the state needs counted and validated.
+    Requirements,
+    /// The Maglev tables found or built.
+    Maglev,
+    /// The slot image encoded.
+    Encode,
+    /// Its checksum computed.
+    Checksum,
+    /// The image written into the slot and the new generation announced.
+    WriteSlot,
+    /// Instead of the last two: a new, larger file written and renamed over the path.
+    ReplaceFile,
+}
 
 /// The one writer of a node-state file (the node agent).
 pub struct NodeStateWriter {
@@ -780,7 +973,108 @@ pub struct NodeStateWriter {
     generation: u64,
     /// Generation found in an earlier file at `path`, continued so numbers only grow.
     inherited_generation: u64,
-    scratch: Vec<u32>,
+    /// The image of the last publish, updated in place by the next one (`None` before
+    /// the first publish and after a failed one).
+    image: Option<Image>,
+    /// What each slot of the live file holds.
+    slots: [SlotHolds; 2],
+    maglev: MaglevCache,
+}
+
+/// What a slot of the live file holds, as far as the writer knows: how much of it
+/// the next write must cover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotHolds {
+    /// Zeros (a new file): only the image's used ranges need writing.
+    Zero,
+    /// The image of this generation: only what changed since needs writing.
+    Image(u64),
+    /// Unknown (after a failed publish): the whole image is written.
+    Unknown,
+}
+
+/// Packs Maglev slots as a slot stores them: two u16 per word, low half first, the odd
+/// last one paired with [`maglev::NO_BACKEND`].
+fn pack_maglev(table: &MaglevTable) -> Arc<[u32]> {
+    table
+        .slots()
+        .chunks(2)
+        .map(|pair| {
+            let lo = u32::from(pair[0]);
+            let hi = u32::from(*pair.get(1).unwrap_or(&maglev::NO_BACKEND));
+            lo | (hi << 16)
+        })
+        .collect()
+}
+
+/// The packed Maglev tables of the last publish, by Ready backend list (normalized:
+/// sorted, no duplicates). A table depends only on that list and the table size, so a
+/// publish rebuilds only the tables of services whose Ready backends changed (issue 14:
+/// rebuilding all 10 000 was two thirds of a publish). A service whose list is the one
+/// the same index had last time is found without hashing; the map serves the others
+/// (services that moved). Holds only the tables in use ([`collect`](Self::collect)), so
+/// it never grows past the state.
+#[derive(Default)]
+struct MaglevCache {
+    size: u32,
+    tables: HashMap<Vec<LocalBackend>, Arc<[u32]>>,
+    /// The last publish's lists and tables, by service index.
+    last: Vec<(Vec<LocalBackend>, Arc<[u32]>)>,
+    /// Whether the last `tables_for` missed the positional match somewhere.
+    moved: bool,
+    /// Tables built (not found in the cache) since the writer was created.
+    built: u64,
+}
+
+impl MaglevCache {
+    /// The tables of `services` in order, from the last publish where the backend list is
+    /// the same, built otherwise.
+    fn tables_for(
+        &mut self,
+        services: &[NodeService],
+        size: u32,
+    ) -> Result<Vec<Arc<[u32]>>, ShmError> {
+        if size != self.size {
+            self.tables.clear();
+            self.last.clear();
+            self.size = size;
+        }
+        let mut out = Vec::with_capacity(services.len());
+        let mut last = Vec::with_capacity(services.len());
+        self.moved = services.len() != self.last.len();
+        for (i, s) in services.iter().enumerate() {
+            let table = match self.last.get(i) {
+                Some((k, t)) if *k == s.backends => Arc::clone(t),
+                _ => {
+                    self.moved = true;
+                    match self.tables.get(&s.backends) {
+                        Some(t) => Arc::clone(t),
+                        None => {
+                            let t = MaglevTable::new(&s.backends, size).map_err(|e| {
+                                ShmError::Unrepresentable(format!("{}: {e}", s.frontend))
+                            })?;
+                            self.built += 1;
+                            let t = pack_maglev(&t);
+                            self.tables.insert(s.backends.clone(), Arc::clone(&t));
+                            t
+                        }
+                    }
+                }
+            };
+            last.push((s.backends.clone(), Arc::clone(&table)));
+            out.push(table);
+        }
+        self.last = last;
+        Ok(out)
+    }
+
+    /// Forgets the tables no longer in use: held only by the map, once the caller dropped
+    /// the list `tables_for` returned and the image holds the new tables.
+    fn collect(&mut self) {
+        if std::mem::take(&mut self.moved) {
+            self.tables.retain(|_, t| Arc::strong_count(t) > 1);
+        }
+    }
 }
 
 impl NodeStateWriter {
@@ -817,7 +1111,9 @@ impl NodeStateWriter {
             live: None,
             generation: inherited_generation,
             inherited_generation,
-            scratch: Vec::new(),
+            image: None,
+            slots: [SlotHolds::Unknown; 2],
+            maglev: MaglevCache::default(),
         })
     }
 
@@ -835,23 +1131,64 @@ impl NodeStateWriter {
     /// (new file + rename) when the state does not fit. On error nothing is published and
     /// readers keep the previous table.
     pub fn publish(&mut self, state: &NodeState) -> Result<u64, ShmError> {
+        self.publish_traced(state, &mut |_| {})
+    }
+
+    /// [`publish`](Self::publish), calling `phase` with each [`PublishPhase`] as it ends
+    /// (for measurements: the caller reads its clock there; this module keeps none).
+    pub fn publish_traced(
+        &mut self,
+        state: &NodeState,
+        phase: &mut dyn FnMut(PublishPhase),
+    ) -> Result<u64, ShmError> {
         let mut state = state.clone();
         state.normalize();
+        phase(PublishPhase::Normalize);
         let need = requirements(&state, self.capacity.maglev_size)?;
         let generation = self.generation + 1;
-        match &self.live {
-            Some(live) if self.capacity.holds(&need) => {
+        phase(PublishPhase::Requirements);
+        let tables = self
+            .maglev
+            .tables_for(&state.services, self.capacity.maglev_size)?;
+        validate(&state, &tables, self.capacity.maglev_words())?;
+        phase(PublishPhase::Maglev);
+        let result = match (&self.live, &mut self.image) {
+            (Some(live), Some(img)) if self.capacity.holds(&need) => {
                 let cap = self.capacity;
-                self.scratch.resize(cap.sections().end, 0);
-                encode(&state, &cap, generation, &mut self.scratch)?;
-                write_slot(live, generation, &self.scratch);
-                publish_generation(live.header(), generation);
+                let encoded = encode(img, &state, &cap, generation, &tables);
+                phase(PublishPhase::Encode);
+                match encoded {
+                    Ok(()) => {
+                        seal(img, &cap);
+                        phase(PublishPhase::Checksum);
+                        let idx = (generation % 2) as usize;
+                        write_slot(live, generation, img, self.slots[idx]);
+                        self.slots[idx] = SlotHolds::Image(generation);
+                        publish_generation(live.header(), generation);
+                        phase(PublishPhase::WriteSlot);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
             }
             _ => {
                 let capacity = self.capacity.grown_for(&need);
-                self.replace_file(&state, capacity, generation)?;
+                let r = self.replace_file(&state, &tables, capacity, generation);
+                phase(PublishPhase::ReplaceFile);
+                r
             }
+        };
+        drop(tables);
+        if let Err(e) = result {
+            // The image may be half-updated (validate() makes that unlikely): forget it;
+            // the next publish writes a new file.
+            self.image = None;
+            self.slots = [SlotHolds::Unknown; 2];
+            self.maglev.moved = true;
+            self.maglev.collect();
+            return Err(e);
         }
+        self.maglev.collect();
         self.generation = generation;
         Ok(generation)
     }
@@ -861,16 +1198,20 @@ impl NodeStateWriter {
     fn replace_file(
         &mut self,
         state: &NodeState,
+        tables: &[Arc<[u32]>],
         capacity: Capacity,
         generation: u64,
     ) -> Result<(), ShmError> {
-        let mut words = vec![0u32; capacity.sections().end];
-        encode(state, &capacity, generation, &mut words)?;
+        // A new image: the old one's words sit at the old capacity's offsets.
+        self.image = None;
+        let mut img = Image::new(capacity.sections().end);
+        encode(&mut img, state, &capacity, generation, tables)?;
+        seal(&mut img, &capacity);
         let tmp = self
             .path
             .with_extension(format!("tmp{}", std::process::id()));
         let new = Mapping::create(&tmp, capacity, generation)?;
-        write_slot(&new, generation, &words);
+        write_slot(&new, generation, &img, SlotHolds::Zero);
         new.header().generation.store(generation, Ordering::Release);
         new.header()
             .change_futex
@@ -901,6 +1242,10 @@ impl NodeStateWriter {
         }
         self.live = Some(new);
         self.capacity = capacity;
+        self.image = Some(img);
+        let idx = (generation % 2) as usize;
+        self.slots[idx] = SlotHolds::Image(generation);
+        self.slots[1 - idx] = SlotHolds::Zero;
         Ok(())
     }
 
@@ -918,17 +1263,54 @@ impl NodeStateWriter {
     pub fn generation(&self) -> u64 {
         self.generation
     }
+
+    /// Maglev tables built since this writer was created; a service whose Ready backends
+    /// did not change since the last publish reuses its table and does not count.
+    pub fn maglev_tables_built(&self) -> u64 {
+        self.maglev.built
+    }
 }
 
-fn write_slot(m: &Mapping, generation: u64, words: &[u32]) {
+/// Writes the image `img` (sealed) into slot `generation % 2` under its sequence
+/// counter. What is written depends on what the slot holds (`holds`): the image of
+/// `generation - 2` needs only the ranges the last two encodes changed (issue 14: one
+/// changed Service at 10 000 writes a few KiB, not 80 MB); a new file's zeroed slot, the
+/// ranges the counts use (the image is zero elsewhere); anything else, the whole image. A
+/// word that already holds its value is not stored again. Words past the counts may keep
+/// old values only where the image has them too, or where the slot is zero.
+fn write_slot(m: &Mapping, generation: u64, img: &Image, holds: SlotHolds) {
     let idx = (generation % 2) as usize;
     let seq = &m.header().slot_seq[idx];
     let slot = m.slot(idx);
+    let words = &img.words;
+    debug_assert_eq!(slot.len(), words.len());
     let s = seq.load(Ordering::Relaxed);
     seq.store(s.wrapping_add(1) | 1, Ordering::Relaxed);
     fence(Ordering::Release);
-    for (dst, w) in slot.iter().zip(words) {
-        dst.store(*w, Ordering::Relaxed);
+    let copy = |start: usize, end: usize| {
+        for (dst, w) in slot[start..end].iter().zip(&words[start..end]) {
+            // Only this process writes the slot, so reading it back is reading our own
+            // last store.
+            if dst.load(Ordering::Relaxed) != *w {
+                dst.store(*w, Ordering::Relaxed);
+            }
+        }
+    };
+    match holds {
+        SlotHolds::Image(g) if g.wrapping_add(2) == generation => {
+            for &(start, end) in img.prev_dirty.iter().chain(&img.dirty) {
+                copy(start, end);
+            }
+        }
+        SlotHolds::Zero => {
+            // `encode` made the counts fit the capacity; a slot without ranges is never
+            // built.
+            let ranges = used_ranges(words, &m.sections, &m.capacity).unwrap_or_default();
+            for (start, len) in ranges {
+                copy(start, start + len);
+            }
+        }
+        _ => copy(0, words.len()),
     }
     seq.store((s | 1).wrapping_add(1), Ordering::Release);
 }

@@ -1,9 +1,10 @@
 //! The node agent: watches what concerns its node, rebuilds the node's
-//! [`juneau_control::NodeState`] with [`crate::node_state::build_node_state`] on every
-//! change and publishes it into shared memory, with a heartbeat every second.
+//! [`juneau_control::NodeState`] with [`crate::node_state::build_node_state_with`] on
+//! every change (paced: [`crate::pacing`]) and publishes it into shared memory, with a
+//! heartbeat every second.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use futures::{FutureExt, StreamExt};
@@ -20,7 +21,8 @@ use tracing::{debug, info, warn};
 use crate::crd::{BGPAdvertisement, BGPPeer, ServiceLoadBalancer};
 use crate::endpoints::SERVICE_NAME_LABEL;
 use crate::metrics::{AgentMetrics, Health, VipLabel};
-use crate::node_state::{build_node_state, AgentView};
+use crate::node_state::{build_node_state_with, AgentView, BuildCache};
+use crate::pacing::Pacing;
 
 /// Settings of the agent process.
 #[derive(Debug, Clone)]
@@ -75,6 +77,10 @@ where
     let (store, writer) = reflector::store();
     let stream = watcher(api, wc)
         .default_backoff()
+        // managedFields are never read here, and are most of the bytes of the objects
+        // the agent copies on every batch of changes (issue 14: copying and freeing them
+        // was the bulk of the agent's CPU at thousands of Services).
+        .modify(|o| o.managed_fields_mut().clear())
         .reflect(writer)
         .map(|r| {
             if let Err(e) = r {
@@ -110,38 +116,34 @@ impl Stores {
             && self.secrets.wait_until_ready().now_or_never().is_some()
     }
 
+    /// The stores' objects, shared with them (`Arc`s: no object is copied).
     fn view(&self, secret_ns: &str) -> AgentView {
         let mut v = AgentView {
             nodes: self
                 .nodes
                 .state()
-                .iter()
-                .map(|n| (n.name_any(), (**n).clone()))
+                .into_iter()
+                .map(|n| (n.name_any(), n))
                 .collect(),
-            slbs: self.slbs.state().iter().map(|s| (**s).clone()).collect(),
+            slbs: self.slbs.state(),
             services: self
                 .services
                 .state()
-                .iter()
+                .into_iter()
                 .map(|s| {
                     (
                         format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any()),
-                        (**s).clone(),
+                        s,
                     )
                 })
                 .collect(),
-            peers: self.peers.state().iter().map(|p| (**p).clone()).collect(),
-            advertisements: self
-                .advertisements
-                .state()
-                .iter()
-                .map(|a| (**a).clone())
-                .collect(),
+            peers: self.peers.state(),
+            advertisements: self.advertisements.state(),
             secrets: self
                 .secrets
                 .state()
-                .iter()
-                .map(|s| (s.name_any(), (**s).clone()))
+                .into_iter()
+                .map(|s| (s.name_any(), s))
                 .collect(),
             secret_namespace: secret_ns.to_string(),
             ..Default::default()
@@ -149,7 +151,7 @@ impl Stores {
         for s in self.slices.state() {
             if let Some(svc) = s.labels().get(SERVICE_NAME_LABEL) {
                 let key = format!("{}/{}", s.namespace().unwrap_or_default(), svc);
-                v.slices.entry(key).or_default().push((*s).clone());
+                v.slices.entry(key).or_default().push(s);
             }
         }
         v
@@ -199,46 +201,76 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
     let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
     let mut last: Option<NodeState> = None;
     let mut last_warnings: Vec<String> = Vec::new();
+    // Publishes are paced (crate::pacing): after one that took T, changes wait until T
+    // has passed and go out together. `pending`: when the oldest unpublished change came.
+    let mut pacing = Pacing::default();
+    let mut pending: Option<Instant> = None;
+    // Each Service's part of the state, reused while its objects stay the same.
+    let mut build_cache = BuildCache::default();
     loop {
+        let wake =
+            pending.map(|_| tokio::time::Instant::from_std(pacing.publish_at(Instant::now())));
         tokio::select! {
             ev = changes.next() => {
                 if ev.is_none() {
                     anyhow::bail!("every watch ended");
                 }
-                let first_event = std::time::Instant::now();
+                pending.get_or_insert_with(Instant::now);
                 // Take every change already queued, then publish once.
                 while let Some(Some(())) = changes.next().now_or_never() {}
-                if !stores.ready() {
-                    continue;
-                }
-                let (state, warnings) = build_node_state(&opts.node, &stores.view(&opts.secret_namespace));
-                if warnings != last_warnings {
-                    for w in &warnings {
-                        warn!("{w}");
-                    }
-                    last_warnings = warnings;
-                }
-                if last.as_ref() != Some(&state) {
-                    let generation = writer.publish(&state).context("publishing the node state")?;
-                    opts.metrics
-                        .publish_latency
-                        .observe(first_event.elapsed().as_secs_f64());
-                    record(&opts.metrics, &state, generation);
-                    opts.health.set_ready(true);
-                    info!(
-                        generation,
-                        services = state.services.len(),
-                        advertised = state.advertised.len(),
-                        peers = state.peers.len(),
-                        redirect_address = ?state.redirects.node_address,
-                        redirect_vips = state.redirects.vips.len(),
-                        "published node state"
-                    );
-                    debug!(?state, "node state");
-                    last = Some(state);
-                }
             }
-            _ = heartbeat.tick() => writer.heartbeat(),
+            () = tokio::time::sleep_until(wake.unwrap_or_else(tokio::time::Instant::now)), if wake.is_some() => {}
+            _ = heartbeat.tick() => {
+                writer.heartbeat();
+                continue;
+            }
         }
+        let Some(first_event) = pending else {
+            continue;
+        };
+        let started = Instant::now();
+        if pacing.publish_at(started) > started {
+            continue; // paced: the sleep above wakes the loop when it may publish
+        }
+        pending = None;
+        if !stores.ready() {
+            // Not every watch has listed: nothing is published (the next event retries).
+            continue;
+        }
+        let (state, warnings) = build_node_state_with(
+            &opts.node,
+            &stores.view(&opts.secret_namespace),
+            &mut build_cache,
+        );
+        if warnings != last_warnings {
+            for w in &warnings {
+                warn!("{w}");
+            }
+            last_warnings = warnings;
+        }
+        if last.as_ref() != Some(&state) {
+            let generation = writer
+                .publish(&state)
+                .context("publishing the node state")?;
+            opts.metrics
+                .publish_latency
+                .observe(first_event.elapsed().as_secs_f64());
+            record(&opts.metrics, &state, generation);
+            opts.health.set_ready(true);
+            info!(
+                generation,
+                services = state.services.len(),
+                backends = state.services.iter().map(|s| s.backends.len()).sum::<usize>(),
+                draining = state.services.iter().map(|s| s.terminating.len()).sum::<usize>(),
+                advertised = state.advertised.len(),
+                peers = state.peers.len(),
+                redirect_address = ?state.redirects.node_address,
+                redirect_vips = state.redirects.vips.len(),
+                "published node state"
+            );
+            debug!(?state, "node state");
+            last = Some(state);
+        }
+        pacing.published(started, Instant::now());
     }
 }

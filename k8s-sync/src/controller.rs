@@ -54,6 +54,19 @@ struct Fence {
     leases: Api<Lease>,
     lease_name: String,
     identity: String,
+    /// Reads of the Lease shared by the reconciles waiting for one ([`Fence::check`]).
+    reads: Arc<LeaseReads>,
+}
+
+/// One read of the Lease at a time, shared by everyone who asked for a check before it
+/// was sent: with 16 reconciles in flight, 16 checks cost one GET, not 16 (issue 14).
+#[derive(Default)]
+struct LeaseReads {
+    /// Reads sent so far (each read's number is assigned as it is sent).
+    sent: std::sync::atomic::AtomicU64,
+    /// The last read that finished: its number and why it refused writes (None: the
+    /// Lease was ours).
+    last: tokio::sync::Mutex<(u64, Option<String>)>,
 }
 
 /// Reconciles in flight at once. Unbounded (kube-runtime's default), 3 000 Services
@@ -120,6 +133,144 @@ impl SpecChanges {
     }
 }
 
+/// Which EndpointSlices belong to which Service (`namespace/service` -> slice names),
+/// kept from the slice watch's events: a reconcile finds its Service's slices without
+/// walking the whole cache (10 000 slices per reconcile at 10 000 Services was the
+/// largest part of the controller's CPU, issue 14).
+#[derive(Debug, Default)]
+pub struct SliceIndex {
+    by_service: HashMap<String, std::collections::BTreeSet<String>>,
+    /// `namespace/slice` -> its Service key, to move a slice whose label changes.
+    owner: HashMap<String, String>,
+    /// The index being rebuilt by a relist (swapped in when it is complete, as the
+    /// reflector's store is).
+    listing: Option<Box<SliceIndex>>,
+}
+
+impl SliceIndex {
+    /// Follows one watch event.
+    pub fn apply(&mut self, ev: &watcher::Event<EndpointSlice>) {
+        match ev {
+            watcher::Event::Apply(s) => self.insert(s),
+            watcher::Event::Delete(s) => self.remove(&slice_key(s)),
+            watcher::Event::Init => self.listing = Some(Box::default()),
+            watcher::Event::InitApply(s) => self.listing.get_or_insert_with(Box::default).insert(s),
+            watcher::Event::InitDone => {
+                let listed = self.listing.take().unwrap_or_default();
+                (self.by_service, self.owner) = (listed.by_service, listed.owner);
+            }
+        }
+    }
+
+    /// The names of the slices of Service `namespace/name`.
+    pub fn slices_of(&self, service_key: &str) -> Vec<String> {
+        self.by_service
+            .get(service_key)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn insert(&mut self, s: &EndpointSlice) {
+        let key = slice_key(s);
+        self.remove(&key);
+        let Some(svc) = s.labels().get(SERVICE_NAME_LABEL) else {
+            return;
+        };
+        let service_key = format!("{}/{svc}", s.namespace().unwrap_or_default());
+        self.by_service
+            .entry(service_key.clone())
+            .or_default()
+            .insert(s.name_any());
+        self.owner.insert(key, service_key);
+    }
+
+    fn remove(&mut self, key: &str) {
+        let Some(service_key) = self.owner.remove(key) else {
+            return;
+        };
+        let name = key.split_once('/').map_or(key, |(_, n)| n);
+        if let Some(set) = self.by_service.get_mut(&service_key) {
+            set.remove(name);
+            if set.is_empty() {
+                self.by_service.remove(&service_key);
+            }
+        }
+    }
+}
+
+fn slice_key(s: &EndpointSlice) -> String {
+    format!("{}/{}", s.namespace().unwrap_or_default(), s.name_any())
+}
+
+/// Event recorders, one per shard of Services: kube-runtime's `Recorder` walks its
+/// whole cache of recent Events (6 min) under one write lock on every publish; with
+/// 10 000 new Services that cache holds 20 000 Events. A Service always uses the same
+/// shard, so its Event series stay whole.
+const RECORDER_SHARDS: usize = 16;
+
+/// How long a cache showing a version this replica's own write replaced is taken to be
+/// behind (the watch is normally milliseconds behind a write; past this, the reconcile
+/// goes ahead and a stale write costs a 409 as before).
+const OWN_WRITE_LAG: Duration = Duration::from_secs(10);
+
+/// The resourceVersions one reconcile's writes replaced (see [`OwnWrites::behind`]).
+struct Overwritten {
+    at: std::time::Instant,
+    /// Versions of the Service.
+    service: Vec<String>,
+    /// Versions of its ServiceLoadBalancer ("" for "there was none": it was created).
+    record: Vec<String>,
+}
+
+/// The resourceVersions this replica's own recent writes replaced, per Service.
+#[derive(Default)]
+pub struct OwnWrites(Mutex<HashMap<String, Overwritten>>);
+
+impl OwnWrites {
+    /// True when the watch caches still show a version of the Service or of its record
+    /// that this replica's last writes for it replaced (within [`OWN_WRITE_LAG`]): the
+    /// follow-up reconciles its own writes trigger would otherwise redo them against the
+    /// old version, each a 409 and a retry (138 of 1 000 new Services in a run). The
+    /// newer version's watch event triggers the next reconcile.
+    pub fn behind(&self, key: &str, service_rv: Option<&str>, record_rv: Option<&str>) -> bool {
+        let mut o = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let behind = o.get(key).is_some_and(|w| {
+            w.at.elapsed() < OWN_WRITE_LAG
+                && (service_rv.is_some_and(|v| w.service.iter().any(|x| x == v))
+                    || w.record.iter().any(|x| x == record_rv.unwrap_or("")))
+        });
+        if !behind {
+            o.remove(key);
+        }
+        behind
+    }
+
+    /// Notes that a write replaced version `before` (`None`: created) by `after`.
+    pub fn wrote(&self, key: &str, service: bool, before: Option<String>, after: Option<&str>) {
+        let before = before.unwrap_or_default();
+        if after == Some(before.as_str()) {
+            return; // nothing changed: that version is still current
+        }
+        let mut o = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let w = o.entry(key.to_string()).or_insert_with(|| Overwritten {
+            at: std::time::Instant::now(),
+            service: Vec::new(),
+            record: Vec::new(),
+        });
+        w.at = std::time::Instant::now();
+        if service {
+            w.service.push(before);
+        } else {
+            w.record.push(before);
+        }
+    }
+
+    /// Forgets a Service.
+    pub fn forget(&self, key: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
+}
+
 struct Ctx {
     fence: Fence,
     metrics: ControllerMetrics,
@@ -131,8 +282,13 @@ struct Ctx {
     pool_objects: Store<AddressPool>,
     client: Client,
     book: Mutex<VipBook>,
-    recorder: Recorder,
+    recorders: Vec<Recorder>,
     slices: Store<EndpointSlice>,
+    slice_index: Arc<Mutex<SliceIndex>>,
+    /// resourceVersions this replica's own writes replaced, per Service: a reconcile
+    /// that finds one of them in its cache runs before the watch brought the result of
+    /// its own writes, and would only earn a 409 ([`OwnWrites::behind`]).
+    own_writes: OwnWrites,
     networks: Store<ExternalNetwork>,
     pools: Store<AddressPool>,
     nodes: Store<Node>,
@@ -146,6 +302,15 @@ struct Ctx {
     failures: Mutex<HashMap<String, u32>>,
     /// Signalled when a VIP is released, so Services waiting for an address look again.
     released: futures::channel::mpsc::UnboundedSender<()>,
+}
+
+impl Ctx {
+    fn recorder_of(&self, key: &str) -> &Recorder {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut h);
+        &self.recorders[(h.finish() % self.recorders.len() as u64) as usize]
+    }
 }
 
 /// Runs the controller: waits for the Lease, acts while holding it, stops acting the
@@ -175,6 +340,7 @@ pub async fn run(client: Client, opts: ControllerOptions) -> anyhow::Result<()> 
             leases: Api::namespaced(client.clone(), &opts.namespace),
             lease_name: opts.lease_name.clone(),
             identity: opts.identity.clone(),
+            reads: Arc::default(),
         };
         let mut work = tokio::spawn(lead(client.clone(), fence, opts.metrics.clone()));
         let lost = loop {
@@ -365,7 +531,24 @@ where
 async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyhow::Result<()> {
     let identity = fence.identity.clone();
     let (book, waiters) = rebuild(&client).await?;
-    let (slices, slice_stream) = reflect(Api::<EndpointSlice>::all(client.clone()));
+    let slice_index = Arc::new(Mutex::new(SliceIndex::default()));
+    let (slices, slice_writer) = reflector::store();
+    let slice_stream = {
+        let index = slice_index.clone();
+        watcher(
+            Api::<EndpointSlice>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .map(move |ev| {
+            if let Ok(ev) = &ev {
+                index.lock().unwrap_or_else(|e| e.into_inner()).apply(ev);
+            }
+            ev
+        })
+        .reflect(slice_writer)
+        .touched_objects()
+    };
     let (networks, net_stream) = reflect(Api::<ExternalNetwork>::all(client.clone()));
     let (pools, pool_writer) = reflector::store();
     let pool_events = watcher(
@@ -398,13 +581,17 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
         node_stream.map(|_| ()).boxed(),
         adv_stream.map(|_| ()).boxed(),
     ]);
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: CONTROLLER_MANAGER.into(),
-            instance: Some(identity),
-        },
-    );
+    let recorders = (0..RECORDER_SHARDS)
+        .map(|_| {
+            Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: CONTROLLER_MANAGER.into(),
+                    instance: Some(identity.clone()),
+                },
+            )
+        })
+        .collect();
     let ctx = Arc::new(Ctx {
         fence,
         metrics,
@@ -413,8 +600,10 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
         pool_objects: pools.clone(),
         client: client.clone(),
         book: Mutex::new(book),
-        recorder,
+        recorders,
         slices,
+        slice_index,
+        own_writes: OwnWrites::default(),
         networks,
         pools,
         nodes,
@@ -560,7 +749,11 @@ async fn publish(
         action: action.into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&ev, &service_ref(svc)).await {
+    if let Err(e) = ctx
+        .recorder_of(&key_of(svc))
+        .publish(&ev, &service_ref(svc))
+        .await
+    {
         warn!(error = %e, reason, "could not publish Event");
     }
 }
@@ -587,11 +780,36 @@ fn is_stale(err: &Error) -> bool {
 }
 
 impl Fence {
-    /// Fails unless the Lease, as the apiserver has it now, names this replica and has
-    /// not expired. Called before every batch of writes: a replica that was deposed
-    /// while it worked (paused, partitioned) writes nothing. Writes racing the check are
-    /// fenced by the `resourceVersion` every write carries.
+    /// Fails unless the Lease, as the apiserver has it, names this replica and has not
+    /// expired, read **after** this call began. Called before every batch of writes: a
+    /// replica that was deposed while it worked (paused, partitioned) writes nothing.
+    /// Writes racing the check are fenced by the `resourceVersion` every write carries.
+    ///
+    /// Callers that arrive while a read is in flight share the next read (one GET for
+    /// all of them), never the one in flight: that one may have been answered before
+    /// they decided to write.
     async fn check(&self) -> Result<(), Error> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let arrived = self.reads.sent.load(SeqCst);
+        let mut last = self.reads.last.lock().await;
+        if last.0 > arrived {
+            // A read sent after this call began has answered.
+            return last.1.clone().map_or(Ok(()), |m| Err(Error::Fenced(m)));
+        }
+        let number = self.reads.sent.fetch_add(1, SeqCst) + 1;
+        let verdict = self.read_lease().await;
+        *last = (
+            number,
+            match &verdict {
+                Ok(()) => None,
+                Err(Error::Fenced(m)) => Some(m.clone()),
+                Err(e) => Some(format!("the Lease could not be read: {e}")),
+            },
+        );
+        verdict
+    }
+
+    async fn read_lease(&self) -> Result<(), Error> {
         let lease = self.leases.get(&self.lease_name).await?;
         let spec = lease.spec.unwrap_or_default();
         let holder = spec.holder_identity.unwrap_or_default();
@@ -655,27 +873,28 @@ async fn apply_ingress(
     svcs: &Api<Service>,
     svc: &Service,
     ip: Option<Ipv4Addr>,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let ingress = match ip {
         Some(ip) => json!([{"ip": ip.to_string(), "ipMode": "VIP"}]),
         None => json!([]),
     };
-    svcs.patch_status(
-        &svc.name_any(),
-        &PatchParams::apply(CONTROLLER_MANAGER).force(),
-        &Patch::Apply(json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {
-                "name": svc.name_any(),
-                "namespace": svc.namespace(),
-                "resourceVersion": svc.resource_version(),
-            },
-            "status": {"loadBalancer": {"ingress": ingress}},
-        })),
-    )
-    .await?;
-    Ok(())
+    let written = svcs
+        .patch_status(
+            &svc.name_any(),
+            &PatchParams::apply(CONTROLLER_MANAGER).force(),
+            &Patch::Apply(json!({
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {
+                    "name": svc.name_any(),
+                    "namespace": svc.namespace(),
+                    "resourceVersion": svc.resource_version(),
+                },
+                "status": {"loadBalancer": {"ingress": ingress}},
+            })),
+        )
+        .await?;
+    Ok(written.resource_version())
 }
 
 async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
@@ -703,6 +922,7 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             // Those behind it move up the line.
             let _ = ctx.released.unbounded_send(());
         }
+        ctx.own_writes.forget(&key);
         if !has_finalizer && held.is_none() {
             return Ok(Action::await_change()); // never ours: strictly untouched
         }
@@ -746,133 +966,98 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
 
-    let mut svc = svc;
-    if !has_finalizer {
-        ctx.fence.check().await?;
-        svc = Arc::new(add_finalizer(&svcs, &svc).await?);
-        // The update triggers another reconcile; do the work now anyway.
-    }
     wait_ready(&ctx).await?;
-
     let previous = ctx
         .records
         .get(&ObjectRef::new(&name).within(&ns))
         .map(|r| (*r).clone());
-    let prev_status = previous.as_ref().and_then(|p| p.status.clone());
-    let world = world(&ctx);
-    let slice_objs: Vec<Arc<EndpointSlice>> = ctx
-        .slices
-        .state()
-        .into_iter()
-        .filter(|s| {
-            s.namespace().as_deref() == Some(ns.as_str())
-                && s.labels().get(SERVICE_NAME_LABEL) == Some(&name)
-        })
-        .collect();
-    let slice_refs: Vec<&EndpointSlice> = slice_objs.iter().map(|s| s.as_ref()).collect();
-    let (outcome, held_before, held_now) = {
-        let mut book = ctx.book.lock().unwrap_or_else(|e| e.into_inner());
-        let held_before = book.vip_of(&key);
-        let outcome = reconcile_service(
-            &svc,
-            prev_status.as_ref(),
-            &slice_refs,
-            &world,
-            &mut book,
-            now(),
-        );
-        (outcome, held_before, book.vip_of(&key))
-    };
-    {
-        let mut w = ctx.waiters.lock().unwrap_or_else(|e| e.into_inner());
-        if outcome.queued_on.is_empty() {
-            w.remove(&key);
-        } else {
-            w.insert(
-                key.clone(),
-                Waiter {
-                    key: key.clone(),
-                    created: created_secs(&svc),
-                    pools: outcome.queued_on.clone(),
-                },
-            );
-        }
+    if ctx.own_writes.behind(
+        &key,
+        svc.resource_version().as_deref(),
+        previous
+            .as_ref()
+            .and_then(|p| p.metadata.resource_version.as_deref()),
+    ) {
+        tracing::debug!(service = %key, "the watch has not yet brought this replica's own writes");
+        return Ok(Action::requeue(STALE_RETRY));
     }
-    if held_before.is_none() && held_now.is_some() {
-        ctx.metrics.allocations.inc();
-    }
-    if held_now != held_before {
-        ctx.pools_changed.notify_one();
-        forget_service(&ctx, &key, held_before);
-    }
-    if let Some(v) = held_now {
-        let l = labels_of(&key, v);
-        ctx.metrics
-            .service_ready_backends
-            .get_or_create(&l)
-            .set(i64::from(outcome.status.backend_summary.total_ready));
-        ctx.metrics
-            .service_advertising_nodes
-            .get_or_create(&l)
-            .set(outcome.status.advertising_nodes.len() as i64);
-    }
-
-    // 1. The record (ServiceLoadBalancer), before the Service shows anything.
-    let ann = svc.annotations();
-    let spec = ServiceLoadBalancerSpec {
-        service_name: name.clone(),
-        external_network: ann.get(EXTERNAL_NETWORK_ANNOTATION).cloned(),
-        requested_ip: ann.get(REQUESTED_IP_ANNOTATION).cloned(),
-    };
-    let owner = OwnerReference {
-        api_version: "v1".into(),
-        kind: "Service".into(),
-        name: name.clone(),
-        uid: svc.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    };
+    let spec = record_spec(&svc);
+    let owner = owner_of(&svc);
     let spec_changed = previous.as_ref().map(|p| (&p.spec, p.owner_references()))
         != Some((&spec, std::slice::from_ref(&owner)));
+    let mut record_version = previous.as_ref().and_then(|p| p.resource_version());
+
+    // 1. The finalizer and the record's spec (no VIP in it yet): one Lease check, then
+    // both at once. The VIP is decided and recorded only once the finalizer is there,
+    // so it is released when the Service goes.
+    let mut svc = svc;
+    let mut checked = false;
+    if !has_finalizer || spec_changed {
+        ctx.fence.check().await?;
+        checked = true;
+        let finalizer = async {
+            match has_finalizer {
+                true => Ok(None),
+                false => add_finalizer(&svcs, &svc).await.map(Some),
+            }
+        };
+        let record = async {
+            match spec_changed {
+                false => Ok(None),
+                true => apply_record(&slbs, &name, &ns, &owner, &spec, record_version.clone())
+                    .await
+                    .map(Some),
+            }
+        };
+        let (finalizer, record) = future::join(finalizer, record).await;
+        // The finalizer's update triggers another reconcile; do the work now anyway.
+        if let Some(s) = finalizer? {
+            ctx.own_writes.wrote(
+                &key,
+                true,
+                svc.resource_version(),
+                s.metadata.resource_version.as_deref(),
+            );
+            svc = Arc::new(s);
+        }
+        if let Some(v) = record? {
+            ctx.own_writes
+                .wrote(&key, false, record_version.clone(), v.as_deref());
+            record_version = v;
+        }
+    }
+
+    // 2. The decision (VIP, advertising nodes, conditions).
+    let prev_status = previous.as_ref().and_then(|p| p.status.clone());
+    let outcome = decide(&ctx, &svc, &key, prev_status.as_ref());
+
+    // 3. The record's status (the VIP recorded) before the Service shows anything; then
+    // what the Service shows and the Events (only for what changed), at once.
     let status_changed = prev_status.as_ref() != Some(&outcome.status);
     let ingress_changed = ingress_ip(&svc) != outcome.ingress_ip;
-    if spec_changed || status_changed || ingress_changed {
+    if (status_changed || ingress_changed) && !checked {
         ctx.fence.check().await?;
     }
-    let pp = PatchParams::apply(CONTROLLER_MANAGER).force();
-    let mut record_version = previous.as_ref().and_then(|p| p.resource_version());
-    if spec_changed {
-        let mut metadata = json!({"name": name, "namespace": ns, "ownerReferences": [owner]});
-        if let Some(rv) = &record_version {
-            metadata["resourceVersion"] = json!(rv);
-        }
-        let written = slbs
-            .patch(
-                &name,
-                &pp,
-                &Patch::Apply(json!({
-                    "apiVersion": "juneau.loutres.me/v1alpha1",
-                    "kind": "ServiceLoadBalancer",
-                    "metadata": metadata,
-                    "spec": spec,
-                })),
-            )
-            .await?;
-        record_version = written.resource_version();
-    }
     if status_changed {
-        write_status(&slbs, &name, record_version, &outcome.status).await?;
+        let after = write_status(&slbs, &name, record_version.clone(), &outcome.status).await?;
+        ctx.own_writes
+            .wrote(&key, false, record_version, after.as_deref());
     }
-
-    // 2. What the Service shows.
-    if ingress_changed {
-        apply_ingress(&svcs, &svc, outcome.ingress_ip).await?;
-    }
-
-    // 3. Events, only for what changed.
-    for n in &outcome.notes {
-        publish(&ctx, &svc, n.warning, &n.reason, &n.message, "Reconcile").await;
-    }
+    let ingress = async {
+        if ingress_changed {
+            let after = apply_ingress(&svcs, &svc, outcome.ingress_ip).await?;
+            ctx.own_writes
+                .wrote(&key, true, svc.resource_version(), after.as_deref());
+        }
+        Ok::<(), Error>(())
+    };
+    let events = future::join_all(
+        outcome
+            .notes
+            .iter()
+            .map(|n| publish(&ctx, &svc, n.warning, &n.reason, &n.message, "Reconcile")),
+    );
+    future::join(ingress, events).await.0?;
     ctx.failures
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -886,6 +1071,134 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }))
 }
 
+/// What a managed Service's ServiceLoadBalancer spec says.
+fn record_spec(svc: &Service) -> ServiceLoadBalancerSpec {
+    let ann = svc.annotations();
+    ServiceLoadBalancerSpec {
+        service_name: svc.name_any(),
+        external_network: ann.get(EXTERNAL_NETWORK_ANNOTATION).cloned(),
+        requested_ip: ann.get(REQUESTED_IP_ANNOTATION).cloned(),
+    }
+}
+
+/// The record's owner reference: its Service (garbage-collected with it).
+fn owner_of(svc: &Service) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Service".into(),
+        name: svc.name_any(),
+        uid: svc.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// Decides one Service from the watch caches and the VIP book, and keeps the waiting
+/// line, the allocation metrics and the pool-status trigger in step with it.
+fn decide(
+    ctx: &Ctx,
+    svc: &Service,
+    key: &str,
+    prev_status: Option<&ServiceLoadBalancerStatus>,
+) -> crate::reconcile::Outcome {
+    let ns = svc.namespace().unwrap_or_else(|| "default".into());
+    let name = svc.name_any();
+    let world = world(ctx);
+    // The Service's slices through the index, not a walk over every slice.
+    let names = ctx
+        .slice_index
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .slices_of(key);
+    let slice_objs: Vec<Arc<EndpointSlice>> = names
+        .iter()
+        .filter_map(|n| ctx.slices.get(&ObjectRef::new(n).within(&ns)))
+        .filter(|s| s.labels().get(SERVICE_NAME_LABEL) == Some(&name))
+        .collect();
+    let slice_refs: Vec<&EndpointSlice> = slice_objs.iter().map(|s| s.as_ref()).collect();
+    let (outcome, held_before, held_now) = {
+        let mut book = ctx.book.lock().unwrap_or_else(|e| e.into_inner());
+        let held_before = book.vip_of(key);
+        let outcome = reconcile_service(svc, prev_status, &slice_refs, &world, &mut book, now());
+        (outcome, held_before, book.vip_of(key))
+    };
+    {
+        let mut w = ctx.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        if outcome.queued_on.is_empty() {
+            w.remove(key);
+        } else {
+            w.insert(
+                key.to_string(),
+                Waiter {
+                    key: key.to_string(),
+                    created: created_secs(svc),
+                    pools: outcome.queued_on.clone(),
+                },
+            );
+        }
+    }
+    if held_before.is_none() && held_now.is_some() {
+        ctx.metrics.allocations.inc();
+    }
+    if held_now != held_before {
+        ctx.pools_changed.notify_one();
+        forget_service(ctx, key, held_before);
+    }
+    if let Some(v) = held_now {
+        let l = labels_of(key, v);
+        ctx.metrics
+            .service_ready_backends
+            .get_or_create(&l)
+            .set(i64::from(outcome.status.backend_summary.total_ready));
+        ctx.metrics
+            .service_advertising_nodes
+            .get_or_create(&l)
+            .set(outcome.status.advertising_nodes.len() as i64);
+    }
+    outcome
+}
+
+/// Server-side apply of a ServiceLoadBalancer's metadata and spec (it creates the
+/// record); returns the record's new resourceVersion.
+async fn apply_record(
+    slbs: &Api<ServiceLoadBalancer>,
+    name: &str,
+    ns: &str,
+    owner: &OwnerReference,
+    spec: &ServiceLoadBalancerSpec,
+    resource_version: Option<String>,
+) -> Result<Option<String>, Error> {
+    let metadata = json!({"name": name, "namespace": ns, "ownerReferences": [owner]});
+    let written = slbs
+        .patch(
+            name,
+            &PatchParams::apply(CONTROLLER_MANAGER).force(),
+            &record_apply(metadata, resource_version, "spec", json!(spec)),
+        )
+        .await?;
+    Ok(written.resource_version())
+}
+
+/// A server-side apply body for a ServiceLoadBalancer: `metadata` (conditioned on
+/// `resource_version` when given) and one top-level `field` (spec or status).
+fn record_apply(
+    mut metadata: serde_json::Value,
+    resource_version: Option<String>,
+    field: &str,
+    value: serde_json::Value,
+) -> Patch<serde_json::Value> {
+    if let Some(rv) = resource_version {
+        metadata["resourceVersion"] = json!(rv);
+    }
+    let mut body = json!({
+        "apiVersion": "juneau.loutres.me/v1alpha1",
+        "kind": "ServiceLoadBalancer",
+        "metadata": metadata,
+    });
+    body[field] = value;
+    Patch::Apply(body)
+}
+
 /// Server-side apply of a ServiceLoadBalancer's status (field manager
 /// `juneau-controller`), conditioned on the record's resourceVersion: fields the status
 /// no longer has are dropped by the apply itself.
@@ -894,23 +1207,20 @@ async fn write_status(
     name: &str,
     resource_version: Option<String>,
     status: &ServiceLoadBalancerStatus,
-) -> Result<(), Error> {
-    let mut metadata = json!({ "name": name });
-    if let Some(rv) = resource_version {
-        metadata["resourceVersion"] = json!(rv);
-    }
-    slbs.patch_status(
-        name,
-        &PatchParams::apply(CONTROLLER_MANAGER).force(),
-        &Patch::Apply(json!({
-            "apiVersion": "juneau.loutres.me/v1alpha1",
-            "kind": "ServiceLoadBalancer",
-            "metadata": metadata,
-            "status": status,
-        })),
-    )
-    .await?;
-    Ok(())
+) -> Result<Option<String>, Error> {
+    let written = slbs
+        .patch_status(
+            name,
+            &PatchParams::apply(CONTROLLER_MANAGER).force(),
+            &record_apply(
+                json!({ "name": name }),
+                resource_version,
+                "status",
+                json!(status),
+            ),
+        )
+        .await?;
+    Ok(written.resource_version())
 }
 
 /// Keeps every AddressPool's status (addresses total / allocated, `Overlapping`) and the
@@ -1010,7 +1320,11 @@ async fn report_pools_once(ctx: &Ctx) -> Result<(), Error> {
                 action: "Validate".into(),
                 secondary: None,
             };
-            if let Err(e) = ctx.recorder.publish(&ev, &pool.object_ref(&())).await {
+            if let Err(e) = ctx
+                .recorder_of(&name)
+                .publish(&ev, &pool.object_ref(&()))
+                .await
+            {
                 warn!(error = %e, "could not publish Event");
             }
         }
@@ -1145,6 +1459,80 @@ mod tests {
         assert!(!c.changed(&Event::<AddressPool>::Init));
         assert!(!c.changed(&Event::InitApply(pool("a", "u4", 1, 0))));
         assert!(c.changed(&Event::<AddressPool>::InitDone));
+    }
+
+    fn slice(name: &str, service: &str) -> EndpointSlice {
+        let mut s: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": "default",
+                "labels": {SERVICE_NAME_LABEL: service}},
+            "addressType": "IPv4", "endpoints": []
+        }))
+        .unwrap();
+        if service.is_empty() {
+            s.metadata.labels = None;
+        }
+        s
+    }
+
+    #[test]
+    fn the_slice_index_follows_adds_moves_deletes_and_relists() {
+        let mut i = SliceIndex::default();
+        i.apply(&Event::Init);
+        i.apply(&Event::InitApply(slice("a-1", "a")));
+        // A relist in progress is not visible until it is complete.
+        assert!(i.slices_of("default/a").is_empty());
+        i.apply(&Event::InitDone);
+        assert_eq!(i.slices_of("default/a"), vec!["a-1".to_string()]);
+        i.apply(&Event::Apply(slice("a-2", "a")));
+        i.apply(&Event::Apply(slice("b-1", "b")));
+        assert_eq!(
+            i.slices_of("default/a"),
+            vec!["a-1".to_string(), "a-2".into()]
+        );
+        // A slice relabelled to another Service moves; one without the label leaves.
+        i.apply(&Event::Apply(slice("a-2", "b")));
+        i.apply(&Event::Apply(slice("b-1", "")));
+        assert_eq!(i.slices_of("default/a"), vec!["a-1".to_string()]);
+        assert_eq!(i.slices_of("default/b"), vec!["a-2".to_string()]);
+        i.apply(&Event::Delete(slice("a-1", "a")));
+        assert!(i.slices_of("default/a").is_empty());
+        assert!(i.slices_of("other/b").is_empty());
+        // A relist that finds only b's slice replaces everything.
+        i.apply(&Event::Init);
+        i.apply(&Event::InitApply(slice("b-9", "b")));
+        i.apply(&Event::InitDone);
+        assert_eq!(i.slices_of("default/b"), vec!["b-9".to_string()]);
+    }
+
+    #[test]
+    fn a_cache_behind_this_replicas_own_writes_is_recognised_and_only_that() {
+        let w = OwnWrites::default();
+        assert!(!w.behind("ns/s", Some("1"), None));
+        // Finalizer 1 -> 2, record created ("" -> 10), its status 10 -> 11, ingress 2 -> 3.
+        w.wrote("ns/s", true, Some("1".into()), Some("2"));
+        w.wrote("ns/s", false, None, Some("10"));
+        w.wrote("ns/s", false, Some("10".into()), Some("11"));
+        w.wrote("ns/s", true, Some("2".into()), Some("3"));
+        assert!(
+            w.behind("ns/s", Some("2"), Some("11")),
+            "Service at a replaced version"
+        );
+        assert!(w.behind("ns/s", Some("3"), None), "record not seen yet");
+        assert!(
+            w.behind("ns/s", Some("3"), Some("10")),
+            "record at a replaced version"
+        );
+        assert!(!w.behind("other/s", Some("2"), Some("10")));
+        // Caught up: not behind, and the entry is gone.
+        assert!(!w.behind("ns/s", Some("3"), Some("11")));
+        assert!(!w.behind("ns/s", Some("2"), Some("10")));
+        // A write that changed nothing leaves its version current.
+        w.wrote("ns/t", true, Some("5".into()), Some("5"));
+        assert!(!w.behind("ns/t", Some("5"), Some("1")));
+        // Someone else's newer version is not ours to wait for.
+        w.wrote("ns/u", true, Some("5".into()), Some("6"));
+        assert!(!w.behind("ns/u", Some("7"), Some("1")));
     }
 
     #[test]

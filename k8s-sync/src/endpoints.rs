@@ -96,16 +96,19 @@ pub fn node_addresses(node: &Node) -> BTreeSet<Ipv4Addr> {
         .collect()
 }
 
-/// Endpoints whose address is their node's own address: host-network Pods.
-pub fn host_network_endpoints(
+/// Endpoints whose address is their node's own address: host-network Pods. `nodes`
+/// holds `Node`s or shared (`Arc`) ones.
+pub fn host_network_endpoints<N: std::borrow::Borrow<Node>>(
     eps: &[SliceEndpoint],
-    nodes: &BTreeMap<String, Node>,
+    nodes: &BTreeMap<String, N>,
 ) -> Vec<Ipv4Addr> {
     let mut host: BTreeSet<Ipv4Addr> = BTreeSet::new();
     for ep in eps {
         let on_host = match ep.node.as_deref().and_then(|n| nodes.get(n)) {
-            Some(n) => node_addresses(n).contains(&ep.ip),
-            None => nodes.values().any(|n| node_addresses(n).contains(&ep.ip)),
+            Some(n) => node_addresses(n.borrow()).contains(&ep.ip),
+            None => nodes
+                .values()
+                .any(|n| node_addresses(n.borrow()).contains(&ep.ip)),
         };
         if on_host {
             host.insert(ep.ip);

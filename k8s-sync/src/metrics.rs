@@ -159,7 +159,7 @@ pub struct AgentMetrics {
     pub publish_latency: Histogram,
     /// Service entries (`VIP:port/protocol`) of the published state.
     pub services: Gauge,
-    /// Local backends of the published state (summed over the entries).
+    /// Local backends new flows go to in the published state (summed over the entries).
     pub backends: Gauge,
     /// VIPs this node tells its speaker to announce.
     pub advertised_vips: Gauge,
@@ -202,7 +202,7 @@ impl AgentMetrics {
         );
         r.register(
             "backends",
-            "Local backends in the published node state, summed over its entries",
+            "Local backends new flows go to in the published node state, summed over its entries",
             m.backends.clone(),
         );
         r.register(

@@ -445,8 +445,13 @@ fn a_backend_flag_that_contradicts_its_position_is_refused() {
     let mut state = sample_state();
     state.normalize();
     let cap = Capacity::default();
-    let mut words = vec![0u32; cap.sections().end];
-    encode(&state, &cap, 1, &mut words).unwrap();
+    let mut img = Image::new(cap.sections().end);
+    let tables = MaglevCache::default()
+        .tables_for(&state.services, cap.maglev_size)
+        .unwrap();
+    encode(&mut img, &state, &cap, 1, &tables).unwrap();
+    seal(&mut img, &cap);
+    let words = img.words;
     assert!(decode(&words, &cap, 1).is_ok());
     // The first backend record is Ready: mark it terminating.
     let first = cap.sections().backends;
@@ -512,4 +517,234 @@ fn redirect_counts_past_the_capacity_are_refused_as_corrupt() {
         matches!(r.snapshot(), Err(ShmError::Corrupt(_, m)) if m.contains("redirect")),
         "bounds"
     );
+}
+
+/// Every service's table in `snap` is the one a fresh build gives for its backends.
+fn assert_tables_fresh(snap: &Snapshot, size: u32) {
+    assert_eq!(snap.maglev.len(), snap.state.services.len());
+    for (s, t) in snap.state.services.iter().zip(&snap.maglev) {
+        let fresh = MaglevTable::new(&s.backends, size).unwrap();
+        assert_eq!(
+            &t[..],
+            fresh.slots(),
+            "stale Maglev table for {}",
+            s.frontend
+        );
+    }
+}
+
+fn service(last_octet: u8, backends: &[u8]) -> NodeService {
+    NodeService::new(
+        frontend([203, 0, 113, last_octet], Protocol::Tcp, 80),
+        backends.iter().map(|b| backend(*b, 8080)).collect(),
+    )
+}
+
+#[test]
+fn maglev_tables_are_reused_only_while_the_backends_stay_the_same() {
+    let dir = tmp();
+    let path = dir.path().join("node-a.state");
+    let size = 251;
+    let cap = Capacity {
+        maglev_size: size,
+        ..Capacity::default()
+    };
+    let mut w = NodeStateWriter::create(&path, cap).unwrap();
+    let mut r = None;
+    let mut publish = |w: &mut NodeStateWriter, services: Vec<NodeService>| {
+        let state = NodeState {
+            node: "node-a".into(),
+            services,
+            ..NodeState::default()
+        };
+        w.publish(&state).unwrap();
+        let r = r.get_or_insert_with(|| NodeStateReader::open(&path).unwrap());
+        let snap = r.snapshot().unwrap();
+        assert_tables_fresh(&snap, size);
+        snap
+    };
+    let a = service(1, &[1, 2, 3]);
+    let b = service(2, &[4, 5]);
+    let c = service(3, &[6]);
+    publish(&mut w, vec![a.clone(), b.clone(), c.clone()]);
+    assert_eq!(w.maglev_tables_built(), 3);
+    // Nothing changed: nothing built; the same backends in another order are the same set.
+    let mut b_reordered = b.clone();
+    b_reordered.backends.reverse();
+    publish(&mut w, vec![c.clone(), b_reordered, a.clone()]);
+    assert_eq!(w.maglev_tables_built(), 3);
+    // A's backend 2 leaves: only A's table is rebuilt, and it is the fresh one.
+    let a_less = service(1, &[1, 3]);
+    publish(&mut w, vec![a_less.clone(), b.clone(), c.clone()]);
+    assert_eq!(w.maglev_tables_built(), 4);
+    // B is removed, then comes back with the same backends: rebuilt (the cache keeps only
+    // the last publish's tables), and the tables after it shift position correctly.
+    let snap = publish(&mut w, vec![a_less.clone(), c.clone()]);
+    assert_eq!(snap.state.services.len(), 2);
+    assert_eq!(w.maglev_tables_built(), 4);
+    publish(&mut w, vec![a_less.clone(), b.clone(), c.clone()]);
+    assert_eq!(w.maglev_tables_built(), 5);
+    // A gets its backend back; a new service D with C's backends shares C's table.
+    let mut d = c.clone();
+    d.frontend.port = 8443;
+    publish(&mut w, vec![a.clone(), b.clone(), c.clone(), d]);
+    assert_eq!(w.maglev_tables_built(), 6);
+    // Every backend of C leaves: an empty table, picked by nobody.
+    let snap = publish(&mut w, vec![a, b, service(3, &[])]);
+    assert_eq!(w.maglev_tables_built(), 7);
+    assert!(snap.maglev[2].iter().all(|s| *s == maglev::NO_BACKEND));
+}
+
+#[test]
+fn shrinking_and_growing_again_leaves_no_stale_words_visible() {
+    // Slots are written only where words changed and only up to the counts: a table
+    // that shrinks leaves old records past its counts, which must never show up, and
+    // records that come back must be rewritten whole.
+    let dir = tmp();
+    let path = dir.path().join("node-a.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    let mut r = None;
+    let mut full = sample_state();
+    let mut small = sample_state();
+    small.services.truncate(1);
+    small.services[0].backends.truncate(1);
+    small.advertised[0].communities.clear();
+    small.advertised[0].large_communities.clear();
+    small.advertised[0].peers = vec![0];
+    small.peers.truncate(1);
+    small.peers[0].md5_password = Some("x".into());
+    small.peers[0].name = "p".into();
+    small.redirects.vips.truncate(1);
+    small.node = "n".into();
+    let mut changed = full.clone();
+    changed.services[1].backends.push(backend(42, 5353));
+    changed.advertised[0].communities.push(65000 << 16 | 7);
+    for state in [&mut full, &mut small, &mut changed] {
+        state.normalize();
+    }
+    // Rounds of an odd length, so that each state lands in both slots.
+    for round in 0..2 {
+        for state in [&full, &small, &changed, &small, &full] {
+            let g = w.publish(state).unwrap();
+            let r = r.get_or_insert_with(|| NodeStateReader::open(&path).unwrap());
+            let snap = r.snapshot().unwrap();
+            assert_eq!(snap.generation, g);
+            assert_eq!(&snap.state, state, "round {round}, generation {g}");
+            assert_tables_fresh(&snap, maglev::DEFAULT_TABLE_SIZE);
+            for (i, s) in state.services.iter().enumerate() {
+                for h in 0..64u64 {
+                    assert_eq!(r.lookup(&s.frontend, h), snap.pick(i, h));
+                }
+            }
+        }
+    }
+}
+
+mod incremental {
+    //! The writer updates its image in place and writes only what changed: whatever the
+    //! sequence of states (growing, shrinking, moving, growing the file), every reader
+    //! snapshot must be exactly the state published, with fresh tables and a valid
+    //! checksum.
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_state() -> impl Strategy<Value = NodeState> {
+        let service = (1u8..7, 0u16..2, proptest::collection::vec(1u8..6, 0..4))
+            .prop_flat_map(|(vip, port, ready)| {
+                (
+                    Just((vip, port, ready)),
+                    proptest::collection::vec(1u8..6, 0..2),
+                )
+            })
+            .prop_map(|((vip, port, ready), draining)| NodeService {
+                frontend: frontend([203, 0, 113, vip], Protocol::Tcp, 80 + port),
+                backends: ready.into_iter().map(|b| backend(b, 8080)).collect(),
+                terminating: draining.into_iter().map(|b| backend(b, 8080)).collect(),
+            });
+        let services = proptest::collection::vec(service, 0..7);
+        let peers = 0usize..3;
+        let redirects =
+            proptest::collection::vec((1u8..5, proptest::collection::vec(1u8..9, 0..3)), 0..3);
+        let name = prop_oneof![Just("node-a".to_string()), Just("n".to_string())];
+        (services, peers, redirects, name, any::<bool>(), 0u32..3).prop_map(
+            |(mut services, np, redirects, node, router, communities)| {
+                services.sort_by_key(|s| s.frontend);
+                services.dedup_by_key(|s| s.frontend);
+                let mut vips: Vec<Ipv4Addr> = services.iter().map(|s| s.frontend.vip).collect();
+                vips.dedup();
+                let mut state = NodeState {
+                    node,
+                    router_id: router.then(|| Ipv4Addr::new(192, 0, 2, 10)),
+                    advertised: vips
+                        .into_iter()
+                        .map(|vip| AdvertisedVip {
+                            vip,
+                            communities: (0..communities).map(|c| 65000 << 16 | c).collect(),
+                            large_communities: vec![],
+                            local_pref: None,
+                            peers: (0..np as u16).collect(),
+                            weight: None,
+                        })
+                        .collect(),
+                    services,
+                    peers: (0..np)
+                        .map(|i| {
+                            let mut p = PeerConfig::new(
+                                format!("peer-{i}"),
+                                Ipv4Addr::new(192, 0, 2, i as u8 + 1),
+                                65000,
+                                65001,
+                            );
+                            p.md5_password = (i == 1).then(|| "pw".to_string());
+                            p
+                        })
+                        .collect(),
+                    redirects: Redirects {
+                        node_address: router.then(|| Ipv4Addr::new(192, 0, 2, 10)),
+                        vips: redirects
+                            .into_iter()
+                            .map(|(v, nodes)| VipRedirectPeers {
+                                vip: Ipv4Addr::new(203, 0, 113, v),
+                                nodes: nodes
+                                    .into_iter()
+                                    .map(|n| Ipv4Addr::new(192, 0, 2, 100 + n))
+                                    .collect(),
+                            })
+                            .collect(),
+                    },
+                };
+                state.normalize();
+                state
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn every_snapshot_is_the_state_published(states in proptest::collection::vec(arb_state(), 1..12)) {
+            let dir = tmp();
+            let path = dir.path().join("node-a.state");
+            // A small file, so that sequences also grow it.
+            let cap = Capacity {
+                services: 2,
+                backends: 4,
+                vips: 2,
+                peers: 1,
+                maglev_size: 31,
+                redirect_vips: 1,
+                redirect_nodes: 2,
+            };
+            let mut w = NodeStateWriter::create(&path, cap).unwrap();
+            let mut r: Option<NodeStateReader> = None;
+            for state in &states {
+                let g = w.publish(state).unwrap();
+                let r = r.get_or_insert_with(|| NodeStateReader::open(&path).unwrap());
+                let snap = r.snapshot().unwrap();
+                prop_assert_eq!(snap.generation, g);
+                prop_assert_eq!(&snap.state, state);
+                assert_tables_fresh(&snap, 31);
+            }
+        }
+    }
 }
