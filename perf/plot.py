@@ -80,11 +80,16 @@ if lat:
     fig, axes = plt.subplots(1, len(loads), figsize=(5 * len(loads), 4.2), sharey=True,
                              squeeze=False)
     for ax, load in zip(axes[0], loads):
+        # One line per round (rounds of one scenario share its color; labelled once).
+        labelled = set()
         for l in [x for x in lat if x["load_fraction"] == load]:
             pts = [(p, us) for p, us in l["curve"] if p < 100.0]
             xs = [1.0 / (1.0 - p / 100.0) for p, _ in pts]
-            ax.plot(xs, [us for _, us in pts], marker="o", ms=3, label=l["scenario"],
-                    color=COLORS.get(l["scenario"], "#333333"))
+            name = l["scenario"]
+            ax.plot(xs, [us for _, us in pts], marker="o", ms=2, lw=1, alpha=0.8,
+                    label=None if name in labelled else name,
+                    color=COLORS.get(name, "#333333"))
+            labelled.add(name)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ticks = [2, 10, 100, 1000, 10000]

@@ -281,6 +281,8 @@ pub(crate) struct Bed {
     pub(crate) state: PathBuf,
     /// BIRD's control socket.
     pub(crate) ctl: PathBuf,
+    /// Just before the first Juneau daemon was started.
+    pub(crate) daemons_started: Instant,
     _node: Netns,
     _router: Netns,
     _dir: tempfile::TempDir,
@@ -303,6 +305,19 @@ pub(crate) fn start_bed(
     say: &dyn Fn(String),
     pool: &str,
     extra_yaml: &str,
+) -> Result<Bed> {
+    start_bed_with(bins, say, pool, extra_yaml, &mut |_| Ok(()))
+}
+
+/// [`start_bed`], running `before_daemons` once the Juneau objects are in and before any
+/// Juneau daemon starts (the scale measurement's `--scale-precreated` creates its
+/// Services there).
+pub(crate) fn start_bed_with(
+    bins: &Binaries,
+    say: &dyn Fn(String),
+    pool: &str,
+    extra_yaml: &str,
+    before_daemons: &mut dyn FnMut(&KubeCluster) -> Result<()>,
 ) -> Result<Bed> {
     say("convergence: starting etcd + kube-apiserver".into());
     let k = KubeCluster::start()?;
@@ -366,6 +381,8 @@ pub(crate) fn start_bed(
     if !extra_yaml.is_empty() {
         k.apply_yaml(extra_yaml)?;
     }
+    before_daemons(&k)?;
+    let daemons_started = Instant::now();
 
     // The real daemons: controller and agent on the host (admin kubeconfig), juneau-bgp
     // in the node namespace.
@@ -434,6 +451,7 @@ pub(crate) fn start_bed(
         bgp,
         bgp_log,
         ctl: bird.ctl().to_path_buf(),
+        daemons_started,
         bird,
         bird_log,
         state,

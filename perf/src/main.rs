@@ -39,6 +39,10 @@ struct RunArgs {
     /// Measurement window per run, seconds.
     #[arg(long)]
     duration_s: Option<f64>,
+    /// Latency rounds (default 3 in `run`, 1 in `smoke`; 0 skips latency): each
+    /// measures every scenario at every load, the scenarios in turn.
+    #[arg(long)]
+    latency_rounds: Option<u32>,
     /// Skip the callgrind cost measurement.
     #[arg(long)]
     no_cost: bool,
@@ -65,6 +69,11 @@ struct RunArgs {
     /// Longest wait for the scale measurement's Services to converge, seconds.
     #[arg(long, default_value_t = 300)]
     scale_timeout_s: u64,
+    /// Scale measurement: create every Service before the Juneau daemons start and
+    /// measure from their start (Juneau's own convergence, without the apiserver's
+    /// creation rate).
+    #[arg(long)]
+    scale_precreated: bool,
 }
 
 #[derive(Subcommand)]
@@ -171,6 +180,7 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
             flow_scale: vec![1_000, 100_000],
             latency_loads: vec![0.5],
             latency_duration: Duration::from_millis(700),
+            latency_rounds: 1,
             probe_rate: 500,
             calibrate_window: Duration::from_millis(300),
             calibrate_steps: 2,
@@ -188,7 +198,8 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
             flows: 256,
             flow_scale: vec![1_000, 100_000, 1_000_000],
             latency_loads: vec![0.1, 0.5, 0.9],
-            latency_duration: Duration::from_secs(4),
+            latency_duration: Duration::from_secs(5),
+            latency_rounds: 3,
             probe_rate: 1000,
             calibrate_window: Duration::from_secs(1),
             calibrate_steps: 7,
@@ -209,6 +220,9 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
     }
     if let Some(d) = args.duration_s {
         plan.duration = Duration::from_secs_f64(d);
+    }
+    if let Some(r) = args.latency_rounds {
+        plan.latency_rounds = r;
     }
     if let Some(dp) = &args.dataplane {
         plan.dataplane = std::path::absolute(dp)?;
@@ -293,9 +307,15 @@ fn run_scale(
     out: &std::path::Path,
     progress: &Progress,
     report: &mut Report,
+    precreated: bool,
 ) {
     progress.say(format!("control-plane scale: {n} Services at once"));
-    match juneau_perf::scale::measure(bins, n, timeout, out, &|m| progress.say(m)) {
+    let creation = if precreated {
+        juneau_perf::scale::Creation::Precreated
+    } else {
+        juneau_perf::scale::Creation::Live
+    };
+    match juneau_perf::scale::measure(bins, n, timeout, out, &|m| progress.say(m), creation) {
         Ok(r) => {
             progress.say(format!(
                 "scale: all VIPs {:?} s, all Ready {:?} s, shared memory {:?} s, BIRD {:?} s",
@@ -345,12 +365,20 @@ fn scale_only(args: &RunArgs) -> Result<()> {
         machine: prereq::machine(),
         load_average_start: prereq::loadavg(),
         mode: "scale".into(),
-        config: serde_json::json!({ "scale_services": n }),
+        config: serde_json::json!({ "scale_services": n, "scale_precreated": args.scale_precreated }),
         ..Default::default()
     };
     report.cost.status = "Not measured (scale only).".into();
     report.convergence = "Not measured (scale only).".into();
-    run_scale(&bins, n, timeout, &out, &progress, &mut report);
+    run_scale(
+        &bins,
+        n,
+        timeout,
+        &out,
+        &progress,
+        &mut report,
+        args.scale_precreated,
+    );
     report.load_average_end = prereq::loadavg();
     let files = report.write(&out)?;
     for f in files {
@@ -511,6 +539,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
             "flow_scale": plan.flow_scale,
             "latency_loads": plan.latency_loads,
             "latency_duration_s": plan.latency_duration.as_secs_f64(),
+            "latency_rounds": plan.latency_rounds,
             "probe_rate": plan.probe_rate,
             "dataplane": dataplane_source,
             "packet_bytes": 64,
@@ -550,6 +579,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
             &plan.out_dir,
             &progress,
             &mut report,
+            args.scale_precreated,
         );
     }
     report.load_average_end = prereq::loadavg();

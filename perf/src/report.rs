@@ -177,6 +177,19 @@ pub struct FlowScalePoint {
     pub summary: Option<ScenarioResult>,
 }
 
+impl FlowScalePoint {
+    /// Its row in the report's flow-scale table, `label` after the flow count.
+    fn row(&self, label: &str) -> String {
+        let runs: Vec<String> = self.runs_pps.iter().map(|x| format!("{x:.0}")).collect();
+        format!(
+            "| {}{label} | {} | {:.0} |\n",
+            self.flows,
+            runs.join(", "),
+            self.median_pps
+        )
+    }
+}
+
 /// Latency through the VIP at one offered load.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LatencyPoint {
@@ -186,9 +199,86 @@ pub struct LatencyPoint {
     pub load_fraction: f64,
     /// Offered background load, packets/s.
     pub offered_pps: f64,
+    /// Which latency round (every round measures every scenario at every load, in
+    /// turn, so slow drift of the machine's load spreads over all of them).
+    #[serde(default)]
+    pub round: u32,
     /// Round-trip figures.
     #[serde(flatten)]
     pub result: ProbeResult,
+}
+
+/// One scenario at one load over every latency round.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencySummary {
+    /// Scenario name.
+    pub scenario: String,
+    /// Offered background load as a fraction of the scenario's median throughput.
+    pub load_fraction: f64,
+    /// Rounds measured.
+    pub rounds: usize,
+    /// p99 over the rounds: median, lowest, highest (microseconds).
+    pub p99_us: [f64; 3],
+    /// p99.9 over the rounds: median, lowest, highest (microseconds).
+    pub p999_us: [f64; 3],
+    /// Median over the rounds measured by both of this p99 / nft-dnat's p99 in the same
+    /// round at the same load (a paired comparison: the machine's noise of that moment
+    /// hits both); `None` for nft-dnat itself or without a common round.
+    pub p99_vs_nft_dnat: Option<f64>,
+    /// The same for p99.9.
+    pub p999_vs_nft_dnat: Option<f64>,
+}
+
+/// Summarises latency points by (scenario, load), in the order first seen.
+pub fn latency_summary(points: &[LatencyPoint]) -> Vec<LatencySummary> {
+    let mut keys: Vec<(&str, f64)> = Vec::new();
+    for l in points {
+        if !keys.contains(&(l.scenario.as_str(), l.load_fraction)) {
+            keys.push((l.scenario.as_str(), l.load_fraction));
+        }
+    }
+    let spread = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        [median(v), lo, hi]
+    };
+    let at = |sc: &str, load: f64, round: u32| {
+        points
+            .iter()
+            .find(|l| l.scenario == sc && l.load_fraction == load && l.round == round)
+    };
+    keys.into_iter()
+        .map(|(sc, load)| {
+            let mine: Vec<&LatencyPoint> = points
+                .iter()
+                .filter(|l| l.scenario == sc && l.load_fraction == load)
+                .collect();
+            let p99: Vec<f64> = mine.iter().map(|l| l.result.p99_us).collect();
+            let p999: Vec<f64> = mine.iter().map(|l| l.result.p999_us).collect();
+            let paired = |f: fn(&ProbeResult) -> f64| {
+                if sc == "nft-dnat" {
+                    return None;
+                }
+                let r: Vec<f64> = mine
+                    .iter()
+                    .filter_map(|l| {
+                        let n = at("nft-dnat", load, l.round)?;
+                        (f(&n.result) > 0.0).then(|| f(&l.result) / f(&n.result))
+                    })
+                    .collect();
+                (!r.is_empty()).then(|| median(&r))
+            };
+            LatencySummary {
+                scenario: sc.to_string(),
+                load_fraction: load,
+                rounds: mine.len(),
+                p99_us: spread(&p99),
+                p999_us: spread(&p999),
+                p99_vs_nft_dnat: paired(|r| r.p99_us),
+                p999_vs_nft_dnat: paired(|r| r.p999_us),
+            }
+        })
+        .collect()
 }
 
 /// Userspace cost of the dataplane's packet path.
@@ -245,6 +335,13 @@ pub struct Ratios {
     /// Packets per CPU-second, juneau at the largest flow count / at the smallest.
     #[serde(default)]
     pub cpu_juneau_flow_scale_largest_vs_smallest: Option<f64>,
+    /// xdp-dnat at the largest flow count / at the throughput rows' flow count: what the
+    /// in-kernel baseline loses at that many flows (no target; the reference for juneau's).
+    #[serde(default)]
+    pub xdp_dnat_flow_scale: Option<f64>,
+    /// The same in packets per CPU-second.
+    #[serde(default)]
+    pub cpu_xdp_dnat_flow_scale: Option<f64>,
     /// Ratios not computed, and why (a side not saturated, or not measured).
     #[serde(default)]
     pub refused: Vec<String>,
@@ -271,8 +368,16 @@ pub struct Report {
     pub ratios: Ratios,
     /// `juneau` at several flow counts.
     pub flow_scale: Vec<FlowScalePoint>,
+    /// `xdp-dnat` at the largest of those flow counts (the in-kernel baseline's own loss
+    /// at that many flows, for reference), when measured.
+    #[serde(default)]
+    pub flow_scale_reference: Option<FlowScalePoint>,
     /// Latency through the VIP.
     pub latency: Vec<LatencyPoint>,
+    /// Latency by scenario and load over the rounds ([`latency_summary`]), with the
+    /// paired comparison to nft-dnat.
+    #[serde(default)]
+    pub latency_summary: Vec<LatencySummary>,
     /// Userspace cost.
     pub cost: Cost,
     /// Whole userspace cost (the real dataplane under callgrind), when measured.
@@ -299,10 +404,12 @@ impl Report {
         self.errors.push((scenario.into(), msg));
     }
 
-    /// Computes the ratios from the medians, only between rows whose every run was
+    /// Summarises the latency rounds ([`latency_summary`]) and computes the ratios from
+    /// the medians, only between rows whose every run was
     /// saturated (an unsaturated row measures the generator, not the path); refusals are
     /// listed in `ratios.refused`.
     pub fn compute_ratios(&mut self) {
+        self.latency_summary = latency_summary(&self.latency);
         let mut refused = Vec::new();
         let find = |n: &str| self.scenarios.iter().find(|s| s.name == n).cloned();
         let mut pair =
@@ -361,6 +468,16 @@ impl Report {
         };
         self.ratios.juneau_flow_scale_largest_vs_smallest = a;
         self.ratios.cpu_juneau_flow_scale_largest_vs_smallest = b;
+        let (a, b) = match &self.flow_scale_reference {
+            Some(r) => pair(
+                r.summary.clone(),
+                find("xdp-dnat"),
+                "xdp-dnat largest flow count / throughput rows",
+            ),
+            None => (None, None),
+        };
+        self.ratios.xdp_dnat_flow_scale = a;
+        self.ratios.cpu_xdp_dnat_flow_scale = b;
         self.ratios.refused = refused;
     }
 
@@ -513,6 +630,12 @@ impl Report {
                 self.ratios.cpu_juneau_flow_scale_largest_vs_smallest,
                 ">= 0.9",
             ),
+            (
+                "(reference) xdp-dnat largest flow count / throughput rows' flows",
+                self.ratios.xdp_dnat_flow_scale,
+                self.ratios.cpu_xdp_dnat_flow_scale,
+                "—",
+            ),
         ] {
             m += &format!("| {name} | {} | {} | {t} |\n", f(a), f(b));
         }
@@ -541,18 +664,15 @@ impl Report {
             }
         }
         m += "\n## Flow scale (`juneau`)\n\n";
-        if self.flow_scale.is_empty() {
+        if self.flow_scale.is_empty() && self.flow_scale_reference.is_none() {
             m += "Not measured in this run.\n";
         } else {
             m += "| flows | runs (pps) | median |\n|---:|---|---:|\n";
             for p in &self.flow_scale {
-                let runs: Vec<String> = p.runs_pps.iter().map(|x| format!("{x:.0}")).collect();
-                m += &format!(
-                    "| {} | {} | {:.0} |\n",
-                    p.flows,
-                    runs.join(", "),
-                    p.median_pps
-                );
+                m += &p.row("");
+            }
+            if let Some(r) = &self.flow_scale_reference {
+                m += &r.row(" (xdp-dnat, reference)");
             }
             m += "\n![flow scale](flow_scale.png)\n";
         }
@@ -560,10 +680,31 @@ impl Report {
         if self.latency.is_empty() {
             m += "Not measured in this run.\n";
         } else {
-            m += "| scenario | offered load | background pps | replies | p50 us | p99 us | p99.9 us | max us |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
+            let ratio = |r: Option<f64>| r.map_or_else(|| "—".to_string(), |x| format!("{x:.2}"));
+            m += "Every round measures every scenario at every load in turn; per scenario and load: the median over the rounds (lowest–highest), and the paired comparison to nft-dnat (median over the rounds of this scenario's figure / nft-dnat's in the same round; ≤ 1.00: no worse).\n\n";
+            m += "| scenario | offered load | rounds | p99 us | p99.9 us | p99 / nft-dnat | p99.9 / nft-dnat |\n|---|---:|---:|---:|---:|---:|---:|\n";
+            for l in &self.latency_summary {
+                m += &format!(
+                    "| {} | {:.0}% | {} | {:.1} ({:.1}–{:.1}) | {:.1} ({:.1}–{:.1}) | {} | {} |\n",
+                    l.scenario,
+                    l.load_fraction * 100.0,
+                    l.rounds,
+                    l.p99_us[0],
+                    l.p99_us[1],
+                    l.p99_us[2],
+                    l.p999_us[0],
+                    l.p999_us[1],
+                    l.p999_us[2],
+                    ratio(l.p99_vs_nft_dnat),
+                    ratio(l.p999_vs_nft_dnat)
+                );
+            }
+            m += "\nEvery point:\n\n";
+            m += "| round | scenario | offered load | background pps | replies | p50 us | p99 us | p99.9 us | max us |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n";
             for l in &self.latency {
                 m += &format!(
-                    "| {} | {:.0}% | {:.0} | {}/{} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+                    "| {} | {} | {:.0}% | {:.0} | {}/{} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+                    l.round + 1,
                     l.scenario,
                     l.load_fraction * 100.0,
                     l.offered_pps,
@@ -786,6 +927,89 @@ mod tests {
         let s = &r.scenarios[1];
         assert_eq!((s.min_pps, s.median_pps, s.max_pps), (300.0, 400.0, 500.0));
         assert_eq!(s.pps_per_cpu_second, Some(4_000_000.0));
+    }
+
+    fn lat(sc: &str, load: f64, round: u32, p99: f64, p999: f64) -> LatencyPoint {
+        LatencyPoint {
+            scenario: sc.into(),
+            load_fraction: load,
+            offered_pps: 1.0,
+            round,
+            result: ProbeResult {
+                sent: 10,
+                received: 10,
+                p50_us: 1.0,
+                p90_us: 1.0,
+                p99_us: p99,
+                p999_us: p999,
+                max_us: p999,
+                curve: Vec::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn latency_rounds_are_summarised_and_compared_to_nft_dnat_round_by_round() {
+        // Round 2 is a noisy moment for both: the paired ratio is not fooled by it.
+        let points = vec![
+            lat("nft-dnat", 0.1, 0, 100.0, 200.0),
+            lat("juneau", 0.1, 0, 50.0, 300.0),
+            lat("nft-dnat", 0.1, 1, 1000.0, 2000.0),
+            lat("juneau", 0.1, 1, 900.0, 2200.0),
+            lat("nft-dnat", 0.1, 2, 120.0, 240.0),
+            lat("juneau", 0.1, 2, 60.0, 240.0),
+            lat("juneau", 0.5, 0, 70.0, 80.0),
+        ];
+        let s = latency_summary(&points);
+        assert_eq!(s.len(), 3);
+        let j = &s[1];
+        assert_eq!(
+            (j.scenario.as_str(), j.load_fraction, j.rounds),
+            ("juneau", 0.1, 3)
+        );
+        assert_eq!(j.p99_us, [60.0, 50.0, 900.0]);
+        assert_eq!(j.p99_vs_nft_dnat, Some(0.5));
+        assert_eq!(j.p999_vs_nft_dnat, Some(1.1));
+        assert_eq!(s[0].p99_vs_nft_dnat, None, "nft-dnat against itself");
+        assert_eq!(s[2].p99_vs_nft_dnat, None, "no nft-dnat point at 50 %");
+        let mut r = Report {
+            latency: points,
+            ..Default::default()
+        };
+        r.compute_ratios();
+        assert_eq!(r.latency_summary, s);
+        let md = r.markdown();
+        assert!(
+            md.contains(
+                "| juneau | 10% | 3 | 60.0 (50.0–900.0) | 300.0 (240.0–2200.0) | 0.50 | 1.10 |"
+            ),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn the_xdp_dnat_reference_at_scale_is_compared_to_its_own_row() {
+        let mut r = Report::default();
+        r.scenarios
+            .push(row("xdp-dnat", 256, &[1000.0], 500.0, true));
+        r.compute_ratios();
+        assert!(r.ratios.xdp_dnat_flow_scale.is_none());
+        let s = row("xdp-dnat", 1_000_000, &[400.0, 500.0, 450.0], 1000.0, true);
+        r.flow_scale_reference = Some(FlowScalePoint {
+            flows: 1_000_000,
+            runs_pps: s.runs_pps.clone(),
+            median_pps: s.median_pps,
+            summary: Some(s),
+        });
+        r.compute_ratios();
+        assert_eq!(r.ratios.xdp_dnat_flow_scale, Some(0.45));
+        assert_eq!(r.ratios.cpu_xdp_dnat_flow_scale, Some(0.5));
+        let md = r.markdown();
+        assert!(
+            md.contains("| 1000000 (xdp-dnat, reference) | 400, 500, 450 | 450 |"),
+            "{md}"
+        );
+        assert!(md.contains("| (reference) xdp-dnat largest flow count / throughput rows' flows | 0.45 | 0.50 | — |"), "{md}");
     }
 
     #[test]

@@ -2,7 +2,12 @@
 //! against the real control plane of one node ([`crate::convergence::Bed`]: etcd +
 //! kube-apiserver, `juneau-k8s-sync controller` and `agent`, `juneau-bgp`, BIRD 2).
 //!
-//! Measured from `t0` = just before the first create is sent: when every Service shows
+//! Two ways to create them ([`Creation`]): while the daemons run, `t0` = just before the
+//! first create (the apiserver's creation rate is then part of every figure), or
+//! `--scale-precreated`: all created before any Juneau daemon starts, `t0` = the daemons'
+//! start (Juneau's own convergence from a cold start with N Services waiting).
+//!
+//! Measured from `t0` (live: just before the first create is sent): when every Service shows
 //! its VIP (`.status.loadBalancer.ingress`), when every ServiceLoadBalancer is `Ready`,
 //! when the agent's shared-memory state advertises all N VIPs (and how often it
 //! published, its CPU time, the state file's size), when BIRD has all N /32s, and the
@@ -25,7 +30,7 @@ use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::runtime::watcher;
 use serde::{Deserialize, Serialize};
 
-use crate::convergence::{start_bed, Binaries, NODE};
+use crate::convergence::{start_bed_with, Binaries, NODE};
 use crate::suite::INTERRUPTED;
 use juneau_tests::bird::BirdControl as Birdc;
 
@@ -70,6 +75,17 @@ where
 /// Creates retried in this process (reported).
 static RETRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// When the scale measurement creates its Services and EndpointSlices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Creation {
+    /// While the Juneau daemons run; `t0` = just before the first create.
+    #[default]
+    Live,
+    /// Before any Juneau daemon starts; `t0` = the daemons' start, so the figures are
+    /// Juneau's own convergence, not the apiserver's creation rate.
+    Precreated,
+}
+
 /// Memory of one process.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Rss {
@@ -88,8 +104,12 @@ pub struct ScaleReport {
     pub services: u32,
     /// Endpoints per Service (all ready, all on the one node).
     pub endpoints_per_service: u32,
-    /// Time to create every Service and EndpointSlice (client side, 32 in flight).
+    /// Time to create every Service and EndpointSlice (client side, 32 in flight). With
+    /// `precreated`, before `t0` (not part of the other figures).
     pub create_s: f64,
+    /// Everything was created before the Juneau daemons started; `t0` = their start.
+    #[serde(default)]
+    pub precreated: bool,
     /// Creates retried after the apiserver answered 5xx or 429.
     #[serde(default)]
     pub create_retries: u64,
@@ -119,6 +139,93 @@ pub struct ScaleReport {
     /// kube-apiserver, etcd), relative to the report's directory.
     #[serde(default)]
     pub logs: String,
+    /// kube-apiserver's CPU time over the run, s (from the start of the measurement).
+    #[serde(default)]
+    pub apiserver_cpu_s: f64,
+    /// etcd's CPU time over the run, s.
+    #[serde(default)]
+    pub etcd_cpu_s: f64,
+    /// Requests the apiserver served over the run, by verb and resource (its own
+    /// `apiserver_request_total`, every client: controller, agent, juneau-perf's watches
+    /// and, without `precreated`, its creates), most first.
+    #[serde(default)]
+    pub api_requests: Vec<ApiRequests>,
+}
+
+/// Requests of one verb on one resource, as the apiserver counted them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ApiRequests {
+    /// GET, LIST, WATCH, POST, PATCH, APPLY, PUT, DELETE ...
+    pub verb: String,
+    /// `resource` or `resource/subresource` (`services/status`).
+    pub resource: String,
+    /// How many.
+    pub count: u64,
+}
+
+/// Reads `apiserver_request_total` from the apiserver's `/metrics` text: requests by
+/// (verb, resource[/subresource]), summed over codes, groups and scopes.
+fn api_request_counts(metrics: &str) -> std::collections::BTreeMap<(String, String), u64> {
+    let mut counts = std::collections::BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split("\",")
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        let (resource, sub) = (label("resource"), label("subresource"));
+        if resource.is_empty() {
+            continue; // non-resource URLs (/healthz, /metrics ...)
+        }
+        let resource = if sub.is_empty() {
+            resource
+        } else {
+            format!("{resource}/{sub}")
+        };
+        let n = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+        *counts.entry((label("verb"), resource)).or_insert(0) += n;
+    }
+    counts
+}
+
+/// The apiserver's request counters now (empty if `/metrics` cannot be read).
+fn scrape_requests(
+    k: &juneau_tests::kube::KubeCluster,
+) -> std::collections::BTreeMap<(String, String), u64> {
+    k.kubectl(&["get", "--raw", "/metrics"])
+        .map(|text| api_request_counts(&text))
+        .unwrap_or_default()
+}
+
+/// What `after` counted beyond `before`, most first.
+fn requests_between(
+    before: &std::collections::BTreeMap<(String, String), u64>,
+    after: &std::collections::BTreeMap<(String, String), u64>,
+) -> Vec<ApiRequests> {
+    let mut v: Vec<ApiRequests> = after
+        .iter()
+        .map(|((verb, resource), n)| ApiRequests {
+            verb: verb.clone(),
+            resource: resource.clone(),
+            count: n.saturating_sub(
+                before
+                    .get(&(verb.clone(), resource.clone()))
+                    .copied()
+                    .unwrap_or(0),
+            ),
+        })
+        .filter(|r| r.count > 0)
+        .collect();
+    v.sort_by(|a, b| b.count.cmp(&a.count).then(a.resource.cmp(&b.resource)));
+    v
 }
 
 fn service_yaml(i: u32) -> Result<(Service, EndpointSlice)> {
@@ -200,12 +307,46 @@ pub fn measure(
     timeout: Duration,
     out: &Path,
     say: &dyn Fn(String),
+    creation: Creation,
 ) -> Result<ScaleReport> {
     if n == 0 || n > 16_000 {
         bail!("--services must be between 1 and 16000 (the address pool is a /18)");
     }
-    let mut bed = start_bed(bins, say, "100.64.0.0/18", "")?;
-    let r = measure_on(&mut bed, n, timeout, say);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let objects: Vec<(Service, EndpointSlice)> = (0..n).map(service_yaml).collect::<Result<_>>()?;
+    let mut precreated: Option<Duration> = None;
+    let mut requests_before = None;
+    let mut bed = start_bed_with(bins, say, "100.64.0.0/18", "", &mut |k| {
+        if creation == Creation::Precreated {
+            say(format!(
+                "scale: creating {n} Services with 3 endpoints each ({CONCURRENCY} in flight) before the Juneau daemons start"
+            ));
+            let client = rt.block_on(api_client(k.kubeconfig(), true))?;
+            let t = Instant::now();
+            rt.block_on(create_all(&client, &objects))?;
+            precreated = Some(t.elapsed());
+            say(format!(
+                "scale: created in {:.1} s ({} creates retried after a 5xx/429); starting the daemons (t0)",
+                t.elapsed().as_secs_f64(),
+                RETRIES.load(Ordering::Relaxed)
+            ));
+            // The creates are not part of the run: count requests from here.
+            requests_before = Some(scrape_requests(k));
+        }
+        Ok(())
+    })?;
+    let r = measure_on(
+        &mut bed,
+        &rt,
+        &objects,
+        timeout,
+        say,
+        precreated,
+        requests_before,
+    );
     let dir = out.join(LOG_DIR);
     match keep_logs(&bed, &dir) {
         Ok(kept) => say(format!(
@@ -280,47 +421,89 @@ pub fn copy_capped(src: &Path, dst: &Path, cap: u64) -> Result<()> {
     Ok(())
 }
 
+/// A client of the bed's apiserver; `requests`: with a 60 s read timeout (creates),
+/// else the client's default (watches, whose timeout is longer).
+async fn api_client(kubeconfig: &Path, requests: bool) -> Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    if requests {
+        cfg.read_timeout = Some(Duration::from_secs(60));
+    }
+    Ok(kube::Client::try_from(cfg)?)
+}
+
+/// Creates every Service and its EndpointSlice, [`CONCURRENCY`] pairs in flight.
+async fn create_all(client: &kube::Client, objects: &[(Service, EndpointSlice)]) -> Result<()> {
+    let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
+    let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(client.clone(), "default");
+    let results: Vec<Result<()>> = futures::stream::iter(objects.iter())
+        .map(|(svc, slice)| {
+            let (svcs, slices) = (svcs.clone(), slices.clone());
+            async move {
+                let pp = PostParams::default();
+                with_retries(|| svcs.create(&pp, svc))
+                    .await
+                    .context("creating a Service")?;
+                with_retries(|| slices.create(&pp, slice))
+                    .await
+                    .context("creating an EndpointSlice")?;
+                Ok(())
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    Ok(())
+}
+
+/// Measures on a started bed. `precreated`: the objects were created before the daemons
+/// started (taking that long): `t0` is the daemons' start and nothing is created here.
 fn measure_on(
     bed: &mut crate::convergence::Bed,
-    n: u32,
+    rt: &tokio::runtime::Runtime,
+    objects: &[(Service, EndpointSlice)],
     timeout: Duration,
     say: &dyn Fn(String),
+    precreated: Option<Duration>,
+    requests_before: Option<std::collections::BTreeMap<(String, String), u64>>,
 ) -> Result<ScaleReport> {
-    // The BGP session first, so BIRD's figure is not the session's start-up.
+    let n = objects.len() as u32;
     let mut birdc = crate::convergence::eventually("BIRD's control socket", || {
         Ok(Birdc::connect(&bed.ctl).ok())
     })?;
-    crate::convergence::eventually("the BGP session with juneau-bgp", || {
-        Ok(birdc
-            .cmd("show protocols juneau")?
-            .contains("Established")
-            .then_some(()))
-    })?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let client = rt.block_on(async {
-        let kc = kube::config::Kubeconfig::read_from(bed.k.kubeconfig())?;
-        let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-        cfg.read_timeout = Some(Duration::from_secs(60));
-        anyhow::Ok(kube::Client::try_from(cfg)?)
-    })?;
-    // Watches keep the kube client's default read timeout (longer than a watch's).
-    let watch_client = rt.block_on(async {
-        let kc = kube::config::Kubeconfig::read_from(bed.k.kubeconfig())?;
-        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-        anyhow::Ok(kube::Client::try_from(cfg)?)
-    })?;
-    let objects: Vec<(Service, EndpointSlice)> = (0..n).map(service_yaml).collect::<Result<_>>()?;
+    if precreated.is_none() {
+        // The BGP session first, so BIRD's figure is not the session's start-up.
+        crate::convergence::eventually("the BGP session with juneau-bgp", || {
+            Ok(birdc
+                .cmd("show protocols juneau")?
+                .contains("Established")
+                .then_some(()))
+        })?;
+    }
+    let client = rt.block_on(api_client(bed.k.kubeconfig(), true))?;
+    let watch_client = rt.block_on(api_client(bed.k.kubeconfig(), false))?;
     let agent_pid = bed.agent.id();
     let controller_pid = bed.controller.id();
-    let (agent_cpu0, controller_cpu0) = (cpu_s(agent_pid), cpu_s(controller_pid));
+    let kp = bed.k.pids();
+    let (etcd_pid, apiserver_pid) = (kp[0], kp[1]);
+    let (etcd_cpu0, apiserver_cpu0) = (cpu_s(etcd_pid), cpu_s(apiserver_pid));
+    let requests0 = requests_before.unwrap_or_else(|| scrape_requests(&bed.k));
+    // Precreated: the daemons' whole CPU time since their start counts.
+    let (agent_cpu0, controller_cpu0) = match precreated {
+        Some(_) => (0.0, 0.0),
+        None => (cpu_s(agent_pid), cpu_s(controller_pid)),
+    };
     let done = Arc::new(AtomicBool::new(false));
-    say(format!(
-        "scale: creating {n} Services with 3 endpoints each ({CONCURRENCY} in flight)"
-    ));
-    let t0 = Instant::now();
+    let t0 = match precreated {
+        Some(_) => bed.daemons_started,
+        None => {
+            say(format!(
+                "scale: creating {n} Services with 3 endpoints each ({CONCURRENCY} in flight)"
+            ));
+            Instant::now()
+        }
+    };
     let deadline = t0 + timeout;
     let (shm, bird, create_s, all_vips, all_ready) = std::thread::scope(|s| -> Result<_> {
         let state = bed.state.clone();
@@ -330,7 +513,13 @@ fn measure_on(
             let mut r = crate::convergence::eventually("the agent's state file", || {
                 Ok(NodeStateReader::open(&state).ok())
             })?;
-            let (mut g, mut publishes) = (r.generation(), 0u64);
+            // Precreated: every publish since the agent's start counts (its file is new).
+            let first = if precreated.is_some() {
+                0
+            } else {
+                r.generation()
+            };
+            let (mut g, mut publishes) = (first, 0u64);
             while Instant::now() < deadline && !d1.load(Ordering::Relaxed) && !stopped() {
                 let ng = r.wait_change(g, Duration::from_millis(200));
                 if ng == g {
@@ -380,39 +569,22 @@ fn measure_on(
             ready_seen.clone(),
             is_ready,
         ));
-        // Create everything.
-        let created = rt.block_on(async {
-            let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
-            let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(client.clone(), "default");
-            let results: Vec<Result<()>> = futures::stream::iter(objects.iter())
-                .map(|(svc, slice)| {
-                    let (svcs, slices) = (svcs.clone(), slices.clone());
-                    async move {
-                        let pp = PostParams::default();
-                        with_retries(|| svcs.create(&pp, svc))
-                            .await
-                            .context("creating a Service")?;
-                        with_retries(|| slices.create(&pp, slice))
-                            .await
-                            .context("creating an EndpointSlice")?;
-                        Ok(())
-                    }
-                })
-                .buffer_unordered(CONCURRENCY)
-                .collect()
-                .await;
-            results.into_iter().collect::<Result<Vec<()>>>()
-        });
-        let create_s = t0.elapsed();
-        if let Err(e) = created {
-            done.store(true, Ordering::Relaxed);
-            return Err(e);
-        }
-        say(format!(
-            "scale: created in {:.1} s ({} creates retried after a 5xx/429); waiting for VIPs, Ready, shared memory, BIRD",
-            create_s.as_secs_f64(),
-            RETRIES.load(Ordering::Relaxed)
-        ));
+        let create_s = match precreated {
+            Some(d) => d,
+            None => {
+                let created = rt.block_on(create_all(&client, objects));
+                if let Err(e) = created {
+                    done.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+                say(format!(
+                    "scale: created in {:.1} s ({} creates retried after a 5xx/429); waiting for VIPs, Ready, shared memory, BIRD",
+                    t0.elapsed().as_secs_f64(),
+                    RETRIES.load(Ordering::Relaxed)
+                ));
+                t0.elapsed()
+            }
+        };
         let mut last_say = Instant::now();
         while Instant::now() < deadline
             && !stopped()
@@ -444,6 +616,11 @@ fn measure_on(
         done.store(true, Ordering::Relaxed);
         Ok((shm, bird, create_s, all_vips, all_ready))
     })?;
+    let requests = requests_between(&requests0, &scrape_requests(&bed.k));
+    let (etcd_cpu_s, apiserver_cpu_s) = (
+        cpu_s(etcd_pid) - etcd_cpu0,
+        cpu_s(apiserver_pid) - apiserver_cpu0,
+    );
     if stopped() {
         bail!("interrupted (Ctrl-C): cleaning up");
     }
@@ -462,6 +639,7 @@ fn measure_on(
         services: n,
         endpoints_per_service: 3,
         create_s: create_s.as_secs_f64(),
+        precreated: precreated.is_some(),
         create_retries: RETRIES.load(Ordering::Relaxed),
         all_vips_s: secs(all_vips),
         all_ready_s: secs(all_ready),
@@ -474,13 +652,22 @@ fn measure_on(
         memory,
         goal_s: 60.0,
         logs: String::new(),
+        apiserver_cpu_s,
+        etcd_cpu_s,
+        api_requests: requests,
         method: format!(
             "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent, juneau-bgp and BIRD 2 \
-             (the convergence bed); t0 = just before the first create; {n} Services + {n} EndpointSlices \
+             (the convergence bed); {}; {n} Services + {n} EndpointSlices \
              created with {CONCURRENCY} requests in flight; Services and ServiceLoadBalancers are watched \
              (a figure is when the watch event reached juneau-perf), BIRD's route count is asked every {} ms, \
              shared memory via its futex",
             juneau_tests::kube::kubernetes_version(),
+            if precreated.is_some() {
+                "everything created before the Juneau daemons started, t0 = their start (the BGP session's \
+                 set-up is inside the figures)"
+            } else {
+                "t0 = just before the first create"
+            },
             BIRD_POLL.as_millis()
         ),
     })
@@ -577,7 +764,8 @@ pub fn markdown(r: &ScaleReport) -> String {
         r.services, r.endpoints_per_service, r.method
     );
     m += &format!(
-        "| every Service and EndpointSlice created | {:.1} s ({} creates retried after a 5xx/429) |\n",
+        "| every Service and EndpointSlice created | {}{:.1} s ({} creates retried after a 5xx/429) |\n",
+        if r.precreated { "before t0, in " } else { "" },
         r.create_s,
         r.create_retries
     );
@@ -603,6 +791,23 @@ pub fn markdown(r: &ScaleReport) -> String {
     );
     for x in &r.memory {
         m += &format!("| {} | {:.0} | {:.0} |\n", x.name, x.rss_mib, x.peak_mib);
+    }
+    if !r.api_requests.is_empty() {
+        m += &format!(
+            "\nkube-apiserver: {:.1} s CPU, etcd: {:.1} s CPU over the run. Requests the apiserver \
+             served from the start of the measurement to its end (its `apiserver_request_total`, \
+             every client; per Service = count / {}):\n\n| verb | resource | requests | per Service |\n|---|---|---:|---:|\n",
+            r.apiserver_cpu_s, r.etcd_cpu_s, r.services
+        );
+        for q in r.api_requests.iter().take(20) {
+            m += &format!(
+                "| {} | {} | {} | {:.2} |\n",
+                q.verb,
+                q.resource,
+                q.count,
+                q.count as f64 / f64::from(r.services.max(1))
+            );
+        }
     }
     if !r.logs.is_empty() {
         m += &format!(
@@ -635,6 +840,40 @@ mod tests {
             "{kept}"
         );
         assert!(!kept.contains("line 050"), "{kept}");
+    }
+
+    #[test]
+    fn apiserver_request_counts_are_summed_by_verb_and_resource() {
+        let text = r#"# HELP apiserver_request_total [STABLE] Counter of apiserver requests
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="services",scope="resource",subresource="status",verb="APPLY",version="v1"} 7
+apiserver_request_total{code="409",component="apiserver",dry_run="",group="",resource="services",scope="resource",subresource="status",verb="APPLY",version="v1"} 2
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="GET",version="v1"} 1e+01
+apiserver_request_total{code="200",component="",dry_run="",group="",resource="",scope="",subresource="/healthz",verb="GET",version=""} 3
+apiserver_request_duration_seconds_count{resource="services",verb="GET"} 99
+"#;
+        let c = api_request_counts(text);
+        assert_eq!(c.len(), 2, "{c:?}");
+        assert_eq!(c[&("APPLY".into(), "services/status".into())], 9);
+        assert_eq!(c[&("GET".into(), "leases".into())], 10);
+        // Before: 4 Lease GETs and no status apply yet.
+        let before = std::collections::BTreeMap::from([(("GET".into(), "leases".into()), 4)]);
+        let d = requests_between(&before, &c);
+        assert_eq!(
+            d,
+            vec![
+                ApiRequests {
+                    verb: "APPLY".into(),
+                    resource: "services/status".into(),
+                    count: 9
+                },
+                ApiRequests {
+                    verb: "GET".into(),
+                    resource: "leases".into(),
+                    count: 6
+                },
+            ]
+        );
     }
 
     #[test]

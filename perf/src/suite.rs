@@ -105,6 +105,8 @@ pub struct Plan {
     pub latency_loads: Vec<f64>,
     /// Probe duration per latency point.
     pub latency_duration: Duration,
+    /// Latency rounds: each measures every scenario at every load, scenarios in turn.
+    pub latency_rounds: u32,
     /// Probe requests per second.
     pub probe_rate: u32,
     /// Length of each calibration window (the offered rate's search, before the
@@ -139,11 +141,18 @@ impl Plan {
         for sc in &self.scenarios {
             s += f64::from(self.runs) * per_run;
             if sc.uses_vip() && !self.latency_loads.is_empty() {
-                s += SETUP_S
-                    + self.latency_loads.len() as f64 * (self.latency_duration.as_secs_f64() + 1.2);
+                s += f64::from(self.latency_rounds)
+                    * (SETUP_S
+                        + self.latency_loads.len() as f64
+                            * (self.latency_duration.as_secs_f64() + 1.2));
             }
             if *sc == Scenario::Juneau {
                 for f in &self.flow_scale {
+                    s += f64::from(self.runs) * (per_run + self.scale_warmup(*f).as_secs_f64());
+                }
+            }
+            if *sc == Scenario::XdpDnat && self.scenarios.contains(&Scenario::Juneau) {
+                if let Some(f) = self.flow_scale.iter().max() {
                     s += f64::from(self.runs) * (per_run + self.scale_warmup(*f).as_secs_f64());
                 }
             }
@@ -1045,6 +1054,15 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
     let juneau = plan.scenarios.contains(&Scenario::Juneau);
     let mut scale_runs: Vec<Vec<RunFigures>> = vec![Vec::new(); plan.flow_scale.len()];
     let mut scale_failed = false;
+    // xdp-dnat at the largest flow count beside juneau's, as the reference for what
+    // that many flows cost the in-kernel path.
+    let reference = plan
+        .scenarios
+        .iter()
+        .position(|s| *s == Scenario::XdpDnat)
+        .zip(plan.flow_scale.iter().copied().max())
+        .filter(|_| juneau);
+    let mut reference_runs: Vec<RunFigures> = Vec::new();
     let say_run = |what: String, f: &RunFigures| {
         progress.say(format!(
             "{what}: {:.0} pps delivered (offered {:.0}), path {:.2} cores, path core {:.0}% busy, {:.0} ns/packet; {}",
@@ -1107,6 +1125,18 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
                 }
             }
         }
+        if let Some((xi, flows)) = reference.filter(|(xi, _)| !failed[*xi]) {
+            check_interrupt()?;
+            reference_run(
+                plan,
+                progress,
+                report,
+                round,
+                xi,
+                flows,
+                &mut reference_runs,
+            )?;
+        }
     }
     for (i, sc) in plan.scenarios.iter().enumerate() {
         if !failed[i] {
@@ -1128,16 +1158,69 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
             });
         }
     }
-    for (i, sc) in plan.scenarios.iter().enumerate() {
-        if failed[i] || !sc.uses_vip() || plan.latency_loads.is_empty() {
-            continue;
-        }
-        check_interrupt()?;
-        let median = report::median(&runs[i].iter().map(|f| f.delivered_pps).collect::<Vec<_>>());
-        if let Err(e) = latency_pass(plan, progress, *sc, median, report) {
+    if let Some((_, flows)) = reference.filter(|_| reference_runs.len() == plan.runs as usize) {
+        let s = ScenarioResult::from_runs("xdp-dnat", flows, reference_runs);
+        report.flow_scale_reference = Some(FlowScalePoint {
+            flows,
+            runs_pps: s.runs_pps.clone(),
+            median_pps: s.median_pps,
+            summary: Some(s),
+        });
+    }
+    // Latency in rounds, scenarios in turn within each: the machine's load drifts over
+    // minutes on a shared VM, and a round compares every path in the same few seconds.
+    let mut latency_failed = failed.clone();
+    for round in 0..plan.latency_rounds {
+        for (i, sc) in plan.scenarios.iter().enumerate() {
+            if latency_failed[i] || !sc.uses_vip() || plan.latency_loads.is_empty() {
+                continue;
+            }
             check_interrupt()?;
-            progress.say(format!("{} latency: FAILED: {e:#}", sc.name()));
-            report.add_error(&format!("{}-latency", sc.name()), format!("{e:#}"));
+            let median =
+                report::median(&runs[i].iter().map(|f| f.delivered_pps).collect::<Vec<_>>());
+            if let Err(e) = latency_pass(plan, progress, *sc, median, round, report) {
+                check_interrupt()?;
+                progress.say(format!("{} latency: FAILED: {e:#}", sc.name()));
+                report.add_error(&format!("{}-latency", sc.name()), format!("{e:#}"));
+                latency_failed[i] = true;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One round's xdp-dnat run at `flows` flows (the flow-scale reference); a failure is
+/// reported and ends the reference (`runs` stays short), not the suite.
+fn reference_run(
+    plan: &Plan,
+    progress: &Progress,
+    report: &mut Report,
+    round: u32,
+    xi: usize,
+    flows: u32,
+    runs: &mut Vec<RunFigures>,
+) -> Result<()> {
+    if runs.len() < round as usize {
+        return Ok(()); // an earlier round failed
+    }
+    let sc = plan.scenarios[xi];
+    match throughput_once(plan, sc, flows, plan.warmup, plan.scale_warmup(flows)) {
+        Ok(f) => {
+            progress.say(format!(
+                "round {}/{}: xdp-dnat @ {flows} flows (reference): {:.0} pps delivered (offered {:.0}), {:.0} ns/packet; {}",
+                round + 1,
+                plan.runs,
+                f.delivered_pps,
+                f.offered_pps,
+                f.ns_per_packet,
+                f.saturation
+            ));
+            runs.push(f);
+        }
+        Err(e) => {
+            check_interrupt()?;
+            progress.say(format!("xdp-dnat flow-scale reference: FAILED: {e:#}"));
+            report.add_error("xdp-dnat-flow-scale", format!("{e:#}"));
         }
     }
     Ok(())
@@ -1244,9 +1327,15 @@ fn latency_pass(
     progress: &Progress,
     sc: Scenario,
     median: f64,
+    round: u32,
     report: &mut Report,
 ) -> Result<()> {
-    progress.say(format!("{}: latency through the VIP", sc.name()));
+    progress.say(format!(
+        "{}: latency through the VIP, round {}/{}",
+        sc.name(),
+        round + 1,
+        plan.latency_rounds
+    ));
     let t = Topology::build()?;
     let tag = format!("{}-latency-{}", sc.name(), std::process::id());
     let mut a = setup(&t, sc, plan, &tag)?;
@@ -1269,6 +1358,7 @@ fn latency_pass(
             load_fraction: load,
             // What the generator really offered (its own count), not the asked rate.
             offered_pps: offered,
+            round,
             result: p,
         });
     }

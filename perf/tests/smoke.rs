@@ -198,6 +198,13 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
     }
     let scale = report["flow_scale"].as_array().expect("flow_scale");
     assert!(scale.len() >= 2, "flow scale points: {scale:?}");
+    // xdp-dnat at the largest flow count, the reference.
+    let reference = &report["flow_scale_reference"];
+    assert_eq!(reference["flows"], 100_000, "{reference}");
+    assert!(
+        reference["median_pps"].as_f64().unwrap_or(0.0) > 0.0,
+        "{reference}"
+    );
     let lat = report["latency"].as_array().expect("latency");
     for sc in ["nft-dnat", "juneau"] {
         let p = lat
@@ -207,6 +214,16 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
         assert!(p["received"].as_u64().unwrap() > 0, "{sc}: no echo replies");
         assert!(p["p99_us"].as_f64().unwrap() >= p["p50_us"].as_f64().unwrap());
     }
+    // The summary compares juneau to nft-dnat round by round.
+    let summary = report["latency_summary"]
+        .as_array()
+        .expect("latency_summary");
+    let j = summary
+        .iter()
+        .find(|l| l["scenario"] == "juneau")
+        .expect("juneau in the latency summary");
+    assert_eq!(j["rounds"], 1, "{j}");
+    assert!(j["p99_vs_nft_dnat"].as_f64().unwrap_or(0.0) > 0.0, "{j}");
     let cost = &report["cost"];
     for k in [
         "established_instructions_per_packet",
