@@ -7,7 +7,7 @@ mod common;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use common::*;
 use juneau_control::model::{AdvertisedVip, PeerConfig};
 use juneau_tests::bird::{BgpNeighbor, BirdConfig};
@@ -341,7 +341,8 @@ fn reconfiguration_resets_only_when_the_open_changes() -> Result<()> {
             .full_log()
             .contains("Received: Other configuration change")
             .then_some(()))
-    })?;
+    })
+    .with_context(|| format!("{}\n{}", n0.logs(), router.logs()))?;
     wait_for("the session to come back", UP, || {
         Ok((n0.status()?["peers"]["router"]["session_flaps"] == 1
             && n0.peer_state("router")? == "Established")
