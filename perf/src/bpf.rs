@@ -181,75 +181,131 @@ impl XdpDnat {
     /// Loads and configures the program in the node namespace `ns`.
     pub fn attach(ns: &str, cfg: DnatConfig) -> Result<XdpDnat> {
         in_netns(ns, move || {
-            let mut bpf = Ebpf::load(XDP_DNAT_OBJ).context("loading xdp_dnat.o")?;
-            {
-                let mut links: Array<_, LinkCfg> =
-                    Array::try_from(bpf.map_mut("LINKS").context("LINKS")?)?;
-                links.set(
-                    0,
-                    LinkCfg {
-                        client_ifindex: ifindex(&cfg.client_iface)?,
-                        backend_ifindex: ifindex(&cfg.backend_iface)?,
-                        node_client_mac: cfg.node_client_mac,
-                        client_mac: cfg.client_mac,
-                        node_backend_mac: cfg.node_backend_mac,
-                        backend_mac: cfg.backend_mac,
-                    },
-                    0,
-                )?;
-            }
-            for (ring_id, ((vip, vport), (bip, bport))) in cfg.services.iter().enumerate() {
-                let ring_id = ring_id as u32;
-                {
-                    let mut rings: Array<_, BackendC> =
-                        Array::try_from(bpf.map_mut("RINGS").context("RINGS")?)?;
-                    for slot in 0..RING_SIZE {
-                        rings.set(
-                            ring_id * RING_SIZE + slot,
-                            BackendC {
-                                ip: be32(*bip),
-                                port: bport.to_be(),
-                                pad: 0,
-                            },
-                            0,
-                        )?;
-                    }
-                }
-                {
-                    let mut svcs: HashMap<_, SvcKey, SvcVal> =
-                        HashMap::try_from(bpf.map_mut("SERVICES").context("SERVICES")?)?;
-                    svcs.insert(
-                        SvcKey {
-                            vip: be32(*vip),
-                            port: vport.to_be(),
-                            pad: 0,
-                        },
-                        SvcVal { ring_id },
-                        0,
-                    )?;
-                }
-                {
-                    let mut rev: HashMap<_, SvcKey, SvcKey> =
-                        HashMap::try_from(bpf.map_mut("REVERSE").context("REVERSE")?)?;
-                    rev.insert(
-                        SvcKey {
-                            vip: be32(*bip),
-                            port: bport.to_be(),
-                            pad: 0,
-                        },
-                        SvcKey {
-                            vip: be32(*vip),
-                            port: vport.to_be(),
-                            pad: 0,
-                        },
-                        0,
-                    )?;
-                }
-            }
+            let client = ifindex(&cfg.client_iface)?;
+            let backend = ifindex(&cfg.backend_iface)?;
+            let mut bpf = load_xdp_dnat(&cfg, client, backend)?;
             attach(&mut bpf, "xdp_dnat_in", &cfg.client_iface)?;
             attach(&mut bpf, "xdp_dnat_out", &cfg.backend_iface)?;
             Ok(XdpDnat { _bpf: bpf })
         })
+    }
+}
+
+/// `xdp_dnat.o` loaded (not attached) with its maps filled from `cfg`, the interfaces
+/// given by index.
+fn load_xdp_dnat(cfg: &DnatConfig, client_ifindex: u32, backend_ifindex: u32) -> Result<Ebpf> {
+    let mut bpf = Ebpf::load(XDP_DNAT_OBJ).context("loading xdp_dnat.o")?;
+    {
+        let mut links: Array<_, LinkCfg> = Array::try_from(bpf.map_mut("LINKS").context("LINKS")?)?;
+        links.set(
+            0,
+            LinkCfg {
+                client_ifindex,
+                backend_ifindex,
+                node_client_mac: cfg.node_client_mac,
+                client_mac: cfg.client_mac,
+                node_backend_mac: cfg.node_backend_mac,
+                backend_mac: cfg.backend_mac,
+            },
+            0,
+        )?;
+    }
+    for (ring_id, ((vip, vport), (bip, bport))) in cfg.services.iter().enumerate() {
+        let ring_id = ring_id as u32;
+        {
+            let mut rings: Array<_, BackendC> =
+                Array::try_from(bpf.map_mut("RINGS").context("RINGS")?)?;
+            for slot in 0..RING_SIZE {
+                rings.set(
+                    ring_id * RING_SIZE + slot,
+                    BackendC {
+                        ip: be32(*bip),
+                        port: bport.to_be(),
+                        pad: 0,
+                    },
+                    0,
+                )?;
+            }
+        }
+        {
+            let mut svcs: HashMap<_, SvcKey, SvcVal> =
+                HashMap::try_from(bpf.map_mut("SERVICES").context("SERVICES")?)?;
+            svcs.insert(
+                SvcKey {
+                    vip: be32(*vip),
+                    port: vport.to_be(),
+                    pad: 0,
+                },
+                SvcVal { ring_id },
+                0,
+            )?;
+        }
+        {
+            let mut rev: HashMap<_, SvcKey, SvcKey> =
+                HashMap::try_from(bpf.map_mut("REVERSE").context("REVERSE")?)?;
+            rev.insert(
+                SvcKey {
+                    vip: be32(*bip),
+                    port: bport.to_be(),
+                    pad: 0,
+                },
+                SvcKey {
+                    vip: be32(*vip),
+                    port: vport.to_be(),
+                    pad: 0,
+                },
+                0,
+            )?;
+        }
+    }
+    Ok(bpf)
+}
+
+/// One of the harness's XDP programs loaded for `BPF_PROG_TEST_RUN` only (nothing
+/// attached, nothing sent): the XDP DNAT baseline's forward program, or `xdp_pass` (the
+/// test run's own overhead), for per-packet costs beside the steering program's
+/// (`examples/xdp_cost.rs`).
+pub struct TestRunProgram {
+    bpf: Ebpf,
+    name: &'static str,
+}
+
+impl TestRunProgram {
+    /// `xdp_dnat_in` with `cfg`'s services; both interfaces are the loopback.
+    pub fn xdp_dnat(cfg: &DnatConfig) -> Result<TestRunProgram> {
+        Self::loaded(load_xdp_dnat(cfg, 1, 1)?, "xdp_dnat_in")
+    }
+
+    /// `xdp_pass`: returns XDP_PASS and does nothing else.
+    pub fn pass() -> Result<TestRunProgram> {
+        Self::loaded(Ebpf::load(SINK_OBJ).context("loading sink.o")?, "xdp_pass")
+    }
+
+    fn loaded(mut bpf: Ebpf, name: &'static str) -> Result<TestRunProgram> {
+        let p: &mut Xdp = bpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing"))?
+            .try_into()?;
+        p.load().with_context(|| format!("loading {name}"))?;
+        Ok(TestRunProgram { bpf, name })
+    }
+
+    /// One run of the program on `frame`: its action and the kernel's time.
+    pub fn run(&self, frame: &[u8]) -> Result<(u32, std::time::Duration)> {
+        use aya::programs::{TestRun, TestRunOptions};
+        let p: &Xdp = self
+            .bpf
+            .program(self.name)
+            .with_context(|| format!("program {} missing", self.name))?
+            .try_into()?;
+        let r = p
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                repeat: 1,
+                ..Default::default()
+            })
+            .with_context(|| format!("BPF_PROG_TEST_RUN of {}", self.name))?;
+        Ok((r.return_value, r.duration))
     }
 }
 
