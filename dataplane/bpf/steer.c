@@ -73,7 +73,16 @@
 struct iface_conf {
 	__u32 slot_base; // xsks index of the socket on RX queue 0 of this interface
 	__u32 queues;    // sockets (RX queues) of this interface: slot_base + queue
-	__u32 role;      // ROLE_*
+	__u32 role;      // ROLE_* (userspace derives `uplinks` from it)
+};
+
+// The uplinks' ifindexes (0: unused), a copy of the `ifaces` entries of role
+// ROLE_UPLINK: every packet needs its interface's role, and this array is read inline
+// where a look-up in the `ifaces` hash costs ~15 ns per packet; `ifaces` (the AF_XDP
+// socket of the interface's queue) is only needed for what goes to userspace.
+#define MAX_UPLINKS 4
+struct uplink_set {
+	__u32 ifindex[MAX_UPLINKS];
 };
 
 struct frontend_key {
@@ -166,6 +175,13 @@ struct {
 } ifaces SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct uplink_set);
+} uplinks SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, __u32); // VIP, network order
@@ -249,18 +265,36 @@ static __always_inline int count_drop(__u32 reason)
 	return XDP_DROP;
 }
 
-// The index hash of `flow::FlowTable::hash_raw`: the 64x64->128-bit product of the
-// seeded key halves, high and low halves folded, then folded to 32 bits. BPF has no
-// 128-bit multiply, so it is built from four 32x32->64 products.
-static __always_inline __u32 flow_hash(__u64 a, __u64 b)
+// The 64x64->128-bit product `a * b`: the high half returned, the low half in `lo`. BPF
+// has no 128-bit multiply, so it is built from four 32x32->64 products.
+static __always_inline __u64 mul128(__u64 a, __u64 b, __u64 *lo)
 {
 	__u64 al = (__u32)a, ah = a >> 32, bl = (__u32)b, bh = b >> 32;
 	__u64 ll = al * bl, lh = al * bh, hl = ah * bl, hh = ah * bh;
 	__u64 mid = (ll >> 32) + (__u32)lh + (__u32)hl;
-	__u64 lo = (__u32)ll | (mid << 32);
-	__u64 hi = hh + (lh >> 32) + (hl >> 32) + (mid >> 32);
-	__u64 h = lo ^ hi;
+	*lo = (__u32)ll | (mid << 32);
+	return hh + (lh >> 32) + (hl >> 32) + (mid >> 32);
+}
+
+// The index hash of `flow::FlowTable::hash_raw`: the 128-bit product of the seeded key
+// halves, high and low halves folded, then folded to 32 bits.
+static __always_inline __u32 flow_hash(__u64 a, __u64 b)
+{
+	__u64 lo;
+	__u64 h = mul128(a, b, &lo) ^ lo;
 	return (__u32)(h ^ (h >> 32));
+}
+
+// floor(2^64 / 10^6): `ns * NS_TO_MS_MUL >> 64` is floor(ns / 10^6) or one less.
+#define NS_TO_MS_MUL 18446744073709ULL
+
+// CLOCK_MONOTONIC in milliseconds (wrapping, as `region::monotonic_ms`) at tick
+// resolution (cheaper than bpf_ktime_get_ns, which reads the clock source), without a
+// 64-bit division (~10 ns here): at most 1 ms behind; expiries are seconds apart.
+static __always_inline __u32 coarse_ms(void)
+{
+	__u64 lo;
+	return (__u32)mul128(bpf_ktime_get_coarse_ns(), NS_TO_MS_MUL, &lo);
 }
 
 #define FIND_MISS 0
@@ -365,9 +399,7 @@ static __always_inline void find_flow(struct probe_ctx *c, __be32 saddr, __be32 
 	c->src = bpf_ntohl(saddr);
 	c->dst = bpf_ntohl(daddr);
 	c->workers = m->workers;
-	// CLOCK_MONOTONIC at tick resolution (cheaper than bpf_ktime_get_ns, which reads
-	// the clock source): expiries are seconds apart, a few ms do not matter.
-	c->now = (__u32)(bpf_ktime_get_coarse_ns() / 1000000);
+	c->now = coarse_ms();
 	c->sp = bpf_ntohs(sport);
 	c->dp = bpf_ntohs(dport);
 	c->proto = proto;
@@ -663,35 +695,37 @@ static __always_inline int fast_apply(struct xdp_md *ctx, struct iphdr *ip, void
 	return bpf_redirect(p->ifindex, 0);
 }
 
-// A packet of a flow found in the tables: the fast path if it can, else userspace.
-static __always_inline int found(struct xdp_md *ctx, struct iphdr *ip, void *end,
-				 struct probe_ctx *c, __u32 xsk_slot)
+// What the fast part of a packet's handling returns when the rest must decide: the
+// interface's AF_XDP socket (`ifaces`) is only looked up then.
+#define SLOW_PATH -1
+
+// The uplink's fast part: a whole TCP/UDP packet of an established flow, which the fast
+// path forwards without the `frontends` look-up (a record checked against the table the
+// fast path was published for implies its VIP:port is exposed). SLOW_PATH otherwise.
+static __always_inline int uplink_fast(struct xdp_md *ctx, struct iphdr *ip, void *end)
 {
-	if (c->result == FIND_HIT) {
+	__be16 *ports = (void *)(ip + 1);
+	int l4 = ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP;
+	if (!l4 || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)) || (void *)(ports + 2) > end)
+		return SLOW_PATH;
+	struct probe_ctx c = {};
+	find_flow(&c, ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol, 0);
+	if (c.result == FIND_HIT) {
 		struct fast_plan p = {};
-		if (fast_plan(ip, end, c, &p) == 0)
+		if (fast_plan(ip, end, &c, &p) == 0)
 			return fast_apply(ctx, ip, end, &p);
 	}
-	return bpf_redirect_map(&xsks, xsk_slot, XDP_DROP);
+	return SLOW_PATH;
 }
 
+// The uplink's slow part, `slot` the AF_XDP socket of the packet's queue: any packet to
+// an exposed VIP:port goes to userspace, which handles it.
 static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *end, __u32 slot)
 {
-	// The common case first: a whole TCP/UDP packet of an established flow, which the
-	// fast path forwards without the `frontends` look-up (a record checked against the
-	// table the fast path was published for implies its VIP:port is exposed); then any
-	// other packet to an exposed VIP:port, which userspace handles.
 	__be16 *ports = (void *)(ip + 1);
 	struct frontend_key key = { .addr = ip->daddr, .proto = ip->protocol, .pad = 0 };
 	int l4 = ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP;
 	if (l4 && ip->ihl == 5 && !(ip->frag_off & bpf_htons(0x3fff)) && (void *)(ports + 2) <= end) {
-		struct probe_ctx c = {};
-		find_flow(&c, ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol, 0);
-		if (c.result == FIND_HIT) {
-			struct fast_plan p = {};
-			if (fast_plan(ip, end, &c, &p) == 0)
-				return fast_apply(ctx, ip, end, &p);
-		}
 		key.port = ports[1];
 		if (bpf_map_lookup_elem(&frontends, &key))
 			return bpf_redirect_map(&xsks, slot, XDP_DROP);
@@ -738,32 +772,48 @@ static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *en
 	return bpf_redirect_map(&xsks, slot, XDP_DROP);
 }
 
-static __always_inline int pod(struct xdp_md *ctx, struct iphdr *ip, void *end, __u32 slot)
+// A Pod interface's fast part: a TCP/UDP packet that is no flow's reply passes; a
+// reply of an established flow is fast-pathed; SLOW_PATH for the rest (replies userspace
+// handles, ICMP).
+static __always_inline int pod_fast(struct xdp_md *ctx, struct iphdr *ip, void *end)
 {
 	if (ip->frag_off & bpf_htons(0x1fff))
 		return XDP_PASS; // a later fragment: no ports to match (see docs)
 	__u32 ihl = (ip->ihl & 0xf) * 4;
 	if (ihl < sizeof(*ip))
 		return XDP_PASS;
-	__u8 *l4 = (__u8 *)ip + ihl;
-	if (ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP) {
-		__be16 *ports = (void *)l4;
-		if ((void *)(ports + 2) > end)
-			return XDP_PASS;
-		struct probe_ctx c = {};
-		find_flow(&c, ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol, 1);
-		if (c.result == FIND_MISS)
-			return XDP_PASS;
-		// First fragments and packets with options of a flow go too: userspace
-		// counts and drops them rather than let the kernel route them un-NATed.
-		if (ihl != sizeof(*ip) || (ip->frag_off & bpf_htons(0x3fff)))
-			return bpf_redirect_map(&xsks, slot, XDP_DROP);
-		return found(ctx, ip, end, &c, slot);
+	if (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP)
+		return SLOW_PATH;
+	__be16 *ports = (void *)((__u8 *)ip + ihl);
+	if ((void *)(ports + 2) > end)
+		return XDP_PASS;
+	struct probe_ctx c = {};
+	find_flow(&c, ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol, 1);
+	if (c.result == FIND_MISS)
+		return XDP_PASS;
+	// First fragments and packets with options of a flow go too: userspace counts and
+	// drops them rather than let the kernel route them un-NATed.
+	if (ihl != sizeof(*ip) || (ip->frag_off & bpf_htons(0x3fff)))
+		return SLOW_PATH;
+	if (c.result == FIND_HIT) {
+		struct fast_plan p = {};
+		if (fast_plan(ip, end, &c, &p) == 0)
+			return fast_apply(ctx, ip, end, &p);
 	}
-	if (ip->protocol != IPPROTO_ICMP || ihl != sizeof(*ip))
+	return SLOW_PATH;
+}
+
+// A Pod interface's slow part (after `pod_fast`): a TCP/UDP reply goes to userspace;
+// an ICMP error about a packet of a flow too.
+static __always_inline int pod(struct xdp_md *ctx, struct iphdr *ip, void *end, __u32 slot)
+{
+	if (ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP)
+		return bpf_redirect_map(&xsks, slot, XDP_DROP);
+	if (ip->protocol != IPPROTO_ICMP || ip->ihl != 5)
 		return XDP_PASS;
 	// An ICMP error a backend sends about a packet of a flow (client -> backend): the
 	// quoted packet reversed is the flow's reverse key.
+	__u8 *l4 = (void *)(ip + 1);
 	struct iphdr *q = (void *)(l4 + 8);
 	if ((void *)(q + 1) + 4 > end)
 		return XDP_PASS;
@@ -775,6 +825,19 @@ static __always_inline int pod(struct xdp_md *ctx, struct iphdr *ip, void *end, 
 	if (!reply_of_held_flow(q->daddr, q->saddr, qports[1], qports[0], q->protocol))
 		return XDP_PASS;
 	return bpf_redirect_map(&xsks, slot, XDP_DROP);
+}
+
+// Whether the packet arrived on an uplink (`uplinks`; ifindexes are never 0).
+static __always_inline int is_uplink(__u32 ifindex)
+{
+	__u32 zero = 0;
+	struct uplink_set *u = bpf_map_lookup_elem(&uplinks, &zero);
+	if (!u)
+		return 0;
+	for (int i = 0; i < MAX_UPLINKS; i++)
+		if (u->ifindex[i] == ifindex)
+			return 1;
+	return 0;
 }
 
 SEC("xdp")
@@ -790,17 +853,24 @@ int juneau_steer(struct xdp_md *ctx)
 	struct iphdr *ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > end)
 		return XDP_PASS;
+	if (ip->ttl <= 1)
+		return XDP_PASS; // the kernel answers with ICMP time exceeded
+	// Every other interface the program is attached to is a Pod's (or one being
+	// attached or detached, which has no `ifaces` entry: it passes what it does not
+	// fast-path).
+	int up = is_uplink(ctx->ingress_ifindex);
+	int r = up ? uplink_fast(ctx, ip, end) : pod_fast(ctx, ip, end);
+	if (r != SLOW_PATH)
+		return r;
 	__u32 ifindex = ctx->ingress_ifindex;
 	struct iface_conf *conf = bpf_map_lookup_elem(&ifaces, &ifindex);
 	if (!conf)
 		return XDP_PASS;
-	if (ip->ttl <= 1)
-		return XDP_PASS; // the kernel answers with ICMP time exceeded
 	__u32 queue = ctx->rx_queue_index;
 	__u32 slot = conf->slot_base + queue;
 	if (queue >= conf->queues)
 		slot = 0xffffffff; // no socket on this queue: what is ours is dropped
-	if (conf->role == ROLE_UPLINK)
+	if (up)
 		return uplink(ctx, ip, end, slot);
 	return pod(ctx, ip, end, slot);
 }

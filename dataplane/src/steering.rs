@@ -54,6 +54,9 @@ struct IfaceConf {
 // SAFETY: plain `repr(C)` integers without padding, matching `struct iface_conf`.
 unsafe impl aya::Pod for IfaceConf {}
 
+/// Uplinks the program tells apart (`MAX_UPLINKS` in bpf/steer.c).
+const MAX_UPLINKS: usize = 4;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(C)]
 struct FrontendKey {
@@ -108,6 +111,9 @@ pub struct Steering {
     pinned: bool,
     force_generic: bool,
     ifaces: BpfHashMap<MapData, u32, IfaceConf>,
+    /// The uplinks among `ifaces`, as the program reads them (`uplinks`, one entry).
+    uplinks: Array<MapData, [u32; MAX_UPLINKS]>,
+    uplink_ifindexes: Vec<u32>,
     xsks: XskMap<MapData>,
     vips: BpfHashMap<MapData, [u8; 4], u8>,
     frontends: BpfHashMap<MapData, FrontendKey, u8>,
@@ -148,10 +154,11 @@ fn expected_maps(
     records: u32,
     slots: u32,
     workers: u32,
-) -> [(&'static str, u32, u32, u32, u32); 11] {
+) -> [(&'static str, u32, u32, u32, u32); 12] {
     [
         ("xsks", 4, 4, 4096, 0),
         ("ifaces", 4, 12, 256, 0),
+        ("uplinks", 4, 4 * MAX_UPLINKS as u32, 1, 0),
         ("vips", 4, 1, 65536, 0),
         ("frontends", 8, 1, 65536, 0),
         ("flow_meta", 4, 64, workers, BPF_F_MMAPABLE),
@@ -170,6 +177,19 @@ fn expected_maps(
         ("steer_drops", 4, 8, 4, 0),
         ("steer_build", 4, 8, 1, 0),
     ]
+}
+
+/// The `uplinks` entry for these ifindexes (unused places 0).
+fn uplink_entry(uplinks: &[u32]) -> Result<[u32; MAX_UPLINKS]> {
+    if uplinks.len() > MAX_UPLINKS {
+        bail!(
+            "{} uplinks: the steering program tells at most {MAX_UPLINKS} apart",
+            uplinks.len()
+        );
+    }
+    let mut entry = [0u32; MAX_UPLINKS];
+    entry[..uplinks.len()].copy_from_slice(uplinks);
+    Ok(entry)
 }
 
 /// The verified steering program's pin, beside its maps.
@@ -372,6 +392,36 @@ impl Steering {
             role: if i.uplink { ROLE_UPLINK } else { ROLE_POD },
         };
         self.ifaces.insert(i.ifindex, conf, 0)?;
+        let mut uplinks = self.uplink_ifindexes.clone();
+        uplinks.retain(|&x| x != i.ifindex);
+        if i.uplink {
+            uplinks.push(i.ifindex);
+        }
+        if let Err(e) = self.set_uplinks(uplinks) {
+            let _ = self.ifaces.remove(&i.ifindex);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Removes an interface from `ifaces` (and from `uplinks`).
+    fn forget_iface(&mut self, ifindex: u32) {
+        let _ = self.ifaces.remove(&ifindex);
+        if self.uplink_ifindexes.contains(&ifindex) {
+            let mut uplinks = self.uplink_ifindexes.clone();
+            uplinks.retain(|&x| x != ifindex);
+            if let Err(e) = self.set_uplinks(uplinks) {
+                tracing::warn!(ifindex, error = %e, "could not remove an uplink from the steering program's uplinks");
+            }
+        }
+    }
+
+    /// Writes the uplinks' ifindexes for the program (one entry, replaced whole).
+    fn set_uplinks(&mut self, uplinks: Vec<u32>) -> Result<()> {
+        self.uplinks
+            .set(0, uplink_entry(&uplinks)?, 0)
+            .context("writing the steering program's uplinks")?;
+        self.uplink_ifindexes = uplinks;
         Ok(())
     }
 
@@ -464,6 +514,20 @@ impl Steering {
         for k in stale {
             let _ = ifaces.remove(&k);
         }
+        // The uplinks the program reads are those of `ifaces` (rewritten: a previous run
+        // may have stopped between the two maps' writes).
+        let mut uplinks: Array<MapData, [u32; MAX_UPLINKS]> = take(&mut bpf, "uplinks")?;
+        let mut uplink_ifindexes: Vec<u32> = ifaces
+            .iter()
+            .filter_map(|e| e.ok())
+            .filter(|(_, c)| c.role == ROLE_UPLINK)
+            .map(|(k, _)| k)
+            .collect();
+        uplink_ifindexes.sort_unstable();
+        uplink_ifindexes.truncate(MAX_UPLINKS);
+        uplinks
+            .set(0, uplink_entry(&uplink_ifindexes)?, 0)
+            .context("writing the steering program's uplinks")?;
         let xsks: XskMap<MapData> = take(&mut bpf, "xsks")?;
         let vips: BpfHashMap<MapData, [u8; 4], u8> = take(&mut bpf, "vips")?;
         let frontends: BpfHashMap<MapData, FrontendKey, u8> = take(&mut bpf, "frontends")?;
@@ -498,6 +562,8 @@ impl Steering {
             pinned,
             force_generic,
             ifaces,
+            uplinks,
+            uplink_ifindexes,
             xsks,
             vips,
             frontends,
@@ -606,7 +672,7 @@ impl Steering {
                 name: i.name.clone(),
             }),
             Err(e) => {
-                let _ = self.ifaces.remove(&i.ifindex);
+                self.forget_iface(i.ifindex);
                 Err(e)
             }
         }
@@ -615,7 +681,7 @@ impl Steering {
     /// Stops steering on an interface (it may already be gone, which detached the
     /// program by itself): unpins and closes its link, clears its redirect-map slots.
     pub fn detach_iface(&mut self, i: &SteeredIface, link: IfaceLink) {
-        let _ = self.ifaces.remove(&i.ifindex);
+        self.forget_iface(i.ifindex);
         if self.pinned {
             let _ = std::fs::remove_file(link_pin(&self.pin_dir, &link.name));
         }
@@ -833,6 +899,15 @@ fn remove_stale_link_pins(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_uplinks_entry_holds_up_to_four_and_refuses_more() {
+        assert_eq!(uplink_entry(&[]).unwrap(), [0; MAX_UPLINKS]);
+        assert_eq!(uplink_entry(&[7, 3]).unwrap(), [7, 3, 0, 0]);
+        assert_eq!(uplink_entry(&[1, 2, 3, 4]).unwrap(), [1, 2, 3, 4]);
+        let e = uplink_entry(&[1, 2, 3, 4, 5]).unwrap_err().to_string();
+        assert!(e.contains("5 uplinks") && e.contains("at most 4"), "{e}");
+    }
 
     #[test]
     fn pin_dirs_off_a_bpf_filesystem_are_recognised() {
