@@ -75,6 +75,25 @@ fn backend_identity(b: &LocalBackend) -> [u8; 6] {
     [ip[0], ip[1], ip[2], ip[3], port[0], port[1]]
 }
 
+/// The order in which backends take turns — by identity, not by position in the list, so
+/// the same set gives the same table whatever order it arrives in — and each one's
+/// permutation of the `m` slots, `(offset, skip)`: its j-th preference is
+/// `(offset + j * skip) % m`.
+fn preferences(backends: &[LocalBackend], m: u64) -> (Vec<usize>, Vec<(u64, u64)>) {
+    let mut order: Vec<usize> = (0..backends.len()).collect();
+    order.sort_by_key(|&i| backend_identity(&backends[i]));
+    let prefs = order
+        .iter()
+        .map(|&i| {
+            let id = backend_identity(&backends[i]);
+            let offset = stable_hash(&id, 0x6d61_676c_6576_3031) % m;
+            let skip = stable_hash(&id, 0x6d61_676c_6576_3032) % (m - 1) + 1;
+            (offset, skip)
+        })
+        .collect();
+    (order, prefs)
+}
+
 impl MaglevTable {
     /// Builds the table for `backends` (order matters only for the returned indexes:
     /// slot ownership depends on each backend's identity, not its position).
@@ -93,19 +112,7 @@ impl MaglevTable {
         if backends.is_empty() {
             return Ok(MaglevTable { slots });
         }
-        // Backends take turns in the order of their identity, not of the list, so the
-        // same set of backends gives the same table whatever order it arrives in.
-        let mut order: Vec<usize> = (0..backends.len()).collect();
-        order.sort_by_key(|&i| backend_identity(&backends[i]));
-        let prefs: Vec<(u64, u64)> = order
-            .iter()
-            .map(|&i| {
-                let id = backend_identity(&backends[i]);
-                let offset = stable_hash(&id, 0x6d61_676c_6576_3031) % m;
-                let skip = stable_hash(&id, 0x6d61_676c_6576_3032) % (m - 1) + 1;
-                (offset, skip)
-            })
-            .collect();
+        let (order, prefs) = preferences(backends, m);
         // Backend i's j-th preference is `(offset + j * skip) % m`; walk it by adding
         // `skip` modulo `m` (offset, skip < m) rather than multiplying and dividing per
         // probe: the same permutation, without a 64-bit division per probe (which made
@@ -203,17 +210,7 @@ mod tests {
     fn reference_table(backends: &[LocalBackend], size: u32) -> Vec<u16> {
         let m = u64::from(size);
         let mut slots = vec![NO_BACKEND; size as usize];
-        let mut order: Vec<usize> = (0..backends.len()).collect();
-        order.sort_by_key(|&i| backend_identity(&backends[i]));
-        let prefs: Vec<(u64, u64)> = order
-            .iter()
-            .map(|&i| {
-                let id = backend_identity(&backends[i]);
-                let offset = stable_hash(&id, 0x6d61_676c_6576_3031) % m;
-                let skip = stable_hash(&id, 0x6d61_676c_6576_3032) % (m - 1) + 1;
-                (offset, skip)
-            })
-            .collect();
+        let (order, prefs) = preferences(backends, m);
         let mut next = vec![0u64; backends.len()];
         let mut filled = 0usize;
         while !backends.is_empty() && filled < size as usize {
