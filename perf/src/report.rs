@@ -647,12 +647,13 @@ impl Report {
         }
         if !self.dataplane_counters.is_empty() {
             m += "\njuneau-dataplane's own counters after each `juneau` run (its stats file, written about once a second, so up to ~1 s stale; cumulative since its start, warm-up included):\n\n";
-            m += "| scenario | flows | rx | tx | engine drops | xsk rx ring full | xsk fill ring empty | xsk rx dropped | received by busy polling (node netns) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+            m += "| scenario | flows | flows in its table | rx | tx | engine drops | xsk rx ring full | xsk fill ring empty | xsk rx dropped | received by busy polling (node netns) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
             for c in &self.dataplane_counters {
                 m += &format!(
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                     c["scenario"].as_str().unwrap_or("juneau"),
                     c["flows"],
+                    c["flows_in_table"],
                     c["rx_packets"],
                     c["tx_packets"],
                     c["engine_drops"],
