@@ -392,12 +392,7 @@ impl Steering {
             role: if i.uplink { ROLE_UPLINK } else { ROLE_POD },
         };
         self.ifaces.insert(i.ifindex, conf, 0)?;
-        let mut uplinks = self.uplink_ifindexes.clone();
-        uplinks.retain(|&x| x != i.ifindex);
-        if i.uplink {
-            uplinks.push(i.ifindex);
-        }
-        if let Err(e) = self.set_uplinks(uplinks) {
+        if let Err(e) = self.set_uplink(i.ifindex, i.uplink) {
             let _ = self.ifaces.remove(&i.ifindex);
             return Err(e);
         }
@@ -407,17 +402,22 @@ impl Steering {
     /// Removes an interface from `ifaces` (and from `uplinks`).
     fn forget_iface(&mut self, ifindex: u32) {
         let _ = self.ifaces.remove(&ifindex);
-        if self.uplink_ifindexes.contains(&ifindex) {
-            let mut uplinks = self.uplink_ifindexes.clone();
-            uplinks.retain(|&x| x != ifindex);
-            if let Err(e) = self.set_uplinks(uplinks) {
-                tracing::warn!(ifindex, error = %e, "could not remove an uplink from the steering program's uplinks");
-            }
+        if let Err(e) = self.set_uplink(ifindex, false) {
+            tracing::warn!(ifindex, error = %e, "could not remove an uplink from the steering program's uplinks");
         }
     }
 
-    /// Writes the uplinks' ifindexes for the program (one entry, replaced whole).
-    fn set_uplinks(&mut self, uplinks: Vec<u32>) -> Result<()> {
+    /// Makes `ifindex` one of the uplinks the program reads, or not; writes the entry
+    /// (replaced whole) only when that changes it.
+    fn set_uplink(&mut self, ifindex: u32, uplink: bool) -> Result<()> {
+        if self.uplink_ifindexes.contains(&ifindex) == uplink {
+            return Ok(());
+        }
+        let mut uplinks = self.uplink_ifindexes.clone();
+        uplinks.retain(|&x| x != ifindex);
+        if uplink {
+            uplinks.push(ifindex);
+        }
         self.uplinks
             .set(0, uplink_entry(&uplinks)?, 0)
             .context("writing the steering program's uplinks")?;

@@ -54,13 +54,19 @@ fn ifindex(iface: &str) -> Result<u32> {
     Ok(idx)
 }
 
-fn attach(bpf: &mut Ebpf, prog: &str, iface: &str) -> Result<()> {
+/// Loads (verifies) program `prog` of `bpf`.
+fn load_program<'b>(bpf: &'b mut Ebpf, prog: &str) -> Result<&'b mut Xdp> {
     let p: &mut Xdp = bpf
         .program_mut(prog)
         .with_context(|| format!("program {prog} missing"))?
         .try_into()?;
     p.load().with_context(|| format!("loading {prog}"))?;
-    p.attach(iface, XdpMode::Driver)
+    Ok(p)
+}
+
+fn attach(bpf: &mut Ebpf, prog: &str, iface: &str) -> Result<()> {
+    load_program(bpf, prog)?
+        .attach(iface, XdpMode::Driver)
         .with_context(|| format!("attaching {prog} to {iface} (native XDP)"))?;
     Ok(())
 }
@@ -282,11 +288,7 @@ impl TestRunProgram {
     }
 
     fn loaded(mut bpf: Ebpf, name: &'static str) -> Result<TestRunProgram> {
-        let p: &mut Xdp = bpf
-            .program_mut(name)
-            .with_context(|| format!("program {name} missing"))?
-            .try_into()?;
-        p.load().with_context(|| format!("loading {name}"))?;
+        load_program(&mut bpf, name)?;
         Ok(TestRunProgram { bpf, name })
     }
 
