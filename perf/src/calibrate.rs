@@ -18,6 +18,23 @@ pub const STEP_UP: f64 = 2.0;
 /// the steps ran out).
 pub const WINDOW_ABOVE: f64 = 1.1;
 
+/// A measured window the path carried entirely (the search's steps were noisy: a rate
+/// missed by chance, or the path was briefly slower) runs again, at most this many times:
+/// [`WINDOW_RETRY_UP`] x what was offered, the last time unpaced.
+pub const WINDOW_RETRIES: usize = 2;
+/// See [`WINDOW_RETRIES`].
+pub const WINDOW_RETRY_UP: f64 = 1.5;
+
+/// The rate of retry `attempt` (0-based) of a measured window that offered `offered`
+/// and was not saturated (0: unpaced).
+pub fn window_retry_rate(offered: f64, attempt: usize) -> f64 {
+    if attempt + 1 >= WINDOW_RETRIES {
+        0.0
+    } else {
+        offered * WINDOW_RETRY_UP
+    }
+}
+
 /// A paced step that delivers less than this share of what the flood delivered falls
 /// back to the flood for the measured window.
 pub const PACED_BELOW_FLOOD: f64 = 0.9;
@@ -129,6 +146,15 @@ mod tests {
         let r = s.next_rate().unwrap();
         s.record(r, r / 2.0, true);
         assert_eq!(s.next_rate().unwrap(), r * STEP_UP * 2.0);
+    }
+
+    #[test]
+    fn an_unsaturated_window_retries_higher_then_unpaced() {
+        assert_eq!(
+            window_retry_rate(1_000_000.0, 0),
+            1_000_000.0 * WINDOW_RETRY_UP
+        );
+        assert_eq!(window_retry_rate(1_000_000.0, WINDOW_RETRIES - 1), 0.0);
     }
 
     #[test]

@@ -503,10 +503,16 @@ impl Report {
             SU = crate::calibrate::STEP_UP
         );
         m += &format!(
-            "bisection until the highest carried and lowest not carried rates are within {:.2}x; the window offers {:.1}x the latter),\n",
+            "bisection until the highest carried and lowest not carried rates are within {:.2}x; the window offers {:.1}x the latter;\n",
             crate::calibrate::SEARCH_CLOSE,
             crate::calibrate::WINDOW_ABOVE
         );
+        m += &format!(
+            "a window the path carried entirely runs again, at most {} times: {:.1}x higher, the last time unpaced;\n",
+            crate::calibrate::WINDOW_RETRIES,
+            crate::calibrate::WINDOW_RETRY_UP
+        );
+        m += "the carried window is then listed as a calibration step),\n";
         m += "so the path is saturated without being flooded many times over. ns/packet = busy time of the\n";
         m += "path core (user + system + irq + softirq, /proc/stat) over the window / packets delivered in it;\n";
         m += "the path's own threads' run time per packet (NAPI kthreads, ksoftirqd/1, forwarder; schedstat)\n";
