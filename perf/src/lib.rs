@@ -20,5 +20,6 @@ pub mod prereq;
 pub mod report;
 pub mod scale;
 pub mod suite;
+pub mod targets;
 pub mod topology;
 pub mod xsk;

@@ -493,6 +493,8 @@ impl Report {
             "- date: {}\n- machine: {}\n- load average (1/5/15 min) at start: {}, at end: {}\n- config: `{}`\n\n",
             self.date, self.machine, self.load_average_start, self.load_average_end, self.config
         );
+        m += &crate::targets::markdown(self);
+        m += "\n";
         m += "Delivered packets/s counted by the XDP sink in the backend namespace; 64-byte UDP\n";
         m += "offered by a live-frames XDP generator (BPF_PROG_RUN) alone on CPU 0; every forwarding\n";
         m += "path runs on CPU 1 (the node's threaded-NAPI kthreads and the userspace forwarder pinned\n";

@@ -1,0 +1,304 @@
+//! Issue 14's targets, checked against one run's report: each target with this run's
+//! figure and whether it was met, missed, refused or not measured. Pure (reads a
+//! [`Report`]), so `render` re-checks an old report.json the same way.
+
+use crate::report::Report;
+
+/// Whether one target was reached in this run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The figure reaches the target.
+    Met,
+    /// The figure was measured and does not reach the target.
+    Missed,
+    /// Measured, but a side was not saturated in every run: no ratio is computed.
+    Refused,
+    /// This run did not measure it.
+    NotMeasured,
+}
+
+impl Verdict {
+    /// As the report prints it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Verdict::Met => "met",
+            Verdict::Missed => "**MISSED**",
+            Verdict::Refused => "refused (unsaturated runs)",
+            Verdict::NotMeasured => "not measured",
+        }
+    }
+}
+
+/// One target's row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    /// What is asked, with its bound.
+    pub what: String,
+    /// This run's figure.
+    pub figure: String,
+    /// Met or not.
+    pub verdict: Verdict,
+}
+
+/// At least `bound`; `None` is refused when `measured` (both sides ran), else not measured.
+fn at_least(what: &str, v: Option<f64>, bound: f64, measured: bool) -> Target {
+    let verdict = match v {
+        Some(x) if x >= bound => Verdict::Met,
+        Some(_) => Verdict::Missed,
+        None if measured => Verdict::Refused,
+        None => Verdict::NotMeasured,
+    };
+    Target {
+        what: what.to_string(),
+        figure: v.map_or_else(|| "—".into(), |x| format!("{x:.2}")),
+        verdict,
+    }
+}
+
+/// Every target of issue 14 against `r`.
+pub fn check(r: &Report) -> Vec<Target> {
+    let has = |n: &str| r.scenarios.iter().any(|s| s.name == n);
+    let mut t = Vec::new();
+    let rows: Vec<_> = r
+        .scenarios
+        .iter()
+        .chain(r.flow_scale.iter().filter_map(|p| p.summary.as_ref()))
+        .chain(
+            r.flow_scale_reference
+                .iter()
+                .filter_map(|p| p.summary.as_ref()),
+        )
+        .collect();
+    let unsat: Vec<String> = rows
+        .iter()
+        .filter(|s| !s.saturated)
+        .map(|s| format!("{} @ {} flows", s.name, s.flows))
+        .collect();
+    t.push(Target {
+        what: "every throughput row saturated in every run".into(),
+        figure: if unsat.is_empty() {
+            format!("{} of {} rows", rows.len(), rows.len())
+        } else {
+            format!("not: {}", unsat.join(", "))
+        },
+        verdict: if rows.is_empty() {
+            Verdict::NotMeasured
+        } else if unsat.is_empty() {
+            Verdict::Met
+        } else {
+            Verdict::Missed
+        },
+    });
+    let q = &r.ratios;
+    t.push(at_least(
+        "juneau / nft-dnat, packets per CPU-second >= 1.5",
+        q.cpu_juneau_vs_nft_dnat,
+        1.5,
+        has("juneau") && has("nft-dnat"),
+    ));
+    t.push(at_least(
+        "juneau / xdp-dnat, packets per CPU-second >= 1.0",
+        q.cpu_juneau_vs_xdp_dnat,
+        1.0,
+        has("juneau") && has("xdp-dnat"),
+    ));
+    t.push(at_least(
+        "juneau / afxdp-l2fwd, packets per CPU-second >= 0.9",
+        q.cpu_juneau_vs_afxdp_l2fwd,
+        0.9,
+        has("juneau") && has("afxdp-l2fwd"),
+    ));
+    let mut fs = at_least(
+        "juneau at the largest / the smallest flow count, packets per CPU-second >= 0.9",
+        q.cpu_juneau_flow_scale_largest_vs_smallest,
+        0.9,
+        r.flow_scale.len() >= 2,
+    );
+    let smallest = r.flow_scale.iter().min_by_key(|p| p.flows);
+    let largest = r.flow_scale.iter().max_by_key(|p| p.flows);
+    if let (Verdict::Refused, Some(lo), Some(hi)) = (fs.verdict, smallest, largest) {
+        fs.figure = format!("delivered pps medians {:.2}", hi.median_pps / lo.median_pps);
+    }
+    t.push(fs);
+    t.push(latency(r));
+    t.push(at_most(
+        "engine instructions per established packet <= 150",
+        r.cost.established_instructions_per_packet,
+        150.0,
+        "",
+    ));
+    let scale = r.scale.as_ref();
+    t.push(at_most(
+        &format!(
+            "{} Services: every ServiceLoadBalancer Ready <= {:.0} s",
+            scale.map_or(10_000, |s| s.services),
+            scale.map_or(60.0, |s| s.goal_s)
+        ),
+        scale.and_then(|s| s.all_ready_s),
+        scale.map_or(60.0, |s| s.goal_s),
+        " s",
+    ));
+    if let (Some(s), Some(x)) = (scale, t.last_mut()) {
+        if s.all_ready_s.is_none() {
+            x.figure = "not reached in time".into();
+            x.verdict = Verdict::Missed;
+        }
+    }
+    t
+}
+
+/// At most `bound`.
+fn at_most(what: &str, v: Option<f64>, bound: f64, unit: &str) -> Target {
+    Target {
+        what: what.to_string(),
+        figure: v.map_or_else(|| "—".into(), |x| format!("{x:.1}{unit}")),
+        verdict: match v {
+            Some(x) if x <= bound => Verdict::Met,
+            Some(_) => Verdict::Missed,
+            None => Verdict::NotMeasured,
+        },
+    }
+}
+
+/// juneau's p99 and p99.9 no worse than nft-dnat's (paired ratio <= 1.00) at every load.
+fn latency(r: &Report) -> Target {
+    let what = "juneau's p99 and p99.9 no worse than nft-dnat's at every load".to_string();
+    let rows: Vec<_> = r
+        .latency_summary
+        .iter()
+        .filter(|l| l.scenario == "juneau")
+        .collect();
+    let pairs: Vec<(f64, f64, f64)> = rows
+        .iter()
+        .filter_map(|l| Some((l.load_fraction, l.p99_vs_nft_dnat?, l.p999_vs_nft_dnat?)))
+        .collect();
+    if pairs.is_empty() {
+        return Target {
+            what,
+            figure: "—".into(),
+            verdict: Verdict::NotMeasured,
+        };
+    }
+    let worse: Vec<String> = pairs
+        .iter()
+        .flat_map(|&(load, a, b)| {
+            [("p99", a), ("p99.9", b)]
+                .into_iter()
+                .filter(|(_, x)| *x > 1.0)
+                .map(move |(n, x)| format!("{n} {x:.2} at {:.0}%", 100.0 * load))
+        })
+        .collect();
+    let worst = pairs
+        .iter()
+        .map(|&(_, a, b)| a.max(b))
+        .fold(0.0f64, f64::max);
+    Target {
+        what,
+        figure: if worse.is_empty() {
+            format!("worst ratio {worst:.2} ({} loads)", pairs.len())
+        } else {
+            format!("worse: {}", worse.join(", "))
+        },
+        verdict: if worse.is_empty() && pairs.len() == rows.len() {
+            Verdict::Met
+        } else {
+            Verdict::Missed
+        },
+    }
+}
+
+/// The report's "Targets" section.
+pub fn markdown(r: &Report) -> String {
+    let mut m =
+        String::from("## Targets (issue 14)\n\n| target | this run | verdict |\n|---|---|---|\n");
+    for t in check(r) {
+        m += &format!("| {} | {} | {} |\n", t.what, t.figure, t.verdict.label());
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{LatencySummary, ScenarioResult};
+
+    fn sat(name: &str, pps: f64, saturated: bool) -> ScenarioResult {
+        let mut s = ScenarioResult::new(name, 256, vec![pps]);
+        s.saturated = saturated;
+        s
+    }
+
+    fn verdict(r: &Report, prefix: &str) -> Verdict {
+        check(r)
+            .into_iter()
+            .find(|t| t.what.starts_with(prefix))
+            .unwrap()
+            .verdict
+    }
+
+    #[test]
+    fn an_empty_report_measured_nothing() {
+        let r = Report::default();
+        assert!(check(&r).iter().all(|t| t.verdict == Verdict::NotMeasured));
+    }
+
+    #[test]
+    fn ratios_are_met_missed_or_refused() {
+        let mut r = Report {
+            scenarios: vec![sat("juneau", 2e6, true), sat("nft-dnat", 1e6, false)],
+            ..Report::default()
+        };
+        r.ratios.cpu_juneau_vs_xdp_dnat = Some(0.99);
+        assert_eq!(verdict(&r, "juneau / nft-dnat"), Verdict::Refused);
+        assert_eq!(verdict(&r, "juneau / xdp-dnat"), Verdict::Missed);
+        assert_eq!(verdict(&r, "every throughput row"), Verdict::Missed);
+        r.ratios.cpu_juneau_vs_nft_dnat = Some(1.5);
+        assert_eq!(verdict(&r, "juneau / nft-dnat"), Verdict::Met);
+    }
+
+    #[test]
+    fn one_worse_latency_figure_misses() {
+        let row = |load, a, b| LatencySummary {
+            scenario: "juneau".into(),
+            load_fraction: load,
+            rounds: 3,
+            p99_vs_nft_dnat: Some(a),
+            p999_vs_nft_dnat: Some(b),
+            ..LatencySummary::default()
+        };
+        let mut r = Report {
+            latency_summary: vec![row(0.1, 0.5, 0.9), row(0.9, 1.0, 0.7)],
+            ..Report::default()
+        };
+        assert_eq!(verdict(&r, "juneau's p99"), Verdict::Met);
+        r.latency_summary.push(row(0.5, 0.8, 1.17));
+        let t = check(&r)
+            .into_iter()
+            .find(|t| t.what.starts_with("juneau's p99"))
+            .unwrap();
+        assert_eq!(t.verdict, Verdict::Missed);
+        assert!(t.figure.contains("p99.9 1.17 at 50%"), "{}", t.figure);
+    }
+
+    #[test]
+    fn scale_not_reached_is_missed() {
+        let mut r = Report {
+            scale: Some(crate::scale::ScaleReport {
+                services: 10_000,
+                goal_s: 60.0,
+                all_ready_s: Some(200.7),
+                ..Default::default()
+            }),
+            ..Report::default()
+        };
+        assert_eq!(verdict(&r, "10000 Services"), Verdict::Missed);
+        r.scale.as_mut().unwrap().all_ready_s = None;
+        let t = check(&r).pop().unwrap();
+        assert_eq!(
+            (t.verdict, t.figure.as_str()),
+            (Verdict::Missed, "not reached in time")
+        );
+        r.scale.as_mut().unwrap().all_ready_s = Some(59.0);
+        assert_eq!(verdict(&r, "10000 Services"), Verdict::Met);
+    }
+}
