@@ -540,6 +540,61 @@ static __always_inline int reply_egress(__u32 base, __u32 epoch, __u32 client, s
 	return 0;
 }
 
+// Another worker's reply-egress entry for a client (`bpf_loop` context). With several
+// workers, a client's replies can all reach the socket of a worker that does not own
+// the flow: that worker resolves the client in its own part, never in the owner's. Its
+// entry serves the owner's flows as well: an entry depends only on the client's route
+// and is valid in its own part's egress epoch.
+struct egress_ctx {
+	__u32 skip;    // the owner's table, already looked at
+	__u32 workers; // parts to look at
+	__u32 client;
+	__u32 ifindex; // found: non-zero, with `macs`
+	__u8 macs[12];
+};
+
+// Looks at part `w`'s entry for the client; stops the loop (1) past the last part or
+// once one is found.
+static long probe_egress(__u32 w, void *data)
+{
+	struct egress_ctx *x = data;
+	if (w >= x->workers)
+		return 1;
+	if (w == x->skip)
+		return 0;
+	__u32 base = w * FAST_STRIDE;
+	struct fast_head *head = bpf_map_lookup_elem(&fast_slots, &base);
+	if (!head)
+		return 1;
+	__u32 seq = *(volatile __u32 *)&head->seq;
+	if (seq == 0 || (seq & 1))
+		return 0;
+	struct fast_plan p = {};
+	if (reply_egress(base, *(volatile __u32 *)&head->egress_epoch, x->client, &p))
+		return 0;
+	if (*(volatile __u32 *)&head->seq != seq)
+		return 0;
+	x->ifindex = p.ifindex;
+	__builtin_memcpy(x->macs, p.macs, 12);
+	return 1;
+}
+
+// Where replies to `client` go when the owner's part (table `owner`) has no entry:
+// another worker's entry (`probe_egress`), or NO_FAST.
+static __always_inline int other_egress(__u32 owner, __u32 workers, __u32 client,
+					struct fast_plan *p)
+{
+	if (workers <= 1)
+		return NO_FAST;
+	struct egress_ctx x = { .skip = owner, .workers = workers, .client = client };
+	bpf_loop(MAX_WORKERS, probe_egress, &x, 0);
+	if (x.ifindex == 0)
+		return NO_FAST;
+	p->ifindex = x.ifindex;
+	__builtin_memcpy(p->macs, x.macs, 12);
+	return 0;
+}
+
 // The fast path's decision for a packet of a flow found in table `c->table`, record
 // `c->record` (`c->dir`: 0 forward, 1 reply): 0 with `plan` filled in, or NO_FAST
 // (nothing has been changed). Reads the table's head before and after (a seqlock): a
@@ -589,7 +644,8 @@ static __always_inline int fast_plan(struct iphdr *ip, void *end, struct probe_c
 		p->new_addr = bpf_htonl(f->backend);
 		p->new_port = bpf_htons(f->backend_port);
 	} else {
-		if (reply_egress(base, head->egress_epoch, f->client, p))
+		if (reply_egress(base, head->egress_epoch, f->client, p) &&
+		    other_egress(c->table, c->workers, f->client, p))
 			return NO_FAST;
 		p->reply = 1;
 		p->new_addr = bpf_htonl(f->vip);

@@ -722,19 +722,37 @@ impl Engine {
         match nb.resolve(client) {
             Resolve::Found { side, src, dst } => {
                 let m = macs(src, dst);
-                self.egress[i] = EgressEntry {
-                    ip: client,
-                    valid: true,
-                    side: Some(side),
-                    macs: m,
-                };
-                if let Some(x) = self.xdp.as_mut() {
-                    x.publish_egress(client, Self::xdp_target(side, m, nb));
-                }
+                self.cache_egress(i, client, side, m, nb);
                 Some((side, m))
             }
             // Not cached: the general path counts the drop and asks for resolution.
             _ => None,
+        }
+    }
+
+    /// Caches where replies to `client` go (entry `i`) and publishes it to this
+    /// worker's part of the XDP fast path.
+    fn cache_egress(&mut self, i: usize, client: u32, side: Side, m: [u8; 12], nb: &Neighbours) {
+        self.egress[i] = EgressEntry {
+            ip: client,
+            valid: true,
+            side: Some(side),
+            macs: m,
+        };
+        if let Some(x) = self.xdp.as_mut() {
+            x.publish_egress(client, Self::xdp_target(side, m, nb));
+        }
+    }
+
+    /// The general reply path resolved `client`: caches and publishes it unless the
+    /// cache has it already. Replies of another worker's flows take only the general
+    /// path; with this the XDP program finds their client in this worker's part
+    /// (`other_egress` in `bpf/steer.c`) and fast-paths them.
+    fn note_egress(&mut self, client: u32, side: Side, m: [u8; 12], nb: &Neighbours) {
+        let i = crate::fast::egress_index(client);
+        let e = &self.egress[i];
+        if !(e.valid && e.ip == client && e.side == Some(side) && e.macs == m) {
+            self.cache_egress(i, client, side, m, nb);
         }
     }
 
@@ -1057,6 +1075,7 @@ impl Engine {
             }
             Resolve::NoRoute => return self.drop(DropReason::NoRoute, Some(service)),
         };
+        self.note_egress(f.client, side, macs(src, dst), nb);
         self.flows
             .touch(id, Direction::Reverse, l4.tcp_flags, now_ms);
         let l4csum = match self.pod_checksum {
