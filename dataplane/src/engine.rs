@@ -705,8 +705,7 @@ impl Engine {
     #[inline(always)]
     fn reply_egress(&mut self, client: u32, nb: &Neighbours) -> Option<(Side, [u8; 12])> {
         let i = crate::fast::egress_index(client);
-        let e = &self.egress[i];
-        if e.valid && e.ip == client {
+        if let Some(e) = self.cached_egress(i, client) {
             return e.side.map(|s| (s, e.macs));
         }
         self.reply_egress_miss(i, client, nb)
@@ -750,10 +749,20 @@ impl Engine {
     /// (`other_egress` in `bpf/steer.c`) and fast-paths them.
     fn note_egress(&mut self, client: u32, side: Side, m: [u8; 12], nb: &Neighbours) {
         let i = crate::fast::egress_index(client);
-        let e = &self.egress[i];
-        if !(e.valid && e.ip == client && e.side == Some(side) && e.macs == m) {
+        let same = self
+            .cached_egress(i, client)
+            .is_some_and(|e| e.side == Some(side) && e.macs == m);
+        if !same {
             self.cache_egress(i, client, side, m, nb);
         }
+    }
+
+    /// Cache entry `i` if it holds `client` (`prepare` clears the cache, and the
+    /// published entries with it, on every new neighbour snapshot).
+    #[inline(always)]
+    fn cached_egress(&self, i: usize, client: u32) -> Option<&EgressEntry> {
+        let e = &self.egress[i];
+        (e.valid && e.ip == client).then_some(e)
     }
 
     fn forward(

@@ -399,6 +399,13 @@ pub struct Report {
 }
 
 impl Report {
+    /// The throughput table's rows: every scenario, then `juneau` at each flow count.
+    pub fn throughput_rows(&self) -> impl Iterator<Item = &ScenarioResult> {
+        self.scenarios
+            .iter()
+            .chain(self.flow_scale.iter().filter_map(|p| p.summary.as_ref()))
+    }
+
     /// Records a failed scenario.
     pub fn add_error(&mut self, scenario: &str, msg: String) {
         self.errors.push((scenario.into(), msg));
@@ -531,11 +538,7 @@ impl Report {
             100.0 * crate::suite::SATURATION_CORE_BUSY
         );
         m += "## Throughput and CPU cost per packet\n\n| scenario | flows | saturated | median delivered pps | offered pps (runs) | path cores (runs) | path core busy (runs) | ns/packet | cycles/packet | packets per CPU-second | threads ns/packet |\n|---|---:|---|---:|---|---|---|---:|---:|---:|---:|\n";
-        let rows = self
-            .scenarios
-            .iter()
-            .chain(self.flow_scale.iter().filter_map(|p| p.summary.as_ref()));
-        for s in rows {
+        for s in self.throughput_rows() {
             let join = |v: Vec<String>| v.join(", ");
             m += &format!(
                 "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |\n",
@@ -581,11 +584,7 @@ impl Report {
             );
         }
         m += "\nPer run: \n\n";
-        for s in self
-            .scenarios
-            .iter()
-            .chain(self.flow_scale.iter().filter_map(|p| p.summary.as_ref()))
-        {
+        for s in self.throughput_rows() {
             for (i, r) in s.runs.iter().enumerate() {
                 m += &format!(
                     "- {} @ {} flows, run {}: {:.0} of {:.0} pps (rate asked {}), {:.0} ns/packet (threads {:.0}), path core user {:.0}% / system {:.0}% / softirq {:.0}% / steal {:.0}%, generator core busy {:.0}% (softirq {:.0}%): {}; calibration (offered -> delivered): {}\n",

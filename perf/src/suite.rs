@@ -148,23 +148,23 @@ impl Plan {
             }
             if *sc == Scenario::Juneau {
                 for f in &self.flow_scale {
-                    s += f64::from(self.runs) * (per_run + self.scale_warmup(*f).as_secs_f64());
+                    s += f64::from(self.runs) * (per_run + fill_duration(*f).as_secs_f64());
                 }
             }
             if *sc == Scenario::XdpDnat && self.scenarios.contains(&Scenario::Juneau) {
                 if let Some(f) = self.flow_scale.iter().max() {
-                    s += f64::from(self.runs) * (per_run + self.scale_warmup(*f).as_secs_f64());
+                    s += f64::from(self.runs) * (per_run + fill_duration(*f).as_secs_f64());
                 }
             }
         }
         Duration::from_secs_f64(s)
     }
+}
 
-    /// The paced fill before a flow-scale run: every flow's first packet twice over, at
-    /// [`FILL_RATE`] (see [`fill_flows`]).
-    fn scale_warmup(&self, flows: u32) -> Duration {
-        Duration::from_secs_f64(FILL_PASSES * f64::from(flows) / FILL_RATE as f64)
-    }
+/// How long the paced fill before a flow-scale run takes: every flow's first packet
+/// [`FILL_PASSES`] times over at [`FILL_RATE`] (see [`fill_flows`]).
+fn fill_duration(flows: u32) -> Duration {
+    Duration::from_secs_f64(FILL_PASSES * f64::from(flows) / FILL_RATE as f64)
 }
 
 /// Packets per second of the fill that creates a flow-scale run's flows: a new flow
@@ -180,10 +180,10 @@ const FILL_PASSES: f64 = 2.0;
 
 /// Creates a run's flows before anything is measured: the generator offers every flow's
 /// packet [`FILL_PASSES`] times at [`FILL_RATE`], paced, then stops.
-fn fill_flows(t: &Topology, a: &Active, flows: u32, fill: Duration) -> Result<()> {
+fn fill_flows(t: &Topology, a: &Active, flows: u32) -> Result<()> {
     let frames = (FILL_PASSES * f64::from(flows)) as u64;
     // `finish` waits for the generator to send its frames (or its duration to end).
-    Gen::start(t, a.dst, flows, FILL_RATE, fill, frames)?.finish()?;
+    Gen::start(t, a.dst, flows, FILL_RATE, fill_duration(flows), frames)?.finish()?;
     Ok(())
 }
 
@@ -967,7 +967,7 @@ fn measure(
     plan: &Plan,
     flows: u32,
     warmup: Duration,
-    fill: Duration,
+    fill: bool,
 ) -> Result<RunFigures> {
     let tids = pin_path(t, a)?;
     let pinned: Vec<(u32, u64)> = path_threads(t, a)
@@ -975,8 +975,8 @@ fn measure(
         .filter_map(|(x, _)| Some((x, thread_run_ns(x)?)))
         .collect();
     let cw = plan.calibrate_window;
-    if !fill.is_zero() {
-        fill_flows(t, a, flows, fill)?;
+    if fill {
+        fill_flows(t, a, flows)?;
     }
     let flood = window_run(t, a, &tids, flows, 0, warmup.min(cw), cw)?;
     let mut steps = vec![(flood.offered_pps, flood.delivered_pps)];
@@ -1111,7 +1111,7 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
                 continue;
             }
             check_interrupt()?;
-            match throughput_once(plan, *sc, plan.flows, plan.warmup, Duration::ZERO) {
+            match throughput_once(plan, *sc, plan.flows, plan.warmup, false) {
                 Ok(f) => {
                     say_run(
                         format!("round {}/{}: {}", round + 1, plan.runs, sc.name()),
@@ -1132,13 +1132,7 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
             // of an earlier measurement occupies the flow table.
             for (k, &flows) in plan.flow_scale.iter().enumerate() {
                 check_interrupt()?;
-                match throughput_once(
-                    plan,
-                    Scenario::Juneau,
-                    flows,
-                    plan.warmup,
-                    plan.scale_warmup(flows),
-                ) {
+                match throughput_once(plan, Scenario::Juneau, flows, plan.warmup, true) {
                     Ok(f) => {
                         say_run(
                             format!("round {}/{}: juneau @ {flows} flows", round + 1, plan.runs),
@@ -1235,7 +1229,7 @@ fn reference_run(
         return Ok(()); // an earlier round failed
     }
     let sc = plan.scenarios[xi];
-    match throughput_once(plan, sc, flows, plan.warmup, plan.scale_warmup(flows)) {
+    match throughput_once(plan, sc, flows, plan.warmup, true) {
         Ok(f) => {
             progress.say(format!(
                 "round {}/{}: xdp-dnat @ {flows} flows (reference): {:.0} pps delivered (offered {:.0}), {:.0} ns/packet; {}",
@@ -1257,9 +1251,8 @@ fn reference_run(
     Ok(())
 }
 
-/// One throughput run on a fresh topology.
-/// One run: calibration, then the window. `fill` is a paced run before the first
-/// calibration window, so that every flow exists before anything is measured (a new
+/// One throughput run on a fresh topology: calibration, then the window. `fill`: a paced
+/// run ([`fill_flows`]) before the first calibration window, so that every flow exists before anything is measured (a new
 /// flow takes the userspace path; the flow-scale runs need seconds to create them all;
 /// the dataplane's flow count after the run is in the report's counters).
 fn throughput_once(
@@ -1267,7 +1260,7 @@ fn throughput_once(
     sc: Scenario,
     flows: u32,
     warmup: Duration,
-    fill: Duration,
+    fill: bool,
 ) -> Result<RunFigures> {
     let t = Topology::build()?;
     let tag = format!("{}-{flows}-{}", sc.name(), std::process::id());

@@ -60,9 +60,7 @@ pub fn check(r: &Report) -> Vec<Target> {
     let has = |n: &str| r.scenarios.iter().any(|s| s.name == n);
     let mut t = Vec::new();
     let rows: Vec<_> = r
-        .scenarios
-        .iter()
-        .chain(r.flow_scale.iter().filter_map(|p| p.summary.as_ref()))
+        .throughput_rows()
         .chain(
             r.flow_scale_reference
                 .iter()
@@ -128,22 +126,18 @@ pub fn check(r: &Report) -> Vec<Target> {
         "",
     ));
     let scale = r.scale.as_ref();
-    t.push(at_most(
-        &format!(
-            "{} Services: every ServiceLoadBalancer Ready <= {:.0} s",
-            scale.map_or(10_000, |s| s.services),
-            scale.map_or(60.0, |s| s.goal_s)
-        ),
+    let (services, goal) = scale.map_or((10_000, 60.0), |s| (s.services, s.goal_s));
+    let mut ready = at_most(
+        &format!("{services} Services: every ServiceLoadBalancer Ready <= {goal:.0} s"),
         scale.and_then(|s| s.all_ready_s),
-        scale.map_or(60.0, |s| s.goal_s),
+        goal,
         " s",
-    ));
-    if let (Some(s), Some(x)) = (scale, t.last_mut()) {
-        if s.all_ready_s.is_none() {
-            x.figure = "not reached in time".into();
-            x.verdict = Verdict::Missed;
-        }
+    );
+    if scale.is_some_and(|s| s.all_ready_s.is_none()) {
+        ready.figure = "not reached in time".into();
+        ready.verdict = Verdict::Missed;
     }
+    t.push(ready);
     t
 }
 
