@@ -896,7 +896,7 @@ static __always_inline int is_uplink(__u32 ifindex)
 	return 0;
 }
 
-SEC("xdp")
+SEC("xdp.frags")
 int juneau_steer(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;

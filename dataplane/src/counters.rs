@@ -62,11 +62,26 @@ pub enum DropReason {
     RedirectNotServed,
     /// The encapsulated packet would exceed the node network's MTU or the frame.
     RedirectTooBig,
+    /// Larger than the egress interface takes and not cut to fit: a non-TCP packet with
+    /// DF set (or one already fragmented), a multi-buffer packet larger than the
+    /// dataplane's reassembly buffer, or one whose verdict cannot carry several frames.
+    TooBig,
+    /// A packet being cut into segments or fragments found no free UMEM frame for a
+    /// piece (the pieces written so far leave; TCP retransmits the rest).
+    NoFreeFrame,
+    /// The kernel dropped a frame on an AF_XDP socket: no free UMEM frame in the fill
+    /// ring, or a packet longer than the socket can take (kernel `rx_dropped`).
+    SocketRxDropped,
+    /// The kernel dropped a frame because the socket's RX ring was full (kernel
+    /// `rx_ring_full`).
+    SocketRxRingFull,
+    /// The kernel refused a descriptor on a TX ring (kernel `tx_invalid_descs`).
+    SocketTxInvalid,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 22] = [
+    pub const ALL: [DropReason; 27] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -89,6 +104,11 @@ impl DropReason {
         DropReason::RedirectNotFromPeer,
         DropReason::RedirectNotServed,
         DropReason::RedirectTooBig,
+        DropReason::TooBig,
+        DropReason::NoFreeFrame,
+        DropReason::SocketRxDropped,
+        DropReason::SocketRxRingFull,
+        DropReason::SocketTxInvalid,
     ];
 
     /// The label used in metrics and the stats file.
@@ -116,6 +136,11 @@ impl DropReason {
             DropReason::RedirectNotFromPeer => "redirect_not_from_peer",
             DropReason::RedirectNotServed => "redirect_not_served",
             DropReason::RedirectTooBig => "redirect_too_big",
+            DropReason::TooBig => "too_big",
+            DropReason::NoFreeFrame => "no_free_frame",
+            DropReason::SocketRxDropped => "socket_rx_dropped",
+            DropReason::SocketRxRingFull => "socket_rx_ring_full",
+            DropReason::SocketTxInvalid => "socket_tx_invalid",
         }
     }
 }
@@ -155,6 +180,11 @@ pub struct Counters {
     pub xdp_fast_packets: u64,
     /// Of `xdp_fast_packets`, the backends' replies.
     pub xdp_fast_replies: u64,
+    /// Packets larger than their egress takes (a Pod's TSO/GSO super-segment, a GRO'd
+    /// segment) cut into TCP segments or IPv4 fragments.
+    pub segmented: u64,
+    /// Frames those packets became.
+    pub segments: u64,
     /// Indexed like the current service table.
     pub services: Vec<ServiceCounters>,
 }
@@ -241,6 +271,12 @@ pub struct Stats {
     /// Of `xdp_fast_packets`, the backends' replies.
     #[serde(default)]
     pub xdp_fast_replies: u64,
+    /// Packets larger than their egress takes, cut into segments or fragments.
+    #[serde(default)]
+    pub segmented: u64,
+    /// Frames those packets became.
+    #[serde(default)]
+    pub segments: u64,
     /// Frames received per AF_XDP socket (`interface/queue`).
     pub rx_packets_per_socket: std::collections::BTreeMap<String, u64>,
     /// Drops by reason (every reason present, zero or not).

@@ -15,7 +15,7 @@
 
 use crate::counters::{Counters, DropReason, ServiceCounters};
 use crate::flow::{
-    hash_key, Direction, Flow, FlowKey, FlowState, FlowTable, InsertError, Timeouts,
+    hash_key, Direction, Flow, FlowId, FlowKey, FlowState, FlowTable, InsertError, Timeouts,
 };
 use crate::neigh::{Neighbours, Resolve, Side};
 use crate::packet::{self, tcp_flags, FastView, L4Checksum, MacAddr, NatSide, Parsed};
@@ -196,6 +196,12 @@ pub struct Engine {
     redirect_ctx: Option<(crate::redirect::HopList, u8)>,
     /// This worker's part of the XDP fast path, when the steering program runs.
     xdp: Option<crate::fast::FastPath>,
+    /// Per flow record of this worker's table: the most a TCP segment towards the
+    /// client may carry (payload + options), from the client's SYN (MSS option) and
+    /// lowered by "fragmentation needed" for the flow; 0 = unknown. Process memory only
+    /// (a restart falls back to the egress MTU). Read when a Pod's super-segment is cut
+    /// ([`Engine::client_mss`], `crate::segment`).
+    client_mss: Vec<u16>,
 }
 
 #[path = "engine_redirect.rs"]
@@ -233,6 +239,36 @@ impl Engine {
             redirect: None,
             redirect_ctx: None,
             xdp: None,
+            client_mss: vec![0; cfg.flow_capacity],
+        }
+    }
+
+    /// The most a TCP segment of the connection `frame` belongs to may carry towards its
+    /// client (payload + options): `frame` is a reply this engine has just reverse-NATed
+    /// (`VIP:port -> client`). `None` when unknown (not TCP, no MSS option, another
+    /// worker's flow, or a flow from before a restart).
+    pub fn client_mss(&mut self, frame: &[u8], now_ms: u64) -> Option<u16> {
+        let Ok(Parsed::Ipv4(v)) = packet::parse(frame) else {
+            return None;
+        };
+        let l4 = v.l4.filter(|_| v.protocol == packet::IPPROTO_TCP)?;
+        let key = FlowKey {
+            src: v.dst,
+            dst: v.src,
+            src_port: l4.dst_port,
+            dst_port: l4.src_port,
+            proto: v.protocol,
+        };
+        let (id, _) = self.flows.lookup(&key, now_ms)?;
+        self.client_mss.get(id as usize).copied().filter(|&m| m > 0)
+    }
+
+    /// Records a new TCP flow's client MSS (from its SYN), or lowers it for a path MTU.
+    fn note_client_mss(&mut self, id: FlowId, mss: Option<u16>, lower_only: bool) {
+        if let (Some(m), Some(slot)) = (mss, self.client_mss.get_mut(id as usize)) {
+            if !lower_only || *slot == 0 || m < *slot {
+                *slot = m;
+            }
         }
     }
 
@@ -879,6 +915,9 @@ impl Engine {
         );
         packet::decrement_ttl(frame, &mut v);
         packet::set_macs(frame, src, dst);
+        if new && v.protocol == packet::IPPROTO_TCP {
+            self.note_client_mss(id, crate::segment::syn_mss(frame), false);
+        }
         let c = &mut self.counters.services[service as usize];
         c.packets_in += 1;
         c.bytes_in += frame.len() as u64;
@@ -960,6 +999,10 @@ impl Engine {
             }
             Resolve::NoRoute => return self.drop(DropReason::NoRoute, Some(service)),
         };
+        if let Some(mtu) = packet::frag_needed_mtu(frame, &v) {
+            // The client's path takes at most this: cut the Pod's super-segments to it.
+            self.note_client_mss(id, Some(mtu.saturating_sub(40)), true);
+        }
         packet::rewrite_icmp_error(
             frame,
             &mut v,

@@ -12,6 +12,8 @@
 //!   ([`region`]: its heap or mmapped-BPF-map memory, the only `unsafe` around it);
 //! - [`services`], [`neigh`]: read-only tables the packet path consults;
 //! - [`engine`]: frame + ingress side → verdict, no I/O;
+//! - [`segment`]: packets larger than their egress takes, cut into TCP segments or
+//!   IPv4 fragments that fit;
 //! - [`fast`]: the XDP program's established-flow fast path, as the engine publishes it;
 //! - [`redirect`], [`redirect_wire`]: second-chance redirects between nodes (issue 12);
 //! - [`counters`]: drop reasons, per-service counters, the JSON stats;
@@ -32,5 +34,6 @@ pub mod redirect;
 pub mod redirect_wire;
 pub mod region;
 pub mod runtime;
+pub mod segment;
 pub mod services;
 pub mod steering;

@@ -74,7 +74,7 @@ fn gauge(r: &mut Registry, name: &str, help: &str, v: u64) {
 
 /// Registers every series of `st` (names: `docs/dataplane.md`, "Counters and metrics").
 pub fn register_stats(r: &mut Registry, st: &Stats) {
-    let counters: [(&str, &str, u64); 15] = [
+    let counters: [(&str, &str, u64); 17] = [
         (
             "juneau_dataplane_rx_packets",
             "Frames received from AF_XDP sockets",
@@ -89,6 +89,16 @@ pub fn register_stats(r: &mut Registry, st: &Stats) {
             "juneau_dataplane_xdp_fast_path_replies",
             "Of those, backends' replies (reverse NAT in the XDP program)",
             st.xdp_fast_replies,
+        ),
+        (
+            "juneau_dataplane_segmented_packets",
+            "Packets larger than their egress takes (TSO/GSO, GRO), cut into segments or fragments",
+            st.segmented,
+        ),
+        (
+            "juneau_dataplane_segments",
+            "Frames the cut packets became",
+            st.segments,
         ),
         (
             "juneau_dataplane_tx_packets",

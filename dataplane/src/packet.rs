@@ -438,7 +438,7 @@ pub fn csum_replace32(csum: u16, old: u32, new: u32) -> u16 {
 /// Adds 32-bit words into a 64-bit accumulator (the classic RFC 1071 speed-up: the fold
 /// of a sum of 32-bit words equals the sum of their 16-bit halves).
 #[inline]
-fn sum_words(sum: u32, data: &[u8]) -> u32 {
+pub(crate) fn sum_words(sum: u32, data: &[u8]) -> u32 {
     // Native-order 32-bit words (vectorizes); the one's-complement sum is byte-order
     // independent (RFC 1071 2.B), so swap the folded 16-bit result once at the end.
     let mut acc: u64 = 0;
@@ -463,7 +463,7 @@ fn sum_words(sum: u32, data: &[u8]) -> u32 {
     total as u32
 }
 
-fn fold(mut sum: u32) -> u16 {
+pub(crate) fn fold(mut sum: u32) -> u16 {
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
@@ -539,6 +539,14 @@ pub struct IcmpErrorView {
     pub inner_src_port: u16,
     /// Quoted destination port.
     pub inner_dst_port: u16,
+}
+
+/// The next-hop MTU of an ICMP "fragmentation needed" (type 3, code 4), when `frame`
+/// is one and names a plausible MTU (RFC 1191: at least 68).
+pub fn frag_needed_mtu(frame: &[u8], v: &Ipv4View) -> Option<u16> {
+    let icmp = frame.get(v.l4_offset()..v.l4_offset() + 8)?;
+    let mtu = u16::from_be_bytes([icmp[6], icmp[7]]);
+    (v.protocol == IPPROTO_ICMP && icmp[0] == 3 && icmp[1] == 4 && mtu >= 68).then_some(mtu)
 }
 
 /// ICMP type "destination unreachable".

@@ -48,6 +48,8 @@ use crate::region::monotonic_ms;
 use crate::services::ServiceTable;
 use crate::steering::{IfaceLink, SteeredIface, Steering};
 
+#[path = "runtime_large.rs"]
+mod large;
 #[path = "runtime_worker.rs"]
 mod worker;
 use worker::{Bufs, Rings};
@@ -139,6 +141,11 @@ struct Port {
     unsent: u32,
     /// Frames received on this socket.
     rx_packets: u64,
+    /// The largest frame the interface takes (its MTU and Ethernet header, at most one
+    /// UMEM frame), read when the socket opens.
+    max_frame: usize,
+    /// Frames of a multi-buffer packet received so far (its last frame not yet).
+    chain: Vec<FrameDesc>,
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -248,6 +255,8 @@ impl SocketFactory<'_> {
                 in_flight: 0,
                 unsent: 0,
                 rx_packets: 0,
+                max_frame: large::frame_limit(name),
+                chain: Vec::new(),
             });
         }
         Ok(out)
@@ -746,10 +755,13 @@ fn new_umem(cfg: &RuntimeConfig, frames: u32) -> Result<(Umem, Vec<FrameDesc>)> 
 }
 
 fn socket_config(cfg: &RuntimeConfig) -> Result<SocketConfig> {
+    // Copy mode takes packets of any length as chains of frames (`XDP_USE_SG`, Linux
+    // >= 6.6): a Pod's TSO super-segment reaches userspace whole instead of dying at the
+    // socket. Zero-copy needs the driver's multi-buffer support, so it is left out there.
     let bind = if cfg.zero_copy {
         BindFlags::XDP_ZEROCOPY
     } else {
-        BindFlags::XDP_COPY
+        BindFlags::XDP_COPY | BindFlags::XDP_USE_SG
     };
     Ok(SocketConfig::builder()
         .rx_queue_size(QueueSize::new(cfg.ring_size).map_err(|e| anyhow!("{e}"))?)

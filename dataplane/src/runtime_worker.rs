@@ -15,6 +15,10 @@ pub(super) struct Bufs {
     cq: Vec<FrameDesc>,
     /// Frames to transmit, by socket (index into the worker's ports).
     pub pending: Vec<Vec<FrameDesc>>,
+    /// The largest frame each socket's interface takes (refreshed every pass).
+    limits: Vec<usize>,
+    /// A multi-buffer or oversized packet, gathered contiguously.
+    gathered: Vec<u8>,
 }
 
 impl Bufs {
@@ -26,6 +30,8 @@ impl Bufs {
             hashes: [0; RX_BATCH],
             cq: vec![FrameDesc::default(); ring_size as usize],
             pending,
+            limits: Vec::new(),
+            gathered: vec![0; super::large::GATHER_MAX],
         }
     }
 }
@@ -77,6 +83,8 @@ fn receive(
     let mtu = cfg.redirect_mtu;
     let (mut received, mut completed) = (0, 0);
     let umem = r.umem;
+    b.limits.clear();
+    b.limits.extend(r.ports.iter().map(|p| p.max_frame));
     for p in r.ports.iter_mut() {
         completed += refill(p, r.pool, &mut b.cq);
         // SAFETY: `rx` receives descriptors of frames of our UMEM that the kernel filled
@@ -99,15 +107,41 @@ fn receive(
             }
             std::hint::black_box(engine.warm(&b.hashes[..n]));
         }
+        let mut out = large::Out {
+            pool: r.pool,
+            umem,
+            pending: &mut b.pending,
+            limits: &b.limits,
+        };
         for d in b.rx.iter_mut().take(n) {
+            if !p.chain.is_empty() || d.options() & large::XDP_PKT_CONTD != 0 {
+                p.chain.push(*d);
+                if d.options() & large::XDP_PKT_CONTD == 0 {
+                    let buf = &mut b.gathered;
+                    match large::gather(&mut p.chain, umem, out.pool, buf) {
+                        Some(len) => {
+                            let pkt = &mut buf[..len];
+                            large::chain(engine, pkt, p.side, nb, egress, now_ms, &mut out)
+                        }
+                        None => engine.counters_mut().drop(DropReason::TooBig),
+                    }
+                }
+                continue;
+            }
             // SAFETY: the frame came off the RX ring, so the kernel no longer touches it
             // and nothing else in userspace refers to it until we hand it on.
             let mut data = unsafe { umem.data_mut(d) };
             let verdict = engine.process(data.contents_mut(), p.side, nb, now_ms);
             let to = dispatch(engine, verdict, &mut data, egress, mtu);
             match to {
-                Some(j) => b.pending[j].push(*d),
-                None => r.pool.free.push(*d),
+                Some(j) if data.contents().len() > out.limits[j] => {
+                    let len = data.contents().len();
+                    b.gathered[..len].copy_from_slice(data.contents());
+                    out.pool.free.push(*d);
+                    large::emit(engine, &b.gathered[..len], j, now_ms, &mut out);
+                }
+                Some(j) => out.pending[j].push(*d),
+                None => out.pool.free.push(*d),
             }
         }
     }
@@ -500,6 +534,8 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
         tx_packets: c.tx_packets,
         xdp_fast_packets: c.xdp_fast_packets,
         xdp_fast_replies: c.xdp_fast_replies,
+        segmented: c.segmented,
+        segments: c.segments,
         flows: flows.len() as u64,
         flow_capacity: flows.capacity() as u64,
         flow_table_bytes: flows.memory_bytes() as u64,
@@ -537,6 +573,14 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
             st.xsk_rx_dropped += x.rx_dropped();
             st.xsk_rx_ring_full += x.rx_ring_full();
             st.xsk_fill_ring_empty += x.rx_fill_ring_empty_descs();
+            // What the kernel drops at the sockets is a drop like any other: named.
+            for (r, n) in [
+                (DropReason::SocketRxDropped, x.rx_dropped()),
+                (DropReason::SocketRxRingFull, x.rx_ring_full()),
+                (DropReason::SocketTxInvalid, x.tx_invalid_descs()),
+            ] {
+                *st.drops.entry(r.name().to_string()).or_default() += n;
+            }
         }
     }
     st
@@ -550,6 +594,8 @@ pub(super) fn merge(total: &mut Stats, other: &Stats) {
     total.xdp_fast_packets += other.xdp_fast_packets;
     total.xdp_fast_replies += other.xdp_fast_replies;
     total.tx_packets += other.tx_packets;
+    total.segmented += other.segmented;
+    total.segments += other.segments;
     total.flows += other.flows;
     total.flow_capacity += other.flow_capacity;
     total.flow_table_bytes += other.flow_table_bytes;

@@ -31,7 +31,7 @@ use anyhow::{bail, ensure, Context, Result};
 use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
 use juneau_control::shm::{Capacity, NodeStateWriter};
 use juneau_tests::frames::{inet_checksum, inject, send_raw_ipv4, TcpFlood};
-use juneau_tests::http::{http_get, read_response, TestBackend};
+use juneau_tests::http::{download, http_get, pattern, read_response, upload, TestBackend};
 use juneau_tests::netns::{
     in_ns, mac_of, require_root, run, unique_prefix, veth, veth_queues, Netns, NsChild,
 };
@@ -2376,4 +2376,110 @@ fn more_workers_than_queues_is_refused_with_a_clear_error() -> Result<()> {
         "{msg}"
     );
     Ok(())
+}
+
+/// Every size a real client moves through the VIP, both ways — a small page, 64 KiB,
+/// 4 MiB and 64 MiB — each byte checked (a truncated or altered body fails).
+fn bodies_cross_the_vip(lab: &Lab) -> Result<()> {
+    let ns = lab.client.name();
+    for n in [615usize, 64 << 10, 4 << 20, 64 << 20] {
+        download(ns, &format!("http://{VIP}/bytes/{n}"), &pattern(n), 60)?;
+    }
+    for n in [615usize, 64 << 10, 4 << 20, 64 << 20] {
+        upload(ns, &format!("http://{VIP}/upload"), &pattern(n), 60)?;
+    }
+    Ok(())
+}
+
+/// Nothing was lost without a name, and nothing for being too big.
+fn assert_no_size_drops(lab: &Lab) {
+    for r in [
+        "too_big",
+        "no_free_frame",
+        "socket_rx_dropped",
+        "socket_rx_ring_full",
+        "socket_tx_invalid",
+        "malformed",
+    ] {
+        assert_eq!(lab.drops(r), 0, "{r}: {}", lab.stats().unwrap_or_default());
+    }
+}
+
+/// TSO and GSO of a namespace's `eth0` as `ethtool -k` reports them ("on" / "off").
+fn offloads(ns: &Netns) -> Result<String> {
+    let out = ns.exec(&["ethtool", "-k", "eth0"])?;
+    Ok(out
+        .lines()
+        .filter(|l| {
+            l.starts_with("tcp-segmentation-offload")
+                || l.starts_with("generic-segmentation-offload")
+        })
+        .collect::<Vec<_>>()
+        .join(", "))
+}
+
+#[test]
+fn large_bodies_cross_a_bridge_from_pods_with_tso_on() -> Result<()> {
+    let lab = Lab::bridged("dpL")?;
+    for p in &lab.pods {
+        let o = offloads(p)?;
+        ensure!(
+            !o.contains(": off"),
+            "a bridged Pod keeps TSO/GSO on, as CNIs leave it: {o}"
+        );
+    }
+    bodies_cross_the_vip(&lab)?;
+    ensure!(
+        lab.stat("segmented") > 0,
+        "the Pods' super-segments reached the dataplane whole and were cut: {}",
+        lab.stats()?
+    );
+    assert_no_size_drops(&lab);
+    lab.finish()
+}
+
+#[test]
+fn large_bodies_cross_per_pod_veths_with_uplink_gro_off_and_on() -> Result<()> {
+    let lab = Lab::new("dpM")?;
+    bodies_cross_the_vip(&lab)?;
+    lab.client.exec(&["ethtool", "-K", "eth0", "gro", "on"])?;
+    lab.node.exec(&["ethtool", "-K", "up0", "gro", "on"])?;
+    bodies_cross_the_vip(&lab)?;
+    assert_no_size_drops(&lab);
+    lab.finish()
+}
+
+#[test]
+fn large_bodies_cross_overlay_pod_mtus_and_a_jumbo_uplink() -> Result<()> {
+    let mut lab = Lab::bridged("dpJ")?;
+    lab.kill9();
+    for p in &lab.pods {
+        p.exec(&["ip", "link", "set", "eth0", "mtu", "1450"])?;
+    }
+    for pv in ["pv0", "pv1"] {
+        lab.node.exec(&["ip", "link", "set", pv, "mtu", "1450"])?;
+    }
+    lab.node
+        .exec(&["ip", "link", "set", "up0", "mtu", "9000"])?;
+    lab.client
+        .exec(&["ip", "link", "set", "eth0", "mtu", "9000"])?;
+    lab.start()?;
+    bodies_cross_the_vip(&lab)?;
+    assert_no_size_drops(&lab);
+    lab.finish()
+}
+
+#[test]
+fn large_uploads_cross_a_generic_xdp_uplink_that_hands_over_gro_segments() -> Result<()> {
+    // Generic (skb) XDP runs after GRO: the client's segments reach the program merged.
+    let lab = Lab::build_with("dpG", 1, true, false, &["--generic-xdp"])?;
+    lab.node.exec(&["ethtool", "-K", "up0", "gro", "on"])?;
+    bodies_cross_the_vip(&lab)?;
+    ensure!(
+        lab.stat("segmented") > 0,
+        "super-segments (the Pods' TSO, the uplink's GRO) were cut: {}",
+        lab.stats()?
+    );
+    assert_no_size_drops(&lab);
+    lab.finish()
 }

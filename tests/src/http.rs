@@ -1,8 +1,11 @@
 //! A test backend Pod's servers and a raw HTTP/1.1 client, for tests that run their own
 //! backends on threads inside Pod namespaces (dataplane and static-stability tests): the
-//! backend answers `GET /` with `<name> saw <peer>` and `GET /big` with 1 MiB, keeps
-//! connections alive, can echo UDP, and records the peer of every request (its access
-//! log) — the client address a Pod saw is what these tests check.
+//! backend answers `GET /` with `<name> saw <peer>`, `GET /big` with 1 MiB, `GET
+//! /bytes/N` with N bytes of [`pattern`] and `POST /upload` (any Content-Length) with
+//! `<length> <fnv64 of the body>`, keeps connections alive, can echo UDP, and records
+//! the peer of every request (its access log) — the client address a Pod saw is what
+//! these tests check. [`download`] and [`upload`] move such bodies with curl from a
+//! namespace and fail on any truncated or altered byte.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -128,10 +131,24 @@ fn serve_http(
         }
         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let req = String::from_utf8_lossy(&buf[..end]).to_string();
+            let want = content_length(&req);
+            if buf.len() < end + 4 + want {
+                break; // the request's body is still coming
+            }
             buf.drain(..end + 4);
+            let sent: Vec<u8> = buf.drain(..want).collect();
             log.lock().unwrap().push(peer);
             let body = if req.starts_with("GET /big") {
                 vec![b'x'; 1 << 20]
+            } else if let Some(n) = req.strip_prefix("GET /bytes/") {
+                let n = n
+                    .split(' ')
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                pattern(n.min(1 << 30))
+            } else if req.starts_with("POST /upload") {
+                format!("{} {:016x}\n", sent.len(), fnv64(&sent)).into_bytes()
             } else {
                 format!("{name} saw {peer}\n").into_bytes()
             };
@@ -148,6 +165,98 @@ fn serve_http(
             }
         }
     }
+}
+
+/// The Content-Length of a request head (0 without one).
+fn content_length(head: &str) -> usize {
+    head.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0)
+}
+
+/// `n` bytes of a fixed pseudo-random pattern (every byte depends on its offset, so a
+/// lost, duplicated or reordered segment changes the result): what `GET /bytes/N`
+/// answers and what [`upload`] sends.
+pub fn pattern(n: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// FNV-1a, 64 bits: the upload check (a cryptographic hash adds nothing against
+/// corruption in transit).
+pub fn fnv64(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Downloads `url` with curl from namespace `ns` (at most `secs` seconds) and checks the
+/// body is exactly `expect`: a truncated or altered body is an error saying how much
+/// arrived.
+pub fn download(ns: &str, url: &str, expect: &[u8], secs: u32) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("body");
+    let f = file.to_str().context("path")?;
+    let m = secs.to_string();
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "curl", "-sS", "-m", &m, "-o", f, url])
+        .output()?;
+    let got = std::fs::read(&file).unwrap_or_default();
+    ensure!(
+        out.status.success() && got == expect,
+        "download of {} bytes from {url}: {} bytes arrived{} ({})",
+        expect.len(),
+        got.len(),
+        if got.len() == expect.len() {
+            ", altered"
+        } else {
+            ""
+        },
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+/// Uploads `body` with curl from namespace `ns` to a backend's `POST /upload` at `url`
+/// (at most `secs` seconds) and checks the backend received exactly `body`.
+pub fn upload(ns: &str, url: &str, body: &[u8], secs: u32) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("body");
+    std::fs::write(&file, body)?;
+    let data = format!("@{}", file.to_str().context("path")?);
+    let m = secs.to_string();
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns", "exec", ns, "curl", "-sS", "-m", &m, "-H", "Expect:",
+        ])
+        .args([
+            "-H",
+            "Content-Type: application/octet-stream",
+            "--data-binary",
+            &data,
+            url,
+        ])
+        .output()?;
+    let want = format!("{} {:016x}", body.len(), fnv64(body));
+    let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    ensure!(
+        out.status.success() && got == want,
+        "upload of {} bytes to {url}: backend answered {got:?}, want {want:?} ({})",
+        body.len(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
 }
 
 /// Sends `GET /` on a kept-alive connection and returns the body.
@@ -208,7 +317,12 @@ mod tests {
         assert_eq!(http_get(&mut c)?, format!("pod9 saw {me}\n"));
         c.write_all(b"GET /big HTTP/1.1\r\nHost: vip\r\n\r\n")?;
         assert_eq!(read_response(&mut c)?.len(), 1 << 20);
-        assert_eq!(log.lock().unwrap().as_slice(), &[me, me, me]);
+        let body = pattern(300_000);
+        c.write_all(b"POST /upload HTTP/1.1\r\nHost: vip\r\ncontent-length: 300000\r\n\r\n")?;
+        c.write_all(&body)?;
+        let want = format!("300000 {:016x}\n", fnv64(&body));
+        assert_eq!(read_response(&mut c)?, want);
+        assert_eq!(log.lock().unwrap().as_slice(), &[me, me, me, me]);
         stop.store(true, Ordering::Relaxed);
         t.join().unwrap();
         Ok(())
