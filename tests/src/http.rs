@@ -259,6 +259,54 @@ pub fn upload(ns: &str, url: &str, body: &[u8], secs: u32) -> Result<()> {
     Ok(())
 }
 
+/// Uploads `body` with curl from namespace `ns` by WebDAV `PUT` to `url` (the lab's
+/// nginx, `/uploads/...`), then reads it back with `GET` on the same kept-alive
+/// connection (so from the same Pod), and checks every byte came back.
+pub fn put_and_get(ns: &str, url: &str, body: &[u8], secs: u32) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (src, back) = (dir.path().join("up"), dir.path().join("back"));
+    std::fs::write(&src, body)?;
+    let m = secs.to_string();
+    let (s, b) = (
+        src.to_str().context("path")?,
+        back.to_str().context("path")?,
+    );
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns", "exec", ns, "curl", "-sS", "-f", "-m", &m, "-H", "Expect:",
+        ])
+        .args([
+            "-T",
+            s,
+            url,
+            "-o",
+            "/dev/null",
+            "--next",
+            "-sS",
+            "-f",
+            "-m",
+            &m,
+            "-o",
+            b,
+            url,
+        ])
+        .output()?;
+    let got = std::fs::read(&back).unwrap_or_default();
+    ensure!(
+        out.status.success() && got == body,
+        "upload of {} bytes to {url}: {} bytes read back{} ({})",
+        body.len(),
+        got.len(),
+        if got.len() == body.len() {
+            ", altered"
+        } else {
+            ""
+        },
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
 /// Sends `GET /` on a kept-alive connection and returns the body.
 pub fn http_get(conn: &mut TcpStream) -> Result<String> {
     conn.write_all(b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n")?;

@@ -21,6 +21,15 @@ use anyhow::{bail, Context, Result};
 
 /// The sandbox image every node's containerd uses (`sandbox_image`).
 pub const PAUSE_IMAGE: &str = "localhost/juneau-pause:1";
+/// Files the nginx image serves under `/files/` (name, length), each
+/// [`crate::http::pattern`] of its length: a page's size up to a large download.
+pub const LARGE_FILES: [(&str, usize); 4] = [
+    ("615", 615),
+    ("64k", 64 << 10),
+    ("4m", 4 << 20),
+    ("64m", 64 << 20),
+];
+
 /// The guide's nginx image name (stored as `docker.io/library/nginx:1.27`).
 pub const NGINX_IMAGE: &str = "nginx:1.27";
 
@@ -50,9 +59,18 @@ http {
   access_log /dev/stdout;
   keepalive_timeout 65;
   keepalive_requests 100000;
+  client_max_body_size 128m;
+  client_body_temp_path /tmp/body;
   server {
     listen 80;
     root /var/www/html;
+    # Uploads (WebDAV PUT), read back with GET on the same connection: real bodies in
+    # both directions (see `LARGE_FILES`).
+    location /uploads/ {
+      root /tmp;
+      dav_methods PUT DELETE;
+      create_full_put_path on;
+    }
     index index.html index.nginx-debian.html;
     add_header X-Served-By $hostname always;
     location = /healthz {
@@ -198,6 +216,16 @@ fn build_nginx(dir: &Path) -> Result<PathBuf> {
     };
     fs::write(rootfs.join("var/www/html/index.nginx-debian.html"), page)?;
     fs::write(rootfs.join("etc/nginx/nginx.conf"), NGINX_CONF)?;
+    fs::create_dir_all(rootfs.join("var/www/html/files"))?;
+    for (name, len) in LARGE_FILES {
+        fs::write(
+            rootfs.join("var/www/html/files").join(name),
+            crate::http::pattern(len),
+        )?;
+    }
+    // Workers run as www-data: uploads and request bodies go to a world-writable /tmp.
+    use std::os::unix::fs::PermissionsExt as _;
+    fs::set_permissions(rootfs.join("tmp"), fs::Permissions::from_mode(0o1777))?;
     fs::write(
         rootfs.join("etc/passwd"),
         "root:x:0:0:root:/root:/bin/sh\nwww-data:x:33:33:www-data:/var/www:/usr/sbin/nologin\n\

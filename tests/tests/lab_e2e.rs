@@ -17,6 +17,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use juneau_tests::http::{download, pattern, put_and_get};
+use juneau_tests::images::LARGE_FILES;
 use juneau_tests::lab::{
     self, check_nothing_left, in_ns, kubectl, nginx_pods, router_next_hops, CLIENT_IP, STATE, VIP,
 };
@@ -89,6 +91,22 @@ fn curl_vip() -> Result<String> {
         }
     }
     Err(last.expect("three attempts"))
+}
+
+/// Real payloads through the VIP from the lab's client, to real nginx Pods behind the
+/// bridge CNI (TSO on, as every CNI leaves it): every file of the image 5 times (4 MiB
+/// within 10 s each), and uploads of each size read back byte for byte.
+fn large_bodies_through_the_vip() -> Result<()> {
+    for (name, len) in LARGE_FILES {
+        let want = pattern(len);
+        let secs = if len > 4 << 20 { 60 } else { 10 };
+        for _ in 0..5 {
+            download("client", &format!("http://{VIP}/files/{name}"), &want, secs)?;
+        }
+        let url = format!("http://{VIP}/uploads/{name}");
+        put_and_get("client", &url, &want, secs)?;
+    }
+    Ok(())
 }
 
 /// The pid of each node's `juneau-dataplane` as the lab recorded it, checked to be a
@@ -269,6 +287,7 @@ fn walk() -> Result<()> {
         page.contains("Welcome to nginx"),
         "curl http://{VIP}/ answered: {page}"
     );
+    large_bodies_through_the_vip()?;
     let logs: String = nginx_pods()?
         .iter()
         .map(|p| kubectl(&["logs", &p.name]).unwrap_or_default())
