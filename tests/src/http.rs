@@ -212,17 +212,28 @@ pub fn download(ns: &str, url: &str, expect: &[u8], secs: u32) -> Result<()> {
     let out = std::process::Command::new("ip")
         .args(["netns", "exec", ns, "curl", "-sS", "-m", &m, "-o", f, url])
         .output()?;
-    let got = std::fs::read(&file).unwrap_or_default();
+    same_body(&format!("download from {url}"), expect, &file, &out)
+}
+
+/// Whether curl succeeded and the file it wrote holds exactly `want`; the error says
+/// how many bytes arrived and curl's own words.
+fn same_body(
+    what: &str,
+    want: &[u8],
+    file: &std::path::Path,
+    out: &std::process::Output,
+) -> Result<()> {
+    let got = std::fs::read(file).unwrap_or_default();
+    let altered = if got.len() == want.len() {
+        ", altered"
+    } else {
+        ""
+    };
     ensure!(
-        out.status.success() && got == expect,
-        "download of {} bytes from {url}: {} bytes arrived{} ({})",
-        expect.len(),
+        out.status.success() && got == want,
+        "{what}: {} of {} bytes{altered} ({})",
         got.len(),
-        if got.len() == expect.len() {
-            ", altered"
-        } else {
-            ""
-        },
+        want.len(),
         String::from_utf8_lossy(&out.stderr).trim()
     );
     Ok(())
@@ -291,20 +302,7 @@ pub fn put_and_get(ns: &str, url: &str, body: &[u8], secs: u32) -> Result<()> {
             url,
         ])
         .output()?;
-    let got = std::fs::read(&back).unwrap_or_default();
-    ensure!(
-        out.status.success() && got == body,
-        "upload of {} bytes to {url}: {} bytes read back{} ({})",
-        body.len(),
-        got.len(),
-        if got.len() == body.len() {
-            ", altered"
-        } else {
-            ""
-        },
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(())
+    same_body(&format!("upload to {url}, read back"), body, &back, &out)
 }
 
 /// Sends `GET /` on a kept-alive connection and returns the body.
