@@ -2,9 +2,13 @@
 //! change: requests, failed requests, connection resets and the longest time without a
 //! successful response.
 //!
-//! Two kinds of clients run side by side, each paced (bounded rate) and bounded in time:
+//! Three kinds of clients run side by side, each paced (bounded rate) and bounded in time:
 //! keep-alive clients (one connection, request after request, like a browser or a
-//! connection pool) and new-connection clients (connect, one request, close). A request
+//! connection pool), new-connection clients (connect, one request, close), and bulk
+//! clients (one keep-alive connection alternating a [`BULK_DOWNLOAD`] download and a
+//! [`BULK_UPLOAD_BYTES`] WebDAV upload, about one of each per second): real payloads
+//! beside the small page. A body that stops before its Content-Length is a failure,
+//! counted in `truncated`. A request
 //! that fails on a reused keep-alive connection before any byte of the answer came back
 //! is retried once on a new connection, as HTTP clients do for idempotent requests (the
 //! server may have closed an idle connection); it counts as a reset or failure only if
@@ -40,7 +44,15 @@ pub struct LoadSpec {
     pub stop_file: Option<PathBuf>,
     /// Connect timeout and per-request read timeout.
     pub timeout: Duration,
+    /// Bulk clients (large downloads and uploads on a keep-alive connection).
+    pub bulk_clients: usize,
 }
+
+/// What a bulk client downloads: the lab nginx image's 4 MiB file
+/// (`crate::images::LARGE_FILES`).
+pub const BULK_DOWNLOAD: &str = "/files/4m";
+/// Bytes a bulk client uploads per request (WebDAV `PUT /uploads/bulk-<client>`).
+pub const BULK_UPLOAD_BYTES: usize = 1 << 20;
 
 /// What happened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -68,6 +80,11 @@ pub struct LoadReport {
     /// (the connection's packets went nowhere: e.g. dropped by a node that does not hold
     /// it). Counted whether or not the retry then succeeded.
     pub keepalive_timeouts: u64,
+    /// Of the failed: an answer whose body stopped before its Content-Length (the
+    /// connection closed, reset or stalled mid-body).
+    pub truncated: u64,
+    /// Body bytes the bulk clients moved (downloads and uploads that succeeded).
+    pub bulk_bytes: u64,
     /// Longest time between two successful answers (or from start/to end), ms.
     pub longest_gap_ms: u64,
     /// How long the load ran, ms.
@@ -83,6 +100,7 @@ impl LoadReport {
             "keepalive_retries": self.keepalive_retries,
             "keepalive_resets": self.keepalive_resets,
             "keepalive_timeouts": self.keepalive_timeouts,
+            "truncated": self.truncated, "bulk_bytes": self.bulk_bytes,
             "longest_gap_ms": self.longest_gap_ms, "duration_ms": self.duration_ms,
         })
     }
@@ -104,6 +122,8 @@ impl LoadReport {
             // Absent from reports of older builds.
             keepalive_resets: v["keepalive_resets"].as_u64().unwrap_or(0),
             keepalive_timeouts: v["keepalive_timeouts"].as_u64().unwrap_or(0),
+            truncated: v["truncated"].as_u64().unwrap_or(0),
+            bulk_bytes: v["bulk_bytes"].as_u64().unwrap_or(0),
             longest_gap_ms: g("longest_gap_ms")?,
             duration_ms: g("duration_ms")?,
         })
@@ -117,6 +137,8 @@ enum Outcome {
     Reset,
     /// Closed (FIN) before a full answer; counted with the resets.
     Closed,
+    /// The body stopped before its Content-Length.
+    Truncated,
     Timeout,
     Refused,
     Other,
@@ -133,15 +155,45 @@ fn classify(e: &std::io::Error) -> Outcome {
     }
 }
 
-/// One request on `conn`; `Ok(reusable)` (false when the server announced
-/// `Connection: close`), `Err((outcome, got_any_byte))` on failure.
-fn request(conn: &mut TcpStream, host: &str, keepalive: bool) -> Result<bool, (Outcome, bool)> {
-    let req = format!(
-        "GET / HTTP/1.1\r\nHost: {host}\r\nUser-Agent: juneau-load\r\nConnection: {}\r\n\r\n",
-        if keepalive { "keep-alive" } else { "close" }
-    );
-    conn.write_all(req.as_bytes())
+/// A request a client sends.
+#[derive(Debug, Clone, Copy)]
+enum Req<'a> {
+    /// `GET /`.
+    Page,
+    /// `GET path`, the body counted.
+    Download(&'a str),
+    /// `PUT path` with this body.
+    Upload(&'a str, &'a [u8]),
+}
+
+impl Req<'_> {
+    fn head(&self, host: &str, keepalive: bool) -> String {
+        let conn = if keepalive { "keep-alive" } else { "close" };
+        let (method, path, len) = match *self {
+            Req::Page => ("GET", "/", None),
+            Req::Download(p) => ("GET", p, None),
+            Req::Upload(p, b) => ("PUT", p, Some(b.len())),
+        };
+        let len = len
+            .map(|n| format!("Content-Length: {n}\r\n"))
+            .unwrap_or_default();
+        format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: juneau-load\r\nConnection: {conn}\r\n{len}\r\n")
+    }
+}
+
+/// One request on `conn`; `Ok((reusable, body bytes))` (not reusable when the server
+/// announced `Connection: close`), `Err((outcome, got_any_byte))` on failure.
+fn request(
+    conn: &mut TcpStream,
+    host: &str,
+    keepalive: bool,
+    req: Req<'_>,
+) -> Result<(bool, usize), (Outcome, bool)> {
+    conn.write_all(req.head(host, keepalive).as_bytes())
         .map_err(|e| (classify(&e), false))?;
+    if let Req::Upload(_, body) = req {
+        conn.write_all(body).map_err(|e| (classify(&e), false))?;
+    }
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
     let header_end;
@@ -163,7 +215,7 @@ fn request(conn: &mut TcpStream, host: &str, keepalive: bool) -> Result<bool, (O
         }
     }
     let head = String::from_utf8_lossy(&buf[..header_end]).to_ascii_lowercase();
-    let status_ok = head.starts_with("http/1.1 200");
+    let status_ok = head.starts_with("http/1.1 2");
     let len: usize = head
         .lines()
         .find_map(|l| l.strip_prefix("content-length:"))
@@ -175,16 +227,15 @@ fn request(conn: &mut TcpStream, host: &str, keepalive: bool) -> Result<bool, (O
         .any(|v| v.trim() == "close");
     let mut have = buf.len() - header_end;
     while have < len {
-        let n = conn.read(&mut chunk).map_err(|e| (classify(&e), true))?;
-        if n == 0 {
-            return Err((Outcome::Reset, true));
+        match conn.read(&mut chunk) {
+            Ok(0) | Err(_) => return Err((Outcome::Truncated, true)),
+            Ok(n) => have += n,
         }
-        have += n;
     }
     if !status_ok {
         return Err((Outcome::Status, true));
     }
-    Ok(!server_closes)
+    Ok((!server_closes, have))
 }
 
 #[derive(Default)]
@@ -209,12 +260,27 @@ fn record(shared: &Mutex<Shared>, start: Instant, outcome: Outcome) {
             s.report.failed += 1;
             match o {
                 Outcome::Reset | Outcome::Closed => s.report.resets += 1,
+                Outcome::Truncated => s.report.truncated += 1,
                 Outcome::Timeout => s.report.timeouts += 1,
                 Outcome::Refused => s.report.refused += 1,
                 _ => {}
             }
         }
     }
+}
+
+/// Counts a bulk request's payload (the download's body, or the upload's).
+fn note_bulk(shared: &Mutex<Shared>, req: Req<'_>, body_in: usize) {
+    let bytes = match req {
+        Req::Page => return,
+        Req::Download(_) => body_in,
+        Req::Upload(_, b) => b.len(),
+    };
+    shared
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .report
+        .bulk_bytes += bytes as u64;
 }
 
 fn connect(spec: &LoadSpec) -> Result<TcpStream, Outcome> {
@@ -225,18 +291,41 @@ fn connect(spec: &LoadSpec) -> Result<TcpStream, Outcome> {
     Ok(c)
 }
 
-fn client(
-    spec: &LoadSpec,
-    keepalive: bool,
-    shared: &Mutex<Shared>,
-    stop: &AtomicBool,
-    start: Instant,
-) {
+/// What a client thread does.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// `GET /` on one kept-alive connection.
+    KeepAlive,
+    /// `GET /`, one connection per request.
+    Fresh,
+    /// Bulk client number n: alternately a [`BULK_DOWNLOAD`] and an upload, kept alive,
+    /// two requests a second at most.
+    Bulk(usize),
+}
+
+fn client(spec: &LoadSpec, kind: Kind, shared: &Mutex<Shared>, stop: &AtomicBool, start: Instant) {
     let host = spec.target.ip().to_string();
-    let pace = Duration::from_secs_f64(1.0 / f64::from(spec.rate_per_client.max(1)));
+    let keepalive = !matches!(kind, Kind::Fresh);
+    let rate = match kind {
+        Kind::Bulk(_) => 2,
+        _ => spec.rate_per_client.max(1),
+    };
+    let pace = Duration::from_secs_f64(1.0 / f64::from(rate));
+    let upload = crate::http::pattern(BULK_UPLOAD_BYTES);
+    let upload_path = match kind {
+        Kind::Bulk(n) => format!("/uploads/bulk-{n}"),
+        _ => String::new(),
+    };
+    let mut sent = 0u64;
     let mut conn: Option<TcpStream> = None;
     let mut next = Instant::now();
     while !stop.load(Ordering::Relaxed) && start.elapsed() < spec.max_duration {
+        let req = match kind {
+            Kind::Bulk(_) if sent % 2 == 0 => Req::Download(BULK_DOWNLOAD),
+            Kind::Bulk(_) => Req::Upload(&upload_path, &upload),
+            _ => Req::Page,
+        };
+        sent += 1;
         let now = Instant::now();
         if now < next {
             std::thread::sleep(next - now);
@@ -256,11 +345,12 @@ fn client(
                 }
             },
         };
-        let outcome = match request(&mut c, &host, keepalive) {
-            Ok(reusable) => {
+        let outcome = match request(&mut c, &host, keepalive, req) {
+            Ok((reusable, bytes)) => {
                 if keepalive && reusable {
                     conn = Some(c);
                 }
+                note_bulk(shared, req, bytes);
                 Outcome::Ok
             }
             Err((first, false)) if reused => {
@@ -274,11 +364,12 @@ fn client(
                 }
                 // The reused connection failed before any answer: retry once, new connection.
                 let retried = match connect(spec) {
-                    Ok(mut c2) => match request(&mut c2, &host, keepalive) {
-                        Ok(reusable) => {
+                    Ok(mut c2) => match request(&mut c2, &host, keepalive, req) {
+                        Ok((reusable, bytes)) => {
                             if reusable {
                                 conn = Some(c2);
                             }
+                            note_bulk(shared, req, bytes);
                             Outcome::Ok
                         }
                         Err((o, _)) => o,
@@ -302,18 +393,25 @@ fn client(
 
 /// Runs the load until `max_duration` or the stop file; returns the counts.
 pub fn run(spec: &LoadSpec) -> Result<LoadReport> {
-    if spec.keepalive_clients + spec.new_connection_clients == 0 {
+    if spec.keepalive_clients + spec.new_connection_clients + spec.bulk_clients == 0 {
         bail!("no clients");
     }
     let shared = Arc::new(Mutex::new(Shared::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let mut threads = Vec::new();
-    for i in 0..spec.keepalive_clients + spec.new_connection_clients {
-        let keepalive = i < spec.keepalive_clients;
+    let small = spec.keepalive_clients + spec.new_connection_clients;
+    for i in 0..small + spec.bulk_clients {
+        let kind = if i < spec.keepalive_clients {
+            Kind::KeepAlive
+        } else if i < small {
+            Kind::Fresh
+        } else {
+            Kind::Bulk(i - small)
+        };
         let (spec, shared, stop) = (spec.clone(), shared.clone(), stop.clone());
         threads.push(std::thread::spawn(move || {
-            client(&spec, keepalive, &shared, &stop, start)
+            client(&spec, kind, &shared, &stop, start)
         }));
     }
     while start.elapsed() < spec.max_duration {
@@ -400,6 +498,7 @@ mod tests {
             max_duration: Duration::from_millis(600),
             stop_file: None,
             timeout: Duration::from_secs(1),
+            bulk_clients: 0,
         }
     }
 
@@ -412,6 +511,28 @@ mod tests {
         // The server closes each connection after 3 answers.
         assert!(r.keepalive_retries > 0, "{r:?}");
         assert!(r.longest_gap_ms < 500, "{r:?}");
+        Ok(())
+    }
+
+    /// A body that stops before its Content-Length is a failure counted as truncated.
+    #[test]
+    fn a_body_cut_short_is_a_truncated_failure() -> Result<()> {
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        let addr = l.local_addr()?;
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { continue };
+                let mut buf = [0u8; 2048];
+                let _ = c.read(&mut buf);
+                let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\npartial");
+                let _ = c.shutdown(std::net::Shutdown::Write);
+                while matches!(c.read(&mut buf), Ok(n) if n > 0) {}
+            }
+        });
+        let r = run(&spec(addr))?;
+        assert!(r.requests > 0, "{r:?}");
+        assert_eq!(r.truncated, r.failed, "{r:?}");
+        assert_eq!(r.ok, 0, "{r:?}");
         Ok(())
     }
 

@@ -47,6 +47,10 @@ enum Cmd {
         /// Requests per second per client at most.
         #[arg(long, default_value_t = 20)]
         rate: u32,
+        /// Bulk clients: a 4 MiB download and a 1 MiB upload a second each, on a
+        /// kept-alive connection (real payloads beside the small page).
+        #[arg(long, default_value_t = 2)]
+        bulk: usize,
         /// Stop after this many seconds at the latest.
         #[arg(long, default_value_t = 120)]
         max_seconds: u64,
@@ -140,6 +144,7 @@ fn main() -> Result<()> {
             keepalive,
             fresh,
             rate,
+            bulk,
             max_seconds,
             stop_file,
             out,
@@ -152,6 +157,7 @@ fn main() -> Result<()> {
                 max_duration: Duration::from_secs(max_seconds),
                 stop_file,
                 timeout: Duration::from_secs(2),
+                bulk_clients: bulk,
             })?;
             let text = report.to_json().to_string();
             if let Some(p) = out {
