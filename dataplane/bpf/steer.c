@@ -246,6 +246,32 @@ struct {
 	__type(value, __u64);
 } steer_drops SEC(".maps");
 
+// Datagrams a backend's reply was fragmented into (source, destination, IP id,
+// protocol), recorded when the first fragment matches a flow's reverse key: their later
+// fragments, which carry no ports, go to userspace too (`dataplane/src/frag.rs`), other
+// later fragments (a Pod's own traffic) pass. LRU: bounded, the oldest forgotten.
+struct frag_key {
+	__u32 src;
+	__u32 dst;
+	__u16 id;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct frag_key);
+	__type(value, __u8);
+} frag_replies SEC(".maps");
+
+static __always_inline struct frag_key frag_key_of(struct iphdr *ip)
+{
+	struct frag_key k = { .src = ip->saddr, .dst = ip->daddr, .id = ip->id,
+			      .proto = ip->protocol, .pad = 0 };
+	return k;
+}
+
 // Which build of this program (and of its maps' sizes) is pinned beside the maps, so that
 // a restarted dataplane of the same build reuses the verified program instead of loading
 // it again (the verifier takes ~2 s here; the node's connections wait for the restart).
@@ -833,8 +859,11 @@ static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *en
 // handles, ICMP).
 static __always_inline int pod_fast(struct xdp_md *ctx, struct iphdr *ip, void *end)
 {
-	if (ip->frag_off & bpf_htons(0x1fff))
-		return XDP_PASS; // a later fragment: no ports to match (see docs)
+	if (ip->frag_off & bpf_htons(0x1fff)) {
+		// A later fragment: no ports to match; it follows its first fragment.
+		struct frag_key fk = frag_key_of(ip);
+		return bpf_map_lookup_elem(&frag_replies, &fk) ? SLOW_PATH : XDP_PASS;
+	}
 	__u32 ihl = (ip->ihl & 0xf) * 4;
 	if (ihl < sizeof(*ip))
 		return XDP_PASS;
@@ -847,8 +876,14 @@ static __always_inline int pod_fast(struct xdp_md *ctx, struct iphdr *ip, void *
 	find_flow(&c, ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol, 1);
 	if (c.result == FIND_MISS)
 		return XDP_PASS;
-	// First fragments and packets with options of a flow go too: userspace counts and
-	// drops them rather than let the kernel route them un-NATed.
+	// First fragments and packets with options of a flow go too: userspace NATs a first
+	// fragment (its later ones follow, see `frag_replies`) and drops options rather than
+	// let the kernel route them un-NATed.
+	if (ip->frag_off & bpf_htons(0x2000)) {
+		struct frag_key fk = frag_key_of(ip);
+		__u8 one = 1;
+		bpf_map_update_elem(&frag_replies, &fk, &one, BPF_ANY);
+	}
 	if (ihl != sizeof(*ip) || (ip->frag_off & bpf_htons(0x3fff)))
 		return SLOW_PATH;
 	if (c.result == FIND_HIT) {

@@ -13,7 +13,8 @@ use serde::Serialize;
 pub enum DropReason {
     /// The frame failed to parse (truncated, bad lengths, bad version).
     Malformed,
-    /// An IPv4 fragment to a VIP or from a backend: never NATed (no ports to match).
+    /// An IPv4 fragment that cannot be followed: a first fragment too short to hold its
+    /// transport header (RFC 1858), or one of another protocol than TCP/UDP.
     Fragment,
     /// An IPv4 header with options to a VIP or from a backend: not forwarded.
     IpOptions,
@@ -77,11 +78,17 @@ pub enum DropReason {
     SocketRxRingFull,
     /// The kernel refused a descriptor on a TX ring (kernel `tx_invalid_descs`).
     SocketTxInvalid,
+    /// A later IPv4 fragment held for its datagram's first fragment, which did not come
+    /// in time (or newer datagrams evicted it from the bounded fragment table).
+    FragmentExpired,
+    /// A later IPv4 fragment not held: the bytes held for its datagram or for all
+    /// datagrams are at their limit.
+    FragmentHeldFull,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 27] = [
+    pub const ALL: [DropReason; 29] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -109,6 +116,8 @@ impl DropReason {
         DropReason::SocketRxDropped,
         DropReason::SocketRxRingFull,
         DropReason::SocketTxInvalid,
+        DropReason::FragmentExpired,
+        DropReason::FragmentHeldFull,
     ];
 
     /// The label used in metrics and the stats file.
@@ -141,6 +150,8 @@ impl DropReason {
             DropReason::SocketRxDropped => "socket_rx_dropped",
             DropReason::SocketRxRingFull => "socket_rx_ring_full",
             DropReason::SocketTxInvalid => "socket_tx_invalid",
+            DropReason::FragmentExpired => "fragment_expired",
+            DropReason::FragmentHeldFull => "fragment_held_full",
         }
     }
 }
@@ -271,6 +282,10 @@ pub struct Stats {
     /// Of `xdp_fast_packets`, the backends' replies.
     #[serde(default)]
     pub xdp_fast_replies: u64,
+    /// IPv4 datagrams whose fragments are being followed (first fragment decided, or
+    /// early fragments held).
+    #[serde(default)]
+    pub fragment_datagrams: u64,
     /// Packets larger than their egress takes, cut into segments or fragments.
     #[serde(default)]
     pub segmented: u64,

@@ -17,6 +17,7 @@ use crate::counters::{Counters, DropReason, ServiceCounters};
 use crate::flow::{
     hash_key, Direction, Flow, FlowId, FlowKey, FlowState, FlowTable, InsertError, Timeouts,
 };
+use crate::frag::{Decision, FragKey, FragTable, Later};
 use crate::neigh::{Neighbours, Resolve, Side};
 use crate::packet::{self, tcp_flags, FastView, L4Checksum, MacAddr, NatSide, Parsed};
 use crate::services::ServiceTable;
@@ -202,7 +203,17 @@ pub struct Engine {
     /// (a restart falls back to the egress MTU). Read when a Pod's super-segment is cut
     /// ([`Engine::client_mss`], `crate::segment`).
     client_mss: Vec<u16>,
+    /// IPv4 fragments: each datagram's first-fragment decision, early fragments held.
+    frags: FragTable,
+    /// Held fragments released by their first fragment, rewritten, with their egress:
+    /// the runtime sends them after the batch ([`Engine::take_released`]).
+    released: Vec<(Vec<u8>, Side)>,
 }
+
+/// Datagrams the fragment table of one worker follows at once.
+pub const FRAG_DATAGRAMS: usize = 4096;
+/// How long a datagram's fragments are followed after its last one, ms.
+pub const FRAG_TIMEOUT_MS: u64 = 5_000;
 
 #[path = "engine_redirect.rs"]
 mod redirect_path;
@@ -240,7 +251,121 @@ impl Engine {
             redirect_ctx: None,
             xdp: None,
             client_mss: vec![0; cfg.flow_capacity],
+            frags: FragTable::new(FRAG_DATAGRAMS, FRAG_TIMEOUT_MS),
+            released: Vec::new(),
         }
+    }
+
+    /// Held fragments released since the last call, rewritten, with their egress.
+    pub fn take_released(&mut self) -> Vec<(Vec<u8>, Side)> {
+        std::mem::take(&mut self.released)
+    }
+
+    /// Whether held fragments wait to be sent ([`Engine::take_released`]).
+    pub fn has_released(&self) -> bool {
+        !self.released.is_empty()
+    }
+
+    /// Datagrams whose fragments are followed now.
+    pub fn fragment_datagrams(&self) -> usize {
+        self.frags.len()
+    }
+
+    /// A later fragment (no transport header): the address its datagram's first
+    /// fragment was NATed to, or held until that first fragment comes. `side` is the
+    /// address rewritten: the destination towards a backend, the source of a reply.
+    fn later_fragment(
+        &mut self,
+        frame: &mut [u8],
+        mut v: packet::Ipv4View,
+        side: NatSide,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Verdict {
+        let key = FragKey {
+            src: v.src,
+            dst: v.dst,
+            id: packet::ip_id(frame),
+            proto: v.protocol,
+        };
+        let d = match self.frags.later(key, frame, now_ms) {
+            Later::Decided(d) => d,
+            Later::Held => return Verdict::Consumed,
+            Later::Refused => return self.drop(DropReason::FragmentHeldFull, None),
+        };
+        if v.ttl <= 1 {
+            return self.pass(PassReason::TtlExpired);
+        }
+        let service = (d.service < self.counters.services.len() as u32).then_some(d.service);
+        let next = match side {
+            NatSide::Destination => d.addr,
+            NatSide::Source => v.dst,
+        };
+        let (out, src, dst) = match nb.resolve(next) {
+            Resolve::Found { side, src, dst } => (side, src, dst),
+            Resolve::Miss { ip, ifindex } => {
+                self.missing.push(ip, ifindex);
+                return self.drop(DropReason::NoNeighbour, service);
+            }
+            Resolve::NoRoute => return self.drop(DropReason::NoRoute, service),
+        };
+        packet::rewrite_addr(frame, &mut v, side, d.addr);
+        packet::decrement_ttl(frame, &mut v);
+        packet::set_macs(frame, src, dst);
+        if let Some(c) = service.and_then(|s| self.counters.services.get_mut(s as usize)) {
+            match side {
+                NatSide::Destination => {
+                    c.packets_in += 1;
+                    c.bytes_in += frame.len() as u64;
+                }
+                NatSide::Source => {
+                    c.packets_out += 1;
+                    c.bytes_out += frame.len() as u64;
+                }
+            }
+        }
+        Verdict::Tx(out)
+    }
+
+    /// A first fragment was NATed: later fragments of its datagram follow `d`; the ones
+    /// that came early are rewritten now and queued for sending.
+    fn fragment_decided(
+        &mut self,
+        key: FragKey,
+        d: Decision,
+        side: NatSide,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) {
+        for mut f in self.frags.decided(key, d, now_ms) {
+            let Ok(Parsed::Ipv4(v)) = packet::parse(&f) else {
+                continue;
+            };
+            if let Verdict::Tx(out) = self.later_fragment(&mut f, v, side, nb, now_ms) {
+                self.released.push((f, out));
+            }
+        }
+    }
+
+    /// The key of a fragment's datagram, for a first fragment; `None` for a whole one.
+    fn first_fragment(
+        &mut self,
+        frame: &[u8],
+        v: &mut packet::Ipv4View,
+    ) -> Result<Option<FragKey>, Verdict> {
+        if !v.fragment {
+            return Ok(None);
+        }
+        match packet::first_fragment_l4(frame, v) {
+            Some(l4) => v.l4 = Some(l4),
+            None => return Err(self.drop(DropReason::Fragment, None)),
+        }
+        Ok(Some(FragKey {
+            src: v.src,
+            dst: v.dst,
+            id: packet::ip_id(frame),
+            proto: v.protocol,
+        }))
     }
 
     /// The most a TCP segment of the connection `frame` belongs to may carry towards its
@@ -437,6 +562,8 @@ impl Engine {
 
     /// Evicts up to `budget` expired flows; call once per loop iteration.
     pub fn sweep(&mut self, now_ms: u64, budget: usize) -> usize {
+        let expired = self.frags.expire(now_ms, budget);
+        self.counters.drops[DropReason::FragmentExpired as usize] += expired;
         self.flows.sweep(now_ms, budget)
     }
 
@@ -814,9 +941,13 @@ impl Engine {
             }
             return self.pass(PassReason::NotForUs);
         }
-        if v.fragment {
-            return self.drop(DropReason::Fragment, None);
+        if v.fragment && packet::fragment_offset(frame) != 0 {
+            return self.later_fragment(frame, v, NatSide::Destination, nb, now_ms);
         }
+        let frag = match self.first_fragment(frame, &mut v) {
+            Ok(k) => k,
+            Err(verdict) => return verdict,
+        };
         if v.has_options() {
             return self.drop(DropReason::IpOptions, None);
         }
@@ -917,6 +1048,13 @@ impl Engine {
         packet::set_macs(frame, src, dst);
         if new && v.protocol == packet::IPPROTO_TCP {
             self.note_client_mss(id, crate::segment::syn_mss(frame), false);
+        }
+        if let Some(k) = frag {
+            let d = Decision {
+                addr: f.backend,
+                service,
+            };
+            self.fragment_decided(k, d, NatSide::Destination, nb, now_ms);
         }
         let c = &mut self.counters.services[service as usize];
         c.packets_in += 1;
@@ -1084,6 +1222,13 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Verdict {
+        if v.fragment && packet::fragment_offset(frame) != 0 {
+            return self.later_fragment(frame, v, NatSide::Source, nb, now_ms);
+        }
+        let frag = match self.first_fragment(frame, &mut v) {
+            Ok(k) => k,
+            Err(verdict) => return verdict,
+        };
         let Some(l4) = v.l4 else {
             if let Some(e) = packet::parse_icmp_error(frame, &v) {
                 if !v.has_options() {
@@ -1131,6 +1276,9 @@ impl Engine {
         self.flows
             .touch(id, Direction::Reverse, l4.tcp_flags, now_ms);
         let l4csum = match self.pod_checksum {
+            // A fragment's checksum covers the whole datagram: only ever incremental (a
+            // Pod's kernel completes the checksum of a datagram it fragments).
+            _ if frag.is_some() => L4Checksum::Incremental,
             PodChecksums::Trust => L4Checksum::Incremental,
             PodChecksums::Detect => {
                 let off = packet::l4_csum_offset(&v);
@@ -1146,6 +1294,13 @@ impl Engine {
         packet::rewrite_addr_port(frame, &mut v, NatSide::Source, f.vip, f.vip_port, l4csum);
         packet::decrement_ttl(frame, &mut v);
         packet::set_macs(frame, src, dst);
+        if let Some(k) = frag {
+            let d = Decision {
+                addr: f.vip,
+                service,
+            };
+            self.fragment_decided(k, d, NatSide::Source, nb, now_ms);
+        }
         let c = &mut self.counters.services[service as usize];
         c.packets_out += 1;
         c.bytes_out += frame.len() as u64;
@@ -2182,9 +2337,10 @@ mod tests {
             Verdict::Pass(PassReason::TtlExpired)
         );
         assert_eq!(f, before);
-        // Fragment to the VIP.
+        // A first fragment too short for its transport header (RFC 1858).
         let mut f = build(IPPROTO_UDP, CLIENT, 1, VIP, 53, b"abcdefgh");
         f[14 + 6] = 0x20;
+        f[14 + 2..14 + 4].copy_from_slice(&24u16.to_be_bytes());
         assert_eq!(
             e.process(&mut f, Side::Uplink, &nb, 0),
             Verdict::Drop(DropReason::Fragment)
@@ -2456,6 +2612,101 @@ mod tests {
         );
         assert_checksums_valid(&r);
         assert_eq!(parse(&r).src, ip(VIP));
+    }
+
+    /// `whole` (DF cleared) cut into IPv4 fragments of at most 1514-byte frames.
+    fn fragments_of(mut whole: Vec<u8>) -> Vec<Vec<u8>> {
+        whole[14 + 6] &= !0x40;
+        let ipc = packet::ipv4_header_checksum(&whole[14..34]);
+        whole[24..26].copy_from_slice(&ipc.to_be_bytes());
+        let cut = crate::segment::Cut::plan(&whole, 1514, None).unwrap();
+        let mut out = vec![0u8; 1514];
+        (0..cut.pieces())
+            .map(|i| {
+                let n = cut.write(&whole, i, &mut out);
+                out[..n].to_vec()
+            })
+            .collect()
+    }
+
+    /// Puts fragments' payloads back together (as the receiver does) into one datagram.
+    fn reassemble(frags: &[Vec<u8>]) -> Vec<u8> {
+        let mut whole = frags[0][..34].to_vec();
+        let mut body = Vec::new();
+        for f in frags {
+            let off = usize::from(packet::fragment_offset(f)) * 8;
+            let b = &f[34..];
+            if body.len() < off + b.len() {
+                body.resize(off + b.len(), 0);
+            }
+            body[off..off + b.len()].copy_from_slice(b);
+        }
+        whole[14 + 2..14 + 4].copy_from_slice(&((20 + body.len()) as u16).to_be_bytes());
+        whole[14 + 6] = 0;
+        whole[24..26].copy_from_slice(&[0, 0]);
+        let ipc = packet::ipv4_header_checksum(&whole[14..34]);
+        whole[24..26].copy_from_slice(&ipc.to_be_bytes());
+        whole.extend_from_slice(&body);
+        whole
+    }
+
+    #[test]
+    fn fragments_follow_their_first_fragment_both_ways_in_any_order() {
+        let nb = neighbours();
+        let mut e = engine(&[B1, B2]);
+        let payload: Vec<u8> = (0..4000u32).map(|i| (i * 13) as u8).collect();
+        let frags = fragments_of(build(IPPROTO_UDP, CLIENT, 5353, VIP, 53, &payload));
+        assert_eq!(frags.len(), 3);
+        // The last fragment first: held; then the first (NATed, releases the last); then
+        // the middle one.
+        let mut sent = Vec::new();
+        let mut f2 = frags[2].clone();
+        assert_eq!(e.process(&mut f2, Side::Uplink, &nb, 0), Verdict::Consumed);
+        for (i, t) in [(0usize, 1u64), (1, 2)] {
+            let mut f = frags[i].clone();
+            assert!(matches!(
+                e.process(&mut f, Side::Uplink, &nb, t),
+                Verdict::Tx(Side::Pod(_))
+            ));
+            sent.push(f);
+            for (r, side) in e.take_released() {
+                assert!(matches!(side, Side::Pod(_)));
+                sent.push(r);
+            }
+        }
+        assert_eq!(sent.len(), 3);
+        let backend = parse(&sent[0]).dst;
+        assert!(
+            sent.iter().all(|f| parse(f).dst == backend),
+            "one backend for all"
+        );
+        let mut order = sent.clone();
+        order.sort_by_key(|f| packet::fragment_offset(f));
+        let d = reassemble(&order);
+        assert_checksums_valid(&d);
+        let v = parse(&d);
+        assert_eq!(v.l4.map(|l| l.dst_port), Some(8080));
+        assert_eq!(&d[42..], &payload[..]);
+        // The backend's large answer, fragmented by its kernel, leaves from the VIP.
+        let b = backend.to_be_bytes();
+        let answer = fragments_of(build(IPPROTO_UDP, b, 8080, CLIENT, 5353, &payload));
+        let mut out = Vec::new();
+        for (i, f) in answer.iter().enumerate() {
+            let mut f = f.clone();
+            assert_eq!(
+                e.process(&mut f, Side::Pod(0), &nb, 10 + i as u64),
+                Verdict::Tx(Side::Uplink)
+            );
+            out.push(f);
+        }
+        let d = reassemble(&out);
+        assert_checksums_valid(&d);
+        assert_eq!(parse(&d).src, ip(VIP));
+        assert_eq!(parse(&d).l4.map(|l| l.src_port), Some(53));
+        assert_eq!(e.fragment_datagrams(), 2);
+        // Nothing outlives the timeout.
+        e.sweep(20 + FRAG_TIMEOUT_MS, 64);
+        assert_eq!(e.fragment_datagrams(), 0);
     }
 
     #[test]

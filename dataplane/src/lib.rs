@@ -10,6 +10,7 @@
 //! - [`packet`]: views over frame bytes and in-place NAT rewrites (RFC 1624 checksums);
 //! - [`flow`]: the fixed-capacity flow table, shared with the XDP program and pinned
 //!   ([`region`]: its heap or mmapped-BPF-map memory, the only `unsafe` around it);
+//! - [`frag`]: IPv4 fragments following their datagram's first fragment (bounded);
 //! - [`services`], [`neigh`]: read-only tables the packet path consults;
 //! - [`engine`]: frame + ingress side → verdict, no I/O;
 //! - [`segment`]: packets larger than their egress takes, cut into TCP segments or
@@ -25,6 +26,7 @@ pub mod counters;
 pub mod engine;
 pub mod fast;
 pub mod flow;
+pub mod frag;
 pub mod frames;
 pub mod metrics;
 pub mod neigh;

@@ -727,6 +727,60 @@ pub fn rewrite_addr_port(
     }
 }
 
+/// The IPv4 identification field of the packet in `frame`.
+pub fn ip_id(frame: &[u8]) -> u16 {
+    be16(frame, ETH_HEADER_LEN + 4)
+}
+
+/// The fragment offset (in 8-byte units) of the packet in `frame`; 0 for a first
+/// fragment or a whole datagram.
+pub fn fragment_offset(frame: &[u8]) -> u16 {
+    be16(frame, ETH_HEADER_LEN + 6) & 0x1fff
+}
+
+/// The ports of a first fragment (offset 0, more fragments follow) of a TCP or UDP
+/// datagram, read from the transport header it carries. `None` when `v` is not such a
+/// fragment or the fragment is too short to hold the whole transport header (RFC 1858:
+/// such tiny fragments are refused). The checksum covers the whole datagram, so it is
+/// only ever updated incrementally.
+pub fn first_fragment_l4(frame: &[u8], v: &Ipv4View) -> Option<L4View> {
+    if !v.fragment || fragment_offset(frame) != 0 {
+        return None;
+    }
+    let l4 = frame.get(v.l4_offset()..ETH_HEADER_LEN + v.total_len)?;
+    let need = match v.protocol {
+        IPPROTO_TCP => 20,
+        IPPROTO_UDP => 8,
+        _ => return None,
+    };
+    if l4.len() < need {
+        return None;
+    }
+    Some(L4View {
+        src_port: be16(l4, 0),
+        dst_port: be16(l4, 2),
+        tcp_flags: if v.protocol == IPPROTO_TCP { l4[13] } else { 0 },
+        udp_no_checksum: v.protocol == IPPROTO_UDP && be16(l4, 6) == 0,
+    })
+}
+
+/// Rewrites the source or destination address only (a later fragment: no transport
+/// header), with an incremental header-checksum update.
+pub fn rewrite_addr(frame: &mut [u8], v: &mut Ipv4View, side: NatSide, addr: u32) {
+    let ip = v.l3_offset();
+    let (off, old) = match side {
+        NatSide::Destination => (ip + 16, v.dst),
+        NatSide::Source => (ip + 12, v.src),
+    };
+    let c = be16(frame, ip + 10);
+    put16(frame, ip + 10, csum_replace32(c, old, addr));
+    put32(frame, off, addr);
+    match side {
+        NatSide::Destination => v.dst = addr,
+        NatSide::Source => v.src = addr,
+    }
+}
+
 /// Decrements the TTL with an incremental header-checksum update. Returns `false` (and
 /// leaves the frame alone) when the TTL is 0 or 1: the packet must not be forwarded, the
 /// kernel answers with ICMP time exceeded.

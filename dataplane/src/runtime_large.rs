@@ -75,14 +75,7 @@ pub(super) fn chain(
 ) {
     let verdict = engine.process(packet, ingress, nb, now_ms);
     let j = match verdict {
-        Verdict::Tx(Side::Uplink) => Some(0),
-        Verdict::Tx(Side::Pod(k)) => {
-            let j = egress.get(usize::from(k)).copied().flatten();
-            if j.is_none() {
-                engine.counters_mut().drop(DropReason::PodIfaceNotAttached);
-            }
-            j
-        }
+        Verdict::Tx(side) => super::worker::socket_of(engine, side, egress),
         Verdict::Pass(_) => {
             engine.counters_mut().drop(DropReason::KernelBound);
             None

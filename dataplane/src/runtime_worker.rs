@@ -144,6 +144,14 @@ fn receive(
                 None => out.pool.free.push(*d),
             }
         }
+        if engine.has_released() {
+            // Early IPv4 fragments released by their first fragment (cold).
+            for (f, side) in engine.take_released() {
+                if let Some(j) = socket_of(engine, side, egress) {
+                    large::emit(engine, &f, j, now_ms, &mut out);
+                }
+            }
+        }
     }
     (received, completed)
 }
@@ -191,7 +199,17 @@ fn dispatch(
         Verdict::Drop(_) | Verdict::Consumed => return None,
         Verdict::Redirect => return redirect_encapsulate(engine, data, mtu).then_some(0),
     };
-    let j = match out {
+    socket_of(engine, out, egress)
+}
+
+/// The socket (index into the worker's ports; the uplink's is 0) a frame for `side`
+/// leaves by; `None`, counted, while a Pod interface has no socket.
+pub(super) fn socket_of(
+    engine: &mut Engine,
+    side: Side,
+    egress: &[Option<usize>],
+) -> Option<usize> {
+    let j = match side {
         Side::Uplink => Some(0),
         Side::Pod(k) => egress.get(usize::from(k)).copied().flatten(),
     };
@@ -535,6 +553,7 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
         xdp_fast_packets: c.xdp_fast_packets,
         xdp_fast_replies: c.xdp_fast_replies,
         segmented: c.segmented,
+        fragment_datagrams: engine.fragment_datagrams() as u64,
         segments: c.segments,
         flows: flows.len() as u64,
         flow_capacity: flows.capacity() as u64,
@@ -595,6 +614,7 @@ pub(super) fn merge(total: &mut Stats, other: &Stats) {
     total.xdp_fast_replies += other.xdp_fast_replies;
     total.tx_packets += other.tx_packets;
     total.segmented += other.segmented;
+    total.fragment_datagrams += other.fragment_datagrams;
     total.segments += other.segments;
     total.flows += other.flows;
     total.flow_capacity += other.flow_capacity;

@@ -1207,8 +1207,10 @@ fn malformed_corpus(dst_mac: [u8; 6], src_mac: [u8; 6]) -> Vec<Vec<u8>> {
     let mut v6 = ip_hdr(40, 5, 6, 0, 64);
     v6[0] = 0x65;
     corpus.push(eth(&[v6, vec![0; 20]].concat()));
-    // Fragments to the VIP (first and later), and a header with options.
-    corpus.push(eth(&[ip_hdr(48, 5, 17, 0x2000, 64), vec![0; 28]].concat()));
+    // Fragments to the VIP: a first one too short for its UDP header (dropped as
+    // `fragment`, RFC 1858) and a later one (held for a first fragment that never
+    // comes: `fragment_expired`), and a header with options.
+    corpus.push(eth(&[ip_hdr(24, 5, 17, 0x2000, 64), vec![0; 4]].concat()));
     corpus.push(eth(&[ip_hdr(48, 5, 17, 0x0010, 64), vec![0; 28]].concat()));
     // Every truncation of a valid-looking TCP SYN.
     let mut syn = ip_hdr(40, 5, 6, 0, 64);
@@ -2481,5 +2483,160 @@ fn large_uploads_cross_a_generic_xdp_uplink_that_hands_over_gro_segments() -> Re
         lab.stats()?
     );
     assert_no_size_drops(&lab);
+    lab.finish()
+}
+
+/// Sends `payload` to the VIP's UDP port from the client (its kernel fragments what is
+/// larger than the MTU) and returns the answer (the Pod's kernel fragments it too).
+fn udp_exchange(lab: &Lab, payload: &[u8]) -> Result<Vec<u8>> {
+    let payload = payload.to_vec();
+    in_ns(lab.client.name(), move || -> Result<Vec<u8>> {
+        let s = UdpSocket::bind("0.0.0.0:0")?;
+        s.set_read_timeout(Some(Duration::from_millis(500)))?;
+        let mut buf = vec![0u8; 65_536];
+        for _ in 0..10 {
+            s.send_to(&payload, (VIP, 53))?;
+            if let Ok((n, from)) = s.recv_from(&mut buf) {
+                ensure!(from == SocketAddr::from((VIP, 53)), "answer from {from}");
+                return Ok(buf[..n].to_vec());
+            }
+        }
+        bail!(
+            "no UDP answer from the VIP to a {}-byte datagram",
+            payload.len()
+        )
+    })
+}
+
+/// A UDP datagram to `VIP:53` cut into fragments of `frag_len` payload bytes (a multiple
+/// of 8), as Ethernet frames from the client to the node's uplink.
+fn client_fragments(
+    macs: ([u8; 6], [u8; 6]),
+    id: u16,
+    payload: &[u8],
+    frag_len: usize,
+) -> Vec<Vec<u8>> {
+    let (dst_mac, src_mac) = macs;
+    let mut dgram = Vec::new();
+    dgram.extend_from_slice(&40000u16.to_be_bytes());
+    dgram.extend_from_slice(&53u16.to_be_bytes());
+    dgram.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+    dgram.extend_from_slice(&[0, 0]); // no UDP checksum
+    dgram.extend_from_slice(payload);
+    let mut frames = Vec::new();
+    for (i, chunk) in dgram.chunks(frag_len).enumerate() {
+        let more = (i + 1) * frag_len < dgram.len();
+        let mut ip = vec![0x45, 0];
+        ip.extend_from_slice(&((20 + chunk.len()) as u16).to_be_bytes());
+        ip.extend_from_slice(&id.to_be_bytes());
+        let ff = ((i * frag_len / 8) as u16) | if more { 0x2000 } else { 0 };
+        ip.extend_from_slice(&ff.to_be_bytes());
+        ip.extend_from_slice(&[64, 17, 0, 0]);
+        ip.extend_from_slice(&CLIENT_IP.octets());
+        ip.extend_from_slice(&VIP.octets());
+        let c = inet_checksum(&ip);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut f = dst_mac.to_vec();
+        f.extend_from_slice(&src_mac);
+        f.extend_from_slice(&[0x08, 0x00]);
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(chunk);
+        frames.push(f);
+    }
+    frames
+}
+
+/// The node's uplink MAC and the client's, for frames injected from the client.
+fn uplink_macs(lab: &Lab) -> Result<([u8; 6], [u8; 6])> {
+    Ok((mac_of(&lab.node, "up0")?, mac_of(&lab.client, "eth0")?))
+}
+
+#[test]
+fn fragmented_datagrams_reach_one_backend_and_fragmented_answers_leave_from_the_vip() -> Result<()>
+{
+    for bridged in [false, true] {
+        let lab = if bridged {
+            Lab::bridged("dpF")?
+        } else {
+            Lab::new("dpf")?
+        };
+        // Both ways fragmented by the kernels: 4000 bytes out, the echo (longer) back.
+        for n in [1400usize, 4000, 20_000] {
+            let payload = juneau_tests::http::pattern(n);
+            let answer = udp_exchange(&lab, &payload).with_context(|| {
+                let m = run("bpftool", &["map", "dump", "name", "frag_replies"])
+                    .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+                    .unwrap_or_default();
+                format!(
+                    "stats: {} frag_replies: {m}",
+                    lab.stats().unwrap_or_default()
+                )
+            })?;
+            ensure!(
+                answer.ends_with(&payload) && answer.starts_with(b"pod"),
+                "{n}-byte datagram: answer of {} bytes does not echo it",
+                answer.len()
+            );
+        }
+        // Out of order, from the client's raw socket: the last fragment first, then the
+        // middle, then the first; the backend echoes the whole datagram.
+        let payload = juneau_tests::http::pattern(3000);
+        let mut frames = client_fragments(uplink_macs(&lab)?, 0x7777, &payload, 1200);
+        frames.reverse();
+        let got = in_ns(lab.client.name(), {
+            let ns = lab.client.name().to_string();
+            move || -> Result<usize> {
+                let s = UdpSocket::bind("0.0.0.0:40000")?;
+                s.set_read_timeout(Some(Duration::from_secs(2)))?;
+                inject(&ns, "eth0", frames)?;
+                let mut buf = vec![0u8; 65_536];
+                let (n, _) = s
+                    .recv_from(&mut buf)
+                    .context("no echo of the reordered datagram")?;
+                ensure!(buf[..n].ends_with(&payload), "echo of {n} bytes differs");
+                Ok(n)
+            }
+        })?;
+        ensure!(got > 3000);
+        assert_eq!(lab.drops("fragment_held_full"), 0);
+        lab.finish()?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_flood_of_first_fragments_is_bounded_and_spares_real_datagrams() -> Result<()> {
+    let lab = Lab::new("dpg")?;
+    let macs = uplink_macs(&lab)?;
+    let mut frames = Vec::new();
+    for id in 0..20_000u16 {
+        // A first fragment each (its later fragments never come).
+        let mut f = client_fragments(macs, id, &[0u8; 1000], 512);
+        frames.push(f.swap_remove(0));
+    }
+    let sent = inject(lab.client.name(), "eth0", frames)?;
+    assert!(sent >= 19_000, "sent {sent}");
+    // The stats file is rewritten every second: wait until it shows the flood taken in.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while lab.stat("rx_packets") < sent as u64 {
+        ensure!(
+            Instant::now() < deadline,
+            "flood not received: {}",
+            lab.stats()?
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let s = lab.stats()?;
+    let tracked = s["fragment_datagrams"].as_u64().unwrap_or(0);
+    ensure!(tracked > 1000, "the flood's datagrams were followed: {s}");
+    ensure!(
+        tracked <= juneau_dataplane::engine::FRAG_DATAGRAMS as u64,
+        "fragment table grew to {tracked}"
+    );
+    // Real datagrams, fragmented or not, still cross.
+    for n in [100usize, 4000] {
+        let payload = juneau_tests::http::pattern(n);
+        ensure!(udp_exchange(&lab, &payload)?.ends_with(&payload));
+    }
     lab.finish()
 }

@@ -91,7 +91,8 @@ fn accept_loop(
 }
 
 fn udp_echo(udp: UdpSocket, name: &str, log: &Mutex<Vec<SocketAddr>>, stop: &AtomicBool) {
-    let mut buf = [0u8; 2048];
+    // Datagrams of any size (fragmented ones included) are echoed whole.
+    let mut buf = vec![0u8; 65_536];
     while !stop.load(Ordering::Relaxed) {
         if let Ok((n, peer)) = udp.recv_from(&mut buf) {
             log.lock().unwrap().push(peer);

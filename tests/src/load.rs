@@ -321,7 +321,7 @@ fn client(spec: &LoadSpec, kind: Kind, shared: &Mutex<Shared>, stop: &AtomicBool
     let mut next = Instant::now();
     while !stop.load(Ordering::Relaxed) && start.elapsed() < spec.max_duration {
         let req = match kind {
-            Kind::Bulk(_) if sent % 2 == 0 => Req::Download(BULK_DOWNLOAD),
+            Kind::Bulk(_) if sent.is_multiple_of(2) => Req::Download(BULK_DOWNLOAD),
             Kind::Bulk(_) => Req::Upload(&upload_path, &upload),
             _ => Req::Page,
         };

@@ -429,8 +429,13 @@ fn check_verdict(
         Verdict::Tx(_) => {}
         Verdict::Pass(_) => tally.passed += 1,
         Verdict::Drop(_) => tally.dropped += 1,
+        // A later IPv4 fragment that came before its first fragment is held.
+        Verdict::Consumed => assert!(
+            matches!(&parsed, Ok(Parsed::Ipv4(v)) if v.fragment && packet::fragment_offset(input) != 0),
+            "Consumed for a frame that is no later fragment"
+        ),
         // Redirects between nodes are off in this engine (no node address, no peers).
-        Verdict::Redirect | Verdict::TxResized(..) | Verdict::Consumed => {
+        Verdict::Redirect | Verdict::TxResized(..) => {
             panic!("{verdict:?} from an engine without redirects")
         }
     }
@@ -465,6 +470,18 @@ fn check_verdict(
         assert!(checksums_ok(out), "NAT broke a valid checksum");
     }
     if v.protocol == IPPROTO_ICMP {
+        return;
+    }
+    if v.fragment {
+        // A fragment keeps its ports (if any) where they were: only the address moved.
+        match side {
+            Side::Uplink => assert!(
+                table.backend_keys().iter().any(|(ip, _, _)| *ip == v.dst_addr()),
+                "fragment DNATed to {} which is no backend",
+                v.dst_addr()
+            ),
+            Side::Pod(_) => assert!(table.is_vip(v.src), "fragment reply not from a VIP"),
+        }
         return;
     }
     let l4 = v.l4.expect("transmitted TCP/UDP frame has L4");
