@@ -1,4 +1,5 @@
-//! The forwarding engine: one frame in, a verdict out. No I/O, no clock, no allocation.
+//! The forwarding engine: one frame in, a verdict out. No I/O, no clock, no allocation
+//! (but on the cold path of IPv4 fragments held for their first fragment, `crate::frag`).
 //!
 //! The caller (the AF_XDP loop, or a test) passes a frame it may rewrite in place, the
 //! interface it arrived on, the current next-hop table and the time; the engine parses
@@ -7,8 +8,8 @@
 //!
 //! Policy (see `docs/dataplane.md`):
 //! - Not IPv4 (ARP, IPv6, VLAN-tagged): the kernel's ([`Verdict::Pass`]).
-//! - IPv4 to a VIP: fragments, IP options and protocols other than TCP/UDP are dropped
-//!   and counted; TTL ≤ 1 goes to the kernel (ICMP time exceeded); a port/protocol the
+//! - IPv4 to a VIP: IP options and protocols other than TCP/UDP are dropped and counted;
+//!   fragments follow their datagram's first fragment ([`crate::frag`]); TTL ≤ 1 goes to the kernel (ICMP time exceeded); a port/protocol the
 //!   Service does not expose is dropped; a frontend without local backend is dropped.
 //! - From a Pod interface: replies matching a flow are reverse-NATed; replies without a
 //!   flow are dropped (never leaked un-NATed).

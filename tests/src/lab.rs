@@ -170,7 +170,8 @@ fn cgroup_root(n: &str) -> String {
     format!("/jlab-{n}")
 }
 
-fn ns(name: &str) -> String {
+/// The network namespace of the lab part `name` ("client", "router", "node-a", ...).
+pub fn ns(name: &str) -> String {
     format!("{NETNS_PREFIX}{name}")
 }
 

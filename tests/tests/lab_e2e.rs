@@ -97,14 +97,15 @@ fn curl_vip() -> Result<String> {
 /// bridge CNI (TSO on, as every CNI leaves it): every file of the image 5 times (4 MiB
 /// within 10 s each), and uploads of each size read back byte for byte.
 fn large_bodies_through_the_vip() -> Result<()> {
+    let client = juneau_tests::lab::ns("client");
     for (name, len) in LARGE_FILES {
         let want = pattern(len);
         let secs = if len > 4 << 20 { 60 } else { 10 };
         for _ in 0..5 {
-            download("client", &format!("http://{VIP}/files/{name}"), &want, secs)?;
+            download(&client, &format!("http://{VIP}/files/{name}"), &want, secs)?;
         }
         let url = format!("http://{VIP}/uploads/{name}");
-        put_and_get("client", &url, &want, secs)?;
+        put_and_get(&client, &url, &want, secs)?;
     }
     Ok(())
 }
