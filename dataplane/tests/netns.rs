@@ -2472,6 +2472,20 @@ fn large_bodies_cross_overlay_pod_mtus_and_a_jumbo_uplink() -> Result<()> {
 }
 
 #[test]
+fn large_bodies_reach_a_client_behind_a_1400_byte_link() -> Result<()> {
+    // The client's link takes 1400 bytes (its SYN says MSS 1360); the node's uplink
+    // 1500. The Pods' super-segments must be cut to the client's MSS, not to the uplink's
+    // MTU: a 1514-byte frame would die at the client's link.
+    let lab = Lab::bridged("dpP")?;
+    lab.client
+        .exec(&["ip", "link", "set", "eth0", "mtu", "1400"])?;
+    bodies_cross_the_vip(&lab)?;
+    ensure!(lab.stat("segmented") > 0, "{}", lab.stats()?);
+    assert_no_size_drops(&lab);
+    lab.finish()
+}
+
+#[test]
 fn large_uploads_cross_a_generic_xdp_uplink_that_hands_over_gro_segments() -> Result<()> {
     // Generic (skb) XDP runs after GRO: the client's segments reach the program merged.
     let lab = Lab::build_with("dpG", 1, true, false, &["--generic-xdp"])?;
