@@ -338,6 +338,7 @@ impl JuneauBins {
             "juneau-k8s-sync",
             "juneau-dataplane",
             "juneau-bgp",
+            "juneau-bfd",
             "kubectl-juneau",
         ] {
             if !b.path(name).is_file() {
@@ -408,6 +409,8 @@ pub struct Lab {
     controllers: Vec<Daemon>,
     agents: BTreeMap<String, Daemon>,
     speakers: BTreeMap<String, Daemon>,
+    /// Each node's juneau-bfd (BFD to the router, apart from the speaker).
+    bfds: BTreeMap<String, Daemon>,
     dataplanes: BTreeMap<String, Daemon>,
     /// Metrics port of each controller replica on [`MGMT_HOST`] (both run on the host).
     controller_metrics: Vec<u16>,
@@ -452,6 +455,7 @@ impl Lab {
             controllers: vec![],
             agents: BTreeMap::new(),
             speakers: BTreeMap::new(),
+            bfds: BTreeMap::new(),
             dataplanes: BTreeMap::new(),
             controller_metrics: vec![],
             prometheus: None,
@@ -482,9 +486,10 @@ impl Lab {
         self.wait_pods_ready(3, Duration::from_secs(240))?;
         println!("{}", bold("$ kubectl get pods -o wide"));
         print!("{}", kubectl(&["get", "pods", "-o", "wide"])?);
-        step("juneau-dataplane (uplink eth0, Pods on bridge cni0) and juneau-bgp on every node");
+        step("juneau-dataplane (uplink eth0, Pods on bridge cni0), juneau-bfd and juneau-bgp on every node");
         for n in NODES {
             self.start_dataplane(n.name)?;
+            self.start_bfd(n.name)?;
             self.start_speaker(n.name)?;
         }
         self.start_prometheus()?;
@@ -695,15 +700,24 @@ impl Lab {
         step(&format!(
             "Upstream router: BIRD 2, AS {ROUTER_ASN}, eBGP to each node (AS {NODE_ASN}), ECMP into the kernel"
         ));
-        let mut conf = BirdConfig::new(ROUTER_FABRIC_IP).kernel_ecmp();
+        // As operators configure theirs: graceful restart (a speaker restart keeps the
+        // node's routes) and BFD towards the nodes (a dead node or link leaves ECMP
+        // within 0.9 s), the timers of the guide's BGPPeer.
+        let mut conf = BirdConfig::new(ROUTER_FABRIC_IP)
+            .kernel_ecmp()
+            .bfd("fabric", 300, 300, 3);
         for n in NODES {
-            conf = conf.bgp(&BgpNeighbor::new(
-                &n.name.replace('-', "_"),
-                ROUTER_FABRIC_IP,
-                ROUTER_ASN,
-                n.ip,
-                NODE_ASN,
-            ));
+            conf = conf.bgp(
+                &BgpNeighbor::new(
+                    &n.name.replace('-', "_"),
+                    ROUTER_FABRIC_IP,
+                    ROUTER_ASN,
+                    n.ip,
+                    NODE_ASN,
+                )
+                .graceful_restart(120)
+                .bfd(),
+            );
         }
         let bird = Bird::start(&ns("router"), &state().join("router"), &conf.render())?;
         ok(&format!(
@@ -999,11 +1013,44 @@ impl Lab {
                     .join(format!("bgp-{node}.status.json"))
                     .display()
                     .to_string(),
+                "--bfd-status-file",
+                &bfd_status(node),
             ],
             logs().join(format!("bgp-{node}.log")),
         )
         .in_netns_with_sysfs(&ns(node))
         .env("RUST_LOG", "info"))
+    }
+
+    /// The node's juneau-bfd, as the DaemonSet's bfd container runs it: BFD sessions to
+    /// the peers whose BGPPeer asks for BFD, its state in [`bfd_status`] (the DaemonSet
+    /// uses `/run/juneau/<node>.bfd.json`; the lab keeps it in its state directory,
+    /// which `down` removes after every process is gone).
+    fn bfd_spec(&self, node: &str) -> DaemonSpec {
+        DaemonSpec::new(
+            format!("bfd-{node}"),
+            &[
+                &self.bins.path("juneau-bfd").display().to_string(),
+                "--state-file",
+                &format!("{SHM_DIR}/{node}.state"),
+                "--status-file",
+                &bfd_status(node),
+            ],
+            logs().join(format!("bfd-{node}.log")),
+        )
+        .in_netns_with_sysfs(&ns(node))
+        .env("RUST_LOG", "info")
+    }
+
+    fn start_bfd(&mut self, node: &str) -> Result<()> {
+        let d = Daemon::spawn(self.bfd_spec(node))?;
+        ok(&format!(
+            "{node}: juneau-bfd (pid {}, log {})",
+            d.pid(),
+            d.log().display()
+        ));
+        self.bfds.insert(node.to_string(), d);
+        Ok(())
     }
 
     fn start_speaker(&mut self, node: &str) -> Result<()> {
@@ -1158,6 +1205,9 @@ impl Lab {
         for (_, d) in std::mem::take(&mut self.speakers) {
             take(d, "juneau-bgp");
         }
+        for (_, d) in std::mem::take(&mut self.bfds) {
+            take(d, "juneau-bfd");
+        }
         for (_, d) in std::mem::take(&mut self.dataplanes) {
             take(d, "juneau-dataplane");
         }
@@ -1195,12 +1245,16 @@ impl Lab {
         for d in self.agents.values_mut().chain(self.speakers.values_mut()) {
             d.stop_within(Duration::from_secs(3));
         }
+        for d in self.bfds.values_mut() {
+            d.stop_within(Duration::from_secs(3));
+        }
         for d in self.dataplanes.values_mut() {
             d.stop_within(Duration::from_secs(3));
         }
         self.controllers.clear();
         self.agents.clear();
         self.speakers.clear();
+        self.bfds.clear();
         self.dataplanes.clear();
         self.nodes.clear();
         self.bird = None;
@@ -1605,17 +1659,37 @@ fn down_quiet() -> Vec<String> {
         removed.push(format!("removed bridge {MGMT_BRIDGE}"));
     }
     if state().exists() {
-        for n in NODES {
-            let f = PathBuf::from(format!("{SHM_DIR}/{}.state", n.name));
-            if f.exists() {
-                let _ = fs::remove_file(&f);
-                removed.push(format!("removed {}", f.display()));
-            }
+        for f in node_shm_files() {
+            let _ = fs::remove_file(&f);
+            removed.push(format!("removed {}", f.display()));
         }
         let _ = fs::remove_dir_all(state());
         removed.push(format!("removed {STATE}"));
     }
     removed
+}
+
+/// Where a node's juneau-bfd writes its session states (juneau-bgp reads them).
+fn bfd_status(node: &str) -> String {
+    state()
+        .join(format!("bfd-{node}.status.json"))
+        .display()
+        .to_string()
+}
+
+/// The lab nodes' files in [`SHM_DIR`] (`<node>.state`, `.dataplane`, `.bfd.json`, ...).
+fn node_shm_files() -> Vec<PathBuf> {
+    let Ok(dir) = fs::read_dir(SHM_DIR) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            NODES
+                .iter()
+                .any(|n| name.starts_with(&format!("{}.", n.name)))
+        })
+        .collect()
 }
 
 /// Removes each node's dataplane pins (`juneau-dataplane --remove-pins`) and unmounts
@@ -1676,8 +1750,8 @@ pub fn check_nothing_left() -> Result<()> {
     }
     for n in NODES {
         node::check_gone(&node_dir(n.name), &cgroup_root(n.name))?;
-        if Path::new(&format!("{SHM_DIR}/{}.state", n.name)).exists() {
-            bail!("{SHM_DIR}/{}.state left", n.name);
+        if let Some(f) = node_shm_files().first() {
+            bail!("{} left", f.display());
         }
     }
     Ok(())

@@ -549,17 +549,23 @@ fn peers_show_the_live_sessions() -> Result<()> {
         }
         Ok(serde_json::from_slice(&out.stdout)?)
     };
-    let want: Vec<(String, bool, String, u64)> = [("node-a", 1), ("node-b", 0), ("node-c", 1)]
-        .iter()
-        .map(|(n, p)| (n.to_string(), true, "Established".to_string(), *p))
-        .collect();
+    // BFD Up on every session: the lab's router runs BFD towards the nodes, as the
+    // guide's BGPPeer asks, and every node runs juneau-bfd.
+    let want: Vec<(String, bool, String, u64, String)> =
+        [("node-a", 1), ("node-b", 0), ("node-c", 1)]
+            .iter()
+            .map(|(n, p)| {
+                let up = "Up".to_string();
+                (n.to_string(), true, "Established".to_string(), *p, up)
+            })
+            .collect();
     let mut last = serde_json::Value::Null;
     eventually(
-        "kubectl juneau peers: 3 nodes live, Established",
+        "kubectl juneau peers: 3 nodes live, Established, BFD Up",
         Duration::from_secs(60),
         || {
             last = peers()?;
-            let got: Vec<(String, bool, String, u64)> = last
+            let got: Vec<(String, bool, String, u64, String)> = last
                 .as_array()
                 .into_iter()
                 .flatten()
@@ -570,6 +576,7 @@ fn peers_show_the_live_sessions() -> Result<()> {
                         n["live"] == true,
                         s["state"].as_str().unwrap_or_default().to_string(),
                         s["prefixesAnnounced"].as_u64().unwrap_or(99),
+                        s["bfd"].as_str().unwrap_or("-").to_string(),
                     )
                 })
                 .collect();
