@@ -374,7 +374,7 @@ pub fn docker_archive(
 pub const JUNEAU_REPOSITORY: &str = "juneau";
 /// The programs the `juneau` image carries in [`JUNEAU_BIN_DIR`]: (binary, the package
 /// that builds it) — what deploy/ runs (`command:`). Not `kubectl-juneau`: it runs where
-/// kubectl does, and would add a quarter to the image.
+/// kubectl does, and would add a third to the image.
 pub const JUNEAU_BINARIES: [(&str, &str); 4] = [
     ("juneau-k8s-sync", "juneau-k8s-sync"),
     ("juneau-dataplane", "juneau-dataplane"),
@@ -447,7 +447,7 @@ pub fn build_juneau(out_dir: &Path, tag: &str, bin_dir: &Path) -> Result<ImageAr
         }
         let dst = format!("{JUNEAU_BIN_DIR}/{bin}");
         copy_with_libs(&rootfs, &src, &dst)?;
-        // The release profile keeps line tables (`debug = 1`, for profiling): 85% of the
+        // The release profile keeps line tables (`debug = 1`, for profiling): 86% of the
         // bytes. The image keeps the symbols (backtraces name functions), not those.
         run(Command::new("objcopy")
             .arg("--strip-debug")
