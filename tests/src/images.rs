@@ -273,7 +273,7 @@ pub fn copy_with_libs(rootfs: &Path, src: &Path, dst: &str) -> Result<()> {
 pub struct ImageArchive {
     /// The archive (`manifest.json`, `config.json`, `layer.tar`).
     pub path: PathBuf,
-    /// `sha256:` of the image config: the image ID (`docker images`, `ctr images ls`).
+    /// `sha256:` of the image config: the image ID (`docker images`, `crictl images`).
     pub config_digest: String,
     /// `sha256:` of the one (uncompressed) layer: its diff ID.
     pub layer_digest: String,
