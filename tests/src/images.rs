@@ -1,7 +1,10 @@
 //! Container images built on this machine, without a registry (images cannot be pulled
-//! here): the Pod sandbox ("pause") image and the user guide's nginx, made from Debian's
-//! nginx. Each is a docker-archive tar (`manifest.json` + image config + one layer),
-//! which `ctr -n k8s.io images import` loads into a node's containerd.
+//! here): the Pod sandbox ("pause") image, the user guide's nginx, made from Debian's
+//! nginx, and Juneau's own image. Each is a docker-archive tar (`manifest.json` + image
+//! config + one layer), which `ctr -n k8s.io images import` loads into a node's
+//! containerd (and `docker load` / `podman load` into theirs). One writer makes them all
+//! ([`docker_archive`], reproducible: same files, same bytes), one copier puts a program
+//! and the libraries it links into an image ([`copy_with_libs`]).
 //!
 //! - [`PAUSE_IMAGE`]: a tiny static C program (compiled with `gcc -static`) that sleeps
 //!   until SIGTERM/SIGINT and reaps children — what the sandbox image does.
@@ -12,6 +15,10 @@
 //!   port 8080), and adds
 //!   `X-Served-By: <pod name>`. Stop signal SIGQUIT: nginx finishes its requests and
 //!   then exits (SIGTERM would drop them), like the official image.
+//! - `juneau:<tag>` ([`build_juneau`]): the image deploy/ and the Helm chart run — the
+//!   programs of [`JUNEAU_BINARIES`], their libraries, a passwd with the non-root user
+//!   `juneau` ([`JUNEAU_UID`]), nothing else. `deploy/image/build.sh` (the `juneau-image`
+//!   binary) builds it from release binaries; the tests from any build.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -154,35 +161,6 @@ fn build_pause(dir: &Path) -> Result<PathBuf> {
     Ok(tar)
 }
 
-/// Copies `file` (and, for binaries, every library `ldd` names) into `rootfs`, keeping
-/// its path.
-fn copy_with_libs(rootfs: &Path, file: &str) -> Result<()> {
-    let mut files = vec![file.to_string()];
-    let ldd = run(Command::new("ldd").arg(file)).unwrap_or_default();
-    for line in ldd.lines() {
-        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
-        let path = line
-            .split("=>")
-            .last()
-            .unwrap_or_default()
-            .split_whitespace()
-            .next()
-            .unwrap_or_default();
-        if path.starts_with('/') {
-            files.push(path.to_string());
-        }
-    }
-    for f in files {
-        let dst = rootfs.join(f.trim_start_matches('/'));
-        if let Some(p) = dst.parent() {
-            fs::create_dir_all(p)?;
-        }
-        // Follow symlinks: the image gets the real file under the linked name.
-        fs::copy(&f, &dst).with_context(|| format!("copying {f} into the image"))?;
-    }
-    Ok(())
-}
-
 fn build_nginx(dir: &Path) -> Result<PathBuf> {
     for need in ["/usr/sbin/nginx", "/etc/nginx/mime.types", "/bin/sleep"] {
         if !Path::new(need).exists() {
@@ -193,8 +171,8 @@ fn build_nginx(dir: &Path) -> Result<PathBuf> {
     let _ = fs::remove_dir_all(&work);
     let rootfs = work.join("rootfs");
     fs::create_dir_all(&rootfs)?;
-    copy_with_libs(&rootfs, "/usr/sbin/nginx")?;
-    copy_with_libs(&rootfs, "/bin/sleep")?;
+    copy_with_libs(&rootfs, Path::new("/usr/sbin/nginx"), "/usr/sbin/nginx")?;
+    copy_with_libs(&rootfs, Path::new("/bin/sleep"), "/bin/sleep")?;
     for d in [
         "etc/nginx",
         "var/www/html",
@@ -251,57 +229,330 @@ fn build_nginx(dir: &Path) -> Result<PathBuf> {
     Ok(tar)
 }
 
-/// Writes a docker-archive tar of `rootfs` named `tag` to `out` (through `work`).
-fn docker_archive(
+/// Copies the program `src` to `dst` (an absolute path inside the image) under `rootfs`,
+/// with every shared library `ldd` names at its own path (the dynamic loader too), so it
+/// runs in an image that has nothing else. Symlinks are followed: the image gets the real
+/// file under the linked name. A library `ldd` cannot find is an error; a static program
+/// (`ldd`: "not a dynamic executable") needs none.
+pub fn copy_with_libs(rootfs: &Path, src: &Path, dst: &str) -> Result<()> {
+    let mut files = vec![(src.to_path_buf(), dst.to_string())];
+    let ldd = Command::new("ldd")
+        .arg(src)
+        .output()
+        .with_context(|| format!("running ldd {}", src.display()))?;
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        if line.contains("=> not found") {
+            bail!("{}: a library is missing: {}", src.display(), line.trim());
+        }
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+        let path = line
+            .split("=>")
+            .last()
+            .unwrap_or_default()
+            .split_whitespace()
+            .next()
+            .unwrap_or_default();
+        if path.starts_with('/') {
+            files.push((PathBuf::from(path), path.to_string()));
+        }
+    }
+    for (from, to) in files {
+        let dst = rootfs.join(to.trim_start_matches('/'));
+        if let Some(p) = dst.parent() {
+            fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))?;
+        }
+        fs::copy(&from, &dst)
+            .with_context(|| format!("copying {} into the image", from.display()))?;
+    }
+    Ok(())
+}
+
+/// A docker-archive tar that [`docker_archive`] wrote, with the digests that name the
+/// image: the same digests, the same image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageArchive {
+    /// The archive (`manifest.json`, `config.json`, `layer.tar`).
+    pub path: PathBuf,
+    /// `sha256:` of the image config: the image ID (`docker images`, `crictl images`).
+    pub config_digest: String,
+    /// `sha256:` of the one (uncompressed) layer: its diff ID.
+    pub layer_digest: String,
+}
+
+/// `sha256:<hex>` of a file (`sha256sum`).
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let sum = run(Command::new("sha256sum").arg(path))?;
+    let hex = sum.split_whitespace().next().unwrap_or_default();
+    if hex.len() != 64 {
+        bail!("sha256sum {}: unexpected output {sum:?}", path.display());
+    }
+    Ok(format!("sha256:{hex}"))
+}
+
+/// The image config's `architecture` for the machine these programs are built for.
+fn oci_architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// `tar` options that make an archive depend only on its files' names, contents and
+/// modes: entries sorted by name, owned by 0:0, mtime 0, GNU format (not the build
+/// machine's default).
+const REPRODUCIBLE_TAR: [&str; 6] = [
+    "--format=gnu",
+    "--sort=name",
+    "--mtime=@0",
+    "--owner=0",
+    "--group=0",
+    "--numeric-owner",
+];
+
+/// Writes a docker-archive tar of `rootfs` named `tag` to `out` (through `work`) — the
+/// one writer of images in the repository. `config` is the image config's `config`
+/// (Entrypoint, Env, User, ...). The archive is reproducible: the same files with the
+/// same modes give the same bytes (see [`REPRODUCIBLE_TAR`]; `created` is the epoch). It
+/// is written beside and renamed to `out`, so a failed build leaves no half archive.
+pub fn docker_archive(
     work: &Path,
     rootfs: &Path,
     tag: &str,
     config: serde_json::Value,
     out: &Path,
-) -> Result<()> {
+) -> Result<ImageArchive> {
     let arch = work.join("archive");
-    fs::create_dir_all(&arch)?;
+    fs::create_dir_all(&arch).with_context(|| format!("creating {}", arch.display()))?;
     run(Command::new("tar")
-        .args([
-            "--numeric-owner",
-            "--owner=0",
-            "--group=0",
-            "--sort=name",
-            "--mtime=@0",
-            "-C",
-        ])
+        .args(REPRODUCIBLE_TAR)
+        .arg("-C")
         .arg(rootfs)
         .arg("-cf")
         .arg(arch.join("layer.tar"))
-        .arg("."))?;
-    let sum = run(Command::new("sha256sum").arg(arch.join("layer.tar")))?;
-    let digest = sum
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string();
+        .arg("."))
+    .context("writing the image layer")?;
+    let layer_digest = sha256_file(&arch.join("layer.tar"))?;
     let image_config = serde_json::json!({
-        "architecture": "amd64",
+        "architecture": oci_architecture(),
         "os": "linux",
         "created": "1970-01-01T00:00:00Z",
         "config": config,
-        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{digest}")] },
+        "rootfs": { "type": "layers", "diff_ids": [layer_digest] },
         "history": [{ "created": "1970-01-01T00:00:00Z", "created_by": "juneau-tests images.rs" }],
     });
     fs::write(arch.join("config.json"), serde_json::to_vec(&image_config)?)?;
+    let config_digest = sha256_file(&arch.join("config.json"))?;
     let manifest = serde_json::json!([{
         "Config": "config.json",
         "RepoTags": [tag],
         "Layers": ["layer.tar"],
     }]);
     fs::write(arch.join("manifest.json"), serde_json::to_vec(&manifest)?)?;
+    let partial = work.join("archive.tar");
     run(Command::new("tar")
+        .args(REPRODUCIBLE_TAR)
+        .arg("--mode=a=r,u+w")
         .arg("-C")
         .arg(&arch)
         .arg("-cf")
-        .arg(out)
-        .args(["manifest.json", "config.json", "layer.tar"]))?;
-    Ok(())
+        .arg(&partial)
+        .args(["manifest.json", "config.json", "layer.tar"]))
+    .context("writing the docker archive")?;
+    fs::rename(&partial, out)
+        .with_context(|| format!("moving {} to {}", partial.display(), out.display()))?;
+    Ok(ImageArchive {
+        path: out.to_path_buf(),
+        config_digest,
+        layer_digest,
+    })
+}
+
+/// The `juneau` image's repository: deploy/ and the chart's default `image.repository`
+/// (`juneau:TAG` is stored as `docker.io/library/juneau:TAG`, the name the kubelet asks
+/// for).
+pub const JUNEAU_REPOSITORY: &str = "juneau";
+/// The programs the `juneau` image carries in [`JUNEAU_BIN_DIR`]: (binary, the package
+/// that builds it) — what deploy/ runs (`command:`). Not `kubectl-juneau`: it runs where
+/// kubectl does, and would add a third to the image.
+pub const JUNEAU_BINARIES: [(&str, &str); 4] = [
+    ("juneau-k8s-sync", "juneau-k8s-sync"),
+    ("juneau-dataplane", "juneau-dataplane"),
+    ("juneau-bgp", "juneau-bgp"),
+    ("juneau-bfd", "juneau-bgp"),
+];
+/// Where the programs are in the image (the image's only `PATH` entry).
+pub const JUNEAU_BIN_DIR: &str = "/usr/local/bin";
+/// The image's non-root user and group `juneau` (the controller runs as it; deploy/
+/// sets `runAsUser`).
+pub const JUNEAU_UID: u32 = 65532;
+
+/// The archive's file name for `tag`: `juneau-<tag>.tar`.
+pub fn juneau_archive_name(tag: &str) -> String {
+    format!("{JUNEAU_REPOSITORY}-{tag}.tar")
+}
+
+/// Directories `0755`, programs (any execute bit) `0755`, other files `0644`: the layer
+/// then does not depend on the umask or on the modes of the copied files.
+fn normalize_modes(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let meta = fs::symlink_metadata(path).with_context(|| format!("{}", path.display()))?;
+    let mode = if meta.is_dir() {
+        for e in fs::read_dir(path)? {
+            normalize_modes(&e?.path())?;
+        }
+        0o755
+    } else if meta.is_file() {
+        if meta.permissions().mode() & 0o111 != 0 {
+            0o755
+        } else {
+            0o644
+        }
+    } else {
+        bail!("{}: neither a file nor a directory", path.display());
+    };
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", path.display()))
+}
+
+/// Builds the `juneau:<tag>` image from the binaries in `bin_dir` (see
+/// [`JUNEAU_BINARIES`]) into `out_dir/juneau-<tag>.tar` (a docker-archive, for
+/// `ctr images import`, `docker load`, `podman load`, `skopeo copy docker-archive:`).
+///
+/// The image holds the programs in [`JUNEAU_BIN_DIR`] (without their debug info:
+/// `objcopy --strip-debug`; symbols stay), the shared libraries they link
+/// (from this machine, as `ldd` resolves them), `/etc/passwd` and `/etc/group` with root
+/// and `juneau` ([`JUNEAU_UID`]) — no shell, no package manager, nothing else. The config
+/// sets only `PATH`: no entrypoint (each container names its program, as deploy/ does)
+/// and no `User` (the node components need root; the controller's non-root user is set
+/// in deploy/). The same binaries and libraries give the same bytes, whatever the tag's
+/// directory, umask or the files' mtimes (the tag is only in `manifest.json`, so the
+/// image ID does not depend on it).
+pub fn build_juneau(out_dir: &Path, tag: &str, bin_dir: &Path) -> Result<ImageArchive> {
+    fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    // Inside out_dir, so the finished archive is renamed into place, and removed on drop.
+    let work = tempfile::Builder::new()
+        .prefix(".juneau-image-")
+        .tempdir_in(out_dir)
+        .with_context(|| format!("creating a work directory in {}", out_dir.display()))?;
+    let rootfs = work.path().join("rootfs");
+    fs::create_dir_all(&rootfs)?;
+    for (bin, package) in JUNEAU_BINARIES {
+        let src = bin_dir.join(bin);
+        if !src.is_file() {
+            bail!(
+                "{} is missing: build it with `cargo build --release -p {package} --bin {bin}`",
+                src.display()
+            );
+        }
+        let dst = format!("{JUNEAU_BIN_DIR}/{bin}");
+        copy_with_libs(&rootfs, &src, &dst)?;
+        // The release profile keeps line tables (`debug = 1`, for profiling): 86% of the
+        // bytes. The image keeps the symbols (backtraces name functions), not those.
+        run(Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(rootfs.join(dst.trim_start_matches('/'))))
+        .with_context(|| format!("stripping the debug info of {bin} (objcopy, binutils)"))?;
+    }
+    fs::create_dir_all(rootfs.join("etc"))?;
+    fs::write(
+        rootfs.join("etc/passwd"),
+        format!(
+            "root:x:0:0:root:/root:/sbin/nologin\n\
+             juneau:x:{JUNEAU_UID}:{JUNEAU_UID}:juneau:/nonexistent:/sbin/nologin\n"
+        ),
+    )?;
+    fs::write(
+        rootfs.join("etc/group"),
+        format!("root:x:0:\njuneau:x:{JUNEAU_UID}:\n"),
+    )?;
+    normalize_modes(&rootfs)?;
+    docker_archive(
+        work.path(),
+        &rootfs,
+        &format!("{JUNEAU_REPOSITORY}:{tag}"),
+        serde_json::json!({ "Env": [format!("PATH={JUNEAU_BIN_DIR}")] }),
+        &out_dir.join(juneau_archive_name(tag)),
+    )
+}
+
+/// Runs `cargo build --release --locked` for the programs of [`JUNEAU_BINARIES`] in the
+/// workspace of `manifest` (its `Cargo.toml`) and returns the directory they are in
+/// (the cargo target directory's `release/`, wherever `CARGO_TARGET_DIR` puts it).
+/// Cargo's progress and diagnostics go to stderr.
+pub fn build_release_binaries(cargo: &Path, manifest: &Path) -> Result<PathBuf> {
+    let mut cmd = Command::new(cargo);
+    cmd.arg("build").arg("--manifest-path").arg(manifest).args([
+        "--release",
+        "--locked",
+        "--message-format=json-render-diagnostics",
+    ]);
+    let mut packages: Vec<&str> = JUNEAU_BINARIES.iter().map(|(_, p)| *p).collect();
+    packages.dedup();
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    for (bin, _) in JUNEAU_BINARIES {
+        cmd.args(["--bin", bin]);
+    }
+    // `cargo run` gives its program the variables of the package it runs; some build
+    // scripts (ring's) rebuild when one of them changes, so drop them: the build then
+    // reuses what a plain `cargo build --release` built, and the other way round.
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("CARGO_PKG_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_RUSTC_CURRENT_DIR",
+                "OUT_DIR",
+            ]
+            .contains(&k.as_ref())
+        {
+            cmd.env_remove(k.as_ref());
+        }
+    }
+    cmd.stderr(std::process::Stdio::inherit());
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed ({})", out.status);
+    }
+    let mut dirs = std::collections::BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        if let Some(exe) = msg["executable"].as_str() {
+            let exe = Path::new(exe);
+            if let (Some(name), Some(dir)) = (exe.file_name(), exe.parent()) {
+                dirs.insert(name.to_string_lossy().into_owned(), dir.to_path_buf());
+            }
+        }
+    }
+    let mut dir: Option<PathBuf> = None;
+    for (bin, _) in JUNEAU_BINARIES {
+        let d = dirs
+            .get(bin)
+            .with_context(|| format!("cargo built no executable {bin}"))?;
+        match &dir {
+            None => dir = Some(d.clone()),
+            Some(first) if first != d => {
+                bail!(
+                    "cargo put {bin} in {} and not in {}",
+                    d.display(),
+                    first.display()
+                )
+            }
+            Some(_) => {}
+        }
+    }
+    dir.context("no binaries")
 }
 
 /// `ctr -a SOCKET -n k8s.io images import ARCHIVE` for each archive.

@@ -4,7 +4,9 @@
 //! ([`netns`]), long-running processes ([`daemon`]), the one BIRD 2 router ([`bird`]), a
 //! real etcd + kube-apiserver + controller-manager + scheduler ([`kube`]), real nodes
 //! with their own containerd and kubelet ([`node`]) running locally built images
-//! ([`images`]), the lab built from all of these ([`lab`], the `juneau-lab` binary), an
+//! ([`images`]: the one docker-archive writer, also of the `juneau` image that deploy/
+//! runs — the `juneau-image` binary, `deploy/image/build.sh`), the lab built from all of
+//! these ([`lab`], the `juneau-lab` binary), an
 //! HTTP load client ([`load`]), test backends on threads in Pod namespaces with a raw HTTP
 //! client ([`http`]), hand-made frames injected by AF_PACKET ([`frames`]), a real
 //! Prometheus scraping Juneau's processes ([`prometheus`]) — and the cross-crate

@@ -224,6 +224,12 @@ impl KubeletNode {
 
     /// Only containerd, with the images imported (no kubelet yet).
     pub fn start_runtime(spec: NodeSpec, images: &Images) -> Result<KubeletNode> {
+        Self::start_runtime_importing(spec, &images.archives())
+    }
+
+    /// Only containerd, with these docker archives imported (no kubelet yet; a kubelet
+    /// needs [`Images`]' pause image too).
+    pub fn start_runtime_importing(spec: NodeSpec, archives: &[&Path]) -> Result<KubeletNode> {
         // Whatever an earlier run with these names left.
         cleanup(&spec.dir, &spec.cgroup_root, Some(&spec.netns));
         for d in [
@@ -276,7 +282,7 @@ impl KubeletNode {
                 Ok(out.status.success().then_some(()))
             },
         )?;
-        images::import(&sock, &images.archives())?;
+        images::import(&sock, archives)?;
         Ok(node)
     }
 
