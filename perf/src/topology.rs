@@ -38,6 +38,28 @@ pub const BACKEND_LOAD_PORT: u16 = 9100;
 pub const ECHO_PORT: u16 = 9001;
 /// The backend's echo server port.
 pub const BACKEND_ECHO_PORT: u16 = 9101;
+/// The service port of the TCP bulk download at the VIP.
+pub const BULK_PORT: u16 = 9002;
+/// The backend's TCP bulk server port.
+pub const BACKEND_BULK_PORT: u16 = 9102;
+
+/// What the client and backend ends are set up for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ends {
+    /// The UDP scenarios: checksum offload off on both ends (the generator's frames and
+    /// the echo server's replies carry finished checksums).
+    Udp,
+    /// The TCP bulk download (`crate::bulk`): the backend's veth as a CNI leaves a Pod's
+    /// (TSO, GSO and tx checksum offload on, no XDP program, no NAPI), its receive work
+    /// steered by RPS to `endpoint_cpu`; the client's veth with tx checksum offload off
+    /// (kernel sockets sending into the uplink must send finished checksums) and
+    /// threaded NAPI (GRO on), so that its TCP receive work runs in a kthread the bulk
+    /// run pins to `endpoint_cpu` — the node's core counts only the node's work.
+    Bulk {
+        /// The core of the TCP server and client.
+        endpoint_cpu: u32,
+    },
+}
 
 /// The three namespaces and their links.
 pub struct Topology {
@@ -75,6 +97,12 @@ impl Topology {
     /// offload off on the client and backend ends (kernel sockets there must send
     /// finished checksums, or they fail after NAT: FACTS.md).
     pub fn build() -> Result<Topology> {
+        Topology::build_for(Ends::Udp)
+    }
+
+    /// Builds the topology with its ends set up for `ends` (the node namespace is the
+    /// same for every kind).
+    pub fn build_for(ends: Ends) -> Result<Topology> {
         let p = unique_prefix("prf");
         let client = Netns::new(format!("{p}cl"))?;
         let node = Netns::new(format!("{p}nd"))?;
@@ -119,7 +147,31 @@ impl Topology {
             node.exec(&["ethtool", "-K", i, "gro", "on"])?;
             node.exec(&["sh", "-c", &format!("echo 1 > /sys/class/net/{i}/threaded")])?;
         }
-        backend.exec(&["ethtool", "-K", &b_if, "tx", "off"])?;
+        match ends {
+            Ends::Udp => {
+                backend.exec(&["ethtool", "-K", &b_if, "tx", "off"])?;
+            }
+            Ends::Bulk { endpoint_cpu } => {
+                // The client's receive work in its own NAPI kthread (pinned by the bulk
+                // run), not in the softirq of the node's core that sends into it.
+                client.exec(&["ethtool", "-K", &c_if, "gro", "on"])?;
+                client.exec(&[
+                    "sh",
+                    "-c",
+                    &format!("echo 1 > /sys/class/net/{c_if}/threaded"),
+                ])?;
+                // The backend's veth has no NAPI (as a CNI creates it): what the node
+                // sends into it is received in the sender's softirq — the node's core —
+                // unless RPS hands it to the endpoints' core. Its offloads stay as the
+                // kernel leaves them.
+                let mask = 1u64 << endpoint_cpu;
+                backend.exec(&[
+                    "sh",
+                    "-c",
+                    &format!("echo {mask:x} > /sys/class/net/{b_if}/queues/rx-0/rps_cpus"),
+                ])?;
+            }
+        }
         let t = Topology {
             c_mac: mac_of(&client, &c_if)?,
             nc_mac: mac_of(&node, &nc_if)?,
