@@ -690,7 +690,10 @@ pub fn saturation(path_busy: f64, endpoint_busy: f64) -> (bool, String) {
 /// byte checked, then the measured window (bytes counted, not copied).
 pub fn run_once(plan: &Plan, sc: Scenario, streams: u32, round: u32) -> Result<BulkRun> {
     let (ecpu, pcpu) = suite::cpus();
-    let t = Topology::build_for(Ends::Bulk { endpoint_cpu: ecpu })?;
+    let t = Topology::build_for(Ends::Bulk {
+        endpoint_cpu: ecpu,
+        path_cpu: pcpu,
+    })?;
     let tag = format!(
         "bulk-{}-{streams}-r{round}-{}",
         sc.name(),

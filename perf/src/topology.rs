@@ -50,14 +50,21 @@ pub enum Ends {
     /// the echo server's replies carry finished checksums).
     Udp,
     /// The TCP bulk download (`crate::bulk`): the backend's veth as a CNI leaves a Pod's
-    /// (TSO, GSO and tx checksum offload on, no XDP program, no NAPI), its receive work
-    /// steered by RPS to `endpoint_cpu`; the client's veth with tx checksum offload off
-    /// (kernel sockets sending into the uplink must send finished checksums) and
-    /// threaded NAPI (GRO on), so that its TCP receive work runs in a kthread the bulk
-    /// run pins to `endpoint_cpu` — the node's core counts only the node's work.
+    /// (TSO, GSO and tx checksum offload on, no XDP program, no NAPI); the client's with
+    /// tx checksum offload off (kernel sockets sending into the uplink must send finished
+    /// checksums) and threaded NAPI (GRO on, so that frames the node redirects with XDP
+    /// are taken; its kthread pinned to `endpoint_cpu` by the bulk run). And RPS on all
+    /// four ends: a veth hands an skb from a TSO-capable sender to its peer's backlog on
+    /// the *sending* core (its NAPI takes only skbs from a sender without TSO, and XDP
+    /// frames), so without RPS the node would forward the backend's TSO skbs on the
+    /// endpoints' core and the client would receive the node's frames on the path core.
+    /// RPS sends what arrives on the client's and backend's veths to `endpoint_cpu`, what
+    /// arrives on the node's to `path_cpu`: each side's receive work runs on its own core.
     Bulk {
         /// The core of the TCP server and client.
         endpoint_cpu: u32,
+        /// The core of the node's forwarding work.
+        path_cpu: u32,
     },
 }
 
@@ -151,25 +158,30 @@ impl Topology {
             Ends::Udp => {
                 backend.exec(&["ethtool", "-K", &b_if, "tx", "off"])?;
             }
-            Ends::Bulk { endpoint_cpu } => {
-                // The client's receive work in its own NAPI kthread (pinned by the bulk
-                // run), not in the softirq of the node's core that sends into it.
+            Ends::Bulk {
+                endpoint_cpu,
+                path_cpu,
+            } => {
                 client.exec(&["ethtool", "-K", &c_if, "gro", "on"])?;
                 client.exec(&[
                     "sh",
                     "-c",
                     &format!("echo 1 > /sys/class/net/{c_if}/threaded"),
                 ])?;
-                // The backend's veth has no NAPI (as a CNI creates it): what the node
-                // sends into it is received in the sender's softirq — the node's core —
-                // unless RPS hands it to the endpoints' core. Its offloads stay as the
-                // kernel leaves them.
-                let mask = 1u64 << endpoint_cpu;
-                backend.exec(&[
-                    "sh",
-                    "-c",
-                    &format!("echo {mask:x} > /sys/class/net/{b_if}/queues/rx-0/rps_cpus"),
-                ])?;
+                let rps = |ns: &Netns, iface: &str, cpu: u32| {
+                    ns.exec(&[
+                        "sh",
+                        "-c",
+                        &format!(
+                            "echo {:x} > /sys/class/net/{iface}/queues/rx-0/rps_cpus",
+                            1u64 << cpu
+                        ),
+                    ])
+                };
+                rps(&client, &c_if, endpoint_cpu)?;
+                rps(&backend, &b_if, endpoint_cpu)?;
+                rps(&node, &nc_if, path_cpu)?;
+                rps(&node, &nb_if, path_cpu)?;
             }
         }
         let t = Topology {
