@@ -1,13 +1,15 @@
 //! # juneau-perf — the benchmark harness
 //!
 //! Owns: the benchmark topology, traffic generator, sink, baselines (kernel forwarding,
-//! nftables DNAT, in-kernel XDP DNAT, raw AF_XDP forwarder), the control-plane
+//! nftables DNAT, in-kernel XDP DNAT, raw AF_XDP forwarder), the TCP bulk download
+//! (juneau against nftables DNAT), the control-plane
 //! convergence measurement (real apiserver, k8s-sync, juneau-bgp, BIRD) and the reports.
 //!
 //! Must not touch: product code paths other than by running the real binaries.
 #![warn(missing_docs)]
 
 pub mod bpf;
+pub mod bulk;
 pub mod calibrate;
 pub mod convergence;
 pub mod cost;

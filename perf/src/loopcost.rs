@@ -221,7 +221,7 @@ fn run(plan: &Plan, lp: &LoopCostPlan, say: &dyn Fn(String)) -> Result<LoopCost>
     ])?;
     say("loop cost: juneau-dataplane under callgrind, waiting for it to forward".into());
     suite::wait_until_delivering(&t, &mut a, Duration::from_secs(180))?;
-    let pid = a.forwarder.as_ref().context("no dataplane")?.id();
+    let pid = a.path.forwarder.as_ref().context("no dataplane")?.id();
     let mut cg = Callgrind {
         pid,
         out: out.clone(),

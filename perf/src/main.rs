@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use juneau_perf::bulk::BulkPlan;
 use juneau_perf::packet::{parse_mac, Template};
 use juneau_perf::report::Report;
 use juneau_perf::suite::{self, Plan, Progress, Scenario, INTERRUPTED};
@@ -69,6 +70,16 @@ struct RunArgs {
     /// Longest wait for the scale measurement's Services to converge, seconds.
     #[arg(long, default_value_t = 300)]
     scale_timeout_s: u64,
+    /// TCP bulk download: MiB per connection (default 64 in `run`, 4 in `smoke`).
+    #[arg(long)]
+    bulk_mib: Option<u64>,
+    /// TCP bulk download: connections at once, one row each (default 1,16 in `run`, 1,4
+    /// in `smoke`).
+    #[arg(long, value_delimiter = ',')]
+    bulk_streams: Option<Vec<u32>>,
+    /// TCP bulk download: longest time one round of downloads may take, seconds.
+    #[arg(long, default_value_t = 120)]
+    bulk_timeout_s: u64,
     /// Scale measurement: create every Service before the Juneau daemons start and
     /// measure from their start (Juneau's own convergence, without the apiserver's
     /// creation rate).
@@ -188,6 +199,11 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
             dataplane_wrapper: Vec::new(),
             dataplane_args: Vec::new(),
             out_dir: out,
+            bulk: BulkPlan {
+                bytes: 4 << 20,
+                streams: vec![1, 4],
+                timeout: Duration::from_secs(args.bulk_timeout_s),
+            },
         }
     } else {
         Plan {
@@ -207,8 +223,25 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
             dataplane_wrapper: Vec::new(),
             dataplane_args: Vec::new(),
             out_dir: out,
+            bulk: BulkPlan {
+                bytes: 64 << 20,
+                streams: vec![1, 16],
+                timeout: Duration::from_secs(args.bulk_timeout_s),
+            },
         }
     };
+    if let Some(m) = args.bulk_mib {
+        if m == 0 {
+            bail!("--bulk-mib must be at least 1");
+        }
+        plan.bulk.bytes = m << 20;
+    }
+    if let Some(s) = &args.bulk_streams {
+        if s.is_empty() || s.contains(&0) {
+            bail!("--bulk-streams takes stream counts of at least 1");
+        }
+        plan.bulk.streams = s.clone();
+    }
     if let Some(s) = &args.scenarios {
         plan.scenarios = s.clone();
     }
@@ -468,7 +501,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     let with_juneau = plan.scenarios.iter().any(|s| {
         matches!(
             s,
-            Scenario::Juneau | Scenario::JuneauAfxdp | Scenario::JuneauBusyPoll
+            Scenario::Juneau | Scenario::JuneauAfxdp | Scenario::JuneauBusyPoll | Scenario::TcpBulk
         )
     });
     let cost = !args.no_cost;
@@ -543,6 +576,9 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
             "probe_rate": plan.probe_rate,
             "dataplane": dataplane_source,
             "packet_bytes": 64,
+            "bulk_bytes_per_connection": plan.bulk.bytes,
+            "bulk_streams": plan.bulk.streams,
+            "bulk_min_window_s": plan.duration.as_secs_f64(),
         }),
         convergence: "Not measured in this run (--no-convergence).".into(),
         ..Default::default()

@@ -394,6 +394,12 @@ pub struct Report {
     /// juneau-dataplane's own counters after each `juneau` run (cumulative since its
     /// start): AF_XDP ring drops show where packets were lost.
     pub dataplane_counters: Vec<serde_json::Value>,
+    /// The TCP bulk download's rows (`tcp-bulk-<streams>`, juneau and nft-dnat).
+    #[serde(default)]
+    pub bulk: Vec<crate::bulk::BulkRow>,
+    /// juneau / nft-dnat of the TCP bulk download per stream count, paired per round.
+    #[serde(default)]
+    pub bulk_ratios: Vec<crate::bulk::BulkRatio>,
     /// Scenarios that failed, with the reason.
     pub errors: Vec<(String, String)>,
 }
@@ -486,6 +492,7 @@ impl Report {
         self.ratios.xdp_dnat_flow_scale = a;
         self.ratios.cpu_xdp_dnat_flow_scale = b;
         self.ratios.refused = refused;
+        self.bulk_ratios = crate::bulk::ratios(&self.bulk);
     }
 
     /// The Markdown report.
@@ -671,6 +678,7 @@ impl Report {
                 );
             }
         }
+        m += &crate::bulk::markdown(&self.bulk, &self.bulk_ratios);
         m += "\n## Flow scale (`juneau`)\n\n";
         if self.flow_scale.is_empty() && self.flow_scale_reference.is_none() {
             m += "Not measured in this run.\n";

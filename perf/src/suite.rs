@@ -43,6 +43,9 @@ pub enum Scenario {
     /// deferring their NAPI to the busy poller: `napi_defer_hard_irqs`,
     /// `gro_flush_timeout`).
     JuneauBusyPoll,
+    /// The TCP bulk download through the VIP (`crate::bulk`): `juneau` and `nft-dnat` at
+    /// each stream count of the plan, rows `tcp-bulk-<streams>`.
+    TcpBulk,
 }
 
 impl Scenario {
@@ -51,13 +54,14 @@ impl Scenario {
     /// NAPI id to busy-poll only when bound in zero-copy mode, which veth lacks — measured:
     /// `BusyPollRxPackets` stays 0 — so on this topology it measures the same loop as
     /// `juneau`; run it with `--scenarios` on a kernel or NIC where it can work.)
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::KernelForward,
         Scenario::NftDnat,
         Scenario::XdpDnat,
         Scenario::AfxdpL2fwd,
         Scenario::Juneau,
         Scenario::JuneauAfxdp,
+        Scenario::TcpBulk,
     ];
 
     /// The report name.
@@ -70,6 +74,7 @@ impl Scenario {
             Scenario::Juneau => "juneau",
             Scenario::JuneauAfxdp => "juneau-afxdp",
             Scenario::JuneauBusyPoll => "juneau-busy-poll",
+            Scenario::TcpBulk => "tcp-bulk",
         }
     }
 
@@ -122,6 +127,8 @@ pub struct Plan {
     pub dataplane_args: Vec<String>,
     /// Where logs go.
     pub out_dir: PathBuf,
+    /// The TCP bulk download (`tcp-bulk`).
+    pub bulk: crate::bulk::BulkPlan,
 }
 
 /// Fixed overhead of one topology (build, program loads, readiness check), estimated.
@@ -139,6 +146,10 @@ impl Plan {
             SETUP_S + calib + self.warmup.as_secs_f64() + self.duration.as_secs_f64() + 0.5;
         let mut s = 0.0;
         for sc in &self.scenarios {
+            if *sc == Scenario::TcpBulk {
+                s += crate::bulk::expected(self).as_secs_f64();
+                continue;
+            }
             s += f64::from(self.runs) * per_run;
             if sc.uses_vip() && !self.latency_loads.is_empty() {
                 s += f64::from(self.latency_rounds)
@@ -270,24 +281,34 @@ pub fn stage_binaries(plan: &mut Plan) -> Result<PathBuf> {
     }
 }
 
-fn cpus() -> (u32, u32) {
+pub(crate) fn cpus() -> (u32, u32) {
     let n = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1) as u32;
     (0, if n > 1 { 1 } else { 0 })
 }
 
-/// A scenario's node setup, alive while measuring.
+/// A scenario's node setup with the UDP ends (sink, echo server), alive while measuring.
 pub(crate) struct Active {
     pub(crate) sink: Sink,
     _pass: PassProgram,
+    /// What forwards in the node namespace.
+    pub(crate) path: NodePath,
+    _echo: NsChild,
+    dst: (Ipv4Addr, u16),
+}
+
+/// What forwards in the node namespace for one scenario (nftables rules, an XDP program,
+/// a userspace forwarder and its node state), alive while measuring: one set-up for the
+/// UDP scenarios and the TCP bulk download alike.
+pub(crate) struct NodePath {
     _xdp: Option<XdpDnat>,
     pub(crate) forwarder: Option<NsChild>,
     forwarder_name: &'static str,
     forwarder_log: Option<PathBuf>,
-    _echo: NsChild,
     _state: Option<(juneau_control::shm::NodeStateWriter, tempfile_dir::Dir)>,
-    dst: (Ipv4Addr, u16),
+    /// The dataplane's stats file, for a `juneau*` scenario.
+    pub(crate) stats_file: Option<PathBuf>,
 }
 
 mod tempfile_dir {
@@ -303,7 +324,13 @@ mod tempfile_dir {
     }
 }
 
-impl Active {
+impl NodePath {
+    /// The forwarder's log, if it has one.
+    pub(crate) fn forwarder_log(&self) -> Option<&Path> {
+        self.forwarder_log.as_deref()
+    }
+
+    /// Fails with the end of its log if the forwarder (if any) has exited.
     pub(crate) fn check_forwarder(&mut self) -> Result<()> {
         if let Some(f) = &mut self.forwarder {
             if !f.is_running() {
@@ -331,11 +358,17 @@ impl Active {
     }
 }
 
+impl Active {
+    pub(crate) fn check_forwarder(&mut self) -> Result<()> {
+        self.path.check_forwarder()
+    }
+}
+
 const NFT_RULES: &str = r#"
 table ip juneau_perf {
     map service-ips {
         type ipv4_addr . inet_proto . inet_service : verdict
-        elements = { 198.19.0.10 . udp . 9000 : goto service-load, 198.19.0.10 . udp . 9001 : goto service-echo }
+        elements = { 198.19.0.10 . udp . 9000 : goto service-load, 198.19.0.10 . udp . 9001 : goto service-echo, 198.19.0.10 . tcp . 9002 : goto service-bulk }
     }
     chain nat-prerouting {
         type nat hook prerouting priority dstnat; policy accept;
@@ -353,15 +386,21 @@ table ip juneau_perf {
     chain endpoint-echo {
         meta l4proto udp dnat to 198.18.2.2:9101
     }
+    chain service-bulk {
+        numgen random mod 1 vmap { 0 : goto endpoint-bulk }
+    }
+    chain endpoint-bulk {
+        meta l4proto tcp dnat to 198.18.2.2:9102
+    }
 }
 "#;
 
 fn node_state() -> juneau_control::model::NodeState {
     use juneau_control::model::*;
-    let svc = |port, bport| NodeService {
+    let svc = |protocol, port, bport| NodeService {
         frontend: Frontend {
             vip: VIP,
-            protocol: Protocol::Udp,
+            protocol,
             port,
         },
         backends: vec![LocalBackend {
@@ -374,8 +413,9 @@ fn node_state() -> juneau_control::model::NodeState {
         node: "perf-node".into(),
         router_id: Some(NODE_CLIENT_IP),
         services: vec![
-            svc(LOAD_PORT, BACKEND_LOAD_PORT),
-            svc(ECHO_PORT, BACKEND_ECHO_PORT),
+            svc(Protocol::Udp, LOAD_PORT, BACKEND_LOAD_PORT),
+            svc(Protocol::Udp, ECHO_PORT, BACKEND_ECHO_PORT),
+            svc(Protocol::Tcp, BULK_PORT, BACKEND_BULK_PORT),
         ],
         ..Default::default()
     };
@@ -388,7 +428,7 @@ fn node_state() -> juneau_control::model::NodeState {
 const PROBE_RT_PRIORITY: &str = "20";
 
 pub(crate) fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Result<Active> {
-    let (gen_cpu, fwd_cpu) = cpus();
+    let (gen_cpu, _) = cpus();
     let exe = self_exe()?;
     let exe_s = exe.to_string_lossy().into_owned();
     let sink = Sink::attach(t.backend.name(), &t.b_if, BACKEND_LOAD_PORT)?;
@@ -413,19 +453,40 @@ pub(crate) fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Resul
         "--duration-s",
         "86400",
     ])?;
-    let mut active = Active {
+    let path = start_path(t, sc, plan, tag)?;
+    let dst = match sc {
+        Scenario::KernelForward | Scenario::AfxdpL2fwd => (BACKEND_IP, BACKEND_LOAD_PORT),
+        _ => (VIP, LOAD_PORT),
+    };
+    Ok(Active {
         sink,
         _pass: pass,
+        path,
+        _echo: echo,
+        dst,
+    })
+}
+
+/// Sets up what forwards in the node namespace for `sc` (nothing for `kernel-forward`,
+/// the nftables rules, the XDP DNAT program, or a userspace forwarder pinned to the path
+/// core): one implementation for the UDP scenarios and the TCP bulk download.
+pub(crate) fn start_path(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Result<NodePath> {
+    let (_, fwd_cpu) = cpus();
+    let exe = self_exe()?;
+    let exe_s = exe.to_string_lossy().into_owned();
+    let mut active = NodePath {
         _xdp: None,
         forwarder: None,
         forwarder_name: "",
         forwarder_log: None,
-        _echo: echo,
         _state: None,
-        dst: (VIP, LOAD_PORT),
+        stats_file: None,
     };
     match sc {
-        Scenario::KernelForward => active.dst = (BACKEND_IP, BACKEND_LOAD_PORT),
+        Scenario::TcpBulk => {
+            bail!("tcp-bulk runs through juneau and nft-dnat, it is no path itself")
+        }
+        Scenario::KernelForward => {}
         Scenario::NftDnat => {
             let path = plan.out_dir.join(format!("nft-{tag}.nft"));
             std::fs::write(&path, NFT_RULES)?;
@@ -449,7 +510,6 @@ pub(crate) fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Resul
             )?);
         }
         Scenario::AfxdpL2fwd => {
-            active.dst = (BACKEND_IP, BACKEND_LOAD_PORT);
             let log = plan.out_dir.join(format!("afxdp-l2fwd-{tag}.log"));
             let child = t.node.spawn_logged(
                 &[
@@ -517,6 +577,9 @@ pub(crate) fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Resul
                 }
             }
             let fwd_cpu_s = fwd_cpu.to_string();
+            let stats_file = plan
+                .out_dir
+                .join(format!("juneau-dataplane-stats-{tag}.json"));
             let child = t.node.spawn_logged(
                 // The loop's own timing (once a second, debug level) goes to its log.
                 &[
@@ -537,10 +600,7 @@ pub(crate) fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Resul
                     "--state-file",
                     &state_path.to_string_lossy(),
                     "--stats-file",
-                    &plan
-                        .out_dir
-                        .join(format!("juneau-dataplane-stats-{tag}.json"))
-                        .to_string_lossy(),
+                    &stats_file.to_string_lossy(),
                 ])
                 .chain(extra)
                 .collect::<Vec<_>>(),
@@ -550,6 +610,7 @@ pub(crate) fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Resul
             active.forwarder_name = "juneau-dataplane";
             active.forwarder_log = Some(log);
             active._state = Some((writer, dir));
+            active.stats_file = Some(stats_file);
         }
     }
     Ok(active)
@@ -778,7 +839,7 @@ pub(crate) fn wait_until_delivering(t: &Topology, a: &mut Active, timeout: Durat
 /// Pins the node's threaded-NAPI kthreads to the path core and returns every thread whose
 /// run time is the path's cost: those kthreads, `ksoftirqd/<path core>` and the userspace
 /// forwarder (all its threads), if any.
-fn pin_path(t: &Topology, a: &Active) -> Result<Vec<u32>> {
+pub(crate) fn pin_path(t: &Topology, a: &NodePath) -> Result<Vec<u32>> {
     let (_, cpu) = cpus();
     let mut tids = Vec::new();
     for i in [&t.nc_if, &t.nb_if] {
@@ -896,7 +957,7 @@ fn window_run(
 }
 
 /// Run time (ns) of one thread.
-fn thread_run_ns(tid: u32) -> Option<u64> {
+pub(crate) fn thread_run_ns(tid: u32) -> Option<u64> {
     std::fs::read_to_string(format!("/proc/{tid}/schedstat"))
         .ok()?
         .split_whitespace()
@@ -906,7 +967,7 @@ fn thread_run_ns(tid: u32) -> Option<u64> {
 }
 
 /// The node's NAPI kthreads and the forwarder's threads, with a description each.
-fn path_threads(t: &Topology, a: &Active) -> Vec<(u32, String)> {
+pub(crate) fn path_threads(t: &Topology, a: &NodePath) -> Vec<(u32, String)> {
     let mut tids: Vec<(u32, String)> = Vec::new();
     for i in [&t.nc_if, &t.nb_if] {
         for x in crate::cpu::napi_threads(i) {
@@ -933,7 +994,7 @@ fn path_threads(t: &Topology, a: &Active) -> Vec<(u32, String)> {
 /// interfaces and every forwarder thread that ran since `before` (run times taken after
 /// pinning) last ran on the path core. A thread that did not run since (e.g. the Pod
 /// side's kthread in a forward-only run) still shows where it ran before it was pinned.
-fn check_placement(t: &Topology, a: &Active, before: &[(u32, u64)]) -> Result<()> {
+pub(crate) fn check_placement(t: &Topology, a: &NodePath, before: &[(u32, u64)]) -> Result<()> {
     let (_, path_cpu) = cpus();
     for (tid, what) in path_threads(t, a) {
         let ran = match (before.iter().find(|(x, _)| *x == tid), thread_run_ns(tid)) {
@@ -969,8 +1030,8 @@ fn measure(
     warmup: Duration,
     fill: bool,
 ) -> Result<RunFigures> {
-    let tids = pin_path(t, a)?;
-    let pinned: Vec<(u32, u64)> = path_threads(t, a)
+    let tids = pin_path(t, &a.path)?;
+    let pinned: Vec<(u32, u64)> = path_threads(t, &a.path)
         .into_iter()
         .filter_map(|(x, _)| Some((x, thread_run_ns(x)?)))
         .collect();
@@ -1015,7 +1076,7 @@ fn measure(
         rate = window_retry_rate(r.offered_pps, attempt);
         r = window_run(t, a, &tids, flows, rate as u64, warmup, plan.duration)?;
     }
-    check_placement(t, a, &pinned)?;
+    check_placement(t, &a.path, &pinned)?;
     r.calibration = steps;
     Ok(r)
 }
@@ -1105,9 +1166,12 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
             f.saturation
         ))
     };
+    let bulk = plan.scenarios.contains(&Scenario::TcpBulk);
+    let mut bulk_runs: Vec<crate::bulk::BulkRun> = Vec::new();
+    let mut bulk_failed: Vec<(u32, Scenario)> = Vec::new();
     for round in 0..plan.runs {
         for (i, sc) in plan.scenarios.iter().enumerate() {
-            if failed[i] {
+            if failed[i] || *sc == Scenario::TcpBulk {
                 continue;
             }
             check_interrupt()?;
@@ -1162,9 +1226,20 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
                 &mut reference_runs,
             )?;
         }
+        if bulk {
+            bulk_round(
+                plan,
+                progress,
+                report,
+                round,
+                &mut bulk_runs,
+                &mut bulk_failed,
+            )?;
+        }
     }
+    report.bulk = crate::bulk::rows(&bulk_runs);
     for (i, sc) in plan.scenarios.iter().enumerate() {
-        if !failed[i] {
+        if !failed[i] && *sc != Scenario::TcpBulk {
             report.scenarios.push(ScenarioResult::from_runs(
                 sc.name(),
                 plan.flows,
@@ -1208,6 +1283,58 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
                 progress.say(format!("{} latency: FAILED: {e:#}", sc.name()));
                 report.add_error(&format!("{}-latency", sc.name()), format!("{e:#}"));
                 latency_failed[i] = true;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One round of the TCP bulk download: every stream count, each through juneau and
+/// nft-dnat (which goes first alternates by round). A failed row is reported and skipped
+/// in later rounds, not the suite.
+fn bulk_round(
+    plan: &Plan,
+    progress: &Progress,
+    report: &mut Report,
+    round: u32,
+    runs: &mut Vec<crate::bulk::BulkRun>,
+    failed: &mut Vec<(u32, Scenario)>,
+) -> Result<()> {
+    for &streams in &plan.bulk.streams {
+        let mut paths = crate::bulk::PATHS;
+        if round % 2 == 1 {
+            paths.reverse();
+        }
+        for sc in paths {
+            if failed.contains(&(streams, sc)) {
+                continue;
+            }
+            check_interrupt()?;
+            match crate::bulk::run_once(plan, sc, streams, round) {
+                Ok(r) => {
+                    progress.say(format!(
+                        "round {}/{}: tcp-bulk-{streams} {}: {} bytes in {:.2} s = {:.2} Gbit/s, path core {:.0}% busy ({:.2} CPU-s), endpoint core {:.0}%: {:.2} Gbit per CPU-second; {}",
+                        round + 1,
+                        plan.runs,
+                        sc.name(),
+                        r.moved.bytes,
+                        r.moved.wall_s,
+                        r.gbps,
+                        100.0 * r.path_core.busy,
+                        r.path_cpu_s,
+                        100.0 * r.endpoint_core.busy,
+                        r.gbps_per_cpu_s,
+                        r.saturation
+                    ));
+                    runs.push(r);
+                }
+                Err(e) => {
+                    check_interrupt()?;
+                    let what = format!("tcp-bulk-{streams} {}", sc.name());
+                    progress.say(format!("{what}: FAILED: {e:#}"));
+                    report.add_error(&what, format!("{e:#}"));
+                    failed.push((streams, sc));
+                }
             }
         }
     }
@@ -1365,7 +1492,7 @@ fn latency_pass(
     let tag = format!("{}-latency-{}", sc.name(), std::process::id());
     let mut a = setup(&t, sc, plan, &tag)?;
     wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
-    pin_path(&t, &a)?;
+    pin_path(&t, &a.path)?;
     for &load in &plan.latency_loads {
         let (p, offered) = latency_point(&t, &mut a, plan, load, median)?;
         progress.say(format!(

@@ -1,4 +1,5 @@
-//! Issue 14's targets, checked against one run's report: each target with this run's
+//! Issue 14's targets (and the TCP bulk download's, from "carry real traffic"), checked
+//! against one run's report: each target with this run's
 //! figure and whether it was met, missed, refused or not measured. Pure (reads a
 //! [`Report`]), so `render` re-checks an old report.json the same way.
 
@@ -118,6 +119,7 @@ pub fn check(r: &Report) -> Vec<Target> {
         fs.figure = format!("delivered pps medians {:.2}", hi.median_pps / lo.median_pps);
     }
     t.push(fs);
+    t.push(bulk(r));
     t.push(latency(r));
     t.push(at_most(
         "engine instructions per established packet <= 150",
@@ -151,6 +153,50 @@ fn at_most(what: &str, v: Option<f64>, bound: f64, unit: &str) -> Target {
             Some(_) => Verdict::Missed,
             None => Verdict::NotMeasured,
         },
+    }
+}
+
+/// The TCP bulk download: juneau / nft-dnat in Gbit per CPU-second, paired per round, at
+/// least 1.0 at every stream count measured. Missed when a computed ratio is below;
+/// refused when a row was not saturated in every run (the figure shows the ratio as
+/// measured, for the record).
+fn bulk(r: &Report) -> Target {
+    let what = "TCP bulk download: juneau / nft-dnat, Gbit per CPU-second >= 1.0".to_string();
+    let q = &r.bulk_ratios;
+    if q.is_empty() {
+        return Target {
+            what,
+            figure: "—".into(),
+            verdict: Verdict::NotMeasured,
+        };
+    }
+    let figure = q
+        .iter()
+        .map(|x| {
+            let n = format!(
+                "{} stream{}",
+                x.streams,
+                if x.streams == 1 { "" } else { "s" }
+            );
+            match (x.per_cpu_s, x.per_cpu_s_as_measured) {
+                (Some(v), _) => format!("{n} {v:.2}"),
+                (None, Some(v)) => format!("{n} refused (as measured {v:.2})"),
+                (None, None) => format!("{n} refused"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let verdict = if q.iter().any(|x| x.per_cpu_s.is_some_and(|v| v < 1.0)) {
+        Verdict::Missed
+    } else if q.iter().any(|x| x.per_cpu_s.is_none()) {
+        Verdict::Refused
+    } else {
+        Verdict::Met
+    };
+    Target {
+        what,
+        figure,
+        verdict,
     }
 }
 
@@ -204,7 +250,7 @@ fn latency(r: &Report) -> Target {
 /// The report's "Targets" section.
 pub fn markdown(r: &Report) -> String {
     let mut m =
-        String::from("## Targets (issue 14)\n\n| target | this run | verdict |\n|---|---|---|\n");
+        String::from("## Targets (issue 14; the TCP bulk download: \"carry real traffic\")\n\n| target | this run | verdict |\n|---|---|---|\n");
     for t in check(r) {
         m += &format!("| {} | {} | {} |\n", t.what, t.figure, t.verdict.label());
     }
@@ -272,6 +318,35 @@ mod tests {
             .unwrap();
         assert_eq!(t.verdict, Verdict::Missed);
         assert!(t.figure.contains("p99.9 1.17 at 50%"), "{}", t.figure);
+    }
+
+    #[test]
+    fn tcp_bulk_is_met_missed_or_refused_over_every_stream_count() {
+        use crate::bulk::BulkRatio;
+        let q = |streams, v: Option<f64>, measured| BulkRatio {
+            streams,
+            rounds: 3,
+            gbps: Some(1.0),
+            per_cpu_s: v,
+            per_cpu_s_as_measured: Some(measured),
+            refused: v.is_none().then(|| "not all runs saturated".to_string()),
+        };
+        let mut r = Report::default();
+        assert_eq!(verdict(&r, "TCP bulk"), Verdict::NotMeasured);
+        r.bulk_ratios = vec![q(1, Some(1.2), 1.2), q(16, Some(1.0), 1.0)];
+        assert_eq!(verdict(&r, "TCP bulk"), Verdict::Met);
+        r.bulk_ratios[1] = q(16, None, 0.4);
+        let t = check(&r)
+            .into_iter()
+            .find(|t| t.what.starts_with("TCP bulk"))
+            .unwrap();
+        assert_eq!(t.verdict, Verdict::Refused);
+        assert_eq!(
+            t.figure,
+            "1 stream 1.20, 16 streams refused (as measured 0.40)"
+        );
+        r.bulk_ratios[0] = q(1, Some(0.6), 0.6);
+        assert_eq!(verdict(&r, "TCP bulk"), Verdict::Missed);
     }
 
     #[test]

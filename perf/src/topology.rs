@@ -38,6 +38,35 @@ pub const BACKEND_LOAD_PORT: u16 = 9100;
 pub const ECHO_PORT: u16 = 9001;
 /// The backend's echo server port.
 pub const BACKEND_ECHO_PORT: u16 = 9101;
+/// The service port of the TCP bulk download at the VIP.
+pub const BULK_PORT: u16 = 9002;
+/// The backend's TCP bulk server port.
+pub const BACKEND_BULK_PORT: u16 = 9102;
+
+/// What the client and backend ends are set up for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ends {
+    /// The UDP scenarios: checksum offload off on both ends (the generator's frames and
+    /// the echo server's replies carry finished checksums).
+    Udp,
+    /// The TCP bulk download (`crate::bulk`): the backend's veth as a CNI leaves a Pod's
+    /// (TSO, GSO and tx checksum offload on, no XDP program, no NAPI); the client's with
+    /// tx checksum offload off (kernel sockets sending into the uplink must send finished
+    /// checksums) and threaded NAPI (GRO on, so that frames the node redirects with XDP
+    /// are taken; its kthread pinned to `endpoint_cpu` by the bulk run). And RPS on all
+    /// four ends: a veth hands an skb from a TSO-capable sender to its peer's backlog on
+    /// the *sending* core (its NAPI takes only skbs from a sender without TSO, and XDP
+    /// frames), so without RPS the node would forward the backend's TSO skbs on the
+    /// endpoints' core and the client would receive the node's frames on the path core.
+    /// RPS sends what arrives on the client's and backend's veths to `endpoint_cpu`, what
+    /// arrives on the node's to `path_cpu`: each side's receive work runs on its own core.
+    Bulk {
+        /// The core of the TCP server and client.
+        endpoint_cpu: u32,
+        /// The core of the node's forwarding work.
+        path_cpu: u32,
+    },
+}
 
 /// The three namespaces and their links.
 pub struct Topology {
@@ -75,6 +104,12 @@ impl Topology {
     /// offload off on the client and backend ends (kernel sockets there must send
     /// finished checksums, or they fail after NAT: FACTS.md).
     pub fn build() -> Result<Topology> {
+        Topology::build_for(Ends::Udp)
+    }
+
+    /// Builds the topology with its ends set up for `ends` (the node namespace is the
+    /// same for every kind).
+    pub fn build_for(ends: Ends) -> Result<Topology> {
         let p = unique_prefix("prf");
         let client = Netns::new(format!("{p}cl"))?;
         let node = Netns::new(format!("{p}nd"))?;
@@ -119,7 +154,36 @@ impl Topology {
             node.exec(&["ethtool", "-K", i, "gro", "on"])?;
             node.exec(&["sh", "-c", &format!("echo 1 > /sys/class/net/{i}/threaded")])?;
         }
-        backend.exec(&["ethtool", "-K", &b_if, "tx", "off"])?;
+        match ends {
+            Ends::Udp => {
+                backend.exec(&["ethtool", "-K", &b_if, "tx", "off"])?;
+            }
+            Ends::Bulk {
+                endpoint_cpu,
+                path_cpu,
+            } => {
+                client.exec(&["ethtool", "-K", &c_if, "gro", "on"])?;
+                client.exec(&[
+                    "sh",
+                    "-c",
+                    &format!("echo 1 > /sys/class/net/{c_if}/threaded"),
+                ])?;
+                let rps = |ns: &Netns, iface: &str, cpu: u32| {
+                    ns.exec(&[
+                        "sh",
+                        "-c",
+                        &format!(
+                            "echo {:x} > /sys/class/net/{iface}/queues/rx-0/rps_cpus",
+                            1u64 << cpu
+                        ),
+                    ])
+                };
+                rps(&client, &c_if, endpoint_cpu)?;
+                rps(&backend, &b_if, endpoint_cpu)?;
+                rps(&node, &nc_if, path_cpu)?;
+                rps(&node, &nb_if, path_cpu)?;
+            }
+        }
         let t = Topology {
             c_mac: mac_of(&client, &c_if)?,
             nc_mac: mac_of(&node, &nc_if)?,

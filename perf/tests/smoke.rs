@@ -6,7 +6,8 @@
 //! behind; Ctrl-C in the middle (of the traffic part and of convergence) must clean up too.
 //!
 //! No assertion is about speed (shared noisy machine): only that each part delivered
-//! packets and produced its output. Needs root, iproute2, nftables, ethtool, valgrind,
+//! packets and produced its output (the TCP bulk download: every byte, through juneau
+//! and nft-dnat). Needs root, iproute2, nftables, ethtool, valgrind,
 //! python3-matplotlib, bird2, kubectl (tests/setup/apt-packages.txt, tests/setup.sh) and
 //! etcd + kube-apiserver (tests/k8s/build.sh); a missing one fails the test with the
 //! harness's own list of what is missing.
@@ -196,6 +197,49 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
             );
         }
     }
+    // The TCP bulk download: 4 MiB per connection, 1 and 4 streams, through juneau and
+    // nft-dnat; every byte of the checked round and of the window arrived.
+    let bulk = report["bulk"].as_array().expect("bulk rows");
+    for streams in [1u64, 4] {
+        for path in ["juneau", "nft-dnat"] {
+            let row = bulk
+                .iter()
+                .find(|r| r["streams"] == streams && r["path"] == path)
+                .unwrap_or_else(|| {
+                    panic!("no tcp-bulk-{streams} {path} row: {:#}", report["bulk"])
+                });
+            assert_eq!(row["name"], format!("tcp-bulk-{streams}"));
+            let runs = row["runs"].as_array().expect("bulk runs");
+            assert_eq!(runs.len(), 1, "{row}");
+            for run in runs {
+                let each = run["bytes_each"].as_u64().unwrap();
+                assert_eq!(each, 4 << 20, "{run}");
+                let v = &run["verified"];
+                assert_eq!(v["downloads"].as_u64(), Some(streams), "{run}");
+                assert_eq!(v["bytes"].as_u64(), Some(streams * each), "{run}");
+                let m = &run["moved"];
+                let downloads = m["downloads"].as_u64().unwrap();
+                assert!(downloads >= streams, "{run}");
+                assert_eq!(m["bytes"].as_u64(), Some(downloads * each), "{run}");
+                assert!(run["gbps"].as_f64().unwrap() > 0.0, "{run}");
+                assert!(run["path_cpu_s"].as_f64().unwrap() > 0.0, "{run}");
+                assert!(
+                    run["saturation"].as_str().is_some_and(|x| !x.is_empty()),
+                    "{run}"
+                );
+                // The dataplane's counters are kept for juneau's runs.
+                assert_eq!(run["dataplane"].is_object(), path == "juneau", "{run}");
+            }
+        }
+    }
+    let bulk_ratios = report["bulk_ratios"].as_array().expect("bulk_ratios");
+    assert_eq!(bulk_ratios.len(), 2, "{bulk_ratios:?}");
+    for q in bulk_ratios {
+        assert!(
+            q["per_cpu_s"].as_f64().is_some() != q["refused"].is_string(),
+            "a bulk ratio neither computed nor refused (or both): {q}"
+        );
+    }
     let scale = report["flow_scale"].as_array().expect("flow_scale");
     assert!(scale.len() >= 2, "flow scale points: {scale:?}");
     // xdp-dnat at the largest flow count, the reference.
@@ -266,6 +310,12 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
     assert!(
         md.contains("| juneau |") && md.contains("juneau / nft-dnat"),
         "report.md:\n{md}"
+    );
+    assert!(
+        md.contains("## TCP bulk download")
+            && md.contains("| tcp-bulk-4 | juneau |")
+            && md.contains("| TCP bulk download: juneau / nft-dnat, Gbit per CPU-second >= 1.0 |"),
+        "the TCP bulk section or target missing from report.md:\n{md}"
     );
     for png in [
         "throughput.png",
