@@ -125,7 +125,8 @@ impl Images {
     }
 }
 
-fn run(cmd: &mut Command) -> Result<String> {
+/// Runs `cmd`; its stdout, or an error with its status and output.
+pub fn run(cmd: &mut Command) -> Result<String> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
         bail!(

@@ -12,30 +12,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use juneau_tests::images::{
-    build_juneau, sha256_file, JUNEAU_BINARIES, JUNEAU_BIN_DIR, JUNEAU_UID,
+    build_juneau, run, sha256_file, JUNEAU_BINARIES, JUNEAU_BIN_DIR, JUNEAU_UID,
 };
 use juneau_tests::lab::JuneauBins;
 use juneau_tests::netns::{unique_prefix, Netns};
 use juneau_tests::node::{check_gone, KubeletNode, NodeSpec};
-
-fn run(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed ({}): {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim(),
-            String::from_utf8_lossy(&out.stdout).trim()
-        );
-    }
-    Ok(format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    ))
-}
 
 /// A copy of the programs with other mtimes, modes (0700) and directory: the image must
 /// not depend on them.
