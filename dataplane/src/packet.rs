@@ -616,18 +616,7 @@ pub fn rewrite_icmp_error(
     quoted_addr: u32,
     quoted_port: u16,
 ) {
-    let ip = v.l3_offset();
-    let (off, old) = match outer {
-        NatSide::Destination => (ip + 16, v.dst),
-        NatSide::Source => (ip + 12, v.src),
-    };
-    let c = be16(frame, ip + 10);
-    put16(frame, ip + 10, csum_replace32(c, old, outer_addr));
-    put32(frame, off, outer_addr);
-    match outer {
-        NatSide::Destination => v.dst = outer_addr,
-        NatSide::Source => v.src = outer_addr,
-    }
+    rewrite_addr(frame, v, outer, outer_addr);
     let inner = e.inner_l3;
     let l4 = inner + e.inner_header_len;
     let (addr_off, port_off, old_addr, old_port) = match quoted {
