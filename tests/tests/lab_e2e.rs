@@ -107,6 +107,26 @@ fn large_bodies_through_the_vip() -> Result<()> {
         let url = format!("http://{VIP}/uploads/{name}");
         put_and_get(&client, &url, &want, secs)?;
     }
+    // The Pods' TSO super-segments reached the dataplanes whole and were cut there, and
+    // nothing was lost for its size. (The stats file is rewritten every second.)
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut segmented = 0;
+    for node in ["node-a", "node-c"] {
+        let st = lab::dataplane_stats(node)?;
+        segmented += st["segmented"].as_u64().unwrap_or(0);
+        for r in [
+            "too_big",
+            "no_free_frame",
+            "socket_rx_dropped",
+            "socket_rx_ring_full",
+        ] {
+            assert_eq!(st["drops"][r].as_u64(), Some(0), "{node} {r}: {st}");
+        }
+    }
+    assert!(
+        segmented > 0,
+        "no super-segment was cut: are the Pods' TSO off?"
+    );
     Ok(())
 }
 
