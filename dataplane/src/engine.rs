@@ -288,6 +288,7 @@ impl Engine {
             dst: v.dst,
             id: packet::ip_id(frame),
             proto: v.protocol,
+            reply: side == NatSide::Source,
         };
         let d = match self.frags.later(key, frame, now_ms) {
             Later::Decided(d) => d,
@@ -353,6 +354,7 @@ impl Engine {
         &mut self,
         frame: &[u8],
         v: &mut packet::Ipv4View,
+        side: NatSide,
     ) -> Result<Option<FragKey>, Verdict> {
         if !v.fragment {
             return Ok(None);
@@ -366,6 +368,7 @@ impl Engine {
             dst: v.dst,
             id: packet::ip_id(frame),
             proto: v.protocol,
+            reply: side == NatSide::Source,
         }))
     }
 
@@ -945,7 +948,7 @@ impl Engine {
         if v.fragment && packet::fragment_offset(frame) != 0 {
             return self.later_fragment(frame, v, NatSide::Destination, nb, now_ms);
         }
-        let frag = match self.first_fragment(frame, &mut v) {
+        let frag = match self.first_fragment(frame, &mut v, NatSide::Destination) {
             Ok(k) => k,
             Err(verdict) => return verdict,
         };
@@ -1226,7 +1229,7 @@ impl Engine {
         if v.fragment && packet::fragment_offset(frame) != 0 {
             return self.later_fragment(frame, v, NatSide::Source, nb, now_ms);
         }
-        let frag = match self.first_fragment(frame, &mut v) {
+        let frag = match self.first_fragment(frame, &mut v, NatSide::Source) {
             Ok(k) => k,
             Err(verdict) => return verdict,
         };

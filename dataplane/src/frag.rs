@@ -37,6 +37,10 @@ pub struct FragKey {
     pub id: u16,
     /// Protocol.
     pub proto: u8,
+    /// A backend's reply (arrived on a Pod interface) rather than a client's datagram
+    /// (on the uplink): a decision made in one direction never rewrites the other's
+    /// fragments, whatever their addresses claim.
+    pub reply: bool,
 }
 
 /// The first fragment's decision: the address later fragments get and where they count.
@@ -228,6 +232,7 @@ mod tests {
             dst: 0x0a00_0002,
             id,
             proto: 17,
+            reply: false,
         }
     }
 
@@ -250,6 +255,18 @@ mod tests {
         assert_eq!(released, vec![vec![2; 100], vec![3; 50]]);
         assert_eq!(t.held_bytes(), 0);
         assert_eq!(t.later(key(2), &[4; 10], 13), Later::Decided(D));
+    }
+
+    #[test]
+    fn a_decision_never_crosses_directions() {
+        let mut t = FragTable::new(8, 1000);
+        t.decided(key(1), D, 0);
+        let reply = FragKey {
+            reply: true,
+            ..key(1)
+        };
+        assert_eq!(t.later(reply, &[0; 8], 1), Later::Held);
+        assert_eq!(t.later(key(1), &[0; 8], 1), Later::Decided(D));
     }
 
     #[test]
