@@ -24,9 +24,10 @@
 //! ([`crate::node`]) a [`KubeCluster::start_scheduler`] places the Pods.
 //!
 //! The apiserver runs with RBAC authorization, the ServiceAccount admission plugin off
-//! (there is no kubelet to consume Pod tokens, and Pods can then be created before the
-//! controller-manager has made the namespace's `default` ServiceAccount), and no
-//! nodes: tests create Node objects themselves.
+//! unless [`ClusterOptions::service_account_tokens`] (without kubelets nothing consumes
+//! Pod tokens, and Pods can then be created before the controller-manager has made the
+//! namespace's `default` ServiceAccount), and no nodes: tests create Node objects
+//! themselves.
 
 use std::fs;
 use std::io::Write as _;
@@ -69,6 +70,10 @@ pub struct ClusterOptions {
     /// Run the controller-manager's node-lifecycle controller (only with real kubelets:
     /// without heartbeats it would mark every Node NotReady).
     pub node_lifecycle: bool,
+    /// The ServiceAccount admission plugin on: Pods get their ServiceAccount's token
+    /// mounted (projected), as in-cluster clients need (only with real kubelets, after
+    /// the controller-manager made each namespace's `default` ServiceAccount).
+    pub service_account_tokens: bool,
 }
 
 impl Default for ClusterOptions {
@@ -78,6 +83,7 @@ impl Default for ClusterOptions {
             api_port: None,
             dir: None,
             node_lifecycle: false,
+            service_account_tokens: false,
         }
     }
 }
@@ -351,10 +357,13 @@ impl KubeCluster {
             // `allocateLoadBalancerNodePorts: false`, and the default range has 2 768.
             "--service-node-port-range=30000-44999".into(),
             "--allow-privileged=true".into(),
-            "--disable-admission-plugins=ServiceAccount".into(),
             "--enable-priority-and-fairness=false".into(),
             "--profiling=false".into(),
         ];
+        let mut api_args = api_args;
+        if !options.service_account_tokens {
+            api_args.push("--disable-admission-plugins=ServiceAccount".into());
+        }
         let apiserver = Proc::spawn(
             "kube-apiserver",
             &bin_dir.join("kube-apiserver"),

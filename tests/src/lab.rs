@@ -22,8 +22,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::bird::{bgp_nexthops, BgpNeighbor, Bird, BirdConfig};
 use crate::daemon::{stop_pid, tail, wait_for, Daemon, DaemonSpec};
-use crate::images::Images;
-use crate::kube::{binaries_dir, write_kubeconfig, ClusterOptions, KubeCluster};
+use crate::images::{ImageArchive, Images};
+use crate::install::{self, pod_process, Release};
+use crate::kube::{binaries_dir, ClusterOptions, KubeCluster};
 use crate::netns::{run, Netns};
 use crate::node::{self, KubeletNode, NodeSpec};
 use crate::prometheus::{Prometheus, PrometheusSpec, Target};
@@ -55,6 +56,8 @@ const FABRIC_MTU: u16 = 1600;
 /// host): it scrapes every Juneau process of the lab (docs/lab.md).
 pub const PROMETHEUS_ADDR: std::net::SocketAddr =
     std::net::SocketAddr::V4(std::net::SocketAddrV4::new(MGMT_HOST, 9740));
+/// The controller's metrics port (the chart's `metrics.controllerPort`).
+const CONTROLLER_METRICS_PORT: u16 = 9741;
 /// Metrics ports of the node components (their defaults; each node is its own netns).
 const NODE_METRICS_PORTS: [(&str, u16); 3] = [
     ("juneau-agent", 9742),
@@ -62,26 +65,42 @@ const NODE_METRICS_PORTS: [(&str, u16); 3] = [
     ("juneau-bgp", 9744),
 ];
 
-/// The node's own bpffs (`mount -t bpf`), where its dataplane pins its flow table,
-/// maps and links (`--pin-dir`). `ip netns exec` remounts /sys, so /sys/fs/bpf is not
-/// visible to the dataplane; a bpffs outside /sys is, and flows survive a restart.
-fn bpf_dir(node: &str) -> PathBuf {
-    state().join("bpf").join(node)
+/// The tag of the `juneau` image the lab builds and installs.
+pub const JUNEAU_IMAGE_TAG: &str = "lab";
+/// The programs of the node DaemonSet's containers: agent, dataplane, speaker, BFD.
+const NODE_PROGRAMS: [&str; 4] = [
+    "juneau-k8s-sync",
+    "juneau-dataplane",
+    "juneau-bgp",
+    "juneau-bfd",
+];
+/// The longest an install, upgrade, rollback or a container's restart may take.
+pub const JUNEAU_ROLLOUT: Duration = Duration::from_secs(300);
+
+/// The lab's values for deploy/helm/juneau (`helm install -f`): the image imported on
+/// each node, the API server's real address (the lab runs no kube-proxy, so the
+/// `kubernetes` Service's ClusterIP leads nowhere), the nodes' uplink and Pod bridge,
+/// and the fabric's MTU for redirects between nodes.
+fn lab_values() -> String {
+    format!(
+        "# The lab's values for deploy/helm/juneau (tests/src/lab.rs).\n\
+         image: {{repository: juneau, tag: {JUNEAU_IMAGE_TAG}, pullPolicy: Never}}\n\
+         apiServer: {{host: \"{MGMT_HOST}\", port: {API_PORT}}}\n\
+         node:\n\
+         \x20 nodeSelector: {{juneau.loutres.me/lab: \"true\"}}\n\
+         \x20 uplinkInterface: eth0\n\
+         \x20 podBridge: cni0\n\
+         \x20 redirects: {}\n\
+         \x20 redirectMtu: {FABRIC_MTU}\n",
+        !redirects_disabled()
+    )
 }
 
-/// The dataplane's `--pin-dir` inside [`bpf_dir`] (`--remove-pins` removes the pin
-/// directory itself, which cannot be the mount point).
+/// Where node's dataplane pins its flow table, maps and XDP links: the default
+/// `--pin-dir` (`/sys/fs/bpf/juneau/<node>`) in the host's bpffs, which the DaemonSet
+/// mounts (all three lab nodes share the host's; each node's directory is its own).
 fn pin_dir(node: &str) -> PathBuf {
-    bpf_dir(node).join("juneau")
-}
-
-/// Whether `dir` is a mount point (in /proc/self/mounts).
-fn is_mount_point(dir: &Path) -> bool {
-    let want = dir.display().to_string();
-    fs::read_to_string("/proc/self/mounts")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
+    Path::new("/sys/fs/bpf/juneau").join(node)
 }
 
 /// One lab node's names and addresses.
@@ -98,6 +117,11 @@ pub struct LabNode {
     pub mgmt: Ipv4Addr,
     /// Pod subnet base (`/24` on cni0, gateway `.1`).
     pub pods: Ipv4Addr,
+}
+
+/// The node's Pod subnet, `a.b.c.0/24`.
+fn pod_subnet(n: LabNode) -> String {
+    format!("{}/24", n.pods)
 }
 
 /// node-a, node-b, node-c.
@@ -405,15 +429,8 @@ impl JuneauBins {
 #[derive(Debug)]
 pub struct Lab {
     bins: JuneauBins,
-    // Drop order (explicit in `teardown`): Juneau, nodes, router, control plane, netns.
-    controllers: Vec<Daemon>,
-    agents: BTreeMap<String, Daemon>,
-    speakers: BTreeMap<String, Daemon>,
-    /// Each node's juneau-bfd (BFD to the router, apart from the speaker).
-    bfds: BTreeMap<String, Daemon>,
-    dataplanes: BTreeMap<String, Daemon>,
-    /// Metrics port of each controller replica on [`MGMT_HOST`] (both run on the host).
-    controller_metrics: Vec<u16>,
+    // Drop order (explicit in `teardown`): Prometheus, nodes (with Juneau's Pods),
+    // router, control plane, netns.
     prometheus: Option<Prometheus>,
     nodes: Vec<KubeletNode>,
     bird: Option<Bird>,
@@ -452,12 +469,6 @@ impl Lab {
         }
         let mut lab = Lab {
             bins,
-            controllers: vec![],
-            agents: BTreeMap::new(),
-            speakers: BTreeMap::new(),
-            bfds: BTreeMap::new(),
-            dataplanes: BTreeMap::new(),
-            controller_metrics: vec![],
             prometheus: None,
             nodes: vec![],
             bird: None,
@@ -476,22 +487,13 @@ impl Lab {
         self.topology()?;
         self.control_plane()?;
         self.router()?;
-        self.juneau_objects()?;
-        self.start_nodes()?;
-        self.start_controllers()?;
-        for n in NODES {
-            self.start_agent(n.name)?;
-        }
+        let image = self.juneau_image()?;
+        self.start_nodes(&image)?;
+        self.install_juneau()?;
         self.guide_manifests()?;
         self.wait_pods_ready(3, Duration::from_secs(240))?;
         println!("{}", bold("$ kubectl get pods -o wide"));
         print!("{}", kubectl(&["get", "pods", "-o", "wide"])?);
-        step("juneau-dataplane (uplink eth0, Pods on bridge cni0), juneau-bfd and juneau-bgp on every node");
-        for n in NODES {
-            self.start_dataplane(n.name)?;
-            self.start_bfd(n.name)?;
-            self.start_speaker(n.name)?;
-        }
         self.start_prometheus()?;
         Ok(())
     }
@@ -503,13 +505,28 @@ impl Lab {
         step(&format!(
             "Prometheus on http://{PROMETHEUS_ADDR} scraping every Juneau process every 5 s"
         ));
-        let mut targets: Vec<Target> = self
-            .controller_metrics
-            .iter()
-            .enumerate()
-            .map(|(r, port)| {
-                Target::new("juneau-controller", format!("{MGMT_HOST}:{port}"))
-                    .label("pod", &format!("lab-controller-{r}"))
+        // The controller replicas are Pods on the Pod network, scraped at their Pod IPs
+        // as they are now (Debian's Prometheus is built without Kubernetes service
+        // discovery: a replica replaced later is not followed).
+        let pods = kubectl(&[
+            "-n",
+            install::NAMESPACE,
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=juneau-controller",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.status.podIP}{\"\\n\"}{end}",
+        ])?;
+        let mut targets: Vec<Target> = pods
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(pod, ip)| {
+                Target::new(
+                    "juneau-controller",
+                    format!("{ip}:{CONTROLLER_METRICS_PORT}"),
+                )
+                .label("pod", pod)
             })
             .collect();
         for n in NODES {
@@ -649,6 +666,21 @@ impl Lab {
             )?;
             run("ip", &["link", "set", &m, "master", MGMT_BRIDGE, "up"])?;
             node.addr("mgmt0", &format!("{}/24", n.mgmt))?;
+            // The Pod network is routed, as on clusters without an overlay: the host
+            // (the API server, Prometheus) reaches Pods on the Pod network — the
+            // controller replicas — through their node, and they reach it back.
+            run(
+                "ip",
+                &[
+                    "route",
+                    "replace",
+                    &pod_subnet(n),
+                    "via",
+                    &n.mgmt.to_string(),
+                    "dev",
+                    MGMT_BRIDGE,
+                ],
+            )?;
             // The API server reaches the kubelet at the node's InternalIP (kubectl logs),
             // which is the management address: on jlab-mgmt's /24, no host route.
             // The Pod network's bridge, made before any Pod exists (the dataplane serves
@@ -684,6 +716,8 @@ impl Lab {
             api_port: Some(API_PORT),
             dir: Some(state().join("kube")),
             node_lifecycle: true,
+            // Juneau's Pods use their ServiceAccounts' tokens (in-cluster config).
+            service_account_tokens: true,
         })?;
         k.start_controller_manager()?;
         k.start_scheduler()?;
@@ -728,70 +762,29 @@ impl Lab {
         Ok(())
     }
 
-    fn juneau_objects(&mut self) -> Result<()> {
-        step("Juneau CRDs and RBAC from deploy/ (kubectl apply)");
-        let root = repo_root();
-        let crds = root.join("deploy/crds/juneau.loutres.me.yaml");
-        let out = kubectl(&[
-            "apply",
-            "-f",
-            &crds.display().to_string(),
-            "-f",
-            &root.join("deploy/namespace.yaml").display().to_string(),
-            "-f",
-            &root.join("deploy/rbac.yaml").display().to_string(),
-        ])?;
-        for l in out.lines() {
-            info(l);
-        }
-        wait_for(
-            "the CRDs Established",
-            Duration::from_secs(60),
-            Duration::from_millis(500),
-            || {
-                Ok(kubectl(&[
-                    "wait",
-                    "--for=condition=Established",
-                    "crd",
-                    "--all",
-                    "--timeout=2s",
-                ])
-                .is_ok()
-                .then_some(()))
-            },
-        )?;
-        let k = self.cluster.as_ref().context("no cluster")?;
-        for sa in ["juneau-controller", "juneau-node"] {
-            let token = kubectl(&[
-                "create",
-                "token",
-                sa,
-                "-n",
-                "juneau-system",
-                "--duration=48h",
-            ])?;
-            let path = state().join(format!("kube/{sa}.kubeconfig"));
-            write_kubeconfig(
-                &path,
-                k.server(),
-                &k.ca_cert(),
-                &format!("system:serviceaccount:juneau-system:{sa}"),
-                token.trim(),
-            )?;
-            ok(&format!(
-                "ServiceAccount juneau-system/{sa} -> {} (RBAC from deploy/rbac.yaml)",
-                path.display()
-            ));
-        }
-        Ok(())
+    /// The `juneau` image the lab installs, from release builds of this checkout
+    /// ([`install::build_image`]: what `deploy/image/build.sh` does).
+    fn juneau_image(&mut self) -> Result<ImageArchive> {
+        step(&format!(
+            "The juneau image ({JUNEAU_IMAGE_TAG}): release builds of the four programs (cargo build --release; minutes on a cold machine)"
+        ));
+        let t0 = Instant::now();
+        let image = install::build_image(&state().join("images"), JUNEAU_IMAGE_TAG)?;
+        ok(&format!(
+            "juneau:{JUNEAU_IMAGE_TAG}, {:.1} MiB, id {} ({:.0?})",
+            fs::metadata(&image.path)?.len() as f64 / f64::from(1 << 20),
+            image.config_digest,
+            t0.elapsed()
+        ));
+        Ok(image)
     }
 
-    fn start_nodes(&mut self) -> Result<()> {
+    fn start_nodes(&mut self, juneau: &ImageArchive) -> Result<()> {
         step(
             "Nodes: containerd + kubelet in each node's namespace; the kubelets register the Nodes",
         );
         let images = Images::build(&state().join("images"))?;
-        ok("images built locally: localhost/juneau-pause:1 (sandbox), nginx:1.27 (Debian's nginx)");
+        ok("images built locally: localhost/juneau-pause:1 (sandbox), nginx:1.27 (Debian's nginx); juneau imported with ctr as users without a registry do");
         let kubelet = binaries_dir()?.join("kubelet");
         if !kubelet.is_file() {
             bail!(
@@ -813,7 +806,11 @@ impl Lab {
                 kubeconfig: admin_kubeconfig(),
                 labels: vec!["juneau.loutres.me/lab=true".into()],
             };
-            let node = KubeletNode::start(spec, &images, &kubelet)?;
+            let mut node = KubeletNode::start_runtime_importing(
+                spec,
+                &[&images.pause, &images.nginx, &juneau.path],
+            )?;
+            node.start_kubelet(&kubelet)?;
             ok(&format!(
                 "{}: containerd ({}), kubelet (log {})",
                 n.name,
@@ -845,225 +842,170 @@ impl Lab {
         Ok(())
     }
 
-    fn controller_spec(&self, replica: usize) -> DaemonSpec {
-        let metrics = self
-            .controller_metrics
-            .get(replica)
-            .map(|p| format!("{MGMT_HOST}:{p}"))
-            .unwrap_or_else(|| format!("{MGMT_HOST}:0"));
-        DaemonSpec::new(
-            format!("juneau-controller-{replica}"),
-            &[
-                &self.bins.path("juneau-k8s-sync").display().to_string(),
-                "controller",
-                "--metrics-addr",
-                &metrics,
-            ],
-            logs().join(format!("juneau-controller-{replica}.log")),
-        )
-        .env(
-            "KUBECONFIG",
-            state()
-                .join("kube/juneau-controller.kubeconfig")
-                .display()
-                .to_string(),
-        )
-        .env("POD_NAME", format!("lab-controller-{replica}"))
-        .env("POD_NAMESPACE", "juneau-system")
-        .env("RUST_LOG", "info")
+    /// Imports another build of the image (`tag`) into every node's containerd, as an
+    /// operator without a registry does before `helm upgrade`.
+    pub fn import_juneau_image(&self, tag: &str) -> Result<ImageArchive> {
+        let image = install::build_image(&state().join("images"), tag)?;
+        for node in &self.nodes {
+            crate::images::import(&node.containerd_socket(), &[&image.path])?;
+        }
+        Ok(image)
     }
 
-    fn start_controllers(&mut self) -> Result<()> {
-        step("juneau-k8s-sync controller, two replicas with leader election (ServiceAccount juneau-controller)");
-        for r in 0..2 {
-            self.controller_metrics.push(crate::kube::free_port()?);
-            self.controllers
-                .push(Daemon::spawn(self.controller_spec(r))?);
+    /// Juneau as users install it: `helm install` of deploy/helm/juneau (CRDs, RBAC, the
+    /// controller Deployment with 2 replicas, the node DaemonSet with the agent,
+    /// dataplane, speaker and BFD containers) with the lab's values file.
+    fn install_juneau(&mut self) -> Result<()> {
+        step("Juneau from its Helm chart: helm install juneau deploy/helm/juneau -n juneau-system -f values.yaml");
+        // The namespace as the README says: created and labelled for privileged Pods
+        // (the node DaemonSet), then the release into it.
+        kubectl(&[
+            "apply",
+            "-f",
+            &repo_root()
+                .join("deploy/namespace.yaml")
+                .display()
+                .to_string(),
+        ])?;
+        let values = state().join("juneau-values.yaml");
+        fs::write(&values, lab_values())?;
+        for l in lab_values()
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+        {
+            info(l);
         }
+        let t0 = Instant::now();
+        let release = self.release();
+        release.install(&[], JUNEAU_ROLLOUT)?;
+        ok(&format!(
+            "release {} revision {} ({:.0?})",
+            install::RELEASE,
+            release.revision()?,
+            t0.elapsed()
+        ));
+        println!("{}", bold("$ kubectl -n juneau-system get pods -o wide"));
+        print!(
+            "{}",
+            kubectl(&["-n", install::NAMESPACE, "get", "pods", "-o", "wide"])?
+        );
         let leader = wait_for(
-            "a leader on Lease juneau-system/juneau-controller",
+            "a controller replica holding the Lease juneau-system/juneau-controller",
             Duration::from_secs(60),
             Duration::from_millis(500),
-            || Ok(controller_leader()?.filter(|l| l.starts_with("lab-controller"))),
+            controller_leader,
         )?;
         ok(&format!("leader: {leader}"));
         Ok(())
     }
 
-    fn agent_spec(&self, node: &str) -> DaemonSpec {
-        DaemonSpec::new(
-            format!("agent-{node}"),
-            &[
-                &self.bins.path("juneau-k8s-sync").display().to_string(),
-                "agent",
-                "--node",
-                node,
-                // The speaker's status (speaker_spec), published as NodeBGPStatus/<node>.
-                "--bgp-status-file",
-                &state()
-                    .join(format!("bgp-{node}.status.json"))
-                    .display()
-                    .to_string(),
-            ],
-            logs().join(format!("agent-{node}.log")),
-        )
-        .in_netns_with_sysfs(&ns(node))
-        .env(
-            "KUBECONFIG",
-            state()
-                .join("kube/juneau-node.kubeconfig")
-                .display()
-                .to_string(),
-        )
-        .env("RUST_LOG", "info")
-    }
-
-    fn start_agent(&mut self, node: &str) -> Result<()> {
-        let d = Daemon::spawn(self.agent_spec(node))?;
-        ok(&format!(
-            "{node}: juneau-k8s-sync agent (pid {}, log {})",
-            d.pid(),
-            d.log().display()
-        ));
-        self.agents.insert(node.to_string(), d);
-        Ok(())
-    }
-
-    fn dataplane_spec(&self, node: &str) -> DaemonSpec {
-        // Redirects between nodes (docs/dataplane.md): the agent publishes this node's
-        // fabric address (the Node annotation) and, per VIP, the other nodes serving it,
-        // so packets of connections another node holds (after the ECMP group changed, or
-        // during a drain) are sent there. `JUNEAU_LAB_NO_REDIRECTS=1` starts the
-        // dataplanes without (to see what the redirects prevent; not for CI).
-        let redirects: &[&str] = if redirects_disabled() {
-            &[]
-        } else {
-            &["--node-address", "auto"]
-        };
-        DaemonSpec::new(
-            format!("dataplane-{node}"),
-            &[
-                &self.bins.path("juneau-dataplane").display().to_string(),
-                "--uplink",
-                "eth0",
-                "--pod-iface",
-                "cni0",
-                "--state-file",
-                &format!("{SHM_DIR}/{node}.state"),
-                "--stats-file",
-                &state()
-                    .join(format!("dataplane-{node}.stats.json"))
-                    .display()
-                    .to_string(),
-                "--pin-dir",
-                &pin_dir(node).display().to_string(),
-                "--redirect-mtu",
-                &FABRIC_MTU.to_string(),
-            ]
-            .into_iter()
-            .chain(redirects.iter().copied())
-            .collect::<Vec<&str>>(),
-            logs().join(format!("dataplane-{node}.log")),
-        )
-        .in_netns_with_sysfs(&ns(node))
-        .env("RUST_LOG", "info")
-    }
-
-    /// Mounts the node's bpffs ([`bpf_dir`]) and records the dataplane binary there, so
-    /// that [`down`] can remove the pins even from another process.
-    fn mount_bpffs(&self, node: &str) -> Result<()> {
-        let dir = bpf_dir(node);
-        fs::create_dir_all(&dir)?;
-        if !is_mount_point(&dir) {
-            run("mount", &["-t", "bpf", "bpf", &dir.display().to_string()])?;
+    /// The lab's Helm release of Juneau.
+    pub fn release(&self) -> Release {
+        Release {
+            kubeconfig: admin_kubeconfig(),
+            values: state().join("juneau-values.yaml"),
         }
-        fs::write(
-            state().join("bpf/juneau-dataplane.path"),
-            self.bins.path("juneau-dataplane").display().to_string(),
+    }
+
+    /// `kill -9` of node's dataplane (a crash); the kubelet restarts its container.
+    /// Returns once a new dataplane runs and the node's Pod is Ready again.
+    pub fn kill_and_restart_dataplane(&mut self, node: &str) -> Result<()> {
+        self.signal_and_wait(node, &["juneau-dataplane"], "KILL")
+    }
+
+    /// SIGTERM to node's BGP speaker; the kubelet restarts its container.
+    pub fn restart_speaker(&mut self, node: &str) -> Result<()> {
+        self.signal_and_wait(node, &["juneau-bgp"], "TERM")
+    }
+
+    /// SIGTERM to node's agent; the kubelet restarts its container.
+    pub fn restart_agent(&mut self, node: &str) -> Result<()> {
+        self.signal_and_wait(node, &["juneau-k8s-sync"], "TERM")
+    }
+
+    /// `kill -9` of every Juneau process of the node at once (a node-level crash of
+    /// Juneau: agent, dataplane, speaker, BFD); the kubelet restarts them all.
+    pub fn kill_node_components(&mut self, node: &str) -> Result<()> {
+        self.signal_and_wait(node, &NODE_PROGRAMS, "KILL")
+    }
+
+    fn signal_and_wait(&mut self, node: &str, programs: &[&str], sig: &str) -> Result<()> {
+        let netns = ns(node);
+        let mut old = Vec::new();
+        for p in programs {
+            let pid = pod_process(p, Some(&netns), None)
+                .with_context(|| format!("no {p} runs on {node}"))?;
+            old.push((*p, pid));
+        }
+        for (_, pid) in &old {
+            crate::daemon::signal_pid(*pid, sig);
+        }
+        for (p, pid) in &old {
+            wait_for(
+                &format!("the kubelet to restart {p} on {node}"),
+                JUNEAU_ROLLOUT,
+                Duration::from_millis(100),
+                || Ok(pod_process(p, Some(&netns), None).filter(|new| new != pid)),
+            )?;
+        }
+        self.wait_node_pod_ready(node)
+    }
+
+    /// Waits until node's juneau-node Pod is Ready (every container's readiness probe).
+    pub fn wait_node_pod_ready(&self, node: &str) -> Result<()> {
+        wait_for(
+            &format!("the juneau-node Pod on {node} Ready"),
+            JUNEAU_ROLLOUT,
+            Duration::from_millis(250),
+            || {
+                let out = kubectl(&[
+                    "-n",
+                    install::NAMESPACE,
+                    "get",
+                    "pods",
+                    "-l",
+                    "app.kubernetes.io/name=juneau-node",
+                    "--field-selector",
+                    &format!("spec.nodeName={node}"),
+                    "-o",
+                    "jsonpath={.items[*].status.containerStatuses[*].ready}",
+                ])?;
+                let ready: Vec<&str> = out.split_whitespace().collect();
+                Ok(
+                    (ready.len() == NODE_PROGRAMS.len() && ready.iter().all(|r| *r == "true"))
+                        .then_some(()),
+                )
+            },
+        )
+    }
+
+    /// `kill -9` of the controller replica holding the Lease; waits (at most `timeout`)
+    /// until the other replica holds it; the kubelet restarts the killed one, which
+    /// stands by. Returns (old, new) leader.
+    pub fn kill_controller_leader(&mut self, timeout: Duration) -> Result<(String, String)> {
+        let leader = controller_leader()?.context("no controller holds the Lease")?;
+        let pid = pod_process("juneau-k8s-sync", None, Some(&format!("POD_NAME={leader}")))
+            .with_context(|| format!("no process of the leader {leader}"))?;
+        crate::daemon::signal_pid(pid, "KILL");
+        let new = wait_for(
+            "the other controller replica to take the Lease",
+            timeout,
+            Duration::from_millis(500),
+            || Ok(controller_leader()?.filter(|l| *l != leader)),
         )?;
-        Ok(())
+        self.release().wait_rolled_out(JUNEAU_ROLLOUT)?;
+        Ok((leader, new))
     }
 
-    fn start_dataplane(&mut self, node: &str) -> Result<()> {
-        self.mount_bpffs(node)?;
-        let mut d = Daemon::spawn(self.dataplane_spec(node))?;
-        std::thread::sleep(Duration::from_millis(300));
-        d.check_running()?;
-        ok(&format!(
-            "{node}: juneau-dataplane (pid {}, log {})",
-            d.pid(),
-            d.log().display()
-        ));
-        self.dataplanes.insert(node.to_string(), d);
-        Ok(())
-    }
-
-    fn speaker_spec(&self, node: &str) -> Result<DaemonSpec> {
-        let n = lab_node(node)?;
-        Ok(DaemonSpec::new(
-            format!("bgp-{node}"),
-            &[
-                &self.bins.path("juneau-bgp").display().to_string(),
-                "--state-file",
-                &format!("{SHM_DIR}/{node}.state"),
-                "--router-id",
-                &n.ip.to_string(),
-                "--status-file",
-                &state()
-                    .join(format!("bgp-{node}.status.json"))
-                    .display()
-                    .to_string(),
-                "--bfd-status-file",
-                &bfd_status(node),
-            ],
-            logs().join(format!("bgp-{node}.log")),
-        )
-        .in_netns_with_sysfs(&ns(node))
-        .env("RUST_LOG", "info"))
-    }
-
-    /// The node's juneau-bfd, as the DaemonSet's bfd container runs it: BFD sessions to
-    /// the peers whose BGPPeer asks for BFD, its state in [`bfd_status`] (the DaemonSet
-    /// uses `/run/juneau/<node>.bfd.json`; the lab keeps it in its state directory,
-    /// which `down` removes after every process is gone).
-    fn bfd_spec(&self, node: &str) -> DaemonSpec {
-        DaemonSpec::new(
-            format!("bfd-{node}"),
-            &[
-                &self.bins.path("juneau-bfd").display().to_string(),
-                "--state-file",
-                &format!("{SHM_DIR}/{node}.state"),
-                "--status-file",
-                &bfd_status(node),
-            ],
-            logs().join(format!("bfd-{node}.log")),
-        )
-        .in_netns_with_sysfs(&ns(node))
-        .env("RUST_LOG", "info")
-    }
-
-    fn start_bfd(&mut self, node: &str) -> Result<()> {
-        let d = Daemon::spawn(self.bfd_spec(node))?;
-        ok(&format!(
-            "{node}: juneau-bfd (pid {}, log {})",
-            d.pid(),
-            d.log().display()
-        ));
-        self.bfds.insert(node.to_string(), d);
-        Ok(())
-    }
-
-    fn start_speaker(&mut self, node: &str) -> Result<()> {
-        let mut d = Daemon::spawn(self.speaker_spec(node)?)?;
-        std::thread::sleep(Duration::from_millis(300));
-        d.check_running()?;
-        ok(&format!(
-            "{node}: juneau-bgp (pid {}, log {})",
-            d.pid(),
-            d.log().display()
-        ));
-        self.speakers.insert(node.to_string(), d);
-        Ok(())
+    /// The pid of each node's dataplane.
+    pub fn dataplane_pids(&self) -> BTreeMap<String, u32> {
+        NODES
+            .iter()
+            .filter_map(|n| {
+                let pid = pod_process("juneau-dataplane", Some(&ns(n.name)), None)?;
+                Some((n.name.to_string(), pid))
+            })
+            .collect()
     }
 
     fn guide_manifests(&mut self) -> Result<()> {
@@ -1128,88 +1070,12 @@ impl Lab {
         self.bird.as_ref().context("the lab has no router")
     }
 
-    /// `kill -9` of node's dataplane, then the same command again.
-    pub fn kill_and_restart_dataplane(&mut self, node: &str) -> Result<()> {
-        let d = self.dataplanes.get_mut(node).context("no such dataplane")?;
-        d.kill();
-        d.restart()
-    }
-
-    /// SIGTERM to node's BGP speaker, then the same command again.
-    pub fn restart_speaker(&mut self, node: &str) -> Result<()> {
-        self.speakers
-            .get_mut(node)
-            .context("no such speaker")?
-            .restart()
-    }
-
-    /// SIGTERM to node's agent, then the same command again.
-    pub fn restart_agent(&mut self, node: &str) -> Result<()> {
-        self.agents
-            .get_mut(node)
-            .context("no such agent")?
-            .restart()
-    }
-
-    /// `kill -9` of the controller replica holding the Lease; waits (at most `timeout`)
-    /// until the other replica holds it, then starts the killed one again (as a
-    /// restarted Pod would come back, now standing by). Returns (old, new) leader.
-    pub fn kill_controller_leader(&mut self, timeout: Duration) -> Result<(String, String)> {
-        let leader = controller_leader()?.context("no controller holds the Lease")?;
-        let idx: usize = leader
-            .strip_prefix("lab-controller-")
-            .and_then(|i| i.parse().ok())
-            .with_context(|| format!("unexpected leader {leader}"))?;
-        self.controllers
-            .get_mut(idx)
-            .context("no such replica")?
-            .kill();
-        let new = wait_for(
-            "the other controller replica to take the Lease",
-            timeout,
-            Duration::from_millis(500),
-            || Ok(controller_leader()?.filter(|l| *l != leader)),
-        );
-        self.controllers
-            .get_mut(idx)
-            .context("no such replica")?
-            .restart()?;
-        Ok((leader, new?))
-    }
-
-    /// The pid of each node's dataplane.
-    pub fn dataplane_pids(&self) -> BTreeMap<String, u32> {
-        self.dataplanes
-            .iter()
-            .map(|(n, d)| (n.clone(), d.pid()))
-            .collect()
-    }
-
     /// Leaves everything running (the lab's `up`): writes each process's pid to
     /// `STATE/pids/<name>.pid` for [`down`].
     pub fn detach(mut self) -> Result<()> {
         let mut pids: Vec<(String, u32, String)> = Vec::new();
         if let Some(p) = self.prometheus.take() {
             pids.push(("prometheus".into(), p.detach(), "prometheus".into()));
-        }
-        let mut take = |d: Daemon, expect: &str| {
-            let name = d.name().replace(' ', "-");
-            pids.push((name, d.detach(), expect.to_string()));
-        };
-        for d in std::mem::take(&mut self.controllers) {
-            take(d, "juneau-k8s-sync");
-        }
-        for (_, d) in std::mem::take(&mut self.agents) {
-            take(d, "juneau-k8s-sync");
-        }
-        for (_, d) in std::mem::take(&mut self.speakers) {
-            take(d, "juneau-bgp");
-        }
-        for (_, d) in std::mem::take(&mut self.bfds) {
-            take(d, "juneau-bfd");
-        }
-        for (_, d) in std::mem::take(&mut self.dataplanes) {
-            take(d, "juneau-dataplane");
         }
         for n in std::mem::take(&mut self.nodes) {
             for (name, pid) in n.detach() {
@@ -1239,23 +1105,7 @@ impl Lab {
 
     fn teardown(&mut self) {
         self.prometheus = None;
-        for d in self.controllers.iter_mut() {
-            d.stop_within(Duration::from_secs(3));
-        }
-        for d in self.agents.values_mut().chain(self.speakers.values_mut()) {
-            d.stop_within(Duration::from_secs(3));
-        }
-        for d in self.bfds.values_mut() {
-            d.stop_within(Duration::from_secs(3));
-        }
-        for d in self.dataplanes.values_mut() {
-            d.stop_within(Duration::from_secs(3));
-        }
-        self.controllers.clear();
-        self.agents.clear();
-        self.speakers.clear();
-        self.bfds.clear();
-        self.dataplanes.clear();
+        // Juneau's Pods go with their nodes (kubelet, containerd, cgroups).
         self.nodes.clear();
         self.bird = None;
         self.cluster = None;
@@ -1288,6 +1138,31 @@ pub fn keep_logs() {
     for n in NODES {
         for f in ["kubelet.log", "containerd.log"] {
             copy(node_dir(n.name).join(f), format!("{}-{f}", n.name));
+        }
+        // Juneau's containers' logs (podLogsDir/<ns>_<pod>_<uid>/<container>/<n>.log).
+        for pod in fs::read_dir(node_dir(n.name).join("pod-logs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let pod_name = pod.file_name().to_string_lossy().into_owned();
+            if !pod_name.starts_with(&format!("{}_", install::NAMESPACE)) {
+                continue;
+            }
+            let short = pod_name.split('_').nth(1).unwrap_or_default().to_string();
+            for c in fs::read_dir(pod.path()).into_iter().flatten().flatten() {
+                for l in fs::read_dir(c.path()).into_iter().flatten().flatten() {
+                    copy(
+                        l.path(),
+                        format!(
+                            "{}-{short}-{}-{}",
+                            n.name,
+                            c.file_name().to_string_lossy(),
+                            l.file_name().to_string_lossy()
+                        ),
+                    );
+                }
+            }
         }
     }
     for f in [
@@ -1559,6 +1434,8 @@ pub fn hint(bins: &JuneauBins) {
         "\n{}\n    export KUBECONFIG={}\n    kubectl get svc,serviceloadbalancers,nodes,pods -o wide\n    \
          PATH={}:$PATH kubectl juneau describe loadbalancer nginx\n    \
          ip netns exec jlab-client curl http://{VIP}/\n    kubectl logs deploy/nginx\n    \
+         kubectl -n juneau-system get pods -o wide   (Juneau, installed by helm)\n    \
+         kubectl -n juneau-system logs ds/juneau-node -c dataplane\n    \
          birdc -s {} show route\n    \
          curl -s 'http://{PROMETHEUS_ADDR}/api/v1/query?query=juneau_bgp_peer_up'   (Prometheus)\nLogs: {}  Tear down: ./lab/lab down",
         bold("The lab is up. Point kubectl at it:"),
@@ -1636,15 +1513,15 @@ fn down_quiet() -> Vec<String> {
                 n.name
             ));
         }
-        if run("ip", &["route", "show", &format!("{}/32", n.ip)])
+        if run("ip", &["route", "show", &pod_subnet(n)])
             .map(|o| !o.stdout.is_empty())
             .unwrap_or(false)
         {
-            let _ = run("ip", &["route", "del", &format!("{}/32", n.ip)]);
-            removed.push(format!("removed host route {}/32", n.ip));
+            let _ = run("ip", &["route", "del", &pod_subnet(n)]);
+            removed.push(format!("removed host route {}", pod_subnet(n)));
         }
     }
-    removed.extend(remove_bpffs());
+    removed.extend(remove_pins());
     for name in lab_netns().unwrap_or_default() {
         if let Ok(out) = run("ip", &["netns", "pids", &name]) {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
@@ -1669,14 +1546,6 @@ fn down_quiet() -> Vec<String> {
     removed
 }
 
-/// Where a node's juneau-bfd writes its session states (juneau-bgp reads them).
-fn bfd_status(node: &str) -> String {
-    state()
-        .join(format!("bfd-{node}.status.json"))
-        .display()
-        .to_string()
-}
-
 /// The lab nodes' files in [`SHM_DIR`] (`<node>.state`, `.dataplane`, `.bfd.json`, ...).
 fn node_shm_files() -> Vec<PathBuf> {
     let Ok(dir) = fs::read_dir(SHM_DIR) else {
@@ -1692,28 +1561,20 @@ fn node_shm_files() -> Vec<PathBuf> {
         .collect()
 }
 
-/// Removes each node's dataplane pins (`juneau-dataplane --remove-pins`) and unmounts
-/// its bpffs; idempotent (nothing mounted: nothing done).
-fn remove_bpffs() -> Vec<String> {
+/// Removes what each node's dataplane pinned (unpinning its XDP links detaches the
+/// program; the namespaces' interfaces go with them anyway); idempotent.
+fn remove_pins() -> Vec<String> {
     let mut removed = Vec::new();
-    let bin = fs::read_to_string(state().join("bpf/juneau-dataplane.path")).ok();
     for n in NODES {
-        let dir = bpf_dir(n.name);
-        if !is_mount_point(&dir) {
-            continue;
+        let dir = pin_dir(n.name);
+        if dir.exists() {
+            let _ = fs::remove_dir_all(&dir);
+            removed.push(format!(
+                "removed {}'s dataplane pins {}",
+                n.name,
+                dir.display()
+            ));
         }
-        let d = dir.display().to_string();
-        if let Some(bin) = &bin {
-            let _ = Command::new(bin.trim())
-                .args(["--remove-pins", "--pin-dir"])
-                .arg(pin_dir(n.name))
-                .output();
-        }
-        let _ = run("umount", &[&d]);
-        removed.push(format!(
-            "removed {}'s dataplane pins, unmounted {d}",
-            n.name
-        ));
     }
     removed
 }
@@ -1737,8 +1598,8 @@ pub fn check_nothing_left() -> Result<()> {
         bail!("{STATE} left");
     }
     for n in NODES {
-        if is_mount_point(&bpf_dir(n.name)) {
-            bail!("bpffs {} still mounted", bpf_dir(n.name).display());
+        if pin_dir(n.name).exists() {
+            bail!("{} left", pin_dir(n.name).display());
         }
     }
     if run("ip", &["link", "show", MGMT_BRIDGE]).is_ok() {
@@ -1779,7 +1640,7 @@ pub fn log_tail(name: &str, n: usize) -> String {
 
 /// The node's dataplane stats file (`--stats-file`, JSON), as last written.
 pub fn dataplane_stats(node: &str) -> Result<serde_json::Value> {
-    let path = state().join(format!("dataplane-{node}.stats.json"));
+    let path = Path::new(SHM_DIR).join(format!("{node}.dataplane-stats.json"));
     let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }

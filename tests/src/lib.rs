@@ -6,7 +6,8 @@
 //! with their own containerd and kubelet ([`node`]) running locally built images
 //! ([`images`]: the one docker-archive writer, also of the `juneau` image that deploy/
 //! runs — the `juneau-image` binary, `deploy/image/build.sh`), the lab built from all of
-//! these ([`lab`], the `juneau-lab` binary), an
+//! these ([`lab`], the `juneau-lab` binary) with Juneau installed by its Helm chart
+//! ([`install`]), an
 //! HTTP load client ([`load`]), test backends on threads in Pod namespaces with a raw HTTP
 //! client ([`http`]), hand-made frames injected by AF_PACKET ([`frames`]), a real
 //! Prometheus scraping Juneau's processes ([`prometheus`]) — and the cross-crate
@@ -21,6 +22,7 @@ pub mod daemon;
 pub mod frames;
 pub mod http;
 pub mod images;
+pub mod install;
 pub mod kube;
 pub mod lab;
 pub mod load;
