@@ -1,8 +1,9 @@
 //! The lab as the end-to-end test: `./lab/lab up` sets up (tests/setup.sh), builds, and
 //! walks the user guide on a real cluster — real kube-scheduler, real kubelets with
-//! their own containerd, Pods Ready by their own HTTP readiness probes, BIRD 2, Juneau's
-//! own binaries. This test then checks from the outside what the guide promises; that a
-//! node whose last Pod goes away (preStop, graceful termination) withdraws its route
+//! their own containerd, Pods Ready by their own HTTP readiness probes, BIRD 2, Juneau
+//! installed by its own Helm chart from the image built here (as Pods only). This test
+//! then checks from the outside what the guide promises; that a node whose last Pod
+//! goes away (preStop, graceful termination) withdraws its route
 //! while the VIP keeps answering; that a Pod the scheduler places on that node again
 //! serves without any restart (every node's `juneau-dataplane` keeps its pid); that
 //! `up` twice is harmless; and that `down` leaves nothing.
@@ -16,11 +17,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use juneau_tests::http::{download, pattern, put_and_get};
 use juneau_tests::images::LARGE_FILES;
+use juneau_tests::install::pod_process;
 use juneau_tests::lab::{
-    self, check_nothing_left, in_ns, kubectl, nginx_pods, router_next_hops, CLIENT_IP, STATE, VIP,
+    self, check_nothing_left, in_ns, kubectl, nginx_pods, router_next_hops, CLIENT_IP, VIP,
 };
 use juneau_tests::prometheus::PromApi;
 
@@ -130,35 +132,85 @@ fn large_bodies_through_the_vip() -> Result<()> {
     Ok(())
 }
 
-/// The pid of each node's `juneau-dataplane` as the lab recorded it, checked to be a
-/// live `juneau-dataplane --pod-iface cni0`.
+/// The pid of each node's `juneau-dataplane` (in the node's juneau-node Pod), checked
+/// to serve the Pods on the bridge (`--pod-iface=cni0`).
 fn dataplane_pids() -> Result<BTreeMap<String, u32>> {
     let mut pids = BTreeMap::new();
     for node in ["node-a", "node-b", "node-c"] {
-        let file = format!("{STATE}/pids/dataplane-{node}.pid");
-        let pid: u32 = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading {file}: the lab runs no dataplane on {node}"))?
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse().ok())
-            .with_context(|| format!("{file} holds no pid"))?;
-        if !juneau_tests::daemon::alive(pid) {
-            bail!("dataplane of {node} (pid {pid}) is not running");
-        }
+        let pid = pod_process("juneau-dataplane", Some(&lab::ns(node)), None)
+            .with_context(|| format!("no juneau-dataplane runs on {node}"))?;
         let argv: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))?
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if !argv.iter().any(|a| a.ends_with("juneau-dataplane"))
-            || !argv
-                .windows(2)
-                .any(|w| w[0] == "--pod-iface" && w[1] == "cni0")
-        {
-            bail!("pid {pid} of {file} is not `juneau-dataplane --pod-iface cni0`: {argv:?}");
+        if !argv.iter().any(|a| a == "--pod-iface=cni0") {
+            bail!("pid {pid} on {node} is not `juneau-dataplane --pod-iface=cni0`: {argv:?}");
         }
         pids.insert(node.to_string(), pid);
     }
     Ok(pids)
+}
+
+/// Juneau as the chart installs it, and nothing else: 2 controller Pods and one
+/// juneau-node Pod per node, all Ready, on the image the lab built; every Juneau process
+/// of the machine inside a Pod (its cgroup under a node's kubelet cgroup root).
+fn juneau_runs_only_in_pods() -> Result<()> {
+    let out = kubectl(&[
+        "-n",
+        "juneau-system",
+        "get",
+        "pods",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.labels.app\\.kubernetes\\.io/name} {.spec.nodeName} {.spec.containers[0].image} {.status.containerStatuses[*].ready}{\"\\n\"}{end}",
+    ])?;
+    let mut kinds: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for l in out.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        ensure!(
+            f.len() >= 4
+                && f[2] == format!("juneau:{}", lab::JUNEAU_IMAGE_TAG)
+                && f[3..].iter().all(|r| *r == "true"),
+            "a Juneau Pod not Ready on the lab's image: {l}\n{out}"
+        );
+        kinds.entry(f[0]).or_default().insert(f[1]);
+    }
+    let count = |k: &str| {
+        out.lines()
+            .filter(|l| l.starts_with(&format!("{k} ")))
+            .count()
+    };
+    ensure!(
+        count("juneau-controller") == 2
+            && count("juneau-node") == 3
+            && kinds["juneau-node"].len() == 3,
+        "2 controllers and a node Pod per node:\n{out}"
+    );
+    for pid in std::fs::read_dir("/proc")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    {
+        let argv0 = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let argv0 = String::from_utf8_lossy(argv0.split(|b| *b == 0).next().unwrap_or_default())
+            .into_owned();
+        let program = Path::new(&argv0).file_name().unwrap_or_default();
+        if ![
+            "juneau-k8s-sync",
+            "juneau-dataplane",
+            "juneau-bgp",
+            "juneau-bfd",
+        ]
+        .iter()
+        .any(|p| program == *p)
+        {
+            continue;
+        }
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        ensure!(
+            cgroup.contains("/jlab-node-"),
+            "{argv0} (pid {pid}) runs outside the kubelets' Pods: {cgroup}"
+        );
+    }
+    Ok(())
 }
 
 /// curl through the VIP until nginx's `X-Served-By: <pod>` names a Pod on `node`.
@@ -220,6 +272,7 @@ fn lab_walks_the_guide_on_real_kubelets_and_down_leaves_nothing() -> Result<()> 
 fn walk() -> Result<()> {
     let up = lab_cmd("up")?;
     println!("{up}");
+    juneau_runs_only_in_pods()?;
 
     // Real Pods placed by the real scheduler: two on node-a, one on node-c, all Ready
     // by their own probes, running the image built here.

@@ -39,6 +39,9 @@ const MUST_BE_CLEAN: &[&str] = &[
     "controller leader killed (kill -9)",
     "kube-apiserver restarted",
     "kubectl drain node-a (and uncordon)",
+    "helm upgrade (new image tag: every Juneau Pod replaced)",
+    "helm rollback",
+    "node-level crash: all Juneau processes of node-c kill -9",
 ];
 
 const NODE_A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
@@ -76,6 +79,30 @@ fn settled(n: usize) -> Result<()> {
             want.sort();
             want.dedup();
             Ok(router_next_hops()? == want)
+        },
+    )
+}
+
+/// Waits until every Juneau Pod runs the image tagged `tag` and is Ready.
+fn juneau_pods_run(tag: &str) -> Result<()> {
+    wait(
+        &format!("every Juneau Pod on juneau:{tag} and Ready"),
+        lab::JUNEAU_ROLLOUT,
+        || {
+            let out = kubectl(&[
+                "-n",
+                "juneau-system",
+                "get",
+                "pods",
+                "-o",
+                "jsonpath={range .items[*]}{.spec.containers[0].image} {.status.containerStatuses[*].ready}{\"\\n\"}{end}",
+            ])?;
+            let pods: Vec<&str> = out.lines().collect();
+            Ok(pods.len() == 5
+                && pods.iter().all(|l| {
+                    let mut it = l.split_whitespace();
+                    it.next() == Some(&format!("juneau:{tag}")) && it.all(|r| r == "true")
+                }))
         },
     )
 }
@@ -314,6 +341,60 @@ fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
             settled(3)?;
             kubectl(&["uncordon", "node-a"])?;
             Ok(())
+        },
+    )?;
+    // Juneau itself, as an operator upgrades it: another build of the image (same
+    // programs, new tag: the template changes, so every Pod is replaced) imported on each
+    // node, then `helm upgrade`: the DaemonSet rolls node by node (one unavailable at a
+    // time), the controller Deployment rolls.
+    lab.import_juneau_image("lab-2")?;
+    let release = lab.release();
+    let before = release.revision()?;
+    measure(
+        &bins,
+        d,
+        &mut rows,
+        "helm upgrade (new image tag: every Juneau Pod replaced)",
+        || {
+            release.upgrade(&[("image.tag", "lab-2")], lab::JUNEAU_ROLLOUT)?;
+            juneau_pods_run("lab-2")?;
+            settled(3)
+        },
+    )?;
+    measure(&bins, d, &mut rows, "helm rollback", || {
+        release.rollback(before, lab::JUNEAU_ROLLOUT)?;
+        juneau_pods_run(lab::JUNEAU_IMAGE_TAG)?;
+        settled(3)
+    })?;
+    measure(
+        &bins,
+        d,
+        &mut rows,
+        "node-level crash: all Juneau processes of node-c kill -9",
+        || {
+            lab.kill_node_components("node-c")?;
+            std::thread::sleep(Duration::from_secs(5));
+            settled(3)
+        },
+    )?;
+    measure(
+        &bins,
+        d,
+        &mut rows,
+        "upstream link cut (node-c), restored after 10 s",
+        || {
+            let t0 = Instant::now();
+            lab::in_ns("router", &["ip", "link", "set", "f-c", "down"])?;
+            let gone = wait_for(
+                "node-c out of the router's ECMP group",
+                Duration::from_secs(10),
+                Duration::from_millis(20),
+                || Ok((!router_next_hops()?.contains(&NODE_C)).then(|| t0.elapsed())),
+            );
+            std::thread::sleep(Duration::from_secs(10).saturating_sub(t0.elapsed()));
+            lab::in_ns("router", &["ip", "link", "set", "f-c", "up"])?;
+            println!("    node-c left ECMP after {:.0?} (BFD 300 ms x 3)", gone?);
+            settled(3)
         },
     )?;
 
