@@ -4,7 +4,9 @@
 //! (controller, agent, dataplane, BGP speaker): `GET /metrics` (OpenMetrics text encoded by `prometheus-client`),
 //! `GET /healthz` (liveness) and `GET /readyz` (readiness), and the rule shared by every
 //! process for its *default* address: taken → a warning and no endpoint; an address given
-//! explicitly must bind.
+//! explicitly must bind; and the [`Limits`] on what clients can hold (connections at
+//! once, time to send headers, life of a connection), since the endpoint listens on
+//! `0.0.0.0` by default.
 //!
 //! Must not touch: what the metrics mean or when a process is live or ready — each
 //! process answers that through [`Endpoint`]. Nothing here runs on a forwarding path:
@@ -130,7 +132,9 @@ pub struct Limits {
     /// Connections served at once; one more is accepted and closed at once (so the
     /// listen backlog does not fill with connections no one will serve).
     pub max_connections: usize,
-    /// Time a client has to send the headers of a request, counted from its first byte.
+    /// Time a client has to send the headers of a request, counted from when the server
+    /// starts reading them: a client that trickles them, or says nothing at all, is cut
+    /// off after this.
     pub header_timeout: std::time::Duration,
     /// Longest life of one connection, whatever it does: a client that never sends a
     /// byte, or reads its answer slowly, is cut off after this.
@@ -410,7 +414,8 @@ mod tests {
         closed_within(&mut s, Duration::from_secs(3)).expect("a trickling client is cut off");
         let cut = t0.elapsed();
         assert!(cut < Duration::from_millis(1_800), "cut after {cut:?}");
-        // A client that never says anything is cut at the latest after the lifetime.
+        // A client that never says anything is cut too (by the header timeout: 0.5 s
+        // measured; at the latest by the lifetime).
         let mut idle = std::net::TcpStream::connect(addr).unwrap();
         let d =
             closed_within(&mut idle, Duration::from_secs(4)).expect("an idle client is cut off");
