@@ -201,6 +201,15 @@ pub enum PacketError {
     /// Your Discriminator zero while the sender claims Init or Up.
     #[error("your discriminator is zero in state {0}")]
     ZeroYourDiscriminator(BfdState),
+    /// While Up, My Discriminator is not the one the session learned from its peer: not
+    /// the peer (or a peer that restarted, which the detection time takes down).
+    #[error("my discriminator {got} is not the Up session's peer's ({peer})")]
+    NotThePeer {
+        /// In the packet.
+        got: u32,
+        /// The one the session learned.
+        peer: u32,
+    },
     /// Your Discriminator is not ours.
     #[error("your discriminator {got} is not ours ({ours})")]
     WrongDiscriminator {
@@ -526,13 +535,30 @@ impl Session {
         s
     }
 
-    /// Handles a received, decoded packet for this session (RFC 5880 6.8.6).
+    /// Handles a received, decoded packet for this session (RFC 5880 6.8.6; the
+    /// session-independent checks are [`Packet::decode`]'s).
+    ///
+    /// A packet with Your Discriminator 0 is matched to the session by its source address
+    /// only, which anyone on the path can forge. So while the session is Up, a packet
+    /// must also carry the peer's discriminator learned when the session came up (My
+    /// Discriminator): otherwise it is discarded without touching the session, and in
+    /// particular cannot take it down or overwrite what it learned. The price: a peer
+    /// that restarted with a new discriminator is not heard until the session has timed
+    /// out (one detection time); a peer that timed out on its side and says Down with its
+    /// own discriminator still brings the session down at once. See docs/security.md.
     pub fn handle_packet(&mut self, now: Instant, p: &Packet) -> Result<(), PacketError> {
         if p.your_disc != 0 && p.your_disc != self.local_disc {
             self.discarded += 1;
             return Err(PacketError::WrongDiscriminator {
                 got: p.your_disc,
                 ours: self.local_disc,
+            });
+        }
+        if self.state == BfdState::Up && p.my_disc != self.remote_disc {
+            self.discarded += 1;
+            return Err(PacketError::NotThePeer {
+                got: p.my_disc,
+                peer: self.remote_disc,
             });
         }
         self.remote_disc = p.my_disc;

@@ -6,7 +6,9 @@
 //! - Multihop (RFC 5883), used when the BGP peer is multihop (`ebgp_multihop` > 1): port
 //!   4784, sent with TTL 255, any received TTL accepted.
 //! - Each session sends from its own source port in 49152-65535; received packets are
-//!   matched by Your Discriminator, or while it is 0 by the peer's address.
+//!   matched by Your Discriminator and the peer's address, or while it is 0 by the
+//!   peer's address only; an Up session further requires the peer's own discriminator
+//!   ([`Session::handle_packet`]). Threat model: `docs/security.md`.
 //!
 //! State changes are reported as [`BfdNotice`]s (the speaker tears the BGP session down
 //! when an Up session goes Down) and in the status hub.
@@ -171,12 +173,17 @@ pub fn spawn_resuming(
     BfdHandle { tx }
 }
 
+/// The first of our discriminators: unpredictable from off the path (RFC 5880 6.8.1
+/// says it should be random, to make spoofing harder): SipHash with the standard
+/// library's randomly keyed `RandomState` (seeded from the OS) over pid and time.
 fn initial_discriminator() -> u32 {
+    use std::hash::BuildHasher;
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
+        .map(|d| d.as_nanos())
         .unwrap_or(1);
-    (std::process::id().wrapping_mul(2_654_435_761) ^ t) | 1
+    let h = std::collections::hash_map::RandomState::new().hash_one((std::process::id(), t));
+    (h as u32) | 1
 }
 
 struct Entry {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use juneau_control::model::{NodeState, PeerConfig};
+use juneau_control::secret::Secret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -158,7 +159,7 @@ pub async fn run(
     tracing::info!(listen = %cfg.listen, "accepting BGP connections");
 
     let mut peers: HashMap<String, PeerHandle> = HashMap::new();
-    let mut md5_keys: HashMap<Ipv4Addr, String> = HashMap::new();
+    let mut md5_keys: HashMap<Ipv4Addr, Secret> = HashMap::new();
     let (bfd_tx, mut bfd_rx) = mpsc::unbounded_channel();
     let bfd = match &cfg.bfd_status_file {
         None => Some(crate::bfd_io::spawn(
@@ -230,7 +231,7 @@ fn reconcile(
     cfg: &SpeakerConfig,
     st: &SharedState,
     peers: &mut HashMap<String, PeerHandle>,
-    md5_keys: &mut HashMap<Ipv4Addr, String>,
+    md5_keys: &mut HashMap<Ipv4Addr, Secret>,
     listener: &TcpListener,
     state_rx: &watch::Receiver<SharedState>,
     hub: &Arc<StatusHub>,
@@ -289,7 +290,7 @@ fn reconcile(
     }
 
     // TCP-MD5 keys on the listening socket, per peer address.
-    let new_keys: HashMap<Ipv4Addr, String> = state
+    let new_keys: HashMap<Ipv4Addr, Secret> = state
         .peers
         .iter()
         .filter_map(|p| p.md5_password.clone().map(|k| (p.peer_address, k)))
@@ -303,7 +304,9 @@ fn reconcile(
     }
     for (addr, key) in &new_keys {
         if md5_keys.get(addr) != Some(key) {
-            if let Err(e) = sockopt::set_md5(listener.as_raw_fd(), *addr, Some(key.as_bytes())) {
+            if let Err(e) =
+                sockopt::set_md5(listener.as_raw_fd(), *addr, Some(key.expose().as_bytes()))
+            {
                 tracing::error!(peer = %addr, error = %e, "cannot set TCP-MD5 key on the listening socket");
             }
         }
@@ -628,7 +631,11 @@ impl PeerTask {
             let r = async {
                 let sock = TcpSocket::new_v4()?;
                 if let Some(pw) = &cfg.md5_password {
-                    sockopt::set_md5(sock.as_raw_fd(), cfg.peer_address, Some(pw.as_bytes()))?;
+                    sockopt::set_md5(
+                        sock.as_raw_fd(),
+                        cfg.peer_address,
+                        Some(pw.expose().as_bytes()),
+                    )?;
                 }
                 sockopt::set_ttl(sock.as_raw_fd(), ttl)?;
                 if let Some(src) = cfg.source_address {

@@ -350,3 +350,97 @@ fn defaults_keep_routes_over_restarts_and_withdraw_a_dead_node_with_bird() -> Re
     drop(bfdd);
     Ok(())
 }
+
+/// Sends `count` BFD packets from the router's namespace as if from the router (its
+/// address, any port) to node 0's single-hop port, with IP TTL `ttl`.
+fn inject(topo: &Topo, packet: juneau_bgp::bfd::Packet, ttl: u32, count: usize) {
+    let bytes = packet.encode();
+    juneau_tests::netns::in_ns(topo.router.name(), move || {
+        let s = std::net::UdpSocket::bind((router_addr(0), 0)).expect("bind in the router ns");
+        s.set_ttl(ttl).unwrap();
+        for _ in 0..count {
+            s.send_to(&bytes, (node_addr(0), juneau_bgp::bfd::PORT_SINGLE_HOP))
+                .expect("send");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+}
+
+/// Our BFD session stays Up, with no Down in between, for `d`.
+fn stays_up(s: &Speaker, d: Duration, what: &str) -> Result<()> {
+    let t0 = Instant::now();
+    while t0.elapsed() < d {
+        let st = s.status()?;
+        let bfd = &st["peers"]["router"]["bfd"];
+        if bfd["state"] != "Up" || bfd["down_events"] != 0 {
+            bail!("{what}: our session {bfd}\n{}", s.logs());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Issue #25: spoofed control packets against an Up session with BIRD. A "Down" with Your
+/// Discriminator 0 and a made-up My Discriminator (what a spoofer who sees no traffic
+/// sends) and a perfect forgery from beyond the link (TTL 64: GTSM) leave it Up; the same
+/// forgery with TTL 255 (an attacker on the link who reads the discriminators) takes it
+/// down, which shows the packets do reach the session.
+#[test]
+fn bfd_with_bird_ignores_spoofed_packets() -> Result<()> {
+    use juneau_bgp::bfd::{BfdState, Diag, Packet};
+    let topo = Topo::new("bfds", 1)?;
+    let router =
+        Router::start_bird_with_config(&topo, &bird_bfd_config(BgpNeighbor::bfd).render())?;
+    let s = Speaker::start_with_peers(&topo, 0, vec![bfd_peer(0)])?;
+    s.wait_established("router", UP)?;
+    wait_bfd_up(&s, || {
+        Ok(router
+            .bird_cli(&["show", "bfd", "sessions"])?
+            .lines()
+            .any(|l| l.starts_with(&node_addr(0).to_string()) && l.contains(" Up ")))
+    })?;
+    stays_up(&s, Duration::from_secs(2), "before any spoofing")?;
+    let bfd = s.status()?["peers"]["router"]["bfd"].clone();
+    let ours = bfd["local_discriminator"].as_u64().unwrap() as u32;
+    let bird = bfd["remote_discriminator"].as_u64().unwrap() as u32;
+    let down = |my: u32, your: u32| Packet {
+        diag: Diag::None,
+        state: BfdState::Down,
+        poll: false,
+        final_: false,
+        control_plane_independent: false,
+        demand: false,
+        detect_mult: 3,
+        my_disc: my,
+        your_disc: your,
+        desired_min_tx_us: 300_000,
+        required_min_rx_us: 300_000,
+        required_min_echo_rx_us: 0,
+    };
+
+    inject(&topo, down(bird.wrapping_add(7), 0), 255, 10);
+    stays_up(
+        &s,
+        Duration::from_secs(1),
+        "Down, your 0, a stranger's discriminator",
+    )?;
+    inject(&topo, down(bird.wrapping_add(7), ours), 255, 10);
+    stays_up(
+        &s,
+        Duration::from_secs(1),
+        "Down, ours, a stranger's discriminator",
+    )?;
+    inject(&topo, down(bird, ours), 64, 10);
+    stays_up(&s, Duration::from_secs(1), "a perfect forgery with TTL 64")?;
+
+    inject(&topo, down(bird, ours), 255, 1);
+    wait_for("our session Down", Duration::from_secs(5), || {
+        Ok((our_bfd_state(&s)? != "Up").then_some(()))
+    })?;
+    let st = s.status()?;
+    assert_eq!(
+        st["peers"]["router"]["bfd"]["diag"], "neighbor signaled session down",
+        "{st}"
+    );
+    Ok(())
+}

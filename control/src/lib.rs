@@ -6,7 +6,8 @@
 //! flows) and the shared-memory ABI ([`shm`]) through which the node agent publishes a
 //! node's [`model::NodeState`] to the dataplane and the BGP speaker, and the small
 //! [`dataplane_status`] file through which the dataplane tells the BGP speaker it is alive
-//! and which VIPs it has programmed.
+//! and which VIPs it has programmed, and [`secret::Secret`], the type every password or
+//! key is held in so it never shows in logs, `Debug` output or serialized status.
 //!
 //! Must not touch: the network, Kubernetes, clocks other than the heartbeat stamps, threads,
 //! or any I/O other than the shared-memory file. Everything here is deterministic and
@@ -18,6 +19,7 @@ pub mod dataplane_status;
 pub mod ipam;
 pub mod maglev;
 pub mod model;
+pub mod secret;
 pub mod shm;
 
 pub use model::*;

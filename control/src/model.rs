@@ -221,8 +221,10 @@ pub struct PeerConfig {
     pub ebgp_multihop: Option<u8>,
     /// Graceful restart (RFC 4724) restart time in seconds; `None` disables it.
     pub graceful_restart_time: Option<u16>,
-    /// TCP-MD5 password (RFC 2385), at most 80 bytes.
-    pub md5_password: Option<String>,
+    /// TCP-MD5 password (RFC 2385), at most 80 bytes. Redacted in `Debug`, never
+    /// serialized (it reaches the speaker through the 0600 node-state file only).
+    #[serde(skip_serializing, default)]
+    pub md5_password: Option<crate::secret::Secret>,
     /// Only accept connections, never connect.
     pub passive: bool,
     /// Bidirectional Forwarding Detection (RFC 5880) on the path to the peer; `None`

@@ -609,7 +609,7 @@ fn validate(state: &NodeState, tables: &[Arc<[u32]>], mw: usize) -> Result<(), S
     }
     for p in &state.peers {
         name_ok(&p.name, "peer")?;
-        let md5 = p.md5_password.as_deref().unwrap_or("").len();
+        let md5 = p.md5_password.as_ref().map_or(0, |s| s.len());
         if md5 > MD5_BYTES {
             return Err(ShmError::Unrepresentable(format!(
                 "the TCP-MD5 password of peer {} is {md5} bytes; the kernel takes at most {MD5_BYTES}",
@@ -854,7 +854,10 @@ fn encode(
             | (u32::from(p.ebgp_multihop.is_some()) << 24);
         f[8] = u32::from(p.graceful_restart_time.unwrap_or(0))
             | (u32::from(p.graceful_restart_time.is_some()) << 16);
-        let md5 = p.md5_password.as_deref().unwrap_or("").as_bytes();
+        let md5 = p
+            .md5_password
+            .as_ref()
+            .map_or(&b""[..], |s| s.expose().as_bytes());
         f[9] = md5.len() as u32;
         f[10] = u32::from(p.md5_password.is_some());
         put_bytes(&mut f[12..12 + MD5_BYTES / 4], md5);
@@ -1703,7 +1706,11 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
             ebgp_multihop: ((f[7] >> 24) & 1 == 1).then_some((f[7] >> 16) as u8),
             graceful_restart_time: ((f[8] >> 16) & 1 == 1).then_some(f[8] as u16),
             md5_password: if f[10] != 0 {
-                Some(String::from_utf8(md5).map_err(|_| "MD5 password is not UTF-8")?)
+                Some(
+                    String::from_utf8(md5)
+                        .map_err(|_| "MD5 password is not UTF-8")?
+                        .into(),
+                )
             } else {
                 None
             },

@@ -105,7 +105,10 @@ fn state_file_and_new_directory_are_owner_only_also_after_growth() {
     // The owner (root here, the agent/dataplane/speaker in deploy/) still reads it.
     let mut r = NodeStateReader::open(&path).unwrap();
     assert_eq!(
-        r.snapshot().unwrap().state.peers[0].md5_password.as_deref(),
+        r.snapshot().unwrap().state.peers[0]
+            .md5_password
+            .as_ref()
+            .map(|p| p.expose()),
         Some("s3cret-md5")
     );
 

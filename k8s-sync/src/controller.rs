@@ -60,13 +60,21 @@ struct Fence {
 
 /// One read of the Lease at a time, shared by everyone who asked for a check before it
 /// was sent: with 16 reconciles in flight, 16 checks cost one GET, not 16 (issue 14).
-#[derive(Default)]
 struct LeaseReads {
     /// Reads sent so far (each read's number is assigned as it is sent).
     sent: std::sync::atomic::AtomicU64,
-    /// The last read that finished: its number and why it refused writes (None: the
-    /// Lease was ours).
-    last: tokio::sync::Mutex<(u64, Option<String>)>,
+    /// The number of the last read that finished, and what the reads said: the renew
+    /// deadline on the monotonic clock ([`crate::fence`]).
+    last: tokio::sync::Mutex<(u64, crate::fence::LeaderFence)>,
+}
+
+impl LeaseReads {
+    fn new(identity: &str) -> Self {
+        LeaseReads {
+            sent: Default::default(),
+            last: tokio::sync::Mutex::new((0, crate::fence::LeaderFence::new(identity))),
+        }
+    }
 }
 
 /// Reconciles in flight at once. Unbounded (kube-runtime's default), 3 000 Services
@@ -317,11 +325,17 @@ impl Ctx {
 /// moment it is lost (and starts again, with a fresh VIP book, when it comes back).
 pub async fn run(client: Client, opts: ControllerOptions) -> anyhow::Result<()> {
     use anyhow::Context as _;
+    anyhow::ensure!(
+        opts.lease_duration >= 2,
+        "--lease-duration {} is too short: at least 2 s (renewed every half, writes stop at two thirds)",
+        opts.lease_duration
+    );
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &opts.lease_name)
         .with_namespace(&opts.namespace)
         .with_identity(&opts.identity)
         .with_duration(opts.lease_duration)
-        .with_grace(opts.lease_duration.div_ceil(3).max(1))
+        // Renewed every half duration, before the renew deadline (2/3) of crate::fence.
+        .with_grace(opts.lease_duration - crate::fence::renew_every(opts.lease_duration))
         .build()
         .await
         .context("setting up leader election on the Lease")?;
@@ -340,7 +354,7 @@ pub async fn run(client: Client, opts: ControllerOptions) -> anyhow::Result<()> 
             leases: Api::namespaced(client.clone(), &opts.namespace),
             lease_name: opts.lease_name.clone(),
             identity: opts.identity.clone(),
-            reads: Arc::default(),
+            reads: Arc::new(LeaseReads::new(&opts.identity)),
         };
         let mut work = tokio::spawn(lead(client.clone(), fence, opts.metrics.clone()));
         let lost = loop {
@@ -788,50 +802,52 @@ impl Fence {
     /// Callers that arrive while a read is in flight share the next read (one GET for
     /// all of them), never the one in flight: that one may have been answered before
     /// they decided to write.
+    ///
+    /// "Not expired" has a margin ([`crate::fence`]): writes stop at the renew deadline,
+    /// two thirds of the lease duration after the last renewal, measured on the monotonic
+    /// clock from when the read was sent, and a shared answer is checked against that
+    /// deadline again at the moment it is used.
     async fn check(&self) -> Result<(), Error> {
         use std::sync::atomic::Ordering::SeqCst;
         let arrived = self.reads.sent.load(SeqCst);
         let mut last = self.reads.last.lock().await;
         if last.0 > arrived {
             // A read sent after this call began has answered.
-            return last.1.clone().map_or(Ok(()), |m| Err(Error::Fenced(m)));
+            return last
+                .1
+                .may_write(std::time::Instant::now())
+                .map_err(Error::Fenced);
         }
         let number = self.reads.sent.fetch_add(1, SeqCst) + 1;
-        let verdict = self.read_lease().await;
-        *last = (
-            number,
-            match &verdict {
-                Ok(()) => None,
-                Err(Error::Fenced(m)) => Some(m.clone()),
-                Err(e) => Some(format!("the Lease could not be read: {e}")),
-            },
-        );
-        verdict
-    }
-
-    async fn read_lease(&self) -> Result<(), Error> {
-        let lease = self.leases.get(&self.lease_name).await?;
+        let sent = std::time::Instant::now();
+        let sent_wall = k8s_openapi::jiff::Timestamp::now().as_microsecond();
+        let read = self.leases.get(&self.lease_name).await;
+        last.0 = number;
+        let lease = match read {
+            Ok(l) => l,
+            Err(e) => {
+                // Keep the deadline of the last good read: a failed GET says nothing new.
+                last.1
+                    .may_write(std::time::Instant::now())
+                    .map_err(|m| Error::Fenced(format!("{m}; the Lease could not be read: {e}")))?;
+                return Err(e.into());
+            }
+        };
         let spec = lease.spec.unwrap_or_default();
-        let holder = spec.holder_identity.unwrap_or_default();
-        if holder != self.identity {
-            return Err(Error::Fenced(format!(
-                "the Lease is held by {holder:?}, not by this replica ({})",
-                self.identity
-            )));
-        }
-        let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
-        let expires = spec
-            .renew_time
-            .map(|t| t.0.as_second().saturating_add(duration))
-            .unwrap_or(0);
-        let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        if expires <= now {
-            return Err(Error::Fenced(format!(
-                "this replica's Lease expired {}s ago",
-                now - expires
-            )));
-        }
-        Ok(())
+        last.1
+            .observe(
+                sent,
+                sent_wall,
+                crate::fence::LeaseRead {
+                    holder: spec.holder_identity.as_deref(),
+                    renew_time_us: spec.renew_time.map(|t| t.0.as_microsecond()),
+                    duration: Duration::from_secs(
+                        spec.lease_duration_seconds.unwrap_or(0).max(0) as u64
+                    ),
+                },
+                std::time::Instant::now(),
+            )
+            .map_err(Error::Fenced)
     }
 }
 

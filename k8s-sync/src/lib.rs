@@ -8,7 +8,8 @@
 //! made by `juneau_control`, this crate only feeds and reports them.
 //!
 //! Layout: pure decisions with unit tests ([`reconcile`], [`node_state`], [`vips`],
-//! [`pools`], [`endpoints`], [`describe`], [`report`], [`peers`], [`pacing`]) and thin glue that watches and writes
+//! [`pools`], [`endpoints`], [`describe`], [`report`], [`peers`], [`pacing`], [`fence`]: when a
+//! leader may still write) and thin glue that watches and writes
 //! ([`controller`], [`agent`], [`speaker_status`]: the node's BGP sessions into a
 //! NodeBGPStatus); [`metrics`] serves both processes' Prometheus metrics and probes. [`crd`] holds the resource types; `crdgen` prints them.
 #![warn(missing_docs)]
@@ -18,6 +19,7 @@ pub mod controller;
 pub mod crd;
 pub mod describe;
 pub mod endpoints;
+pub mod fence;
 pub mod metrics;
 pub mod node_state;
 pub mod pacing;

@@ -135,7 +135,8 @@ fn redirects(
 /// Everything the agent watches. The objects are shared (`Arc`) with the watch caches
 /// they come from: taking a view copies pointers, not objects (issue 14: deep copies of
 /// every cached object were 24 ms per batch of events at 10 000 Services).
-#[derive(Debug, Default, Clone)]
+/// `Debug` names the Secrets but never prints their data (issue #25).
+#[derive(Default, Clone)]
 pub struct AgentView {
     /// Nodes by name (this node's labels select peers/advertisements; all nodes' addresses
     /// identify host-network endpoints).
@@ -154,6 +155,21 @@ pub struct AgentView {
     pub secrets: BTreeMap<String, Arc<Secret>>,
     /// The namespace those Secrets are in (for messages).
     pub secret_namespace: String,
+}
+
+impl std::fmt::Debug for AgentView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentView")
+            .field("nodes", &self.nodes)
+            .field("slbs", &self.slbs)
+            .field("services", &self.services)
+            .field("slices", &self.slices)
+            .field("peers", &self.peers)
+            .field("advertisements", &self.advertisements)
+            .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
+            .field("secret_namespace", &self.secret_namespace)
+            .finish()
+    }
 }
 
 fn selects(sel: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
@@ -181,12 +197,17 @@ pub fn parse_large_community(s: &str) -> Option<[u32; 3]> {
     it.next().is_none().then_some(r)
 }
 
-fn secret_value(view: &AgentView, name: &str, key: &str) -> Option<String> {
+fn secret_value(view: &AgentView, name: &str, key: &str) -> Option<juneau_control::secret::Secret> {
     let s = view.secrets.get(name)?;
     if let Some(v) = s.data.as_ref().and_then(|d| d.get(key)) {
-        return String::from_utf8(v.0.clone()).ok();
+        return String::from_utf8(v.0.clone())
+            .ok()
+            .map(juneau_control::secret::Secret::new);
     }
-    s.string_data.as_ref().and_then(|d| d.get(key)).cloned()
+    s.string_data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|v| juneau_control::secret::Secret::new(v.as_str()))
 }
 
 /// What one ServiceLoadBalancer contributes to the node's state.
@@ -851,7 +872,26 @@ mod tests {
         assert_eq!(a.local_pref, Some(150));
         assert!(a.peers.is_empty());
         assert_eq!(s.peers.len(), 1);
-        assert_eq!(s.peers[0].md5_password.as_deref(), Some("s3cret"));
+        assert_eq!(
+            s.peers[0].md5_password.as_ref().map(|p| p.expose()),
+            Some("s3cret")
+        );
+        // The agent logs the state with `debug!(?state)`, and status is serialized: the
+        // password must be in neither (issue #25).
+        let debug = format!("{s:?}");
+        assert!(!debug.contains("s3cret"), "password in Debug: {debug}");
+        assert!(debug.contains("<redacted>"), "{debug}");
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(!json.contains("s3cret"), "password in JSON: {json}");
+        let view = format!("{:?}", view());
+        assert!(
+            !view.contains("s3cret"),
+            "Secret data in the view's Debug: {view}"
+        );
+        assert!(
+            !view.contains("115, 51, 99"),
+            "Secret bytes in the view's Debug: {view}"
+        );
         assert_eq!(
             s.peers[0].bfd,
             Some(juneau_control::model::BfdSettings {

@@ -47,7 +47,7 @@ fn promtool() -> Result<PathBuf> {
 
 fn yaml_file(p: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-    Ok(serde_yaml::from_str(&text)?)
+    Ok(serde_saphyr::from_str(&text)?)
 }
 
 /// Alerting rules in the shipped rules file.
@@ -127,8 +127,7 @@ fn normalize(v: Value) -> Value {
 /// Objects of a multi-document YAML stream by (kind, namespace, name).
 fn objects(yaml: &str) -> Result<BTreeMap<(String, String, String), Value>> {
     let mut out = BTreeMap::new();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let v: Value = serde::Deserialize::deserialize(doc)?;
+    for v in serde_saphyr::from_multiple::<Value>(yaml)? {
         if v.is_null() {
             continue;
         }

@@ -120,7 +120,7 @@ fn peers_show_live_sessions_and_say_why_when_the_speaker_status_is_missing_or_co
     );
     let up = tor["uptimeSeconds"].as_i64().unwrap_or(0);
     assert!((1000..1200).contains(&up), "uptime {up}");
-    let yaml: Value = serde_yaml::from_str(&kubectl_juneau_ok(&env, &["peers", "-o", "yaml"])?)?;
+    let yaml: Value = serde_saphyr::from_str(&kubectl_juneau_ok(&env, &["peers", "-o", "yaml"])?)?;
     let ya = yaml
         .as_array()
         .and_then(|v| v.iter().find(|n| n["node"] == "node-a"))

@@ -296,7 +296,7 @@ fn plugin_reports(env: &Env) -> Result<()> {
     );
     // pools: usage and overlaps, in YAML.
     let pools: serde_json::Value =
-        serde_yaml::from_str(&kubectl_juneau_ok(env, &["pools", "-o", "yaml"])?)?;
+        serde_saphyr::from_str(&kubectl_juneau_ok(env, &["pools", "-o", "yaml"])?)?;
     let tiny = pools
         .as_array()
         .unwrap()

@@ -229,7 +229,10 @@ spec:
     assert_eq!(a.advertised[0].communities, vec![64512 << 16 | 100]);
     assert_eq!(a.advertised[0].local_pref, Some(150));
     assert_eq!(a.peers.len(), 1);
-    assert_eq!(a.peers[0].md5_password.as_deref(), Some("s3cret"));
+    assert_eq!(
+        a.peers[0].md5_password.as_ref().map(|p| p.expose()),
+        Some("s3cret")
+    );
     assert_eq!(a.peers[0].hold_time, 9);
     assert_eq!(a.router_id, Some(Ipv4Addr::new(192, 168, 50, 1)));
     let hb = NodeStateReader::open(&shm_a)?.heartbeat_age();

@@ -4,7 +4,9 @@
 //! (controller, agent, dataplane, BGP speaker): `GET /metrics` (OpenMetrics text encoded by `prometheus-client`),
 //! `GET /healthz` (liveness) and `GET /readyz` (readiness), and the rule shared by every
 //! process for its *default* address: taken → a warning and no endpoint; an address given
-//! explicitly must bind.
+//! explicitly must bind; and the [`Limits`] on what clients can hold (connections at
+//! once, time to send headers, life of a connection), since the endpoint listens on
+//! `0.0.0.0` by default.
 //!
 //! Must not touch: what the metrics mean or when a process is live or ready — each
 //! process answers that through [`Endpoint`]. Nothing here runs on a forwarding path:
@@ -121,31 +123,83 @@ pub fn route(path: &str, ep: &dyn Endpoint) -> Response<Full<Bytes>> {
     }
 }
 
-/// Serves `ep` on `listener` until the runtime ends.
-pub async fn serve(listener: tokio::net::TcpListener, ep: Arc<dyn Endpoint>) {
-    if let Ok(a) = listener.local_addr() {
-        tracing::info!(addr = %a, "serving /metrics, /healthz and /readyz");
+/// Bounds on what clients of the endpoint can hold. The endpoint listens on `0.0.0.0` by
+/// default (restrict it with `--metrics-addr`, see docs/security.md), so anyone who reaches
+/// the port may connect: without a bound, idle or slow connections would pile up as tasks
+/// and file descriptors in the process they probe (the dataplane, the BGP speaker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections served at once; one more is accepted and closed at once (so the
+    /// listen backlog does not fill with connections no one will serve).
+    pub max_connections: usize,
+    /// Time a client has to send the headers of a request, counted from when the server
+    /// starts reading them: a client that trickles them, or says nothing at all, is cut
+    /// off after this.
+    pub header_timeout: std::time::Duration,
+    /// Longest life of one connection, whatever it does: a client that never sends a
+    /// byte, or reads its answer slowly, is cut off after this.
+    pub connection_lifetime: std::time::Duration,
+}
+
+impl Default for Limits {
+    /// 64 connections (Prometheus and the kubelet need a handful), 5 s for headers, 30 s
+    /// per connection.
+    fn default() -> Self {
+        Limits {
+            max_connections: 64,
+            header_timeout: std::time::Duration::from_secs(5),
+            connection_lifetime: std::time::Duration::from_secs(30),
+        }
     }
+}
+
+/// Serves `ep` on `listener` until the runtime ends, within the default [`Limits`].
+pub async fn serve(listener: tokio::net::TcpListener, ep: Arc<dyn Endpoint>) {
+    serve_with_limits(listener, ep, Limits::default()).await
+}
+
+/// Serves `ep` on `listener` until the runtime ends, within `limits`.
+pub async fn serve_with_limits(
+    listener: tokio::net::TcpListener,
+    ep: Arc<dyn Endpoint>,
+    limits: Limits,
+) {
+    if let Ok(a) = listener.local_addr() {
+        tracing::info!(addr = %a, max_connections = limits.max_connections, "serving /metrics, /healthz and /readyz");
+    }
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut refused: u64 = 0;
     loop {
-        let sock = match listener.accept().await {
-            Ok((s, _)) => s,
+        let (sock, peer) = match listener.accept().await {
+            Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "metrics listener accept");
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refused += 1;
+            // Powers of two only: a flood must not become a flood of log lines.
+            if refused.is_power_of_two() {
+                tracing::warn!(%peer, refused, max = limits.max_connections, "metrics endpoint full: connection closed");
+            }
+            drop(sock);
+            continue;
+        };
         let ep = ep.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let r = route(req.uri().path(), ep.as_ref());
                 async move { Ok::<_, Infallible>(r) }
             });
             let io = hyper_util::rt::TokioIo::new(sock);
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, svc);
-            // A client that opens a connection and says nothing is dropped.
-            if let Ok(Err(e)) = tokio::time::timeout(std::time::Duration::from_secs(30), conn).await
-            {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .serve_connection(io, svc);
+            if let Ok(Err(e)) = tokio::time::timeout(limits.connection_lifetime, conn).await {
                 tracing::debug!(error = %e, "metrics connection");
             }
         });
@@ -153,10 +207,19 @@ pub async fn serve(listener: tokio::net::TcpListener, ep: Arc<dyn Endpoint>) {
 }
 
 /// Serves `ep` on `listener` from a thread of its own (with a one-thread runtime), for
-/// processes without an async runtime (the dataplane).
+/// processes without an async runtime (the dataplane), within the default [`Limits`].
 pub fn spawn_thread(
     listener: std::net::TcpListener,
     ep: Arc<dyn Endpoint>,
+) -> Result<std::thread::JoinHandle<()>, Error> {
+    spawn_thread_with_limits(listener, ep, Limits::default())
+}
+
+/// [`spawn_thread`] within `limits`.
+pub fn spawn_thread_with_limits(
+    listener: std::net::TcpListener,
+    ep: Arc<dyn Endpoint>,
+    limits: Limits,
 ) -> Result<std::thread::JoinHandle<()>, Error> {
     listener.set_nonblocking(true).map_err(Error::Start)?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -168,7 +231,7 @@ pub fn spawn_thread(
         .spawn(move || {
             rt.block_on(async move {
                 match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => serve(l, ep).await,
+                    Ok(l) => serve_with_limits(l, ep, limits).await,
                     Err(e) => tracing::error!(error = %e, "metrics listener"),
                 }
             })
@@ -180,8 +243,9 @@ pub fn spawn_thread(
 mod tests {
     use super::*;
     use prometheus_client::metrics::counter::Counter;
-    use std::io::{Read as _, Write as _};
+    use std::io::{ErrorKind, Read as _, Write as _};
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
 
     struct Fake {
         ready: AtomicBool,
@@ -242,6 +306,120 @@ mod tests {
         fake.ready.store(true, Ordering::Relaxed);
         assert!(get(addr, "/readyz").starts_with("HTTP/1.1 200"));
         assert!(get(addr, "/nope").starts_with("HTTP/1.1 404"));
+    }
+
+    fn start(limits: Limits) -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let fake = Arc::new(Fake {
+            ready: AtomicBool::new(true),
+        });
+        spawn_thread_with_limits(l, fake, limits).unwrap();
+        addr
+    }
+
+    /// How long until the server closes `s` (EOF or reset), at most `within`; `None`:
+    /// still open then.
+    fn closed_within(s: &mut std::net::TcpStream, within: Duration) -> Option<Duration> {
+        let t0 = Instant::now();
+        let mut buf = [0u8; 256];
+        loop {
+            let left = within.checked_sub(t0.elapsed())?;
+            s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .unwrap();
+            match s.read(&mut buf) {
+                Ok(0) => return Some(t0.elapsed()),
+                Ok(_) => continue,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return None
+                }
+                Err(_) => return Some(t0.elapsed()),
+            }
+        }
+    }
+
+    #[test]
+    fn connections_beyond_the_cap_are_closed_and_healthz_answers_once_they_go() {
+        let addr = start(Limits {
+            max_connections: 8,
+            header_timeout: Duration::from_secs(10),
+            connection_lifetime: Duration::from_secs(30),
+        });
+        // Eight idle connections take every slot.
+        let held: Vec<_> = (0..8)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        // Every one beyond the cap is closed at once instead of being held.
+        let mut extra: Vec<_> = (0..20)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        for s in &mut extra {
+            assert!(
+                closed_within(s, Duration::from_secs(2)).is_some(),
+                "a connection beyond the cap was held"
+            );
+        }
+        // The held ones are still served (a request on one is answered).
+        let mut first = held.into_iter();
+        let mut s = first.next().unwrap();
+        write!(
+            s,
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        // Once the clients go away, /healthz answers at once.
+        drop(first);
+        let t0 = Instant::now();
+        let ok = loop {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let _ = write!(
+                s,
+                "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            );
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            if out.starts_with("HTTP/1.1 200") || t0.elapsed() > Duration::from_secs(2) {
+                break out;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok:?}");
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn a_slow_client_is_cut_off() {
+        let addr = start(Limits {
+            max_connections: 8,
+            header_timeout: Duration::from_millis(500),
+            connection_lifetime: Duration::from_secs(2),
+        });
+        // Headers one byte every 100 ms: cut at the header timeout.
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let t0 = Instant::now();
+        for b in b"GET /healthz HTTP/1.1\r\nHost: x\r\n" {
+            if s.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            if t0.elapsed() > Duration::from_secs(2) {
+                break;
+            }
+        }
+        closed_within(&mut s, Duration::from_secs(3)).expect("a trickling client is cut off");
+        let cut = t0.elapsed();
+        assert!(cut < Duration::from_millis(1_800), "cut after {cut:?}");
+        // A client that never says anything is cut too (by the header timeout: 0.5 s
+        // measured; at the latest by the lifetime).
+        let mut idle = std::net::TcpStream::connect(addr).unwrap();
+        let d =
+            closed_within(&mut idle, Duration::from_secs(4)).expect("an idle client is cut off");
+        assert!(d < Duration::from_millis(2_500), "{d:?}");
     }
 
     #[test]

@@ -458,3 +458,117 @@ fn a_held_session_survives_a_restart_and_resumes_fast() {
         .count();
     assert_eq!(downs, 0, "b never went down");
 }
+
+/// What a spoofer on the path sends (issue #25): "Down", Your Discriminator 0, a made-up
+/// My Discriminator. Before RFC 5880 6.8.6 was followed to the letter, one such packet
+/// dropped an Up session and overwrote the remote discriminator.
+fn spoofed(state: BfdState, my: u32, your: u32) -> Packet {
+    Packet {
+        my_disc: my,
+        ..peer_packet(state, your, 300, false)
+    }
+}
+
+#[test]
+fn a_spoofed_down_without_our_discriminator_does_not_drop_an_up_session() {
+    let mut p = Pair::new(cfg(300, 3), cfg(300, 3));
+    p.run_for(Duration::from_secs(4));
+    assert!(p.up());
+    let now = p.now;
+    for pkt in [
+        // Your Discriminator 0 (the session is selected by address) and a stranger's own.
+        spoofed(BfdState::Down, 0x6666, 0),
+        spoofed(BfdState::AdminDown, 0x6666, 0),
+        // Ours guessed right, the peer's not.
+        spoofed(BfdState::Down, 0x6666, 0x1111),
+        spoofed(BfdState::AdminDown, 0x6666, 0x1111),
+    ] {
+        assert_eq!(
+            p.a.handle_packet(now, &pkt),
+            Err(PacketError::NotThePeer {
+                got: 0x6666,
+                peer: 0x2222
+            }),
+            "{pkt:?}"
+        );
+        assert_eq!(p.a.state(), BfdState::Up, "{pkt:?}");
+        assert_eq!(p.a.remote_disc(), 0x2222, "learned discriminator kept");
+    }
+    assert_eq!(p.a.discarded, 4);
+    p.run_for(Duration::from_secs(2));
+    assert!(p.up(), "the real peer's packets still keep it Up");
+    assert!(!p.log.iter().any(|(_, _, e)| matches!(
+        e,
+        SessionEvent::StateChanged {
+            to: BfdState::Down,
+            ..
+        }
+    )));
+}
+
+#[test]
+fn spoofed_packets_do_not_keep_a_dead_session_up() {
+    let mut p = Pair::new(cfg(300, 3), cfg(300, 3));
+    p.run_for(Duration::from_secs(4));
+    assert!(p.up());
+    p.cut = true;
+    let t0 = p.now;
+    // A stranger keeps sending "Up" packets every 100 ms with our discriminator guessed.
+    while p.now < t0 + Duration::from_millis(1500) {
+        let now = p.now;
+        let _ =
+            p.a.handle_packet(now, &spoofed(BfdState::Up, 0x6666, 0x1111));
+        p.run_for(Duration::from_millis(100));
+    }
+    assert_eq!(p.a.state(), BfdState::Down);
+    assert_eq!(p.a.local_diag(), Diag::DetectionTimeExpired);
+}
+
+/// The peer itself, after its detection time expired, forgets our discriminator (RFC 5880
+/// 6.8.1) and says Down with Your Discriminator 0: with its own discriminator, that is
+/// still the peer, and the session goes down at once.
+#[test]
+fn the_peer_saying_down_with_its_own_discriminator_still_brings_the_session_down() {
+    let mut p = Pair::new(cfg(300, 3), cfg(300, 3));
+    p.run_for(Duration::from_secs(4));
+    assert!(p.up());
+    let now = p.now;
+    p.a.handle_packet(now, &spoofed(BfdState::Down, 0x2222, 0))
+        .unwrap();
+    assert_eq!(p.a.state(), BfdState::Down);
+    assert_eq!(p.a.local_diag(), Diag::NeighborSignaledDown);
+}
+
+/// A peer that restarts with a new discriminator is not heard while our session is Up:
+/// the session times out (one detection time), then comes up with the new one.
+#[test]
+fn a_peer_restarting_with_a_new_discriminator_comes_back_after_one_detection_time() {
+    let mut p = Pair::new(cfg(300, 3), cfg(300, 3));
+    p.run_for(Duration::from_secs(4));
+    assert!(p.up());
+    p.b = Session::new(cfg(300, 3), 0x3333, p.now);
+    let t0 = p.now;
+    p.run_for(Duration::from_secs(6));
+    let down = p
+        .log
+        .iter()
+        .find(|(t, a, e)| {
+            *t >= t0
+                && *a
+                && matches!(
+                    e,
+                    SessionEvent::StateChanged {
+                        to: BfdState::Down,
+                        ..
+                    }
+                )
+        })
+        .expect("a goes down");
+    assert!(
+        down.0 - t0 <= Duration::from_millis(900),
+        "{:?}",
+        down.0 - t0
+    );
+    assert!(p.up(), "up again");
+    assert_eq!(p.a.remote_disc(), 0x3333);
+}

@@ -146,7 +146,7 @@ impl Speaker {
         pc.hold_time = 9;
         pc.keepalive_time = 3;
         pc.connect_retry_time = 1;
-        pc.md5_password = p.password.clone();
+        pc.md5_password = p.password.clone().map(Into::into);
         pc.graceful_restart_time = p.graceful_restart.then_some(120);
         pc
     }

@@ -304,7 +304,7 @@ fn unrepresentable_state_is_refused_and_the_last_table_stays() {
         matches!(w.publish(&bad), Err(ShmError::Unrepresentable(m)) if m.contains("communities"))
     );
     let mut bad = good.clone();
-    bad.peers[0].md5_password = Some("x".repeat(81));
+    bad.peers[0].md5_password = Some("x".repeat(81).into());
     assert!(matches!(w.publish(&bad), Err(ShmError::Unrepresentable(m)) if m.contains("MD5")));
     let mut bad = good.clone();
     bad.node = "n".repeat(300);
@@ -695,7 +695,7 @@ mod incremental {
                                 65000,
                                 65001,
                             );
-                            p.md5_password = (i == 1).then(|| "pw".to_string());
+                            p.md5_password = (i == 1).then(|| "pw".into());
                             p
                         })
                         .collect(),

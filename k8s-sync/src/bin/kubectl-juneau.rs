@@ -89,7 +89,7 @@ fn emit<T: serde::Serialize>(
     Ok(Some(match output {
         Output::Table => table(),
         Output::Json => serde_json::to_string_pretty(value)? + "\n",
-        Output::Yaml => serde_yaml::to_string(value)?,
+        Output::Yaml => serde_saphyr::to_string(value)?,
     }))
 }
 

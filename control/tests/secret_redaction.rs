@@ -1,0 +1,40 @@
+//! A BGP peer's TCP-MD5 password must never leave the process by way of `Debug` (the
+//! agent logs its state with `debug!(?state)`) or serialization (status, dumps): only the
+//! shared-memory file carries it, and the speaker reads it from there (issue #25).
+
+use std::net::Ipv4Addr;
+
+use juneau_control::model::{NodeState, PeerConfig};
+
+const PASSWORD: &str = "s3cret-md5-Password";
+
+fn state() -> NodeState {
+    let mut p = PeerConfig::new("tor-1", Ipv4Addr::new(192, 0, 2, 1), 65000, 65001);
+    p.md5_password = Some(PASSWORD.into());
+    NodeState {
+        node: "node-a".into(),
+        peers: vec![p],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn debug_of_a_state_shows_no_password() {
+    let s = state();
+    for text in [
+        format!("{s:?}"),
+        format!("{s:#?}"),
+        format!("{:?}", s.peers[0]),
+    ] {
+        assert!(!text.contains(PASSWORD), "password in Debug output: {text}");
+        assert!(text.contains("<redacted>"), "a password is set: {text}");
+    }
+}
+
+#[test]
+fn serializing_a_state_leaves_the_password_out() {
+    let s = state();
+    let json = serde_json::to_string(&s).unwrap();
+    assert!(!json.contains(PASSWORD), "password in JSON: {json}");
+    assert!(!json.contains("md5_password"), "{json}");
+}
