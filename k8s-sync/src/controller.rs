@@ -323,7 +323,11 @@ impl Ctx {
 
 /// Runs the controller: waits for the Lease, acts while holding it, stops acting the
 /// moment it is lost (and starts again, with a fresh VIP book, when it comes back).
-pub async fn run(client: Client, opts: ControllerOptions) -> anyhow::Result<()> {
+pub async fn run(
+    client: Client,
+    opts: ControllerOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     use anyhow::Context as _;
     anyhow::ensure!(
         opts.lease_duration >= 2,
@@ -339,13 +343,48 @@ pub async fn run(client: Client, opts: ControllerOptions) -> anyhow::Result<()> 
         .build()
         .await
         .context("setting up leader election on the Lease")?;
-    let (mut leader, lease_task) = manager.watch().await;
+    let (leader, lease_task) = manager.watch().await;
     info!(identity = %opts.identity, lease = %opts.lease_name, "waiting for leadership");
+    let result = tokio::select! {
+        r = lead_while_leader(&client, &opts, leader) => r,
+        () = shutdown => {
+            info!(identity = %opts.identity, "stopping: releasing the Lease");
+            Ok(())
+        }
+    };
+    // The election above is dropped with its receiver (and its work aborted): the lease
+    // task releases the Lease, so a standby replica takes over at once instead of
+    // after the lease duration.
+    opts.metrics.is_leader.set(0);
+    match tokio::time::timeout(Duration::from_secs(3), lease_task).await {
+        Ok(Ok(Ok(_))) => info!("Lease released"),
+        Ok(Ok(Err(e))) => warn!(error = %e, "releasing the Lease failed"),
+        Ok(Err(e)) => warn!(error = %e, "the lease task died"),
+        Err(_) => warn!("the Lease was not released within 3 s"),
+    }
+    result
+}
+
+/// Aborts the task when dropped (a leader's work must not outlive its election).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Waits for leadership, leads while it lasts, and again; returns only when the election
+/// itself stops.
+async fn lead_while_leader(
+    client: &Client,
+    opts: &ControllerOptions,
+    mut leader: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     loop {
         while !*leader.borrow_and_update() {
             if leader.changed().await.is_err() {
-                let r = lease_task.await;
-                anyhow::bail!("leader election stopped: {r:?}");
+                anyhow::bail!("leader election stopped");
             }
         }
         info!(identity = %opts.identity, "became leader; rebuilding the VIP book from the API");
@@ -356,10 +395,14 @@ pub async fn run(client: Client, opts: ControllerOptions) -> anyhow::Result<()> 
             identity: opts.identity.clone(),
             reads: Arc::new(LeaseReads::new(&opts.identity)),
         };
-        let mut work = tokio::spawn(lead(client.clone(), fence, opts.metrics.clone()));
+        let mut work = AbortOnDrop(tokio::spawn(lead(
+            client.clone(),
+            fence,
+            opts.metrics.clone(),
+        )));
         let lost = loop {
             tokio::select! {
-                r = &mut work => {
+                r = &mut work.0 => {
                     match r {
                         Ok(Ok(())) => warn!("controller stopped; restarting"),
                         Ok(Err(e)) => warn!(error = %format!("{e:#}"), "controller failed; restarting"),
@@ -376,11 +419,10 @@ pub async fn run(client: Client, opts: ControllerOptions) -> anyhow::Result<()> 
         opts.metrics.is_leader.set(0);
         if lost {
             warn!("lost leadership; stopping");
-            work.abort();
-            let _ = work.await;
-        } else {
-            work.abort();
+            work.0.abort();
+            let _ = (&mut work.0).await;
         }
+        drop(work);
         // Only the leader speaks for pools and Services.
         opts.metrics.pool_addresses.clear();
         opts.metrics.pool_addresses_in_use.clear();

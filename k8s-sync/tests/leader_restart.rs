@@ -144,3 +144,32 @@ fn vips_survive_crashes_restarts_and_a_second_replica() -> Result<()> {
     r1b.check_running()?;
     Ok(())
 }
+
+/// SIGTERM (what the kubelet sends a Pod it stops: a rollout, a drain, `helm upgrade`)
+/// makes the leader release its Lease and exit at once, so the standby takes over
+/// without waiting for the lease to expire. Before, the controller had no SIGTERM
+/// handler: as a container's first process it ignored the signal and was killed after
+/// the grace period, leaving the Lease held until it expired.
+#[test]
+fn a_sigtermed_leader_releases_the_lease_and_exits() -> Result<()> {
+    let env = Env::start()?;
+    let mut r1 = env.controller("r1")?;
+    eventually("r1 holds the Lease", || {
+        Ok((leader(&env)?.as_deref() == Some("r1")).then_some(()))
+    })?;
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &r1.pid().to_string()])
+        .status()?;
+    ensure!(st.success(), "kill -TERM");
+    eventually("r1 exits after SIGTERM", || {
+        Ok(r1.check_running().is_err().then_some(()))
+    })?;
+    // No other replica runs: only r1's release can have cleared the holder.
+    ensure!(
+        leader(&env)?.is_none(),
+        "the Lease is still held by {:?} after r1 exited; r1's log:\n{}",
+        leader(&env)?,
+        r1.log_text()
+    );
+    Ok(())
+}

@@ -1505,6 +1505,11 @@ fn down_quiet() -> Vec<String> {
             ));
         }
     }
+    // A lab whose program was killed never recorded its Prometheus.
+    for pid in processes_with_arg(&state().join("prometheus").display().to_string()) {
+        stop_pid(pid, "prometheus", Duration::from_secs(5));
+        removed.push(format!("stopped prometheus (pid {pid})"));
+    }
     for n in NODES {
         if node_dir(n.name).exists() || cgroup_present(n.name) {
             node::cleanup(&node_dir(n.name), &cgroup_root(n.name), Some(&ns(n.name)));

@@ -90,6 +90,28 @@ async fn serve_metrics(
     Ok(())
 }
 
+/// Resolves on SIGTERM or SIGINT. A process without a SIGTERM handler that runs as a
+/// container's first process ignores SIGTERM (the kernel protects a PID namespace's
+/// init), so the kubelet would wait the whole grace period and then kill it.
+async fn terminated() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(error = %e, "no signal handler: SIGTERM will not stop this process");
+            std::future::pending::<()>().await
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -138,6 +160,7 @@ async fn main() -> anyhow::Result<()> {
                     lease_duration,
                     metrics,
                 },
+                terminated(),
             )
             .await
         }
@@ -161,7 +184,7 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?;
             let state_file = state_file.unwrap_or_else(|| juneau_control::shm::default_path(&node));
-            agent::run(
+            let agent = agent::run(
                 client,
                 agent::AgentOptions {
                     node,
@@ -171,8 +194,16 @@ async fn main() -> anyhow::Result<()> {
                     health,
                     bgp_status_file,
                 },
-            )
-            .await
+            );
+            tokio::select! {
+                r = agent => r,
+                () = terminated() => {
+                    // Static stability: the published node state stays for the
+                    // dataplane and the speaker until the next agent publishes.
+                    tracing::info!("stopping; the node state stays as published");
+                    Ok(())
+                }
+            }
         }
     }
 }
