@@ -33,6 +33,9 @@ pub enum DropReason {
     FlowConflict,
     /// The flow table is full of live flows.
     FlowTableFull,
+    /// A new flow (or a redirect record) for a client whose address or /24 already
+    /// holds its quota of flows (`--source-flow-quota`, `--prefix-flow-quota`).
+    SourceOverQuota,
     /// No route out of the dataplane's interfaces for the next hop.
     NoRoute,
     /// The next hop's MAC is not known yet (resolution was triggered).
@@ -88,7 +91,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 29] = [
+    pub const ALL: [DropReason; 30] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -99,6 +102,7 @@ impl DropReason {
         DropReason::NoFlow,
         DropReason::FlowConflict,
         DropReason::FlowTableFull,
+        DropReason::SourceOverQuota,
         DropReason::NoRoute,
         DropReason::NoNeighbour,
         DropReason::KernelBound,
@@ -133,6 +137,7 @@ impl DropReason {
             DropReason::NoFlow => "no_flow",
             DropReason::FlowConflict => "flow_conflict",
             DropReason::FlowTableFull => "flow_table_full",
+            DropReason::SourceOverQuota => "source_over_quota",
             DropReason::NoRoute => "no_route",
             DropReason::NoNeighbour => "no_neighbour",
             DropReason::KernelBound => "kernel_bound",
@@ -308,6 +313,9 @@ pub struct Stats {
     pub half_open_max: u64,
     /// Half-open flows evicted (oldest first) to make room for newer ones.
     pub half_open_evicted: u64,
+    /// UDP flows and redirect records evicted (least recently seen first) to make room
+    /// in a full table.
+    pub idle_evicted: u64,
     /// Flows found in the pinned flow table at start (kept across the restart).
     pub flows_restored: u64,
     /// Per service.

@@ -301,11 +301,15 @@ impl Engine {
                 self.flows.touch_redirect(id, 0, now_ms);
             }
             Some(_) => {} // held here (or a conflicting reverse key): keep it
-            None => {
-                if self.flows.insert_redirect(&key, from, now_ms).is_err() {
-                    return self.drop(DropReason::FlowTableFull, None);
+            None => match self.flows.insert_redirect(&key, from, now_ms) {
+                Ok(_) => {}
+                Err(crate::flow::InsertError::Full) => {
+                    return self.drop(DropReason::FlowTableFull, None)
                 }
-            }
+                Err(crate::flow::InsertError::SourceOverQuota) => {
+                    return self.drop(DropReason::SourceOverQuota, None)
+                }
+            },
         }
         Verdict::Consumed
     }

@@ -72,6 +72,14 @@ struct Args {
     /// flood never evicts an established flow). 0: a quarter of --flow-capacity.
     #[arg(long, default_value_t = 0)]
     half_open_max: usize,
+    /// Most flows one client address may hold at once (per worker); beyond it its new
+    /// flows are dropped as source_over_quota. Default: --flow-capacity / 16; 0: none.
+    #[arg(long)]
+    source_flow_quota: Option<usize>,
+    /// Most flows one client /24 may hold at once (per worker). Default:
+    /// --flow-capacity / 4; 0: none.
+    #[arg(long)]
+    prefix_flow_quota: Option<usize>,
     /// TCP established-connection idle timeout, seconds.
     #[arg(long, default_value_t = 900)]
     tcp_established_timeout: u32,
@@ -232,6 +240,8 @@ fn main() -> Result<()> {
             recompute_pod_checksums: !a.trust_pod_checksums,
             hash_seed: seed,
             half_open_max: a.half_open_max,
+            source_flow_quota: a.source_flow_quota.unwrap_or(a.flow_capacity.div_ceil(16)),
+            prefix_flow_quota: a.prefix_flow_quota.unwrap_or(a.flow_capacity.div_ceil(4)),
         },
         frames_per_iface: a.frames_per_iface,
         ring_size: a.ring_size,
