@@ -62,6 +62,12 @@ pub enum DropReason {
     RedirectMalformed,
     /// A redirect frame or notice from an address that is not a peer node.
     RedirectNotFromPeer,
+    /// A packet of an unknown flow not redirected: the bucket of its client's /24 was
+    /// empty (`--redirect-prefix-rate`, `--redirect-prefix-burst`).
+    RedirectPrefixRateLimited,
+    /// A notice refused: its sender is not a peer of the flow's VIP, or it answers no
+    /// question of this node's (its cookie does not match).
+    RedirectNoticeRefused,
     /// A redirected packet to a VIP/port this node does not serve.
     RedirectNotServed,
     /// The encapsulated packet would exceed the node network's MTU or the frame.
@@ -91,7 +97,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 30] = [
+    pub const ALL: [DropReason; 32] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -115,6 +121,8 @@ impl DropReason {
         DropReason::RedirectNotFromPeer,
         DropReason::RedirectNotServed,
         DropReason::RedirectTooBig,
+        DropReason::RedirectPrefixRateLimited,
+        DropReason::RedirectNoticeRefused,
         DropReason::TooBig,
         DropReason::NoFreeFrame,
         DropReason::SocketRxDropped,
@@ -150,6 +158,8 @@ impl DropReason {
             DropReason::RedirectNotFromPeer => "redirect_not_from_peer",
             DropReason::RedirectNotServed => "redirect_not_served",
             DropReason::RedirectTooBig => "redirect_too_big",
+            DropReason::RedirectPrefixRateLimited => "redirect_prefix_rate_limited",
+            DropReason::RedirectNoticeRefused => "redirect_notice_refused",
             DropReason::TooBig => "too_big",
             DropReason::NoFreeFrame => "no_free_frame",
             DropReason::SocketRxDropped => "socket_rx_dropped",

@@ -152,6 +152,13 @@ struct Args {
     /// Burst of such redirects.
     #[arg(long, default_value_t = 2_000)]
     redirect_burst: u32,
+    /// Of those, at most this many per second about clients of one /24 (and notices
+    /// about them): a flood from one prefix leaves the rest of the bucket to others.
+    #[arg(long, default_value_t = 2_500)]
+    redirect_prefix_rate: u32,
+    /// Burst of those per /24.
+    #[arg(long, default_value_t = 250)]
+    redirect_prefix_burst: u32,
     /// Largest IPv4 packet sent to another node (the node network's MTU); a client
     /// packet that does not fit once encapsulated (up to 68 bytes more) is dropped.
     #[arg(long, default_value_t = 1500)]
@@ -263,6 +270,8 @@ fn main() -> Result<()> {
                 peers: a.redirect_peers.iter().map(|p| u32::from(*p)).collect(),
                 rate_per_s: a.redirect_rate,
                 burst: a.redirect_burst,
+                prefix_rate_per_s: a.redirect_prefix_rate,
+                prefix_burst: a.redirect_prefix_burst,
                 node_from_state: node == NodeAddress::FromState,
             }),
         redirect_mtu: a.redirect_mtu,
