@@ -200,8 +200,9 @@ pub struct Engine {
     pub missing: MissingNeighbours,
     /// Redirects between nodes (issue 12), when configured.
     redirect: Option<crate::redirect::Redirector>,
-    /// While a redirected packet is processed: the nodes it visited and its flags.
-    redirect_ctx: Option<(crate::redirect::HopList, u8)>,
+    /// While a redirected packet is processed: the nodes it visited, its flags and its
+    /// cookie.
+    redirect_ctx: Option<(crate::redirect::HopList, u8, u64)>,
     /// This worker's part of the XDP fast path, when the steering program runs.
     xdp: Option<crate::fast::FastPath>,
     /// Per flow record of this worker's table: the most a TCP segment towards the

@@ -71,8 +71,11 @@ impl Engine {
                     return Some(self.drop(DropReason::RedirectNoPeer, None));
                 }
                 self.flows.touch_redirect(id, flags, now_ms);
-                let ask = self.redirect_ctx.is_some_and(|c| c.1 & FLAG_ASK != 0);
-                Some(self.send_to(owner, hops, ask, frame_len, key, nb))
+                let (ask, cookie) = match self.redirect_ctx {
+                    Some((_, f, c)) if f & FLAG_ASK != 0 => (true, c),
+                    _ => (false, 0),
+                };
+                Some(self.send_to(owner, hops, (ask, cookie), frame_len, key, nb))
             }
             Some(_) => None,
             None if syn_only => None,
@@ -103,7 +106,7 @@ impl Engine {
                 if !hops.push(me) || hops.contains(owner) {
                     return Some(self.drop(DropReason::RedirectNoPeer, None));
                 }
-                Some(self.send_to(owner, hops, false, frame_len, key, nb))
+                Some(self.send_to(owner, hops, (false, 0), frame_len, key, nb))
             }
             Some(_) => None,
             None => Some(self.redirect_unknown(false, frame_len, key, nb, now_ms)),
@@ -145,9 +148,11 @@ impl Engine {
         now_ms: u64,
     ) -> Option<Verdict> {
         let r = self.redirect.as_mut()?;
-        let (mut hops, ask) = match self.redirect_ctx {
-            Some((h, f)) => (h, f & FLAG_ASK != 0),
-            None => (HopList::new(), ask),
+        // A question keeps the first node's cookie; the first node makes it.
+        let (mut hops, ask, cookie) = match self.redirect_ctx {
+            Some((h, f, c)) => (h, f & FLAG_ASK != 0, c),
+            None if ask => (HopList::new(), true, r.cookie_for(key)),
+            None => (HopList::new(), false, 0),
         };
         let me = r.node();
         let h = hash_key(key, super::MAGLEV_HASH_SEED);
@@ -158,14 +163,15 @@ impl Engine {
         if let Err(empty) = r.take_token(key.src, now_ms) {
             return Some(self.drop(empty, None));
         }
-        Some(self.send_to(peer, hops, ask, frame_len, key, nb))
+        Some(self.send_to(peer, hops, (ask, cookie), frame_len, key, nb))
     }
 
+    /// `question`: whether the first node wants a notice, and its cookie.
     fn send_to(
         &mut self,
         peer: u32,
         hops: HopList,
-        ask: bool,
+        question: (bool, u64),
         frame_len: usize,
         key: &FlowKey,
         nb: &Neighbours,
@@ -195,9 +201,10 @@ impl Engine {
             peer,
             macs: m,
             hops,
-            ask,
+            ask: question.0,
             frame_len,
             entropy: (h ^ (h >> 16)) as u16,
+            cookie: if question.0 { question.1 } else { 0 },
         });
         Verdict::Redirect
     }
@@ -247,7 +254,7 @@ impl Engine {
             dst_port: l4.dst_port,
             proto: v.protocol,
         });
-        self.redirect_ctx = Some((rx.hops, rx.flags));
+        self.redirect_ctx = Some((rx.hops, rx.flags, rx.cookie));
         let verdict = self.forward(inner, v, nb, now_ms);
         self.redirect_ctx = None;
         Some(match verdict {
@@ -262,7 +269,7 @@ impl Engine {
                             .as_ref()
                             .is_some_and(|r| r.is_peer_of(key.dst, origin))
                         {
-                            self.queue_notice(origin, key, nb);
+                            self.queue_notice(origin, key, rx.cookie, nb);
                         }
                     }
                 }
@@ -273,7 +280,7 @@ impl Engine {
         })
     }
 
-    fn queue_notice(&mut self, to: u32, key: FlowKey, nb: &Neighbours) {
+    fn queue_notice(&mut self, to: u32, key: FlowKey, cookie: u64, nb: &Neighbours) {
         let m = match nb.resolve(to) {
             Resolve::Found {
                 side: Side::Uplink,
@@ -287,7 +294,12 @@ impl Engine {
             _ => return,
         };
         if let Some(r) = self.redirect.as_mut() {
-            r.queue_notice(Notice { to, macs: m, key });
+            r.queue_notice(Notice {
+                to,
+                macs: m,
+                key,
+                cookie,
+            });
         }
     }
 
@@ -307,6 +319,10 @@ impl Engine {
         // Only a node asked about the VIP's flows may claim one (the outer source was
         // checked against every peer; a peer of another VIP is not enough).
         if !r.is_peer_of(key.dst, from) {
+            return self.drop(DropReason::RedirectNoticeRefused, None);
+        }
+        // Only the answer to a question this node asked (its cookie for the flow).
+        if rx.cookie != r.cookie_for(&key) {
             return self.drop(DropReason::RedirectNoticeRefused, None);
         }
         // Charged like a question about the client (its /24's bucket, then the node's;
@@ -509,9 +525,16 @@ mod tests {
                 .unwrap_or_default();
             for n in notices {
                 let mut buf = vec![0u8; 256];
-                let len =
-                    wire::build_notice(&mut buf, &n.macs, NODES[cur], n.to, DEFAULT_PORT, &n.key)
-                        .unwrap();
+                let len = wire::build_notice(
+                    &mut buf,
+                    &n.macs,
+                    NODES[cur],
+                    n.to,
+                    DEFAULT_PORT,
+                    &n.key,
+                    n.cookie,
+                )
+                .unwrap();
                 buf.truncate(len);
                 let to = NODES.iter().position(|x| *x == n.to).unwrap();
                 let nv = nodes[to].process(&mut buf, Side::Uplink, &nb, now);
@@ -690,6 +713,7 @@ mod tests {
             NODES[0],
             DEFAULT_PORT,
             &key,
+            1,
         )
         .unwrap();
         buf.truncate(n);
@@ -700,8 +724,16 @@ mod tests {
         assert_eq!(e.flows().len(), 0);
         // A malformed one from a peer.
         let mut buf = vec![0u8; 128];
-        let n =
-            wire::build_notice(&mut buf, &[0; 12], NODES[1], NODES[0], DEFAULT_PORT, &key).unwrap();
+        let n = wire::build_notice(
+            &mut buf,
+            &[0; 12],
+            NODES[1],
+            NODES[0],
+            DEFAULT_PORT,
+            &key,
+            1,
+        )
+        .unwrap();
         buf.truncate(n);
         buf[14 + 28] = b'X';
         assert_eq!(
@@ -725,13 +757,58 @@ mod tests {
         );
     }
 
-    /// A notice from `from` to node `to` that `from` owns `key`.
+    /// A notice from `from` to node `to` (engine `e`) that `from` owns `key`, with the
+    /// cookie of `e`'s question about it.
     fn notice(e: &Engine, from: u32, to: u32, key: &FlowKey) -> Vec<u8> {
-        let _ = e;
+        let cookie = e.redirect().unwrap().cookie_for(key);
+        notice_with_cookie(from, to, key, cookie)
+    }
+
+    fn notice_with_cookie(from: u32, to: u32, key: &FlowKey, cookie: u64) -> Vec<u8> {
         let mut buf = vec![0u8; 128];
-        let n = wire::build_notice(&mut buf, &[0; 12], from, to, DEFAULT_PORT, key).unwrap();
+        let n =
+            wire::build_notice(&mut buf, &[0; 12], from, to, DEFAULT_PORT, key, cookie).unwrap();
         buf.truncate(n);
         buf
+    }
+
+    #[test]
+    fn a_notice_is_accepted_only_as_the_answer_to_a_question_of_this_node() {
+        let nb = nb();
+        let mut e = node2_with_split_peers();
+        let key = key_of(CLIENT, 40000);
+        let other = key_of(CLIENT, 40001);
+        let mine = e.redirect().unwrap().cookie_for(&key);
+        // No cookie, another flow's cookie, another node's cookie for this flow: refused.
+        let theirs = node(1, true, 100).redirect().unwrap().cookie_for(&key);
+        assert_ne!(theirs, mine);
+        for cookie in [
+            0,
+            e.redirect().unwrap().cookie_for(&other),
+            theirs,
+            mine ^ 1,
+        ] {
+            let mut n = notice_with_cookie(NODES[1], NODES[2], &key, cookie);
+            assert_eq!(
+                e.process(&mut n, Side::Uplink, &nb, 0),
+                Verdict::Drop(DropReason::RedirectNoticeRefused),
+                "cookie {cookie:#x}"
+            );
+        }
+        assert_eq!(e.flows().len(), 0);
+        // The cookie this node puts in its question about the flow: accepted.
+        let mut n = notice_with_cookie(NODES[1], NODES[2], &key, mine);
+        assert_eq!(e.process(&mut n, Side::Uplink, &nb, 1), Verdict::Consumed);
+        assert_eq!(e.flows().len(), 1);
+        // And that is the cookie its question carries.
+        let mut ack = tcp(40002, tcp_flags::ACK);
+        assert_eq!(e.process(&mut ack, Side::Uplink, &nb, 2), Verdict::Redirect);
+        let out = e.take_redirect().unwrap();
+        assert!(out.ask);
+        assert_eq!(
+            out.cookie,
+            e.redirect().unwrap().cookie_for(&key_of(CLIENT, 40002))
+        );
     }
 
     /// The live record of `key` (forward).
@@ -838,6 +915,7 @@ mod tests {
             ask: true,
             frame_len: orig.len(),
             entropy: 1,
+            cookie: 7,
         };
         let len = wire::encapsulate(&mut buf, &out, NODES[1], DEFAULT_PORT, 1600).unwrap();
         buf.truncate(len);

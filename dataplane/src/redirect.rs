@@ -213,6 +213,8 @@ pub struct RedirectOut {
     pub frame_len: usize,
     /// Source-port entropy for the node network's own ECMP.
     pub entropy: u16,
+    /// The first node's cookie for the flow when it asks for a notice, else 0.
+    pub cookie: u64,
 }
 
 /// An "I own this flow" notice to send to `to` (the node that asked).
@@ -224,11 +226,17 @@ pub struct Notice {
     pub macs: [u8; 12],
     /// The flow's forward key (client → VIP).
     pub key: FlowKey,
+    /// The question's cookie, echoed.
+    pub cookie: u64,
 }
 
 /// Most notices queued between two batches; more are not sent (the asker asks again
 /// with its next packet, within its bucket).
 pub const MAX_NOTICES: usize = 64;
+
+/// The key of every worker's [`Redirector::cookie_for`] (random per process).
+static COOKIE_KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+    std::sync::OnceLock::new();
 
 /// Token buckets per client /24 (hashed with a per-process key into this many).
 pub const PREFIX_BUCKETS: usize = 1024;
@@ -460,6 +468,23 @@ impl Redirector {
             return Err(DropReason::RedirectRateLimited);
         }
         Ok(())
+    }
+
+    /// This node's cookie for a question about `key`: a keyed hash (SipHash-1-3 under a
+    /// key random per process, shared by its workers) of this node's address and the
+    /// flow; never 0. A notice is accepted only with the cookie of its flow.
+    pub fn cookie_for(&self, key: &FlowKey) -> u64 {
+        use std::hash::BuildHasher;
+        let k = COOKIE_KEY.get_or_init(std::collections::hash_map::RandomState::new);
+        k.hash_one((
+            self.cfg.node,
+            key.src,
+            key.dst,
+            key.src_port,
+            key.dst_port,
+            key.proto,
+        ))
+        .max(1)
     }
 
     /// Whether `addr` is one of the nodes asked about flows to `vip` (a notice about

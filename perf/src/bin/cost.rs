@@ -283,6 +283,7 @@ fn redirect_pair(nb: &Neighbours) -> Result<(Engine, Engine, Vec<u8>, Vec<u8>)> 
             n.to,
             DEFAULT_PORT,
             &n.key,
+            n.cookie,
         )
         .context("notice")?;
         let v = a.process(&mut nbuf[..l], Side::Uplink, nb, now);
