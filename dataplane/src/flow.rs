@@ -2219,6 +2219,51 @@ mod tests {
         }
     }
 
+    /// A restart keeps what the flood defences know: the UDP flows found again are
+    /// displaceable (least recently seen first) and count towards their source's quota.
+    #[test]
+    fn a_table_found_again_keeps_its_displaceable_flows_and_source_counts() {
+        let to = Timeouts::default();
+        let udp = |c: u32, p: u16| {
+            Flow::new(
+                c,
+                p,
+                0xcb00710a,
+                53,
+                9,
+                5353,
+                crate::packet::IPPROTO_UDP,
+                0,
+                1,
+            )
+        };
+        let (mut t, _) = FlowTable::open_shared(heap_regions(4), to, 77, 1000);
+        t.insert(flow(1, 1, 9), tcp_flags::ACK, 1000).unwrap();
+        t.insert(udp(5, 2), 0, 1001).unwrap();
+        t.insert(udp(5, 1), 0, 1000).unwrap();
+        t.insert(flow(2, 1, 9), tcp_flags::ACK, 1000).unwrap();
+        let (mut t2, _) = FlowTable::open_shared(t.into_regions(), to, 1, 2000);
+        assert_eq!(t2.len(), 4);
+        t2.set_source_quotas(2, 0);
+        assert_eq!(
+            t2.insert(udp(5, 3), 0, 2000),
+            Err(InsertError::SourceOverQuota)
+        );
+        // Full: a SYN displaces the UDP flow seen least recently, nothing else.
+        t2.insert(flow(3, 1, 9), tcp_flags::SYN, 2000).unwrap();
+        assert!(t2
+            .lookup(&udp(5, 1).key(Direction::Forward), 2000)
+            .is_none());
+        assert!(t2
+            .lookup(&udp(5, 2).key(Direction::Forward), 2000)
+            .is_some());
+        for c in [1, 2] {
+            assert!(t2.lookup(&fwd(&flow(c, 1, 9)), 2000).is_some());
+        }
+        // And the source is below its quota again.
+        assert!(t2.insert(udp(5, 3), 0, 2001).is_ok());
+    }
+
     #[test]
     fn a_shared_table_is_found_again_with_its_flows() {
         let to = Timeouts::default();
