@@ -1110,21 +1110,25 @@ impl FlowTable {
 
     /// Adds `delta` (±1) to a client's counters.
     fn count_source(&mut self, client: u32, delta: i32) {
-        let (a, p) = self.quota_buckets(client);
+        let b = self.quota_buckets(client);
+        self.count_buckets(b, delta);
+    }
+
+    fn count_buckets(&mut self, (a, p): (usize, usize), delta: i32) {
         let q = &mut self.quotas;
         q.per_addr[a] = q.per_addr[a].wrapping_add_signed(delta);
         q.per_prefix[p] = q.per_prefix[p].wrapping_add_signed(delta);
     }
 
-    /// Whether a client may have one more flow.
-    fn source_within_quota(&mut self, client: u32) -> bool {
+    /// A client's counters if it may have one more flow.
+    fn source_within_quota(&mut self, client: u32) -> Option<(usize, usize)> {
         let (a, p) = self.quota_buckets(client);
         let q = &mut self.quotas;
         if q.per_addr[a] >= q.addr_max || q.per_prefix[p] >= q.prefix_max {
             q.refused += 1;
-            return false;
+            return None;
         }
-        true
+        Some((a, p))
     }
 
     /// Flows a flood may displace: UDP (and other non-TCP) flows and redirect records.
@@ -1479,9 +1483,9 @@ impl FlowTable {
         tcp_flags: u8,
         now_ms: u64,
     ) -> Result<FlowId, InsertError> {
-        if !self.source_within_quota(flow.client) {
+        let Some(buckets) = self.source_within_quota(flow.client) else {
             return Err(InsertError::SourceOverQuota);
-        }
+        };
         self.make_room(now_ms);
         let Some(&id) = self.free.last() else {
             return Err(InsertError::Full);
@@ -1512,7 +1516,7 @@ impl FlowTable {
         self.index
             .store_release(b.0, Self::make_slot(b.1, id, Direction::Reverse));
         self.live += 1;
-        self.count_source(flow.client, 1);
+        self.count_buckets(buckets, 1);
         if flow.state().is_half_open() {
             self.half_open_push(id);
         } else if Self::displaceable(flow.state()) {
@@ -1546,9 +1550,9 @@ impl FlowTable {
             0,
             UNCHECKED_GENERATION,
         );
-        if !self.source_within_quota(flow.client) {
+        let Some(buckets) = self.source_within_quota(flow.client) else {
             return Err(InsertError::SourceOverQuota);
-        }
+        };
         self.make_room(now_ms);
         let Some(&id) = self.free.last() else {
             return Err(InsertError::Full);
@@ -1565,7 +1569,7 @@ impl FlowTable {
         self.index
             .store_release(b.0, Self::make_slot(b.1, id, Direction::Reverse));
         self.live += 1;
-        self.count_source(flow.client, 1);
+        self.count_buckets(buckets, 1);
         self.idle_push(id, now_ms as u32);
         Ok(id)
     }
