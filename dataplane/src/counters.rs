@@ -33,6 +33,9 @@ pub enum DropReason {
     FlowConflict,
     /// The flow table is full of live flows.
     FlowTableFull,
+    /// A new flow (or a redirect record) for a client whose address or /24 already
+    /// holds its quota of flows (`--source-flow-quota`, `--prefix-flow-quota`).
+    SourceOverQuota,
     /// No route out of the dataplane's interfaces for the next hop.
     NoRoute,
     /// The next hop's MAC is not known yet (resolution was triggered).
@@ -59,6 +62,12 @@ pub enum DropReason {
     RedirectMalformed,
     /// A redirect frame or notice from an address that is not a peer node.
     RedirectNotFromPeer,
+    /// A packet of an unknown flow not redirected: the bucket of its client's /24 was
+    /// empty (`--redirect-prefix-rate`, `--redirect-prefix-burst`).
+    RedirectPrefixRateLimited,
+    /// A notice refused: its sender is not a peer of the flow's VIP, or it answers no
+    /// question of this node's (its cookie does not match).
+    RedirectNoticeRefused,
     /// A redirected packet to a VIP/port this node does not serve.
     RedirectNotServed,
     /// The encapsulated packet would exceed the node network's MTU or the frame.
@@ -88,7 +97,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 29] = [
+    pub const ALL: [DropReason; 32] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -99,6 +108,7 @@ impl DropReason {
         DropReason::NoFlow,
         DropReason::FlowConflict,
         DropReason::FlowTableFull,
+        DropReason::SourceOverQuota,
         DropReason::NoRoute,
         DropReason::NoNeighbour,
         DropReason::KernelBound,
@@ -111,6 +121,8 @@ impl DropReason {
         DropReason::RedirectNotFromPeer,
         DropReason::RedirectNotServed,
         DropReason::RedirectTooBig,
+        DropReason::RedirectPrefixRateLimited,
+        DropReason::RedirectNoticeRefused,
         DropReason::TooBig,
         DropReason::NoFreeFrame,
         DropReason::SocketRxDropped,
@@ -133,6 +145,7 @@ impl DropReason {
             DropReason::NoFlow => "no_flow",
             DropReason::FlowConflict => "flow_conflict",
             DropReason::FlowTableFull => "flow_table_full",
+            DropReason::SourceOverQuota => "source_over_quota",
             DropReason::NoRoute => "no_route",
             DropReason::NoNeighbour => "no_neighbour",
             DropReason::KernelBound => "kernel_bound",
@@ -145,6 +158,8 @@ impl DropReason {
             DropReason::RedirectNotFromPeer => "redirect_not_from_peer",
             DropReason::RedirectNotServed => "redirect_not_served",
             DropReason::RedirectTooBig => "redirect_too_big",
+            DropReason::RedirectPrefixRateLimited => "redirect_prefix_rate_limited",
+            DropReason::RedirectNoticeRefused => "redirect_notice_refused",
             DropReason::TooBig => "too_big",
             DropReason::NoFreeFrame => "no_free_frame",
             DropReason::SocketRxDropped => "socket_rx_dropped",
@@ -308,6 +323,9 @@ pub struct Stats {
     pub half_open_max: u64,
     /// Half-open flows evicted (oldest first) to make room for newer ones.
     pub half_open_evicted: u64,
+    /// UDP flows and redirect records evicted (least recently seen first) to make room
+    /// in a full table.
+    pub idle_evicted: u64,
     /// Flows found in the pinned flow table at start (kept across the restart).
     pub flows_restored: u64,
     /// Per service.

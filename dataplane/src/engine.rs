@@ -67,6 +67,10 @@ pub struct EngineConfig {
     pub hash_seed: u64,
     /// Most half-open TCP flows held at once; 0: a quarter of `flow_capacity`.
     pub half_open_max: usize,
+    /// Most flows (and redirect records) one client address holds; 0: no quota.
+    pub source_flow_quota: usize,
+    /// Most flows (and redirect records) one client /24 holds; 0: no quota.
+    pub prefix_flow_quota: usize,
 }
 
 impl Default for EngineConfig {
@@ -77,6 +81,8 @@ impl Default for EngineConfig {
             recompute_pod_checksums: true,
             hash_seed: 0x6a75_6e65_6175,
             half_open_max: 0,
+            source_flow_quota: 0,
+            prefix_flow_quota: 0,
         }
     }
 }
@@ -194,8 +200,9 @@ pub struct Engine {
     pub missing: MissingNeighbours,
     /// Redirects between nodes (issue 12), when configured.
     redirect: Option<crate::redirect::Redirector>,
-    /// While a redirected packet is processed: the nodes it visited and its flags.
-    redirect_ctx: Option<(crate::redirect::HopList, u8)>,
+    /// While a redirected packet is processed: the nodes it visited, its flags and its
+    /// cookie.
+    redirect_ctx: Option<(crate::redirect::HopList, u8, u64)>,
     /// This worker's part of the XDP fast path, when the steering program runs.
     xdp: Option<crate::fast::FastPath>,
     /// Per flow record of this worker's table: the most a TCP segment towards the
@@ -234,6 +241,7 @@ impl Engine {
         if cfg.half_open_max > 0 {
             flows.set_half_open_max(cfg.half_open_max);
         }
+        flows.set_source_quotas(cfg.source_flow_quota, cfg.prefix_flow_quota);
         Engine {
             flows,
             table: ServiceTable::default(),
@@ -1024,6 +1032,9 @@ impl Engine {
                 match self.flows.insert(flow, l4.tcp_flags, now_ms) {
                     Ok(id) => (id, s, true),
                     Err(InsertError::Full) => return self.drop(DropReason::FlowTableFull, Some(s)),
+                    Err(InsertError::SourceOverQuota) => {
+                        return self.drop(DropReason::SourceOverQuota, Some(s))
+                    }
                 }
             }
         };
@@ -2596,6 +2607,59 @@ mod tests {
         assert_eq!(
             e.process(&mut icmp, Side::Pod(0), &nb, 1),
             Verdict::Drop(DropReason::NoFlow)
+        );
+    }
+
+    /// A flood of new UDP flows from one address (any number of source ports) holds at
+    /// most the address's quota of records, its /24 at most the /24's; the rest is
+    /// dropped as `source_over_quota`, other sources still open flows, and a source
+    /// gets its quota back as its flows end.
+    #[test]
+    fn a_source_holds_at_most_its_quota_of_flows() {
+        let nb = neighbours();
+        let mut e = Engine::new(EngineConfig {
+            flow_capacity: 1024,
+            source_flow_quota: 100,
+            prefix_flow_quota: 300,
+            ..Default::default()
+        });
+        update(&mut e, 1, &[B1]);
+        let udp_from = |e: &mut Engine, src: [u8; 4], port: u16, now: u64| {
+            let mut f = build(IPPROTO_UDP, src, port, VIP, 53, b"q");
+            e.process(&mut f, Side::Uplink, &nb, now)
+        };
+        for port in 0..1000u16 {
+            udp_from(&mut e, CLIENT, 10_000 + port, 0);
+        }
+        assert_eq!(e.flows().len(), 100);
+        assert_eq!(e.counters().drops_for(DropReason::SourceOverQuota), 900);
+        // Its neighbours in the /24 share the /24's quota.
+        for host in 2..10u8 {
+            for port in 0..100u16 {
+                udp_from(&mut e, [192, 0, 2, host], 10_000 + port, 0);
+            }
+        }
+        assert_eq!(e.flows().len(), 300);
+        // Another source still opens flows, TCP and UDP.
+        assert_eq!(
+            udp_from(&mut e, [198, 51, 100, 7], 1, 1),
+            Verdict::Tx(Side::Pod(0))
+        );
+        let mut s = tcp([198, 51, 100, 7], 2, VIP, 80, tcp_flags::SYN);
+        assert_eq!(
+            e.process(&mut s, Side::Uplink, &nb, 1),
+            Verdict::Tx(Side::Pod(0))
+        );
+        // Refused while at its quota, accepted once its flows have ended.
+        assert_eq!(
+            udp_from(&mut e, CLIENT, 20_000, 2),
+            Verdict::Drop(DropReason::SourceOverQuota)
+        );
+        let later = u64::from(Timeouts::default().udp_ms) + 1;
+        e.sweep(later, 1024);
+        assert_eq!(
+            udp_from(&mut e, CLIENT, 20_000, later),
+            Verdict::Tx(Side::Pod(0))
         );
     }
 

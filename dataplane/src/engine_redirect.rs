@@ -71,8 +71,11 @@ impl Engine {
                     return Some(self.drop(DropReason::RedirectNoPeer, None));
                 }
                 self.flows.touch_redirect(id, flags, now_ms);
-                let ask = self.redirect_ctx.is_some_and(|c| c.1 & FLAG_ASK != 0);
-                Some(self.send_to(owner, hops, ask, frame_len, key, nb))
+                let (ask, cookie) = match self.redirect_ctx {
+                    Some((_, f, c)) if f & FLAG_ASK != 0 => (true, c),
+                    _ => (false, 0),
+                };
+                Some(self.send_to(owner, hops, (ask, cookie), frame_len, key, nb))
             }
             Some(_) => None,
             None if syn_only => None,
@@ -103,7 +106,7 @@ impl Engine {
                 if !hops.push(me) || hops.contains(owner) {
                     return Some(self.drop(DropReason::RedirectNoPeer, None));
                 }
-                Some(self.send_to(owner, hops, false, frame_len, key, nb))
+                Some(self.send_to(owner, hops, (false, 0), frame_len, key, nb))
             }
             Some(_) => None,
             None => Some(self.redirect_unknown(false, frame_len, key, nb, now_ms)),
@@ -145,9 +148,11 @@ impl Engine {
         now_ms: u64,
     ) -> Option<Verdict> {
         let r = self.redirect.as_mut()?;
-        let (mut hops, ask) = match self.redirect_ctx {
-            Some((h, f)) => (h, f & FLAG_ASK != 0),
-            None => (HopList::new(), ask),
+        // A question keeps the first node's cookie; the first node makes it.
+        let (mut hops, ask, cookie) = match self.redirect_ctx {
+            Some((h, f, c)) => (h, f & FLAG_ASK != 0, c),
+            None if ask => (HopList::new(), true, r.cookie_for(key)),
+            None => (HopList::new(), false, 0),
         };
         let me = r.node();
         let h = hash_key(key, super::MAGLEV_HASH_SEED);
@@ -155,17 +160,18 @@ impl Engine {
             return None;
         }
         let peer = next_hop(r.peers_for(key.dst), me, &hops, h)?;
-        if !r.take_token(now_ms) {
-            return Some(self.drop(DropReason::RedirectRateLimited, None));
+        if let Err(empty) = r.take_token(key.src, now_ms) {
+            return Some(self.drop(empty, None));
         }
-        Some(self.send_to(peer, hops, ask, frame_len, key, nb))
+        Some(self.send_to(peer, hops, (ask, cookie), frame_len, key, nb))
     }
 
+    /// `question`: whether the first node wants a notice, and its cookie.
     fn send_to(
         &mut self,
         peer: u32,
         hops: HopList,
-        ask: bool,
+        question: (bool, u64),
         frame_len: usize,
         key: &FlowKey,
         nb: &Neighbours,
@@ -195,9 +201,10 @@ impl Engine {
             peer,
             macs: m,
             hops,
-            ask,
+            ask: question.0,
             frame_len,
             entropy: (h ^ (h >> 16)) as u16,
+            cookie: if question.0 { question.1 } else { 0 },
         });
         Verdict::Redirect
     }
@@ -247,15 +254,23 @@ impl Engine {
             dst_port: l4.dst_port,
             proto: v.protocol,
         });
-        self.redirect_ctx = Some((rx.hops, rx.flags));
+        self.redirect_ctx = Some((rx.hops, rx.flags, rx.cookie));
         let verdict = self.forward(inner, v, nb, now_ms);
         self.redirect_ctx = None;
         Some(match verdict {
             Verdict::Tx(side) => {
-                // Served here: this node owns the flow; tell the node that asked.
+                // Served here: this node owns the flow; tell the node that asked — if
+                // it is a peer of the VIP (the hop list is the sender's word: never
+                // send a notice where a stranger's hop list points).
                 if rx.flags & FLAG_ASK != 0 {
                     if let (Some(origin), Some(key)) = (rx.hops.origin(), key) {
-                        self.queue_notice(origin, key, nb);
+                        if self
+                            .redirect
+                            .as_ref()
+                            .is_some_and(|r| r.is_peer_of(key.dst, origin))
+                        {
+                            self.queue_notice(origin, key, rx.cookie, nb);
+                        }
                     }
                 }
                 Verdict::TxResized(side, len as u16)
@@ -265,7 +280,7 @@ impl Engine {
         })
     }
 
-    fn queue_notice(&mut self, to: u32, key: FlowKey, nb: &Neighbours) {
+    fn queue_notice(&mut self, to: u32, key: FlowKey, cookie: u64, nb: &Neighbours) {
         let m = match nb.resolve(to) {
             Resolve::Found {
                 side: Side::Uplink,
@@ -279,7 +294,12 @@ impl Engine {
             _ => return,
         };
         if let Some(r) = self.redirect.as_mut() {
-            r.queue_notice(Notice { to, macs: m, key });
+            r.queue_notice(Notice {
+                to,
+                macs: m,
+                key,
+                cookie,
+            });
         }
     }
 
@@ -293,6 +313,23 @@ impl Engine {
         if key.proto != packet::IPPROTO_TCP || !self.table.is_vip(key.dst) {
             return self.drop(DropReason::RedirectNotServed, None);
         }
+        let Some(r) = self.redirect.as_mut() else {
+            return self.drop(DropReason::RedirectNoticeRefused, None);
+        };
+        // Only a node asked about the VIP's flows may claim one (the outer source was
+        // checked against every peer; a peer of another VIP is not enough).
+        if !r.is_peer_of(key.dst, from) {
+            return self.drop(DropReason::RedirectNoticeRefused, None);
+        }
+        // Only the answer to a question this node asked (its cookie for the flow).
+        if rx.cookie != r.cookie_for(&key) {
+            return self.drop(DropReason::RedirectNoticeRefused, None);
+        }
+        // Charged like a question about the client (its /24's bucket, then the node's;
+        // the notice buckets).
+        if let Err(empty) = r.take_notice_token(key.src, now_ms) {
+            return self.drop(empty, None);
+        }
         match self.flows.lookup(&key, now_ms) {
             Some((id, Direction::Forward)) if self.flows.get(id).state() == FlowState::Redirect => {
                 if let Some(f) = self.flows.get_mut(id) {
@@ -301,11 +338,15 @@ impl Engine {
                 self.flows.touch_redirect(id, 0, now_ms);
             }
             Some(_) => {} // held here (or a conflicting reverse key): keep it
-            None => {
-                if self.flows.insert_redirect(&key, from, now_ms).is_err() {
-                    return self.drop(DropReason::FlowTableFull, None);
+            None => match self.flows.insert_redirect(&key, from, now_ms) {
+                Ok(_) => {}
+                Err(crate::flow::InsertError::Full) => {
+                    return self.drop(DropReason::FlowTableFull, None)
                 }
-            }
+                Err(crate::flow::InsertError::SourceOverQuota) => {
+                    return self.drop(DropReason::SourceOverQuota, None)
+                }
+            },
         }
         Verdict::Consumed
     }
@@ -421,6 +462,8 @@ mod tests {
             peers: if from_state { vec![] } else { NODES.to_vec() },
             rate_per_s: rate,
             burst: rate,
+            prefix_rate_per_s: rate,
+            prefix_burst: rate,
             node_from_state: from_state,
         }));
         e.set_services(ServiceTable::new(1, &state, &maglev));
@@ -482,9 +525,16 @@ mod tests {
                 .unwrap_or_default();
             for n in notices {
                 let mut buf = vec![0u8; 256];
-                let len =
-                    wire::build_notice(&mut buf, &n.macs, NODES[cur], n.to, DEFAULT_PORT, &n.key)
-                        .unwrap();
+                let len = wire::build_notice(
+                    &mut buf,
+                    &n.macs,
+                    NODES[cur],
+                    n.to,
+                    DEFAULT_PORT,
+                    &n.key,
+                    n.cookie,
+                )
+                .unwrap();
                 buf.truncate(len);
                 let to = NODES.iter().position(|x| *x == n.to).unwrap();
                 let nv = nodes[to].process(&mut buf, Side::Uplink, &nb, now);
@@ -630,12 +680,13 @@ mod tests {
             .sum();
         assert!(sent1 <= 76, "{sent1}");
         assert!(between <= 2 * 76, "{between}");
-        assert!(
-            nodes[1]
+        let limited = nodes[1]
+            .counters()
+            .drops_for(DropReason::RedirectRateLimited)
+            + nodes[1]
                 .counters()
-                .drops_for(DropReason::RedirectRateLimited)
-                >= 4900
-        );
+                .drops_for(DropReason::RedirectPrefixRateLimited);
+        assert!(limited >= 4900, "{limited}");
         assert_eq!(
             nodes[1].flows().len(),
             0,
@@ -662,6 +713,7 @@ mod tests {
             NODES[0],
             DEFAULT_PORT,
             &key,
+            1,
         )
         .unwrap();
         buf.truncate(n);
@@ -672,8 +724,16 @@ mod tests {
         assert_eq!(e.flows().len(), 0);
         // A malformed one from a peer.
         let mut buf = vec![0u8; 128];
-        let n =
-            wire::build_notice(&mut buf, &[0; 12], NODES[1], NODES[0], DEFAULT_PORT, &key).unwrap();
+        let n = wire::build_notice(
+            &mut buf,
+            &[0; 12],
+            NODES[1],
+            NODES[0],
+            DEFAULT_PORT,
+            &key,
+            1,
+        )
+        .unwrap();
         buf.truncate(n);
         buf[14 + 28] = b'X';
         assert_eq!(
@@ -694,6 +754,242 @@ mod tests {
                     )
             ),
             "{v:?}"
+        );
+    }
+
+    /// A notice from `from` to node `to` (engine `e`) that `from` owns `key`, with the
+    /// cookie of `e`'s question about it.
+    fn notice(e: &Engine, from: u32, to: u32, key: &FlowKey) -> Vec<u8> {
+        let cookie = e.redirect().unwrap().cookie_for(key);
+        notice_with_cookie(from, to, key, cookie)
+    }
+
+    fn notice_with_cookie(from: u32, to: u32, key: &FlowKey, cookie: u64) -> Vec<u8> {
+        let mut buf = vec![0u8; 128];
+        let n =
+            wire::build_notice(&mut buf, &[0; 12], from, to, DEFAULT_PORT, key, cookie).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    #[test]
+    fn a_notice_is_accepted_only_as_the_answer_to_a_question_of_this_node() {
+        let nb = nb();
+        let mut e = node2_with_split_peers();
+        let key = key_of(CLIENT, 40000);
+        let other = key_of(CLIENT, 40001);
+        let mine = e.redirect().unwrap().cookie_for(&key);
+        // No cookie, another flow's cookie, another node's cookie for this flow: refused.
+        let theirs = node(1, true, 100).redirect().unwrap().cookie_for(&key);
+        assert_ne!(theirs, mine);
+        for cookie in [
+            0,
+            e.redirect().unwrap().cookie_for(&other),
+            theirs,
+            mine ^ 1,
+        ] {
+            let mut n = notice_with_cookie(NODES[1], NODES[2], &key, cookie);
+            assert_eq!(
+                e.process(&mut n, Side::Uplink, &nb, 0),
+                Verdict::Drop(DropReason::RedirectNoticeRefused),
+                "cookie {cookie:#x}"
+            );
+        }
+        assert_eq!(e.flows().len(), 0);
+        // The cookie this node puts in its question about the flow: accepted.
+        let mut n = notice_with_cookie(NODES[1], NODES[2], &key, mine);
+        assert_eq!(e.process(&mut n, Side::Uplink, &nb, 1), Verdict::Consumed);
+        assert_eq!(e.flows().len(), 1);
+        // And that is the cookie its question carries.
+        let mut ack = tcp(40002, tcp_flags::ACK);
+        assert_eq!(e.process(&mut ack, Side::Uplink, &nb, 2), Verdict::Redirect);
+        let out = e.take_redirect().unwrap();
+        assert!(out.ask);
+        assert_eq!(
+            out.cookie,
+            e.redirect().unwrap().cookie_for(&key_of(CLIENT, 40002))
+        );
+    }
+
+    /// The live record of `key` (forward).
+    fn record(e: &Engine, key: &FlowKey) -> Option<crate::flow::FlowId> {
+        let raw = crate::flow::RawKey::from_key(key);
+        e.flows().find_live(&raw, Direction::Forward, 10)
+    }
+
+    fn key_of(client: u32, cport: u16) -> FlowKey {
+        FlowKey {
+            src: client,
+            dst: VIP,
+            src_port: cport,
+            dst_port: 80,
+            proto: packet::IPPROTO_TCP,
+        }
+    }
+
+    /// `e` with per-/24 buckets of `prefix` tokens per second and of burst.
+    fn with_prefix_rate(mut e: Engine, prefix: u32) -> Engine {
+        let mut cfg = e.redirect().unwrap().config().clone();
+        cfg.prefix_rate_per_s = prefix;
+        cfg.prefix_burst = prefix;
+        e.set_redirect(Redirector::new(cfg));
+        e
+    }
+
+    /// A second VIP whose only peer is node 0.
+    const VIP2: u32 = 0x0ac8_000b;
+
+    /// Node 2 with VIP's only peer node 1, and node 0 a peer of VIP2 only.
+    fn node2_with_split_peers() -> Engine {
+        let mut e = with_prefix_rate(node_with(2, true, 100, true), 25);
+        e.redirect_mut().unwrap().set_from_state(&Redirects {
+            node_address: Some(NODES[2].into()),
+            vips: vec![
+                VipRedirectPeers {
+                    vip: VIP.into(),
+                    nodes: vec![NODES[1].into()],
+                },
+                VipRedirectPeers {
+                    vip: VIP2.into(),
+                    nodes: vec![NODES[0].into()],
+                },
+            ],
+        });
+        assert!(e.redirect().unwrap().is_peer(NODES[0]));
+        e
+    }
+
+    #[test]
+    fn a_notice_is_accepted_only_from_a_peer_of_its_vip() {
+        let nb = nb();
+        let mut e = node2_with_split_peers();
+        let key = key_of(CLIENT, 40000);
+        let mut n = notice(&e, NODES[0], NODES[2], &key);
+        assert_eq!(
+            e.process(&mut n, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::RedirectNoticeRefused)
+        );
+        assert_eq!(
+            e.flows().len(),
+            0,
+            "no record from a node that is no peer of VIP"
+        );
+        let mut n = notice(&e, NODES[1], NODES[2], &key);
+        assert_eq!(e.process(&mut n, Side::Uplink, &nb, 1), Verdict::Consumed);
+        let id = record(&e, &key).expect("a redirect record");
+        assert_eq!(e.flows().get(id).backend, NODES[1]);
+        // Nor can such a node re-point the record.
+        let mut n = notice(&e, NODES[0], NODES[2], &key);
+        assert_eq!(
+            e.process(&mut n, Side::Uplink, &nb, 3),
+            Verdict::Drop(DropReason::RedirectNoticeRefused)
+        );
+        let id = record(&e, &key).unwrap();
+        assert_eq!(e.flows().get(id).backend, NODES[1]);
+    }
+
+    /// A packet of `client:cport` → VIP:80 with `flags`.
+    fn tcp_from(client: u32, cport: u16, flags: u8) -> Vec<u8> {
+        let mut f = tcp(cport, flags);
+        f[26..30].copy_from_slice(&client.to_be_bytes());
+        f[24..26].copy_from_slice(&[0, 0]);
+        let c = packet::ipv4_header_checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f
+    }
+
+    #[test]
+    fn a_notice_is_sent_only_to_a_first_hop_that_is_a_peer_of_the_vip() {
+        let nb = nb();
+        let mut nodes = vec![node(0, true, 100), node(1, true, 100), node(2, true, 100)];
+        assert_eq!(run(&mut nodes, 0, tcp(40000, tcp_flags::SYN), 0).0, Some(0));
+        // Node 1 (a peer) passes on a question whose first hop is a stranger.
+        let stranger = 0x0a01_0063;
+        let orig = tcp(40000, tcp_flags::ACK);
+        let mut buf = orig.clone();
+        buf.resize(4096, 0);
+        let out = RedirectOut {
+            peer: NODES[0],
+            macs: [0; 12],
+            hops: HopList::from_slice(&[stranger, NODES[1]]).unwrap(),
+            ask: true,
+            frame_len: orig.len(),
+            entropy: 1,
+            cookie: 7,
+        };
+        let len = wire::encapsulate(&mut buf, &out, NODES[1], DEFAULT_PORT, 1600).unwrap();
+        buf.truncate(len);
+        let v = nodes[0].process(&mut buf, Side::Uplink, &nb, 1);
+        assert!(
+            matches!(v, Verdict::TxResized(Side::Pod(_), _)),
+            "{v:?}: served"
+        );
+        let sent = nodes[0].redirect_mut().unwrap().take_notices().count();
+        assert_eq!(sent, 0, "no notice to a first hop that is no peer");
+    }
+
+    #[test]
+    fn a_flood_from_one_prefix_leaves_redirects_for_other_prefixes() {
+        let mut nodes: Vec<Engine> = (0..3)
+            .map(|i| with_prefix_rate(node(i, true, 100), 25))
+            .collect();
+        // A client of another /24 opens a connection through node 0.
+        let other = 0xc633_6407;
+        assert_eq!(
+            run(&mut nodes, 0, tcp_from(other, 5000, tcp_flags::SYN), 0).0,
+            Some(0)
+        );
+        // Random ACKs from CLIENT's /24 reach node 2 for 500 ms.
+        for i in 0..5000u16 {
+            let src = CLIENT & !0xff | u32::from(i % 200);
+            run(
+                &mut nodes,
+                2,
+                tcp_from(src, i, tcp_flags::ACK),
+                u64::from(i) / 10,
+            );
+        }
+        assert!(
+            nodes[2]
+                .counters()
+                .drops_for(DropReason::RedirectPrefixRateLimited)
+                >= 4900
+        );
+        // The other client's connection moves to node 2: still found.
+        let (served, _) = run(&mut nodes, 2, tcp_from(other, 5000, tcp_flags::ACK), 500);
+        assert_eq!(served, Some(0));
+    }
+
+    #[test]
+    fn notices_are_charged_and_their_records_make_room_for_new_flows() {
+        let nb = nb();
+        let mut e = node2_with_split_peers();
+        // A burst of notices from a peer of the VIP (a compromised one, or a forged
+        // source) about many clients of one /24: at most its prefix's burst becomes records.
+        for p in 0..1000u16 {
+            let key = key_of(CLIENT, p);
+            let mut n = notice(&e, NODES[1], NODES[2], &key);
+            e.process(&mut n, Side::Uplink, &nb, 0);
+        }
+        let held = e.flows().len();
+        assert!(held <= 25, "{held} records");
+        assert!(
+            e.counters()
+                .drops_for(DropReason::RedirectPrefixRateLimited)
+                >= 975
+        );
+        // Over time, notices about every prefix fill the table with records...
+        for p in 0..5000u32 {
+            let key = key_of(0x0b00_0000 + (p << 8), 1);
+            let mut n = notice(&e, NODES[1], NODES[2], &key);
+            e.process(&mut n, Side::Uplink, &nb, 1000 + u64::from(p) * 20);
+        }
+        assert_eq!(e.flows().len(), e.flows().capacity());
+        // ...yet a new connection still gets a flow: records are displaced first.
+        let mut syn = tcp_from(0xc633_6408, 1, tcp_flags::SYN);
+        assert_eq!(
+            e.process(&mut syn, Side::Uplink, &nb, 200_000),
+            Verdict::Tx(Side::Pod(0))
         );
     }
 
@@ -810,6 +1106,8 @@ mod tests {
             peers: vec![],
             rate_per_s: 100,
             burst: 100,
+            prefix_rate_per_s: 100,
+            prefix_burst: 100,
             node_from_state: true,
         }));
         assert!(

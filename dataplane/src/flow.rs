@@ -405,7 +405,55 @@ pub enum InsertError {
     /// practice).
     #[error("flow table full")]
     Full,
+    /// The client's address, or its /24, already holds its quota of flows
+    /// ([`FlowTable::set_source_quotas`]).
+    #[error("source over its flow quota")]
+    SourceOverQuota,
 }
+
+/// "Not linked" in [`Idle`]'s lists.
+const NIL: u32 = u32::MAX;
+
+/// Flows a flood may displace — UDP flows and redirect records, which no handshake
+/// vouches for — in a doubly linked list over record numbers, least recently queued
+/// first (private memory, 13 bytes per record). A record is queued when inserted; when
+/// the table is full, [`FlowTable::insert`] evicts from the head, but a record seen
+/// since it was queued (its expiry was pushed out, by userspace or by the XDP fast
+/// path) gets a second chance at the tail: an approximation of least recently seen
+/// first that costs nothing on the packet path.
+#[derive(Debug)]
+struct Idle {
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    /// When the record was (re)queued, ms (its last-seen time then).
+    queued: Vec<u32>,
+    linked: Vec<bool>,
+    head: u32,
+    tail: u32,
+    /// Records evicted to make room (not timed out).
+    evicted: u64,
+}
+
+/// Flows held per client address and per client /24, counted in two fixed arrays of
+/// counters indexed by a seeded hash (bounded memory, 2 × [`QUOTA_BUCKETS`] × 4 bytes;
+/// two sources that share a bucket share its quota).
+#[derive(Debug)]
+struct Quotas {
+    per_addr: Vec<u32>,
+    per_prefix: Vec<u32>,
+    /// Most flows per address and per /24 (`u32::MAX`: no quota).
+    addr_max: u32,
+    prefix_max: u32,
+    /// New flows refused because their source was at its quota.
+    refused: u64,
+}
+
+/// Counters per table in each of [`Quotas`]' arrays.
+pub const QUOTA_BUCKETS: usize = 1 << 16;
+
+/// Most records [`FlowTable::insert`] sends back to the tail (seen since queued) before
+/// it evicts the head anyway.
+const IDLE_SECOND_CHANCES: usize = 64;
 
 /// Half-open TCP flows, oldest first: `(record, serial)`; an entry is current while its
 /// record is half-open with that serial (a record that completed its handshake or was
@@ -442,6 +490,8 @@ pub struct FlowTable {
     timeouts: Timeouts,
     live: usize,
     half_open: HalfOpen,
+    idle: Idle,
+    quotas: Quotas,
     /// This table's number in its group, and the group's size (one table per
     /// forwarding worker; 0 and 1 for a lone table).
     table: u32,
@@ -697,6 +747,22 @@ impl FlowTable {
                 next_serial: 1,
                 evicted: 0,
             },
+            idle: Idle {
+                prev: vec![NIL; capacity],
+                next: vec![NIL; capacity],
+                queued: vec![0; capacity],
+                linked: vec![false; capacity],
+                head: NIL,
+                tail: NIL,
+                evicted: 0,
+            },
+            quotas: Quotas {
+                per_addr: vec![0; QUOTA_BUCKETS],
+                per_prefix: vec![0; QUOTA_BUCKETS],
+                addr_max: u32::MAX,
+                prefix_max: u32::MAX,
+                refused: 0,
+            },
         }
     }
 
@@ -914,6 +980,7 @@ impl FlowTable {
         self.free.clear();
         let now = now_ms as u32;
         let mut half_open = Vec::new();
+        let mut idle = Vec::new();
         let mut expired = 0;
         for id in (0..self.flows.len()).rev() {
             let f = &mut self.flows[id];
@@ -933,6 +1000,9 @@ impl FlowTable {
             if f.state().is_half_open() {
                 half_open.push((f.expires.wrapping_sub(now), id as u32));
             }
+            if Self::displaceable(f.state()) {
+                idle.push((self.last_seen(&f).wrapping_sub(now) as i32, id as u32));
+            }
             let Some((a, b)) = self.free_positions(&f) else {
                 // Cannot happen at a load factor ≤ 0.5; drop the flow rather than
                 // index it beyond the reader's probe bound.
@@ -943,8 +1013,13 @@ impl FlowTable {
             self.index[a.0] = Self::make_slot(a.1, id as u32, Direction::Forward);
             self.index[b.0] = Self::make_slot(b.1, id as u32, Direction::Reverse);
             self.live += 1;
+            self.count_source(f.client, 1);
         }
         self.end_move();
+        idle.sort_unstable();
+        for (ago, id) in idle {
+            self.idle_push(id, now.wrapping_add(ago as u32));
+        }
         // After the move: queueing may evict (a smaller budget than the last run's).
         half_open.sort_unstable();
         for (_, id) in half_open {
@@ -996,6 +1071,151 @@ impl FlowTable {
         self.half_open.evicted
     }
 
+    /// UDP flows and redirect records evicted to make room in a full table (not timed
+    /// out), least recently seen first.
+    pub fn idle_evicted(&self) -> u64 {
+        self.idle.evicted
+    }
+
+    /// Sets the most flows (and redirect records) one client address and one client /24
+    /// may hold in this table; beyond it [`FlowTable::insert`] refuses new ones
+    /// ([`InsertError::SourceOverQuota`]). `0`: no quota.
+    pub fn set_source_quotas(&mut self, per_addr: usize, per_prefix: usize) {
+        let q = |n: usize| {
+            if n == 0 {
+                u32::MAX
+            } else {
+                n.min(u32::MAX as usize) as u32
+            }
+        };
+        self.quotas.addr_max = q(per_addr);
+        self.quotas.prefix_max = q(per_prefix);
+    }
+
+    /// The quotas in force (per address, per /24; `u32::MAX`: none).
+    pub fn source_quotas(&self) -> (u32, u32) {
+        (self.quotas.addr_max, self.quotas.prefix_max)
+    }
+
+    /// New flows refused because their source was at its quota.
+    pub fn source_refused(&self) -> u64 {
+        self.quotas.refused
+    }
+
+    /// The quota counters of a client address: (its address's, its /24's).
+    fn quota_buckets(&self, client: u32) -> (usize, usize) {
+        let h = |x: u64| (fmix64(x ^ self.seed2) as usize) & (QUOTA_BUCKETS - 1);
+        (h(u64::from(client)), h(u64::from(client >> 8) | 1 << 40))
+    }
+
+    /// Adds `delta` (±1) to a client's counters.
+    fn count_source(&mut self, client: u32, delta: i32) {
+        let b = self.quota_buckets(client);
+        self.count_buckets(b, delta);
+    }
+
+    fn count_buckets(&mut self, (a, p): (usize, usize), delta: i32) {
+        let q = &mut self.quotas;
+        q.per_addr[a] = q.per_addr[a].wrapping_add_signed(delta);
+        q.per_prefix[p] = q.per_prefix[p].wrapping_add_signed(delta);
+    }
+
+    /// A client's counters if it may have one more flow.
+    fn source_within_quota(&mut self, client: u32) -> Option<(usize, usize)> {
+        let (a, p) = self.quota_buckets(client);
+        let q = &mut self.quotas;
+        if q.per_addr[a] >= q.addr_max || q.per_prefix[p] >= q.prefix_max {
+            q.refused += 1;
+            return None;
+        }
+        Some((a, p))
+    }
+
+    /// Flows a flood may displace: UDP (and other non-TCP) flows and redirect records.
+    fn displaceable(s: FlowState) -> bool {
+        matches!(s, FlowState::Udp | FlowState::Redirect)
+    }
+
+    /// When a record was last seen, ms: its expiry minus the timeout its state gives.
+    fn last_seen(&self, f: &Flow) -> u32 {
+        let t = match (f.state(), f.slot) {
+            (FlowState::Redirect, 1) => self.timeouts.tcp_fin_ms,
+            (FlowState::Redirect, 2) => self.timeouts.tcp_rst_ms,
+            (s, _) => self.timeout_of(s),
+        };
+        f.expires.wrapping_sub(t)
+    }
+
+    fn idle_push(&mut self, id: FlowId, now: u32) {
+        let l = &mut self.idle;
+        let i = id as usize;
+        l.prev[i] = l.tail;
+        l.next[i] = NIL;
+        l.queued[i] = now;
+        l.linked[i] = true;
+        if l.tail == NIL {
+            l.head = id;
+        } else {
+            l.next[l.tail as usize] = id;
+        }
+        l.tail = id;
+    }
+
+    fn idle_unlink(&mut self, id: FlowId) {
+        let l = &mut self.idle;
+        let i = id as usize;
+        if !l.linked[i] {
+            return;
+        }
+        let (p, n) = (l.prev[i], l.next[i]);
+        if p == NIL {
+            l.head = n;
+        } else {
+            l.next[p as usize] = n;
+        }
+        if n == NIL {
+            l.tail = p;
+        } else {
+            l.prev[n as usize] = p;
+        }
+        l.linked[i] = false;
+    }
+
+    /// Evicts the UDP flow or redirect record seen least recently (approximately: see
+    /// [`Idle`]). Returns whether one was.
+    fn evict_least_recent_idle(&mut self) -> bool {
+        for chance in 0..=IDLE_SECOND_CHANCES {
+            let id = self.idle.head;
+            if id == NIL {
+                return false;
+            }
+            let f = self.flows[id as usize];
+            let seen = self.last_seen(&f);
+            let seen_since = (seen.wrapping_sub(self.idle.queued[id as usize]) as i32) > 0;
+            if seen_since && chance < IDLE_SECOND_CHANCES {
+                self.idle_unlink(id);
+                self.idle_push(id, seen);
+                continue;
+            }
+            self.remove(id);
+            self.idle.evicted += 1;
+            return true;
+        }
+        false
+    }
+
+    /// Makes room for one more record in a full table: an expired record (a bounded
+    /// sweep), else the least recently seen UDP flow or redirect record, else the
+    /// oldest half-open flow; never an established TCP flow.
+    fn make_room(&mut self, now_ms: u64) {
+        if self.free.is_empty() {
+            self.sweep(now_ms, 256);
+        }
+        if self.free.is_empty() && !self.evict_least_recent_idle() {
+            self.evict_oldest_half_open();
+        }
+    }
+
     /// Gives the table's memory back (to open it again, as a restarted process does).
     pub fn into_regions(self) -> SharedRegions {
         SharedRegions {
@@ -1018,6 +1238,8 @@ impl FlowTable {
             + self.free.capacity() * 4
             + self.half_open.queue.capacity() * 8
             + self.half_open.serial.len() * 4
+            + self.idle.prev.len() * 13
+            + self.quotas.per_addr.len() * 8
     }
 
     /// Maximum number of flows.
@@ -1261,12 +1483,10 @@ impl FlowTable {
         tcp_flags: u8,
         now_ms: u64,
     ) -> Result<FlowId, InsertError> {
-        if self.free.is_empty() {
-            self.sweep(now_ms, 256);
-        }
-        if self.free.is_empty() {
-            self.evict_oldest_half_open();
-        }
+        let Some(buckets) = self.source_within_quota(flow.client) else {
+            return Err(InsertError::SourceOverQuota);
+        };
+        self.make_room(now_ms);
         let Some(&id) = self.free.last() else {
             return Err(InsertError::Full);
         };
@@ -1296,8 +1516,11 @@ impl FlowTable {
         self.index
             .store_release(b.0, Self::make_slot(b.1, id, Direction::Reverse));
         self.live += 1;
+        self.count_buckets(buckets, 1);
         if flow.state().is_half_open() {
             self.half_open_push(id);
+        } else if Self::displaceable(flow.state()) {
+            self.idle_push(id, now_ms as u32);
         }
         Ok(id)
     }
@@ -1327,12 +1550,10 @@ impl FlowTable {
             0,
             UNCHECKED_GENERATION,
         );
-        if self.free.is_empty() {
-            self.sweep(now_ms, 256);
-        }
-        if self.free.is_empty() {
-            self.evict_oldest_half_open();
-        }
+        let Some(buckets) = self.source_within_quota(flow.client) else {
+            return Err(InsertError::SourceOverQuota);
+        };
+        self.make_room(now_ms);
         let Some(&id) = self.free.last() else {
             return Err(InsertError::Full);
         };
@@ -1348,6 +1569,8 @@ impl FlowTable {
         self.index
             .store_release(b.0, Self::make_slot(b.1, id, Direction::Reverse));
         self.live += 1;
+        self.count_buckets(buckets, 1);
+        self.idle_push(id, now_ms as u32);
         Ok(id)
     }
 
@@ -1599,6 +1822,9 @@ impl FlowTable {
         if self.half_open.serial[id as usize] != 0 {
             self.left_half_open(id);
         }
+        self.idle_unlink(id);
+        let client = self.flows[id as usize].client;
+        self.count_source(client, -1);
         self.free.push(id);
         self.live -= 1;
     }
@@ -1785,6 +2011,56 @@ mod tests {
         assert_eq!(t.half_open_evicted(), 1);
     }
 
+    /// A UDP flood (one new 5-tuple per packet, each seen once) fills the table: a new
+    /// SYN and new UDP flows still get a record, by evicting the UDP flow seen least
+    /// recently, while established TCP flows and a UDP flow that keeps talking stay.
+    #[test]
+    fn a_udp_flood_is_evicted_least_recently_seen_first_never_established_tcp() {
+        let to = Timeouts::default();
+        let mut t = FlowTable::new(64, to, 5);
+        let udp =
+            |client: u32, port: u16| Flow::new(client, port, 2, 53, 3, 5353, IPPROTO_UDP, 0, 0);
+        // Eight established connections, one chatty UDP flow.
+        for c in 0..8 {
+            t.insert(flow(100 + c, 1, 9), tcp_flags::ACK, 0).unwrap();
+        }
+        let chatty = udp(7, 7);
+        let chatty_id = t.insert(chatty, 0, 0).unwrap();
+        // The flood: one datagram per new source port, 1 ms apart, ten times the table.
+        for i in 0..640u64 {
+            let now = 1 + i;
+            t.insert(udp(0x0a00_0001, i as u16), 0, now)
+                .unwrap_or_else(|e| panic!("datagram {i}: {e}"));
+            if i % 8 == 0 {
+                t.touch(chatty_id, Direction::Reverse, 0, now);
+            }
+        }
+        let now = 641;
+        for c in 0..8 {
+            assert!(
+                t.lookup(&fwd(&flow(100 + c, 1, 9)), now).is_some(),
+                "established {c}"
+            );
+        }
+        assert_eq!(
+            t.lookup(&chatty.key(Direction::Forward), now).map(|x| x.0),
+            Some(chatty_id)
+        );
+        // The newest flood flows are held, the oldest were evicted.
+        assert!(t
+            .lookup(&udp(0x0a00_0001, 639).key(Direction::Forward), now)
+            .is_some());
+        assert!(t
+            .lookup(&udp(0x0a00_0001, 0).key(Direction::Forward), now)
+            .is_none());
+        // A new connection still gets a record.
+        let syn = flow(200, 1, 9);
+        t.insert(syn, tcp_flags::SYN, now).unwrap();
+        assert!(t.lookup(&fwd(&syn), now).is_some());
+        assert!(t.idle_evicted() >= 640 - 64);
+        assert_eq!(t.len(), 64);
+    }
+
     #[test]
     fn sweep_is_bounded_and_removes_expired() {
         let to = Timeouts::default();
@@ -1833,9 +2109,10 @@ mod tests {
         let n = 1 << 20;
         let mut t = FlowTable::new(n, Timeouts::default(), 42);
         // 68 bytes of records, index and free stack, plus 4 of half-open serial and
-        // 8 per queue entry for a quarter of the flows.
+        // 8 per queue entry for a quarter of the flows, 13 of the idle list, and the
+        // quota counters' fixed 512 KiB (0.5 per flow here).
         assert!(
-            t.memory_bytes() >= n * 74 && t.memory_bytes() <= n * 75,
+            t.memory_bytes() >= n * 87 && t.memory_bytes() <= n * 88,
             "{}",
             t.memory_bytes()
         );
@@ -1944,6 +2221,51 @@ mod tests {
             index: Region::heap(crate::steering::index_slots(capacity), 0u64),
             records: Region::heap(capacity, Flow::new(0, 0, 0, 0, 0, 0, 0, 0, 0)),
         }
+    }
+
+    /// A restart keeps what the flood defences know: the UDP flows found again are
+    /// displaceable (least recently seen first) and count towards their source's quota.
+    #[test]
+    fn a_table_found_again_keeps_its_displaceable_flows_and_source_counts() {
+        let to = Timeouts::default();
+        let udp = |c: u32, p: u16| {
+            Flow::new(
+                c,
+                p,
+                0xcb00710a,
+                53,
+                9,
+                5353,
+                crate::packet::IPPROTO_UDP,
+                0,
+                1,
+            )
+        };
+        let (mut t, _) = FlowTable::open_shared(heap_regions(4), to, 77, 1000);
+        t.insert(flow(1, 1, 9), tcp_flags::ACK, 1000).unwrap();
+        t.insert(udp(5, 2), 0, 1001).unwrap();
+        t.insert(udp(5, 1), 0, 1000).unwrap();
+        t.insert(flow(2, 1, 9), tcp_flags::ACK, 1000).unwrap();
+        let (mut t2, _) = FlowTable::open_shared(t.into_regions(), to, 1, 2000);
+        assert_eq!(t2.len(), 4);
+        t2.set_source_quotas(2, 0);
+        assert_eq!(
+            t2.insert(udp(5, 3), 0, 2000),
+            Err(InsertError::SourceOverQuota)
+        );
+        // Full: a SYN displaces the UDP flow seen least recently, nothing else.
+        t2.insert(flow(3, 1, 9), tcp_flags::SYN, 2000).unwrap();
+        assert!(t2
+            .lookup(&udp(5, 1).key(Direction::Forward), 2000)
+            .is_none());
+        assert!(t2
+            .lookup(&udp(5, 2).key(Direction::Forward), 2000)
+            .is_some());
+        for c in [1, 2] {
+            assert!(t2.lookup(&fwd(&flow(c, 1, 9)), 2000).is_some());
+        }
+        // And the source is below its quota again.
+        assert!(t2.insert(udp(5, 3), 0, 2001).is_ok());
     }
 
     #[test]

@@ -74,7 +74,7 @@ fn gauge(r: &mut Registry, name: &str, help: &str, v: u64) {
 
 /// Registers every series of `st` (names: `docs/dataplane.md`, "Counters and metrics").
 pub fn register_stats(r: &mut Registry, st: &Stats) {
-    let counters: [(&str, &str, u64); 17] = [
+    let counters: [(&str, &str, u64); 18] = [
         (
             "juneau_dataplane_rx_packets",
             "Frames received from AF_XDP sockets",
@@ -159,6 +159,11 @@ pub fn register_stats(r: &mut Registry, st: &Stats) {
             "juneau_dataplane_half_open_evicted",
             "Half-open TCP flows evicted, oldest first, to make room for newer ones",
             st.half_open_evicted,
+        ),
+        (
+            "juneau_dataplane_idle_evicted",
+            "UDP flows and redirect records evicted, least recently seen first, to make room in a full flow table",
+            st.idle_evicted,
         ),
     ];
     for (name, help, v) in counters {

@@ -27,6 +27,7 @@
 
 use serde::Serialize;
 
+use crate::counters::DropReason;
 use crate::flow::FlowKey;
 
 /// Most nodes a redirected packet visits (the sender included); also the most
@@ -181,6 +182,11 @@ pub struct RedirectConfig {
     pub rate_per_s: u32,
     /// Burst of such redirects.
     pub burst: u32,
+    /// Of those, at most this many per second about clients of one /24 (and notices
+    /// about them), so that a flood from one prefix cannot take the whole bucket.
+    pub prefix_rate_per_s: u32,
+    /// Burst of those per /24.
+    pub prefix_burst: u32,
     /// Take this node's address from the node state (the agent publishes it,
     /// [`juneau_control::model::Redirects::node_address`]) instead of `node`; `node` is 0
     /// until the state gives one, and redirects stay off until then.
@@ -207,6 +213,8 @@ pub struct RedirectOut {
     pub frame_len: usize,
     /// Source-port entropy for the node network's own ECMP.
     pub entropy: u16,
+    /// The first node's cookie for the flow when it asks for a notice, else 0.
+    pub cookie: u64,
 }
 
 /// An "I own this flow" notice to send to `to` (the node that asked).
@@ -218,17 +226,35 @@ pub struct Notice {
     pub macs: [u8; 12],
     /// The flow's forward key (client → VIP).
     pub key: FlowKey,
+    /// The question's cookie, echoed.
+    pub cookie: u64,
 }
 
 /// Most notices queued between two batches; more are not sent (the asker asks again
 /// with its next packet, within its bucket).
 pub const MAX_NOTICES: usize = 64;
 
+/// The key of every worker's [`Redirector::cookie_for`] (random per process).
+static COOKIE_KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+    std::sync::OnceLock::new();
+
+/// Token buckets per client /24 (hashed with a per-process key into this many).
+pub const PREFIX_BUCKETS: usize = 1024;
+
 /// This node's redirect state.
 #[derive(Debug, Clone)]
 pub struct Redirector {
     cfg: RedirectConfig,
     bucket: TokenBucket,
+    /// [`PREFIX_BUCKETS`] buckets, one per hash of a client /24.
+    prefix_buckets: Vec<TokenBucket>,
+    /// The same for notices received (so that answers never take the tokens of
+    /// questions, nor a flood of notices those of questions).
+    notice_bucket: TokenBucket,
+    notice_prefix_buckets: Vec<TokenBucket>,
+    /// Key of the /24 hash (random per process, so that no one can aim a flood at
+    /// another prefix's bucket).
+    prefix_key: std::collections::hash_map::RandomState,
     /// Per VIP (sorted by VIP): the nodes the agent published for it, then the static
     /// `--redirect-peer` ones not among them.
     vip_peers: Vec<(u32, Vec<u32>)>,
@@ -263,6 +289,16 @@ impl Redirector {
         }
         let mut r = Redirector {
             bucket: TokenBucket::new(cfg.rate_per_s, cfg.burst),
+            prefix_buckets: vec![
+                TokenBucket::new(cfg.prefix_rate_per_s, cfg.prefix_burst);
+                PREFIX_BUCKETS
+            ],
+            notice_bucket: TokenBucket::new(cfg.rate_per_s, cfg.burst),
+            notice_prefix_buckets: vec![
+                TokenBucket::new(cfg.prefix_rate_per_s, cfg.prefix_burst);
+                PREFIX_BUCKETS
+            ],
+            prefix_key: std::collections::hash_map::RandomState::new(),
             vip_peers: Vec::new(),
             all_peers: Vec::new(),
             counters: Vec::new(),
@@ -397,9 +433,64 @@ impl Redirector {
         self.counters.iter().copied()
     }
 
-    /// Takes a token for a packet of an unknown flow.
-    pub fn take_token(&mut self, now_ms: u64) -> bool {
-        self.bucket.take(now_ms)
+    /// Takes a token for a packet of an unknown flow from `client`: one of the
+    /// client's /24 first, then one of the node's. `Err` names the bucket that was empty.
+    pub fn take_token(&mut self, client: u32, now_ms: u64) -> Result<(), DropReason> {
+        let i = self.prefix_of(client);
+        Self::take_two(&mut self.prefix_buckets[i], &mut self.bucket, now_ms)
+    }
+
+    /// The same for a notice received about a flow of `client`, from the notice
+    /// buckets (same rates).
+    pub fn take_notice_token(&mut self, client: u32, now_ms: u64) -> Result<(), DropReason> {
+        let i = self.prefix_of(client);
+        Self::take_two(
+            &mut self.notice_prefix_buckets[i],
+            &mut self.notice_bucket,
+            now_ms,
+        )
+    }
+
+    fn prefix_of(&self, client: u32) -> usize {
+        use std::hash::BuildHasher;
+        self.prefix_key.hash_one(client >> 8) as usize % PREFIX_BUCKETS
+    }
+
+    fn take_two(
+        prefix: &mut TokenBucket,
+        node: &mut TokenBucket,
+        now_ms: u64,
+    ) -> Result<(), DropReason> {
+        if !prefix.take(now_ms) {
+            return Err(DropReason::RedirectPrefixRateLimited);
+        }
+        if !node.take(now_ms) {
+            return Err(DropReason::RedirectRateLimited);
+        }
+        Ok(())
+    }
+
+    /// This node's cookie for a question about `key`: a keyed hash (SipHash-1-3 under a
+    /// key random per process, shared by its workers) of this node's address and the
+    /// flow; never 0. A notice is accepted only with the cookie of its flow.
+    pub fn cookie_for(&self, key: &FlowKey) -> u64 {
+        use std::hash::BuildHasher;
+        let k = COOKIE_KEY.get_or_init(std::collections::hash_map::RandomState::new);
+        k.hash_one((
+            self.cfg.node,
+            key.src,
+            key.dst,
+            key.src_port,
+            key.dst_port,
+            key.proto,
+        ))
+        .max(1)
+    }
+
+    /// Whether `addr` is one of the nodes asked about flows to `vip` (a notice about
+    /// such a flow is accepted only from one, and sent only to one).
+    pub fn is_peer_of(&self, vip: u32, addr: u32) -> bool {
+        addr != 0 && addr != self.cfg.node && self.peers_for(vip).contains(&addr)
     }
 
     /// Queues a notice; `false` if the queue is full.
@@ -437,6 +528,8 @@ mod tests {
             peers: vec![u32::from(ip(20)), u32::from(ip(11))],
             rate_per_s: 100,
             burst: 10,
+            prefix_rate_per_s: 100,
+            prefix_burst: 10,
             node_from_state: true,
         };
         let published = Redirects {

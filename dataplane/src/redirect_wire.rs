@@ -2,14 +2,21 @@
 //!
 //! ```text
 //! Ethernet | IPv4 (node → node, DF, TTL 64, proto 17) | UDP (→ redirect port, checksum 0)
-//!          | header: "JR" | version 1 | kind | flags | hop count n | 0 0 | n × IPv4 address
+//!          | header: "JR" | version 2 | kind | flags | hop count n | 0 0 | cookie (8 bytes)
+//!          | n × IPv4 address
 //!          | kind 1 (packet): the original IPv4 packet, unchanged
 //!          | kind 2 (notice): client, VIP (4 bytes each), client port, VIP port (2 each),
 //!            protocol, 3 zero bytes — "the sender of this notice owns this flow"
 //! ```
 //!
+//! The cookie (version 2, issue 25) is the first node's: a keyed hash of the flow it
+//! asks about, carried unchanged by the nodes that pass the question on and echoed by
+//! the owner in its notice, which the first node accepts only if the cookie is the one
+//! it would compute (so a notice answers a question it asked). 0 when no notice is
+//! wanted. Version 1 (no cookie) is refused as malformed.
+//!
 //! The header grows by 4 bytes per visited node (at most [`MAX_HOPS`]), so a packet
-//! gains 28 + 8 + 4 × hops ≤ 68 bytes: the node network's MTU must exceed the clients'
+//! gains 28 + 16 + 4 × hops ≤ 76 bytes: the node network's MTU must exceed the clients'
 //! by that much (docs/dataplane.md, "Redirects between nodes"). The UDP checksum is 0
 //! (allowed for IPv4, RFC 768): the inner packet keeps its own checksums.
 //!
@@ -21,8 +28,8 @@ use crate::redirect::{HopList, RedirectOut, MAX_HOPS};
 
 /// First bytes of the header.
 pub const MAGIC: [u8; 2] = *b"JR";
-/// Header version.
-pub const VERSION: u8 = 1;
+/// Header version (2: with the cookie).
+pub const VERSION: u8 = 2;
 /// Kind: an encapsulated packet.
 pub const KIND_PACKET: u8 = 1;
 /// Kind: an "I own this flow" notice.
@@ -31,8 +38,8 @@ pub const KIND_NOTICE: u8 = 2;
 pub const FLAG_ASK: u8 = 1;
 /// Outer IPv4 + UDP header bytes.
 pub const OUTER: usize = 20 + 8;
-/// Fixed part of the header.
-pub const FIXED: usize = 8;
+/// Fixed part of the header (with the cookie).
+pub const FIXED: usize = 16;
 /// Bytes of a notice's body.
 pub const NOTICE_BODY: usize = 16;
 /// Most bytes encapsulation adds to a packet.
@@ -57,6 +64,8 @@ pub struct Received {
     pub flags: u8,
     /// Visited nodes.
     pub hops: HopList,
+    /// The first node's cookie (a question), or the one echoed (a notice).
+    pub cookie: u64,
     /// Offset of the body (the inner IPv4 packet, or the notice) in the frame.
     pub body: usize,
     /// Length of the body (from the outer UDP length).
@@ -101,6 +110,9 @@ pub fn parse(frame: &[u8]) -> Result<Received, WireError> {
         *a = u32::from_be_bytes([frame[o], frame[o + 1], frame[o + 2], frame[o + 3]]);
     }
     let hops = HopList::from_slice(&addrs[..n]).ok_or(WireError::Malformed)?;
+    let mut c = [0u8; 8];
+    c.copy_from_slice(&frame[h + 8..h + 16]);
+    let cookie = u64::from_be_bytes(c);
     let body_len = end - body;
     if kind == KIND_NOTICE && body_len < NOTICE_BODY {
         return Err(WireError::Malformed);
@@ -112,6 +124,7 @@ pub fn parse(frame: &[u8]) -> Result<Received, WireError> {
         kind,
         flags,
         hops,
+        cookie,
         body,
         body_len,
     })
@@ -154,6 +167,7 @@ fn write_headers(
     kind: u8,
     flags: u8,
     hops: &HopList,
+    cookie: u64,
     body_len: usize,
 ) -> usize {
     let hdr = FIXED + 4 * hops.len();
@@ -185,6 +199,7 @@ fn write_headers(
     h[4] = flags;
     h[5] = hops.len() as u8;
     h[6..8].copy_from_slice(&[0, 0]);
+    h[8..16].copy_from_slice(&cookie.to_be_bytes());
     for (i, a) in hops.as_slice().iter().enumerate() {
         h[FIXED + 4 * i..FIXED + 4 * i + 4].copy_from_slice(&a.to_be_bytes());
     }
@@ -219,13 +234,15 @@ pub fn encapsulate(
         KIND_PACKET,
         flags,
         &out.hops,
+        out.cookie,
         inner,
     );
     debug_assert_eq!(h, head);
     Some(total)
 }
 
-/// Writes a notice into `buf`; returns its length (`None` if `buf` is too small).
+/// Writes a notice into `buf`, echoing the question's `cookie`; returns its length
+/// (`None` if `buf` is too small).
 pub fn build_notice(
     buf: &mut [u8],
     macs: &[u8; 12],
@@ -233,6 +250,7 @@ pub fn build_notice(
     to: u32,
     port: u16,
     key: &FlowKey,
+    cookie: u64,
 ) -> Option<usize> {
     let hops = HopList::new();
     let total = ETH + OUTER + FIXED + NOTICE_BODY;
@@ -249,6 +267,7 @@ pub fn build_notice(
         KIND_NOTICE,
         0,
         &hops,
+        cookie,
         NOTICE_BODY,
     );
     let b = &mut buf[h..h + NOTICE_BODY];
@@ -296,6 +315,7 @@ mod tests {
                 ask: true,
                 frame_len: orig.len(),
                 entropy: 77,
+                cookie: 0x0123_4567_89ab_cdef,
             };
             let n = encapsulate(&mut buf, &out, A, 7411, 1500).unwrap();
             assert_eq!(n, orig.len() + OUTER + FIXED + 4 * hops.len());
@@ -311,6 +331,7 @@ mod tests {
             let r = parse(f).unwrap();
             assert_eq!((r.kind, r.flags), (KIND_PACKET, FLAG_ASK));
             assert_eq!(r.hops.as_slice(), hops);
+            assert_eq!(r.cookie, 0x0123_4567_89ab_cdef);
             let m = decapsulate(f, &r);
             assert_eq!(&f[14..m], &orig[14..]);
         }
@@ -328,10 +349,11 @@ mod tests {
             ask: false,
             frame_len: orig.len(),
             entropy: 0,
+            cookie: 0,
         };
         assert_eq!(encapsulate(&mut buf, &out, A, 7411, 1500), None);
         assert!(encapsulate(&mut buf[..1600], &out, A, 7411, 9000).is_some());
-        assert_eq!(encapsulate(&mut buf[..1530], &out, A, 7411, 9000), None);
+        assert_eq!(encapsulate(&mut buf[..1538], &out, A, 7411, 9000), None);
     }
 
     #[test]
@@ -344,12 +366,15 @@ mod tests {
             proto: packet::IPPROTO_TCP,
         };
         let mut buf = [0u8; 128];
-        let n = build_notice(&mut buf, &[2; 12], A, B, 7411, &key).unwrap();
-        let f = &buf[..n];
+        let n = build_notice(&mut buf, &[2; 12], A, B, 7411, &key, 42).unwrap();
+        let f = &mut buf[..n];
         assert!(is_redirect(f, B, 7411));
         let r = parse(f).unwrap();
-        assert_eq!(r.kind, KIND_NOTICE);
+        assert_eq!((r.kind, r.cookie), (KIND_NOTICE, 42));
         assert_eq!(notice_key(f, &r), key);
+        // Version 1 (no cookie) is refused.
+        f[14 + 28 + 2] = 1;
+        assert_eq!(parse(f), Err(WireError::Malformed));
     }
 
     proptest! {

@@ -1570,6 +1570,7 @@ fn send_notices(
             n.to,
             port,
             &n.key,
+            n.cookie,
         ) {
             Some(len) => {
                 data.cursor().set_pos(len);

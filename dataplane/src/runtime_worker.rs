@@ -561,6 +561,7 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
         half_open_flows: flows.half_open() as u64,
         half_open_max: flows.half_open_max() as u64,
         half_open_evicted: flows.half_open_evicted(),
+        idle_evicted: flows.idle_evicted(),
         flows_restored: c.flows_restored,
         cross_worker_lookups: flows.remote_hits(),
         umem_frames: pool.total() as u64,
@@ -622,6 +623,7 @@ pub(super) fn merge(total: &mut Stats, other: &Stats) {
     total.half_open_flows += other.half_open_flows;
     total.half_open_max += other.half_open_max;
     total.half_open_evicted += other.half_open_evicted;
+    total.idle_evicted += other.idle_evicted;
     total.flows_restored += other.flows_restored;
     total.cross_worker_lookups += other.cross_worker_lookups;
     total.loop_gap.add(&other.loop_gap);

@@ -2013,6 +2013,82 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
     lab.finish()
 }
 
+/// `n` UDP datagrams to VIP:53, each from a new pseudo-random source address (in
+/// 198.18.0.0/15) and port: every one a new flow.
+fn udp_flood(dst_mac: [u8; 6], src_mac: [u8; 6], seed: u64, n: usize) -> Vec<Vec<u8>> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let src = [198, 18 + (x & 1) as u8, (x >> 8) as u8, (x >> 16) as u8];
+            let sport = 1024 + ((x >> 24) as u16 % 60000);
+            let mut ip = [0u8; 20];
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&30u16.to_be_bytes());
+            ip[6] = 0x40;
+            ip[8] = 64;
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&src);
+            ip[16..20].copy_from_slice(&VIP.octets());
+            let c = inet_checksum(&ip);
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            let mut f = dst_mac.to_vec();
+            f.extend_from_slice(&src_mac);
+            f.extend_from_slice(&[0x08, 0x00]);
+            f.extend_from_slice(&ip);
+            f.extend_from_slice(&sport.to_be_bytes());
+            f.extend_from_slice(&53u16.to_be_bytes());
+            f.extend_from_slice(&10u16.to_be_bytes());
+            f.extend_from_slice(&[0, 0, b'h', b'i']); // checksum 0: none (IPv4)
+            f
+        })
+        .collect()
+}
+
+/// Issue 25: a flood of new UDP flows (one datagram per source address and port, more
+/// than the table holds) fills the flow table; an established connection keeps
+/// working and new connections still get a flow: the flood displaces its own oldest
+/// flows instead of making new SYNs `flow_table_full`.
+#[test]
+fn a_udp_flood_filling_the_flow_table_leaves_room_for_new_connections() -> Result<()> {
+    let lab = Lab::build_with("dpu", 1, false, false, &[])?;
+    let dst = mac_of(&lab.node, "up0")?;
+    let src = mac_of(&lab.client, "eth0")?;
+    let mut est = lab.connect_many(1)?;
+    http_get(&mut est[0])?;
+    // The lab's table holds 65 536 flows: 90 000 new UDP flows overflow it.
+    let t = Instant::now();
+    let sent = inject(lab.client.name(), "eth0", udp_flood(dst, src, 11, 90_000))?;
+    let secs = t.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = lab.stats()?;
+    let flows = s["flows"].as_u64().unwrap_or(0);
+    let capacity = s["flow_capacity"].as_u64().unwrap_or(0);
+    let evicted = s["idle_evicted"].as_u64().unwrap_or(0);
+    ensure!(
+        flows + 1000 >= capacity,
+        "the flood did not fill the table: {s}"
+    );
+    // Both the established connection and new ones work.
+    http_get(&mut est[0]).context("established connection after the UDP flood")?;
+    for i in 0..4 {
+        let mut c = lab
+            .connect_many(1)
+            .with_context(|| format!("new connection {i}"))?;
+        let body = http_get(&mut c[0]).with_context(|| format!("new connection {i}"))?;
+        ensure!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+    }
+    assert_eq!(lab.drops("flow_table_full"), 0, "{}", lab.stats()?);
+    assert!(evicted > 0, "{s}");
+    eprintln!(
+        "UDP flood: {sent} new flows sent in {secs:.2} s ({:.0}/s); flows {flows} of {capacity}, {evicted} displaced; the established and 4 new connections answered",
+        sent as f64 / secs
+    );
+    lab.finish()
+}
+
 /// Pods `ready` take new flows; Pods `draining` are `serving` but `terminating`.
 fn drain_state(ready: &[usize], draining: &[usize]) -> NodeState {
     let mut st = node_state(ready);

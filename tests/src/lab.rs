@@ -49,7 +49,7 @@ const MGMT_BRIDGE: &str = "jlab-mgmt";
 /// Where the agents write and the dataplanes and speakers read the node state.
 const SHM_DIR: &str = "/run/juneau";
 /// MTU of the node fabric (node uplinks, the router's fabric ports): room for the
-/// dataplane's redirect header (up to 68 bytes) on top of the client side's 1500
+/// dataplane's redirect header (up to 76 bytes) on top of the client side's 1500
 /// (docs/dataplane.md, "Redirects between nodes", MTU).
 const FABRIC_MTU: u16 = 1600;
 /// Where the lab's Prometheus listens (on the management bridge, reachable from the

@@ -72,6 +72,14 @@ struct Args {
     /// flood never evicts an established flow). 0: a quarter of --flow-capacity.
     #[arg(long, default_value_t = 0)]
     half_open_max: usize,
+    /// Most flows one client address may hold at once (per worker); beyond it its new
+    /// flows are dropped as source_over_quota. Default: --flow-capacity / 16; 0: none.
+    #[arg(long)]
+    source_flow_quota: Option<usize>,
+    /// Most flows one client /24 may hold at once (per worker). Default:
+    /// --flow-capacity / 4; 0: none.
+    #[arg(long)]
+    prefix_flow_quota: Option<usize>,
     /// TCP established-connection idle timeout, seconds.
     #[arg(long, default_value_t = 900)]
     tcp_established_timeout: u32,
@@ -144,8 +152,15 @@ struct Args {
     /// Burst of such redirects.
     #[arg(long, default_value_t = 2_000)]
     redirect_burst: u32,
+    /// Of those, at most this many per second about clients of one /24 (and notices
+    /// about them): a flood from one prefix leaves the rest of the bucket to others.
+    #[arg(long, default_value_t = 2_500)]
+    redirect_prefix_rate: u32,
+    /// Burst of those per /24.
+    #[arg(long, default_value_t = 250)]
+    redirect_prefix_burst: u32,
     /// Largest IPv4 packet sent to another node (the node network's MTU); a client
-    /// packet that does not fit once encapsulated (up to 68 bytes more) is dropped.
+    /// packet that does not fit once encapsulated (up to 76 bytes more) is dropped.
     #[arg(long, default_value_t = 1500)]
     redirect_mtu: usize,
     /// Forwarding workers (threads). Each serves the RX queues `q` with
@@ -232,6 +247,8 @@ fn main() -> Result<()> {
             recompute_pod_checksums: !a.trust_pod_checksums,
             hash_seed: seed,
             half_open_max: a.half_open_max,
+            source_flow_quota: a.source_flow_quota.unwrap_or(a.flow_capacity.div_ceil(16)),
+            prefix_flow_quota: a.prefix_flow_quota.unwrap_or(a.flow_capacity.div_ceil(4)),
         },
         frames_per_iface: a.frames_per_iface,
         ring_size: a.ring_size,
@@ -253,6 +270,8 @@ fn main() -> Result<()> {
                 peers: a.redirect_peers.iter().map(|p| u32::from(*p)).collect(),
                 rate_per_s: a.redirect_rate,
                 burst: a.redirect_burst,
+                prefix_rate_per_s: a.redirect_prefix_rate,
+                prefix_burst: a.redirect_prefix_burst,
                 node_from_state: node == NodeAddress::FromState,
             }),
         redirect_mtu: a.redirect_mtu,

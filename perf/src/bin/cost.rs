@@ -189,6 +189,8 @@ fn tcp_node(me: Ipv4Addr, peer: Ipv4Addr) -> Result<Engine> {
         peers: vec![u32::from(peer)],
         rate_per_s: 1_000_000,
         burst: 1_000_000,
+        prefix_rate_per_s: 1_000_000,
+        prefix_burst: 1_000_000,
         node_from_state: false,
     }));
     e.set_services(service_table(Protocol::Tcp)?);
@@ -281,6 +283,7 @@ fn redirect_pair(nb: &Neighbours) -> Result<(Engine, Engine, Vec<u8>, Vec<u8>)> 
             n.to,
             DEFAULT_PORT,
             &n.key,
+            n.cookie,
         )
         .context("notice")?;
         let v = a.process(&mut nbuf[..l], Side::Uplink, nb, now);
