@@ -1505,10 +1505,12 @@ fn down_quiet() -> Vec<String> {
             ));
         }
     }
-    // A lab whose program was killed never recorded its Prometheus.
-    for pid in processes_with_arg(&state().join("prometheus").display().to_string()) {
-        stop_pid(pid, "prometheus", Duration::from_secs(5));
-        removed.push(format!("stopped prometheus (pid {pid})"));
+    // A lab whose program was killed (a test interrupted) recorded no pids: whatever
+    // still runs with the lab's state directory in its arguments (the control plane,
+    // BIRD, Prometheus, containerd, kubelets) is its.
+    for pid in lab_processes() {
+        stop_pid(pid, "/", Duration::from_secs(5));
+        removed.push(format!("stopped a leftover lab process (pid {pid})"));
     }
     for n in NODES {
         if node_dir(n.name).exists() || cgroup_present(n.name) {
@@ -1610,9 +1612,9 @@ pub fn check_nothing_left() -> Result<()> {
     if run("ip", &["link", "show", MGMT_BRIDGE]).is_ok() {
         bail!("bridge {MGMT_BRIDGE} left");
     }
-    let prometheus = processes_with_arg(&state().join("prometheus").display().to_string());
-    if !prometheus.is_empty() {
-        bail!("the lab's Prometheus still runs (pids {prometheus:?})");
+    let left = lab_processes();
+    if !left.is_empty() {
+        bail!("processes of the lab still run (pids {left:?}, arguments under {STATE})");
     }
     for n in NODES {
         node::check_gone(&node_dir(n.name), &cgroup_root(n.name))?;
@@ -1621,6 +1623,15 @@ pub fn check_nothing_left() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Pids of the processes (not this one) with an argument under [`STATE`].
+fn lab_processes() -> Vec<u32> {
+    let me = std::process::id();
+    processes_with_arg(&format!("{STATE}/"))
+        .into_iter()
+        .filter(|p| *p != me)
+        .collect()
 }
 
 /// Pids of the processes with an argument containing `needle`.
