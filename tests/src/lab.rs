@@ -980,18 +980,28 @@ impl Lab {
     }
 
     /// `kill -9` of the controller replica holding the Lease; waits (at most `timeout`)
-    /// until the other replica holds it; the kubelet restarts the killed one, which
-    /// stands by. Returns (old, new) leader.
+    /// until a replica leads again: the other one once the Lease expired, or — usually
+    /// first — the killed one, restarted by the kubelet in the same Pod with the same
+    /// identity (the Pod name), which resumes its own Lease. Returns (old, new) leader.
     pub fn kill_controller_leader(&mut self, timeout: Duration) -> Result<(String, String)> {
         let leader = controller_leader()?.context("no controller holds the Lease")?;
         let pid = pod_process("juneau-k8s-sync", None, Some(&format!("POD_NAME={leader}")))
             .with_context(|| format!("no process of the leader {leader}"))?;
         crate::daemon::signal_pid(pid, "KILL");
         let new = wait_for(
-            "the other controller replica to take the Lease",
+            "a controller replica leading again (the other, or the killed one restarted)",
             timeout,
-            Duration::from_millis(500),
-            || Ok(controller_leader()?.filter(|l| *l != leader)),
+            Duration::from_millis(250),
+            || {
+                let holder = controller_leader()?;
+                let restarted = pod_process(
+                    "juneau-k8s-sync",
+                    None,
+                    Some(&format!("POD_NAME={leader}")),
+                )
+                .is_some_and(|p| p != pid);
+                Ok(holder.filter(|h| *h != leader || restarted))
+            },
         )?;
         self.release().wait_rolled_out(JUNEAU_ROLLOUT)?;
         Ok((leader, new))
