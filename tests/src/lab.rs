@@ -994,12 +994,9 @@ impl Lab {
             Duration::from_millis(250),
             || {
                 let holder = controller_leader()?;
-                let restarted = pod_process(
-                    "juneau-k8s-sync",
-                    None,
-                    Some(&format!("POD_NAME={leader}")),
-                )
-                .is_some_and(|p| p != pid);
+                let restarted =
+                    pod_process("juneau-k8s-sync", None, Some(&format!("POD_NAME={leader}")))
+                        .is_some_and(|p| p != pid);
                 Ok(holder.filter(|h| *h != leader || restarted))
             },
         )?;

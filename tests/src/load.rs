@@ -83,6 +83,13 @@ pub struct LoadReport {
     /// Of the failed: an answer whose body stopped before its Content-Length (the
     /// connection closed, reset or stalled mid-body).
     pub truncated: u64,
+    /// Of the failed: an answer other than 2xx.
+    pub bad_status: u64,
+    /// Of the failed: any other error (an I/O error none of the above names, an answer
+    /// that does not parse); see [`other_samples`](Self::other_samples).
+    pub other: u64,
+    /// The first few of those `other` errors, as text.
+    pub other_samples: Vec<String>,
     /// Body bytes the bulk clients moved (downloads and uploads that succeeded).
     pub bulk_bytes: u64,
     /// Longest time between two successful answers (or from start/to end), ms.
@@ -100,7 +107,9 @@ impl LoadReport {
             "keepalive_retries": self.keepalive_retries,
             "keepalive_resets": self.keepalive_resets,
             "keepalive_timeouts": self.keepalive_timeouts,
-            "truncated": self.truncated, "bulk_bytes": self.bulk_bytes,
+            "truncated": self.truncated, "bad_status": self.bad_status,
+            "other": self.other, "other_samples": self.other_samples,
+            "bulk_bytes": self.bulk_bytes,
             "longest_gap_ms": self.longest_gap_ms, "duration_ms": self.duration_ms,
         })
     }
@@ -123,6 +132,14 @@ impl LoadReport {
             keepalive_resets: v["keepalive_resets"].as_u64().unwrap_or(0),
             keepalive_timeouts: v["keepalive_timeouts"].as_u64().unwrap_or(0),
             truncated: v["truncated"].as_u64().unwrap_or(0),
+            bad_status: v["bad_status"].as_u64().unwrap_or(0),
+            other: v["other"].as_u64().unwrap_or(0),
+            other_samples: v["other_samples"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect(),
             bulk_bytes: v["bulk_bytes"].as_u64().unwrap_or(0),
             longest_gap_ms: g("longest_gap_ms")?,
             duration_ms: g("duration_ms")?,
@@ -141,7 +158,8 @@ enum Outcome {
     Truncated,
     Timeout,
     Refused,
-    Other,
+    /// Another error, described.
+    Other(String),
 }
 
 fn classify(e: &std::io::Error) -> Outcome {
@@ -151,7 +169,7 @@ fn classify(e: &std::io::Error) -> Outcome {
         }
         ErrorKind::TimedOut | ErrorKind::WouldBlock => Outcome::Timeout,
         ErrorKind::ConnectionRefused => Outcome::Refused,
-        _ => Outcome::Other,
+        _ => Outcome::Other(e.to_string()),
     }
 }
 
@@ -211,7 +229,10 @@ fn request(
             break;
         }
         if buf.len() > 64 * 1024 {
-            return Err((Outcome::Other, true));
+            return Err((
+                Outcome::Other("an answer without a header end".into()),
+                true,
+            ));
         }
     }
     let head = String::from_utf8_lossy(&buf[..header_end]).to_ascii_lowercase();
@@ -263,7 +284,14 @@ fn record(shared: &Mutex<Shared>, start: Instant, outcome: Outcome) {
                 Outcome::Truncated => s.report.truncated += 1,
                 Outcome::Timeout => s.report.timeouts += 1,
                 Outcome::Refused => s.report.refused += 1,
-                _ => {}
+                Outcome::Status => s.report.bad_status += 1,
+                Outcome::Other(what) => {
+                    s.report.other += 1;
+                    if s.report.other_samples.len() < 5 {
+                        s.report.other_samples.push(what);
+                    }
+                }
+                Outcome::Ok => {}
             }
         }
     }
