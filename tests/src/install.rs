@@ -142,22 +142,27 @@ impl Release {
     }
 
     fn kubectl(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .context("running kubectl")?;
-        if !out.status.success() {
-            bail!(
-                "`kubectl {}` failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        kubectl(&self.kubeconfig, args)
     }
+}
+
+/// `kubectl --kubeconfig KUBECONFIG ARGS...`: its stdout, or an error with its stderr.
+pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("running kubectl")?;
+    if !out.status.success() {
+        bail!(
+            "`kubectl {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The pid of the process running `program` (its `argv[0]`'s file name, as the chart's

@@ -230,15 +230,7 @@ pub fn info(what: &str) {
 
 /// `kubectl ARGS...` with the lab's admin kubeconfig; stdout, or an error with stderr.
 pub fn kubectl(args: &[&str]) -> Result<String> {
-    let out = kubectl_output(args)?;
-    if !out.status.success() {
-        bail!(
-            "`kubectl {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    install::kubectl(&admin_kubeconfig(), args)
 }
 
 fn kubectl_output(args: &[&str]) -> Result<Output> {
@@ -1204,6 +1196,43 @@ pub fn controller_leader() -> Result<Option<String>> {
     ])?;
     let h = String::from_utf8_lossy(&out.stdout).trim().to_string();
     Ok((out.status.success() && !h.is_empty()).then_some(h))
+}
+
+/// One of Juneau's Pods as the API shows it.
+#[derive(Debug, Clone)]
+pub struct JuneauPod {
+    /// `app.kubernetes.io/name`: `juneau-controller` or `juneau-node`.
+    pub app: String,
+    /// Node it runs on.
+    pub node: String,
+    /// Its (first container's) image.
+    pub image: String,
+    /// Every container Ready.
+    pub ready: bool,
+}
+
+/// Juneau's Pods in the release namespace.
+pub fn juneau_pods() -> Result<Vec<JuneauPod>> {
+    let out = kubectl(&[
+        "-n",
+        install::NAMESPACE,
+        "get",
+        "pods",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.labels.app\\.kubernetes\\.io/name} {.spec.nodeName} {.spec.containers[0].image} {.status.containerStatuses[*].ready}{\"\\n\"}{end}",
+    ])?;
+    Ok(out
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            JuneauPod {
+                app: f.first().unwrap_or(&"").to_string(),
+                node: f.get(1).unwrap_or(&"").to_string(),
+                image: f.get(2).unwrap_or(&"").to_string(),
+                ready: f.len() > 3 && f[3..].iter().all(|r| *r == "true"),
+            }
+        })
+        .collect())
 }
 
 /// One nginx Pod as the API shows it.

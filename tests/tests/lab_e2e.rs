@@ -155,35 +155,24 @@ fn dataplane_pids() -> Result<BTreeMap<String, u32>> {
 /// juneau-node Pod per node, all Ready, on the image the lab built; every Juneau process
 /// of the machine inside a Pod (its cgroup under a node's kubelet cgroup root).
 fn juneau_runs_only_in_pods() -> Result<()> {
-    let out = kubectl(&[
-        "-n",
-        "juneau-system",
-        "get",
-        "pods",
-        "-o",
-        "jsonpath={range .items[*]}{.metadata.labels.app\\.kubernetes\\.io/name} {.spec.nodeName} {.spec.containers[0].image} {.status.containerStatuses[*].ready}{\"\\n\"}{end}",
-    ])?;
-    let mut kinds: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for l in out.lines() {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        ensure!(
-            f.len() >= 4
-                && f[2] == format!("juneau:{}", lab::JUNEAU_IMAGE_TAG)
-                && f[3..].iter().all(|r| *r == "true"),
-            "a Juneau Pod not Ready on the lab's image: {l}\n{out}"
-        );
-        kinds.entry(f[0]).or_default().insert(f[1]);
-    }
-    let count = |k: &str| {
-        out.lines()
-            .filter(|l| l.starts_with(&format!("{k} ")))
-            .count()
+    let pods = lab::juneau_pods()?;
+    let image = format!("juneau:{}", lab::JUNEAU_IMAGE_TAG);
+    ensure!(
+        pods.iter().all(|p| p.ready && p.image == image),
+        "a Juneau Pod not Ready on {image}: {pods:?}"
+    );
+    let on = |app: &str| -> BTreeSet<&str> {
+        pods.iter()
+            .filter(|p| p.app == app)
+            .map(|p| p.node.as_str())
+            .collect()
     };
+    let count = |app: &str| pods.iter().filter(|p| p.app == app).count();
     ensure!(
         count("juneau-controller") == 2
             && count("juneau-node") == 3
-            && kinds["juneau-node"].len() == 3,
-        "2 controllers and a node Pod per node:\n{out}"
+            && on("juneau-node").len() == 3,
+        "2 controllers and a node Pod per node: {pods:?}"
     );
     for pid in std::fs::read_dir("/proc")?
         .flatten()

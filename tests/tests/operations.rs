@@ -98,20 +98,11 @@ fn juneau_pods_run(tag: &str) -> Result<()> {
         &format!("every Juneau Pod on juneau:{tag} and Ready"),
         lab::JUNEAU_ROLLOUT,
         || {
-            let out = kubectl(&[
-                "-n",
-                "juneau-system",
-                "get",
-                "pods",
-                "-o",
-                "jsonpath={range .items[*]}{.spec.containers[0].image} {.status.containerStatuses[*].ready}{\"\\n\"}{end}",
-            ])?;
-            let pods: Vec<&str> = out.lines().collect();
+            let pods = lab::juneau_pods()?;
             Ok(pods.len() == 5
-                && pods.iter().all(|l| {
-                    let mut it = l.split_whitespace();
-                    it.next() == Some(&format!("juneau:{tag}")) && it.all(|r| r == "true")
-                }))
+                && pods
+                    .iter()
+                    .all(|p| p.ready && p.image == format!("juneau:{tag}")))
         },
     )
 }
