@@ -82,6 +82,14 @@ fn wait_bfd_up(s: &Speaker, router_up: impl Fn() -> Result<bool>) -> Result<()> 
     Ok(())
 }
 
+/// Whether BIRD shows its BFD session with node 0 Up.
+fn bird_bfd_up(router: &Router) -> Result<bool> {
+    Ok(router
+        .bird_cli(&["show", "bfd", "sessions"])?
+        .lines()
+        .any(|l| l.starts_with(&node_addr(0).to_string()) && l.contains(" Up ")))
+}
+
 /// Cuts the link and measures (ours Down, router withdrew) from the cut.
 fn cut_and_measure(
     topo: &Topo,
@@ -147,12 +155,7 @@ fn bfd_with_bird_detects_a_dead_link_within_the_detection_time() -> Result<()> {
     s.publish_vips(&[VIP])?;
     s.wait_established("router", UP)?;
     router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
-    wait_bfd_up(&s, || {
-        Ok(router
-            .bird_cli(&["show", "bfd", "sessions"])?
-            .lines()
-            .any(|l| l.starts_with(&node_addr(0).to_string()) && l.contains(" Up ")))
-    })?;
+    wait_bfd_up(&s, || bird_bfd_up(&router))?;
     // It stays Up (no flap once the timers went fast).
     std::thread::sleep(Duration::from_secs(3));
     let st = s.status()?;
@@ -243,13 +246,7 @@ fn defaults_keep_routes_over_restarts_and_withdraw_a_dead_node_with_bird() -> Re
     s.publish_vips(&[VIP])?;
     s.wait_established("router", UP)?;
     router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
-    let bird_bfd_up = || -> Result<bool> {
-        Ok(router
-            .bird_cli(&["show", "bfd", "sessions"])?
-            .lines()
-            .any(|l| l.starts_with(&node_addr(0).to_string()) && l.contains(" Up ")))
-    };
-    wait_bfd_up(&s, bird_bfd_up).map_err(|e| e.context(bfdd.logs()))?;
+    wait_bfd_up(&s, || bird_bfd_up(&router)).map_err(|e| e.context(bfdd.logs()))?;
     wait_for("graceful restart negotiated", UP, || {
         Ok((s.status()?["peers"]["router"]["graceful_restart"] == true).then_some(()))
     })?;
@@ -281,14 +278,17 @@ fn defaults_keep_routes_over_restarts_and_withdraw_a_dead_node_with_bird() -> Re
     route_kept_until("juneau-bgp killed", &|| {
         Ok(killed.elapsed() >= Duration::from_secs(1))
     })?;
-    assert!(bird_bfd_up()?, "BFD stayed Up while juneau-bgp was dead");
+    assert!(
+        bird_bfd_up(&router)?,
+        "BFD stayed Up while juneau-bgp was dead"
+    );
     std::fs::remove_file(&s.status_path)?;
     s.spawn(&topo.nodes[0])?;
     route_kept_until("juneau-bgp restarted", &|| {
         Ok(s.peer_state("router").unwrap_or_default() == "Established"
             && killed.elapsed() > Duration::from_secs(4))
     })?;
-    assert!(bird_bfd_up()?, "BFD never went down");
+    assert!(bird_bfd_up(&router)?, "BFD never went down");
     let info = router.bird_protocol_info("node0")?;
     assert!(info.contains("Established"), "{info}");
 
@@ -302,7 +302,7 @@ fn defaults_keep_routes_over_restarts_and_withdraw_a_dead_node_with_bird() -> Re
         Ok(stopped.elapsed() >= Duration::from_secs(2))
     })?;
     assert!(
-        bird_bfd_up()?,
+        bird_bfd_up(&router)?,
         "BIRD kept the BFD session Up while juneau-bfd was away"
     );
     let bfdd = s.start_bfd(&topo.nodes[0])?;
@@ -393,12 +393,7 @@ fn bfd_with_bird_ignores_spoofed_packets() -> Result<()> {
         Router::start_bird_with_config(&topo, &bird_bfd_config(BgpNeighbor::bfd).render())?;
     let s = Speaker::start_with_peers(&topo, 0, vec![bfd_peer(0)])?;
     s.wait_established("router", UP)?;
-    wait_bfd_up(&s, || {
-        Ok(router
-            .bird_cli(&["show", "bfd", "sessions"])?
-            .lines()
-            .any(|l| l.starts_with(&node_addr(0).to_string()) && l.contains(" Up ")))
-    })?;
+    wait_bfd_up(&s, || bird_bfd_up(&router))?;
     stays_up(&s, Duration::from_secs(2), "before any spoofing")?;
     let bfd = s.status()?["peers"]["router"]["bfd"].clone();
     let ours = bfd["local_discriminator"].as_u64().unwrap() as u32;

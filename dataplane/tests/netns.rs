@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
 use juneau_control::shm::{Capacity, NodeStateWriter};
-use juneau_tests::frames::{inet_checksum, inject, send_raw_ipv4, TcpFlood};
+use juneau_tests::frames::{
+    ethernet_ipv4, inet_checksum, inject, ipv4_header, send_raw_ipv4, udp_flood, TcpFlood,
+};
 use juneau_tests::http::{download, http_get, pattern, read_response, upload, TestBackend};
 use juneau_tests::netns::{
     in_ns, mac_of, require_root, run, unique_prefix, veth, veth_queues, Netns, NsChild,
@@ -2013,40 +2015,6 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
     lab.finish()
 }
 
-/// `n` UDP datagrams to VIP:53, each from a new pseudo-random source address (in
-/// 198.18.0.0/15) and port: every one a new flow.
-fn udp_flood(dst_mac: [u8; 6], src_mac: [u8; 6], seed: u64, n: usize) -> Vec<Vec<u8>> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let src = [198, 18 + (x & 1) as u8, (x >> 8) as u8, (x >> 16) as u8];
-            let sport = 1024 + ((x >> 24) as u16 % 60000);
-            let mut ip = [0u8; 20];
-            ip[0] = 0x45;
-            ip[2..4].copy_from_slice(&30u16.to_be_bytes());
-            ip[6] = 0x40;
-            ip[8] = 64;
-            ip[9] = 17;
-            ip[12..16].copy_from_slice(&src);
-            ip[16..20].copy_from_slice(&VIP.octets());
-            let c = inet_checksum(&ip);
-            ip[10..12].copy_from_slice(&c.to_be_bytes());
-            let mut f = dst_mac.to_vec();
-            f.extend_from_slice(&src_mac);
-            f.extend_from_slice(&[0x08, 0x00]);
-            f.extend_from_slice(&ip);
-            f.extend_from_slice(&sport.to_be_bytes());
-            f.extend_from_slice(&53u16.to_be_bytes());
-            f.extend_from_slice(&10u16.to_be_bytes());
-            f.extend_from_slice(&[0, 0, b'h', b'i']); // checksum 0: none (IPv4)
-            f
-        })
-        .collect()
-}
-
 /// Issue 25: a flood of new UDP flows (one datagram per source address and port, more
 /// than the table holds) fills the flow table; an established connection keeps
 /// working and new connections still get a flow: the flood displaces its own oldest
@@ -2060,7 +2028,11 @@ fn a_udp_flood_filling_the_flow_table_leaves_room_for_new_connections() -> Resul
     http_get(&mut est[0])?;
     // The lab's table holds 65 536 flows: 90 000 new UDP flows overflow it.
     let t = Instant::now();
-    let sent = inject(lab.client.name(), "eth0", udp_flood(dst, src, 11, 90_000))?;
+    let sent = inject(
+        lab.client.name(),
+        "eth0",
+        udp_flood(dst, src, VIP, 53, 11, 90_000),
+    )?;
     let secs = t.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_millis(1500));
     let s = lab.stats()?;
@@ -2616,22 +2588,11 @@ fn client_fragments(
     let mut frames = Vec::new();
     for (i, chunk) in dgram.chunks(frag_len).enumerate() {
         let more = (i + 1) * frag_len < dgram.len();
-        let mut ip = vec![0x45, 0];
-        ip.extend_from_slice(&((20 + chunk.len()) as u16).to_be_bytes());
-        ip.extend_from_slice(&id.to_be_bytes());
+        let mut ip = ipv4_header(CLIENT_IP.octets(), VIP.octets(), 17, chunk.len());
+        ip[4..6].copy_from_slice(&id.to_be_bytes());
         let ff = ((i * frag_len / 8) as u16) | if more { 0x2000 } else { 0 };
-        ip.extend_from_slice(&ff.to_be_bytes());
-        ip.extend_from_slice(&[64, 17, 0, 0]);
-        ip.extend_from_slice(&CLIENT_IP.octets());
-        ip.extend_from_slice(&VIP.octets());
-        let c = inet_checksum(&ip);
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
-        let mut f = dst_mac.to_vec();
-        f.extend_from_slice(&src_mac);
-        f.extend_from_slice(&[0x08, 0x00]);
-        f.extend_from_slice(&ip);
-        f.extend_from_slice(chunk);
-        frames.push(f);
+        ip[6..8].copy_from_slice(&ff.to_be_bytes());
+        frames.push(ethernet_ipv4(dst_mac, src_mac, ip, chunk));
     }
     frames
 }

@@ -1,4 +1,5 @@
-//! Raw Ethernet frames for dataplane tests: hand-made TCP segments (valid checksums)
+//! Raw Ethernet frames for dataplane tests: hand-made IPv4 frames, TCP segments and UDP
+//! datagrams from pseudo-random sources (valid checksums)
 //! and their injection on an interface inside a namespace (AF_PACKET through
 //! `pnet_datalink`), for floods no socket API would send (spoofed ACKs and SYNs).
 
@@ -21,6 +22,77 @@ pub fn inet_checksum(data: &[u8]) -> u16 {
     !(sum as u16)
 }
 
+/// A 20-byte IPv4 header from `src` to `dst`, protocol `proto`, carrying `payload_len`
+/// bytes: DF set, TTL 64, identification 0, checksum left 0 ([`ethernet_ipv4`] fills
+/// it in after any change, e.g. a fragment's identification and offset).
+pub fn ipv4_header(src: [u8; 4], dst: [u8; 4], proto: u8, payload_len: usize) -> [u8; 20] {
+    let mut ip = [0u8; 20];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&((20 + payload_len) as u16).to_be_bytes());
+    ip[6] = 0x40;
+    ip[8] = 64;
+    ip[9] = proto;
+    ip[12..16].copy_from_slice(&src);
+    ip[16..20].copy_from_slice(&dst);
+    ip
+}
+
+/// An Ethernet frame carrying the IPv4 header `ip` (its checksum computed here) and
+/// `payload`.
+pub fn ethernet_ipv4(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    mut ip: [u8; 20],
+    payload: &[u8],
+) -> Vec<u8> {
+    ip[10..12].copy_from_slice(&[0, 0]);
+    let c = inet_checksum(&ip);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    let mut f = Vec::with_capacity(34 + payload.len());
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&[0x08, 0x00]);
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(payload);
+    f
+}
+
+/// `n` pseudo-random sources in 198.18.0.0/15 with ports 1024..61024 (same seed, same
+/// sources), each with the random word it came from.
+pub fn random_sources(seed: u64, n: usize) -> impl Iterator<Item = ([u8; 4], u16, u64)> {
+    let mut x = seed | 1;
+    (0..n).map(move |_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let src = [198, 18 + (x & 1) as u8, (x >> 8) as u8, (x >> 16) as u8];
+        (src, 1024 + ((x >> 24) as u16 % 60000), x)
+    })
+}
+
+/// `n` UDP datagrams (payload "hi", no UDP checksum) to `dst:dst_port`, each from a new
+/// pseudo-random source address and port ([`random_sources`]): every one a new flow.
+pub fn udp_flood(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    dst: Ipv4Addr,
+    dst_port: u16,
+    seed: u64,
+    n: usize,
+) -> Vec<Vec<u8>> {
+    random_sources(seed, n)
+        .map(|(src, sport, _)| {
+            let mut udp = Vec::with_capacity(10);
+            udp.extend_from_slice(&sport.to_be_bytes());
+            udp.extend_from_slice(&dst_port.to_be_bytes());
+            udp.extend_from_slice(&10u16.to_be_bytes());
+            udp.extend_from_slice(&[0, 0, b'h', b'i']); // checksum 0: none (IPv4)
+            let ip = ipv4_header(src, dst.octets(), 17, udp.len());
+            ethernet_ipv4(dst_mac, src_mac, ip, &udp)
+        })
+        .collect()
+}
+
 /// What a flood of TCP segments looks like.
 #[derive(Clone, Copy, Debug)]
 pub struct TcpFlood {
@@ -38,16 +110,8 @@ impl TcpFlood {
     /// `n` segments from pseudo-random sources in 198.18.0.0/15 and ports 1024..61024,
     /// with valid IPv4 and TCP checksums (so a Pod answers a SYN as it would a real one).
     pub fn frames(&self, n: usize) -> Vec<Vec<u8>> {
-        let mut x = self.seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let src = [198, 18 + (x & 1) as u8, (x >> 8) as u8, (x >> 16) as u8];
-                let sport = 1024 + ((x >> 24) as u16 % 60000);
-                self.frame(src, sport, (x >> 32) as u32, x as u32)
-            })
+        random_sources(self.seed, n)
+            .map(|(src, sport, x)| self.frame(src, sport, (x >> 32) as u32, x as u32))
             .collect()
     }
 
@@ -66,22 +130,8 @@ impl TcpFlood {
         pseudo.extend_from_slice(&[0, 6, 0, 20]);
         pseudo.extend_from_slice(&tcp);
         tcp[16..18].copy_from_slice(&inet_checksum(&pseudo).to_be_bytes());
-        let mut ip = [0u8; 20];
-        ip[0] = 0x45;
-        ip[2..4].copy_from_slice(&40u16.to_be_bytes());
-        ip[6] = 0x40;
-        ip[8] = 64;
-        ip[9] = 6;
-        ip[12..16].copy_from_slice(&src);
-        ip[16..20].copy_from_slice(&self.dst.octets());
-        let c = inet_checksum(&ip);
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
-        let mut f = self.dst_mac.to_vec();
-        f.extend_from_slice(&self.src_mac);
-        f.extend_from_slice(&[0x08, 0x00]);
-        f.extend_from_slice(&ip);
-        f.extend_from_slice(&tcp);
-        f
+        let ip = ipv4_header(src, self.dst.octets(), 6, tcp.len());
+        ethernet_ipv4(self.dst_mac, self.src_mac, ip, &tcp)
     }
 }
 
@@ -162,6 +212,32 @@ mod tests {
             assert_eq!(inet_checksum(&pseudo), 0, "TCP checksum verifies");
             assert_eq!(fr[47], 0x10);
             assert_eq!(&fr[30..34], &[10, 200, 0, 10]);
+        }
+    }
+
+    #[test]
+    fn a_udp_flood_has_a_new_source_per_datagram_and_valid_headers() {
+        let frames = udp_flood(
+            [2, 0, 0, 0, 0, 1],
+            [2, 0, 0, 0, 0, 2],
+            Ipv4Addr::new(10, 200, 0, 10),
+            53,
+            11,
+            100,
+        );
+        assert_eq!(frames.len(), 100);
+        let sources: std::collections::BTreeSet<&[u8]> =
+            frames.iter().map(|f| &f[26..34]).collect();
+        assert!(sources.len() > 95, "mostly distinct sources");
+        for fr in &frames {
+            assert_eq!(fr.len(), 14 + 30);
+            assert_eq!(
+                inet_checksum(&fr[14..34]),
+                0,
+                "IPv4 header checksum verifies"
+            );
+            assert_eq!(fr[23], 17);
+            assert_eq!(&fr[36..38], &53u16.to_be_bytes());
         }
     }
 }

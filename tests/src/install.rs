@@ -1,6 +1,6 @@
 //! Juneau installed as users install it: the `juneau` image built from release binaries
-//! ([`build_image`]) and the Helm chart `deploy/helm/juneau` installed, upgraded, rolled
-//! back and uninstalled with the real `helm` ([`Release`]); and the node components'
+//! ([`build_image`]) and the Helm chart `deploy/helm/juneau` installed, upgraded and
+//! rolled back with the real `helm` ([`Release`]); and the node components'
 //! processes found inside their Pods ([`pod_process`]), for the operations that kill
 //! or signal one of them as a crash or an operator would.
 //!
@@ -70,12 +70,6 @@ impl Release {
         Ok(out)
     }
 
-    /// `helm uninstall`, waiting until the release's objects are gone.
-    pub fn uninstall(&self, timeout: Duration) -> Result<String> {
-        let t = format!("{}s", timeout.as_secs());
-        self.helm(&["uninstall", RELEASE, "--wait", "--timeout", &t])
-    }
-
     /// The release's current revision (`helm history`).
     pub fn revision(&self) -> Result<u32> {
         let out = self.helm(&["history", RELEASE, "--max", "1", "-o", "json"])?;
@@ -106,6 +100,8 @@ impl Release {
             args.extend(["--set", p.as_str()]);
         }
         let out = self.helm(&args)?;
+        // helm's --wait is content with a Deployment's minimum available Pods; the
+        // rollout is over only when every replica runs the new template.
         self.wait_rolled_out(timeout)?;
         Ok(out)
     }
@@ -142,27 +138,8 @@ impl Release {
     }
 
     fn kubectl(&self, args: &[&str]) -> Result<String> {
-        kubectl(&self.kubeconfig, args)
+        crate::kube::kubectl_with(&self.kubeconfig, args, None)
     }
-}
-
-/// `kubectl --kubeconfig KUBECONFIG ARGS...`: its stdout, or an error with its stderr.
-pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String> {
-    let out = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .context("running kubectl")?;
-    if !out.status.success() {
-        bail!(
-            "`kubectl {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The pid of the process running `program` (its `argv[0]`'s file name, as the chart's

@@ -336,7 +336,7 @@ impl KubeCluster {
         )?;
 
         let p = |f: &str| d.join(f).display().to_string();
-        let api_args: Vec<String> = vec![
+        let mut api_args: Vec<String> = vec![
             format!("--etcd-servers={etcd_url}"),
             format!("--bind-address={bind}"),
             format!("--advertise-address={bind}"),
@@ -360,7 +360,6 @@ impl KubeCluster {
             "--enable-priority-and-fairness=false".into(),
             "--profiling=false".into(),
         ];
-        let mut api_args = api_args;
         if !options.service_account_tokens {
             api_args.push("--disable-admission-plugins=ServiceAccount".into());
         }
@@ -685,11 +684,7 @@ impl KubeCluster {
 
     /// Runs `kubectl` as admin with `stdin` (e.g. `kubectl_stdin(&["apply", "-f", "-"], yaml)`).
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Result<String> {
-        checked(
-            &self.kubeconfig,
-            args,
-            kubectl_output(&self.kubeconfig, args, Some(stdin))?,
-        )
+        kubectl_with(&self.kubeconfig, args, Some(stdin))
     }
 
     /// Waits (at most 60 s) until these CustomResourceDefinitions are Established,
@@ -710,7 +705,7 @@ impl KubeCluster {
     /// Runs `kubectl` with another kubeconfig (e.g. one from
     /// [`service_account_kubeconfig`](Self::service_account_kubeconfig)).
     pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> Result<String> {
-        checked(kubeconfig, args, kubectl_output(kubeconfig, args, None)?)
+        kubectl_with(kubeconfig, args, None)
     }
 
     /// Writes a kubeconfig that authenticates as ServiceAccount `namespace/name` with a
@@ -774,7 +769,15 @@ impl Drop for KubeCluster {
     }
 }
 
-fn kubectl_output(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Result<Output> {
+/// `kubectl --kubeconfig KUBECONFIG ARGS...` (with `stdin` if given): its stdout, or an
+/// error with its status and stderr.
+pub fn kubectl_with(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Result<String> {
+    checked(kubeconfig, args, kubectl_output(kubeconfig, args, stdin)?)
+}
+
+/// `kubectl --kubeconfig KUBECONFIG ARGS...` (with `stdin` if given), whatever its exit
+/// status.
+pub fn kubectl_output(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Result<Output> {
     let mut cmd = Command::new("kubectl");
     cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
     cmd.stdin(if stdin.is_some() {

@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -21,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::bird::{bgp_nexthops, BgpNeighbor, Bird, BirdConfig};
-use crate::daemon::{stop_pid, tail, wait_for, Daemon, DaemonSpec};
+use crate::daemon::{stop_pid, wait_for, Daemon, DaemonSpec};
 use crate::images::{ImageArchive, Images};
 use crate::install::{self, pod_process, Release};
 use crate::kube::{binaries_dir, ClusterOptions, KubeCluster};
@@ -230,43 +229,16 @@ pub fn info(what: &str) {
 
 /// `kubectl ARGS...` with the lab's admin kubeconfig; stdout, or an error with stderr.
 pub fn kubectl(args: &[&str]) -> Result<String> {
-    install::kubectl(&admin_kubeconfig(), args)
+    crate::kube::kubectl_with(&admin_kubeconfig(), args, None)
 }
 
 fn kubectl_output(args: &[&str]) -> Result<Output> {
-    Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(admin_kubeconfig())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .context("running kubectl")
+    crate::kube::kubectl_output(&admin_kubeconfig(), args, None)
 }
 
 /// `kubectl apply -f -` of `yaml`.
 pub fn kubectl_apply(yaml: &str) -> Result<String> {
-    let mut child = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(admin_kubeconfig())
-        .args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running kubectl")?;
-    child
-        .stdin
-        .take()
-        .context("kubectl stdin")?
-        .write_all(yaml.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "kubectl apply failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    crate::kube::kubectl_with(&admin_kubeconfig(), &["apply", "-f", "-"], Some(yaml))
 }
 
 /// Prints `$ CMD` as a user would type it, runs it and prints its output; fails if it
@@ -324,7 +296,8 @@ pub fn router_next_hops() -> Result<Vec<Ipv4Addr>> {
 
 // ------------------------------------------------------------------------- binaries
 
-/// Juneau's own binaries (debug builds next to this program or the test).
+/// The debug binaries the lab runs on the host (`kubectl-juneau`, `juneau-lab`), next to
+/// this program or the test; Juneau itself runs from its image.
 #[derive(Debug, Clone)]
 pub struct JuneauBins {
     /// The directory holding them.
@@ -350,17 +323,13 @@ impl JuneauBins {
             }
         };
         let b = JuneauBins { dir };
-        for name in [
-            "juneau-k8s-sync",
-            "juneau-dataplane",
-            "juneau-bgp",
-            "juneau-bfd",
-            "kubectl-juneau",
-        ] {
+        // Juneau itself runs from its image (release builds); these are the user's
+        // kubectl plugin and the lab's own program (load clients).
+        for name in ["kubectl-juneau", "juneau-lab"] {
             if !b.path(name).is_file() {
                 bail!(
-                    "{} is missing: build with `cargo build -p juneau-k8s-sync -p juneau-dataplane \
-                     -p juneau-bgp --bins` (./lab/lab does)",
+                    "{} is missing: build with `cargo build -p juneau-k8s-sync -p juneau-tests \
+                     --bins` (./lab/lab does)",
                     b.path(name).display()
                 );
             }
@@ -389,10 +358,6 @@ impl JuneauBins {
                     "build",
                     "-p",
                     "juneau-k8s-sync",
-                    "-p",
-                    "juneau-dataplane",
-                    "-p",
-                    "juneau-bgp",
                     "-p",
                     "juneau-tests",
                     "--bins",
@@ -859,12 +824,9 @@ impl Lab {
                 .display()
                 .to_string(),
         ])?;
-        let values = state().join("juneau-values.yaml");
-        fs::write(&values, lab_values())?;
-        for l in lab_values()
-            .lines()
-            .filter(|l| !l.trim_start().starts_with('#'))
-        {
+        let values = lab_values();
+        fs::write(state().join("juneau-values.yaml"), &values)?;
+        for l in values.lines().filter(|l| !l.trim_start().starts_with('#')) {
             info(l);
         }
         let t0 = Instant::now();
@@ -1683,11 +1645,6 @@ fn processes_with_arg(needle: &str) -> Vec<u32> {
                 .unwrap_or(false)
         })
         .collect()
-}
-
-/// The lab's log directory's file for `name` (for error messages).
-pub fn log_tail(name: &str, n: usize) -> String {
-    tail(&logs().join(name), n)
 }
 
 /// The node's dataplane stats file (`--stats-file`, JSON), as last written.
