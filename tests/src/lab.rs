@@ -356,8 +356,13 @@ impl JuneauBins {
                 .env("CARGO_TARGET_DIR", &target)
                 .args([
                     "build",
+                    // Juneau's programs too: the image test builds an image from them.
                     "-p",
                     "juneau-k8s-sync",
+                    "-p",
+                    "juneau-dataplane",
+                    "-p",
+                    "juneau-bgp",
                     "-p",
                     "juneau-tests",
                     "--bins",
