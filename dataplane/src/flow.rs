@@ -1847,7 +1847,8 @@ impl FlowTable {
     }
 
     /// Examines up to `budget` records from a rotating cursor and removes the expired
-    /// ones. Returns how many were removed. Call it once per loop iteration.
+    /// ones. Returns how many were removed. The runtime paces it by the clock
+    /// ([`crate::engine::SweepPace`]).
     pub fn sweep(&mut self, now_ms: u64, budget: usize) -> usize {
         let now = now_ms as u32;
         let n = self.flows.len();

@@ -18,6 +18,7 @@
 //! - [`fast`]: the XDP program's established-flow fast path, as the engine publishes it;
 //! - [`redirect`], [`redirect_wire`]: second-chance redirects between nodes (issue 12);
 //! - [`counters`]: drop reasons, per-service counters, the JSON stats;
+//! - [`sched`]: the forwarding workers' `SCHED_FIFO` policy (why: its module doc);
 //! - [`metrics`]: `/metrics` (`prometheus-client`), `/healthz`, `/readyz`, off the packet path.
 #![warn(missing_docs)]
 
@@ -36,6 +37,7 @@ pub mod redirect;
 pub mod redirect_wire;
 pub mod region;
 pub mod runtime;
+pub mod sched;
 pub mod segment;
 pub mod services;
 pub mod steering;

@@ -14,11 +14,13 @@
 //! attaches sockets + steering to new ones and detaches vanished ones between batches,
 //! reclaiming the UMEM frames a closed socket held (`crate::frames`).
 //!
-//! The loop busy-polls while traffic comes steadily (several batches per 10 ms). When
-//! nothing arrived for `busy_poll_us`, or the traffic is only a trickle (as userspace sees
-//! it while the XDP fast path forwards established flows), it sleeps in `poll(2)` on the
-//! sockets for at most `idle_sleep_ms` (a packet wakes it at once), so a quiet node does
-//! not burn a core; `--busy-poll-us 0` sleeps as soon as it is idle.
+//! The workers run `SCHED_FIFO` (`crate::sched`, `--worker-priority`) and sleep in
+//! `poll(2)` on their sockets as soon as their rings are empty (a packet wakes them at
+//! once; at most `idle_sleep_ms`). A worker the kernel keeps under the normal policy
+//! busy-polls while traffic comes steadily (several batches per 10 ms) and sleeps when
+//! nothing arrived for `busy_poll_us` or the traffic is only a trickle (as userspace sees
+//! it while the XDP fast path forwards established flows), so a quiet node does not burn
+//! a core; `--busy-poll-us 0` sleeps as soon as it is idle.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -58,8 +60,6 @@ use worker::{Bufs, Rings};
 const RX_BATCH: usize = 64;
 /// Copy-mode TX sends at most this many frames per `sendto`.
 const COPY_MODE_TX_BATCH: u32 = 32;
-/// Expired flows examined per loop iteration.
-const SWEEP_BUDGET: usize = 64;
 
 /// Runtime settings (the CLI maps onto these; see `docs/dataplane.md`).
 #[derive(Debug, Clone)]
@@ -86,8 +86,11 @@ pub struct RuntimeConfig {
     pub frames_per_iface: u32,
     /// Size of each ring (fill, completion, RX, TX).
     pub ring_size: u32,
-    /// Keep spinning this long after the last packet before sleeping.
+    /// Keep spinning this long after the last packet before sleeping (workers under the
+    /// normal policy only: a realtime worker sleeps at once, `crate::sched`).
     pub busy_poll_us: u64,
+    /// `SCHED_FIFO` priority of the forwarding workers; 0: the normal policy.
+    pub worker_priority: u8,
     /// Longest sleep in `poll(2)` while idle.
     pub idle_sleep_ms: i32,
     /// Attach XDP in generic (skb) mode.
@@ -1427,6 +1430,7 @@ fn forward_loop(
     let mut pollfds = worker::pollfds_of(&io.ports);
 
     let mut timing = LoopTiming::default();
+    let realtime = crate::sched::enter_worker(cfg.worker_priority, 0);
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();
         timing.top(now);
@@ -1493,7 +1497,14 @@ fn forward_loop(
         if received > 0 || completed > 0 {
             activity.worked(now);
         } else {
-            worker::idle(cfg, &mut pollfds, &mut activity, &io.ports, &mut timing);
+            worker::idle(
+                cfg,
+                !realtime,
+                &mut pollfds,
+                &mut activity,
+                &io.ports,
+                &mut timing,
+            );
         }
     }
     // Final stats so a short-lived run leaves them behind.

@@ -44,7 +44,7 @@ pub(super) struct Rings<'p, 'u> {
 }
 
 /// One pass over a worker's rings — RX and the engine's verdicts, "I own this flow"
-/// notices, TX, neighbour requests, a bounded sweep of its own flow table. Returns the
+/// notices, TX, neighbour requests, a clock-paced sweep of its own flow table. Returns the
 /// frames received and completed.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn step(
@@ -65,7 +65,7 @@ pub(super) fn step(
     for (ip, ifindex) in engine.missing.take() {
         let _ = miss_tx.try_send((ip, ifindex));
     }
-    engine.sweep(now_ms, SWEEP_BUDGET);
+    engine.sweep_paced(now_ms);
     (received, completed)
 }
 
@@ -329,22 +329,27 @@ impl Activity {
     }
 }
 
-/// When nothing arrived: yield the core while the traffic is steady (see [`Activity`]),
-/// else sleep in `poll(2)` on the sockets for at most `idle_sleep_ms` (a packet wakes it
-/// at once).
+/// When nothing arrived: with `may_spin` (a worker under the normal policy), yield the
+/// core while the traffic is steady (see [`Activity`]); else sleep in `poll(2)` on the
+/// sockets for at most `idle_sleep_ms` (a packet wakes it at once). A realtime worker
+/// never spins: its `sched_yield` would not let the normal-policy NAPI that fills its
+/// rings run (`crate::sched`).
 pub(super) fn idle(
     cfg: &RuntimeConfig,
+    may_spin: bool,
     pollfds: &mut [libc::pollfd],
     activity: &mut Activity,
     ports: &[Port],
     timing: &mut LoopTiming,
 ) {
     let tx_in_flight = ports.iter().any(|p| p.in_flight > 0);
-    if activity.spin(
-        Instant::now(),
-        Duration::from_micros(cfg.busy_poll_us),
-        tx_in_flight,
-    ) {
+    if may_spin
+        && activity.spin(
+            Instant::now(),
+            Duration::from_micros(cfg.busy_poll_us),
+            tx_in_flight,
+        )
+    {
         // Let whatever else is runnable on this core go first. In copy mode that is
         // typically the interface's NAPI (softirq or threaded kthread) that fills our RX
         // rings: spinning on empty rings would take the core from the very work that
@@ -356,13 +361,21 @@ pub(super) fn idle(
     for pfd in pollfds.iter_mut() {
         pfd.revents = 0;
     }
+    // Frames sent and not completed yet: their completions (and a kick for any the
+    // kernel did not take) come from iterations, so a worker that does not spin looks
+    // again within a millisecond.
+    let timeout_ms = if tx_in_flight && !may_spin {
+        cfg.idle_sleep_ms.min(1)
+    } else {
+        cfg.idle_sleep_ms
+    };
     let before = Instant::now();
     // SAFETY: `pollfds` is a valid array of pollfd for its length.
     unsafe {
         libc::poll(
             pollfds.as_mut_ptr(),
             pollfds.len() as libc::nfds_t,
-            cfg.idle_sleep_ms,
+            timeout_ms,
         );
     }
     timing.slept_for(before.elapsed());
@@ -491,6 +504,7 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
     let mut seen_table = 0u64;
     let (mut last_stats, mut activity) = (Instant::now(), Activity::new(Instant::now()));
     let mut timing = LoopTiming::default();
+    let realtime = crate::sched::enter_worker(cfg.worker_priority, w.id);
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();
         timing.top(now);
@@ -532,7 +546,14 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
         if received > 0 || completed > 0 {
             activity.worked(now);
         } else {
-            idle(cfg, &mut pollfds, &mut activity, &w.ports, &mut timing);
+            idle(
+                cfg,
+                !realtime,
+                &mut pollfds,
+                &mut activity,
+                &w.ports,
+                &mut timing,
+            );
         }
     }
     w.engine.fold_xdp_counters();
