@@ -1048,6 +1048,38 @@ fn requests_until(
     }
 }
 
+/// The XDP fast path is opt-in: with the dataplane's defaults every packet goes through
+/// userspace, even where both sides' veths take XDP frames (GRO on in the Pod and the
+/// client), and its workers run SCHED_FIFO (the tests run as root).
+#[test]
+fn by_default_every_packet_goes_through_userspace() -> Result<()> {
+    let lab = Lab::new("dpu")?;
+    for ns in [&lab.pods[0], &lab.pods[1], &lab.client] {
+        ns.exec(&["ethtool", "-K", "eth0", "gro", "on"])?;
+    }
+    // The dataplane re-reads which interfaces take XDP frames about once a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (mut conns, _) = lab.connections_on_both_pods(8)?;
+    for _ in 0..20 {
+        for c in conns.iter_mut() {
+            http_get(c)?;
+        }
+    }
+    download_1mib(&lab.client)?;
+    // The stats file is rewritten about once a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = lab.stats()?;
+    assert_eq!(s["xdp_fast_packets"].as_u64(), Some(0), "{s}");
+    assert_eq!(s["xdp_fast_replies"].as_u64(), Some(0), "{s}");
+    assert!(s["rx_packets"].as_u64().unwrap_or(0) > 500, "{s}");
+    let log = lab.dataplane_log();
+    assert!(
+        log.contains("forwarding worker runs SCHED_FIFO"),
+        "the worker is not realtime:\n{log}"
+    );
+    Ok(())
+}
+
 /// The steering program forwards packets of established connections itself towards a
 /// Pod whose veth takes XDP frames (GRO on in the Pod), never towards one whose veth
 /// does not, and stops using a service table as soon as it changes: a removed backend's
@@ -1055,7 +1087,7 @@ fn requests_until(
 /// it once the client's side takes XDP frames, their partial checksums completed.
 #[test]
 fn established_flows_take_the_xdp_fast_path_only_where_the_pod_takes_xdp_frames() -> Result<()> {
-    let mut lab = Lab::new("dpx")?;
+    let mut lab = Lab::build_with("dpx", 1, false, false, &["--xdp-fast-path"])?;
     lab.pods[0].exec(&["ethtool", "-K", "eth0", "gro", "on"])?;
     let (mut conns, on) = lab.connections_on_both_pods(12)?;
     // Requests on pod0's connections until the program's packets show in the stats (the
@@ -2203,7 +2235,7 @@ fn per_worker(s: &serde_json::Value) -> Vec<(u64, u64)> {
 /// parts off until its workers republish them).
 #[test]
 fn two_workers_each_publish_their_fast_path_part_and_survive_a_restart() -> Result<()> {
-    let mut lab = Lab::with_workers("dpf", 2, &[])?;
+    let mut lab = Lab::with_workers("dpf", 2, &["--xdp-fast-path"])?;
     for p in &lab.pods {
         p.exec(&["ethtool", "-K", "eth0", "gro", "on"])?;
     }
@@ -2348,7 +2380,7 @@ fn two_workers_share_connections_across_queues_and_survive_a_restart() -> Result
 /// ~half of them here).
 #[test]
 fn two_workers_fast_path_replies_whichever_worker_resolved_the_client() -> Result<()> {
-    let lab = Lab::with_workers("dpe", 2, &[])?;
+    let lab = Lab::with_workers("dpe", 2, &["--xdp-fast-path"])?;
     for p in &lab.pods {
         p.exec(&["ethtool", "-K", "eth0", "gro", "on"])?;
     }

@@ -158,6 +158,10 @@ enum Cmd {
         port: u16,
         #[arg(long)]
         duration_s: u64,
+        /// SCHED_FIFO priority, as juneau-dataplane's `--worker-priority` (same default):
+        /// the same wake-up policy as juneau's workers; 0: the normal policy, spinning.
+        #[arg(long, default_value_t = 10)]
+        worker_priority: u8,
     },
     /// (internal) UDP echo server.
     #[command(hide = true)]
@@ -501,7 +505,10 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     let with_juneau = plan.scenarios.iter().any(|s| {
         matches!(
             s,
-            Scenario::Juneau | Scenario::JuneauAfxdp | Scenario::JuneauBusyPoll | Scenario::TcpBulk
+            Scenario::Juneau
+                | Scenario::JuneauXdpFast
+                | Scenario::JuneauBusyPoll
+                | Scenario::TcpBulk
         )
     });
     let cost = !args.no_cost;
@@ -751,6 +758,7 @@ fn main() -> Result<()> {
             dst_mac,
             port,
             duration_s,
+            worker_priority,
         } => {
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let s2 = stop.clone();
@@ -762,6 +770,7 @@ fn main() -> Result<()> {
                 src_mac: parse_mac(&src_mac).context("--src-mac")?,
                 dst_mac: parse_mac(&dst_mac).context("--dst-mac")?,
                 duration: Duration::from_secs(duration_s),
+                worker_priority,
             };
             let r = xsk::l2fwd(&cfg, &stop, |fd| steer.register(0, fd))?;
             println!("{}", serde_json::to_string(&r)?);

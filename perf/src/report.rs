@@ -315,21 +315,21 @@ pub struct Cost {
 /// The ratios the product is held to.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Ratios {
-    /// juneau / nft-dnat (target >= 1.5).
+    /// juneau (the default, userspace path) / nft-dnat (target >= 1.0).
     pub juneau_vs_nft_dnat: Option<f64>,
-    /// juneau / xdp-dnat (target >= 1.0).
+    /// juneau-xdp-fast (the opt-in XDP fast path) / xdp-dnat (target >= 1.0).
     pub juneau_vs_xdp_dnat: Option<f64>,
-    /// juneau / afxdp-l2fwd (target >= 0.9).
+    /// juneau / afxdp-l2fwd (target >= 1.0).
     pub juneau_vs_afxdp_l2fwd: Option<f64>,
     /// juneau at the largest flow count / at the smallest (target >= 0.9 for 1M vs 1k).
     pub juneau_flow_scale_largest_vs_smallest: Option<f64>,
-    /// Packets per CPU-second of the path, juneau / nft-dnat (target >= 1.5).
+    /// Packets per CPU-second of the path, juneau / nft-dnat (target >= 1.0).
     #[serde(default)]
     pub cpu_juneau_vs_nft_dnat: Option<f64>,
-    /// Packets per CPU-second, juneau / xdp-dnat (target >= 1.0).
+    /// Packets per CPU-second, juneau-xdp-fast / xdp-dnat (target >= 1.0).
     #[serde(default)]
     pub cpu_juneau_vs_xdp_dnat: Option<f64>,
-    /// Packets per CPU-second, juneau / afxdp-l2fwd (target >= 0.9).
+    /// Packets per CPU-second, juneau / afxdp-l2fwd (target >= 1.0).
     #[serde(default)]
     pub cpu_juneau_vs_afxdp_l2fwd: Option<f64>,
     /// Packets per CPU-second, juneau at the largest flow count / at the smallest.
@@ -456,7 +456,11 @@ impl Report {
         let (a, b) = pair(j.clone(), find("nft-dnat"), "juneau / nft-dnat");
         self.ratios.juneau_vs_nft_dnat = a;
         self.ratios.cpu_juneau_vs_nft_dnat = b;
-        let (a, b) = pair(j.clone(), find("xdp-dnat"), "juneau / xdp-dnat");
+        let (a, b) = pair(
+            find("juneau-xdp-fast"),
+            find("xdp-dnat"),
+            "juneau-xdp-fast / xdp-dnat",
+        );
         self.ratios.juneau_vs_xdp_dnat = a;
         self.ratios.cpu_juneau_vs_xdp_dnat = b;
         let (a, b) = pair(j, find("afxdp-l2fwd"), "juneau / afxdp-l2fwd");
@@ -624,10 +628,10 @@ impl Report {
                 "juneau / nft-dnat",
                 self.ratios.juneau_vs_nft_dnat,
                 self.ratios.cpu_juneau_vs_nft_dnat,
-                ">= 1.5",
+                ">= 1.0",
             ),
             (
-                "juneau / xdp-dnat",
+                "juneau-xdp-fast / xdp-dnat",
                 self.ratios.juneau_vs_xdp_dnat,
                 self.ratios.cpu_juneau_vs_xdp_dnat,
                 ">= 1.0",
@@ -636,7 +640,7 @@ impl Report {
                 "juneau / afxdp-l2fwd",
                 self.ratios.juneau_vs_afxdp_l2fwd,
                 self.ratios.cpu_juneau_vs_afxdp_l2fwd,
-                ">= 0.9",
+                ">= 1.0",
             ),
             (
                 "juneau largest / smallest flow count",

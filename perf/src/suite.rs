@@ -33,12 +33,14 @@ pub enum Scenario {
     XdpDnat,
     /// Raw AF_XDP forwarder without NAT (MAC rewrite only): the userspace ceiling.
     AfxdpL2fwd,
-    /// The real juneau-dataplane binary fed by a real NodeStateWriter (defaults: the
-    /// XDP fast path forwards established flows where the egress takes XDP frames).
+    /// The real juneau-dataplane binary with its defaults, fed by a real
+    /// NodeStateWriter: every packet through the AF_XDP sockets and userspace, the path
+    /// every Pod of a bridge CNI gets. The headline.
     Juneau,
-    /// The same with every packet in userspace (`--no-xdp-fast-path`): the AF_XDP
-    /// path alone, which new flows and replies take.
-    JuneauAfxdp,
+    /// The same with the opt-in accelerator `--xdp-fast-path`: the steering program
+    /// forwards established flows itself where the egress takes XDP frames (here: the
+    /// backend veth, whose peer runs an XDP program).
+    JuneauXdpFast,
     /// The same with AF_XDP busy polling (`--xsk-busy-poll-budget`, and the node's veths
     /// deferring their NAPI to the busy poller: `napi_defer_hard_irqs`,
     /// `gro_flush_timeout`).
@@ -60,7 +62,7 @@ impl Scenario {
         Scenario::XdpDnat,
         Scenario::AfxdpL2fwd,
         Scenario::Juneau,
-        Scenario::JuneauAfxdp,
+        Scenario::JuneauXdpFast,
         Scenario::TcpBulk,
     ];
 
@@ -72,7 +74,7 @@ impl Scenario {
             Scenario::XdpDnat => "xdp-dnat",
             Scenario::AfxdpL2fwd => "afxdp-l2fwd",
             Scenario::Juneau => "juneau",
-            Scenario::JuneauAfxdp => "juneau-afxdp",
+            Scenario::JuneauXdpFast => "juneau-xdp-fast",
             Scenario::JuneauBusyPoll => "juneau-busy-poll",
             Scenario::TcpBulk => "tcp-bulk",
         }
@@ -85,7 +87,7 @@ impl Scenario {
             Scenario::NftDnat
                 | Scenario::XdpDnat
                 | Scenario::Juneau
-                | Scenario::JuneauAfxdp
+                | Scenario::JuneauXdpFast
                 | Scenario::JuneauBusyPoll
         )
     }
@@ -537,7 +539,7 @@ pub(crate) fn start_path(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> 
             active.forwarder_name = "the afxdp-l2fwd forwarder";
             active.forwarder_log = Some(log);
         }
-        Scenario::Juneau | Scenario::JuneauAfxdp | Scenario::JuneauBusyPoll => {
+        Scenario::Juneau | Scenario::JuneauXdpFast | Scenario::JuneauBusyPoll => {
             if !plan.dataplane.exists() {
                 bail!(
                     "juneau-dataplane binary not found at {} (build it: cargo build --release -p juneau-dataplane, or pass --dataplane PATH)",
@@ -558,8 +560,8 @@ pub(crate) fn start_path(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> 
             let log = plan.out_dir.join(format!("juneau-dataplane-{tag}.log"));
             let dp = plan.dataplane.to_string_lossy().into_owned();
             let mut extra: Vec<&str> = plan.dataplane_args.iter().map(String::as_str).collect();
-            if sc == Scenario::JuneauAfxdp {
-                extra.push("--no-xdp-fast-path");
+            if sc == Scenario::JuneauXdpFast {
+                extra.push("--xdp-fast-path");
             }
             if sc == Scenario::JuneauBusyPoll {
                 extra.extend(["--xsk-busy-poll-budget", "64"]);
@@ -1396,7 +1398,7 @@ fn throughput_once(
     let r = measure(&t, &mut a, plan, flows, warmup, fill)?;
     if matches!(
         sc,
-        Scenario::Juneau | Scenario::JuneauAfxdp | Scenario::JuneauBusyPoll
+        Scenario::Juneau | Scenario::JuneauXdpFast | Scenario::JuneauBusyPoll
     ) {
         let busy_polled = busy_poll_rx_packets(&t);
         record_dataplane_counters(plan, sc, &tag, flows, busy_polled);

@@ -90,21 +90,21 @@ pub fn check(r: &Report) -> Vec<Target> {
     });
     let q = &r.ratios;
     t.push(at_least(
-        "juneau / nft-dnat, packets per CPU-second >= 1.5",
+        "juneau (default, userspace path) / nft-dnat, packets per CPU-second >= 1.0",
         q.cpu_juneau_vs_nft_dnat,
-        1.5,
+        1.0,
         has("juneau") && has("nft-dnat"),
     ));
     t.push(at_least(
-        "juneau / xdp-dnat, packets per CPU-second >= 1.0",
+        "juneau-xdp-fast (opt-in) / xdp-dnat, packets per CPU-second >= 1.0",
         q.cpu_juneau_vs_xdp_dnat,
         1.0,
-        has("juneau") && has("xdp-dnat"),
+        has("juneau-xdp-fast") && has("xdp-dnat"),
     ));
     t.push(at_least(
-        "juneau / afxdp-l2fwd, packets per CPU-second >= 0.9",
+        "juneau / afxdp-l2fwd, packets per CPU-second >= 1.0",
         q.cpu_juneau_vs_afxdp_l2fwd,
-        0.9,
+        1.0,
         has("juneau") && has("afxdp-l2fwd"),
     ));
     let mut fs = at_least(
@@ -285,15 +285,28 @@ mod tests {
     #[test]
     fn ratios_are_met_missed_or_refused() {
         let mut r = Report {
-            scenarios: vec![sat("juneau", 2e6, true), sat("nft-dnat", 1e6, false)],
+            scenarios: vec![
+                sat("juneau", 2e6, true),
+                sat("nft-dnat", 1e6, false),
+                sat("juneau-xdp-fast", 3e6, true),
+                sat("xdp-dnat", 3e6, true),
+            ],
             ..Report::default()
         };
         r.ratios.cpu_juneau_vs_xdp_dnat = Some(0.99);
-        assert_eq!(verdict(&r, "juneau / nft-dnat"), Verdict::Refused);
-        assert_eq!(verdict(&r, "juneau / xdp-dnat"), Verdict::Missed);
+        assert_eq!(verdict(&r, "juneau (default"), Verdict::Refused);
+        assert_eq!(verdict(&r, "juneau-xdp-fast (opt-in)"), Verdict::Missed);
         assert_eq!(verdict(&r, "every throughput row"), Verdict::Missed);
-        r.ratios.cpu_juneau_vs_nft_dnat = Some(1.5);
-        assert_eq!(verdict(&r, "juneau / nft-dnat"), Verdict::Met);
+        r.ratios.cpu_juneau_vs_nft_dnat = Some(1.0);
+        assert_eq!(verdict(&r, "juneau (default"), Verdict::Met);
+        r.ratios.cpu_juneau_vs_xdp_dnat = None;
+        assert_eq!(verdict(&r, "juneau-xdp-fast (opt-in)"), Verdict::Refused);
+        r.scenarios.retain(|s| s.name != "juneau-xdp-fast");
+        assert_eq!(
+            verdict(&r, "juneau-xdp-fast (opt-in)"),
+            Verdict::NotMeasured,
+            "the fast-path target is the fast-path row's, not the default path's"
+        );
     }
 
     #[test]

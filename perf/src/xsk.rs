@@ -190,6 +190,10 @@ pub struct L2fwdConfig {
     pub dst_mac: [u8; 6],
     /// Stop after this long.
     pub duration: Duration,
+    /// `SCHED_FIFO` priority (juneau-dataplane's `--worker-priority`): realtime, it sleeps
+    /// in `poll(2)` when its RX ring is empty, as juneau's workers do; 0: normal policy,
+    /// busy spinning.
+    pub worker_priority: u8,
 }
 
 /// Counters of the forwarder.
@@ -252,6 +256,7 @@ pub fn l2fwd(
     let mut iter = 0u32;
     let mut next_report = Duration::from_secs(1);
     let (mut in_flight, mut unsent) = (0usize, 0usize);
+    let realtime = juneau_dataplane::sched::enter_worker(cfg.worker_priority, 0);
     while !stop.load(Ordering::Relaxed) {
         iter = iter.wrapping_add(1);
         if iter & 1023 == 0 {
@@ -316,6 +321,17 @@ pub fn l2fwd(
                 }
             }
             unsent = 0;
+        }
+        if got == 0 && realtime {
+            // The same wake-up policy as juneau's realtime workers (`runtime_worker::idle`).
+            let mut pfd = libc::pollfd {
+                fd: rx.fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let timeout_ms = if in_flight > 0 { 1 } else { 10 };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
         }
     }
     Ok(res)

@@ -93,9 +93,17 @@ struct Args {
     #[arg(long, default_value_t = 60)]
     udp_timeout: u32,
     /// Keep busy-polling this many microseconds after the last packet before sleeping
-    /// (any steady traffic keeps the loop spinning; a quiet node sleeps).
+    /// (any steady traffic keeps the loop spinning; a quiet node sleeps). Only for
+    /// workers under the normal policy (`--worker-priority 0`, or CAP_SYS_NICE missing):
+    /// a realtime worker sleeps as soon as its rings are empty.
     #[arg(long, default_value_t = 10_000)]
     busy_poll_us: u64,
+    /// SCHED_FIFO priority (1-99) of the forwarding workers, so the kernel's receive
+    /// work never takes their core from them (docs/dataplane.md, "Where the time goes");
+    /// 0 keeps the normal policy. Needs CAP_SYS_NICE (without it: a warning, the normal
+    /// policy).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=99))]
+    worker_priority: u8,
     /// Longest sleep in poll(2) while idle, milliseconds (a packet wakes it at once).
     #[arg(long, default_value_t = 10)]
     idle_sleep_ms: i32,
@@ -114,11 +122,12 @@ struct Args {
     /// Attach XDP in generic (skb) mode instead of native.
     #[arg(long)]
     generic_xdp: bool,
-    /// Keep every packet in userspace: the steering program does not forward
-    /// established flows itself (it does so only towards interfaces that take XDP
-    /// frames; docs/dataplane.md, "XDP fast path").
+    /// Opt-in accelerator: the steering program forwards established flows itself
+    /// where the egress takes XDP frames (a NIC, a veth whose peer runs XDP; not a
+    /// bridge CNI's Pods), instead of every packet going through userspace
+    /// (docs/dataplane.md, "XDP fast path").
     #[arg(long)]
-    no_xdp_fast_path: bool,
+    xdp_fast_path: bool,
     /// Bind AF_XDP sockets in zero-copy mode (NICs that support it; not veth).
     #[arg(long)]
     zero_copy: bool,
@@ -253,10 +262,11 @@ fn main() -> Result<()> {
         frames_per_iface: a.frames_per_iface,
         ring_size: a.ring_size,
         busy_poll_us: a.busy_poll_us,
+        worker_priority: a.worker_priority,
         idle_sleep_ms: a.idle_sleep_ms,
         xsk_busy_poll_budget: a.xsk_busy_poll_budget,
         generic_xdp: a.generic_xdp,
-        xdp_fast_path: !a.no_xdp_fast_path,
+        xdp_fast_path: a.xdp_fast_path,
         zero_copy: a.zero_copy,
         neighbour_keepalive_s: a.neighbour_keepalive,
         redirect: a
