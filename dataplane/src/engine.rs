@@ -216,6 +216,8 @@ pub struct Engine {
     /// Held fragments released by their first fragment, rewritten, with their egress:
     /// the runtime sends them after the batch ([`Engine::take_released`]).
     released: Vec<(Vec<u8>, Side)>,
+    /// Bounds the ICMP "fragmentation needed" this worker sends ([`Engine::frag_needed`]).
+    icmp_bucket: crate::icmp::TokenBucket,
 }
 
 /// Datagrams the fragment table of one worker follows at once.
@@ -223,8 +225,16 @@ pub const FRAG_DATAGRAMS: usize = 4096;
 /// How long a datagram's fragments are followed after its last one, ms.
 pub const FRAG_TIMEOUT_MS: u64 = 5_000;
 
+/// ICMP "fragmentation needed" one worker sends at once, and per second after that.
+pub const ICMP_BURST: u32 = 50;
+/// See [`ICMP_BURST`].
+pub const ICMP_PER_SECOND: u32 = 100;
+
 #[path = "engine_redirect.rs"]
 mod redirect_path;
+
+#[path = "engine_icmp.rs"]
+mod icmp_path;
 
 impl Engine {
     /// An engine with an empty service table and a flow table on the heap.
@@ -262,6 +272,7 @@ impl Engine {
             client_mss: vec![0; cfg.flow_capacity],
             frags: FragTable::new(FRAG_DATAGRAMS, FRAG_TIMEOUT_MS),
             released: Vec::new(),
+            icmp_bucket: crate::icmp::TokenBucket::new(ICMP_BURST, ICMP_PER_SECOND),
         }
     }
 
