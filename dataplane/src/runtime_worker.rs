@@ -266,16 +266,20 @@ fn transmit(
 /// packets it has room for (never the first descriptors of a packet without the rest).
 /// Returns the descriptors produced.
 fn produce_whole_packets(p: &mut Port, q: &[FrameDesc]) -> usize {
-    let room = (p.tx.nb_free_exact() as usize).min(q.len());
-    let whole = (0..=room)
-        .rev()
-        .find(|&k| k == 0 || q[k - 1].options() & large::XDP_PKT_CONTD == 0)
-        .unwrap_or(0);
+    let whole = whole_packets(q, p.tx.nb_free_exact() as usize);
     if whole == 0 {
         return 0;
     }
     // SAFETY: as in `transmit`; the ring has room for `whole` descriptors.
     unsafe { p.tx.produce(&q[..whole]) }
+}
+
+/// The most descriptors of `q`, at most `room`, that end on a packet's last descriptor.
+fn whole_packets(q: &[FrameDesc], room: usize) -> usize {
+    (0..=room.min(q.len()))
+        .rev()
+        .find(|&k| k == 0 || q[k - 1].options() & large::XDP_PKT_CONTD == 0)
+        .unwrap_or(0)
 }
 
 /// Frames the TX ring had no room for go back to the free stack, each packet counted
@@ -813,6 +817,21 @@ mod tests {
             b.worked(ms(5 * i));
             assert!(!b.spin(ms(5 * i), poll, false), "200 pps at {} ms", 5 * i);
         }
+    }
+
+    #[test]
+    fn the_tx_ring_never_gets_part_of_a_packet() {
+        // Packets of 1, 3 and 2 descriptors.
+        let q: Vec<FrameDesc> = [0, 1, 1, 0, 1, 0]
+            .iter()
+            .map(|&c| {
+                let mut d = FrameDesc::default();
+                d.set_options(c * large::XDP_PKT_CONTD);
+                d
+            })
+            .collect();
+        let got: Vec<usize> = (0..8).map(|room| whole_packets(&q, room)).collect();
+        assert_eq!(got, vec![0, 1, 1, 1, 4, 4, 6, 6]);
     }
 
     fn stats(rx: u64, flows: u64, drops: u64) -> Stats {
