@@ -2588,6 +2588,7 @@ fn large_jumbo_packets_leave_whole_over_several_tx_descriptors() -> Result<()> {
         Ok(())
     })?;
     bodies_cross_the_vip(&lab)?;
+    eprintln!("mean packet: {down} B to the client, {up} B to the Pods");
     ensure!(
         down > 6000 && up > 6000,
         "segments of ~9000 bytes both ways: the client got {down} B/packet, the Pods {up}: {}",
