@@ -211,6 +211,10 @@ pub struct Counters {
     pub segmented: u64,
     /// Frames those packets became.
     pub segments: u64,
+    /// ICMP "fragmentation needed" sent for packets dropped as too big with DF set.
+    pub icmp_frag_needed_sent: u64,
+    /// Such errors not sent: over the per-worker rate.
+    pub icmp_frag_needed_limited: u64,
     /// Indexed like the current service table.
     pub services: Vec<ServiceCounters>,
 }
@@ -307,6 +311,13 @@ pub struct Stats {
     /// Frames those packets became.
     #[serde(default)]
     pub segments: u64,
+    /// ICMP "fragmentation needed" sent for oversized packets with DF set (each one is
+    /// also a `too_big` drop).
+    #[serde(default)]
+    pub icmp_frag_needed_sent: u64,
+    /// Such errors not sent because the worker's rate limit was reached.
+    #[serde(default)]
+    pub icmp_frag_needed_limited: u64,
     /// Frames received per AF_XDP socket (`interface/queue`).
     pub rx_packets_per_socket: std::collections::BTreeMap<String, u64>,
     /// Drops by reason (every reason present, zero or not).

@@ -218,6 +218,8 @@ pub struct Engine {
     released: Vec<(Vec<u8>, Side)>,
     /// When the flow table was last swept.
     sweep_pace: SweepPace,
+    /// Bounds the ICMP "fragmentation needed" this worker sends ([`Engine::frag_needed`]).
+    icmp_bucket: crate::icmp::TokenBucket,
 }
 
 /// The sweep passes over a whole flow table once per this many ms (so a record is
@@ -262,8 +264,16 @@ pub const FRAG_DATAGRAMS: usize = 4096;
 /// How long a datagram's fragments are followed after its last one, ms.
 pub const FRAG_TIMEOUT_MS: u64 = 5_000;
 
+/// ICMP "fragmentation needed" one worker sends at once, and per second after that.
+pub const ICMP_BURST: u32 = 50;
+/// See [`ICMP_BURST`].
+pub const ICMP_PER_SECOND: u32 = 100;
+
 #[path = "engine_redirect.rs"]
 mod redirect_path;
+
+#[path = "engine_icmp.rs"]
+mod icmp_path;
 
 impl Engine {
     /// An engine with an empty service table and a flow table on the heap.
@@ -302,6 +312,7 @@ impl Engine {
             frags: FragTable::new(FRAG_DATAGRAMS, FRAG_TIMEOUT_MS),
             released: Vec::new(),
             sweep_pace: SweepPace::default(),
+            icmp_bucket: crate::icmp::TokenBucket::new(ICMP_BURST, ICMP_PER_SECOND),
         }
     }
 

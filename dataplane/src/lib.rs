@@ -29,6 +29,7 @@ pub mod fast;
 pub mod flow;
 pub mod frag;
 pub mod frames;
+pub mod icmp;
 pub mod metrics;
 pub mod neigh;
 pub mod netlink;

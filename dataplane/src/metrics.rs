@@ -74,7 +74,7 @@ fn gauge(r: &mut Registry, name: &str, help: &str, v: u64) {
 
 /// Registers every series of `st` (names: `docs/dataplane.md`, "Counters and metrics").
 pub fn register_stats(r: &mut Registry, st: &Stats) {
-    let counters: [(&str, &str, u64); 18] = [
+    let counters: [(&str, &str, u64); 20] = [
         (
             "juneau_dataplane_rx_packets",
             "Frames received from AF_XDP sockets",
@@ -99,6 +99,16 @@ pub fn register_stats(r: &mut Registry, st: &Stats) {
             "juneau_dataplane_segments",
             "Frames the cut packets became",
             st.segments,
+        ),
+        (
+            "juneau_dataplane_icmp_frag_needed_sent",
+            "ICMP fragmentation-needed errors sent for oversized packets with DF set (each also a too_big drop)",
+            st.icmp_frag_needed_sent,
+        ),
+        (
+            "juneau_dataplane_icmp_frag_needed_limited",
+            "ICMP fragmentation-needed errors not sent: the worker's rate limit was reached",
+            st.icmp_frag_needed_limited,
         ),
         (
             "juneau_dataplane_tx_packets",

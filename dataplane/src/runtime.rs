@@ -144,8 +144,8 @@ struct Port {
     unsent: u32,
     /// Frames received on this socket.
     rx_packets: u64,
-    /// The largest frame the interface takes (its MTU and Ethernet header, at most one
-    /// UMEM frame), read when the socket opens.
+    /// The largest frame the interface takes (its MTU and Ethernet header; at most one
+    /// UMEM frame without `XDP_USE_SG`), read when the socket opens.
     max_frame: usize,
     /// Frames of a multi-buffer packet received so far (its last frame not yet).
     chain: Vec<FrameDesc>,
@@ -226,6 +226,7 @@ impl SocketFactory<'_> {
         (worker, workers): (u32, u32),
     ) -> Result<Vec<Port>> {
         let name = &si.name;
+        let sg = self.cfg.bind_flags().contains(BindFlags::XDP_USE_SG);
         let ifname: Interface = name
             .parse()
             .map_err(|e| anyhow!("interface name {name}: {e:?}"))?;
@@ -258,7 +259,7 @@ impl SocketFactory<'_> {
                 in_flight: 0,
                 unsent: 0,
                 rx_packets: 0,
-                max_frame: large::frame_limit(name),
+                max_frame: large::frame_limit(name, sg),
                 chain: Vec::new(),
             });
         }

@@ -28,8 +28,15 @@ pub(super) struct Out<'a, 'u> {
     pub pool: &'a mut FramePool<FrameDesc>,
     pub umem: &'u Umem,
     pub pending: &'a mut [Vec<FrameDesc>],
+    /// Descriptors in `pending` that continue a packet (`XDP_PKT_CONTD`), by socket.
+    pub contd: &'a mut [usize],
     /// Largest frame each of the worker's sockets' interface takes, by socket.
     pub limits: &'a [usize],
+    /// A piece of a cut packet longer than one UMEM frame, before it is spread.
+    pub scratch: &'a mut [u8],
+    pub nb: &'a Neighbours,
+    pub egress: &'a [Option<usize>],
+    pub sources: &'a mut NodeSources,
 }
 
 /// Copies a chain's frames, in order, into `buf` and returns them to the free stack
@@ -92,9 +99,11 @@ pub(super) fn chain(
     }
 }
 
-/// Queues `frame` (already rewritten) on socket `j`: as one frame when it fits the
-/// interface, otherwise cut into TCP segments (at most the client's MSS for a reply)
-/// or IPv4 fragments. Whatever cannot leave is counted under a named reason.
+/// Queues `frame` (already rewritten) on socket `j`: whole when it fits the interface
+/// (over several descriptors when longer than a UMEM frame), otherwise cut into TCP
+/// segments (at most the client's MSS for a reply) or IPv4 fragments; a non-TCP packet
+/// with DF set is dropped and its sender told the MTU. Whatever cannot leave is counted
+/// under a named reason.
 pub(super) fn emit(
     engine: &mut Engine,
     frame: &[u8],
@@ -104,15 +113,15 @@ pub(super) fn emit(
 ) {
     let limit = out.limits.get(j).copied().unwrap_or(FRAME_CAPACITY);
     if frame.len() <= limit {
-        let Some(mut d) = out.pool.free.pop() else {
+        if !queue(
+            out.pool,
+            out.umem,
+            &mut out.pending[j],
+            &mut out.contd[j],
+            frame,
+        ) {
             engine.counters_mut().drop(DropReason::NoFreeFrame);
-            return;
-        };
-        put(out.umem, &mut d, |buf| {
-            buf[..frame.len()].copy_from_slice(frame);
-            frame.len()
-        });
-        out.pending[j].push(d);
+        }
         return;
     }
     // A reply towards a client: its SYN said how much a segment may carry.
@@ -124,20 +133,139 @@ pub(super) fn emit(
     let cut = match Cut::plan(frame, limit, mss) {
         Ok(c) => c,
         Err(CutError::Malformed) => return engine.counters_mut().drop(DropReason::Malformed),
-        Err(CutError::DontFragment | CutError::NoRoom) => {
-            return engine.counters_mut().drop(DropReason::TooBig)
+        Err(CutError::DontFragment) => {
+            engine.counters_mut().drop(DropReason::TooBig);
+            return tell_the_mtu(engine, frame, j, limit, now_ms, out);
         }
+        Err(CutError::NoRoom) => return engine.counters_mut().drop(DropReason::TooBig),
     };
     for i in 0..cut.pieces() {
-        let Some(mut d) = out.pool.free.pop() else {
+        let queued = if limit <= FRAME_CAPACITY {
+            match out.pool.free.pop() {
+                Some(mut d) => {
+                    put(out.umem, &mut d, |buf| cut.write(frame, i, buf));
+                    out.pending[j].push(d);
+                    true
+                }
+                None => false,
+            }
+        } else {
+            let n = cut.write(frame, i, out.scratch);
+            let piece = &out.scratch[..n];
+            queue(
+                out.pool,
+                out.umem,
+                &mut out.pending[j],
+                &mut out.contd[j],
+                piece,
+            )
+        };
+        if !queued {
             engine.counters_mut().drop(DropReason::NoFreeFrame);
             return;
-        };
-        put(out.umem, &mut d, |buf| cut.write(frame, i, buf));
-        out.pending[j].push(d);
+        }
     }
     engine.counters_mut().segmented += 1;
     engine.counters_mut().segments += cut.pieces() as u64;
+}
+
+/// Queues `bytes` as one packet: one frame, or — longer than a frame, on a socket bound
+/// with `XDP_USE_SG` — consecutive frames, `XDP_PKT_CONTD` on all but the last (the TX
+/// ring takes them together, see `worker::transmit`). `false`, nothing queued, when the
+/// free stack holds too few frames.
+fn queue(
+    pool: &mut FramePool<FrameDesc>,
+    umem: &Umem,
+    pending: &mut Vec<FrameDesc>,
+    contd: &mut usize,
+    bytes: &[u8],
+) -> bool {
+    let n = bytes.len().div_ceil(FRAME_CAPACITY).max(1);
+    if pool.free.len() < n {
+        return false;
+    }
+    for (k, chunk) in bytes.chunks(FRAME_CAPACITY).enumerate() {
+        let Some(mut d) = pool.free.pop() else {
+            return false; // checked above
+        };
+        put(umem, &mut d, |buf| {
+            buf[..chunk.len()].copy_from_slice(chunk);
+            chunk.len()
+        });
+        if k + 1 < n {
+            d.set_options(XDP_PKT_CONTD);
+        }
+        pending.push(d);
+    }
+    *contd += n - 1;
+    true
+}
+
+/// An oversized packet with DF set was dropped: its sender gets an ICMP "fragmentation
+/// needed" with the egress MTU (rate-limited per worker, see `Engine::frag_needed`).
+fn tell_the_mtu(
+    engine: &mut Engine,
+    frame: &[u8],
+    j: usize,
+    limit: usize,
+    now_ms: u64,
+    out: &mut Out<'_, '_>,
+) {
+    let mtu = limit
+        .saturating_sub(packet::ETH_HEADER_LEN)
+        .min(usize::from(u16::MAX)) as u16;
+    let mut err = [0u8; crate::icmp::FRAG_NEEDED_MAX];
+    let sources = &mut *out.sources;
+    let source = |pod: u32| sources.toward(pod, now_ms);
+    let Some((side, n)) = engine.frag_needed(frame, j != 0, mtu, source, out.nb, now_ms, &mut err)
+    else {
+        return;
+    };
+    let Some(k) = super::worker::socket_of(engine, side, out.egress) else {
+        return;
+    };
+    if !queue(
+        out.pool,
+        out.umem,
+        &mut out.pending[k],
+        &mut out.contd[k],
+        &err[..n],
+    ) {
+        engine.counters_mut().drop(DropReason::NoFreeFrame);
+    }
+}
+
+/// The node's address the kernel picks as the source towards a Pod (what Linux's
+/// `icmp_send` uses for an error about a forwarded packet), by Pod address, kept 10 s.
+/// Looked up with a connected UDP socket (no packet sent); only for ICMP errors, which
+/// are rate-limited, so the syscalls are bounded.
+#[derive(Default)]
+pub(super) struct NodeSources {
+    /// (Pod, source, when looked up).
+    entries: Vec<(u32, u32, u64)>,
+}
+
+impl NodeSources {
+    const KEEP_MS: u64 = 10_000;
+    const MAX: usize = 64;
+
+    fn toward(&mut self, pod: u32, now_ms: u64) -> Option<u32> {
+        self.entries
+            .retain(|e| now_ms.saturating_sub(e.2) < Self::KEEP_MS);
+        if let Some(e) = self.entries.iter().find(|e| e.0 == pod) {
+            return Some(e.1);
+        }
+        let s = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0)).ok()?;
+        s.connect((std::net::Ipv4Addr::from(pod), 9)).ok()?;
+        let std::net::SocketAddr::V4(a) = s.local_addr().ok()? else {
+            return None;
+        };
+        if self.entries.len() >= Self::MAX {
+            self.entries.remove(0);
+        }
+        self.entries.push((pod, u32::from(*a.ip()), now_ms));
+        Some(u32::from(*a.ip()))
+    }
 }
 
 /// Writes a free frame's contents with `write` (which returns the length written).
@@ -152,12 +280,19 @@ fn put(umem: &Umem, d: &mut FrameDesc, write: impl FnOnce(&mut [u8]) -> usize) {
     data.cursor().set_pos(n);
 }
 
-/// The largest frame an interface takes: its MTU plus the Ethernet header, at most a
-/// frame's capacity (a jumbo interface gets TCP segments and fragments of one frame).
-pub(super) fn frame_limit(ifname: &str) -> usize {
+/// Most descriptors one transmitted packet spans: copy mode builds an skb of one linear
+/// part and at most `MAX_SKB_FRAGS` (17 by default) pages and refuses a packet of more
+/// (`net/xdp/xsk.c`); 16 keeps a margin.
+pub(super) const MAX_TX_DESCS: usize = 16;
+
+/// The largest frame an interface takes: its MTU plus the Ethernet header, at most one
+/// frame's capacity on a socket bound without `XDP_USE_SG` (a jumbo interface then gets
+/// TCP segments and fragments of one frame), at most [`MAX_TX_DESCS`] frames with it.
+pub(super) fn frame_limit(ifname: &str, sg: bool) -> usize {
     let mtu = std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
         .ok()
         .and_then(|s| s.trim().parse::<usize>().ok())
         .unwrap_or(1500);
-    (mtu + packet::ETH_HEADER_LEN).min(FRAME_CAPACITY)
+    let most = if sg { MAX_TX_DESCS } else { 1 } * FRAME_CAPACITY;
+    (mtu + packet::ETH_HEADER_LEN).min(most)
 }

@@ -19,6 +19,12 @@ pub(super) struct Bufs {
     limits: Vec<usize>,
     /// A multi-buffer or oversized packet, gathered contiguously.
     gathered: Vec<u8>,
+    /// Descriptors in `pending` that continue a packet (`XDP_PKT_CONTD`), by socket.
+    contd: Vec<usize>,
+    /// A piece of a cut packet, before it is spread over frames.
+    piece: Vec<u8>,
+    /// The node's source addresses for ICMP errors to Pods.
+    sources: large::NodeSources,
 }
 
 impl Bufs {
@@ -32,6 +38,9 @@ impl Bufs {
             pending,
             limits: Vec::new(),
             gathered: vec![0; super::large::GATHER_MAX],
+            contd: vec![0; sockets],
+            piece: vec![0; super::large::GATHER_MAX],
+            sources: large::NodeSources::default(),
         }
     }
 }
@@ -111,7 +120,12 @@ fn receive(
             pool: r.pool,
             umem,
             pending: &mut b.pending,
+            contd: &mut b.contd,
             limits: &b.limits,
+            scratch: &mut b.piece,
+            nb,
+            egress,
+            sources: &mut b.sources,
         };
         for d in b.rx.iter_mut().take(n) {
             if !p.chain.is_empty() || d.options() & large::XDP_PKT_CONTD != 0 {
@@ -230,20 +244,65 @@ fn transmit(
     for (j, p) in r.ports.iter_mut().enumerate() {
         let q = &mut b.pending[j];
         if !q.is_empty() {
-            // SAFETY: frames from our UMEM, now owned by nobody but this queue.
-            let sent = unsafe { p.tx.produce(q) };
-            r.pool.hand_over(p.id, &q[..sent]);
-            for d in &q[sent..] {
-                engine.counters_mut().drop(DropReason::TxRingFull);
-                r.pool.free.push(*d);
+            // SAFETY: frames from our UMEM, now owned by nobody but this queue. The ring
+            // takes all of them or none.
+            let mut sent = unsafe { p.tx.produce(q) };
+            let mut contd = std::mem::take(&mut b.contd[j]);
+            if sent < q.len() {
+                sent = produce_whole_packets(p, q);
+                contd = leftovers(engine, r.pool, &q[sent..], contd);
             }
-            engine.counters_mut().tx_packets += sent as u64;
+            r.pool.hand_over(p.id, &q[..sent]);
+            engine.counters_mut().tx_packets += (sent - contd) as u64;
             p.in_flight += sent as u32;
             p.unsent += sent as u32;
             q.clear();
         }
         kick(p, cfg, timing);
     }
+}
+
+/// The TX ring had no room for every pending frame: produces the longest run of whole
+/// packets it has room for (never the first descriptors of a packet without the rest).
+/// Returns the descriptors produced.
+fn produce_whole_packets(p: &mut Port, q: &[FrameDesc]) -> usize {
+    let whole = whole_packets(q, p.tx.nb_free_exact() as usize);
+    if whole == 0 {
+        return 0;
+    }
+    // SAFETY: as in `transmit`; the ring has room for `whole` descriptors.
+    unsafe { p.tx.produce(&q[..whole]) }
+}
+
+/// The most descriptors of `q`, at most `room`, that end on a packet's last descriptor.
+fn whole_packets(q: &[FrameDesc], room: usize) -> usize {
+    (0..=room.min(q.len()))
+        .rev()
+        .find(|&k| k == 0 || q[k - 1].options() & large::XDP_PKT_CONTD == 0)
+        .unwrap_or(0)
+}
+
+/// Frames the TX ring had no room for go back to the free stack, each packet counted
+/// as `tx_ring_full`. Returns the continuation descriptors of what was produced
+/// (`contd`, those of the whole queue, less the leftovers').
+fn leftovers(
+    engine: &mut Engine,
+    pool: &mut FramePool<FrameDesc>,
+    left: &[FrameDesc],
+    contd: usize,
+) -> usize {
+    let mut left_contd = 0;
+    for d in left {
+        let mut d = *d;
+        if d.options() & large::XDP_PKT_CONTD != 0 {
+            left_contd += 1;
+        } else {
+            engine.counters_mut().drop(DropReason::TxRingFull);
+        }
+        d.set_options(0);
+        pool.free.push(d);
+    }
+    contd - left_contd
 }
 
 /// Kick policy: copy mode transmits only inside sendto(), at most 32 frames per call.
@@ -576,6 +635,8 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
         segmented: c.segmented,
         fragment_datagrams: engine.fragment_datagrams() as u64,
         segments: c.segments,
+        icmp_frag_needed_sent: c.icmp_frag_needed_sent,
+        icmp_frag_needed_limited: c.icmp_frag_needed_limited,
         flows: flows.len() as u64,
         flow_capacity: flows.capacity() as u64,
         flow_table_bytes: flows.memory_bytes() as u64,
@@ -638,6 +699,8 @@ pub(super) fn merge(total: &mut Stats, other: &Stats) {
     total.segmented += other.segmented;
     total.fragment_datagrams += other.fragment_datagrams;
     total.segments += other.segments;
+    total.icmp_frag_needed_sent += other.icmp_frag_needed_sent;
+    total.icmp_frag_needed_limited += other.icmp_frag_needed_limited;
     total.flows += other.flows;
     total.flow_capacity += other.flow_capacity;
     total.flow_table_bytes += other.flow_table_bytes;
@@ -775,6 +838,21 @@ mod tests {
             b.worked(ms(5 * i));
             assert!(!b.spin(ms(5 * i), poll, false), "200 pps at {} ms", 5 * i);
         }
+    }
+
+    #[test]
+    fn the_tx_ring_never_gets_part_of_a_packet() {
+        // Packets of 1, 3 and 2 descriptors.
+        let q: Vec<FrameDesc> = [0, 1, 1, 0, 1, 0]
+            .iter()
+            .map(|&c| {
+                let mut d = FrameDesc::default();
+                d.set_options(c * large::XDP_PKT_CONTD);
+                d
+            })
+            .collect();
+        let got: Vec<usize> = (0..8).map(|room| whole_packets(&q, room)).collect();
+        assert_eq!(got, vec![0, 1, 1, 1, 4, 4, 6, 6]);
     }
 
     fn stats(rx: u64, flows: u64, drops: u64) -> Stats {

@@ -2565,6 +2565,216 @@ fn large_bodies_reach_a_client_behind_a_1400_byte_link() -> Result<()> {
     lab.finish()
 }
 
+/// Received packets and bytes of `ifname` in `ns` (the kernel's interface counters).
+fn rx_counts(ns: &Netns, ifname: &str) -> Result<(u64, u64)> {
+    let read = |what: &str| -> Result<u64> {
+        let path = format!("/sys/class/net/{ifname}/statistics/rx_{what}");
+        Ok(ns.exec(&["cat", &path])?.trim().parse()?)
+    };
+    Ok((read("packets")?, read("bytes")?))
+}
+
+/// Bytes per packet the `eth0` of the namespaces `at` received, together, while `f` ran.
+fn mean_rx_size(at: &[&Netns], f: impl FnOnce() -> Result<()>) -> Result<u64> {
+    let sum = || -> Result<(u64, u64)> {
+        let mut t = (0, 0);
+        for ns in at {
+            let (p, b) = rx_counts(ns, "eth0")?;
+            t = (t.0 + p, t.1 + b);
+        }
+        Ok(t)
+    };
+    let (p0, b0) = sum()?;
+    f()?;
+    let (p1, b1) = sum()?;
+    ensure!(p1 > p0, "nothing received");
+    Ok((b1 - b0) / (p1 - p0))
+}
+
+#[test]
+fn large_jumbo_packets_leave_whole_over_several_tx_descriptors() -> Result<()> {
+    // Every link takes 9000 bytes: a Pod's 8960-byte segments, longer than a UMEM frame,
+    // must reach the client whole (several TX descriptors, one packet), not cut to
+    // 3840-byte frames; the client's segments the same towards the Pods.
+    let mut lab = Lab::new("dpW")?;
+    lab.kill9();
+    for p in &lab.pods {
+        p.exec(&["ip", "link", "set", "eth0", "mtu", "9000"])?;
+    }
+    for i in ["pv0", "pv1", "up0"] {
+        lab.node.exec(&["ip", "link", "set", i, "mtu", "9000"])?;
+    }
+    lab.client
+        .exec(&["ip", "link", "set", "eth0", "mtu", "9000"])?;
+    lab.start()?;
+    let ns = lab.client.name();
+    let n = 4 << 20;
+    let down = mean_rx_size(&[&lab.client], || {
+        download(ns, &format!("http://{VIP}/bytes/{n}"), &pattern(n), 60)
+    })?;
+    let pods: Vec<&Netns> = lab.pods.iter().collect();
+    let up = mean_rx_size(&pods, || {
+        for _ in 0..4 {
+            upload(ns, &format!("http://{VIP}/upload"), &pattern(n), 60)?;
+        }
+        Ok(())
+    })?;
+    bodies_cross_the_vip(&lab)?;
+    eprintln!("mean packet: {down} B to the client, {up} B to the Pods");
+    ensure!(
+        down > 6000 && up > 6000,
+        "segments of ~9000 bytes both ways: the client got {down} B/packet, the Pods {up}: {}",
+        lab.stats()?
+    );
+    ensure!(
+        lab.stat("segmented") == 0,
+        "nothing cut, every segment fits the 9000-byte links: {}",
+        lab.stats()?
+    );
+    assert_no_size_drops(&lab);
+    lab.finish()
+}
+
+/// Sends `payload` to VIP:53 from a socket in namespace `ns` (Linux sets DF on what fits
+/// the route's path MTU and fragments the rest) until an answer comes; the answer.
+fn udp_echo_from(ns: &str, payload: &[u8], tries: usize) -> Result<Vec<u8>> {
+    let payload = payload.to_vec();
+    in_ns(ns, move || -> Result<Vec<u8>> {
+        let s = UdpSocket::bind("0.0.0.0:0")?;
+        s.set_read_timeout(Some(Duration::from_millis(500)))?;
+        let mut buf = vec![0u8; 65_536];
+        for _ in 0..tries {
+            // EMSGSIZE once the kernel learned a smaller path MTU: send again.
+            let _ = s.send_to(&payload, (VIP, 53));
+            if let Ok((n, from)) = s.recv_from(&mut buf) {
+                ensure!(from == SocketAddr::from((VIP, 53)), "answer from {from}");
+                return Ok(buf[..n].to_vec());
+            }
+        }
+        bail!("no UDP answer from the VIP to {} bytes", payload.len())
+    })
+}
+
+/// Waits until `ip route get <to>` in `ns` shows `mtu <mtu>` (a learned path MTU).
+fn wait_path_mtu(ns: &Netns, to: Ipv4Addr, mtu: u16) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = ns.exec(&["ip", "route", "get", &to.to_string()])?;
+        if r.contains(&format!("mtu {mtu}")) {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{} never learned path MTU {mtu} towards {to}: {r}",
+            ns.name()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_df_datagram_larger_than_the_pods_mtu_gets_fragmentation_needed_from_the_vip() -> Result<()> {
+    // The Pods' links take 1400 bytes, the client's 1500: a client's 1450-byte datagram
+    // (DF set, as Linux sends what fits its route) cannot reach a Pod. The client must
+    // hear so from the VIP it sent to, learn the path MTU, and its next try (fragmented
+    // by its kernel) must cross.
+    let mut lab = Lab::new("dpD")?;
+    lab.kill9();
+    for p in &lab.pods {
+        p.exec(&["ip", "link", "set", "eth0", "mtu", "1400"])?;
+    }
+    for i in ["pv0", "pv1"] {
+        lab.node.exec(&["ip", "link", "set", i, "mtu", "1400"])?;
+    }
+    lab.start()?;
+    let payload = pattern(1450 - 28);
+    let answer = udp_echo_from(lab.client.name(), &payload, 10)?;
+    ensure!(answer.ends_with(&payload), "the echo carries every byte");
+    wait_path_mtu(&lab.client, VIP, 1400)?;
+    ensure!(lab.stat("icmp_frag_needed_sent") >= 1, "{}", lab.stats()?);
+    ensure!(lab.drops("too_big") >= 1, "{}", lab.stats()?);
+    lab.finish()
+}
+
+#[test]
+fn a_pods_df_reply_larger_than_the_uplink_gets_fragmentation_needed_from_the_node() -> Result<()> {
+    // The uplink (and the client) take 1400 bytes, the Pods 1500: a Pod's ~1450-byte UDP
+    // answer (DF set) cannot leave. The Pod must be told (from the node's address, about
+    // the packet as it sent it), learn the path MTU towards the client, and fragment its
+    // next answers.
+    let mut lab = Lab::new("dpE")?;
+    lab.kill9();
+    lab.node
+        .exec(&["ip", "link", "set", "up0", "mtu", "1400"])?;
+    lab.client
+        .exec(&["ip", "link", "set", "eth0", "mtu", "1400"])?;
+    lab.start()?;
+    let payload = pattern(1450 - 28 - 27);
+    let answer = udp_echo_from(lab.client.name(), &payload, 10)?;
+    ensure!(answer.ends_with(&payload), "the echo carries every byte");
+    let pod = pod_of(&String::from_utf8_lossy(&answer)).context("which pod")?;
+    wait_path_mtu(&lab.pods[pod], CLIENT_IP, 1400)?;
+    ensure!(lab.stat("icmp_frag_needed_sent") >= 1, "{}", lab.stats()?);
+    ensure!(lab.drops("too_big") >= 1, "{}", lab.stats()?);
+    lab.finish()
+}
+
+#[test]
+fn a_client_behind_a_1400_byte_link_between_two_routers_moves_4_mib_both_ways() -> Result<()> {
+    // client (1500) ── r1 ══ 1400 ══ r2 (the lab's client namespace) ── up0 (1500):
+    // both ends think 1500, a link between them takes 1400. Path-MTU discovery must work
+    // through the VIP both ways: r2's "fragmentation needed" about a Pod's reply goes to
+    // the VIP and must reach the Pod; r1's reaches the client directly.
+    let mut lab = Lab::new("dpR")?;
+    lab.kill9();
+    let p = unique_prefix("dpR");
+    let r1 = Netns::new(format!("{p}r1"))?;
+    let c = Netns::new(format!("{p}c2"))?;
+    let r2 = &lab.client;
+    veth(r2, "mid", &r1, "mid")?;
+    for ns in [r2, &r1] {
+        ns.exec(&["ip", "link", "set", "mid", "mtu", "1400"])?;
+        ns.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    }
+    r2.addr("mid", "10.100.9.1/30")?;
+    r1.addr("mid", "10.100.9.2/30")?;
+    veth(&r1, "eth1", &c, "eth0")?;
+    r1.addr("eth1", "10.100.10.1/24")?;
+    c.addr("eth0", "10.100.10.2/24")?;
+    c.exec(&["ip", "route", "add", "default", "via", "10.100.10.1"])?;
+    c.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
+    r1.exec(&["ip", "route", "add", "default", "via", "10.100.9.1"])?;
+    r2.exec(&["ip", "route", "add", "10.100.10.0/24", "via", "10.100.9.2"])?;
+    lab.node
+        .exec(&["ip", "route", "add", "10.100.10.0/24", "via", "10.100.1.2"])?;
+    lab.start()?;
+    let far = Ipv4Addr::new(10, 100, 10, 2);
+
+    // UDP first (nothing learned yet): a ~1450-byte request and answer, DF set by both
+    // kernels. Each side hears from the router in front of the narrow link, learns 1400
+    // and fragments the next try.
+    let payload = pattern(1450 - 28 - 27);
+    let answer = udp_echo_from(c.name(), &payload, 20)?;
+    ensure!(answer.ends_with(&payload), "the echo carries every byte");
+    wait_path_mtu(&c, VIP, 1400)?;
+    let pod = pod_of(&String::from_utf8_lossy(&answer)).context("which pod")?;
+    wait_path_mtu(&lab.pods[pod], far, 1400)?;
+
+    let n = 4 << 20;
+    for _ in 0..3 {
+        download(
+            c.name(),
+            &format!("http://{VIP}/bytes/{n}"),
+            &pattern(n),
+            60,
+        )?;
+        upload(c.name(), &format!("http://{VIP}/upload"), &pattern(n), 60)?;
+    }
+    assert_no_size_drops(&lab);
+    drop((c, r1));
+    lab.finish()
+}
+
 #[test]
 fn large_uploads_cross_a_generic_xdp_uplink_that_hands_over_gro_segments() -> Result<()> {
     // Generic (skb) XDP runs after GRO: the client's segments reach the program merged.

@@ -3,7 +3,8 @@
 //!
 //! - [`check_packet`]: one frame through [`packet::parse`], [`packet::parse_fast`] /
 //!   [`packet::parse_fast_as`] (which must agree with `parse`), the ICMP-error view and
-//!   every rewrite the engine uses; a rewritten frame parses to the updated view and keeps
+//!   every rewrite the engine uses, the cut to egress sizes and the ICMP "fragmentation
+//!   needed" written about it; a rewritten frame parses to the updated view and keeps
 //!   valid checksums valid.
 //! - [`check_engine`]: a sequence of frames (format in [`Records`]) through two engines
 //!   with the same small service table, one with the established-flow fast path and one
@@ -148,6 +149,37 @@ fn check_cut(frame: &[u8], v: &packet::Ipv4View) {
     }
 }
 
+/// The ICMP "fragmentation needed" the dataplane would send about `frame`
+/// (`icmp::frag_needed`): when written, it fits its bound, parses as an ICMP error
+/// whose checksums are valid and quotes the frame's first bytes as they were.
+fn check_frag_needed(frame: &[u8]) {
+    use juneau_dataplane::icmp;
+    let mut out = [0u8; icmp::FRAG_NEEDED_MAX];
+    let Some(n) = icmp::frag_needed(frame, 0x0a01_0005, 0xc000_0201, 1400, &mut out) else {
+        return;
+    };
+    assert!(n <= icmp::FRAG_NEEDED_MAX);
+    let err = &out[..n];
+    let Ok(Parsed::Ipv4(w)) = packet::parse(err) else {
+        panic!("the error does not parse")
+    };
+    assert!(ip_checksum_ok(err, &w), "the error's IPv4 checksum");
+    assert_eq!(packet::frag_needed_mtu(err, &w), Some(1400));
+    let quoted = n - ETH_HEADER_LEN - 28;
+    assert_eq!(
+        &err[ETH_HEADER_LEN + 28..],
+        &frame[ETH_HEADER_LEN..ETH_HEADER_LEN + quoted]
+    );
+    let mut sum = 0u32;
+    for c in err[ETH_HEADER_LEN + 20..].chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    assert_eq!(sum, 0xffff, "the ICMP checksum");
+}
+
 /// One frame through the parsers and every rewrite. Panics on a broken invariant.
 pub fn check_packet(frame: &[u8]) {
     let parsed = packet::parse(frame);
@@ -160,6 +192,7 @@ pub fn check_packet(frame: &[u8]) {
         !v.fragment && matches!(v.protocol, IPPROTO_TCP | IPPROTO_UDP)
     );
     check_cut(frame, &v);
+    check_frag_needed(frame);
     let ip_ok = ip_checksum_ok(frame, &v);
     if let Some(e) = packet::parse_icmp_error(frame, &v) {
         for (outer, quoted) in [
@@ -476,7 +509,10 @@ fn check_verdict(
         // A fragment keeps its ports (if any) where they were: only the address moved.
         match side {
             Side::Uplink => assert!(
-                table.backend_keys().iter().any(|(ip, _, _)| *ip == v.dst_addr()),
+                table
+                    .backend_keys()
+                    .iter()
+                    .any(|(ip, _, _)| *ip == v.dst_addr()),
                 "fragment DNATed to {} which is no backend",
                 v.dst_addr()
             ),
