@@ -1457,8 +1457,7 @@ fn forward_loop(
             last_reconcile = now;
             if io.reconcile_pods(&nb, now) {
                 pollfds = worker::pollfds_of(&io.ports);
-                b.pending
-                    .resize_with(io.ports.len(), || Vec::with_capacity(RX_BATCH * 4));
+                b.fit(io.ports.len());
             }
             egress = io.egress_map(&nb);
         }

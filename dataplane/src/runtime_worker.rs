@@ -43,6 +43,14 @@ impl Bufs {
             sources: large::NodeSources::default(),
         }
     }
+
+    /// Per-socket buffers for `sockets` sockets, after Pod interfaces were attached or
+    /// detached (between passes, when every per-socket buffer is empty).
+    pub fn fit(&mut self, sockets: usize) {
+        self.pending
+            .resize_with(sockets, || Vec::with_capacity(RX_BATCH * 4));
+        self.contd.resize(sockets, 0);
+    }
 }
 
 /// What a worker's rings need per batch.
