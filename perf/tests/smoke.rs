@@ -152,6 +152,7 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
         "xdp-dnat",
         "afxdp-l2fwd",
         "juneau",
+        "juneau-xdp-fast",
     ] {
         let s = scenarios
             .iter()
