@@ -15,8 +15,8 @@ use anyhow::{bail, ensure, Context, Result};
 use juneau_tests::daemon::wait_for;
 use juneau_tests::install::NAMESPACE;
 use juneau_tests::lab::{
-    self, in_ns, kubectl, node_leftovers, router_next_hops, JuneauBins, Lab, JUNEAU_ROLLOUT,
-    NODES, VIP,
+    self, in_ns, kubectl, node_leftovers, router_next_hops, JuneauBins, Lab, JUNEAU_ROLLOUT, NODES,
+    VIP,
 };
 
 /// The router's graceful-restart time (tests/src/lab.rs): what a speaker that vanishes
@@ -96,11 +96,19 @@ fn scenario(lab: &mut Lab) -> Result<()> {
         "helm uninstall left on the nodes:\n  {}",
         left.join("\n  ")
     );
-    let page = in_ns("client", &["curl", "-sS", "-m", "3", &format!("http://{VIP}/")]);
-    ensure!(page.is_err(), "the VIP still answers after uninstall: {page:?}");
+    let page = in_ns(
+        "client",
+        &["curl", "-sS", "-m", "3", &format!("http://{VIP}/")],
+    );
+    ensure!(
+        page.is_err(),
+        "the VIP still answers after uninstall: {page:?}"
+    );
 
     // A fresh install serves again.
-    release.install(&[], JUNEAU_ROLLOUT).context("helm install again")?;
+    release
+        .install(&[], JUNEAU_ROLLOUT)
+        .context("helm install again")?;
     wait_for(
         "the router's route to the VIP over node-a and node-c again",
         Duration::from_secs(120),
@@ -112,11 +120,12 @@ fn scenario(lab: &mut Lab) -> Result<()> {
         Duration::from_secs(60),
         Duration::from_secs(1),
         || {
-            Ok(
-                in_ns("client", &["curl", "-sS", "-m", "5", &format!("http://{VIP}/")])
-                    .ok()
-                    .filter(|p| p.contains("Welcome to nginx")),
+            Ok(in_ns(
+                "client",
+                &["curl", "-sS", "-m", "5", &format!("http://{VIP}/")],
             )
+            .ok()
+            .filter(|p| p.contains("Welcome to nginx")))
         },
     )?;
     ensure!(page.contains("Welcome to nginx"));
