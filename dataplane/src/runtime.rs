@@ -155,8 +155,11 @@ struct Port {
 static STOP: AtomicBool = AtomicBool::new(false);
 /// Set with [`STOP`] when the loop stops for a decommission request.
 static DECOMMISSION: AtomicBool = AtomicBool::new(false);
+/// SIGINT/SIGTERM arrived (what a decommissioned, idle process waits for).
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
+    SIGNALLED.store(true, Ordering::Relaxed);
     STOP.store(true, Ordering::Relaxed);
 }
 
@@ -347,7 +350,7 @@ fn decommission_and_idle(
             exporter.serve(cfg.metrics_addr)?;
         }
     }
-    while !STOP.load(Ordering::Relaxed) {
+    while !SIGNALLED.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(200));
     }
     tracing::info!("juneau-dataplane stopped (decommissioned)");
@@ -463,7 +466,6 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     if DECOMMISSION.load(Ordering::Relaxed) {
         result?;
         // Every socket and program handle is closed: the pins are the last references.
-        STOP.store(false, Ordering::Relaxed);
         let token = decommission_requested(&cfg).unwrap_or_default();
         return decommission_and_idle(&cfg, &token, Some(exporter));
     }
