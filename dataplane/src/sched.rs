@@ -15,6 +15,10 @@
 //!
 //! The kernel's realtime throttling (`kernel.sched_rt_runtime_us`, 95 % by default)
 //! bounds what a worker can take from its core even when it never sleeps.
+//!
+//! Where the kernel refuses (no `CAP_SYS_NICE`; or `CONFIG_RT_GROUP_SCHED` with cgroup
+//! v1, where a Pod's cgroup has no realtime budget — the lab's machine is such a case),
+//! the worker logs why and keeps the normal policy and its old idle policy.
 
 use thread_priority::{
     RealtimeThreadSchedulePolicy, ThreadPriority, ThreadPriorityValue, ThreadSchedulePolicy,
@@ -26,8 +30,10 @@ pub enum SchedError {
     /// The priority is outside `SCHED_FIFO`'s 1–99.
     #[error("worker priority {0} is outside SCHED_FIFO's range 1-99 (0 keeps the normal policy)")]
     OutOfRange(u8),
-    /// The kernel refused (typically: no `CAP_SYS_NICE`).
-    #[error("sched_setscheduler(SCHED_FIFO, {priority}) refused: {detail} (the dataplane needs CAP_SYS_NICE)")]
+    /// The kernel refused: no `CAP_SYS_NICE`, or a kernel with RT group scheduling
+    /// (`CONFIG_RT_GROUP_SCHED`, cgroup v1) whose cgroup for this process has no
+    /// realtime budget (`cpu.rt_runtime_us` 0, as the kubelet creates Pod cgroups).
+    #[error("sched_setscheduler(SCHED_FIFO, {priority}) refused: {detail} (the dataplane needs CAP_SYS_NICE; on a kernel with RT group scheduling and cgroup v1 its cgroup also needs a realtime budget, cpu.rt_runtime_us > 0)")]
     Refused {
         /// The priority asked for.
         priority: u8,
