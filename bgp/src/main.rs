@@ -83,6 +83,20 @@ async fn terminated() {
     }
 }
 
+/// Resolves once the node agent's decommission request stands in `dir` (checked every
+/// 100 ms: a stat); never without a directory.
+async fn decommission_requested(dir: Option<PathBuf>) -> String {
+    let Some(dir) = dir else {
+        return std::future::pending().await;
+    };
+    loop {
+        if let Some(token) = decommission::requested(&dir) {
+            return token;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// After the sessions closed (or, restarted, before any opened): removes the status
 /// file, acknowledges, and idles until SIGTERM.
 async fn decommissioned(
@@ -153,7 +167,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let stopper = tokio::spawn(async move {
         let (stop, token) = tokio::select! {
             () = terminated() => (Stop::Restart, None),
-            t = juneau_bgp::decommission_watch::requested(request) => (Stop::Decommission, Some(t)),
+            t = decommission_requested(request) => (Stop::Decommission, Some(t)),
         };
         if let Some(t) = &token {
             tracing::info!(token = %t, "decommission requested");

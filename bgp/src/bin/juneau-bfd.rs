@@ -45,6 +45,20 @@ struct Args {
     decommission_dir: Option<PathBuf>,
 }
 
+/// Resolves once the node agent's decommission request stands in `dir` (checked every
+/// 100 ms); never without a directory.
+async fn decommission_requested(dir: Option<PathBuf>) -> String {
+    let Some(dir) = dir else {
+        return std::future::pending().await;
+    };
+    loop {
+        if let Some(token) = decommission::requested(&dir) {
+            return token;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// Removes the status file, acknowledges, and idles until SIGTERM/SIGINT.
 async fn decommissioned(args: &Args, token: &str) -> anyhow::Result<()> {
     decommission::remove_if_present(&args.status_file)
@@ -160,7 +174,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let request = juneau_bgp::decommission_watch::requested(args.decommission_dir.clone());
+    let request = decommission_requested(args.decommission_dir.clone());
     tokio::pin!(request);
     let mut decommission = None;
     loop {
