@@ -219,7 +219,7 @@ pub struct Engine {
     /// When the flow table was last swept.
     sweep_pace: SweepPace,
     /// Bounds the ICMP "fragmentation needed" this worker sends ([`Engine::frag_needed`]).
-    icmp_bucket: crate::icmp::TokenBucket,
+    icmp_bucket: crate::redirect::TokenBucket,
 }
 
 /// The sweep passes over a whole flow table once per this many ms (so a record is
@@ -312,7 +312,7 @@ impl Engine {
             frags: FragTable::new(FRAG_DATAGRAMS, FRAG_TIMEOUT_MS),
             released: Vec::new(),
             sweep_pace: SweepPace::default(),
-            icmp_bucket: crate::icmp::TokenBucket::new(ICMP_BURST, ICMP_PER_SECOND),
+            icmp_bucket: crate::redirect::TokenBucket::new(ICMP_PER_SECOND, ICMP_BURST),
         }
     }
 

@@ -5,8 +5,8 @@
 //!
 //! [`frag_needed`] writes the error into a caller's buffer; the engine then addresses it
 //! like an error a router or a backend sent (see `Engine::frag_needed`), so the quoted
-//! packet is the one its sender sent. [`TokenBucket`] bounds how many a worker sends,
-//! so a flood of oversized datagrams cannot make the node an amplifier.
+//! packet is the one its sender sent. A [`crate::redirect::TokenBucket`] bounds how many
+//! a worker sends, so a flood of oversized datagrams cannot make the node an amplifier.
 
 use crate::packet::{self, ETH_HEADER_LEN, IPPROTO_ICMP};
 
@@ -80,42 +80,6 @@ fn is_icmp_error(ty: u8) -> bool {
 fn unicast(a: u32) -> bool {
     let first = a >> 24;
     first != 0 && first != 127 && first < 224
-}
-
-/// A bounded token bucket in integer milliseconds: at most `burst` at once, refilled at
-/// `per_second`. One per worker.
-#[derive(Debug, Clone, Copy)]
-pub struct TokenBucket {
-    /// Tokens, in thousandths (one token is 1000).
-    milli: u64,
-    burst: u64,
-    per_second: u64,
-    last_ms: u64,
-}
-
-impl TokenBucket {
-    /// A full bucket.
-    pub fn new(burst: u32, per_second: u32) -> Self {
-        TokenBucket {
-            milli: u64::from(burst) * 1000,
-            burst: u64::from(burst) * 1000,
-            per_second: u64::from(per_second),
-            last_ms: 0,
-        }
-    }
-
-    /// Takes a token at `now_ms` (monotonic); `false` when none is left.
-    pub fn take(&mut self, now_ms: u64) -> bool {
-        let elapsed = now_ms.saturating_sub(self.last_ms);
-        self.last_ms = self.last_ms.max(now_ms);
-        self.milli = (self.milli + elapsed.saturating_mul(self.per_second)).min(self.burst);
-        if self.milli >= 1000 {
-            self.milli -= 1000;
-            true
-        } else {
-            false
-        }
-    }
 }
 
 #[cfg(test)]
@@ -206,21 +170,5 @@ mod tests {
                 assert!(n <= FRAG_NEEDED_MAX);
             }
         }
-    }
-
-    #[test]
-    fn the_bucket_allows_a_burst_then_the_rate() {
-        let mut b = TokenBucket::new(10, 100);
-        let t0 = 1_000_000;
-        assert_eq!((0..50).filter(|_| b.take(t0)).count(), 10, "the burst");
-        assert!(!b.take(t0 + 5), "half a token after 5 ms");
-        assert!(b.take(t0 + 10), "one token per 10 ms");
-        assert_eq!((0..1000).filter(|i| b.take(t0 + 10 + i)).count(), 99);
-        assert_eq!(
-            (0..50).filter(|_| b.take(t0 + 60_000)).count(),
-            10,
-            "never more than the burst after a long pause"
-        );
-        assert!(!b.take(t0), "a clock that goes back gives nothing");
     }
 }

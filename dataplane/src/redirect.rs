@@ -585,6 +585,22 @@ mod tests {
     }
 
     #[test]
+    fn the_bucket_allows_a_burst_then_the_rate() {
+        let mut b = TokenBucket::new(100, 10);
+        let t0 = 1_000_000;
+        assert_eq!((0..50).filter(|_| b.take(t0)).count(), 10, "the burst");
+        assert!(!b.take(t0 + 5), "half a token after 5 ms");
+        assert!(b.take(t0 + 10), "one token per 10 ms");
+        assert_eq!((0..1000).filter(|i| b.take(t0 + 10 + i)).count(), 99);
+        assert_eq!(
+            (0..50).filter(|_| b.take(t0 + 60_000)).count(),
+            10,
+            "never more than the burst after a long pause"
+        );
+        assert!(!b.take(t0), "a clock that goes back gives nothing");
+    }
+
+    #[test]
     fn bucket_refills_at_its_rate_and_caps_at_burst() {
         let mut b = TokenBucket::new(100, 10);
         let mut got = 0;
