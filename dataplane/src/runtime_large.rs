@@ -28,8 +28,6 @@ pub(super) struct Out<'a, 'u> {
     pub pool: &'a mut FramePool<FrameDesc>,
     pub umem: &'u Umem,
     pub pending: &'a mut [Vec<FrameDesc>],
-    /// Descriptors in `pending` that continue a packet (`XDP_PKT_CONTD`), by socket.
-    pub contd: &'a mut [usize],
     /// Largest frame each of the worker's sockets' interface takes, by socket.
     pub limits: &'a [usize],
     /// A piece of a cut packet longer than one UMEM frame, before it is spread.
@@ -113,13 +111,7 @@ pub(super) fn emit(
 ) {
     let limit = out.limits.get(j).copied().unwrap_or(FRAME_CAPACITY);
     if frame.len() <= limit {
-        if !queue(
-            out.pool,
-            out.umem,
-            &mut out.pending[j],
-            &mut out.contd[j],
-            frame,
-        ) {
+        if !queue(out.pool, out.umem, &mut out.pending[j], frame) {
             engine.counters_mut().drop(DropReason::NoFreeFrame);
         }
         return;
@@ -152,13 +144,7 @@ pub(super) fn emit(
         } else {
             let n = cut.write(frame, i, out.scratch);
             let piece = &out.scratch[..n];
-            queue(
-                out.pool,
-                out.umem,
-                &mut out.pending[j],
-                &mut out.contd[j],
-                piece,
-            )
+            queue(out.pool, out.umem, &mut out.pending[j], piece)
         };
         if !queued {
             engine.counters_mut().drop(DropReason::NoFreeFrame);
@@ -177,7 +163,6 @@ fn queue(
     pool: &mut FramePool<FrameDesc>,
     umem: &Umem,
     pending: &mut Vec<FrameDesc>,
-    contd: &mut usize,
     bytes: &[u8],
 ) -> bool {
     let n = bytes.len().div_ceil(FRAME_CAPACITY).max(1);
@@ -197,7 +182,6 @@ fn queue(
         }
         pending.push(d);
     }
-    *contd += n - 1;
     true
 }
 
@@ -224,13 +208,7 @@ fn tell_the_mtu(
     let Some(k) = super::worker::socket_of(engine, side, out.egress) else {
         return;
     };
-    if !queue(
-        out.pool,
-        out.umem,
-        &mut out.pending[k],
-        &mut out.contd[k],
-        &err[..n],
-    ) {
+    if !queue(out.pool, out.umem, &mut out.pending[k], &err[..n]) {
         engine.counters_mut().drop(DropReason::NoFreeFrame);
     }
 }

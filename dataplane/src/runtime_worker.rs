@@ -19,8 +19,6 @@ pub(super) struct Bufs {
     limits: Vec<usize>,
     /// A multi-buffer or oversized packet, gathered contiguously.
     gathered: Vec<u8>,
-    /// Descriptors in `pending` that continue a packet (`XDP_PKT_CONTD`), by socket.
-    contd: Vec<usize>,
     /// A piece of a cut packet, before it is spread over frames.
     piece: Vec<u8>,
     /// The node's source addresses for ICMP errors to Pods.
@@ -38,7 +36,6 @@ impl Bufs {
             pending,
             limits: Vec::new(),
             gathered: vec![0; super::large::GATHER_MAX],
-            contd: vec![0; sockets],
             piece: vec![0; super::large::GATHER_MAX],
             sources: large::NodeSources::default(),
         }
@@ -49,7 +46,6 @@ impl Bufs {
     pub fn fit(&mut self, sockets: usize) {
         self.pending
             .resize_with(sockets, || Vec::with_capacity(RX_BATCH * 4));
-        self.contd.resize(sockets, 0);
     }
 }
 
@@ -128,7 +124,6 @@ fn receive(
             pool: r.pool,
             umem,
             pending: &mut b.pending,
-            contd: &mut b.contd,
             limits: &b.limits,
             scratch: &mut b.piece,
             nb,
@@ -255,13 +250,12 @@ fn transmit(
             // SAFETY: frames from our UMEM, now owned by nobody but this queue. The ring
             // takes all of them or none.
             let mut sent = unsafe { p.tx.produce(q) };
-            let mut contd = std::mem::take(&mut b.contd[j]);
             if sent < q.len() {
                 sent = produce_whole_packets(p, q);
-                contd = leftovers(engine, r.pool, &q[sent..], contd);
+                leftovers(engine, r.pool, &q[sent..]);
             }
             r.pool.hand_over(p.id, &q[..sent]);
-            engine.counters_mut().tx_packets += (sent - contd) as u64;
+            engine.counters_mut().tx_packets += packets_in(&q[..sent]);
             p.in_flight += sent as u32;
             p.unsent += sent as u32;
             q.clear();
@@ -290,27 +284,25 @@ fn whole_packets(q: &[FrameDesc], room: usize) -> usize {
         .unwrap_or(0)
 }
 
+/// Packets among `descs`: the descriptors that end one (no `XDP_PKT_CONTD`).
+fn packets_in(descs: &[FrameDesc]) -> u64 {
+    descs
+        .iter()
+        .filter(|d| d.options() & large::XDP_PKT_CONTD == 0)
+        .count() as u64
+}
+
 /// Frames the TX ring had no room for go back to the free stack, each packet counted
-/// as `tx_ring_full`. Returns the continuation descriptors of what was produced
-/// (`contd`, those of the whole queue, less the leftovers').
-fn leftovers(
-    engine: &mut Engine,
-    pool: &mut FramePool<FrameDesc>,
-    left: &[FrameDesc],
-    contd: usize,
-) -> usize {
-    let mut left_contd = 0;
+/// as `tx_ring_full`.
+fn leftovers(engine: &mut Engine, pool: &mut FramePool<FrameDesc>, left: &[FrameDesc]) {
+    for _ in 0..packets_in(left) {
+        engine.counters_mut().drop(DropReason::TxRingFull);
+    }
     for d in left {
         let mut d = *d;
-        if d.options() & large::XDP_PKT_CONTD != 0 {
-            left_contd += 1;
-        } else {
-            engine.counters_mut().drop(DropReason::TxRingFull);
-        }
         d.set_options(0);
         pool.free.push(d);
     }
-    contd - left_contd
 }
 
 /// Kick policy: copy mode transmits only inside sendto(), at most 32 frames per call.
