@@ -507,6 +507,18 @@ impl Lab {
         })
     }
 
+    /// Sets the MTU of the Pods' links: `eth0` in each Pod and its node end (`pv0`, `pv1`).
+    fn set_pod_mtu(&self, mtu: u32) -> Result<()> {
+        let mtu = mtu.to_string();
+        for p in &self.pods {
+            p.exec(&["ip", "link", "set", "eth0", "mtu", &mtu])?;
+        }
+        for pv in ["pv0", "pv1"] {
+            self.node.exec(&["ip", "link", "set", pv, "mtu", &mtu])?;
+        }
+        Ok(())
+    }
+
     /// Tears down and checks that nothing is left behind.
     fn finish(mut self) -> Result<()> {
         let dp = self.dataplane.take();
@@ -2535,12 +2547,7 @@ fn large_bodies_cross_per_pod_veths_with_uplink_gro_off_and_on() -> Result<()> {
 fn large_bodies_cross_overlay_pod_mtus_and_a_jumbo_uplink() -> Result<()> {
     let mut lab = Lab::bridged("dpJ")?;
     lab.kill9();
-    for p in &lab.pods {
-        p.exec(&["ip", "link", "set", "eth0", "mtu", "1450"])?;
-    }
-    for pv in ["pv0", "pv1"] {
-        lab.node.exec(&["ip", "link", "set", pv, "mtu", "1450"])?;
-    }
+    lab.set_pod_mtu(1450)?;
     lab.node
         .exec(&["ip", "link", "set", "up0", "mtu", "9000"])?;
     lab.client
@@ -2598,12 +2605,9 @@ fn large_jumbo_packets_leave_whole_over_several_tx_descriptors() -> Result<()> {
     // 3840-byte frames; the client's segments the same towards the Pods.
     let mut lab = Lab::new("dpW")?;
     lab.kill9();
-    for p in &lab.pods {
-        p.exec(&["ip", "link", "set", "eth0", "mtu", "9000"])?;
-    }
-    for i in ["pv0", "pv1", "up0"] {
-        lab.node.exec(&["ip", "link", "set", i, "mtu", "9000"])?;
-    }
+    lab.set_pod_mtu(9000)?;
+    lab.node
+        .exec(&["ip", "link", "set", "up0", "mtu", "9000"])?;
     lab.client
         .exec(&["ip", "link", "set", "eth0", "mtu", "9000"])?;
     lab.start()?;
@@ -2680,12 +2684,7 @@ fn a_df_datagram_larger_than_the_pods_mtu_gets_fragmentation_needed_from_the_vip
     // by its kernel) must cross.
     let mut lab = Lab::new("dpD")?;
     lab.kill9();
-    for p in &lab.pods {
-        p.exec(&["ip", "link", "set", "eth0", "mtu", "1400"])?;
-    }
-    for i in ["pv0", "pv1"] {
-        lab.node.exec(&["ip", "link", "set", i, "mtu", "1400"])?;
-    }
+    lab.set_pod_mtu(1400)?;
     lab.start()?;
     let payload = pattern(1450 - 28);
     let answer = udp_echo_from(lab.client.name(), &payload, 10)?;
