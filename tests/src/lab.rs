@@ -1674,6 +1674,21 @@ pub fn redirected_packets(node: &str) -> Result<(u64, u64)> {
     Ok((sum("redirected_to"), sum("received_from")))
 }
 
+/// The clients of a [`LabLoad`].
+#[derive(Debug, Clone, Copy)]
+pub struct LoadShape {
+    /// Paced keep-alive clients.
+    pub keepalive: usize,
+    /// Paced new-connection clients.
+    pub fresh: usize,
+    /// Requests per second per paced client at most.
+    pub rate: u32,
+    /// Saturating (wrk-like) clients.
+    pub saturating: usize,
+    /// Stop after this long at the latest.
+    pub max_seconds: u64,
+}
+
 /// An HTTP load through the VIP from the client's namespace (`juneau-lab load`,
 /// [`crate::load`]), running until [`LabLoad::finish`] (or `max_seconds`).
 pub struct LabLoad {
@@ -1718,17 +1733,16 @@ fn start_captures(name: &str) -> Result<Vec<Daemon>> {
 }
 
 impl LabLoad {
-    /// Starts `keepalive` keep-alive clients and `fresh` new-connection clients, each
-    /// at most `rate` requests per second; files go to `dir`.
-    pub fn start(
-        bins: &JuneauBins,
-        dir: &Path,
-        name: &str,
-        keepalive: usize,
-        fresh: usize,
-        rate: u32,
-        max_seconds: u64,
-    ) -> Result<LabLoad> {
+    /// Starts the clients `shape` says (and the bulk clients `juneau-lab load` runs by
+    /// default); files go to `dir`.
+    pub fn start(bins: &JuneauBins, dir: &Path, name: &str, shape: &LoadShape) -> Result<LabLoad> {
+        let LoadShape {
+            keepalive,
+            fresh,
+            rate,
+            saturating,
+            max_seconds,
+        } = *shape;
         let stop = dir.join(format!("{name}.stop"));
         let out = dir.join(format!("{name}.json"));
         let daemon = Daemon::spawn(
@@ -1745,6 +1759,8 @@ impl LabLoad {
                     &fresh.to_string(),
                     "--rate",
                     &rate.to_string(),
+                    "--saturating",
+                    &saturating.to_string(),
                     "--max-seconds",
                     &max_seconds.to_string(),
                     "--stop-file",
@@ -1808,5 +1824,5 @@ spec:
         failureThreshold: 2
       lifecycle:
         preStop:
-          exec: {command: ["/bin/sleep", "5"]}
+          exec: {command: ["/bin/drain", "5"]}
 "#;

@@ -8,7 +8,10 @@
 //! clients (one keep-alive connection alternating a [`BULK_DOWNLOAD`] download and a
 //! [`BULK_UPLOAD_BYTES`] WebDAV upload, about one of each per second): real payloads
 //! beside the small page. A body that stops before its Content-Length is a failure,
-//! counted in `truncated`. A request
+//! counted in `truncated`. Beside those paced clients, saturating clients behave like
+//! `wrk`: one kept-alive connection each, the next request as soon as the answer is in,
+//! no retry — a connection that fails before its answer is complete is a read error, as
+//! wrk counts it (see [`SaturatingReport`]). A request
 //! that fails on a reused keep-alive connection before any byte of the answer came back
 //! is retried once on a new connection, as HTTP clients do for idempotent requests (the
 //! server may have closed an idle connection); it counts as a reset or failure only if
@@ -46,6 +49,65 @@ pub struct LoadSpec {
     pub timeout: Duration,
     /// Bulk clients (large downloads and uploads on a keep-alive connection).
     pub bulk_clients: usize,
+    /// Saturating clients (wrk-like: unpaced, kept alive, never retried).
+    pub saturating_clients: usize,
+}
+
+/// What the saturating clients saw, counted as wrk counts (`Socket errors: connect,
+/// read, write, timeout` and non-2xx answers). Nothing is retried: a kept-alive
+/// connection the server closes while a request is on its way is a read error here even
+/// though a browser would retry it — whether the server (the application) or the path
+/// closed it is what [`LoadReport::failure_samples`] and the captures tell.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SaturatingReport {
+    /// Requests sent.
+    pub requests: u64,
+    /// Answered `2xx` in full.
+    pub ok: u64,
+    /// The connection closed, reset or stalled after the request was sent and before
+    /// the answer was complete.
+    pub read_errors: u64,
+    /// Sending the request failed (reset, broken pipe).
+    pub write_errors: u64,
+    /// A new connection failed (refused, reset, unreachable).
+    pub connect_errors: u64,
+    /// No answer (or no connection) within the timeout.
+    pub timeouts: u64,
+    /// An answer other than 2xx.
+    pub bad_status: u64,
+    /// Answers with `Connection: close`, after which the client opened a new connection
+    /// (the server's clean way to end a kept-alive connection: not an error).
+    pub closes_announced: u64,
+}
+
+impl SaturatingReport {
+    /// Requests that failed, whatever the reason.
+    pub fn failed(&self) -> u64 {
+        self.read_errors + self.write_errors + self.connect_errors + self.timeouts + self.bad_status
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        json!({
+            "requests": self.requests, "ok": self.ok, "read_errors": self.read_errors,
+            "write_errors": self.write_errors, "connect_errors": self.connect_errors,
+            "timeouts": self.timeouts, "bad_status": self.bad_status,
+            "closes_announced": self.closes_announced,
+        })
+    }
+
+    fn from_json(v: &serde_json::Value) -> SaturatingReport {
+        let g = |k: &str| v[k].as_u64().unwrap_or(0);
+        SaturatingReport {
+            requests: g("requests"),
+            ok: g("ok"),
+            read_errors: g("read_errors"),
+            write_errors: g("write_errors"),
+            connect_errors: g("connect_errors"),
+            timeouts: g("timeouts"),
+            bad_status: g("bad_status"),
+            closes_announced: g("closes_announced"),
+        }
+    }
 }
 
 /// What a bulk client downloads: the lab nginx image's 4 MiB file
@@ -54,7 +116,8 @@ pub const BULK_DOWNLOAD: &str = "/files/4m";
 /// Bytes a bulk client uploads per request (WebDAV `PUT /uploads/bulk-<client>`).
 pub const BULK_UPLOAD_BYTES: usize = 1 << 20;
 
-/// What happened.
+/// What happened. `requests` to `other` count the paced clients (keep-alive,
+/// new-connection, bulk); the saturating clients have their own [`SaturatingReport`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadReport {
     /// Requests sent (a retried request counts once).
@@ -92,6 +155,12 @@ pub struct LoadReport {
     pub other_samples: Vec<String>,
     /// Body bytes the bulk clients moved (downloads and uploads that succeeded).
     pub bulk_bytes: u64,
+    /// The saturating (wrk-like) clients.
+    pub saturating: SaturatingReport,
+    /// The first failures of any client, as text: when (s after the start), which
+    /// connection (local port), which Pod answered last on it (`X-Served-By`) and after
+    /// how many answers, and what happened — what to look for in the captures.
+    pub failure_samples: Vec<String>,
     /// Longest time between two successful answers (or from start/to end), ms.
     pub longest_gap_ms: u64,
     /// How long the load ran, ms.
@@ -110,6 +179,8 @@ impl LoadReport {
             "truncated": self.truncated, "bad_status": self.bad_status,
             "other": self.other, "other_samples": self.other_samples,
             "bulk_bytes": self.bulk_bytes,
+            "saturating": self.saturating.to_json(),
+            "failure_samples": self.failure_samples,
             "longest_gap_ms": self.longest_gap_ms, "duration_ms": self.duration_ms,
         })
     }
@@ -141,6 +212,13 @@ impl LoadReport {
                 .filter_map(|s| s.as_str().map(str::to_string))
                 .collect(),
             bulk_bytes: v["bulk_bytes"].as_u64().unwrap_or(0),
+            saturating: SaturatingReport::from_json(&v["saturating"]),
+            failure_samples: v["failure_samples"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect(),
             longest_gap_ms: g("longest_gap_ms")?,
             duration_ms: g("duration_ms")?,
         })
@@ -199,18 +277,57 @@ impl Req<'_> {
     }
 }
 
-/// One request on `conn`; `Ok((reusable, body bytes))` (not reusable when the server
-/// announced `Connection: close`), `Err((outcome, got_any_byte))` on failure.
+/// A complete answer.
+#[derive(Debug)]
+struct Answer {
+    /// The connection may carry the next request (the server did not announce
+    /// `Connection: close`).
+    reusable: bool,
+    /// Body bytes.
+    body: usize,
+    /// The answering Pod (`X-Served-By`), if said.
+    served_by: Option<String>,
+}
+
+/// A failed request.
+#[derive(Debug)]
+struct Failure {
+    outcome: Outcome,
+    /// Sending the request failed (nothing was read).
+    at_write: bool,
+    /// Some of the answer had arrived.
+    got_any: bool,
+}
+
+impl Failure {
+    fn at_write(e: &std::io::Error) -> Failure {
+        Failure {
+            outcome: classify(e),
+            at_write: true,
+            got_any: false,
+        }
+    }
+
+    fn at_read(outcome: Outcome, got_any: bool) -> Failure {
+        Failure {
+            outcome,
+            at_write: false,
+            got_any,
+        }
+    }
+}
+
+/// One request on `conn`.
 fn request(
     conn: &mut TcpStream,
     host: &str,
     keepalive: bool,
     req: Req<'_>,
-) -> Result<(bool, usize), (Outcome, bool)> {
+) -> Result<Answer, Failure> {
     conn.write_all(req.head(host, keepalive).as_bytes())
-        .map_err(|e| (classify(&e), false))?;
+        .map_err(|e| Failure::at_write(&e))?;
     if let Req::Upload(_, body) = req {
-        conn.write_all(body).map_err(|e| (classify(&e), false))?;
+        conn.write_all(body).map_err(|e| Failure::at_write(&e))?;
     }
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
@@ -218,10 +335,10 @@ fn request(
     loop {
         let n = conn
             .read(&mut chunk)
-            .map_err(|e| (classify(&e), !buf.is_empty()))?;
+            .map_err(|e| Failure::at_read(classify(&e), !buf.is_empty()))?;
         if n == 0 {
             // Closed before a full header: for a reused connection, a server close.
-            return Err((Outcome::Closed, !buf.is_empty()));
+            return Err(Failure::at_read(Outcome::Closed, !buf.is_empty()));
         }
         buf.extend_from_slice(&chunk[..n]);
         if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -229,7 +346,7 @@ fn request(
             break;
         }
         if buf.len() > 64 * 1024 {
-            return Err((
+            return Err(Failure::at_read(
                 Outcome::Other("an answer without a header end".into()),
                 true,
             ));
@@ -246,17 +363,25 @@ fn request(
         .lines()
         .filter_map(|l| l.strip_prefix("connection:"))
         .any(|v| v.trim() == "close");
+    let served_by = head
+        .lines()
+        .find_map(|l| l.strip_prefix("x-served-by:"))
+        .map(|v| v.trim().to_string());
     let mut have = buf.len() - header_end;
     while have < len {
         match conn.read(&mut chunk) {
-            Ok(0) | Err(_) => return Err((Outcome::Truncated, true)),
+            Ok(0) | Err(_) => return Err(Failure::at_read(Outcome::Truncated, true)),
             Ok(n) => have += n,
         }
     }
     if !status_ok {
-        return Err((Outcome::Status, true));
+        return Err(Failure::at_read(Outcome::Status, true));
     }
-    Ok((!server_closes, have))
+    Ok(Answer {
+        reusable: !server_closes,
+        body: have,
+        served_by,
+    })
 }
 
 #[derive(Default)]
@@ -374,14 +499,18 @@ fn client(spec: &LoadSpec, kind: Kind, shared: &Mutex<Shared>, stop: &AtomicBool
             },
         };
         let outcome = match request(&mut c, &host, keepalive, req) {
-            Ok((reusable, bytes)) => {
-                if keepalive && reusable {
+            Ok(a) => {
+                if keepalive && a.reusable {
                     conn = Some(c);
                 }
-                note_bulk(shared, req, bytes);
+                note_bulk(shared, req, a.body);
                 Outcome::Ok
             }
-            Err((first, false)) if reused => {
+            Err(Failure {
+                outcome: first,
+                got_any: false,
+                ..
+            }) if reused => {
                 {
                     let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
                     match first {
@@ -393,14 +522,14 @@ fn client(spec: &LoadSpec, kind: Kind, shared: &Mutex<Shared>, stop: &AtomicBool
                 // The reused connection failed before any answer: retry once, new connection.
                 let retried = match connect(spec) {
                     Ok(mut c2) => match request(&mut c2, &host, keepalive, req) {
-                        Ok((reusable, bytes)) => {
-                            if reusable {
+                        Ok(a) => {
+                            if a.reusable {
                                 conn = Some(c2);
                             }
-                            note_bulk(shared, req, bytes);
+                            note_bulk(shared, req, a.body);
                             Outcome::Ok
                         }
-                        Err((o, _)) => o,
+                        Err(f) => f.outcome,
                     },
                     Err(o) => o,
                 };
@@ -413,15 +542,110 @@ fn client(spec: &LoadSpec, kind: Kind, shared: &Mutex<Shared>, stop: &AtomicBool
                 }
                 retried
             }
-            Err((o, _)) => o,
+            Err(f) => f.outcome,
         };
+        if !matches!(outcome, Outcome::Ok) {
+            sample(shared, start, &format!("{kind:?} client: {outcome:?}"));
+        }
         record(shared, start, outcome);
     }
 }
 
+/// Keeps the first [`MAX_SAMPLES`] failures' descriptions, with their time.
+fn sample(shared: &Mutex<Shared>, start: Instant, what: &str) {
+    let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
+    if s.report.failure_samples.len() < MAX_SAMPLES {
+        let t = start.elapsed().as_secs_f64();
+        s.report.failure_samples.push(format!("t={t:.3}s {what}"));
+    }
+}
+
+/// Failures described in [`LoadReport::failure_samples`] at most.
+const MAX_SAMPLES: usize = 20;
+
+/// A saturating client: like a wrk connection, the next request as soon as an answer is
+/// in, on one kept-alive connection; a new connection only after a failure or an
+/// announced close; nothing retried.
+fn saturating_client(spec: &LoadSpec, shared: &Mutex<Shared>, stop: &AtomicBool, start: Instant) {
+    let host = spec.target.ip().to_string();
+    // The open connection, with the Pod that answered last on it and how many times.
+    let mut conn: Option<(TcpStream, Option<String>, u64)> = None;
+    let mut counts = SaturatingReport::default();
+    while !stop.load(Ordering::Relaxed) && start.elapsed() < spec.max_duration {
+        let (mut c, served_by, answers) = match conn.take() {
+            Some(c) => c,
+            None => match connect(spec) {
+                Ok(c) => (c, None, 0),
+                Err(o) => {
+                    counts.requests += 1;
+                    match o {
+                        Outcome::Timeout => counts.timeouts += 1,
+                        _ => counts.connect_errors += 1,
+                    }
+                    sample(shared, start, &format!("saturating client: connect: {o:?}"));
+                    // As wrk does not, but a refused connect would spin: a short pause.
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            },
+        };
+        counts.requests += 1;
+        match request(&mut c, &host, true, Req::Page) {
+            Ok(a) => {
+                counts.ok += 1;
+                if a.reusable {
+                    conn = Some((c, a.served_by, answers + 1));
+                } else {
+                    counts.closes_announced += 1;
+                }
+            }
+            Err(f) => {
+                match (&f.outcome, f.at_write) {
+                    (Outcome::Timeout, _) => counts.timeouts += 1,
+                    (Outcome::Status, _) => counts.bad_status += 1,
+                    (_, true) => counts.write_errors += 1,
+                    (_, false) => counts.read_errors += 1,
+                }
+                let port = c.local_addr().map(|a| a.port()).unwrap_or(0);
+                let pod = served_by.as_deref().unwrap_or("-");
+                let stage = if f.at_write {
+                    "writing"
+                } else if f.got_any {
+                    "reading the answer"
+                } else {
+                    "before any answer byte"
+                };
+                sample(
+                    shared,
+                    start,
+                    &format!(
+                        "saturating client port {port} (last answered by {pod}, {answers} answers): {:?} {stage}",
+                        f.outcome
+                    ),
+                );
+            }
+        }
+    }
+    let mut s = shared.lock().unwrap_or_else(|e| e.into_inner());
+    let t = &mut s.report.saturating;
+    t.requests += counts.requests;
+    t.ok += counts.ok;
+    t.read_errors += counts.read_errors;
+    t.write_errors += counts.write_errors;
+    t.connect_errors += counts.connect_errors;
+    t.timeouts += counts.timeouts;
+    t.bad_status += counts.bad_status;
+    t.closes_announced += counts.closes_announced;
+}
+
 /// Runs the load until `max_duration` or the stop file; returns the counts.
 pub fn run(spec: &LoadSpec) -> Result<LoadReport> {
-    if spec.keepalive_clients + spec.new_connection_clients + spec.bulk_clients == 0 {
+    if spec.keepalive_clients
+        + spec.new_connection_clients
+        + spec.bulk_clients
+        + spec.saturating_clients
+        == 0
+    {
         bail!("no clients");
     }
     let shared = Arc::new(Mutex::new(Shared::default()));
@@ -440,6 +664,12 @@ pub fn run(spec: &LoadSpec) -> Result<LoadReport> {
         let (spec, shared, stop) = (spec.clone(), shared.clone(), stop.clone());
         threads.push(std::thread::spawn(move || {
             client(&spec, kind, &shared, &stop, start)
+        }));
+    }
+    for _ in 0..spec.saturating_clients {
+        let (spec, shared, stop) = (spec.clone(), shared.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            saturating_client(&spec, &shared, &stop, start)
         }));
     }
     while start.elapsed() < spec.max_duration {
@@ -527,6 +757,7 @@ mod tests {
             stop_file: None,
             timeout: Duration::from_secs(1),
             bulk_clients: 0,
+            saturating_clients: 0,
         }
     }
 
@@ -619,6 +850,63 @@ mod tests {
         assert_eq!(r.failed, 0, "{r:?}");
         assert_eq!(r.keepalive_retries, 0, "{r:?}");
         assert_eq!(r.keepalive_resets + r.keepalive_timeouts, 0, "{r:?}");
+        Ok(())
+    }
+
+    fn saturating(target: SocketAddr) -> LoadSpec {
+        LoadSpec {
+            keepalive_clients: 0,
+            new_connection_clients: 0,
+            saturating_clients: 2,
+            ..spec(target)
+        }
+    }
+
+    /// wrk's semantics: no retry, so a server that closes a kept-alive connection
+    /// without saying so makes a read error, before any byte of the next answer.
+    #[test]
+    fn a_silent_close_is_a_read_error_for_a_saturating_client() -> Result<()> {
+        let r = run(&saturating(server(End::Silent)))?;
+        let t = &r.saturating;
+        assert!(t.requests > 100, "unpaced: {r:?}");
+        assert!(t.read_errors > 0, "{r:?}");
+        assert_eq!(t.failed(), t.read_errors, "{r:?}");
+        assert_eq!(t.ok + t.failed(), t.requests, "{r:?}");
+        assert!(
+            r.failure_samples
+                .iter()
+                .any(|f| f.contains("before any answer byte") && f.contains("3 answers")),
+            "{:?}",
+            r.failure_samples
+        );
+        assert_eq!(r.requests, 0, "no paced client ran: {r:?}");
+        Ok(())
+    }
+
+    /// An announced close (`Connection: close`) is the clean way: no error.
+    #[test]
+    fn an_announced_close_is_no_error_for_a_saturating_client() -> Result<()> {
+        let r = run(&saturating(server(End::Announced)))?;
+        let t = &r.saturating;
+        assert!(t.requests > 100 && t.closes_announced > 0, "{r:?}");
+        assert_eq!(t.failed(), 0, "{r:?}");
+        assert_eq!(t.ok, t.requests, "{r:?}");
+        // Resets are errors; nothing listening: connect errors.
+        let r = run(&saturating(server(End::Reset)))?;
+        assert!(r.saturating.ok == 0 && r.saturating.failed() > 0, "{r:?}");
+        let closed = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let r = run(&saturating(closed))?;
+        assert!(
+            r.saturating.connect_errors > 0 && r.saturating.failed() == r.saturating.requests,
+            "{r:?}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_report_survives_its_json() -> Result<()> {
+        let r = run(&saturating(server(End::Silent)))?;
+        assert_eq!(LoadReport::from_json(&r.to_json())?, r);
         Ok(())
     }
 

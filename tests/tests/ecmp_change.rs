@@ -40,7 +40,7 @@ use anyhow::{bail, Context, Result};
 use juneau_tests::daemon::wait_for;
 use juneau_tests::lab::{
     self, kubectl, kubectl_apply, nginx_pods, redirected_packets, router_next_hops, JuneauBins,
-    Lab, LabLoad, NODES,
+    Lab, LabLoad, LoadShape, NODES,
 };
 use juneau_tests::load::LoadReport;
 
@@ -168,7 +168,18 @@ fn scenario(bins: &JuneauBins) -> Result<(LoadReport, u64, u64)> {
                 .ok())
         },
     )?;
-    let load = LabLoad::start(bins, dir.path(), "ecmp", KEEPALIVE, FRESH, RATE, 150)?;
+    let load = LabLoad::start(
+        bins,
+        dir.path(),
+        "ecmp",
+        &LoadShape {
+            keepalive: KEEPALIVE,
+            fresh: FRESH,
+            rate: RATE,
+            saturating: 0,
+            max_seconds: 150,
+        },
+    )?;
     let changes = (|| -> Result<()> {
         std::thread::sleep(QUIET);
         // 1. node-b gains its first Pod (2 -> 3 next hops) and loses it (3 -> 2).

@@ -1,7 +1,8 @@
 //! Day-2 operations under load, on the lab's real cluster (real kubelets, scheduler,
 //! BIRD, Juneau's binaries): while an HTTP load runs through the VIP from the client
-//! (keep-alive and new-connection clients, paced, bounded in time; `juneau-lab load`,
-//! tests/src/load.rs), each routine operation happens, one at a time. For each: requests,
+//! (keep-alive, new-connection and bulk clients, paced, beside saturating wrk-like
+//! clients; bounded in time; `juneau-lab load`, tests/src/load.rs), each routine
+//! operation happens, one at a time. For each: requests,
 //! failed requests, connection resets, timeouts, keep-alive retries and the longest gap
 //! without a successful answer. The table is printed and written to
 //! `$CARGO_TARGET_TMPDIR/operations.md`; docs/operations.md records a run.
@@ -21,7 +22,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use juneau_tests::daemon::wait_for;
 use juneau_tests::lab::{
-    self, kubectl, kubectl_apply, nginx_pods, router_next_hops, JuneauBins, Lab, LabLoad, NODES,
+    self, kubectl, kubectl_apply, nginx_pods, router_next_hops, JuneauBins, Lab, LabLoad,
+    LoadShape, NODES,
 };
 use juneau_tests::load::LoadReport;
 
@@ -140,10 +142,22 @@ fn drop_counts() -> Vec<(&'static str, serde_json::Value)> {
         .collect()
 }
 
-/// The load of every operation: 2 keep-alive and 2 new-connection clients, 20 req/s each.
+/// The load of every operation: 2 keep-alive and 2 new-connection clients, 20 req/s
+/// each, the 2 bulk clients, and [`SATURATING`] wrk-like clients.
 fn start_load(bins: &JuneauBins, dir: &Path, name: &str) -> Result<LabLoad> {
-    LabLoad::start(bins, dir, name, 2, 2, 20, 400)
+    let shape = LoadShape {
+        keepalive: 2,
+        fresh: 2,
+        rate: 20,
+        saturating: SATURATING,
+        max_seconds: 400,
+    };
+    LabLoad::start(bins, dir, name, &shape)
 }
+
+/// Saturating clients of every load (wrk-like: a kept-alive connection each, the next
+/// request as soon as the answer is in, nothing retried; a read error is a failure).
+const SATURATING: usize = 4;
 
 /// Runs `op` under load: QUIET, op (which waits until things settled), QUIET.
 fn measure(
@@ -164,6 +178,9 @@ fn measure(
     let report = load.finish()?;
     result.with_context(|| format!("operation `{name}`"))?;
     println!("    {report:?} (operation took {took:.1?})");
+    for f in &report.failure_samples {
+        println!("    failure: {f}");
+    }
     // Where packets were dropped meanwhile, per node (a restarted dataplane counts
     // from zero again).
     for ((node, was), (_, after)) in drops_before.iter().zip(drop_counts()) {
@@ -186,14 +203,16 @@ fn measure(
 
 fn table(rows: &[Row]) -> String {
     let mut t = String::from(
-        "| operation | requests | failed | resets | timeouts | refused | truncated bodies | other status | other errors | bulk MiB | keep-alive retries | longest gap (ms) | operation took (s) |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| operation | requests | failed | resets | timeouts | refused | truncated bodies | other status | other errors | bulk MiB | keep-alive retries | saturating req/s | saturating failed (read/write/connect/timeout/status) | longest gap (ms) | operation took (s) |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n",
     );
     for r in rows {
         let p = &r.report;
+        let w = &p.saturating;
+        let secs = (p.duration_ms as f64 / 1000.0).max(0.001);
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} ({}/{}/{}/{}/{}) | {} | {:.0} |",
             r.name,
             p.requests,
             p.failed,
@@ -205,6 +224,13 @@ fn table(rows: &[Row]) -> String {
             p.other,
             p.bulk_bytes >> 20,
             p.keepalive_retries,
+            w.requests as f64 / secs,
+            w.failed(),
+            w.read_errors,
+            w.write_errors,
+            w.connect_errors,
+            w.timeouts,
+            w.bad_status,
             p.longest_gap_ms,
             r.took.as_secs_f64()
         );
@@ -224,8 +250,9 @@ fn day2_operations_under_load() -> Result<()> {
     // Keep the logs also when an operation that must be clean failed a request: the
     // dataplanes', agents' and kubelets' timestamps tell where it came from.
     let unclean = result.as_ref().map_or(true, |rows| {
-        rows.iter()
-            .any(|r| MUST_BE_CLEAN.contains(&r.name) && r.report.failed > 0)
+        rows.iter().any(|r| {
+            MUST_BE_CLEAN.contains(&r.name) && r.report.failed + r.report.saturating.failed() > 0
+        })
     });
     if unclean {
         lab::keep_logs();
@@ -235,8 +262,8 @@ fn day2_operations_under_load() -> Result<()> {
     let rows = result?;
     for r in &rows {
         assert!(
-            r.report.ok > 0 && r.report.bulk_bytes > 0,
-            "{}: the load (small requests and bulk transfers) got no answer: {:?}",
+            r.report.ok > 0 && r.report.bulk_bytes > 0 && r.report.saturating.ok > 0,
+            "{}: the load (small requests, bulk transfers, saturating clients) got no answer: {:?}",
             r.name,
             r.report
         );
@@ -245,6 +272,13 @@ fn day2_operations_under_load() -> Result<()> {
                 r.report.failed, 0,
                 "{}: failed requests under load: {:?}",
                 r.name, r.report
+            );
+            assert_eq!(
+                r.report.saturating.failed(),
+                0,
+                "{}: failed requests of the saturating clients: {:?}",
+                r.name,
+                r.report
             );
         }
     }
@@ -261,7 +295,7 @@ fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
     std::thread::sleep(Duration::from_secs(3));
     let b = baseline.finish()?;
     assert!(
-        b.ok > 0 && b.failed == 0,
+        b.ok > 0 && b.failed == 0 && b.saturating.ok > 0 && b.saturating.failed() == 0,
         "no clean load through the VIP before any operation: {b:?}"
     );
 

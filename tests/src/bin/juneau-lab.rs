@@ -51,6 +51,10 @@ enum Cmd {
         /// kept-alive connection (real payloads beside the small page).
         #[arg(long, default_value_t = 2)]
         bulk: usize,
+        /// Saturating clients (wrk-like: one kept-alive connection each, the next
+        /// request as soon as the answer is in, nothing retried).
+        #[arg(long, default_value_t = 0)]
+        saturating: usize,
         /// Stop after this many seconds at the latest.
         #[arg(long, default_value_t = 120)]
         max_seconds: u64,
@@ -145,6 +149,7 @@ fn main() -> Result<()> {
             fresh,
             rate,
             bulk,
+            saturating,
             max_seconds,
             stop_file,
             out,
@@ -158,6 +163,7 @@ fn main() -> Result<()> {
                 stop_file,
                 timeout: Duration::from_secs(2),
                 bulk_clients: bulk,
+                saturating_clients: saturating,
             })?;
             let text = report.to_json().to_string();
             if let Some(p) = out {
