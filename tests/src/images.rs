@@ -9,11 +9,12 @@
 //! - [`PAUSE_IMAGE`]: a tiny static C program (compiled with `gcc -static`) that sleeps
 //!   until SIGTERM/SIGINT and reaps children — what the sandbox image does.
 //! - [`NGINX_IMAGE`] (`nginx:1.27`, the guide's name): `/usr/sbin/nginx` with the shared
-//!   libraries it links, `/bin/sleep` (for a `preStop` hook), Debian's welcome page and
+//!   libraries it links, Debian's welcome page and
 //!   `mime.types`, and a config that logs every request to stdout (so `kubectl logs`
 //!   shows it), serves `/healthz` without logging it (the readiness probe; also alone on
 //!   port 8080), and adds
-//!   `X-Served-By: <pod name>`. Stop signal SIGQUIT: nginx finishes its requests and
+//!   `X-Served-By: <pod name>`; `/bin/drain`, the preStop hook of a graceful stop (every
+//!   kept-alive connection ends after its next answer, with `Connection: close`). Stop signal SIGQUIT: nginx finishes its requests and
 //!   then exits (SIGTERM would drop them), like the official image.
 //! - `juneau:<tag>` ([`build_juneau`]): the image deploy/ and the Helm chart run — the
 //!   programs of [`JUNEAU_BINARIES`], their libraries, a passwd with the non-root user
@@ -54,6 +55,24 @@ int main(void) {
 }
 "#;
 
+/// The nginx image's `/bin/drain SECONDS`, its preStop hook: creates /tmp/draining
+/// (nginx then ends each kept-alive connection after its next answer, see
+/// [`NGINX_CONF`]) and sleeps SECONDS, while the load balancer stops sending the Pod new
+/// connections; then the kubelet sends SIGQUIT. Static, like the pause program: the
+/// image needs no shell.
+const DRAIN_C: &str = r#"
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int fd = open("/tmp/draining", O_CREAT | O_WRONLY, 0644);
+    if (fd < 0) return 1;
+    close(fd);
+    sleep(argc > 1 ? (unsigned)atoi(argv[1]) : 5);
+    return 0;
+}
+"#;
+
 const NGINX_CONF: &str = r#"user www-data;
 worker_processes 1;
 daemon off;
@@ -71,6 +90,28 @@ http {
   server {
     listen 80;
     root /var/www/html;
+    # Graceful stop: the preStop hook (`/bin/drain`) creates /tmp/draining; from then on
+    # every answer says `Connection: close` and ends its connection (keepalive_timeout 0
+    # in the /.draining/ locations), so a kept-alive client moves to another Pod between
+    # two of its requests. Without it nginx closes kept-alive connections at SIGQUIT
+    # while their next request may be on its way: a read error for a client that does
+    # not retry, like wrk (docs/operations.md).
+    if (-f /tmp/draining) {
+      rewrite ^ /.draining$uri last;
+    }
+    location ^~ /.draining/uploads/ {
+      internal;
+      keepalive_timeout 0;
+      rewrite ^/\.draining(/.*)$ $1 break;
+      root /tmp;
+      dav_methods PUT DELETE;
+      create_full_put_path on;
+    }
+    location ^~ /.draining/ {
+      internal;
+      keepalive_timeout 0;
+      rewrite ^/\.draining(/.*)$ $1 break;
+    }
     # Uploads (WebDAV PUT), read back with GET on the same connection: real bodies in
     # both directions (see `LARGE_FILES`).
     location /uploads/ {
@@ -139,18 +180,24 @@ pub fn run(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Compiles the C program `source` statically to `out` (its name says which in errors).
+fn compile_static(work: &Path, name: &str, source: &str, out: &Path) -> Result<()> {
+    let src = work.join(format!("{name}.c"));
+    fs::write(&src, source)?;
+    run(Command::new("gcc")
+        .args(["-static", "-Os", "-s", "-o"])
+        .arg(out)
+        .arg(&src))
+    .with_context(|| format!("compiling the {name} program (Debian packages gcc, libc6-dev)"))?;
+    Ok(())
+}
+
 fn build_pause(dir: &Path) -> Result<PathBuf> {
     let work = dir.join("pause");
     let _ = fs::remove_dir_all(&work);
     let rootfs = work.join("rootfs");
     fs::create_dir_all(&rootfs)?;
-    let src = work.join("pause.c");
-    fs::write(&src, PAUSE_C)?;
-    run(Command::new("gcc")
-        .args(["-static", "-Os", "-s", "-o"])
-        .arg(rootfs.join("pause"))
-        .arg(&src))
-    .context("compiling the pause program (Debian packages gcc, libc6-dev)")?;
+    compile_static(&work, "pause", PAUSE_C, &rootfs.join("pause"))?;
     let tar = dir.join("pause.tar");
     docker_archive(
         &work,
@@ -163,7 +210,7 @@ fn build_pause(dir: &Path) -> Result<PathBuf> {
 }
 
 fn build_nginx(dir: &Path) -> Result<PathBuf> {
-    for need in ["/usr/sbin/nginx", "/etc/nginx/mime.types", "/bin/sleep"] {
+    for need in ["/usr/sbin/nginx", "/etc/nginx/mime.types"] {
         if !Path::new(need).exists() {
             bail!("{need} is missing: run tests/setup.sh (Debian package nginx-light)");
         }
@@ -173,7 +220,8 @@ fn build_nginx(dir: &Path) -> Result<PathBuf> {
     let rootfs = work.join("rootfs");
     fs::create_dir_all(&rootfs)?;
     copy_with_libs(&rootfs, Path::new("/usr/sbin/nginx"), "/usr/sbin/nginx")?;
-    copy_with_libs(&rootfs, Path::new("/bin/sleep"), "/bin/sleep")?;
+    fs::create_dir_all(rootfs.join("bin"))?;
+    compile_static(&work, "drain", DRAIN_C, &rootfs.join("bin/drain"))?;
     for d in [
         "etc/nginx",
         "var/www/html",
@@ -587,7 +635,7 @@ mod tests {
         for f in [
             "./usr/sbin/nginx",
             "./etc/nginx/nginx.conf",
-            "./bin/sleep",
+            "./bin/drain",
             "./lib64/ld-linux-x86-64.so.2",
         ] {
             assert!(
