@@ -13,12 +13,14 @@
 //! (the tokio daemon), [`gate`] (announce only what a live dataplane has programmed),
 //! [`status`] (status file and metrics), [`sockopt`] (TCP-MD5, TTL),
 //! [`bfd`] (the sans-IO RFC 5880 session), [`bfd_io`] (BFD over UDP, RFC 5881/5883) and
-//! [`maintenance`] (graceful shutdown before a withdrawal, RFC 8326).
+//! [`maintenance`] (graceful shutdown before a withdrawal, RFC 8326), [`decommission_watch`]
+//! (waiting for the uninstall's decommission request).
 
 #![warn(missing_docs)]
 
 pub mod bfd;
 pub mod bfd_io;
+pub mod decommission_watch;
 pub mod fsm;
 pub mod gate;
 pub mod maintenance;

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use juneau_bgp::gate::{self, GateConfig};
-use juneau_bgp::speaker::{self, SpeakerConfig};
+use juneau_bgp::speaker::{self, SpeakerConfig, Stop};
 use juneau_bgp::status::StatusHub;
+use juneau_control::decommission::{self, Component};
 
 /// Default `--metrics-addr` (the node's port 9744: the speaker runs on the host network).
 const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9744";
@@ -45,6 +46,12 @@ struct Args {
     /// Withdraw every VIP when the dataplane's heartbeat is older than this (ms).
     #[arg(long, default_value_t = 500)]
     dataplane_heartbeat_timeout_ms: u64,
+    /// The node Pod's decommission directory (an emptyDir shared with the node agent):
+    /// when the agent's request stands there (helm uninstall), close every session with
+    /// a Cease so the peers drop the routes at once (never graceful restart), remove the
+    /// status file, and idle until stopped, also after a restart.
+    #[arg(long, value_name = "DIR")]
+    decommission_dir: Option<PathBuf>,
     /// Announce what the state file says without checking the dataplane: for route-only
     /// set-ups (another forwarder behind the VIPs) and tests without a dataplane.
     #[arg(long)]
@@ -65,11 +72,48 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(run(args))
 }
 
+/// Resolves on SIGTERM or SIGINT.
+async fn terminated() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// After the sessions closed (or, restarted, before any opened): removes the status
+/// file, acknowledges, and idles until SIGTERM.
+async fn decommissioned(
+    args: &Args,
+    token: &str,
+    writer: Option<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<()> {
+    if let Some(w) = writer {
+        w.abort();
+        let _ = w.await;
+    }
+    if let Some(path) = &args.status_file {
+        decommission::remove_if_present(path)
+            .with_context(|| format!("removing {}", path.display()))?;
+    }
+    let dir = args
+        .decommission_dir
+        .as_deref()
+        .context("no decommission directory")?;
+    decommission::acknowledge(dir, Component::Speaker)
+        .with_context(|| format!("acknowledging in {}", dir.display()))?;
+    tracing::info!(
+        token,
+        "decommissioned: sessions closed with a Cease, status file removed; idle until stopped"
+    );
+    terminated().await;
+    Ok(())
+}
+
 async fn run(args: Args) -> anyhow::Result<()> {
     let hub = StatusHub::new();
-    if let Some(path) = args.status_file.clone() {
-        tokio::spawn(hub.clone().write_loop(path));
-    }
     let default = DEFAULT_METRICS_ADDR
         .parse()
         .context("the default metrics address")?;
@@ -78,6 +122,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let l = tokio::net::TcpListener::from_std(l).context("the metrics listener")?;
         tokio::spawn(juneau_telemetry::serve(l, hub.clone()));
     }
+    // A restarted speaker on a decommissioned node opens no session.
+    if let Some(token) = args
+        .decommission_dir
+        .as_deref()
+        .and_then(decommission::requested)
+    {
+        return decommissioned(&args, &token, None).await;
+    }
+    let writer = args
+        .status_file
+        .clone()
+        .map(|path| tokio::spawn(hub.clone().write_loop(path)));
     let state_rx = if args.no_dataplane_gate {
         tracing::warn!("--no-dataplane-gate: announcing VIPs without checking the dataplane");
         speaker::watch_state(args.state_file.clone())
@@ -92,23 +148,30 @@ async fn run(args: Args) -> anyhow::Result<()> {
         };
         gate::watch_gated_state(args.state_file.clone(), gate, hub.clone())
     };
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(Stop::No);
+    let request = args.decommission_dir.clone();
+    let stopper = tokio::spawn(async move {
+        let (stop, token) = tokio::select! {
+            () = terminated() => (Stop::Restart, None),
+            t = juneau_bgp::decommission_watch::requested(request) => (Stop::Decommission, Some(t)),
+        };
+        if let Some(t) = &token {
+            tracing::info!(token = %t, "decommission requested");
         }
-        let _ = stop_tx.send(true);
+        let _ = stop_tx.send(stop);
+        token
     });
     let cfg = SpeakerConfig {
         router_id: args.router_id,
         listen: args.listen,
         bfd_status_file: args.bfd_status_file.clone(),
     };
+    let stopped = stop_rx.clone();
     speaker::run(cfg, state_rx, hub.clone(), stop_rx).await?;
+    if *stopped.borrow() == Stop::Decommission {
+        let token = stopper.await.ok().flatten().unwrap_or_default();
+        return decommissioned(&args, &token, writer).await;
+    }
     // Let the status writer record the final state.
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     Ok(())

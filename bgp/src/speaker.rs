@@ -87,10 +87,26 @@ pub fn watch_state(path: std::path::PathBuf) -> watch::Receiver<SharedState> {
     rx
 }
 
+/// Why the speaker stops (the value of `run`'s `shutdown` channel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Stop {
+    /// Running.
+    #[default]
+    No,
+    /// SIGTERM: a restart (rolling upgrade); sessions with graceful restart close
+    /// without a NOTIFICATION so the peers keep the routes while the node forwards on.
+    Restart,
+    /// The node is decommissioned (helm uninstall): every session closes with a Cease
+    /// (Administrative Shutdown), so the peers drop the routes at once.
+    Decommission,
+}
+
 enum PeerCmd {
     Inbound(TcpStream),
     /// Daemon shutdown: keep routes at the peer if graceful restart was negotiated.
     Shutdown,
+    /// Node decommissioned: Cease, the peer drops the routes.
+    Decommission,
     /// Peer removed.
     Stop(Notification),
     /// BFD says the path to the peer failed: tear the session down at once (RFC 5882).
@@ -141,12 +157,12 @@ fn router_id(cfg: &SpeakerConfig, state: &NodeState) -> Option<Ipv4Addr> {
         .or_else(|| state.peers.iter().find_map(|p| p.source_address))
 }
 
-/// Runs the speaker until `shutdown` turns true.
+/// Runs the speaker until `shutdown` says to stop, and how ([`Stop`]).
 pub async fn run(
     cfg: SpeakerConfig,
     mut state_rx: watch::Receiver<SharedState>,
     hub: Arc<StatusHub>,
-    mut shutdown: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<Stop>,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
     let sock = TcpSocket::new_v4().context("creating listening socket")?;
@@ -214,12 +230,19 @@ pub async fn run(
                     }
                 }
             }
-            _ = shutdown.changed() => break,
+            r = shutdown.changed() => {
+                if r.is_err() || *shutdown.borrow() != Stop::No { break; }
+            }
         }
     }
-    tracing::info!("shutting down");
+    let decommission = *shutdown.borrow() == Stop::Decommission;
+    tracing::info!(decommission, "shutting down");
     for p in peers.values() {
-        let _ = p.tx.send(PeerCmd::Shutdown);
+        let _ = p.tx.send(if decommission {
+            PeerCmd::Decommission
+        } else {
+            PeerCmd::Shutdown
+        });
     }
     for (_, p) in peers.drain() {
         let _ = tokio::time::timeout(Duration::from_secs(3), p.task).await;
@@ -500,6 +523,12 @@ impl PeerTask {
                         acts.extend(self.fsm.handle(Event::Start));
                         self.apply(acts).await;
                         self.hub.peer_owned(&self.cfg.name, self.owner, |p| p.last_error = Some(reason));
+                    }
+                    Some(PeerCmd::Decommission) => {
+                        tracing::info!("decommissioned: Cease (Administrative Shutdown), the peer drops our routes");
+                        let acts = self.fsm.handle(Event::Stop(Some(Notification::cease(cease::ADMINISTRATIVE_SHUTDOWN))));
+                        self.apply(acts).await;
+                        break;
                     }
                     Some(PeerCmd::Shutdown) | None => {
                         let graceful = matches!(self.session, Some((_, _, true)));

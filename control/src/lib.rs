@@ -7,15 +7,18 @@
 //! node's [`model::NodeState`] to the dataplane and the BGP speaker, and the small
 //! [`dataplane_status`] file through which the dataplane tells the BGP speaker it is alive
 //! and which VIPs it has programmed, and [`secret::Secret`], the type every password or
-//! key is held in so it never shows in logs, `Debug` output or serialized status.
+//! key is held in so it never shows in logs, `Debug` output or serialized status, and
+//! [`decommission`]: how the agent asks the node's components to undo what they did on
+//! the node (`helm uninstall`), how they acknowledge, and which files are the node's.
 //!
 //! Must not touch: the network, Kubernetes, clocks other than the heartbeat stamps, threads,
-//! or any I/O other than the shared-memory file. Everything here is deterministic and
+//! or any I/O other than the shared-memory file and the decommission files. Everything here is deterministic and
 //! unit-testable; the processes around it are thin glue.
 #![warn(missing_docs)]
 
 pub mod advertise;
 pub mod dataplane_status;
+pub mod decommission;
 pub mod ipam;
 pub mod maglev;
 pub mod model;

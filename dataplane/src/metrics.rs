@@ -472,6 +472,8 @@ pub struct Exporter {
     status_path: PathBuf,
     status: Mutex<Option<DataplaneStatusReader>>,
     pid: u32,
+    /// Decommissioned (helm uninstall): live, never ready, no forwarding loop.
+    decommissioned: std::sync::atomic::AtomicBool,
 }
 
 impl Exporter {
@@ -482,7 +484,20 @@ impl Exporter {
             status_path: status_path.to_path_buf(),
             status: Mutex::new(None),
             pid: std::process::id(),
+            decommissioned: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The process is decommissioned and idle: `/healthz` answers live (the kubelet
+    /// must not restart it), `/readyz` not ready.
+    pub fn set_decommissioned(&self) {
+        self.decommissioned
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn is_decommissioned(&self) -> bool {
+        self.decommissioned
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Binds `given` (or [`DEFAULT_METRICS_ADDR`], only warned about when taken) and
@@ -547,6 +562,9 @@ impl Endpoint for Exporter {
     }
 
     fn live(&self) -> Result<(), String> {
+        if self.is_decommissioned() {
+            return Ok(());
+        }
         match self.own_status() {
             // Starting: attaching to the interfaces can take seconds.
             None => Ok(()),
@@ -559,6 +577,9 @@ impl Endpoint for Exporter {
     }
 
     fn ready(&self) -> Result<(), String> {
+        if self.is_decommissioned() {
+            return Err("not ready: decommissioned (helm uninstall); idle until stopped".into());
+        }
         match self.own_status() {
             None => Err(format!(
                 "not ready: starting, no heartbeat in {} yet",

@@ -77,6 +77,10 @@ pub struct RuntimeConfig {
     /// The dataplane status juneau-bgp reads (`juneau_control::dataplane_status`):
     /// heartbeat, programmed generation and VIPs.
     pub status_file: PathBuf,
+    /// The node Pod's decommission directory (`juneau_control::decommission`): when the
+    /// node agent's request stands there, the dataplane detaches, removes its pins and
+    /// files, and idles (`None`: never decommissioned; stopping keeps the pins).
+    pub decommission_dir: Option<PathBuf>,
     /// Address of `/metrics`, `/healthz`, `/readyz` (must bind); `None`: the default
     /// [`crate::metrics::DEFAULT_METRICS_ADDR`], only warned about when taken.
     pub metrics_addr: Option<SocketAddr>,
@@ -152,8 +156,13 @@ struct Port {
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
+/// Set with [`STOP`] when the loop stops for a decommission request.
+static DECOMMISSION: AtomicBool = AtomicBool::new(false);
+/// SIGINT/SIGTERM arrived (what a decommissioned, idle process waits for).
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
+    SIGNALLED.store(true, Ordering::Relaxed);
     STOP.store(true, Ordering::Relaxed);
 }
 
@@ -306,9 +315,58 @@ impl Discovery {
     }
 }
 
-/// Runs the dataplane until SIGINT/SIGTERM.
+/// Whether the node agent's decommission request stands (`cfg.decommission_dir`).
+fn decommission_requested(cfg: &RuntimeConfig) -> Option<String> {
+    juneau_control::decommission::requested(cfg.decommission_dir.as_deref()?)
+}
+
+/// Undoes what the dataplane did on the node (helm uninstall): removes the pins —
+/// the XDP links, so the program is detached from every interface, the maps and the
+/// flow table — and its files in /run/juneau, acknowledges, and idles until
+/// SIGINT/SIGTERM, answering /healthz (live) and /readyz (not ready) meanwhile. A
+/// restarted dataplane comes here before attaching anything.
+fn decommission_and_idle(
+    cfg: &RuntimeConfig,
+    token: &str,
+    serving: Option<Arc<crate::metrics::Exporter>>,
+) -> Result<()> {
+    use juneau_control::decommission::{self, Component};
+    let removed = Steering::remove_pins(&cfg.pin_dir)?;
+    // The parent (/sys/fs/bpf/juneau) goes too once no other instance uses it.
+    if let Some(parent) = cfg.pin_dir.parent() {
+        let _ = std::fs::remove_dir(parent);
+    }
+    for f in std::iter::once(&cfg.status_file).chain(cfg.stats_file.as_ref()) {
+        decommission::remove_if_present(f).with_context(|| format!("removing {}", f.display()))?;
+    }
+    let dir = cfg
+        .decommission_dir
+        .as_deref()
+        .context("decommissioned without a decommission directory")?;
+    decommission::acknowledge(dir, Component::Dataplane)
+        .with_context(|| format!("acknowledging in {}", dir.display()))?;
+    tracing::info!(token, pin_dir = %cfg.pin_dir.display(), pins_removed = removed, "decommissioned: XDP program detached, pins and files removed; idle until stopped");
+    match serving {
+        Some(exporter) => exporter.set_decommissioned(),
+        None => {
+            let exporter = crate::metrics::Exporter::new(&cfg.status_file);
+            exporter.set_decommissioned();
+            exporter.serve(cfg.metrics_addr)?;
+        }
+    }
+    while !SIGNALLED.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    tracing::info!("juneau-dataplane stopped (decommissioned)");
+    Ok(())
+}
+
+/// Runs the dataplane until SIGINT/SIGTERM, or until a decommission request.
 pub fn run(cfg: RuntimeConfig) -> Result<()> {
     install_signal_handlers();
+    if let Some(token) = decommission_requested(&cfg) {
+        return decommission_and_idle(&cfg, &token, None);
+    }
     let started = std::time::Instant::now();
     ensure!(
         !cfg.pod_ifaces.is_empty() || cfg.pod_ifaces_from_routes,
@@ -381,7 +439,7 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     // hands it the merged counters.
     let exporter = crate::metrics::Exporter::new(&cfg.status_file);
     exporter.serve(cfg.metrics_addr)?;
-    let (stats_tx, stats_writer) = spawn_stats_writer(&cfg, exporter, workers as usize)?;
+    let (stats_tx, stats_writer) = spawn_stats_writer(&cfg, exporter.clone(), workers as usize)?;
     let first = built.remove(0);
     let mut engine = first.engine;
     let mut io = Io {
@@ -409,6 +467,12 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     let _ = stats_writer.join();
     resolver.stop();
     drop(io);
+    if DECOMMISSION.load(Ordering::Relaxed) {
+        result?;
+        // Every socket and program handle is closed: the pins are the last references.
+        let token = decommission_requested(&cfg).unwrap_or_default();
+        return decommission_and_idle(&cfg, &token, Some(exporter));
+    }
     tracing::info!(pin_dir = %cfg.pin_dir.display(), "juneau-dataplane stopped; XDP links and flow table stay pinned (juneau-dataplane --remove-pins removes them)");
     result
 }
@@ -1490,6 +1554,12 @@ fn forward_loop(
             st.loop_gap = timing.gaps.clone();
             let _ = stats_tx.try_send((0, st));
             timing.log();
+            // The node agent's decommission request: checked once a second (a stat).
+            if let Some(token) = decommission_requested(cfg) {
+                tracing::info!(token = %token, "decommission requested: stopping forwarding");
+                DECOMMISSION.store(true, Ordering::Relaxed);
+                STOP.store(true, Ordering::Relaxed);
+            }
         }
 
         // Activity: frames received, or TX completions still coming in (a frame the

@@ -40,6 +40,51 @@ pub struct AgentOptions {
     /// juneau-bgp's status file, published as NodeBGPStatus/<node>
     /// ([`crate::speaker_status`]).
     pub bgp_status_file: PathBuf,
+    /// Where to watch for a decommission request and carry it out
+    /// ([`crate::decommission`]); `None`: never decommissioned.
+    pub decommission: Option<AgentDecommission>,
+}
+
+/// The agent's decommission settings.
+#[derive(Debug, Clone)]
+pub struct AgentDecommission {
+    /// Namespace of the node DaemonSet.
+    pub namespace: String,
+    /// The node DaemonSet whose annotation is the request.
+    pub daemonset: String,
+    /// The Pod's decommission directory, shared with the other node containers.
+    pub dir: PathBuf,
+}
+
+/// Carries a decommission request out, then idles until the process is stopped.
+async fn decommission_and_idle(
+    client: Client,
+    opts: &AgentOptions,
+    token: &str,
+) -> anyhow::Result<()> {
+    let d = opts
+        .decommission
+        .as_ref()
+        .context("decommissioned without decommission settings")?;
+    let shm_dir = opts
+        .state_file
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(juneau_control::shm::DEFAULT_DIR));
+    crate::decommission::carry_out(
+        client,
+        &crate::decommission::NodeDecommission {
+            node: opts.node.clone(),
+            dir: d.dir.clone(),
+            shm_dir,
+        },
+        token,
+    )
+    .await?;
+    opts.health.set_ready(false);
+    info!("decommissioned: idle until stopped");
+    std::future::pending::<()>().await;
+    Ok(())
 }
 
 fn record(m: &AgentMetrics, state: &NodeState, generation: u64) {
@@ -160,6 +205,22 @@ impl Stores {
 
 /// Runs the agent until the process is stopped.
 pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
+    // A restarted agent finishes a request that stands: it publishes nothing again.
+    if let Some(token) = opts
+        .decommission
+        .as_ref()
+        .and_then(|d| crate::decommission::standing(&d.dir))
+    {
+        return decommission_and_idle(client, &opts, &token).await;
+    }
+    let (_no_request, mut requests) = tokio::sync::watch::channel(None::<String>);
+    if let Some(d) = &opts.decommission {
+        requests = crate::decommission::watch_request(client.clone(), &d.namespace, &d.daemonset);
+        tokio::spawn(crate::decommission::clear_report(
+            client.clone(),
+            opts.node.clone(),
+        ));
+    }
     let all = watcher::Config::default();
     let (nodes, s1) = reflect(Api::<Node>::all(client.clone()), all.clone());
     let (slbs, s2) = reflect(Api::<ServiceLoadBalancer>::all(client.clone()), all.clone());
@@ -193,7 +254,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
             )
         })?;
     info!(node = %opts.node, state_file = %opts.state_file.display(), "agent started");
-    tokio::spawn(crate::speaker_status::run(
+    let speaker_status = tokio::spawn(crate::speaker_status::run(
         client.clone(),
         opts.node.clone(),
         opts.bgp_status_file.clone(),
@@ -222,6 +283,16 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
             () = tokio::time::sleep_until(wake.unwrap_or_else(tokio::time::Instant::now)), if wake.is_some() => {}
             _ = heartbeat.tick() => {
                 writer.heartbeat();
+                continue;
+            }
+            Ok(()) = requests.changed() => {
+                let token = requests.borrow_and_update().clone();
+                if let Some(token) = token {
+                    info!(token = %token, "decommission requested (helm uninstall): publishing stops");
+                    speaker_status.abort();
+                    drop(writer);
+                    return decommission_and_idle(client, &opts, &token).await;
+                }
                 continue;
             }
         }

@@ -548,6 +548,12 @@ pub struct NodeBGPStatusStatus {
     /// unreadable (the reason says which; `peers` then keeps what was last read).
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The token of the decommission request (`helm uninstall`) this node carried out:
+    /// its speaker closed its sessions with a Cease, its dataplane detached and removed
+    /// its pins, and its files in /run/juneau are gone. Written by the agent with its
+    /// own field manager; the uninstall hook waits for it on every node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decommissioned: Option<String>,
 }
 
 /// One BGP session of a node.

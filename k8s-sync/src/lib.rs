@@ -11,12 +11,14 @@
 //! [`pools`], [`endpoints`], [`describe`], [`report`], [`peers`], [`pacing`], [`fence`]: when a
 //! leader may still write) and thin glue that watches and writes
 //! ([`controller`], [`agent`], [`speaker_status`]: the node's BGP sessions into a
-//! NodeBGPStatus); [`metrics`] serves both processes' Prometheus metrics and probes. [`crd`] holds the resource types; `crdgen` prints them.
+//! NodeBGPStatus; [`decommission`]: `helm uninstall`'s request, the hook that makes it
+//! and the agents that carry it out, its pure decisions unit-tested); [`metrics`] serves both processes' Prometheus metrics and probes. [`crd`] holds the resource types; `crdgen` prints them.
 #![warn(missing_docs)]
 
 pub mod agent;
 pub mod controller;
 pub mod crd;
+pub mod decommission;
 pub mod describe;
 pub mod endpoints;
 pub mod fence;

@@ -174,6 +174,7 @@ pub fn status_from(
                     })
                     .collect(),
                 conditions: vec![],
+                decommissioned: None,
             }
         }
         // Keep what was last read; the condition says it is not current.
@@ -222,6 +223,7 @@ fn last_read(error: &str, st: &NodeBGPStatusStatus) -> String {
 fn same(a: &NodeBGPStatusStatus, b: &NodeBGPStatusStatus) -> bool {
     let strip = |s: &NodeBGPStatusStatus| NodeBGPStatusStatus {
         observed_time: None,
+        decommissioned: None,
         ..s.clone()
     };
     strip(a) == strip(b)
@@ -244,6 +246,11 @@ async fn apply(
         obj["metadata"]["ownerReferences"] = serde_json::json!([o]);
     }
     api.patch(node, &pp, &Patch::Apply(&obj)).await?;
+    // `decommissioned` is the decommission report's (crate::decommission), not ours.
+    let status = NodeBGPStatusStatus {
+        decommissioned: None,
+        ..status.clone()
+    };
     let st = serde_json::json!({
         "apiVersion": "juneau.loutres.me/v1alpha1",
         "kind": "NodeBGPStatus",

@@ -175,6 +175,8 @@ fn helm_checks(env: &Env) -> Result<()> {
     let helm = helm()?;
     let out = run(Command::new(&helm).arg("lint").arg(&chart))?;
     ensure!(out.contains("0 chart(s) failed"), "{out}");
+    // Without the uninstall hook (deploy/ has no helm uninstall; docs/operations.md says
+    // what to run there instead); the hook is checked below.
     let rendered = run(Command::new(&helm)
         .args(["template", "juneau"])
         .arg(&chart)
@@ -182,6 +184,7 @@ fn helm_checks(env: &Env) -> Result<()> {
             "--namespace",
             "juneau-system",
             "--include-crds",
+            "--no-hooks",
             "--set",
             "createNamespace=true",
         ]))?;
@@ -207,6 +210,46 @@ fn helm_checks(env: &Env) -> Result<()> {
         .args(["--namespace", "juneau-system", "-f"])
         .arg(&values))?;
     let objs = objects(&configured)?;
+    // The pre-delete hook: its Job and the RBAC it needs, all hook resources.
+    let hook = |kind: &str, ns: &str| -> Result<serde_json::Value> {
+        let key = (
+            kind.to_string(),
+            ns.to_string(),
+            "juneau-decommission".to_string(),
+        );
+        objs.get(&key)
+            .cloned()
+            .with_context(|| format!("no {kind} juneau-decommission rendered"))
+    };
+    for (kind, ns) in [
+        ("Job", "juneau-system"),
+        ("ServiceAccount", "juneau-system"),
+        ("Role", "juneau-system"),
+        ("RoleBinding", "juneau-system"),
+        ("ClusterRole", ""),
+        ("ClusterRoleBinding", ""),
+    ] {
+        let o = hook(kind, ns)?;
+        assert_eq!(
+            o["metadata"]["annotations"]["helm.sh/hook"], "pre-delete",
+            "{kind}"
+        );
+        assert_eq!(
+            o["metadata"]["annotations"]["helm.sh/hook-delete-policy"],
+            "before-hook-creation,hook-succeeded",
+            "{kind}"
+        );
+    }
+    let job = hook("Job", "juneau-system")?;
+    assert_eq!(
+        job["spec"]["template"]["spec"]["containers"][0]["command"],
+        serde_json::json!([
+            "juneau-k8s-sync",
+            "decommission",
+            "--daemonset=juneau-node",
+            "--timeout=120"
+        ])
+    );
     for kind in [
         "AddressPool",
         "ExternalNetwork",

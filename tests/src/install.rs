@@ -70,6 +70,13 @@ impl Release {
         Ok(out)
     }
 
+    /// `helm uninstall` (its hooks included, as an operator runs it), waiting until the
+    /// release's objects are deleted (at most `timeout`).
+    pub fn uninstall(&self, timeout: Duration) -> Result<String> {
+        let t = format!("{}s", timeout.as_secs());
+        self.helm(&["uninstall", RELEASE, "--wait", "--timeout", &t])
+    }
+
     /// The release's current revision (`helm history`).
     pub fn revision(&self) -> Result<u32> {
         let out = self.helm(&["history", RELEASE, "--max", "1", "-o", "json"])?;

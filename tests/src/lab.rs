@@ -1091,6 +1091,43 @@ impl Drop for Lab {
     }
 }
 
+/// What Juneau left on `node` (empty: nothing): XDP programs attached in the node's
+/// namespace (`ip -d link`), entries under its pin directory in the bpffs, its files in
+/// [`SHM_DIR`], and nft or iptables rules that mention juneau.
+pub fn node_leftovers(node: &str) -> Result<Vec<String>> {
+    let mut left = Vec::new();
+    for l in in_ns(node, &["ip", "-d", "-o", "link", "show"])?.lines() {
+        if l.contains("xdp") {
+            let iface = l.split(':').nth(1).unwrap_or("?").trim().to_string();
+            left.push(format!("{node}: an XDP program attached to {iface}"));
+        }
+    }
+    let dir = pin_dir(node);
+    if let Ok(rd) = fs::read_dir(&dir) {
+        for e in rd.flatten() {
+            left.push(format!("{node}: pinned {}", e.path().display()));
+        }
+        left.push(format!("{node}: the pin directory {}", dir.display()));
+    }
+    for f in node_shm_files().into_iter().filter(|f| {
+        f.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(&format!("{node}.")))
+    }) {
+        left.push(format!("{node}: the file {}", f.display()));
+    }
+    for (what, argv) in [
+        ("an nft rule", &["nft", "list", "ruleset"][..]),
+        ("an iptables rule", &["iptables-save"][..]),
+    ] {
+        let out = in_ns(node, argv).unwrap_or_default();
+        for l in out.lines().filter(|l| l.to_lowercase().contains("juneau")) {
+            left.push(format!("{node}: {what}: {}", l.trim()));
+        }
+    }
+    Ok(left)
+}
+
 /// Copies the lab's logs to `$TMPDIR/juneau-lab-logs-<pid>` (a failed run's evidence).
 pub fn keep_logs() {
     let keep = std::env::temp_dir().join(format!("juneau-lab-logs-{}", std::process::id()));

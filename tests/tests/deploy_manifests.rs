@@ -94,6 +94,8 @@ fn deploy_rbac_is_least_privilege() -> Result<()> {
         ("watch", "endpointslices.discovery.k8s.io", "default"),
         ("list", "bgppeers.juneau.loutres.me", "default"),
         ("watch", "secrets", "juneau-system"),
+        // the decommission request on the node DaemonSet (helm uninstall)
+        ("watch", "daemonsets.apps", "juneau-system"),
     ] {
         assert!(
             can("juneau-node", verb, res, ns)?,
@@ -107,6 +109,8 @@ fn deploy_rbac_is_least_privilege() -> Result<()> {
         ("create", "events.events.k8s.io", "default"),
         ("list", "addresspools.juneau.loutres.me", "default"),
         ("patch", "nodes", "default"),
+        ("patch", "daemonsets.apps", "juneau-system"),
+        ("watch", "daemonsets.apps", "default"),
     ] {
         assert!(
             !can("juneau-node", verb, res, ns)?,

@@ -18,6 +18,7 @@ use clap::Parser;
 use juneau_bgp::bfd_io::{self, BfdFile};
 use juneau_bgp::speaker;
 use juneau_bgp::status::{unix_now, write_atomically, BfdStatus};
+use juneau_control::decommission::{self, Component};
 use tokio::sync::{mpsc, Notify};
 
 /// Runs BFD for every BGP peer of the node that asks for it, and reports session states.
@@ -36,6 +37,36 @@ struct Args {
     /// detected only when it ends.
     #[arg(long, default_value_t = 20_000)]
     restart_hold_ms: u64,
+    /// The node Pod's decommission directory (an emptyDir shared with the node agent):
+    /// when the agent's request stands there (helm uninstall), sessions go AdminDown
+    /// (never held), the status file is removed, and the process idles until stopped,
+    /// also after a restart.
+    #[arg(long, value_name = "DIR")]
+    decommission_dir: Option<PathBuf>,
+}
+
+/// Removes the status file, acknowledges, and idles until SIGTERM/SIGINT.
+async fn decommissioned(args: &Args, token: &str) -> anyhow::Result<()> {
+    decommission::remove_if_present(&args.status_file)
+        .with_context(|| format!("removing {}", args.status_file.display()))?;
+    let dir = args
+        .decommission_dir
+        .as_deref()
+        .context("no decommission directory")?;
+    decommission::acknowledge(dir, Component::Bfd)
+        .with_context(|| format!("acknowledging in {}", dir.display()))?;
+    tracing::info!(
+        token,
+        "decommissioned: sessions AdminDown, status file removed; idle until stopped"
+    );
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
 }
 
 fn unix_ms() -> u64 {
@@ -60,6 +91,14 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    // A restarted juneau-bfd on a decommissioned node starts no session.
+    if let Some(token) = args
+        .decommission_dir
+        .as_deref()
+        .and_then(decommission::requested)
+    {
+        return decommissioned(&args, &token).await;
+    }
     let sessions: Arc<Mutex<BTreeMap<String, BfdStatus>>> = Arc::default();
     let changed = Arc::new(Notify::new());
     let report: bfd_io::Report = {
@@ -92,6 +131,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let mut state_rx = speaker::watch_state(args.state_file.clone());
     let node = Arc::new(Mutex::new(String::new()));
+    let writer;
     {
         let (sessions, changed, node, path, held_until) = (
             sessions.clone(),
@@ -100,7 +140,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             args.status_file.clone(),
             held_until.clone(),
         );
-        tokio::spawn(async move {
+        writer = tokio::spawn(async move {
             loop {
                 let file = BfdFile {
                     node: node.lock().unwrap_or_else(|e| e.into_inner()).clone(),
@@ -120,6 +160,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let request = juneau_bgp::decommission_watch::requested(args.decommission_dir.clone());
+    tokio::pin!(request);
+    let mut decommission = None;
     loop {
         {
             let st = state_rx.borrow_and_update().clone();
@@ -130,7 +173,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
             r = state_rx.changed() => if r.is_err() { break },
             _ = term.recv() => break,
             _ = int.recv() => break,
+            token = &mut request => {
+                decommission = Some(token);
+                break;
+            }
         }
+    }
+    if let Some(token) = decommission {
+        tracing::info!(token = %token, "decommission requested: sessions go AdminDown");
+        drop(bfd);
+        // AdminDown is sent; the status file must not be written again.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        writer.abort();
+        let _ = writer.await;
+        return decommissioned(&args, &token).await;
     }
     if args.restart_hold_ms == 0 {
         tracing::info!("shutting down: sessions go AdminDown");

@@ -55,6 +55,12 @@ struct Args {
     /// programmed VIPs); default: the state file with extension `.dataplane`.
     #[arg(long, value_name = "PATH")]
     status_file: Option<PathBuf>,
+    /// The node Pod's decommission directory (an emptyDir shared with the node agent):
+    /// when the agent's request stands there (helm uninstall), detach the XDP program,
+    /// remove the pins and this process's files, and idle until stopped. Without it,
+    /// stopping always keeps the pins (restarts keep the flows).
+    #[arg(long, value_name = "DIR")]
+    decommission_dir: Option<PathBuf>,
     /// Write counters as JSON to this file about once a second (atomically, by rename).
     #[arg(long, value_name = "PATH")]
     stats_file: Option<PathBuf>,
@@ -246,6 +252,7 @@ fn main() -> Result<()> {
         state_file,
         pin_dir,
         stats_file: a.stats_file,
+        decommission_dir: a.decommission_dir,
         metrics_addr: a.metrics_addr,
         engine: EngineConfig {
             flow_capacity: a.flow_capacity,

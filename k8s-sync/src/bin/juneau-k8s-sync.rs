@@ -62,6 +62,31 @@ enum Command {
         /// /run/juneau/<node>.bgp-status.json, the speaker's --status-file in deploy/).
         #[arg(long)]
         bgp_status_file: Option<PathBuf>,
+        /// The node Pod's decommission directory (an emptyDir every node container
+        /// mounts). With --daemonset: watch that DaemonSet for the decommission request
+        /// (helm uninstall) and carry it out on this node (docs/operations.md,
+        /// "Uninstall"). Without: never decommissioned.
+        #[arg(long, value_name = "DIR", requires = "daemonset")]
+        decommission_dir: Option<PathBuf>,
+        /// The node DaemonSet (in --namespace) whose juneau.loutres.me/decommission
+        /// annotation is the decommission request.
+        #[arg(long, requires = "decommission_dir")]
+        daemonset: Option<String>,
+    },
+    /// helm uninstall's pre-delete hook: asks every node to decommission (annotation on
+    /// the node DaemonSet) and waits until each reports it did — routes withdrawn with a
+    /// Cease, XDP detached, pins and /run/juneau files removed — or fails after --timeout
+    /// naming the nodes that did not.
+    Decommission {
+        /// The release namespace.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "juneau-system")]
+        namespace: String,
+        /// The node DaemonSet.
+        #[arg(long, default_value = "juneau-node")]
+        daemonset: String,
+        /// Longest wait for every node, in seconds.
+        #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        timeout: u64,
     },
 }
 
@@ -170,7 +195,17 @@ async fn main() -> anyhow::Result<()> {
             namespace,
             metrics_addr,
             bgp_status_file,
+            decommission_dir,
+            daemonset,
         } => {
+            let decommission = match (decommission_dir, daemonset) {
+                (Some(dir), Some(daemonset)) => Some(agent::AgentDecommission {
+                    namespace: namespace.clone(),
+                    daemonset,
+                    dir,
+                }),
+                _ => None,
+            };
             let bgp_status_file = bgp_status_file
                 .unwrap_or_else(|| juneau_k8s_sync::speaker_status::default_path(&node));
             let mut registry = Registry::default();
@@ -193,6 +228,7 @@ async fn main() -> anyhow::Result<()> {
                     metrics,
                     health,
                     bgp_status_file,
+                    decommission,
                 },
             );
             tokio::select! {
@@ -204,6 +240,20 @@ async fn main() -> anyhow::Result<()> {
                     Ok(())
                 }
             }
+        }
+        Command::Decommission {
+            namespace,
+            daemonset,
+            timeout,
+        } => {
+            let opts = juneau_k8s_sync::decommission::HookOptions {
+                namespace,
+                daemonset,
+                timeout: std::time::Duration::from_secs(timeout),
+            };
+            juneau_k8s_sync::decommission::run_hook(client, opts)
+                .await
+                .context("decommissioning Juneau's nodes (helm uninstall's pre-delete hook)")
         }
     }
 }
