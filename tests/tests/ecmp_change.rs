@@ -9,7 +9,9 @@
 //! 2. a node's only Pod terminates gracefully (preStop): the node withdraws the VIP while
 //!    its connections drain, so the router sends them to the other node.
 //!
-//! Asserted: 0 failed requests, 0 resets, 0 timeouts, no SYN dropped as `no_backend` on
+//! Two saturating wrk-like clients run beside them (kept alive, unpaced, never retried).
+//!
+//! Asserted: 0 failed requests (also of the saturating clients), 0 resets, 0 timeouts, no SYN dropped as `no_backend` on
 //! any node (with redirects on, a SYN in a withdrawal window goes to a peer) — also none hidden by the load's
 //! retry of a failed keep-alive request on a new connection (a keep-alive connection that
 //! got a RST or stalled past the 2 s timeout counts) — and the dataplanes did redirect packets between the nodes (so the
@@ -50,6 +52,8 @@ const KEEPALIVE: usize = 32;
 const FRESH: usize = 4;
 /// Requests per second per client.
 const RATE: u32 = 4;
+/// Saturating (wrk-like) clients beside them: kept alive, unpaced, nothing retried.
+const SATURATING: usize = 2;
 const SETTLE: Duration = Duration::from_secs(90);
 const QUIET: Duration = Duration::from_secs(3);
 
@@ -104,7 +108,11 @@ fn ecmp_changes_reset_no_connection() -> Result<()> {
     // dataplanes' logs are what tells where a refused or reset connection came from.
     // `JUNEAU_LAB_KEEP_LOGS=1` keeps them always (to time a passing run).
     let failed = result.as_ref().map_or(true, |(r, _, no_backend)| {
-        r.failed > 0 || r.keepalive_resets > 0 || r.keepalive_timeouts > 0 || *no_backend > 0
+        r.failed > 0
+            || r.saturating.failed() > 0
+            || r.keepalive_resets > 0
+            || r.keepalive_timeouts > 0
+            || *no_backend > 0
     });
     if failed || std::env::var_os("JUNEAU_LAB_KEEP_LOGS").is_some() {
         lab::keep_logs();
@@ -122,7 +130,15 @@ fn ecmp_changes_reset_no_connection() -> Result<()> {
             "on"
         }
     );
-    assert!(report.ok > 0, "the load got no answer at all: {report:?}");
+    assert!(
+        report.ok > 0 && report.saturating.ok > 0,
+        "the load got no answer at all: {report:?}"
+    );
+    assert_eq!(
+        report.saturating.failed(),
+        0,
+        "failed requests of the saturating clients (wrk-like, nothing retried): {report:?}"
+    );
     assert_eq!(
         (
             report.failed,
@@ -176,7 +192,7 @@ fn scenario(bins: &JuneauBins) -> Result<(LoadReport, u64, u64)> {
             keepalive: KEEPALIVE,
             fresh: FRESH,
             rate: RATE,
-            saturating: 0,
+            saturating: SATURATING,
             max_seconds: 150,
         },
     )?;
