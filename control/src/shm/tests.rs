@@ -739,9 +739,7 @@ mod incremental {
                             .collect(),
                         keys: (0..communities)
                             .take(MAX_REDIRECT_KEYS)
-                            .map(|c| {
-                                RedirectKey::new(crate::secret::SecretKey::new([c as u8; 16]))
-                            })
+                            .map(|c| RedirectKey::new(crate::secret::SecretKey::new([c as u8; 16])))
                             .collect(),
                     },
                 };
