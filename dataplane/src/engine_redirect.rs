@@ -1177,8 +1177,8 @@ mod tests {
             .collect()
     }
 
-    /// A redirected ACK of `cport` from node 1 to node 0 (first hop node 1, asking),
-    /// tagged under `key` (none: version 2).
+    /// A redirected ACK of `cport` from node 1 to node 0 (first hop node 1, no notice
+    /// asked), tagged under `key` (none: version 2).
     fn redirected_ack(cport: u16, key: Option<u8>) -> Vec<u8> {
         let orig = tcp(cport, tcp_flags::ACK);
         let mut buf = orig.clone();
