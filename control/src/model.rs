@@ -339,6 +339,40 @@ pub struct Redirects {
     pub node_address: Option<Ipv4Addr>,
     /// Per VIP served here, sorted by VIP: the other nodes with a serving endpoint of it.
     pub vips: Vec<VipRedirectPeers>,
+    /// The redirect channel's MAC keys (issue 25), from the Secret
+    /// `juneau-redirect-key`: at most [`MAX_REDIRECT_KEYS`], the one to send with
+    /// (`current`) first, then the one being rotated in (`next`). Empty: no key, the
+    /// channel runs unauthenticated (wire version 2, cookie only). Never serialized (like
+    /// every secret of the model: it reaches the dataplane through the 0600 node-state
+    /// file only).
+    #[serde(skip)]
+    pub keys: Vec<RedirectKey>,
+}
+
+/// Most redirect MAC keys in force at once (`current` and `next`).
+pub const MAX_REDIRECT_KEYS: usize = 2;
+
+/// One MAC key of the redirect channel and its 1-byte id (carried in wire version 3's
+/// header, so a receiver knows which key a tag is under).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedirectKey {
+    /// The key id: derived from the key ([`RedirectKey::new`]), so every node gives the
+    /// same key the same id, and a key keeps its id when it moves from `next` to
+    /// `current`.
+    pub id: u8,
+    /// The key (SipHash-2-4, 128 bits).
+    pub key: crate::secret::SecretKey,
+}
+
+impl RedirectKey {
+    /// A key with its derived id: the first byte of SipHash-2-4-128, under the key, of a
+    /// fixed label (two keys may share an id: a receiver then tries both).
+    pub fn new(key: crate::secret::SecretKey) -> Self {
+        let id = siphasher::sip128::SipHasher24::new_with_key(key.expose())
+            .hash(b"juneau redirect key id")
+            .as_bytes()[0];
+        RedirectKey { id, key }
+    }
 }
 
 /// The nodes asked about a VIP's connections this node does not hold.

@@ -1,4 +1,5 @@
-//! Passwords and keys (a BGP peer's TCP-MD5 password; BFD authentication keys later).
+//! Passwords and keys (a BGP peer's TCP-MD5 password, the redirect channel's MAC keys;
+//! BFD authentication keys later).
 //!
 //! A [`Secret`] wraps [`secrecy::SecretString`] (zeroed when dropped) and adds what the
 //! model needs: equality (to notice a changed password) and deserialization. Its `Debug`
@@ -10,7 +11,7 @@
 
 use std::fmt;
 
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::{ExposeSecret, SecretBox, SecretString};
 use serde::{Deserialize, Deserializer};
 
 /// A password or key; see the [module documentation](self).
@@ -72,6 +73,48 @@ impl<'de> Deserialize<'de> for Secret {
     }
 }
 
+/// Bytes of a [`SecretKey`]: the 128-bit key of SipHash-2-4 (the redirect channel's MAC,
+/// issue 25).
+pub const KEY_BYTES: usize = 16;
+
+/// A binary key (the redirect channel's MAC key), zeroed when dropped. Like [`Secret`]:
+/// `Debug` prints `<redacted>`, no `Serialize`, equality to notice a change, and the bytes
+/// only through [`SecretKey::expose`].
+pub struct SecretKey(SecretBox<[u8; KEY_BYTES]>);
+
+impl SecretKey {
+    /// Wraps key bytes.
+    pub fn new(bytes: [u8; KEY_BYTES]) -> Self {
+        SecretKey(SecretBox::new(Box::new(bytes)))
+    }
+
+    /// The key bytes, for the one place that must hand them on (the shared-memory file)
+    /// or use them (the MAC). Never log or serialize what this returns.
+    pub fn expose(&self) -> &[u8; KEY_BYTES] {
+        self.0.expose_secret()
+    }
+}
+
+impl Clone for SecretKey {
+    fn clone(&self) -> Self {
+        SecretKey::new(*self.expose())
+    }
+}
+
+impl fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl PartialEq for SecretKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.expose() == other.expose()
+    }
+}
+
+impl Eq for SecretKey {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,5 +128,15 @@ mod tests {
         assert_eq!(s.len(), 7);
         assert_eq!(s, Secret::from("hunter2"));
         assert_ne!(s, Secret::from("hunter3"));
+    }
+
+    #[test]
+    fn a_key_is_redacted_too() {
+        let k = SecretKey::new([0xab; KEY_BYTES]);
+        assert_eq!(format!("{k:?}"), "<redacted>");
+        assert_eq!(format!("{:?}", vec![k.clone()]), "[<redacted>]");
+        assert_eq!(k.expose(), &[0xab; KEY_BYTES]);
+        assert_eq!(k, k.clone());
+        assert_ne!(k, SecretKey::new([0xac; KEY_BYTES]));
     }
 }

@@ -15,7 +15,9 @@
 //! A slot is an array of 32-bit words: an 80-word slot header, then fixed-capacity
 //! sections — services ([`SERVICE_WORDS`] each), backends (2), Maglev slots (two u16 per word),
 //! advertised VIPs ([`VIP_WORDS`]), peers ([`PEER_WORDS`]), and (layout 4) redirect VIPs
-//! ([`REDIRECT_VIP_WORDS`]) with their peer nodes' addresses (one word each). Everything is stored as
+//! ([`REDIRECT_VIP_WORDS`]) with their peer nodes' addresses (one word each), and (layout 6)
+//! a fixed section of [`MAX_REDIRECT_KEYS`] redirect MAC key records
+//! ([`REDIRECT_KEY_WORDS`]). Everything is stored as
 //! offsets and counts, never pointers; all shared accesses are atomic loads and stores,
 //! so there is no data race even in the language model's sense.
 //!
@@ -48,8 +50,9 @@ use memmap2::MmapMut;
 use crate::maglev::{self, MaglevTable};
 use crate::model::{
     AdvertisedVip, BfdSettings, DrainSettings, Frontend, LocalBackend, NodeService, NodeState,
-    PeerConfig, Protocol, Redirects, VipRedirectPeers,
+    PeerConfig, Protocol, RedirectKey, Redirects, VipRedirectPeers, MAX_REDIRECT_KEYS,
 };
+use crate::secret::{SecretKey, KEY_BYTES};
 
 /// `b"JUNEAUNS"` little-endian: identifies a Juneau node-state file.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
@@ -70,7 +73,11 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
 ///   index (`word_sum`): the writer updates it per changed word (issue 14: hashing 80 MB
 ///   was 100 ms of a 130 ms publish at 10 000 Services), readers verify it several times
 ///   faster. Nothing else changed.
-pub const LAYOUT_VERSION: u32 = 5;
+/// - 6: the redirect channel's MAC keys (issue 25) — slot header word 14 counts them (at
+///   most [`MAX_REDIRECT_KEYS`]), and a fixed section of [`MAX_REDIRECT_KEYS`] records of
+///   [`REDIRECT_KEY_WORDS`] (key id, then the 16 key bytes) follows the redirect node
+///   addresses. The capacity and the file header are unchanged.
+pub const LAYOUT_VERSION: u32 = 6;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: usize = 4096;
 /// Words per service record: vip, protocol | port << 16, first backend, Ready backend
@@ -105,6 +112,9 @@ pub const REDIRECT_VIP_WORDS: usize = 3;
 /// Most redirect peer nodes per VIP (a redirected packet visits at most 8 nodes anyway;
 /// the agent keeps the first ones and says so).
 pub const MAX_REDIRECT_NODES_PER_VIP: usize = 64;
+/// Words per redirect MAC key record (layout 6): the key id (low byte), then the
+/// [`KEY_BYTES`] key bytes.
+pub const REDIRECT_KEY_WORDS: usize = 1 + KEY_BYTES / 4;
 /// Slot header: 16 words of counts/generation/checksum/router id, then the node name.
 const SLOT_HEADER_WORDS: usize = 16 + NAME_BYTES / 4;
 const READ_RETRIES: usize = 1000;
@@ -169,7 +179,8 @@ impl Capacity {
         let peers = vips + self.vips as usize * VIP_WORDS;
         let redirect_vips = peers + self.peers as usize * PEER_WORDS;
         let redirect_nodes = redirect_vips + self.redirect_vips as usize * REDIRECT_VIP_WORDS;
-        let end = redirect_nodes + self.redirect_nodes as usize;
+        let redirect_keys = redirect_nodes + self.redirect_nodes as usize;
+        let end = redirect_keys + MAX_REDIRECT_KEYS * REDIRECT_KEY_WORDS;
         Sections {
             services,
             backends,
@@ -178,6 +189,7 @@ impl Capacity {
             peers,
             redirect_vips,
             redirect_nodes,
+            redirect_keys,
             end,
         }
     }
@@ -226,6 +238,7 @@ struct Sections {
     peers: usize,
     redirect_vips: usize,
     redirect_nodes: usize,
+    redirect_keys: usize,
     end: usize,
 }
 
@@ -537,6 +550,12 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
             )));
         }
     }
+    if state.redirects.keys.len() > MAX_REDIRECT_KEYS {
+        return Err(ShmError::Unrepresentable(format!(
+            "{} redirect keys; at most {MAX_REDIRECT_KEYS} (current and next)",
+            state.redirects.keys.len()
+        )));
+    }
     if state.redirects.node_address == Some(Ipv4Addr::UNSPECIFIED) {
         return Err(ShmError::Unrepresentable(
             "this node's redirect address is 0.0.0.0".into(),
@@ -765,6 +784,7 @@ fn encode(
         .iter()
         .map(|v| v.nodes.len() as u32)
         .sum();
+    hdr[14] = state.redirects.keys.len() as u32;
     put_name(
         &mut hdr[SLOT_HEADER_WORDS - NAME_BYTES / 4..],
         &state.node,
@@ -884,6 +904,13 @@ fn encode(
             next_node += 1;
         }
     }
+
+    for (i, k) in state.redirects.keys.iter().enumerate() {
+        let mut rec = [0u32; REDIRECT_KEY_WORDS];
+        rec[0] = u32::from(k.id);
+        put_bytes(&mut rec[1..], k.key.expose());
+        img.set(sec.redirect_keys + i * REDIRECT_KEY_WORDS, &rec);
+    }
     Ok(())
 }
 
@@ -899,15 +926,16 @@ fn seal(img: &mut Image, cap: &Capacity) {
 }
 
 /// The ranges of a slot that hold data for its counts.
-fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, usize); 8]> {
+fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, usize); 9]> {
     let (ns, nb, nv, np) = (
         hdr[2] as usize,
         hdr[3] as usize,
         hdr[4] as usize,
         hdr[5] as usize,
     );
-    let (nrv, nrn) = (hdr[12] as usize, hdr[13] as usize);
-    if ns > cap.services as usize
+    let (nrv, nrn, nk) = (hdr[12] as usize, hdr[13] as usize, hdr[14] as usize);
+    if nk > MAX_REDIRECT_KEYS
+        || ns > cap.services as usize
         || nb > cap.backends as usize
         || nv > cap.vips as usize
         || np > cap.peers as usize
@@ -925,6 +953,7 @@ fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, u
         (sec.peers, np * PEER_WORDS),
         (sec.redirect_vips, nrv * REDIRECT_VIP_WORDS),
         (sec.redirect_nodes, nrn),
+        (sec.redirect_keys, nk * REDIRECT_KEY_WORDS),
     ])
 }
 
@@ -1761,7 +1790,22 @@ fn decode_redirects(w: &[u32], sec: &Sections) -> Result<Redirects, String> {
                 .collect(),
         });
     }
-    Ok(Redirects { node_address, vips })
+    let keys = (0..w[14] as usize)
+        .map(|i| {
+            let rec = &w[sec.redirect_keys + i * REDIRECT_KEY_WORDS..][..REDIRECT_KEY_WORDS];
+            let mut key = [0u8; KEY_BYTES];
+            key.copy_from_slice(&get_bytes(&rec[1..], KEY_BYTES));
+            RedirectKey {
+                id: rec[0] as u8,
+                key: SecretKey::new(key),
+            }
+        })
+        .collect();
+    Ok(Redirects {
+        node_address,
+        vips,
+        keys,
+    })
 }
 
 #[cfg(test)]

@@ -38,3 +38,31 @@ fn serializing_a_state_leaves_the_password_out() {
     assert!(!json.contains(PASSWORD), "password in JSON: {json}");
     assert!(!json.contains("md5_password"), "{json}");
 }
+
+/// The redirect channel's MAC key (issue 25): neither in `Debug` nor serialized.
+#[test]
+fn the_redirect_key_is_neither_printed_nor_serialized() {
+    use juneau_control::model::RedirectKey;
+    use juneau_control::secret::SecretKey;
+    // Bytes whose hex and decimal forms are easy to spot.
+    let key = [0xc3u8; 16];
+    let mut s = state();
+    s.redirects.keys = vec![RedirectKey::new(SecretKey::new(key))];
+    let id = s.redirects.keys[0].id;
+    for text in [
+        format!("{s:?}"),
+        format!("{s:#?}"),
+        format!("{:?}", s.redirects),
+    ] {
+        assert!(!text.contains("195"), "key bytes in Debug output: {text}");
+        assert!(!text.to_lowercase().contains("c3c3"), "{text}");
+        assert!(text.contains("<redacted>"), "{text}");
+        assert!(
+            text.contains(&format!("id: {id}")),
+            "the id is shown: {text}"
+        );
+    }
+    let json = serde_json::to_string(&s).unwrap();
+    assert!(!json.contains("keys"), "{json}");
+    assert!(!json.contains("195"), "{json}");
+}

@@ -100,6 +100,14 @@ fn base_table(seed: u32) -> NodeState {
                         .collect(),
                 })
                 .collect(),
+            // MAC keys (layout 6) come and go too.
+            keys: (0..seed % 3)
+                .map(|k| {
+                    juneau_control::RedirectKey::new(juneau_control::secret::SecretKey::new(
+                        [(seed + k) as u8; 16],
+                    ))
+                })
+                .collect(),
         },
     };
     s.normalize();

@@ -68,6 +68,10 @@ pub enum DropReason {
     /// A notice refused: its sender is not a peer of the flow's VIP, or it answers no
     /// question of this node's (its cookie does not match).
     RedirectNoticeRefused,
+    /// A redirect frame or notice refused while a redirect key is in force (issue 25):
+    /// no tag (wire version 2), a key id this node does not hold, or a tag that no key
+    /// in force gives (forged, altered, or under a retired or foreign key).
+    RedirectBadMac,
     /// A redirected packet to a VIP/port this node does not serve.
     RedirectNotServed,
     /// The encapsulated packet would exceed the node network's MTU or the frame.
@@ -97,7 +101,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 32] = [
+    pub const ALL: [DropReason; 33] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -123,6 +127,7 @@ impl DropReason {
         DropReason::RedirectTooBig,
         DropReason::RedirectPrefixRateLimited,
         DropReason::RedirectNoticeRefused,
+        DropReason::RedirectBadMac,
         DropReason::TooBig,
         DropReason::NoFreeFrame,
         DropReason::SocketRxDropped,
@@ -160,6 +165,7 @@ impl DropReason {
             DropReason::RedirectTooBig => "redirect_too_big",
             DropReason::RedirectPrefixRateLimited => "redirect_prefix_rate_limited",
             DropReason::RedirectNoticeRefused => "redirect_notice_refused",
+            DropReason::RedirectBadMac => "redirect_bad_mac",
             DropReason::TooBig => "too_big",
             DropReason::NoFreeFrame => "no_free_frame",
             DropReason::SocketRxDropped => "socket_rx_dropped",
@@ -189,7 +195,7 @@ pub struct ServiceCounters {
 }
 
 /// The counters the forwarding thread keeps.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Counters {
     /// Indexed by `DropReason as usize`.
     pub drops: [u64; DropReason::ALL.len()],
@@ -217,6 +223,26 @@ pub struct Counters {
     pub icmp_frag_needed_limited: u64,
     /// Indexed like the current service table.
     pub services: Vec<ServiceCounters>,
+}
+
+// By hand: `Default` of arrays stops at 32 elements, and there are more drop reasons.
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            drops: [0; DropReason::ALL.len()],
+            rx_packets: 0,
+            tx_packets: 0,
+            kernel_bound: 0,
+            flows_restored: 0,
+            xdp_fast_packets: 0,
+            xdp_fast_replies: 0,
+            segmented: 0,
+            segments: 0,
+            icmp_frag_needed_sent: 0,
+            icmp_frag_needed_limited: 0,
+            services: Vec::new(),
+        }
+    }
 }
 
 impl Counters {

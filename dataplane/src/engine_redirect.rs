@@ -231,6 +231,14 @@ impl Engine {
         let Ok(rx) = wire::parse(frame) else {
             return Some(self.drop(DropReason::RedirectMalformed, None));
         };
+        // Once a key is in force, only a frame tagged under one of the keys (issue 25):
+        // checked before anything else is done with it. Without a key, version 2 and 3
+        // are both taken unchecked (the rollout: version 3 everywhere, then the key).
+        if let Some(r) = self.redirect.as_ref() {
+            if !r.keys().is_empty() && !wire::verify(frame, &rx, r.keys()) {
+                return Some(self.drop(DropReason::RedirectBadMac, None));
+            }
+        }
         if rx.kind == KIND_NOTICE {
             return Some(self.notice_in(frame, &rx, from, now_ms));
         }
@@ -482,6 +490,7 @@ mod tests {
                     .map(|n| (*n).into())
                     .collect(),
             }],
+            keys: Vec::new(),
         }
     }
 
@@ -523,6 +532,7 @@ mod tests {
                 .redirect_mut()
                 .map(|r| r.take_notices().collect())
                 .unwrap_or_default();
+            let key = nodes[cur].redirect().and_then(|r| r.send_key()).cloned();
             for n in notices {
                 let mut buf = vec![0u8; 256];
                 let len = wire::build_notice(
@@ -533,6 +543,7 @@ mod tests {
                     DEFAULT_PORT,
                     &n.key,
                     n.cookie,
+                    key.as_ref(),
                 )
                 .unwrap();
                 buf.truncate(len);
@@ -555,8 +566,10 @@ mod tests {
                     let out = nodes[cur].take_redirect().unwrap();
                     let mut buf = frame.clone();
                     buf.resize(4096, 0);
+                    let key = nodes[cur].redirect().and_then(|r| r.send_key());
                     let len =
-                        wire::encapsulate(&mut buf, &out, NODES[cur], DEFAULT_PORT, 1600).unwrap();
+                        wire::encapsulate(&mut buf, &out, NODES[cur], DEFAULT_PORT, 1600, key)
+                            .unwrap();
                     buf.truncate(len);
                     frame = buf;
                     between += 1;
@@ -714,6 +727,7 @@ mod tests {
             DEFAULT_PORT,
             &key,
             1,
+            None,
         )
         .unwrap();
         buf.truncate(n);
@@ -732,6 +746,7 @@ mod tests {
             DEFAULT_PORT,
             &key,
             1,
+            None,
         )
         .unwrap();
         buf.truncate(n);
@@ -766,8 +781,17 @@ mod tests {
 
     fn notice_with_cookie(from: u32, to: u32, key: &FlowKey, cookie: u64) -> Vec<u8> {
         let mut buf = vec![0u8; 128];
-        let n =
-            wire::build_notice(&mut buf, &[0; 12], from, to, DEFAULT_PORT, key, cookie).unwrap();
+        let n = wire::build_notice(
+            &mut buf,
+            &[0; 12],
+            from,
+            to,
+            DEFAULT_PORT,
+            key,
+            cookie,
+            None,
+        )
+        .unwrap();
         buf.truncate(n);
         buf
     }
@@ -854,6 +878,7 @@ mod tests {
                     nodes: vec![NODES[0].into()],
                 },
             ],
+            keys: Vec::new(),
         });
         assert!(e.redirect().unwrap().is_peer(NODES[0]));
         e
@@ -917,7 +942,7 @@ mod tests {
             entropy: 1,
             cookie: 7,
         };
-        let len = wire::encapsulate(&mut buf, &out, NODES[1], DEFAULT_PORT, 1600).unwrap();
+        let len = wire::encapsulate(&mut buf, &out, NODES[1], DEFAULT_PORT, 1600, None).unwrap();
         buf.truncate(len);
         let v = nodes[0].process(&mut buf, Side::Uplink, &nb, 1);
         assert!(
@@ -1129,5 +1154,168 @@ mod tests {
             .unwrap()
             .set_from_state(&Redirects::default());
         assert_eq!(e.redirect().unwrap().node(), NODES[1]);
+    }
+
+    fn mac_key(b: u8) -> juneau_control::model::RedirectKey {
+        juneau_control::model::RedirectKey::new(juneau_control::secret::SecretKey::new([b; 16]))
+    }
+
+    /// Publishes `keys` (current first) to node `i`'s engine, with its peers, as a new
+    /// generation of the state would.
+    fn with_keys(mut e: Engine, i: usize, keys: &[u8]) -> Engine {
+        e.redirect_mut().unwrap().set_from_state(&Redirects {
+            keys: keys.iter().map(|b| mac_key(*b)).collect(),
+            ..redirects_for(i)
+        });
+        e
+    }
+
+    /// Three nodes with backends, all holding `keys[i]`.
+    fn keyed_nodes(keys: [&[u8]; 3]) -> Vec<Engine> {
+        (0..3)
+            .map(|i| with_keys(node(i, true, 100), i, keys[i]))
+            .collect()
+    }
+
+    /// A redirected ACK of `cport` from node 1 to node 0 (first hop node 1, no notice
+    /// asked), tagged under `key` (none: version 2).
+    fn redirected_ack(cport: u16, key: Option<u8>) -> Vec<u8> {
+        let orig = tcp(cport, tcp_flags::ACK);
+        let mut buf = orig.clone();
+        buf.resize(4096, 0);
+        let out = RedirectOut {
+            peer: NODES[0],
+            macs: [0; 12],
+            hops: HopList::from_slice(&[NODES[1]]).unwrap(),
+            ask: false,
+            frame_len: orig.len(),
+            entropy: 1,
+            cookie: 0,
+        };
+        let k = key.map(mac_key);
+        let len =
+            wire::encapsulate(&mut buf, &out, NODES[1], DEFAULT_PORT, 1600, k.as_ref()).unwrap();
+        buf.truncate(len);
+        buf
+    }
+
+    #[test]
+    fn with_a_key_in_force_a_frame_without_a_good_tag_is_dropped_as_bad_mac() {
+        let nb = nb();
+        let mut nodes = keyed_nodes([&[1], &[1], &[1]]);
+        // Redirects work with the key: a moved connection reaches its owner, the notice
+        // (tagged) is accepted, later packets go straight there.
+        assert_eq!(run(&mut nodes, 0, tcp(40000, tcp_flags::SYN), 0).0, Some(0));
+        assert_eq!(run(&mut nodes, 2, tcp(40000, tcp_flags::ACK), 1).0, Some(0));
+        assert_eq!(
+            run(&mut nodes, 2, tcp(40000, tcp_flags::ACK), 2),
+            (Some(0), 1)
+        );
+        // At node 0 (owner of port 40000's flow): a redirected packet with no tag
+        // (version 2), under a key id node 0 does not hold, under a retired key.
+        let other_id = (2..=255u8)
+            .find(|b| mac_key(*b).id != mac_key(1).id)
+            .unwrap();
+        for (what, key) in [("no tag", None), ("unknown key id", Some(other_id))] {
+            let mut f = redirected_ack(40000, key);
+            assert_eq!(
+                nodes[0].process(&mut f, Side::Uplink, &nb, 3),
+                Verdict::Drop(DropReason::RedirectBadMac),
+                "{what}"
+            );
+        }
+        // A notice with no tag, and one whose tag is under a key with node 2's id but
+        // other bytes (a forger who knows the id).
+        let key = key_of(CLIENT, 41000);
+        let cookie = nodes[2].redirect().unwrap().cookie_for(&key);
+        let mut n = notice_with_cookie(NODES[1], NODES[2], &key, cookie);
+        assert_eq!(
+            nodes[2].process(&mut n, Side::Uplink, &nb, 4),
+            Verdict::Drop(DropReason::RedirectBadMac),
+            "untagged notice"
+        );
+        let mut forged = mac_key(9);
+        forged.id = mac_key(1).id;
+        let mut buf = vec![0u8; 128];
+        let len = wire::build_notice(
+            &mut buf,
+            &[0; 12],
+            NODES[1],
+            NODES[2],
+            DEFAULT_PORT,
+            &key,
+            cookie,
+            Some(&forged),
+        )
+        .unwrap();
+        buf.truncate(len);
+        assert_eq!(
+            nodes[2].process(&mut buf, Side::Uplink, &nb, 4),
+            Verdict::Drop(DropReason::RedirectBadMac),
+            "notice under a forged key"
+        );
+        assert_eq!(nodes[2].flows().len(), 1, "no record from either");
+        // Key 1 retired (rotated to key 2 everywhere): its tags are refused.
+        let mut rotated = with_keys(node(0, true, 100), 0, &[2]);
+        let mut f = redirected_ack(40001, Some(1));
+        assert_eq!(
+            rotated.process(&mut f, Side::Uplink, &nb, 6),
+            Verdict::Drop(DropReason::RedirectBadMac),
+            "retired key"
+        );
+        let bad: u64 = nodes
+            .iter()
+            .map(|n| n.counters().drops_for(DropReason::RedirectBadMac))
+            .sum();
+        assert_eq!(bad, 4);
+    }
+
+    #[test]
+    fn both_keys_are_accepted_during_a_rotation() {
+        // Key 2 is being rotated in: node 0 already sends with it, nodes 1 and 2 still
+        // send with key 1; every node accepts both.
+        let mut nodes = keyed_nodes([&[2, 1], &[1, 2], &[1, 2]]);
+        assert_eq!(run(&mut nodes, 0, tcp(40000, tcp_flags::SYN), 0).0, Some(0));
+        // Node 2 asks with key 1, node 0 answers (and notices) with key 2.
+        assert_eq!(run(&mut nodes, 2, tcp(40000, tcp_flags::ACK), 1).0, Some(0));
+        assert_eq!(
+            run(&mut nodes, 2, tcp(40000, tcp_flags::ACK), 2),
+            (Some(0), 1)
+        );
+        // The other way: a connection of node 2 moved to node 0.
+        assert_eq!(run(&mut nodes, 2, tcp(40001, tcp_flags::SYN), 3).0, Some(2));
+        assert_eq!(run(&mut nodes, 0, tcp(40001, tcp_flags::ACK), 4).0, Some(2));
+        assert_eq!(
+            run(&mut nodes, 0, tcp(40001, tcp_flags::ACK), 5),
+            (Some(2), 1)
+        );
+        for n in &nodes {
+            assert_eq!(n.counters().drops_for(DropReason::RedirectBadMac), 0);
+        }
+        // A node that holds only key 1 refuses node 0's frames (under key 2).
+        let mut old = keyed_nodes([&[2], &[1], &[1]]);
+        assert_eq!(run(&mut old, 0, tcp(40002, tcp_flags::SYN), 0).0, Some(0));
+        let (served, _) = run(&mut old, 2, tcp(40002, tcp_flags::ACK), 1);
+        assert_eq!(served, None);
+        assert!(old[0].counters().drops_for(DropReason::RedirectBadMac) >= 1);
+    }
+
+    #[test]
+    fn without_a_key_version_2_and_3_frames_are_both_taken() {
+        // The rollout: the key reaches some nodes before others; a node without one
+        // takes tagged frames unchecked, as it takes untagged ones.
+        let nb = nb();
+        let mut nodes = keyed_nodes([&[], &[1], &[1]]);
+        assert_eq!(run(&mut nodes, 0, tcp(40000, tcp_flags::SYN), 0).0, Some(0));
+        for key in [None, Some(1)] {
+            let mut f = redirected_ack(40000, key);
+            let v = nodes[0].process(&mut f, Side::Uplink, &nb, 1);
+            assert!(
+                matches!(v, Verdict::TxResized(Side::Pod(_), _)),
+                "{key:?}: {v:?}"
+            );
+        }
+        assert!(nodes[0].redirect().unwrap().send_key().is_none());
+        assert_eq!(nodes[0].counters().drops_for(DropReason::RedirectBadMac), 0);
     }
 }

@@ -268,6 +268,10 @@ pub struct Redirector {
     notices: Vec<Notice>,
     /// Notices not queued because the queue was full.
     pub notices_dropped: u64,
+    /// The redirect channel's MAC keys published by the agent (issue 25), the one to
+    /// send with first; empty: no key, frames go out as wire version 2 and any frame
+    /// from a peer is taken without a tag check.
+    keys: Vec<juneau_control::model::RedirectKey>,
 }
 
 /// Every peer node a redirector with `cfg` has once `published` is in force (static
@@ -306,6 +310,7 @@ impl Redirector {
             out: None,
             notices: Vec::with_capacity(MAX_NOTICES),
             notices_dropped: 0,
+            keys: Vec::new(),
         };
         r.rebuild_peers();
         r
@@ -313,9 +318,12 @@ impl Redirector {
 
     /// Takes what the node agent published (issue 12): this node's address (when
     /// [`RedirectConfig::node_from_state`]; a state without one keeps the address in use)
-    /// and the peers of each VIP. Called when a new service table is installed, never
-    /// per packet.
+    /// and the peers of each VIP, and the MAC keys (issue 25). Called when a new service
+    /// table is installed, never per packet.
     pub fn set_from_state(&mut self, published: &juneau_control::model::Redirects) {
+        if self.keys != published.keys {
+            self.keys = published.keys.clone();
+        }
         if self.cfg.node_from_state {
             if let Some(a) = published.node_address {
                 self.cfg.node = u32::from(a);
@@ -394,6 +402,16 @@ impl Redirector {
     /// by the agent when taken from the state).
     pub fn active(&self) -> bool {
         self.cfg.node != 0
+    }
+
+    /// The MAC keys in force (the one to send with first); empty: none.
+    pub fn keys(&self) -> &[juneau_control::model::RedirectKey] {
+        &self.keys
+    }
+
+    /// The key frames are sent with (`current`), if any.
+    pub fn send_key(&self) -> Option<&juneau_control::model::RedirectKey> {
+        self.keys.first()
     }
 
     /// The static peers (`--redirect-peer`).
@@ -510,6 +528,16 @@ impl Redirector {
     pub fn take_notices(&mut self) -> std::vec::Drain<'_, Notice> {
         self.notices.drain(..)
     }
+
+    /// Takes the queued notices with the key to tag them under (none: version 2).
+    pub fn take_notices_keyed(
+        &mut self,
+    ) -> (
+        std::vec::Drain<'_, Notice>,
+        Option<&juneau_control::model::RedirectKey>,
+    ) {
+        (self.notices.drain(..), self.keys.first())
+    }
 }
 
 #[cfg(test)]
@@ -544,6 +572,7 @@ mod tests {
                     nodes: vec![ip(12)],
                 },
             ],
+            keys: Vec::new(),
         };
         let want: Vec<u32> = [12, 13, 20].map(|d| u32::from(ip(d))).to_vec();
         assert_eq!(peers_of(&cfg, &published), want);

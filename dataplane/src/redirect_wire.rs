@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! Ethernet | IPv4 (node → node, DF, TTL 64, proto 17) | UDP (→ redirect port, checksum 0)
-//!          | header: "JR" | version 2 | kind | flags | hop count n | 0 0 | cookie (8 bytes)
+//!          | header: "JR" | version | kind | flags | hop count n | key id | 0 | cookie (8 bytes)
 //!          | n × IPv4 address
+//!          | version 3 only: tag (16 bytes)
 //!          | kind 1 (packet): the original IPv4 packet, unchanged
 //!          | kind 2 (notice): client, VIP (4 bytes each), client port, VIP port (2 each),
 //!            protocol, 3 zero bytes — "the sender of this notice owns this flow"
@@ -15,12 +16,25 @@
 //! it would compute (so a notice answers a question it asked). 0 when no notice is
 //! wanted. Version 1 (no cookie) is refused as malformed.
 //!
+//! Version 3 (issue 25, when a key is published) adds a MAC: the key id (byte 6 of the
+//! header, [`RedirectKey::id`]) and a 16-byte tag, SipHash-2-4-128 under that key of
+//! [`mac`]'s input: the outer source and destination addresses, the whole header
+//! (hops included, the tag left out) and, for a notice, its body; for a packet, the
+//! first [`INNER_AUTH`] bytes of the inner packet (its IPv4 header and first 8
+//! transport bytes: addresses, ports, protocol), not its payload. Version 2 (no key id
+//! byte, no tag) is what a node without a key sends.
+//!
 //! The header grows by 4 bytes per visited node (at most [`MAX_HOPS`]), so a packet
-//! gains 28 + 16 + 4 × hops ≤ 76 bytes: the node network's MTU must exceed the clients'
-//! by that much (docs/dataplane.md, "Redirects between nodes"). The UDP checksum is 0
-//! (allowed for IPv4, RFC 768): the inner packet keeps its own checksums.
+//! gains 28 + 16 + 4 × hops (+ 16 with a tag) ≤ 92 bytes: the node network's MTU must
+//! exceed the clients' by that much (docs/dataplane.md, "Redirects between nodes"). The
+//! UDP checksum is 0 (allowed for IPv4, RFC 768): the inner packet keeps its own
+//! checksums.
 //!
 //! Must not touch: decisions (that is [`crate::redirect`]) or I/O.
+
+use juneau_control::model::RedirectKey;
+use siphasher::sip128::SipHasher24;
+use subtle::ConstantTimeEq;
 
 use crate::flow::FlowKey;
 use crate::packet;
@@ -28,8 +42,15 @@ use crate::redirect::{HopList, RedirectOut, MAX_HOPS};
 
 /// First bytes of the header.
 pub const MAGIC: [u8; 2] = *b"JR";
-/// Header version (2: with the cookie).
-pub const VERSION: u8 = 2;
+/// Header version without a MAC (2: with the cookie), sent while no key is published.
+pub const VERSION_COOKIE: u8 = 2;
+/// Header version with a key id and a tag (3, issue 25), sent once a key is published.
+pub const VERSION_MAC: u8 = 3;
+/// Bytes of a version-3 tag (SipHash-2-4-128).
+pub const TAG: usize = 16;
+/// Bytes of a redirected packet's inner packet the tag covers: an IPv4 header without
+/// options and the first 8 bytes of the transport header.
+pub const INNER_AUTH: usize = 20 + 8;
 /// Kind: an encapsulated packet.
 pub const KIND_PACKET: u8 = 1;
 /// Kind: an "I own this flow" notice.
@@ -42,8 +63,11 @@ pub const OUTER: usize = 20 + 8;
 pub const FIXED: usize = 16;
 /// Bytes of a notice's body.
 pub const NOTICE_BODY: usize = 16;
-/// Most bytes encapsulation adds to a packet.
-pub const MAX_OVERHEAD: usize = OUTER + FIXED + 4 * MAX_HOPS;
+/// Most bytes encapsulation adds to a packet (version 3, with the tag).
+pub const MAX_OVERHEAD: usize = OUTER + FIXED + 4 * MAX_HOPS + TAG;
+/// Most bytes a tag is computed over: the outer addresses, the longest header, a
+/// notice's body or a packet's first [`INNER_AUTH`] bytes.
+const MAX_MAC_INPUT: usize = 8 + FIXED + 4 * MAX_HOPS + INNER_AUTH;
 
 const ETH: usize = 14;
 
@@ -66,6 +90,12 @@ pub struct Received {
     pub hops: HopList,
     /// The first node's cookie (a question), or the one echoed (a notice).
     pub cookie: u64,
+    /// [`VERSION_COOKIE`] or [`VERSION_MAC`].
+    pub version: u8,
+    /// The id of the key the tag is under (version 3; 0 in version 2).
+    pub key_id: u8,
+    /// Offset of the tag in the frame (version 3), `None` in version 2.
+    pub tag: Option<usize>,
     /// Offset of the body (the inner IPv4 packet, or the notice) in the frame.
     pub body: usize,
     /// Length of the body (from the outer UDP length).
@@ -93,14 +123,20 @@ pub fn parse(frame: &[u8]) -> Result<Received, WireError> {
         return Err(WireError::Malformed);
     }
     let h = ETH + OUTER;
-    if frame[h..h + 2] != MAGIC || frame[h + 2] != VERSION {
+    let version = frame[h + 2];
+    if frame[h..h + 2] != MAGIC || !(version == VERSION_COOKIE || version == VERSION_MAC) {
         return Err(WireError::Malformed);
     }
     let (kind, flags, n) = (frame[h + 3], frame[h + 4], usize::from(frame[h + 5]));
     if n > MAX_HOPS || !(kind == KIND_PACKET || kind == KIND_NOTICE) {
         return Err(WireError::Malformed);
     }
-    let body = h + FIXED + 4 * n;
+    let (key_id, tag) = if version == VERSION_MAC {
+        (frame[h + 6], Some(h + FIXED + 4 * n))
+    } else {
+        (0, None)
+    };
+    let body = h + FIXED + 4 * n + if tag.is_some() { TAG } else { 0 };
     if body > end {
         return Err(WireError::Malformed);
     }
@@ -125,9 +161,64 @@ pub fn parse(frame: &[u8]) -> Result<Received, WireError> {
         flags,
         hops,
         cookie,
+        version,
+        key_id,
+        tag,
         body,
         body_len,
     })
+}
+
+/// The tag of a frame under `key`: SipHash-2-4-128 of the outer source and destination
+/// addresses, the header `frame[h..h + header_len]` (without the tag) and the
+/// authenticated part of the body at `body` (a notice's `NOTICE_BODY` bytes, a packet's
+/// first [`INNER_AUTH`]). At most [`MAX_MAC_INPUT`] bytes, copied into one buffer and
+/// hashed once.
+fn mac(key: &RedirectKey, frame: &[u8], header_len: usize, body: usize, auth: usize) -> [u8; TAG] {
+    let h = ETH + OUTER;
+    let mut input = [0u8; MAX_MAC_INPUT];
+    input[..8].copy_from_slice(&frame[ETH + 12..ETH + 20]);
+    input[8..8 + header_len].copy_from_slice(&frame[h..h + header_len]);
+    let n = 8 + header_len;
+    input[n..n + auth].copy_from_slice(&frame[body..body + auth]);
+    SipHasher24::new_with_key(key.key.expose())
+        .hash(&input[..n + auth])
+        .as_bytes()
+}
+
+/// Bytes of a body the tag covers.
+fn authenticated(kind: u8, body_len: usize) -> usize {
+    if kind == KIND_NOTICE {
+        NOTICE_BODY
+    } else {
+        body_len.min(INNER_AUTH)
+    }
+}
+
+/// Whether a parsed frame carries a tag that one of `keys` (with its key id) gives;
+/// constant-time comparison. A frame without a tag (version 2) never does.
+pub fn verify(frame: &[u8], r: &Received, keys: &[RedirectKey]) -> bool {
+    let Some(at) = r.tag else {
+        return false;
+    };
+    let header_len = FIXED + 4 * r.hops.len();
+    let auth = authenticated(r.kind, r.body_len);
+    let got = &frame[at..at + TAG];
+    let mut ok = false;
+    for k in keys.iter().filter(|k| k.id == r.key_id) {
+        let want = mac(k, frame, header_len, r.body, auth);
+        ok |= bool::from(want.ct_eq(got));
+    }
+    ok
+}
+
+/// Writes the tag of a frame [`write_headers`] wrote with `key` (its body in place).
+fn seal(buf: &mut [u8], key: &RedirectKey, kind: u8, hops: usize, body_len: usize) {
+    let header_len = FIXED + 4 * hops;
+    let at = ETH + OUTER + header_len;
+    let auth = authenticated(kind, body_len);
+    let tag = mac(key, buf, header_len, at + TAG, auth);
+    buf[at..at + TAG].copy_from_slice(&tag);
 }
 
 /// The outer source address of a received frame.
@@ -154,8 +245,9 @@ pub fn notice_key(frame: &[u8], r: &Received) -> FlowKey {
     }
 }
 
-/// Writes Ethernet, outer IPv4, UDP and the fixed header + hops at the start of `buf`
-/// for a body of `body_len` bytes; returns the header length.
+/// Writes Ethernet, outer IPv4, UDP and the fixed header + hops (+ room for the tag
+/// when `key_id` is given: version 3) at the start of `buf` for a body of `body_len`
+/// bytes; returns the header length.
 #[allow(clippy::too_many_arguments)]
 fn write_headers(
     buf: &mut [u8],
@@ -168,9 +260,11 @@ fn write_headers(
     flags: u8,
     hops: &HopList,
     cookie: u64,
+    key_id: Option<u8>,
     body_len: usize,
 ) -> usize {
-    let hdr = FIXED + 4 * hops.len();
+    let tag = if key_id.is_some() { TAG } else { 0 };
+    let hdr = FIXED + 4 * hops.len() + tag;
     let ip_len = OUTER + hdr + body_len;
     buf[..12].copy_from_slice(macs);
     buf[12..14].copy_from_slice(&[0x08, 0x00]);
@@ -194,11 +288,15 @@ fn write_headers(
     udp[6..8].copy_from_slice(&[0, 0]);
     let h = &mut buf[ETH + OUTER..ETH + OUTER + hdr];
     h[0..2].copy_from_slice(&MAGIC);
-    h[2] = VERSION;
+    h[2] = if key_id.is_some() {
+        VERSION_MAC
+    } else {
+        VERSION_COOKIE
+    };
     h[3] = kind;
     h[4] = flags;
     h[5] = hops.len() as u8;
-    h[6..8].copy_from_slice(&[0, 0]);
+    h[6..8].copy_from_slice(&[key_id.unwrap_or(0), 0]);
     h[8..16].copy_from_slice(&cookie.to_be_bytes());
     for (i, a) in hops.as_slice().iter().enumerate() {
         h[FIXED + 4 * i..FIXED + 4 * i + 4].copy_from_slice(&a.to_be_bytes());
@@ -207,17 +305,20 @@ fn write_headers(
 }
 
 /// Encapsulates the frame in `buf[..out.frame_len]` (Ethernet + IPv4 packet) in place
-/// for `out.peer`; `buf` is the whole frame buffer. Returns the new length, or `None`
-/// when the result does not fit the buffer or would exceed `mtu` (IPv4 bytes).
+/// for `out.peer`; `buf` is the whole frame buffer. With `key`: version 3, tagged under
+/// it; without: version 2. Returns the new length, or `None` when the result does not
+/// fit the buffer or would exceed `mtu` (IPv4 bytes).
 pub fn encapsulate(
     buf: &mut [u8],
     out: &RedirectOut,
     node: u32,
     port: u16,
     mtu: usize,
+    key: Option<&RedirectKey>,
 ) -> Option<usize> {
     let inner = out.frame_len.checked_sub(ETH)?;
-    let head = ETH + OUTER + FIXED + 4 * out.hops.len();
+    let tag = if key.is_some() { TAG } else { 0 };
+    let head = ETH + OUTER + FIXED + 4 * out.hops.len() + tag;
     let total = head + inner;
     if total > buf.len() || total - ETH > mtu {
         return None;
@@ -235,14 +336,19 @@ pub fn encapsulate(
         flags,
         &out.hops,
         out.cookie,
+        key.map(|k| k.id),
         inner,
     );
     debug_assert_eq!(h, head);
+    if let Some(k) = key {
+        seal(buf, k, KIND_PACKET, out.hops.len(), inner);
+    }
     Some(total)
 }
 
-/// Writes a notice into `buf`, echoing the question's `cookie`; returns its length
-/// (`None` if `buf` is too small).
+/// Writes a notice into `buf`, echoing the question's `cookie` (tagged under `mac_key`
+/// when given: version 3); returns its length (`None` if `buf` is too small).
+#[allow(clippy::too_many_arguments)]
 pub fn build_notice(
     buf: &mut [u8],
     macs: &[u8; 12],
@@ -251,9 +357,11 @@ pub fn build_notice(
     port: u16,
     key: &FlowKey,
     cookie: u64,
+    mac_key: Option<&RedirectKey>,
 ) -> Option<usize> {
     let hops = HopList::new();
-    let total = ETH + OUTER + FIXED + NOTICE_BODY;
+    let tag = if mac_key.is_some() { TAG } else { 0 };
+    let total = ETH + OUTER + FIXED + tag + NOTICE_BODY;
     if buf.len() < total {
         return None;
     }
@@ -268,6 +376,7 @@ pub fn build_notice(
         0,
         &hops,
         cookie,
+        mac_key.map(|k| k.id),
         NOTICE_BODY,
     );
     let b = &mut buf[h..h + NOTICE_BODY];
@@ -277,6 +386,9 @@ pub fn build_notice(
     b[10..12].copy_from_slice(&key.dst_port.to_be_bytes());
     b[12] = key.proto;
     b[13..16].copy_from_slice(&[0, 0, 0]);
+    if let Some(k) = mac_key {
+        seal(buf, k, KIND_NOTICE, 0, NOTICE_BODY);
+    }
     Some(total)
 }
 
@@ -317,7 +429,7 @@ mod tests {
                 entropy: 77,
                 cookie: 0x0123_4567_89ab_cdef,
             };
-            let n = encapsulate(&mut buf, &out, A, 7411, 1500).unwrap();
+            let n = encapsulate(&mut buf, &out, A, 7411, 1500, None).unwrap();
             assert_eq!(n, orig.len() + OUTER + FIXED + 4 * hops.len());
             let f = &mut buf[..n];
             assert!(is_redirect(f, B, 7411));
@@ -351,9 +463,19 @@ mod tests {
             entropy: 0,
             cookie: 0,
         };
-        assert_eq!(encapsulate(&mut buf, &out, A, 7411, 1500), None);
-        assert!(encapsulate(&mut buf[..1600], &out, A, 7411, 9000).is_some());
-        assert_eq!(encapsulate(&mut buf[..1538], &out, A, 7411, 9000), None);
+        assert_eq!(encapsulate(&mut buf, &out, A, 7411, 1500, None), None);
+        assert!(encapsulate(&mut buf[..1600], &out, A, 7411, 9000, None).is_some());
+        assert_eq!(
+            encapsulate(&mut buf[..1538], &out, A, 7411, 9000, None),
+            None
+        );
+        // The tag takes 16 more bytes.
+        let k = key(1);
+        assert_eq!(
+            encapsulate(&mut buf[..1577], &out, A, 7411, 9000, Some(&k)),
+            None
+        );
+        assert!(encapsulate(&mut buf[..1578], &out, A, 7411, 9000, Some(&k)).is_some());
     }
 
     #[test]
@@ -366,7 +488,7 @@ mod tests {
             proto: packet::IPPROTO_TCP,
         };
         let mut buf = [0u8; 128];
-        let n = build_notice(&mut buf, &[2; 12], A, B, 7411, &key, 42).unwrap();
+        let n = build_notice(&mut buf, &[2; 12], A, B, 7411, &key, 42, None).unwrap();
         let f = &mut buf[..n];
         assert!(is_redirect(f, B, 7411));
         let r = parse(f).unwrap();
@@ -375,6 +497,152 @@ mod tests {
         // Version 1 (no cookie) is refused.
         f[14 + 28 + 2] = 1;
         assert_eq!(parse(f), Err(WireError::Malformed));
+    }
+
+    fn key(b: u8) -> RedirectKey {
+        RedirectKey::new(juneau_control::secret::SecretKey::new([b; 16]))
+    }
+
+    #[test]
+    fn the_mac_is_siphash_2_4_128_as_the_reference_gives_it() {
+        // The reference implementation's first two 128-bit vectors (key 00..0f; messages
+        // of 0 and 1 bytes): the crate is the algorithm the docs name.
+        let k: [u8; 16] = std::array::from_fn(|i| i as u8);
+        let h = SipHasher24::new_with_key(&k);
+        assert_eq!(
+            h.hash(&[]).as_bytes(),
+            [
+                0xa3, 0x81, 0x7f, 0x04, 0xba, 0x25, 0xa8, 0xe6, 0x6d, 0xf6, 0x72, 0x14, 0xc7, 0x55,
+                0x02, 0x93
+            ]
+        );
+        assert_eq!(
+            h.hash(&[0]).as_bytes(),
+            [
+                0xda, 0x87, 0xc1, 0xd8, 0x6b, 0x99, 0xaf, 0x44, 0x34, 0x76, 0x59, 0x11, 0x9b, 0x22,
+                0xfc, 0x45
+            ]
+        );
+    }
+
+    /// A tagged redirected packet (hops A, B; 100 payload bytes) from A to B.
+    fn tagged_packet(k: &RedirectKey) -> Vec<u8> {
+        let orig = inner_frame(100);
+        let mut buf = vec![0u8; 2048];
+        buf[..orig.len()].copy_from_slice(&orig);
+        let out = RedirectOut {
+            peer: B,
+            macs: [1; 12],
+            hops: HopList::from_slice(&[A, B]).unwrap(),
+            ask: true,
+            frame_len: orig.len(),
+            entropy: 77,
+            cookie: 0x0123_4567_89ab_cdef,
+        };
+        let n = encapsulate(&mut buf, &out, A, 7411, 1500, Some(k)).unwrap();
+        assert_eq!(n, orig.len() + OUTER + FIXED + 8 + TAG);
+        buf.truncate(n);
+        buf
+    }
+
+    fn tagged_notice(k: &RedirectKey) -> Vec<u8> {
+        let flow = FlowKey {
+            src: 0x0a64_0102,
+            dst: 0x0ac8_000a,
+            src_port: 40000,
+            dst_port: 80,
+            proto: packet::IPPROTO_TCP,
+        };
+        let mut buf = [0u8; 128];
+        let n = build_notice(&mut buf, &[2; 12], A, B, 7411, &flow, 42, Some(k)).unwrap();
+        assert_eq!(n, ETH + OUTER + FIXED + TAG + NOTICE_BODY);
+        buf[..n].to_vec()
+    }
+
+    /// Whether `f` is still accepted under `keys` (parses and verifies).
+    fn accepted(f: &[u8], keys: &[RedirectKey]) -> bool {
+        is_redirect(f, B, 7411) && parse(f).is_ok_and(|r| verify(f, &r, keys))
+    }
+
+    #[test]
+    fn a_tag_covers_every_authenticated_bit_and_not_the_payload() {
+        let k = key(7);
+        let keys = [k.clone()];
+        for (what, f) in [("packet", tagged_packet(&k)), ("notice", tagged_notice(&k))] {
+            let r = parse(&f).unwrap();
+            assert_eq!((r.version, r.key_id), (VERSION_MAC, k.id), "{what}");
+            assert!(accepted(&f, &keys), "{what}: as sent");
+            // The inner packet / notice is where version 2 would have it, shifted by the tag.
+            if r.kind == KIND_PACKET {
+                let mut g = f.clone();
+                let m = decapsulate(&mut g, &r);
+                assert_eq!(&g[14..m], &inner_frame(100)[14..], "{what}");
+            } else {
+                assert_eq!(notice_key(&f, &r).src_port, 40000);
+            }
+            let tag = r.tag.unwrap();
+            let header = ETH + OUTER..tag;
+            let auth = r.body..r.body + authenticated(r.kind, r.body_len);
+            // Outer addresses, the header (hops, key id, cookie...), the tag, the notice
+            // body or the inner IPv4 header + 8 transport bytes: any bit flipped fails.
+            let covered = (ETH + 12..ETH + 20)
+                .chain(header)
+                .chain(tag..tag + TAG)
+                .chain(auth.clone());
+            for i in covered {
+                for bit in 0..8 {
+                    let mut g = f.clone();
+                    g[i] ^= 1 << bit;
+                    assert!(!accepted(&g, &keys), "{what}: byte {i} bit {bit} flipped");
+                }
+            }
+            // Not covered: the payload of a redirected packet (and the outer TTL, id...).
+            if r.kind == KIND_PACKET {
+                for i in auth.end..f.len() {
+                    let mut g = f.clone();
+                    g[i] ^= 0xff;
+                    assert!(accepted(&g, &keys), "{what}: payload byte {i}");
+                }
+            }
+            let mut g = f.clone();
+            g[ETH + 8] ^= 0xff; // outer TTL
+            assert!(accepted(&g, &keys), "{what}: outer TTL");
+            // Another key, or the right key under another id: refused.
+            assert!(!accepted(&f, &[key(8)]), "{what}: other key");
+            let mut renamed = k.clone();
+            renamed.id = renamed.id.wrapping_add(1);
+            assert!(!accepted(&f, &[renamed]), "{what}: other id");
+            assert!(!accepted(&f, &[]), "{what}: no key");
+            // Either of two keys (a rotation).
+            assert!(accepted(&f, &[key(8), k.clone()]), "{what}: rotation");
+        }
+    }
+
+    #[test]
+    fn version_2_frames_parse_but_never_verify() {
+        let k = key(7);
+        let orig = inner_frame(10);
+        let mut buf = vec![0u8; 2048];
+        buf[..orig.len()].copy_from_slice(&orig);
+        let out = RedirectOut {
+            peer: B,
+            macs: [1; 12],
+            hops: HopList::from_slice(&[A]).unwrap(),
+            ask: false,
+            frame_len: orig.len(),
+            entropy: 0,
+            cookie: 0,
+        };
+        let n = encapsulate(&mut buf, &out, A, 7411, 1500, None).unwrap();
+        let f = &buf[..n];
+        let r = parse(f).unwrap();
+        assert_eq!((r.version, r.tag), (VERSION_COOKIE, None));
+        assert!(!verify(f, &r, &[k]));
+        // A version-3 frame too short for its tag is malformed.
+        let mut t = tagged_notice(&key(7));
+        let short = (8 + FIXED + TAG - 1) as u16;
+        t[38..40].copy_from_slice(&short.to_be_bytes());
+        assert_eq!(parse(&t), Err(WireError::Malformed));
     }
 
     proptest! {

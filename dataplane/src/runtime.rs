@@ -1584,7 +1584,8 @@ fn forward_loop(
 }
 
 /// Steers redirected packets to this node's redirect address (issue 12), once it is known
-/// (given, or published by the node agent) and whenever it changes.
+/// (given, or published by the node agent) and whenever it changes; says once, and on
+/// every change, whether the channel is authenticated (issue 25: the key ids in force).
 fn listen_redirects(steering: &mut crate::steering::Steering, engine: &Engine) -> Result<()> {
     if let Some(r) = engine.redirect().filter(|r| r.active()) {
         let node = std::net::Ipv4Addr::from(r.node());
@@ -1592,8 +1593,31 @@ fn listen_redirects(steering: &mut crate::steering::Steering, engine: &Engine) -
             steering.listen_redirects(node, r.port())?;
             tracing::info!(node = %node, port = r.port(), peers = r.all_peers().len(), "redirects between nodes on");
         }
+        log_redirect_keys(r);
     }
     Ok(())
+}
+
+/// The key ids last logged (`u32::MAX`: nothing logged yet): a log line when they change.
+static LOGGED_KEY_IDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
+
+fn log_redirect_keys(r: &crate::redirect::Redirector) {
+    // Count and ids packed (at most two keys), never a key's bytes.
+    let ids = r
+        .keys()
+        .iter()
+        .fold(r.keys().len() as u32, |acc, k| (acc << 8) | u32::from(k.id));
+    if LOGGED_KEY_IDS.swap(ids, Ordering::Relaxed) == ids {
+        return;
+    }
+    if r.keys().is_empty() {
+        tracing::warn!(
+            "redirect channel unauthenticated: no key published (Secret juneau-redirect-key); frames go out as wire version 2 (cookie only) and any peer's frame is taken"
+        );
+    } else {
+        let key_ids: Vec<u8> = r.keys().iter().map(|k| k.id).collect();
+        tracing::info!(?key_ids, "redirect channel authenticated (wire version 3): sending with the first key id, accepting tags under any");
+    }
 }
 
 /// Encapsulates a frame the engine redirects (issue 12) in place, in its whole UMEM
@@ -1603,16 +1627,15 @@ fn redirect_encapsulate(
     data: &mut xsk_rs::umem::frame::DataMut<'_>,
     mtu: usize,
 ) -> bool {
-    let (Some(out), Some((node, port))) = (
-        engine.take_redirect(),
-        engine.redirect().map(|r| (r.node(), r.port())),
-    ) else {
+    let (Some(out), Some(r)) = (engine.take_redirect(), engine.redirect()) else {
         return false;
     };
+    let (node, port) = (r.node(), r.port());
     let mut c = data.cursor();
     let cap = c.buf_len();
     c.set_pos(cap);
-    match crate::redirect_wire::encapsulate(data.contents_mut(), &out, node, port, mtu) {
+    let key = r.send_key();
+    match crate::redirect_wire::encapsulate(data.contents_mut(), &out, node, port, mtu, key) {
         Some(n) => {
             data.cursor().set_pos(n);
             true
@@ -1635,7 +1658,8 @@ fn send_notices(
         return;
     };
     let (node, port) = (r.node(), r.port());
-    for n in r.take_notices() {
+    let (notices, key) = r.take_notices_keyed();
+    for n in notices {
         let Some(mut d) = pool.free.pop() else {
             break;
         };
@@ -1652,6 +1676,7 @@ fn send_notices(
             port,
             &n.key,
             n.cookie,
+            key,
         ) {
             Some(len) => {
                 data.cursor().set_pos(len);

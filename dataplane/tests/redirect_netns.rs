@@ -16,13 +16,19 @@
 //! the Pod the connection started on (no connection moved backend), and reads the
 //! dataplanes' per-peer redirect counters. The router is the kernel with a multipath
 //! route (`fib_multipath_hash_policy=1`), not BIRD: the ECMP *change* is what matters here.
+//!
+//! The nodes publish a redirect MAC key (issue 25: wire version 3) unless a test says
+//! otherwise; one test gives the two nodes different keys.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
+use juneau_control::model::{
+    Frontend, LocalBackend, NodeService, NodeState, Protocol, RedirectKey, Redirects,
+};
+use juneau_control::secret::SecretKey;
 use juneau_control::shm::{Capacity, NodeStateWriter};
 use juneau_tests::frames::{inject, TcpFlood};
 use juneau_tests::http::{http_get, TestBackend};
@@ -87,12 +93,20 @@ impl Node {
     }
 }
 
+/// The redirect MAC key made of byte `b` (none: the channel unauthenticated).
+fn keys(b: Option<u8>) -> Vec<RedirectKey> {
+    b.map(|b| RedirectKey::new(SecretKey::new([b; 16])))
+        .into_iter()
+        .collect()
+}
+
 fn build_node(
     p: &str,
     i: usize,
     router: &Netns,
     dir: &std::path::Path,
     extra: &[&str],
+    key: Option<u8>,
 ) -> Result<Node> {
     let name = ["a", "b"][i];
     let ns = Netns::new(format!("{p}{name}"))?;
@@ -139,6 +153,10 @@ fn build_node(
             }],
             terminating: Vec::new(),
         }],
+        redirects: Redirects {
+            keys: keys(key),
+            ..Default::default()
+        },
         ..Default::default()
     })?;
     let bpf = dir.join(format!("bpf-{name}"));
@@ -279,7 +297,8 @@ struct Topo {
 }
 
 impl Topo {
-    fn build(tag: &str, extra: &[&str]) -> Result<Self> {
+    /// `key[i]`: the redirect MAC key node `i` publishes ([`keys`]).
+    fn build(tag: &str, extra: &[&str], key: [Option<u8>; 2]) -> Result<Self> {
         require_root()?;
         let p = unique_prefix(tag);
         let dir = tempfile::tempdir()?;
@@ -301,8 +320,8 @@ impl Topo {
             router.exec(&["sysctl", "-qw", s])?;
         }
         let nodes = [
-            build_node(&p, 0, &router, dir.path(), extra)?,
-            build_node(&p, 1, &router, dir.path(), extra)?,
+            build_node(&p, 0, &router, dir.path(), extra, key[0])?,
+            build_node(&p, 1, &router, dir.path(), extra, key[1])?,
         ];
         // The router and the Pods resolved once, so no first packet waits for ARP (the
         // dataplane drops it and asks the kernel; TCP would retransmit after a second).
@@ -383,7 +402,33 @@ impl Topo {
 
 #[test]
 fn connections_survive_ecmp_changes_between_two_real_dataplanes() -> Result<()> {
-    let t = Topo::build("rdr", &[])?;
+    // Both nodes hold the same redirect key: wire version 3, every frame tagged.
+    let t = Topo::build("rdr", &[], [Some(1), Some(1)])?;
+    for node in &t.nodes {
+        ensure!(
+            node.log().contains("redirect channel authenticated"),
+            "{}",
+            t.diag("the key was not taken")
+        );
+    }
+    survive_ecmp_changes(t)
+}
+
+#[test]
+fn connections_survive_ecmp_changes_without_a_redirect_key() -> Result<()> {
+    // No key published: wire version 2 (cookie only), as before issue 25.
+    let t = Topo::build("rdn", &[], [None, None])?;
+    for node in &t.nodes {
+        ensure!(
+            node.log().contains("redirect channel unauthenticated"),
+            "{}",
+            t.diag("no word of the missing key")
+        );
+    }
+    survive_ecmp_changes(t)
+}
+
+fn survive_ecmp_changes(t: Topo) -> Result<()> {
     let (client, router, nodes) = (&t.client, &t.router, &t.nodes);
     let diag = |what: &str| t.diag(what);
     // Stats are written about once a second: the warm-up's are in after this.
@@ -480,7 +525,9 @@ fn connections_survive_ecmp_changes_between_two_real_dataplanes() -> Result<()> 
     for node in nodes {
         let s = node.stats()?;
         ensure!(
-            s["drops"]["redirect_rate_limited"] == 0 && s["drops"]["non_syn_without_flow"] == 0,
+            s["drops"]["redirect_rate_limited"] == 0
+                && s["drops"]["non_syn_without_flow"] == 0
+                && s["drops"]["redirect_bad_mac"] == 0,
             "{}",
             diag("unexpected drops")
         );
@@ -492,7 +539,11 @@ fn connections_survive_ecmp_changes_between_two_real_dataplanes() -> Result<()> 
 #[test]
 fn a_flood_of_random_acks_stays_within_the_redirect_budget_between_nodes() -> Result<()> {
     let (rate, burst) = (200u64, 50u64);
-    let t = Topo::build("rfl", &["--redirect-rate", "200", "--redirect-burst", "50"])?;
+    let t = Topo::build(
+        "rfl",
+        &["--redirect-rate", "200", "--redirect-burst", "50"],
+        [Some(1), Some(1)],
+    )?;
     // Both nodes announce; a live connection on each must carry on through the flood.
     set_route(&t.router, &[0, 1])?;
     let mut conns = open(&t.client, 8).with_context(|| t.diag("opening"))?;
@@ -545,6 +596,51 @@ fn a_flood_of_random_acks_stays_within_the_redirect_budget_between_nodes() -> Re
     }
     eprintln!("{sent} random ACKs in {elapsed:.2} s; {total_between} redirected between the nodes");
     ensure!(total_between > 0, "{}", t.diag("nothing redirected"));
+    drop(conns);
+    t.finish()
+}
+
+#[test]
+fn a_node_with_another_key_accepts_no_redirect() -> Result<()> {
+    // Node A holds key 1, node B key 2 (a node missed a rotation, or a forger's key):
+    // nothing B sends is taken by A, and each frame is counted as redirect_bad_mac.
+    let t = Topo::build("rbk", &[], [Some(1), Some(2)])?;
+    set_route(&t.router, &[0])?;
+    let mut conns = open(&t.client, 4).with_context(|| t.diag("opening"))?;
+    ensure!(conns.iter().all(|c| c.1 == "podA"));
+    // Stats are written about once a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    let bad_before = t.nodes[0].drops("redirect_bad_mac");
+    // Node A withdraws: the connections reach B, which redirects them to A.
+    set_route(&t.router, &[1])?;
+    for (c, _) in &conns {
+        c.set_read_timeout(Some(Duration::from_secs(2)))?;
+    }
+    let (failures, ok) = round(&mut conns);
+    ensure!(
+        ok == 0 && failures.len() == conns.len(),
+        "{}",
+        t.diag(&format!("{ok} requests served across different keys"))
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
+    let (a_from_b, b_to_a) = (t.nodes[0].peer(NODE[1]), t.nodes[1].peer(NODE[0]));
+    eprintln!("A from B {a_from_b}; B to A {b_to_a}");
+    ensure!(
+        n(&b_to_a, "redirected_to") > 0,
+        "{}",
+        t.diag("B never redirected to A")
+    );
+    ensure!(
+        t.nodes[0].drops("redirect_bad_mac") > bad_before,
+        "{}",
+        t.diag("A counted no redirect_bad_mac")
+    );
+    ensure!(
+        n(&a_from_b, "received_from") == 0 && n(&b_to_a, "notices_received") == 0,
+        "{}",
+        t.diag("a redirect or notice was accepted across different keys")
+    );
     drop(conns);
     t.finish()
 }

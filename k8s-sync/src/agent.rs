@@ -23,6 +23,7 @@ use crate::endpoints::SERVICE_NAME_LABEL;
 use crate::metrics::{AgentMetrics, Health, VipLabel};
 use crate::node_state::{build_node_state_with, AgentView, BuildCache};
 use crate::pacing::Pacing;
+use crate::redirect_key;
 
 /// Settings of the agent process.
 #[derive(Debug, Clone)]
@@ -102,6 +103,7 @@ fn record(m: &AgentMetrics, state: &NodeState, generation: u64) {
             .set(1);
     }
     m.peers.set(state.peers.len() as i64);
+    m.redirect_keys.set(state.redirects.keys.len() as i64);
     m.state_generation
         .set(i64::try_from(generation).unwrap_or(i64::MAX));
 }
@@ -308,11 +310,24 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
             // Not every watch has listed: nothing is published (the next event retries).
             continue;
         }
-        let (state, warnings) = build_node_state_with(
-            &opts.node,
-            &stores.view(&opts.secret_namespace),
-            &mut build_cache,
+        let view = stores.view(&opts.secret_namespace);
+        let (mut state, mut warnings) = build_node_state_with(&opts.node, &view, &mut build_cache);
+        // The redirect MAC keys (issue 25): a bad Secret keeps the keys in force.
+        let in_force = last.as_ref().map_or(&[][..], |s| &s.redirects.keys[..]);
+        let (keys, key_error) = redirect_key::keys_to_publish(
+            view.secrets.get(redirect_key::SECRET_NAME).map(|s| &**s),
+            &opts.secret_namespace,
+            in_force,
         );
+        opts.metrics
+            .redirect_key_invalid
+            .set(i64::from(key_error.is_some()));
+        warnings.extend(key_error.map(|e| e.to_string()));
+        if keys != in_force {
+            let ids: Vec<u8> = keys.iter().map(|k| k.id).collect();
+            info!(key_ids = ?ids, "redirect MAC keys (current first; none: unauthenticated)");
+        }
+        state.redirects.keys = keys;
         if warnings != last_warnings {
             for w in &warnings {
                 warn!("{w}");

@@ -9,10 +9,12 @@
 //!
 //! Layout: pure decisions with unit tests ([`reconcile`], [`node_state`], [`vips`],
 //! [`pools`], [`endpoints`], [`describe`], [`report`], [`peers`], [`pacing`], [`fence`]: when a
-//! leader may still write) and thin glue that watches and writes
-//! ([`controller`], [`agent`], [`speaker_status`]: the node's BGP sessions into a
-//! NodeBGPStatus; [`decommission`]: `helm uninstall`'s request, the hook that makes it
-//! and the agents that carry it out, its pure decisions unit-tested); [`metrics`] serves both processes' Prometheus metrics and probes. [`crd`] holds the resource types; `crdgen` prints them.
+//! leader may still write, [`redirect_key`]: the redirect channel's MAC keys from their
+//! Secret) and thin glue that watches and writes ([`controller`], [`agent`],
+//! [`speaker_status`]: the node's BGP sessions into a NodeBGPStatus; [`decommission`]:
+//! `helm uninstall`'s request, the hook that makes it and the agents that carry it out,
+//! its pure decisions unit-tested); [`metrics`] serves both processes' Prometheus metrics
+//! and probes. [`crd`] holds the resource types; `crdgen` prints them.
 #![warn(missing_docs)]
 
 pub mod agent;
@@ -28,6 +30,7 @@ pub mod pacing;
 pub mod peers;
 pub mod pools;
 pub mod reconcile;
+pub mod redirect_key;
 pub mod report;
 pub mod speaker_status;
 pub mod vips;

@@ -169,6 +169,10 @@ pub struct AgentMetrics {
     pub peers: Gauge,
     /// Generation of the last published state (the dataplane reports the one it runs).
     pub state_generation: Gauge,
+    /// Redirect MAC keys in the published state (0: the channel is unauthenticated).
+    pub redirect_keys: Gauge,
+    /// 1 while the Secret `juneau-redirect-key` is invalid (the keys in force are kept).
+    pub redirect_key_invalid: Gauge,
 }
 
 impl AgentMetrics {
@@ -183,6 +187,8 @@ impl AgentMetrics {
             vip_advertised: Family::default(),
             peers: Gauge::default(),
             state_generation: Gauge::default(),
+            redirect_keys: Gauge::default(),
+            redirect_key_invalid: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("juneau_agent");
         r.register(
@@ -224,6 +230,16 @@ impl AgentMetrics {
             "state_generation",
             "Generation of the last node state published into shared memory",
             m.state_generation.clone(),
+        );
+        r.register(
+            "redirect_keys",
+            "Redirect channel MAC keys in the published node state (0: unauthenticated)",
+            m.redirect_keys.clone(),
+        );
+        r.register(
+            "redirect_key_invalid",
+            "1 while the Secret juneau-redirect-key is invalid (the keys in force are kept)",
+            m.redirect_key_invalid.clone(),
         );
         m
     }

@@ -129,7 +129,13 @@ fn redirects(
         }
         vips.push(VipRedirectPeers { vip, nodes });
     }
-    Redirects { node_address, vips }
+    Redirects {
+        node_address,
+        vips,
+        // The MAC keys are the agent's to add (`crate::redirect_key`: a bad Secret keeps
+        // the keys in force, which this pure build does not know).
+        keys: Vec::new(),
+    }
 }
 
 /// Everything the agent watches. The objects are shared (`Arc`) with the watch caches

@@ -84,6 +84,10 @@ pub(crate) fn sample_state() -> NodeState {
                     ],
                 },
             ],
+            keys: vec![
+                RedirectKey::new(crate::secret::SecretKey::new([7; 16])),
+                RedirectKey::new(crate::secret::SecretKey::new([8; 16])),
+            ],
         },
     }
 }
@@ -485,6 +489,28 @@ fn redirect_peers_round_trip_per_vip() {
     );
     assert!(red.peers_of(Ipv4Addr::new(203, 0, 113, 99)).is_empty());
 
+    // The MAC keys (layout 6), current first, with their ids.
+    assert_eq!(red.keys.len(), 2);
+    assert_eq!(red.keys[0].key.expose(), &[7; 16]);
+    assert_eq!(red.keys[1].key.expose(), &[8; 16]);
+    assert_eq!(red.keys, sample_state().redirects.keys);
+    // One key left (the old one retired): the second record is gone.
+    let mut one = sample_state();
+    one.redirects.keys.remove(0);
+    w.publish(&one).unwrap();
+    let keys = r.snapshot().unwrap().state.redirects.keys;
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0].key.expose(), &[8; 16]);
+    // More than current and next cannot be published.
+    let mut three = sample_state();
+    three
+        .redirects
+        .keys
+        .push(RedirectKey::new(crate::secret::SecretKey::new([9; 16])));
+    assert!(
+        matches!(w.publish(&three), Err(ShmError::Unrepresentable(m)) if m.contains("redirect keys"))
+    );
+
     // No redirect address and no peers: both absent again.
     let mut none = sample_state();
     none.redirects = Redirects::default();
@@ -710,6 +736,10 @@ mod incremental {
                                     .map(|n| Ipv4Addr::new(192, 0, 2, 100 + n))
                                     .collect(),
                             })
+                            .collect(),
+                        keys: (0..communities)
+                            .take(MAX_REDIRECT_KEYS)
+                            .map(|c| RedirectKey::new(crate::secret::SecretKey::new([c as u8; 16])))
                             .collect(),
                     },
                 };

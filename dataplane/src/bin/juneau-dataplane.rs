@@ -178,7 +178,7 @@ struct Args {
     #[arg(long, default_value_t = 2_000)]
     redirect_prefix_burst: u32,
     /// Largest IPv4 packet sent to another node (the node network's MTU); a client
-    /// packet that does not fit once encapsulated (up to 76 bytes more) is dropped.
+    /// packet that does not fit once encapsulated (up to 92 bytes more) is dropped.
     #[arg(long, default_value_t = 1500)]
     redirect_mtu: usize,
     /// Forwarding workers (threads). Each serves the RX queues `q` with

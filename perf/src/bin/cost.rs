@@ -238,8 +238,16 @@ fn encapsulate(e: &mut Engine, buf: &mut [u8; REDIRECT_BUF]) -> Result<usize> {
     let out = e
         .take_redirect()
         .context("no redirect after a Redirect verdict")?;
-    juneau_dataplane::redirect_wire::encapsulate(buf, &out, u32::from(NODE_A), DEFAULT_PORT, 1600)
-        .context("encapsulation")
+    let key = e.redirect().and_then(|r| r.send_key());
+    juneau_dataplane::redirect_wire::encapsulate(
+        buf,
+        &out,
+        u32::from(NODE_A),
+        DEFAULT_PORT,
+        1600,
+        key,
+    )
+    .context("encapsulation")
 }
 
 /// Node B owns the connection (SYN, ACK through it); node A, which the router now sends
@@ -284,6 +292,7 @@ fn redirect_pair(nb: &Neighbours) -> Result<(Engine, Engine, Vec<u8>, Vec<u8>)> 
             DEFAULT_PORT,
             &n.key,
             n.cookie,
+            b.redirect().and_then(|r| r.send_key()),
         )
         .context("notice")?;
         let v = a.process(&mut nbuf[..l], Side::Uplink, nb, now);
