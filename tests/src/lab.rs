@@ -843,6 +843,7 @@ impl Lab {
             release.revision()?,
             t0.elapsed()
         ));
+        create_redirect_key()?;
         println!("{}", bold("$ kubectl -n juneau-system get pods -o wide"));
         print!(
             "{}",
@@ -1709,6 +1710,37 @@ pub fn redirected_packets(node: &str) -> Result<(u64, u64)> {
             .sum()
     };
     Ok((sum("redirected_to"), sum("received_from")))
+}
+
+/// The redirect channel's MAC key, as the README tells operators after `helm install`:
+/// `kubectl -n juneau-system create secret generic juneau-redirect-key
+/// --from-literal=current=<base64 of 16 random bytes>`; the agents publish it and the
+/// dataplanes tag and check every redirect frame with it (docs/security.md).
+fn create_redirect_key() -> Result<()> {
+    use base64::Engine as _;
+    let mut key = [0u8; 16];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
+        .context("reading 16 random bytes")?;
+    // From a file (a 0600 temporary one), so the key is in no command line or log.
+    let mut file = tempfile::NamedTempFile::new().context("a file for the key")?;
+    std::io::Write::write_all(
+        &mut file,
+        base64::engine::general_purpose::STANDARD
+            .encode(key)
+            .as_bytes(),
+    )?;
+    step("The redirect channel's key: kubectl -n juneau-system create secret generic juneau-redirect-key --from-file=current=...");
+    kubectl(&[
+        "-n",
+        install::NAMESPACE,
+        "create",
+        "secret",
+        "generic",
+        "juneau-redirect-key",
+        &format!("--from-file=current={}", file.path().display()),
+    ])?;
+    Ok(())
 }
 
 /// The clients of a [`LabLoad`].
