@@ -100,7 +100,7 @@ spec:
         periodSeconds: 1
       lifecycle:
         preStop:
-          exec: {{command: ["/bin/sleep", "1"]}}
+          exec: {{command: ["/bin/drain", "1"]}}
 "#
     ))?;
     let ip = wait_for(

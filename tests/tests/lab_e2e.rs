@@ -280,7 +280,7 @@ fn walk() -> Result<()> {
     let spec = kubectl(&["get", "deploy", "nginx", "-o", "jsonpath={.spec.template.spec.containers[0].readinessProbe.httpGet.port} {.spec.template.spec.containers[0].lifecycle.preStop.exec.command} {.spec.template.spec.terminationGracePeriodSeconds}"])?;
     assert_eq!(
         spec.trim(),
-        r#"http ["/bin/sleep","5"] 30"#,
+        r#"http ["/bin/drain","5"] 30"#,
         "probe, preStop, grace period"
     );
     let nodes = kubectl(&[
