@@ -143,9 +143,13 @@ pub struct LoadReport {
     /// (the connection's packets went nowhere: e.g. dropped by a node that does not hold
     /// it). Counted whether or not the retry then succeeded.
     pub keepalive_timeouts: u64,
-    /// Of the failed: an answer whose body stopped before its Content-Length (the
-    /// connection closed, reset or stalled mid-body).
+    /// Of the failed: an answer whose body stopped before its Content-Length because
+    /// the connection closed or was reset mid-body (a cut body).
     pub truncated: u64,
+    /// Of the failed: an answer whose body stopped arriving for longer than the timeout
+    /// while the connection stayed open (a stall, not a cut: its packets were delayed or
+    /// lost and the client gave up first).
+    pub body_stalls: u64,
     /// Of the failed: an answer other than 2xx.
     pub bad_status: u64,
     /// Of the failed: any other error (an I/O error none of the above names, an answer
@@ -176,7 +180,8 @@ impl LoadReport {
             "keepalive_retries": self.keepalive_retries,
             "keepalive_resets": self.keepalive_resets,
             "keepalive_timeouts": self.keepalive_timeouts,
-            "truncated": self.truncated, "bad_status": self.bad_status,
+            "truncated": self.truncated, "body_stalls": self.body_stalls,
+            "bad_status": self.bad_status,
             "other": self.other, "other_samples": self.other_samples,
             "bulk_bytes": self.bulk_bytes,
             "saturating": self.saturating.to_json(),
@@ -203,6 +208,7 @@ impl LoadReport {
             keepalive_resets: v["keepalive_resets"].as_u64().unwrap_or(0),
             keepalive_timeouts: v["keepalive_timeouts"].as_u64().unwrap_or(0),
             truncated: v["truncated"].as_u64().unwrap_or(0),
+            body_stalls: v["body_stalls"].as_u64().unwrap_or(0),
             bad_status: v["bad_status"].as_u64().unwrap_or(0),
             other: v["other"].as_u64().unwrap_or(0),
             other_samples: v["other_samples"]
@@ -232,8 +238,10 @@ enum Outcome {
     Reset,
     /// Closed (FIN) before a full answer; counted with the resets.
     Closed,
-    /// The body stopped before its Content-Length.
+    /// The connection closed or was reset before the body's Content-Length.
     Truncated,
+    /// The body stopped arriving for the timeout, the connection still open.
+    BodyStalled,
     Timeout,
     Refused,
     /// Another error, described.
@@ -370,6 +378,9 @@ fn request(
     let mut have = buf.len() - header_end;
     while have < len {
         match conn.read(&mut chunk) {
+            Err(e) if matches!(classify(&e), Outcome::Timeout) => {
+                return Err(Failure::at_read(Outcome::BodyStalled, true))
+            }
             Ok(0) | Err(_) => return Err(Failure::at_read(Outcome::Truncated, true)),
             Ok(n) => have += n,
         }
@@ -407,6 +418,7 @@ fn record(shared: &Mutex<Shared>, start: Instant, outcome: Outcome) {
             match o {
                 Outcome::Reset | Outcome::Closed => s.report.resets += 1,
                 Outcome::Truncated => s.report.truncated += 1,
+                Outcome::BodyStalled => s.report.body_stalls += 1,
                 Outcome::Timeout => s.report.timeouts += 1,
                 Outcome::Refused => s.report.refused += 1,
                 Outcome::Status => s.report.bad_status += 1,
@@ -601,7 +613,7 @@ fn saturating_client(spec: &LoadSpec, shared: &Mutex<Shared>, stop: &AtomicBool,
             }
             Err(f) => {
                 match (&f.outcome, f.at_write) {
-                    (Outcome::Timeout, _) => counts.timeouts += 1,
+                    (Outcome::Timeout | Outcome::BodyStalled, _) => counts.timeouts += 1,
                     (Outcome::Status, _) => counts.bad_status += 1,
                     (_, true) => counts.write_errors += 1,
                     (_, false) => counts.read_errors += 1,
@@ -792,6 +804,32 @@ mod tests {
         assert!(r.requests > 0, "{r:?}");
         assert_eq!(r.truncated, r.failed, "{r:?}");
         assert_eq!(r.ok, 0, "{r:?}");
+        Ok(())
+    }
+
+    /// A body that stops arriving while the connection stays open is a stall, not a cut.
+    #[test]
+    fn a_body_that_stops_arriving_is_a_stall_not_a_cut() -> Result<()> {
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        let addr = l.local_addr()?;
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { continue };
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 2048];
+                    let _ = c.read(&mut buf);
+                    let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\npart");
+                    // Open, silent, longer than the client's 1 s timeout.
+                    std::thread::sleep(Duration::from_secs(2));
+                });
+            }
+        });
+        let mut sp = spec(addr);
+        sp.new_connection_clients = 0;
+        let r = run(&sp)?;
+        assert!(r.body_stalls > 0, "{r:?}");
+        assert_eq!((r.truncated, r.ok), (0, 0), "{r:?}");
+        assert_eq!(r.body_stalls, r.failed, "{r:?}");
         Ok(())
     }
 
