@@ -11,7 +11,8 @@
 //! (never spins: a realtime thread's `sched_yield` does not let normal-policy NAPI run),
 //! and NAPI refills them. Measured on the perf topology: 2 425 ns → ~1 000 ns of path
 //! core per packet, and 917 k packets/s delivered under the same flood (docs/dataplane.md,
-//! "Where the time goes").
+//! "AF_XDP I/O and the forwarding loop"; docs/decisions.md, "Forwarding workers run
+//! SCHED_FIFO and never spin").
 //!
 //! The kernel's realtime throttling (`kernel.sched_rt_runtime_us`, 95 % by default)
 //! bounds what a worker can take from its core even when it never sleeps.

@@ -9,7 +9,8 @@
 # Idempotent: does nothing when every binary is already there (a `.complete` stamp is
 # written last, so an interrupted build is redone). `--print-dir` prints the directory.
 #
-# Cost (2 vCPU, cold Go build cache): see docs/decisions.md (Kubernetes test infrastructure).
+# Cost (2 vCPU, cold Go build cache): see docs/decisions.md ("A real control plane, built
+# from the Go module proxy").
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -1,7 +1,7 @@
 //! `juneau-dataplane`: the node's AF_XDP load-balancing dataplane.
 //!
 //! ```text
-//! juneau-dataplane --uplink IF --pod-iface IF [--pod-iface IF ...] --state-file PATH
+//! juneau-dataplane --uplink IF [--pod-iface IF ...] --state-file PATH
 //!                  [--pin-dir DIR] [--stats-file PATH] [--metrics-addr ADDR] [tuning options]
 //! juneau-dataplane --remove-pins --pin-dir DIR     # uninstall: links, maps, flow table
 //! ```
@@ -68,7 +68,8 @@ struct Args {
     /// given, on 0.0.0.0:9743 (and without them, with a warning, if that is taken).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<SocketAddr>,
-    /// Flow table capacity (flows); memory is ~68 bytes per flow, allocated at start.
+    /// Flow table capacity (flows); memory is ~87 bytes per flow plus 512 KiB, allocated
+    /// at start.
     #[arg(long, default_value_t = 1 << 20)]
     flow_capacity: usize,
     /// TCP timeout of a half-open flow (SYN, or SYN and SYN-ACK, seen), seconds.
@@ -105,7 +106,8 @@ struct Args {
     #[arg(long, default_value_t = 10_000)]
     busy_poll_us: u64,
     /// SCHED_FIFO priority (1-99) of the forwarding workers, so the kernel's receive
-    /// work never takes their core from them (docs/dataplane.md, "Where the time goes");
+    /// work never takes their core from them (docs/dataplane.md, "AF_XDP I/O and the
+    /// forwarding loop");
     /// 0 keeps the normal policy. Needs CAP_SYS_NICE (without it: a warning, the normal
     /// policy).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=99))]
@@ -116,7 +118,7 @@ struct Args {
     /// AF_XDP busy polling: the forwarding thread runs the interfaces' NAPI itself
     /// (SO_PREFER_BUSY_POLL, SO_BUSY_POLL, SO_BUSY_POLL_BUDGET = this many frames per
     /// poll); 0 = off. Works only for zero-copy sockets on Linux >= 6.13 (not veth):
-    /// docs/dataplane.md, "Busy polling".
+    /// docs/dataplane.md, "AF_XDP I/O and the forwarding loop".
     #[arg(long, default_value_t = 0)]
     xsk_busy_poll_budget: u32,
     /// UMEM frames (4 KiB each) per interface.
