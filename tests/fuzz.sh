@@ -53,7 +53,9 @@ for t in "${targets[@]}"; do
 done
 for c in "${crates[@]}"; do
     printf '==> building the fuzz targets of %s (stable rustc, sanitizer coverage)\n' "$c"
-    cargo build --release --manifest-path "$c/Cargo.toml" --target "$host" \
+    # --locked: a lock file out of step with the crates fails here, loudly, instead of
+    # being rewritten (the test command must not dirty the tree).
+    cargo build --release --locked --manifest-path "$c/Cargo.toml" --target "$host" \
         --target-dir "$dir/build" --bins
 done
 bin_of() { echo "$dir/build/$host/release/$1"; }
