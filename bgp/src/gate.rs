@@ -6,9 +6,10 @@
 //! `juneau_control::dataplane_status`: a heartbeat on `CLOCK_MONOTONIC` and the VIPs in
 //! its XDP steering map). The speaker announces the intersection:
 //!
-//! - status file missing or unreadable, dataplane stopped, or heartbeat older than the
-//!   limit: every VIP is held back (withdrawn) — a crashed dataplane stops attracting
-//!   traffic within about `limit + poll` (default 500 ms + 50 ms);
+//! - status file missing or unreadable, dataplane stopped, its process gone (its liveness
+//!   lock free: known within one poll, default 50 ms, of a crash or `kill -9`), or
+//!   heartbeat older than the limit (a hung dataplane): every VIP is held back
+//!   (withdrawn);
 //! - otherwise a VIP is held back until the dataplane has it programmed, so a restarted
 //!   dataplane is announced again only once it can forward.
 //!
@@ -60,6 +61,12 @@ pub enum HoldReason {
         /// Its pid.
         pid: u32,
     },
+    /// The dataplane's process is gone (crashed, killed): nothing holds its liveness
+    /// lock.
+    DataplaneExited {
+        /// Its pid.
+        pid: u32,
+    },
     /// No heartbeat for longer than the limit: presumed crashed or hung.
     HeartbeatStale {
         /// Its pid.
@@ -84,6 +91,7 @@ impl HoldReason {
         match self {
             HoldReason::StatusUnreadable(_) => "dataplane_status_unreadable",
             HoldReason::DataplaneStopped { .. } => "dataplane_stopped",
+            HoldReason::DataplaneExited { .. } => "dataplane_exited",
             HoldReason::HeartbeatStale { .. } => "dataplane_heartbeat_stale",
             HoldReason::NotProgrammed { .. } => "vip_not_programmed",
         }
@@ -95,6 +103,9 @@ impl std::fmt::Display for HoldReason {
         match self {
             HoldReason::StatusUnreadable(e) => write!(f, "dataplane status unreadable: {e}"),
             HoldReason::DataplaneStopped { pid } => write!(f, "dataplane (pid {pid}) stopped"),
+            HoldReason::DataplaneExited { pid } => {
+                write!(f, "dataplane (pid {pid}) exited without stopping: crashed or killed")
+            }
             HoldReason::HeartbeatStale { pid, age, limit } => write!(
                 f,
                 "dataplane (pid {pid}) heartbeat is {} ms old (limit {} ms): presumed down",
@@ -125,6 +136,7 @@ pub fn apply(
     let whole_node = match dataplane {
         Err(e) => Some(HoldReason::StatusUnreadable(e.to_string())),
         Ok(d) if d.stopped => Some(HoldReason::DataplaneStopped { pid: d.pid }),
+        Ok(d) if d.exited => Some(HoldReason::DataplaneExited { pid: d.pid }),
         Ok(d) if d.heartbeat_age > limit => Some(HoldReason::HeartbeatStale {
             pid: d.pid,
             age: d.heartbeat_age,
@@ -316,6 +328,7 @@ mod tests {
             state_generation: 3,
             vips: vips.iter().map(|n| vip(*n)).collect(),
             stopped,
+            exited: false,
         }
     }
 
@@ -368,6 +381,15 @@ mod tests {
         // At the limit still alive.
         let (g, _) = apply(&st, 4, Ok(&dp(&[1, 2], 500, false)), LIMIT);
         assert_eq!(g.advertised.len(), 2);
+
+        // A process gone is dead at once, whatever its last heartbeat's age.
+        let gone = DataplaneStatus {
+            exited: true,
+            ..dp(&[1, 2], 0, false)
+        };
+        let (g, held) = apply(&st, 4, Ok(&gone), LIMIT);
+        assert!(g.advertised.is_empty());
+        assert_eq!(held[&vip(1)], HoldReason::DataplaneExited { pid: 42 });
     }
 
     #[test]

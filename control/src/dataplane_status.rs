@@ -25,7 +25,10 @@
 //! not do) — made from the dataplane's per-iteration housekeeping, never per packet.
 //!
 //! A clean stop sets `stopped` (readers withdraw at once); a crash leaves the heartbeat to
-//! age. A new writer never reuses the old file: it writes a new one beside it, renames it
+//! age — and releases the writer's lock on `<path>.lock` ([`lock_path`]), which the
+//! writer holds shared for its whole life: the kernel drops it the moment the process
+//! dies, even by `kill -9`, so a reader that can take it exclusively knows the writer is
+//! gone without waiting for the heartbeat to age ([`DataplaneStatus::exited`]). A new writer never reuses the old file: it writes a new one beside it, renames it
 //! over the path and then sets `superseded` in the old one, so a reader re-opens the path
 //! (and a reader still mapping the old file never sees it truncated).
 
@@ -290,6 +293,28 @@ pub struct DataplaneStatusWriter {
     path: PathBuf,
     live: Mapping,
     started: u64,
+    /// `<path>.lock`, locked shared while this writer lives.
+    _alive: std::fs::File,
+}
+
+/// The liveness lock beside the status file at `path`: `<node>.dataplane.lock`.
+pub fn lock_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
+/// Whether the status writer of `path` has exited: `Some(true)` when nothing holds its
+/// liveness lock, `Some(false)` while a writer holds it, `None` when that cannot be told
+/// (no lock file: a writer of an older version, or none ever started).
+fn writer_exited(path: &Path) -> Option<bool> {
+    let file = std::fs::File::open(lock_path(path)).ok()?;
+    match file.try_lock() {
+        // Nobody holds it; released when `file` closes, at once.
+        Ok(()) => Some(true),
+        Err(std::fs::TryLockError::WouldBlock) => Some(false),
+        Err(std::fs::TryLockError::Error(_)) => None,
+    }
 }
 
 impl DataplaneStatusWriter {
@@ -301,12 +326,25 @@ impl DataplaneStatusWriter {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io("creating directory", dir))?;
         }
+        // The lock before the file: a reader never sees this writer's status unlocked.
+        let lock = lock_path(&path);
+        let alive = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock)
+            .map_err(io("creating the liveness lock", &lock))?;
+        alive
+            .lock_shared()
+            .map_err(io("locking the liveness lock", &lock))?;
         let started = monotonic_ns();
         let live = Self::replace(&path, DEFAULT_VIP_CAPACITY, started, 0, &[])?;
         Ok(DataplaneStatusWriter {
             path,
             live,
             started,
+            _alive: alive,
         })
     }
 
@@ -427,12 +465,15 @@ pub struct DataplaneStatus {
     pub vips: Vec<Ipv4Addr>,
     /// It stopped cleanly: nothing is forwarded.
     pub stopped: bool,
+    /// Its process is gone (crashed, killed): nothing holds its liveness lock. Known
+    /// at once, before the heartbeat ages.
+    pub exited: bool,
 }
 
 impl DataplaneStatus {
-    /// Alive: not stopped and a heartbeat younger than `max_age`.
+    /// Alive: not stopped, not exited, and a heartbeat younger than `max_age`.
     pub fn alive(&self, max_age: Duration) -> bool {
-        !self.stopped && self.heartbeat_age <= max_age
+        !self.stopped && !self.exited && self.heartbeat_age <= max_age
     }
 
     /// Whether `vip` is programmed.
@@ -511,6 +552,7 @@ impl DataplaneStatusReader {
                 state_generation: generation,
                 vips,
                 stopped: h.stopped.load(Ordering::Acquire) != 0,
+                exited: writer_exited(&self.path).unwrap_or(false),
             });
         }
         Err(StatusError::Contended(READ_RETRIES))
@@ -547,6 +589,42 @@ mod tests {
         w.publish(8, [ip(3)]).unwrap();
         let s = r.read().unwrap();
         assert_eq!((s.state_generation, s.vips.clone()), (8, vec![ip(3)]));
+    }
+
+    /// The liveness lock tells a gone writer at once: held by a live process, free the
+    /// moment it is killed (`kill -9`: no chance to mark anything stopped).
+    #[test]
+    fn a_killed_writer_is_known_gone_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        assert_eq!(writer_exited(&path), None, "no lock file: cannot tell");
+        // This process as the writer: alive while it holds the lock.
+        let w = DataplaneStatusWriter::create(&path).unwrap();
+        let mut r = DataplaneStatusReader::open(&path).unwrap();
+        let s = r.read().unwrap();
+        assert!(!s.exited && s.alive(Duration::from_secs(5)), "{s:?}");
+        drop(w);
+        let s = r.read().unwrap();
+        assert!(s.exited && s.stopped, "{s:?}");
+        // Another process holding the lock shared, as a dataplane does, then killed.
+        // --no-fork: flock execs the command, so killing it kills the lock's holder.
+        let mut holder = std::process::Command::new("flock")
+            .args(["--shared", "--no-fork"])
+            .arg(lock_path(&path))
+            .args(["sleep", "30"])
+            .spawn()
+            .expect("flock (util-linux)");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while writer_exited(&path) != Some(false) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flock never took the lock"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        assert_eq!(writer_exited(&path), Some(true), "the kernel released it");
     }
 
     #[test]
@@ -587,9 +665,13 @@ mod tests {
         );
         w2.publish(4, [ip(1)]).unwrap();
         assert_eq!(r.read().unwrap().vips, vec![ip(1)]);
-        // No temporary file is left behind.
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-        assert_eq!(names.len(), 1, "{names:?}");
+        // No temporary file is left behind: the status and its liveness lock.
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["n.dataplane", "n.dataplane.lock"], "{names:?}");
     }
 
     #[test]

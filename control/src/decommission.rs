@@ -80,9 +80,10 @@ pub fn acknowledged(dir: &Path, component: Component) -> bool {
 /// The names (after `<node>.`) of the files Juneau's node components keep in
 /// `/run/juneau`: the agent's state, the dataplane's status and statistics, the
 /// speaker's and BFD's status.
-const NODE_FILES: [&str; 5] = [
+const NODE_FILES: [&str; 6] = [
     "state",
     "dataplane",
+    "dataplane.lock",
     "dataplane-stats.json",
     "bgp-status.json",
     "bfd.json",
