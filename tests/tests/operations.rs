@@ -55,9 +55,16 @@ const MUST_BE_CLEAN: &[&str] = &[
 /// load recovers. A zero-gap
 /// handover (the new Pod started beside the old one, taking over when it exits) is the
 /// fix, not built.
+///
+/// `kill -9` of a node's dataplane is the same for new connections: until the kubelet has
+/// restarted it (its PLEG notices within about a second) or the speaker has withdrawn the
+/// node's routes (dataplane heartbeat older than 500 ms), a SYN the router sends there is
+/// lost; two in a row (the client's retransmission after 1 s) exceed the 2 s connect
+/// timeout — seen once in three runs of the loaded 2-core lab.
 const STALLS_ALLOWED: &[&str] = &[
     "helm upgrade (new image tag: every Juneau Pod replaced)",
     "helm rollback",
+    "juneau-dataplane kill -9 + restart (node-a)",
 ];
 // Reported, not asserted:
 // - "node-level crash": all four node components of node-c killed at once. BFD dies
@@ -196,20 +203,30 @@ fn measure(
     for f in &report.failure_samples {
         println!("    failure: {f}");
     }
-    // Where packets were dropped meanwhile, per node (a restarted dataplane counts
-    // from zero again).
+    // Where packets were dropped meanwhile, per node. A restarted dataplane counts from
+    // zero again: where any count went down, its counts since the restart are shown.
     for ((node, was), (_, after)) in drops_before.iter().zip(drop_counts()) {
-        let grew: Vec<String> = after
+        let counts: Vec<(&String, u64, u64)> = after
             .as_object()
             .into_iter()
             .flatten()
-            .filter_map(|(k, v)| {
-                let (now, then) = (v.as_u64()?, was[k].as_u64().unwrap_or(0));
-                (now > then).then(|| format!("{k} {}", now - then))
+            .filter_map(|(k, v)| Some((k, v.as_u64()?, was[k].as_u64().unwrap_or(0))))
+            .collect();
+        let restarted = counts.iter().any(|(_, now, then)| now < then);
+        let grew: Vec<String> = counts
+            .iter()
+            .filter_map(|(k, now, then)| {
+                let since = if restarted {
+                    *now
+                } else {
+                    now.saturating_sub(*then)
+                };
+                (since > 0).then(|| format!("{k} {since}"))
             })
             .collect();
         if !grew.is_empty() {
-            println!("    {node} dataplane drops: {}", grew.join(", "));
+            let when = if restarted { " since its restart" } else { "" };
+            println!("    {node} dataplane drops{when}: {}", grew.join(", "));
         }
     }
     rows.push(Row { name, report, took });
