@@ -94,16 +94,11 @@ async fn decommissioned(
         w.abort();
         let _ = w.await;
     }
-    if let Some(path) = &args.status_file {
-        decommission::remove_if_present(path)
-            .with_context(|| format!("removing {}", path.display()))?;
-    }
-    let dir = args
-        .decommission_dir
-        .as_deref()
-        .context("no decommission directory")?;
-    decommission::acknowledge(dir, Component::Speaker)
-        .with_context(|| format!("acknowledging in {}", dir.display()))?;
+    decommission::finish(
+        args.status_file.as_deref(),
+        args.decommission_dir.as_deref(),
+        Component::Speaker,
+    )?;
     tracing::info!(
         token,
         "decommissioned: sessions closed with a Cease, status file removed; idle until stopped"

@@ -133,6 +133,50 @@ pub fn remove_node_files(shm_dir: &Path, node: &str) -> io::Result<Vec<PathBuf>>
     Ok(removed)
 }
 
+/// Why a component could not finish its decommission.
+#[derive(Debug, thiserror::Error)]
+pub enum FinishError {
+    /// A file of the component could not be removed.
+    #[error("removing {path}: {source}")]
+    Remove {
+        /// The file.
+        path: PathBuf,
+        /// What the file system said.
+        source: io::Error,
+    },
+    /// The component was started without a decommission directory.
+    #[error("decommissioned without a decommission directory")]
+    NoDirectory,
+    /// The acknowledgement could not be written.
+    #[error("acknowledging in {dir}: {source}")]
+    Acknowledge {
+        /// The decommission directory.
+        dir: PathBuf,
+        /// What the file system said.
+        source: io::Error,
+    },
+}
+
+/// The last step of every node component's decommission: removes its `files` (those
+/// present) and acknowledges for `component` in the Pod's decommission directory `dir`.
+pub fn finish<'a>(
+    files: impl IntoIterator<Item = &'a Path>,
+    dir: Option<&Path>,
+    component: Component,
+) -> Result<(), FinishError> {
+    for path in files {
+        remove_if_present(path).map_err(|source| FinishError::Remove {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    }
+    let dir = dir.ok_or(FinishError::NoDirectory)?;
+    acknowledge(dir, component).map_err(|source| FinishError::Acknowledge {
+        dir: dir.to_path_buf(),
+        source,
+    })
+}
+
 /// Removes `path` if it exists.
 pub fn remove_if_present(path: &Path) -> io::Result<()> {
     match std::fs::remove_file(path) {
@@ -144,6 +188,28 @@ pub fn remove_if_present(path: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finishing_removes_the_files_present_and_acknowledges() {
+        let d = tempfile::tempdir().unwrap();
+        let (status, absent) = (d.path().join("n.bgp-status.json"), d.path().join("n.x"));
+        std::fs::write(&status, "{}").unwrap();
+        let dir = d.path().join("decommission");
+        std::fs::create_dir(&dir).unwrap();
+        finish(
+            [status.as_path(), absent.as_path()],
+            Some(&dir),
+            Component::Speaker,
+        )
+        .unwrap();
+        assert!(!status.exists() && acknowledged(&dir, Component::Speaker));
+        assert!(!acknowledged(&dir, Component::Bfd));
+        // Started without a directory: said, after the files went.
+        std::fs::write(&status, "{}").unwrap();
+        let e = finish([status.as_path()], None, Component::Bfd).unwrap_err();
+        assert!(matches!(e, FinishError::NoDirectory), "{e}");
+        assert!(!status.exists());
+    }
 
     #[test]
     fn a_node_s_files_and_nothing_else() {

@@ -336,15 +336,11 @@ fn decommission_and_idle(
     if let Some(parent) = cfg.pin_dir.parent() {
         let _ = std::fs::remove_dir(parent);
     }
-    for f in std::iter::once(&cfg.status_file).chain(cfg.stats_file.as_ref()) {
-        decommission::remove_if_present(f).with_context(|| format!("removing {}", f.display()))?;
-    }
-    let dir = cfg
-        .decommission_dir
-        .as_deref()
-        .context("decommissioned without a decommission directory")?;
-    decommission::acknowledge(dir, Component::Dataplane)
-        .with_context(|| format!("acknowledging in {}", dir.display()))?;
+    decommission::finish(
+        std::iter::once(cfg.status_file.as_path()).chain(cfg.stats_file.as_deref()),
+        cfg.decommission_dir.as_deref(),
+        Component::Dataplane,
+    )?;
     tracing::info!(token, pin_dir = %cfg.pin_dir.display(), pins_removed = removed, "decommissioned: XDP program detached, pins and files removed; idle until stopped");
     match serving {
         Some(exporter) => exporter.set_decommissioned(),

@@ -47,14 +47,11 @@ struct Args {
 
 /// Removes the status file, acknowledges, and idles until SIGTERM/SIGINT.
 async fn decommissioned(args: &Args, token: &str) -> anyhow::Result<()> {
-    decommission::remove_if_present(&args.status_file)
-        .with_context(|| format!("removing {}", args.status_file.display()))?;
-    let dir = args
-        .decommission_dir
-        .as_deref()
-        .context("no decommission directory")?;
-    decommission::acknowledge(dir, Component::Bfd)
-        .with_context(|| format!("acknowledging in {}", dir.display()))?;
+    decommission::finish(
+        [args.status_file.as_path()],
+        args.decommission_dir.as_deref(),
+        Component::Bfd,
+    )?;
     tracing::info!(
         token,
         "decommissioned: sessions AdminDown, status file removed; idle until stopped"
