@@ -502,10 +502,6 @@ impl Report {
     /// The Markdown report.
     pub fn markdown(&self) -> String {
         let mut m = String::new();
-        let f = |v: Option<f64>| {
-            v.map(|x| format!("{x:.2}"))
-                .unwrap_or_else(|| "not measured".into())
-        };
         m += &format!("# Juneau benchmark report ({})\n\n", self.mode);
         m += &format!(
             "- date: {}\n- machine: {}\n- load average (1/5/15 min) at start: {}, at end: {}\n- config: `{}`\n\n",
@@ -513,6 +509,29 @@ impl Report {
         );
         m += &crate::targets::markdown(self);
         m += "\n";
+        m += &self.method_md();
+        m += &self.throughput_md();
+        m += &self.ratios_md();
+        m += &crate::bulk::markdown(&self.bulk, &self.bulk_ratios);
+        m += &self.flow_scale_md();
+        m += &self.latency_md();
+        m += &self.userspace_cost_md();
+        m += &self.control_plane_md();
+        if self.mode == "convergence" || self.mode == "scale" {
+            // `juneau-perf convergence` measured nothing else: drop the empty sections.
+            if let (Some(a), Some(b)) = (
+                m.find("Delivered packets/s"),
+                m.find("## Control-plane convergence"),
+            ) {
+                m.replace_range(a..b, "");
+            }
+        }
+        m
+    }
+
+    /// The method paragraph: how the rates and costs were measured.
+    fn method_md(&self) -> String {
+        let mut m = String::new();
         m += "Delivered packets/s counted by the XDP sink in the backend namespace; 64-byte UDP\n";
         m += "offered by a live-frames XDP generator (BPF_PROG_RUN) alone on CPU 0; every forwarding\n";
         m += "path runs on CPU 1 (the node's threaded-NAPI kthreads and the userspace forwarder pinned\n";
@@ -548,6 +567,12 @@ impl Report {
             "of offered or the path core is >= {:.0} % busy (/proc/stat); ratios come only from rows saturated in every run.\n\n",
             100.0 * crate::suite::SATURATION_CORE_BUSY
         );
+        m
+    }
+
+    /// Throughput and CPU cost per packet, per scenario and per run.
+    fn throughput_md(&self) -> String {
+        let mut m = String::new();
         m += "## Throughput and CPU cost per packet\n\n| scenario | flows | saturated | median delivered pps | offered pps (runs) | path cores (runs) | path core busy (runs) | ns/packet | cycles/packet | packets per CPU-second | threads ns/packet |\n|---|---:|---|---:|---|---|---|---:|---:|---:|---:|\n";
         for s in self.throughput_rows() {
             let join = |v: Vec<String>| v.join(", ");
@@ -627,6 +652,12 @@ impl Report {
         if !self.scenarios.is_empty() {
             m += "\n![throughput](throughput.png)\n";
         }
+        m
+    }
+
+    /// The ratios against their targets, what was refused, the dataplane's counters.
+    fn ratios_md(&self) -> String {
+        let mut m = String::new();
         m += "\n## Ratios (medians of this run; only from saturated rows)\n\n| ratio | delivered pps | packets per CPU-second | target |\n|---|---:|---:|---:|\n";
         for (name, a, b, t) in [
             (
@@ -660,7 +691,11 @@ impl Report {
                 "—",
             ),
         ] {
-            m += &format!("| {name} | {} | {} | {t} |\n", f(a), f(b));
+            m += &format!(
+                "| {name} | {} | {} | {t} |\n",
+                not_measured(a),
+                not_measured(b)
+            );
         }
         if !self.ratios.refused.is_empty() {
             m += "\nRefused (a ratio of unsaturated runs measures the generator, not the paths):\n\n";
@@ -687,7 +722,12 @@ impl Report {
                 );
             }
         }
-        m += &crate::bulk::markdown(&self.bulk, &self.bulk_ratios);
+        m
+    }
+
+    /// Throughput by flow count.
+    fn flow_scale_md(&self) -> String {
+        let mut m = String::new();
         m += "\n## Flow scale (`juneau`)\n\n";
         if self.flow_scale.is_empty() && self.flow_scale_reference.is_none() {
             m += "Not measured in this run.\n";
@@ -701,6 +741,12 @@ impl Report {
             }
             m += "\n![flow scale](flow_scale.png)\n";
         }
+        m
+    }
+
+    /// Latency through the VIP.
+    fn latency_md(&self) -> String {
+        let mut m = String::new();
         m += "\n## Latency through the VIP (UDP request/response, one outstanding)\n\n";
         if self.latency.is_empty() {
             m += "Not measured in this run.\n";
@@ -743,6 +789,12 @@ impl Report {
             }
             m += "\n![latency](latency.png)\n";
         }
+        m
+    }
+
+    /// The userspace cost under callgrind.
+    fn userspace_cost_md(&self) -> String {
+        let mut m = String::new();
         m += "\n## Userspace cost (callgrind)\n\n";
         m += &format!("{}\n\n", self.cost.status);
         m += &format!(
@@ -806,6 +858,12 @@ impl Report {
                 }
             }
         }
+        m
+    }
+
+    /// Control-plane convergence and scale, and the failures.
+    fn control_plane_md(&self) -> String {
+        let mut m = String::new();
         m += &format!("\n## Control-plane convergence\n\n{}\n", self.convergence);
         if let Some(c) = &self.convergence_results {
             m += &format!(
@@ -832,15 +890,6 @@ impl Report {
             m += "\n## Failures\n\n";
             for (s, e) in &self.errors {
                 m += &format!("- **{s}**: {}\n", e.replace('\n', " / "));
-            }
-        }
-        if self.mode == "convergence" || self.mode == "scale" {
-            // `juneau-perf convergence` measured nothing else: drop the empty sections.
-            if let (Some(a), Some(b)) = (
-                m.find("Delivered packets/s"),
-                m.find("## Control-plane convergence"),
-            ) {
-                m.replace_range(a..b, "");
             }
         }
         m
@@ -894,6 +943,12 @@ fn plot(dir: &Path) -> Result<Vec<PathBuf>> {
         .lines()
         .map(PathBuf::from)
         .collect())
+}
+
+/// A figure with two decimals, or "not measured".
+fn not_measured(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.2}"))
+        .unwrap_or_else(|| "not measured".into())
 }
 
 #[cfg(test)]
