@@ -74,6 +74,22 @@ fn gauge(r: &mut Registry, name: &str, help: &str, v: u64) {
 
 /// Registers every series of `st` (names: `docs/dataplane.md`, "Counters and metrics").
 pub fn register_stats(r: &mut Registry, st: &Stats) {
+    register_counters(r, st);
+    register_gauges(r, st);
+    register_labelled(r, st);
+    register_services(r, &st.services);
+    register_redirects(r, st);
+    register_workers(r, st);
+    r.register(
+        "juneau_dataplane_loop_gap_seconds",
+        "Time between two iterations of a forwarding loop beyond its own idle sleep \
+         (the longest a packet arriving meanwhile waited to be looked at), every worker",
+        LoopGap(st.loop_gap.clone()),
+    );
+}
+
+/// The node-wide counters.
+fn register_counters(r: &mut Registry, st: &Stats) {
     let counters: [(&str, &str, u64); 20] = [
         (
             "juneau_dataplane_rx_packets",
@@ -179,6 +195,10 @@ pub fn register_stats(r: &mut Registry, st: &Stats) {
     for (name, help, v) in counters {
         counter(r, name, help, v);
     }
+}
+
+/// The node-wide gauges.
+fn register_gauges(r: &mut Registry, st: &Stats) {
     let gauges: [(&str, &str, u64); 12] = [
         (
             "juneau_dataplane_flows",
@@ -244,7 +264,10 @@ pub fn register_stats(r: &mut Registry, st: &Stats) {
     for (name, help, v) in gauges {
         gauge(r, name, help, v);
     }
+}
 
+/// Drops by reason and frames per AF_XDP socket.
+fn register_labelled(r: &mut Registry, st: &Stats) {
     let drops = Family::<ReasonLabel, Counter>::default();
     for (reason, v) in &st.drops {
         drops
@@ -267,16 +290,6 @@ pub fn register_stats(r: &mut Registry, st: &Stats) {
         "juneau_dataplane_socket_rx_packets",
         "Frames received per AF_XDP socket (interface/queue)",
         sockets,
-    );
-
-    register_services(r, &st.services);
-    register_redirects(r, st);
-    register_workers(r, st);
-    r.register(
-        "juneau_dataplane_loop_gap_seconds",
-        "Time between two iterations of a forwarding loop beyond its own idle sleep \
-         (the longest a packet arriving meanwhile waited to be looked at), every worker",
-        LoopGap(st.loop_gap.clone()),
     );
 }
 
