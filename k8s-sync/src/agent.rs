@@ -149,6 +149,37 @@ struct Stores {
 }
 
 impl Stores {
+    /// Watches every kind the agent reads (Secrets of `secret_ns` only); the stream
+    /// yields once per change of any of them.
+    fn watch(
+        client: &Client,
+        secret_ns: &str,
+    ) -> (
+        Stores,
+        futures::stream::SelectAll<futures::stream::BoxStream<'static, ()>>,
+    ) {
+        let all = watcher::Config::default();
+        let (nodes, s1) = reflect(Api::<Node>::all(client.clone()), all.clone());
+        let (slbs, s2) = reflect(Api::<ServiceLoadBalancer>::all(client.clone()), all.clone());
+        let (services, s3) = reflect(Api::<Service>::all(client.clone()), all.clone());
+        let (slices, s4) = reflect(Api::<EndpointSlice>::all(client.clone()), all.clone());
+        let (peers, s5) = reflect(Api::<BGPPeer>::all(client.clone()), all.clone());
+        let (advertisements, s6) =
+            reflect(Api::<BGPAdvertisement>::all(client.clone()), all.clone());
+        let (secrets, s7) = reflect(Api::<Secret>::namespaced(client.clone(), secret_ns), all);
+        let stores = Stores {
+            nodes,
+            slbs,
+            services,
+            slices,
+            peers,
+            advertisements,
+            secrets,
+        };
+        let changes = futures::stream::select_all(vec![s1, s2, s3, s4, s5, s6, s7]);
+        (stores, changes)
+    }
+
     fn ready(&self) -> bool {
         self.nodes.wait_until_ready().now_or_never().is_some()
             && self.slbs.wait_until_ready().now_or_never().is_some()
@@ -205,6 +236,33 @@ impl Stores {
     }
 }
 
+/// This node's state from what the watches hold, with the redirect MAC keys (a bad
+/// Secret keeps the keys of `last` in force), and the warnings to log.
+fn build_state(
+    opts: &AgentOptions,
+    view: &AgentView,
+    cache: &mut BuildCache,
+    last: Option<&NodeState>,
+) -> (NodeState, Vec<String>) {
+    let (mut state, mut warnings) = build_node_state_with(&opts.node, view, cache);
+    let in_force = last.map_or(&[][..], |s| &s.redirects.keys[..]);
+    let (keys, key_error) = redirect_key::keys_to_publish(
+        view.secrets.get(redirect_key::SECRET_NAME).map(|s| &**s),
+        &opts.secret_namespace,
+        in_force,
+    );
+    opts.metrics
+        .redirect_key_invalid
+        .set(i64::from(key_error.is_some()));
+    warnings.extend(key_error.map(|e| e.to_string()));
+    if keys != in_force {
+        let ids: Vec<u8> = keys.iter().map(|k| k.id).collect();
+        info!(key_ids = ?ids, "redirect MAC keys (current first; none: unauthenticated)");
+    }
+    state.redirects.keys = keys;
+    (state, warnings)
+}
+
 /// Runs the agent until the process is stopped.
 pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
     // A restarted agent finishes a request that stands: it publishes nothing again.
@@ -223,27 +281,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
             opts.node.clone(),
         ));
     }
-    let all = watcher::Config::default();
-    let (nodes, s1) = reflect(Api::<Node>::all(client.clone()), all.clone());
-    let (slbs, s2) = reflect(Api::<ServiceLoadBalancer>::all(client.clone()), all.clone());
-    let (services, s3) = reflect(Api::<Service>::all(client.clone()), all.clone());
-    let (slices, s4) = reflect(Api::<EndpointSlice>::all(client.clone()), all.clone());
-    let (peers, s5) = reflect(Api::<BGPPeer>::all(client.clone()), all.clone());
-    let (advertisements, s6) = reflect(Api::<BGPAdvertisement>::all(client.clone()), all.clone());
-    let (secrets, s7) = reflect(
-        Api::<Secret>::namespaced(client.clone(), &opts.secret_namespace),
-        all.clone(),
-    );
-    let stores = Stores {
-        nodes,
-        slbs,
-        services,
-        slices,
-        peers,
-        advertisements,
-        secrets,
-    };
-    let mut changes = futures::stream::select_all(vec![s1, s2, s3, s4, s5, s6, s7]);
+    let (stores, mut changes) = Stores::watch(&client, &opts.secret_namespace);
 
     if let Some(dir) = opts.state_file.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -311,23 +349,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
             continue;
         }
         let view = stores.view(&opts.secret_namespace);
-        let (mut state, mut warnings) = build_node_state_with(&opts.node, &view, &mut build_cache);
-        // The redirect MAC keys (issue 25): a bad Secret keeps the keys in force.
-        let in_force = last.as_ref().map_or(&[][..], |s| &s.redirects.keys[..]);
-        let (keys, key_error) = redirect_key::keys_to_publish(
-            view.secrets.get(redirect_key::SECRET_NAME).map(|s| &**s),
-            &opts.secret_namespace,
-            in_force,
-        );
-        opts.metrics
-            .redirect_key_invalid
-            .set(i64::from(key_error.is_some()));
-        warnings.extend(key_error.map(|e| e.to_string()));
-        if keys != in_force {
-            let ids: Vec<u8> = keys.iter().map(|k| k.id).collect();
-            info!(key_ids = ?ids, "redirect MAC keys (current first; none: unauthenticated)");
-        }
-        state.redirects.keys = keys;
+        let (state, warnings) = build_state(&opts, &view, &mut build_cache, last.as_ref());
         if warnings != last_warnings {
             for w in &warnings {
                 warn!("{w}");
