@@ -625,10 +625,20 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
             args.scale_precreated,
         );
     }
+    finish_report(&mut report, &plan.out_dir, &progress)
+}
+
+/// Completes `report` (load average, the dataplane's counters, the ratios), writes it
+/// into `out_dir`, and fails naming the parts that failed.
+fn finish_report(
+    report: &mut Report,
+    out_dir: &std::path::Path,
+    progress: &Progress,
+) -> Result<()> {
     report.load_average_end = prereq::loadavg();
     report.dataplane_counters = suite::dataplane_counters();
     report.compute_ratios();
-    let files = report.write(&plan.out_dir)?;
+    let files = report.write(out_dir)?;
     progress.say("done; wrote:");
     for f in files {
         eprintln!("  {}", f.display());
