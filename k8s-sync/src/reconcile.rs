@@ -307,6 +307,171 @@ fn cond(
     }
 }
 
+/// What [`decide_vip`] decided.
+struct VipDecision {
+    /// The Service's VIP, if it holds one.
+    vip: Option<Ipv4Addr>,
+    /// The pools it waits on for an address (addresses go out in creation order).
+    queued_on: Vec<String>,
+    /// The VipAllocated condition's message, or the problem and whether it is fatal
+    /// (`false`: waiting for an address).
+    condition: Result<String, (Problem, bool)>,
+}
+
+/// The Service's VIP: its ExternalNetwork's pools, the requested address if any, the
+/// allocation in `book`. Fills `status`'s network, VIP and pool. Only a `supported`
+/// Service gets a new VIP; an unsupported one keeps a VIP it already holds.
+fn decide_vip(
+    svc: &Service,
+    world: &World,
+    book: &mut VipBook,
+    owner: &str,
+    supported: bool,
+    status: &mut ServiceLoadBalancerStatus,
+) -> VipDecision {
+    let requested_raw = svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(REQUESTED_IP_ANNOTATION))
+        .map(|s| s.trim().to_string());
+    let mut vip = None;
+    let mut queued_on = Vec::new();
+    let condition = match network_pools(svc, world) {
+        Err(p) => Err((p, true)),
+        Ok((net, pools)) => {
+            status.external_network = Some(net.clone());
+            let requested = match requested_raw.as_deref() {
+                None | Some("") => Ok(None),
+                Some(r) => r.parse::<Ipv4Addr>().map(Some).map_err(|_| {
+                    problem(
+                        "RequestedIPInvalid",
+                        format!("{REQUESTED_IP_ANNOTATION} is {r:?}, which is not an IPv4 address"),
+                    )
+                }),
+            };
+            match requested {
+                Err(p) => Err((p, true)),
+                Ok(req) if !supported && book.vip_of(owner).is_none() => {
+                    let _ = req;
+                    Err((
+                        problem(
+                            "NotAllocated",
+                            "no VIP is allocated while the Service asks for something Juneau does not support",
+                        ),
+                        true,
+                    ))
+                }
+                Ok(None)
+                    if book.vip_of(owner).is_none() && {
+                        let ahead = world.waiters_ahead(svc, &pools);
+                        ahead > 0 && book.free_in(&pools) <= ahead as u64
+                    } =>
+                {
+                    // Freed addresses go to the Services that waited longest.
+                    queued_on = pools.iter().map(|p| p.name.clone()).collect();
+                    let ahead = world.waiters_ahead(svc, &pools);
+                    Err((
+                        problem(
+                            "AddressPoolExhausted",
+                            format!(
+                                "no free address for this Service in ExternalNetwork {net:?}: {} free, {ahead} older Service(s) wait for one first (addresses go out in creation order)",
+                                book.free_in(&pools)
+                            ),
+                        ),
+                        false,
+                    ))
+                }
+                Ok(req) => match book.allocate(owner, &pools, req) {
+                    Ok(a) => {
+                        let pool = a.pool.clone().unwrap_or_default();
+                        vip = Some(a.ip);
+                        status.vip = Some(a.ip.to_string());
+                        status.address_pool = Some(pool.clone());
+                        Ok(format!(
+                            "{} from AddressPool {pool} of ExternalNetwork {net}",
+                            a.ip
+                        ))
+                    }
+                    Err(e) => {
+                        if matches!(e, IpamError::Exhausted { .. }) && req.is_none() {
+                            queued_on = pools.iter().map(|p| p.name.clone()).collect();
+                        }
+                        let (reason, fatal) = match &e {
+                            IpamError::RequestedOutsidePools { .. } => {
+                                ("RequestedIPOutsidePools", true)
+                            }
+                            IpamError::RequestedTaken { .. } => ("RequestedIPTaken", false),
+                            IpamError::Exhausted { .. } => ("AddressPoolExhausted", false),
+                            IpamError::MalformedAddresses { .. } => ("AddressPoolInvalid", true),
+                            IpamError::UnknownPool(_) => ("AddressPoolNotFound", true),
+                            IpamError::NoPools => ("ExternalNetworkHasNoPools", true),
+                        };
+                        let message = match &e {
+                            IpamError::RequestedTaken { ip, owner } => {
+                                format!("requested IP {ip} is already the VIP of Service {owner}")
+                            }
+                            IpamError::RequestedOutsidePools { ip, pools } => format!(
+                                "requested IP {ip} is not inside any AddressPool of ExternalNetwork {net:?} ({pools})"
+                            ),
+                            IpamError::Exhausted { pools } => format!(
+                                "no free address left for ExternalNetwork {net:?}: every address of AddressPools {pools} is allocated"
+                            ),
+                            other => other.to_string(),
+                        };
+                        Err((problem(reason, message), fatal))
+                    }
+                },
+            }
+        }
+    };
+    VipDecision {
+        vip,
+        queued_on,
+        condition,
+    }
+}
+
+/// The Events for the conditions that changed since `prev` (reason or status): a
+/// warning for a problem (except the quiet NotServed and NotAllocated), a normal Event
+/// when a condition becomes true again or first (Supported only when it was known).
+fn condition_events(prev: &[Condition], conditions: &[Condition]) -> Vec<Note> {
+    let mut notes = Vec::new();
+    for c in conditions {
+        if c.type_ == condition::READY {
+            continue;
+        }
+        let before = prev.iter().find(|p| p.type_ == c.type_);
+        let changed = before.is_none_or(|b| b.status != c.status || b.reason != c.reason);
+        if !changed {
+            continue;
+        }
+        if c.status == "False" {
+            if c.reason == "NotServed" || c.reason == "NotAllocated" {
+                continue;
+            }
+            notes.push(Note {
+                warning: c.type_ != condition::ADVERTISED,
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+            });
+        } else if before.is_some() || c.type_ != condition::SUPPORTED {
+            let reason = match c.type_.as_str() {
+                condition::VIP_ALLOCATED => "VIPAllocated",
+                condition::ADVERTISED => "Advertised",
+                _ => "Supported",
+            };
+            notes.push(Note {
+                warning: false,
+                reason: reason.into(),
+                message: c.message.clone(),
+            });
+        }
+    }
+
+    notes
+}
+
 /// Decides everything for one managed Service. `slices` are the Service's EndpointSlices.
 pub fn reconcile_service(
     svc: &Service,
@@ -365,102 +530,11 @@ pub fn reconcile_service(
 
     // VIP: only for supported Services; an unsupported one keeps a VIP it already holds
     // (so fixing the Service gives it back the same address) but shows and announces none.
-    let requested_raw = svc
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(REQUESTED_IP_ANNOTATION))
-        .map(|s| s.trim().to_string());
-    let mut vip = None;
-    let mut queued_on = Vec::new();
-    let vip_cond = match network_pools(svc, world) {
-        Err(p) => Err((p, true)),
-        Ok((net, pools)) => {
-            status.external_network = Some(net.clone());
-            let requested = match requested_raw.as_deref() {
-                None | Some("") => Ok(None),
-                Some(r) => r.parse::<Ipv4Addr>().map(Some).map_err(|_| {
-                    problem(
-                        "RequestedIPInvalid",
-                        format!("{REQUESTED_IP_ANNOTATION} is {r:?}, which is not an IPv4 address"),
-                    )
-                }),
-            };
-            match requested {
-                Err(p) => Err((p, true)),
-                Ok(req) if !supported && book.vip_of(&owner).is_none() => {
-                    let _ = req;
-                    Err((
-                        problem(
-                            "NotAllocated",
-                            "no VIP is allocated while the Service asks for something Juneau does not support",
-                        ),
-                        true,
-                    ))
-                }
-                Ok(None)
-                    if book.vip_of(&owner).is_none() && {
-                        let ahead = world.waiters_ahead(svc, &pools);
-                        ahead > 0 && book.free_in(&pools) <= ahead as u64
-                    } =>
-                {
-                    // Freed addresses go to the Services that waited longest.
-                    queued_on = pools.iter().map(|p| p.name.clone()).collect();
-                    let ahead = world.waiters_ahead(svc, &pools);
-                    Err((
-                        problem(
-                            "AddressPoolExhausted",
-                            format!(
-                                "no free address for this Service in ExternalNetwork {net:?}: {} free, {ahead} older Service(s) wait for one first (addresses go out in creation order)",
-                                book.free_in(&pools)
-                            ),
-                        ),
-                        false,
-                    ))
-                }
-                Ok(req) => match book.allocate(&owner, &pools, req) {
-                    Ok(a) => {
-                        let pool = a.pool.clone().unwrap_or_default();
-                        vip = Some(a.ip);
-                        status.vip = Some(a.ip.to_string());
-                        status.address_pool = Some(pool.clone());
-                        Ok(format!(
-                            "{} from AddressPool {pool} of ExternalNetwork {net}",
-                            a.ip
-                        ))
-                    }
-                    Err(e) => {
-                        if matches!(e, IpamError::Exhausted { .. }) && req.is_none() {
-                            queued_on = pools.iter().map(|p| p.name.clone()).collect();
-                        }
-                        let (reason, fatal) = match &e {
-                            IpamError::RequestedOutsidePools { .. } => {
-                                ("RequestedIPOutsidePools", true)
-                            }
-                            IpamError::RequestedTaken { .. } => ("RequestedIPTaken", false),
-                            IpamError::Exhausted { .. } => ("AddressPoolExhausted", false),
-                            IpamError::MalformedAddresses { .. } => ("AddressPoolInvalid", true),
-                            IpamError::UnknownPool(_) => ("AddressPoolNotFound", true),
-                            IpamError::NoPools => ("ExternalNetworkHasNoPools", true),
-                        };
-                        let message = match &e {
-                            IpamError::RequestedTaken { ip, owner } => {
-                                format!("requested IP {ip} is already the VIP of Service {owner}")
-                            }
-                            IpamError::RequestedOutsidePools { ip, pools } => format!(
-                                "requested IP {ip} is not inside any AddressPool of ExternalNetwork {net:?} ({pools})"
-                            ),
-                            IpamError::Exhausted { pools } => format!(
-                                "no free address left for ExternalNetwork {net:?}: every address of AddressPools {pools} is allocated"
-                            ),
-                            other => other.to_string(),
-                        };
-                        Err((problem(reason, message), fatal))
-                    }
-                },
-            }
-        }
-    };
+    let VipDecision {
+        vip,
+        queued_on,
+        condition: vip_cond,
+    } = decide_vip(svc, world, book, &owner, supported, &mut status);
     let vip_ok = vip_cond.is_ok();
     let waiting_for_address = matches!(&vip_cond, Err((_, false)));
     let mut failed = !supported;
@@ -562,37 +636,7 @@ pub fn reconcile_service(
     ));
 
     // Events: only when a condition changes (reason or status), so a resync is silent.
-    for c in &conditions {
-        if c.type_ == condition::READY {
-            continue;
-        }
-        let before = prev_conds.iter().find(|p| p.type_ == c.type_);
-        let changed = before.is_none_or(|b| b.status != c.status || b.reason != c.reason);
-        if !changed {
-            continue;
-        }
-        if c.status == "False" {
-            if c.reason == "NotServed" || c.reason == "NotAllocated" {
-                continue;
-            }
-            notes.push(Note {
-                warning: c.type_ != condition::ADVERTISED,
-                reason: c.reason.clone(),
-                message: c.message.clone(),
-            });
-        } else if before.is_some() || c.type_ != condition::SUPPORTED {
-            let reason = match c.type_.as_str() {
-                condition::VIP_ALLOCATED => "VIPAllocated",
-                condition::ADVERTISED => "Advertised",
-                _ => "Supported",
-            };
-            notes.push(Note {
-                warning: false,
-                reason: reason.into(),
-                message: c.message.clone(),
-            });
-        }
-    }
+    notes.extend(condition_events(&prev_conds, &conditions));
 
     status.conditions = conditions;
     Outcome {
