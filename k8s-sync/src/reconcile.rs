@@ -307,6 +307,57 @@ fn cond(
     }
 }
 
+/// The address the Service asks for, and whether only the deprecated
+/// `spec.loadBalancerIP` asked: the annotation, or the field where the annotation is
+/// absent; both set to different addresses is a conflict, nothing is requested.
+fn requested_ip(svc: &Service) -> (Result<Option<Ipv4Addr>, Problem>, bool) {
+    let annotation = svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(REQUESTED_IP_ANNOTATION))
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty());
+    let field = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_ip.as_deref())
+        .map(str::trim)
+        .filter(|s| !s.is_empty());
+    let parse = |what: &str, r: &str| {
+        r.parse::<Ipv4Addr>().map(Some).map_err(|_| {
+            problem(
+                "RequestedIPInvalid",
+                format!("{what} is {r:?}, which is not an IPv4 address"),
+            )
+        })
+    };
+    match (annotation, field) {
+        (None, None) => (Ok(None), false),
+        (Some(a), None) => (parse(REQUESTED_IP_ANNOTATION, a), false),
+        (None, Some(f)) => (parse("spec.loadBalancerIP", f), true),
+        (Some(a), Some(f)) => {
+            let (pa, pf) = (
+                parse(REQUESTED_IP_ANNOTATION, a),
+                parse("spec.loadBalancerIP", f),
+            );
+            match (pa, pf) {
+                (Ok(x), Ok(y)) if x == y => (Ok(x), false),
+                (Err(p), _) | (_, Err(p)) => (Err(p), false),
+                _ => (
+                    Err(problem(
+                        "RequestedIPConflict",
+                        format!(
+                            "{REQUESTED_IP_ANNOTATION} asks for {a} and spec.loadBalancerIP for {f}: set one (the annotation; spec.loadBalancerIP is deprecated)"
+                        ),
+                    )),
+                    false,
+                ),
+            }
+        }
+    }
+}
+
 /// What [`decide_vip`] decided.
 struct VipDecision {
     /// The Service's VIP, if it holds one.
@@ -329,27 +380,13 @@ fn decide_vip(
     supported: bool,
     status: &mut ServiceLoadBalancerStatus,
 ) -> VipDecision {
-    let requested_raw = svc
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(REQUESTED_IP_ANNOTATION))
-        .map(|s| s.trim().to_string());
     let mut vip = None;
     let mut queued_on = Vec::new();
     let condition = match network_pools(svc, world) {
         Err(p) => Err((p, true)),
         Ok((net, pools)) => {
             status.external_network = Some(net.clone());
-            let requested = match requested_raw.as_deref() {
-                None | Some("") => Ok(None),
-                Some(r) => r.parse::<Ipv4Addr>().map(Some).map_err(|_| {
-                    problem(
-                        "RequestedIPInvalid",
-                        format!("{REQUESTED_IP_ANNOTATION} is {r:?}, which is not an IPv4 address"),
-                    )
-                }),
-            };
+            let (requested, by_spec) = requested_ip(svc);
             match requested {
                 Err(p) => Err((p, true)),
                 Ok(req) if !supported && book.vip_of(owner).is_none() => {
@@ -388,8 +425,14 @@ fn decide_vip(
                         vip = Some(a.ip);
                         status.vip = Some(a.ip.to_string());
                         status.address_pool = Some(pool.clone());
+                        let how = if by_spec {
+                            " (requested with spec.loadBalancerIP, deprecated since Kubernetes \
+                             1.24: use the annotation juneau.loutres.me/load-balancer-requested-ip)"
+                        } else {
+                            ""
+                        };
                         Ok(format!(
-                            "{} from AddressPool {pool} of ExternalNetwork {net}",
+                            "{} from AddressPool {pool} of ExternalNetwork {net}{how}",
                             a.ip
                         ))
                     }
@@ -922,6 +965,52 @@ mod tests {
         );
         let od = reconcile_service(&d, None, &[&sl], &w, &mut book, now());
         assert!(od.notes.iter().any(|n| n.reason == "RequestedIPInvalid"));
+    }
+
+    /// `spec.loadBalancerIP` (deprecated, still in many manifests) asks for the VIP like
+    /// the annotation; the condition says it is deprecated; both, disagreeing: refused.
+    #[test]
+    fn spec_load_balancer_ip_is_honoured_as_a_requested_ip() {
+        let (w, sl) = (world(), seed_slice());
+        let mut book = VipBook::default();
+        let mut a = svc("a", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
+        a.spec.as_mut().unwrap().load_balancer_ip = Some("203.0.113.77".into());
+        let oa = reconcile_service(&a, None, &[&sl], &w, &mut book, now());
+        assert_eq!(oa.status.vip.as_deref(), Some("203.0.113.77"), "{oa:?}");
+        let allocated = oa
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::VIP_ALLOCATED)
+            .unwrap();
+        assert!(
+            allocated.message.contains("spec.loadBalancerIP")
+                && allocated.message.contains("deprecated"),
+            "{allocated:?}"
+        );
+        // The annotation and the field agree: fine; disagree: refused, nothing allocated.
+        let mut b = svc(
+            "b",
+            &[
+                (EXTERNAL_NETWORK_ANNOTATION, "public"),
+                (REQUESTED_IP_ANNOTATION, "203.0.113.78"),
+            ],
+        );
+        b.spec.as_mut().unwrap().load_balancer_ip = Some("203.0.113.78".into());
+        let ob = reconcile_service(&b, None, &[&sl], &w, &mut book, now());
+        assert_eq!(ob.status.vip.as_deref(), Some("203.0.113.78"), "{ob:?}");
+        let mut c = svc(
+            "c",
+            &[
+                (EXTERNAL_NETWORK_ANNOTATION, "public"),
+                (REQUESTED_IP_ANNOTATION, "203.0.113.79"),
+            ],
+        );
+        c.spec.as_mut().unwrap().load_balancer_ip = Some("203.0.113.80".into());
+        let oc = reconcile_service(&c, None, &[&sl], &w, &mut book, now());
+        assert_eq!(oc.status.phase, Phase::Failed, "{oc:?}");
+        assert!(oc.status.vip.is_none() && book.vip_of("default/c").is_none());
+        assert!(oc.notes.iter().any(|n| n.reason == "RequestedIPConflict"));
     }
 
     #[test]
