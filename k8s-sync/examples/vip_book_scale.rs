@@ -24,6 +24,7 @@ fn main() {
             advertise_mode: AdvertiseMode::bgp(),
             addresses: vec!["10.64.0.0/16".into()],
             allow_network_and_broadcast: None,
+            auto_assign: None,
         },
     )
     .expect("pool")];

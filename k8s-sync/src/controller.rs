@@ -1464,6 +1464,7 @@ mod tests {
                 advertise_mode: crate::crd::AdvertiseMode::bgp(),
                 addresses: vec!["192.0.2.0/28".into()],
                 allow_network_and_broadcast: None,
+                auto_assign: None,
             },
         );
         p.metadata.uid = Some(uid.into());

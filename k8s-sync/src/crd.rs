@@ -149,6 +149,11 @@ pub struct AddressPoolSpec {
     /// address). Off by default, as routers and hosts often treat them specially.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_network_and_broadcast: Option<bool>,
+    /// Hand this pool's addresses to Services that ask for none (the default, `true`).
+    /// `false`: only to a Service that asks for one of them (the requested-ip annotation
+    /// or `spec.loadBalancerIP`) — a pool kept for addresses given out by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_assign: Option<bool>,
 }
 
 /// What the controller reports on an AddressPool. Written only by the leading controller.

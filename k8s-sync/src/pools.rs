@@ -112,6 +112,7 @@ mod tests {
             advertise_mode: AdvertiseMode::bgp(),
             addresses: a.iter().map(|s| s.to_string()).collect(),
             allow_network_and_broadcast: None,
+            auto_assign: None,
         }
     }
 

@@ -387,6 +387,26 @@ fn decide_vip(
         Ok((net, pools)) => {
             status.external_network = Some(net.clone());
             let (requested, by_spec) = requested_ip(svc);
+            // A Service that asks for no address and holds none gets one from the pools
+            // that hand out addresses on their own (autoAssign, default true); one that
+            // holds a VIP keeps it.
+            let mut pools = pools;
+            if matches!(requested, Ok(None)) && book.vip_of(owner).is_none() {
+                pools.retain(|p| {
+                    world
+                        .pools
+                        .get(&p.name)
+                        .is_none_or(|s| s.auto_assign != Some(false))
+                });
+            }
+            let requested = if pools.is_empty() {
+                Err(problem(
+                    "NoAutoAssignPool",
+                    format!("every AddressPool of ExternalNetwork {net:?} has autoAssign: false: ask for one of their addresses (annotation {REQUESTED_IP_ANNOTATION})"),
+                ))
+            } else {
+                requested
+            };
             match requested {
                 Err(p) => Err((p, true)),
                 Ok(req) if !supported && book.vip_of(owner).is_none() => {
@@ -715,6 +735,7 @@ mod tests {
                     advertise_mode: AdvertiseMode::bgp(),
                     addresses: vec!["203.0.113.0/24".into()],
                     allow_network_and_broadcast: None,
+                    auto_assign: None,
                 },
             )]
             .into(),
@@ -965,6 +986,53 @@ mod tests {
         );
         let od = reconcile_service(&d, None, &[&sl], &w, &mut book, now());
         assert!(od.notes.iter().any(|n| n.reason == "RequestedIPInvalid"));
+    }
+
+    /// A pool with autoAssign: false gives addresses only to Services that ask for one.
+    #[test]
+    fn an_auto_assign_false_pool_serves_only_requests() {
+        let (mut w, sl) = (world(), seed_slice());
+        w.pools.insert(
+            "manual".into(),
+            AddressPoolSpec {
+                advertise_mode: AdvertiseMode::bgp(),
+                addresses: vec!["198.51.100.0/30".into()],
+                allow_network_and_broadcast: None,
+                auto_assign: Some(false),
+            },
+        );
+        w.networks.get_mut("public").unwrap().address_pools =
+            vec!["manual".into(), "public-v4".into()];
+        let mut book = VipBook::default();
+        let a = svc("a", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
+        let oa = reconcile_service(&a, None, &[&sl], &w, &mut book, now());
+        assert_eq!(
+            oa.status.address_pool.as_deref(),
+            Some("public-v4"),
+            "{oa:?}"
+        );
+        let b = svc(
+            "b",
+            &[
+                (EXTERNAL_NETWORK_ANNOTATION, "public"),
+                (REQUESTED_IP_ANNOTATION, "198.51.100.2"),
+            ],
+        );
+        let ob = reconcile_service(&b, None, &[&sl], &w, &mut book, now());
+        assert_eq!(ob.status.vip.as_deref(), Some("198.51.100.2"), "{ob:?}");
+        // Only manual pools: a Service asking for nothing fails with the reason.
+        w.networks.get_mut("public").unwrap().address_pools = vec!["manual".into()];
+        let c = svc("c", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
+        let oc = reconcile_service(&c, None, &[&sl], &w, &mut book, now());
+        assert_eq!(oc.status.phase, Phase::Failed, "{oc:?}");
+        assert!(
+            oc.notes.iter().any(|n| n.reason == "NoAutoAssignPool"),
+            "{oc:?}"
+        );
+        // b keeps its VIP once it stops asking (a VIP is not taken away).
+        let b2 = svc("b", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
+        let ob2 = reconcile_service(&b2, Some(&ob.status), &[&sl], &w, &mut book, now());
+        assert_eq!(ob2.status.vip.as_deref(), Some("198.51.100.2"), "{ob2:?}");
     }
 
     /// `spec.loadBalancerIP` (deprecated, still in many manifests) asks for the VIP like

@@ -387,6 +387,7 @@ mod tests {
                     advertise_mode: AdvertiseMode::bgp(),
                     addresses: vec![a.into()],
                     allow_network_and_broadcast: None,
+                    auto_assign: None,
                 },
             )
         };

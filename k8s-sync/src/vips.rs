@@ -197,6 +197,7 @@ mod tests {
                 advertise_mode: AdvertiseMode::bgp(),
                 addresses: a.iter().map(|s| s.to_string()).collect(),
                 allow_network_and_broadcast: None,
+                auto_assign: None,
             },
         )
         .unwrap()
@@ -366,6 +367,7 @@ mod tests {
             advertise_mode: AdvertiseMode::bgp(),
             addresses: vec!["203.0.113.0/99".into()],
             allow_network_and_broadcast: None,
+            auto_assign: None,
         };
         let e = parse_pool("bad", &spec).unwrap_err().to_string();
         assert!(e.contains("bad") && e.contains("203.0.113.0/99"), "{e}");
