@@ -83,6 +83,10 @@ pub struct PoolRow {
     /// Why the addresses do not parse, if they do not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invalid: Option<String>,
+    /// Hands out addresses to Services that ask for none (`autoAssign`).
+    pub auto_assign: bool,
+    /// The Services holding one of its addresses (`namespace/name`), sorted.
+    pub services: Vec<String>,
 }
 
 /// `kubectl juneau pools`: usage computed from the pools and the VIPs the
@@ -93,6 +97,7 @@ pub fn pool_rows(pool_objs: &[AddressPool], slbs: &[ServiceLoadBalancer]) -> Vec
         .map(|p| (p.metadata.name.clone().unwrap_or_default(), p.spec.clone()))
         .collect();
     let mut book = VipBook::default();
+    let mut served: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for s in slbs {
         let vip = s.status.as_ref().and_then(|st| st.vip.as_deref());
         if let Some(v) = vip.and_then(|v| v.parse().ok()) {
@@ -102,22 +107,38 @@ pub fn pool_rows(pool_objs: &[AddressPool], slbs: &[ServiceLoadBalancer]) -> Vec
                 s.metadata.name.as_deref().unwrap_or_default()
             );
             book.restore(v, &key);
+            if let Some(pool) = s.status.as_ref().and_then(|st| st.address_pool.clone()) {
+                served.entry(pool).or_default().push(key);
+            }
         }
     }
+    let auto_assign: BTreeMap<&str, bool> = pool_objs
+        .iter()
+        .map(|p| {
+            (
+                p.metadata.name.as_deref().unwrap_or_default(),
+                p.spec.auto_assign != Some(false),
+            )
+        })
+        .collect();
     pools::report(&specs, &book)
         .into_iter()
         .map(|(pool, r)| {
+            let mut services = served.remove(&pool).unwrap_or_default();
+            services.sort();
             let mut overlaps_with: Vec<String> =
                 r.overlaps.iter().map(|(p, _)| p.clone()).collect();
             overlaps_with.dedup();
             PoolRow {
-                pool,
                 total: r.total,
                 allocated: r.allocated,
                 free: r.total.saturating_sub(r.allocated),
                 used_percent: (r.allocated * 100).checked_div(r.total).unwrap_or(0),
                 overlaps_with,
                 invalid: r.invalid,
+                auto_assign: auto_assign.get(pool.as_str()).copied().unwrap_or(true),
+                services,
+                pool,
             }
         })
         .collect()
@@ -410,6 +431,9 @@ mod tests {
             (2, 1, 1, 50)
         );
         assert_eq!(rows[0].overlaps_with, vec!["q".to_string()]);
+        // Which Services a pool serves: those holding one of its addresses.
+        assert_eq!(rows[0].services, vec!["default/b".to_string()]);
+        assert!(rows[1].services.is_empty() && rows[0].auto_assign);
         let st = status_rows(&slbs);
         assert_eq!(st[0].service, "a");
         assert_eq!(st[1].advertising_nodes, vec!["n1".to_string()]);

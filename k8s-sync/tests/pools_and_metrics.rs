@@ -310,6 +310,15 @@ fn plugin_reports(env: &Env) -> Result<()> {
         "{pools}"
     );
     assert_eq!(tiny["usedPercent"], 100);
+    // Which Services hold its two addresses, and that it hands them out on its own.
+    assert_eq!(
+        (
+            tiny["services"].as_array().map(Vec::len),
+            &tiny["autoAssign"]
+        ),
+        (Some(2), &serde_json::json!(true)),
+        "{pools}"
+    );
     let small = pools
         .as_array()
         .unwrap()

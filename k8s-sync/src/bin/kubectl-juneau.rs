@@ -161,7 +161,9 @@ async fn pools(c: kube::Client, output: Output) -> anyhow::Result<Option<String>
                 "ALLOCATED",
                 "FREE",
                 "USED",
+                "AUTO-ASSIGN",
                 "OVERLAPS WITH",
+                "SERVICES",
             ],
             &rows
                 .iter()
@@ -172,10 +174,16 @@ async fn pools(c: kube::Client, output: Output) -> anyhow::Result<Option<String>
                         r.allocated.to_string(),
                         r.free.to_string(),
                         format!("{}%", r.used_percent),
+                        if r.auto_assign { "yes" } else { "no" }.into(),
                         match &r.invalid {
                             Some(e) => format!("invalid: {e}"),
                             None if r.overlaps_with.is_empty() => "-".into(),
                             None => r.overlaps_with.join(","),
+                        },
+                        if r.services.is_empty() {
+                            "-".into()
+                        } else {
+                            r.services.join(",")
                         },
                     ]
                 })
