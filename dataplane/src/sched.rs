@@ -108,7 +108,20 @@ mod tests {
                 assert_eq!(field(41), "1", "policy in {stat}");
                 assert_eq!(field(40), "5", "rt_priority in {stat}");
             }
-            Err(e) => assert!(e.to_string().contains("CAP_SYS_NICE"), "{e}"),
+            Err(e) => {
+                // A refusal must be the kernel's: where `chrt` (util-linux) can start a
+                // SCHED_FIFO process from here, the worker had to get it too.
+                assert!(matches!(e, SchedError::Refused { .. }), "{e}");
+                let chrt = std::process::Command::new("chrt")
+                    .args(["--fifo", "5", "true"])
+                    .status()
+                    .is_ok_and(|s| s.success());
+                assert!(
+                    !chrt,
+                    "chrt runs SCHED_FIFO here, yet the worker was refused: {e}"
+                );
+                assert!(e.to_string().contains("CAP_SYS_NICE"), "{e}");
+            }
         })
         .join()
         .unwrap();
