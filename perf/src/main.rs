@@ -645,8 +645,8 @@ fn finish_report(
     }
     let r = &report.ratios;
     eprintln!(
-        "ratios: juneau/nft-dnat {:?}, juneau/xdp-dnat {:?}, juneau/afxdp-l2fwd {:?}, flow scale {:?}",
-        r.juneau_vs_nft_dnat, r.juneau_vs_xdp_dnat, r.juneau_vs_afxdp_l2fwd, r.juneau_flow_scale_largest_vs_smallest
+        "ratios: juneau/nft-dnat {:?}, juneau-xdp-fast/xdp-dnat {:?}, juneau/afxdp-l2fwd {:?}, flow scale {:?}",
+        r.juneau_vs_nft_dnat, r.juneau_xdp_fast_vs_xdp_dnat, r.juneau_vs_afxdp_l2fwd, r.juneau_flow_scale_largest_vs_smallest
     );
     let failed: Vec<_> = report
         .errors

@@ -317,8 +317,11 @@ pub struct Cost {
 pub struct Ratios {
     /// juneau (the default, userspace path) / nft-dnat (target >= 1.0).
     pub juneau_vs_nft_dnat: Option<f64>,
-    /// juneau-xdp-fast (the opt-in XDP fast path) / xdp-dnat (target >= 1.0).
-    pub juneau_vs_xdp_dnat: Option<f64>,
+    /// juneau-xdp-fast (the opt-in XDP fast path) / xdp-dnat (target >= 1.0). Reports
+    /// written before the fast path became opt-in call it `juneau_vs_xdp_dnat` (their
+    /// `juneau` row was the fast path).
+    #[serde(alias = "juneau_vs_xdp_dnat")]
+    pub juneau_xdp_fast_vs_xdp_dnat: Option<f64>,
     /// juneau / afxdp-l2fwd (target >= 1.0).
     pub juneau_vs_afxdp_l2fwd: Option<f64>,
     /// juneau at the largest flow count / at the smallest (target >= 0.9 for 1M vs 1k).
@@ -327,8 +330,8 @@ pub struct Ratios {
     #[serde(default)]
     pub cpu_juneau_vs_nft_dnat: Option<f64>,
     /// Packets per CPU-second, juneau-xdp-fast / xdp-dnat (target >= 1.0).
-    #[serde(default)]
-    pub cpu_juneau_vs_xdp_dnat: Option<f64>,
+    #[serde(default, alias = "cpu_juneau_vs_xdp_dnat")]
+    pub cpu_juneau_xdp_fast_vs_xdp_dnat: Option<f64>,
     /// Packets per CPU-second, juneau / afxdp-l2fwd (target >= 1.0).
     #[serde(default)]
     pub cpu_juneau_vs_afxdp_l2fwd: Option<f64>,
@@ -461,8 +464,8 @@ impl Report {
             find("xdp-dnat"),
             "juneau-xdp-fast / xdp-dnat",
         );
-        self.ratios.juneau_vs_xdp_dnat = a;
-        self.ratios.cpu_juneau_vs_xdp_dnat = b;
+        self.ratios.juneau_xdp_fast_vs_xdp_dnat = a;
+        self.ratios.cpu_juneau_xdp_fast_vs_xdp_dnat = b;
         let (a, b) = pair(j, find("afxdp-l2fwd"), "juneau / afxdp-l2fwd");
         self.ratios.juneau_vs_afxdp_l2fwd = a;
         self.ratios.cpu_juneau_vs_afxdp_l2fwd = b;
@@ -668,8 +671,8 @@ impl Report {
             ),
             (
                 "juneau-xdp-fast / xdp-dnat",
-                self.ratios.juneau_vs_xdp_dnat,
-                self.ratios.cpu_juneau_vs_xdp_dnat,
+                self.ratios.juneau_xdp_fast_vs_xdp_dnat,
+                self.ratios.cpu_juneau_xdp_fast_vs_xdp_dnat,
                 ">= 1.0",
             ),
             (
@@ -1002,7 +1005,7 @@ mod tests {
         r.compute_ratios();
         assert_eq!(r.ratios.juneau_vs_nft_dnat, Some(2.0));
         assert_eq!(r.ratios.cpu_juneau_vs_nft_dnat, Some(4.0));
-        assert!(r.ratios.juneau_vs_xdp_dnat.is_none());
+        assert!(r.ratios.juneau_xdp_fast_vs_xdp_dnat.is_none());
         assert_eq!(r.ratios.juneau_flow_scale_largest_vs_smallest, Some(0.9));
         let s = &r.scenarios[1];
         assert_eq!((s.min_pps, s.median_pps, s.max_pps), (300.0, 400.0, 500.0));

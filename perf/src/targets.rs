@@ -97,7 +97,7 @@ pub fn check(r: &Report) -> Vec<Target> {
     ));
     t.push(at_least(
         "juneau-xdp-fast (opt-in) / xdp-dnat, packets per CPU-second >= 1.0",
-        q.cpu_juneau_vs_xdp_dnat,
+        q.cpu_juneau_xdp_fast_vs_xdp_dnat,
         1.0,
         has("juneau-xdp-fast") && has("xdp-dnat"),
     ));
@@ -293,13 +293,13 @@ mod tests {
             ],
             ..Report::default()
         };
-        r.ratios.cpu_juneau_vs_xdp_dnat = Some(0.99);
+        r.ratios.cpu_juneau_xdp_fast_vs_xdp_dnat = Some(0.99);
         assert_eq!(verdict(&r, "juneau (default"), Verdict::Refused);
         assert_eq!(verdict(&r, "juneau-xdp-fast (opt-in)"), Verdict::Missed);
         assert_eq!(verdict(&r, "every throughput row"), Verdict::Missed);
         r.ratios.cpu_juneau_vs_nft_dnat = Some(1.0);
         assert_eq!(verdict(&r, "juneau (default"), Verdict::Met);
-        r.ratios.cpu_juneau_vs_xdp_dnat = None;
+        r.ratios.cpu_juneau_xdp_fast_vs_xdp_dnat = None;
         assert_eq!(verdict(&r, "juneau-xdp-fast (opt-in)"), Verdict::Refused);
         r.scenarios.retain(|s| s.name != "juneau-xdp-fast");
         assert_eq!(

@@ -168,7 +168,7 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
     // A ratio is computed only between saturated rows; otherwise the report says why.
     for (r, other) in [
         ("juneau_vs_nft_dnat", "nft-dnat"),
-        ("juneau_vs_xdp_dnat", "xdp-dnat"),
+        ("juneau_xdp_fast_vs_xdp_dnat", "xdp-dnat"),
         ("juneau_vs_afxdp_l2fwd", "afxdp-l2fwd"),
     ] {
         let refused = report["ratios"]["refused"]
