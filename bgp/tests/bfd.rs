@@ -461,6 +461,14 @@ fn auth_peer(kind: juneau_control::model::BfdAuthType) -> juneau_control::model:
 
 /// BIRD with authenticated BFD (`authentication [meticulous] keyed sha1`) with `key`.
 fn bird_auth_config(meticulous: bool, key: &str) -> String {
+    bird_auth_config_with(meticulous, key, |n| n)
+}
+
+fn bird_auth_config_with(
+    meticulous: bool,
+    key: &str,
+    neighbor: impl FnOnce(BgpNeighbor) -> BgpNeighbor,
+) -> String {
     let mode = if meticulous {
         "meticulous keyed sha1"
     } else {
@@ -471,10 +479,9 @@ fn bird_auth_config(meticulous: bool, key: &str) -> String {
             "protocol bfd {{ interface \"d0\" {{ min rx interval 300 ms; min tx interval 300 ms; multiplier 3; \
              authentication {mode}; password \"{key}\" {{ id {BFD_KEY_ID}; }}; }}; }}"
         ))
-        .bgp(
-            &BgpNeighbor::new("node0", router_addr(0), ROUTER_ASN, node_addr(0), NODE_ASN)
-                .bfd(),
-        )
+        .bgp(&neighbor(
+            BgpNeighbor::new("node0", router_addr(0), ROUTER_ASN, node_addr(0), NODE_ASN).bfd(),
+        ))
         .render()
 }
 
@@ -602,5 +609,69 @@ fn bfd_with_a_wrong_key_stays_down_with_bird() -> Result<()> {
         "BIRD says why:\n{}",
         router.logs()
     );
+    Ok(())
+}
+
+/// juneau-bfd replaced (SIGTERM, back 2 s later) on a meticulous keyed SHA1 session with
+/// BIRD: the held session's next sequence number is in the status file, the new process
+/// continues from it, and BIRD (which refuses a number that does not grow) never sees the
+/// session go down.
+#[test]
+fn a_held_meticulous_session_survives_a_juneau_bfd_restart_with_bird() -> Result<()> {
+    let topo = Topo::new("bfdar", 1)?;
+    let router = Router::start_bird_with_config(
+        &topo,
+        &bird_auth_config_with(true, BFD_KEY, |n| n.debug_states()),
+    )?;
+    let bfd_file = topo.dir.path().join("node0.bfd.json");
+    let s = Speaker::start_with_args(
+        &topo,
+        0,
+        vec![auth_peer(
+            juneau_control::model::BfdAuthType::MeticulousKeyedSha1,
+        )],
+        &["--bfd-status-file", bfd_file.to_str().unwrap()],
+    )?;
+    let mut bfdd = s.start_bfd(&topo.nodes[0])?;
+    s.wait_established("router", UP)?;
+    wait_bfd_up(&s, || bird_bfd_up(&router)).map_err(|e| e.context(bfdd.logs()))?;
+    std::thread::sleep(Duration::from_secs(2));
+    bfdd.terminate()?;
+    let held: serde_json::Value = serde_json::from_slice(&std::fs::read(&bfd_file)?)?;
+    assert!(
+        held["sessions"]["router"]["next_auth_seq"].is_u64(),
+        "{held}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(bird_bfd_up(&router)?, "BIRD held the session");
+    let bfdd = s.start_bfd(&topo.nodes[0])?;
+    wait_for("the session resumed", UP, || {
+        Ok(bfdd
+            .logs()
+            .contains("resumed after a restart")
+            .then_some(()))
+    })?;
+    // Long enough for BIRD to time out a session whose packets it discards (3 x 300 ms
+    // once the fast rate is back, 3 x 20 s before: wait for the fast rate).
+    wait_for("BIRD back at the fast rate", UP, || {
+        let out = router.bird_cli(&["show", "bfd", "sessions"])?;
+        Ok(out.contains("0.300").then_some(()))
+    })
+    .map_err(|e| e.context(router.logs()))?;
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(bird_bfd_up(&router)?, "{}", router.logs());
+    let log = router.full_log();
+    assert!(
+        !log.contains("BFD session down"),
+        "BIRD saw BFD go down:\n{log}"
+    );
+    assert!(
+        !log.to_lowercase().contains("auth"),
+        "BIRD refused a packet:\n{log}"
+    );
+    let st = s.status()?;
+    assert_eq!(st["peers"]["router"]["bfd"]["state"], "Up", "{st}");
+    assert_eq!(st["peers"]["router"]["bfd"]["auth_failures"], 0, "{st}");
+    drop(bfdd);
     Ok(())
 }
