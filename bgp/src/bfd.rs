@@ -1,22 +1,30 @@
 //! Bidirectional Forwarding Detection (RFC 5880), asynchronous mode, sans-IO.
 //!
-//! A [`Session`] is driven by its owner with the current time: [`Session::handle_packet`]
-//! for each received control packet, [`Session::handle_timeout`] when
-//! [`Session::poll_timeout`] has passed, and [`Session::poll_transmit`] /
+//! A [`Session`] is driven by its owner with the current time: [`Session::receive`] for
+//! each received datagram (authentication, then [`Session::handle_packet`]),
+//! [`Session::handle_timeout`] when [`Session::poll_timeout`] has passed, and
+//! [`Session::poll_transmit`] (turned into bytes by [`Session::wire_bytes`]) /
 //! [`Session::poll_event`] to collect what to send and what changed. It never reads a
 //! clock or touches a socket, so tests run it in virtual time (see `bfd/tests.rs`); the
 //! UDP glue (RFC 5881 single hop, RFC 5883 multihop) is [`crate::bfd_io`].
 //!
 //! Supported: asynchronous mode, the Poll/Final sequence for timer changes, the 1 s slow
-//! rate while not Up (RFC 5880 6.8.3), jitter (6.8.7). Not supported (and never asked
-//! for by our packets): demand mode, the echo function, authentication (packets with the
-//! A bit are discarded and counted).
+//! rate while not Up (RFC 5880 6.8.3), jitter (6.8.7), Keyed SHA1 and Meticulous Keyed
+//! SHA1 authentication (6.7.3, 6.7.4; [`Auth`], [`Session::set_auth`]). Not supported
+//! (and never asked for by our packets): demand mode, the echo function, the other
+//! authentication types (simple password, keyed MD5): a session without authentication
+//! discards packets with the A bit, one with authentication discards those without it
+//! or of another type, both counting them in [`Session::auth_failures`].
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use sha1::{Digest, Sha1};
+use subtle::ConstantTimeEq;
+
+use juneau_control::secret::Secret;
 
 /// BFD protocol version.
 pub const VERSION: u8 = 1;
@@ -28,6 +36,107 @@ pub const PORT_SINGLE_HOP: u16 = 3784;
 pub const PORT_MULTI_HOP: u16 = 4784;
 /// Rate while the session is not Up (RFC 5880 6.8.3: at least one second).
 pub const SLOW_TX: Duration = Duration::from_secs(1);
+/// Auth Len of a (Meticulous) Keyed SHA1 section (RFC 5880 4.4).
+pub const SHA1_AUTH_LEN: usize = 28;
+/// Length of a control packet with a (Meticulous) Keyed SHA1 section.
+pub const SHA1_PACKET_LEN: usize = PACKET_LEN + SHA1_AUTH_LEN;
+/// Longest Keyed SHA1 key (RFC 5880 4.4: the key is padded with zeros to 20 bytes).
+pub const SHA1_KEY_MAX: usize = 20;
+
+/// The authentication types we speak (RFC 5880 4.1, 6.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+pub enum AuthType {
+    /// Keyed SHA1 (type 4): the sequence number may stay or grow, within a window.
+    KeyedSha1,
+    /// Meticulous Keyed SHA1 (type 5): the sequence number grows with every packet.
+    MeticulousKeyedSha1,
+}
+
+impl AuthType {
+    /// The Auth Type field.
+    pub fn code(self) -> u8 {
+        match self {
+            AuthType::KeyedSha1 => 4,
+            AuthType::MeticulousKeyedSha1 => 5,
+        }
+    }
+    /// From the Auth Type field, if we speak it.
+    pub fn from_code(c: u8) -> Option<Self> {
+        match c {
+            4 => Some(AuthType::KeyedSha1),
+            5 => Some(AuthType::MeticulousKeyedSha1),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for AuthType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AuthType::KeyedSha1 => "keyed SHA1",
+            AuthType::MeticulousKeyedSha1 => "meticulous keyed SHA1",
+        })
+    }
+}
+
+/// Why an authentication setting cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthConfigError {
+    /// The key is empty.
+    #[error("the BFD authentication key is empty")]
+    EmptyKey,
+    /// The key is longer than SHA1's 20 bytes.
+    #[error("the BFD authentication key is {0} bytes; keyed SHA1 takes at most 20")]
+    KeyTooLong(usize),
+}
+
+/// A session's authentication: type, Key ID and key (RFC 5880 6.7). `Debug` shows the
+/// key as `<redacted>` ([`Secret`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Auth {
+    /// Keyed or meticulous keyed SHA1.
+    pub kind: AuthType,
+    /// The Auth Key ID we send and require.
+    pub key_id: u8,
+    key: Secret,
+}
+
+impl Auth {
+    /// Checks the key: 1 to 20 bytes.
+    pub fn new(kind: AuthType, key_id: u8, key: Secret) -> Result<Self, AuthConfigError> {
+        match key.len() {
+            0 => Err(AuthConfigError::EmptyKey),
+            n if n > SHA1_KEY_MAX => Err(AuthConfigError::KeyTooLong(n)),
+            _ => Ok(Auth { kind, key_id, key }),
+        }
+    }
+
+    /// The 20 key bytes, zero-padded (RFC 5880 6.7.3).
+    fn padded_key(&self) -> [u8; SHA1_KEY_MAX] {
+        let mut k = [0u8; SHA1_KEY_MAX];
+        let b = self.key.expose().as_bytes();
+        k[..b.len()].copy_from_slice(b);
+        k
+    }
+
+    /// SHA1 over the packet with the padded key in the digest field.
+    fn digest(&self, packet: &[u8; SHA1_PACKET_LEN]) -> [u8; SHA1_KEY_MAX] {
+        let mut b = *packet;
+        b[32..52].copy_from_slice(&self.padded_key());
+        Sha1::digest(b).into()
+    }
+}
+
+/// The authentication section of a received packet (RFC 5880 4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthSection {
+    /// Auth Type.
+    pub auth_type: u8,
+    /// Auth Key ID (0 for types without one).
+    pub key_id: u8,
+    /// Sequence Number (types 2-5).
+    pub seq: u32,
+}
 
 /// Session state (RFC 5880 4.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
@@ -186,9 +295,49 @@ pub enum PacketError {
         /// Bytes received.
         datagram: usize,
     },
-    /// Authentication present: not supported.
+    /// Authentication present, but not configured for the session.
     #[error("authenticated packet (authentication is not configured)")]
     Authenticated,
+    /// Authentication configured, but the packet has none.
+    #[error("unauthenticated packet (the session requires {0})")]
+    AuthMissing(AuthType),
+    /// The authentication section does not fit the Length, or has the wrong Auth Len.
+    #[error("authentication section of type {auth_type} with Auth Len {auth_len} in a {len}-byte packet")]
+    AuthLength {
+        /// Auth Type.
+        auth_type: u8,
+        /// Auth Len.
+        auth_len: u8,
+        /// The Length field.
+        len: u8,
+    },
+    /// Another authentication type than the session's.
+    #[error("auth type {got} (the session requires {want})")]
+    AuthType {
+        /// In the packet.
+        got: u8,
+        /// The session's.
+        want: AuthType,
+    },
+    /// Another Key ID than the session's.
+    #[error("auth key id {got} (the session's is {want})")]
+    AuthKeyId {
+        /// In the packet.
+        got: u8,
+        /// The session's.
+        want: u8,
+    },
+    /// The sequence number is outside the window (RFC 5880 6.7.3, 6.7.4): a replay.
+    #[error("auth sequence number {got} outside the window after {last}")]
+    AuthSequence {
+        /// In the packet.
+        got: u32,
+        /// The last one accepted.
+        last: u32,
+    },
+    /// The digest is not the packet's with our key.
+    #[error("wrong auth digest")]
+    AuthDigest,
     /// Detect Mult is zero.
     #[error("detect multiplier is zero")]
     ZeroDetectMult,
@@ -240,9 +389,35 @@ impl Packet {
         b
     }
 
+    /// The packet with a (Meticulous) Keyed SHA1 section: A bit set, Length 52, sequence
+    /// number `seq`, digest computed with `auth`'s key (RFC 5880 6.7.3).
+    pub fn encode_sha1(&self, auth: &Auth, seq: u32) -> [u8; SHA1_PACKET_LEN] {
+        let mut b = [0u8; SHA1_PACKET_LEN];
+        b[..PACKET_LEN].copy_from_slice(&self.encode());
+        b[1] |= 0x04;
+        b[3] = SHA1_PACKET_LEN as u8;
+        b[24] = auth.kind.code();
+        b[25] = SHA1_AUTH_LEN as u8;
+        b[26] = auth.key_id;
+        b[28..32].copy_from_slice(&seq.to_be_bytes());
+        let d = auth.digest(&b);
+        b[32..52].copy_from_slice(&d);
+        b
+    }
+
     /// Parses and checks a datagram's payload (the session-independent checks of RFC 5880
-    /// 6.8.6).
+    /// 6.8.6); an authenticated packet is an error ([`PacketError::Authenticated`]).
     pub fn decode(b: &[u8]) -> Result<Packet, PacketError> {
+        match Packet::decode_any(b)? {
+            (p, None) => Ok(p),
+            (_, Some(_)) => Err(PacketError::Authenticated),
+        }
+    }
+
+    /// [`decode`](Self::decode), also for a packet with the A bit: its authentication
+    /// section (checked to fit the Length; a SHA1 section must have Auth Len 28 and make
+    /// the Length 52), not yet verified: that is [`Session::receive`]'s.
+    pub fn decode_any(b: &[u8]) -> Result<(Packet, Option<AuthSection>), PacketError> {
         if b.len() < PACKET_LEN {
             return Err(PacketError::TooShort(b.len()));
         }
@@ -257,9 +432,37 @@ impl Packet {
                 datagram: b.len(),
             });
         }
-        if b[1] & 0x04 != 0 {
-            return Err(PacketError::Authenticated);
-        }
+        let auth = if b[1] & 0x04 != 0 {
+            let bad = |auth_len: u8| PacketError::AuthLength {
+                auth_type: b.get(PACKET_LEN).copied().unwrap_or(0),
+                auth_len,
+                len,
+            };
+            if usize::from(len) < PACKET_LEN + 2 {
+                return Err(bad(0));
+            }
+            let (auth_type, auth_len) = (b[24], b[25]);
+            if usize::from(auth_len) < 2 || PACKET_LEN + usize::from(auth_len) != usize::from(len) {
+                return Err(bad(auth_len));
+            }
+            let sha1 = AuthType::from_code(auth_type).is_some();
+            if sha1 && usize::from(auth_len) != SHA1_AUTH_LEN {
+                return Err(bad(auth_len));
+            }
+            let key_id = if usize::from(auth_len) >= 3 { b[26] } else { 0 };
+            let seq = if usize::from(auth_len) >= 8 {
+                u32::from_be_bytes([b[28], b[29], b[30], b[31]])
+            } else {
+                0
+            };
+            Some(AuthSection {
+                auth_type,
+                key_id,
+                seq,
+            })
+        } else {
+            None
+        };
         if b[2] == 0 {
             return Err(PacketError::ZeroDetectMult);
         }
@@ -287,7 +490,7 @@ impl Packet {
         if p.your_disc == 0 && matches!(p.state, BfdState::Init | BfdState::Up) {
             return Err(PacketError::ZeroYourDiscriminator(p.state));
         }
-        Ok(p)
+        Ok((p, auth))
     }
 }
 
@@ -354,8 +557,17 @@ pub struct Session {
     detect_at: Option<Instant>,
     events: VecDeque<SessionEvent>,
     rng: u64,
-    /// Packets discarded by the session checks.
+    /// Packets discarded by the session checks (authentication failures included).
     pub discarded: u64,
+    /// Packets discarded by authentication (RFC 5880 6.7): A bit not as configured, other
+    /// type or key id, sequence number outside the window, wrong digest.
+    pub auth_failures: u64,
+    auth: Option<Auth>,
+    /// bfd.XmitAuthSeq: the sequence number of our next authenticated packet.
+    xmit_auth_seq: u32,
+    /// bfd.RcvAuthSeq, with until when it is known (bfd.AuthSeqKnown: reset when no
+    /// packet was accepted for twice the detection time, RFC 5880 6.8.1).
+    rcv_auth_seq: Option<(u32, Instant)>,
 }
 
 fn us(d: Duration) -> u32 {
@@ -389,7 +601,113 @@ impl Session {
             events: VecDeque::new(),
             rng: u64::from(local_disc) ^ 0x9e37_79b9_7f4a_7c15,
             discarded: 0,
+            auth_failures: 0,
+            auth: None,
+            xmit_auth_seq: 0,
+            rcv_auth_seq: None,
         }
+    }
+
+    /// Authenticates the session's packets (`None`: none). `initial_seq` is the first
+    /// sequence number we send: random for a new session (RFC 5880 6.8.1), the one after
+    /// the last sent for a resumed one ([`next_auth_seq`](Self::next_auth_seq)).
+    pub fn set_auth(&mut self, auth: Option<Auth>, initial_seq: u32) {
+        self.auth = auth;
+        self.xmit_auth_seq = initial_seq;
+        self.rcv_auth_seq = None;
+    }
+
+    /// The authentication type, if any.
+    pub fn auth_type(&self) -> Option<AuthType> {
+        self.auth.as_ref().map(|a| a.kind)
+    }
+
+    /// The sequence number of our next authenticated packet.
+    pub fn next_auth_seq(&self) -> u32 {
+        self.xmit_auth_seq
+    }
+
+    /// A packet from [`poll_transmit`](Self::poll_transmit) as it goes on the wire:
+    /// authenticated when the session is, the sequence number then advancing by one per
+    /// packet (required for meticulous keyed SHA1, allowed for keyed SHA1).
+    pub fn wire_bytes(&mut self, p: &Packet) -> Vec<u8> {
+        match &self.auth {
+            None => p.encode().to_vec(),
+            Some(a) => {
+                let b = p.encode_sha1(a, self.xmit_auth_seq);
+                self.xmit_auth_seq = self.xmit_auth_seq.wrapping_add(1);
+                b.to_vec()
+            }
+        }
+    }
+
+    /// Handles a received datagram for this session: decoding, authentication (RFC 5880
+    /// 6.7.3, 6.7.4; a failure is counted in [`auth_failures`](Self::auth_failures) and
+    /// leaves the session untouched), then [`handle_packet`](Self::handle_packet).
+    pub fn receive(&mut self, now: Instant, bytes: &[u8]) -> Result<(), PacketError> {
+        let (p, section) = Packet::decode_any(bytes)?;
+        if let Err(e) = self.authenticate(now, &p, section, bytes) {
+            self.discarded += 1;
+            self.auth_failures += 1;
+            return Err(e);
+        }
+        self.handle_packet(now, &p)
+    }
+
+    fn authenticate(
+        &mut self,
+        now: Instant,
+        p: &Packet,
+        section: Option<AuthSection>,
+        bytes: &[u8],
+    ) -> Result<(), PacketError> {
+        let (auth, section) = match (&self.auth, section) {
+            (None, None) => return Ok(()),
+            (None, Some(_)) => return Err(PacketError::Authenticated),
+            (Some(a), None) => return Err(PacketError::AuthMissing(a.kind)),
+            (Some(a), Some(s)) => (a, s),
+        };
+        if section.auth_type != auth.kind.code() {
+            return Err(PacketError::AuthType {
+                got: section.auth_type,
+                want: auth.kind,
+            });
+        }
+        if section.key_id != auth.key_id {
+            return Err(PacketError::AuthKeyId {
+                got: section.key_id,
+                want: auth.key_id,
+            });
+        }
+        // decode_any checked that a SHA1 section makes the packet 52 bytes.
+        let Some(packet) = bytes
+            .get(..SHA1_PACKET_LEN)
+            .and_then(|b| <[u8; SHA1_PACKET_LEN]>::try_from(b).ok())
+        else {
+            return Err(PacketError::TooShort(bytes.len()));
+        };
+        if let Some((last, until)) = self.rcv_auth_seq {
+            if now < until {
+                // Within 3 x Detect Mult after the last accepted (circular); meticulous:
+                // strictly after it.
+                let ahead = section.seq.wrapping_sub(last);
+                let min = u32::from(auth.kind == AuthType::MeticulousKeyedSha1);
+                if ahead < min || ahead > 3 * u32::from(p.detect_mult) {
+                    return Err(PacketError::AuthSequence {
+                        got: section.seq,
+                        last,
+                    });
+                }
+            }
+        }
+        let want = auth.digest(&packet);
+        if !bool::from(want[..].ct_eq(&packet[32..52])) {
+            return Err(PacketError::AuthDigest);
+        }
+        let remote_tx = Duration::from_micros(u64::from(p.desired_min_tx_us.max(1)));
+        let detect = self.cfg.required_min_rx.max(remote_tx) * u32::from(p.detect_mult);
+        self.rcv_auth_seq = Some((section.seq, now + 2 * detect));
+        Ok(())
     }
 
     /// Current state.

@@ -9,6 +9,9 @@
 //!   matched by Your Discriminator and the peer's address, or while it is 0 by the
 //!   peer's address only; an Up session further requires the peer's own discriminator
 //!   ([`Session::handle_packet`]). Threat model: `docs/security.md`.
+//! - A peer with `bfd_auth` (RFC 5880 6.7.3/6.7.4, keyed or meticulous keyed SHA1)
+//!   authenticates every packet both ways; packets that fail are discarded and counted
+//!   (`auth_failures` in the status, `juneau_bgp_bfd_auth_failures`).
 //!
 //! State changes are reported as [`BfdNotice`]s (the speaker tears the BGP session down
 //! when an Up session goes Down) and in the status hub.
@@ -25,7 +28,7 @@ use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 
-use crate::bfd::{self, BfdConfig, BfdState, Diag, Packet, Session, SessionEvent};
+use crate::bfd::{self, Auth, AuthType, BfdConfig, BfdState, Diag, Packet, Session, SessionEvent};
 use crate::status::{BfdStatus, StatusHub};
 
 /// One BFD session the speaker wants, keyed by the BGP peer's name.
@@ -41,22 +44,45 @@ pub struct BfdPeer {
     pub multihop: bool,
     /// Timers.
     pub cfg: BfdConfig,
+    /// Authentication (`None`: none).
+    pub auth: Option<Auth>,
 }
 
 /// The sessions a node state asks for: one per peer with `bfd` set, multihop when the
-/// peer is eBGP multihop (TTL > 1).
+/// peer is eBGP multihop (TTL > 1). A peer whose BFD authentication cannot be used (a key
+/// longer than 20 bytes: the agent refuses those before) gets no session rather than an
+/// unauthenticated one; that is logged.
 pub fn wanted(state: &juneau_control::model::NodeState) -> Vec<BfdPeer> {
     state
         .peers
         .iter()
         .filter_map(|p| {
             let b = p.bfd?;
+            let auth = match &p.bfd_auth {
+                None => None,
+                Some(a) => {
+                    let kind = match a.auth_type {
+                        juneau_control::model::BfdAuthType::KeyedSha1 => AuthType::KeyedSha1,
+                        juneau_control::model::BfdAuthType::MeticulousKeyedSha1 => {
+                            AuthType::MeticulousKeyedSha1
+                        }
+                    };
+                    match Auth::new(kind, a.key_id, a.key.clone()) {
+                        Ok(a) => Some(a),
+                        Err(e) => {
+                            tracing::error!(peer = %p.name, error = %e, "BFD authentication unusable: no BFD session");
+                            return None;
+                        }
+                    }
+                }
+            };
             Some(BfdPeer {
                 name: p.name.clone(),
                 peer: p.peer_address,
                 local: p.source_address,
                 multihop: p.ebgp_multihop.is_some_and(|t| t > 1),
                 cfg: b.into(),
+                auth,
             })
         })
         .collect()
@@ -124,8 +150,9 @@ impl BfdHandle {
     }
 }
 
-/// A session an earlier process held for its restart: resumed with these discriminators.
-pub type Resume = HashMap<String, (u32, u32)>;
+/// A session an earlier process held for its restart: resumed with these discriminators
+/// (local, remote) and, when authenticated, the next sequence number to send.
+pub type Resume = HashMap<String, (u32, u32, Option<u32>)>;
 
 /// Where session status goes: `(peer, Some(status))` on every change, `(peer, None)`
 /// when the session is removed.
@@ -165,6 +192,7 @@ pub fn spawn_resuming(
         multi: None,
         next_disc: initial_discriminator(),
         next_port: 49152,
+        holding: false,
     };
     tokio::spawn(tracing::Instrument::instrument(
         task.run(rx),
@@ -177,13 +205,20 @@ pub fn spawn_resuming(
 /// says it should be random, to make spoofing harder): SipHash with the standard
 /// library's randomly keyed `RandomState` (seeded from the OS) over pid and time.
 fn initial_discriminator() -> u32 {
+    random_u32() | 1
+}
+
+/// 32 unpredictable bits (a randomly keyed SipHash of pid and time): the first
+/// discriminator, and each authenticated session's first sequence number (RFC 5880 6.8.1:
+/// bfd.XmitAuthSeq starts random).
+fn random_u32() -> u32 {
     use std::hash::BuildHasher;
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(1);
     let h = std::collections::hash_map::RandomState::new().hash_one((std::process::id(), t));
-    (h as u32) | 1
+    h as u32
 }
 
 struct Entry {
@@ -194,6 +229,9 @@ struct Entry {
     sock: StdUdpSocket,
     down_events: u64,
     reported: Option<BfdStatus>,
+    /// When `reported` was reported (a change of counters only is reported at most once a
+    /// second: a flood of forged packets must not rewrite the status file per packet).
+    reported_at: Instant,
 }
 
 struct BfdTask {
@@ -206,6 +244,8 @@ struct BfdTask {
     multi: Option<UdpSocket>,
     next_disc: u32,
     next_port: u16,
+    /// A restart hold has started.
+    holding: bool,
 }
 
 /// A datagram: payload, source, TTL it arrived with.
@@ -273,6 +313,9 @@ impl BfdTask {
                         for e in self.sessions.values_mut() {
                             e.session.hold_for_restart(tx);
                         }
+                        // After this, the status carries the next authenticated sequence
+                        // number: the next process continues from there.
+                        self.holding = true;
                         holding = Some((Instant::now(), ack));
                     }
                     None => break,
@@ -341,18 +384,25 @@ impl BfdTask {
             let disc = self.next_disc;
             tracing::info!(peer = %w.name, address = %w.peer, multihop = w.multihop,
                 tx_ms = w.cfg.desired_min_tx.as_millis() as u64, rx_ms = w.cfg.required_min_rx.as_millis() as u64,
-                multiplier = w.cfg.detect_mult, discriminator = disc, "BFD session configured");
+                multiplier = w.cfg.detect_mult, discriminator = disc,
+                authentication = w.auth.as_ref().map(|a| a.kind.to_string()), key_id = w.auth.as_ref().map(|a| a.key_id),
+                "BFD session configured");
             let cfg = BfdConfig {
                 control_plane_independent: self.control_plane_independent,
                 ..w.cfg
             };
-            let session = match self.resume.remove(&w.name) {
-                Some((local, remote)) if local != 0 && remote != 0 => {
+            let mut seq = random_u32();
+            let mut session = match self.resume.remove(&w.name) {
+                Some((local, remote, next_seq)) if local != 0 && remote != 0 => {
                     tracing::info!(peer = %w.name, discriminator = local, "BFD session resumed after a restart");
+                    if let Some(n) = next_seq {
+                        seq = n;
+                    }
                     Session::resume(cfg, local, remote, Instant::now())
                 }
                 _ => Session::new(cfg, disc, Instant::now()),
             };
+            session.set_auth(w.auth.clone(), seq);
             let name = w.name.clone();
             (self.report)(&name, Some(BfdStatus::new(&session)));
             self.sessions.insert(
@@ -363,6 +413,7 @@ impl BfdTask {
                     sock,
                     down_events: 0,
                     reported: None,
+                    reported_at: Instant::now(),
                 },
             );
         }
@@ -412,8 +463,8 @@ impl BfdTask {
             tracing::debug!(%from, ?ttl, "single-hop BFD packet without TTL 255 discarded");
             return;
         }
-        let p = match Packet::decode(&bytes) {
-            Ok(p) => p,
+        let p = match Packet::decode_any(&bytes) {
+            Ok((p, _)) => p,
             Err(e) => {
                 tracing::debug!(%from, error = %e, "BFD packet discarded");
                 return;
@@ -428,7 +479,7 @@ impl BfdTask {
             tracing::debug!(%from, your = p.your_disc, "BFD packet for no session");
             return;
         };
-        if let Err(err) = e.session.handle_packet(Instant::now(), &p) {
+        if let Err(err) = e.session.receive(Instant::now(), &bytes) {
             tracing::debug!(%from, error = %err, "BFD packet discarded");
         }
     }
@@ -457,11 +508,24 @@ impl BfdTask {
                     diag,
                 });
             }
-            // Report state, diagnostics or a renegotiated detection time when they change.
+            // Report state, diagnostics or a renegotiated detection time when they change;
+            // counters alone at most once a second.
             let mut st = BfdStatus::new(&e.session);
             st.down_events = e.down_events;
-            if e.reported.as_ref() != Some(&st) {
+            if self.holding {
+                st.next_auth_seq = e.session.auth_type().map(|_| e.session.next_auth_seq());
+            }
+            let counters_only = e.reported.as_ref().is_some_and(|r| {
+                BfdStatus {
+                    auth_failures: st.auth_failures,
+                    ..r.clone()
+                } == st
+            });
+            let due = !counters_only
+                || now.duration_since(e.reported_at) >= std::time::Duration::from_secs(1);
+            if e.reported.as_ref() != Some(&st) && due {
                 e.reported = Some(st.clone());
+                e.reported_at = now;
                 (self.report)(name, Some(st));
             }
         }
@@ -476,7 +540,8 @@ fn send_due(e: &mut Entry, now: Instant) {
     };
     let to = SocketAddr::V4(SocketAddrV4::new(e.want.peer, port));
     while let Some(p) = e.session.poll_transmit(now) {
-        if let Err(err) = e.sock.send_to(&p.encode(), to) {
+        let bytes = e.session.wire_bytes(&p);
+        if let Err(err) = e.sock.send_to(&bytes, to) {
             tracing::debug!(%to, error = %err, "BFD send failed");
         }
     }
@@ -514,7 +579,16 @@ impl BfdFile {
                 .sessions
                 .iter()
                 .filter(|(_, st)| st.state == BfdState::Up)
-                .map(|(n, st)| (n.clone(), (st.local_discriminator, st.remote_discriminator)))
+                .map(|(n, st)| {
+                    (
+                        n.clone(),
+                        (
+                            st.local_discriminator,
+                            st.remote_discriminator,
+                            st.next_auth_seq,
+                        ),
+                    )
+                })
                 .collect(),
             _ => Resume::new(),
         }

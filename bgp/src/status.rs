@@ -92,6 +92,17 @@ pub struct BfdStatus {
     /// The peer's discriminator (0: not heard).
     #[serde(default)]
     pub remote_discriminator: u32,
+    /// Authentication (RFC 5880 6.7): "keyed SHA1", "meticulous keyed SHA1", or none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<String>,
+    /// Packets discarded by authentication: A bit not as configured, another type or key
+    /// id, a sequence number outside the window, a wrong digest.
+    #[serde(default)]
+    pub auth_failures: u64,
+    /// Written when the session is held for a restart: the next sequence number to send,
+    /// for the process that resumes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_auth_seq: Option<u32>,
 }
 
 impl BfdStatus {
@@ -106,6 +117,9 @@ impl BfdStatus {
             error: None,
             local_discriminator: s.local_disc(),
             remote_discriminator: s.remote_disc(),
+            authentication: s.auth_type().map(|t| t.to_string()),
+            auth_failures: s.auth_failures,
+            next_auth_seq: None,
         }
     }
 
@@ -120,6 +134,9 @@ impl BfdStatus {
             error: Some(e),
             local_discriminator: 0,
             remote_discriminator: 0,
+            authentication: None,
+            auth_failures: 0,
+            next_auth_seq: None,
         }
     }
 }
@@ -461,6 +478,7 @@ impl juneau_telemetry::Endpoint for StatusHub {
         let bfd_state = Family::<PeerStateLabel, Gauge>::default();
         let bfd_detect = Family::<PeerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         let bfd_downs = Family::<PeerLabel, Counter>::default();
+        let bfd_auth_failures = Family::<PeerLabel, Counter>::default();
         for p in s.peers.values() {
             let Some(b) = &p.bfd else { continue };
             let peer = PeerLabel {
@@ -486,6 +504,9 @@ impl juneau_telemetry::Endpoint for StatusHub {
                 bfd_detect.get_or_create(&peer).set(ms as f64 / 1e3);
             }
             bfd_downs.get_or_create(&peer).inc_by(b.down_events);
+            bfd_auth_failures
+                .get_or_create(&peer)
+                .inc_by(b.auth_failures);
         }
         reg.register(
             "juneau_bgp_bfd_up",
@@ -506,6 +527,11 @@ impl juneau_telemetry::Endpoint for StatusHub {
             "juneau_bgp_bfd_down_events",
             "Times an Up BFD session went down.",
             bfd_downs,
+        );
+        reg.register(
+            "juneau_bgp_bfd_auth_failures",
+            "BFD packets discarded by authentication (A bit not as configured, wrong type, key id, sequence number or digest).",
+            bfd_auth_failures,
         );
         let held_back = Gauge::<i64>::default();
         held_back.set(s.held_back.len() as i64);
@@ -577,11 +603,18 @@ mod tests {
                 error: None,
                 local_discriminator: 1,
                 remote_discriminator: 2,
+                authentication: Some("keyed SHA1".into()),
+                auth_failures: 5,
+                next_auth_seq: None,
             })
         });
         hub.observe_update_latency(std::time::Duration::from_micros(300));
         let m = hub.metrics();
         assert!(m.contains("juneau_bgp_bfd_up{peer=\"tor\"} 1"), "{m}");
+        assert!(
+            m.contains("juneau_bgp_bfd_auth_failures_total{peer=\"tor\"} 5"),
+            "{m}"
+        );
         assert!(
             m.contains("juneau_bgp_bfd_state{peer=\"tor\",state=\"Up\"} 1"),
             "{m}"

@@ -439,3 +439,239 @@ fn bfd_with_bird_ignores_spoofed_packets() -> Result<()> {
     );
     Ok(())
 }
+
+// ---- Authentication (RFC 5880 6.7.3/6.7.4) against BIRD 2 ----
+//
+// Debian's FRR (bfdd 8.4.4) has no BFD authentication, so these run against BIRD only
+// (docs/security.md).
+
+/// Key and Key ID both sides use, unless a test says otherwise.
+const BFD_KEY: &str = "juneau-bfd-key";
+const BFD_KEY_ID: u8 = 7;
+
+fn auth_peer(kind: juneau_control::model::BfdAuthType) -> juneau_control::model::PeerConfig {
+    let mut pc = bfd_peer(0);
+    pc.bfd_auth = Some(juneau_control::model::BfdAuth {
+        auth_type: kind,
+        key_id: BFD_KEY_ID,
+        key: BFD_KEY.into(),
+    });
+    pc
+}
+
+/// BIRD with authenticated BFD (`authentication [meticulous] keyed sha1`) with `key`.
+fn bird_auth_config(meticulous: bool, key: &str) -> String {
+    bird_auth_config_with(meticulous, key, |n| n)
+}
+
+fn bird_auth_config_with(
+    meticulous: bool,
+    key: &str,
+    neighbor: impl FnOnce(BgpNeighbor) -> BgpNeighbor,
+) -> String {
+    let mode = if meticulous {
+        "meticulous keyed sha1"
+    } else {
+        "keyed sha1"
+    };
+    BirdConfig::new(router_addr(0))
+        .raw(&format!(
+            "protocol bfd {{ interface \"d0\" {{ min rx interval 300 ms; min tx interval 300 ms; multiplier 3; \
+             authentication {mode}; password \"{key}\" {{ id {BFD_KEY_ID}; }}; }}; }}"
+        ))
+        .bgp(&neighbor(
+            BgpNeighbor::new("node0", router_addr(0), ROUTER_ASN, node_addr(0), NODE_ASN).bfd(),
+        ))
+        .render()
+}
+
+/// Sends `count` datagrams of `bytes` from the router's address to node 0's single-hop
+/// port with TTL 255 (an attacker on the link).
+fn inject_bytes(topo: &Topo, bytes: Vec<u8>, count: usize) {
+    juneau_tests::netns::in_ns(topo.router.name(), move || {
+        let s = std::net::UdpSocket::bind((router_addr(0), 0)).expect("bind in the router ns");
+        s.set_ttl(255).unwrap();
+        for _ in 0..count {
+            s.send_to(&bytes, (node_addr(0), juneau_bgp::bfd::PORT_SINGLE_HOP))
+                .expect("send");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+}
+
+fn auth_failures(s: &Speaker) -> Result<u64> {
+    Ok(s.status()?["peers"]["router"]["bfd"]["auth_failures"]
+        .as_u64()
+        .unwrap_or(0))
+}
+
+/// Session Up with BIRD under `kind`; then the perfect forgery (both discriminators right,
+/// TTL 255: it took an unauthenticated session down in `bfd_with_bird_ignores_spoofed_packets`)
+/// without the key, and with a guessed key, leave it Up and are counted.
+fn authenticated_session_with_bird(
+    name: &str,
+    kind: juneau_control::model::BfdAuthType,
+) -> Result<()> {
+    use juneau_bgp::bfd::{Auth, AuthType, BfdState, Diag, Packet};
+    let meticulous = kind == juneau_control::model::BfdAuthType::MeticulousKeyedSha1;
+    let topo = Topo::new(name, 1)?;
+    let router = Router::start_bird_with_config(&topo, &bird_auth_config(meticulous, BFD_KEY))?;
+    let s = Speaker::start_with_peers(&topo, 0, vec![auth_peer(kind)])?;
+    s.wait_established("router", UP)?;
+    wait_bfd_up(&s, || bird_bfd_up(&router)).map_err(|e| e.context(router.logs()))?;
+    stays_up(&s, Duration::from_secs(3), "authenticated, no spoofing")?;
+    let bfd = s.status()?["peers"]["router"]["bfd"].clone();
+    let want = if meticulous {
+        "meticulous keyed SHA1"
+    } else {
+        "keyed SHA1"
+    };
+    assert_eq!(bfd["authentication"], want, "{bfd}");
+    assert_eq!(bfd["auth_failures"], 0, "{bfd}");
+    let ours = bfd["local_discriminator"].as_u64().unwrap() as u32;
+    let bird = bfd["remote_discriminator"].as_u64().unwrap() as u32;
+    let down = Packet {
+        diag: Diag::None,
+        state: BfdState::Down,
+        poll: false,
+        final_: false,
+        control_plane_independent: false,
+        demand: false,
+        detect_mult: 3,
+        my_disc: bird,
+        your_disc: ours,
+        desired_min_tx_us: 300_000,
+        required_min_rx_us: 300_000,
+        required_min_echo_rx_us: 0,
+    };
+    inject_bytes(&topo, down.encode().to_vec(), 10);
+    stays_up(
+        &s,
+        Duration::from_secs(1),
+        "an unauthenticated perfect forgery",
+    )?;
+    let auth_type = if meticulous {
+        AuthType::MeticulousKeyedSha1
+    } else {
+        AuthType::KeyedSha1
+    };
+    let guess = Auth::new(auth_type, BFD_KEY_ID, "guessed-key".into())?;
+    for seq in 0..10u32 {
+        inject_bytes(&topo, down.encode_sha1(&guess, seq).to_vec(), 1);
+    }
+    stays_up(&s, Duration::from_secs(2), "a forgery with a guessed key")?;
+    wait_for("20 failures counted", Duration::from_secs(5), || {
+        Ok((auth_failures(&s)? >= 20).then_some(()))
+    })?;
+    assert!(bird_bfd_up(&router)?, "BIRD's session stayed Up");
+    Ok(())
+}
+
+#[test]
+fn bfd_keyed_sha1_with_bird() -> Result<()> {
+    authenticated_session_with_bird("bfdak", juneau_control::model::BfdAuthType::KeyedSha1)
+}
+
+#[test]
+fn bfd_meticulous_keyed_sha1_with_bird() -> Result<()> {
+    authenticated_session_with_bird(
+        "bfdam",
+        juneau_control::model::BfdAuthType::MeticulousKeyedSha1,
+    )
+}
+
+/// BIRD with another key: neither side comes Up, our side counts BIRD's packets as
+/// authentication failures; the BGP session itself is unaffected.
+#[test]
+fn bfd_with_a_wrong_key_stays_down_with_bird() -> Result<()> {
+    let topo = Topo::new("bfdaw", 1)?;
+    let router = Router::start_bird_with_config(&topo, &bird_auth_config(true, "not-our-key"))?;
+    let s = Speaker::start_with_peers(
+        &topo,
+        0,
+        vec![auth_peer(
+            juneau_control::model::BfdAuthType::MeticulousKeyedSha1,
+        )],
+    )?;
+    s.wait_established("router", UP)?;
+    wait_for("BIRD's packets counted", UP, || {
+        Ok((auth_failures(&s)? >= 5).then_some(()))
+    })
+    .map_err(|e| e.context(s.logs()))?;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5) {
+        assert_ne!(our_bfd_state(&s)?, "Up");
+        assert!(!bird_bfd_up(&router)?, "BIRD's session Up with a wrong key");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        router.full_log().to_lowercase().contains("auth"),
+        "BIRD says why:\n{}",
+        router.logs()
+    );
+    Ok(())
+}
+
+/// juneau-bfd replaced (SIGTERM, back 2 s later) on a meticulous keyed SHA1 session with
+/// BIRD: the held session's next sequence number is in the status file, the new process
+/// continues from it, and BIRD (which refuses a number that does not grow) never sees the
+/// session go down.
+#[test]
+fn a_held_meticulous_session_survives_a_juneau_bfd_restart_with_bird() -> Result<()> {
+    let topo = Topo::new("bfdar", 1)?;
+    let router = Router::start_bird_with_config(
+        &topo,
+        &bird_auth_config_with(true, BFD_KEY, |n| n.debug_states()),
+    )?;
+    let bfd_file = topo.dir.path().join("node0.bfd.json");
+    let s = Speaker::start_with_args(
+        &topo,
+        0,
+        vec![auth_peer(
+            juneau_control::model::BfdAuthType::MeticulousKeyedSha1,
+        )],
+        &["--bfd-status-file", bfd_file.to_str().unwrap()],
+    )?;
+    let mut bfdd = s.start_bfd(&topo.nodes[0])?;
+    s.wait_established("router", UP)?;
+    wait_bfd_up(&s, || bird_bfd_up(&router)).map_err(|e| e.context(bfdd.logs()))?;
+    std::thread::sleep(Duration::from_secs(2));
+    bfdd.terminate()?;
+    let held: serde_json::Value = serde_json::from_slice(&std::fs::read(&bfd_file)?)?;
+    assert!(
+        held["sessions"]["router"]["next_auth_seq"].is_u64(),
+        "{held}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(bird_bfd_up(&router)?, "BIRD held the session");
+    let bfdd = s.start_bfd(&topo.nodes[0])?;
+    wait_for("the session resumed", UP, || {
+        Ok(bfdd
+            .logs()
+            .contains("resumed after a restart")
+            .then_some(()))
+    })?;
+    // Long enough for BIRD to time out a session whose packets it discards (3 x 300 ms
+    // once the fast rate is back, 3 x 20 s before: wait for the fast rate).
+    wait_for("BIRD back at the fast rate", UP, || {
+        let out = router.bird_cli(&["show", "bfd", "sessions"])?;
+        Ok(out.contains("0.300").then_some(()))
+    })
+    .map_err(|e| e.context(router.logs()))?;
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(bird_bfd_up(&router)?, "{}", router.logs());
+    let log = router.full_log();
+    assert!(
+        !log.contains("BFD session down"),
+        "BIRD saw BFD go down:\n{log}"
+    );
+    assert!(
+        !log.to_lowercase().contains("auth"),
+        "BIRD refused a packet:\n{log}"
+    );
+    let st = s.status()?;
+    assert_eq!(st["peers"]["router"]["bfd"]["state"], "Up", "{st}");
+    assert_eq!(st["peers"]["router"]["bfd"]["auth_failures"], 0, "{st}");
+    drop(bfdd);
+    Ok(())
+}

@@ -230,6 +230,11 @@ pub struct PeerConfig {
     /// Bidirectional Forwarding Detection (RFC 5880) on the path to the peer; `None`
     /// disables it.
     pub bfd: Option<BfdSettings>,
+    /// BFD authentication (RFC 5880 6.7) of the session `bfd` asks for; `None`: packets
+    /// unauthenticated. Never serialized (the key is a [`crate::secret::Secret`]; it
+    /// reaches juneau-bfd through the 0600 node-state file only).
+    #[serde(skip_serializing, default)]
+    pub bfd_auth: Option<BfdAuth>,
     /// Graceful maintenance in progress (the node is cordoned): announce with less
     /// preference, then withdraw. `None`: normal operation.
     pub drain: Option<DrainSettings>,
@@ -280,6 +285,30 @@ impl Default for BfdSettings {
     }
 }
 
+/// BFD authentication types (RFC 5880 4.1): the two SHA1 ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BfdAuthType {
+    /// Keyed SHA1 (type 4).
+    KeyedSha1,
+    /// Meticulous Keyed SHA1 (type 5): a new sequence number in every packet.
+    MeticulousKeyedSha1,
+}
+
+/// Longest BFD Keyed SHA1 key (RFC 5880 4.4).
+pub const BFD_KEY_MAX_BYTES: usize = 20;
+
+/// A peer's BFD authentication. No `Serialize` (it holds the key): `Debug` shows the key
+/// as `<redacted>`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BfdAuth {
+    /// Keyed or meticulous keyed SHA1.
+    pub auth_type: BfdAuthType,
+    /// Auth Key ID sent and required.
+    pub key_id: u8,
+    /// The key, 1 to [`BFD_KEY_MAX_BYTES`] bytes.
+    pub key: crate::secret::Secret,
+}
+
 impl PeerConfig {
     /// A peer with the usual defaults (port 179, hold 90 s, keepalive 30 s, retry 5 s).
     pub fn new(
@@ -303,6 +332,7 @@ impl PeerConfig {
             md5_password: None,
             passive: false,
             bfd: None,
+            bfd_auth: None,
             drain: None,
         }
     }

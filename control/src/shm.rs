@@ -49,8 +49,9 @@ use memmap2::MmapMut;
 
 use crate::maglev::{self, MaglevTable};
 use crate::model::{
-    AdvertisedVip, BfdSettings, DrainSettings, Frontend, LocalBackend, NodeService, NodeState,
-    PeerConfig, Protocol, RedirectKey, Redirects, VipRedirectPeers, MAX_REDIRECT_KEYS,
+    AdvertisedVip, BfdAuth, BfdAuthType, BfdSettings, DrainSettings, Frontend, LocalBackend,
+    NodeService, NodeState, PeerConfig, Protocol, RedirectKey, Redirects, VipRedirectPeers,
+    BFD_KEY_MAX_BYTES, MAX_REDIRECT_KEYS,
 };
 use crate::secret::{SecretKey, KEY_BYTES};
 
@@ -77,7 +78,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
 ///   most [`MAX_REDIRECT_KEYS`]), and a fixed section of [`MAX_REDIRECT_KEYS`] records of
 ///   [`REDIRECT_KEY_WORDS`] (key id, then the 16 key bytes) follows the redirect node
 ///   addresses. The capacity and the file header are unchanged.
-pub const LAYOUT_VERSION: u32 = 6;
+/// - 7: BFD authentication (issue 25) — [`PEER_EXTRA_WORDS`] 8 -> 16: extra word 6 holds
+///   the type (1 keyed SHA1, 2 meticulous; 0 none), key id << 8 and key length << 16,
+///   words 8-12 the key ([`BFD_KEY_MAX_BYTES`] bytes).
+pub const LAYOUT_VERSION: u32 = 7;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: usize = 4096;
 /// Words per service record: vip, protocol | port << 16, first backend, Ready backend
@@ -103,8 +107,9 @@ pub const MD5_BYTES: usize = 80;
 /// [`PEER_EXTRA_WORDS`] (BFD; layout 2).
 pub const PEER_WORDS: usize = NAME_BYTES / 4 + 12 + MD5_BYTES / 4 + PEER_EXTRA_WORDS;
 /// Words of a peer record after the TCP-MD5 key: BFD min rx, min tx, multiplier; drain
-/// prepend, LOCAL_PREF, wait; spare.
-pub const PEER_EXTRA_WORDS: usize = 8;
+/// prepend, LOCAL_PREF, wait; BFD authentication type, key id and key length; spare;
+/// the BFD key (5 words); spare (layout 7).
+pub const PEER_EXTRA_WORDS: usize = 16;
 /// Peers addressable by an advertised VIP's peer mask.
 pub const MAX_PEERS: u32 = 64;
 /// Words per redirect VIP record: vip, first node address, count.
@@ -270,7 +275,7 @@ const _: () = assert!(std::mem::size_of::<Capacity>() == 28);
 const _: () = assert!(std::mem::size_of::<FileHeader>() == 104);
 const _: () = assert!(std::mem::align_of::<FileHeader>() == 8);
 const _: () = assert!(std::mem::size_of::<FileHeader>() <= HEADER_BYTES);
-const _: () = assert!(PEER_WORDS == 104);
+const _: () = assert!(PEER_WORDS == 112);
 
 /// Everything that can go wrong with a node-state file.
 #[derive(Debug, thiserror::Error)]
@@ -635,6 +640,13 @@ fn validate(state: &NodeState, tables: &[Arc<[u32]>], mw: usize) -> Result<(), S
                 p.name,
             )));
         }
+        let bfd_key = p.bfd_auth.as_ref().map_or(0, |a| a.key.len());
+        if bfd_key > BFD_KEY_MAX_BYTES {
+            return Err(ShmError::Unrepresentable(format!(
+                "the BFD key of peer {} is {bfd_key} bytes; keyed SHA1 takes at most {BFD_KEY_MAX_BYTES}",
+                p.name,
+            )));
+        }
     }
     Ok(())
 }
@@ -891,6 +903,15 @@ fn encode(
             x[3] = u32::from(d.as_path_prepend) | (1 << 8);
             x[4] = d.local_pref;
             x[5] = u32::from(d.wait_seconds);
+        }
+        if let Some(a) = &p.bfd_auth {
+            let kind = match a.auth_type {
+                BfdAuthType::KeyedSha1 => 1,
+                BfdAuthType::MeticulousKeyedSha1 => 2,
+            };
+            let key = a.key.expose().as_bytes();
+            x[6] = kind | (u32::from(a.key_id) << 8) | ((key.len() as u32) << 16);
+            put_bytes(&mut x[8..8 + BFD_KEY_MAX_BYTES / 4], key);
         }
         img.set(sec.peers + i * PEER_WORDS, &rec);
     }
@@ -1753,6 +1774,23 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
                 local_pref: x[4],
                 wait_seconds: x[5] as u16,
             }),
+            bfd_auth: match x[6] & 0xff {
+                0 => None,
+                kind => Some(BfdAuth {
+                    auth_type: if kind == 2 {
+                        BfdAuthType::MeticulousKeyedSha1
+                    } else {
+                        BfdAuthType::KeyedSha1
+                    },
+                    key_id: (x[6] >> 8) as u8,
+                    key: String::from_utf8(get_bytes(
+                        &x[8..8 + BFD_KEY_MAX_BYTES / 4],
+                        ((x[6] >> 16) as usize).min(BFD_KEY_MAX_BYTES),
+                    ))
+                    .map_err(|_| "BFD key is not UTF-8")?
+                    .into(),
+                }),
+            },
         });
     }
     let redirects = decode_redirects(w, &sec)?;

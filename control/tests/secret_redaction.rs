@@ -66,3 +66,28 @@ fn the_redirect_key_is_neither_printed_nor_serialized() {
     assert!(!json.contains("keys"), "{json}");
     assert!(!json.contains("195"), "{json}");
 }
+
+/// A peer's BFD authentication key (issue 25): neither in `Debug` nor serialized.
+#[test]
+fn the_bfd_key_is_neither_printed_nor_serialized() {
+    use juneau_control::model::{BfdAuth, BfdAuthType};
+    const BFD_KEY: &str = "bfd-Key-s3cret";
+    let mut s = state();
+    s.peers[0].bfd_auth = Some(BfdAuth {
+        auth_type: BfdAuthType::KeyedSha1,
+        key_id: 3,
+        key: BFD_KEY.into(),
+    });
+    for text in [
+        format!("{s:?}"),
+        format!("{s:#?}"),
+        format!("{:?}", s.peers[0]),
+        format!("{:?}", s.peers[0].bfd_auth),
+    ] {
+        assert!(!text.contains(BFD_KEY), "BFD key in Debug output: {text}");
+        assert!(text.contains("<redacted>"), "{text}");
+    }
+    let json = serde_json::to_string(&s).unwrap();
+    assert!(!json.contains(BFD_KEY), "BFD key in JSON: {json}");
+    assert!(!json.contains("bfd_auth"), "{json}");
+}

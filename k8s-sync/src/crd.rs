@@ -424,6 +424,36 @@ pub struct Bfd {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 255))]
     pub multiplier: Option<u8>,
+    /// Authentication of the BFD packets (RFC 5880 6.7), both ways: the router must be
+    /// configured with the same type, key ID and key. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<BfdAuthentication>,
+}
+
+/// BFD authentication of a BGPPeer. The agent checks it again (a bad value becomes a
+/// warning and the peer runs without BFD, never with unauthenticated BFD), so the type
+/// and key ID are kept loose here: an object the schema did not check still decodes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BfdAuthentication {
+    /// `keyedSHA1` (RFC 5880 6.7.3: the sequence number may repeat within a window) or
+    /// `meticulousKeyedSHA1` (6.7.4: a new sequence number in every packet).
+    #[serde(rename = "type")]
+    #[schemars(schema_with = "bfd_auth_type_schema")]
+    pub type_: String,
+    /// Auth Key ID (0-255), the router's key ID for this key.
+    #[serde(rename = "keyID")]
+    #[schemars(range(min = 0, max = 255))]
+    pub key_id: i64,
+    /// The key (1 to 20 bytes), read from a Secret (key default `password`).
+    pub secret_ref: SecretKeyRef,
+}
+
+/// `spec.bfd.authentication.type` values.
+pub const BFD_AUTH_TYPES: [&str; 2] = ["keyedSHA1", "meticulousKeyedSHA1"];
+
+fn bfd_auth_type_schema(_: &mut SchemaGenerator) -> Schema {
+    string_schema(serde_json::json!({"enum": BFD_AUTH_TYPES}))
 }
 
 fn communities_schema(_: &mut SchemaGenerator) -> Schema {
@@ -609,6 +639,13 @@ pub struct BfdSessionStatus {
     /// Why the session went down last, or could not be set up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diagnostic: Option<String>,
+    /// Authentication in use (`keyed SHA1`, `meticulous keyed SHA1`); none when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<String>,
+    /// Packets discarded by authentication (A bit not as configured, another type or key
+    /// ID, a replayed sequence number, a wrong digest).
+    #[serde(default)]
+    pub auth_failures: u64,
 }
 
 /// A VIP the speaker withholds.

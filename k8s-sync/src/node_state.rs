@@ -203,6 +203,43 @@ pub fn parse_large_community(s: &str) -> Option<[u32; 3]> {
     it.next().is_none().then_some(r)
 }
 
+/// A BGPPeer's `spec.bfd.authentication` with its key from the Secret, or why it cannot
+/// be used (the message names the field or the Secret, never the key).
+fn bfd_auth(
+    view: &AgentView,
+    a: &crate::crd::BfdAuthentication,
+) -> Result<juneau_control::model::BfdAuth, String> {
+    use juneau_control::model::{BfdAuthType, BFD_KEY_MAX_BYTES};
+    let auth_type = match a.type_.as_str() {
+        "keyedSHA1" => BfdAuthType::KeyedSha1,
+        "meticulousKeyedSHA1" => BfdAuthType::MeticulousKeyedSha1,
+        other => {
+            return Err(format!(
+                "type {other:?} is not one of {}",
+                crate::crd::BFD_AUTH_TYPES.join(", ")
+            ))
+        }
+    };
+    let key_id =
+        u8::try_from(a.key_id).map_err(|_| format!("keyID {} is outside 0-255", a.key_id))?;
+    let ns = &view.secret_namespace;
+    let name = &a.secret_ref.name;
+    let k = a.secret_ref.key.as_deref().unwrap_or("password");
+    let key = secret_value(view, name, k)
+        .ok_or_else(|| format!("key Secret {ns}/{name} (key {k}) not found or not UTF-8"))?;
+    if key.is_empty() || key.len() > BFD_KEY_MAX_BYTES {
+        return Err(format!(
+            "the key in Secret {ns}/{name} (key {k}) is {} bytes; keyed SHA1 takes 1 to {BFD_KEY_MAX_BYTES}",
+            key.len()
+        ));
+    }
+    Ok(juneau_control::model::BfdAuth {
+        auth_type,
+        key_id,
+        key,
+    })
+}
+
 fn secret_value(view: &AgentView, name: &str, key: &str) -> Option<juneau_control::secret::Secret> {
     let s = view.secrets.get(name)?;
     if let Some(v) = s.data.as_ref().and_then(|d| d.get(key)) {
@@ -587,6 +624,19 @@ pub fn build_node_state_with(
                 multiplier: b.multiplier.unwrap_or(d.multiplier),
             }
         });
+        // BFD authentication: a bad setting leaves the peer without BFD (never with
+        // unauthenticated BFD) and says why; the BGP session is kept.
+        if let Some(a) = p.spec.bfd.as_ref().and_then(|b| b.authentication.as_ref()) {
+            match bfd_auth(view, a) {
+                Ok(auth) => cfg.bfd_auth = Some(auth),
+                Err(e) => {
+                    warnings.push(format!(
+                        "BGPPeer {name}: BFD authentication: {e}; BFD not configured for this peer (its BGP session runs without it)"
+                    ));
+                    cfg.bfd = None;
+                }
+            }
+        }
         if let Some(r) = &p.spec.password_secret_ref {
             let ns = &view.secret_namespace;
             let key = r.key.as_deref().unwrap_or("password");
@@ -790,6 +840,7 @@ mod tests {
                     min_rx_ms: Some(150),
                     min_tx_ms: None,
                     multiplier: None,
+                    authentication: None,
                 }),
                 maintenance: None,
             },
@@ -911,6 +962,118 @@ mod tests {
         assert_eq!(s.peers[0].keepalive_time, 3);
         assert_eq!(s.peers[0].drain, None, "not cordoned");
         assert_eq!(a.weight, None, "not asked for");
+    }
+
+    fn with_bfd_auth(type_: &str, key_id: i64, secret: &str, key: Option<&str>) -> AgentView {
+        let mut v = view();
+        Arc::make_mut(&mut v.peers[0])
+            .spec
+            .bfd
+            .as_mut()
+            .unwrap()
+            .authentication = Some(crate::crd::BfdAuthentication {
+            type_: type_.into(),
+            key_id,
+            secret_ref: SecretKeyRef {
+                name: secret.into(),
+                key: Some("bfd".into()),
+            },
+        });
+        if let Some(k) = key {
+            v.secrets.insert(
+                "bfd-key".into(),
+                Arc::new(Secret {
+                    metadata: meta("bfd-key", Some(DEFAULT_SECRET_NAMESPACE)),
+                    data: Some([("bfd".to_string(), ByteString(k.as_bytes().to_vec()))].into()),
+                    ..Default::default()
+                }),
+            );
+        }
+        v
+    }
+
+    #[test]
+    fn bfd_authentication_takes_its_key_from_the_secret() {
+        use juneau_control::model::{BfdAuth, BfdAuthType};
+        for (t, want) in [
+            ("keyedSHA1", BfdAuthType::KeyedSha1),
+            ("meticulousKeyedSHA1", BfdAuthType::MeticulousKeyedSha1),
+        ] {
+            let (s, w) = build_node_state(
+                "node-a",
+                &with_bfd_auth(t, 255, "bfd-key", Some("bfd-K3y-20-bytes-max")),
+            );
+            assert!(w.is_empty(), "{w:?}");
+            assert!(s.peers[0].bfd.is_some());
+            assert_eq!(
+                s.peers[0].bfd_auth,
+                Some(BfdAuth {
+                    auth_type: want,
+                    key_id: 255,
+                    key: "bfd-K3y-20-bytes-max".into()
+                })
+            );
+            // Never in the logged state or its serialization.
+            assert!(!format!("{s:?}").contains("bfd-K3y"));
+            assert!(!serde_json::to_string(&s).unwrap().contains("bfd-K3y"));
+        }
+    }
+
+    /// Bad input: each becomes a warning that names the peer and the problem (never the
+    /// key); that peer runs without BFD, its BGP session and everything else stay.
+    #[test]
+    fn bad_bfd_authentication_is_a_warning_and_costs_only_that_peers_bfd() {
+        let (good, _) = build_node_state("node-a", &view());
+        for (v, says) in [
+            (
+                with_bfd_auth("md5", 1, "bfd-key", Some("k")),
+                "type \"md5\" is not one of keyedSHA1, meticulousKeyedSHA1",
+            ),
+            (
+                with_bfd_auth("keyedSHA1", 256, "bfd-key", Some("k")),
+                "keyID 256 is outside 0-255",
+            ),
+            (
+                with_bfd_auth("keyedSHA1", -1, "bfd-key", Some("k")),
+                "keyID -1 is outside 0-255",
+            ),
+            (
+                with_bfd_auth("keyedSHA1", 1, "missing", None),
+                "key Secret juneau-system/missing (key bfd) not found",
+            ),
+            (
+                with_bfd_auth("keyedSHA1", 1, "bfd-key", Some("twenty-one-bytes-key!")),
+                "is 21 bytes; keyed SHA1 takes 1 to 20",
+            ),
+            (
+                with_bfd_auth("keyedSHA1", 1, "bfd-key", Some("")),
+                "is 0 bytes",
+            ),
+        ] {
+            let (s, w) = build_node_state("node-a", &v);
+            assert_eq!(w.len(), 1, "{w:?}");
+            assert!(
+                w[0].starts_with("BGPPeer tor: BFD authentication: "),
+                "{}",
+                w[0]
+            );
+            assert!(w[0].contains(says), "{} lacks {says}", w[0]);
+            assert!(w[0].contains("BFD not configured"), "{}", w[0]);
+            assert!(
+                !w[0].contains("twenty-one"),
+                "the key in a warning: {}",
+                w[0]
+            );
+            assert_eq!(s.peers.len(), 1, "the BGP session stays");
+            assert_eq!(s.peers[0].bfd, None);
+            assert_eq!(s.peers[0].bfd_auth, None);
+            assert_eq!(
+                s.peers[0].md5_password, good.peers[0].md5_password,
+                "the rest of the peer as before"
+            );
+            assert_eq!(s.advertised, good.advertised);
+            assert_eq!(s.services, good.services);
+        }
     }
 
     #[test]

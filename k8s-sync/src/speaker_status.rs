@@ -89,6 +89,10 @@ pub struct SpeakerBfd {
     pub down_events: u64,
     /// Set-up error.
     pub error: Option<String>,
+    /// Authentication in use.
+    pub authentication: Option<String>,
+    /// Packets discarded by authentication.
+    pub auth_failures: u64,
 }
 
 /// One reading of the speaker's file.
@@ -144,6 +148,8 @@ fn session(p: &SpeakerPeer) -> BGPSessionStatus {
                 .error
                 .clone()
                 .or_else(|| (!b.diag.is_empty()).then(|| b.diag.clone())),
+            authentication: b.authentication.clone(),
+            auth_failures: b.auth_failures,
         }),
     }
 }
@@ -340,7 +346,8 @@ mod tests {
       "established_since_unix": 1789999000, "uptime_seconds": 1000,
       "last_error": null, "prefixes_announced": 3, "prefixes_received": 0,
       "session_flaps": 1, "updates_sent": 7, "treat_as_withdraw": 0, "graceful_restart": true,
-      "bfd": {"state": "Up", "diag": "", "peer_diag": "", "detection_time_ms": 900, "down_events": 2, "error": null}
+      "bfd": {"state": "Up", "diag": "", "peer_diag": "", "detection_time_ms": 900, "down_events": 2, "error": null,
+              "authentication": "meticulous keyed SHA1", "auth_failures": 4}
     },
     "tor-b": {"name": "tor-b", "peer_address": "10.0.2.1", "state": "Active"}
   },
@@ -380,6 +387,11 @@ mod tests {
         assert_eq!(a.established_since.as_deref(), Some("2026-09-21T13:56:40Z"));
         assert_eq!(a.prefixes_announced, 3);
         assert_eq!(a.bfd.as_ref().unwrap().state, "Up");
+        assert_eq!(a.bfd.as_ref().unwrap().auth_failures, 4);
+        assert_eq!(
+            a.bfd.as_ref().unwrap().authentication.as_deref(),
+            Some("meticulous keyed SHA1")
+        );
         assert_eq!(good.held_back[0].vip, "203.0.113.11");
         // Corrupt (half a file): a condition with the parse error; the sessions stay.
         std::fs::write(&path, &FILE[..40]).unwrap();

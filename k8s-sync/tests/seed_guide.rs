@@ -247,6 +247,30 @@ spec:
         }))
     })?;
 
+    // BFD authentication (issue 25): the key from its Secret reaches the node state; the
+    // BGPPeer as before afterwards.
+    const TOR: &str = "apiVersion: juneau.loutres.me/v1alpha1\nkind: BGPPeer\nmetadata:\n  name: tor\nspec:\n  peerAddress: 192.0.2.1\n  peerASN: 65000\n  localASN: 65001\n  holdTimeSeconds: 9\n  passwordSecretRef:\n    name: tor-password\n";
+    env.apply(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: tor-bfd-key\n  namespace: juneau-system\nstringData:\n  password: bfd-s3cret\n",
+    )?;
+    env.apply(&format!(
+        "{TOR}  bfd:\n    authentication: {{type: meticulousKeyedSHA1, keyID: 3, secretRef: {{name: tor-bfd-key}}}}\n"
+    ))?;
+    let auth = eventually("node-a state with BFD authentication", || {
+        agent_a.check_running()?;
+        Ok(shm_state(&shm_a)?.and_then(|s| s.peers.first().and_then(|p| p.bfd_auth.clone())))
+    })?;
+    assert_eq!(
+        auth.auth_type,
+        juneau_control::model::BfdAuthType::MeticulousKeyedSha1
+    );
+    assert_eq!(auth.key_id, 3);
+    assert_eq!(auth.key.expose(), "bfd-s3cret");
+    env.apply(TOR)?;
+    eventually("node-a state without BFD again", || {
+        Ok(shm_state(&shm_a)?.filter(|s| s.peers.first().is_some_and(|p| p.bfd.is_none())))
+    })?;
+
     // Requested IP honoured.
     env.apply(&service(
         "req",
@@ -522,6 +546,14 @@ spec:
         (
             "peerAddress: 192.0.2.9\n  peerASN: 0\n  localASN: 65001".to_string(),
             "peerASN",
+        ),
+        (
+            format!("{PEER}\n  bfd: {{authentication: {{type: md5, keyID: 1, secretRef: {{name: k}}}}}}"),
+            "meticulousKeyedSHA1",
+        ),
+        (
+            format!("{PEER}\n  bfd: {{authentication: {{type: keyedSHA1, keyID: 256, secretRef: {{name: k}}}}}}"),
+            "keyID",
         ),
     ] {
         let yaml = format!(

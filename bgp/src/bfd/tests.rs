@@ -17,7 +17,7 @@ struct Pair {
     a: Session,
     b: Session,
     /// (deliver at, to b?, bytes)
-    wire: Vec<(Instant, bool, [u8; PACKET_LEN])>,
+    wire: Vec<(Instant, bool, Vec<u8>)>,
     delay: Duration,
     cut: bool,
     /// (time, side a?, event)
@@ -47,8 +47,9 @@ impl Pair {
                 s.handle_timeout(self.now);
                 while let Some(p) = s.poll_transmit(self.now) {
                     self.sent.push((self.now, side_a, p));
+                    let bytes = s.wire_bytes(&p);
                     if !self.cut {
-                        self.wire.push((self.now + self.delay, side_a, p.encode()));
+                        self.wire.push((self.now + self.delay, side_a, bytes));
                     }
                 }
                 while let Some(e) = s.poll_event() {
@@ -74,13 +75,12 @@ impl Pair {
                 .wire
                 .iter()
                 .filter(|w| w.0 <= self.now)
-                .copied()
+                .cloned()
                 .collect();
             self.wire.retain(|w| w.0 > self.now);
             for (_, to_b, bytes) in due {
-                let p = Packet::decode(&bytes).expect("our own packets decode");
                 let s = if to_b { &mut self.b } else { &mut self.a };
-                let _ = s.handle_packet(self.now, &p);
+                let _ = s.receive(self.now, &bytes);
             }
         }
     }
@@ -341,7 +341,11 @@ fn malformed_packets_are_rejected_with_the_reason() {
         with(&|b| b[3] = 30),
         Err(PacketError::Length { field: 30, .. })
     ));
-    assert_eq!(with(&|b| b[1] |= 0x04), Err(PacketError::Authenticated));
+    // The A bit without room for an authentication section.
+    assert!(matches!(
+        with(&|b| b[1] |= 0x04),
+        Err(PacketError::AuthLength { len: 24, .. })
+    ));
     assert_eq!(with(&|b| b[2] = 0), Err(PacketError::ZeroDetectMult));
     assert_eq!(with(&|b| b[1] |= 0x01), Err(PacketError::Multipoint));
     assert_eq!(
@@ -571,4 +575,322 @@ fn a_peer_restarting_with_a_new_discriminator_comes_back_after_one_detection_tim
     );
     assert!(p.up(), "up again");
     assert_eq!(p.a.remote_disc(), 0x3333);
+}
+
+// ---- Authentication (RFC 5880 6.7.3 Keyed SHA1, 6.7.4 Meticulous Keyed SHA1) ----
+
+fn sha1_auth(kind: AuthType, key: &str) -> Auth {
+    Auth::new(kind, 7, Secret::new(key)).unwrap()
+}
+
+/// Both sides of a pair authenticated with `ka` / `kb`.
+fn auth_pair(ka: Auth, kb: Auth) -> Pair {
+    let mut p = Pair::new(cfg(300, 3), cfg(300, 3));
+    p.a.set_auth(Some(ka), 0xffff_fff0);
+    p.b.set_auth(Some(kb), 17);
+    p
+}
+
+/// The bytes of a known packet, its digest computed apart (Python's hashlib over the 52
+/// bytes with "juneau-bfd" zero-padded to 20 in the digest field).
+#[test]
+fn golden_meticulous_keyed_sha1_packet() {
+    let p = Packet {
+        diag: Diag::None,
+        state: BfdState::Up,
+        poll: false,
+        final_: false,
+        control_plane_independent: false,
+        demand: false,
+        detect_mult: 3,
+        my_disc: 0x0102_0304,
+        your_disc: 0x0a0b_0c0d,
+        desired_min_tx_us: 300_000,
+        required_min_rx_us: 300_000,
+        required_min_echo_rx_us: 0,
+    };
+    let a = sha1_auth(AuthType::MeticulousKeyedSha1, "juneau-bfd");
+    let b = p.encode_sha1(&a, 0xdead_beef);
+    assert_eq!(b[..4], [0x20, 0xc4, 3, 52]);
+    assert_eq!(b[24..32], [5, 28, 7, 0, 0xde, 0xad, 0xbe, 0xef]);
+    assert_eq!(
+        b[32..],
+        [
+            0x6d, 0x8d, 0xfe, 0x3a, 0x5e, 0xc9, 0x35, 0x79, 0xa4, 0xd7, 0xcf, 0x5f, 0x1d, 0x1d,
+            0x4c, 0xa7, 0xad, 0x0a, 0xa9, 0x44
+        ]
+    );
+    let (q, s) = Packet::decode_any(&b).unwrap();
+    assert_eq!(q, p);
+    assert_eq!(
+        s,
+        Some(AuthSection {
+            auth_type: 5,
+            key_id: 7,
+            seq: 0xdead_beef
+        })
+    );
+    assert_eq!(Packet::decode(&b), Err(PacketError::Authenticated));
+    // Keyed SHA1 is type 4.
+    let k = p.encode_sha1(&sha1_auth(AuthType::KeyedSha1, "juneau-bfd"), 1);
+    assert_eq!(k[24], 4);
+}
+
+#[test]
+fn auth_keys_are_one_to_twenty_bytes() {
+    assert!(Auth::new(AuthType::KeyedSha1, 0, Secret::new("x".repeat(20))).is_ok());
+    assert_eq!(
+        Auth::new(AuthType::KeyedSha1, 0, Secret::new("x".repeat(21))),
+        Err(AuthConfigError::KeyTooLong(21))
+    );
+    assert_eq!(
+        Auth::new(AuthType::KeyedSha1, 0, Secret::new("")),
+        Err(AuthConfigError::EmptyKey)
+    );
+    let dbg = format!("{:?}", sha1_auth(AuthType::KeyedSha1, "hunter2"));
+    assert!(!dbg.contains("hunter2"), "{dbg}");
+}
+
+#[test]
+fn sessions_come_up_with_keyed_sha1_and_with_meticulous_keyed_sha1() {
+    for kind in [AuthType::KeyedSha1, AuthType::MeticulousKeyedSha1] {
+        let mut p = auth_pair(sha1_auth(kind, "k3y"), sha1_auth(kind, "k3y"));
+        p.run_for(Duration::from_secs(4));
+        assert!(p.up(), "{kind}");
+        // Across the sequence number's wrap (a started at 2^32 - 16).
+        p.run_for(Duration::from_secs(10));
+        assert!(p.up(), "{kind}");
+        assert_eq!(p.a.auth_failures + p.b.auth_failures, 0, "{kind}");
+        assert!(
+            p.a.next_auth_seq() < 100,
+            "wrapped: {}",
+            p.a.next_auth_seq()
+        );
+    }
+}
+
+#[test]
+fn a_wrong_key_keeps_the_session_down_and_is_counted() {
+    for kind in [AuthType::KeyedSha1, AuthType::MeticulousKeyedSha1] {
+        let mut p = auth_pair(sha1_auth(kind, "right"), sha1_auth(kind, "wrong"));
+        p.run_for(Duration::from_secs(5));
+        assert_eq!(p.a.state(), BfdState::Down, "{kind}");
+        assert_eq!(p.b.state(), BfdState::Down, "{kind}");
+        assert!(p.a.auth_failures >= 4, "{kind}: {}", p.a.auth_failures);
+        assert!(p.b.auth_failures >= 4, "{kind}: {}", p.b.auth_failures);
+    }
+}
+
+#[test]
+fn an_unauthenticated_peer_is_not_heard_and_neither_is_an_authenticated_one_by_a_plain_session() {
+    let mut p = Pair::new(cfg(300, 3), cfg(300, 3));
+    p.a.set_auth(Some(sha1_auth(AuthType::KeyedSha1, "k")), 1);
+    p.run_for(Duration::from_secs(5));
+    assert_eq!(p.a.state(), BfdState::Down);
+    assert_eq!(p.b.state(), BfdState::Down);
+    assert!(p.a.auth_failures >= 4, "A bit clear, auth configured");
+    assert!(p.b.auth_failures >= 4, "A bit set, no auth configured");
+}
+
+/// Issue 25: the perfect forgery (both discriminators right, from the peer's address)
+/// without the key does not take an authenticated Up session down.
+#[test]
+fn a_spoofed_unauthenticated_down_does_not_drop_an_authenticated_up_session() {
+    for kind in [AuthType::KeyedSha1, AuthType::MeticulousKeyedSha1] {
+        let mut p = auth_pair(sha1_auth(kind, "k3y"), sha1_auth(kind, "k3y"));
+        p.run_for(Duration::from_secs(4));
+        assert!(p.up());
+        let now = p.now;
+        let forged = spoofed(BfdState::Down, 0x2222, 0x1111);
+        let other_key = sha1_auth(kind, "guess");
+        for bytes in [
+            forged.encode().to_vec(),
+            spoofed(BfdState::AdminDown, 0x2222, 0x1111)
+                .encode()
+                .to_vec(),
+            forged.encode_sha1(&other_key, 0).to_vec(),
+        ] {
+            assert!(p.a.receive(now, &bytes).is_err());
+            assert_eq!(p.a.state(), BfdState::Up, "{kind}");
+        }
+        assert_eq!(p.a.auth_failures, 3, "{kind}");
+        p.run_for(Duration::from_secs(2));
+        assert!(p.up(), "{kind}");
+    }
+}
+
+/// The same forgery keeps no dead authenticated session Up.
+#[test]
+fn spoofed_packets_without_the_key_do_not_keep_a_dead_authenticated_session_up() {
+    let kind = AuthType::KeyedSha1;
+    let mut p = auth_pair(sha1_auth(kind, "k3y"), sha1_auth(kind, "k3y"));
+    p.run_for(Duration::from_secs(4));
+    assert!(p.up());
+    p.cut = true;
+    let t0 = p.now;
+    while p.now < t0 + Duration::from_millis(1500) {
+        let now = p.now;
+        let _ =
+            p.a.receive(now, &spoofed(BfdState::Up, 0x2222, 0x1111).encode());
+        p.run_for(Duration::from_millis(100));
+    }
+    assert_eq!(p.a.state(), BfdState::Down);
+    assert_eq!(p.a.local_diag(), Diag::DetectionTimeExpired);
+}
+
+/// A session whose peer is `b`, fed by hand: returns it Up after one accepted packet with
+/// sequence number `seq0`, and the peer's auth to forge the next ones with.
+fn hand_fed(kind: AuthType) -> (Session, Auth, Instant) {
+    let now = Instant::now();
+    let auth = sha1_auth(kind, "k3y");
+    let mut s = Session::new(cfg(300, 3), 0x1111, now);
+    s.set_auth(Some(auth.clone()), 1);
+    let init = Packet {
+        my_disc: 0x2222,
+        ..peer_packet(BfdState::Init, 0x1111, 300, false)
+    };
+    s.receive(now, &init.encode_sha1(&auth, 1000)).unwrap();
+    assert_eq!(s.state(), BfdState::Up);
+    (s, auth, now)
+}
+
+fn up_from_b() -> Packet {
+    Packet {
+        my_disc: 0x2222,
+        ..peer_packet(BfdState::Up, 0x1111, 300, false)
+    }
+}
+
+#[test]
+fn meticulous_keyed_sha1_requires_a_new_sequence_number_every_packet() {
+    let (mut s, auth, now) = hand_fed(AuthType::MeticulousKeyedSha1);
+    let p = up_from_b();
+    // A replay of the same number, and one behind.
+    for seq in [1000, 999, 1000 - 100] {
+        assert_eq!(
+            s.receive(now, &p.encode_sha1(&auth, seq)),
+            Err(PacketError::AuthSequence {
+                got: seq,
+                last: 1000
+            })
+        );
+    }
+    // Beyond 3 x Detect Mult (9) ahead.
+    assert!(matches!(
+        s.receive(now, &p.encode_sha1(&auth, 1010)),
+        Err(PacketError::AuthSequence { got: 1010, .. })
+    ));
+    assert_eq!(s.auth_failures, 4);
+    // Within: 1001 .. 1009; a gap is fine (lost packets).
+    s.receive(now, &p.encode_sha1(&auth, 1001)).unwrap();
+    s.receive(now, &p.encode_sha1(&auth, 1009)).unwrap();
+    assert!(s.receive(now, &p.encode_sha1(&auth, 1009)).is_err());
+    assert_eq!(s.auth_failures, 5);
+}
+
+#[test]
+fn keyed_sha1_accepts_the_same_sequence_number_within_the_window_only() {
+    let (mut s, auth, now) = hand_fed(AuthType::KeyedSha1);
+    let p = up_from_b();
+    s.receive(now, &p.encode_sha1(&auth, 1000)).unwrap();
+    s.receive(now, &p.encode_sha1(&auth, 1009)).unwrap();
+    for seq in [1008, 1019, 0] {
+        assert!(
+            matches!(
+                s.receive(now, &p.encode_sha1(&auth, seq)),
+                Err(PacketError::AuthSequence { .. })
+            ),
+            "{seq}"
+        );
+    }
+    assert_eq!(s.auth_failures, 3);
+    assert_eq!(s.state(), BfdState::Up);
+}
+
+#[test]
+fn wrong_digest_type_and_key_id_are_discarded_and_counted() {
+    let (mut s, auth, now) = hand_fed(AuthType::MeticulousKeyedSha1);
+    let p = Packet {
+        state: BfdState::Down,
+        ..up_from_b()
+    };
+    let mut b = p.encode_sha1(&auth, 1001);
+    b[40] ^= 1;
+    assert_eq!(s.receive(now, &b), Err(PacketError::AuthDigest));
+    let mut b = p.encode_sha1(&auth, 1001);
+    b[20] ^= 1; // a covered byte changed in flight
+    assert_eq!(s.receive(now, &b), Err(PacketError::AuthDigest));
+    let other_id = Auth::new(AuthType::MeticulousKeyedSha1, 8, Secret::new("k3y")).unwrap();
+    assert_eq!(
+        s.receive(now, &p.encode_sha1(&other_id, 1001)),
+        Err(PacketError::AuthKeyId { got: 8, want: 7 })
+    );
+    let keyed = sha1_auth(AuthType::KeyedSha1, "k3y");
+    assert_eq!(
+        s.receive(now, &p.encode_sha1(&keyed, 1001)),
+        Err(PacketError::AuthType {
+            got: 4,
+            want: AuthType::MeticulousKeyedSha1
+        })
+    );
+    // Simple password (type 1): we do not speak it.
+    let mut simple = p.encode().to_vec();
+    simple[1] |= 0x04;
+    simple[3] = 24 + 7;
+    simple.extend_from_slice(&[1, 7, 7, b'k', b'3', b'y', b'!']);
+    assert_eq!(
+        s.receive(now, &simple),
+        Err(PacketError::AuthType {
+            got: 1,
+            want: AuthType::MeticulousKeyedSha1
+        })
+    );
+    // A SHA1 section with the wrong Auth Len.
+    let mut short = p.encode_sha1(&auth, 1001);
+    short[25] = 27;
+    assert!(matches!(
+        s.receive(now, &short),
+        Err(PacketError::AuthLength { .. })
+    ));
+    assert_eq!(s.auth_failures, 5);
+    assert_eq!(s.state(), BfdState::Up, "none of them took it down");
+    // The real one does.
+    s.receive(now, &p.encode_sha1(&auth, 1001)).unwrap();
+    assert_eq!(s.state(), BfdState::Down);
+}
+
+/// RFC 5880 6.8.1: bfd.AuthSeqKnown is forgotten after twice the detection time without
+/// a packet, so a peer that restarted with a new random sequence number is heard again.
+#[test]
+fn the_sequence_number_is_forgotten_after_twice_the_detection_time() {
+    let (mut s, auth, now) = hand_fed(AuthType::MeticulousKeyedSha1);
+    let p = up_from_b();
+    let later = now + Duration::from_millis(1700);
+    assert!(s.receive(later, &p.encode_sha1(&auth, 5)).is_err());
+    let later = now + Duration::from_millis(1800);
+    s.handle_timeout(later);
+    s.receive(later, &p.encode_sha1(&auth, 5)).unwrap();
+}
+
+/// A restart hold with authentication: the resumed session continues the sequence
+/// numbers, so the peer (meticulous) keeps the session Up.
+#[test]
+fn a_held_authenticated_session_resumes_with_the_next_sequence_number() {
+    let kind = AuthType::MeticulousKeyedSha1;
+    let mut p = auth_pair(sha1_auth(kind, "k3y"), sha1_auth(kind, "k3y"));
+    p.run_for(Duration::from_secs(4));
+    assert!(p.up());
+    p.a.hold_for_restart(Duration::from_secs(10));
+    p.run_for(Duration::from_millis(100));
+    let (la, ra, seq) = (p.a.local_disc(), p.a.remote_disc(), p.a.next_auth_seq());
+    let cfg_a = p.a.config();
+    p.a = Session::new(cfg_a, 0x7777, p.now + Duration::from_secs(3600)); // silent
+    p.run_for(Duration::from_secs(20));
+    let now = p.now;
+    p.a = Session::resume(cfg_a, la, ra, now);
+    p.a.set_auth(Some(sha1_auth(kind, "k3y")), seq);
+    p.run_for(Duration::from_secs(2));
+    assert!(p.up());
+    assert_eq!(p.b.auth_failures, 0);
+    assert_eq!(p.b.state(), BfdState::Up);
 }

@@ -27,6 +27,11 @@ pub(crate) fn sample_state() -> NodeState {
         min_tx_ms: 100_000,
         multiplier: 7,
     });
+    peer.bfd_auth = Some(BfdAuth {
+        auth_type: BfdAuthType::MeticulousKeyedSha1,
+        key_id: 255,
+        key: "twenty-bytes-bfd-key".into(),
+    });
     peer.drain = Some(DrainSettings {
         as_path_prepend: 3,
         local_pref: 7,
@@ -243,7 +248,7 @@ fn other_layout_version_is_refused_with_a_clear_error() {
     let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
     w.publish(&sample_state()).unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&99u32.to_le_bytes());
     let other = dir.path().join("other.state");
     std::fs::write(&other, &bytes).unwrap();
     let err = NodeStateReader::open(&other).err().expect("must refuse");
@@ -251,14 +256,14 @@ fn other_layout_version_is_refused_with_a_clear_error() {
         matches!(
             err,
             ShmError::LayoutVersion {
-                found: 7,
+                found: 99,
                 expected: LAYOUT_VERSION,
                 ..
             }
         ),
         "{err}"
     );
-    assert!(err.to_string().contains("layout version 7"), "{err}");
+    assert!(err.to_string().contains("layout version 99"), "{err}");
 }
 
 #[test]
@@ -310,6 +315,9 @@ fn unrepresentable_state_is_refused_and_the_last_table_stays() {
     let mut bad = good.clone();
     bad.peers[0].md5_password = Some("x".repeat(81).into());
     assert!(matches!(w.publish(&bad), Err(ShmError::Unrepresentable(m)) if m.contains("MD5")));
+    let mut bad = good.clone();
+    bad.peers[0].bfd_auth.as_mut().unwrap().key = "x".repeat(21).into();
+    assert!(matches!(w.publish(&bad), Err(ShmError::Unrepresentable(m)) if m.contains("BFD key")));
     let mut bad = good.clone();
     bad.node = "n".repeat(300);
     assert!(w.publish(&bad).is_err());
