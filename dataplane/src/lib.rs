@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod neigh;
 pub mod netlink;
 pub mod packet;
+pub mod privileges;
 pub mod redirect;
 pub mod redirect_wire;
 pub mod region;

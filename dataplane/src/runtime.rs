@@ -46,6 +46,7 @@ use crate::flow::{FlowTable, Opened};
 use crate::frames::FramePool;
 use crate::neigh::{Iface, Neighbours, Resolve, Side};
 use crate::netlink::{self, Netlink, PodSource, SharedNeighbours};
+use crate::privileges::Forwarding;
 use crate::region::monotonic_ms;
 use crate::services::ServiceTable;
 use crate::steering::{IfaceLink, SteeredIface, Steering};
@@ -332,7 +333,9 @@ fn decommission_and_idle(
 ) -> Result<()> {
     use juneau_control::decommission::{self, Component};
     let removed = Steering::remove_pins(&cfg.pin_dir)?;
-    // The parent (/sys/fs/bpf/juneau) goes too once no other instance uses it.
+    // The parent (/sys/fs/bpf/juneau) goes too once no other instance uses it (not in
+    // the chart's container, where the parent is its /sys/fs/bpf mount point: the
+    // host's empty /sys/fs/bpf/juneau stays).
     if let Some(parent) = cfg.pin_dir.parent() {
         let _ = std::fs::remove_dir(parent);
     }
@@ -342,6 +345,10 @@ fn decommission_and_idle(
         Component::Dataplane,
     )?;
     tracing::info!(token, pin_dir = %cfg.pin_dir.display(), pins_removed = removed, "decommissioned: XDP program detached, pins and files removed; idle until stopped");
+    // Idling needs no capability (the metrics port is unprivileged).
+    let none = caps::CapsHashSet::new();
+    crate::privileges::restrict_current_thread(&none, &none)
+        .context("dropping every capability to idle")?;
     match serving {
         Some(exporter) => exporter.set_decommissioned(),
         None => {
@@ -369,7 +376,14 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         "no Pod interfaces: give --pod-iface or --pod-ifaces-from-routes"
     );
     let ifs = Interfaces::resolve(&cfg)?;
-    let resolver = Resolver::start(&cfg, &ifs)?;
+    // What forwarding keeps of the process's capabilities (crate::privileges); the rest
+    // goes once set-up is done, below.
+    let forwarding = Forwarding::needs(
+        cfg.pod_ifaces_from_routes,
+        cfg.worker_priority > 0,
+        crate::privileges::running_kernel(),
+    );
+    let resolver = Resolver::start(&cfg, &ifs, &forwarding)?;
     let layout = Layout::of(&cfg, &ifs)?;
     let workers = worker_count(&cfg, &layout.steered)?;
     let resolved_ms = started.elapsed().as_millis();
@@ -412,6 +426,17 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         }
         listen_redirects(&mut steering, &built[0].engine)?;
     }
+    // Set-up is done: sockets bound, programs attached. Before any other thread starts,
+    // drop what only set-up needed (the threads started below inherit the rest).
+    let dropped = forwarding
+        .enter()
+        .context("dropping the capabilities only set-up needs")?;
+    tracing::info!(
+        kept = ?crate::privileges::names(&forwarding.keep),
+        sys_nice_until_workers_start = forwarding.nice_at_start,
+        dropped = ?crate::privileges::names(&dropped),
+        "capabilities after set-up"
+    );
     tracing::info!(
         uplink = %cfg.uplink,
         pods = ?cfg.pod_ifaces,
@@ -434,8 +459,18 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     // /metrics, /healthz, /readyz on their own thread (crate::metrics); the stats thread
     // hands it the merged counters.
     let exporter = crate::metrics::Exporter::new(&cfg.status_file);
-    exporter.serve(cfg.metrics_addr)?;
-    let (stats_tx, stats_writer) = spawn_stats_writer(&cfg, exporter.clone(), workers as usize)?;
+    // Started from a thread of its own that first drops CAP_SYS_NICE (kept by this one
+    // for the workers' start), so the metrics thread never holds it.
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            forwarding.settle_thread();
+            exporter.serve(cfg.metrics_addr)
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })?;
+    let (stats_tx, stats_writer) =
+        spawn_stats_writer(&cfg, exporter.clone(), workers as usize, forwarding.clone())?;
     let first = built.remove(0);
     let mut engine = first.engine;
     let mut io = Io {
@@ -458,7 +493,15 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
             engine: b.engine,
         })
         .collect();
-    let result = run_workers(&cfg, &mut io, &mut engine, others, &resolver, &stats_tx);
+    let result = run_workers(
+        &cfg,
+        &mut io,
+        &mut engine,
+        others,
+        &resolver,
+        &stats_tx,
+        &forwarding,
+    );
     drop(stats_tx);
     let _ = stats_writer.join();
     resolver.stop();
@@ -518,7 +561,7 @@ struct Resolver {
 
 impl Resolver {
     /// Neighbours: a resolver thread keeps a copy fresh.
-    fn start(cfg: &RuntimeConfig, ifs: &Interfaces) -> Result<Self> {
+    fn start(cfg: &RuntimeConfig, ifs: &Interfaces, forwarding: &Forwarding) -> Result<Self> {
         let pod_ifaces = ifs.pod_ifaces();
         let source = PodSource {
             explicit: pod_ifaces.clone(),
@@ -535,9 +578,17 @@ impl Resolver {
         let uplink = ifs.uplink;
         let handle = {
             let (shared, stop) = (shared.clone(), stop.clone());
+            let forwarding = forwarding.clone();
             std::thread::Builder::new()
                 .name("neighbours".into())
                 .spawn(move || {
+                    // Started before set-up ends: keeps only what forwarding needs
+                    // (CAP_NET_ADMIN for the neighbour table) from the start.
+                    if let Err(e) = forwarding.enter_early_thread() {
+                        // As when the main thread cannot: the process stops.
+                        tracing::error!(error = %e, "the neighbour resolver could not drop the capabilities only set-up needs");
+                        std::process::exit(1);
+                    }
                     netlink::run_resolver(
                         nl,
                         uplink,
@@ -709,6 +760,7 @@ fn run_workers(
     others: Vec<worker::Worker<'_>>,
     resolver: &Resolver,
     stats_tx: &StatsSender,
+    forwarding: &Forwarding,
 ) -> Result<()> {
     let published = worker::Published::new(others.len() + 1);
     std::thread::scope(|sc| -> Result<()> {
@@ -719,6 +771,7 @@ fn run_workers(
                 published: &published,
                 miss_tx: resolver.miss_tx.clone(),
                 stats_tx: stats_tx.clone(),
+                forwarding,
             };
             let id = wk.id;
             let spawned = std::thread::Builder::new()
@@ -737,6 +790,7 @@ fn run_workers(
             &resolver.miss_tx,
             stats_tx,
             &published,
+            forwarding,
         );
         // Worker 0 stopping (signal or error) stops them all.
         STOP.store(true, Ordering::Relaxed);
@@ -844,10 +898,12 @@ fn spawn_stats_writer(
     cfg: &RuntimeConfig,
     exporter: Arc<crate::metrics::Exporter>,
     workers: usize,
+    forwarding: Forwarding,
 ) -> Result<(StatsSender, std::thread::JoinHandle<()>)> {
     let (stats_tx, stats_rx) = mpsc::sync_channel::<(usize, Stats)>(2 * workers);
     let path = cfg.stats_file.clone();
     let h = std::thread::Builder::new().name("stats".into()).spawn(move || {
+        forwarding.settle_thread();
         let mut collector = worker::Collector::new(workers);
         for (w, stats) in stats_rx {
             let Some(stats) = collector.add(w, stats) else {
@@ -1471,6 +1527,7 @@ impl Control {
     }
 }
 
+#[allow(clippy::too_many_arguments)] // worker 0's loop takes what the others get in `worker::Shared`
 fn forward_loop(
     cfg: &RuntimeConfig,
     io: &mut Io<'_>,
@@ -1479,6 +1536,7 @@ fn forward_loop(
     miss_tx: &mpsc::SyncSender<(u32, u32)>,
     stats_tx: &mpsc::SyncSender<(usize, Stats)>,
     published: &worker::Published,
+    forwarding: &Forwarding,
 ) -> Result<()> {
     let mut b = Bufs::new(cfg.ring_size, io.ports.len());
     let mut nb: Arc<Neighbours> = shared.get();
@@ -1492,6 +1550,7 @@ fn forward_loop(
 
     let mut timing = LoopTiming::default();
     let realtime = crate::sched::enter_worker(cfg.worker_priority, 0);
+    forwarding.settle_thread();
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();
         timing.top(now);

@@ -549,6 +549,8 @@ pub(super) struct Shared<'a> {
     pub published: &'a Published,
     pub miss_tx: mpsc::SyncSender<(u32, u32)>,
     pub stats_tx: mpsc::SyncSender<(usize, Stats)>,
+    /// What this worker keeps once it runs (it drops CAP_SYS_NICE after its start).
+    pub forwarding: &'a Forwarding,
 }
 
 /// The loop of workers 1..N: follow the service table and neighbours worker 0 and the
@@ -564,6 +566,7 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
     let (mut last_stats, mut activity) = (Instant::now(), Activity::new(Instant::now()));
     let mut timing = LoopTiming::default();
     let realtime = crate::sched::enter_worker(cfg.worker_priority, w.id);
+    s.forwarding.settle_thread();
     while !STOP.load(Ordering::Relaxed) {
         let now = Instant::now();
         timing.top(now);

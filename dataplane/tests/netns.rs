@@ -2947,3 +2947,142 @@ fn a_flood_of_first_fragments_is_bounded_and_spares_real_datagrams() -> Result<(
     }
     lab.finish()
 }
+
+// Capability bits (linux/capability.h).
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_NET_RAW: u32 = 13;
+const CAP_IPC_LOCK: u32 = 14;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_SYS_NICE: u32 = 23;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// The capability sets of each thread of `pid` (`/proc/PID/task/TID/status`): thread id,
+/// name, and CapInh, CapPrm, CapEff, CapBnd, CapAmb.
+fn thread_caps(pid: u32) -> Result<Vec<(u32, String, [u64; 5])>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let e = e?;
+        let Ok(tid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        // A thread may end between the listing and the read.
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| -> Result<String> {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+                .with_context(|| format!("no {name} in {status}"))
+        };
+        let mut sets = [0u64; 5];
+        for (i, name) in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"]
+            .iter()
+            .enumerate()
+        {
+            sets[i] = u64::from_str_radix(&field(name)?, 16)?;
+        }
+        out.push((tid, field("Name:")?, sets));
+    }
+    Ok(out)
+}
+
+/// Whether CAP_BPF stays for map updates (kernels before 6.5, `crate::privileges`).
+fn kernel_before_6_5() -> bool {
+    let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    juneau_dataplane::privileges::kernel_version(r.trim()).is_none_or(|v| v < (6, 5))
+}
+
+/// Every thread of the running dataplane holds at most `keep` (permitted, effective,
+/// bounding; nothing inheritable or ambient), and the main thread exactly `keep` (it
+/// started as root, with every capability). Waits up to 5 s for the threads to settle
+/// (each worker drops CAP_SYS_NICE once it runs SCHED_FIFO).
+fn assert_forwarding_caps(lab: &Lab, mut keep: u64) -> Result<()> {
+    if kernel_before_6_5() {
+        keep |= 1 << CAP_BPF;
+    }
+    let pid = lab.dataplane.as_ref().context("no dataplane")?.id();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let threads = thread_caps(pid)?;
+        let over: Vec<_> = threads
+            .iter()
+            .filter(|(_, _, c)| c[0] != 0 || c[4] != 0 || (c[1] | c[2] | c[3]) & !keep != 0)
+            .collect();
+        let main = threads
+            .iter()
+            .find(|t| t.0 == pid)
+            .context("no main thread")?;
+        if over.is_empty() {
+            assert_eq!(main.2[1], keep, "main thread's CapPrm: {threads:#x?}");
+            assert_eq!(main.2[2], keep, "main thread's CapEff: {threads:#x?}");
+            ensure!(
+                threads.len() >= 4,
+                "main, neighbours, metrics, stats: {threads:?}"
+            );
+            for gone in [
+                CAP_BPF,
+                CAP_PERFMON,
+                CAP_IPC_LOCK,
+                CAP_SYS_ADMIN,
+                CAP_SYS_NICE,
+            ] {
+                if keep & (1 << gone) == 0 {
+                    ensure!(threads.iter().all(|t| t.2[1] & (1 << gone) == 0));
+                }
+            }
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "threads of the forwarding dataplane hold more than {keep:#x} \
+             ([CapInh, CapPrm, CapEff, CapBnd, CapAmb]): {over:#x?}\n{}",
+            lab.dataplane_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 25: once forwarding, the dataplane holds only what forwarding needs — with
+/// fixed Pod interfaces (the chart), CAP_NET_ADMIN (the neighbour table) — not the BPF,
+/// PERFMON, IPC_LOCK, NET_RAW and SYS_NICE set-up took; and it still forwards, resolves
+/// a new backend's neighbour and survives a restart that reuses its pins.
+#[test]
+fn a_forwarding_dataplane_keeps_only_the_capabilities_it_still_needs() -> Result<()> {
+    let mut lab = Lab::new("dcap")?;
+    assert_forwarding_caps(&lab, 1 << CAP_NET_ADMIN)?;
+    let log = lab.dataplane_log();
+    ensure!(log.contains("capabilities after set-up"), "{log}");
+    lab.connections_on_both_pods(16)?;
+    ensure!(lab.udp_ask()?.contains("pod"), "UDP through the VIP");
+    // A restart reuses the pinned program and links, and drops again.
+    lab.kill9();
+    lab.start()?;
+    assert_forwarding_caps(&lab, 1 << CAP_NET_ADMIN)?;
+    lab.connections_on_both_pods(16)?;
+    lab.finish()
+}
+
+/// With Pod interfaces found through routes, CAP_NET_RAW stays too: a Pod veth that
+/// appears while forwarding gets AF_XDP sockets and the XDP program with what is kept.
+#[test]
+fn with_pods_found_through_routes_net_raw_stays_and_a_new_pod_is_attached() -> Result<()> {
+    let mut lab = Lab::from_routes("dcar")?;
+    // pv0 and pv1 were attached after set-up already (found through the routes).
+    assert_forwarding_caps(&lab, (1 << CAP_NET_ADMIN) | (1 << CAP_NET_RAW))?;
+    let pod2 = Netns::new(format!("{}x", lab.node.name()))?;
+    wire_pod(&lab.node, &pod2, 2, false, 1)?;
+    lab.backends.push(start_backend(pod2.name(), "pod2")?);
+    lab.pods.push(pod2);
+    lab.publish(&[0, 1, 2])?;
+    lab.wait_pod_ifaces(&["pv0", "pv1", "pv2"], &[])?;
+    let mut seen = HashSet::new();
+    for mut c in lab.connect_many(30)? {
+        seen.insert(pod_of(&http_get(&mut c)?).context("pod")?);
+    }
+    assert!(seen.contains(&2), "the new Pod gets traffic: {seen:?}");
+    assert_forwarding_caps(&lab, (1 << CAP_NET_ADMIN) | (1 << CAP_NET_RAW))?;
+    lab.finish()
+}
