@@ -4,14 +4,16 @@
 #      clang/libbpf for the XDP programs, nginx, nftables, etcd, ...);
 #   2. kube-apiserver, kube-controller-manager and etcd built from the k8s.io/kubernetes
 #      Go module (tests/k8s/build.sh; cached outside the checkout, built once per machine);
-#   3. a bpffs mount at /sys/fs/bpf (pinned maps) when missing.
+#   3. a bpffs mount at /sys/fs/bpf (pinned maps) when missing;
+#   4. cargo-deny, the dependency policy's checker (deny.toml, tests/deny.sh), built
+#      from crates.io at a pinned version (cargo install --locked; once per machine).
 # Safe to run again: each step skips what is already there.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 step() { printf '\n==> %s\n' "$*"; }
 
-step "[setup 1/3] Debian packages"
+step "[setup 1/4] Debian packages"
 mapfile -t want < <(grep -v '^\s*#' "$here/setup/apt-packages.txt" | awk 'NF {print $1}')
 missing=()
 for p in "${want[@]}"; do
@@ -33,12 +35,21 @@ for svc in bird frr gobgpd nginx; do
     fi
 done
 
-step "[setup 2/3] Kubernetes control plane binaries (built from source once per machine)"
+step "[setup 2/4] Kubernetes control plane binaries (built from source once per machine)"
 "$here/k8s/build.sh"
 
-step "[setup 3/3] bpffs"
+step "[setup 3/4] bpffs"
 if ! mountpoint -q /sys/fs/bpf 2>/dev/null; then
     mkdir -p /sys/fs/bpf && mount -t bpf bpf /sys/fs/bpf && echo "mounted bpffs at /sys/fs/bpf"
 else
     echo "bpffs already mounted"
+fi
+
+step "[setup 4/4] cargo-deny"
+deny_version=0.20.2
+if [[ "$(cargo deny --version 2>/dev/null)" == "cargo-deny $deny_version" ]]; then
+    echo "cargo-deny $deny_version present"
+else
+    # Its own temporary target directory (not the workspace's CARGO_TARGET_DIR).
+    env -u CARGO_TARGET_DIR cargo install cargo-deny --version "=$deny_version" --locked --quiet
 fi
