@@ -3086,3 +3086,43 @@ fn with_pods_found_through_routes_net_raw_stays_and_a_new_pod_is_attached() -> R
     assert_forwarding_caps(&lab, (1 << CAP_NET_ADMIN) | (1 << CAP_NET_RAW))?;
     lab.finish()
 }
+
+/// helm uninstall's request reaching a forwarding dataplane, which holds only
+/// CAP_NET_ADMIN by then (issue 25): it still detaches its XDP program from every
+/// interface, removes its pins and acknowledges; idle, its main thread holds nothing.
+#[test]
+fn a_decommission_while_forwarding_needs_none_of_the_dropped_capabilities() -> Result<()> {
+    let req = tempfile::tempdir()?;
+    let d = req.path().to_str().context("path")?.to_string();
+    let lab = Lab::build_with("dcad", 1, false, false, &["--decommission-dir", &d])?;
+    assert_forwarding_caps(&lab, 1 << CAP_NET_ADMIN)?;
+    lab.connections_on_both_pods(8)?;
+    juneau_control::decommission::request(req.path(), "t1")?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !juneau_control::decommission::acknowledged(
+        req.path(),
+        juneau_control::decommission::Component::Dataplane,
+    ) {
+        ensure!(
+            Instant::now() < deadline,
+            "no acknowledgement in 15 s:\n{}",
+            lab.dataplane_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for ifname in ["up0", "pv0", "pv1"] {
+        let out = lab.node.exec(&["ip", "-d", "link", "show", ifname])?;
+        ensure!(!out.contains("prog/xdp"), "XDP still on {ifname}: {out}");
+    }
+    let pins = lab.bpffs.pin_dir();
+    ensure!(!pins.exists(), "{} left", pins.display());
+    let pid = lab.dataplane.as_ref().context("no dataplane")?.id();
+    let threads = thread_caps(pid)?;
+    let main = threads.iter().find(|t| t.0 == pid).context("main")?;
+    assert_eq!(
+        (main.2[1], main.2[2]),
+        (0, 0),
+        "idle main thread: {threads:#x?}"
+    );
+    lab.finish()
+}
