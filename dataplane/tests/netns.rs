@@ -1588,17 +1588,7 @@ fn per_pod_veths_found_through_routes_come_and_go_without_a_restart() -> Result<
     );
 
     // A Pod namespace created after the dataplane started, on its own veth pv2.
-    let pod2 = Netns::new(format!("{}x", lab.node.name()))?;
-    wire_pod(&lab.node, &pod2, 2, false, 1)?;
-    lab.backends.push(start_backend(pod2.name(), "pod2")?);
-    lab.pods.push(pod2);
-    lab.publish(&[0, 1, 2])?;
-    lab.wait_pod_ifaces(&["pv0", "pv1", "pv2"], &[])?;
-    let mut seen = HashSet::new();
-    for mut c in lab.connect_many(30)? {
-        seen.insert(pod_of(&http_get(&mut c)?).context("pod")?);
-    }
-    assert!(seen.contains(&2), "the new Pod gets traffic: {seen:?}");
+    add_third_pod_on_its_own_veth(&mut lab)?;
 
     // pv1 is deleted (the Pod's veth goes away): the dataplane detaches it and keeps
     // serving the other Pods' connections.
@@ -3067,11 +3057,9 @@ fn a_forwarding_dataplane_keeps_only_the_capabilities_it_still_needs() -> Result
 
 /// With Pod interfaces found through routes, CAP_NET_RAW stays too: a Pod veth that
 /// appears while forwarding gets AF_XDP sockets and the XDP program with what is kept.
-#[test]
-fn with_pods_found_through_routes_net_raw_stays_and_a_new_pod_is_attached() -> Result<()> {
-    let mut lab = Lab::from_routes("dcar")?;
-    // pv0 and pv1 were attached after set-up already (found through the routes).
-    assert_forwarding_caps(&lab, (1 << CAP_NET_ADMIN) | (1 << CAP_NET_RAW))?;
+/// A third Pod namespace created while the dataplane runs, on its own veth `pv2`, found
+/// through its route, published as a backend: it gets some of 30 new connections.
+fn add_third_pod_on_its_own_veth(lab: &mut Lab) -> Result<()> {
     let pod2 = Netns::new(format!("{}x", lab.node.name()))?;
     wire_pod(&lab.node, &pod2, 2, false, 1)?;
     lab.backends.push(start_backend(pod2.name(), "pod2")?);
@@ -3082,7 +3070,16 @@ fn with_pods_found_through_routes_net_raw_stays_and_a_new_pod_is_attached() -> R
     for mut c in lab.connect_many(30)? {
         seen.insert(pod_of(&http_get(&mut c)?).context("pod")?);
     }
-    assert!(seen.contains(&2), "the new Pod gets traffic: {seen:?}");
+    ensure!(seen.contains(&2), "the new Pod gets traffic: {seen:?}");
+    Ok(())
+}
+
+#[test]
+fn with_pods_found_through_routes_net_raw_stays_and_a_new_pod_is_attached() -> Result<()> {
+    let mut lab = Lab::from_routes("dcar")?;
+    // pv0 and pv1 were attached after set-up already (found through the routes).
+    assert_forwarding_caps(&lab, (1 << CAP_NET_ADMIN) | (1 << CAP_NET_RAW))?;
+    add_third_pod_on_its_own_veth(&mut lab)?;
     assert_forwarding_caps(&lab, (1 << CAP_NET_ADMIN) | (1 << CAP_NET_RAW))?;
     lab.finish()
 }
