@@ -304,14 +304,22 @@ pub fn lock_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Whether the status writer of `path` has exited: `Some(true)` when nothing holds its
-/// liveness lock, `Some(false)` while a writer holds it, `None` when that cannot be told
-/// (no lock file: a writer of an older version, or none ever started).
-fn writer_exited(path: &Path) -> Option<bool> {
-    let file = std::fs::File::open(lock_path(path)).ok()?;
-    match file.try_lock() {
-        // Nobody holds it; released when `file` closes, at once.
-        Ok(()) => Some(true),
+/// Opens the liveness lock of the status file at `path` (`None`: no lock file, a writer
+/// of an older version or none ever started).
+fn open_lock(path: &Path) -> Option<std::fs::File> {
+    std::fs::File::open(lock_path(path)).ok()
+}
+
+/// Whether the status writer whose liveness lock is `lock` has exited: `Some(true)` when
+/// nothing holds it, `Some(false)` while a writer holds it, `None` when that cannot be
+/// told.
+fn writer_exited(lock: &std::fs::File) -> Option<bool> {
+    match lock.try_lock() {
+        // Nobody holds it: let it go at once, a writer starting now must get it.
+        Ok(()) => {
+            let _ = lock.unlock();
+            Some(true)
+        }
         Err(std::fs::TryLockError::WouldBlock) => Some(false),
         Err(std::fs::TryLockError::Error(_)) => None,
     }
@@ -487,6 +495,9 @@ impl DataplaneStatus {
 pub struct DataplaneStatusReader {
     path: PathBuf,
     map: Mapping,
+    /// The writer's liveness lock, opened once (again when a new writer replaced the
+    /// file, or while there is none).
+    lock: Option<std::fs::File>,
 }
 
 impl DataplaneStatusReader {
@@ -494,7 +505,8 @@ impl DataplaneStatusReader {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StatusError> {
         let path = path.as_ref().to_path_buf();
         let map = Mapping::open(&path, false)?;
-        Ok(DataplaneStatusReader { path, map })
+        let lock = open_lock(&path);
+        Ok(DataplaneStatusReader { path, map, lock })
     }
 
     /// The file read.
@@ -507,6 +519,10 @@ impl DataplaneStatusReader {
     pub fn read(&mut self) -> Result<DataplaneStatus, StatusError> {
         if self.map.header().superseded.load(Ordering::Acquire) != 0 {
             self.map = Mapping::open(&self.path, false)?;
+            self.lock = None;
+        }
+        if self.lock.is_none() {
+            self.lock = open_lock(&self.path);
         }
         let h = self.map.header();
         let mut vips = Vec::new();
@@ -552,7 +568,7 @@ impl DataplaneStatusReader {
                 state_generation: generation,
                 vips,
                 stopped: h.stopped.load(Ordering::Acquire) != 0,
-                exited: writer_exited(&self.path).unwrap_or(false),
+                exited: self.lock.as_ref().and_then(writer_exited).unwrap_or(false),
             });
         }
         Err(StatusError::Contended(READ_RETRIES))
@@ -597,7 +613,7 @@ mod tests {
     fn a_killed_writer_is_known_gone_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("n.dataplane");
-        assert_eq!(writer_exited(&path), None, "no lock file: cannot tell");
+        assert!(open_lock(&path).is_none(), "no lock file: cannot tell");
         // This process as the writer: alive while it holds the lock.
         let w = DataplaneStatusWriter::create(&path).unwrap();
         let mut r = DataplaneStatusReader::open(&path).unwrap();
@@ -615,7 +631,7 @@ mod tests {
             .spawn()
             .expect("flock (util-linux)");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while writer_exited(&path) != Some(false) {
+        while r.read().unwrap().exited {
             assert!(
                 std::time::Instant::now() < deadline,
                 "flock never took the lock"
@@ -624,7 +640,10 @@ mod tests {
         }
         holder.kill().unwrap();
         holder.wait().unwrap();
-        assert_eq!(writer_exited(&path), Some(true), "the kernel released it");
+        assert!(r.read().unwrap().exited, "the kernel released it");
+        // The reader's own look at the lock took nothing: a new writer gets it.
+        let _w = DataplaneStatusWriter::create(&path).unwrap();
+        assert!(!r.read().unwrap().exited);
     }
 
     #[test]
