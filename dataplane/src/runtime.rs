@@ -902,6 +902,7 @@ fn spawn_stats_writer(
 ) -> Result<(StatsSender, std::thread::JoinHandle<()>)> {
     let (stats_tx, stats_rx) = mpsc::sync_channel::<(usize, Stats)>(2 * workers);
     let path = cfg.stats_file.clone();
+    let decommission_dir = cfg.decommission_dir.clone();
     let h = std::thread::Builder::new().name("stats".into()).spawn(move || {
         forwarding.settle_thread();
         let mut collector = worker::Collector::new(workers);
@@ -909,6 +910,16 @@ fn spawn_stats_writer(
             let Some(stats) = collector.add(w, stats) else {
                 continue;
             };
+            // The node agent's decommission request: checked with each statistics
+            // round (a stat a second), off the forwarding threads.
+            let request = decommission_dir
+                .as_deref()
+                .and_then(juneau_control::decommission::requested);
+            if let Some(token) = request {
+                tracing::info!(token = %token, "decommission requested: stopping forwarding");
+                DECOMMISSION.store(true, Ordering::Relaxed);
+                STOP.store(true, Ordering::Relaxed);
+            }
             if let Some(path) = &path {
                 let json = serde_json::to_vec_pretty(&stats).unwrap_or_default();
                 if let Err(e) = write_atomically(path, &json) {
@@ -1609,12 +1620,6 @@ fn forward_loop(
             st.loop_gap = timing.gaps.clone();
             let _ = stats_tx.try_send((0, st));
             timing.log();
-            // The node agent's decommission request: checked once a second (a stat).
-            if let Some(token) = decommission_requested(cfg) {
-                tracing::info!(token = %token, "decommission requested: stopping forwarding");
-                DECOMMISSION.store(true, Ordering::Relaxed);
-                STOP.store(true, Ordering::Relaxed);
-            }
         }
 
         // Activity: frames received, or TX completions still coming in (a frame the
