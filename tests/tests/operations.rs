@@ -47,8 +47,8 @@ const MUST_BE_CLEAN: &[&str] = &[
 /// Of [`MUST_BE_CLEAN`], the operations that replace every node's Juneau Pod. The
 /// DaemonSet deletes a node's old Pod before it creates the new one (two dataplanes
 /// cannot share the AF_XDP queues, and the node ports are host ports), so that node
-/// forwards nothing from the old dataplane's stop until the new one runs: 1.5–2.9 s in
-/// the lab (docs/operations.md), longer than the load's 2 s timeout. Connections through
+/// forwards nothing from the old dataplane's stop until the new one runs: 1.3–2.2 s in
+/// the lab (docs/operations.md), up to past the load's 2 s timeout. Connections through
 /// the node stall and resume (TCP retransmits; the pinned flows keep them), so requests
 /// and bodies on them may time out; asserted for these: every failure is a timeout or a
 /// stalled body — no reset, no refusal, no cut body, no read or write error — and the
