@@ -79,14 +79,18 @@ pub fn acknowledged(dir: &Path, component: Component) -> bool {
 
 /// The names (after `<node>.`) of the files Juneau's node components keep in
 /// `/run/juneau`: the agent's state, the dataplane's status and statistics, the
-/// speaker's and BFD's status.
-const NODE_FILES: [&str; 6] = [
+/// speaker's and BFD's status, each component's succession lock (crate::succession).
+const NODE_FILES: [&str; 10] = [
     "state",
     "dataplane",
     "dataplane.lock",
     "dataplane-stats.json",
     "bgp-status.json",
     "bfd.json",
+    "dataplane.succession",
+    "agent.succession",
+    "bgp.succession",
+    "bfd.succession",
 ];
 
 /// Whether `name`, a file in `/run/juneau`, is one of `node`'s: a file of

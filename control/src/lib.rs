@@ -9,10 +9,12 @@
 //! and which VIPs it has programmed, and [`secret::Secret`], the type every password or
 //! key is held in so it never shows in logs, `Debug` output or serialized status, and
 //! [`decommission`]: how the agent asks the node's components to undo what they did on
-//! the node (`helm uninstall`), how they acknowledge, and which files are the node's.
+//! the node (`helm uninstall`), how they acknowledge, and which files are the node's, and
+//! [`succession`]: the lock through which a node component's new process (an upgrade's
+//! surge Pod) waits for the one it replaces.
 //!
 //! Must not touch: the network, Kubernetes, clocks other than the heartbeat stamps, threads,
-//! or any I/O other than the shared-memory file and the decommission files. Everything here is deterministic and
+//! or any I/O other than the shared-memory file, the decommission files and the locks. Everything here is deterministic and
 //! unit-testable; the processes around it are thin glue.
 #![warn(missing_docs)]
 
@@ -24,5 +26,6 @@ pub mod maglev;
 pub mod model;
 pub mod secret;
 pub mod shm;
+pub mod succession;
 
 pub use model::*;

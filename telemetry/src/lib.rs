@@ -6,7 +6,8 @@
 //! process for its *default* address: taken → a warning and no endpoint; an address given
 //! explicitly must bind; and the [`Limits`] on what clients can hold (connections at
 //! once, time to send headers, life of a connection), since the endpoint listens on
-//! `0.0.0.0` by default.
+//! `0.0.0.0` by default; and [`take_over`], the first step of every node process: wait
+//! for the one it replaces (an upgrade's handover, `juneau_control::succession`), logged.
 //!
 //! Must not touch: what the metrics mean or when a process is live or ready — each
 //! process answers that through [`Endpoint`]. Nothing here runs on a forwarding path:
@@ -60,20 +61,73 @@ pub enum Error {
     Start(std::io::Error),
 }
 
-/// Binds `given` (must succeed) or, when none is given, `default` (a failure is logged
-/// and `None` returned: several instances on one host cannot all have the default).
+/// Takes `component`'s succession lock on the node whose state file is `state_file`,
+/// waiting (logged) while the process this one replaces runs. Keep it until exit, and
+/// drop it after the process's ports are closed.
+pub fn take_over(
+    state_file: &std::path::Path,
+    component: &str,
+) -> Result<juneau_control::succession::Succession, juneau_control::succession::SuccessionError> {
+    let lock = juneau_control::succession::path_for_state_file(state_file, component);
+    let asked = std::time::Instant::now();
+    let held = juneau_control::succession::take(&lock, |h| {
+        tracing::info!(holder_pid = ?h.holder, lock = %lock.display(), "another {component} runs on this node: waiting for it to exit (upgrade handover)");
+    })?;
+    if held.waited {
+        tracing::info!(
+            waited_ms = asked.elapsed().as_millis() as u64,
+            "the previous {component} exited: taking over"
+        );
+    }
+    Ok(held)
+}
+
+/// How long an address given explicitly may stay taken before binding it fails: a
+/// node Pod's process that took over from its predecessor (an upgrade's handover,
+/// `juneau_control::succession`) starts while that one's sockets are being closed.
+pub const GIVEN_ADDR_PATIENCE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Binds `given` (must succeed, within [`GIVEN_ADDR_PATIENCE`] while it is in use) or,
+/// when none is given, `default` (a failure is logged and `None` returned: several
+/// instances on one host cannot all have the default).
 pub fn bind(
     given: Option<SocketAddr>,
     default: SocketAddr,
 ) -> Result<Option<std::net::TcpListener>, Error> {
     let addr = given.unwrap_or(default);
-    match std::net::TcpListener::bind(addr) {
+    let patience = if given.is_some() {
+        GIVEN_ADDR_PATIENCE
+    } else {
+        std::time::Duration::ZERO
+    };
+    match bind_patiently(addr, patience) {
         Ok(l) => Ok(Some(l)),
         Err(e) if given.is_none() => {
             tracing::warn!(%addr, error = %e, "default metrics address taken: running without /metrics, /healthz and /readyz");
             Ok(None)
         }
         Err(source) => Err(Error::Bind { addr, source }),
+    }
+}
+
+/// Binds `addr`, trying again every 10 ms for up to `patience` while it is in use.
+fn bind_patiently(
+    addr: SocketAddr,
+    patience: std::time::Duration,
+) -> std::io::Result<std::net::TcpListener> {
+    let started = std::time::Instant::now();
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && started.elapsed() < patience => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r => {
+                if r.is_ok() && started.elapsed() >= std::time::Duration::from_millis(10) {
+                    tracing::info!(%addr, waited_ms = started.elapsed().as_millis() as u64, "metrics address freed by the process this one replaces");
+                }
+                return r;
+            }
+        }
     }
 }
 
@@ -429,5 +483,19 @@ mod tests {
         let e = bind(Some(taken), taken).unwrap_err();
         assert!(e.to_string().contains("--metrics-addr"), "{e}");
         assert!(bind(None, taken).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_explicit_address_freed_while_waiting_is_bound() {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = held.local_addr().unwrap();
+        // The predecessor closes its listener a moment after the successor tries.
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(held);
+        });
+        let l = bind(Some(taken), taken).unwrap().expect("bound once freed");
+        assert_eq!(l.local_addr().unwrap(), taken);
+        closer.join().unwrap();
     }
 }
