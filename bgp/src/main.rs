@@ -65,11 +65,24 @@ fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
+    // A decommissioned node's process idles and leaves no file on the node.
+    let succession = match args
+        .decommission_dir
+        .as_deref()
+        .and_then(decommission::requested)
+    {
+        Some(_) => None,
+        None => Some(juneau_telemetry::take_over(&args.state_file, "bgp")?),
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    rt.block_on(run(args))
+    let r = rt.block_on(run(args));
+    // Sockets (the BGP port) closed before a successor waiting on the lock goes on.
+    drop(rt);
+    drop(succession);
+    r
 }
 
 /// Resolves on SIGTERM or SIGINT.

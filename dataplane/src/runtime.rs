@@ -38,6 +38,7 @@ use juneau_control::shm::NodeStateReader;
 use xsk_rs::config::{
     BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig,
 };
+use xsk_rs::socket::SocketCreateError;
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
 use crate::counters::{DropReason, ServiceStats, Stats};
@@ -225,7 +226,30 @@ struct SocketFactory<'a> {
     busy_poll_budget: u32,
 }
 
+/// A new AF_XDP socket's rings (xsk-rs `Socket::new`).
+type NewSocket = (TxQueue, RxQueue, Option<(FillQueue, CompQueue)>);
+
+/// How long a queue may stay bound to a socket of the process this one replaced: the
+/// kernel releases an exited process's AF_XDP sockets from a work queue, a moment after
+/// the process (and its succession lock) is gone.
+const QUEUE_RELEASE_PATIENCE: Duration = Duration::from_secs(2);
+
 impl SocketFactory<'_> {
+    /// One AF_XDP socket on queue `q` of `ifname`, trying again while the queue is still
+    /// bound (`EBUSY`) for up to [`QUEUE_RELEASE_PATIENCE`].
+    fn create(&self, ifname: &Interface, q: u32) -> Result<NewSocket, SocketCreateError> {
+        let asked = Instant::now();
+        loop {
+            // SAFETY: the UMEM outlives the socket (both live until `run` returns, sockets
+            // are dropped first) and every frame handed to its rings comes from this UMEM.
+            match unsafe { Socket::new(self.cfg, self.umem, ifname, q) } {
+                Err(e) if queue_busy(&e) && asked.elapsed() < QUEUE_RELEASE_PATIENCE => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                r => return r,
+            }
+        }
+    }
     /// One socket per RX queue of `si`, registered in the redirect map.
     fn open(
         &mut self,
@@ -244,7 +268,8 @@ impl SocketFactory<'_> {
         for q in (0..si.queues).filter(|q| q % workers == worker) {
             // SAFETY: the UMEM outlives the socket (both live until `run` returns, sockets
             // are dropped first) and every frame handed to its rings comes from this UMEM.
-            let (tx, rx, rings) = unsafe { Socket::new(self.cfg, self.umem, &ifname, q) }
+            let (tx, rx, rings) = self
+                .create(&ifname, q)
                 .map_err(|e| anyhow!("creating the AF_XDP socket on {name} queue {q}: {e}"))?;
             let (fq, cq) = rings.ok_or_else(|| {
                 anyhow!("{name} queue {q}: no fill/completion ring for the socket")
@@ -275,6 +300,14 @@ impl SocketFactory<'_> {
         }
         Ok(out)
     }
+}
+
+/// Whether creating a socket failed because its queue is still bound to another socket.
+fn queue_busy(e: &SocketCreateError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .and_then(std::io::Error::raw_os_error)
+        == Some(libc::EBUSY)
 }
 
 /// A Pod interface found through the routing table and attached while running.
@@ -386,6 +419,9 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     let resolver = Resolver::start(&cfg, &ifs, &forwarding)?;
     let layout = Layout::of(&cfg, &ifs)?;
     let workers = worker_count(&cfg, &layout.steered)?;
+    // An upgrade's new Pod starts beside the old one: the node's queues, pins and status
+    // are the old dataplane's until it exits. Held until `run` returns (sockets closed).
+    let _succession = juneau_telemetry::take_over(&cfg.state_file, "dataplane")?;
     let resolved_ms = started.elapsed().as_millis();
     // XDP steering (pinned maps and flow tables, found again after a restart), then
     // sockets.

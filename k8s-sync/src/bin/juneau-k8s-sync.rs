@@ -198,6 +198,11 @@ async fn main() -> anyhow::Result<()> {
             decommission_dir,
             daemonset,
         } => {
+            let state_file = state_file.unwrap_or_else(|| juneau_control::shm::default_path(&node));
+            // An upgrade's new Pod starts beside the old one: the state file and the
+            // metrics port are the old agent's until it exits. Held until this process
+            // exits (blocking: nothing else runs yet).
+            let _succession = juneau_telemetry::take_over(&state_file, "agent")?;
             let decommission = match (decommission_dir, daemonset) {
                 (Some(dir), Some(daemonset)) => Some(agent::AgentDecommission {
                     namespace: namespace.clone(),
@@ -218,7 +223,6 @@ async fn main() -> anyhow::Result<()> {
                 health.clone(),
             )
             .await?;
-            let state_file = state_file.unwrap_or_else(|| juneau_control::shm::default_path(&node));
             let agent = agent::run(
                 client,
                 agent::AgentOptions {
