@@ -197,6 +197,26 @@ fn helm_checks(env: &Env) -> Result<()> {
         assert_eq!(v, &b[k], "{k:?} differs between the chart and deploy/");
     }
     ensure!(a.len() >= 12, "{} objects", a.len());
+    // An upgrade's new node Pod starts beside the old one (each process waits for its
+    // predecessor): the DaemonSet surges, and no declared port (a host port on the host
+    // network) may keep the new Pod off the node.
+    let key = (
+        "DaemonSet".to_string(),
+        "juneau-system".to_string(),
+        "juneau-node".to_string(),
+    );
+    let ds = a.get(&key).context("no node DaemonSet rendered")?;
+    assert_eq!(
+        ds["spec"]["updateStrategy"],
+        serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}})
+    );
+    let containers = ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .context("node Pod containers")?;
+    ensure!(containers.len() == 4, "{containers:?}");
+    for c in containers {
+        ensure!(c.get("ports").is_none(), "{} declares ports", c["name"]);
+    }
     // The apiserver accepts the chart's output, with defaults and with config values.
     let out = env
         .k

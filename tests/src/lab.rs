@@ -79,7 +79,10 @@ pub const JUNEAU_ROLLOUT: Duration = Duration::from_secs(300);
 /// The lab's values for deploy/helm/juneau (`helm install -f`): the image imported on
 /// each node, the API server's real address (the lab runs no kube-proxy, so the
 /// `kubernetes` Service's ClusterIP leads nowhere), the nodes' uplink and Pod bridge,
-/// and the fabric's MTU for redirects between nodes.
+/// the fabric's MTU for redirects between nodes, and half a core for the dataplane: each
+/// lab node reports the machine's 2 cores, and an upgrade runs the old and the new node
+/// Pod side by side for a moment (node.updateStrategy), which the default request of a
+/// whole core would not fit.
 fn lab_values() -> String {
     format!(
         "# The lab's values for deploy/helm/juneau (tests/src/lab.rs).\n\
@@ -90,7 +93,11 @@ fn lab_values() -> String {
          \x20 uplinkInterface: eth0\n\
          \x20 podBridge: cni0\n\
          \x20 redirects: {}\n\
-         \x20 redirectMtu: {FABRIC_MTU}\n",
+         \x20 redirectMtu: {FABRIC_MTU}\n\
+         \x20 dataplane:\n\
+         \x20   resources:\n\
+         \x20     requests: {{cpu: 500m, memory: 128Mi}}\n\
+         \x20     limits: {{memory: 512Mi}}\n",
         !redirects_disabled()
     )
 }
