@@ -14,12 +14,14 @@
 //! [`status`] (status file and metrics), [`sockopt`] (TCP-MD5, TTL),
 //! [`bfd`] (the sans-IO RFC 5880 session), [`bfd_io`] (BFD over UDP, RFC 5881/5883) and
 //! [`maintenance`] (graceful shutdown before a withdrawal, RFC 8326), [`decommission_watch`]
-//! (waiting for the uninstall's decommission request).
+//! (waiting for the uninstall's decommission request), [`daemon`] (a node daemon's start
+//! and end: logging, the succession lock, the runtime).
 
 #![warn(missing_docs)]
 
 pub mod bfd;
 pub mod bfd_io;
+pub mod daemon;
 pub mod decommission_watch;
 pub mod fsm;
 pub mod gate;

@@ -74,30 +74,10 @@ fn unix_ms() -> u64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    juneau_bgp::daemon::init_logging();
     let args = Args::parse();
-    // A decommissioned node's process idles and leaves no file on the node.
-    let succession = match args
-        .decommission_dir
-        .as_deref()
-        .and_then(decommission::requested)
-    {
-        Some(_) => None,
-        None => Some(juneau_telemetry::take_over(&args.state_file, "bfd")?),
-    };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
-    let r = rt.block_on(run(args));
-    // Sockets closed, the held sessions written, before a successor goes on.
-    drop(rt);
-    drop(succession);
-    r
+    let (state_file, decommission_dir) = (args.state_file.clone(), args.decommission_dir.clone());
+    juneau_bgp::daemon::run("bfd", &state_file, decommission_dir.as_deref(), run(args))
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
