@@ -1952,6 +1952,73 @@ fn established_connections_survive_kill_9_and_a_restart() -> Result<()> {
     lab.finish()
 }
 
+/// An upgrade's handover: a second dataplane started while the first runs (the new node
+/// Pod beside the old one) waits on its succession lock and touches nothing — the
+/// first keeps forwarding; once the first stops (SIGTERM, as the kubelet stops the old
+/// Pod) the second takes over, and the open connections carry on through it.
+#[test]
+fn a_successor_waits_for_the_running_dataplane_then_carries_its_connections() -> Result<()> {
+    let mut lab = Lab::new("dph")?;
+    let mut conns = lab.connect_many(4)?;
+    for c in conns.iter_mut() {
+        c.set_read_timeout(Some(Duration::from_secs(20)))?;
+        http_get(c)?;
+    }
+    let successor_log = lab.log.with_file_name("successor.log");
+    let argv: Vec<&str> = lab.argv.iter().map(String::as_str).collect();
+    let mut successor = lab.node.spawn_logged(&argv, &successor_log)?;
+    let log = || std::fs::read_to_string(&successor_log).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !log().contains("waiting for it to exit") {
+        ensure!(successor.is_running(), "the successor exited:\n{}", log());
+        ensure!(
+            Instant::now() < deadline,
+            "the successor never waited:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Waiting: the first still serves every connection, and new ones.
+    for _ in 0..3 {
+        for c in conns.iter_mut() {
+            http_get(c)?;
+        }
+    }
+    for c in lab.connect_many(2)?.iter_mut() {
+        http_get(c)?;
+    }
+    ensure!(successor.is_running(), "{}", log());
+    ensure!(!log().contains("taking over"), "{}", log());
+    // The first stops; the second takes over with its flows.
+    let mut first = lab.dataplane.take().context("the first dataplane")?;
+    first.signal(15);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while first.is_running() {
+        ensure!(
+            Instant::now() < deadline,
+            "the first did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = std::fs::remove_file(&lab.stats);
+    lab.dataplane = Some(successor);
+    lab.wait_ready()?;
+    let taken = log();
+    ensure!(
+        taken.contains("taking over") && taken.contains("flow table found again"),
+        "{taken}"
+    );
+    for c in conns.iter_mut() {
+        let body = http_get(c).with_context(|| format!("after the handover:\n{}", log()))?;
+        assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+    }
+    let mut fresh = lab.connect_many(2)?;
+    for c in fresh.iter_mut() {
+        http_get(c)?;
+    }
+    lab.finish()
+}
+
 /// Issue 10: unsolicited TCP segments create no flow; a SYN flood (bounded: 20 000
 /// SYNs) against a small half-open budget evicts only half-open flows, oldest first,
 /// while established connections keep exchanging data and new connections succeed.
