@@ -509,48 +509,11 @@ fn measure_on(
         let state = bed.state.clone();
         let d1 = done.clone();
         // Shared memory: futex wake-ups, microsecond resolution.
-        let shm = s.spawn(move || -> Result<(Option<Duration>, u64)> {
-            let mut r = crate::convergence::eventually("the agent's state file", || {
-                Ok(NodeStateReader::open(&state).ok())
-            })?;
-            // Precreated: every publish since the agent's start counts (its file is new).
-            let first = if precreated.is_some() {
-                0
-            } else {
-                r.generation()
-            };
-            let (mut g, mut publishes) = (first, 0u64);
-            while Instant::now() < deadline && !d1.load(Ordering::Relaxed) && !stopped() {
-                let ng = r.wait_change(g, Duration::from_millis(200));
-                if ng == g {
-                    continue;
-                }
-                let t = t0.elapsed();
-                publishes += ng.saturating_sub(g);
-                g = ng;
-                if r.snapshot()?.state.advertised.len() >= n as usize {
-                    return Ok((Some(t), publishes));
-                }
-            }
-            Ok((None, publishes))
-        });
+        let shm =
+            s.spawn(move || shm_all_advertised(&state, n, t0, deadline, precreated.is_some(), &d1));
         let d2 = done.clone();
         let bc = &mut birdc;
-        let bird = s.spawn(move || -> Result<Option<Duration>> {
-            while Instant::now() < deadline && !d2.load(Ordering::Relaxed) && !stopped() {
-                let t = t0.elapsed();
-                let out = bc.cmd("show route count")?;
-                let count = out
-                    .split_whitespace()
-                    .find_map(|w| w.parse::<u64>().ok())
-                    .unwrap_or(0);
-                if count >= u64::from(n) {
-                    return Ok(Some(t));
-                }
-                std::thread::sleep(BIRD_POLL);
-            }
-            Ok(None)
-        });
+        let bird = s.spawn(move || bird_all_routes(bc, n, t0, deadline, &d2));
         // Services showing a VIP, ServiceLoadBalancers Ready: counted from watch events,
         // from t0 on (a list of N objects every second loaded the apiserver it measures).
         let (vips_seen, ready_seen) =
@@ -624,16 +587,7 @@ fn measure_on(
     if stopped() {
         bail!("interrupted (Ctrl-C): cleaning up");
     }
-    let mut memory = vec![
-        rss_of("juneau-k8s-sync controller", controller_pid),
-        rss_of("juneau-k8s-sync agent", agent_pid),
-        rss_of("juneau-bgp", bed.bgp.id()),
-        rss_of("BIRD", bed.bird.pid()),
-    ];
-    let kp = bed.k.pids();
-    for (name, pid) in ["etcd", "kube-apiserver"].iter().zip(kp) {
-        memory.push(rss_of(name, pid));
-    }
+    let memory = bed_memory(bed, controller_pid, agent_pid);
     let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
     Ok(ScaleReport {
         services: n,
@@ -655,22 +609,100 @@ fn measure_on(
         apiserver_cpu_s,
         etcd_cpu_s,
         api_requests: requests,
-        method: format!(
-            "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent, juneau-bgp and BIRD 2 \
-             (the convergence bed); {}; {n} Services + {n} EndpointSlices \
-             created with {CONCURRENCY} requests in flight; Services and ServiceLoadBalancers are watched \
-             (a figure is when the watch event reached juneau-perf), BIRD's route count is asked every {} ms, \
-             shared memory via its futex",
-            juneau_tests::kube::kubernetes_version(),
-            if precreated.is_some() {
-                "everything created before the Juneau daemons started, t0 = their start (the BGP session's \
-                 set-up is inside the figures)"
-            } else {
-                "t0 = just before the first create"
-            },
-            BIRD_POLL.as_millis()
-        ),
+        method: scale_method(n, precreated.is_some()),
     })
+}
+
+/// The shared-memory observer: when (since `t0`) the agent's state file at `state`
+/// first advertised `n` VIPs, if before `deadline` (or `done`), and how many times the
+/// agent published meanwhile (`precreated`: since the agent's start).
+fn shm_all_advertised(
+    state: &Path,
+    n: u32,
+    t0: Instant,
+    deadline: Instant,
+    precreated: bool,
+    done: &AtomicBool,
+) -> Result<(Option<Duration>, u64)> {
+    let mut r = crate::convergence::eventually("the agent's state file", || {
+        Ok(NodeStateReader::open(state).ok())
+    })?;
+    // Precreated: every publish since the agent's start counts (its file is new).
+    let first = if precreated { 0 } else { r.generation() };
+    let (mut g, mut publishes) = (first, 0u64);
+    while Instant::now() < deadline && !done.load(Ordering::Relaxed) && !stopped() {
+        let ng = r.wait_change(g, Duration::from_millis(200));
+        if ng == g {
+            continue;
+        }
+        let t = t0.elapsed();
+        publishes += ng.saturating_sub(g);
+        g = ng;
+        if r.snapshot()?.state.advertised.len() >= n as usize {
+            return Ok((Some(t), publishes));
+        }
+    }
+    Ok((None, publishes))
+}
+
+/// The BIRD observer: when (since `t0`) BIRD first counted `n` routes, asked every
+/// [`BIRD_POLL`] until `deadline` (or `done`).
+fn bird_all_routes(
+    bc: &mut Birdc,
+    n: u32,
+    t0: Instant,
+    deadline: Instant,
+    done: &AtomicBool,
+) -> Result<Option<Duration>> {
+    while Instant::now() < deadline && !done.load(Ordering::Relaxed) && !stopped() {
+        let t = t0.elapsed();
+        let out = bc.cmd("show route count")?;
+        let count = out
+            .split_whitespace()
+            .find_map(|w| w.parse::<u64>().ok())
+            .unwrap_or(0);
+        if count >= u64::from(n) {
+            return Ok(Some(t));
+        }
+        std::thread::sleep(BIRD_POLL);
+    }
+    Ok(None)
+}
+
+/// The resident memory of the bed's daemons: the Juneau controller and agent, juneau-bgp,
+/// BIRD, etcd and kube-apiserver.
+fn bed_memory(bed: &crate::convergence::Bed, controller_pid: u32, agent_pid: u32) -> Vec<Rss> {
+    let mut memory = vec![
+        rss_of("juneau-k8s-sync controller", controller_pid),
+        rss_of("juneau-k8s-sync agent", agent_pid),
+        rss_of("juneau-bgp", bed.bgp.id()),
+        rss_of("BIRD", bed.bird.pid()),
+    ];
+    let kp = bed.k.pids();
+    for (name, pid) in ["etcd", "kube-apiserver"].iter().zip(kp) {
+        memory.push(rss_of(name, pid));
+    }
+    memory
+}
+
+/// How the scale figures were measured, for the report (`precreated`: the objects were
+/// created before the daemons started).
+fn scale_method(n: u32, precreated: bool) -> String {
+    format!(
+        "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent, juneau-bgp and BIRD 2 \
+         (the convergence bed); {}; {n} Services + {n} EndpointSlices \
+         created with {CONCURRENCY} requests in flight; Services and ServiceLoadBalancers are watched \
+         (a figure is when the watch event reached juneau-perf), BIRD's route count is asked every {} ms, \
+         shared memory via its futex",
+        juneau_tests::kube::kubernetes_version(),
+        if precreated {
+            "everything created before the Juneau daemons started, t0 = their start (the BGP session's \
+             set-up is inside the figures)"
+        } else {
+            "t0 = just before the first create"
+        },
+        BIRD_POLL.as_millis()
+    )
 }
 
 fn slb_resource() -> ApiResource {
