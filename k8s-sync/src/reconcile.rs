@@ -555,6 +555,47 @@ fn supported_verdict(bad: &[Problem]) -> (bool, &'static str, String) {
     }
 }
 
+/// The VipAllocated condition's status, reason and message for the VIP decision
+/// `vip_cond`.
+fn vip_verdict(vip_cond: &Result<String, (Problem, bool)>) -> (bool, &'static str, String) {
+    match vip_cond {
+        Ok(msg) => (true, "Allocated", msg.clone()),
+        Err((p, _)) => (false, p.reason, p.message.clone()),
+    }
+}
+
+/// Fills `status`'s advertising nodes (when `serving`: the nodes with Ready backends in
+/// `pic` that a BGPAdvertisement of the VIP's pool covers) and their count. Returns
+/// whether nodes with Ready backends are left uncovered by every BGPAdvertisement.
+fn set_advertising_nodes(
+    world: &World,
+    pic: &BackendPicture,
+    serving: bool,
+    status: &mut ServiceLoadBalancerStatus,
+) -> bool {
+    let mut uncovered = false;
+    if serving {
+        let pool = status.address_pool.clone().unwrap_or_default();
+        status.advertising_nodes = covered_nodes(world, &pool, &pic.advertising_nodes);
+        uncovered = status.advertising_nodes.is_empty() && !pic.advertising_nodes.is_empty();
+    }
+    status.backend_summary.local_ready_nodes =
+        u32::try_from(status.advertising_nodes.len()).unwrap_or(u32::MAX);
+    uncovered
+}
+
+/// The record's phase: Failed on a fatal problem, else Ready once `advertised`, else
+/// Pending.
+fn phase_of(failed: bool, advertised: bool) -> Phase {
+    if failed {
+        Phase::Failed
+    } else if advertised {
+        Phase::Ready
+    } else {
+        Phase::Pending
+    }
+}
+
 /// The Advertised condition's reason and message: whether the VIP is `serving`, which
 /// nodes announce it (`status`), whether nodes with Ready backends are left `uncovered`
 /// by every BGPAdvertisement (`pic`: the Service's backends).
@@ -661,39 +702,22 @@ pub fn reconcile_service(
     let vip_ok = vip_cond.is_ok();
     let waiting_for_address = matches!(&vip_cond, Err((_, false)));
     let mut failed = !supported;
-    match &vip_cond {
-        Ok(msg) => conditions.push(cond(
-            condition::VIP_ALLOCATED,
-            true,
-            "Allocated",
-            msg.clone(),
-            &prev_conds,
-            generation,
-            &now,
-        )),
-        Err((p, fatal)) => {
-            failed |= *fatal && supported;
-            conditions.push(cond(
-                condition::VIP_ALLOCATED,
-                false,
-                p.reason,
-                p.message.clone(),
-                &prev_conds,
-                generation,
-                &now,
-            ))
-        }
+    if let Err((_, fatal)) = &vip_cond {
+        failed |= *fatal && supported;
     }
+    let (ok, reason, message) = vip_verdict(&vip_cond);
+    conditions.push(cond(
+        condition::VIP_ALLOCATED,
+        ok,
+        reason,
+        message,
+        &prev_conds,
+        generation,
+        &now,
+    ));
 
     let serving = supported && vip_ok;
-    let mut uncovered = false;
-    if serving {
-        let pool = status.address_pool.clone().unwrap_or_default();
-        status.advertising_nodes = covered_nodes(world, &pool, &pic.advertising_nodes);
-        uncovered = status.advertising_nodes.is_empty() && !pic.advertising_nodes.is_empty();
-    }
-    status.backend_summary.local_ready_nodes =
-        u32::try_from(status.advertising_nodes.len()).unwrap_or(u32::MAX);
+    let uncovered = set_advertising_nodes(world, &pic, serving, &mut status);
     let advertised = serving && !status.advertising_nodes.is_empty();
     let (adv_reason, adv_msg) = advertised_verdict(serving, advertised, uncovered, &status, &pic);
     conditions.push(cond(
@@ -706,13 +730,7 @@ pub fn reconcile_service(
         &now,
     ));
 
-    status.phase = if failed {
-        Phase::Failed
-    } else if advertised {
-        Phase::Ready
-    } else {
-        Phase::Pending
-    };
+    status.phase = phase_of(failed, advertised);
     let (ready_reason, ready_msg) = ready_verdict(&conditions);
     let ready = cond(
         condition::READY,
