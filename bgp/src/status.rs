@@ -375,164 +375,13 @@ impl juneau_telemetry::Endpoint for StatusHub {
 
     /// The per-peer values are taken from the status at scrape time.
     fn collect(&self, reg: &mut prometheus_client::registry::Registry) {
-        use prometheus_client::metrics::counter::Counter;
-        use prometheus_client::metrics::family::Family;
         use prometheus_client::metrics::gauge::Gauge;
-        use prometheus_client::registry::Registry;
 
         let s = self.snapshot();
         let now = unix_now();
         self.collect_dataplane(reg);
-        let gauge = |reg: &mut Registry, name: &str, help: &str, f: &dyn Fn(&PeerStatus) -> i64| {
-            let fam = Family::<PeerLabel, Gauge>::default();
-            for p in s.peers.values() {
-                fam.get_or_create(&PeerLabel {
-                    peer: p.name.clone(),
-                })
-                .set(f(p));
-            }
-            reg.register(name, help, fam);
-        };
-        let counter =
-            |reg: &mut Registry, name: &str, help: &str, f: &dyn Fn(&PeerStatus) -> u64| {
-                let fam = Family::<PeerLabel, Counter>::default();
-                for p in s.peers.values() {
-                    fam.get_or_create(&PeerLabel {
-                        peer: p.name.clone(),
-                    })
-                    .inc_by(f(p));
-                }
-                reg.register(name, help, fam);
-            };
-        gauge(
-            &mut *reg,
-            "juneau_bgp_peer_up",
-            "1 if the session with the peer is Established.",
-            &|p| i64::from(p.state == State::Established),
-        );
-        let states = Family::<PeerStateLabel, Gauge>::default();
-        for p in s.peers.values() {
-            for st in [
-                State::Idle,
-                State::Connect,
-                State::Active,
-                State::OpenSent,
-                State::OpenConfirm,
-                State::Established,
-            ] {
-                states
-                    .get_or_create(&PeerStateLabel {
-                        peer: p.name.clone(),
-                        state: st.to_string(),
-                    })
-                    .set(i64::from(p.state == st));
-            }
-        }
-        reg.register(
-            "juneau_bgp_peer_state",
-            "Session state (1 for the current state).",
-            states,
-        );
-        gauge(
-            &mut *reg,
-            "juneau_bgp_prefixes_announced",
-            "VIPs currently announced to the peer.",
-            &|p| p.prefixes_announced as i64,
-        );
-        gauge(
-            &mut *reg,
-            "juneau_bgp_peer_uptime_seconds",
-            "Seconds since the session became Established.",
-            &|p| {
-                p.established_since_unix
-                    .map(|t| now.saturating_sub(t) as i64)
-                    .unwrap_or(0)
-            },
-        );
-        counter(
-            &mut *reg,
-            "juneau_bgp_prefixes_received",
-            "Prefixes received from the peer and discarded.",
-            &|p| p.prefixes_received,
-        );
-        counter(
-            &mut *reg,
-            "juneau_bgp_session_flaps",
-            "Established sessions that went down.",
-            &|p| p.session_flaps,
-        );
-        counter(
-            &mut *reg,
-            "juneau_bgp_updates_sent",
-            "UPDATE messages sent.",
-            &|p| p.updates_sent,
-        );
-        counter(
-            &mut *reg,
-            "juneau_bgp_treat_as_withdraw",
-            "Malformed UPDATEs handled as treat-as-withdraw.",
-            &|p| p.treat_as_withdraw,
-        );
-        // BFD, for the peers that have it.
-        let bfd_up = Family::<PeerLabel, Gauge>::default();
-        let bfd_state = Family::<PeerStateLabel, Gauge>::default();
-        let bfd_detect = Family::<PeerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-        let bfd_downs = Family::<PeerLabel, Counter>::default();
-        let bfd_auth_failures = Family::<PeerLabel, Counter>::default();
-        for p in s.peers.values() {
-            let Some(b) = &p.bfd else { continue };
-            let peer = PeerLabel {
-                peer: p.name.clone(),
-            };
-            bfd_up
-                .get_or_create(&peer)
-                .set(i64::from(b.state == BfdState::Up));
-            for st in [
-                BfdState::AdminDown,
-                BfdState::Down,
-                BfdState::Init,
-                BfdState::Up,
-            ] {
-                bfd_state
-                    .get_or_create(&PeerStateLabel {
-                        peer: p.name.clone(),
-                        state: st.to_string(),
-                    })
-                    .set(i64::from(b.state == st));
-            }
-            if let Some(ms) = b.detection_time_ms {
-                bfd_detect.get_or_create(&peer).set(ms as f64 / 1e3);
-            }
-            bfd_downs.get_or_create(&peer).inc_by(b.down_events);
-            bfd_auth_failures
-                .get_or_create(&peer)
-                .inc_by(b.auth_failures);
-        }
-        reg.register(
-            "juneau_bgp_bfd_up",
-            "1 if the BFD session to the peer is Up.",
-            bfd_up,
-        );
-        reg.register(
-            "juneau_bgp_bfd_state",
-            "BFD session state (1 for the current state).",
-            bfd_state,
-        );
-        reg.register(
-            "juneau_bgp_bfd_detection_time_seconds",
-            "Negotiated BFD detection time.",
-            bfd_detect,
-        );
-        reg.register(
-            "juneau_bgp_bfd_down_events",
-            "Times an Up BFD session went down.",
-            bfd_downs,
-        );
-        reg.register(
-            "juneau_bgp_bfd_auth_failures",
-            "BFD packets discarded by authentication (A bit not as configured, wrong type, key id, sequence number or digest).",
-            bfd_auth_failures,
-        );
+        collect_sessions(&s, now, reg);
+        collect_bfd(&s, reg);
         let held_back = Gauge::<i64>::default();
         held_back.set(s.held_back.len() as i64);
         reg.register(
@@ -546,6 +395,172 @@ impl juneau_telemetry::Endpoint for StatusHub {
             self.update_latency.clone(),
         );
     }
+}
+
+/// Registers the BGP session metrics of every peer of `s` (`now`: the scrape's Unix time).
+fn collect_sessions(s: &Status, now: u64, reg: &mut prometheus_client::registry::Registry) {
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    use prometheus_client::registry::Registry;
+
+    let gauge = |reg: &mut Registry, name: &str, help: &str, f: &dyn Fn(&PeerStatus) -> i64| {
+        let fam = Family::<PeerLabel, Gauge>::default();
+        for p in s.peers.values() {
+            fam.get_or_create(&PeerLabel {
+                peer: p.name.clone(),
+            })
+            .set(f(p));
+        }
+        reg.register(name, help, fam);
+    };
+    let counter = |reg: &mut Registry, name: &str, help: &str, f: &dyn Fn(&PeerStatus) -> u64| {
+        let fam = Family::<PeerLabel, Counter>::default();
+        for p in s.peers.values() {
+            fam.get_or_create(&PeerLabel {
+                peer: p.name.clone(),
+            })
+            .inc_by(f(p));
+        }
+        reg.register(name, help, fam);
+    };
+    gauge(
+        &mut *reg,
+        "juneau_bgp_peer_up",
+        "1 if the session with the peer is Established.",
+        &|p| i64::from(p.state == State::Established),
+    );
+    let states = Family::<PeerStateLabel, Gauge>::default();
+    for p in s.peers.values() {
+        for st in [
+            State::Idle,
+            State::Connect,
+            State::Active,
+            State::OpenSent,
+            State::OpenConfirm,
+            State::Established,
+        ] {
+            states
+                .get_or_create(&PeerStateLabel {
+                    peer: p.name.clone(),
+                    state: st.to_string(),
+                })
+                .set(i64::from(p.state == st));
+        }
+    }
+    reg.register(
+        "juneau_bgp_peer_state",
+        "Session state (1 for the current state).",
+        states,
+    );
+    gauge(
+        &mut *reg,
+        "juneau_bgp_prefixes_announced",
+        "VIPs currently announced to the peer.",
+        &|p| p.prefixes_announced as i64,
+    );
+    gauge(
+        &mut *reg,
+        "juneau_bgp_peer_uptime_seconds",
+        "Seconds since the session became Established.",
+        &|p| {
+            p.established_since_unix
+                .map(|t| now.saturating_sub(t) as i64)
+                .unwrap_or(0)
+        },
+    );
+    counter(
+        &mut *reg,
+        "juneau_bgp_prefixes_received",
+        "Prefixes received from the peer and discarded.",
+        &|p| p.prefixes_received,
+    );
+    counter(
+        &mut *reg,
+        "juneau_bgp_session_flaps",
+        "Established sessions that went down.",
+        &|p| p.session_flaps,
+    );
+    counter(
+        &mut *reg,
+        "juneau_bgp_updates_sent",
+        "UPDATE messages sent.",
+        &|p| p.updates_sent,
+    );
+    counter(
+        &mut *reg,
+        "juneau_bgp_treat_as_withdraw",
+        "Malformed UPDATEs handled as treat-as-withdraw.",
+        &|p| p.treat_as_withdraw,
+    );
+}
+
+/// Registers the BFD metrics of the peers of `s` that have BFD.
+fn collect_bfd(s: &Status, reg: &mut prometheus_client::registry::Registry) {
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+
+    // BFD, for the peers that have it.
+    let bfd_up = Family::<PeerLabel, Gauge>::default();
+    let bfd_state = Family::<PeerStateLabel, Gauge>::default();
+    let bfd_detect = Family::<PeerLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    let bfd_downs = Family::<PeerLabel, Counter>::default();
+    let bfd_auth_failures = Family::<PeerLabel, Counter>::default();
+    for p in s.peers.values() {
+        let Some(b) = &p.bfd else { continue };
+        let peer = PeerLabel {
+            peer: p.name.clone(),
+        };
+        bfd_up
+            .get_or_create(&peer)
+            .set(i64::from(b.state == BfdState::Up));
+        for st in [
+            BfdState::AdminDown,
+            BfdState::Down,
+            BfdState::Init,
+            BfdState::Up,
+        ] {
+            bfd_state
+                .get_or_create(&PeerStateLabel {
+                    peer: p.name.clone(),
+                    state: st.to_string(),
+                })
+                .set(i64::from(b.state == st));
+        }
+        if let Some(ms) = b.detection_time_ms {
+            bfd_detect.get_or_create(&peer).set(ms as f64 / 1e3);
+        }
+        bfd_downs.get_or_create(&peer).inc_by(b.down_events);
+        bfd_auth_failures
+            .get_or_create(&peer)
+            .inc_by(b.auth_failures);
+    }
+    reg.register(
+        "juneau_bgp_bfd_up",
+        "1 if the BFD session to the peer is Up.",
+        bfd_up,
+    );
+    reg.register(
+        "juneau_bgp_bfd_state",
+        "BFD session state (1 for the current state).",
+        bfd_state,
+    );
+    reg.register(
+        "juneau_bgp_bfd_detection_time_seconds",
+        "Negotiated BFD detection time.",
+        bfd_detect,
+    );
+    reg.register(
+        "juneau_bgp_bfd_down_events",
+        "Times an Up BFD session went down.",
+        bfd_downs,
+    );
+    reg.register(
+        "juneau_bgp_bfd_auth_failures",
+        "BFD packets discarded by authentication (A bit not as configured, wrong type, key id, sequence number or digest).",
+        bfd_auth_failures,
+    );
 }
 
 /// Writes JSON to `path` via a temporary file in the same directory and a rename, so a

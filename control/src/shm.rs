@@ -770,6 +770,56 @@ fn encode(
     let old = used_ranges(&img.words, &sec, cap)
         .ok_or_else(|| ShmError::Unrepresentable("image counts exceed the capacity".into()))?;
 
+    // [6], [7]: checksum, kept as is here and sealed later.
+    let hdr = slot_header(state, generation, [img.words[6], img.words[7]])?;
+    let new = used_ranges(&hdr, &sec, cap).ok_or_else(|| {
+        ShmError::Unrepresentable("counts exceed the capacity (writer bug)".into())
+    })?;
+    img.set(0, &hdr);
+    // What the last encode used past the new counts goes back to zero.
+    for ((start, old_len), (_, new_len)) in old.iter().zip(&new).skip(1) {
+        if old_len > new_len {
+            img.clear(start + new_len, start + old_len);
+        }
+    }
+
+    encode_services(img, state, &sec, cap.maglev_words(), tables);
+
+    for (i, a) in state.advertised.iter().enumerate() {
+        img.set(sec.vips + i * VIP_WORDS, &vip_record(a));
+    }
+
+    for (i, p) in state.peers.iter().enumerate() {
+        let rec = peer_record(p)?;
+        img.set(sec.peers + i * PEER_WORDS, &rec);
+    }
+
+    let mut next_node = 0usize;
+    for (i, v) in state.redirects.vips.iter().enumerate() {
+        let rec = [ip_word(v.vip), next_node as u32, v.nodes.len() as u32];
+        img.set(sec.redirect_vips + i * REDIRECT_VIP_WORDS, &rec);
+        for n in &v.nodes {
+            img.set(sec.redirect_nodes + next_node, &[ip_word(*n)]);
+            next_node += 1;
+        }
+    }
+
+    for (i, k) in state.redirects.keys.iter().enumerate() {
+        let mut rec = [0u32; REDIRECT_KEY_WORDS];
+        rec[0] = u32::from(k.id);
+        put_bytes(&mut rec[1..], k.key.expose());
+        img.set(sec.redirect_keys + i * REDIRECT_KEY_WORDS, &rec);
+    }
+    Ok(())
+}
+
+/// The slot header of `state` as generation `generation`, its checksum words 6, 7 being
+/// `checksum` (sealed later).
+fn slot_header(
+    state: &NodeState,
+    generation: u64,
+    checksum: [u32; 2],
+) -> Result<[u32; SLOT_HEADER_WORDS], ShmError> {
     let mut hdr = [0u32; SLOT_HEADER_WORDS];
     hdr[0] = generation as u32;
     hdr[1] = (generation >> 32) as u32;
@@ -782,9 +832,8 @@ fn encode(
     hdr[3] = n_backends as u32;
     hdr[4] = state.advertised.len() as u32;
     hdr[5] = state.peers.len() as u32;
-    // [6], [7]: checksum, sealed below.
-    hdr[6] = img.words[6];
-    hdr[7] = img.words[7];
+    hdr[6] = checksum[0];
+    hdr[7] = checksum[1];
     hdr[8] = state.router_id.map(ip_word).unwrap_or(0);
     hdr[9] = u32::from(state.router_id.is_some());
     hdr[10] = state.redirects.node_address.map(ip_word).unwrap_or(0);
@@ -802,19 +851,20 @@ fn encode(
         &state.node,
         "node",
     )?;
-    let new = used_ranges(&hdr, &sec, cap).ok_or_else(|| {
-        ShmError::Unrepresentable("counts exceed the capacity (writer bug)".into())
-    })?;
-    img.set(0, &hdr);
-    // What the last encode used past the new counts goes back to zero.
-    for ((start, old_len), (_, new_len)) in old.iter().zip(&new).skip(1) {
-        if old_len > new_len {
-            img.clear(start + new_len, start + old_len);
-        }
-    }
+    Ok(hdr)
+}
 
+/// Writes every Frontend of `state` into `img` (sections `sec`, `mw` words per Maglev
+/// table) with its Backends (ready, then terminating) and its Maglev table `tables[i]`,
+/// unless `img` already holds that very table at its index.
+fn encode_services(
+    img: &mut Image,
+    state: &NodeState,
+    sec: &Sections,
+    mw: usize,
+    tables: &[Arc<[u32]>],
+) {
     let mut next_backend = 0usize;
-    let mw = cap.maglev_words();
     img.tables.truncate(state.services.len());
     for (i, s) in state.services.iter().enumerate() {
         let rec = [
@@ -847,92 +897,77 @@ fn encode(
             }
         }
     }
+}
 
-    for (i, a) in state.advertised.iter().enumerate() {
-        let mut mask = 0u64;
-        for &p in &a.peers {
-            mask |= 1 << p;
-        }
-        let mut rec = [0u32; VIP_WORDS];
-        rec[0] = ip_word(a.vip);
-        rec[1] = a.local_pref.unwrap_or(0);
-        rec[2] = u32::from(a.local_pref.is_some());
-        rec[3] = mask as u32;
-        rec[4] = (mask >> 32) as u32;
-        rec[5] = a.communities.len() as u32;
-        rec[6] = a.large_communities.len() as u32;
-        rec[8..8 + a.communities.len()].copy_from_slice(&a.communities);
-        for (j, l) in a.large_communities.iter().enumerate() {
-            rec[16 + 3 * j..19 + 3 * j].copy_from_slice(l);
-        }
-        rec[28] = a.weight.unwrap_or(0);
-        rec[29] = u32::from(a.weight.is_some());
-        img.set(sec.vips + i * VIP_WORDS, &rec);
+/// The record of one advertised VIP.
+fn vip_record(a: &AdvertisedVip) -> [u32; VIP_WORDS] {
+    let mut mask = 0u64;
+    for &p in &a.peers {
+        mask |= 1 << p;
     }
+    let mut rec = [0u32; VIP_WORDS];
+    rec[0] = ip_word(a.vip);
+    rec[1] = a.local_pref.unwrap_or(0);
+    rec[2] = u32::from(a.local_pref.is_some());
+    rec[3] = mask as u32;
+    rec[4] = (mask >> 32) as u32;
+    rec[5] = a.communities.len() as u32;
+    rec[6] = a.large_communities.len() as u32;
+    rec[8..8 + a.communities.len()].copy_from_slice(&a.communities);
+    for (j, l) in a.large_communities.iter().enumerate() {
+        rec[16 + 3 * j..19 + 3 * j].copy_from_slice(l);
+    }
+    rec[28] = a.weight.unwrap_or(0);
+    rec[29] = u32::from(a.weight.is_some());
+    rec
+}
 
-    for (i, p) in state.peers.iter().enumerate() {
-        let mut rec = [0u32; PEER_WORDS];
-        put_name(&mut rec[..NAME_BYTES / 4], &p.name, "peer")?;
-        let f = &mut rec[NAME_BYTES / 4..];
-        f[0] = ip_word(p.peer_address);
-        f[1] = p.peer_asn;
-        f[2] = p.local_asn;
-        f[3] = u32::from(p.peer_port) | (u32::from(p.passive) << 16);
-        f[4] = p.source_address.map(ip_word).unwrap_or(0);
-        f[5] = u32::from(p.source_address.is_some());
-        f[6] = u32::from(p.hold_time) | (u32::from(p.keepalive_time) << 16);
-        f[7] = u32::from(p.connect_retry_time)
-            | (u32::from(p.ebgp_multihop.unwrap_or(0)) << 16)
-            | (u32::from(p.ebgp_multihop.is_some()) << 24);
-        f[8] = u32::from(p.graceful_restart_time.unwrap_or(0))
-            | (u32::from(p.graceful_restart_time.is_some()) << 16);
-        let md5 = p
-            .md5_password
-            .as_ref()
-            .map_or(&b""[..], |s| s.expose().as_bytes());
-        f[9] = md5.len() as u32;
-        f[10] = u32::from(p.md5_password.is_some());
-        put_bytes(&mut f[12..12 + MD5_BYTES / 4], md5);
-        let x = &mut f[12 + MD5_BYTES / 4..];
-        if let Some(b) = &p.bfd {
-            x[0] = b.min_rx_ms;
-            x[1] = b.min_tx_ms;
-            x[2] = u32::from(b.multiplier) | (1 << 8);
-        }
-        if let Some(d) = &p.drain {
-            x[3] = u32::from(d.as_path_prepend) | (1 << 8);
-            x[4] = d.local_pref;
-            x[5] = u32::from(d.wait_seconds);
-        }
-        if let Some(a) = &p.bfd_auth {
-            let kind = match a.auth_type {
-                BfdAuthType::KeyedSha1 => 1,
-                BfdAuthType::MeticulousKeyedSha1 => 2,
-            };
-            let key = a.key.expose().as_bytes();
-            x[6] = kind | (u32::from(a.key_id) << 8) | ((key.len() as u32) << 16);
-            put_bytes(&mut x[8..8 + BFD_KEY_MAX_BYTES / 4], key);
-        }
-        img.set(sec.peers + i * PEER_WORDS, &rec);
+/// The record of one BGP peer (its name, session settings, MD5 password, BFD, drain and
+/// BFD authentication), or why its name does not fit.
+fn peer_record(p: &PeerConfig) -> Result<[u32; PEER_WORDS], ShmError> {
+    let mut rec = [0u32; PEER_WORDS];
+    put_name(&mut rec[..NAME_BYTES / 4], &p.name, "peer")?;
+    let f = &mut rec[NAME_BYTES / 4..];
+    f[0] = ip_word(p.peer_address);
+    f[1] = p.peer_asn;
+    f[2] = p.local_asn;
+    f[3] = u32::from(p.peer_port) | (u32::from(p.passive) << 16);
+    f[4] = p.source_address.map(ip_word).unwrap_or(0);
+    f[5] = u32::from(p.source_address.is_some());
+    f[6] = u32::from(p.hold_time) | (u32::from(p.keepalive_time) << 16);
+    f[7] = u32::from(p.connect_retry_time)
+        | (u32::from(p.ebgp_multihop.unwrap_or(0)) << 16)
+        | (u32::from(p.ebgp_multihop.is_some()) << 24);
+    f[8] = u32::from(p.graceful_restart_time.unwrap_or(0))
+        | (u32::from(p.graceful_restart_time.is_some()) << 16);
+    let md5 = p
+        .md5_password
+        .as_ref()
+        .map_or(&b""[..], |s| s.expose().as_bytes());
+    f[9] = md5.len() as u32;
+    f[10] = u32::from(p.md5_password.is_some());
+    put_bytes(&mut f[12..12 + MD5_BYTES / 4], md5);
+    let x = &mut f[12 + MD5_BYTES / 4..];
+    if let Some(b) = &p.bfd {
+        x[0] = b.min_rx_ms;
+        x[1] = b.min_tx_ms;
+        x[2] = u32::from(b.multiplier) | (1 << 8);
     }
-
-    let mut next_node = 0usize;
-    for (i, v) in state.redirects.vips.iter().enumerate() {
-        let rec = [ip_word(v.vip), next_node as u32, v.nodes.len() as u32];
-        img.set(sec.redirect_vips + i * REDIRECT_VIP_WORDS, &rec);
-        for n in &v.nodes {
-            img.set(sec.redirect_nodes + next_node, &[ip_word(*n)]);
-            next_node += 1;
-        }
+    if let Some(d) = &p.drain {
+        x[3] = u32::from(d.as_path_prepend) | (1 << 8);
+        x[4] = d.local_pref;
+        x[5] = u32::from(d.wait_seconds);
     }
-
-    for (i, k) in state.redirects.keys.iter().enumerate() {
-        let mut rec = [0u32; REDIRECT_KEY_WORDS];
-        rec[0] = u32::from(k.id);
-        put_bytes(&mut rec[1..], k.key.expose());
-        img.set(sec.redirect_keys + i * REDIRECT_KEY_WORDS, &rec);
+    if let Some(a) = &p.bfd_auth {
+        let kind = match a.auth_type {
+            BfdAuthType::KeyedSha1 => 1,
+            BfdAuthType::MeticulousKeyedSha1 => 2,
+        };
+        let key = a.key.expose().as_bytes();
+        x[6] = kind | (u32::from(a.key_id) << 8) | ((key.len() as u32) << 16);
+        put_bytes(&mut x[8..8 + BFD_KEY_MAX_BYTES / 4], key);
     }
-    Ok(())
+    Ok(rec)
 }
 
 /// Stores the image's checksum into its words 6, 7.

@@ -464,15 +464,7 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     }
     // Set-up is done: sockets bound, programs attached. Before any other thread starts,
     // drop what only set-up needed (the threads started below inherit the rest).
-    let dropped = forwarding
-        .enter()
-        .context("dropping the capabilities only set-up needs")?;
-    tracing::info!(
-        kept = ?crate::privileges::names(&forwarding.keep),
-        sys_nice_until_workers_start = forwarding.nice_at_start,
-        dropped = ?crate::privileges::names(&dropped),
-        "capabilities after set-up"
-    );
+    drop_setup_capabilities(&forwarding)?;
     tracing::info!(
         uplink = %cfg.uplink,
         pods = ?cfg.pod_ifaces,
@@ -492,43 +484,10 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         program_reused,
         "start took"
     );
-    // /metrics, /healthz, /readyz on their own thread (crate::metrics); the stats thread
-    // hands it the merged counters.
-    let exporter = crate::metrics::Exporter::new(&cfg.status_file);
-    // Started from a thread of its own that first drops CAP_SYS_NICE (kept by this one
-    // for the workers' start), so the metrics thread never holds it.
-    std::thread::scope(|sc| {
-        sc.spawn(|| {
-            forwarding.settle_thread();
-            exporter.serve(cfg.metrics_addr)
-        })
-        .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))
-    })?;
+    let exporter = start_exporter(&cfg, &forwarding)?;
     let (stats_tx, stats_writer) =
         spawn_stats_writer(&cfg, exporter.clone(), workers as usize, forwarding.clone())?;
-    let first = built.remove(0);
-    let mut engine = first.engine;
-    let mut io = Io {
-        pool: first.pool,
-        ports: first.ports,
-        steering,
-        factory: first.factory,
-        discovery: layout.discovery(&cfg),
-        explicit: ifs.pods.iter().map(|p| p.1.ifindex).collect(),
-        backend_ips: ifs.backend_ips.clone(),
-    };
-    let others = built
-        .into_iter()
-        .enumerate()
-        .map(|(i, b)| worker::Worker {
-            id: i + 1,
-            umem: b.factory.umem,
-            pool: b.pool,
-            ports: b.ports,
-            engine: b.engine,
-        })
-        .collect();
+    let (mut engine, mut io, others) = hand_out_workers(&cfg, built, steering, &layout, &ifs);
     let result = run_workers(
         &cfg,
         &mut io,
@@ -550,6 +509,76 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     }
     tracing::info!(pin_dir = %cfg.pin_dir.display(), "juneau-dataplane stopped; XDP links and flow table stay pinned (juneau-dataplane --remove-pins removes them)");
     result
+}
+
+/// Drops the capabilities only set-up needed (`forwarding` says what is kept) and says
+/// which are left.
+fn drop_setup_capabilities(forwarding: &Forwarding) -> Result<()> {
+    let dropped = forwarding
+        .enter()
+        .context("dropping the capabilities only set-up needs")?;
+    tracing::info!(
+        kept = ?crate::privileges::names(&forwarding.keep),
+        sys_nice_until_workers_start = forwarding.nice_at_start,
+        dropped = ?crate::privileges::names(&dropped),
+        "capabilities after set-up"
+    );
+    Ok(())
+}
+
+/// Starts serving /metrics, /healthz, /readyz and returns the exporter.
+fn start_exporter(
+    cfg: &RuntimeConfig,
+    forwarding: &Forwarding,
+) -> Result<Arc<crate::metrics::Exporter>> {
+    // /metrics, /healthz, /readyz on their own thread (crate::metrics); the stats thread
+    // hands it the merged counters.
+    let exporter = crate::metrics::Exporter::new(&cfg.status_file);
+    // Started from a thread of its own that first drops CAP_SYS_NICE (kept by this one
+    // for the workers' start), so the metrics thread never holds it.
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            forwarding.settle_thread();
+            exporter.serve(cfg.metrics_addr)
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })?;
+    Ok(exporter)
+}
+
+/// Splits the built workers: worker 0's engine and I/O (its sockets, the steering and
+/// Pod-interface discovery), run on this thread, and the other workers.
+fn hand_out_workers<'u>(
+    cfg: &RuntimeConfig,
+    mut built: Vec<Built<'u>>,
+    steering: Steering,
+    layout: &Layout,
+    ifs: &Interfaces,
+) -> (Engine, Io<'u>, Vec<worker::Worker<'u>>) {
+    let first = built.remove(0);
+    let engine = first.engine;
+    let io = Io {
+        pool: first.pool,
+        ports: first.ports,
+        steering,
+        factory: first.factory,
+        discovery: layout.discovery(cfg),
+        explicit: ifs.pods.iter().map(|p| p.1.ifindex).collect(),
+        backend_ips: ifs.backend_ips.clone(),
+    };
+    let others = built
+        .into_iter()
+        .enumerate()
+        .map(|(i, b)| worker::Worker {
+            id: i + 1,
+            umem: b.factory.umem,
+            pool: b.pool,
+            ports: b.ports,
+            engine: b.engine,
+        })
+        .collect();
+    (engine, io, others)
 }
 
 /// The interfaces named on the command line.

@@ -965,63 +965,7 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let deleting = svc.metadata.deletion_timestamp.is_some();
 
     if deleting || !is_managed(&svc) {
-        let held = ctx
-            .book
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .vip_of(&key);
-        let was_waiting = ctx
-            .waiters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&key)
-            .is_some();
-        if was_waiting {
-            // Those behind it move up the line.
-            let _ = ctx.released.unbounded_send(());
-        }
-        ctx.own_writes.forget(&key);
-        if !has_finalizer && held.is_none() {
-            return Ok(Action::await_change()); // never ours: strictly untouched
-        }
-        ctx.fence.check().await?;
-        // Ours until now: delete the record, clear the VIP we wrote, drop the finalizer,
-        // and only then free the VIP for others.
-        match slbs.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
-        if !deleting {
-            if let (Some(shown), Some(v)) = (ingress_ip(&svc), held) {
-                if shown == v {
-                    apply_ingress(&svcs, &svc, None).await?;
-                }
-            }
-        }
-        if has_finalizer {
-            remove_finalizer(&svcs, &svc).await?;
-        }
-        let released = ctx
-            .book
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .release(&key);
-        forget_service(&ctx, &key, released);
-        if let Some(v) = released {
-            info!(service = %key, vip = %v, "VIP released");
-            ctx.metrics.releases.inc();
-            ctx.pools_changed.notify_one();
-            let _ = ctx.released.unbounded_send(());
-            if !deleting {
-                publish(&ctx, &svc, false, "VIPReleased", &format!("VIP {v} released: the Service is no longer of class juneau.loutres.me/load-balancer"), "Release").await;
-            }
-        }
-        ctx.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&key);
-        return Ok(Action::await_change());
+        return release_service(&ctx, &svc, &svcs, &slbs, &key, has_finalizer, deleting).await;
     }
 
     wait_ready(&ctx).await?;
@@ -1039,51 +983,13 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         tracing::debug!(service = %key, "the watch has not yet brought this replica's own writes");
         return Ok(Action::requeue(STALE_RETRY));
     }
-    let spec = record_spec(&svc);
-    let owner = owner_of(&svc);
-    let spec_changed = previous.as_ref().map(|p| (&p.spec, p.owner_references()))
-        != Some((&spec, std::slice::from_ref(&owner)));
-    let mut record_version = previous.as_ref().and_then(|p| p.resource_version());
 
-    // 1. The finalizer and the record's spec (no VIP in it yet): one Lease check, then
-    // both at once. The VIP is decided and recorded only once the finalizer is there,
-    // so it is released when the Service goes.
-    let mut svc = svc;
-    let mut checked = false;
-    if !has_finalizer || spec_changed {
-        ctx.fence.check().await?;
-        checked = true;
-        let finalizer = async {
-            match has_finalizer {
-                true => Ok(None),
-                false => add_finalizer(&svcs, &svc).await.map(Some),
-            }
-        };
-        let record = async {
-            match spec_changed {
-                false => Ok(None),
-                true => apply_record(&slbs, &name, &ns, &owner, &spec, record_version.clone())
-                    .await
-                    .map(Some),
-            }
-        };
-        let (finalizer, record) = future::join(finalizer, record).await;
-        // The finalizer's update triggers another reconcile; do the work now anyway.
-        if let Some(s) = finalizer? {
-            ctx.own_writes.wrote(
-                &key,
-                true,
-                svc.resource_version(),
-                s.metadata.resource_version.as_deref(),
-            );
-            svc = Arc::new(s);
-        }
-        if let Some(v) = record? {
-            ctx.own_writes
-                .wrote(&key, false, record_version.clone(), v.as_deref());
-            record_version = v;
-        }
-    }
+    // 1. The finalizer and the record's spec.
+    let Claimed {
+        svc,
+        record_version,
+        checked,
+    } = claim_service(&ctx, &svcs, &slbs, svc, &key, previous.as_ref()).await?;
 
     // 2. The decision (VIP, advertising nodes, conditions).
     let prev_status = previous.as_ref().and_then(|p| p.status.clone());
@@ -1127,6 +1033,153 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     } else {
         Duration::from_secs(300)
     }))
+}
+
+/// Lets go of a Service that is deleted or no longer ours (`key`): its place in the
+/// line for an address, its record, the VIP it shows, the finalizer and, last, the VIP
+/// itself. Leaves alone a Service that was never ours.
+async fn release_service(
+    ctx: &Ctx,
+    svc: &Service,
+    svcs: &Api<Service>,
+    slbs: &Api<ServiceLoadBalancer>,
+    key: &str,
+    has_finalizer: bool,
+    deleting: bool,
+) -> Result<Action, Error> {
+    let name = svc.name_any();
+    let held = ctx
+        .book
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .vip_of(key);
+    let was_waiting = ctx
+        .waiters
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(key)
+        .is_some();
+    if was_waiting {
+        // Those behind it move up the line.
+        let _ = ctx.released.unbounded_send(());
+    }
+    ctx.own_writes.forget(key);
+    if !has_finalizer && held.is_none() {
+        return Ok(Action::await_change()); // never ours: strictly untouched
+    }
+    ctx.fence.check().await?;
+    // Ours until now: delete the record, clear the VIP we wrote, drop the finalizer,
+    // and only then free the VIP for others.
+    match slbs.delete(&name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    if !deleting {
+        if let (Some(shown), Some(v)) = (ingress_ip(svc), held) {
+            if shown == v {
+                apply_ingress(svcs, svc, None).await?;
+            }
+        }
+    }
+    if has_finalizer {
+        remove_finalizer(svcs, svc).await?;
+    }
+    let released = ctx
+        .book
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .release(key);
+    forget_service(ctx, key, released);
+    if let Some(v) = released {
+        info!(service = %key, vip = %v, "VIP released");
+        ctx.metrics.releases.inc();
+        ctx.pools_changed.notify_one();
+        let _ = ctx.released.unbounded_send(());
+        if !deleting {
+            publish(ctx, svc, false, "VIPReleased", &format!("VIP {v} released: the Service is no longer of class juneau.loutres.me/load-balancer"), "Release").await;
+        }
+    }
+    ctx.failures
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(key);
+    Ok(Action::await_change())
+}
+
+/// What [`claim_service`] leaves for the rest of the reconcile.
+struct Claimed {
+    /// The Service, as the finalizer's update returned it when there was one.
+    svc: Arc<Service>,
+    /// The record's resourceVersion after its spec was written.
+    record_version: Option<String>,
+    /// The Lease was checked (no need to check it again before the next writes).
+    checked: bool,
+}
+
+/// Makes a managed Service ours: its finalizer and its record's spec (`previous`: the
+/// record as the watch has it).
+async fn claim_service(
+    ctx: &Ctx,
+    svcs: &Api<Service>,
+    slbs: &Api<ServiceLoadBalancer>,
+    svc: Arc<Service>,
+    key: &str,
+    previous: Option<&ServiceLoadBalancer>,
+) -> Result<Claimed, Error> {
+    let ns = svc.namespace().unwrap_or_else(|| "default".into());
+    let name = svc.name_any();
+    let has_finalizer = svc.finalizers().iter().any(|f| f == FINALIZER);
+    let spec = record_spec(&svc);
+    let owner = owner_of(&svc);
+    let spec_changed = previous.map(|p| (&p.spec, p.owner_references()))
+        != Some((&spec, std::slice::from_ref(&owner)));
+    let mut record_version = previous.and_then(|p| p.resource_version());
+
+    // The finalizer and the record's spec (no VIP in it yet): one Lease check, then
+    // both at once. The VIP is decided and recorded only once the finalizer is there,
+    // so it is released when the Service goes.
+    let mut svc = svc;
+    let mut checked = false;
+    if !has_finalizer || spec_changed {
+        ctx.fence.check().await?;
+        checked = true;
+        let finalizer = async {
+            match has_finalizer {
+                true => Ok(None),
+                false => add_finalizer(svcs, &svc).await.map(Some),
+            }
+        };
+        let record = async {
+            match spec_changed {
+                false => Ok(None),
+                true => apply_record(slbs, &name, &ns, &owner, &spec, record_version.clone())
+                    .await
+                    .map(Some),
+            }
+        };
+        let (finalizer, record) = future::join(finalizer, record).await;
+        // The finalizer's update triggers another reconcile; do the work now anyway.
+        if let Some(s) = finalizer? {
+            ctx.own_writes.wrote(
+                key,
+                true,
+                svc.resource_version(),
+                s.metadata.resource_version.as_deref(),
+            );
+            svc = Arc::new(s);
+        }
+        if let Some(v) = record? {
+            ctx.own_writes
+                .wrote(key, false, record_version.clone(), v.as_deref());
+            record_version = v;
+        }
+    }
+    Ok(Claimed {
+        svc,
+        record_version,
+        checked,
+    })
 }
 
 /// What a managed Service's ServiceLoadBalancer spec says.

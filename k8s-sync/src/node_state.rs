@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 
 use crate::crd::{BGPAdvertisement, BGPPeer, Phase, ServiceLoadBalancer};
-use crate::endpoints::{host_network_endpoints, node_excluded, slice_endpoints};
+use crate::endpoints::{host_network_endpoints, node_excluded, slice_endpoints, SliceEndpoint};
 use crate::reconcile::is_managed;
 
 /// Namespace a BGPPeer's password Secret is looked up in when it names none.
@@ -289,9 +289,8 @@ fn slb_part(
     let NodeCtx {
         node,
         view,
-        labels,
         excluded,
-        peers,
+        ..
     } = ctx;
     let st = slb.status.as_ref()?;
     if st.phase == Phase::Failed {
@@ -333,53 +332,81 @@ fn slb_part(
         .into_iter()
         .flatten()
     {
-        let proto_name = sp.protocol.as_deref().unwrap_or("TCP");
-        let Ok(protocol) = proto_name.parse::<Protocol>() else {
+        let Some(service) = frontend_service(vip, sp, &here) else {
             continue;
         };
-        let Ok(port) = u16::try_from(sp.port) else {
-            continue;
-        };
-        let sp_name = sp.name.clone().filter(|n| !n.is_empty());
-        let mut backends = Vec::new();
-        let mut terminating = Vec::new();
-        for e in &here {
-            // Ready: new flows. Serving but terminating: only the flows it already
-            // has (graceful drain). Anything else: nothing.
-            let list = if e.conditions.takes_new_traffic() {
-                &mut backends
-            } else if e.conditions.drains() {
-                &mut terminating
-            } else {
-                continue;
-            };
-            // The EndpointSlice port carrying the Service port's name holds the
-            // resolved target port (named targetPorts are resolved per Pod).
-            if let Some((_, _, tp)) = e
-                .ports
-                .iter()
-                .find(|(n, pr, _)| *n == sp_name && pr.eq_ignore_ascii_case(proto_name))
-            {
-                list.push(LocalBackend {
-                    ip: e.ip,
-                    port: *tp,
-                });
-            }
-        }
-        any_backend |= !backends.is_empty();
-        part.services.push(NodeService {
-            frontend: Frontend {
-                vip,
-                protocol,
-                port,
-            },
-            backends,
-            terminating,
-        });
+        any_backend |= !service.backends.is_empty();
+        part.services.push(service);
     }
     if !any_backend || excluded {
         return Some(part);
     }
+    part.advertised = advertised_vip(ctx, &pool, vip, &here);
+    Some(part)
+}
+
+/// The Frontend of the Service port `sp` on `vip` with this node's Backends (`here`:
+/// the Service's endpoints on this node), or `None` when the port is not one we serve.
+fn frontend_service(
+    vip: Ipv4Addr,
+    sp: &k8s_openapi::api::core::v1::ServicePort,
+    here: &[&SliceEndpoint],
+) -> Option<NodeService> {
+    let proto_name = sp.protocol.as_deref().unwrap_or("TCP");
+    let protocol = proto_name.parse::<Protocol>().ok()?;
+    let port = u16::try_from(sp.port).ok()?;
+    let sp_name = sp.name.clone().filter(|n| !n.is_empty());
+    let mut backends = Vec::new();
+    let mut terminating = Vec::new();
+    for e in here {
+        // Ready: new flows. Serving but terminating: only the flows it already
+        // has (graceful drain). Anything else: nothing.
+        let list = if e.conditions.takes_new_traffic() {
+            &mut backends
+        } else if e.conditions.drains() {
+            &mut terminating
+        } else {
+            continue;
+        };
+        // The EndpointSlice port carrying the Service port's name holds the
+        // resolved target port (named targetPorts are resolved per Pod).
+        if let Some((_, _, tp)) = e
+            .ports
+            .iter()
+            .find(|(n, pr, _)| *n == sp_name && pr.eq_ignore_ascii_case(proto_name))
+        {
+            list.push(LocalBackend {
+                ip: e.ip,
+                port: *tp,
+            });
+        }
+    }
+    Some(NodeService {
+        frontend: Frontend {
+            vip,
+            protocol,
+            port,
+        },
+        backends,
+        terminating,
+    })
+}
+
+/// How this node announces `vip` (of address pool `pool`, with the local endpoints
+/// `here`), from the BGPAdvertisements covering the pool on this node; `None` when none
+/// covers it or none selects a peer of the node.
+fn advertised_vip(
+    ctx: NodeCtx<'_>,
+    pool: &str,
+    vip: Ipv4Addr,
+    here: &[&SliceEndpoint],
+) -> Option<AdvertisedVip> {
+    let NodeCtx {
+        view,
+        labels,
+        peers,
+        ..
+    } = ctx;
     // Attributes from the BGPAdvertisements covering the VIP's pool on this node.
     let mut matched = false;
     let mut communities = BTreeSet::new();
@@ -389,7 +416,8 @@ fn slb_part(
     let mut all_peers = false;
     let mut weighted = false;
     for adv in &view.advertisements {
-        if !(adv.spec.address_pools.is_empty() || adv.spec.address_pools.contains(&pool)) {
+        if !(adv.spec.address_pools.is_empty() || adv.spec.address_pools.iter().any(|p| p == pool))
+        {
             continue;
         }
         if !selects(adv.spec.node_selector.as_ref(), labels) {
@@ -424,9 +452,9 @@ fn slb_part(
         }
     }
     if !matched || (!all_peers && peer_idx.is_empty()) {
-        return Some(part);
+        return None;
     }
-    part.advertised = Some(AdvertisedVip {
+    Some(AdvertisedVip {
         vip,
         communities: communities.into_iter().collect(),
         large_communities: large.into_iter().collect(),
@@ -444,8 +472,7 @@ fn slb_part(
                 .collect::<BTreeSet<_>>()
                 .len() as u32
         }),
-    });
-    Some(part)
+    })
 }
 
 /// What a [`SlbPart`] was computed from, by identity: the watch caches replace an object's
@@ -563,129 +590,9 @@ pub fn build_node_state_with(
     let cordoned = me
         .and_then(|n| n.spec.as_ref()?.unschedulable)
         .unwrap_or(false);
-    let router_id = me.and_then(|n| {
-        n.status
-            .as_ref()?
-            .addresses
-            .as_ref()?
-            .iter()
-            .filter(|a| a.type_ == "InternalIP")
-            .find_map(|a| a.address.parse::<Ipv4Addr>().ok())
-    });
+    let router_id = me.and_then(node_router_id);
 
-    // Peers selecting this node, by name.
-    let mut peers: Vec<(PeerConfig, BTreeMap<String, String>)> = Vec::new();
-    let mut peer_list: Vec<&BGPPeer> = view.peers.iter().map(|p| &**p).collect();
-    peer_list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    for p in peer_list {
-        let name = p.metadata.name.clone().unwrap_or_default();
-        if !selects(p.spec.node_selector.as_ref(), labels) {
-            continue;
-        }
-        let Ok(addr) = p.spec.peer_address.parse::<Ipv4Addr>() else {
-            warnings.push(format!(
-                "BGPPeer {name}: peerAddress {:?} is not IPv4; skipped",
-                p.spec.peer_address
-            ));
-            continue;
-        };
-        let mut cfg = PeerConfig::new(name.clone(), addr, p.spec.peer_asn, p.spec.local_asn);
-        if let Some(port) = p.spec.peer_port {
-            cfg.peer_port = port;
-        }
-        cfg.source_address = p
-            .spec
-            .source_address
-            .as_deref()
-            .and_then(|s| s.parse().ok());
-        if let Some(h) = p.spec.hold_time_seconds {
-            cfg.hold_time = h;
-            cfg.keepalive_time = h / 3;
-        }
-        if let Some(k) = p.spec.keepalive_time_seconds {
-            cfg.keepalive_time = k;
-        }
-        if let Some(c) = p.spec.connect_retry_seconds {
-            cfg.connect_retry_time = c;
-        }
-        cfg.ebgp_multihop = p.spec.ebgp_multihop;
-        cfg.graceful_restart_time = p
-            .spec
-            .graceful_restart
-            .as_ref()
-            .filter(|g| g.enabled)
-            .map(|g| g.restart_time_seconds.unwrap_or(120));
-        cfg.passive = p.spec.passive.unwrap_or(false);
-        cfg.bfd = p.spec.bfd.as_ref().map(|b| {
-            let d = juneau_control::model::BfdSettings::default();
-            juneau_control::model::BfdSettings {
-                min_rx_ms: b.min_rx_ms.unwrap_or(d.min_rx_ms),
-                min_tx_ms: b.min_tx_ms.unwrap_or(d.min_tx_ms),
-                multiplier: b.multiplier.unwrap_or(d.multiplier),
-            }
-        });
-        // BFD authentication: a bad setting leaves the peer without BFD (never with
-        // unauthenticated BFD) and says why; the BGP session is kept.
-        if let Some(a) = p.spec.bfd.as_ref().and_then(|b| b.authentication.as_ref()) {
-            match bfd_auth(view, a) {
-                Ok(auth) => cfg.bfd_auth = Some(auth),
-                Err(e) => {
-                    warnings.push(format!(
-                        "BGPPeer {name}: BFD authentication: {e}; BFD not configured for this peer (its BGP session runs without it)"
-                    ));
-                    cfg.bfd = None;
-                }
-            }
-        }
-        if let Some(r) = &p.spec.password_secret_ref {
-            let ns = &view.secret_namespace;
-            let key = r.key.as_deref().unwrap_or("password");
-            match secret_value(view, &r.name, key) {
-                Some(pw) => cfg.md5_password = Some(pw),
-                None => {
-                    warnings.push(format!(
-                        "BGPPeer {name}: password Secret {ns}/{} (key {key}) not found; session not configured",
-                        r.name
-                    ));
-                    continue;
-                }
-            }
-        }
-        if cordoned {
-            let d = juneau_control::model::DrainSettings::default();
-            let m = p
-                .spec
-                .maintenance
-                .clone()
-                .unwrap_or(crate::crd::Maintenance {
-                    as_path_prepend: None,
-                    local_pref: None,
-                    drain_seconds: None,
-                });
-            cfg.drain = Some(juneau_control::model::DrainSettings {
-                as_path_prepend: m.as_path_prepend.unwrap_or(d.as_path_prepend),
-                local_pref: m.local_pref.unwrap_or(d.local_pref),
-                wait_seconds: m.drain_seconds.unwrap_or(d.wait_seconds),
-            });
-        }
-        let plabels = p.metadata.labels.clone().unwrap_or_default();
-        peers.push((cfg, plabels));
-    }
-
-    let mut services = Vec::new();
-    let mut advertised = Vec::new();
-    // Per VIP served here: the nodes with a serving endpoint (Ready, or serving while
-    // terminating: the drain case), asked about connections this node does not hold.
-    let mut vip_nodes: BTreeMap<Ipv4Addr, BTreeSet<String>> = BTreeMap::new();
-    let mut add = |part: &SlbPart| {
-        services.extend(part.services.iter().cloned());
-        advertised.extend(part.advertised.iter().cloned());
-        let (vip, nodes) = &part.vip_nodes;
-        vip_nodes
-            .entry(*vip)
-            .or_default()
-            .extend(nodes.iter().cloned());
-    };
+    let peers = node_peers(view, labels, cordoned, &mut warnings);
     let ctx = NodeCtx {
         node,
         view,
@@ -693,6 +600,189 @@ pub fn build_node_state_with(
         excluded,
         peers: &peers,
     };
+    let merged = merged_parts(ctx, cache);
+
+    let redirects = redirects(node, view, merged.vip_nodes, &mut warnings);
+    let mut state = NodeState {
+        node: node.to_string(),
+        router_id,
+        services: merged.services,
+        advertised: merged.advertised,
+        peers: peers.into_iter().map(|(c, _)| c).collect(),
+        redirects,
+    };
+    state.normalize();
+    (state, warnings)
+}
+
+/// The Node's router ID: its first IPv4 InternalIP.
+fn node_router_id(n: &Node) -> Option<Ipv4Addr> {
+    n.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse::<Ipv4Addr>().ok())
+}
+
+/// The BGPPeers selecting the node (node labels `labels`), by name, each with its own
+/// labels; the ones that cannot be configured are skipped with a warning.
+fn node_peers(
+    view: &AgentView,
+    labels: &BTreeMap<String, String>,
+    cordoned: bool,
+    warnings: &mut Vec<String>,
+) -> Vec<(PeerConfig, BTreeMap<String, String>)> {
+    let mut peers: Vec<(PeerConfig, BTreeMap<String, String>)> = Vec::new();
+    let mut peer_list: Vec<&BGPPeer> = view.peers.iter().map(|p| &**p).collect();
+    peer_list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for p in peer_list {
+        if !selects(p.spec.node_selector.as_ref(), labels) {
+            continue;
+        }
+        let Some(cfg) = peer_config(view, p, cordoned, warnings) else {
+            continue;
+        };
+        let plabels = p.metadata.labels.clone().unwrap_or_default();
+        peers.push((cfg, plabels));
+    }
+    peers
+}
+
+/// The session configuration of the BGPPeer `p` (draining when the node is `cordoned`),
+/// or `None` with a warning when it cannot be configured.
+fn peer_config(
+    view: &AgentView,
+    p: &BGPPeer,
+    cordoned: bool,
+    warnings: &mut Vec<String>,
+) -> Option<PeerConfig> {
+    let name = p.metadata.name.clone().unwrap_or_default();
+    let Ok(addr) = p.spec.peer_address.parse::<Ipv4Addr>() else {
+        warnings.push(format!(
+            "BGPPeer {name}: peerAddress {:?} is not IPv4; skipped",
+            p.spec.peer_address
+        ));
+        return None;
+    };
+    let mut cfg = PeerConfig::new(name.clone(), addr, p.spec.peer_asn, p.spec.local_asn);
+    if let Some(port) = p.spec.peer_port {
+        cfg.peer_port = port;
+    }
+    cfg.source_address = p
+        .spec
+        .source_address
+        .as_deref()
+        .and_then(|s| s.parse().ok());
+    if let Some(h) = p.spec.hold_time_seconds {
+        cfg.hold_time = h;
+        cfg.keepalive_time = h / 3;
+    }
+    if let Some(k) = p.spec.keepalive_time_seconds {
+        cfg.keepalive_time = k;
+    }
+    if let Some(c) = p.spec.connect_retry_seconds {
+        cfg.connect_retry_time = c;
+    }
+    cfg.ebgp_multihop = p.spec.ebgp_multihop;
+    cfg.graceful_restart_time = p
+        .spec
+        .graceful_restart
+        .as_ref()
+        .filter(|g| g.enabled)
+        .map(|g| g.restart_time_seconds.unwrap_or(120));
+    cfg.passive = p.spec.passive.unwrap_or(false);
+    cfg.bfd = p.spec.bfd.as_ref().map(|b| {
+        let d = juneau_control::model::BfdSettings::default();
+        juneau_control::model::BfdSettings {
+            min_rx_ms: b.min_rx_ms.unwrap_or(d.min_rx_ms),
+            min_tx_ms: b.min_tx_ms.unwrap_or(d.min_tx_ms),
+            multiplier: b.multiplier.unwrap_or(d.multiplier),
+        }
+    });
+    // BFD authentication: a bad setting leaves the peer without BFD (never with
+    // unauthenticated BFD) and says why; the BGP session is kept.
+    if let Some(a) = p.spec.bfd.as_ref().and_then(|b| b.authentication.as_ref()) {
+        match bfd_auth(view, a) {
+            Ok(auth) => cfg.bfd_auth = Some(auth),
+            Err(e) => {
+                warnings.push(format!(
+                    "BGPPeer {name}: BFD authentication: {e}; BFD not configured for this peer (its BGP session runs without it)"
+                ));
+                cfg.bfd = None;
+            }
+        }
+    }
+    if let Some(r) = &p.spec.password_secret_ref {
+        let ns = &view.secret_namespace;
+        let key = r.key.as_deref().unwrap_or("password");
+        match secret_value(view, &r.name, key) {
+            Some(pw) => cfg.md5_password = Some(pw),
+            None => {
+                warnings.push(format!(
+                    "BGPPeer {name}: password Secret {ns}/{} (key {key}) not found; session not configured",
+                    r.name
+                ));
+                return None;
+            }
+        }
+    }
+    if cordoned {
+        cfg.drain = Some(drain_settings(p));
+    }
+    Some(cfg)
+}
+
+/// The graceful-maintenance settings of the BGPPeer `p` (its `spec.maintenance` over the
+/// defaults), used while the node is cordoned.
+fn drain_settings(p: &BGPPeer) -> juneau_control::model::DrainSettings {
+    let d = juneau_control::model::DrainSettings::default();
+    let m = p
+        .spec
+        .maintenance
+        .clone()
+        .unwrap_or(crate::crd::Maintenance {
+            as_path_prepend: None,
+            local_pref: None,
+            drain_seconds: None,
+        });
+    juneau_control::model::DrainSettings {
+        as_path_prepend: m.as_path_prepend.unwrap_or(d.as_path_prepend),
+        local_pref: m.local_pref.unwrap_or(d.local_pref),
+        wait_seconds: m.drain_seconds.unwrap_or(d.wait_seconds),
+    }
+}
+
+/// Every ServiceLoadBalancer's part of the node's state, merged.
+#[derive(Default)]
+struct MergedParts {
+    services: Vec<NodeService>,
+    advertised: Vec<AdvertisedVip>,
+    /// Per VIP served here: the nodes with a serving endpoint (Ready, or serving while
+    /// terminating: the drain case), asked about connections this node does not hold.
+    vip_nodes: BTreeMap<Ipv4Addr, BTreeSet<String>>,
+}
+
+impl MergedParts {
+    /// Adds one ServiceLoadBalancer's part.
+    fn add(&mut self, part: &SlbPart) {
+        self.services.extend(part.services.iter().cloned());
+        self.advertised.extend(part.advertised.iter().cloned());
+        let (vip, nodes) = &part.vip_nodes;
+        self.vip_nodes
+            .entry(*vip)
+            .or_default()
+            .extend(nodes.iter().cloned());
+    }
+}
+
+/// Every ServiceLoadBalancer's part of the node's state, merged: from `cache` when its
+/// objects and the shared ones did not change, computed (and cached) otherwise. Entries
+/// of ServiceLoadBalancers no longer in the view are dropped from the cache.
+fn merged_parts(ctx: NodeCtx<'_>, cache: &mut BuildCache) -> MergedParts {
+    let NodeCtx { node, view, .. } = ctx;
+    let mut merged = MergedParts::default();
     let fresh = Globals::of(node, view);
     let valid = cache.globals.as_ref().is_some_and(|g| g.same(&fresh));
     if !valid {
@@ -736,25 +826,14 @@ pub fn build_node_state_with(
         };
         entry.epoch = epoch;
         if let Some(p) = &entry.part {
-            add(p);
+            merged.add(p);
         }
     }
     if cache.parts.len() != view.slbs.len() {
         cache.parts.retain(|_, e| e.epoch == epoch);
     }
     cache.globals = Some(fresh);
-
-    let redirects = redirects(node, view, vip_nodes, &mut warnings);
-    let mut state = NodeState {
-        node: node.to_string(),
-        router_id,
-        services,
-        advertised,
-        peers: peers.into_iter().map(|(c, _)| c).collect(),
-        redirects,
-    };
-    state.normalize();
-    (state, warnings)
+    merged
 }
 
 #[cfg(test)]

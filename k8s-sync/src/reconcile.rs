@@ -15,7 +15,7 @@ use crate::crd::{
     ServiceLoadBalancerStatus, EXTERNAL_NETWORK_ANNOTATION, LOAD_BALANCER_CLASS,
     REQUESTED_IP_ANNOTATION,
 };
-use crate::endpoints::{host_network_endpoints, picture, slice_endpoints};
+use crate::endpoints::{host_network_endpoints, picture, slice_endpoints, BackendPicture};
 use crate::vips::{parse_pool, VipBook};
 use juneau_control::ipam::{AddressPool, IpamError};
 
@@ -535,6 +535,124 @@ fn condition_events(prev: &[Condition], conditions: &[Condition]) -> Vec<Note> {
     notes
 }
 
+/// The Supported condition's status, reason and message for the Service's unsupported
+/// fields `bad` (none: supported).
+fn supported_verdict(bad: &[Problem]) -> (bool, &'static str, String) {
+    if bad.is_empty() {
+        (
+            true,
+            "Supported",
+            "every field of the Service is supported".to_string(),
+        )
+    } else {
+        let reason = bad[0].reason;
+        let message = bad
+            .iter()
+            .map(|p| p.message.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        (false, reason, message)
+    }
+}
+
+/// The VipAllocated condition's status, reason and message for the VIP decision
+/// `vip_cond`.
+fn vip_verdict(vip_cond: &Result<String, (Problem, bool)>) -> (bool, &'static str, String) {
+    match vip_cond {
+        Ok(msg) => (true, "Allocated", msg.clone()),
+        Err((p, _)) => (false, p.reason, p.message.clone()),
+    }
+}
+
+/// Fills `status`'s advertising nodes (when `serving`: the nodes with Ready backends in
+/// `pic` that a BGPAdvertisement of the VIP's pool covers) and their count. Returns
+/// whether nodes with Ready backends are left uncovered by every BGPAdvertisement.
+fn set_advertising_nodes(
+    world: &World,
+    pic: &BackendPicture,
+    serving: bool,
+    status: &mut ServiceLoadBalancerStatus,
+) -> bool {
+    let mut uncovered = false;
+    if serving {
+        let pool = status.address_pool.clone().unwrap_or_default();
+        status.advertising_nodes = covered_nodes(world, &pool, &pic.advertising_nodes);
+        uncovered = status.advertising_nodes.is_empty() && !pic.advertising_nodes.is_empty();
+    }
+    status.backend_summary.local_ready_nodes =
+        u32::try_from(status.advertising_nodes.len()).unwrap_or(u32::MAX);
+    uncovered
+}
+
+/// The record's phase: Failed on a fatal problem, else Ready once `advertised`, else
+/// Pending.
+fn phase_of(failed: bool, advertised: bool) -> Phase {
+    if failed {
+        Phase::Failed
+    } else if advertised {
+        Phase::Ready
+    } else {
+        Phase::Pending
+    }
+}
+
+/// The Advertised condition's reason and message: whether the VIP is `serving`, which
+/// nodes announce it (`status`), whether nodes with Ready backends are left `uncovered`
+/// by every BGPAdvertisement (`pic`: the Service's backends).
+fn advertised_verdict(
+    serving: bool,
+    advertised: bool,
+    uncovered: bool,
+    status: &ServiceLoadBalancerStatus,
+    pic: &BackendPicture,
+) -> (&'static str, String) {
+    if !serving {
+        (
+            "NotServed",
+            "nothing is announced for this Service until the problems above are fixed".to_string(),
+        )
+    } else if advertised {
+        (
+            "ReadyBackends",
+            format!(
+                "announced as a /32 from {} node(s): {}",
+                status.advertising_nodes.len(),
+                status.advertising_nodes.join(", ")
+            ),
+        )
+    } else if uncovered {
+        (
+            "NoBGPAdvertisement",
+            format!(
+                "nodes {} have Ready backends, but no BGPAdvertisement covers AddressPool {} on them",
+                pic.advertising_nodes.join(", "),
+                status.address_pool.as_deref().unwrap_or_default()
+            ),
+        )
+    } else {
+        (
+            "NoReadyBackends",
+            "no node has a Ready local backend, so no node announces the VIP".to_string(),
+        )
+    }
+}
+
+/// The Ready condition's reason and message: the first condition that is not true, or
+/// "Ready" when all are.
+fn ready_verdict(conditions: &[Condition]) -> (&str, String) {
+    let first_problem = conditions.iter().find(|c| c.status == "False");
+    (
+        match first_problem {
+            None => "Ready",
+            Some(c) => c.reason.as_str(),
+        },
+        match first_problem {
+            None => "the VIP is allocated and announced".to_string(),
+            Some(c) => c.message.clone(),
+        },
+    )
+}
+
 /// Decides everything for one managed Service. `slices` are the Service's EndpointSlices.
 pub fn reconcile_service(
     svc: &Service,
@@ -563,33 +681,16 @@ pub fn reconcile_service(
 
     let bad = unsupported(svc, &host);
     let supported = bad.is_empty();
-    if supported {
-        conditions.push(cond(
-            condition::SUPPORTED,
-            true,
-            "Supported",
-            "every field of the Service is supported",
-            &prev_conds,
-            generation,
-            &now,
-        ));
-    } else {
-        let reason = bad[0].reason;
-        let message = bad
-            .iter()
-            .map(|p| p.message.as_str())
-            .collect::<Vec<_>>()
-            .join("; ");
-        conditions.push(cond(
-            condition::SUPPORTED,
-            false,
-            reason,
-            message,
-            &prev_conds,
-            generation,
-            &now,
-        ));
-    }
+    let (ok, reason, message) = supported_verdict(&bad);
+    conditions.push(cond(
+        condition::SUPPORTED,
+        ok,
+        reason,
+        message,
+        &prev_conds,
+        generation,
+        &now,
+    ));
 
     // VIP: only for supported Services; an unsupported one keeps a VIP it already holds
     // (so fixing the Service gives it back the same address) but shows and announces none.
@@ -601,69 +702,24 @@ pub fn reconcile_service(
     let vip_ok = vip_cond.is_ok();
     let waiting_for_address = matches!(&vip_cond, Err((_, false)));
     let mut failed = !supported;
-    match &vip_cond {
-        Ok(msg) => conditions.push(cond(
-            condition::VIP_ALLOCATED,
-            true,
-            "Allocated",
-            msg.clone(),
-            &prev_conds,
-            generation,
-            &now,
-        )),
-        Err((p, fatal)) => {
-            failed |= *fatal && supported;
-            conditions.push(cond(
-                condition::VIP_ALLOCATED,
-                false,
-                p.reason,
-                p.message.clone(),
-                &prev_conds,
-                generation,
-                &now,
-            ))
-        }
+    if let Err((_, fatal)) = &vip_cond {
+        failed |= *fatal && supported;
     }
+    let (ok, reason, message) = vip_verdict(&vip_cond);
+    conditions.push(cond(
+        condition::VIP_ALLOCATED,
+        ok,
+        reason,
+        message,
+        &prev_conds,
+        generation,
+        &now,
+    ));
 
     let serving = supported && vip_ok;
-    let mut uncovered = false;
-    if serving {
-        let pool = status.address_pool.clone().unwrap_or_default();
-        status.advertising_nodes = covered_nodes(world, &pool, &pic.advertising_nodes);
-        uncovered = status.advertising_nodes.is_empty() && !pic.advertising_nodes.is_empty();
-    }
-    status.backend_summary.local_ready_nodes =
-        u32::try_from(status.advertising_nodes.len()).unwrap_or(u32::MAX);
+    let uncovered = set_advertising_nodes(world, &pic, serving, &mut status);
     let advertised = serving && !status.advertising_nodes.is_empty();
-    let (adv_reason, adv_msg) = if !serving {
-        (
-            "NotServed",
-            "nothing is announced for this Service until the problems above are fixed".to_string(),
-        )
-    } else if advertised {
-        (
-            "ReadyBackends",
-            format!(
-                "announced as a /32 from {} node(s): {}",
-                status.advertising_nodes.len(),
-                status.advertising_nodes.join(", ")
-            ),
-        )
-    } else if uncovered {
-        (
-            "NoBGPAdvertisement",
-            format!(
-                "nodes {} have Ready backends, but no BGPAdvertisement covers AddressPool {} on them",
-                pic.advertising_nodes.join(", "),
-                status.address_pool.as_deref().unwrap_or_default()
-            ),
-        )
-    } else {
-        (
-            "NoReadyBackends",
-            "no node has a Ready local backend, so no node announces the VIP".to_string(),
-        )
-    };
+    let (adv_reason, adv_msg) = advertised_verdict(serving, advertised, uncovered, &status, &pic);
     conditions.push(cond(
         condition::ADVERTISED,
         advertised,
@@ -674,29 +730,18 @@ pub fn reconcile_service(
         &now,
     ));
 
-    status.phase = if failed {
-        Phase::Failed
-    } else if advertised {
-        Phase::Ready
-    } else {
-        Phase::Pending
-    };
-    let first_problem = conditions.iter().find(|c| c.status == "False");
-    conditions.push(cond(
+    status.phase = phase_of(failed, advertised);
+    let (ready_reason, ready_msg) = ready_verdict(&conditions);
+    let ready = cond(
         condition::READY,
         status.phase == Phase::Ready,
-        match first_problem {
-            None => "Ready",
-            Some(c) => c.reason.as_str(),
-        },
-        match first_problem {
-            None => "the VIP is allocated and announced".to_string(),
-            Some(c) => c.message.clone(),
-        },
+        ready_reason,
+        ready_msg,
         &prev_conds,
         generation,
         &now,
-    ));
+    );
+    conditions.push(ready);
 
     // Events: only when a condition changes (reason or status), so a resync is silent.
     notes.extend(condition_events(&prev_conds, &conditions));

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
 use juneau_control::shm::NodeStateReader;
-use juneau_tests::bird::{BgpNeighbor, Bird, BirdConfig};
+use juneau_tests::bird::{BgpNeighbor, Bird, BirdConfig, BirdControl};
 use juneau_tests::kube::KubeCluster;
 use juneau_tests::netns::{unique_prefix, veth, Netns, NsChild};
 use serde::{Deserialize, Serialize};
@@ -503,25 +503,13 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
         )
     })?;
     // Cost of one query, for the resolution statement.
-    let mut q = Vec::new();
-    for _ in 0..50 {
-        let t = Instant::now();
-        birdc.has_route(vip)?;
-        q.push(t.elapsed());
-    }
-    q.sort();
-    let query_p50 = q[q.len() / 2];
+    let query_p50 = bird_query_p50(&mut birdc, vip)?;
 
     // The timed writes go over one kept-alive HTTPS connection.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let api: kube::Api<k8s_openapi::api::discovery::v1::EndpointSlice> = rt.block_on(async {
-        let kc = kube::config::Kubeconfig::read_from(bed.k.kubeconfig())?;
-        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-        let client = kube::Client::try_from(cfg)?;
-        anyhow::Ok(kube::Api::namespaced(client, "default"))
-    })?;
+    let api = slice_api(&rt, &bed.k)?;
     rt.block_on(api.get(SLICE))
         .context("reading the EndpointSlice")?;
 
@@ -533,71 +521,14 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
         for ready in [false, true] {
             check_interrupt()?;
             bed.check()?;
-            let barrier = Arc::new(Barrier::new(3));
-            let seen = reader.generation();
-            let (t0, rtt, t_shm, t_bird, gap) = std::thread::scope(|s| -> Result<_> {
-                let b1 = barrier.clone();
-                let rd = &mut reader;
-                let shm = s.spawn(move || -> Result<Instant> {
-                    let mut g = seen;
-                    b1.wait();
-                    let deadline = Instant::now() + STEP_TIMEOUT;
-                    loop {
-                        let ng = rd.wait_change(g, deadline.saturating_duration_since(Instant::now()));
-                        let t = Instant::now();
-                        if ng != g {
-                            g = ng;
-                            if advertised(rd, vip)? == ready {
-                                return Ok(t);
-                            }
-                        }
-                        if Instant::now() >= deadline {
-                            bail!("shared memory did not change to advertised={ready} within {STEP_TIMEOUT:?}");
-                        }
-                    }
-                });
-                let b2 = barrier.clone();
-                let bc = &mut birdc;
-                let bird = s.spawn(move || -> Result<(Instant, Duration)> {
-                    b2.wait();
-                    let deadline = Instant::now() + STEP_TIMEOUT;
-                    // The longest time between two queries: the real resolution.
-                    let (mut prev, mut gap) = (None::<Instant>, Duration::ZERO);
-                    loop {
-                        let t = Instant::now();
-                        if let Some(p) = prev {
-                            gap = gap.max(t - p);
-                        }
-                        prev = Some(t);
-                        if bc.has_route(vip)? == ready {
-                            return Ok((t, gap));
-                        }
-                        if t >= deadline {
-                            bail!("BIRD did not change to route={ready} within {STEP_TIMEOUT:?}");
-                        }
-                        std::thread::sleep(BIRD_POLL);
-                    }
-                });
-                barrier.wait();
-                let t0 = Instant::now();
-                rt.block_on(api.patch(
-                    SLICE,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(slice_patch(ready)),
-                ))
-                .context("patching the EndpointSlice")?;
-                let rtt = t0.elapsed();
-                let t_shm = shm.join().expect("shm watcher")?;
-                let (t_bird, gap) = bird.join().expect("BIRD watcher")?;
-                Ok((t0, rtt, t_shm, t_bird, gap))
-            })
-            .with_context(|| {
-                format!(
-                    "repetition {rep} (ready={ready}); agent log:\n{}\njuneau-bgp log:\n{}",
-                    tail(&agent_log),
-                    tail(&bgp_log)
-                )
-            })?;
+            let (t0, rtt, t_shm, t_bird, gap) =
+                time_change(&mut reader, &mut birdc, &rt, &api, vip, ready).with_context(|| {
+                    format!(
+                        "repetition {rep} (ready={ready}); agent log:\n{}\njuneau-bgp log:\n{}",
+                        tail(&agent_log),
+                        tail(&bgp_log)
+                    )
+                })?;
             let (a, b) = (t_shm - t0, t_bird.saturating_duration_since(t0));
             write_rtt.push(rtt);
             max_gap = max_gap.max(gap);
@@ -626,12 +557,7 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
         bird_poll_interval_ms: BIRD_POLL.as_secs_f64() * 1e3,
         bird_query_p50_ms: query_p50.as_secs_f64() * 1e3,
         bird_max_gap_ms: max_gap.as_secs_f64() * 1e3,
-        setup: format!(
-            "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent --node {NODE} (admin kubeconfig), \
-             juneau-bgp in a node netns peering eBGP with BIRD 2 in a router netns; one Service, one endpoint \
-             toggled ready=false (withdraw) / ready=true (announce); t0 = just before the PATCH is sent",
-            juneau_tests::kube::kubernetes_version()
-        ),
+        setup: convergence_setup(),
         series: vec![
             Series::from_samples("withdraw: apiserver -> shared memory", &shm_w),
             Series::from_samples("withdraw: apiserver -> BIRD", &bird_w),
@@ -640,6 +566,133 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
             Series::from_samples("PATCH round trip (t0 -> response)", &write_rtt),
         ],
     })
+}
+
+/// One timed change: `ready` (true: announce, false: withdraw) patched into the
+/// EndpointSlice through `api` while the shared memory (`reader`) and BIRD (`birdc`) are
+/// watched for `vip` to follow. Returns t0 (just before the PATCH), the PATCH's round
+/// trip, when each saw the change, and the longest gap between two BIRD queries.
+fn time_change(
+    reader: &mut NodeStateReader,
+    birdc: &mut BirdControl,
+    rt: &tokio::runtime::Runtime,
+    api: &kube::Api<k8s_openapi::api::discovery::v1::EndpointSlice>,
+    vip: Ipv4Addr,
+    ready: bool,
+) -> Result<(Instant, Duration, Instant, Instant, Duration)> {
+    let barrier = Arc::new(Barrier::new(3));
+    let seen = reader.generation();
+    std::thread::scope(|s| -> Result<_> {
+        let b1 = barrier.clone();
+        let rd = reader;
+        let shm = s.spawn(move || shm_sees_change(rd, seen, vip, ready, &b1));
+        let b2 = barrier.clone();
+        let bc = birdc;
+        let bird = s.spawn(move || bird_sees_change(bc, vip, ready, &b2));
+        barrier.wait();
+        let t0 = Instant::now();
+        rt.block_on(api.patch(
+            SLICE,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(slice_patch(ready)),
+        ))
+        .context("patching the EndpointSlice")?;
+        let rtt = t0.elapsed();
+        let t_shm = shm.join().expect("shm watcher")?;
+        let (t_bird, gap) = bird.join().expect("BIRD watcher")?;
+        Ok((t0, rtt, t_shm, t_bird, gap))
+    })
+}
+
+/// When the shared memory (`rd`, at generation `seen`) shows `vip` advertised as
+/// `ready`, watched from the `barrier` on for [`STEP_TIMEOUT`].
+fn shm_sees_change(
+    rd: &mut NodeStateReader,
+    seen: u64,
+    vip: Ipv4Addr,
+    ready: bool,
+    barrier: &Barrier,
+) -> Result<Instant> {
+    let mut g = seen;
+    barrier.wait();
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    loop {
+        let ng = rd.wait_change(g, deadline.saturating_duration_since(Instant::now()));
+        let t = Instant::now();
+        if ng != g {
+            g = ng;
+            if advertised(rd, vip)? == ready {
+                return Ok(t);
+            }
+        }
+        if Instant::now() >= deadline {
+            bail!("shared memory did not change to advertised={ready} within {STEP_TIMEOUT:?}");
+        }
+    }
+}
+
+/// When BIRD (`bc`) has the route to `vip` as `ready` says, asked every [`BIRD_POLL`]
+/// from the `barrier` on for [`STEP_TIMEOUT`]; with the longest gap between two queries.
+fn bird_sees_change(
+    bc: &mut BirdControl,
+    vip: Ipv4Addr,
+    ready: bool,
+    barrier: &Barrier,
+) -> Result<(Instant, Duration)> {
+    barrier.wait();
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    // The longest time between two queries: the real resolution.
+    let (mut prev, mut gap) = (None::<Instant>, Duration::ZERO);
+    loop {
+        let t = Instant::now();
+        if let Some(p) = prev {
+            gap = gap.max(t - p);
+        }
+        prev = Some(t);
+        if bc.has_route(vip)? == ready {
+            return Ok((t, gap));
+        }
+        if t >= deadline {
+            bail!("BIRD did not change to route={ready} within {STEP_TIMEOUT:?}");
+        }
+        std::thread::sleep(BIRD_POLL);
+    }
+}
+
+/// The median time of a BIRD query for `vip`'s route, over 50 queries.
+fn bird_query_p50(birdc: &mut BirdControl, vip: Ipv4Addr) -> Result<Duration> {
+    let mut q = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        birdc.has_route(vip)?;
+        q.push(t.elapsed());
+    }
+    q.sort();
+    Ok(q[q.len() / 2])
+}
+
+/// The EndpointSlices of the `default` namespace of the bed's cluster `k`, through a
+/// client of its own (`rt` drives it).
+fn slice_api(
+    rt: &tokio::runtime::Runtime,
+    k: &KubeCluster,
+) -> Result<kube::Api<k8s_openapi::api::discovery::v1::EndpointSlice>> {
+    rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(k.kubeconfig())?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        let client = kube::Client::try_from(cfg)?;
+        anyhow::Ok(kube::Api::namespaced(client, "default"))
+    })
+}
+
+/// How the convergence figures were measured, for the report.
+fn convergence_setup() -> String {
+    format!(
+        "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent --node {NODE} (admin kubeconfig), \
+         juneau-bgp in a node netns peering eBGP with BIRD 2 in a router netns; one Service, one endpoint \
+         toggled ready=false (withdraw) / ready=true (announce); t0 = just before the PATCH is sent",
+        juneau_tests::kube::kubernetes_version()
+    )
 }
 
 /// Expected duration of a measurement of `reps` repetitions (cluster start, session

@@ -469,18 +469,7 @@ fn measure_on(
     requests_before: Option<std::collections::BTreeMap<(String, String), u64>>,
 ) -> Result<ScaleReport> {
     let n = objects.len() as u32;
-    let mut birdc = crate::convergence::eventually("BIRD's control socket", || {
-        Ok(Birdc::connect(&bed.ctl).ok())
-    })?;
-    if precreated.is_none() {
-        // The BGP session first, so BIRD's figure is not the session's start-up.
-        crate::convergence::eventually("the BGP session with juneau-bgp", || {
-            Ok(birdc
-                .cmd("show protocols juneau")?
-                .contains("Established")
-                .then_some(()))
-        })?;
-    }
+    let mut birdc = connect_bird(bed, precreated.is_some())?;
     let client = rt.block_on(api_client(bed.k.kubeconfig(), true))?;
     let watch_client = rt.block_on(api_client(bed.k.kubeconfig(), false))?;
     let agent_pid = bed.agent.id();
@@ -509,108 +498,31 @@ fn measure_on(
         let state = bed.state.clone();
         let d1 = done.clone();
         // Shared memory: futex wake-ups, microsecond resolution.
-        let shm = s.spawn(move || -> Result<(Option<Duration>, u64)> {
-            let mut r = crate::convergence::eventually("the agent's state file", || {
-                Ok(NodeStateReader::open(&state).ok())
-            })?;
-            // Precreated: every publish since the agent's start counts (its file is new).
-            let first = if precreated.is_some() {
-                0
-            } else {
-                r.generation()
-            };
-            let (mut g, mut publishes) = (first, 0u64);
-            while Instant::now() < deadline && !d1.load(Ordering::Relaxed) && !stopped() {
-                let ng = r.wait_change(g, Duration::from_millis(200));
-                if ng == g {
-                    continue;
-                }
-                let t = t0.elapsed();
-                publishes += ng.saturating_sub(g);
-                g = ng;
-                if r.snapshot()?.state.advertised.len() >= n as usize {
-                    return Ok((Some(t), publishes));
-                }
-            }
-            Ok((None, publishes))
-        });
+        let shm =
+            s.spawn(move || shm_all_advertised(&state, n, t0, deadline, precreated.is_some(), &d1));
         let d2 = done.clone();
         let bc = &mut birdc;
-        let bird = s.spawn(move || -> Result<Option<Duration>> {
-            while Instant::now() < deadline && !d2.load(Ordering::Relaxed) && !stopped() {
-                let t = t0.elapsed();
-                let out = bc.cmd("show route count")?;
-                let count = out
-                    .split_whitespace()
-                    .find_map(|w| w.parse::<u64>().ok())
-                    .unwrap_or(0);
-                if count >= u64::from(n) {
-                    return Ok(Some(t));
-                }
-                std::thread::sleep(BIRD_POLL);
-            }
-            Ok(None)
-        });
-        // Services showing a VIP, ServiceLoadBalancers Ready: counted from watch events,
-        // from t0 on (a list of N objects every second loaded the apiserver it measures).
-        let (vips_seen, ready_seen) =
-            (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let vip_task = rt.spawn(count_until(
-            kube::Api::<Service>::namespaced(watch_client.clone(), "default"),
-            n,
-            t0,
-            vips_seen.clone(),
-            shows_vip,
-        ));
-        let ready_task = rt.spawn(count_until(
-            kube::Api::<DynamicObject>::all_with(watch_client.clone(), &slb_resource()),
-            n,
-            t0,
-            ready_seen.clone(),
-            is_ready,
-        ));
+        let bird = s.spawn(move || bird_all_routes(bc, n, t0, deadline, &d2));
+        let watches = Watches::start(rt, &watch_client, n, t0);
         let create_s = match precreated {
             Some(d) => d,
-            None => {
-                let created = rt.block_on(create_all(&client, objects));
-                if let Err(e) = created {
-                    done.store(true, Ordering::Relaxed);
-                    return Err(e);
-                }
-                say(format!(
-                    "scale: created in {:.1} s ({} creates retried after a 5xx/429); waiting for VIPs, Ready, shared memory, BIRD",
-                    t0.elapsed().as_secs_f64(),
-                    RETRIES.load(Ordering::Relaxed)
-                ));
-                t0.elapsed()
-            }
+            None => create_services(rt, &client, objects, t0, say, &done)?,
         };
         let mut last_say = Instant::now();
-        while Instant::now() < deadline
-            && !stopped()
-            && !(vip_task.is_finished() && ready_task.is_finished())
-        {
+        while Instant::now() < deadline && !stopped() && !watches.finished() {
             bed.check()?;
             if last_say.elapsed() >= PROGRESS {
                 last_say = Instant::now();
                 say(format!(
                     "scale: {:.0} s: {}/{n} VIPs shown, {}/{n} Ready",
                     t0.elapsed().as_secs_f64(),
-                    vips_seen.load(Ordering::Relaxed),
-                    ready_seen.load(Ordering::Relaxed)
+                    watches.vips_seen.load(Ordering::Relaxed),
+                    watches.ready_seen.load(Ordering::Relaxed)
                 ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let finished = |task: tokio::task::JoinHandle<Option<Duration>>| {
-            if task.is_finished() {
-                rt.block_on(task).ok().flatten()
-            } else {
-                task.abort();
-                None
-            }
-        };
-        let (all_vips, all_ready) = (finished(vip_task), finished(ready_task));
+        let (all_vips, all_ready) = watches.finish(rt);
         let shm = shm.join().expect("shm observer")?;
         let bird = bird.join().expect("BIRD observer")?;
         done.store(true, Ordering::Relaxed);
@@ -624,16 +536,7 @@ fn measure_on(
     if stopped() {
         bail!("interrupted (Ctrl-C): cleaning up");
     }
-    let mut memory = vec![
-        rss_of("juneau-k8s-sync controller", controller_pid),
-        rss_of("juneau-k8s-sync agent", agent_pid),
-        rss_of("juneau-bgp", bed.bgp.id()),
-        rss_of("BIRD", bed.bird.pid()),
-    ];
-    let kp = bed.k.pids();
-    for (name, pid) in ["etcd", "kube-apiserver"].iter().zip(kp) {
-        memory.push(rss_of(name, pid));
-    }
+    let memory = bed_memory(bed, controller_pid, agent_pid);
     let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
     Ok(ScaleReport {
         services: n,
@@ -655,22 +558,205 @@ fn measure_on(
         apiserver_cpu_s,
         etcd_cpu_s,
         api_requests: requests,
-        method: format!(
-            "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent, juneau-bgp and BIRD 2 \
-             (the convergence bed); {}; {n} Services + {n} EndpointSlices \
-             created with {CONCURRENCY} requests in flight; Services and ServiceLoadBalancers are watched \
-             (a figure is when the watch event reached juneau-perf), BIRD's route count is asked every {} ms, \
-             shared memory via its futex",
-            juneau_tests::kube::kubernetes_version(),
-            if precreated.is_some() {
-                "everything created before the Juneau daemons started, t0 = their start (the BGP session's \
-                 set-up is inside the figures)"
-            } else {
-                "t0 = just before the first create"
-            },
-            BIRD_POLL.as_millis()
-        ),
+        method: scale_method(n, precreated.is_some()),
     })
+}
+
+/// A BIRD control connection on the bed; unless the objects were `precreated`, once
+/// BIRD's session with juneau-bgp is Established.
+fn connect_bird(bed: &crate::convergence::Bed, precreated: bool) -> Result<Birdc> {
+    let mut birdc = crate::convergence::eventually("BIRD's control socket", || {
+        Ok(Birdc::connect(&bed.ctl).ok())
+    })?;
+    if !precreated {
+        // The BGP session first, so BIRD's figure is not the session's start-up.
+        crate::convergence::eventually("the BGP session with juneau-bgp", || {
+            Ok(birdc
+                .cmd("show protocols juneau")?
+                .contains("Established")
+                .then_some(()))
+        })?;
+    }
+    Ok(birdc)
+}
+
+/// Creates the Services and EndpointSlices (`objects`) and returns how long that took
+/// since `t0`; on failure, tells the observers they are `done`.
+fn create_services(
+    rt: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    objects: &[(Service, EndpointSlice)],
+    t0: Instant,
+    say: &dyn Fn(String),
+    done: &AtomicBool,
+) -> Result<Duration> {
+    let created = rt.block_on(create_all(client, objects));
+    if let Err(e) = created {
+        done.store(true, Ordering::Relaxed);
+        return Err(e);
+    }
+    say(format!(
+        "scale: created in {:.1} s ({} creates retried after a 5xx/429); waiting for VIPs, Ready, shared memory, BIRD",
+        t0.elapsed().as_secs_f64(),
+        RETRIES.load(Ordering::Relaxed)
+    ));
+    Ok(t0.elapsed())
+}
+
+/// The watches counting Services showing a VIP and ServiceLoadBalancers Ready.
+struct Watches {
+    vip_task: tokio::task::JoinHandle<Option<Duration>>,
+    ready_task: tokio::task::JoinHandle<Option<Duration>>,
+    /// Services seen showing a VIP so far.
+    vips_seen: Arc<AtomicUsize>,
+    /// ServiceLoadBalancers seen Ready so far.
+    ready_seen: Arc<AtomicUsize>,
+}
+
+impl Watches {
+    /// Starts both watches on `rt`, each until it has seen `n` objects.
+    fn start(
+        rt: &tokio::runtime::Runtime,
+        watch_client: &kube::Client,
+        n: u32,
+        t0: Instant,
+    ) -> Self {
+        // Services showing a VIP, ServiceLoadBalancers Ready: counted from watch events,
+        // from t0 on (a list of N objects every second loaded the apiserver it measures).
+        let (vips_seen, ready_seen) =
+            (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let vip_task = rt.spawn(count_until(
+            kube::Api::<Service>::namespaced(watch_client.clone(), "default"),
+            n,
+            t0,
+            vips_seen.clone(),
+            shows_vip,
+        ));
+        let ready_task = rt.spawn(count_until(
+            kube::Api::<DynamicObject>::all_with(watch_client.clone(), &slb_resource()),
+            n,
+            t0,
+            ready_seen.clone(),
+            is_ready,
+        ));
+        Watches {
+            vip_task,
+            ready_task,
+            vips_seen,
+            ready_seen,
+        }
+    }
+
+    /// Whether both watches have seen all their objects (or ended).
+    fn finished(&self) -> bool {
+        self.vip_task.is_finished() && self.ready_task.is_finished()
+    }
+
+    /// When (since t0) every Service showed a VIP and every ServiceLoadBalancer was
+    /// Ready; a watch still running is stopped and counts as never.
+    fn finish(self, rt: &tokio::runtime::Runtime) -> (Option<Duration>, Option<Duration>) {
+        let finished = |task: tokio::task::JoinHandle<Option<Duration>>| {
+            if task.is_finished() {
+                rt.block_on(task).ok().flatten()
+            } else {
+                task.abort();
+                None
+            }
+        };
+        (finished(self.vip_task), finished(self.ready_task))
+    }
+}
+
+/// The shared-memory observer: when (since `t0`) the agent's state file at `state`
+/// first advertised `n` VIPs, if before `deadline` (or `done`), and how many times the
+/// agent published meanwhile (`precreated`: since the agent's start).
+fn shm_all_advertised(
+    state: &Path,
+    n: u32,
+    t0: Instant,
+    deadline: Instant,
+    precreated: bool,
+    done: &AtomicBool,
+) -> Result<(Option<Duration>, u64)> {
+    let mut r = crate::convergence::eventually("the agent's state file", || {
+        Ok(NodeStateReader::open(state).ok())
+    })?;
+    // Precreated: every publish since the agent's start counts (its file is new).
+    let first = if precreated { 0 } else { r.generation() };
+    let (mut g, mut publishes) = (first, 0u64);
+    while Instant::now() < deadline && !done.load(Ordering::Relaxed) && !stopped() {
+        let ng = r.wait_change(g, Duration::from_millis(200));
+        if ng == g {
+            continue;
+        }
+        let t = t0.elapsed();
+        publishes += ng.saturating_sub(g);
+        g = ng;
+        if r.snapshot()?.state.advertised.len() >= n as usize {
+            return Ok((Some(t), publishes));
+        }
+    }
+    Ok((None, publishes))
+}
+
+/// The BIRD observer: when (since `t0`) BIRD first counted `n` routes, asked every
+/// [`BIRD_POLL`] until `deadline` (or `done`).
+fn bird_all_routes(
+    bc: &mut Birdc,
+    n: u32,
+    t0: Instant,
+    deadline: Instant,
+    done: &AtomicBool,
+) -> Result<Option<Duration>> {
+    while Instant::now() < deadline && !done.load(Ordering::Relaxed) && !stopped() {
+        let t = t0.elapsed();
+        let out = bc.cmd("show route count")?;
+        let count = out
+            .split_whitespace()
+            .find_map(|w| w.parse::<u64>().ok())
+            .unwrap_or(0);
+        if count >= u64::from(n) {
+            return Ok(Some(t));
+        }
+        std::thread::sleep(BIRD_POLL);
+    }
+    Ok(None)
+}
+
+/// The resident memory of the bed's daemons: the Juneau controller and agent, juneau-bgp,
+/// BIRD, etcd and kube-apiserver.
+fn bed_memory(bed: &crate::convergence::Bed, controller_pid: u32, agent_pid: u32) -> Vec<Rss> {
+    let mut memory = vec![
+        rss_of("juneau-k8s-sync controller", controller_pid),
+        rss_of("juneau-k8s-sync agent", agent_pid),
+        rss_of("juneau-bgp", bed.bgp.id()),
+        rss_of("BIRD", bed.bird.pid()),
+    ];
+    let kp = bed.k.pids();
+    for (name, pid) in ["etcd", "kube-apiserver"].iter().zip(kp) {
+        memory.push(rss_of(name, pid));
+    }
+    memory
+}
+
+/// How the scale figures were measured, for the report (`precreated`: the objects were
+/// created before the daemons started).
+fn scale_method(n: u32, precreated: bool) -> String {
+    format!(
+        "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent, juneau-bgp and BIRD 2 \
+         (the convergence bed); {}; {n} Services + {n} EndpointSlices \
+         created with {CONCURRENCY} requests in flight; Services and ServiceLoadBalancers are watched \
+         (a figure is when the watch event reached juneau-perf), BIRD's route count is asked every {} ms, \
+         shared memory via its futex",
+        juneau_tests::kube::kubernetes_version(),
+        if precreated {
+            "everything created before the Juneau daemons started, t0 = their start (the BGP session's \
+             set-up is inside the figures)"
+        } else {
+            "t0 = just before the first create"
+        },
+        BIRD_POLL.as_millis()
+    )
 }
 
 fn slb_resource() -> ApiResource {
