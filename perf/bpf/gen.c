@@ -12,11 +12,17 @@
  * in the config) is written on every frame, then the fields that vary. With a rate,
  * frames not yet due are dropped before they are sent (token clock in GEN_SEQ[1]). */
 #include "common.h"
+#include <linux/tcp.h>
 
 /* flags */
 #define GEN_REPLY 1        /* the flow is the destination, peer_ip:peer_port the source */
 #define GEN_PARTIAL_CSUM 2 /* UDP checksum = folded pseudo-header sum (CHECKSUM_PARTIAL, as
                               a Pod's kernel with tx offload hands it over), not 0 */
+#define GEN_TCP 4          /* the template is Ethernet + IPv4 + TCP (GEN_TCP_HDR_LEN bytes, the
+                              flags as the template has them): the sequence number is the
+                              frame's number, the TCP checksum recomputed */
+#define GEN_FIRST_FRAGMENT 8 /* a first fragment: more-fragments set, offset 0, the IP id
+                                the frame's number */
 
 struct gen_cfg {
     __u32 ifindex;   /* where to redirect (the client's veth, in the caller's netns) */
@@ -28,11 +34,13 @@ struct gen_cfg {
     __u16 peer_port; /* GEN_REPLY: the fixed source port, network byte order */
     __u16 pad;
     __u64 max_sent;  /* send no more than this many frames in all (0: no bound) */
-    __u8 hdr[48];    /* the template's Ethernet + IPv4 + UDP header (GEN_HDR_LEN bytes) */
+    __u8 hdr[64];    /* the template's headers (GEN_HDR_LEN bytes, GEN_TCP_HDR_LEN with GEN_TCP) */
 };
 
 /* Ethernet (14) + IPv4 without options (20) + UDP (8). */
 #define GEN_HDR_LEN 42
+/* Ethernet (14) + IPv4 without options (20) + TCP without options (20). */
+#define GEN_TCP_HDR_LEN 54
 
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
@@ -55,7 +63,7 @@ int xdp_gen(struct xdp_md *ctx)
 {
     void *data = (void *)(long)ctx->data;
     void *end = (void *)(long)ctx->data_end;
-    if (data + GEN_HDR_LEN > end)
+    if (data + GEN_TCP_HDR_LEN > end)
         return XDP_ABORTED;
     __u32 zero = 0, one = 1;
     struct gen_cfg *cfg = bpf_map_lookup_elem(&GEN_CFG, &zero);
@@ -79,11 +87,19 @@ int xdp_gen(struct xdp_md *ctx)
     }
     /* A recycled page holds what the last path that forwarded it wrote: restore the
      * template's header first. */
-    __builtin_memcpy(data, cfg->hdr, GEN_HDR_LEN);
+    if (cfg->flags & GEN_TCP)
+        __builtin_memcpy(data, cfg->hdr, GEN_TCP_HDR_LEN);
+    else
+        __builtin_memcpy(data, cfg->hdr, GEN_HDR_LEN);
     struct iphdr *ip = data + sizeof(struct ethhdr);
     struct udphdr *udp = (void *)(ip + 1);
+    __u32 n = (__u32)*seq;
     __u32 i = (__u32)(*seq % cfg->flows);
     *seq += 1;
+    if (cfg->flags & GEN_FIRST_FRAGMENT) {
+        ip->id = bpf_htons((__u16)n);
+        ip->frag_off = bpf_htons(0x2000);
+    }
     __u32 flow_ip = bpf_htonl(cfg->src_base + (i >> 6));
     __u16 flow_port = bpf_htons(10000 + (i & 63));
     if (cfg->flags & GEN_REPLY) {
@@ -95,6 +111,21 @@ int xdp_gen(struct xdp_md *ctx)
         ip->saddr = flow_ip;
         udp->source = flow_port;
     }
+    if (cfg->flags & GEN_TCP) {
+        /* The ports sit where UDP's do; the rest is TCP's: a new sequence number and
+         * the checksum over the pseudo-header and the 20-byte header. */
+        struct tcphdr *tcp = (void *)(ip + 1);
+        tcp->seq = bpf_htonl(n);
+        tcp->check = 0;
+        __u32 t = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) +
+                  (ip->daddr >> 16) + bpf_htons(IPPROTO_TCP) + bpf_htons(20);
+        __u16 *tw = (__u16 *)tcp;
+#pragma unroll
+        for (int k = 0; k < 10; k++)
+            t += tw[k];
+        tcp->check = csum_fold32(t);
+        goto ip_checksum;
+    }
     udp->check = 0;
     if (cfg->flags & GEN_PARTIAL_CSUM) {
         /* What the kernel leaves in the field for the NIC to finish: the pseudo-header
@@ -105,6 +136,7 @@ int xdp_gen(struct xdp_md *ctx)
         p = (p & 0xffff) + (p >> 16);
         udp->check = (__u16)p;
     }
+ip_checksum:
     ip->check = 0;
     __u32 sum = 0;
     __u16 *w = (__u16 *)ip;

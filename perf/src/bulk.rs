@@ -102,7 +102,7 @@ impl Pattern {
 
 /// Runs `f` on a new thread inside network namespace `ns` (`None`: this one); threads it
 /// starts are inside it too.
-fn spawn_in<T: Send + 'static>(
+pub(crate) fn spawn_in<T: Send + 'static>(
     ns: Option<&str>,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<JoinHandle<Result<T>>> {
@@ -124,7 +124,7 @@ fn spawn_in<T: Send + 'static>(
 
 /// Pins the calling thread to `cpu` (if given) and gives it nice -20, as the harness does
 /// for the path's threads: on a shared machine, other work yields the core to it.
-fn pin_here(cpu: Option<u32>) {
+pub(crate) fn pin_here(cpu: Option<u32>) {
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() } as u32;
     if let Some(cpu) = cpu {
@@ -822,7 +822,7 @@ fn parse_offloads(ethtool_k: &str) -> String {
 
 /// Downloads 64 KiB until one succeeds (a forwarder still starting is not measured), at
 /// most 30 s.
-fn wait_until_serving(
+pub(crate) fn wait_until_serving(
     t: &Topology,
     path: &mut suite::NodePath,
     target: SocketAddr,

@@ -14,6 +14,7 @@ pub mod calibrate;
 pub mod convergence;
 pub mod cost;
 pub mod cpu;
+pub mod flood;
 pub mod latency;
 pub mod livegen;
 pub mod loopcost;

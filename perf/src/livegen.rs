@@ -23,7 +23,7 @@ use aya::maps::Array;
 use aya::programs::{TestRun, TestRunAttrs, TestRunOptions, Xdp};
 use aya::Ebpf;
 
-use crate::packet::{self, Template, FRAME_LEN};
+use crate::packet::{self, FrameKind, Template, FRAME_LEN};
 use crate::xsk::GenResult;
 
 /// The generator object (embedded).
@@ -46,14 +46,14 @@ struct GenCfg {
     peer_port: u16,
     pad: u16,
     max_sent: u64,
-    /// The template's Ethernet + IPv4 + UDP header, written into every frame (a recycled
-    /// page holds what the path that forwarded it wrote).
-    hdr: [u8; 48],
+    /// The template's headers, written into every frame (a recycled page holds what the
+    /// path that forwarded it wrote).
+    hdr: [u8; 64],
 }
 /// Bytes of `hdr` the program writes (Ethernet 14 + IPv4 20 + UDP 8).
 const GEN_HDR_LEN: usize = 42;
 // SAFETY: a #[repr(C)] struct (4 x u32, a u64 at offset 16, a u32 and two u16, a u64 at
-// offset 32, 48 bytes at offset 40: 88 bytes, no padding); the layout of `struct gen_cfg`.
+// offset 32, 64 bytes at offset 40: 104 bytes, no padding); the layout of `struct gen_cfg`.
 unsafe impl aya::Pod for GenCfg {}
 
 /// What to send.
@@ -79,11 +79,17 @@ pub struct LiveGenConfig {
     /// Send partial UDP checksums (the pseudo-header sum, as a Pod's kernel with tx
     /// checksum offload hands them over) instead of none.
     pub partial_checksum: bool,
+    /// What each frame is: the load's UDP datagram or a flood's packet.
+    pub kind: FrameKind,
 }
 
 /// `struct gen_cfg` flags (bpf/gen.c).
 const GEN_REPLY: u32 = 1;
 const GEN_PARTIAL_CSUM: u32 = 2;
+const GEN_TCP: u32 = 4;
+const GEN_FIRST_FRAGMENT: u32 = 8;
+/// Bytes of `hdr` the program writes with `GEN_TCP` (Ethernet 14 + IPv4 20 + TCP 20).
+const GEN_TCP_HDR_LEN: usize = 54;
 
 fn ifindex(iface: &str) -> Result<u32> {
     let c = std::ffi::CString::new(iface)?;
@@ -108,10 +114,27 @@ fn set_cfg(bpf: &mut Ebpf, c: GenCfg) -> Result<()> {
 /// (loading can take long on a busy machine: callers start their clocks here).
 pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Result<GenResult> {
     let mut bpf = Ebpf::load(GEN_OBJ).context("loading gen.o")?;
+    if cfg.reply_from.is_some() && cfg.kind != FrameKind::Udp {
+        bail!("replies are UDP datagrams only");
+    }
     let mut frame = [0u8; FRAME_LEN];
-    packet::write_frame(&mut frame, &cfg.template, packet::flow(cfg.src_base, 0));
-    let mut hdr = [0u8; 48];
-    hdr[..GEN_HDR_LEN].copy_from_slice(&frame[..GEN_HDR_LEN]);
+    packet::write_frame_of(
+        &mut frame,
+        &cfg.template,
+        packet::flow(cfg.src_base, 0),
+        cfg.kind,
+    );
+    let mut hdr = [0u8; 64];
+    let hdr_len = match cfg.kind {
+        FrameKind::Syn | FrameKind::Ack => GEN_TCP_HDR_LEN,
+        FrameKind::Udp | FrameKind::Fragment => GEN_HDR_LEN,
+    };
+    hdr[..hdr_len].copy_from_slice(&frame[..hdr_len]);
+    let kind_flags = match cfg.kind {
+        FrameKind::Udp => 0,
+        FrameKind::Syn | FrameKind::Ack => GEN_TCP,
+        FrameKind::Fragment => GEN_FIRST_FRAGMENT,
+    };
     let base = {
         let c = GenCfg {
             ifindex: ifindex(&cfg.iface)?,
@@ -125,7 +148,7 @@ pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Res
                 GEN_PARTIAL_CSUM
             } else {
                 0
-            },
+            } | kind_flags,
             peer_ip: cfg
                 .reply_from
                 .map(|(ip, _)| u32::from_ne_bytes(ip.octets()))

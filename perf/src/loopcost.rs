@@ -349,6 +349,7 @@ fn cases(
             format!("{BACKEND_IP}:{BACKEND_LOAD_PORT}"),
             "--partial-checksum".into(),
         ],
+        nice: -20,
     };
     send(&fwd, flows, 2_000, u64::from(flows), stats_file)?;
     let k = window(

@@ -102,6 +102,24 @@ enum Cmd {
     /// Only the whole-loop userspace cost: the dataplane under callgrind (instruction
     /// counts: meaningful on a loaded machine too).
     LoopCost(RunArgs),
+    /// Floods at generator rate (random-source SYN, ACK, UDP, first fragments) against
+    /// the default path while a real TCP client keeps one connection and opens new ones
+    /// (docs/security.md); writes flood.json and flood.md.
+    Flood {
+        #[command(flatten)]
+        run: RunArgs,
+        /// The floods, each on a fresh topology after a baseline without one.
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "syn,ack,udp,fragment"
+        )]
+        kinds: Vec<juneau_perf::packet::FrameKind>,
+        /// Seconds each flood lasts.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+    },
     /// Lists missing prerequisites and exits.
     Check(RunArgs),
     /// Re-renders report.md and the plots from DIR/report.json.
@@ -142,6 +160,9 @@ enum Cmd {
         /// Partial UDP checksums (as a Pod with tx offload sends them; live frames).
         #[arg(long)]
         partial_checksum: bool,
+        /// What each frame is (live frames; floods: syn, ack, fragment).
+        #[arg(long, value_enum, default_value = "udp")]
+        kind: juneau_perf::packet::FrameKind,
     },
     /// (internal) raw AF_XDP forwarder baseline.
     #[command(hide = true)]
@@ -461,6 +482,44 @@ fn loop_cost_only(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
+fn flood_only(
+    args: &RunArgs,
+    kinds: &[juneau_perf::packet::FrameKind],
+    seconds: f64,
+) -> Result<()> {
+    if !(0.5..=600.0).contains(&seconds) {
+        bail!("--seconds must be between 0.5 and 600");
+    }
+    let mut plan = plan_for(args, false)?;
+    std::fs::create_dir_all(&plan.out_dir)?;
+    suite::stage_binaries(&mut plan)?;
+    ctrlc::set_handler(|| {
+        eprintln!("interrupt: stopping and removing the namespaces...");
+        INTERRUPTED.store(true, Ordering::Relaxed);
+    })
+    .context("installing the Ctrl-C handler")?;
+    let rows = juneau_perf::flood::run(&plan, kinds, Duration::from_secs_f64(seconds))?;
+    let md = juneau_perf::flood::markdown(&rows);
+    std::fs::write(
+        plan.out_dir.join("flood.json"),
+        serde_json::to_vec_pretty(&rows)?,
+    )?;
+    std::fs::write(plan.out_dir.join("flood.md"), &md)?;
+    println!("{md}");
+    let broken: Vec<&str> = rows
+        .iter()
+        .filter(|r| !r.held())
+        .map(|r| r.flood.as_str())
+        .collect();
+    if !broken.is_empty() {
+        bail!(
+            "legitimate traffic not fully served during: {}",
+            broken.join(", ")
+        );
+    }
+    Ok(())
+}
+
 fn convergence_only(args: &RunArgs) -> Result<()> {
     let out = std::path::absolute(&args.out)?;
     let bins = convergence_binaries(args)?;
@@ -687,6 +746,11 @@ fn main() -> Result<()> {
         Cmd::Convergence(a) => convergence_only(&a),
         Cmd::Scale(a) => scale_only(&a),
         Cmd::LoopCost(a) => loop_cost_only(&a),
+        Cmd::Flood {
+            run,
+            kinds,
+            seconds,
+        } => flood_only(&run, &kinds, seconds),
         Cmd::Check(a) => {
             let plan = plan_for(&a, false)?;
             let mut missing = prereq::check(Some(&plan.dataplane), !a.no_cost);
@@ -716,6 +780,7 @@ fn main() -> Result<()> {
             max_packets,
             reply_from,
             partial_checksum,
+            kind,
         } => {
             // The caller starts its clock at this line (stdout, before the JSON result).
             let ready = || {
@@ -729,6 +794,9 @@ fn main() -> Result<()> {
                 dst_port,
             };
             let r = if afxdp {
+                if kind != juneau_perf::packet::FrameKind::Udp {
+                    bail!("--afxdp sends UDP datagrams only");
+                }
                 let cfg = xsk::GenConfig {
                     iface,
                     template,
@@ -755,6 +823,7 @@ fn main() -> Result<()> {
                         None => None,
                     },
                     partial_checksum,
+                    kind,
                 };
                 juneau_perf::livegen::generate(&cfg, &never, &ready)?
             };

@@ -1,4 +1,5 @@
-//! Building the benchmark's 64-byte Ethernet/IPv4/UDP frames and spreading them over flows.
+//! Building the benchmark's 64-byte Ethernet/IPv4/UDP frames (and, for floods, TCP
+//! segments and first fragments) and spreading them over flows.
 
 use std::net::Ipv4Addr;
 
@@ -97,6 +98,83 @@ pub fn write_frame(buf: &mut [u8], t: &Template, flow: Flow) {
     buf[UDP_OFF + 6..UDP_OFF + 8].copy_from_slice(&c.to_be_bytes());
 }
 
+/// What a generated frame is: the load's UDP datagram, or a flood's packet.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum FrameKind {
+    /// A UDP datagram (the load).
+    Udp,
+    /// A TCP SYN (a SYN flood).
+    Syn,
+    /// A TCP ACK of no connection (an ACK flood).
+    Ack,
+    /// The first fragment of a UDP datagram (more fragments set, offset 0).
+    Fragment,
+}
+
+impl FrameKind {
+    /// The generator's name for it (`juneau-perf gen --kind`).
+    pub fn name(self) -> &'static str {
+        match self {
+            FrameKind::Udp => "udp",
+            FrameKind::Syn => "syn",
+            FrameKind::Ack => "ack",
+            FrameKind::Fragment => "fragment",
+        }
+    }
+}
+
+/// Writes a complete frame of `kind` for `flow` into `buf` (at least [`FRAME_LEN`]
+/// bytes), checksums valid: a UDP frame as [`write_frame`]; a TCP segment of 20 header
+/// bytes and no data (the frame padded to [`FRAME_LEN`]), sequence number 0, window
+/// 65535; a first fragment as the UDP frame with more-fragments set (no DF).
+pub fn write_frame_of(buf: &mut [u8], t: &Template, flow: Flow, kind: FrameKind) {
+    write_frame(buf, t, flow);
+    let flags = match kind {
+        FrameKind::Udp => return,
+        FrameKind::Fragment => {
+            let ip = &mut buf[IP_OFF..UDP_OFF];
+            ip[6..8].copy_from_slice(&0x2000u16.to_be_bytes());
+            ip[10..12].fill(0);
+            let c = fold(sum16(ip));
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            return;
+        }
+        FrameKind::Syn => 0x02u8,
+        FrameKind::Ack => 0x10u8,
+    };
+    let buf = &mut buf[..FRAME_LEN];
+    buf[IP_OFF..].fill(0);
+    let ip_len = 40u16;
+    {
+        let ip = &mut buf[IP_OFF..UDP_OFF];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
+        ip[6] = 0x40; // DF
+        ip[8] = 64;
+        ip[9] = 6;
+        ip[12..16].copy_from_slice(&flow.src_ip.octets());
+        ip[16..20].copy_from_slice(&t.dst_ip.octets());
+        let c = fold(sum16(ip));
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+    }
+    let tcp = &mut buf[UDP_OFF..UDP_OFF + 20];
+    tcp[0..2].copy_from_slice(&flow.src_port.to_be_bytes());
+    tcp[2..4].copy_from_slice(&t.dst_port.to_be_bytes());
+    tcp[12] = 5 << 4;
+    tcp[13] = flags;
+    tcp[14..16].copy_from_slice(&65535u16.to_be_bytes());
+    let mut pseudo = [0u8; 12];
+    pseudo[0..4].copy_from_slice(&flow.src_ip.octets());
+    pseudo[4..8].copy_from_slice(&t.dst_ip.octets());
+    pseudo[9] = 6;
+    pseudo[10..12].copy_from_slice(&20u16.to_be_bytes());
+    let c = fold(sum16(&pseudo) + sum16(tcp));
+    tcp[16..18].copy_from_slice(&c.to_be_bytes());
+}
+
 /// Parses "aa:bb:cc:dd:ee:ff".
 pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
     let mut mac = [0u8; 6];
@@ -144,6 +222,57 @@ mod tests {
             0,
             "UDP checksum"
         );
+    }
+
+    #[test]
+    fn flood_frames_are_what_they_say_with_valid_checksums() {
+        let t = Template {
+            src_mac: [2, 0, 0, 0, 0, 1],
+            dst_mac: [2, 0, 0, 0, 0, 2],
+            dst_ip: Ipv4Addr::new(198, 19, 0, 10),
+            dst_port: 9002,
+        };
+        let f = flow(Ipv4Addr::new(198, 18, 64, 0), 77);
+        for (kind, flags) in [(FrameKind::Syn, 0x02), (FrameKind::Ack, 0x10)] {
+            let mut buf = [0u8; FRAME_LEN];
+            write_frame_of(&mut buf, &t, f, kind);
+            assert_eq!(
+                fold(sum16(&buf[IP_OFF..UDP_OFF])),
+                0,
+                "{kind:?} IPv4 checksum"
+            );
+            assert_eq!(buf[IP_OFF + 9], 6, "{kind:?} protocol");
+            assert_eq!(&buf[IP_OFF + 2..IP_OFF + 4], &40u16.to_be_bytes());
+            assert_eq!(buf[UDP_OFF + 13], flags, "{kind:?} flags");
+            assert_eq!(&buf[UDP_OFF..UDP_OFF + 2], &f.src_port.to_be_bytes());
+            let mut pseudo = [0u8; 12];
+            pseudo[0..4].copy_from_slice(&buf[26..30]);
+            pseudo[4..8].copy_from_slice(&buf[30..34]);
+            pseudo[9] = 6;
+            pseudo[10..12].copy_from_slice(&20u16.to_be_bytes());
+            assert_eq!(
+                fold(sum16(&pseudo) + sum16(&buf[UDP_OFF..UDP_OFF + 20])),
+                0,
+                "{kind:?} TCP checksum"
+            );
+        }
+        let mut buf = [0u8; FRAME_LEN];
+        write_frame_of(&mut buf, &t, f, FrameKind::Fragment);
+        assert_eq!(
+            fold(sum16(&buf[IP_OFF..UDP_OFF])),
+            0,
+            "fragment IPv4 checksum"
+        );
+        assert_eq!(
+            &buf[IP_OFF + 6..IP_OFF + 8],
+            &0x2000u16.to_be_bytes(),
+            "MF, offset 0"
+        );
+        let mut udp = [0u8; FRAME_LEN];
+        write_frame_of(&mut udp, &t, f, FrameKind::Udp);
+        let mut plain = [0u8; FRAME_LEN];
+        write_frame(&mut plain, &t, f);
+        assert_eq!(udp, plain);
     }
 
     #[test]

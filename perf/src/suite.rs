@@ -625,8 +625,11 @@ pub(crate) struct GenSpec<'a> {
     pub(crate) src_mac: [u8; 6],
     pub(crate) dst_mac: [u8; 6],
     pub(crate) dst: (Ipv4Addr, u16),
-    /// Extra arguments (`--reply-from`, `--partial-checksum`).
+    /// Extra arguments (`--reply-from`, `--partial-checksum`, `--kind`).
     pub(crate) extra: Vec<String>,
+    /// The generator's nice value: -20 for a load, so other work on a shared machine
+    /// yields to it; 0 for a flood, which must not starve the legitimate endpoints.
+    pub(crate) nice: i32,
 }
 
 impl<'a> GenSpec<'a> {
@@ -639,6 +642,7 @@ impl<'a> GenSpec<'a> {
             dst_mac: t.nc_mac,
             dst,
             extra: Vec::new(),
+            nice: -20,
         }
     }
 }
@@ -684,7 +688,7 @@ impl Gen {
         let mut argv: Vec<String> = vec![
             "nice".into(),
             "-n".into(),
-            "-20".into(),
+            spec.nice.to_string(),
             "taskset".into(),
             "-c".into(),
             gen_cpu.to_string(),

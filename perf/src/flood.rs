@@ -1,0 +1,442 @@
+//! Floods at generator rate against a node serving real traffic (docs/security.md,
+//! "Floods at generator rate"): the live-frames generator sends one kind of hostile
+//! packet — random-source SYNs, ACKs of no connection, UDP datagrams, first fragments —
+//! as fast as its core allows, from a million source address and port pairs, while a
+//! real TCP client in the client namespace keeps one connection reading through the VIP
+//! and opens new ones one after the other. A row says what the flood offered, what the
+//! legitimate traffic got (every new connection served? the kept-alive one never cut,
+//! its longest pause), how full the flow table got and where the dataplane put the
+//! flood's packets (its drop reasons).
+//!
+//! The generator runs at normal priority on the endpoints' core; the legitimate client
+//! and server threads at nice -20 (they stand for other machines: the flood must not
+//! win by starving them of CPU), the dataplane on the path core as in every run.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::bulk::{self, Pattern, Server};
+use crate::packet::FrameKind;
+use crate::suite::{self, Gen, GenSpec, Plan, Scenario};
+use crate::topology::{Ends, Topology, BACKEND_BULK_PORT, BULK_PORT, LOAD_PORT, VIP};
+
+/// Source address and port pairs of a flood (a /18 of addresses, 64 ports each).
+pub const FLOOD_FLOWS: u32 = 1 << 20;
+/// Bytes each new legitimate connection downloads.
+const NEW_CONNECTION_BYTES: u64 = 64 << 10;
+/// Longest a legitimate connect, or a read on one, may take before it counts as failed.
+const LEGIT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How fast the kept-alive connection reads (bytes per 10 ms): a steady stream, far
+/// below what the path carries, so that a pause is the flood's doing.
+const KEPT_ALIVE_READ: usize = 16 << 10;
+
+/// One flood and what the legitimate traffic got meanwhile.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FloodRow {
+    /// `none` (the baseline without a flood), or the frame kind.
+    pub flood: String,
+    /// Where the flood went.
+    pub target: String,
+    /// Frames the generator sent, per second of its run.
+    pub offered_pps: f64,
+    /// Seconds the flood lasted.
+    pub seconds: f64,
+    /// New legitimate connections opened during the flood, and those that failed
+    /// (connect, a short or altered body, a timeout).
+    pub new_connections: u64,
+    /// Of them, failed.
+    pub new_connections_failed: u64,
+    /// The first failures, with why.
+    pub failure_samples: Vec<String>,
+    /// Bytes the kept-alive connection read during the flood (each checked).
+    pub kept_alive_bytes: u64,
+    /// Whether it carried on to the end (no error, no timeout, no wrong byte).
+    pub kept_alive_ok: bool,
+    /// Its longest pause between two reads, ms.
+    pub kept_alive_longest_pause_ms: u64,
+    /// The most flows the dataplane held (its stats, about once a second), and its
+    /// capacity.
+    pub flows_max: u64,
+    /// The flow table's capacity.
+    pub flow_capacity: u64,
+    /// Packets the dataplane received during the flood.
+    pub rx_packets: u64,
+    /// Its drops during the flood, by reason (non-zero only).
+    pub drops: serde_json::Map<String, serde_json::Value>,
+}
+
+impl FloodRow {
+    /// Every legitimate connection served, the kept-alive one never cut, the table
+    /// never full.
+    pub fn held(&self) -> bool {
+        self.new_connections > 0
+            && self.new_connections_failed == 0
+            && self.kept_alive_ok
+            && self.drops.get("flow_table_full").is_none()
+    }
+}
+
+/// The floods of a run, each on a fresh topology and dataplane, after a baseline
+/// without one.
+pub fn run(plan: &Plan, kinds: &[FrameKind], seconds: Duration) -> Result<Vec<FloodRow>> {
+    let mut rows = Vec::new();
+    for kind in std::iter::once(None).chain(kinds.iter().copied().map(Some)) {
+        suite::check_interrupt()?;
+        let name = kind.map_or("none", FrameKind::name);
+        eprintln!("==> flood {name} ({} s)", seconds.as_secs_f64());
+        let row = run_one(plan, kind, seconds).with_context(|| format!("flood {name}"))?;
+        eprintln!(
+            "    offered {:.0} pps; new connections {} ({} failed); kept-alive {} ({} MiB, longest pause {} ms); flows max {} of {}; drops {:?}",
+            row.offered_pps,
+            row.new_connections,
+            row.new_connections_failed,
+            if row.kept_alive_ok { "carried on" } else { "CUT" },
+            row.kept_alive_bytes >> 20,
+            row.kept_alive_longest_pause_ms,
+            row.flows_max,
+            row.flow_capacity,
+            row.drops
+        );
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// The flood's destination: the TCP service for TCP segments, the UDP one else.
+fn target(kind: FrameKind) -> (Ipv4Addr, u16) {
+    match kind {
+        FrameKind::Syn | FrameKind::Ack => (VIP, BULK_PORT),
+        FrameKind::Udp | FrameKind::Fragment => (VIP, LOAD_PORT),
+    }
+}
+
+fn run_one(plan: &Plan, kind: Option<FrameKind>, seconds: Duration) -> Result<FloodRow> {
+    let (ecpu, pcpu) = suite::cpus();
+    let t = Topology::build_for(Ends::Bulk {
+        endpoint_cpu: ecpu,
+        path_cpu: pcpu,
+    })?;
+    let name = kind.map_or("none", FrameKind::name);
+    let tag = format!("flood-{name}-{}", std::process::id());
+    let mut path = suite::start_path(&t, Scenario::Juneau, plan, &tag)?;
+    let _server = Server::start(
+        Some(t.backend.name()),
+        SocketAddr::from(([0, 0, 0, 0], BACKEND_BULK_PORT)),
+        None,
+    )?;
+    let vip = SocketAddr::V4(SocketAddrV4::new(VIP, BULK_PORT));
+    bulk::wait_until_serving(&t, &mut path, vip, ecpu)?;
+    let stats = path
+        .stats_file
+        .clone()
+        .context("the juneau path has a stats file")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let kept = spawn_legit(&t, {
+        let stop = stop.clone();
+        move || kept_alive(vip, &stop)
+    })?;
+    let fresh = spawn_legit(&t, {
+        let stop = stop.clone();
+        move || new_connections(vip, &stop)
+    })?;
+    // The legitimate traffic runs before the flood starts and after it ends; the stats
+    // file is written about once a second.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let before = loop {
+        suite::sleep(Duration::from_millis(250))?;
+        match read_stats(&stats) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => {}
+        }
+    };
+    let started = Instant::now();
+    let offered = match kind {
+        None => {
+            suite::sleep(seconds)?;
+            None
+        }
+        Some(k) => {
+            let mut spec = GenSpec::forward(&t, target(k));
+            spec.nice = 0;
+            spec.extra = vec!["--kind".into(), k.name().into()];
+            let g = Gen::spawn(&spec, FLOOD_FLOWS, 0, seconds, u64::MAX)?;
+            let mut flows_max = 0;
+            while started.elapsed() < seconds {
+                suite::sleep(Duration::from_millis(250))?;
+                if let Ok(s) = read_stats(&stats) {
+                    flows_max = flows_max.max(s["flows"].as_u64().unwrap_or(0));
+                }
+            }
+            Some((g.finish()?, flows_max))
+        }
+    };
+    let seconds_run = started.elapsed().as_secs_f64();
+    // Stats are rewritten about once a second: one written after the flood.
+    suite::sleep(Duration::from_millis(1200))?;
+    let after = read_stats(&stats)?;
+    stop.store(true, Ordering::Relaxed);
+    let kept = join(kept)?;
+    let fresh = join(fresh)?;
+    path.check_forwarder()?;
+    let (offered_pps, flows_seen) = match &offered {
+        Some((g, f)) => (g.sent as f64 / g.elapsed_s.max(1e-9), *f),
+        None => (0.0, 0),
+    };
+    Ok(FloodRow {
+        flood: name.to_string(),
+        target: kind.map_or_else(String::new, |k| {
+            let (ip, port) = target(k);
+            format!("{ip}:{port}")
+        }),
+        offered_pps,
+        seconds: seconds_run,
+        new_connections: fresh.opened,
+        new_connections_failed: fresh.failed,
+        failure_samples: fresh.samples.into_iter().chain(kept.samples).collect(),
+        kept_alive_bytes: kept.bytes,
+        kept_alive_ok: kept.failed == 0,
+        kept_alive_longest_pause_ms: kept.longest_pause.as_millis() as u64,
+        flows_max: flows_seen.max(after["flows"].as_u64().unwrap_or(0)),
+        flow_capacity: after["flow_capacity"].as_u64().unwrap_or(0),
+        rx_packets: counter(&after, &["rx_packets"]) - counter(&before, &["rx_packets"]),
+        drops: drops_between(&before, &after),
+    })
+}
+
+fn read_stats(path: &std::path::Path) -> Result<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+fn counter(v: &serde_json::Value, keys: &[&str]) -> u64 {
+    keys.iter()
+        .try_fold(v, |v, k| v.get(*k))
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0)
+}
+
+/// The drop reasons that grew between two stats, and by how much.
+fn drops_between(
+    before: &serde_json::Value,
+    after: &serde_json::Value,
+) -> serde_json::Map<String, serde_json::Value> {
+    after["drops"]
+        .as_object()
+        .map(|d| {
+            d.iter()
+                .filter_map(|(k, v)| {
+                    let grew = v.as_u64()?.saturating_sub(counter(before, &["drops", k]));
+                    (grew > 0).then(|| (k.clone(), grew.into()))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What one legitimate client saw.
+#[derive(Debug, Default)]
+struct Legit {
+    opened: u64,
+    failed: u64,
+    bytes: u64,
+    longest_pause: Duration,
+    samples: Vec<String>,
+}
+
+impl Legit {
+    fn fail(&mut self, at: Instant, what: String) {
+        self.failed += 1;
+        if self.samples.len() < 8 {
+            self.samples
+                .push(format!("t={:.3}s {what}", at.elapsed().as_secs_f64()));
+        }
+    }
+}
+
+/// Runs a legitimate client on its own thread in the client namespace, at nice -20.
+fn spawn_legit(
+    t: &Topology,
+    f: impl FnOnce() -> Legit + Send + 'static,
+) -> Result<std::thread::JoinHandle<Result<Legit>>> {
+    bulk::spawn_in(Some(t.client.name()), move || {
+        bulk::pin_here(None);
+        f()
+    })
+}
+
+fn join(h: std::thread::JoinHandle<Result<Legit>>) -> Result<Legit> {
+    match h.join() {
+        Ok(r) => r,
+        Err(_) => bail!("a legitimate client panicked"),
+    }
+}
+
+/// Asks for `bytes` on a new connection to `vip`.
+fn request(vip: SocketAddr, bytes: u64) -> std::io::Result<TcpStream> {
+    let mut c = TcpStream::connect_timeout(&vip, LEGIT_TIMEOUT)?;
+    c.set_read_timeout(Some(LEGIT_TIMEOUT))?;
+    c.set_write_timeout(Some(LEGIT_TIMEOUT))?;
+    c.write_all(&bytes.to_le_bytes())?;
+    Ok(c)
+}
+
+/// New connections one after the other until `stop`, each downloading
+/// [`NEW_CONNECTION_BYTES`] and checking them.
+fn new_connections(vip: SocketAddr, stop: &AtomicBool) -> Legit {
+    let t0 = Instant::now();
+    let mut l = Legit::default();
+    let mut buf = vec![0u8; NEW_CONNECTION_BYTES as usize];
+    while !stop.load(Ordering::Relaxed) {
+        l.opened += 1;
+        let got = request(vip, NEW_CONNECTION_BYTES).and_then(|mut c| {
+            c.read_exact(&mut buf)?;
+            // The server closes after the body: nothing more.
+            let mut extra = [0u8; 1];
+            match c.read(&mut extra)? {
+                0 => Ok(()),
+                _ => Err(std::io::Error::other("a longer body than asked for")),
+            }
+        });
+        match got {
+            Ok(()) if Pattern::get().check(0, &buf).is_ok() => {}
+            Ok(()) => l.fail(t0, "new connection: altered body".into()),
+            Err(e) => l.fail(t0, format!("new connection: {e}")),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    l
+}
+
+/// One connection, opened before the flood, reading a steady stream until `stop`.
+fn kept_alive(vip: SocketAddr, stop: &AtomicBool) -> Legit {
+    let t0 = Instant::now();
+    let mut l = Legit {
+        opened: 1,
+        ..Legit::default()
+    };
+    let mut c = match request(vip, 1 << 40) {
+        Ok(c) => c,
+        Err(e) => {
+            l.fail(t0, format!("kept-alive connect: {e}"));
+            return l;
+        }
+    };
+    let mut buf = vec![0u8; KEPT_ALIVE_READ];
+    let mut last = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let n = match c.read(&mut buf) {
+            Ok(0) => {
+                l.fail(t0, "kept-alive: closed by the server".into());
+                break;
+            }
+            Ok(n) => n,
+            Err(e) => {
+                l.longest_pause = l.longest_pause.max(last.elapsed());
+                l.fail(t0, format!("kept-alive: {e}"));
+                break;
+            }
+        };
+        if let Err(at) = Pattern::get().check(l.bytes, &buf[..n]) {
+            l.fail(t0, format!("kept-alive: wrong byte at {at}"));
+            break;
+        }
+        l.bytes += n as u64;
+        l.longest_pause = l.longest_pause.max(last.elapsed());
+        last = Instant::now();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    l
+}
+
+/// The rows as a Markdown table.
+pub fn markdown(rows: &[FloodRow]) -> String {
+    let mut s = String::from(
+        "| flood | to | offered (pps) | new connections (failed) | kept-alive | longest pause (ms) | flows max / capacity | dataplane drops during the flood |\n|---|---|---:|---:|---|---:|---:|---|\n",
+    );
+    for r in rows {
+        let drops = if r.drops.is_empty() {
+            "none".to_string()
+        } else {
+            r.drops
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        s.push_str(&format!(
+            "| {} | {} | {:.0} | {} ({}) | {} | {} | {} / {} | {} |\n",
+            r.flood,
+            if r.target.is_empty() { "-" } else { &r.target },
+            r.offered_pps,
+            r.new_connections,
+            r.new_connections_failed,
+            if r.kept_alive_ok { "carried on" } else { "CUT" },
+            r.kept_alive_longest_pause_ms,
+            r.flows_max,
+            r.flow_capacity,
+            drops
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(failed: u64, kept: bool, drops: serde_json::Value) -> FloodRow {
+        FloodRow {
+            flood: "syn".into(),
+            target: "198.19.0.10:9002".into(),
+            offered_pps: 1e6,
+            seconds: 5.0,
+            new_connections: 100,
+            new_connections_failed: failed,
+            failure_samples: vec![],
+            kept_alive_bytes: 1 << 20,
+            kept_alive_ok: kept,
+            kept_alive_longest_pause_ms: 30,
+            flows_max: 10,
+            flow_capacity: 1 << 20,
+            rx_packets: 5_000_000,
+            drops: drops.as_object().cloned().unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn a_flood_held_only_with_every_connection_served_and_room_in_the_table() {
+        assert!(row(0, true, serde_json::json!({"half_open_evicted": 3})).held());
+        assert!(!row(1, true, serde_json::json!({})).held());
+        assert!(!row(0, false, serde_json::json!({})).held());
+        assert!(!row(0, true, serde_json::json!({"flow_table_full": 1})).held());
+    }
+
+    #[test]
+    fn drops_are_what_grew() {
+        let before = serde_json::json!({"drops": {"a": 5, "b": 1}});
+        let after = serde_json::json!({"drops": {"a": 5, "b": 4, "c": 2}});
+        let d = drops_between(&before, &after);
+        assert_eq!(
+            serde_json::Value::Object(d),
+            serde_json::json!({"b": 3, "c": 2})
+        );
+    }
+
+    #[test]
+    fn the_table_says_cut_and_lists_drops() {
+        let md = markdown(&[row(0, false, serde_json::json!({"no_flow": 7}))]);
+        assert!(
+            md.contains("| syn | 198.19.0.10:9002 | 1000000 | 100 (0) | CUT | 30 |"),
+            "{md}"
+        );
+        assert!(md.contains("no_flow 7"), "{md}");
+    }
+}
