@@ -69,6 +69,7 @@
 // steer_drops indexes.
 #define SD_PORT_NOT_EXPOSED 0
 #define SD_UNSUPPORTED_PROTOCOL 1
+#define SD_NEW_FLOW_PREFIX_RATE 2
 
 struct iface_conf {
 	__u32 slot_base; // xsks index of the socket on RX queue 0 of this interface
@@ -245,6 +246,36 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } steer_drops SEC(".maps");
+
+// New-flow admission (userspace writes `admit_conf`): packets on the uplink that no
+// table holds a flow for, to an exposed VIP:port, are admitted to userspace at most
+// `rate` per second per source /24 (a token bucket of `burst`, per prefix in
+// `admit_prefix`); the excess is dropped here (SD_NEW_FLOW_PREFIX_RATE), before it costs
+// the AF_XDP ring and a flow creation. Packets of held flows never meet the limit. Rate 0:
+// no limit.
+struct admit_conf {
+	__u64 rate;  // tokens per second per /24 (0: off)
+	__u64 burst; // tokens at most
+};
+
+struct admit_bucket {
+	__u64 tokens_ns; // tokens x 1e9 (refilled by elapsed ns x rate)
+	__u64 last_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct admit_conf);
+} admit_conf SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32); // source /24, network order
+	__type(value, struct admit_bucket);
+} admit_prefix SEC(".maps");
 
 // Datagrams a backend's reply was fragmented into (source, destination, IP id,
 // protocol), recorded when the first fragment matches a flow's reverse key: their later
@@ -784,7 +815,8 @@ static __always_inline int fast_apply(struct xdp_md *ctx, struct iphdr *ip, void
 // The uplink's fast part: a whole TCP/UDP packet of an established flow, which the fast
 // path forwards without the `frontends` look-up (a record checked against the table the
 // fast path was published for implies its VIP:port is exposed). SLOW_PATH otherwise.
-static __always_inline int uplink_fast(struct xdp_md *ctx, struct iphdr *ip, void *end)
+static __always_inline int uplink_fast(struct xdp_md *ctx, struct iphdr *ip, void *end,
+				       int *no_flow)
 {
 	__be16 *ports = (void *)(ip + 1);
 	int l4 = ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP;
@@ -792,6 +824,8 @@ static __always_inline int uplink_fast(struct xdp_md *ctx, struct iphdr *ip, voi
 		return SLOW_PATH;
 	struct probe_ctx c = {};
 	find_flow(&c, ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol, 0);
+	// Certain: a table is published (workers set) and none holds the flow.
+	*no_flow = c.result == FIND_MISS && c.workers != 0;
 	if (c.result == FIND_HIT) {
 		struct fast_plan p = {};
 		if (fast_plan(ip, end, &c, &p) == 0)
@@ -800,17 +834,54 @@ static __always_inline int uplink_fast(struct xdp_md *ctx, struct iphdr *ip, voi
 	return SLOW_PATH;
 }
 
+// Whether a packet of no flow from `saddr` may go to userspace (`admit_conf`).
+static __always_inline int admit_new_flow(__be32 saddr)
+{
+	__u32 zero = 0;
+	struct admit_conf *conf = bpf_map_lookup_elem(&admit_conf, &zero);
+	if (!conf || conf->rate == 0)
+		return 1;
+	__u32 prefix = saddr & bpf_htonl(0xffffff00);
+	__u64 now = bpf_ktime_get_ns();
+	__u64 full = conf->burst * 1000000000ULL;
+	struct admit_bucket *b = bpf_map_lookup_elem(&admit_prefix, &prefix);
+	if (!b) {
+		// A prefix not seen lately starts with a full bucket, less this packet.
+		struct admit_bucket nb = { .tokens_ns = full - 1000000000ULL, .last_ns = now };
+		bpf_map_update_elem(&admit_prefix, &prefix, &nb, BPF_ANY);
+		return 1;
+	}
+	__u64 elapsed = now > b->last_ns ? now - b->last_ns : 0;
+	if (elapsed > 1000000000ULL)
+		elapsed = 1000000000ULL; // at most a second's refill (burst caps it anyway)
+	__u64 tokens = b->tokens_ns + elapsed * conf->rate;
+	if (tokens > full)
+		tokens = full;
+	b->last_ns = now;
+	if (tokens < 1000000000ULL) {
+		b->tokens_ns = tokens;
+		return 0;
+	}
+	b->tokens_ns = tokens - 1000000000ULL;
+	return 1;
+}
+
 // The uplink's slow part, `slot` the AF_XDP socket of the packet's queue: any packet to
-// an exposed VIP:port goes to userspace, which handles it.
-static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *end, __u32 slot)
+// an exposed VIP:port goes to userspace, which handles it — one of no flow only within
+// the new-flow admission (`admit_new_flow`).
+static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *end, __u32 slot,
+				  int no_flow)
 {
 	__be16 *ports = (void *)(ip + 1);
 	struct frontend_key key = { .addr = ip->daddr, .proto = ip->protocol, .pad = 0 };
 	int l4 = ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP;
 	if (l4 && ip->ihl == 5 && !(ip->frag_off & bpf_htons(0x3fff)) && (void *)(ports + 2) <= end) {
 		key.port = ports[1];
-		if (bpf_map_lookup_elem(&frontends, &key))
+		if (bpf_map_lookup_elem(&frontends, &key)) {
+			if (no_flow && !admit_new_flow(ip->saddr))
+				return count_drop(SD_NEW_FLOW_PREFIX_RATE);
 			return bpf_redirect_map(&xsks, slot, XDP_DROP);
+		}
 	}
 	if (!bpf_map_lookup_elem(&vips, &ip->daddr)) {
 		// Redirects from other nodes (whole datagrams without IP options only).
@@ -950,7 +1021,8 @@ int juneau_steer(struct xdp_md *ctx)
 	// attached or detached, which has no `ifaces` entry: it passes what it does not
 	// fast-path).
 	int up = is_uplink(ctx->ingress_ifindex);
-	int r = up ? uplink_fast(ctx, ip, end) : pod_fast(ctx, ip, end);
+	int no_flow = 0;
+	int r = up ? uplink_fast(ctx, ip, end, &no_flow) : pod_fast(ctx, ip, end);
 	if (r != SLOW_PATH)
 		return r;
 	__u32 ifindex = ctx->ingress_ifindex;
@@ -962,7 +1034,7 @@ int juneau_steer(struct xdp_md *ctx)
 	if (queue >= conf->queues)
 		slot = 0xffffffff; // no socket on this queue: what is ours is dropped
 	if (up)
-		return uplink(ctx, ip, end, slot);
+		return uplink(ctx, ip, end, slot, no_flow);
 	return pod(ctx, ip, end, slot);
 }
 

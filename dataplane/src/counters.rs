@@ -97,11 +97,15 @@ pub enum DropReason {
     /// A later IPv4 fragment not held: the bytes held for its datagram or for all
     /// datagrams are at their limit.
     FragmentHeldFull,
+    /// A packet of no flow to an exposed VIP:port beyond its source /24's new-flow
+    /// admission (`--new-flow-prefix-rate`): dropped by the steering program before it
+    /// reached userspace.
+    NewFlowPrefixRateLimited,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 33] = [
+    pub const ALL: [DropReason; 34] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -135,6 +139,7 @@ impl DropReason {
         DropReason::SocketTxInvalid,
         DropReason::FragmentExpired,
         DropReason::FragmentHeldFull,
+        DropReason::NewFlowPrefixRateLimited,
     ];
 
     /// The label used in metrics and the stats file.
@@ -173,6 +178,7 @@ impl DropReason {
             DropReason::SocketTxInvalid => "socket_tx_invalid",
             DropReason::FragmentExpired => "fragment_expired",
             DropReason::FragmentHeldFull => "fragment_held_full",
+            DropReason::NewFlowPrefixRateLimited => "new_flow_prefix_rate_limited",
         }
     }
 }

@@ -104,6 +104,8 @@ pub struct RuntimeConfig {
     /// Let the steering program forward established flows itself where the egress
     /// takes XDP frames (docs/dataplane.md, "XDP fast path").
     pub xdp_fast_path: bool,
+    /// Packets of no flow admitted to userspace per source /24 (the steering program).
+    pub new_flow_admission: crate::steering::NewFlowAdmission,
     /// Bind sockets in zero-copy mode (NICs that support it; veth does not).
     pub zero_copy: bool,
     /// Re-probe stale neighbour entries this often (seconds).
@@ -434,6 +436,7 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     if let Some(reason) = &replaced {
         tracing::warn!(pin_dir = %cfg.pin_dir.display(), reason, "pinned maps not reusable: replaced by fresh ones (flows of the previous run are lost)");
     }
+    steering.set_new_flow_admission(cfg.new_flow_admission)?;
     let steering_ms = started.elapsed().as_millis();
     let program_reused = steering.program_reused();
     // Off until this process's workers publish it (a previous run's may be in force).
@@ -1851,5 +1854,8 @@ fn collect_stats(
     *st.drops
         .entry(DropReason::UnsupportedProtocol.name().to_string())
         .or_default() += sd.unsupported_protocol;
+    *st.drops
+        .entry(DropReason::NewFlowPrefixRateLimited.name().to_string())
+        .or_default() += sd.new_flow_prefix_rate;
     st
 }

@@ -42,6 +42,21 @@ const BPF_F_MMAPABLE: u32 = 1 << 10;
 /// Indexes of the program's own drop counters (`steer_drops`).
 const SD_PORT_NOT_EXPOSED: u32 = 0;
 const SD_UNSUPPORTED_PROTOCOL: u32 = 1;
+const SD_NEW_FLOW_PREFIX_RATE: u32 = 2;
+
+/// The new-flow admission (`struct admit_conf` in bpf/steer.c): packets of no flow to an
+/// exposed VIP:port, per source /24 and second.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct NewFlowAdmission {
+    /// Admitted per second per source /24 (0: no limit).
+    pub rate: u64,
+    /// Admitted at once at most (the bucket).
+    pub burst: u64,
+}
+
+// SAFETY: two u64, no padding, matching `struct admit_conf`.
+unsafe impl aya::Pod for NewFlowAdmission {}
 
 #[derive(Debug, Clone, Copy)]
 #[repr(C)]
@@ -98,6 +113,8 @@ pub struct SteerDrops {
     pub port_not_exposed: u64,
     /// Other traffic to a VIP address (ICMP echo, other protocols).
     pub unsupported_protocol: u64,
+    /// Packets of no flow beyond their source /24's new-flow admission.
+    pub new_flow_prefix_rate: u64,
 }
 
 /// The loaded, attached steering program and its maps.
@@ -118,6 +135,7 @@ pub struct Steering {
     vips: BpfHashMap<MapData, [u8; 4], u8>,
     frontends: BpfHashMap<MapData, FrontendKey, u8>,
     steer_drops: PerCpuArray<MapData, u64>,
+    admit_conf: Array<MapData, NewFlowAdmission>,
     installed_vips: HashSet<Ipv4Addr>,
     installed_frontends: HashSet<(Ipv4Addr, u16, u8)>,
     links: HashMap<String, FdLink>,
@@ -154,7 +172,7 @@ fn expected_maps(
     records: u32,
     slots: u32,
     workers: u32,
-) -> [(&'static str, u32, u32, u32, u32); 12] {
+) -> [(&'static str, u32, u32, u32, u32); 14] {
     [
         ("xsks", 4, 4, 4096, 0),
         ("ifaces", 4, 12, 256, 0),
@@ -176,6 +194,8 @@ fn expected_maps(
         // same map.
         ("steer_drops", 4, 8, 4, 0),
         ("steer_build", 4, 8, 1, 0),
+        ("admit_conf", 4, 16, 1, 0),
+        ("admit_prefix", 4, 16, 65536, 0),
     ]
 }
 
@@ -532,6 +552,7 @@ impl Steering {
         let vips: BpfHashMap<MapData, [u8; 4], u8> = take(&mut bpf, "vips")?;
         let frontends: BpfHashMap<MapData, FrontendKey, u8> = take(&mut bpf, "frontends")?;
         let steer_drops = take(&mut bpf, "steer_drops")?;
+        let admit_conf = take(&mut bpf, "admit_conf")?;
         // What a previous run installed stays until the first sync removes what is gone.
         let installed_vips = vips
             .keys()
@@ -568,6 +589,7 @@ impl Steering {
             vips,
             frontends,
             steer_drops,
+            admit_conf,
             installed_vips,
             installed_frontends,
             links: HashMap::new(),
@@ -774,7 +796,15 @@ impl Steering {
         SteerDrops {
             port_not_exposed: sum(SD_PORT_NOT_EXPOSED),
             unsupported_protocol: sum(SD_UNSUPPORTED_PROTOCOL),
+            new_flow_prefix_rate: sum(SD_NEW_FLOW_PREFIX_RATE),
         }
+    }
+
+    /// Sets the new-flow admission the program applies on the uplink (`rate` 0: none).
+    pub fn set_new_flow_admission(&mut self, a: NewFlowAdmission) -> Result<()> {
+        self.admit_conf
+            .set(0, a, 0)
+            .context("writing the new-flow admission (admit_conf)")
     }
 
     /// Removes everything a dataplane instance pinned under `pin_dir`: its XDP links

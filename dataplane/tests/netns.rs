@@ -2019,6 +2019,62 @@ fn a_successor_waits_for_the_running_dataplane_then_carries_its_connections() ->
     lab.finish()
 }
 
+/// New-flow admission: SYNs from one /24 beyond `--new-flow-prefix-rate` are dropped by
+/// the steering program (`new_flow_prefix_rate_limited`) before they reach userspace, so
+/// they create no flow, while clients of another /24 open connections as usual and the
+/// established ones carry on.
+#[test]
+fn new_flows_from_one_prefix_beyond_its_rate_are_dropped_before_userspace() -> Result<()> {
+    let lab = Lab::build_with(
+        "dpa",
+        1,
+        false,
+        false,
+        &[
+            "--new-flow-prefix-rate",
+            "200",
+            "--new-flow-prefix-burst",
+            "200",
+        ],
+    )?;
+    let dst = mac_of(&lab.node, "up0")?;
+    let src = mac_of(&lab.client, "eth0")?;
+    let mut est = lab.connect_many(2)?;
+    for c in est.iter_mut() {
+        c.set_read_timeout(Some(Duration::from_secs(20)))?;
+        http_get(c)?;
+    }
+    let t = Instant::now();
+    let sent = inject(
+        lab.client.name(),
+        "eth0",
+        flood(dst, src, 0x02, 5).frames_from([203, 0, 113], 20_000),
+    )?;
+    let secs = t.elapsed().as_secs_f64();
+    let limited = lab.wait_drops("new_flow_prefix_rate_limited", 15_000)?;
+    // The stats file is rewritten about once a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = lab.stats()?;
+    // What passed: at most the burst and the rate over the injection (and the 2).
+    let admitted_max = 2 + 200 + (200.0 * (secs + 2.0)) as u64;
+    let flows = s["flows"].as_u64().unwrap_or(u64::MAX);
+    ensure!(flows <= admitted_max, "{flows} flows > {admitted_max}: {s}");
+    for c in est.iter_mut() {
+        http_get(c).context("established connection after the flood")?;
+    }
+    for i in 0..4 {
+        let mut c = lab
+            .connect_many(1)
+            .with_context(|| format!("new connection {i} from another /24"))?;
+        let body = http_get(&mut c[0]).with_context(|| format!("new connection {i}"))?;
+        ensure!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+    }
+    eprintln!(
+        "SYNs from one /24: {sent} sent in {secs:.2} s, {limited} dropped before userspace, {flows} flows"
+    );
+    lab.finish()
+}
+
 /// Issue 10: unsolicited TCP segments create no flow; a SYN flood (bounded: 20 000
 /// SYNs) against a small half-open budget evicts only half-open flows, oldest first,
 /// while established connections keep exchanging data and new connections succeed.

@@ -115,6 +115,16 @@ impl TcpFlood {
             .collect()
     }
 
+    /// `n` segments as [`TcpFlood::frames`], every source inside the /24 `prefix`.
+    pub fn frames_from(&self, prefix: [u8; 3], n: usize) -> Vec<Vec<u8>> {
+        random_sources(self.seed, n)
+            .map(|(src, sport, x)| {
+                let src = [prefix[0], prefix[1], prefix[2], src[3]];
+                self.frame(src, sport, (x >> 32) as u32, x as u32)
+            })
+            .collect()
+    }
+
     fn frame(&self, src: [u8; 4], sport: u16, seq: u32, ack: u32) -> Vec<u8> {
         let mut tcp = [0u8; 20];
         tcp[0..2].copy_from_slice(&sport.to_be_bytes());

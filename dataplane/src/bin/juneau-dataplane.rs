@@ -136,6 +136,15 @@ struct Args {
     /// (docs/dataplane.md, "XDP fast path").
     #[arg(long)]
     xdp_fast_path: bool,
+    /// Packets of no flow (a new connection's first packet, a flood's) to an exposed
+    /// VIP:port admitted to userspace per second per source /24; the steering program
+    /// drops the excess (`new_flow_prefix_rate_limited`) before it costs a ring slot and
+    /// a flow. Packets of held flows never count. 0: no limit.
+    #[arg(long, default_value_t = 10_000)]
+    new_flow_prefix_rate: u64,
+    /// Burst of those per /24.
+    #[arg(long, default_value_t = 20_000)]
+    new_flow_prefix_burst: u64,
     /// Bind AF_XDP sockets in zero-copy mode (NICs that support it; not veth).
     #[arg(long)]
     zero_copy: bool,
@@ -279,6 +288,10 @@ fn main() -> Result<()> {
         xsk_busy_poll_budget: a.xsk_busy_poll_budget,
         generic_xdp: a.generic_xdp,
         xdp_fast_path: a.xdp_fast_path,
+        new_flow_admission: juneau_dataplane::steering::NewFlowAdmission {
+            rate: a.new_flow_prefix_rate,
+            burst: a.new_flow_prefix_burst.max(1),
+        },
         zero_copy: a.zero_copy,
         neighbour_keepalive_s: a.neighbour_keepalive,
         redirect: a
