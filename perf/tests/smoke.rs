@@ -446,3 +446,59 @@ fn ctrl_c_during_convergence_stops_everything() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `juneau-perf flood` with SYN and ACK floods at generator rate (2 s each, after a
+/// baseline): the legitimate client's new connections are all served and its kept-alive
+/// connection carries on through each (the command fails otherwise), the ACK flood ends
+/// in the dataplane's drop counters, and nothing is left behind. (The UDP and first-
+/// fragment floods are at the edge of this machine's one path core and run only in
+/// `juneau-perf flood`'s default set: docs/security.md, "Floods at generator rate".)
+#[test]
+fn syn_and_ack_floods_at_generator_rate_spare_the_legitimate_client() {
+    let out = std::env::temp_dir().join(format!("juneau-perf-flood-{}", std::process::id()));
+    let output = Command::new(PERF)
+        .args([
+            "flood",
+            "--kinds",
+            "syn,ack",
+            "--seconds",
+            "2",
+            "--dataplane",
+        ])
+        .arg(dataplane_binary())
+        .arg("--out")
+        .arg(&out)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running juneau-perf flood");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "juneau-perf flood failed:\n{stderr}"
+    );
+    let rows: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("flood.json")).expect("flood.json"))
+            .expect("flood.json parses");
+    let rows = rows.as_array().expect("rows");
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["flood"].as_str()).collect();
+    assert_eq!(names, ["none", "syn", "ack"], "{rows:?}");
+    for r in &rows[1..] {
+        assert!(r["offered_pps"].as_f64().unwrap_or(0.0) > 10_000.0, "{r}");
+        assert!(r["new_connections"].as_u64().unwrap_or(0) > 0, "{r}");
+        assert_eq!(r["new_connections_failed"], 0, "{r}");
+        assert_eq!(r["kept_alive_ok"], true, "{r}");
+    }
+    let ack_drops = &rows[2]["drops"];
+    let dropped = ack_drops["non_syn_without_flow"].as_u64().unwrap_or(0)
+        + ack_drops["new_flow_prefix_rate_limited"]
+            .as_u64()
+            .unwrap_or(0);
+    assert!(dropped > 10_000, "the ACK flood's packets: {ack_drops}");
+    let table = std::fs::read_to_string(out.join("flood.md")).expect("flood.md");
+    assert!(table.contains("| ack |"), "{table}");
+    assert!(
+        processes_mentioning(out.to_str().unwrap()).is_empty(),
+        "processes left behind"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
