@@ -460,7 +460,9 @@ fn loop_cost_plan(smoke: bool) -> juneau_perf::loopcost::LoopCostPlan {
     }
 }
 
-fn loop_cost_only(args: &RunArgs) -> Result<()> {
+/// The plan of a run on namespaces of its own: its output directory made, the binaries
+/// staged, Ctrl-C turned into a clean stop.
+fn namespace_run(args: &RunArgs) -> Result<Plan> {
     let mut plan = plan_for(args, false)?;
     std::fs::create_dir_all(&plan.out_dir)?;
     suite::stage_binaries(&mut plan)?;
@@ -469,6 +471,11 @@ fn loop_cost_only(args: &RunArgs) -> Result<()> {
         INTERRUPTED.store(true, Ordering::Relaxed);
     })
     .context("installing the Ctrl-C handler")?;
+    Ok(plan)
+}
+
+fn loop_cost_only(args: &RunArgs) -> Result<()> {
+    let plan = namespace_run(args)?;
     let progress = Progress::new(juneau_perf::loopcost::EXPECTED);
     let l = juneau_perf::loopcost::measure(&plan, &loop_cost_plan(false), &|m| progress.say(m));
     progress.say(format!("loop cost: {}", l.status));
@@ -490,14 +497,7 @@ fn flood_only(
     if !(0.5..=600.0).contains(&seconds) {
         bail!("--seconds must be between 0.5 and 600");
     }
-    let mut plan = plan_for(args, false)?;
-    std::fs::create_dir_all(&plan.out_dir)?;
-    suite::stage_binaries(&mut plan)?;
-    ctrlc::set_handler(|| {
-        eprintln!("interrupt: stopping and removing the namespaces...");
-        INTERRUPTED.store(true, Ordering::Relaxed);
-    })
-    .context("installing the Ctrl-C handler")?;
+    let plan = namespace_run(args)?;
     let rows = juneau_perf::flood::run(&plan, kinds, Duration::from_secs_f64(seconds))?;
     let md = juneau_perf::flood::markdown(&rows);
     std::fs::write(
