@@ -1,6 +1,6 @@
 //! The scenarios and the suite runner: builds a fresh topology per scenario, sets the node
 //! namespace up as the scenario says, drives the generator, reads the sink, and collects
-//! everything into a [`crate::report::Report`].
+//! everything into a [`crate::report_data::Report`].
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -15,7 +15,8 @@ use crate::bpf::{DnatConfig, PassProgram, Sink, XdpDnat};
 use crate::calibrate::{window_retry_rate, RateSearch, PACED_BELOW_FLOOD, WINDOW_RETRIES};
 use crate::latency::ProbeResult;
 use crate::packet::format_mac;
-use crate::report::{self, FlowScalePoint, LatencyPoint, Report, RunFigures, ScenarioResult};
+use crate::report_data::Report;
+use crate::results::{self, FlowScalePoint, LatencyPoint, RunFigures, ScenarioResult};
 use crate::topology::*;
 use crate::xsk::GenResult;
 
@@ -872,11 +873,8 @@ pub(crate) fn pin_path(t: &Topology, a: &NodePath) -> Result<Vec<u32>> {
     Ok(tids)
 }
 
-/// Saturation: the path delivered visibly less than was offered (the receive ring
-/// overflowed), or its core was (nearly) fully busy.
-pub const SATURATION_DELIVERED_BELOW: f64 = 0.97;
-/// Saturation by core time: the path core's busy share at or above this.
-pub const SATURATION_CORE_BUSY: f64 = 0.95;
+/// Saturation bounds (in [`crate::results`], where the report reads them too).
+pub use crate::results::{SATURATION_CORE_BUSY, SATURATION_DELIVERED_BELOW};
 
 /// One measured generator run: the generator offers `rate` (0: as fast as it can) for
 /// `warmup` + `window`; the sink, the path's threads and both cores are read around the
@@ -1283,7 +1281,7 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
             }
             check_interrupt()?;
             let median =
-                report::median(&runs[i].iter().map(|f| f.delivered_pps).collect::<Vec<_>>());
+                results::median(&runs[i].iter().map(|f| f.delivered_pps).collect::<Vec<_>>());
             if let Err(e) = latency_pass(plan, progress, *sc, median, round, report) {
                 check_interrupt()?;
                 progress.say(format!("{} latency: FAILED: {e:#}", sc.name()));
