@@ -1,6 +1,6 @@
 //! The TCP bulk download's record: what a download moved, every run, the rows per (stream
 //! count, path), the paired ratios juneau / nft-dnat, and the report's section for them.
-//! [`crate::bulk`] measures them.
+//! The `bulk` module measures them.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,5 +1,5 @@
 //! The control-plane convergence measurement's record: one latency distribution per
-//! (event, destination). [`crate::convergence`] measures it.
+//! (event, destination). The `convergence` module measures it.
 
 use std::time::Duration;
 

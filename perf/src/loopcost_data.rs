@@ -1,5 +1,5 @@
 //! The whole-loop cost measurement's record (the real dataplane under callgrind).
-//! [`crate::loopcost`] measures it.
+//! The `loopcost` module measures it.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,6 +1,6 @@
 //! The record of one `juneau-perf run` ([`Report`]): every section's rows and the
 //! ratios computed from them. Rendering (Markdown, JSON files, plots) is in
-//! [`crate::report`].
+//! the `report` module.
 
 use serde::{Deserialize, Serialize};
 

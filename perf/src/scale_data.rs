@@ -1,5 +1,5 @@
 //! The control-plane scale measurement's record ([`ScaleReport`]) and its report
-//! section. [`crate::scale`] measures it.
+//! section. The `scale` module measures it.
 
 use serde::{Deserialize, Serialize};
 

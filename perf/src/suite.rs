@@ -46,7 +46,7 @@ pub enum Scenario {
     /// deferring their NAPI to the busy poller: `napi_defer_hard_irqs`,
     /// `gro_flush_timeout`).
     JuneauBusyPoll,
-    /// The TCP bulk download through the VIP (`crate::bulk`): `juneau` and `nft-dnat` at
+    /// The TCP bulk download through the VIP (the `bulk` module): `juneau` and `nft-dnat` at
     /// each stream count of the plan, rows `tcp-bulk-<streams>`.
     TcpBulk,
 }
