@@ -29,7 +29,9 @@ use anyhow::{bail, Context, Result};
 
 pub use crate::bulk_data::{markdown, ratios, rows, BulkRatio, BulkRow, BulkRun, Moved};
 use crate::cpu::CoreTimes;
-use crate::suite::{self, Plan, Scenario, INTERRUPTED};
+use crate::harness;
+use crate::plan::{self, Plan, Scenario, INTERRUPTED};
+pub use crate::plan::{bulk_expected as expected, BulkPlan, BULK_PATHS as PATHS};
 use crate::topology::{Ends, Topology, BACKEND_BULK_PORT, BULK_PORT, VIP};
 
 /// Period of the byte pattern the server sends (a prime, so that no power-of-two
@@ -435,29 +437,6 @@ fn one_stream(s: &DownloadSpec, deadline: Instant) -> Result<u64> {
     Ok(off)
 }
 
-/// The bulk part of a plan.
-#[derive(Debug, Clone)]
-pub struct BulkPlan {
-    /// Bytes per connection.
-    pub bytes: u64,
-    /// Stream counts, one row each per path.
-    pub streams: Vec<u32>,
-    /// Longest time one round of downloads may take.
-    pub timeout: Duration,
-}
-
-/// The paths the download is measured through, in the order of the first round (later
-/// rounds alternate, so that neither always runs first).
-pub const PATHS: [Scenario; 2] = [Scenario::Juneau, Scenario::NftDnat];
-
-/// Estimated wall time of the bulk part of `plan`.
-pub fn expected(plan: &Plan) -> Duration {
-    let per_run = 4.0 + plan.duration.as_secs_f64();
-    Duration::from_secs_f64(
-        f64::from(plan.runs) * plan.bulk.streams.len() as f64 * PATHS.len() as f64 * per_run,
-    )
-}
-
 /// What is read at both ends of the window.
 struct Sample {
     path: CoreTimes,
@@ -472,7 +451,7 @@ struct Sample {
 /// dataplane) shows a full core either way, so a busy path core alone proves nothing
 /// when the endpoints' core was full too.
 pub fn saturation(path_busy: f64, endpoint_busy: f64) -> (bool, String) {
-    let bound = suite::SATURATION_CORE_BUSY;
+    let bound = crate::results::SATURATION_CORE_BUSY;
     let (p, e) = (100.0 * path_busy, 100.0 * endpoint_busy);
     if path_busy < bound {
         (
@@ -500,7 +479,7 @@ pub fn saturation(path_busy: f64, endpoint_busy: f64) -> (bool, String) {
 /// fresh topology: a readiness download, one round of full-size downloads with every
 /// byte checked, then the measured window (bytes counted, not copied).
 pub fn run_once(plan: &Plan, sc: Scenario, streams: u32, round: u32) -> Result<BulkRun> {
-    let (ecpu, pcpu) = suite::cpus();
+    let (ecpu, pcpu) = harness::cpus();
     let t = Topology::build_for(Ends::Bulk {
         endpoint_cpu: ecpu,
         path_cpu: pcpu,
@@ -510,7 +489,7 @@ pub fn run_once(plan: &Plan, sc: Scenario, streams: u32, round: u32) -> Result<B
         sc.name(),
         std::process::id()
     );
-    let mut path = suite::start_path(&t, sc, plan, &tag)?;
+    let mut path = harness::start_path(&t, sc, plan, &tag)?;
     let _server = Server::start(
         Some(t.backend.name()),
         SocketAddr::from(([0, 0, 0, 0], BACKEND_BULK_PORT)),
@@ -528,10 +507,10 @@ pub fn run_once(plan: &Plan, sc: Scenario, streams: u32, round: u32) -> Result<B
     let mut endpoint_tids = c_napi;
     endpoint_tids.extend(crate::cpu::ksoftirqd(ecpu));
     endpoint_tids.push(std::process::id());
-    let tids = suite::pin_path(&t, &path)?;
-    let pinned: Vec<(u32, u64)> = suite::path_threads(&t, &path)
+    let tids = harness::pin_path(&t, &path)?;
+    let pinned: Vec<(u32, u64)> = harness::path_threads(&t, &path)
         .into_iter()
-        .filter_map(|(x, _)| Some((x, suite::thread_run_ns(x)?)))
+        .filter_map(|(x, _)| Some((x, harness::thread_run_ns(x)?)))
         .collect();
     let target = SocketAddr::V4(SocketAddrV4::new(VIP, BULK_PORT));
     wait_until_serving(&t, &mut path, target, ecpu)?;
@@ -561,7 +540,7 @@ pub fn run_once(plan: &Plan, sc: Scenario, streams: u32, round: u32) -> Result<B
         })
     })?;
     path.check_forwarder()?;
-    suite::check_placement(&t, &path, &pinned)?;
+    harness::check_placement(&t, &path, &pinned)?;
     let core = a.path.busy_since(&b.path);
     let wall = moved.wall_s.max(1e-9);
     let path_cpu_s = core.busy * wall;
@@ -571,7 +550,7 @@ pub fn run_once(plan: &Plan, sc: Scenario, streams: u32, round: u32) -> Result<B
     let (saturated, why) = saturation(core.busy, endpoint_core.busy);
     let dataplane = path.stats_file.clone().map(|f| {
         // The stats file is rewritten about once a second: wait for one after the window.
-        let _ = suite::sleep(Duration::from_millis(1200));
+        let _ = plan::sleep(Duration::from_millis(1200));
         dataplane_figures(&f, path.forwarder_log())
     });
     Ok(BulkRun {
@@ -635,7 +614,7 @@ fn parse_offloads(ethtool_k: &str) -> String {
 /// most 30 s.
 pub(crate) fn wait_until_serving(
     t: &Topology,
-    path: &mut suite::NodePath,
+    path: &mut harness::NodePath,
     target: SocketAddr,
     cpu: u32,
 ) -> Result<()> {
@@ -650,14 +629,14 @@ pub(crate) fn wait_until_serving(
     };
     let start = Instant::now();
     loop {
-        suite::check_interrupt()?;
+        plan::check_interrupt()?;
         path.check_forwarder()?;
         match download(Some(t.client.name()), &spec, || Ok(())) {
             Ok(_) => return Ok(()),
             Err(e) if start.elapsed() > Duration::from_secs(30) => {
                 return Err(e).context("no download through the VIP within 30 s")
             }
-            Err(_) => suite::sleep(Duration::from_millis(200))?,
+            Err(_) => plan::sleep(Duration::from_millis(200))?,
         }
     }
 }

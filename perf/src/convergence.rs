@@ -31,7 +31,7 @@ use juneau_tests::kube::KubeCluster;
 use juneau_tests::netns::{unique_prefix, veth, Netns, NsChild};
 
 pub use crate::convergence_data::{ConvergenceReport, Series};
-use crate::suite::INTERRUPTED;
+use crate::plan::INTERRUPTED;
 
 /// The CRDs, compiled in so the binary needs no source tree.
 const CRDS: &str = include_str!("../../deploy/crds/juneau.loutres.me.yaml");

@@ -30,8 +30,8 @@ use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::runtime::watcher;
 
 use crate::convergence::{start_bed_with, Binaries, NODE};
+use crate::plan::INTERRUPTED;
 pub use crate::scale_data::{markdown, ApiRequests, Rss, ScaleReport, LOG_DIR};
-use crate::suite::INTERRUPTED;
 use juneau_tests::bird::BirdControl as Birdc;
 
 /// Creates in flight at once.
