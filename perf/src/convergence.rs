@@ -25,14 +25,13 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use hdrhistogram::Histogram;
 use juneau_control::shm::NodeStateReader;
 use juneau_tests::bird::{BgpNeighbor, Bird, BirdConfig, BirdControl};
 use juneau_tests::kube::KubeCluster;
 use juneau_tests::netns::{unique_prefix, veth, Netns, NsChild};
-use serde::{Deserialize, Serialize};
 
-use crate::suite::INTERRUPTED;
+pub use crate::convergence_data::{ConvergenceReport, Series};
+use crate::plan::INTERRUPTED;
 
 /// The CRDs, compiled in so the binary needs no source tree.
 const CRDS: &str = include_str!("../../deploy/crds/juneau.loutres.me.yaml");
@@ -46,68 +45,6 @@ pub(crate) const NODE: &str = "node-a";
 const NODE_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 2);
 const ROUTER_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 1);
 const SLICE: &str = "web-1";
-
-/// What a convergence run measured.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ConvergenceReport {
-    /// "measured", or why not.
-    pub status: String,
-    /// Repetitions (each one withdraw and one announce).
-    pub repetitions: u32,
-    /// BIRD watcher's polling interval, ms.
-    pub bird_poll_interval_ms: f64,
-    /// Median time of one query on BIRD's control socket, ms.
-    pub bird_query_p50_ms: f64,
-    /// The longest time between two successive BIRD queries seen while waiting (poll
-    /// interval + query + scheduling): how late a BIRD figure can be at worst.
-    #[serde(default)]
-    pub bird_max_gap_ms: f64,
-    /// How it was set up.
-    pub setup: String,
-    /// One series per (event, destination).
-    pub series: Vec<Series>,
-}
-
-/// A distribution of latencies.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Series {
-    /// Short name (e.g. `withdraw: apiserver -> BIRD`).
-    pub name: String,
-    /// Number of samples.
-    pub count: u64,
-    /// Minimum, ms.
-    pub min_ms: f64,
-    /// Median, ms.
-    pub p50_ms: f64,
-    /// 90th percentile, ms.
-    pub p90_ms: f64,
-    /// 99th percentile, ms.
-    pub p99_ms: f64,
-    /// Maximum, ms.
-    pub max_ms: f64,
-    /// Every sample, ms, in measurement order (for the CDF plot).
-    pub samples_ms: Vec<f64>,
-}
-
-impl Series {
-    fn from_samples(name: &str, samples: &[Duration]) -> Series {
-        let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("bounds");
-        for s in samples {
-            let _ = h.record((s.as_micros() as u64).max(1));
-        }
-        let ms = |us: u64| us as f64 / 1e3;
-        Series {
-            name: name.into(),
-            count: h.len(),
-            min_ms: ms(h.min()),
-            p50_ms: ms(h.value_at_quantile(0.5)),
-            p90_ms: ms(h.value_at_quantile(0.9)),
-            p99_ms: ms(h.value_at_quantile(0.99)),
-            max_ms: ms(h.max()),
-            samples_ms: samples.iter().map(|d| d.as_secs_f64() * 1e3).collect(),
-        }
-    }
-}
 
 /// Where the real binaries are.
 #[derive(Debug, Clone)]

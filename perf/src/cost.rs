@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::report::Cost;
+use crate::results::Cost;
 
 /// Time the cost measurement adds to a run (estimate).
 pub const EXPECTED: Duration = Duration::from_secs(30);

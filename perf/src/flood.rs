@@ -22,8 +22,9 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::bulk::{self, Pattern, Server};
+use crate::harness::{self, Gen, GenSpec};
 use crate::packet::FrameKind;
-use crate::suite::{self, Gen, GenSpec, Plan, Scenario};
+use crate::plan::{self, Plan, Scenario};
 use crate::topology::{Ends, Topology, BACKEND_BULK_PORT, BULK_PORT, LOAD_PORT, VIP};
 
 /// Source address and port pairs of a flood (a /18 of addresses, 64 ports each).
@@ -87,7 +88,7 @@ impl FloodRow {
 pub fn run(plan: &Plan, kinds: &[FrameKind], seconds: Duration) -> Result<Vec<FloodRow>> {
     let mut rows = Vec::new();
     for kind in std::iter::once(None).chain(kinds.iter().copied().map(Some)) {
-        suite::check_interrupt()?;
+        plan::check_interrupt()?;
         let name = kind.map_or("none", FrameKind::name);
         eprintln!("==> flood {name} ({} s)", seconds.as_secs_f64());
         let row = run_one(plan, kind, seconds).with_context(|| format!("flood {name}"))?;
@@ -117,14 +118,14 @@ fn target(kind: FrameKind) -> (Ipv4Addr, u16) {
 }
 
 fn run_one(plan: &Plan, kind: Option<FrameKind>, seconds: Duration) -> Result<FloodRow> {
-    let (ecpu, pcpu) = suite::cpus();
+    let (ecpu, pcpu) = harness::cpus();
     let t = Topology::build_for(Ends::Bulk {
         endpoint_cpu: ecpu,
         path_cpu: pcpu,
     })?;
     let name = kind.map_or("none", FrameKind::name);
     let tag = format!("flood-{name}-{}", std::process::id());
-    let mut path = suite::start_path(&t, Scenario::Juneau, plan, &tag)?;
+    let mut path = harness::start_path(&t, Scenario::Juneau, plan, &tag)?;
     let _server = Server::start(
         Some(t.backend.name()),
         SocketAddr::from(([0, 0, 0, 0], BACKEND_BULK_PORT)),
@@ -149,7 +150,7 @@ fn run_one(plan: &Plan, kind: Option<FrameKind>, seconds: Duration) -> Result<Fl
     // file is written about once a second.
     let deadline = Instant::now() + Duration::from_secs(10);
     let before = loop {
-        suite::sleep(Duration::from_millis(250))?;
+        plan::sleep(Duration::from_millis(250))?;
         match read_stats(&stats) {
             Ok(s) => break s,
             Err(e) if Instant::now() > deadline => return Err(e),
@@ -159,7 +160,7 @@ fn run_one(plan: &Plan, kind: Option<FrameKind>, seconds: Duration) -> Result<Fl
     let started = Instant::now();
     let offered = match kind {
         None => {
-            suite::sleep(seconds)?;
+            plan::sleep(seconds)?;
             None
         }
         Some(k) => {
@@ -169,7 +170,7 @@ fn run_one(plan: &Plan, kind: Option<FrameKind>, seconds: Duration) -> Result<Fl
             let g = Gen::spawn(&spec, FLOOD_FLOWS, 0, seconds, u64::MAX)?;
             let mut flows_max = 0;
             while started.elapsed() < seconds {
-                suite::sleep(Duration::from_millis(250))?;
+                plan::sleep(Duration::from_millis(250))?;
                 if let Ok(s) = read_stats(&stats) {
                     flows_max = flows_max.max(s["flows"].as_u64().unwrap_or(0));
                 }
@@ -179,7 +180,7 @@ fn run_one(plan: &Plan, kind: Option<FrameKind>, seconds: Duration) -> Result<Fl
     };
     let seconds_run = started.elapsed().as_secs_f64();
     // Stats are rewritten about once a second: one written after the flood.
-    suite::sleep(Duration::from_millis(1200))?;
+    plan::sleep(Duration::from_millis(1200))?;
     let after = read_stats(&stats)?;
     stop.store(true, Ordering::Relaxed);
     let kept = join(kept)?;

@@ -10,18 +10,26 @@
 
 pub mod bpf;
 pub mod bulk;
+pub mod bulk_data;
 pub mod calibrate;
 pub mod convergence;
+pub mod convergence_data;
 pub mod cost;
 pub mod cpu;
 pub mod flood;
+pub mod harness;
 pub mod latency;
 pub mod livegen;
 pub mod loopcost;
+pub mod loopcost_data;
 pub mod packet;
+pub mod plan;
 pub mod prereq;
 pub mod report;
+pub mod report_data;
+pub mod results;
 pub mod scale;
+pub mod scale_data;
 pub mod suite;
 pub mod targets;
 pub mod topology;

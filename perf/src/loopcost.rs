@@ -19,41 +19,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 
-use crate::suite::{self, Active, Gen, GenSpec, Plan, Scenario};
+use crate::harness::{self, Active, Gen, GenSpec};
+pub use crate::loopcost_data::{LoopCase, LoopCost};
+use crate::plan::{self, Plan, Scenario};
 use crate::topology::*;
-
-/// One measured case.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct LoopCase {
-    /// What was sent.
-    pub name: String,
-    /// Flows in the flow table during the window.
-    pub flows: u32,
-    /// Packets the dataplane received in the window (`rx_packets`).
-    pub packets: u64,
-    /// Instructions of the whole process in the window.
-    pub instructions: u64,
-    /// Of which, instructions the process spends without traffic for as long
-    /// (subtracted).
-    pub idle_instructions: u64,
-    /// (instructions - idle) / packets.
-    pub instructions_per_packet: f64,
-    /// instructions / packets (nothing subtracted).
-    pub gross_instructions_per_packet: f64,
-}
-
-/// The whole-loop measurement.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct LoopCost {
-    /// What was measured, or why not.
-    pub status: String,
-    /// The cases measured.
-    pub cases: Vec<LoopCase>,
-    /// Instructions per second of the process without traffic.
-    pub idle_instructions_per_s: f64,
-}
 
 /// What the measurement sends.
 pub struct LoopCostPlan {
@@ -116,7 +86,7 @@ impl Callgrind {
             if Instant::now() > deadline {
                 bail!("callgrind dump {} did not appear", file.display());
             }
-            suite::sleep(Duration::from_millis(100))?;
+            plan::sleep(Duration::from_millis(100))?;
         }
     }
 }
@@ -140,12 +110,12 @@ fn settle(path: &Path) -> Result<(u64, u64)> {
         match stats(path) {
             Ok(s) => break s,
             Err(e) if Instant::now() > deadline => return Err(e),
-            Err(_) => suite::sleep(Duration::from_millis(250))?,
+            Err(_) => plan::sleep(Duration::from_millis(250))?,
         }
     };
     let mut since = Instant::now();
     loop {
-        suite::sleep(Duration::from_millis(250))?;
+        plan::sleep(Duration::from_millis(250))?;
         let now = stats(path)?;
         if now.0 != last.0 {
             last = now;
@@ -212,7 +182,7 @@ fn run(plan: &Plan, lp: &LoopCostPlan, say: &dyn Fn(String)) -> Result<LoopCost>
     let t = Topology::build()?;
     let tag = format!("loop-cost-{}", std::process::id());
     let stats_file = p.out_dir.join(format!("juneau-dataplane-stats-{tag}.json"));
-    let mut a = suite::setup(&t, Scenario::JuneauXdpFast, &p, &tag)?;
+    let mut a = harness::setup(&t, Scenario::JuneauXdpFast, &p, &tag)?;
     // Replies reach the client's kernel, which has no socket on their ports: keep its
     // ICMP errors from coming back through the dataplane into the counts.
     t.client.exec(&[
@@ -220,7 +190,7 @@ fn run(plan: &Plan, lp: &LoopCostPlan, say: &dyn Fn(String)) -> Result<LoopCost>
         "add table ip jlc; add chain ip jlc out { type filter hook output priority 0; }; add rule ip jlc out icmp type destination-unreachable drop",
     ])?;
     say("loop cost: juneau-dataplane under callgrind, waiting for it to forward".into());
-    suite::wait_until_delivering(&t, &mut a, Duration::from_secs(180))?;
+    harness::wait_until_delivering(&t, &mut a, Duration::from_secs(180))?;
     let pid = a.path.forwarder.as_ref().context("no dataplane")?.id();
     let mut cg = Callgrind {
         pid,
@@ -288,7 +258,7 @@ fn cases(
     settle(stats_file)?;
     cg.zero()?;
     let t0 = Instant::now();
-    suite::sleep(Duration::from_secs(3))?;
+    plan::sleep(Duration::from_secs(3))?;
     let idle_ir = cg.dump()?;
     let idle_per_s = idle_ir as f64 / t0.elapsed().as_secs_f64();
     let mut c = LoopCost {

@@ -4,6 +4,9 @@
 use std::path::Path;
 use std::process::Command;
 
+/// The interpreter that has Debian's matplotlib.
+pub const PYTHON: &str = "/usr/bin/python3";
+
 /// One missing prerequisite.
 #[derive(Debug, Clone)]
 pub struct Missing {
@@ -47,17 +50,14 @@ pub fn check(dataplane: Option<&Path>, callgrind: bool) -> Vec<Missing> {
             });
         }
     }
-    let mpl = Command::new(crate::report::PYTHON)
+    let mpl = Command::new(PYTHON)
         .args(["-c", "import matplotlib"])
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !mpl {
         m.push(Missing {
-            what: format!(
-                "{} with matplotlib (for the PNG plots)",
-                crate::report::PYTHON
-            ),
+            what: format!("{} with matplotlib (for the PNG plots)", PYTHON),
             fix: "apt-get install python3-matplotlib".into(),
         });
     }

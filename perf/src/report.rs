@@ -5,503 +5,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 
-use crate::latency::ProbeResult;
+pub use crate::prereq::PYTHON;
+pub use crate::report_data::Report;
+pub use crate::results::{
+    latency_summary, median, Cost, FlowScalePoint, LatencyPoint, LatencySummary, Ratios,
+    RunFigures, ScenarioResult,
+};
 
-/// One scenario's throughput.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ScenarioResult {
-    /// Scenario name.
-    pub name: String,
-    /// Flows offered.
-    pub flows: u32,
-    /// Delivered packets/s of each run.
-    pub runs_pps: Vec<f64>,
-    /// Smallest run.
-    pub min_pps: f64,
-    /// Median run.
-    pub median_pps: f64,
-    /// Largest run.
-    pub max_pps: f64,
-    /// What the generator offered in each run (its own send rate); a delivered rate close
-    /// to it means the generator, not the path, was the limit.
-    pub offered_pps: Vec<f64>,
-    /// Every run's figures (delivered, offered, the path's CPU time, saturation).
-    #[serde(default)]
-    pub runs: Vec<RunFigures>,
-    /// Whether every run was saturated (ratios are computed only from saturated rows).
-    #[serde(default)]
-    pub saturated: bool,
-    /// Median CPU time of the path per delivered packet, ns: the path core's busy time
-    /// over the window / packets delivered in the window (older reports: the path's
-    /// threads' run time).
-    #[serde(default)]
-    pub ns_per_packet: Option<f64>,
-    /// Median of the path's own threads' run time per delivered packet, ns.
-    #[serde(default)]
-    pub thread_ns_per_packet: Option<f64>,
-    /// The same in cycles of the TSC clock (`cycles_clock_mhz`).
-    #[serde(default)]
-    pub cycles_per_packet: Option<f64>,
-    /// Packets delivered per CPU-second of the path (1e9 / ns_per_packet).
-    #[serde(default)]
-    pub pps_per_cpu_second: Option<f64>,
-}
-
-/// One throughput run.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct RunFigures {
-    /// Packets/s counted by the sink in the window.
-    pub delivered_pps: f64,
-    /// Packets/s the generator offered (its own count over its whole run).
-    pub offered_pps: f64,
-    /// The rate the generator was asked to offer (paced; 0 = as fast as it could), found
-    /// by the calibration.
-    #[serde(default)]
-    pub rate_pps: u64,
-    /// CPU time of the path's threads per second of window (1.0 = one full core).
-    pub path_cores: f64,
-    /// The path core's time shares from /proc/stat (other processes on the shared
-    /// machine included).
-    pub path_core: crate::cpu::CoreLoad,
-    /// The generator core's time shares (a kernel path whose work leaked onto the
-    /// generator's core would show here as softirq).
-    #[serde(default)]
-    pub gen_core: crate::cpu::CoreLoad,
-    /// CPU time of the path's own threads per delivered packet, ns.
-    pub ns_per_packet: f64,
-    /// Busy time of the path core (user + system + irq + softirq, /proc/stat) per
-    /// delivered packet, ns: the cost figure of the report (on a quiet machine the path's
-    /// threads are nearly all of it; the difference is other work on that core).
-    #[serde(default)]
-    pub core_ns_per_packet: f64,
-    /// Delivered < 97 % of offered, or the path core >= 95 % busy.
-    pub saturated: bool,
-    /// Why it counts as saturated, or why not.
-    pub saturation: String,
-    /// The calibration's steps before the window: (offered, delivered) packets/s; the
-    /// first is the unpaced flood.
-    #[serde(default)]
-    pub calibration: Vec<(f64, f64)>,
-}
-
-impl RunFigures {
-    /// The per-packet cost the report uses: the path core's busy time per packet when
-    /// measured (newer reports), else the path's threads' time.
-    pub fn cost_ns(&self) -> f64 {
-        if self.core_ns_per_packet > 0.0 {
-            self.core_ns_per_packet
-        } else {
-            self.ns_per_packet
-        }
-    }
-}
-
-/// Median of a list (mean of the middle two for even lengths).
-pub fn median(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
-}
-
-impl ScenarioResult {
-    /// Summarizes runs.
-    pub fn new(name: &str, flows: u32, runs_pps: Vec<f64>) -> ScenarioResult {
-        ScenarioResult {
-            name: name.into(),
-            flows,
-            min_pps: runs_pps.iter().copied().fold(f64::INFINITY, f64::min),
-            max_pps: runs_pps.iter().copied().fold(0.0, f64::max),
-            median_pps: median(&runs_pps),
-            runs_pps,
-            offered_pps: Vec::new(),
-            runs: Vec::new(),
-            saturated: false,
-            ns_per_packet: None,
-            thread_ns_per_packet: None,
-            cycles_per_packet: None,
-            pps_per_cpu_second: None,
-        }
-    }
-
-    /// Summarizes measured runs: medians, saturation of every run, CPU cost.
-    pub fn from_runs(name: &str, flows: u32, runs: Vec<RunFigures>) -> ScenarioResult {
-        let mut r =
-            ScenarioResult::new(name, flows, runs.iter().map(|f| f.delivered_pps).collect());
-        r.offered_pps = runs.iter().map(|f| f.offered_pps).collect();
-        r.saturated = !runs.is_empty() && runs.iter().all(|f| f.saturated);
-        let ns: Vec<f64> = runs
-            .iter()
-            .map(|f| f.cost_ns())
-            .filter(|x| x.is_finite() && *x > 0.0)
-            .collect();
-        let tns: Vec<f64> = runs
-            .iter()
-            .map(|f| f.ns_per_packet)
-            .filter(|x| x.is_finite() && *x > 0.0)
-            .collect();
-        if !tns.is_empty() {
-            r.thread_ns_per_packet = Some(median(&tns));
-        }
-        if !ns.is_empty() {
-            let m = median(&ns);
-            r.ns_per_packet = Some(m);
-            r.cycles_per_packet = crate::cpu::tsc_mhz().map(|mhz| m * mhz / 1e3);
-            r.pps_per_cpu_second = Some(1e9 / m);
-        }
-        r.runs = runs;
-        r
-    }
-}
-
-/// `juneau` at one flow count.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FlowScalePoint {
-    /// Concurrent flows offered.
-    pub flows: u32,
-    /// Delivered packets/s of each run.
-    pub runs_pps: Vec<f64>,
-    /// Median run.
-    pub median_pps: f64,
-    /// Saturation and CPU cost of the runs.
-    #[serde(default)]
-    pub summary: Option<ScenarioResult>,
-}
-
-impl FlowScalePoint {
-    /// Its row in the report's flow-scale table, `label` after the flow count.
-    fn row(&self, label: &str) -> String {
-        let runs: Vec<String> = self.runs_pps.iter().map(|x| format!("{x:.0}")).collect();
-        format!(
-            "| {}{label} | {} | {:.0} |\n",
-            self.flows,
-            runs.join(", "),
-            self.median_pps
-        )
-    }
-}
-
-/// Latency through the VIP at one offered load.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LatencyPoint {
-    /// Scenario name.
-    pub scenario: String,
-    /// Offered background load as a fraction of the scenario's median throughput.
-    pub load_fraction: f64,
-    /// Offered background load, packets/s.
-    pub offered_pps: f64,
-    /// Which latency round (every round measures every scenario at every load, in
-    /// turn, so slow drift of the machine's load spreads over all of them).
-    #[serde(default)]
-    pub round: u32,
-    /// Round-trip figures.
-    #[serde(flatten)]
-    pub result: ProbeResult,
-}
-
-/// One scenario at one load over every latency round.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct LatencySummary {
-    /// Scenario name.
-    pub scenario: String,
-    /// Offered background load as a fraction of the scenario's median throughput.
-    pub load_fraction: f64,
-    /// Rounds measured.
-    pub rounds: usize,
-    /// p99 over the rounds: median, lowest, highest (microseconds).
-    pub p99_us: [f64; 3],
-    /// p99.9 over the rounds: median, lowest, highest (microseconds).
-    pub p999_us: [f64; 3],
-    /// Median over the rounds measured by both of this p99 / nft-dnat's p99 in the same
-    /// round at the same load (a paired comparison: the machine's noise of that moment
-    /// hits both); `None` for nft-dnat itself or without a common round.
-    pub p99_vs_nft_dnat: Option<f64>,
-    /// The same for p99.9.
-    pub p999_vs_nft_dnat: Option<f64>,
-}
-
-/// Summarises latency points by (scenario, load), in the order first seen.
-pub fn latency_summary(points: &[LatencyPoint]) -> Vec<LatencySummary> {
-    let mut keys: Vec<(&str, f64)> = Vec::new();
-    for l in points {
-        if !keys.contains(&(l.scenario.as_str(), l.load_fraction)) {
-            keys.push((l.scenario.as_str(), l.load_fraction));
-        }
-    }
-    let spread = |v: &[f64]| {
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        [median(v), lo, hi]
-    };
-    let at = |sc: &str, load: f64, round: u32| {
-        points
-            .iter()
-            .find(|l| l.scenario == sc && l.load_fraction == load && l.round == round)
-    };
-    keys.into_iter()
-        .map(|(sc, load)| {
-            let mine: Vec<&LatencyPoint> = points
-                .iter()
-                .filter(|l| l.scenario == sc && l.load_fraction == load)
-                .collect();
-            let p99: Vec<f64> = mine.iter().map(|l| l.result.p99_us).collect();
-            let p999: Vec<f64> = mine.iter().map(|l| l.result.p999_us).collect();
-            let paired = |f: fn(&ProbeResult) -> f64| {
-                if sc == "nft-dnat" {
-                    return None;
-                }
-                let r: Vec<f64> = mine
-                    .iter()
-                    .filter_map(|l| {
-                        let n = at("nft-dnat", load, l.round)?;
-                        (f(&n.result) > 0.0).then(|| f(&l.result) / f(&n.result))
-                    })
-                    .collect();
-                (!r.is_empty()).then(|| median(&r))
-            };
-            LatencySummary {
-                scenario: sc.to_string(),
-                load_fraction: load,
-                rounds: mine.len(),
-                p99_us: spread(&p99),
-                p999_us: spread(&p999),
-                p99_vs_nft_dnat: paired(|r| r.p99_us),
-                p999_vs_nft_dnat: paired(|r| r.p999_us),
-            }
-        })
-        .collect()
-}
-
-/// Userspace cost of the dataplane's packet path.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Cost {
-    /// What was measured, or why nothing was.
-    pub status: String,
-    /// Instructions per packet, established flow (engine only: harness loop subtracted).
-    pub established_instructions_per_packet: Option<f64>,
-    /// Instructions per packet, new flow (first packet of a flow).
-    pub new_flow_instructions_per_packet: Option<f64>,
-    /// Instructions per packet, a backend's reply (reverse NAT) on an established flow.
-    pub reply_instructions_per_packet: Option<f64>,
-    /// Build profile of the measured code.
-    pub profile: String,
-    /// Instructions per packet of the harness loop alone (frame copy, verdict branch),
-    /// subtracted from the established and reply figures.
-    #[serde(default)]
-    pub baseline_instructions_per_packet: Option<f64>,
-    /// Instructions per packet of the new-flow harness loop alone (writes a fresh frame
-    /// per packet), subtracted from the new-flow figure.
-    #[serde(default)]
-    pub new_flow_baseline_instructions_per_packet: Option<f64>,
-    /// Instructions per packet at the node the router sends another node's connection
-    /// to (issue 12): redirect-record look-up and encapsulation in place.
-    #[serde(default)]
-    pub redirect_ask_instructions_per_packet: Option<f64>,
-    /// Instructions per packet at the owner of a redirected packet: outer headers
-    /// stripped, then served as its own established flow.
-    #[serde(default)]
-    pub redirect_own_instructions_per_packet: Option<f64>,
-}
-
-/// The ratios the product is held to.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Ratios {
-    /// juneau (the default, userspace path) / nft-dnat (target >= 1.0).
-    pub juneau_vs_nft_dnat: Option<f64>,
-    /// juneau-xdp-fast (the opt-in XDP fast path) / xdp-dnat (target >= 1.0). Reports
-    /// written before the fast path became opt-in call it `juneau_vs_xdp_dnat` (their
-    /// `juneau` row was the fast path).
-    #[serde(alias = "juneau_vs_xdp_dnat")]
-    pub juneau_xdp_fast_vs_xdp_dnat: Option<f64>,
-    /// juneau / afxdp-l2fwd (target >= 1.0).
-    pub juneau_vs_afxdp_l2fwd: Option<f64>,
-    /// juneau at the largest flow count / at the smallest (target >= 0.9 for 1M vs 1k).
-    pub juneau_flow_scale_largest_vs_smallest: Option<f64>,
-    /// Packets per CPU-second of the path, juneau / nft-dnat (target >= 1.0).
-    #[serde(default)]
-    pub cpu_juneau_vs_nft_dnat: Option<f64>,
-    /// Packets per CPU-second, juneau-xdp-fast / xdp-dnat (target >= 1.0).
-    #[serde(default, alias = "cpu_juneau_vs_xdp_dnat")]
-    pub cpu_juneau_xdp_fast_vs_xdp_dnat: Option<f64>,
-    /// Packets per CPU-second, juneau / afxdp-l2fwd (target >= 1.0).
-    #[serde(default)]
-    pub cpu_juneau_vs_afxdp_l2fwd: Option<f64>,
-    /// Packets per CPU-second, juneau at the largest flow count / at the smallest.
-    #[serde(default)]
-    pub cpu_juneau_flow_scale_largest_vs_smallest: Option<f64>,
-    /// xdp-dnat at the largest flow count / at the throughput rows' flow count: what the
-    /// in-kernel baseline loses at that many flows (no target; the reference for juneau's).
-    #[serde(default)]
-    pub xdp_dnat_flow_scale: Option<f64>,
-    /// The same in packets per CPU-second.
-    #[serde(default)]
-    pub cpu_xdp_dnat_flow_scale: Option<f64>,
-    /// Ratios not computed, and why (a side not saturated, or not measured).
-    #[serde(default)]
-    pub refused: Vec<String>,
-}
-
-/// Everything one `juneau-perf run` measured.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Report {
-    /// UTC start time.
-    pub date: String,
-    /// Machine description (CPU model, cores, kernel).
-    pub machine: String,
-    /// /proc/loadavg when the run started (other work on the machine skews results).
-    pub load_average_start: String,
-    /// /proc/loadavg when the run ended.
-    pub load_average_end: String,
-    /// `run` or `smoke`.
-    pub mode: String,
-    /// Runs per scenario, window and warm-up seconds, flows.
-    pub config: serde_json::Value,
-    /// Throughput per scenario.
-    pub scenarios: Vec<ScenarioResult>,
-    /// The ratios (absent where a side is missing).
-    pub ratios: Ratios,
-    /// `juneau` at several flow counts.
-    pub flow_scale: Vec<FlowScalePoint>,
-    /// `xdp-dnat` at the largest of those flow counts (the in-kernel baseline's own loss
-    /// at that many flows, for reference), when measured.
-    #[serde(default)]
-    pub flow_scale_reference: Option<FlowScalePoint>,
-    /// Latency through the VIP.
-    pub latency: Vec<LatencyPoint>,
-    /// Latency by scenario and load over the rounds ([`latency_summary`]), with the
-    /// paired comparison to nft-dnat.
-    #[serde(default)]
-    pub latency_summary: Vec<LatencySummary>,
-    /// Userspace cost.
-    pub cost: Cost,
-    /// Whole userspace cost (the real dataplane under callgrind), when measured.
-    #[serde(default)]
-    pub loop_cost: Option<crate::loopcost::LoopCost>,
-    /// Control-plane convergence: a one-line summary (or why it was not measured).
-    pub convergence: String,
-    /// Control-plane convergence distributions, when measured.
-    #[serde(default)]
-    pub convergence_results: Option<crate::convergence::ConvergenceReport>,
-    /// Control-plane scale (N Services at once), when measured.
-    #[serde(default)]
-    pub scale: Option<crate::scale::ScaleReport>,
-    /// juneau-dataplane's own counters after each `juneau` run (cumulative since its
-    /// start): AF_XDP ring drops show where packets were lost.
-    pub dataplane_counters: Vec<serde_json::Value>,
-    /// The TCP bulk download's rows (`tcp-bulk-<streams>`, juneau and nft-dnat).
-    #[serde(default)]
-    pub bulk: Vec<crate::bulk::BulkRow>,
-    /// juneau / nft-dnat of the TCP bulk download per stream count, paired per round.
-    #[serde(default)]
-    pub bulk_ratios: Vec<crate::bulk::BulkRatio>,
-    /// Scenarios that failed, with the reason.
-    pub errors: Vec<(String, String)>,
-}
-
+/// Rendering: `report.md` and the files of a report directory (the record itself is
+/// [`crate::report_data`]).
 impl Report {
-    /// The throughput table's rows: every scenario, then `juneau` at each flow count.
-    pub fn throughput_rows(&self) -> impl Iterator<Item = &ScenarioResult> {
-        self.scenarios
-            .iter()
-            .chain(self.flow_scale.iter().filter_map(|p| p.summary.as_ref()))
-    }
-
-    /// Records a failed scenario.
-    pub fn add_error(&mut self, scenario: &str, msg: String) {
-        self.errors.push((scenario.into(), msg));
-    }
-
-    /// Summarises the latency rounds ([`latency_summary`]) and computes the ratios from
-    /// the medians, only between rows whose every run was
-    /// saturated (an unsaturated row measures the generator, not the path); refusals are
-    /// listed in `ratios.refused`.
-    pub fn compute_ratios(&mut self) {
-        self.latency_summary = latency_summary(&self.latency);
-        let mut refused = Vec::new();
-        let find = |n: &str| self.scenarios.iter().find(|s| s.name == n).cloned();
-        let mut pair =
-            |a: Option<ScenarioResult>, b: Option<ScenarioResult>, what: &str| match (a, b) {
-                (Some(a), Some(b)) => {
-                    let unsat: Vec<String> = [&a, &b]
-                        .iter()
-                        .filter(|s| !s.saturated)
-                        .map(|s| format!("{} ({} flows)", s.name, s.flows))
-                        .collect();
-                    if !unsat.is_empty() {
-                        refused.push(format!(
-                            "{what}: not all runs saturated: {}",
-                            unsat.join(", ")
-                        ));
-                        return (None, None);
-                    }
-                    let pps = (b.median_pps > 0.0).then(|| a.median_pps / b.median_pps);
-                    let cpu = match (a.pps_per_cpu_second, b.pps_per_cpu_second) {
-                        (Some(x), Some(y)) if y > 0.0 => Some(x / y),
-                        _ => None,
-                    };
-                    (pps, cpu)
-                }
-                _ => {
-                    refused.push(format!("{what}: a side was not measured"));
-                    (None, None)
-                }
-            };
-        let j = find("juneau");
-        let (a, b) = pair(j.clone(), find("nft-dnat"), "juneau / nft-dnat");
-        self.ratios.juneau_vs_nft_dnat = a;
-        self.ratios.cpu_juneau_vs_nft_dnat = b;
-        let (a, b) = pair(
-            find("juneau-xdp-fast"),
-            find("xdp-dnat"),
-            "juneau-xdp-fast / xdp-dnat",
-        );
-        self.ratios.juneau_xdp_fast_vs_xdp_dnat = a;
-        self.ratios.cpu_juneau_xdp_fast_vs_xdp_dnat = b;
-        let (a, b) = pair(j, find("afxdp-l2fwd"), "juneau / afxdp-l2fwd");
-        self.ratios.juneau_vs_afxdp_l2fwd = a;
-        self.ratios.cpu_juneau_vs_afxdp_l2fwd = b;
-        let smallest = self.flow_scale.iter().min_by_key(|p| p.flows);
-        let largest = self.flow_scale.iter().max_by_key(|p| p.flows);
-        let summary = |p: &FlowScalePoint| {
-            p.summary.clone().unwrap_or_else(|| {
-                let mut s = ScenarioResult::new("juneau", p.flows, p.runs_pps.clone());
-                s.saturated = true; // older reports carry no saturation: as measured then
-                s
-            })
-        };
-        let (a, b) = match (smallest, largest) {
-            (Some(s), Some(l)) if s.flows != l.flows => pair(
-                Some(summary(l)),
-                Some(summary(s)),
-                "juneau largest / smallest flow count",
-            ),
-            _ => (None, None),
-        };
-        self.ratios.juneau_flow_scale_largest_vs_smallest = a;
-        self.ratios.cpu_juneau_flow_scale_largest_vs_smallest = b;
-        let (a, b) = match &self.flow_scale_reference {
-            Some(r) => pair(
-                r.summary.clone(),
-                find("xdp-dnat"),
-                "xdp-dnat largest flow count / throughput rows",
-            ),
-            None => (None, None),
-        };
-        self.ratios.xdp_dnat_flow_scale = a;
-        self.ratios.cpu_xdp_dnat_flow_scale = b;
-        self.ratios.refused = refused;
-        self.bulk_ratios = crate::bulk::ratios(&self.bulk);
-    }
-
     /// The Markdown report.
     pub fn markdown(&self) -> String {
         let mut m = String::new();
@@ -515,7 +29,7 @@ impl Report {
         m += &self.method_md();
         m += &self.throughput_md();
         m += &self.ratios_md();
-        m += &crate::bulk::markdown(&self.bulk, &self.bulk_ratios);
+        m += &crate::bulk_data::markdown(&self.bulk, &self.bulk_ratios);
         m += &self.flow_scale_md();
         m += &self.latency_md();
         m += &self.userspace_cost_md();
@@ -564,11 +78,11 @@ impl Report {
             crate::cpu::tsc_mhz()
                 .map(|m| format!("{m:.0} MHz"))
                 .unwrap_or_else(|| "unknown".into()),
-            100.0 * crate::suite::SATURATION_DELIVERED_BELOW
+            100.0 * crate::results::SATURATION_DELIVERED_BELOW
         );
         m += &format!(
             "of offered or the path core is >= {:.0} % busy (/proc/stat); ratios come only from rows saturated in every run.\n\n",
-            100.0 * crate::suite::SATURATION_CORE_BUSY
+            100.0 * crate::results::SATURATION_CORE_BUSY
         );
         m
     }
@@ -887,7 +401,7 @@ impl Report {
         }
         if let Some(sc) = &self.scale {
             m += "\n## Control-plane scale\n\n";
-            m += &crate::scale::markdown(sc);
+            m += &crate::scale_data::markdown(sc);
         }
         if !self.errors.is_empty() {
             m += "\n## Failures\n\n";
@@ -920,8 +434,6 @@ impl Report {
 
 /// The plotting script (run with Debian's python3 and python3-matplotlib).
 pub const PLOT_PY: &str = include_str!("../plot.py");
-/// The interpreter that has Debian's matplotlib.
-pub const PYTHON: &str = "/usr/bin/python3";
 
 fn plot(dir: &Path) -> Result<Vec<PathBuf>> {
     for stale in ["throughput.png", "flow_scale.png", "latency.png"] {
@@ -957,6 +469,7 @@ fn not_measured(v: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::latency::ProbeResult;
 
     #[test]
     fn median_of_odd_and_even_lists() {

@@ -3,7 +3,7 @@
 //! figure and whether it was met, missed, refused or not measured. Pure (reads a
 //! [`Report`]), so `render` re-checks an old report.json the same way.
 
-use crate::report::Report;
+use crate::report_data::Report;
 
 /// Whether one target was reached in this run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,7 +260,7 @@ pub fn markdown(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{LatencySummary, ScenarioResult};
+    use crate::results::{LatencySummary, ScenarioResult};
 
     fn sat(name: &str, pps: f64, saturated: bool) -> ScenarioResult {
         let mut s = ScenarioResult::new(name, 256, vec![pps]);
@@ -335,7 +335,7 @@ mod tests {
 
     #[test]
     fn tcp_bulk_is_met_missed_or_refused_over_every_stream_count() {
-        use crate::bulk::BulkRatio;
+        use crate::bulk_data::BulkRatio;
         let q = |streams, v: Option<f64>, measured| BulkRatio {
             streams,
             rounds: 3,
@@ -365,7 +365,7 @@ mod tests {
     #[test]
     fn scale_not_reached_is_missed() {
         let mut r = Report {
-            scale: Some(crate::scale::ScaleReport {
+            scale: Some(crate::scale_data::ScaleReport {
                 services: 10_000,
                 goal_s: 60.0,
                 all_ready_s: Some(200.7),

@@ -49,7 +49,7 @@ pub enum Ends {
     /// The UDP scenarios: checksum offload off on both ends (the generator's frames and
     /// the echo server's replies carry finished checksums).
     Udp,
-    /// The TCP bulk download (`crate::bulk`): the backend's veth as a CNI leaves a Pod's
+    /// The TCP bulk download (the `bulk` module): the backend's veth as a CNI leaves a Pod's
     /// (TSO, GSO and tx checksum offload on, no XDP program, no NAPI); the client's with
     /// tx checksum offload off (kernel sockets sending into the uplink must send finished
     /// checksums) and threaded NAPI (GRO on, so that frames the node redirects with XDP
