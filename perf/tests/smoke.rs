@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 
 const PERF: &str = env!("CARGO_BIN_EXE_juneau-perf");
 
+/// The tests that measure traffic run one at a time: both pin their generator and path
+/// to the same two cores, and the flood test asserts what a client got.
+static TRAFFIC: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Builds a binary of the workspace (same profile as this test) and returns its path.
 fn workspace_binary(package: &str, bin: &str) -> PathBuf {
     let dir = Path::new(PERF).parent().expect("bin dir");
@@ -97,6 +101,7 @@ fn is_png(p: &Path) -> bool {
 
 #[test]
 fn smoke_runs_every_scenario_and_writes_the_report() {
+    let _one_at_a_time = TRAFFIC.lock().unwrap_or_else(|e| e.into_inner());
     let dp = dataplane_binary();
     let cp = control_plane_args();
     let out = std::env::temp_dir().join(format!("juneau-perf-smoke-{}", std::process::id()));
@@ -455,6 +460,7 @@ fn ctrl_c_during_convergence_stops_everything() {
 /// `juneau-perf flood`'s default set: docs/security.md, "Floods at generator rate".)
 #[test]
 fn syn_and_ack_floods_at_generator_rate_spare_the_legitimate_client() {
+    let _one_at_a_time = TRAFFIC.lock().unwrap_or_else(|e| e.into_inner());
     let out = std::env::temp_dir().join(format!("juneau-perf-flood-{}", std::process::id()));
     let output = Command::new(PERF)
         .args([
