@@ -914,7 +914,7 @@ fn a_new_backend_gets_no_packet_before_its_next_hop_is_resolved() -> Result<()> 
     let client = lab.client.name().to_string();
     let mut seen_new_backend = false;
     let mut replaced_in_slow = 0;
-    // The last round's new Pod answers ARP only ~20 ms after its table arrived (the
+    // The last round's new Pod answers ARP only ~45 ms after its table arrived (the
     // kernel re-probes every 40 ms), and a second table, with no backend new to it,
     // arrives while the first is held: it must go on waiting for the first one's.
     lab.node
@@ -956,7 +956,9 @@ fn a_new_backend_gets_no_packet_before_its_next_hop_is_resolved() -> Result<()> 
         let replaced_before = lab.stat("held_tables_replaced");
         if slow {
             lab.writer.publish(&state)?;
-            std::thread::sleep(Duration::from_millis(5));
+            // Longer than the worker's longest idle sleep (--idle-sleep-ms, 10 ms) twice:
+            // it has read the first table, and holds it, before the second arrives.
+            std::thread::sleep(Duration::from_millis(30));
             let mut more = state.clone();
             let mut extra = more.services[0].clone();
             extra.frontend.port += 1000;
