@@ -352,6 +352,12 @@ pub struct Stats {
     pub icmp_frag_needed_limited: u64,
     /// Frames received per AF_XDP socket (`interface/queue`).
     pub rx_packets_per_socket: std::collections::BTreeMap<String, u64>,
+    /// Per served interface, what its kernel counted as dropped on receive
+    /// (`/sys/class/net/<iface>/statistics/rx_dropped`, since the interface was created):
+    /// frames lost before the steering program ran (a full receive queue), which no
+    /// reason of `drops` can count.
+    #[serde(default)]
+    pub interface_rx_dropped: std::collections::BTreeMap<String, u64>,
     /// Drops by reason (every reason present, zero or not).
     pub drops: std::collections::BTreeMap<String, u64>,
     /// Flows held now.

@@ -60,6 +60,11 @@ struct SocketLabel {
     socket: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IfaceLabel {
+    iface: String,
+}
+
 fn counter(r: &mut Registry, name: &str, help: &str, v: u64) {
     let c = Counter::<u64>::default();
     c.inc_by(v);
@@ -290,6 +295,20 @@ fn register_labelled(r: &mut Registry, st: &Stats) {
         "juneau_dataplane_socket_rx_packets",
         "Frames received per AF_XDP socket (interface/queue)",
         sockets,
+    );
+
+    let ifaces = Family::<IfaceLabel, Counter>::default();
+    for (iface, v) in &st.interface_rx_dropped {
+        ifaces
+            .get_or_create(&IfaceLabel {
+                iface: iface.clone(),
+            })
+            .inc_by(*v);
+    }
+    r.register(
+        "juneau_dataplane_interface_rx_dropped",
+        "Frames the kernel dropped on receive on a served interface before the steering program ran (its rx_dropped)",
+        ifaces,
     );
 }
 
@@ -627,6 +646,7 @@ mod tests {
         st.xdp_fast_replies = 12;
         st.flows = 3;
         st.rx_packets_per_socket.insert("eth0/0".into(), 9);
+        st.interface_rx_dropped.insert("eth0".into(), 12);
         st.workers.push(WorkerStats {
             worker: 1,
             rx_packets: 7,
@@ -689,6 +709,7 @@ mod tests {
             "juneau_dataplane_service_draining_backends{vip=\"203.0.113.10\",protocol=\"TCP\",port=\"80\"} 1",
             "juneau_dataplane_redirected_to_peer_packets_total{peer=\"192.0.2.12\"} 4",
             "juneau_dataplane_socket_rx_packets_total{socket=\"eth0/0\"} 9",
+            "juneau_dataplane_interface_rx_dropped_total{iface=\"eth0\"} 12",
             "juneau_dataplane_redirect_notices_dropped_total 0",
             "juneau_dataplane_worker_rx_packets_total{worker=\"1\"} 7",
             "juneau_dataplane_worker_flows{worker=\"1\"} 2",

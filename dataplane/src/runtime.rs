@@ -975,9 +975,10 @@ fn spawn_stats_writer(
         forwarding.settle_thread();
         let mut collector = worker::Collector::new(workers);
         for (w, stats) in stats_rx {
-            let Some(stats) = collector.add(w, stats) else {
+            let Some(mut stats) = collector.add(w, stats) else {
                 continue;
             };
+            stats.interface_rx_dropped = interface_rx_dropped(&stats.rx_packets_per_socket);
             // The node agent's decommission request: checked with each statistics
             // round (a stat a second), off the forwarding threads.
             let request = decommission_dir
@@ -998,6 +999,22 @@ fn spawn_stats_writer(
         }
     })?;
     Ok((stats_tx, h))
+}
+
+/// The kernel's receive drops of every interface with a socket (`interface/queue` keys):
+/// read from sysfs by the statistics thread, off the forwarding path.
+fn interface_rx_dropped(
+    sockets: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    sockets
+        .keys()
+        .filter_map(|k| k.split('/').next())
+        .filter_map(|iface| {
+            let path = format!("/sys/class/net/{iface}/statistics/rx_dropped");
+            let n = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+            Some((iface.to_string(), n))
+        })
+        .collect()
 }
 
 /// The loop's I/O state: frames, sockets, steering, discovered Pod interfaces.
@@ -1858,4 +1875,21 @@ fn collect_stats(
         .entry(DropReason::NewFlowPrefixRateLimited.name().to_string())
         .or_default() += sd.new_flow_prefix_rate;
     st
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interface_drops_are_read_per_interface_and_unknown_ones_skipped() {
+        let sockets: std::collections::BTreeMap<String, u64> = [
+            ("lo/0".to_string(), 1),
+            ("lo/1".to_string(), 2),
+            ("no-such-iface-7/0".to_string(), 3),
+        ]
+        .into();
+        let d = interface_rx_dropped(&sockets);
+        assert_eq!(d.keys().collect::<Vec<_>>(), ["lo"], "{d:?}");
+    }
 }

@@ -2061,6 +2061,13 @@ fn new_flows_from_one_prefix_beyond_its_rate_are_dropped_before_userspace() -> R
     let admitted_max = 2 + 200 + (200.0 * (secs + 2.0)) as u64;
     let flows = s["flows"].as_u64().unwrap_or(u64::MAX);
     ensure!(flows <= admitted_max, "{flows} flows > {admitted_max}: {s}");
+    // The kernel's own receive drops of each served interface are reported beside.
+    for iface in ["up0", "pv0", "pv1"] {
+        ensure!(
+            s["interface_rx_dropped"][iface].as_u64().is_some(),
+            "no interface_rx_dropped for {iface}: {s}"
+        );
+    }
     for c in est.iter_mut() {
         http_get(c).context("established connection after the flood")?;
     }

@@ -70,6 +70,10 @@ pub struct FloodRow {
     pub rx_packets: u64,
     /// Its drops during the flood, by reason (non-zero only).
     pub drops: serde_json::Map<String, serde_json::Value>,
+    /// Frames the kernel dropped on receive on the node's interfaces during the flood,
+    /// before the steering program ran (the dataplane's `interface_rx_dropped`).
+    #[serde(default)]
+    pub kernel_rx_dropped: u64,
 }
 
 impl FloodRow {
@@ -93,7 +97,7 @@ pub fn run(plan: &Plan, kinds: &[FrameKind], seconds: Duration) -> Result<Vec<Fl
         eprintln!("==> flood {name} ({} s)", seconds.as_secs_f64());
         let row = run_one(plan, kind, seconds).with_context(|| format!("flood {name}"))?;
         eprintln!(
-            "    offered {:.0} pps; new connections {} ({} failed); kept-alive {} ({} MiB, longest pause {} ms); flows max {} of {}; drops {:?}",
+            "    offered {:.0} pps; new connections {} ({} failed); kept-alive {} ({} MiB, longest pause {} ms); flows max {} of {}; drops {:?}; kernel drops before XDP {}",
             row.offered_pps,
             row.new_connections,
             row.new_connections_failed,
@@ -102,7 +106,8 @@ pub fn run(plan: &Plan, kinds: &[FrameKind], seconds: Duration) -> Result<Vec<Fl
             row.kept_alive_longest_pause_ms,
             row.flows_max,
             row.flow_capacity,
-            row.drops
+            row.drops,
+            row.kernel_rx_dropped
         );
         rows.push(row);
     }
@@ -208,7 +213,16 @@ fn run_one(plan: &Plan, kind: Option<FrameKind>, seconds: Duration) -> Result<Fl
         flow_capacity: after["flow_capacity"].as_u64().unwrap_or(0),
         rx_packets: counter(&after, &["rx_packets"]) - counter(&before, &["rx_packets"]),
         drops: drops_between(&before, &after),
+        kernel_rx_dropped: kernel_drops(&after).saturating_sub(kernel_drops(&before)),
     })
+}
+
+/// The dataplane's `interface_rx_dropped`, summed over its interfaces.
+fn kernel_drops(stats: &serde_json::Value) -> u64 {
+    stats["interface_rx_dropped"]
+        .as_object()
+        .map(|m| m.values().filter_map(serde_json::Value::as_u64).sum())
+        .unwrap_or(0)
 }
 
 fn read_stats(path: &std::path::Path) -> Result<serde_json::Value> {
@@ -360,7 +374,7 @@ fn kept_alive(vip: SocketAddr, stop: &AtomicBool) -> Legit {
 /// The rows as a Markdown table.
 pub fn markdown(rows: &[FloodRow]) -> String {
     let mut s = String::from(
-        "| flood | to | offered (pps) | new connections (failed) | kept-alive | longest pause (ms) | flows max / capacity | dataplane drops during the flood |\n|---|---|---:|---:|---|---:|---:|---|\n",
+        "| flood | to | offered (pps) | new connections (failed) | kept-alive | longest pause (ms) | flows max / capacity | dataplane drops during the flood | dropped by the kernel before XDP |\n|---|---|---:|---:|---|---:|---:|---|---:|\n",
     );
     for r in rows {
         let drops = if r.drops.is_empty() {
@@ -373,7 +387,7 @@ pub fn markdown(rows: &[FloodRow]) -> String {
                 .join(", ")
         };
         s.push_str(&format!(
-            "| {} | {} | {:.0} | {} ({}) | {} | {} | {} / {} | {} |\n",
+            "| {} | {} | {:.0} | {} ({}) | {} | {} | {} / {} | {} | {} |\n",
             r.flood,
             if r.target.is_empty() { "-" } else { &r.target },
             r.offered_pps,
@@ -383,7 +397,8 @@ pub fn markdown(rows: &[FloodRow]) -> String {
             r.kept_alive_longest_pause_ms,
             r.flows_max,
             r.flow_capacity,
-            drops
+            drops,
+            r.kernel_rx_dropped
         ));
     }
     s
@@ -409,6 +424,7 @@ mod tests {
             flow_capacity: 1 << 20,
             rx_packets: 5_000_000,
             drops: drops.as_object().cloned().unwrap_or_default(),
+            kernel_rx_dropped: 42,
         }
     }
 
@@ -418,6 +434,13 @@ mod tests {
         assert!(!row(1, true, serde_json::json!({})).held());
         assert!(!row(0, false, serde_json::json!({})).held());
         assert!(!row(0, true, serde_json::json!({"flow_table_full": 1})).held());
+    }
+
+    #[test]
+    fn kernel_drops_sum_the_interfaces() {
+        let s = serde_json::json!({"interface_rx_dropped": {"up0": 5, "pv0": 2}});
+        assert_eq!(kernel_drops(&s), 7);
+        assert_eq!(kernel_drops(&serde_json::json!({})), 0);
     }
 
     #[test]
@@ -438,6 +461,6 @@ mod tests {
             md.contains("| syn | 198.19.0.10:9002 | 1000000 | 100 (0) | CUT | 30 |"),
             "{md}"
         );
-        assert!(md.contains("no_flow 7"), "{md}");
+        assert!(md.contains("no_flow 7 | 42 |"), "{md}");
     }
 }
