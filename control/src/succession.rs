@@ -102,13 +102,7 @@ fn write_pid(file: &mut File) {
 pub fn try_take(path: &Path) -> Result<Result<Succession, Held>, SuccessionError> {
     let mut file = open(path)?;
     match file.try_lock() {
-        Ok(()) => {
-            write_pid(&mut file);
-            Ok(Ok(Succession {
-                _file: file,
-                waited: false,
-            }))
-        }
+        Ok(()) => Ok(Ok(taken(file, false))),
         Err(std::fs::TryLockError::WouldBlock) => Ok(Err(Held {
             holder: holder_pid(&mut file),
         })),
@@ -123,21 +117,30 @@ pub fn try_take(path: &Path) -> Result<Result<Succession, Held>, SuccessionError
 /// `waiting` is called once, before the wait, with what is known of the holder. A
 /// signal's default action (SIGTERM: exit) ends the wait with the process.
 pub fn take(path: &Path, waiting: impl FnOnce(Held)) -> Result<Succession, SuccessionError> {
-    let held = match try_take(path)? {
-        Ok(s) => return Ok(s),
-        Err(held) => held,
-    };
-    waiting(held);
     let mut file = open(path)?;
-    file.lock().map_err(|source| SuccessionError::Lock {
+    let lock_error = |source| SuccessionError::Lock {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    match file.try_lock() {
+        Ok(()) => return Ok(taken(file, false)),
+        Err(std::fs::TryLockError::WouldBlock) => {}
+        Err(std::fs::TryLockError::Error(e)) => return Err(lock_error(e)),
+    }
+    waiting(Held {
+        holder: holder_pid(&mut file),
+    });
+    file.lock().map_err(lock_error)?;
+    Ok(taken(file, true))
+}
+
+/// The lock just taken on `file`: this process's pid written into it.
+fn taken(mut file: File, waited: bool) -> Succession {
     write_pid(&mut file);
-    Ok(Succession {
+    Succession {
         _file: file,
-        waited: true,
-    })
+        waited,
+    }
 }
 
 #[cfg(test)]
