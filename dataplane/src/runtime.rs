@@ -1006,9 +1006,10 @@ fn spawn_stats_writer(
 fn interface_rx_dropped(
     sockets: &std::collections::BTreeMap<String, u64>,
 ) -> std::collections::BTreeMap<String, u64> {
-    sockets
-        .keys()
-        .filter_map(|k| k.split('/').next())
+    let ifaces: std::collections::BTreeSet<&str> =
+        sockets.keys().filter_map(|k| k.split('/').next()).collect();
+    ifaces
+        .into_iter()
         .filter_map(|iface| {
             let path = format!("/sys/class/net/{iface}/statistics/rx_dropped");
             let n = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
@@ -1864,16 +1865,9 @@ fn collect_stats(
             })
             .collect();
     }
-    let sd = io.steering.drops();
-    *st.drops
-        .entry(DropReason::PortNotExposed.name().to_string())
-        .or_default() += sd.port_not_exposed;
-    *st.drops
-        .entry(DropReason::UnsupportedProtocol.name().to_string())
-        .or_default() += sd.unsupported_protocol;
-    *st.drops
-        .entry(DropReason::NewFlowPrefixRateLimited.name().to_string())
-        .or_default() += sd.new_flow_prefix_rate;
+    for (reason, n) in io.steering.drops().by_reason() {
+        *st.drops.entry(reason.name().to_string()).or_default() += n;
+    }
     st
 }
 

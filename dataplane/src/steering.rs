@@ -117,6 +117,18 @@ pub struct SteerDrops {
     pub new_flow_prefix_rate: u64,
 }
 
+impl SteerDrops {
+    /// Each count under the drop reason it is reported as.
+    pub fn by_reason(&self) -> [(crate::counters::DropReason, u64); 3] {
+        use crate::counters::DropReason;
+        [
+            (DropReason::PortNotExposed, self.port_not_exposed),
+            (DropReason::UnsupportedProtocol, self.unsupported_protocol),
+            (DropReason::NewFlowPrefixRateLimited, self.new_flow_prefix_rate),
+        ]
+    }
+}
+
 /// The loaded, attached steering program and its maps.
 pub struct Steering {
     bpf: Ebpf,
