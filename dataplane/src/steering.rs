@@ -124,7 +124,10 @@ impl SteerDrops {
         [
             (DropReason::PortNotExposed, self.port_not_exposed),
             (DropReason::UnsupportedProtocol, self.unsupported_protocol),
-            (DropReason::NewFlowPrefixRateLimited, self.new_flow_prefix_rate),
+            (
+                DropReason::NewFlowPrefixRateLimited,
+                self.new_flow_prefix_rate,
+            ),
         ]
     }
 }

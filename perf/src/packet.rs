@@ -128,9 +128,10 @@ impl FrameKind {
 
 /// Writes a complete frame of `kind` for `flow` into `buf` (at least [`FRAME_LEN`]
 /// bytes), checksums valid: a UDP frame as [`write_frame`]; a TCP segment of 20 header
-/// bytes and no data (the frame padded to [`FRAME_LEN`]), sequence number 0, window
-/// 65535; a first fragment as the UDP frame with more-fragments set (no DF).
+/// bytes and no data (`juneau_tests::frames`, the frame padded to [`FRAME_LEN`]),
+/// sequence number 0; a first fragment as the UDP frame with more-fragments set (no DF).
 pub fn write_frame_of(buf: &mut [u8], t: &Template, flow: Flow, kind: FrameKind) {
+    use juneau_tests::frames::{ethernet_ipv4, ipv4_header, tcp_segment};
     write_frame(buf, t, flow);
     let flags = match kind {
         FrameKind::Udp => return,
@@ -145,34 +146,16 @@ pub fn write_frame_of(buf: &mut [u8], t: &Template, flow: Flow, kind: FrameKind)
         FrameKind::Syn => 0x02u8,
         FrameKind::Ack => 0x10u8,
     };
-    let buf = &mut buf[..FRAME_LEN];
-    buf[IP_OFF..].fill(0);
-    let ip_len = 40u16;
-    {
-        let ip = &mut buf[IP_OFF..UDP_OFF];
-        ip[0] = 0x45;
-        ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
-        ip[6] = 0x40; // DF
-        ip[8] = 64;
-        ip[9] = 6;
-        ip[12..16].copy_from_slice(&flow.src_ip.octets());
-        ip[16..20].copy_from_slice(&t.dst_ip.octets());
-        let c = fold(sum16(ip));
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
-    }
-    let tcp = &mut buf[UDP_OFF..UDP_OFF + 20];
-    tcp[0..2].copy_from_slice(&flow.src_port.to_be_bytes());
-    tcp[2..4].copy_from_slice(&t.dst_port.to_be_bytes());
-    tcp[12] = 5 << 4;
-    tcp[13] = flags;
-    tcp[14..16].copy_from_slice(&65535u16.to_be_bytes());
-    let mut pseudo = [0u8; 12];
-    pseudo[0..4].copy_from_slice(&flow.src_ip.octets());
-    pseudo[4..8].copy_from_slice(&t.dst_ip.octets());
-    pseudo[9] = 6;
-    pseudo[10..12].copy_from_slice(&20u16.to_be_bytes());
-    let c = fold(sum16(&pseudo) + sum16(tcp));
-    tcp[16..18].copy_from_slice(&c.to_be_bytes());
+    let (src, dst) = (flow.src_ip.octets(), t.dst_ip.octets());
+    let tcp = tcp_segment(src, dst, flow.src_port, t.dst_port, 0, 0, flags);
+    let frame = ethernet_ipv4(
+        t.dst_mac,
+        t.src_mac,
+        ipv4_header(src, dst, 6, tcp.len()),
+        &tcp,
+    );
+    buf[..FRAME_LEN].fill(0);
+    buf[..frame.len()].copy_from_slice(&frame);
 }
 
 /// Parses "aa:bb:cc:dd:ee:ff".

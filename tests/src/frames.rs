@@ -126,23 +126,39 @@ impl TcpFlood {
     }
 
     fn frame(&self, src: [u8; 4], sport: u16, seq: u32, ack: u32) -> Vec<u8> {
-        let mut tcp = [0u8; 20];
-        tcp[0..2].copy_from_slice(&sport.to_be_bytes());
-        tcp[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
-        tcp[4..8].copy_from_slice(&seq.to_be_bytes());
-        tcp[8..12].copy_from_slice(&ack.to_be_bytes());
-        tcp[12] = 0x50;
-        tcp[13] = self.flags;
-        tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
-        let mut pseudo = Vec::with_capacity(32);
-        pseudo.extend_from_slice(&src);
-        pseudo.extend_from_slice(&self.dst.octets());
-        pseudo.extend_from_slice(&[0, 6, 0, 20]);
-        pseudo.extend_from_slice(&tcp);
-        tcp[16..18].copy_from_slice(&inet_checksum(&pseudo).to_be_bytes());
-        let ip = ipv4_header(src, self.dst.octets(), 6, tcp.len());
+        let dst = self.dst.octets();
+        let tcp = tcp_segment(src, dst, sport, self.dst_port, seq, ack, self.flags);
+        let ip = ipv4_header(src, dst, 6, tcp.len());
         ethernet_ipv4(self.dst_mac, self.src_mac, ip, &tcp)
     }
+}
+
+/// A 20-byte TCP header without data from `src:sport` to `dst:dport`, with `flags`,
+/// window 64240 and its checksum (over the pseudo-header) filled in.
+pub fn tcp_segment(
+    src: [u8; 4],
+    dst: [u8; 4],
+    sport: u16,
+    dport: u16,
+    seq: u32,
+    ack: u32,
+    flags: u8,
+) -> [u8; 20] {
+    let mut tcp = [0u8; 20];
+    tcp[0..2].copy_from_slice(&sport.to_be_bytes());
+    tcp[2..4].copy_from_slice(&dport.to_be_bytes());
+    tcp[4..8].copy_from_slice(&seq.to_be_bytes());
+    tcp[8..12].copy_from_slice(&ack.to_be_bytes());
+    tcp[12] = 0x50;
+    tcp[13] = flags;
+    tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
+    let mut pseudo = Vec::with_capacity(32);
+    pseudo.extend_from_slice(&src);
+    pseudo.extend_from_slice(&dst);
+    pseudo.extend_from_slice(&[0, 6, 0, 20]);
+    pseudo.extend_from_slice(&tcp);
+    tcp[16..18].copy_from_slice(&inet_checksum(&pseudo).to_be_bytes());
+    tcp
 }
 
 /// Sends raw frames out of `ifname` in namespace `ns`, in bursts of 500 with a 5 ms
