@@ -28,7 +28,7 @@
 // records.
 //
 // A redirect to an empty AF_XDP slot (the dataplane process is down) drops the packet
-// (`XDP_DROP` as the redirect fallback): TCP retransmits until the process is back.
+// and counts it (`to_userspace`, SD_NO_SOCKET): TCP retransmits until the process is back.
 //
 // The flow table is written by userspace only (through mmap); this program only reads
 // it. See docs/dataplane.md "Flow table" for the concurrency argument.
@@ -70,6 +70,7 @@
 #define SD_PORT_NOT_EXPOSED 0
 #define SD_UNSUPPORTED_PROTOCOL 1
 #define SD_NEW_FLOW_PREFIX_RATE 2
+#define SD_NO_SOCKET 3
 
 struct iface_conf {
 	__u32 slot_base; // xsks index of the socket on RX queue 0 of this interface
@@ -320,6 +321,18 @@ static __always_inline int count_drop(__u32 reason)
 	if (c)
 		*c += 1;
 	return XDP_DROP;
+}
+
+// Hands the packet to userspace through the AF_XDP socket in `slot`. With no socket
+// there (the dataplane restarting, or handing over to its successor; a queue not
+// registered yet) it is dropped, and counted (SD_NO_SOCKET): a packet of Juneau's never
+// reaches the kernel un-NATed.
+static __always_inline int to_userspace(__u32 slot)
+{
+	long r = bpf_redirect_map(&xsks, slot, XDP_DROP);
+	if (r != XDP_REDIRECT)
+		return count_drop(SD_NO_SOCKET);
+	return (int)r;
 }
 
 // The 64x64->128-bit product `a * b`: the high half returned, the low half in `lo`. BPF
@@ -880,7 +893,7 @@ static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *en
 		if (bpf_map_lookup_elem(&frontends, &key)) {
 			if (no_flow && !admit_new_flow(ip->saddr))
 				return count_drop(SD_NEW_FLOW_PREFIX_RATE);
-			return bpf_redirect_map(&xsks, slot, XDP_DROP);
+			return to_userspace(slot);
 		}
 	}
 	if (!bpf_map_lookup_elem(&vips, &ip->daddr)) {
@@ -895,13 +908,13 @@ static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *en
 					   .proto = IPPROTO_UDP, .pad = 0 };
 		if (!bpf_map_lookup_elem(&redirect_in, &rk))
 			return XDP_PASS;
-		return bpf_redirect_map(&xsks, slot, XDP_DROP);
+		return to_userspace(slot);
 	}
 	if (ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))
-		return bpf_redirect_map(&xsks, slot, XDP_DROP); // counted by userspace
+		return to_userspace(slot); // counted by userspace
 	if (l4) {
 		if ((void *)(ports + 2) > end)
-			return bpf_redirect_map(&xsks, slot, XDP_DROP); // malformed: counted
+			return to_userspace(slot); // malformed: counted
 		return count_drop(SD_PORT_NOT_EXPOSED); // (an exposed port was found above)
 	}
 	if (ip->protocol != IPPROTO_ICMP)
@@ -922,7 +935,7 @@ static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *en
 	key.proto = q->protocol;
 	if (!bpf_map_lookup_elem(&frontends, &key))
 		return count_drop(SD_PORT_NOT_EXPOSED);
-	return bpf_redirect_map(&xsks, slot, XDP_DROP);
+	return to_userspace(slot);
 }
 
 // A Pod interface's fast part: a TCP/UDP packet that is no flow's reply passes; a
@@ -970,7 +983,7 @@ static __always_inline int pod_fast(struct xdp_md *ctx, struct iphdr *ip, void *
 static __always_inline int pod(struct xdp_md *ctx, struct iphdr *ip, void *end, __u32 slot)
 {
 	if (ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP)
-		return bpf_redirect_map(&xsks, slot, XDP_DROP);
+		return to_userspace(slot);
 	if (ip->protocol != IPPROTO_ICMP || ip->ihl != 5)
 		return XDP_PASS;
 	// An ICMP error a backend sends about a packet of a flow (client -> backend): the
@@ -986,7 +999,7 @@ static __always_inline int pod(struct xdp_md *ctx, struct iphdr *ip, void *end, 
 	__be16 *qports = (void *)(q + 1);
 	if (!reply_of_held_flow(q->daddr, q->saddr, qports[1], qports[0], q->protocol))
 		return XDP_PASS;
-	return bpf_redirect_map(&xsks, slot, XDP_DROP);
+	return to_userspace(slot);
 }
 
 // Whether the packet arrived on an uplink (`uplinks`; ifindexes are never 0).

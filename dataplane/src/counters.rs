@@ -101,11 +101,15 @@ pub enum DropReason {
     /// admission (`--new-flow-prefix-rate`): dropped by the steering program before it
     /// reached userspace.
     NewFlowPrefixRateLimited,
+    /// A packet for userspace while no AF_XDP socket was registered on its queue (the
+    /// dataplane restarting or handing over to its successor): dropped by the steering
+    /// program, counted in its pinned map across the restart.
+    NoSocket,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 34] = [
+    pub const ALL: [DropReason; 35] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -140,6 +144,7 @@ impl DropReason {
         DropReason::FragmentExpired,
         DropReason::FragmentHeldFull,
         DropReason::NewFlowPrefixRateLimited,
+        DropReason::NoSocket,
     ];
 
     /// The label used in metrics and the stats file.
@@ -179,6 +184,7 @@ impl DropReason {
             DropReason::FragmentExpired => "fragment_expired",
             DropReason::FragmentHeldFull => "fragment_held_full",
             DropReason::NewFlowPrefixRateLimited => "new_flow_prefix_rate_limited",
+            DropReason::NoSocket => "no_socket",
         }
     }
 }

@@ -43,6 +43,7 @@ const BPF_F_MMAPABLE: u32 = 1 << 10;
 const SD_PORT_NOT_EXPOSED: u32 = 0;
 const SD_UNSUPPORTED_PROTOCOL: u32 = 1;
 const SD_NEW_FLOW_PREFIX_RATE: u32 = 2;
+const SD_NO_SOCKET: u32 = 3;
 
 /// The new-flow admission (`struct admit_conf` in bpf/steer.c): packets of no flow to an
 /// exposed VIP:port, per source /24 and second.
@@ -115,11 +116,13 @@ pub struct SteerDrops {
     pub unsupported_protocol: u64,
     /// Packets of no flow beyond their source /24's new-flow admission.
     pub new_flow_prefix_rate: u64,
+    /// Packets for userspace while no AF_XDP socket was in their queue's slot.
+    pub no_socket: u64,
 }
 
 impl SteerDrops {
     /// Each count under the drop reason it is reported as.
-    pub fn by_reason(&self) -> [(crate::counters::DropReason, u64); 3] {
+    pub fn by_reason(&self) -> [(crate::counters::DropReason, u64); 4] {
         use crate::counters::DropReason;
         [
             (DropReason::PortNotExposed, self.port_not_exposed),
@@ -128,6 +131,7 @@ impl SteerDrops {
                 DropReason::NewFlowPrefixRateLimited,
                 self.new_flow_prefix_rate,
             ),
+            (DropReason::NoSocket, self.no_socket),
         ]
     }
 }
@@ -812,6 +816,7 @@ impl Steering {
             port_not_exposed: sum(SD_PORT_NOT_EXPOSED),
             unsupported_protocol: sum(SD_UNSUPPORTED_PROTOCOL),
             new_flow_prefix_rate: sum(SD_NEW_FLOW_PREFIX_RATE),
+            no_socket: sum(SD_NO_SOCKET),
         }
     }
 
