@@ -271,45 +271,47 @@ fn register_gauges(r: &mut Registry, st: &Stats) {
     }
 }
 
-/// Drops by reason and frames per AF_XDP socket.
+/// Drops by reason, frames per AF_XDP socket, the kernel's receive drops per interface.
 fn register_labelled(r: &mut Registry, st: &Stats) {
-    let drops = Family::<ReasonLabel, Counter>::default();
-    for (reason, v) in &st.drops {
-        drops
-            .get_or_create(&ReasonLabel {
-                reason: reason.clone(),
-            })
-            .inc_by(*v);
-    }
-    r.register("juneau_dataplane_drops", "Frames dropped, by reason", drops);
-
-    let sockets = Family::<SocketLabel, Counter>::default();
-    for (socket, v) in &st.rx_packets_per_socket {
-        sockets
-            .get_or_create(&SocketLabel {
-                socket: socket.clone(),
-            })
-            .inc_by(*v);
-    }
-    r.register(
+    counters_by(
+        r,
+        "juneau_dataplane_drops",
+        "Frames dropped, by reason",
+        st.drops.iter().map(|(reason, v)| {
+            let reason = reason.clone();
+            (ReasonLabel { reason }, *v)
+        }),
+    );
+    counters_by(
+        r,
         "juneau_dataplane_socket_rx_packets",
         "Frames received per AF_XDP socket (interface/queue)",
-        sockets,
+        st.rx_packets_per_socket.iter().map(|(socket, v)| {
+            let socket = socket.clone();
+            (SocketLabel { socket }, *v)
+        }),
     );
-
-    let ifaces = Family::<IfaceLabel, Counter>::default();
-    for (iface, v) in &st.interface_rx_dropped {
-        ifaces
-            .get_or_create(&IfaceLabel {
-                iface: iface.clone(),
-            })
-            .inc_by(*v);
-    }
-    r.register(
+    counters_by(
+        r,
         "juneau_dataplane_interface_rx_dropped",
         "Frames the kernel dropped on receive on a served interface before the steering program ran (its rx_dropped)",
-        ifaces,
+        st.interface_rx_dropped.iter().map(|(iface, v)| {
+            let iface = iface.clone();
+            (IfaceLabel { iface }, *v)
+        }),
     );
+}
+
+/// Registers the counter family `name`, one series per `(labels, value)`.
+fn counters_by<L>(r: &mut Registry, name: &str, help: &str, series: impl Iterator<Item = (L, u64)>)
+where
+    L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
+{
+    let family = Family::<L, Counter>::default();
+    for (labels, v) in series {
+        family.get_or_create(&labels).inc_by(v);
+    }
+    r.register(name, help, family);
 }
 
 /// The loop-gap histogram, bucketed by the workers; encoded as a Prometheus histogram.
