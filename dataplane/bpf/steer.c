@@ -5,7 +5,9 @@
 // interface's AF_XDP socket only what belongs to Juneau:
 //   - on the uplink: IPv4 TCP/UDP packets to a VIP:port/proto a Service exposes (map
 //     `frontends`; established flows' packets are fast-pathed before that look-up), ICMP errors quoting a packet from such a VIP:port, and fragments /
-//     packets with IP options to a VIP (userspace counts and drops them). Anything else
+//     packets with IP options to a VIP (userspace counts and drops them), and UDP to
+//     this node's redirect address:port from a peer node (`redirect_in`, `redirect_from`;
+//     from any other source it is dropped and counted). Anything else
 //     to a VIP address (an unexposed port, ICMP echo, other protocols) is dropped here
 //     and counted in `steer_drops`: the node owns no VIP address, so the kernel would
 //     only route it back towards the router.
@@ -71,6 +73,7 @@
 #define SD_UNSUPPORTED_PROTOCOL 1
 #define SD_NEW_FLOW_PREFIX_RATE 2
 #define SD_NO_SOCKET 3
+#define SD_REDIRECT_NOT_FROM_PEER 4
 
 struct iface_conf {
 	__u32 slot_base; // xsks index of the socket on RX queue 0 of this interface
@@ -241,9 +244,20 @@ struct {
 	__type(value, __u8);
 } redirect_in SEC(".maps");
 
+// The peer nodes redirected packets and notices are taken from (issue 25; userspace
+// writes every peer of every VIP, as the engine accepts them): UDP to `redirect_in`
+// from any other source is dropped here (SD_REDIRECT_NOT_FROM_PEER), before it costs a
+// ring slot and a wake-up.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __be32);
+	__type(value, __u8);
+} redirect_from SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 4);
+	__uint(max_entries, 8);
 	__type(key, __u32);
 	__type(value, __u64);
 } steer_drops SEC(".maps");
@@ -908,6 +922,8 @@ static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *en
 					   .proto = IPPROTO_UDP, .pad = 0 };
 		if (!bpf_map_lookup_elem(&redirect_in, &rk))
 			return XDP_PASS;
+		if (!bpf_map_lookup_elem(&redirect_from, &ip->saddr))
+			return count_drop(SD_REDIRECT_NOT_FROM_PEER);
 		return to_userspace(slot);
 	}
 	if (ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)))

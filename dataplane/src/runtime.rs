@@ -1730,10 +1730,18 @@ fn forward_loop(
 }
 
 /// Steers redirected packets to this node's redirect address (issue 12), once it is known
-/// (given, or published by the node agent) and whenever it changes; says once, and on
+/// (given, or published by the node agent) and whenever it changes, from its peers only
+/// (issue 25: the steering program drops the rest); says once, and on
 /// every change, whether the channel is authenticated (issue 25: the key ids in force).
 fn listen_redirects(steering: &mut crate::steering::Steering, engine: &Engine) -> Result<()> {
     if let Some(r) = engine.redirect().filter(|r| r.active()) {
+        // The peers first: the program takes redirects only from them.
+        let peers: Vec<std::net::Ipv4Addr> = r
+            .all_peers()
+            .iter()
+            .map(|p| std::net::Ipv4Addr::from(*p))
+            .collect();
+        steering.set_redirect_peers(&peers)?;
         let node = std::net::Ipv4Addr::from(r.node());
         if steering.listening_redirects() != Some((node, r.port())) {
             steering.listen_redirects(node, r.port())?;

@@ -44,6 +44,11 @@ const SD_PORT_NOT_EXPOSED: u32 = 0;
 const SD_UNSUPPORTED_PROTOCOL: u32 = 1;
 const SD_NEW_FLOW_PREFIX_RATE: u32 = 2;
 const SD_NO_SOCKET: u32 = 3;
+const SD_REDIRECT_NOT_FROM_PEER: u32 = 4;
+
+/// Most peer nodes the steering program takes redirected packets from (`redirect_from`;
+/// Kubernetes supports clusters of 5 000 nodes).
+pub const MAX_REDIRECT_PEERS: usize = 8192;
 
 /// The new-flow admission (`struct admit_conf` in bpf/steer.c): packets of no flow to an
 /// exposed VIP:port, per source /24 and second.
@@ -118,11 +123,13 @@ pub struct SteerDrops {
     pub new_flow_prefix_rate: u64,
     /// Packets for userspace while no AF_XDP socket was in their queue's slot.
     pub no_socket: u64,
+    /// UDP to this node's redirect address and port from a source that is no peer node.
+    pub redirect_not_from_peer: u64,
 }
 
 impl SteerDrops {
     /// Each count under the drop reason it is reported as.
-    pub fn by_reason(&self) -> [(crate::counters::DropReason, u64); 4] {
+    pub fn by_reason(&self) -> [(crate::counters::DropReason, u64); 5] {
         use crate::counters::DropReason;
         [
             (DropReason::PortNotExposed, self.port_not_exposed),
@@ -132,6 +139,7 @@ impl SteerDrops {
                 self.new_flow_prefix_rate,
             ),
             (DropReason::NoSocket, self.no_socket),
+            (DropReason::RedirectNotFromPeer, self.redirect_not_from_peer),
         ]
     }
 }
@@ -155,6 +163,8 @@ pub struct Steering {
     frontends: BpfHashMap<MapData, FrontendKey, u8>,
     steer_drops: PerCpuArray<MapData, u64>,
     admit_conf: Array<MapData, NewFlowAdmission>,
+    redirect_from: BpfHashMap<MapData, [u8; 4], u8>,
+    installed_redirect_from: HashSet<Ipv4Addr>,
     installed_vips: HashSet<Ipv4Addr>,
     installed_frontends: HashSet<(Ipv4Addr, u16, u8)>,
     links: HashMap<String, FdLink>,
@@ -191,7 +201,7 @@ fn expected_maps(
     records: u32,
     slots: u32,
     workers: u32,
-) -> [(&'static str, u32, u32, u32, u32); 14] {
+) -> [(&'static str, u32, u32, u32, u32); 15] {
     [
         ("xsks", 4, 4, 4096, 0),
         ("ifaces", 4, 12, 256, 0),
@@ -202,6 +212,7 @@ fn expected_maps(
         ("flow_index", 4, 8, slots, BPF_F_MMAPABLE),
         ("flow_records", 4, 32, records, BPF_F_MMAPABLE),
         ("redirect_in", 8, 1, 16, 0),
+        ("redirect_from", 4, 1, MAX_REDIRECT_PEERS as u32, 0),
         (
             "fast_slots",
             4,
@@ -211,7 +222,7 @@ fn expected_maps(
         ),
         // Pinned so that a reused program (see `PROG_PIN`) and this process count in the
         // same map.
-        ("steer_drops", 4, 8, 4, 0),
+        ("steer_drops", 4, 8, 8, 0),
         ("steer_build", 4, 8, 1, 0),
         ("admit_conf", 4, 16, 1, 0),
         ("admit_prefix", 4, 16, 65536, 0),
@@ -298,7 +309,27 @@ fn load_and_pin_program(bpf: &mut Ebpf, pin_dir: &Path, pinned: bool, id: u64) -
     Ok(())
 }
 
-fn pinned_mismatch(dir: &Path, records: u32, slots: u32, workers: u32) -> Option<String> {
+/// Maps whose contents are the flow tables (and the fast path's view of them): replaced
+/// together or not at all, and replacing them loses the previous run's flows.
+const FLOW_MAPS: [&str; 4] = ["flow_meta", "flow_index", "flow_records", "fast_slots"];
+
+/// A pinned map this binary cannot reuse, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Mismatch {
+    map: &'static str,
+    reason: String,
+}
+
+impl Mismatch {
+    fn holds_flows(&self) -> bool {
+        FLOW_MAPS.contains(&self.map)
+    }
+}
+
+/// The pinned maps in `dir` that cannot be reused (another size, flags or flow-table
+/// layout). A map missing from `dir` is no mismatch: it is created.
+fn pinned_mismatches(dir: &Path, records: u32, slots: u32, workers: u32) -> Vec<Mismatch> {
+    let mut found = Vec::new();
     for (name, key, value, max, flags) in expected_maps(records, slots, workers) {
         let path = dir.join(name);
         if !path.exists() {
@@ -306,7 +337,13 @@ fn pinned_mismatch(dir: &Path, records: u32, slots: u32, workers: u32) -> Option
         }
         let info = match MapData::from_pin(&path).and_then(|m| m.info()) {
             Ok(i) => i,
-            Err(e) => return Some(format!("pinned map {} unreadable: {e}", path.display())),
+            Err(e) => {
+                found.push(Mismatch {
+                    map: name,
+                    reason: format!("pinned map {} unreadable: {e}", path.display()),
+                });
+                continue;
+            }
         };
         let got = (
             info.key_size(),
@@ -315,34 +352,58 @@ fn pinned_mismatch(dir: &Path, records: u32, slots: u32, workers: u32) -> Option
             info.map_flags(),
         );
         if got != (key, value, max, flags) {
-            return Some(format!(
-                "pinned map {name} has key/value/entries/flags {got:?}, this binary needs {:?} (changed --flow-capacity, --workers or a new version)",
-                (key, value, max, flags)
-            ));
+            found.push(Mismatch {
+                map: name,
+                reason: format!(
+                    "pinned map {name} has key/value/entries/flags {got:?}, this binary needs {:?} (changed --flow-capacity, --workers or a new version)",
+                    (key, value, max, flags)
+                ),
+            });
         }
     }
+    if let Some(reason) = flow_layout_mismatch(dir) {
+        found.push(Mismatch {
+            map: "flow_meta",
+            reason,
+        });
+    }
+    found
+}
+
+/// Why the pinned flow table's layout is not this binary's, if it is not.
+fn flow_layout_mismatch(dir: &Path) -> Option<String> {
     let meta = dir.join("flow_meta");
-    if meta.exists() {
-        let m = MapData::from_pin(&meta)
-            .map_err(anyhow::Error::from)
-            .and_then(|m| {
-                Ok(Array::<MapData, [u64; 8]>::try_from(
-                    aya::maps::Map::Array(m),
-                )?)
-            })
-            .and_then(|a| Ok(a.get(&0, 0)?));
-        match m {
-            Ok(words) if words[0] == FLOW_MAGIC && words[1] as u32 != LAYOUT_VERSION => {
-                return Some(format!(
-                    "pinned flow table has layout version {}, this binary uses {LAYOUT_VERSION}",
-                    words[1] as u32
-                ));
-            }
-            Ok(_) => {}
-            Err(e) => return Some(format!("pinned flow_meta unreadable: {e}")),
-        }
+    if !meta.exists() {
+        return None;
     }
-    None
+    let m = MapData::from_pin(&meta)
+        .map_err(anyhow::Error::from)
+        .and_then(|m| {
+            Ok(Array::<MapData, [u64; 8]>::try_from(
+                aya::maps::Map::Array(m),
+            )?)
+        })
+        .and_then(|a| Ok(a.get(&0, 0)?));
+    match m {
+        Ok(words) if words[0] == FLOW_MAGIC && words[1] as u32 != LAYOUT_VERSION => Some(format!(
+            "pinned flow table has layout version {}, this binary uses {LAYOUT_VERSION}",
+            words[1] as u32
+        )),
+        Ok(_) => None,
+        Err(e) => Some(format!("pinned flow_meta unreadable: {e}")),
+    }
+}
+
+/// The pins to remove for `mismatches`: the mismatched maps, and every flow map with
+/// any of them (the flow tables go together).
+fn pins_to_replace(mismatches: &[Mismatch]) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = mismatches.iter().map(|m| m.map).collect();
+    if mismatches.iter().any(Mismatch::holds_flows) {
+        names.extend(FLOW_MAPS);
+    }
+    names.sort_unstable();
+    names.dedup();
+    names
 }
 
 fn link_pin(dir: &Path, iface: &str) -> PathBuf {
@@ -488,7 +549,8 @@ impl Steering {
 
     /// Loads the program with its maps pinned under `pin_dir` (created if missing),
     /// reusing the pinned maps of a previous run when they fit (same sizes and flow-table
-    /// layout), otherwise replacing them (the reason is returned, for the log). Returns
+    /// layout), otherwise replacing them: a map that holds no flows alone, the flow maps
+    /// together (why is returned, for the log: the previous run's flows are lost). Returns
     /// the flow tables' shared regions (mapped; one table per forwarding worker, each of
     /// `flow_capacity / workers` flows), for [`crate::flow::FlowTable::open_group`].
     pub fn load(
@@ -509,15 +571,22 @@ impl Steering {
         let records = (each * workers) as u32;
         let slots = (index_slots(each) * workers) as u32;
         let workers = workers as u32;
-        let replaced = if pinned {
-            pinned_mismatch(pin_dir, records, slots, workers)
+        let mismatches = if pinned {
+            pinned_mismatches(pin_dir, records, slots, workers)
         } else {
-            None
+            Vec::new()
         };
-        if replaced.is_some() {
-            for (name, ..) in expected_maps(records, slots, workers) {
-                let _ = std::fs::remove_file(pin_dir.join(name));
-            }
+        // Only a replaced flow map loses flows (returned, for the log); the others (drop
+        // counters, admission, redirect maps) are replaced alone.
+        let replaced = mismatches
+            .iter()
+            .find(|m| m.holds_flows())
+            .map(|m| m.reason.clone());
+        for m in mismatches.iter().filter(|m| !m.holds_flows()) {
+            tracing::info!(map = m.map, reason = %m.reason, "pinned map replaced (flows kept)");
+        }
+        for name in pins_to_replace(&mismatches) {
+            let _ = std::fs::remove_file(pin_dir.join(name));
         }
         let mut loader = EbpfLoader::new();
         loader
@@ -572,6 +641,12 @@ impl Steering {
         let frontends: BpfHashMap<MapData, FrontendKey, u8> = take(&mut bpf, "frontends")?;
         let steer_drops = take(&mut bpf, "steer_drops")?;
         let admit_conf = take(&mut bpf, "admit_conf")?;
+        let redirect_from: BpfHashMap<MapData, [u8; 4], u8> = take(&mut bpf, "redirect_from")?;
+        let installed_redirect_from = redirect_from
+            .keys()
+            .filter_map(|k| k.ok())
+            .map(Ipv4Addr::from)
+            .collect();
         // What a previous run installed stays until the first sync removes what is gone.
         let installed_vips = vips
             .keys()
@@ -584,7 +659,8 @@ impl Steering {
             .map(|k| (Ipv4Addr::from(k.addr), u16::from_be_bytes(k.port), k.proto))
             .collect();
         let id = build_id(records, slots, workers);
-        let reused = if pinned && replaced.is_none() {
+        // A pinned program uses the pinned maps: reused only when every one was kept.
+        let reused = if pinned && mismatches.is_empty() {
             reusable_program(&mut bpf, pin_dir, id)
         } else {
             None
@@ -609,6 +685,8 @@ impl Steering {
             frontends,
             steer_drops,
             admit_conf,
+            redirect_from,
+            installed_redirect_from,
             installed_vips,
             installed_frontends,
             links: HashMap::new(),
@@ -760,6 +838,43 @@ impl Steering {
         self.redirect_listen
     }
 
+    /// Makes `redirect_from` hold exactly `peers`: the nodes whose redirected packets and
+    /// notices reach userspace (the program drops the rest as `redirect_not_from_peer`).
+    /// New peers are added before old ones are removed; the same set again changes
+    /// nothing. More than [`MAX_REDIRECT_PEERS`] is an error and changes nothing.
+    pub fn set_redirect_peers(&mut self, peers: &[Ipv4Addr]) -> Result<()> {
+        let want: HashSet<Ipv4Addr> = peers.iter().copied().collect();
+        if want == self.installed_redirect_from {
+            return Ok(());
+        }
+        if want.len() > MAX_REDIRECT_PEERS {
+            bail!(
+                "{} redirect peers: the steering program takes at most {MAX_REDIRECT_PEERS}",
+                want.len()
+            );
+        }
+        let new: Vec<Ipv4Addr> = want
+            .difference(&self.installed_redirect_from)
+            .copied()
+            .collect();
+        for p in new {
+            self.redirect_from
+                .insert(p.octets(), 1, 0)
+                .with_context(|| format!("taking redirects from {p}"))?;
+            self.installed_redirect_from.insert(p);
+        }
+        let gone: Vec<Ipv4Addr> = self
+            .installed_redirect_from
+            .difference(&want)
+            .copied()
+            .collect();
+        for p in gone {
+            let _ = self.redirect_from.remove(&p.octets());
+            self.installed_redirect_from.remove(&p);
+        }
+        Ok(())
+    }
+
     /// Puts an AF_XDP socket into the redirect map at `slot`.
     pub fn register_socket(&mut self, slot: u32, fd: &impl AsRawFd) -> Result<()> {
         self.xsks
@@ -817,6 +932,7 @@ impl Steering {
             unsupported_protocol: sum(SD_UNSUPPORTED_PROTOCOL),
             new_flow_prefix_rate: sum(SD_NEW_FLOW_PREFIX_RATE),
             no_socket: sum(SD_NO_SOCKET),
+            redirect_not_from_peer: sum(SD_REDIRECT_NOT_FROM_PEER),
         }
     }
 
@@ -1020,6 +1136,123 @@ mod tests {
         assert!(replaced.is_some(), "another capacity replaces the maps");
         assert!(!other.program_reused());
         assert_ne!(program_id(&mut other), id);
+    }
+
+    /// UDP to the node's redirect address and port reaches userspace from a peer node
+    /// only: from any other source the program drops it as `redirect_not_from_peer`; a
+    /// peer that left the set is a stranger again. Loads BPF: needs root.
+    #[test]
+    fn redirects_from_a_node_that_is_no_peer_are_dropped_in_the_program() {
+        use juneau_tests::frames::{ethernet_ipv4, ipv4_header};
+        let dir = tempfile::tempdir().unwrap();
+        let (mut st, _, _) = Steering::load(dir.path(), 1024, 1, false)
+            .expect("loading the steering program (run as root)");
+        st.configure_test_uplink().unwrap();
+        let node = Ipv4Addr::new(10, 0, 0, 1);
+        let peer = Ipv4Addr::new(10, 0, 0, 2);
+        st.listen_redirects(node, 7411).unwrap();
+        st.set_redirect_peers(&[peer]).unwrap();
+        let from = |src: Ipv4Addr| {
+            let mut udp = vec![0u8; 40];
+            udp[0..2].copy_from_slice(&7411u16.to_be_bytes());
+            udp[2..4].copy_from_slice(&7411u16.to_be_bytes());
+            udp[4..6].copy_from_slice(&40u16.to_be_bytes());
+            ethernet_ipv4(
+                [2; 6],
+                [4; 6],
+                ipv4_header(src.octets(), node.octets(), 17, udp.len()),
+                &udp,
+            )
+        };
+        const XDP_DROP: u32 = 1;
+        let (v, _) = st
+            .test_run(&from(Ipv4Addr::new(203, 0, 113, 9)), 1)
+            .unwrap();
+        assert_eq!(v, XDP_DROP);
+        assert_eq!(st.drops().redirect_not_from_peer, 1);
+        assert_eq!(st.drops().no_socket, 0);
+        // The peer's datagram goes to userspace: no socket in this test, so the
+        // program counts it as no_socket, not as a stranger's.
+        st.test_run(&from(peer), 1).unwrap();
+        assert_eq!(st.drops().redirect_not_from_peer, 1);
+        assert_eq!(st.drops().no_socket, 1);
+        // The same set again changes nothing; an empty one makes the peer a stranger.
+        st.set_redirect_peers(&[peer, peer]).unwrap();
+        st.test_run(&from(peer), 1).unwrap();
+        assert_eq!(st.drops().no_socket, 2);
+        st.set_redirect_peers(&[]).unwrap();
+        st.test_run(&from(peer), 1).unwrap();
+        assert_eq!(st.drops().redirect_not_from_peer, 2);
+        // Too many peers is refused and changes nothing.
+        let many: Vec<Ipv4Addr> = (0..=MAX_REDIRECT_PEERS as u32)
+            .map(|i| Ipv4Addr::from(0x0a01_0000 + i))
+            .collect();
+        let e = st.set_redirect_peers(&many).unwrap_err().to_string();
+        assert!(e.contains("at most 8192"), "{e}");
+        st.set_redirect_peers(&[peer]).unwrap();
+        st.test_run(&from(peer), 1).unwrap();
+        assert_eq!(st.drops().no_socket, 3);
+    }
+
+    /// A mismatched map that holds no flows is replaced alone (an upgrade that grows
+    /// the drop counters keeps the flows); any flow map takes the others with it.
+    #[test]
+    fn only_a_mismatched_flow_map_replaces_the_flow_tables() {
+        let m = |map| Mismatch {
+            map,
+            reason: String::new(),
+        };
+        assert_eq!(pins_to_replace(&[]), Vec::<&str>::new());
+        assert_eq!(pins_to_replace(&[m("steer_drops")]), ["steer_drops"]);
+        assert!(!m("steer_drops").holds_flows());
+        let all = pins_to_replace(&[m("admit_conf"), m("flow_index")]);
+        assert_eq!(
+            all,
+            [
+                "admit_conf",
+                "fast_slots",
+                "flow_index",
+                "flow_meta",
+                "flow_records"
+            ]
+        );
+    }
+
+    /// Pinned maps of another size are replaced on load; the flows survive when only a
+    /// map without flows changed. Loads BPF: needs root.
+    #[test]
+    fn a_grown_counter_map_is_replaced_without_losing_the_flow_tables() {
+        let fs = Bpffs::new();
+        let pin = fs.0.path().join("node");
+        let (first, _, _) = Steering::load(&pin, 1024, 1, false).unwrap();
+        drop(first);
+        // An older build's smaller drop counters.
+        let old = pin.join("steer_drops");
+        std::fs::remove_file(&old).unwrap();
+        let ok = std::process::Command::new("bpftool")
+            .args(["map", "create"])
+            .arg(&old)
+            .args([
+                "type",
+                "percpu_array",
+                "key",
+                "4",
+                "value",
+                "8",
+                "entries",
+                "4",
+                "name",
+                "steer_drops",
+            ])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "bpftool map create (bpftool is a test prerequisite)");
+        let (mut again, _, replaced) = Steering::load(&pin, 1024, 1, false).unwrap();
+        assert!(replaced.is_none(), "flows kept: {replaced:?}");
+        assert!(!again.program_reused(), "its maps changed: verified again");
+        again.configure_test_uplink().unwrap();
+        assert_eq!(again.drops(), SteerDrops::default());
     }
 
     #[test]

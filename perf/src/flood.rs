@@ -1,7 +1,7 @@
 //! Floods at generator rate against a node serving real traffic (docs/security.md,
 //! "Floods at generator rate"): the live-frames generator sends one kind of hostile
-//! packet — random-source SYNs, ACKs of no connection, UDP datagrams, first fragments —
-//! as fast as its core allows, from a million source address and port pairs, while a
+//! packet — random-source SYNs, ACKs of no connection, UDP datagrams, first fragments,
+//! UDP to the redirect channel's port from nodes that are no peer — as fast as its core allows, from a million source address and port pairs, while a
 //! real TCP client in the client namespace keeps one connection reading through the VIP
 //! and opens new ones one after the other. A row says what the flood offered, what the
 //! legitimate traffic got (every new connection served? the kept-alive one never cut,
@@ -25,7 +25,75 @@ use crate::bulk::{self, Pattern, Server};
 use crate::harness::{self, Gen, GenSpec};
 use crate::packet::FrameKind;
 use crate::plan::{self, Plan, Scenario};
-use crate::topology::{Ends, Topology, BACKEND_BULK_PORT, BULK_PORT, LOAD_PORT, VIP};
+use crate::topology::{
+    Ends, Topology, BACKEND_BULK_PORT, BULK_PORT, LOAD_PORT, NODE_CLIENT_IP, VIP,
+};
+
+/// A redirect peer the node is given in the `redirect-port` flood (no such node exists:
+/// the flood is about packets from strangers, and new connections start with a SYN the
+/// node serves itself).
+const FLOOD_REDIRECT_PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 3);
+
+/// What a flood sends, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FloodKind {
+    /// Random-source TCP SYNs to the TCP service.
+    Syn,
+    /// TCP ACKs of no connection to the TCP service.
+    Ack,
+    /// UDP datagrams to the UDP service.
+    Udp,
+    /// First fragments (more fragments set) to the UDP service.
+    Fragment,
+    /// UDP datagrams to the node's redirect address and port (7411) from random
+    /// sources, none of them a peer node: forged questions and notices from outside.
+    RedirectPort,
+}
+
+impl FloodKind {
+    /// Its name in the rows and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            FloodKind::Syn => "syn",
+            FloodKind::Ack => "ack",
+            FloodKind::Udp => "udp",
+            FloodKind::Fragment => "fragment",
+            FloodKind::RedirectPort => "redirect-port",
+        }
+    }
+
+    /// The frames the generator sends.
+    pub fn frame(self) -> FrameKind {
+        match self {
+            FloodKind::Syn => FrameKind::Syn,
+            FloodKind::Ack => FrameKind::Ack,
+            FloodKind::Udp | FloodKind::RedirectPort => FrameKind::Udp,
+            FloodKind::Fragment => FrameKind::Fragment,
+        }
+    }
+
+    /// The flood's destination.
+    fn target(self) -> (Ipv4Addr, u16) {
+        match self {
+            FloodKind::Syn | FloodKind::Ack => (VIP, BULK_PORT),
+            FloodKind::Udp | FloodKind::Fragment => (VIP, LOAD_PORT),
+            FloodKind::RedirectPort => (NODE_CLIENT_IP, juneau_dataplane::redirect::DEFAULT_PORT),
+        }
+    }
+
+    /// Dataplane arguments the flood needs: redirects on for `redirect-port`.
+    fn dataplane_args(self) -> Vec<String> {
+        match self {
+            FloodKind::RedirectPort => vec![
+                "--node-address".into(),
+                NODE_CLIENT_IP.to_string(),
+                "--redirect-peer".into(),
+                FLOOD_REDIRECT_PEER.to_string(),
+            ],
+            _ => Vec::new(),
+        }
+    }
+}
 
 /// Source address and port pairs of a flood (a /18 of addresses, 64 ports each).
 pub const FLOOD_FLOWS: u32 = 1 << 20;
@@ -89,11 +157,11 @@ impl FloodRow {
 
 /// The floods of a run, each on a fresh topology and dataplane, after a baseline
 /// without one.
-pub fn run(plan: &Plan, kinds: &[FrameKind], seconds: Duration) -> Result<Vec<FloodRow>> {
+pub fn run(plan: &Plan, kinds: &[FloodKind], seconds: Duration) -> Result<Vec<FloodRow>> {
     let mut rows = Vec::new();
     for kind in std::iter::once(None).chain(kinds.iter().copied().map(Some)) {
         plan::check_interrupt()?;
-        let name = kind.map_or("none", FrameKind::name);
+        let name = kind.map_or("none", FloodKind::name);
         eprintln!("==> flood {name} ({} s)", seconds.as_secs_f64());
         let row = run_one(plan, kind, seconds).with_context(|| format!("flood {name}"))?;
         eprintln!(
@@ -114,23 +182,18 @@ pub fn run(plan: &Plan, kinds: &[FrameKind], seconds: Duration) -> Result<Vec<Fl
     Ok(rows)
 }
 
-/// The flood's destination: the TCP service for TCP segments, the UDP one else.
-fn target(kind: FrameKind) -> (Ipv4Addr, u16) {
-    match kind {
-        FrameKind::Syn | FrameKind::Ack => (VIP, BULK_PORT),
-        FrameKind::Udp | FrameKind::Fragment => (VIP, LOAD_PORT),
-    }
-}
-
-fn run_one(plan: &Plan, kind: Option<FrameKind>, seconds: Duration) -> Result<FloodRow> {
+fn run_one(plan: &Plan, kind: Option<FloodKind>, seconds: Duration) -> Result<FloodRow> {
     let (ecpu, pcpu) = harness::cpus();
     let t = Topology::build_for(Ends::Bulk {
         endpoint_cpu: ecpu,
         path_cpu: pcpu,
     })?;
-    let name = kind.map_or("none", FrameKind::name);
+    let name = kind.map_or("none", FloodKind::name);
     let tag = format!("flood-{name}-{}", std::process::id());
-    let mut path = harness::start_path(&t, Scenario::Juneau, plan, &tag)?;
+    let mut plan = plan.clone();
+    plan.dataplane_args
+        .extend(kind.map(FloodKind::dataplane_args).unwrap_or_default());
+    let mut path = harness::start_path(&t, Scenario::Juneau, &plan, &tag)?;
     let _server = Server::start(
         Some(t.backend.name()),
         SocketAddr::from(([0, 0, 0, 0], BACKEND_BULK_PORT)),
@@ -169,9 +232,9 @@ fn run_one(plan: &Plan, kind: Option<FrameKind>, seconds: Duration) -> Result<Fl
             None
         }
         Some(k) => {
-            let mut spec = GenSpec::forward(&t, target(k));
+            let mut spec = GenSpec::forward(&t, k.target());
             spec.nice = 0;
-            spec.extra = vec!["--kind".into(), k.name().into()];
+            spec.extra = vec!["--kind".into(), k.frame().name().into()];
             let g = Gen::spawn(&spec, FLOOD_FLOWS, 0, seconds, u64::MAX)?;
             let mut flows_max = 0;
             while started.elapsed() < seconds {
@@ -198,7 +261,7 @@ fn run_one(plan: &Plan, kind: Option<FrameKind>, seconds: Duration) -> Result<Fl
     Ok(FloodRow {
         flood: name.to_string(),
         target: kind.map_or_else(String::new, |k| {
-            let (ip, port) = target(k);
+            let (ip, port) = k.target();
             format!("{ip}:{port}")
         }),
         offered_pps,

@@ -102,7 +102,8 @@ enum Cmd {
     /// Only the whole-loop userspace cost: the dataplane under callgrind (instruction
     /// counts: meaningful on a loaded machine too).
     LoopCost(RunArgs),
-    /// Floods at generator rate (random-source SYN, ACK, UDP, first fragments) against
+    /// Floods at generator rate (random-source SYN, ACK, UDP, first fragments, UDP to the
+    /// redirect port from strangers) against
     /// the default path while a real TCP client keeps one connection and opens new ones
     /// (docs/security.md); writes flood.json and flood.md.
     Flood {
@@ -113,9 +114,9 @@ enum Cmd {
             long,
             value_enum,
             value_delimiter = ',',
-            default_value = "syn,ack,udp,fragment"
+            default_value = "syn,ack,udp,fragment,redirect-port"
         )]
-        kinds: Vec<juneau_perf::packet::FrameKind>,
+        kinds: Vec<juneau_perf::flood::FloodKind>,
         /// Seconds each flood lasts.
         #[arg(long, default_value_t = 5.0)]
         seconds: f64,
@@ -489,11 +490,7 @@ fn loop_cost_only(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn flood_only(
-    args: &RunArgs,
-    kinds: &[juneau_perf::packet::FrameKind],
-    seconds: f64,
-) -> Result<()> {
+fn flood_only(args: &RunArgs, kinds: &[juneau_perf::flood::FloodKind], seconds: f64) -> Result<()> {
     if !(0.5..=600.0).contains(&seconds) {
         bail!("--seconds must be between 0.5 and 600");
     }
