@@ -11,10 +11,12 @@
 //! [`decommission`]: how the agent asks the node's components to undo what they did on
 //! the node (`helm uninstall`), how they acknowledge, and which files are the node's, and
 //! [`succession`]: the lock through which a node component's new process (an upgrade's
-//! surge Pod) waits for the one it replaces.
+//! surge Pod) waits for the one it replaces, and [`node_dir`]: the group and modes of the
+//! directory those files live in.
 //!
 //! Must not touch: the network, Kubernetes, clocks other than the heartbeat stamps, threads,
-//! or any I/O other than the shared-memory file, the decommission files and the locks. Everything here is deterministic and
+//! or any I/O other than the shared-memory file, the decommission files, the locks and
+//! the node directory's ownership. Everything here is deterministic and
 //! unit-testable; the processes around it are thin glue.
 #![warn(missing_docs)]
 
@@ -24,6 +26,7 @@ pub mod decommission;
 pub mod ipam;
 pub mod maglev;
 pub mod model;
+pub mod node_dir;
 pub mod secret;
 pub mod shm;
 pub mod succession;

@@ -126,11 +126,14 @@ const READ_RETRIES: usize = 1000;
 
 /// The directory node-state files live in by default.
 pub const DEFAULT_DIR: &str = "/run/juneau";
-/// Mode of a node-state file: it carries the BGP peers' TCP-MD5 passwords, so only its
-/// owner (the node agent's user, root in `deploy/`) may read or write it.
-pub const FILE_MODE: u32 = 0o600;
-/// Mode of a node-state directory the writer creates (an existing one is left as is).
-pub const DIR_MODE: u32 = 0o700;
+/// Mode of a node-state file: it carries the BGP peers' TCP-MD5 passwords and the
+/// redirect and BFD keys, so only its owner (the node agent's user) writes it and only
+/// the node processes' group (`deploy/`: the node Pod's `runAsGroup`, see
+/// [`crate::node_dir`]) reads it; nobody else.
+pub const FILE_MODE: u32 = 0o640;
+/// Mode of a node-state directory the writer creates (an existing one is left as is):
+/// the group's processes write their own files beside the state.
+pub const DIR_MODE: u32 = 0o770;
 
 /// `/run/juneau/<node>.state`.
 pub fn default_path(node: &str) -> PathBuf {
@@ -432,9 +435,11 @@ impl Mapping {
     /// name) with a valid header.
     fn create(path: &Path, capacity: Capacity, first_generation: u64) -> Result<Self, ShmError> {
         use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        // The file carries the peers' TCP-MD5 passwords: owner only (FILE_MODE), also when
-        // a temp file of that name was left behind with other bits (mode applies only on
-        // creation, hence the explicit set).
+        // The file carries the peers' TCP-MD5 passwords: FILE_MODE, also when a temp file
+        // of that name was left behind with other bits (mode applies only on creation,
+        // hence the explicit set) or by another user (an earlier version's, root's: it
+        // is removed first, since only a file's owner may change its mode).
+        let _ = std::fs::remove_file(path);
         let file: File = OpenOptions::new()
             .read(true)
             .write(true)
@@ -1185,6 +1190,10 @@ impl NodeStateWriter {
                     .mode(DIR_MODE)
                     .create(dir)
                     .map_err(io("creating directory", dir))?;
+                // The umask took bits the group needs.
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(DIR_MODE))
+                    .map_err(io("setting the mode of", dir))?;
             }
         }
         let inherited_generation = Mapping::open(&path)

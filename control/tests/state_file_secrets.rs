@@ -1,7 +1,8 @@
 //! The node-state file carries the BGP peers' TCP-MD5 passwords: it and the directory the
-//! writer creates must be readable by their owner only, also after the file grew (a new
-//! file renamed over the old one). Checked with a real unprivileged user (uid 65534 via
-//! `setpriv`), so it needs root.
+//! writer creates must be readable by their owner and the node processes' group only, also
+//! after the file grew (a new file renamed over the old one). Checked with a real
+//! unprivileged user (uid 65534 via `setpriv`, in the file's group or not), so it needs
+//! root.
 
 use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
@@ -17,14 +18,14 @@ fn mode(p: &Path) -> u32 {
 
 /// Whether uid/gid 65534 (nobody) can read the file, as `cat` run under `setpriv` says.
 fn nobody_can_read(p: &Path) -> bool {
+    can_read_as(p, 65534)
+}
+
+/// Whether uid 65534 with primary group `gid` (and no other) can read the file.
+fn can_read_as(p: &Path, gid: u32) -> bool {
+    let regid = format!("--regid={gid}");
     let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--",
-            "cat",
-        ])
+        .args(["--reuid=65534", &regid, "--clear-groups", "--", "cat"])
         .arg(p)
         .output()
         .expect("setpriv (util-linux) runs");
@@ -63,7 +64,7 @@ fn state(peers: usize, vips: usize) -> NodeState {
 }
 
 #[test]
-fn state_file_and_new_directory_are_owner_only_also_after_growth() {
+fn state_file_and_new_directory_are_owner_and_group_only_also_after_growth() {
     if current_uid() != 0 {
         panic!("this test must run as root (it switches to uid 65534 to try reading)");
     }
@@ -84,17 +85,21 @@ fn state_file_and_new_directory_are_owner_only_also_after_growth() {
     w.publish(&state(1, 1)).unwrap();
     assert_eq!(mode(&dir), DIR_MODE, "a directory the writer creates");
     assert_eq!(mode(&path), FILE_MODE);
-    assert_eq!(FILE_MODE & 0o077, 0, "no group or other bits");
+    assert_eq!(FILE_MODE & 0o027, 0, "no group write, no other bits");
 
     // Open the directory to others to test the file's own mode.
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     assert!(!nobody_can_read(&path), "uid 65534 read the state file");
+    // A process of the file's group (the dataplane, root without CAP_DAC_OVERRIDE, in
+    // deploy/) reads it.
+    use std::os::unix::fs::MetadataExt;
+    let group = std::fs::metadata(&path).unwrap().gid();
+    assert!(can_read_as(&path, group), "a member of the file's group");
 
     // Grow: a new file is renamed over the path; it must be owner-only too.
     let ino_before = std::fs::metadata(&path).unwrap();
     w.publish(&state(4, 9)).unwrap();
     let ino_after = std::fs::metadata(&path).unwrap();
-    use std::os::unix::fs::MetadataExt;
     assert_ne!(ino_before.ino(), ino_after.ino(), "the file was replaced");
     assert_eq!(mode(&path), FILE_MODE, "after growth by rename");
     assert!(
@@ -121,7 +126,7 @@ fn state_file_and_new_directory_are_owner_only_also_after_growth() {
 }
 
 #[test]
-fn an_existing_directory_is_left_alone_and_the_file_is_still_owner_only() {
+fn an_existing_directory_is_left_alone_and_the_file_keeps_its_mode() {
     let parent = tempfile::tempdir().unwrap();
     std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let path = parent.path().join("node-b.state");

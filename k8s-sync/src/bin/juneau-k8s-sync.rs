@@ -88,6 +88,33 @@ enum Command {
         #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3600))]
         timeout: u64,
     },
+    /// Gives the node directories (`/run/juneau`) to the node processes' group before
+    /// they start (the node Pod's init container): the directory setgid 2770, the files
+    /// already there (an earlier version's) group read and write. No API access.
+    NodeDirs {
+        /// The group (the node Pod's runAsGroup).
+        #[arg(long)]
+        group: u32,
+        /// The directories.
+        #[arg(required = true)]
+        dirs: Vec<std::path::PathBuf>,
+    },
+}
+
+/// `node-dirs`: prepares each directory, saying what changed.
+fn node_dirs(group: u32, dirs: &[std::path::PathBuf]) -> anyhow::Result<()> {
+    for dir in dirs {
+        let done = juneau_control::node_dir::prepare(dir, group)
+            .with_context(|| format!("preparing {} for group {group}", dir.display()))?;
+        tracing::info!(
+            dir = %dir.display(),
+            group,
+            created = done.created,
+            changed = done.changed.len(),
+            "node directory prepared"
+        );
+    }
+    Ok(())
 }
 
 /// Binds the metrics address and serves the registry there in the background. An
@@ -147,6 +174,9 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let cli = Cli::parse();
+    if let Command::NodeDirs { group, dirs } = &cli.command {
+        return node_dirs(*group, dirs);
+    }
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster config)")?;
@@ -259,5 +289,6 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .context("decommissioning Juneau's nodes (helm uninstall's pre-delete hook)")
         }
+        Command::NodeDirs { .. } => unreachable!("handled before connecting to the API"),
     }
 }
