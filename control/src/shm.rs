@@ -45,7 +45,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use memmap2::MmapMut;
+use memmap2::MmapRaw;
 
 use crate::maglev::{self, MaglevTable};
 use crate::model::{
@@ -352,7 +352,9 @@ fn now_unix_ns() -> u64 {
 
 /// A mapped node-state file and typed access to its header and slots.
 struct Mapping {
-    map: MmapMut,
+    /// Read-write for the writer, read-only for readers (they only load atomics, so the
+    /// node group needs no write permission on the file).
+    map: MmapRaw,
     capacity: Capacity,
     sections: Sections,
 }
@@ -379,10 +381,20 @@ impl Mapping {
         }
     }
 
+    /// Opens for the writer (read-write: it marks an old file superseded).
     fn open(path: &Path) -> Result<Self, ShmError> {
+        Self::open_as(path, true)
+    }
+
+    /// Opens for a reader (read-only).
+    fn open_read(path: &Path) -> Result<Self, ShmError> {
+        Self::open_as(path, false)
+    }
+
+    fn open_as(path: &Path, write: bool) -> Result<Self, ShmError> {
         let file = OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(write)
             .open(path)
             .map_err(io("opening", path))?;
         let len = file
@@ -396,10 +408,15 @@ impl Mapping {
                 needed: HEADER_BYTES as u64,
             });
         }
-        // SAFETY: MAP_SHARED mapping of a file only Juneau processes write; every shared
-        // access is through atomics (see `header` and `slot`). The file is never truncated
-        // while mapped (growth is by rename), so no SIGBUS.
-        let map = unsafe { MmapMut::map_mut(&file) }.map_err(io("mapping", path))?;
+        // A MAP_SHARED mapping of a file only Juneau processes write; every shared access
+        // is through atomics (see `header` and `slot`), and a read-only one is only read.
+        // The file is never truncated while mapped (growth is by rename), so no SIGBUS.
+        let map = if write {
+            MmapRaw::map_raw(&file)
+        } else {
+            memmap2::MmapOptions::new().map_raw_read_only(&file)
+        }
+        .map_err(io("mapping", path))?;
         // SAFETY: length checked above; see `header` for layout and validity.
         let hdr = unsafe { &*(map.as_ptr() as *const FileHeader) };
         if hdr.magic != MAGIC {
@@ -452,8 +469,8 @@ impl Mapping {
             .map_err(io("restricting the mode of", path))?;
         file.set_len(capacity.file_bytes() as u64)
             .map_err(io("sizing", path))?;
-        // SAFETY: as in `open`; the file is new and private to this writer until renamed.
-        let mut map = unsafe { MmapMut::map_mut(&file) }.map_err(io("mapping", path))?;
+        // As in `open_as`; the file is new and private to this writer until renamed.
+        let map = MmapRaw::map_raw(&file).map_err(io("mapping", path))?;
         let sections = capacity.sections();
         let hdr = FileHeader {
             magic: MAGIC,
@@ -1494,7 +1511,7 @@ impl NodeStateReader {
     /// Opens and validates the file at `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, ShmError> {
         let path = path.as_ref().to_path_buf();
-        let map = Mapping::open(&path)?;
+        let map = Mapping::open_read(&path)?;
         Ok(NodeStateReader {
             path,
             map,
@@ -1527,7 +1544,7 @@ impl NodeStateReader {
 
     fn remap_if_superseded(&mut self) -> Result<(), ShmError> {
         if self.map.header().superseded.load(Ordering::Acquire) != 0 {
-            self.map = Mapping::open(&self.path)?;
+            self.map = Mapping::open_read(&self.path)?;
         }
         Ok(())
     }
@@ -1564,7 +1581,7 @@ impl NodeStateReader {
                 return Err(ShmError::NoTable);
             }
             if h.superseded.load(Ordering::Acquire) != 0 {
-                self.map = Mapping::open(&self.path)?;
+                self.map = Mapping::open_read(&self.path)?;
                 continue;
             }
             let idx = (g % 2) as usize;

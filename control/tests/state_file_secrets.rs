@@ -21,6 +21,40 @@ fn nobody_can_read(p: &Path) -> bool {
     can_read_as(p, 65534)
 }
 
+/// Whether [`NodeStateReader`] opens and reads the file run as uid 65534 with primary
+/// group `gid` (this test binary again, running `child_reader_opens_the_state`).
+fn reader_opens_as(p: &Path, gid: u32) -> bool {
+    let regid = format!("--regid={gid}");
+    let exe = std::env::current_exe().unwrap();
+    Command::new("setpriv")
+        .args(["--reuid=65534", &regid, "--clear-groups", "--"])
+        .arg(exe)
+        .args([
+            "--exact",
+            "child_reader_opens_the_state",
+            "--ignored",
+            "--quiet",
+        ])
+        .env("JUNEAU_TEST_STATE_FILE", p)
+        .output()
+        .expect("setpriv (util-linux) runs")
+        .status
+        .success()
+}
+
+/// Run by `reader_opens_as` as another user: opens the state file named by
+/// `JUNEAU_TEST_STATE_FILE` with the reader and takes a snapshot.
+#[test]
+#[ignore = "a child process of state_file_and_new_directory_are_owner_and_group_only_also_after_growth"]
+fn child_reader_opens_the_state() {
+    let path = std::env::var("JUNEAU_TEST_STATE_FILE").expect("JUNEAU_TEST_STATE_FILE");
+    let mut r = NodeStateReader::open(&path).expect("opening the state as a reader");
+    assert_eq!(
+        r.snapshot().expect("a snapshot").state.node.as_str(),
+        "node-a"
+    );
+}
+
 /// Whether uid 65534 with primary group `gid` (and no other) can read the file.
 fn can_read_as(p: &Path, gid: u32) -> bool {
     let regid = format!("--regid={gid}");
@@ -95,6 +129,12 @@ fn state_file_and_new_directory_are_owner_and_group_only_also_after_growth() {
     use std::os::unix::fs::MetadataExt;
     let group = std::fs::metadata(&path).unwrap().gid();
     assert!(can_read_as(&path, group), "a member of the file's group");
+    // ... with the reader itself (it must not ask for write access: the group reads).
+    assert!(
+        reader_opens_as(&path, group),
+        "the reader, as a member of the group"
+    );
+    assert!(!reader_opens_as(&path, 65534), "the reader, as nobody");
 
     // Grow: a new file is renamed over the path; it must be owner-only too.
     let ino_before = std::fs::metadata(&path).unwrap();

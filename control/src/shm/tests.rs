@@ -533,18 +533,20 @@ fn redirect_counts_past_the_capacity_are_refused_as_corrupt() {
     let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
     w.publish(&sample_state()).unwrap();
     let mut r = NodeStateReader::open(&path).unwrap();
-    // Scribble a node count past the capacity into the current slot's header.
+    // Scribble a node count past the capacity into the current slot's header (through
+    // a writable mapping: a reader's is read-only).
+    let scribble = Mapping::open(&path).unwrap();
     let idx = (r.generation() % 2) as usize;
-    let sec = r.map.sections;
-    r.map.slot(idx)[13].store(u32::MAX, Ordering::Relaxed);
+    let sec = scribble.sections;
+    scribble.slot(idx)[13].store(u32::MAX, Ordering::Relaxed);
     assert!(matches!(r.snapshot(), Err(ShmError::Corrupt(..))));
     // A count within the capacity but a record pointing past it: also refused (the
     // checksum is recomputed so only the bounds check can catch it).
-    let slot = r.map.slot(idx);
+    let slot = scribble.slot(idx);
     slot[13].store(3, Ordering::Relaxed);
     slot[sec.redirect_vips + 1].store(100, Ordering::Relaxed);
     let words: Vec<u32> = slot.iter().map(|w| w.load(Ordering::Relaxed)).collect();
-    let sum = checksum(&words, &sec, &r.map.capacity);
+    let sum = checksum(&words, &sec, &scribble.capacity);
     slot[6].store(sum as u32, Ordering::Relaxed);
     slot[7].store((sum >> 32) as u32, Ordering::Relaxed);
     assert!(
