@@ -198,15 +198,13 @@ impl Mapping {
     /// Maps an existing file: read-only for readers (the speaker needs no write access
     /// to the dataplane's file), read-write for a writer marking it superseded.
     fn open(path: &Path, writable: bool) -> Result<Self, StatusError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(writable)
-            .open(path)
-            .map_err(io("opening", path))?;
-        let len = file
-            .metadata()
-            .map_err(io("reading metadata of", path))?
-            .len();
+        // MAP_SHARED mapping of a file only Juneau writes; every shared access is atomic
+        // (see `header`, `vips`); the file is never truncated while in use (a new writer
+        // renames a new file over it), so no SIGBUS. A read-only mapping is only ever
+        // loaded from (atomic loads of at most 8 bytes, which never write on any target
+        // Juneau builds for).
+        let (map, len) =
+            crate::mapped::map_whole(path, writable).map_err(|(op, e)| io(op, path)(e))?;
         if len < STATUS_HEADER_BYTES as u64 {
             return Err(StatusError::Truncated {
                 path: path.to_path_buf(),
@@ -214,17 +212,6 @@ impl Mapping {
                 needed: STATUS_HEADER_BYTES as u64,
             });
         }
-        // MAP_SHARED mapping of a file only Juneau writes; every shared access is atomic
-        // (see `header`, `vips`); the file is never truncated while in use (a new writer
-        // renames a new file over it), so no SIGBUS. A read-only mapping is only ever
-        // loaded from (atomic loads of at most 8 bytes, which never write on any target
-        // Juneau builds for).
-        let map = if writable {
-            MmapOptions::new().map_raw(&file)
-        } else {
-            MmapOptions::new().map_raw_read_only(&file)
-        }
-        .map_err(io("mapping", path))?;
         let m = Mapping { map, capacity: 0 };
         let h = m.header();
         if h.magic != STATUS_MAGIC {

@@ -392,15 +392,11 @@ impl Mapping {
     }
 
     fn open_as(path: &Path, write: bool) -> Result<Self, ShmError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(write)
-            .open(path)
-            .map_err(io("opening", path))?;
-        let len = file
-            .metadata()
-            .map_err(io("reading metadata of", path))?
-            .len();
+        // Every shared access is through atomics (see `header` and `slot`), a read-only
+        // mapping is only read; the file is never truncated while mapped (growth is by
+        // rename), so no SIGBUS.
+        let (map, len) =
+            crate::mapped::map_whole(path, write).map_err(|(op, e)| io(op, path)(e))?;
         if len < HEADER_BYTES as u64 {
             return Err(ShmError::Truncated {
                 path: path.to_path_buf(),
@@ -408,15 +404,6 @@ impl Mapping {
                 needed: HEADER_BYTES as u64,
             });
         }
-        // A MAP_SHARED mapping of a file only Juneau processes write; every shared access
-        // is through atomics (see `header` and `slot`), and a read-only one is only read.
-        // The file is never truncated while mapped (growth is by rename), so no SIGBUS.
-        let map = if write {
-            MmapRaw::map_raw(&file)
-        } else {
-            memmap2::MmapOptions::new().map_raw_read_only(&file)
-        }
-        .map_err(io("mapping", path))?;
         // SAFETY: length checked above; see `header` for layout and validity.
         let hdr = unsafe { &*(map.as_ptr() as *const FileHeader) };
         if hdr.magic != MAGIC {

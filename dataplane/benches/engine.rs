@@ -91,5 +91,60 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+/// The redirect channel's MAC (docs/security.md, "Redirect channel"): what a tag costs
+/// per redirected packet on each side, against the same frame untagged (version 2).
+fn redirect_mac(c: &mut Criterion) {
+    use juneau_control::model::RedirectKey;
+    use juneau_control::secret::SecretKey;
+    use juneau_dataplane::redirect::{HopList, RedirectOut};
+    use juneau_dataplane::redirect_wire::{encapsulate, parse, verify};
+    let key = RedirectKey::new(SecretKey::new([7; 16]));
+    let out = |frame_len| RedirectOut {
+        peer: 0x0a00_0002,
+        macs: [1; 12],
+        hops: HopList::from_slice(&[0x0a00_0001]).expect("one hop"),
+        ask: true,
+        frame_len,
+        entropy: 9,
+        cookie: 42,
+    };
+    for (name, len) in [("64B", 22), ("1514B", 1444)] {
+        let inner = udp(CLIENT, 40000, VIP, 53, len);
+        let mut buf = vec![0u8; 2048];
+        for (label, k) in [("untagged", None), ("tagged", Some(&key))] {
+            c.bench_function(&format!("redirect_encapsulate_{label}_{name}"), |b| {
+                b.iter(|| {
+                    buf[..inner.len()].copy_from_slice(&inner);
+                    black_box(encapsulate(
+                        &mut buf,
+                        &out(inner.len()),
+                        0x0a00_0001,
+                        7411,
+                        9000,
+                        k,
+                    ))
+                })
+            });
+        }
+        buf[..inner.len()].copy_from_slice(&inner);
+        let n = encapsulate(
+            &mut buf,
+            &out(inner.len()),
+            0x0a00_0001,
+            7411,
+            9000,
+            Some(&key),
+        )
+        .expect("fits");
+        let frame = buf[..n].to_vec();
+        let keys = [key.clone()];
+        let r = parse(&frame).expect("a redirect frame");
+        assert!(verify(&frame, &r, &keys));
+        c.bench_function(&format!("redirect_verify_{name}"), |b| {
+            b.iter(|| black_box(verify(black_box(&frame), &r, &keys)))
+        });
+    }
+}
+
+criterion_group!(benches, bench, redirect_mac);
 criterion_main!(benches);

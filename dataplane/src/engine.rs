@@ -362,13 +362,9 @@ impl Engine {
             NatSide::Destination => d.addr,
             NatSide::Source => v.dst,
         };
-        let (out, src, dst) = match nb.resolve(next) {
-            Resolve::Found { side, src, dst } => (side, src, dst),
-            Resolve::Miss { ip, ifindex } => {
-                self.missing.push(ip, ifindex);
-                return self.drop(DropReason::NoNeighbour, service);
-            }
-            Resolve::NoRoute => return self.drop(DropReason::NoRoute, service),
+        let (out, src, dst) = match self.next_hop(nb, next, service) {
+            Ok(hop) => hop,
+            Err(dropped) => return dropped,
         };
         packet::rewrite_addr(frame, &mut v, side, d.addr);
         packet::decrement_ttl(frame, &mut v);
@@ -638,6 +634,25 @@ impl Engine {
         let expired = self.frags.expire(now_ms, budget);
         self.counters.drops[DropReason::FragmentExpired as usize] += expired;
         self.flows.sweep(now_ms, budget)
+    }
+
+    /// The egress and MACs towards `addr`; else the packet's drop, counted against
+    /// `service` (a missing neighbour is queued for resolution).
+    #[inline]
+    fn next_hop(
+        &mut self,
+        nb: &Neighbours,
+        addr: u32,
+        service: Option<u32>,
+    ) -> Result<(Side, MacAddr, MacAddr), Verdict> {
+        match nb.resolve(addr) {
+            Resolve::Found { side, src, dst } => Ok((side, src, dst)),
+            Resolve::Miss { ip, ifindex } => {
+                self.missing.push(ip, ifindex);
+                Err(self.drop(DropReason::NoNeighbour, service))
+            }
+            Resolve::NoRoute => Err(self.drop(DropReason::NoRoute, service)),
+        }
     }
 
     fn drop(&mut self, r: DropReason, service: Option<u32>) -> Verdict {
@@ -1100,13 +1115,9 @@ impl Engine {
             }
         };
         let f = self.flows.get(id);
-        let (side, src, dst) = match nb.resolve(f.backend) {
-            Resolve::Found { side, src, dst } => (side, src, dst),
-            Resolve::Miss { ip, ifindex } => {
-                self.missing.push(ip, ifindex);
-                return self.drop(DropReason::NoNeighbour, Some(service));
-            }
-            Resolve::NoRoute => return self.drop(DropReason::NoRoute, Some(service)),
+        let (side, src, dst) = match self.next_hop(nb, f.backend, Some(service)) {
+            Ok(hop) => hop,
+            Err(dropped) => return dropped,
         };
         if !new {
             self.flows
@@ -1205,13 +1216,9 @@ impl Engine {
             _ => return self.drop(DropReason::NoFlow, None),
         };
         let f = self.flows.get(id);
-        let (side, src, dst) = match nb.resolve(f.backend) {
-            Resolve::Found { side, src, dst } => (side, src, dst),
-            Resolve::Miss { ip, ifindex } => {
-                self.missing.push(ip, ifindex);
-                return self.drop(DropReason::NoNeighbour, Some(service));
-            }
-            Resolve::NoRoute => return self.drop(DropReason::NoRoute, Some(service)),
+        let (side, src, dst) = match self.next_hop(nb, f.backend, Some(service)) {
+            Ok(hop) => hop,
+            Err(dropped) => return dropped,
         };
         if let Some(mtu) = packet::frag_needed_mtu(frame, &v) {
             // The client's path takes at most this: cut the Pod's super-segments to it.
@@ -1265,13 +1272,9 @@ impl Engine {
             return self.pass(PassReason::TtlExpired);
         }
         let f = self.flows.get(id);
-        let (side, src, dst) = match nb.resolve(f.client) {
-            Resolve::Found { side, src, dst } => (side, src, dst),
-            Resolve::Miss { ip, ifindex } => {
-                self.missing.push(ip, ifindex);
-                return self.drop(DropReason::NoNeighbour, Some(service));
-            }
-            Resolve::NoRoute => return self.drop(DropReason::NoRoute, Some(service)),
+        let (side, src, dst) = match self.next_hop(nb, f.client, Some(service)) {
+            Ok(hop) => hop,
+            Err(dropped) => return dropped,
         };
         packet::rewrite_icmp_error(
             frame,
@@ -1340,13 +1343,9 @@ impl Engine {
             return self.pass(PassReason::TtlExpired);
         }
         let f = self.flows.get(id);
-        let (side, src, dst) = match nb.resolve(f.client) {
-            Resolve::Found { side, src, dst } => (side, src, dst),
-            Resolve::Miss { ip, ifindex } => {
-                self.missing.push(ip, ifindex);
-                return self.drop(DropReason::NoNeighbour, Some(service));
-            }
-            Resolve::NoRoute => return self.drop(DropReason::NoRoute, Some(service)),
+        let (side, src, dst) = match self.next_hop(nb, f.client, Some(service)) {
+            Ok(hop) => hop,
+            Err(dropped) => return dropped,
         };
         self.note_egress(f.client, side, macs(src, dst), nb);
         self.flows

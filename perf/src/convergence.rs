@@ -291,20 +291,7 @@ pub(crate) fn start_bed_with(
 
     // Kubernetes objects: node-a (InternalIP = its BGP router id), network, peer,
     // advertisement, a Service and its EndpointSlice with one ready endpoint on node-a.
-    k.apply_yaml(&format!(
-        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {NODE}\n  labels: {{kubernetes.io/hostname: {NODE}}}\n"
-    ))?;
-    k.kubectl(&[
-        "patch",
-        "node",
-        NODE,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &format!(
-            r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{NODE_ADDR}"}}]}}}}"#
-        ),
-    ])?;
+    k.create_node(NODE, &NODE_ADDR.to_string())?;
     k.apply_yaml(&format!(
         "apiVersion: juneau.loutres.me/v1alpha1\nkind: AddressPool\nmetadata: {{name: perf}}\n\
          spec: {{advertiseMode: bgp, addresses: [{pool}]}}\n---\n\

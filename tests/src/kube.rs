@@ -702,6 +702,27 @@ impl KubeCluster {
         self.kubectl_stdin(&["apply", "-f", "-"], yaml)
     }
 
+    /// A Node object named `name` with `address` as its InternalIP and the usual
+    /// `kubernetes.io/hostname` label, as an operator's tooling (not a kubelet) creates
+    /// it: the object, then its status.
+    pub fn create_node(&self, name: &str, address: &str) -> Result<()> {
+        self.apply_yaml(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: {{kubernetes.io/hostname: {name}}}\n"
+        ))?;
+        self.kubectl(&[
+            "patch",
+            "node",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &format!(
+                r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{address}"}}]}}}}"#
+            ),
+        ])?;
+        Ok(())
+    }
+
     /// Runs `kubectl` with another kubeconfig (e.g. one from
     /// [`service_account_kubeconfig`](Self::service_account_kubeconfig)).
     pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> Result<String> {

@@ -141,17 +141,22 @@ async fn status(
     })
 }
 
+/// Every object of a cluster-wide kind (`what`: its plural, for the error).
+async fn list_all<K>(c: &kube::Client, what: &str) -> anyhow::Result<Vec<K>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Ok(Api::<K>::all(c.clone())
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("listing {what}"))?
+        .items)
+}
+
 async fn pools(c: kube::Client, output: Output) -> anyhow::Result<Option<String>> {
-    let pools = Api::<AddressPool>::all(c.clone())
-        .list(&ListParams::default())
-        .await
-        .context("listing AddressPools")?
-        .items;
-    let slbs = Api::<ServiceLoadBalancer>::all(c)
-        .list(&ListParams::default())
-        .await
-        .context("listing ServiceLoadBalancers")?
-        .items;
+    let pools = list_all::<AddressPool>(&c, "AddressPools").await?;
+    let slbs = list_all::<ServiceLoadBalancer>(&c, "ServiceLoadBalancers").await?;
     let rows = report::pool_rows(&pools, &slbs);
     emit(output, &rows, || {
         table(
@@ -211,21 +216,9 @@ async fn why(
         .await
         .context("listing EndpointSlices")?
         .items;
-    let nodes = Api::<Node>::all(c.clone())
-        .list(&ListParams::default())
-        .await
-        .context("listing Nodes")?
-        .items;
-    let advs = Api::<BGPAdvertisement>::all(c.clone())
-        .list(&ListParams::default())
-        .await
-        .context("listing BGPAdvertisements")?
-        .items;
-    let speakers = Api::<NodeBGPStatus>::all(c)
-        .list(&ListParams::default())
-        .await
-        .context("listing NodeBGPStatuses")?
-        .items;
+    let nodes = list_all::<Node>(&c, "Nodes").await?;
+    let advs = list_all::<BGPAdvertisement>(&c, "BGPAdvertisements").await?;
+    let speakers = list_all::<NodeBGPStatus>(&c, "NodeBGPStatuses").await?;
     let world = World {
         nodes: report::node_map(nodes),
         advertisements: advs.into_iter().map(|a| a.spec).collect(),
@@ -269,21 +262,9 @@ async fn why(
 }
 
 async fn peers(c: kube::Client, output: Output) -> anyhow::Result<Option<String>> {
-    let peers = Api::<BGPPeer>::all(c.clone())
-        .list(&ListParams::default())
-        .await
-        .context("listing BGPPeers")?
-        .items;
-    let nodes = Api::<Node>::all(c.clone())
-        .list(&ListParams::default())
-        .await
-        .context("listing Nodes")?
-        .items;
-    let statuses = Api::<NodeBGPStatus>::all(c)
-        .list(&ListParams::default())
-        .await
-        .context("listing NodeBGPStatuses")?
-        .items;
+    let peers = list_all::<BGPPeer>(&c, "BGPPeers").await?;
+    let nodes = list_all::<Node>(&c, "Nodes").await?;
+    let statuses = list_all::<NodeBGPStatus>(&c, "NodeBGPStatuses").await?;
     let r = juneau_k8s_sync::peers::peers_report(
         &peers,
         &nodes,

@@ -144,20 +144,7 @@ impl Env {
     /// InternalIP each.
     pub fn nodes(&self, nodes: &[(&str, &str)]) -> Result<()> {
         for (name, ip) in nodes {
-            self.apply(&format!(
-                "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: {{kubernetes.io/hostname: {name}}}\n"
-            ))?;
-            self.kubectl(&[
-                "patch",
-                "node",
-                name,
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                &format!(
-                    r#"{{"status":{{"addresses":[{{"type":"InternalIP","address":"{ip}"}}]}}}}"#
-                ),
-            ])?;
+            self.k.create_node(name, ip)?;
         }
         Ok(())
     }
