@@ -81,13 +81,15 @@ struct iface_conf {
 	__u32 role;      // ROLE_* (userspace derives `uplinks` from it)
 };
 
-// The uplinks' ifindexes (0: unused), a copy of the `ifaces` entries of role
-// ROLE_UPLINK: every packet needs its interface's role, and this array is read inline
-// where a look-up in the `ifaces` hash costs ~15 ns per packet; `ifaces` (the AF_XDP
-// socket of the interface's queue) is only needed for what goes to userspace.
+// The uplinks' ifindexes (0: unused) and configurations, a copy of the `ifaces` entries
+// of role ROLE_UPLINK: every packet needs its interface's role, and this array is read
+// inline where a look-up in the `ifaces` hash costs ~15 ns per packet; `ifaces` (the
+// AF_XDP socket of the interface's queue) is looked up only for what a Pod interface
+// sends to userspace.
 #define MAX_UPLINKS 4
 struct uplink_set {
 	__u32 ifindex[MAX_UPLINKS];
+	struct iface_conf conf[MAX_UPLINKS]; // each uplink's `ifaces` entry, copied
 };
 
 struct frontend_key {
@@ -839,11 +841,17 @@ static __always_inline int fast_apply(struct xdp_md *ctx, struct iphdr *ip, void
 // interface's AF_XDP socket (`ifaces`) is only looked up then.
 #define SLOW_PATH -1
 
+// What the uplink's fast part learnt of the packet's flow, for the rest (`uplink`).
+#define FLOW_UNKNOWN 0 // not looked up (not a whole TCP/UDP packet), or not certain
+#define FLOW_NONE 1    // certain: no table holds it
+#define FLOW_HELD 2    // a table holds it
+
 // The uplink's fast part: a whole TCP/UDP packet of an established flow, which the fast
 // path forwards without the `frontends` look-up (a record checked against the table the
-// fast path was published for implies its VIP:port is exposed). SLOW_PATH otherwise.
+// fast path was published for implies its VIP:port is exposed). SLOW_PATH otherwise,
+// with what the look-up found in `flow` (FLOW_*).
 static __always_inline int uplink_fast(struct xdp_md *ctx, struct iphdr *ip, void *end,
-				       int *no_flow)
+				       int *flow)
 {
 	__be16 *ports = (void *)(ip + 1);
 	int l4 = ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP;
@@ -852,8 +860,10 @@ static __always_inline int uplink_fast(struct xdp_md *ctx, struct iphdr *ip, voi
 	struct probe_ctx c = {};
 	find_flow(&c, ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol, 0);
 	// Certain: a table is published (workers set) and none holds the flow.
-	*no_flow = c.result == FIND_MISS && c.workers != 0;
+	if (c.result == FIND_MISS && c.workers != 0)
+		*flow = FLOW_NONE;
 	if (c.result == FIND_HIT) {
+		*flow = FLOW_HELD;
 		struct fast_plan p = {};
 		if (fast_plan(ip, end, &c, &p) == 0)
 			return fast_apply(ctx, ip, end, &p);
@@ -893,19 +903,23 @@ static __always_inline int admit_new_flow(__be32 saddr)
 	return 1;
 }
 
-// The uplink's slow part, `slot` the AF_XDP socket of the packet's queue: any packet to
-// an exposed VIP:port goes to userspace, which handles it — one of no flow only within
-// the new-flow admission (`admit_new_flow`).
+// The uplink's slow part, `slot` the AF_XDP socket of the packet's queue: a packet of a
+// held flow goes to userspace without the `frontends` look-up (userspace re-validates
+// every flow against the table in force: a Service removed since is its drop, named);
+// any other packet to an exposed VIP:port too — one of no flow only within the new-flow
+// admission (`admit_new_flow`).
 static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *end, __u32 slot,
-				  int no_flow)
+				  int flow)
 {
+	if (flow == FLOW_HELD)
+		return to_userspace(slot);
 	__be16 *ports = (void *)(ip + 1);
 	struct frontend_key key = { .addr = ip->daddr, .proto = ip->protocol, .pad = 0 };
 	int l4 = ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP;
 	if (l4 && ip->ihl == 5 && !(ip->frag_off & bpf_htons(0x3fff)) && (void *)(ports + 2) <= end) {
 		key.port = ports[1];
 		if (bpf_map_lookup_elem(&frontends, &key)) {
-			if (no_flow && !admit_new_flow(ip->saddr))
+			if (flow == FLOW_NONE && !admit_new_flow(ip->saddr))
 				return count_drop(SD_NEW_FLOW_PREFIX_RATE);
 			return to_userspace(slot);
 		}
@@ -1031,6 +1045,24 @@ static __always_inline int is_uplink(__u32 ifindex)
 	return 0;
 }
 
+// The configuration of the interface the packet arrived on: an uplink's from `uplinks`
+// (an array read inline; looked up again rather than kept from `is_uplink`, which would
+// carry a map pointer through every path the verifier walks), a Pod interface's from the
+// `ifaces` hash. NULL for an interface of neither.
+static __always_inline struct iface_conf *iface_conf_of(__u32 ifindex, int up)
+{
+	if (!up)
+		return bpf_map_lookup_elem(&ifaces, &ifindex);
+	__u32 zero = 0;
+	struct uplink_set *u = bpf_map_lookup_elem(&uplinks, &zero);
+	if (!u)
+		return NULL;
+	for (int i = 0; i < MAX_UPLINKS; i++)
+		if (u->ifindex[i] == ifindex)
+			return &u->conf[i];
+	return NULL;
+}
+
 SEC("xdp.frags")
 int juneau_steer(struct xdp_md *ctx)
 {
@@ -1050,12 +1082,11 @@ int juneau_steer(struct xdp_md *ctx)
 	// attached or detached, which has no `ifaces` entry: it passes what it does not
 	// fast-path).
 	int up = is_uplink(ctx->ingress_ifindex);
-	int no_flow = 0;
-	int r = up ? uplink_fast(ctx, ip, end, &no_flow) : pod_fast(ctx, ip, end);
+	int flow = FLOW_UNKNOWN;
+	int r = up ? uplink_fast(ctx, ip, end, &flow) : pod_fast(ctx, ip, end);
 	if (r != SLOW_PATH)
 		return r;
-	__u32 ifindex = ctx->ingress_ifindex;
-	struct iface_conf *conf = bpf_map_lookup_elem(&ifaces, &ifindex);
+	struct iface_conf *conf = iface_conf_of(ctx->ingress_ifindex, up);
 	if (!conf)
 		return XDP_PASS;
 	__u32 queue = ctx->rx_queue_index;
@@ -1063,7 +1094,7 @@ int juneau_steer(struct xdp_md *ctx)
 	if (queue >= conf->queues)
 		slot = 0xffffffff; // no socket on this queue: what is ours is dropped
 	if (up)
-		return uplink(ctx, ip, end, slot, no_flow);
+		return uplink(ctx, ip, end, slot, flow);
 	return pod(ctx, ip, end, slot);
 }
 

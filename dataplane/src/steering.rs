@@ -64,7 +64,7 @@ pub struct NewFlowAdmission {
 // SAFETY: two u64, no padding, matching `struct admit_conf`.
 unsafe impl aya::Pod for NewFlowAdmission {}
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
 struct IfaceConf {
     slot_base: u32,
@@ -77,6 +77,20 @@ unsafe impl aya::Pod for IfaceConf {}
 
 /// Uplinks the program tells apart (`MAX_UPLINKS` in bpf/steer.c).
 const MAX_UPLINKS: usize = 4;
+
+/// The `uplinks` entry (`struct uplink_set` in bpf/steer.c): the uplinks' ifindexes
+/// (unused places 0) and each one's `ifaces` configuration, so that a packet from an
+/// uplink needs no look-up in the `ifaces` hash.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+struct UplinkSet {
+    ifindex: [u32; MAX_UPLINKS],
+    conf: [IfaceConf; MAX_UPLINKS],
+}
+
+// SAFETY: `repr(C)` u32 arrays and `IfaceConf`s (12 bytes, 4-aligned): no padding,
+// matching `struct uplink_set`.
+unsafe impl aya::Pod for UplinkSet {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(C)]
@@ -156,8 +170,9 @@ pub struct Steering {
     force_generic: bool,
     ifaces: BpfHashMap<MapData, u32, IfaceConf>,
     /// The uplinks among `ifaces`, as the program reads them (`uplinks`, one entry).
-    uplinks: Array<MapData, [u32; MAX_UPLINKS]>,
-    uplink_ifindexes: Vec<u32>,
+    uplinks: Array<MapData, UplinkSet>,
+    /// The uplinks in the `uplinks` entry, with their configuration.
+    uplink_confs: Vec<(u32, IfaceConf)>,
     xsks: XskMap<MapData>,
     vips: BpfHashMap<MapData, [u8; 4], u8>,
     frontends: BpfHashMap<MapData, FrontendKey, u8>,
@@ -205,7 +220,7 @@ fn expected_maps(
     [
         ("xsks", 4, 4, 4096, 0),
         ("ifaces", 4, 12, 256, 0),
-        ("uplinks", 4, 4 * MAX_UPLINKS as u32, 1, 0),
+        ("uplinks", 4, 16 * MAX_UPLINKS as u32, 1, 0),
         ("vips", 4, 1, 65536, 0),
         ("frontends", 8, 1, 65536, 0),
         ("flow_meta", 4, 64, workers, BPF_F_MMAPABLE),
@@ -229,16 +244,19 @@ fn expected_maps(
     ]
 }
 
-/// The `uplinks` entry for these ifindexes (unused places 0).
-fn uplink_entry(uplinks: &[u32]) -> Result<[u32; MAX_UPLINKS]> {
+/// The `uplinks` entry for these uplinks (unused places 0).
+fn uplink_entry(uplinks: &[(u32, IfaceConf)]) -> Result<UplinkSet> {
     if uplinks.len() > MAX_UPLINKS {
         bail!(
             "{} uplinks: the steering program tells at most {MAX_UPLINKS} apart",
             uplinks.len()
         );
     }
-    let mut entry = [0u32; MAX_UPLINKS];
-    entry[..uplinks.len()].copy_from_slice(uplinks);
+    let mut entry = UplinkSet::default();
+    for (i, (ifindex, conf)) in uplinks.iter().enumerate() {
+        entry.ifindex[i] = *ifindex;
+        entry.conf[i] = *conf;
+    }
     Ok(entry)
 }
 
@@ -492,7 +510,7 @@ impl Steering {
             role: if i.uplink { ROLE_UPLINK } else { ROLE_POD },
         };
         self.ifaces.insert(i.ifindex, conf, 0)?;
-        if let Err(e) = self.set_uplink(i.ifindex, i.uplink) {
+        if let Err(e) = self.set_uplink(i.ifindex, i.uplink.then_some(conf)) {
             let _ = self.ifaces.remove(&i.ifindex);
             return Err(e);
         }
@@ -502,26 +520,34 @@ impl Steering {
     /// Removes an interface from `ifaces` (and from `uplinks`).
     fn forget_iface(&mut self, ifindex: u32) {
         let _ = self.ifaces.remove(&ifindex);
-        if let Err(e) = self.set_uplink(ifindex, false) {
+        if let Err(e) = self.set_uplink(ifindex, None) {
             tracing::warn!(ifindex, error = %e, "could not remove an uplink from the steering program's uplinks");
         }
     }
 
-    /// Makes `ifindex` one of the uplinks the program reads, or not; writes the entry
-    /// (replaced whole) only when that changes it.
-    fn set_uplink(&mut self, ifindex: u32, uplink: bool) -> Result<()> {
-        if self.uplink_ifindexes.contains(&ifindex) == uplink {
+    /// Makes `ifindex` one of the uplinks the program reads with `conf`, or none (`None`);
+    /// writes the entry (replaced whole) only when that changes it.
+    fn set_uplink(&mut self, ifindex: u32, conf: Option<IfaceConf>) -> Result<()> {
+        let now = self
+            .uplink_confs
+            .iter()
+            .find(|(i, _)| *i == ifindex)
+            .map(|(_, c)| *c);
+        if now == conf {
             return Ok(());
         }
-        let mut uplinks = self.uplink_ifindexes.clone();
-        uplinks.retain(|&x| x != ifindex);
-        if uplink {
-            uplinks.push(ifindex);
+        let mut uplinks = self.uplink_confs.clone();
+        match conf {
+            Some(c) => match uplinks.iter_mut().find(|(i, _)| *i == ifindex) {
+                Some(u) => u.1 = c,
+                None => uplinks.push((ifindex, c)),
+            },
+            None => uplinks.retain(|(i, _)| *i != ifindex),
         }
         self.uplinks
             .set(0, uplink_entry(&uplinks)?, 0)
             .context("writing the steering program's uplinks")?;
-        self.uplink_ifindexes = uplinks;
+        self.uplink_confs = uplinks;
         Ok(())
     }
 
@@ -624,17 +650,16 @@ impl Steering {
         }
         // The uplinks the program reads are those of `ifaces` (rewritten: a previous run
         // may have stopped between the two maps' writes).
-        let mut uplinks: Array<MapData, [u32; MAX_UPLINKS]> = take(&mut bpf, "uplinks")?;
-        let mut uplink_ifindexes: Vec<u32> = ifaces
+        let mut uplinks: Array<MapData, UplinkSet> = take(&mut bpf, "uplinks")?;
+        let mut uplink_confs: Vec<(u32, IfaceConf)> = ifaces
             .iter()
             .filter_map(|e| e.ok())
             .filter(|(_, c)| c.role == ROLE_UPLINK)
-            .map(|(k, _)| k)
             .collect();
-        uplink_ifindexes.sort_unstable();
-        uplink_ifindexes.truncate(MAX_UPLINKS);
+        uplink_confs.sort_unstable_by_key(|(k, _)| *k);
+        uplink_confs.truncate(MAX_UPLINKS);
         uplinks
-            .set(0, uplink_entry(&uplink_ifindexes)?, 0)
+            .set(0, uplink_entry(&uplink_confs)?, 0)
             .context("writing the steering program's uplinks")?;
         let xsks: XskMap<MapData> = take(&mut bpf, "xsks")?;
         let vips: BpfHashMap<MapData, [u8; 4], u8> = take(&mut bpf, "vips")?;
@@ -679,7 +704,7 @@ impl Steering {
             force_generic,
             ifaces,
             uplinks,
-            uplink_ifindexes,
+            uplink_confs,
             xsks,
             vips,
             frontends,
@@ -1068,11 +1093,27 @@ mod tests {
 
     #[test]
     fn the_uplinks_entry_holds_up_to_four_and_refuses_more() {
-        assert_eq!(uplink_entry(&[]).unwrap(), [0; MAX_UPLINKS]);
-        assert_eq!(uplink_entry(&[7, 3]).unwrap(), [7, 3, 0, 0]);
-        assert_eq!(uplink_entry(&[1, 2, 3, 4]).unwrap(), [1, 2, 3, 4]);
-        let e = uplink_entry(&[1, 2, 3, 4, 5]).unwrap_err().to_string();
+        let up = |i: u32| {
+            (
+                i,
+                IfaceConf {
+                    slot_base: 10 * i,
+                    queues: 2,
+                    role: ROLE_UPLINK,
+                },
+            )
+        };
+        assert_eq!(uplink_entry(&[]).unwrap(), UplinkSet::default());
+        let e = uplink_entry(&[up(7), up(3)]).unwrap();
+        assert_eq!(e.ifindex, [7, 3, 0, 0]);
+        assert_eq!(e.conf[1], up(3).1);
+        assert_eq!(e.conf[2], IfaceConf::default());
+        let four: Vec<_> = (1..=4).map(up).collect();
+        assert_eq!(uplink_entry(&four).unwrap().ifindex, [1, 2, 3, 4]);
+        let five: Vec<_> = (1..=5).map(up).collect();
+        let e = uplink_entry(&five).unwrap_err().to_string();
         assert!(e.contains("5 uplinks") && e.contains("at most 4"), "{e}");
+        assert_eq!(std::mem::size_of::<UplinkSet>(), 16 * MAX_UPLINKS);
     }
 
     #[test]
