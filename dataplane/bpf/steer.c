@@ -4,7 +4,9 @@
 // Attached to the uplink and to every Pod-facing interface. It redirects to the
 // interface's AF_XDP socket only what belongs to Juneau:
 //   - on the uplink: IPv4 TCP/UDP packets to a VIP:port/proto a Service exposes (map
-//     `frontends`; established flows' packets are fast-pathed before that look-up), ICMP errors quoting a packet from such a VIP:port, and fragments /
+//     `frontends`; packets of a flow a table holds skip that look-up: fast-pathed, or
+//     to userspace, which re-validates the flow), ICMP errors quoting a packet from such
+//     a VIP:port, and fragments /
 //     packets with IP options to a VIP (userspace counts and drops them), and UDP to
 //     this node's redirect address:port from a peer node (`redirect_in`, `redirect_from`;
 //     from any other source it is dropped and counted). Anything else
