@@ -32,7 +32,7 @@ struct Args {
     status_file: Option<PathBuf>,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` on this address; when not
     /// given, on 0.0.0.0:9744 (and without them, with a warning, if that is taken).
-    #[arg(long)]
+    #[arg(long, value_name = "ADDR", value_parser = juneau_telemetry::parse_listen_addr)]
     metrics_addr: Option<SocketAddr>,
     /// BFD runs in a separate juneau-bfd process that writes this file: follow it (a
     /// path failure still tears the session down) instead of running BFD here. Lets BFD

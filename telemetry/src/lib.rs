@@ -110,6 +110,20 @@ pub fn bind(
     }
 }
 
+/// Parses a `--metrics-addr` value: `IPv4:PORT`, `[IPv6]:PORT`, or `IPv6:PORT` without
+/// brackets (the port after the last colon), so a manifest can write `$(HOST_IP):9743`
+/// whatever the family of the node's address (the Downward API gives it bare).
+pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let bad = || format!("{s:?} is not ADDRESS:PORT (e.g. 10.0.0.1:9743, [fd00::1]:9743)");
+    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    let ip = host.parse::<std::net::Ipv6Addr>().map_err(|_| bad())?;
+    let port = port.parse::<u16>().map_err(|_| bad())?;
+    Ok(SocketAddr::new(ip.into(), port))
+}
+
 /// Binds `addr`, trying again every 10 ms for up to `patience` while it is in use.
 fn bind_patiently(
     addr: SocketAddr,
@@ -300,6 +314,34 @@ mod tests {
     use std::io::{ErrorKind, Read as _, Write as _};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_listen_address_is_parsed_in_either_family_bracketed_or_not() {
+        for (given, want) in [
+            ("10.0.0.7:9743", "10.0.0.7:9743"),
+            ("0.0.0.0:0", "0.0.0.0:0"),
+            ("[fd00::7]:9743", "[fd00::7]:9743"),
+            ("fd00::7:9743", "[fd00::7]:9743"),
+        ] {
+            assert_eq!(
+                parse_listen_addr(given),
+                Ok(want.parse().unwrap()),
+                "{given}"
+            );
+        }
+        for bad in [
+            "",
+            "10.0.0.7",
+            ":9743",
+            "10.0.0.7:port",
+            "10.0.0.7:70000",
+            "node-a:9743",
+            "$(HOST_IP):9743",
+        ] {
+            let e = parse_listen_addr(bad).unwrap_err();
+            assert!(e.contains("ADDRESS:PORT"), "{bad}: {e}");
+        }
+    }
 
     struct Fake {
         ready: AtomicBool,

@@ -198,6 +198,54 @@ fn juneau_runs_only_in_pods() -> Result<()> {
             cgroup.contains("/jlab-node-"),
             "{argv0} (pid {pid}) runs outside the kubelets' Pods: {cgroup}"
         );
+        runs_as_the_chart_says(pid, &argv0)?;
+    }
+    endpoints_listen_on_the_node_address()
+}
+
+/// The user and group the chart gives each process (docs/security.md, "Least
+/// privilege"): the agent, the controller and BFD non-root, the dataplane and the
+/// speaker root; every node process in the node group that shares /run/juneau.
+fn runs_as_the_chart_says(pid: u32, argv0: &str) -> Result<()> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let id = |key: &str| -> Option<u32> {
+        let line = status.lines().find(|l| l.starts_with(key))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    let (uid, gid) = (id("Uid:"), id("Gid:"));
+    let root = argv0.ends_with("juneau-dataplane") || argv0.ends_with("juneau-bgp");
+    let want_uid = if root {
+        0
+    } else {
+        juneau_tests::images::JUNEAU_UID
+    };
+    ensure!(
+        uid == Some(want_uid) && gid == Some(juneau_tests::images::JUNEAU_UID),
+        "{argv0} (pid {pid}) runs as uid {uid:?} gid {gid:?}, not {want_uid}:{}",
+        juneau_tests::images::JUNEAU_UID
+    );
+    Ok(())
+}
+
+/// The node processes' /metrics, /healthz and /readyz listen on the node's own address
+/// (the chart's default, metrics.listenOn: node), not on every address of the host:
+/// not on the uplink the clients reach.
+fn endpoints_listen_on_the_node_address() -> Result<()> {
+    for node in lab::NODES {
+        let listening = in_ns(node.name, &["ss", "-Hltn"])?;
+        for port in [9742, 9743, 9744] {
+            let locals: Vec<&str> = listening
+                .lines()
+                .filter_map(|l| l.split_whitespace().nth(3))
+                .filter(|local| local.ends_with(&format!(":{port}")))
+                .collect();
+            ensure!(
+                locals == [format!("{}:{port}", node.mgmt)],
+                "{}: port {port} listens on {locals:?}, not on the node's address {} alone:\n{listening}",
+                node.name,
+                node.mgmt
+            );
+        }
     }
     Ok(())
 }

@@ -66,7 +66,7 @@ struct Args {
     stats_file: Option<PathBuf>,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` on this address; when not
     /// given, on 0.0.0.0:9743 (and without them, with a warning, if that is taken).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = juneau_telemetry::parse_listen_addr)]
     metrics_addr: Option<SocketAddr>,
     /// Flow table capacity (flows); memory is ~87 bytes per flow plus 512 KiB, allocated
     /// at start.

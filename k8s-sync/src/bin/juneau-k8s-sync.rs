@@ -38,7 +38,7 @@ enum Command {
         /// Where to serve /metrics, /healthz and /readyz (default 0.0.0.0:9741; when the
         /// default is taken the controller runs without them and says so; an address
         /// given here must be free; port 0 picks one).
-        #[arg(long)]
+        #[arg(long, value_name = "ADDR", value_parser = juneau_telemetry::parse_listen_addr)]
         metrics_addr: Option<SocketAddr>,
     },
     /// Node agent: publishes this node's service table, advertise set and BGP peers
@@ -56,7 +56,7 @@ enum Command {
         /// Where to serve /metrics, /healthz and /readyz (default 0.0.0.0:9742; when the
         /// default is taken the agent runs without them and says so; an address given
         /// here must be free; port 0 picks one).
-        #[arg(long)]
+        #[arg(long, value_name = "ADDR", value_parser = juneau_telemetry::parse_listen_addr)]
         metrics_addr: Option<SocketAddr>,
         /// juneau-bgp's status file, published as the node's NodeBGPStatus (default
         /// /run/juneau/<node>.bgp-status.json, the speaker's --status-file in deploy/).
