@@ -1,5 +1,7 @@
 //! Graceful maintenance (RFC 8326) against BIRD 2 and FRR: two nodes announce a VIP (ECMP
-//! in the router's kernel); node 0 is cordoned (its peer config gets `drain`): it
+//! in the router's kernel); node 0 goes into maintenance (its peer config gets `drain`,
+//! as the agent sets it when one of the peer's triggers holds: k8s-sync's
+//! `maintenance`; each trigger in the lab, `lab_e2e`): it
 //! re-announces less preferred (AS_PATH prepended, GRACEFUL_SHUTDOWN community), so the
 //! router takes it out of the kernel's ECMP route while still holding its path, and only
 //! after the configured wait is the path withdrawn. Ending the maintenance announces it
@@ -73,14 +75,14 @@ fn drain(kind: RouterKind) -> Result<()> {
     );
     record(
         kind,
-        "maintenance: cordon -> out of the kernel route",
+        "maintenance: drain set -> out of the kernel route",
         depreferred,
     );
 
     // 2. Withdrawn after the wait.
     router.wait_nexthops(VIP, &[node_addr(1)], UP)?;
     let withdrawn = t0.elapsed();
-    record(kind, "maintenance: cordon -> withdrawn", withdrawn);
+    record(kind, "maintenance: drain set -> withdrawn", withdrawn);
     assert!(
         withdrawn >= Duration::from_secs(u64::from(WAIT)),
         "withdrawn after {withdrawn:?}, before the {WAIT} s wait"
@@ -98,11 +100,11 @@ fn drain(kind: RouterKind) -> Result<()> {
 }
 
 #[test]
-fn bird_sees_a_cordoned_node_lose_preference_before_it_is_withdrawn() -> Result<()> {
+fn bird_sees_a_node_in_maintenance_lose_preference_before_it_is_withdrawn() -> Result<()> {
     drain(RouterKind::Bird)
 }
 
 #[test]
-fn frr_sees_a_cordoned_node_lose_preference_before_it_is_withdrawn() -> Result<()> {
+fn frr_sees_a_node_in_maintenance_lose_preference_before_it_is_withdrawn() -> Result<()> {
     drain(RouterKind::Frr)
 }

@@ -163,6 +163,7 @@ fn view(n: u32) -> AgentView {
         advertisements: vec![Arc::new(adv)],
         secrets: Default::default(),
         secret_namespace: "juneau-system".into(),
+        maintenance_triggers: Default::default(),
     }
 }
 

@@ -44,6 +44,8 @@ pub struct AgentOptions {
     /// Where to watch for a decommission request and carry it out
     /// ([`crate::decommission`]); `None`: never decommissioned.
     pub decommission: Option<AgentDecommission>,
+    /// What puts the node in maintenance for BGPPeers that name no triggers.
+    pub maintenance_triggers: crate::maintenance::Triggers,
 }
 
 /// The agent's decommission settings.
@@ -195,7 +197,7 @@ impl Stores {
     }
 
     /// The stores' objects, shared with them (`Arc`s: no object is copied).
-    fn view(&self, secret_ns: &str) -> AgentView {
+    fn view(&self, secret_ns: &str, triggers: &crate::maintenance::Triggers) -> AgentView {
         let mut v = AgentView {
             nodes: self
                 .nodes
@@ -224,6 +226,7 @@ impl Stores {
                 .map(|s| (s.name_any(), s))
                 .collect(),
             secret_namespace: secret_ns.to_string(),
+            maintenance_triggers: triggers.clone(),
             ..Default::default()
         };
         for s in self.slices.state() {
@@ -273,6 +276,13 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
     {
         return decommission_and_idle(client, &opts, &token).await;
     }
+    let triggers: Vec<&str> = opts
+        .maintenance_triggers
+        .0
+        .iter()
+        .map(|t| t.name())
+        .collect();
+    info!(node = %opts.node, triggers = %triggers.join(","), "graceful maintenance triggers of BGPPeers that name none");
     let (_no_request, mut requests) = tokio::sync::watch::channel(None::<String>);
     if let Some(d) = &opts.decommission {
         requests = crate::decommission::watch_request(client.clone(), &d.namespace, &d.daemonset);
@@ -348,7 +358,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
             // Not every watch has listed: nothing is published (the next event retries).
             continue;
         }
-        let view = stores.view(&opts.secret_namespace);
+        let view = stores.view(&opts.secret_namespace, &opts.maintenance_triggers);
         let (state, warnings) = build_state(&opts, &view, &mut build_cache, last.as_ref());
         if warnings != last_warnings {
             for w in &warnings {

@@ -385,17 +385,24 @@ pub struct BGPPeerSpec {
     /// session down within multiplier x interval instead of the hold time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bfd: Option<Bfd>,
-    /// Graceful maintenance (RFC 8326): when a node is cordoned (`spec.unschedulable`),
-    /// its VIPs are re-announced less preferred (GRACEFUL_SHUTDOWN community, LOCAL_PREF
-    /// for iBGP, AS_PATH prepend for eBGP), then withdrawn after `drainSeconds`.
+    /// Graceful maintenance (RFC 8326): when one of the `triggers` holds for a node
+    /// (default: its exclude-from-external-load-balancers label or its
+    /// `juneau.loutres.me/maintenance: "true"` annotation; not a cordon), its VIPs are
+    /// re-announced less preferred (GRACEFUL_SHUTDOWN community, LOCAL_PREF for iBGP,
+    /// AS_PATH prepend for eBGP), then withdrawn after `drainSeconds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<Maintenance>,
 }
 
-/// How a cordoned node leaves this peer's path.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// How a node in maintenance leaves this peer's path, and what puts it there.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Maintenance {
+    /// What puts a node in maintenance for this peer (any one of them); default: the
+    /// node agent's `--maintenance-triggers` (the chart's `node.maintenanceTriggers`,
+    /// `[ExcludeLabel, Annotation]`). `[]`: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub triggers: Option<Vec<MaintenanceTrigger>>,
     /// Extra copies of the local AS prepended for eBGP (default 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 10))]
@@ -406,6 +413,66 @@ pub struct Maintenance {
     /// Seconds between the less-preferred announcement and the withdrawal (default 30).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_seconds: Option<u16>,
+}
+
+/// A Node signal that starts graceful maintenance (docs/bgp.md, "Graceful maintenance").
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+pub enum MaintenanceTrigger {
+    /// `spec.unschedulable` (`kubectl cordon`, the first step of `kubectl drain`). Not a
+    /// default: DaemonSets and many operators cordon without a reboot coming.
+    Cordon,
+    /// The `node.kubernetes.io/exclude-from-external-load-balancers` label. Without this
+    /// trigger the label withdraws the node's VIPs at once.
+    ExcludeLabel,
+    /// The kubelet's graceful node shutdown: the Ready condition not True with "node is
+    /// shutting down" in its message.
+    NodeShutdown,
+    /// The Node's `juneau.loutres.me/maintenance: "true"` annotation.
+    Annotation,
+}
+
+impl MaintenanceTrigger {
+    /// Every trigger, in declaration order.
+    pub const ALL: [MaintenanceTrigger; 4] = [
+        MaintenanceTrigger::Cordon,
+        MaintenanceTrigger::ExcludeLabel,
+        MaintenanceTrigger::NodeShutdown,
+        MaintenanceTrigger::Annotation,
+    ];
+    /// The triggers of a BGPPeer that names none, and of the agent without
+    /// `--maintenance-triggers`.
+    pub const DEFAULT: [MaintenanceTrigger; 2] = [
+        MaintenanceTrigger::ExcludeLabel,
+        MaintenanceTrigger::Annotation,
+    ];
+
+    /// Its name in the API (and on the agent's command line).
+    pub fn name(self) -> &'static str {
+        match self {
+            MaintenanceTrigger::Cordon => "Cordon",
+            MaintenanceTrigger::ExcludeLabel => "ExcludeLabel",
+            MaintenanceTrigger::NodeShutdown => "NodeShutdown",
+            MaintenanceTrigger::Annotation => "Annotation",
+        }
+    }
+}
+
+impl std::str::FromStr for MaintenanceTrigger {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|t| t.name()).collect();
+                format!(
+                    "unknown maintenance trigger {s:?} (one of {})",
+                    names.join(", ")
+                )
+            })
+    }
 }
 
 /// BFD timers of a BGPPeer (asynchronous mode).

@@ -9,7 +9,7 @@
 //!
 //! Layout: pure decisions with unit tests ([`reconcile`], [`node_state`], [`vips`],
 //! [`pools`], [`endpoints`], [`describe`], [`report`], [`peers`], [`pacing`], [`fence`]: when a
-//! leader may still write, [`redirect_key`]: the redirect channel's MAC keys from their
+//! leader may still write, [`maintenance`]: what puts a node in graceful maintenance, [`redirect_key`]: the redirect channel's MAC keys from their
 //! Secret) and thin glue that watches and writes ([`controller`], [`agent`],
 //! [`speaker_status`]: the node's BGP sessions into a NodeBGPStatus; [`decommission`]:
 //! `helm uninstall`'s request, the hook that makes it and the agents that carry it out,
@@ -24,6 +24,7 @@ pub mod decommission;
 pub mod describe;
 pub mod endpoints;
 pub mod fence;
+pub mod maintenance;
 pub mod metrics;
 pub mod node_state;
 pub mod pacing;

@@ -16,7 +16,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 
-use crate::crd::{BGPAdvertisement, BGPPeer, Phase, ServiceLoadBalancer};
+use crate::crd::{BGPAdvertisement, BGPPeer, MaintenanceTrigger, Phase, ServiceLoadBalancer};
 use crate::endpoints::{host_network_endpoints, node_excluded, slice_endpoints, SliceEndpoint};
 use crate::reconcile::is_managed;
 
@@ -161,6 +161,9 @@ pub struct AgentView {
     pub secrets: BTreeMap<String, Arc<Secret>>,
     /// The namespace those Secrets are in (for messages).
     pub secret_namespace: String,
+    /// The maintenance triggers of BGPPeers that name none (the agent's
+    /// `--maintenance-triggers`).
+    pub maintenance_triggers: crate::maintenance::Triggers,
 }
 
 impl std::fmt::Debug for AgentView {
@@ -174,6 +177,7 @@ impl std::fmt::Debug for AgentView {
             .field("advertisements", &self.advertisements)
             .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
             .field("secret_namespace", &self.secret_namespace)
+            .field("maintenance_triggers", &self.maintenance_triggers)
             .finish()
     }
 }
@@ -520,6 +524,7 @@ fn same_arcs<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
 struct Globals {
     node: String,
     secret_namespace: String,
+    maintenance_triggers: crate::maintenance::Triggers,
     nodes: Vec<Arc<Node>>,
     peers: Vec<Arc<BGPPeer>>,
     advertisements: Vec<Arc<BGPAdvertisement>>,
@@ -535,6 +540,7 @@ impl Globals {
         Globals {
             node: node.to_string(),
             secret_namespace: view.secret_namespace.clone(),
+            maintenance_triggers: view.maintenance_triggers.clone(),
             nodes: view.nodes.values().cloned().collect(),
             peers: by_ptr(view.peers.clone()),
             advertisements: by_ptr(view.advertisements.clone()),
@@ -545,6 +551,7 @@ impl Globals {
     fn same(&self, o: &Globals) -> bool {
         self.node == o.node
             && self.secret_namespace == o.secret_namespace
+            && self.maintenance_triggers == o.maintenance_triggers
             && same_arcs(&self.nodes, &o.nodes)
             && same_arcs(&self.peers, &o.peers)
             && same_arcs(&self.advertisements, &o.advertisements)
@@ -585,14 +592,18 @@ pub fn build_node_state_with(
     let labels = me
         .and_then(|n| n.metadata.labels.as_ref())
         .unwrap_or(&empty);
-    let excluded = me.is_some_and(node_excluded);
-    // Cordoned: graceful maintenance on every peer (see `juneau_bgp::maintenance`).
-    let cordoned = me
-        .and_then(|n| n.spec.as_ref()?.unschedulable)
-        .unwrap_or(false);
+    // Graceful maintenance on the peers listening to a trigger that holds (carried out
+    // by `juneau_bgp::maintenance`).
+    let active = me
+        .map(|n| crate::maintenance::active_triggers(n, &mut warnings))
+        .unwrap_or_default();
     let router_id = me.and_then(node_router_id);
 
-    let peers = node_peers(view, labels, cordoned, &mut warnings);
+    let peers = node_peers(view, labels, &active, &mut warnings);
+    // The exclude label withdraws the node's VIPs at once, unless every peer drains
+    // (then each withdraws them after its drain, as maintenance does).
+    let excluded = me.is_some_and(node_excluded)
+        && (peers.is_empty() || peers.iter().any(|(p, _)| p.drain.is_none()));
     let ctx = NodeCtx {
         node,
         view,
@@ -631,7 +642,7 @@ fn node_router_id(n: &Node) -> Option<Ipv4Addr> {
 fn node_peers(
     view: &AgentView,
     labels: &BTreeMap<String, String>,
-    cordoned: bool,
+    active: &BTreeSet<MaintenanceTrigger>,
     warnings: &mut Vec<String>,
 ) -> Vec<(PeerConfig, BTreeMap<String, String>)> {
     let mut peers: Vec<(PeerConfig, BTreeMap<String, String>)> = Vec::new();
@@ -641,7 +652,7 @@ fn node_peers(
         if !selects(p.spec.node_selector.as_ref(), labels) {
             continue;
         }
-        let Some(cfg) = peer_config(view, p, cordoned, warnings) else {
+        let Some(cfg) = peer_config(view, p, active, warnings) else {
             continue;
         };
         let plabels = p.metadata.labels.clone().unwrap_or_default();
@@ -650,12 +661,13 @@ fn node_peers(
     peers
 }
 
-/// The session configuration of the BGPPeer `p` (draining when the node is `cordoned`),
-/// or `None` with a warning when it cannot be configured.
+/// The session configuration of the BGPPeer `p` (draining when one of its maintenance
+/// triggers is among the node's `active` ones), or `None` with a warning when it cannot
+/// be configured.
 fn peer_config(
     view: &AgentView,
     p: &BGPPeer,
-    cordoned: bool,
+    active: &BTreeSet<MaintenanceTrigger>,
     warnings: &mut Vec<String>,
 ) -> Option<PeerConfig> {
     let name = p.metadata.name.clone().unwrap_or_default();
@@ -728,25 +740,22 @@ fn peer_config(
             }
         }
     }
-    if cordoned {
+    let own = p
+        .spec
+        .maintenance
+        .as_ref()
+        .and_then(|m| m.triggers.as_deref());
+    if view.maintenance_triggers.drains(own, active) {
         cfg.drain = Some(drain_settings(p));
     }
     Some(cfg)
 }
 
 /// The graceful-maintenance settings of the BGPPeer `p` (its `spec.maintenance` over the
-/// defaults), used while the node is cordoned.
+/// defaults), used while the node is in maintenance.
 fn drain_settings(p: &BGPPeer) -> juneau_control::model::DrainSettings {
     let d = juneau_control::model::DrainSettings::default();
-    let m = p
-        .spec
-        .maintenance
-        .clone()
-        .unwrap_or(crate::crd::Maintenance {
-            as_path_prepend: None,
-            local_pref: None,
-            drain_seconds: None,
-        });
+    let m = p.spec.maintenance.clone().unwrap_or_default();
     juneau_control::model::DrainSettings {
         as_path_prepend: m.as_path_prepend.unwrap_or(d.as_path_prepend),
         local_pref: m.local_pref.unwrap_or(d.local_pref),
@@ -970,6 +979,7 @@ mod tests {
             advertisements: vec![Arc::new(adv)],
             secrets: [("bgp-pw".to_string(), Arc::new(secret))].into(),
             secret_namespace: DEFAULT_SECRET_NAMESPACE.into(),
+            maintenance_triggers: Default::default(),
         }
     }
 
@@ -1186,6 +1196,18 @@ mod tests {
             .get_or_insert_with(Default::default)
             .unschedulable = Some(true);
         check(&v, &mut cache, "the node cordoned");
+        Arc::make_mut(v.nodes.get_mut("node-a").unwrap())
+            .metadata
+            .annotations = Some(
+            [(
+                crate::maintenance::MAINTENANCE_ANNOTATION.to_string(),
+                "true".into(),
+            )]
+            .into(),
+        );
+        check(&v, &mut cache, "the node annotated for maintenance");
+        v.maintenance_triggers = crate::maintenance::Triggers(vec![]);
+        check(&v, &mut cache, "no maintenance trigger");
         Arc::make_mut(&mut v.advertisements[0])
             .spec
             .weighted_by_backends = Some(true);
@@ -1208,17 +1230,21 @@ mod tests {
     }
 
     #[test]
-    fn a_cordoned_node_drains_every_peer() {
+    fn a_node_drains_on_its_peers_triggers_and_not_on_a_plain_cordon() {
+        use crate::crd::MaintenanceTrigger::*;
+        let drain = Some(juneau_control::model::DrainSettings::default());
         let mut v = view();
         let n = Arc::make_mut(v.nodes.get_mut("node-a").unwrap());
         n.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
         let (s, _) = build_node_state("node-a", &v);
-        assert_eq!(
-            s.peers[0].drain,
-            Some(juneau_control::model::DrainSettings::default())
-        );
-        assert_eq!(s.advertised.len(), 1, "still announced: the speaker drains");
+        assert_eq!(s.peers[0].drain, None, "cordon is no default trigger");
+        assert_eq!(s.advertised.len(), 1);
+        // The agent's --maintenance-triggers, and a peer's own list over it.
+        v.maintenance_triggers = crate::maintenance::Triggers(vec![Cordon]);
+        assert_eq!(build_node_state("node-a", &v).0.peers[0].drain, drain);
+        v.maintenance_triggers = Default::default();
         Arc::make_mut(&mut v.peers[0]).spec.maintenance = Some(crate::crd::Maintenance {
+            triggers: Some(vec![Cordon]),
             as_path_prepend: Some(5),
             local_pref: None,
             drain_seconds: Some(4),
@@ -1226,6 +1252,56 @@ mod tests {
         let (s, _) = build_node_state("node-a", &v);
         let d = s.peers[0].drain.unwrap();
         assert_eq!((d.as_path_prepend, d.local_pref, d.wait_seconds), (5, 0, 4));
+        assert_eq!(s.advertised.len(), 1, "still announced: the speaker drains");
+    }
+
+    #[test]
+    fn the_annotation_drains_the_exclude_label_drains_or_withdraws_at_once() {
+        use crate::crd::MaintenanceTrigger::*;
+        let mut v = view();
+        let n = Arc::make_mut(v.nodes.get_mut("node-a").unwrap());
+        n.metadata.annotations = Some(
+            [(
+                crate::maintenance::MAINTENANCE_ANNOTATION.to_string(),
+                "true".into(),
+            )]
+            .into(),
+        );
+        let (s, w) = build_node_state("node-a", &v);
+        assert!(
+            s.peers[0].drain.is_some() && s.advertised.len() == 1,
+            "{w:?}"
+        );
+        // The label, a default trigger: drained, then withdrawn by the speaker.
+        v.nodes
+            .insert("node-a".into(), node("node-a", "192.168.0.1", true).1);
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.peers[0].drain.is_some());
+        assert_eq!(s.advertised.len(), 1, "announced while the peers drain");
+        // A peer that does not drain on it: withdrawn at once, as without maintenance.
+        Arc::make_mut(&mut v.peers[0]).spec.maintenance = Some(crate::crd::Maintenance {
+            triggers: Some(vec![Annotation]),
+            ..Default::default()
+        });
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(s.peers[0].drain, None);
+        assert!(s.advertised.is_empty(), "excluded at once");
+        // A meaningless annotation value is reported; the node keeps announcing.
+        Arc::make_mut(&mut v.peers[0]).spec.maintenance = None;
+        v.nodes
+            .insert("node-a".into(), node("node-a", "192.168.0.1", false).1);
+        Arc::make_mut(v.nodes.get_mut("node-a").unwrap())
+            .metadata
+            .annotations = Some(
+            [(
+                crate::maintenance::MAINTENANCE_ANNOTATION.to_string(),
+                "yes".into(),
+            )]
+            .into(),
+        );
+        let (s, w) = build_node_state("node-a", &v);
+        assert!(s.peers[0].drain.is_none() && s.advertised.len() == 1);
+        assert!(w.iter().any(|w| w.contains("maintenance=\"yes\"")), "{w:?}");
     }
 
     #[test]
@@ -1238,7 +1314,9 @@ mod tests {
 
     #[test]
     fn excluded_failed_missing_advertisement_and_secret() {
+        // Excluded, the label no maintenance trigger: withdrawn at once.
         let mut v = view();
+        v.maintenance_triggers = crate::maintenance::Triggers(vec![]);
         v.nodes
             .insert("node-a".into(), node("node-a", "192.168.0.1", true).1);
         let (s, _) = build_node_state("node-a", &v);

@@ -250,6 +250,68 @@ fn endpoints_listen_on_the_node_address() -> Result<()> {
     Ok(())
 }
 
+/// The router's view of the VIP: every path with its attributes (BIRD's `show route for
+/// VIP/32 all`).
+fn router_paths() -> Result<String> {
+    juneau_tests::bird::birdc(
+        &lab::bird_ctl(),
+        &["show", "route", "for", &format!("{VIP}/32"), "all"],
+    )
+}
+
+/// Graceful maintenance as the chart configures it (node.maintenanceTriggers: the
+/// exclude label and the annotation): a cordon alone leaves node-a's path as it was
+/// (no GRACEFUL_SHUTDOWN community, still in the router's ECMP route, for 8 s); the
+/// `juneau.loutres.me/maintenance: "true"` annotation takes it out of the ECMP route
+/// (less preferred: GRACEFUL_SHUTDOWN and a prepended AS_PATH) while the VIP answers;
+/// removing the annotation puts it back.
+fn maintenance_follows_its_triggers_not_a_cordon() -> Result<()> {
+    const GSHUT: &str = "(65535,0)";
+    kubectl(&["cordon", "node-a"])?;
+    let cordoned = (|| -> Result<()> {
+        let until = Instant::now() + Duration::from_secs(8);
+        while Instant::now() < until {
+            let paths = router_paths()?;
+            ensure!(
+                !paths.contains(GSHUT),
+                "a cordon started maintenance:\n{paths}"
+            );
+            ensure!(
+                router_next_hops()? == vec![NODE_A, NODE_C],
+                "a cordon moved the router's route: {:?}",
+                router_next_hops()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        Ok(())
+    })();
+    kubectl(&["uncordon", "node-a"])?;
+    cordoned?;
+
+    let annotation = "juneau.loutres.me/maintenance";
+    kubectl(&["annotate", "node", "node-a", &format!("{annotation}=true")])?;
+    let drained = (|| -> Result<()> {
+        eventually(
+            "node-a less preferred (GRACEFUL_SHUTDOWN) and out of the ECMP route",
+            Duration::from_secs(20),
+            || Ok(router_paths()?.contains(GSHUT) && router_next_hops()? == vec![NODE_C]),
+        )?;
+        let page = curl_vip()?;
+        ensure!(
+            page.contains("Welcome to nginx"),
+            "during maintenance: {page}"
+        );
+        Ok(())
+    })();
+    kubectl(&["annotate", "node", "node-a", &format!("{annotation}-")])?;
+    drained?;
+    eventually(
+        "node-a back in the ECMP route, announced normally",
+        Duration::from_secs(30),
+        || Ok(router_next_hops()? == vec![NODE_A, NODE_C] && !router_paths()?.contains(GSHUT)),
+    )
+}
+
 /// curl through the VIP until nginx's `X-Served-By: <pod>` names a Pod on `node`.
 fn curl_until_served_on(node: &str, attempts: usize) -> Result<()> {
     let on_node: Vec<String> = nginx_pods()?
@@ -411,6 +473,7 @@ fn walk() -> Result<()> {
 
     prometheus_sees_what_the_lab_did()?;
     peers_show_the_live_sessions()?;
+    maintenance_follows_its_triggers_not_a_cordon()?;
 
     // `up` again is harmless.
     let again = lab_cmd("up")?;

@@ -68,6 +68,12 @@ enum Command {
         /// "Uninstall"). Without: never decommissioned.
         #[arg(long, value_name = "DIR", requires = "daemonset")]
         decommission_dir: Option<PathBuf>,
+        /// What puts this node in graceful maintenance for BGPPeers that name no
+        /// `spec.maintenance.triggers` (comma-separated: Cordon, ExcludeLabel,
+        /// NodeShutdown, Annotation; empty: never; default ExcludeLabel,Annotation).
+        /// docs/bgp.md, "Graceful maintenance".
+        #[arg(long, value_name = "TRIGGERS", value_parser = juneau_k8s_sync::maintenance::Triggers::parse)]
+        maintenance_triggers: Option<juneau_k8s_sync::maintenance::Triggers>,
         /// The node DaemonSet (in --namespace) whose juneau.loutres.me/decommission
         /// annotation is the decommission request.
         #[arg(long, requires = "decommission_dir")]
@@ -227,6 +233,7 @@ async fn main() -> anyhow::Result<()> {
             bgp_status_file,
             decommission_dir,
             daemonset,
+            maintenance_triggers,
         } => {
             let state_file = state_file.unwrap_or_else(|| juneau_control::shm::default_path(&node));
             // An upgrade's new Pod starts beside the old one: the state file and the
@@ -263,6 +270,7 @@ async fn main() -> anyhow::Result<()> {
                     health,
                     bgp_status_file,
                     decommission,
+                    maintenance_triggers: maintenance_triggers.unwrap_or_default(),
                 },
             );
             tokio::select! {
