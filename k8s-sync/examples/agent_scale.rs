@@ -134,6 +134,7 @@ fn view(n: u32) -> AgentView {
         "public",
         BGPAdvertisementSpec {
             address_pools: vec!["public-v4".into()],
+            service_selector: None,
             peer_selector: None,
             node_selector: None,
             communities: vec![],

@@ -556,7 +556,7 @@ fn large_communities_schema(_: &mut SchemaGenerator) -> Schema {
 }
 
 /// Which VIPs are announced to which peers, and with which attributes.
-#[derive(CustomResource, Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[kube(
     group = "juneau.loutres.me",
     version = "v1alpha1",
@@ -573,6 +573,12 @@ pub struct BGPAdvertisementSpec {
     #[serde(default)]
     #[schemars(schema_with = "pool_names_schema")]
     pub address_pools: Vec<String>,
+    /// Services (by label) whose VIPs this applies to (default: every Service of those
+    /// pools). The most specific win: for a Service that some advertisement with a
+    /// serviceSelector selects, the pool's advertisements without one do not apply
+    /// (docs/k8s-sync.md, "Per-Service attributes").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_selector: Option<LabelSelector>,
     /// BGPPeers (by label) the VIPs are announced to (default: every peer of the node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer_selector: Option<LabelSelector>,

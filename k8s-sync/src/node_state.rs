@@ -13,12 +13,11 @@ use juneau_control::{
 };
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::core::{Selector, SelectorExt};
 
 use crate::crd::{BGPAdvertisement, BGPPeer, MaintenanceTrigger, Phase, ServiceLoadBalancer};
 use crate::endpoints::{host_network_endpoints, node_excluded, slice_endpoints, SliceEndpoint};
 use crate::reconcile::is_managed;
+use crate::selection::{for_service, selects};
 
 /// Namespace a BGPPeer's password Secret is looked up in when it names none.
 pub const DEFAULT_SECRET_NAMESPACE: &str = "juneau-system";
@@ -64,7 +63,12 @@ pub fn redirect_address(node: &Node) -> Result<Option<Ipv4Addr>, String> {
 /// node that cannot (e.g. a node outside the edge nodes, running no Juneau at all) is
 /// never asked: a redirected packet sent there would be lost, and every later packet of
 /// the flow (same hash, same first peer) with it.
-fn may_announce(view: &AgentView, name: &str, pool: &str) -> bool {
+fn may_announce(
+    view: &AgentView,
+    name: &str,
+    pool: &str,
+    service_labels: &BTreeMap<String, String>,
+) -> bool {
     let empty = BTreeMap::new();
     let Some(n) = view.nodes.get(name) else {
         return false;
@@ -73,10 +77,13 @@ fn may_announce(view: &AgentView, name: &str, pool: &str) -> bool {
     view.peers
         .iter()
         .any(|p| selects(p.spec.node_selector.as_ref(), labels))
-        && view.advertisements.iter().any(|a| {
-            (a.spec.address_pools.is_empty() || a.spec.address_pools.iter().any(|x| x == pool))
-                && selects(a.spec.node_selector.as_ref(), labels)
-        })
+        && for_service(
+            view.advertisements.iter().map(|a| &a.spec),
+            pool,
+            service_labels,
+        )
+        .iter()
+        .any(|a| selects(a.node_selector.as_ref(), labels))
 }
 
 /// The redirect part of `node`'s state: its own address and, per VIP in `vip_nodes`, the
@@ -179,16 +186,6 @@ impl std::fmt::Debug for AgentView {
             .field("secret_namespace", &self.secret_namespace)
             .field("maintenance_triggers", &self.maintenance_triggers)
             .finish()
-    }
-}
-
-fn selects(sel: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
-    match sel {
-        None => true,
-        Some(s) => match Selector::try_from(s.clone()) {
-            Ok(sel) => sel.matches(labels),
-            Err(_) => false,
-        },
     }
 }
 
@@ -317,6 +314,8 @@ fn slb_part(
         .filter(|e| e.node.as_deref() == Some(node))
         .collect();
     let pool = st.address_pool.clone().unwrap_or_default();
+    let empty = BTreeMap::new();
+    let service_labels = svc.metadata.labels.as_ref().unwrap_or(&empty);
     let mut part = SlbPart {
         services: Vec::new(),
         advertised: None,
@@ -326,7 +325,7 @@ fn slb_part(
         eps.iter()
             .filter(|e| e.conditions.ready || e.conditions.serving)
             .filter_map(|e| e.node.clone())
-            .filter(|n| may_announce(view, n, &pool)),
+            .filter(|n| may_announce(view, n, &pool, service_labels)),
     );
     let mut any_backend = false;
     for sp in svc
@@ -345,7 +344,7 @@ fn slb_part(
     if !any_backend || excluded {
         return Some(part);
     }
-    part.advertised = advertised_vip(ctx, &pool, vip, &here);
+    part.advertised = advertised_vip(ctx, (&pool, service_labels), vip, &here);
     Some(part)
 }
 
@@ -396,12 +395,13 @@ fn frontend_service(
     })
 }
 
-/// How this node announces `vip` (of address pool `pool`, with the local endpoints
-/// `here`), from the BGPAdvertisements covering the pool on this node; `None` when none
-/// covers it or none selects a peer of the node.
+/// How this node announces `vip` (of address pool `pool`, its Service labelled
+/// `service_labels`, with the local endpoints `here`), from the BGPAdvertisements that
+/// apply to it ([`for_service`]) on this node; `None` when none does or none selects a
+/// peer of the node.
 fn advertised_vip(
     ctx: NodeCtx<'_>,
-    pool: &str,
+    (pool, service_labels): (&str, &BTreeMap<String, String>),
     vip: Ipv4Addr,
     here: &[&SliceEndpoint],
 ) -> Option<AdvertisedVip> {
@@ -419,32 +419,26 @@ fn advertised_vip(
     let mut peer_idx = BTreeSet::new();
     let mut all_peers = false;
     let mut weighted = false;
-    for adv in &view.advertisements {
-        if !(adv.spec.address_pools.is_empty() || adv.spec.address_pools.iter().any(|p| p == pool))
-        {
-            continue;
-        }
-        if !selects(adv.spec.node_selector.as_ref(), labels) {
+    for adv in for_service(
+        view.advertisements.iter().map(|a| &a.spec),
+        pool,
+        service_labels,
+    ) {
+        if !selects(adv.node_selector.as_ref(), labels) {
             continue;
         }
         matched = true;
-        communities.extend(
-            adv.spec
-                .communities
-                .iter()
-                .filter_map(|c| parse_community(c)),
-        );
+        communities.extend(adv.communities.iter().filter_map(|c| parse_community(c)));
         large.extend(
-            adv.spec
-                .large_communities
+            adv.large_communities
                 .iter()
                 .filter_map(|c| parse_large_community(c)),
         );
-        if let Some(lp) = adv.spec.local_pref {
+        if let Some(lp) = adv.local_pref {
             local_pref = Some(local_pref.map_or(lp, |x| x.max(lp)));
         }
-        weighted |= adv.spec.weighted_by_backends.unwrap_or(false);
-        match &adv.spec.peer_selector {
+        weighted |= adv.weighted_by_backends.unwrap_or(false);
+        match &adv.peer_selector {
             None => all_peers = true,
             Some(sel) => {
                 for (i, (_, pl)) in peers.iter().enumerate() {
@@ -860,6 +854,7 @@ mod tests {
         (k, Arc::new(n))
     }
     use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
     use k8s_openapi::ByteString;
     use kube::api::ObjectMeta;
@@ -938,6 +933,7 @@ mod tests {
             "public",
             BGPAdvertisementSpec {
                 address_pools: vec!["public-v4".into()],
+                service_selector: None,
                 peer_selector: None,
                 node_selector: None,
                 communities: vec!["64512:100".into()],
@@ -1338,6 +1334,54 @@ mod tests {
         let (s, w) = build_node_state("node-a", &v);
         assert!(s.peers.is_empty());
         assert!(w[0].contains("bgp-pw"));
+    }
+
+    /// A BGPAdvertisement with a serviceSelector gives the Services it selects their own
+    /// attributes (and nodes); the pool's general one stays for the others.
+    #[test]
+    fn a_service_specific_advertisement_replaces_the_pools_general_one() {
+        let mut v = view();
+        let gold = LabelSelector {
+            match_labels: Some([("tier".to_string(), "gold".to_string())].into()),
+            ..Default::default()
+        };
+        let mut specific = (*v.advertisements[0]).clone();
+        specific.metadata.name = Some("gold".into());
+        specific.spec.service_selector = Some(gold);
+        specific.spec.communities = vec!["64512:900".into()];
+        specific.spec.large_communities.clear();
+        specific.spec.local_pref = None;
+        v.advertisements.push(Arc::new(specific));
+        let communities = |v: &AgentView| -> Vec<Vec<u32>> {
+            let (s, _) = build_node_state("node-a", v);
+            s.advertised.iter().map(|a| a.communities.clone()).collect()
+        };
+        assert_eq!(
+            communities(&v),
+            [vec![64512 << 16 | 100]],
+            "not gold: the general one"
+        );
+        let svc = Arc::make_mut(v.services.get_mut("default/nginx").unwrap());
+        svc.metadata.labels = Some([("tier".to_string(), "gold".to_string())].into());
+        assert_eq!(
+            communities(&v),
+            [vec![64512 << 16 | 900]],
+            "gold: its own only"
+        );
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(
+            s.advertised[0].local_pref, None,
+            "nothing of the general one"
+        );
+        // Its own node selector: node-a is not among its nodes, so it announces nothing
+        // (the general advertisement does not stand in).
+        Arc::make_mut(v.advertisements.last_mut().unwrap())
+            .spec
+            .node_selector = Some(LabelSelector {
+            match_labels: Some([("rack".to_string(), "r9".to_string())].into()),
+            ..Default::default()
+        });
+        assert_eq!(communities(&v), Vec::<Vec<u32>>::new());
     }
 
     #[test]

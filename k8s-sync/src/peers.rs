@@ -67,11 +67,7 @@ pub struct Session {
 
 fn selects(p: &BGPPeer, node: &Node) -> bool {
     let labels = node.metadata.labels.clone().unwrap_or_default();
-    match &p.spec.node_selector {
-        None => true,
-        Some(sel) => kube::core::Selector::try_from(sel.clone())
-            .is_ok_and(|s| kube::core::SelectorExt::matches(&s, &labels)),
-    }
+    crate::selection::selects(p.spec.node_selector.as_ref(), &labels)
 }
 
 /// The report: every node with a configured peer or a NodeBGPStatus, sorted by name.

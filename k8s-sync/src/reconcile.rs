@@ -107,13 +107,25 @@ impl World {
     }
 }
 
-/// True when some BGPAdvertisement covers `pool` on `node`.
-pub fn advertisement_covers(world: &World, pool: &str, node: &str) -> bool {
-    !covered_nodes(world, pool, &[node.to_string()]).is_empty()
+/// True when some BGPAdvertisement that applies to the VIP (of `pool`, its Service
+/// labelled `service_labels`: [`crate::selection::for_service`]) selects `node`.
+pub fn advertisement_covers(
+    world: &World,
+    pool: &str,
+    service_labels: &BTreeMap<String, String>,
+    node: &str,
+) -> bool {
+    !covered_nodes(world, pool, service_labels, &[node.to_string()]).is_empty()
 }
 
-/// Nodes (of `candidates`) on which some BGPAdvertisement covers `pool`.
-fn covered_nodes(world: &World, pool: &str, candidates: &[String]) -> Vec<String> {
+/// Nodes (of `candidates`) that some BGPAdvertisement applying to the VIP selects.
+fn covered_nodes(
+    world: &World,
+    pool: &str,
+    service_labels: &BTreeMap<String, String>,
+    candidates: &[String],
+) -> Vec<String> {
+    let applying = crate::selection::for_service(&world.advertisements, pool, service_labels);
     candidates
         .iter()
         .filter(|n| {
@@ -123,14 +135,9 @@ fn covered_nodes(world: &World, pool: &str, candidates: &[String]) -> Vec<String
                 .get(*n)
                 .and_then(|n| n.metadata.labels.as_ref())
                 .unwrap_or(&empty);
-            world.advertisements.iter().any(|a| {
-                (a.address_pools.is_empty() || a.address_pools.iter().any(|p| p == pool))
-                    && match &a.node_selector {
-                        None => true,
-                        Some(s) => kube::core::Selector::try_from(s.clone())
-                            .is_ok_and(|s| kube::core::SelectorExt::matches(&s, labels)),
-                    }
-            })
+            applying
+                .iter()
+                .any(|a| crate::selection::selects(a.node_selector.as_ref(), labels))
         })
         .cloned()
         .collect()
@@ -569,6 +576,7 @@ fn vip_verdict(vip_cond: &Result<String, (Problem, bool)>) -> (bool, &'static st
 /// whether nodes with Ready backends are left uncovered by every BGPAdvertisement.
 fn set_advertising_nodes(
     world: &World,
+    service_labels: &BTreeMap<String, String>,
     pic: &BackendPicture,
     serving: bool,
     status: &mut ServiceLoadBalancerStatus,
@@ -576,7 +584,8 @@ fn set_advertising_nodes(
     let mut uncovered = false;
     if serving {
         let pool = status.address_pool.clone().unwrap_or_default();
-        status.advertising_nodes = covered_nodes(world, &pool, &pic.advertising_nodes);
+        status.advertising_nodes =
+            covered_nodes(world, &pool, service_labels, &pic.advertising_nodes);
         uncovered = status.advertising_nodes.is_empty() && !pic.advertising_nodes.is_empty();
     }
     status.backend_summary.local_ready_nodes =
@@ -717,7 +726,9 @@ pub fn reconcile_service(
     ));
 
     let serving = supported && vip_ok;
-    let uncovered = set_advertising_nodes(world, &pic, serving, &mut status);
+    let no_labels = BTreeMap::new();
+    let service_labels = svc.metadata.labels.as_ref().unwrap_or(&no_labels);
+    let uncovered = set_advertising_nodes(world, service_labels, &pic, serving, &mut status);
     let advertised = serving && !status.advertising_nodes.is_empty();
     let (adv_reason, adv_msg) = advertised_verdict(serving, advertised, uncovered, &status, &pic);
     conditions.push(cond(
@@ -791,6 +802,7 @@ mod tests {
             .into(),
             advertisements: vec![BGPAdvertisementSpec {
                 address_pools: vec!["public-v4".into()],
+                service_selector: None,
                 peer_selector: None,
                 node_selector: None,
                 communities: vec![],
@@ -936,6 +948,35 @@ mod tests {
         let o2 = reconcile_service(&s, Some(&o.status), &[&sl], &w, &mut book, now());
         assert_eq!(o2.status, o.status);
         assert!(o2.notes.is_empty(), "{:?}", o2.notes);
+    }
+
+    /// A Service-specific BGPAdvertisement decides where its Services are announced:
+    /// limited to node-c, the Service's advertising nodes are node-c alone, while a
+    /// Service it does not select keeps the pool's general advertisement (both nodes).
+    #[test]
+    fn a_service_specific_advertisement_decides_its_services_advertising_nodes() {
+        let mut w = world();
+        w.nodes.get_mut("node-c").unwrap().metadata.labels =
+            Some([("rack".to_string(), "r3".to_string())].into());
+        let selector =
+            |k: &str, v: &str| k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                match_labels: Some([(k.to_string(), v.to_string())].into()),
+                ..Default::default()
+            };
+        let mut specific = w.advertisements[0].clone();
+        specific.service_selector = Some(selector("tier", "gold"));
+        specific.node_selector = Some(selector("rack", "r3"));
+        w.advertisements.push(specific);
+        let mut book = VipBook::default();
+        let sl = seed_slice();
+        let plain = svc("nginx", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
+        let o = reconcile_service(&plain, None, &[&sl], &w, &mut book, now());
+        assert_eq!(o.status.advertising_nodes, vec!["node-a", "node-c"]);
+        let mut gold = plain.clone();
+        gold.metadata.labels = Some([("tier".to_string(), "gold".to_string())].into());
+        let o = reconcile_service(&gold, Some(&o.status), &[&sl], &w, &mut book, now());
+        assert_eq!(o.status.advertising_nodes, vec!["node-c"]);
+        assert_eq!(o.status.backend_summary.local_ready_nodes, 1);
     }
 
     #[test]

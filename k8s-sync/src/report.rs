@@ -179,8 +179,14 @@ pub struct Why {
 /// What is not visible through the API today (said, rather than guessed).
 pub const NOT_IN_API: &str = "whether each node's dataplane has programmed the VIP and whether its BGP sessions are up: the node processes do not report these to the API yet (see their /metrics)";
 
-/// Builds the `why` report from the record, the Service's EndpointSlices and the world.
-pub fn why(slb: &ServiceLoadBalancer, slices: &[EndpointSlice], world: &World) -> Why {
+/// Builds the `why` report from the record, the Service's labels (which
+/// BGPAdvertisements apply to it), its EndpointSlices and the world.
+pub fn why(
+    slb: &ServiceLoadBalancer,
+    service_labels: &BTreeMap<String, String>,
+    slices: &[EndpointSlice],
+    world: &World,
+) -> Why {
     let st = slb.status.clone().unwrap_or_default();
     let key = format!(
         "{}/{}",
@@ -237,10 +243,10 @@ pub fn why(slb: &ServiceLoadBalancer, slices: &[EndpointSlice], world: &World) -
                     local.len()
                 ),
             )
-        } else if !advertisement_covers(world, &pool, name) {
+        } else if !advertisement_covers(world, &pool, service_labels, name) {
             (
                 "NoBGPAdvertisement",
-                format!("no BGPAdvertisement covers AddressPool {pool:?} on this node"),
+                format!("no BGPAdvertisement that applies to the Service (AddressPool {pool:?}) selects this node"),
             )
         } else {
             (
@@ -352,6 +358,7 @@ mod tests {
             .insert("role".into(), "quiet".into());
         w.advertisements = vec![BGPAdvertisementSpec {
             address_pools: vec!["p".into()],
+            service_selector: None,
             peer_selector: None,
             node_selector: Some(
                 k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
@@ -383,6 +390,7 @@ mod tests {
         );
         let r = why(
             &slb("web", Some("203.0.113.1"), Phase::Ready, &["a"]),
+            &BTreeMap::new(),
             &[sl],
             &w,
         );

@@ -312,6 +312,67 @@ fn maintenance_follows_its_triggers_not_a_cordon() -> Result<()> {
     )
 }
 
+/// A second Service of the same pool (label tier=gold, requesting 203.0.113.20) and a
+/// BGPAdvertisement for it alone (serviceSelector tier=gold, community 64512:900): BIRD
+/// receives its VIP with that community, nginx's VIP without it; both answer. Removed
+/// afterwards.
+fn a_service_carries_its_own_communities() -> Result<()> {
+    const GOLD_VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 20);
+    let manifest = format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: nginx-gold\n  namespace: default\n  \
+         labels: {{tier: gold}}\n  annotations:\n    \
+         juneau.loutres.me/load-balancer-external-network: public\n    \
+         juneau.loutres.me/load-balancer-requested-ip: {GOLD_VIP}\n\
+         spec:\n  type: LoadBalancer\n  loadBalancerClass: juneau.loutres.me/load-balancer\n  \
+         externalTrafficPolicy: Local\n  selector: {{app: nginx}}\n  \
+         ports: [{{name: http, protocol: TCP, port: 80, targetPort: http}}]\n\
+         ---\n\
+         apiVersion: juneau.loutres.me/v1alpha1\nkind: BGPAdvertisement\n\
+         metadata: {{name: gold}}\n\
+         spec:\n  addressPools: [public-v4]\n  serviceSelector: {{matchLabels: {{tier: gold}}}}\n  \
+         communities: [\"64512:900\"]\n"
+    );
+    lab::kubectl_apply(&manifest)?;
+    let checked = (|| -> Result<()> {
+        let route = |vip: Ipv4Addr| {
+            juneau_tests::bird::birdc(
+                &lab::bird_ctl(),
+                &["show", "route", "for", &format!("{vip}/32"), "all"],
+            )
+        };
+        eventually(
+            "the gold VIP at BIRD with community (64512,900) from node-a and node-c",
+            Duration::from_secs(60),
+            || {
+                let text = route(GOLD_VIP)?;
+                Ok(text.contains("(64512,900)")
+                    && juneau_tests::bird::bgp_nexthops(&lab::bird_ctl(), GOLD_VIP)?
+                        == vec![NODE_A, NODE_C])
+            },
+        )?;
+        let plain = route(VIP)?;
+        ensure!(
+            !plain.contains("(64512,900)"),
+            "nginx's VIP carries the gold Service's community:\n{plain}"
+        );
+        let out = in_ns(
+            "client",
+            &["curl", "-sS", "-m", "10", &format!("http://{GOLD_VIP}/")],
+        )?;
+        ensure!(
+            out.contains("Welcome to nginx"),
+            "http://{GOLD_VIP}/ answered: {out}"
+        );
+        Ok(())
+    })();
+    kubectl(&["delete", "service", "nginx-gold", "--wait=true"])?;
+    kubectl(&["delete", "bgpadvertisement", "gold"])?;
+    checked?;
+    eventually("the gold VIP withdrawn", Duration::from_secs(30), || {
+        Ok(juneau_tests::bird::bgp_nexthops(&lab::bird_ctl(), GOLD_VIP)?.is_empty())
+    })
+}
+
 /// curl through the VIP until nginx's `X-Served-By: <pod>` names a Pod on `node`.
 fn curl_until_served_on(node: &str, attempts: usize) -> Result<()> {
     let on_node: Vec<String> = nginx_pods()?
@@ -474,6 +535,7 @@ fn walk() -> Result<()> {
     prometheus_sees_what_the_lab_did()?;
     peers_show_the_live_sessions()?;
     maintenance_follows_its_triggers_not_a_cordon()?;
+    a_service_carries_its_own_communities()?;
 
     // `up` again is harmless.
     let again = lab_cmd("up")?;

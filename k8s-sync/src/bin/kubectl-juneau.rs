@@ -224,7 +224,14 @@ async fn why(
         advertisements: advs.into_iter().map(|a| a.spec).collect(),
         ..Default::default()
     };
-    let mut r = report::why(&slb, &slices, &world);
+    // Its labels choose the BGPAdvertisements that apply (serviceSelector).
+    let service_labels = Api::<Service>::namespaced(c.clone(), ns)
+        .get_opt(name)
+        .await
+        .context("reading the Service")?
+        .and_then(|s| s.metadata.labels)
+        .unwrap_or_default();
+    let mut r = report::why(&slb, &service_labels, &slices, &world);
     juneau_k8s_sync::peers::refine_why(&mut r, &speakers);
     emit(output, &r, || {
         let mut out = format!(
