@@ -25,6 +25,7 @@ fn main() {
             addresses: vec!["10.64.0.0/16".into()],
             allow_network_and_broadcast: None,
             auto_assign: None,
+            service_allocation: None,
         },
     )
     .expect("pool")];

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::{future, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, ResourceExt};
@@ -300,6 +300,7 @@ struct Ctx {
     networks: Store<ExternalNetwork>,
     pools: Store<AddressPool>,
     nodes: Store<Node>,
+    namespaces: Store<Namespace>,
     advertisements: Store<BGPAdvertisement>,
     /// The ServiceLoadBalancer records, as last seen by the watch: a reconcile reads its
     /// record here, not with a GET (every Service is reconciled at least every 5 min;
@@ -614,6 +615,8 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
     .default_backoff()
     .reflect(pool_writer);
     let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()));
+    // Their labels: AddressPools' serviceAllocation.namespaceSelector.
+    let (namespaces, namespace_stream) = reflect(Api::<Namespace>::all(client.clone()));
     let (advertisements, adv_stream) = reflect(Api::<BGPAdvertisement>::all(client.clone()));
     let (records, record_stream) = reflect(Api::<ServiceLoadBalancer>::all(client.clone()));
     let (released, released_rx) = futures::channel::mpsc::unbounded();
@@ -635,6 +638,7 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
         net_stream.map(|_| ()).boxed(),
         pool_watch.boxed(),
         node_stream.map(|_| ()).boxed(),
+        namespace_stream.map(|_| ()).boxed(),
         adv_stream.map(|_| ()).boxed(),
     ]);
     let recorders = (0..RECORDER_SHARDS)
@@ -663,6 +667,7 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
         networks,
         pools,
         nodes,
+        namespaces,
         advertisements,
         records,
         failures: Mutex::new(HashMap::new()),
@@ -738,6 +743,7 @@ async fn wait_ready(ctx: &Ctx) -> Result<(), Error> {
         let _ = ctx.networks.wait_until_ready().await;
         let _ = ctx.pools.wait_until_ready().await;
         let _ = ctx.nodes.wait_until_ready().await;
+        let _ = ctx.namespaces.wait_until_ready().await;
         let _ = ctx.advertisements.wait_until_ready().await;
         let _ = ctx.records.wait_until_ready().await;
     };
@@ -771,6 +777,12 @@ fn world(ctx: &Ctx) -> World {
             .state()
             .iter()
             .map(|a| a.spec.clone())
+            .collect(),
+        namespaces: ctx
+            .namespaces
+            .state()
+            .iter()
+            .map(|n| (n.name_any(), n.labels().clone()))
             .collect(),
         waiters: ctx
             .waiters
@@ -1518,6 +1530,7 @@ mod tests {
                 addresses: vec!["192.0.2.0/28".into()],
                 allow_network_and_broadcast: None,
                 auto_assign: None,
+                service_allocation: None,
             },
         );
         p.metadata.uid = Some(uid.into());

@@ -154,6 +154,31 @@ pub struct AddressPoolSpec {
     /// or `spec.loadBalancerIP`) — a pool kept for addresses given out by hand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_assign: Option<bool>,
+    /// Which Services this pool serves, and before which other pools (default: every
+    /// Service, after the pools that have a serviceAllocation). docs/k8s-sync.md,
+    /// "Which pool a Service's VIP comes from".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_allocation: Option<ServiceAllocation>,
+}
+
+/// The Services an AddressPool serves (all the given conditions hold) and its priority.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceAllocation {
+    /// Lower first: among the pools of a Service's ExternalNetwork that serve it, the
+    /// ones with a priority go first (lowest number first), then the ones with a
+    /// serviceAllocation but no priority, then the pools without a serviceAllocation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// Namespaces (by name) whose Services it serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<Vec<String>>,
+    /// Namespaces (by label) whose Services it serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// Services (by label) it serves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_selector: Option<LabelSelector>,
 }
 
 /// What the controller reports on an AddressPool. Written only by the leading controller.

@@ -113,6 +113,7 @@ mod tests {
             addresses: a.iter().map(|s| s.to_string()).collect(),
             allow_network_and_broadcast: None,
             auto_assign: None,
+            service_allocation: None,
         }
     }
 

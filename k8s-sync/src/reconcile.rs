@@ -70,6 +70,8 @@ pub struct World {
     pub nodes: BTreeMap<String, Node>,
     /// BGPAdvertisements (a VIP is announced only where one covers its pool).
     pub advertisements: Vec<BGPAdvertisementSpec>,
+    /// Namespaces' labels, by name (AddressPools' serviceAllocation.namespaceSelector).
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
     /// Services waiting for a free address of an exhausted pool.
     pub waiters: Vec<Waiter>,
 }
@@ -414,6 +416,13 @@ fn decide_vip(
             } else {
                 requested
             };
+            let (pools, requested) = match requested {
+                Ok(req) => match serving_pools(svc, world, &net, pools, req, book.vip_of(owner)) {
+                    Ok(pools) => (pools, Ok(req)),
+                    Err(p) => (Vec::new(), Err(p)),
+                },
+                Err(p) => (pools, Err(p)),
+            };
             match requested {
                 Err(p) => Err((p, true)),
                 Ok(req) if !supported && book.vip_of(owner).is_none() => {
@@ -500,6 +509,71 @@ fn decide_vip(
         queued_on,
         condition,
     }
+}
+
+/// Of the ExternalNetwork `net`'s `pools`, the ones the Service's VIP may come from, in
+/// the order it is taken from them (AddressPools' `serviceAllocation`:
+/// [`crate::selection::pools_for_service`]). A Service that holds a VIP (`held`) keeps
+/// every pool, the ones that serve it first: it is never moved to another address. A
+/// requested address in a pool that does not serve the Service, or no pool that does,
+/// is a problem.
+fn serving_pools(
+    svc: &Service,
+    world: &World,
+    net: &str,
+    pools: Vec<AddressPool>,
+    requested: Option<Ipv4Addr>,
+    held: Option<Ipv4Addr>,
+) -> Result<Vec<AddressPool>, Problem> {
+    use crate::selection::{pools_for_service, ServiceIdentity};
+    let namespace = svc.metadata.namespace.as_deref().unwrap_or("default");
+    let no_labels = BTreeMap::new();
+    let identity = ServiceIdentity {
+        namespace,
+        namespace_labels: world.namespaces.get(namespace).unwrap_or(&no_labels),
+        labels: svc.metadata.labels.as_ref().unwrap_or(&no_labels),
+    };
+    let allocation = |p: &AddressPool| {
+        world
+            .pools
+            .get(&p.name)
+            .and_then(|s| s.service_allocation.as_ref())
+    };
+    let order: Vec<String> = pools_for_service(
+        pools.iter().map(|p| (p.name.as_str(), allocation(p))),
+        identity,
+    )
+    .into_iter()
+    .map(String::from)
+    .collect();
+    if let Some(ip) = requested.filter(|ip| held != Some(*ip)) {
+        if let Some(p) = pools
+            .iter()
+            .find(|p| p.contains(ip) && !order.contains(&p.name))
+        {
+            return Err(problem(
+                "RequestedIPNotAllowed",
+                format!(
+                    "requested IP {ip} is in AddressPool {:?}, whose serviceAllocation does not select this Service (namespace {namespace:?}, its labels or its namespace's)",
+                    p.name
+                ),
+            ));
+        }
+    }
+    if order.is_empty() && held.is_none() {
+        return Err(problem(
+            "NoPoolForService",
+            format!("no AddressPool of ExternalNetwork {net:?} serves this Service: each one's serviceAllocation selects other namespaces or Services"),
+        ));
+    }
+    let mut ordered: Vec<AddressPool> = order
+        .iter()
+        .filter_map(|n| pools.iter().find(|p| &p.name == n).cloned())
+        .collect();
+    if held.is_some() {
+        ordered.extend(pools.into_iter().filter(|p| !order.contains(&p.name)));
+    }
+    Ok(ordered)
 }
 
 /// The Events for the conditions that changed since `prev` (reason or status): a
@@ -773,6 +847,7 @@ mod tests {
     use crate::crd::AdvertiseMode;
     use crate::endpoints::testutil::{node, slice};
     use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
     use kube::api::ObjectMeta;
 
     fn world() -> World {
@@ -792,6 +867,7 @@ mod tests {
                     addresses: vec!["203.0.113.0/24".into()],
                     allow_network_and_broadcast: None,
                     auto_assign: None,
+                    service_allocation: None,
                 },
             )]
             .into(),
@@ -810,6 +886,7 @@ mod tests {
                 local_pref: None,
                 weighted_by_backends: None,
             }],
+            namespaces: BTreeMap::new(),
             waiters: vec![],
         }
     }
@@ -1085,6 +1162,7 @@ mod tests {
                 addresses: vec!["198.51.100.0/30".into()],
                 allow_network_and_broadcast: None,
                 auto_assign: Some(false),
+                service_allocation: None,
             },
         );
         w.networks.get_mut("public").unwrap().address_pools =
@@ -1119,6 +1197,135 @@ mod tests {
         let b2 = svc("b", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
         let ob2 = reconcile_service(&b2, Some(&ob.status), &[&sl], &w, &mut book, now());
         assert_eq!(ob2.status.vip.as_deref(), Some("198.51.100.2"), "{ob2:?}");
+    }
+
+    /// AddressPools' serviceAllocation: a team's pool serves its namespace first (by
+    /// name), a labelled namespace's pool by selector; other Services get the general
+    /// pool; asking for an address of a pool that does not serve you is refused; a
+    /// Service no pool serves fails with the reason; a held VIP is never taken away.
+    #[test]
+    fn pools_serve_the_services_their_allocation_selects_in_priority_order() {
+        use crate::crd::ServiceAllocation;
+        let (mut w, sl) = (world(), seed_slice());
+        let pool = |addresses: &str, allocation: ServiceAllocation| AddressPoolSpec {
+            advertise_mode: AdvertiseMode::bgp(),
+            addresses: vec![addresses.into()],
+            allow_network_and_broadcast: None,
+            auto_assign: None,
+            service_allocation: Some(allocation),
+        };
+        w.pools.insert(
+            "team-a".into(),
+            pool(
+                "198.51.100.0/30",
+                ServiceAllocation {
+                    priority: Some(10),
+                    namespaces: Some(vec!["team-a".into()]),
+                    ..Default::default()
+                },
+            ),
+        );
+        w.pools.insert(
+            "prod".into(),
+            pool(
+                "192.0.2.64/30",
+                ServiceAllocation {
+                    namespace_selector: Some(LabelSelector {
+                        match_labels: Some([("env".to_string(), "prod".to_string())].into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ),
+        );
+        w.namespaces.insert(
+            "shop".into(),
+            [("env".to_string(), "prod".to_string())].into(),
+        );
+        w.networks.get_mut("public").unwrap().address_pools =
+            vec!["public-v4".into(), "prod".into(), "team-a".into()];
+        let in_ns = |name: &str, ns: &str, ann: &[(&str, &str)]| {
+            let mut s = svc(name, ann);
+            s.metadata.namespace = Some(ns.into());
+            s
+        };
+        let net = [(EXTERNAL_NETWORK_ANNOTATION, "public")];
+        let mut book = VipBook::default();
+        let pool_of = |o: &Outcome| o.status.address_pool.clone();
+        let team = reconcile_service(
+            &in_ns("a", "team-a", &net),
+            None,
+            &[&sl],
+            &w,
+            &mut book,
+            now(),
+        );
+        assert_eq!(pool_of(&team).as_deref(), Some("team-a"), "{team:?}");
+        let shop = reconcile_service(
+            &in_ns("s", "shop", &net),
+            None,
+            &[&sl],
+            &w,
+            &mut book,
+            now(),
+        );
+        assert_eq!(pool_of(&shop).as_deref(), Some("prod"), "{shop:?}");
+        let other = reconcile_service(
+            &in_ns("o", "default", &net),
+            None,
+            &[&sl],
+            &w,
+            &mut book,
+            now(),
+        );
+        assert_eq!(pool_of(&other).as_deref(), Some("public-v4"), "{other:?}");
+        // Asking for team-a's address from another namespace.
+        let asks = [
+            (EXTERNAL_NETWORK_ANNOTATION, "public"),
+            (REQUESTED_IP_ANNOTATION, "198.51.100.2"),
+        ];
+        let o = reconcile_service(
+            &in_ns("x", "default", &asks),
+            None,
+            &[&sl],
+            &w,
+            &mut book,
+            now(),
+        );
+        assert_eq!(o.status.phase, Phase::Failed, "{o:?}");
+        assert!(
+            o.notes.iter().any(|n| n.reason == "RequestedIPNotAllowed"),
+            "{o:?}"
+        );
+        assert!(book.owner("198.51.100.2".parse().unwrap()).is_none());
+        // Only team-a's pool left: a Service of another namespace has none.
+        w.networks.get_mut("public").unwrap().address_pools = vec!["team-a".into()];
+        let o = reconcile_service(
+            &in_ns("y", "default", &net),
+            None,
+            &[&sl],
+            &w,
+            &mut book,
+            now(),
+        );
+        assert_eq!(o.status.phase, Phase::Failed, "{o:?}");
+        assert!(
+            o.notes.iter().any(|n| n.reason == "NoPoolForService"),
+            "{o:?}"
+        );
+        // The shop's Service keeps its VIP when its namespace loses the label.
+        w.networks.get_mut("public").unwrap().address_pools =
+            vec!["public-v4".into(), "prod".into(), "team-a".into()];
+        w.namespaces.clear();
+        let again = reconcile_service(
+            &in_ns("s", "shop", &net),
+            Some(&shop.status),
+            &[&sl],
+            &w,
+            &mut book,
+            now(),
+        );
+        assert_eq!(again.status.vip, shop.status.vip, "{again:?}");
     }
 
     /// `spec.loadBalancerIP` (deprecated, still in many manifests) asks for the VIP like

@@ -417,6 +417,7 @@ mod tests {
                     addresses: vec![a.into()],
                     allow_network_and_broadcast: None,
                     auto_assign: None,
+                    service_allocation: None,
                 },
             )
         };

@@ -1,5 +1,7 @@
-//! Which objects select which: a label selector against an object's labels, and the
-//! BGPAdvertisements that apply to one Service's VIP. Pure; used by the controller
+//! Which objects select which: a label selector against an object's labels, the
+//! AddressPools a Service's VIP may come from and in which order ([`pools_for_service`],
+//! the controller's allocation), and the BGPAdvertisements that apply to one Service's
+//! VIP ([`for_service`]). Pure; the advertisements part is used by the controller
 //! (advertising nodes, `kubectl juneau why`) and the agent (what a node announces, with
 //! which attributes), so both read the advertisements alike.
 //!
@@ -16,7 +18,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 
-use crate::crd::BGPAdvertisementSpec;
+use crate::crd::{BGPAdvertisementSpec, ServiceAllocation};
 
 /// Whether `sel` selects an object with `labels`: no selector selects everything; a
 /// selector that is not valid selects nothing.
@@ -48,6 +50,58 @@ pub fn for_service<'a>(
         matching.retain(|a| a.service_selector.is_some());
     }
     matching
+}
+
+/// A Service as pool selection sees it: its namespace with that namespace's labels, and
+/// its own labels.
+#[derive(Debug, Clone, Copy)]
+pub struct ServiceIdentity<'a> {
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// The labels of its namespace.
+    pub namespace_labels: &'a BTreeMap<String, String>,
+    /// Its labels.
+    pub labels: &'a BTreeMap<String, String>,
+}
+
+/// Whether a pool with `allocation` serves the Service `svc` (no serviceAllocation:
+/// every Service).
+pub fn pool_serves(allocation: Option<&ServiceAllocation>, svc: ServiceIdentity<'_>) -> bool {
+    let Some(a) = allocation else {
+        return true;
+    };
+    a.namespaces
+        .as_ref()
+        .is_none_or(|names| names.iter().any(|n| n == svc.namespace))
+        && selects(a.namespace_selector.as_ref(), svc.namespace_labels)
+        && selects(a.service_selector.as_ref(), svc.labels)
+}
+
+/// Of `pools` (name and serviceAllocation, in the ExternalNetwork's order), those that
+/// serve `svc`, in the order its VIP is taken from them: pools with a priority (lowest
+/// first), then pools with a serviceAllocation but no priority, then pools without one;
+/// within each, the ExternalNetwork's order.
+pub fn pools_for_service<'a>(
+    pools: impl IntoIterator<Item = (&'a str, Option<&'a ServiceAllocation>)>,
+    svc: ServiceIdentity<'_>,
+) -> Vec<&'a str> {
+    let mut serving: Vec<(usize, (u8, i32), &str)> = pools
+        .into_iter()
+        .enumerate()
+        .filter(|(_, (_, a))| pool_serves(*a, svc))
+        .map(|(i, (name, a))| {
+            let rank = match a {
+                Some(ServiceAllocation {
+                    priority: Some(p), ..
+                }) => (0, *p),
+                Some(_) => (1, 0),
+                None => (2, 0),
+            };
+            (i, rank, name)
+        })
+        .collect();
+    serving.sort_by_key(|(i, rank, _)| (*rank, *i));
+    serving.into_iter().map(|(_, _, name)| name).collect()
 }
 
 #[cfg(test)]
@@ -110,6 +164,59 @@ mod tests {
         assert!(
             for_service(&advs[2..], "other", &plain).is_empty(),
             "none covers it"
+        );
+    }
+
+    #[test]
+    fn pools_serve_by_namespace_and_labels_in_priority_order() {
+        let sel = |k: &str, v: &str| LabelSelector {
+            match_labels: Some([(k.to_string(), v.to_string())].into()),
+            ..Default::default()
+        };
+        let team_a = ServiceAllocation {
+            namespaces: Some(vec!["team-a".into()]),
+            priority: Some(20),
+            ..Default::default()
+        };
+        let gold = ServiceAllocation {
+            service_selector: Some(sel("tier", "gold")),
+            priority: Some(10),
+            ..Default::default()
+        };
+        let prod = ServiceAllocation {
+            namespace_selector: Some(sel("env", "prod")),
+            ..Default::default()
+        };
+        let pools = [
+            ("general", None),
+            ("team-a", Some(&team_a)),
+            ("gold", Some(&gold)),
+            ("prod", Some(&prod)),
+        ];
+        let who = |ns: &'static str, ns_labels: &'static BTreeMap<String, String>, labels| {
+            pools_for_service(
+                pools.iter().map(|(n, a)| (*n, *a)),
+                ServiceIdentity {
+                    namespace: ns,
+                    namespace_labels: ns_labels,
+                    labels,
+                },
+            )
+        };
+        let none: &'static BTreeMap<String, String> = Box::leak(Box::default());
+        let prod_ns: &'static BTreeMap<String, String> =
+            Box::leak(Box::new(labels(&[("env", "prod")])));
+        let gold_svc = labels(&[("tier", "gold")]);
+        assert_eq!(who("default", none, none), ["general"]);
+        assert_eq!(who("team-a", none, none), ["team-a", "general"]);
+        assert_eq!(
+            who("team-a", none, &gold_svc),
+            ["gold", "team-a", "general"]
+        );
+        assert_eq!(who("shop", prod_ns, none), ["prod", "general"]);
+        assert_eq!(
+            who("team-a", prod_ns, &gold_svc),
+            ["gold", "team-a", "prod", "general"]
         );
     }
 

@@ -198,6 +198,7 @@ mod tests {
                 addresses: a.iter().map(|s| s.to_string()).collect(),
                 allow_network_and_broadcast: None,
                 auto_assign: None,
+                service_allocation: None,
             },
         )
         .unwrap()
@@ -368,6 +369,7 @@ mod tests {
             addresses: vec!["203.0.113.0/99".into()],
             allow_network_and_broadcast: None,
             auto_assign: None,
+            service_allocation: None,
         };
         let e = parse_pool("bad", &spec).unwrap_err().to_string();
         assert!(e.contains("bad") && e.contains("203.0.113.0/99"), "{e}");

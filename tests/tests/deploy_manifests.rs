@@ -65,6 +65,7 @@ fn deploy_rbac_is_least_privilege() -> Result<()> {
             "default",
         ),
         ("list", "endpointslices.discovery.k8s.io", "default"),
+        ("watch", "namespaces", "default"),
         ("create", "events.events.k8s.io", "default"),
         ("patch", "leases.coordination.k8s.io", "juneau-system"),
     ];
@@ -82,6 +83,7 @@ fn deploy_rbac_is_least_privilege() -> Result<()> {
         ("patch", "nodes", "default"),
         ("update", "services", "default"),
         ("list", "configmaps", "default"),
+        ("patch", "namespaces", "default"),
     ];
     for (verb, res, ns) in controller_must_not {
         assert!(
