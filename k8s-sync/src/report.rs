@@ -85,6 +85,8 @@ pub struct PoolRow {
     pub invalid: Option<String>,
     /// Hands out addresses to Services that ask for none (`autoAssign`).
     pub auto_assign: bool,
+    /// Which Services it serves (`serviceAllocation`, in words; `all` without one).
+    pub serves: String,
     /// The Services holding one of its addresses (`namespace/name`), sorted.
     pub services: Vec<String>,
 }
@@ -121,6 +123,15 @@ pub fn pool_rows(pool_objs: &[AddressPool], slbs: &[ServiceLoadBalancer]) -> Vec
             )
         })
         .collect();
+    let serves: BTreeMap<&str, String> = pool_objs
+        .iter()
+        .map(|p| {
+            (
+                p.metadata.name.as_deref().unwrap_or_default(),
+                allocation_summary(p.spec.service_allocation.as_ref()),
+            )
+        })
+        .collect();
     pools::report(&specs, &book)
         .into_iter()
         .map(|(pool, r)| {
@@ -137,11 +148,58 @@ pub fn pool_rows(pool_objs: &[AddressPool], slbs: &[ServiceLoadBalancer]) -> Vec
                 overlaps_with,
                 invalid: r.invalid,
                 auto_assign: auto_assign.get(pool.as_str()).copied().unwrap_or(true),
+                serves: serves
+                    .get(pool.as_str())
+                    .cloned()
+                    .unwrap_or_else(|| "all".into()),
                 services,
                 pool,
             }
         })
         .collect()
+}
+
+/// A pool's `serviceAllocation` in a few words: `all` (none), else its parts, e.g.
+/// `priority 1, namespaces team-a, namespaces env=prod, services tier=gold`.
+fn allocation_summary(a: Option<&crate::crd::ServiceAllocation>) -> String {
+    let Some(a) = a else {
+        return "all".into();
+    };
+    let selector = |s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector| {
+        let mut parts: Vec<String> = s
+            .match_labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        parts.extend(s.match_expressions.iter().flatten().map(|e| {
+            format!(
+                "{} {} ({})",
+                e.key,
+                e.operator,
+                e.values.clone().unwrap_or_default().join(" ")
+            )
+        }));
+        parts.join(" ")
+    };
+    let mut parts = Vec::new();
+    if let Some(p) = a.priority {
+        parts.push(format!("priority {p}"));
+    }
+    if let Some(n) = &a.namespaces {
+        parts.push(format!("namespaces {}", n.join(" ")));
+    }
+    if let Some(s) = &a.namespace_selector {
+        parts.push(format!("namespaces {}", selector(s)));
+    }
+    if let Some(s) = &a.service_selector {
+        parts.push(format!("services {}", selector(s)));
+    }
+    if parts.is_empty() {
+        "all".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 /// Per-node verdict of `kubectl juneau why SERVICE`.
@@ -443,6 +501,22 @@ mod tests {
         // Which Services a pool serves: those holding one of its addresses.
         assert_eq!(rows[0].services, vec!["default/b".to_string()]);
         assert!(rows[1].services.is_empty() && rows[0].auto_assign);
+        assert_eq!(rows[0].serves, "all");
+        let team = crate::crd::ServiceAllocation {
+            priority: Some(1),
+            namespaces: Some(vec!["team-a".into(), "team-b".into()]),
+            service_selector: Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                    match_labels: Some([("tier".to_string(), "gold".to_string())].into()),
+                    ..Default::default()
+                },
+            ),
+            ..Default::default()
+        };
+        assert_eq!(
+            allocation_summary(Some(&team)),
+            "priority 1, namespaces team-a team-b, services tier=gold"
+        );
         let st = status_rows(&slbs);
         assert_eq!(st[0].service, "a");
         assert_eq!(st[1].advertising_nodes, vec!["n1".to_string()]);

@@ -167,6 +167,7 @@ async fn pools(c: kube::Client, output: Output) -> anyhow::Result<Option<String>
                 "FREE",
                 "USED",
                 "AUTO-ASSIGN",
+                "SERVES",
                 "OVERLAPS WITH",
                 "SERVICES",
             ],
@@ -180,6 +181,7 @@ async fn pools(c: kube::Client, output: Output) -> anyhow::Result<Option<String>
                         r.free.to_string(),
                         format!("{}%", r.used_percent),
                         if r.auto_assign { "yes" } else { "no" }.into(),
+                        r.serves.clone(),
                         match &r.invalid {
                             Some(e) => format!("invalid: {e}"),
                             None if r.overlaps_with.is_empty() => "-".into(),
