@@ -25,7 +25,6 @@ use std::time::Duration;
 
 use juneau_control::dataplane_status::{DataplaneStatus, DataplaneStatusReader};
 use juneau_control::model::NodeState;
-use juneau_control::shm::NodeStateReader;
 use tokio::sync::watch;
 
 use crate::speaker::SharedState;
@@ -179,21 +178,8 @@ pub fn watch_gated_state(
 }
 
 fn run(path: PathBuf, gate: GateConfig, hub: Arc<StatusHub>, tx: watch::Sender<SharedState>) {
-    let mut warned = false;
-    let mut reader = loop {
-        match NodeStateReader::open(&path) {
-            Ok(r) => break r,
-            Err(e) => {
-                if !warned {
-                    tracing::warn!(path = %path.display(), error = %e, "waiting for the node state file");
-                    warned = true;
-                }
-                if tx.is_closed() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
+    let Some(mut follower) = crate::speaker::StateFollower::open(&path, || tx.is_closed()) else {
+        return;
     };
     tracing::info!(
         status_file = %gate.status_file.display(),
@@ -201,32 +187,17 @@ fn run(path: PathBuf, gate: GateConfig, hub: Arc<StatusHub>, tx: watch::Sender<S
         "announcing only VIPs the dataplane has programmed while its heartbeat is fresh"
     );
     let mut dp: Option<DataplaneStatusReader> = None;
-    let mut seen = 0;
     let mut current: Option<(u64, NodeState)> = None;
     let mut sent: Option<(u64, NodeState)> = None;
     let mut held_kinds: BTreeMap<Ipv4Addr, &'static str> = BTreeMap::new();
     loop {
-        let g = reader.wait_change(seen, gate.poll());
+        // Also every poll without a new state: the dataplane status is re-read.
+        let next = follower.next(gate.poll());
         if tx.is_closed() {
             return;
         }
-        if g != seen {
-            match reader.snapshot() {
-                Ok(s) => {
-                    seen = s.generation;
-                    tracing::debug!(
-                        generation = seen,
-                        vips = s.state.advertised.len(),
-                        "control state changed"
-                    );
-                    current = Some((s.generation, s.state));
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "state not readable yet");
-                    std::thread::sleep(Duration::from_millis(20));
-                    continue;
-                }
-            }
+        if next.is_some() {
+            current = next;
         }
         let Some((generation, state)) = &current else {
             continue;

@@ -45,46 +45,76 @@ pub fn watch_state(path: std::path::PathBuf) -> watch::Receiver<SharedState> {
     std::thread::Builder::new()
         .name("state-watch".into())
         .spawn(move || {
-            let mut warned = false;
-            let mut reader = loop {
-                match juneau_control::shm::NodeStateReader::open(&path) {
-                    Ok(r) => break r,
-                    Err(e) => {
-                        if !warned {
-                            tracing::warn!(path = %path.display(), error = %e, "waiting for the node state file");
-                            warned = true;
-                        }
-                        if tx.is_closed() {
-                            return;
-                        }
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                }
+            let Some(mut state) = StateFollower::open(&path, || tx.is_closed()) else {
+                return;
             };
-            let mut seen = 0;
             loop {
-                let g = reader.wait_change(seen, Duration::from_secs(1));
+                let next = state.next(Duration::from_secs(1));
                 if tx.is_closed() {
                     return;
                 }
-                if g == seen {
-                    continue;
-                }
-                match reader.snapshot() {
-                    Ok(s) => {
-                        seen = s.generation;
-                        tracing::debug!(generation = seen, vips = s.state.advertised.len(), "control state changed");
-                        let _ = tx.send(Arc::new((s.generation, s.state)));
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "state not readable yet");
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
+                if let Some(s) = next {
+                    let _ = tx.send(Arc::new(s));
                 }
             }
         })
         .expect("spawn state watcher");
     rx
+}
+
+/// Follows the node-state file for the state watchers ([`watch_state`],
+/// `crate::gate::watch_gated_state`): waits for the file, then hands out each new
+/// generation.
+pub(crate) struct StateFollower {
+    reader: juneau_control::shm::NodeStateReader,
+    seen: u64,
+}
+
+impl StateFollower {
+    /// Opens `path`, waiting (logged once) until the agent has created it; `None` once
+    /// `gone()` says nobody listens any more.
+    pub(crate) fn open(path: &std::path::Path, gone: impl Fn() -> bool) -> Option<Self> {
+        let mut warned = false;
+        loop {
+            match juneau_control::shm::NodeStateReader::open(path) {
+                Ok(reader) => return Some(StateFollower { reader, seen: 0 }),
+                Err(e) => {
+                    if !warned {
+                        tracing::warn!(path = %path.display(), error = %e, "waiting for the node state file");
+                        warned = true;
+                    }
+                    if gone() {
+                        return None;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    /// The state if a newer generation was published, waiting for one at most `wait`
+    /// (futex); `None` when none came (or it could not be read yet: tried again next).
+    pub(crate) fn next(&mut self, wait: Duration) -> Option<(u64, NodeState)> {
+        if self.reader.wait_change(self.seen, wait) == self.seen {
+            return None;
+        }
+        match self.reader.snapshot() {
+            Ok(s) => {
+                self.seen = s.generation;
+                tracing::debug!(
+                    generation = self.seen,
+                    vips = s.state.advertised.len(),
+                    "control state changed"
+                );
+                Some((s.generation, s.state))
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "state not readable yet");
+                std::thread::sleep(Duration::from_millis(20));
+                None
+            }
+        }
+    }
 }
 
 /// Why the speaker stops (the value of `run`'s `shutdown` channel).
