@@ -58,17 +58,9 @@ fn eventually(
     timeout: Duration,
     mut check: impl FnMut() -> Result<bool>,
 ) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    let mut last = String::new();
-    while Instant::now() < deadline {
-        match check() {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(e) => last = format!("{e:#}"),
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    bail!("{what}: not within {timeout:?} (last error: {last})")
+    juneau_tests::daemon::wait_for(what, timeout, Duration::from_secs(1), || {
+        Ok(check()?.then_some(()))
+    })
 }
 
 /// curl through the VIP; up to 3 attempts 2 s apart, each failure printed, the last one
