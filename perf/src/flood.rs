@@ -99,8 +99,16 @@ impl FloodKind {
 pub const FLOOD_FLOWS: u32 = 1 << 20;
 /// Bytes each new legitimate connection downloads.
 const NEW_CONNECTION_BYTES: u64 = 64 << 10;
-/// Longest a legitimate connect, or a read on one, may take before it counts as failed.
+/// Longest a read or write on a legitimate connection may take before it counts as
+/// failed.
 const LEGIT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest a legitimate connect may take before it counts as failed: long enough for
+/// the SYN's retransmissions after 1 and 3 s (a client's kernel retries for two minutes),
+/// since a flood far beyond the receive queue's capacity makes the kernel drop packets
+/// before XDP at random, a legitimate SYN among them (`interface_rx_dropped`, reported
+/// beside): a connection the dataplane refuses or loses still fails, one the kernel
+/// dropped a SYN of is served on a retry.
+const LEGIT_CONNECT_TIMEOUT: Duration = Duration::from_secs(8);
 /// How fast the kept-alive connection reads (bytes per 10 ms): a steady stream, far
 /// below what the path carries, so that a pause is the flood's doing.
 const KEPT_ALIVE_READ: usize = 16 << 10;
@@ -359,7 +367,7 @@ fn join(h: std::thread::JoinHandle<Result<Legit>>) -> Result<Legit> {
 
 /// Asks for `bytes` on a new connection to `vip`.
 fn request(vip: SocketAddr, bytes: u64) -> std::io::Result<TcpStream> {
-    let mut c = TcpStream::connect_timeout(&vip, LEGIT_TIMEOUT)?;
+    let mut c = TcpStream::connect_timeout(&vip, LEGIT_CONNECT_TIMEOUT)?;
     c.set_read_timeout(Some(LEGIT_TIMEOUT))?;
     c.set_write_timeout(Some(LEGIT_TIMEOUT))?;
     c.write_all(&bytes.to_le_bytes())?;
