@@ -82,15 +82,19 @@ pub fn prepare(dir: &Path, gid: u32) -> Result<Prepared, PrepareError> {
 /// Sets `path`'s group to `gid` and its mode to `mode`, each only if it differs; whether
 /// anything changed.
 fn give(path: &Path, meta: &std::fs::Metadata, gid: u32, mode: u32) -> Result<bool, PrepareError> {
+    let chown = meta.gid() != gid;
     let mut changed = false;
-    if meta.gid() != gid {
+    let mut current = meta.mode();
+    if chown {
         std::os::unix::fs::lchown(path, None, Some(gid))
             .map_err(err("changing the group of", path))?;
         changed = true;
+        // chown may clear setgid: compare with what the file has now.
+        current = std::fs::symlink_metadata(path)
+            .map_err(err("reading", path))?
+            .mode();
     }
-    // chown may clear setgid: compare with what the file has now.
-    let now = std::fs::symlink_metadata(path).map_err(err("reading", path))?;
-    if now.mode() & 0o7777 != mode {
+    if current & 0o7777 != mode {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
             .map_err(err("changing the mode of", path))?;
         changed = true;

@@ -248,8 +248,8 @@ struct {
 	__type(value, __u8);
 } redirect_in SEC(".maps");
 
-// The peer nodes redirected packets and notices are taken from (issue 25; userspace
-// writes every peer of every VIP, as the engine accepts them): UDP to `redirect_in`
+// The peer nodes redirected packets and notices are taken from (userspace writes every
+// peer of every VIP, as the engine accepts them): UDP to `redirect_in`
 // from any other source is dropped here (SD_REDIRECT_NOT_FROM_PEER), before it costs a
 // ring slot and a wake-up.
 struct {

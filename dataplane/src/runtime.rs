@@ -1731,7 +1731,7 @@ fn forward_loop(
 
 /// Steers redirected packets to this node's redirect address (issue 12), once it is known
 /// (given, or published by the node agent) and whenever it changes, from its peers only
-/// (issue 25: the steering program drops the rest); says once, and on
+/// (the steering program drops the rest); says once, and on
 /// every change, whether the channel is authenticated (issue 25: the key ids in force).
 fn listen_redirects(steering: &mut crate::steering::Steering, engine: &Engine) -> Result<()> {
     if let Some(r) = engine.redirect().filter(|r| r.active()) {

@@ -14,7 +14,9 @@ use juneau_control::{
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::crd::{BGPAdvertisement, BGPPeer, MaintenanceTrigger, Phase, ServiceLoadBalancer};
+use crate::crd::{
+    BGPAdvertisement, BGPAdvertisementSpec, BGPPeer, MaintenanceTrigger, Phase, ServiceLoadBalancer,
+};
 use crate::endpoints::{host_network_endpoints, node_excluded, slice_endpoints, SliceEndpoint};
 use crate::reconcile::is_managed;
 use crate::selection::{for_service, selects};
@@ -58,17 +60,13 @@ pub fn redirect_address(node: &Node) -> Result<Option<Ipv4Addr>, String> {
         .find_map(|a| a.address.parse::<Ipv4Addr>().ok()))
 }
 
-/// Whether node `name` can ever have announced a VIP of `pool` — a BGPPeer and a
-/// BGPAdvertisement covering the pool select it — and so can hold connections of it. A
+/// Whether node `name` can ever have announced the VIP — a BGPPeer and one of the
+/// BGPAdvertisements that apply to it (`applying`) select it — and so can hold
+/// connections of it. A
 /// node that cannot (e.g. a node outside the edge nodes, running no Juneau at all) is
 /// never asked: a redirected packet sent there would be lost, and every later packet of
 /// the flow (same hash, same first peer) with it.
-fn may_announce(
-    view: &AgentView,
-    name: &str,
-    pool: &str,
-    service_labels: &BTreeMap<String, String>,
-) -> bool {
+fn may_announce(view: &AgentView, name: &str, applying: &[&BGPAdvertisementSpec]) -> bool {
     let empty = BTreeMap::new();
     let Some(n) = view.nodes.get(name) else {
         return false;
@@ -77,13 +75,9 @@ fn may_announce(
     view.peers
         .iter()
         .any(|p| selects(p.spec.node_selector.as_ref(), labels))
-        && for_service(
-            view.advertisements.iter().map(|a| &a.spec),
-            pool,
-            service_labels,
-        )
-        .iter()
-        .any(|a| selects(a.node_selector.as_ref(), labels))
+        && applying
+            .iter()
+            .any(|a| selects(a.node_selector.as_ref(), labels))
 }
 
 /// The redirect part of `node`'s state: its own address and, per VIP in `vip_nodes`, the
@@ -315,7 +309,12 @@ fn slb_part(
         .collect();
     let pool = st.address_pool.clone().unwrap_or_default();
     let empty = BTreeMap::new();
-    let service_labels = svc.metadata.labels.as_ref().unwrap_or(&empty);
+    // The BGPAdvertisements that apply to this Service's VIP, on any node.
+    let applying = for_service(
+        view.advertisements.iter().map(|a| &a.spec),
+        &pool,
+        svc.metadata.labels.as_ref().unwrap_or(&empty),
+    );
     let mut part = SlbPart {
         services: Vec::new(),
         advertised: None,
@@ -325,7 +324,7 @@ fn slb_part(
         eps.iter()
             .filter(|e| e.conditions.ready || e.conditions.serving)
             .filter_map(|e| e.node.clone())
-            .filter(|n| may_announce(view, n, &pool, service_labels)),
+            .filter(|n| may_announce(view, n, &applying)),
     );
     let mut any_backend = false;
     for sp in svc
@@ -344,7 +343,7 @@ fn slb_part(
     if !any_backend || excluded {
         return Some(part);
     }
-    part.advertised = advertised_vip(ctx, (&pool, service_labels), vip, &here);
+    part.advertised = advertised_vip(ctx, &applying, vip, &here);
     Some(part)
 }
 
@@ -395,23 +394,17 @@ fn frontend_service(
     })
 }
 
-/// How this node announces `vip` (of address pool `pool`, its Service labelled
-/// `service_labels`, with the local endpoints `here`), from the BGPAdvertisements that
-/// apply to it ([`for_service`]) on this node; `None` when none does or none selects a
-/// peer of the node.
+/// How this node announces `vip` (with the local endpoints `here`), from the
+/// BGPAdvertisements that apply to it (`applying`: [`for_service`]) on this node; `None`
+/// when none does or none selects a peer of the node.
 fn advertised_vip(
     ctx: NodeCtx<'_>,
-    (pool, service_labels): (&str, &BTreeMap<String, String>),
+    applying: &[&BGPAdvertisementSpec],
     vip: Ipv4Addr,
     here: &[&SliceEndpoint],
 ) -> Option<AdvertisedVip> {
-    let NodeCtx {
-        view,
-        labels,
-        peers,
-        ..
-    } = ctx;
-    // Attributes from the BGPAdvertisements covering the VIP's pool on this node.
+    let NodeCtx { labels, peers, .. } = ctx;
+    // Attributes from the BGPAdvertisements that apply, on this node.
     let mut matched = false;
     let mut communities = BTreeSet::new();
     let mut large = BTreeSet::new();
@@ -419,11 +412,7 @@ fn advertised_vip(
     let mut peer_idx = BTreeSet::new();
     let mut all_peers = false;
     let mut weighted = false;
-    for adv in for_service(
-        view.advertisements.iter().map(|a| &a.spec),
-        pool,
-        service_labels,
-    ) {
+    for adv in applying {
         if !selects(adv.node_selector.as_ref(), labels) {
             continue;
         }

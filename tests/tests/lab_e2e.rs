@@ -242,12 +242,12 @@ fn endpoints_listen_on_the_node_address() -> Result<()> {
     Ok(())
 }
 
-/// The router's view of the VIP: every path with its attributes (BIRD's `show route for
+/// The router's view of `vip`: every path with its attributes (BIRD's `show route for
 /// VIP/32 all`).
-fn router_paths() -> Result<String> {
+fn router_paths(vip: Ipv4Addr) -> Result<String> {
     juneau_tests::bird::birdc(
         &lab::bird_ctl(),
-        &["show", "route", "for", &format!("{VIP}/32"), "all"],
+        &["show", "route", "for", &format!("{vip}/32"), "all"],
     )
 }
 
@@ -263,7 +263,7 @@ fn maintenance_follows_its_triggers_not_a_cordon() -> Result<()> {
     let cordoned = (|| -> Result<()> {
         let until = Instant::now() + Duration::from_secs(8);
         while Instant::now() < until {
-            let paths = router_paths()?;
+            let paths = router_paths(VIP)?;
             ensure!(
                 !paths.contains(GSHUT),
                 "a cordon started maintenance:\n{paths}"
@@ -286,7 +286,7 @@ fn maintenance_follows_its_triggers_not_a_cordon() -> Result<()> {
         eventually(
             "node-a less preferred (GRACEFUL_SHUTDOWN) and out of the ECMP route",
             Duration::from_secs(20),
-            || Ok(router_paths()?.contains(GSHUT) && router_next_hops()? == vec![NODE_C]),
+            || Ok(router_paths(VIP)?.contains(GSHUT) && router_next_hops()? == vec![NODE_C]),
         )?;
         let page = curl_vip()?;
         ensure!(
@@ -300,7 +300,7 @@ fn maintenance_follows_its_triggers_not_a_cordon() -> Result<()> {
     eventually(
         "node-a back in the ECMP route, announced normally",
         Duration::from_secs(30),
-        || Ok(router_next_hops()? == vec![NODE_A, NODE_C] && !router_paths()?.contains(GSHUT)),
+        || Ok(router_next_hops()? == vec![NODE_A, NODE_C] && !router_paths(VIP)?.contains(GSHUT)),
     )
 }
 
@@ -326,23 +326,17 @@ fn a_service_carries_its_own_communities() -> Result<()> {
     );
     lab::kubectl_apply(&manifest)?;
     let checked = (|| -> Result<()> {
-        let route = |vip: Ipv4Addr| {
-            juneau_tests::bird::birdc(
-                &lab::bird_ctl(),
-                &["show", "route", "for", &format!("{vip}/32"), "all"],
-            )
-        };
         eventually(
             "the gold VIP at BIRD with community (64512,900) from node-a and node-c",
             Duration::from_secs(60),
             || {
-                let text = route(GOLD_VIP)?;
+                let text = router_paths(GOLD_VIP)?;
                 Ok(text.contains("(64512,900)")
                     && juneau_tests::bird::bgp_nexthops(&lab::bird_ctl(), GOLD_VIP)?
                         == vec![NODE_A, NODE_C])
             },
         )?;
-        let plain = route(VIP)?;
+        let plain = router_paths(VIP)?;
         ensure!(
             !plain.contains("(64512,900)"),
             "nginx's VIP carries the gold Service's community:\n{plain}"
