@@ -349,14 +349,16 @@ impl Engine {
             proto: v.protocol,
             reply: side == NatSide::Source,
         };
+        // Before holding: a held fragment is sent later or dropped, never handed to the
+        // kernel, which owes the sender its "time exceeded".
+        if v.ttl <= 1 {
+            return self.pass(PassReason::TtlExpired);
+        }
         let d = match self.frags.later(key, frame, now_ms) {
             Later::Decided(d) => d,
             Later::Held => return Verdict::Consumed,
             Later::Refused => return self.drop(DropReason::FragmentHeldFull, None),
         };
-        if v.ttl <= 1 {
-            return self.pass(PassReason::TtlExpired);
-        }
         let service = (d.service < self.counters.services.len() as u32).then_some(d.service);
         let next = match side {
             NatSide::Destination => d.addr,
@@ -398,6 +400,8 @@ impl Engine {
             let Ok(Parsed::Ipv4(v)) = packet::parse(&f) else {
                 continue;
             };
+            // Not sent: a drop, counted under its reason (no fragment is held with a
+            // TTL the kernel must answer: `later_fragment` passes those at once).
             if let Verdict::Tx(out) = self.later_fragment(&mut f, v, side, nb, now_ms) {
                 self.released.push((f, out));
             }
@@ -2864,6 +2868,33 @@ mod tests {
         // Nothing outlives the timeout.
         e.sweep(20 + FRAG_TIMEOUT_MS, 64);
         assert_eq!(e.fragment_datagrams(), 0);
+    }
+
+    /// A later fragment whose TTL runs out goes to the kernel at once (its ICMP time
+    /// exceeded), even before its first fragment: never held, where it could only be
+    /// sent on or dropped, and counted once, as passed.
+    #[test]
+    fn an_early_fragment_whose_ttl_runs_out_is_passed_not_held() {
+        let nb = neighbours();
+        let mut e = engine(&[B1, B2]);
+        let payload: Vec<u8> = (0..4000u32).map(|i| i as u8).collect();
+        let frags = fragments_of(build(IPPROTO_UDP, CLIENT, 5353, VIP, 53, &payload));
+        let mut last = frags[2].clone();
+        last[14 + 8] = 1;
+        last[24..26].copy_from_slice(&[0, 0]);
+        let ipc = packet::ipv4_header_checksum(&last[14..34]);
+        last[24..26].copy_from_slice(&ipc.to_be_bytes());
+        assert_eq!(
+            e.process(&mut last, Side::Uplink, &nb, 0),
+            Verdict::Pass(PassReason::TtlExpired)
+        );
+        let mut first = frags[0].clone();
+        assert!(matches!(
+            e.process(&mut first, Side::Uplink, &nb, 1),
+            Verdict::Tx(Side::Pod(_))
+        ));
+        assert!(e.take_released().is_empty(), "nothing was held");
+        assert_eq!(e.counters().kernel_bound, 1);
     }
 
     #[test]
