@@ -957,7 +957,11 @@ impl Session {
             // on the rate we announce, not on our old slow schedule.
             self.send_now = true;
         }
-        let diag = if to == BfdState::Down && self.local_diag == Diag::NeighborSignaledDown {
+        // A peer that signals Down reports its own reason, when it gives one.
+        let diag = if to == BfdState::Down
+            && self.local_diag == Diag::NeighborSignaledDown
+            && self.remote_diag != Diag::None
+        {
             self.remote_diag
         } else {
             self.local_diag

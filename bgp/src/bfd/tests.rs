@@ -541,6 +541,19 @@ fn the_peer_saying_down_with_its_own_discriminator_still_brings_the_session_down
         .unwrap();
     assert_eq!(p.a.state(), BfdState::Down);
     assert_eq!(p.a.local_diag(), Diag::NeighborSignaledDown);
+    // The peer gave no reason of its own: the event says it signalled the session down.
+    let last = std::iter::from_fn(|| p.a.poll_event()).last();
+    assert!(
+        matches!(
+            last,
+            Some(SessionEvent::StateChanged {
+                to: BfdState::Down,
+                diag: Diag::NeighborSignaledDown,
+                ..
+            })
+        ),
+        "{last:?}"
+    );
 }
 
 /// A peer that restarts with a new discriminator is not heard while our session is Up:
