@@ -109,6 +109,13 @@ const LEGIT_TIMEOUT: Duration = Duration::from_secs(3);
 /// beside): a connection the dataplane refuses or loses still fails, one the kernel
 /// dropped a SYN of is served on a retry.
 const LEGIT_CONNECT_TIMEOUT: Duration = Duration::from_secs(8);
+/// Longest the kept-alive connection may wait for its next bytes before it counts as
+/// cut: the same reasoning as for a connect. Under a flood that overflows the receive
+/// queue, the kernel drops its segments before XDP at random; TCP's retransmission timer
+/// backs off (0.2, 0.4, 0.8, 1.6, 3.2 s), so a connection that lost a few in a row
+/// resumes up to ~3 s after the flood ends. A pause is reported (longest pause); a
+/// connection the dataplane drops or resets stays cut.
+const KEPT_ALIVE_TIMEOUT: Duration = Duration::from_secs(8);
 /// How fast the kept-alive connection reads (bytes per 10 ms): a steady stream, far
 /// below what the path carries, so that a pause is the flood's doing.
 const KEPT_ALIVE_READ: usize = 16 << 10;
@@ -366,10 +373,10 @@ fn join(h: std::thread::JoinHandle<Result<Legit>>) -> Result<Legit> {
 }
 
 /// Asks for `bytes` on a new connection to `vip`.
-fn request(vip: SocketAddr, bytes: u64) -> std::io::Result<TcpStream> {
+fn request(vip: SocketAddr, bytes: u64, timeout: Duration) -> std::io::Result<TcpStream> {
     let mut c = TcpStream::connect_timeout(&vip, LEGIT_CONNECT_TIMEOUT)?;
-    c.set_read_timeout(Some(LEGIT_TIMEOUT))?;
-    c.set_write_timeout(Some(LEGIT_TIMEOUT))?;
+    c.set_read_timeout(Some(timeout))?;
+    c.set_write_timeout(Some(timeout))?;
     c.write_all(&bytes.to_le_bytes())?;
     Ok(c)
 }
@@ -382,7 +389,7 @@ fn new_connections(vip: SocketAddr, stop: &AtomicBool) -> Legit {
     let mut buf = vec![0u8; NEW_CONNECTION_BYTES as usize];
     while !stop.load(Ordering::Relaxed) {
         l.opened += 1;
-        let got = request(vip, NEW_CONNECTION_BYTES).and_then(|mut c| {
+        let got = request(vip, NEW_CONNECTION_BYTES, LEGIT_TIMEOUT).and_then(|mut c| {
             c.read_exact(&mut buf)?;
             // The server closes after the body: nothing more.
             let mut extra = [0u8; 1];
@@ -408,7 +415,7 @@ fn kept_alive(vip: SocketAddr, stop: &AtomicBool) -> Legit {
         opened: 1,
         ..Legit::default()
     };
-    let mut c = match request(vip, 1 << 40) {
+    let mut c = match request(vip, 1 << 40, KEPT_ALIVE_TIMEOUT) {
         Ok(c) => c,
         Err(e) => {
             l.fail(t0, format!("kept-alive connect: {e}"));
