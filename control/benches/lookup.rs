@@ -26,6 +26,7 @@ fn state(services: usize) -> NodeState {
                     })
                     .collect(),
                 terminating: Vec::new(),
+                source_ranges: Vec::new(),
             })
             .collect(),
         ..NodeState::default()

@@ -150,6 +150,91 @@ impl fmt::Display for LocalBackend {
     }
 }
 
+/// A range of client addresses a frontend admits (`loadBalancerSourceRanges`): a
+/// network and a prefix length, the network's host bits zero (`10.1.2.3/8` is stored as
+/// `10.0.0.0/8`, which is what Kubernetes and kube-proxy mean by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SourceRange {
+    /// The network address (host bits zero).
+    pub network: Ipv4Addr,
+    /// The prefix length, 0..=32.
+    pub prefix_len: u8,
+}
+
+/// A source range that is not an IPv4 CIDR.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadSourceRange {
+    /// Not a CIDR at all.
+    #[error("{0:?} is not a CIDR (like 192.0.2.0/24)")]
+    NotACidr(String),
+    /// An IPv6 range: it matches no IPv4 client.
+    #[error("{0:?} is an IPv6 range; Juneau serves IPv4 clients only")]
+    Ipv6(String),
+}
+
+impl SourceRange {
+    /// The range `network/prefix_len`, its host bits cleared; `None` if `prefix_len > 32`.
+    pub fn new(network: Ipv4Addr, prefix_len: u8) -> Option<Self> {
+        let net = ipnet::Ipv4Net::new(network, prefix_len).ok()?.trunc();
+        Some(SourceRange {
+            network: net.network(),
+            prefix_len,
+        })
+    }
+
+    /// The netmask as a host-order word (`/0`: 0).
+    pub fn mask(self) -> u32 {
+        u32::MAX
+            .checked_shl(32 - u32::from(self.prefix_len))
+            .unwrap_or(0)
+    }
+
+    /// Whether the host-order address `ip` lies in the range.
+    #[inline]
+    pub fn contains(self, ip: u32) -> bool {
+        ip & self.mask() == u32::from(self.network)
+    }
+}
+
+impl FromStr for SourceRange {
+    type Err = BadSourceRange;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        match t.parse::<ipnet::IpNet>() {
+            Ok(ipnet::IpNet::V4(n)) => Ok(SourceRange {
+                network: n.trunc().network(),
+                prefix_len: n.prefix_len(),
+            }),
+            Ok(ipnet::IpNet::V6(_)) => Err(BadSourceRange::Ipv6(s.to_string())),
+            // A bare address is a /32 (kube-proxy's validation asks for a CIDR; the
+            // annotation's users write both).
+            Err(_) => match t.parse::<Ipv4Addr>() {
+                Ok(ip) => Ok(SourceRange {
+                    network: ip,
+                    prefix_len: 32,
+                }),
+                Err(_) if t.parse::<std::net::Ipv6Addr>().is_ok() => {
+                    Err(BadSourceRange::Ipv6(s.to_string()))
+                }
+                Err(_) => Err(BadSourceRange::NotACidr(s.to_string())),
+            },
+        }
+    }
+}
+
+impl fmt::Display for SourceRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix_len)
+    }
+}
+
+/// Whether `ranges` admit the host-order client address `ip`: an empty list admits
+/// every client (a Service without `loadBalancerSourceRanges`).
+#[inline]
+pub fn admits(ranges: &[SourceRange], ip: u32) -> bool {
+    ranges.is_empty() || ranges.iter().any(|r| r.contains(ip))
+}
+
 /// One frontend served on a node, with the node's local Ready backends for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeService {
@@ -164,15 +249,21 @@ pub struct NodeService {
     /// new flow picks them, and they never make the node advertise the VIP.
     #[serde(default)]
     pub terminating: Vec<LocalBackend>,
+    /// The client ranges the frontend admits (`loadBalancerSourceRanges`), sorted; empty:
+    /// every client. A packet from outside them is dropped (`source_range_denied`), and
+    /// a flow whose client a new list leaves out ends at its next packet.
+    #[serde(default)]
+    pub source_ranges: Vec<SourceRange>,
 }
 
 impl NodeService {
-    /// A frontend with these Ready backends and none draining.
+    /// A frontend with these Ready backends, none draining, open to every client.
     pub fn new(frontend: Frontend, backends: Vec<LocalBackend>) -> Self {
         NodeService {
             frontend,
             backends,
             terminating: Vec::new(),
+            source_ranges: Vec::new(),
         }
     }
 }
@@ -436,6 +527,8 @@ impl NodeState {
             // A backend that takes new flows is not draining.
             let ready = &s.backends;
             s.terminating.retain(|b| ready.binary_search(b).is_err());
+            s.source_ranges.sort();
+            s.source_ranges.dedup();
         }
         self.services.sort_by_key(|s| s.frontend);
         self.advertised.sort_by_key(|a| a.vip);
@@ -453,5 +546,53 @@ impl NodeState {
             .binary_search_by_key(frontend, |s| s.frontend)
             .ok()
             .map(|i| &self.services[i])
+    }
+}
+
+#[cfg(test)]
+mod source_range_tests {
+    use super::*;
+
+    #[test]
+    fn source_ranges_parse_as_kubernetes_means_them() {
+        let r: SourceRange = "10.1.2.3/8".parse().unwrap();
+        assert_eq!(r.to_string(), "10.0.0.0/8");
+        assert!(r.contains(u32::from(Ipv4Addr::new(10, 200, 0, 1))));
+        assert!(!r.contains(u32::from(Ipv4Addr::new(11, 0, 0, 1))));
+        let host: SourceRange = " 192.0.2.7 ".parse().unwrap();
+        assert_eq!(host.to_string(), "192.0.2.7/32");
+        assert!(host.contains(u32::from(Ipv4Addr::new(192, 0, 2, 7))));
+        assert!(!host.contains(u32::from(Ipv4Addr::new(192, 0, 2, 8))));
+        let all: SourceRange = "0.0.0.0/0".parse().unwrap();
+        assert_eq!(all.mask(), 0);
+        assert!(all.contains(u32::MAX));
+        assert!(matches!(
+            "2001:db8::/32".parse::<SourceRange>(),
+            Err(BadSourceRange::Ipv6(_))
+        ));
+        assert!(matches!(
+            "2001:db8::1".parse::<SourceRange>(),
+            Err(BadSourceRange::Ipv6(_))
+        ));
+        for bad in ["", "10.0.0.0/33", "10.0.0/8", "ten/8", "10.0.0.0/-1"] {
+            assert!(
+                matches!(bad.parse::<SourceRange>(), Err(BadSourceRange::NotACidr(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_ranges_admit_every_client_and_a_list_only_its_own() {
+        let ip = |a: [u8; 4]| u32::from(Ipv4Addr::from(a));
+        assert!(admits(&[], ip([203, 0, 113, 9])));
+        let ranges: Vec<SourceRange> = ["198.51.100.0/24", "192.0.2.7/32"]
+            .iter()
+            .map(|r| r.parse().unwrap())
+            .collect();
+        assert!(admits(&ranges, ip([198, 51, 100, 42])));
+        assert!(admits(&ranges, ip([192, 0, 2, 7])));
+        assert!(!admits(&ranges, ip([192, 0, 2, 8])));
+        assert!(!admits(&ranges, ip([198, 51, 101, 1])));
     }
 }

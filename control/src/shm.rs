@@ -15,9 +15,10 @@
 //! A slot is an array of 32-bit words: an 80-word slot header, then fixed-capacity
 //! sections — services ([`SERVICE_WORDS`] each), backends (2), Maglev slots (two u16 per word),
 //! advertised VIPs ([`VIP_WORDS`]), peers ([`PEER_WORDS`]), and (layout 4) redirect VIPs
-//! ([`REDIRECT_VIP_WORDS`]) with their peer nodes' addresses (one word each), and (layout 6)
+//! ([`REDIRECT_VIP_WORDS`]) with their peer nodes' addresses (one word each), (layout 6)
 //! a fixed section of [`MAX_REDIRECT_KEYS`] redirect MAC key records
-//! ([`REDIRECT_KEY_WORDS`]). Everything is stored as
+//! ([`REDIRECT_KEY_WORDS`]), and (layout 8) the frontends' source ranges
+//! ([`SOURCE_RANGE_WORDS`] each). Everything is stored as
 //! offsets and counts, never pointers; all shared accesses are atomic loads and stores,
 //! so there is no data race even in the language model's sense.
 //!
@@ -50,7 +51,8 @@ use memmap2::MmapRaw;
 use crate::maglev::{self, MaglevTable};
 use crate::model::{
     AdvertisedVip, BfdAuth, BfdAuthType, BfdSettings, DrainSettings, Frontend, LocalBackend,
-    NodeService, NodeState, PeerConfig, Protocol, RedirectKey, Redirects, VipRedirectPeers,
+    NodeService, NodeState, PeerConfig, Protocol, RedirectKey, Redirects, SourceRange,
+    VipRedirectPeers,
     BFD_KEY_MAX_BYTES, MAX_REDIRECT_KEYS,
 };
 use crate::secret::{SecretKey, KEY_BYTES};
@@ -81,13 +83,21 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
 /// - 7: BFD authentication (issue 25) — [`PEER_EXTRA_WORDS`] 8 -> 16: extra word 6 holds
 ///   the type (1 keyed SHA1, 2 meticulous; 0 none), key id << 8 and key length << 16,
 ///   words 8-12 the key ([`BFD_KEY_MAX_BYTES`] bytes).
-pub const LAYOUT_VERSION: u32 = 7;
+/// - 8: source ranges (`loadBalancerSourceRanges`) — [`SERVICE_WORDS`] 5 -> 7 (the first
+///   source range and the count), slot header word 15 counts them all, a section of
+///   [`SOURCE_RANGE_WORDS`] records (network, prefix length) follows the redirect keys,
+///   and the capacity gains `source_ranges` (in the file header's former padding word:
+///   the header stays 104 bytes).
+pub const LAYOUT_VERSION: u32 = 8;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: usize = 4096;
 /// Words per service record: vip, protocol | port << 16, first backend, Ready backend
-/// count, terminating backend count. The service's Ready backends are records
-/// `first .. first + ready`, its terminating ones follow them.
-pub const SERVICE_WORDS: usize = 5;
+/// count, terminating backend count, first source range, source range count. The
+/// service's Ready backends are records `first .. first + ready`, its terminating ones
+/// follow them; its source ranges are records `first .. first + count` of that section.
+pub const SERVICE_WORDS: usize = 7;
+/// Words per source range record (layout 8): the network address, the prefix length.
+pub const SOURCE_RANGE_WORDS: usize = 2;
 /// Words per backend record: ip, port | flags << 16.
 pub const BACKEND_WORDS: usize = 2;
 /// Flag in a backend record's port word: the backend is `serving` but `terminating`
@@ -158,6 +168,8 @@ pub struct Capacity {
     pub redirect_vips: u32,
     /// Redirect peer addresses over all those VIPs (layout 4).
     pub redirect_nodes: u32,
+    /// Source ranges over all frontends (layout 8).
+    pub source_ranges: u32,
 }
 
 impl Default for Capacity {
@@ -170,6 +182,7 @@ impl Default for Capacity {
             maglev_size: maglev::DEFAULT_TABLE_SIZE,
             redirect_vips: 64,
             redirect_nodes: 256,
+            source_ranges: 64,
         }
     }
 }
@@ -188,7 +201,8 @@ impl Capacity {
         let redirect_vips = peers + self.peers as usize * PEER_WORDS;
         let redirect_nodes = redirect_vips + self.redirect_vips as usize * REDIRECT_VIP_WORDS;
         let redirect_keys = redirect_nodes + self.redirect_nodes as usize;
-        let end = redirect_keys + MAX_REDIRECT_KEYS * REDIRECT_KEY_WORDS;
+        let source_ranges = redirect_keys + MAX_REDIRECT_KEYS * REDIRECT_KEY_WORDS;
+        let end = source_ranges + self.source_ranges as usize * SOURCE_RANGE_WORDS;
         Sections {
             services,
             backends,
@@ -198,6 +212,7 @@ impl Capacity {
             redirect_vips,
             redirect_nodes,
             redirect_keys,
+            source_ranges,
             end,
         }
     }
@@ -219,6 +234,7 @@ impl Capacity {
             maglev_size: self.maglev_size,
             redirect_vips: grow(self.redirect_vips, need.redirect_vips),
             redirect_nodes: grow(self.redirect_nodes, need.redirect_nodes),
+            source_ranges: grow(self.source_ranges, need.source_ranges),
         }
     }
 
@@ -229,6 +245,7 @@ impl Capacity {
             && need.peers <= self.peers
             && need.redirect_vips <= self.redirect_vips
             && need.redirect_nodes <= self.redirect_nodes
+            && need.source_ranges <= self.source_ranges
     }
 
     /// Bytes of a whole file with this capacity.
@@ -247,6 +264,7 @@ struct Sections {
     redirect_vips: usize,
     redirect_nodes: usize,
     redirect_keys: usize,
+    source_ranges: usize,
     end: usize,
 }
 
@@ -258,7 +276,6 @@ pub struct FileHeader {
     layout_version: u32,
     header_bytes: u32,
     capacity: Capacity,
-    _pad0: u32,
     slot_words: u64,
     /// Generation of the current table; slot `generation % 2` holds it. 0: none yet.
     generation: AtomicU64,
@@ -274,7 +291,7 @@ pub struct FileHeader {
     slot_seq: [AtomicU64; 2],
 }
 
-const _: () = assert!(std::mem::size_of::<Capacity>() == 28);
+const _: () = assert!(std::mem::size_of::<Capacity>() == 32);
 const _: () = assert!(std::mem::size_of::<FileHeader>() == 104);
 const _: () = assert!(std::mem::align_of::<FileHeader>() == 8);
 const _: () = assert!(std::mem::size_of::<FileHeader>() <= HEADER_BYTES);
@@ -464,7 +481,6 @@ impl Mapping {
             layout_version: LAYOUT_VERSION,
             header_bytes: HEADER_BYTES as u32,
             capacity,
-            _pad0: 0,
             slot_words: sections.end as u64,
             // The slot that will be written first is `first_generation % 2`; start from
             // the generation before it so readers that remap see a newer number.
@@ -575,7 +591,18 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
             "this node's redirect address is 0.0.0.0".into(),
         ));
     }
+    for s in &state.services {
+        if let Some(r) = s.source_ranges.iter().find(|r| {
+            r.prefix_len > 32 || SourceRange::new(r.network, r.prefix_len) != Some(**r)
+        }) {
+            return Err(ShmError::Unrepresentable(format!(
+                "{}: source range {}/{} is not a network and prefix length",
+                s.frontend, r.network, r.prefix_len
+            )));
+        }
+    }
     let redirect_nodes: usize = state.redirects.vips.iter().map(|v| v.nodes.len()).sum();
+    let source_ranges: usize = state.services.iter().map(|s| s.source_ranges.len()).sum();
     let c = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     Ok(Capacity {
         services: c(state.services.len()),
@@ -585,6 +612,7 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
         maglev_size,
         redirect_vips: c(state.redirects.vips.len()),
         redirect_nodes: c(redirect_nodes),
+        source_ranges: c(source_ranges),
     })
 }
 
@@ -855,6 +883,11 @@ fn slot_header(
         .map(|v| v.nodes.len() as u32)
         .sum();
     hdr[14] = state.redirects.keys.len() as u32;
+    hdr[15] = state
+        .services
+        .iter()
+        .map(|s| s.source_ranges.len() as u32)
+        .sum();
     put_name(
         &mut hdr[SLOT_HEADER_WORDS - NAME_BYTES / 4..],
         &state.node,
@@ -874,6 +907,7 @@ fn encode_services(
     tables: &[Arc<[u32]>],
 ) {
     let mut next_backend = 0usize;
+    let mut next_range = 0usize;
     img.tables.truncate(state.services.len());
     for (i, s) in state.services.iter().enumerate() {
         let rec = [
@@ -882,8 +916,17 @@ fn encode_services(
             next_backend as u32,
             s.backends.len() as u32,
             s.terminating.len() as u32,
+            next_range as u32,
+            s.source_ranges.len() as u32,
         ];
         img.set(sec.services + i * SERVICE_WORDS, &rec);
+        for r in &s.source_ranges {
+            img.set(
+                sec.source_ranges + next_range * SOURCE_RANGE_WORDS,
+                &[ip_word(r.network), u32::from(r.prefix_len)],
+            );
+            next_range += 1;
+        }
         let ready = s.backends.iter().map(|b| (b, 0));
         let draining = s.terminating.iter().map(|b| (b, BACKEND_TERMINATING));
         for (b, flags) in ready.chain(draining) {
@@ -991,7 +1034,7 @@ fn seal(img: &mut Image, cap: &Capacity) {
 }
 
 /// The ranges of a slot that hold data for its counts.
-fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, usize); 9]> {
+fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, usize); 10]> {
     let (ns, nb, nv, np) = (
         hdr[2] as usize,
         hdr[3] as usize,
@@ -999,7 +1042,9 @@ fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, u
         hdr[5] as usize,
     );
     let (nrv, nrn, nk) = (hdr[12] as usize, hdr[13] as usize, hdr[14] as usize);
+    let nsr = hdr[15] as usize;
     if nk > MAX_REDIRECT_KEYS
+        || nsr > cap.source_ranges as usize
         || ns > cap.services as usize
         || nb > cap.backends as usize
         || nv > cap.vips as usize
@@ -1019,6 +1064,7 @@ fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, u
         (sec.redirect_vips, nrv * REDIRECT_VIP_WORDS),
         (sec.redirect_nodes, nrn),
         (sec.redirect_keys, nk * REDIRECT_KEY_WORDS),
+        (sec.source_ranges, nsr * SOURCE_RANGE_WORDS),
     ])
 }
 
@@ -1724,6 +1770,7 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
         if first + count + draining > nb {
             return Err(format!("service {i} backends out of range"));
         }
+        let source_ranges = decode_source_ranges(w, &sec, i, rec)?;
         let backend = |b: usize, terminating: bool| {
             let br = &w[sec.backends + b * BACKEND_WORDS..][..BACKEND_WORDS];
             if (br[1] & BACKEND_TERMINATING != 0) != terminating || br[1] >> 17 != 0 {
@@ -1760,6 +1807,7 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
             },
             backends,
             terminating,
+            source_ranges,
         });
         maglev_tables.push(slots);
     }
@@ -1854,6 +1902,31 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
         },
         maglev: maglev_tables,
     })
+}
+
+/// The source ranges of service record `rec` (number `i`; layout 8), bounds-checked
+/// against the slot's count, which `used_ranges` checked against the capacity.
+fn decode_source_ranges(
+    w: &[u32],
+    sec: &Sections,
+    i: usize,
+    rec: &[u32],
+) -> Result<Vec<SourceRange>, String> {
+    let (first, count) = (rec[5] as usize, rec[6] as usize);
+    if first + count > w[15] as usize {
+        return Err(format!("service {i} source ranges out of range"));
+    }
+    (first..first + count)
+        .map(|r| {
+            let rr = &w[sec.source_ranges + r * SOURCE_RANGE_WORDS..][..SOURCE_RANGE_WORDS];
+            let (network, len) = (Ipv4Addr::from(rr[0]), rr[1]);
+            u8::try_from(len)
+                .ok()
+                .and_then(|len| SourceRange::new(network, len))
+                .filter(|r| r.network == network)
+                .ok_or_else(|| format!("service {i} source range {network}/{len} is not a network"))
+        })
+        .collect()
 }
 
 /// The redirect part of a slot (layout 4): bounds-checked against the counts, which

@@ -61,6 +61,16 @@ fn base_table(seed: u32) -> NodeState {
                 })
                 .collect(),
             terminating: Vec::new(),
+            source_ranges: {
+                let mut r: Vec<SourceRange> = (0..(seed as usize + i) % 3)
+                    .filter_map(|r| {
+                        SourceRange::new(Ipv4Addr::from(seed.wrapping_mul(7919) ^ r as u32), 8 * r as u8 + 8)
+                    })
+                    .collect();
+                r.sort();
+                r.dedup();
+                r
+            },
         })
         .collect();
     let advertised = (0..(seed % 4) as usize)
@@ -124,6 +134,7 @@ fn writer(path: &Path, deadline: Instant) -> Result<(), String> {
         maglev_size: 61,
         redirect_vips: 1,
         redirect_nodes: 2,
+        source_ranges: 1,
     };
     let mut w = NodeStateWriter::create(path, small).map_err(|e| e.to_string())?;
     let mut seed = 1u32;

@@ -34,6 +34,7 @@ fn parse_service(s: &str) -> Result<NodeService> {
         frontend,
         backends,
         terminating: Vec::new(),
+        source_ranges: Vec::new(),
     })
 }
 

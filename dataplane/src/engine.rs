@@ -1572,6 +1572,7 @@ mod tests {
                     },
                     backends: bs.clone(),
                     terminating: Vec::new(),
+                    source_ranges: Vec::new(),
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1581,6 +1582,7 @@ mod tests {
                     },
                     backends: bs.clone(),
                     terminating: Vec::new(),
+                    source_ranges: Vec::new(),
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1590,6 +1592,7 @@ mod tests {
                     },
                     backends: vec![],
                     terminating: Vec::new(),
+                    source_ranges: Vec::new(),
                 },
             ],
             ..Default::default()
@@ -2136,6 +2139,7 @@ mod tests {
                 port: 9,
             }],
             terminating: Vec::new(),
+            source_ranges: Vec::new(),
         });
         m.push(maglev(1));
         s.normalize();

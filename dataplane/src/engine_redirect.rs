@@ -446,6 +446,7 @@ mod tests {
                     vec![]
                 },
                 terminating: Vec::new(),
+                source_ranges: Vec::new(),
             }],
             redirects: if from_state {
                 redirects_for(i)

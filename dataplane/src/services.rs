@@ -295,6 +295,7 @@ mod tests {
                 frontend,
                 backends: vec![b(3), b(1)],
                 terminating: vec![b(2), b(1)],
+                source_ranges: Vec::new(),
             }],
             ..Default::default()
         };
@@ -322,6 +323,7 @@ mod tests {
                 frontend,
                 backends: vec![],
                 terminating: vec![b(2)],
+                source_ranges: Vec::new(),
             }],
             ..Default::default()
         };
@@ -348,6 +350,7 @@ mod tests {
             },
             backends,
             terminating: vec![],
+            source_ranges: Vec::new(),
         };
         let state = NodeState {
             services: vec![

@@ -227,6 +227,7 @@ fn engine() -> (Engine, Neighbours) {
                     port: 8080,
                 }],
                 terminating: Vec::new(),
+                source_ranges: Vec::new(),
             },
             NodeService {
                 frontend: Frontend {
@@ -239,6 +240,7 @@ fn engine() -> (Engine, Neighbours) {
                     port: 5353,
                 }],
                 terminating: Vec::new(),
+                source_ranges: Vec::new(),
             },
         ],
         ..Default::default()

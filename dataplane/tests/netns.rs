@@ -74,6 +74,7 @@ fn service(protocol: Protocol, port: u16, target: u16, pods: &[usize]) -> NodeSe
             })
             .collect(),
         terminating: Vec::new(),
+        source_ranges: Vec::new(),
     }
 }
 
@@ -1502,6 +1503,7 @@ fn a_state_file_replaced_by_a_bigger_one_is_followed() -> Result<()> {
                 port: HTTP_PORT,
             }],
             terminating: Vec::new(),
+            source_ranges: Vec::new(),
         });
     }
     let want = state.services.len();

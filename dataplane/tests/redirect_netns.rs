@@ -152,6 +152,7 @@ fn build_node(
                 port: HTTP_PORT,
             }],
             terminating: Vec::new(),
+            source_ranges: Vec::new(),
         }],
         redirects: Redirects {
             keys: keys(key),

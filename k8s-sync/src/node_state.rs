@@ -9,7 +9,7 @@ use std::sync::Arc;
 use juneau_control::shm::MAX_REDIRECT_NODES_PER_VIP;
 use juneau_control::{
     AdvertisedVip, Frontend, LocalBackend, NodeService, NodeState, PeerConfig, Protocol, Redirects,
-    VipRedirectPeers,
+    SourceRange, VipRedirectPeers,
 };
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -303,6 +303,8 @@ fn slb_part(
     if !host.is_empty() {
         return None; // the controller marks such a Service Failed; never serve it half.
     }
+    // Ranges that cannot be honoured: served by no node (the controller says why).
+    let source_ranges = crate::source_ranges::of_service(svc).ok()?;
     let here: Vec<_> = eps
         .iter()
         .filter(|e| e.node.as_deref() == Some(node))
@@ -334,7 +336,7 @@ fn slb_part(
         .into_iter()
         .flatten()
     {
-        let Some(service) = frontend_service(vip, sp, &here) else {
+        let Some(service) = frontend_service(vip, sp, &here, &source_ranges) else {
             continue;
         };
         any_backend |= !service.backends.is_empty();
@@ -348,11 +350,13 @@ fn slb_part(
 }
 
 /// The Frontend of the Service port `sp` on `vip` with this node's Backends (`here`:
-/// the Service's endpoints on this node), or `None` when the port is not one we serve.
+/// the Service's endpoints on this node) and the clients it admits, or `None` when the
+/// port is not one we serve.
 fn frontend_service(
     vip: Ipv4Addr,
     sp: &k8s_openapi::api::core::v1::ServicePort,
     here: &[&SliceEndpoint],
+    source_ranges: &[SourceRange],
 ) -> Option<NodeService> {
     let proto_name = sp.protocol.as_deref().unwrap_or("TCP");
     let protocol = proto_name.parse::<Protocol>().ok()?;
@@ -391,6 +395,7 @@ fn frontend_service(
         },
         backends,
         terminating,
+        source_ranges: source_ranges.to_vec(),
     })
 }
 
@@ -1287,6 +1292,35 @@ mod tests {
         let (s, w) = build_node_state("node-a", &v);
         assert!(s.peers[0].drain.is_none() && s.advertised.len() == 1);
         assert!(w.iter().any(|w| w.contains("maintenance=\"yes\"")), "{w:?}");
+    }
+
+    /// The Service's source ranges reach each of its frontends; ranges that cannot be
+    /// honoured (IPv6 only) leave the Service served by no node, not open to all.
+    #[test]
+    fn source_ranges_reach_the_frontends_and_bad_ones_serve_nothing() {
+        let set = |v: &mut AgentView, ranges: &[&str]| {
+            let svc = Arc::make_mut(v.services.get_mut("default/nginx").unwrap());
+            svc.spec.as_mut().unwrap().load_balancer_source_ranges =
+                Some(ranges.iter().map(|r| r.to_string()).collect());
+        };
+        let mut v = view();
+        set(&mut v, &["198.51.100.0/24", "2001:db8::/32", "192.0.2.7"]);
+        let (s, _) = build_node_state("node-a", &v);
+        let shown: Vec<String> = s.services[0]
+            .source_ranges
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+        assert_eq!(shown, ["192.0.2.7/32", "198.51.100.0/24"]);
+        assert_eq!(s.advertised.len(), 1);
+
+        set(&mut v, &["2001:db8::/32"]);
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.services.is_empty() && s.advertised.is_empty(), "{s:?}");
+
+        set(&mut v, &[]);
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.services[0].source_ranges.is_empty());
     }
 
     #[test]

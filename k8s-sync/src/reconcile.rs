@@ -219,15 +219,8 @@ fn unsupported(svc: &Service, host_network: &[Ipv4Addr]) -> Vec<Problem> {
             ));
         }
     }
-    if spec
-        .load_balancer_source_ranges
-        .as_ref()
-        .is_some_and(|r| !r.is_empty())
-    {
-        out.push(problem(
-            "SourceRangesNotSupported",
-            "loadBalancerSourceRanges is set; Juneau does not filter clients by source range, remove the field or filter upstream",
-        ));
+    if let Err(e) = crate::source_ranges::of_service(svc) {
+        out.push(problem("InvalidSourceRanges", e.to_string()));
     }
     if !host_network.is_empty() {
         let ips: Vec<String> = host_network.iter().map(|i| i.to_string()).collect();
@@ -1371,10 +1364,10 @@ mod tests {
                 }),
             ),
             (
-                "SourceRangesNotSupported",
+                "InvalidSourceRanges",
                 Box::new(|s, _| {
                     s.spec.as_mut().unwrap().load_balancer_source_ranges =
-                        Some(vec!["192.0.2.0/24".into()])
+                        Some(vec!["2001:db8::/32".into()])
                 }),
             ),
             (

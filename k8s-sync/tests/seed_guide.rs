@@ -398,9 +398,9 @@ spec:
             service(
                 "bad-ranges",
                 &[],
-                "  loadBalancerSourceRanges: [192.0.2.0/24]\n",
+                "  loadBalancerSourceRanges: [\"2001:db8::/32\"]\n",
             ),
-            "SourceRangesNotSupported",
+            "InvalidSourceRanges",
             "Failed",
         ),
         (

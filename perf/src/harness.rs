@@ -183,6 +183,7 @@ fn node_state() -> juneau_control::model::NodeState {
             port: bport,
         }],
         terminating: Vec::new(),
+        source_ranges: Vec::new(),
     };
     let mut st = NodeState {
         node: "perf-node".into(),

@@ -50,17 +50,23 @@ pub(crate) fn sample_state() -> NodeState {
                 backends: vec![backend(5, 80), backend(6, 80)],
                 // backend 5 is Ready, so normalize() drops it from the draining list.
                 terminating: vec![backend(9, 80), backend(5, 80)],
+                source_ranges: vec![
+                    "198.51.100.0/24".parse().unwrap(),
+                    "192.0.2.7".parse().unwrap(),
+                ],
             },
             NodeService {
                 frontend: frontend([203, 0, 113, 10], Protocol::Udp, 53),
                 backends: vec![backend(7, 5353)],
                 terminating: Vec::new(),
+                source_ranges: Vec::new(),
             },
             NodeService {
                 frontend: frontend([203, 0, 113, 11], Protocol::Tcp, 443),
                 backends: vec![],
                 // Only draining backends: existing flows only, nothing to pick.
                 terminating: vec![backend(8, 443)],
+                source_ranges: Vec::new(),
             },
         ],
         advertised: vec![AdvertisedVip {
@@ -202,6 +208,7 @@ fn growing_past_capacity_renames_a_new_file_and_readers_follow() {
         maglev_size: 251,
         redirect_vips: 1,
         redirect_nodes: 1,
+        source_ranges: 1,
     };
     let mut w = NodeStateWriter::create(&path, small).unwrap();
     let mut one = sample_state();
@@ -690,12 +697,22 @@ mod incremental {
                 (
                     Just((vip, port, ready)),
                     proptest::collection::vec(1u8..6, 0..2),
+                    proptest::collection::vec((any::<u32>(), 0u8..=32), 0..3),
                 )
             })
-            .prop_map(|((vip, port, ready), draining)| NodeService {
-                frontend: frontend([203, 0, 113, vip], Protocol::Tcp, 80 + port),
-                backends: ready.into_iter().map(|b| backend(b, 8080)).collect(),
-                terminating: draining.into_iter().map(|b| backend(b, 8080)).collect(),
+            .prop_map(|((vip, port, ready), draining, ranges)| {
+                let mut source_ranges: Vec<SourceRange> = ranges
+                    .into_iter()
+                    .filter_map(|(ip, len)| SourceRange::new(Ipv4Addr::from(ip), len))
+                    .collect();
+                source_ranges.sort();
+                source_ranges.dedup();
+                NodeService {
+                    frontend: frontend([203, 0, 113, vip], Protocol::Tcp, 80 + port),
+                    backends: ready.into_iter().map(|b| backend(b, 8080)).collect(),
+                    terminating: draining.into_iter().map(|b| backend(b, 8080)).collect(),
+                    source_ranges,
+                }
             });
         let services = proptest::collection::vec(service, 0..7);
         let peers = 0usize..3;
@@ -774,6 +791,7 @@ mod incremental {
                 maglev_size: 31,
                 redirect_vips: 1,
                 redirect_nodes: 2,
+                source_ranges: 1,
             };
             let mut w = NodeStateWriter::create(&path, cap).unwrap();
             let mut r: Option<NodeStateReader> = None;
@@ -787,4 +805,30 @@ mod incremental {
             }
         }
     }
+}
+
+/// A source range whose host bits are set, or whose prefix is longer than 32, is not
+/// published: the error names it, and readers keep the state published before.
+#[test]
+fn a_source_range_that_is_not_a_network_is_refused_and_nothing_changes() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    let good = sample_state();
+    let g = w.publish(&good).unwrap();
+    for (network, prefix_len) in [([10, 1, 2, 3], 8), ([10, 0, 0, 0], 33)] {
+        let mut bad = good.clone();
+        bad.services[0].source_ranges = vec![SourceRange {
+            network: Ipv4Addr::from(network),
+            prefix_len,
+        }];
+        let e = w.publish(&bad).unwrap_err().to_string();
+        assert!(e.contains("is not a network and prefix length"), "{e}");
+    }
+    let mut r = NodeStateReader::open(&path).unwrap();
+    let snap = r.snapshot().unwrap();
+    assert_eq!(snap.generation, g);
+    let mut want = good;
+    want.normalize();
+    assert_eq!(snap.state, want);
 }

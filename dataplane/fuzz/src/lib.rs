@@ -336,6 +336,7 @@ fn node_state(tcp80: &[Ipv4Addr], udp53: &[Ipv4Addr]) -> NodeState {
             .map(|&ip| LocalBackend { ip, port: target })
             .collect(),
         terminating: Vec::new(),
+        source_ranges: Vec::new(),
     };
     let mut state = NodeState {
         node: "fuzz".into(),

@@ -54,6 +54,7 @@ fn service_table(protocol: Protocol) -> Result<ServiceTable> {
             },
             backends: backends.clone(),
             terminating: Vec::new(),
+            source_ranges: Vec::new(),
         }],
         ..Default::default()
     };
