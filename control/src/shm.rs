@@ -52,8 +52,7 @@ use crate::maglev::{self, MaglevTable};
 use crate::model::{
     AdvertisedVip, BfdAuth, BfdAuthType, BfdSettings, DrainSettings, Frontend, LocalBackend,
     NodeService, NodeState, PeerConfig, Protocol, RedirectKey, Redirects, SourceRange,
-    VipRedirectPeers,
-    BFD_KEY_MAX_BYTES, MAX_REDIRECT_KEYS,
+    VipRedirectPeers, BFD_KEY_MAX_BYTES, MAX_REDIRECT_KEYS,
 };
 use crate::secret::{SecretKey, KEY_BYTES};
 
@@ -592,9 +591,11 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
         ));
     }
     for s in &state.services {
-        if let Some(r) = s.source_ranges.iter().find(|r| {
-            r.prefix_len > 32 || SourceRange::new(r.network, r.prefix_len) != Some(**r)
-        }) {
+        if let Some(r) = s
+            .source_ranges
+            .iter()
+            .find(|r| r.prefix_len > 32 || SourceRange::new(r.network, r.prefix_len) != Some(**r))
+        {
             return Err(ShmError::Unrepresentable(format!(
                 "{}: source range {}/{} is not a network and prefix length",
                 s.frontend, r.network, r.prefix_len

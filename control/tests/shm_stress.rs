@@ -64,7 +64,10 @@ fn base_table(seed: u32) -> NodeState {
             source_ranges: {
                 let mut r: Vec<SourceRange> = (0..(seed as usize + i) % 3)
                     .filter_map(|r| {
-                        SourceRange::new(Ipv4Addr::from(seed.wrapping_mul(7919) ^ r as u32), 8 * r as u8 + 8)
+                        SourceRange::new(
+                            Ipv4Addr::from(seed.wrapping_mul(7919) ^ r as u32),
+                            8 * r as u8 + 8,
+                        )
                     })
                     .collect();
                 r.sort();

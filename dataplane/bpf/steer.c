@@ -5,7 +5,9 @@
 // interface's AF_XDP socket only what belongs to Juneau:
 //   - on the uplink: IPv4 TCP/UDP packets to a VIP:port/proto a Service exposes (map
 //     `frontends`; packets of a flow a table holds skip that look-up: fast-pathed, or
-//     to userspace, which re-validates the flow), ICMP errors quoting a packet from such
+//     to userspace, which re-validates the flow) -- from a source its Service admits
+//     (`loadBalancerSourceRanges`: map `source_ranges`; others are dropped and counted
+//     as SD_SOURCE_RANGE_DENIED), ICMP errors quoting a packet from such
 //     a VIP:port, and fragments /
 //     packets with IP options to a VIP (userspace counts and drops them), and UDP to
 //     this node's redirect address:port from a peer node (`redirect_in`, `redirect_from`;
@@ -76,6 +78,11 @@
 #define SD_NEW_FLOW_PREFIX_RATE 2
 #define SD_NO_SOCKET 3
 #define SD_REDIRECT_NOT_FROM_PEER 4
+#define SD_SOURCE_RANGE_DENIED 5
+
+// Bits of a `frontends` value.
+#define FRONTEND_EXPOSED 1
+#define FRONTEND_FILTERED 2 // the Service has source ranges: only `source_ranges` admits
 
 struct iface_conf {
 	__u32 slot_base; // xsks index of the socket on RX queue 0 of this interface
@@ -99,6 +106,15 @@ struct frontend_key {
 	__u16 port; // network order
 	__u8 proto;
 	__u8 pad;
+};
+
+// A source range of a frontend (`source_ranges`, longest-prefix match): the 64 bits of
+// the frontend, then the range's leading bits of the client address; `prefixlen` is 64
+// plus the range's prefix length, and a look-up asks with 96 and the packet's source.
+struct source_range_key {
+	__u32 prefixlen;
+	struct frontend_key frontend;
+	__u32 saddr; // network order
 };
 
 // The shared flow tables' headers (`flow::FlowMeta`), one per forwarding worker: table w
@@ -201,8 +217,16 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, struct frontend_key);
-	__type(value, __u8);
+	__type(value, __u8); // FRONTEND_* bits
 } frontends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct source_range_key);
+	__type(value, __u8);
+} source_ranges SEC(".maps");
 
 // Sized at load time (one entry per worker).
 struct {
@@ -905,6 +929,14 @@ static __always_inline int admit_new_flow(__be32 saddr)
 	return 1;
 }
 
+// Whether one of the frontend's source ranges holds `saddr` (a frontend with
+// FRONTEND_FILTERED; userspace adds its ranges before it sets the bit).
+static __always_inline int source_admitted(struct frontend_key *frontend, __be32 saddr)
+{
+	struct source_range_key k = { .prefixlen = 96, .frontend = *frontend, .saddr = saddr };
+	return bpf_map_lookup_elem(&source_ranges, &k) != 0;
+}
+
 // The uplink's slow part, `slot` the AF_XDP socket of the packet's queue: a packet of a
 // held flow goes to userspace without the `frontends` look-up (userspace re-validates
 // every flow against the table in force: a Service removed since is its drop, named);
@@ -920,7 +952,11 @@ static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *en
 	int l4 = ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP;
 	if (l4 && ip->ihl == 5 && !(ip->frag_off & bpf_htons(0x3fff)) && (void *)(ports + 2) <= end) {
 		key.port = ports[1];
-		if (bpf_map_lookup_elem(&frontends, &key)) {
+		__u8 *exposed = bpf_map_lookup_elem(&frontends, &key);
+		if (exposed) {
+			// Before the admission: a denied client spends no prefix's tokens.
+			if ((*exposed & FRONTEND_FILTERED) && !source_admitted(&key, ip->saddr))
+				return count_drop(SD_SOURCE_RANGE_DENIED);
 			if (flow == FLOW_NONE && !admit_new_flow(ip->saddr))
 				return count_drop(SD_NEW_FLOW_PREFIX_RATE);
 			return to_userspace(slot);

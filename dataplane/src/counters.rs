@@ -58,6 +58,10 @@ pub enum DropReason {
     /// A packet of an unknown flow with no node left to ask (every peer visited or the
     /// hop budget spent, or no peer configured): the last node drops it.
     RedirectNoPeer,
+    /// A packet from a client the Service's `loadBalancerSourceRanges` do not admit (in
+    /// the steering program for packets of no held flow; in userspace for a held flow
+    /// whose client new ranges leave out, which ends it).
+    SourceRangeDenied,
     /// A redirect frame with a bad header.
     RedirectMalformed,
     /// A redirect frame or notice from an address that is not a peer node.
@@ -109,7 +113,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 35] = [
+    pub const ALL: [DropReason; 36] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -129,6 +133,7 @@ impl DropReason {
         DropReason::NonSynWithoutFlow,
         DropReason::RedirectRateLimited,
         DropReason::RedirectNoPeer,
+        DropReason::SourceRangeDenied,
         DropReason::RedirectMalformed,
         DropReason::RedirectNotFromPeer,
         DropReason::RedirectNotServed,
@@ -169,6 +174,7 @@ impl DropReason {
             DropReason::NonSynWithoutFlow => "non_syn_without_flow",
             DropReason::RedirectRateLimited => "redirect_rate_limited",
             DropReason::RedirectNoPeer => "redirect_no_peer",
+            DropReason::SourceRangeDenied => "source_range_denied",
             DropReason::RedirectMalformed => "redirect_malformed",
             DropReason::RedirectNotFromPeer => "redirect_not_from_peer",
             DropReason::RedirectNotServed => "redirect_not_served",

@@ -778,10 +778,11 @@ impl Engine {
     }
 
     /// Checks an existing flow against the current service table; `Ok(slot)` with its
-    /// `(service, backend)` slot, `Err` when its backend (or its whole frontend) is gone,
-    /// in which case the flow has been removed.
+    /// `(service, backend)` slot, `Err` when its backend (or its whole frontend) is gone
+    /// or its Service no longer admits its client, in which case the flow has been
+    /// removed.
     #[inline]
-    fn revalidate(&mut self, id: u32) -> Result<u32, Option<u32>> {
+    fn revalidate(&mut self, id: u32) -> Result<u32, Stale> {
         let gen = self.table.generation32();
         let f = self.flows.get(id);
         if f.checked_generation == gen {
@@ -821,13 +822,21 @@ impl Engine {
     }
 
     #[cold]
-    fn revalidate_slow(&mut self, id: u32, f: Flow, gen: u32) -> Result<u32, Option<u32>> {
+    fn revalidate_slow(&mut self, id: u32, f: Flow, gen: u32) -> Result<u32, Stale> {
         if gen == 0 {
             // No service table yet (just started, state file not read): keep the flow
             // (found in the pinned table) for when it comes; drop this packet.
-            return Err(None);
+            return Err(Stale::GONE);
         }
         match self.table.find(f.vip, f.proto, f.vip_port) {
+            Some(s) if !self.table.service(s).admits(f.client) => {
+                // New source ranges leave its client out: the flow ends here.
+                self.flows.remove(id);
+                Err(Stale {
+                    reason: DropReason::SourceRangeDenied,
+                    service: Some(s),
+                })
+            }
             Some(s) => {
                 let svc = self.table.service(s);
                 match svc.backend_index(f.backend, f.backend_port) {
@@ -842,13 +851,16 @@ impl Engine {
                     }
                     None => {
                         self.flows.remove(id);
-                        Err(Some(s))
+                        Err(Stale {
+                            reason: DropReason::BackendRemoved,
+                            service: Some(s),
+                        })
                     }
                 }
             }
             None => {
                 self.flows.remove(id);
-                Err(None)
+                Err(Stale::GONE)
             }
         }
     }
@@ -1059,6 +1071,20 @@ impl Engine {
             dst_port: l4.dst_port,
             proto: v.protocol,
         };
+        // A client the Service's source ranges leave out is dropped here, before it
+        // could be redirected, open a flow or take a held one's path (the steering
+        // program drops it already unless a table holds its flow); a flow it held
+        // (admitted by the ranges before) ends.
+        if let Some(s) = self.table.find(v.dst, v.protocol, l4.dst_port) {
+            if !self.table.service(s).admits(v.src) {
+                if let Some((id, Direction::Forward)) = self.flows.lookup(&key, now_ms) {
+                    if !FlowTable::is_remote(id) {
+                        self.flows.remove(id);
+                    }
+                }
+                return self.drop(DropReason::SourceRangeDenied, Some(s));
+            }
+        }
         if let Some(r) = self.redirect_hook(frame.len(), &key, l4.tcp_flags, nb, now_ms) {
             return r;
         }
@@ -1070,7 +1096,7 @@ impl Engine {
         let (id, service, new) = match found {
             Some((id, Direction::Forward)) => match self.revalidate(id) {
                 Ok(slot) => (id, self.table.slot_service(slot), false),
-                Err(s) => return self.drop(DropReason::BackendRemoved, s),
+                Err(e) => return self.drop(e.reason, e.service),
             },
             Some((_, Direction::Reverse)) => return self.drop(DropReason::FlowConflict, None),
             None => {
@@ -1215,7 +1241,7 @@ impl Engine {
         let (id, service) = match self.flows.lookup(&key, now_ms) {
             Some((id, Direction::Forward)) if e.inner_src == v.dst => match self.revalidate(id) {
                 Ok(slot) => (id, self.table.slot_service(slot)),
-                Err(s) => return self.drop(DropReason::BackendRemoved, s),
+                Err(e) => return self.drop(e.reason, e.service),
             },
             _ => return self.drop(DropReason::NoFlow, None),
         };
@@ -1268,7 +1294,7 @@ impl Engine {
         let (id, service) = match self.flows.lookup(&key, now_ms) {
             Some((id, Direction::Reverse)) if e.inner_dst == v.src => match self.revalidate(id) {
                 Ok(slot) => (id, self.table.slot_service(slot)),
-                Err(s) => return self.drop(DropReason::BackendRemoved, s),
+                Err(e) => return self.drop(e.reason, e.service),
             },
             _ => return self.drop(DropReason::NoFlow, None),
         };
@@ -1339,7 +1365,7 @@ impl Engine {
         let (id, service) = match self.flows.lookup(&key, now_ms) {
             Some((id, Direction::Reverse)) => match self.revalidate(id) {
                 Ok(slot) => (id, self.table.slot_service(slot)),
-                Err(s) => return self.drop(DropReason::BackendRemoved, s),
+                Err(e) => return self.drop(e.reason, e.service),
             },
             _ => return self.drop(DropReason::NoFlow, None),
         };
@@ -1385,6 +1411,22 @@ impl Engine {
         c.bytes_out += frame.len() as u64;
         Verdict::Tx(side)
     }
+}
+
+/// Why a held flow no longer stands ([`Engine::revalidate`]; it has been removed): the
+/// drop its packet is counted as, and its Service if that is still served.
+#[derive(Debug, Clone, Copy)]
+struct Stale {
+    reason: DropReason,
+    service: Option<u32>,
+}
+
+impl Stale {
+    /// The frontend (or the whole table) is gone.
+    const GONE: Stale = Stale {
+        reason: DropReason::BackendRemoved,
+        service: None,
+    };
 }
 
 /// Applies a precomputed delta to the L4 checksum of a frame [`packet::parse_fast`]
@@ -2942,6 +2984,78 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Sets `ranges` on the TCP frontend of `state(backends)` as generation `generation`.
+    fn update_ranges(e: &mut Engine, generation: u64, backends: &[[u8; 4]], ranges: &[&str]) {
+        let (mut s, m) = state(backends);
+        let tcp = s
+            .services
+            .iter_mut()
+            .find(|x| x.frontend.protocol == Protocol::Tcp && x.frontend.port == 80)
+            .unwrap();
+        tcp.source_ranges = ranges.iter().map(|r| r.parse().unwrap()).collect();
+        e.set_services(ServiceTable::new(generation, &s, &m));
+    }
+
+    /// A client the source ranges admit opens connections; another is dropped under its
+    /// own name before it costs a flow, on the Service's counters; a held flow whose
+    /// client new ranges leave out ends at its next packet (both ways), and the clients
+    /// both lists admit keep theirs.
+    #[test]
+    fn source_ranges_admit_their_clients_and_end_the_flows_of_others() {
+        let nb = neighbours();
+        let mut e = engine(&[B1]);
+        update_ranges(&mut e, 2, &[B1], &["192.0.2.0/24"]);
+        let other = [198, 18, 0, 9];
+        let mut f = tcp(other, 40000, VIP, 80, tcp_flags::SYN);
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::SourceRangeDenied)
+        );
+        assert_eq!(e.flows().len(), 0, "a denied SYN costs no flow");
+        let s = e.services().find(ip(VIP), IPPROTO_TCP, 80).unwrap() as usize;
+        assert_eq!(e.counters().services[s].drops, 1);
+        // UDP on the same VIP has no ranges: the stranger is served there.
+        let mut u = build_with(IPPROTO_UDP, other, 5353, VIP, 53, b"q", 64, 0);
+        assert_eq!(
+            e.process(&mut u, Side::Uplink, &nb, 0),
+            Verdict::Tx(Side::Pod(0))
+        );
+
+        for p in [20000u16, 20001] {
+            let mut f = syn(p);
+            assert_eq!(
+                e.process(&mut f, Side::Uplink, &nb, 1),
+                Verdict::Tx(Side::Pod(0))
+            );
+        }
+        // New ranges still admit the first client's /24 with a longer prefix; then none.
+        update_ranges(&mut e, 3, &[B1], &["192.0.2.0/25", "10.0.0.0/8"]);
+        let mut f = build(IPPROTO_TCP, CLIENT, 20000, VIP, 80, b"kept");
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 2),
+            Verdict::Tx(Side::Pod(0))
+        );
+        update_ranges(&mut e, 4, &[B1], &["10.0.0.0/8"]);
+        let mut r = build(IPPROTO_TCP, B1, 8080, CLIENT, 20001, b"reply");
+        assert_eq!(
+            e.process(&mut r, Side::Pod(0), &nb, 3),
+            Verdict::Drop(DropReason::SourceRangeDenied)
+        );
+        let mut f = build(IPPROTO_TCP, CLIENT, 20000, VIP, 80, b"cut");
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 3),
+            Verdict::Drop(DropReason::SourceRangeDenied)
+        );
+        assert_eq!(e.flows().len(), 1, "only the stranger's UDP flow is left");
+        // No ranges again: everyone.
+        update_ranges(&mut e, 5, &[B1], &[]);
+        let mut f = tcp(other, 40001, VIP, 80, tcp_flags::SYN);
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 4),
+            Verdict::Tx(Side::Pod(0))
+        );
     }
 
     #[test]

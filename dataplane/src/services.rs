@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::Ipv4Addr;
 
-use juneau_control::model::{Frontend, LocalBackend, NodeState, Redirects};
+use juneau_control::model::{Frontend, LocalBackend, NodeState, Redirects, SourceRange};
 
 /// A small multiplicative hasher for integer keys (FxHash-style); the keys it hashes are
 /// not attacker-chosen beyond the service configuration.
@@ -64,6 +64,8 @@ pub struct Service {
     /// Slot of `backends[0]` in the table's flat list of `(service, backend)` pairs;
     /// `backends[i]` has slot `first_slot + i`.
     pub first_slot: u32,
+    /// The client ranges the frontend admits (`loadBalancerSourceRanges`); empty: all.
+    pub source_ranges: Vec<SourceRange>,
 }
 
 impl Service {
@@ -105,6 +107,12 @@ impl Service {
             .binary_search(&b)
             .ok()
             .or_else(|| draining.binary_search(&b).ok().map(|i| i + self.ready))
+    }
+
+    /// Whether the frontend admits a client at host-order address `src`.
+    #[inline]
+    pub fn admits(&self, src: u32) -> bool {
+        juneau_control::model::admits(&self.source_ranges, src)
     }
 
     /// The Ready backends (the ones new flows go to).
@@ -173,6 +181,7 @@ impl ServiceTable {
                 ready,
                 maglev: slots,
                 first_slot,
+                source_ranges: s.source_ranges.clone(),
             });
         }
         t

@@ -13,8 +13,10 @@
 //! away (uninstall, tests).
 //!
 //! The maps follow the service table: `frontends` holds every `(VIP, port, protocol)`
-//! served here and `vips` every VIP address; [`Steering::sync`] applies the difference
-//! after each state change (adds first, removes after).
+//! served here (with [`FRONTEND_FILTERED`] when its Service has source ranges),
+//! `source_ranges` each such frontend's ranges, and `vips` every VIP address;
+//! [`Steering::sync`] applies the difference after each state change (adds first,
+//! removes after: a client both the old and the new ranges admit is never dropped).
 
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
@@ -22,6 +24,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
+use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, XskMap};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::xdp::XdpLink;
@@ -45,6 +48,14 @@ const SD_UNSUPPORTED_PROTOCOL: u32 = 1;
 const SD_NEW_FLOW_PREFIX_RATE: u32 = 2;
 const SD_NO_SOCKET: u32 = 3;
 const SD_REDIRECT_NOT_FROM_PEER: u32 = 4;
+const SD_SOURCE_RANGE_DENIED: u32 = 5;
+
+/// Bits of a `frontends` value: the frontend is exposed; its Service has source ranges
+/// (only a source in `source_ranges` is admitted).
+const FRONTEND_EXPOSED: u8 = 1;
+const FRONTEND_FILTERED: u8 = 2;
+/// `BPF_F_NO_PREALLOC`: an LPM trie must be created with it.
+const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// Most peer nodes the steering program takes redirected packets from (`redirect_from`;
 /// Kubernetes supports clusters of 5 000 nodes).
@@ -105,6 +116,35 @@ struct FrontendKey {
 // `struct frontend_key`.
 unsafe impl aya::Pod for FrontendKey {}
 
+/// The data of a `source_ranges` key (after its prefix length): the frontend, then the
+/// client address, both in network order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C)]
+struct SourceRangeData {
+    frontend: FrontendKey,
+    saddr: [u8; 4],
+}
+
+// SAFETY: `repr(C)` of an 8-byte Pod and a byte array, 12 bytes without padding, matching
+// `struct source_range_key` after its prefix length.
+unsafe impl aya::Pod for SourceRangeData {}
+
+/// A frontend as the maps key it: `(VIP, port, protocol number)`.
+type FrontendTuple = (Ipv4Addr, u16, u8);
+
+/// One installed source range: the frontend and the range.
+type RangeEntry = (FrontendTuple, juneau_control::model::SourceRange);
+
+fn range_key(e: &RangeEntry) -> LpmKey<SourceRangeData> {
+    LpmKey::new(
+        64 + u32::from(e.1.prefix_len),
+        SourceRangeData {
+            frontend: frontend_key(&e.0),
+            saddr: e.1.network.octets(),
+        },
+    )
+}
+
 /// An interface the steering program runs on.
 #[derive(Debug, Clone)]
 pub struct SteeredIface {
@@ -139,11 +179,13 @@ pub struct SteerDrops {
     pub no_socket: u64,
     /// UDP to this node's redirect address and port from a source that is no peer node.
     pub redirect_not_from_peer: u64,
+    /// Packets of no held flow from a source the Service's source ranges do not admit.
+    pub source_range_denied: u64,
 }
 
 impl SteerDrops {
     /// Each count under the drop reason it is reported as.
-    pub fn by_reason(&self) -> [(crate::counters::DropReason, u64); 5] {
+    pub fn by_reason(&self) -> [(crate::counters::DropReason, u64); 6] {
         use crate::counters::DropReason;
         [
             (DropReason::PortNotExposed, self.port_not_exposed),
@@ -154,6 +196,7 @@ impl SteerDrops {
             ),
             (DropReason::NoSocket, self.no_socket),
             (DropReason::RedirectNotFromPeer, self.redirect_not_from_peer),
+            (DropReason::SourceRangeDenied, self.source_range_denied),
         ]
     }
 }
@@ -176,12 +219,15 @@ pub struct Steering {
     xsks: XskMap<MapData>,
     vips: BpfHashMap<MapData, [u8; 4], u8>,
     frontends: BpfHashMap<MapData, FrontendKey, u8>,
+    source_ranges: LpmTrie<MapData, SourceRangeData, u8>,
     steer_drops: PerCpuArray<MapData, u64>,
     admit_conf: Array<MapData, NewFlowAdmission>,
     redirect_from: BpfHashMap<MapData, [u8; 4], u8>,
     installed_redirect_from: HashSet<Ipv4Addr>,
     installed_vips: HashSet<Ipv4Addr>,
-    installed_frontends: HashSet<(Ipv4Addr, u16, u8)>,
+    /// Each installed frontend with its `frontends` value.
+    installed_frontends: HashMap<FrontendTuple, u8>,
+    installed_ranges: HashSet<RangeEntry>,
     links: HashMap<String, FdLink>,
     /// The mode each interface was attached in (`kept` when a pinned link was reused).
     pub modes: Vec<(String, &'static str)>,
@@ -216,13 +262,14 @@ fn expected_maps(
     records: u32,
     slots: u32,
     workers: u32,
-) -> [(&'static str, u32, u32, u32, u32); 15] {
+) -> [(&'static str, u32, u32, u32, u32); 16] {
     [
         ("xsks", 4, 4, 4096, 0),
         ("ifaces", 4, 12, 256, 0),
         ("uplinks", 4, 16 * MAX_UPLINKS as u32, 1, 0),
         ("vips", 4, 1, 65536, 0),
         ("frontends", 8, 1, 65536, 0),
+        ("source_ranges", 16, 1, 65536, BPF_F_NO_PREALLOC),
         ("flow_meta", 4, 64, workers, BPF_F_MMAPABLE),
         ("flow_index", 4, 8, slots, BPF_F_MMAPABLE),
         ("flow_records", 4, 32, records, BPF_F_MMAPABLE),
@@ -664,6 +711,7 @@ impl Steering {
         let xsks: XskMap<MapData> = take(&mut bpf, "xsks")?;
         let vips: BpfHashMap<MapData, [u8; 4], u8> = take(&mut bpf, "vips")?;
         let frontends: BpfHashMap<MapData, FrontendKey, u8> = take(&mut bpf, "frontends")?;
+        let source_ranges: LpmTrie<MapData, SourceRangeData, u8> = take(&mut bpf, "source_ranges")?;
         let steer_drops = take(&mut bpf, "steer_drops")?;
         let admit_conf = take(&mut bpf, "admit_conf")?;
         let redirect_from: BpfHashMap<MapData, [u8; 4], u8> = take(&mut bpf, "redirect_from")?;
@@ -679,10 +727,30 @@ impl Steering {
             .map(Ipv4Addr::from)
             .collect();
         let installed_frontends = frontends
-            .keys()
-            .filter_map(|k| k.ok())
-            .map(|k| (Ipv4Addr::from(k.addr), u16::from_be_bytes(k.port), k.proto))
+            .iter()
+            .filter_map(|e| e.ok())
+            .map(|(k, v)| {
+                let f = (Ipv4Addr::from(k.addr), u16::from_be_bytes(k.port), k.proto);
+                (f, v)
+            })
             .collect();
+        // A previous run's ranges must all be known: one left behind would admit a
+        // client the new ranges deny.
+        let installed_ranges = source_ranges
+            .keys()
+            .map(|k| {
+                let k = k.context("reading the pinned source_ranges")?;
+                let d = k.data();
+                let f = d.frontend;
+                let len = k.prefix_len().saturating_sub(64).min(32) as u8;
+                let range = juneau_control::model::SourceRange::new(Ipv4Addr::from(d.saddr), len)
+                    .context("a pinned source range")?;
+                Ok((
+                    (Ipv4Addr::from(f.addr), u16::from_be_bytes(f.port), f.proto),
+                    range,
+                ))
+            })
+            .collect::<Result<HashSet<RangeEntry>>>()?;
         let id = build_id(records, slots, workers);
         // A pinned program uses the pinned maps: reused only when every one was kept.
         let reused = if pinned && mismatches.is_empty() {
@@ -708,12 +776,14 @@ impl Steering {
             xsks,
             vips,
             frontends,
+            source_ranges,
             steer_drops,
             admit_conf,
             redirect_from,
             installed_redirect_from,
             installed_vips,
             installed_frontends,
+            installed_ranges,
             links: HashMap::new(),
             modes: Vec::new(),
             redirect_listen: None,
@@ -910,36 +980,48 @@ impl Steering {
     /// Makes the maps match the service table.
     pub fn sync(&mut self, table: &ServiceTable) -> Result<()> {
         let vips: HashSet<Ipv4Addr> = table.vips().collect();
-        let frontends: HashSet<(Ipv4Addr, u16, u8)> = table
-            .services()
-            .iter()
-            .map(|s| {
-                (
-                    s.frontend.vip,
-                    s.frontend.port,
-                    s.frontend.protocol.number(),
-                )
-            })
-            .collect();
-        // Add first, remove after, so a VIP moving between entries is never missing.
+        let (frontends, ranges) = wanted_frontends(table);
+        // Add first, remove after, so a VIP moving between entries is never missing;
+        // a frontend's ranges before the bit that makes the program read them, and the
+        // bit cleared before they go.
         for v in vips.difference(&self.installed_vips) {
             self.vips
                 .insert(v.octets(), 1, 0)
                 .with_context(|| format!("adding VIP {v}"))?;
         }
-        for f in frontends.difference(&self.installed_frontends) {
-            self.frontends
-                .insert(frontend_key(f), 1, 0)
-                .with_context(|| format!("adding frontend {f:?}"))?;
+        let new: Vec<RangeEntry> = ranges.difference(&self.installed_ranges).copied().collect();
+        for r in new {
+            self.source_ranges
+                .insert(&range_key(&r), 1, 0)
+                .with_context(|| format!("adding source range {} of {:?}", r.1, r.0))?;
+            self.installed_ranges.insert(r);
+        }
+        for (f, bits) in &frontends {
+            if self.installed_frontends.get(f) != Some(bits) {
+                self.frontends
+                    .insert(frontend_key(f), bits, 0)
+                    .with_context(|| format!("adding frontend {f:?}"))?;
+                self.installed_frontends.insert(*f, *bits);
+            }
         }
         for v in self.installed_vips.difference(&vips) {
             let _ = self.vips.remove(&v.octets());
         }
-        for f in self.installed_frontends.difference(&frontends) {
-            let _ = self.frontends.remove(&frontend_key(f));
-        }
+        self.installed_frontends.retain(|f, _| {
+            let keep = frontends.contains_key(f);
+            if !keep {
+                let _ = self.frontends.remove(&frontend_key(f));
+            }
+            keep
+        });
+        self.installed_ranges.retain(|r| {
+            let keep = ranges.contains(r);
+            if !keep {
+                let _ = self.source_ranges.remove(&range_key(r));
+            }
+            keep
+        });
         self.installed_vips = vips;
-        self.installed_frontends = frontends;
         Ok(())
     }
 
@@ -958,6 +1040,7 @@ impl Steering {
             new_flow_prefix_rate: sum(SD_NEW_FLOW_PREFIX_RATE),
             no_socket: sum(SD_NO_SOCKET),
             redirect_not_from_peer: sum(SD_REDIRECT_NOT_FROM_PEER),
+            source_range_denied: sum(SD_SOURCE_RANGE_DENIED),
         }
     }
 
@@ -991,7 +1074,28 @@ impl Steering {
     }
 }
 
-fn frontend_key(f: &(Ipv4Addr, u16, u8)) -> FrontendKey {
+/// The `frontends` entries (with their bits) and the `source_ranges` entries a service
+/// table wants.
+fn wanted_frontends(table: &ServiceTable) -> (HashMap<FrontendTuple, u8>, HashSet<RangeEntry>) {
+    let mut frontends = HashMap::new();
+    let mut ranges = HashSet::new();
+    for s in table.services() {
+        let f = (
+            s.frontend.vip,
+            s.frontend.port,
+            s.frontend.protocol.number(),
+        );
+        let filtered = !s.source_ranges.is_empty();
+        frontends.insert(
+            f,
+            FRONTEND_EXPOSED | if filtered { FRONTEND_FILTERED } else { 0 },
+        );
+        ranges.extend(s.source_ranges.iter().map(|r| (f, *r)));
+    }
+    (frontends, ranges)
+}
+
+fn frontend_key(f: &FrontendTuple) -> FrontendKey {
     FrontendKey {
         addr: f.0.octets(),
         port: f.1.to_be_bytes(),

@@ -87,11 +87,14 @@ mod tests {
     use k8s_openapi::api::core::v1::ServiceSpec;
 
     fn svc(spec: Option<&[&str]>, annotation: Option<&str>) -> Service {
-        let mut s = Service::default();
-        s.spec = Some(ServiceSpec {
-            load_balancer_source_ranges: spec.map(|r| r.iter().map(|e| e.to_string()).collect()),
+        let mut s = Service {
+            spec: Some(ServiceSpec {
+                load_balancer_source_ranges: spec
+                    .map(|r| r.iter().map(|e| e.to_string()).collect()),
+                ..Default::default()
+            }),
             ..Default::default()
-        });
+        };
         if let Some(a) = annotation {
             s.metadata.annotations = Some(
                 [(SOURCE_RANGES_ANNOTATION.to_string(), a.to_string())]
