@@ -37,6 +37,10 @@ pub const VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
 /// The guide's client.
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 42);
 const ROUTER_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// A second client, on a network of its own behind the router (namespace `outsider`):
+/// the one a Service's `loadBalancerSourceRanges` can leave out.
+pub const OUTSIDER_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 7);
+const ROUTER_OUTSIDER_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 1);
 /// The router's address on the node fabric.
 pub const ROUTER_FABRIC_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 const ROUTER_ASN: u32 = 64512;
@@ -528,7 +532,7 @@ impl Lab {
 
     fn topology(&mut self) -> Result<()> {
         step(&format!(
-            "Network namespaces: client, router (BIRD 2), node-a, node-b, node-c; management bridge {MGMT_BRIDGE} {MGMT_HOST}/24"
+            "Network namespaces: client, outsider, router (BIRD 2), node-a, node-b, node-c; management bridge {MGMT_BRIDGE} {MGMT_HOST}/24"
         ));
         run("ip", &["link", "add", MGMT_BRIDGE, "type", "bridge"])?;
         run(
@@ -581,6 +585,33 @@ impl Lab {
         router.exec(&["sysctl", "-qw", "net.ipv4.fib_multipath_hash_policy=1"])?;
         ok(&format!("client {CLIENT_IP} --- router {ROUTER_CLIENT_IP}"));
         self.netns.push(client);
+        let outsider = Netns::new(ns("outsider"))?;
+        run(
+            "ip",
+            &[
+                "link",
+                "add",
+                "eth0",
+                "netns",
+                outsider.name(),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "c1",
+                "netns",
+                router.name(),
+            ],
+        )?;
+        outsider.addr("eth0", &format!("{OUTSIDER_IP}/24"))?;
+        outsider.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
+        let via = ROUTER_OUTSIDER_IP.to_string();
+        outsider.exec(&["ip", "route", "add", "default", "via", &via])?;
+        router.addr("c1", &format!("{ROUTER_OUTSIDER_IP}/24"))?;
+        ok(&format!(
+            "outsider {OUTSIDER_IP} --- router {ROUTER_OUTSIDER_IP}"
+        ));
+        self.netns.push(outsider);
         for n in NODES {
             let node = Netns::new(ns(n.name))?;
             let f = format!("f-{}", n.short);

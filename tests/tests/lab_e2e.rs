@@ -5,7 +5,8 @@
 //! then checks from the outside what the guide promises; that a node whose last Pod
 //! goes away (preStop, graceful termination) withdraws its route
 //! while the VIP keeps answering; that a Pod the scheduler places on that node again
-//! serves without any restart (every node's `juneau-dataplane` keeps its pid); that
+//! serves without any restart (every node's `juneau-dataplane` keeps its pid); that a
+//! Service's `loadBalancerSourceRanges` admit the client and not the outsider; that
 //! `up` twice is harmless; and that `down` leaves nothing.
 //!
 //! Needs root and what tests/setup.sh installs. It brings up the one lab of the machine
@@ -359,6 +360,82 @@ fn a_service_carries_its_own_communities() -> Result<()> {
     })
 }
 
+/// The sum over the nodes of their dataplanes' drops for `reason`.
+fn drops(reason: &str) -> Result<u64> {
+    let mut n = 0;
+    for node in ["node-a", "node-b", "node-c"] {
+        n += lab::dataplane_stats(node)?["drops"][reason]
+            .as_u64()
+            .unwrap_or(0);
+    }
+    Ok(n)
+}
+
+/// `loadBalancerSourceRanges` through the chart, the controller and the agents: a
+/// Service admitting the guide's client network answers it and not the outsider (its
+/// SYNs dropped by the nodes as `source_range_denied`); the field removed, the outsider
+/// is answered too — on the same VIP, without a restart.
+fn source_ranges_admit_the_client_and_not_the_outsider() -> Result<()> {
+    const RANGES_VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 21);
+    let manifest = format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: nginx-ranges\n  namespace: default\n  \
+         annotations:\n    \
+         juneau.loutres.me/load-balancer-external-network: public\n    \
+         juneau.loutres.me/load-balancer-requested-ip: {RANGES_VIP}\n\
+         spec:\n  type: LoadBalancer\n  loadBalancerClass: juneau.loutres.me/load-balancer\n  \
+         externalTrafficPolicy: Local\n  selector: {{app: nginx}}\n  \
+         loadBalancerSourceRanges: [\"198.51.100.0/24\"]\n  \
+         ports: [{{name: http, protocol: TCP, port: 80, targetPort: http}}]\n"
+    );
+    lab::kubectl_apply(&manifest)?;
+    let url = format!("http://{RANGES_VIP}/");
+    let curl = |from: &str, secs: &str| in_ns(from, &["curl", "-sS", "-m", secs, &url]);
+    let checked = (|| -> Result<()> {
+        eventually(
+            "the ranges VIP answering the client",
+            Duration::from_secs(60),
+            || Ok(curl("client", "5").is_ok_and(|p| p.contains("Welcome to nginx"))),
+        )?;
+        let before = drops("source_range_denied")?;
+        for _ in 0..3 {
+            ensure!(
+                curl("outsider", "3").is_err(),
+                "the outsider {} was answered through ranges that leave it out",
+                lab::OUTSIDER_IP
+            );
+        }
+        // The stats files are rewritten every second.
+        eventually(
+            "the outsider's packets counted as source_range_denied",
+            Duration::from_secs(10),
+            || Ok(drops("source_range_denied")? > before),
+        )?;
+        ensure!(
+            curl("client", "10")?.contains("Welcome to nginx"),
+            "the client lost the VIP"
+        );
+        println!(
+            "source ranges: the outsider's packets dropped by the nodes: {}",
+            drops("source_range_denied")? - before
+        );
+        kubectl(&[
+            "patch",
+            "service",
+            "nginx-ranges",
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/spec/loadBalancerSourceRanges"}]"#,
+        ])?;
+        eventually(
+            "the outsider answered once the ranges are gone",
+            Duration::from_secs(30),
+            || Ok(curl("outsider", "3").is_ok_and(|p| p.contains("Welcome to nginx"))),
+        )
+    })();
+    kubectl(&["delete", "service", "nginx-ranges", "--wait=true"])?;
+    checked
+}
+
 /// curl through the VIP until nginx's `X-Served-By: <pod>` names a Pod on `node`.
 fn curl_until_served_on(node: &str, attempts: usize) -> Result<()> {
     let on_node: Vec<String> = nginx_pods()?
@@ -522,6 +599,7 @@ fn walk() -> Result<()> {
     peers_show_the_live_sessions()?;
     maintenance_follows_its_triggers_not_a_cordon()?;
     a_service_carries_its_own_communities()?;
+    source_ranges_admit_the_client_and_not_the_outsider()?;
 
     // `up` again is harmless.
     let again = lab_cmd("up")?;
