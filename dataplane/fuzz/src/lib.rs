@@ -324,7 +324,7 @@ pub fn encode_records(frames: &[(Side, u8, &[u8])]) -> Vec<u8> {
     out
 }
 
-fn node_state(tcp80: &[Ipv4Addr], udp53: &[Ipv4Addr]) -> NodeState {
+fn node_state(tcp80: &[Ipv4Addr], udp53: &[Ipv4Addr], tcp80_ranges: &[&str]) -> NodeState {
     let svc = |protocol, port, backends: &[Ipv4Addr], target| NodeService {
         frontend: Frontend {
             vip: VIP,
@@ -338,10 +338,15 @@ fn node_state(tcp80: &[Ipv4Addr], udp53: &[Ipv4Addr]) -> NodeState {
         terminating: Vec::new(),
         source_ranges: Vec::new(),
     };
+    let mut tcp = svc(Protocol::Tcp, 80, tcp80, 8080);
+    tcp.source_ranges = tcp80_ranges
+        .iter()
+        .map(|r| r.parse().expect("a fixture range"))
+        .collect();
     let mut state = NodeState {
         node: "fuzz".into(),
         services: vec![
-            svc(Protocol::Tcp, 80, tcp80, 8080),
+            tcp,
             svc(Protocol::Udp, 53, udp53, 5353),
             // A frontend without a local backend.
             svc(Protocol::Tcp, 443, &[], 8443),
@@ -353,7 +358,8 @@ fn node_state(tcp80: &[Ipv4Addr], udp53: &[Ipv4Addr]) -> NodeState {
 }
 
 /// The fixture's service table for a generation: odd ones send TCP :80 to B1 and B2,
-/// even ones to B2 only (and UDP :53 the other way round). Built once per process.
+/// even ones to B2 only, from the clients of its source ranges (and UDP :53 the other way
+/// round). Built once per process.
 fn service_table(generation: u64) -> ServiceTable {
     static TABLES: std::sync::OnceLock<[ServiceTable; 2]> = std::sync::OnceLock::new();
     let tables = TABLES.get_or_init(|| [build_service_table(0), build_service_table(1)]);
@@ -364,9 +370,11 @@ fn service_table(generation: u64) -> ServiceTable {
 
 fn build_service_table(generation: u64) -> ServiceTable {
     let state = if generation % 2 == 1 {
-        node_state(&[B1, B2], &[B1])
+        node_state(&[B1, B2], &[B1], &[])
     } else {
-        node_state(&[B2], &[B1, B2])
+        // Source ranges on TCP :80: half the address space and the documentation /24;
+        // a swap ends the flows of the clients they leave out.
+        node_state(&[B2], &[B1, B2], &["0.0.0.0/1", "192.0.2.0/24"])
     };
     let maglev: Vec<Vec<u16>> = state
         .services
