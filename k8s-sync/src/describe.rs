@@ -108,6 +108,16 @@ pub fn render(
             target_port(p, slices)
         ));
     }
+    // Only when set (the guide's tree has none): the clients the dataplane admits.
+    if let Some(Ok(ranges)) = svc.map(crate::source_ranges::of_service) {
+        if !ranges.is_empty() {
+            let shown: Vec<String> = ranges.iter().map(|r| r.to_string()).collect();
+            out.push_str(&format!(
+                "├── SourceRanges  {}  (other clients are dropped)\n",
+                shown.join(", ")
+            ));
+        }
+    }
     out.push_str(&format!(
         "├── AdvertisingNodes  ({})\n",
         st.advertising_nodes.len()
@@ -216,7 +226,18 @@ mod tests {
             &[("10.0.0.1", "node-a", true, false)],
             ("http", 80),
         );
-        assert_eq!(render(&slb, Some(&svc), Some(&net), &[sl]), SEED);
+        assert_eq!(render(&slb, Some(&svc), Some(&net), &[sl.clone()]), SEED);
+        // Source ranges, when set, get a line of their own after the ports.
+        let mut ranged = svc.clone();
+        ranged.spec.as_mut().unwrap().load_balancer_source_ranges =
+            Some(vec!["198.51.100.0/24".into(), "192.0.2.7".into()]);
+        let tree = render(&slb, Some(&ranged), Some(&net), &[sl]);
+        assert!(
+            tree.contains(
+                "│   └── TCP/80  ->  80\n├── SourceRanges  192.0.2.7/32, 198.51.100.0/24  (other clients are dropped)\n├── AdvertisingNodes"
+            ),
+            "{tree}"
+        );
     }
 
     #[test]
