@@ -192,6 +192,34 @@ pub fn bird_ctl() -> PathBuf {
     state().join("router/bird.ctl")
 }
 
+/// A client namespace `name` at `ip`/24 behind the router's port `port` (`router_ip`),
+/// its default route through the router.
+fn client_behind(
+    router: &Netns,
+    name: &str,
+    port: &str,
+    ip: Ipv4Addr,
+    router_ip: Ipv4Addr,
+) -> Result<Netns> {
+    let client = Netns::new(ns(name))?;
+    let (c, r) = (client.name(), router.name());
+    run(
+        "ip",
+        &[
+            "link", "add", "eth0", "netns", c, "type", "veth", "peer", "name", port, "netns", r,
+        ],
+    )?;
+    client.addr("eth0", &format!("{ip}/24"))?;
+    // A real wire carries finished checksums; a veth from a kernel socket carries
+    // CHECKSUM_PARTIAL ones (docs/lab.md).
+    client.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
+    let via = router_ip.to_string();
+    client.exec(&["ip", "route", "add", "default", "via", &via])?;
+    router.addr(port, &format!("{router_ip}/24"))?;
+    ok(&format!("{name} {ip} --- router {router_ip}"));
+    Ok(client)
+}
+
 fn logs() -> PathBuf {
     state().join("logs")
 }
@@ -546,71 +574,15 @@ impl Lab {
             ],
         )?;
         run("ip", &["link", "set", MGMT_BRIDGE, "up"])?;
-        let client = Netns::new(ns("client"))?;
         let router = Netns::new(ns("router"))?;
-        run(
-            "ip",
-            &[
-                "link",
-                "add",
-                "eth0",
-                "netns",
-                client.name(),
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "c0",
-                "netns",
-                router.name(),
-            ],
-        )?;
-        client.addr("eth0", &format!("{CLIENT_IP}/24"))?;
-        // A real wire carries finished checksums; a veth from a kernel socket carries
-        // CHECKSUM_PARTIAL ones (docs/lab.md).
-        client.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
-        client.exec(&[
-            "ip",
-            "route",
-            "add",
-            "default",
-            "via",
-            &ROUTER_CLIENT_IP.to_string(),
-        ])?;
-        router.addr("c0", &format!("{ROUTER_CLIENT_IP}/24"))?;
+        let client = client_behind(&router, "client", "c0", CLIENT_IP, ROUTER_CLIENT_IP)?;
+        self.netns.push(client);
         router.exec(&["ip", "link", "add", "fabric", "type", "bridge"])?;
         router.addr("fabric", &format!("{ROUTER_FABRIC_IP}/24"))?;
         router.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
         // ECMP hashes on addresses and ports, so one client's connections spread.
         router.exec(&["sysctl", "-qw", "net.ipv4.fib_multipath_hash_policy=1"])?;
-        ok(&format!("client {CLIENT_IP} --- router {ROUTER_CLIENT_IP}"));
-        self.netns.push(client);
-        let outsider = Netns::new(ns("outsider"))?;
-        run(
-            "ip",
-            &[
-                "link",
-                "add",
-                "eth0",
-                "netns",
-                outsider.name(),
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "c1",
-                "netns",
-                router.name(),
-            ],
-        )?;
-        outsider.addr("eth0", &format!("{OUTSIDER_IP}/24"))?;
-        outsider.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
-        let via = ROUTER_OUTSIDER_IP.to_string();
-        outsider.exec(&["ip", "route", "add", "default", "via", &via])?;
-        router.addr("c1", &format!("{ROUTER_OUTSIDER_IP}/24"))?;
-        ok(&format!(
-            "outsider {OUTSIDER_IP} --- router {ROUTER_OUTSIDER_IP}"
-        ));
+        let outsider = client_behind(&router, "outsider", "c1", OUTSIDER_IP, ROUTER_OUTSIDER_IP)?;
         self.netns.push(outsider);
         for n in NODES {
             let node = Netns::new(ns(n.name))?;
