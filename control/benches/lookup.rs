@@ -27,6 +27,7 @@ fn state(services: usize) -> NodeState {
                     .collect(),
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
+                client_ip_affinity: None,
             })
             .collect(),
         ..NodeState::default()

@@ -254,6 +254,10 @@ pub struct NodeService {
     /// a flow whose client a new list leaves out ends at its next packet.
     #[serde(default)]
     pub source_ranges: Vec<SourceRange>,
+    /// `sessionAffinity: ClientIP` with its `timeoutSeconds` (1..=86400): a client's new
+    /// connections go to the backend its earlier ones went to. `None`: per connection.
+    #[serde(default)]
+    pub client_ip_affinity: Option<u32>,
 }
 
 impl NodeService {
@@ -264,6 +268,7 @@ impl NodeService {
             backends,
             terminating: Vec::new(),
             source_ranges: Vec::new(),
+            client_ip_affinity: None,
         }
     }
 }

@@ -82,8 +82,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
 /// - 7: BFD authentication (issue 25) — [`PEER_EXTRA_WORDS`] 8 -> 16: extra word 6 holds
 ///   the type (1 keyed SHA1, 2 meticulous; 0 none), key id << 8 and key length << 16,
 ///   words 8-12 the key ([`BFD_KEY_MAX_BYTES`] bytes).
-/// - 8: source ranges (`loadBalancerSourceRanges`) — [`SERVICE_WORDS`] 5 -> 7 (the first
-///   source range and the count), slot header word 15 counts them all, a section of
+/// - 8: source ranges (`loadBalancerSourceRanges`) and session affinity — [`SERVICE_WORDS`]
+///   5 -> 8 (the first source range and the count; the ClientIP affinity timeout in
+///   seconds, 0 for none), slot header word 15 counts the ranges, a section of
 ///   [`SOURCE_RANGE_WORDS`] records (network, prefix length) follows the redirect keys,
 ///   and the capacity gains `source_ranges` (in the file header's former padding word:
 ///   the header stays 104 bytes).
@@ -91,10 +92,11 @@ pub const LAYOUT_VERSION: u32 = 8;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: usize = 4096;
 /// Words per service record: vip, protocol | port << 16, first backend, Ready backend
-/// count, terminating backend count, first source range, source range count. The
-/// service's Ready backends are records `first .. first + ready`, its terminating ones
-/// follow them; its source ranges are records `first .. first + count` of that section.
-pub const SERVICE_WORDS: usize = 7;
+/// count, terminating backend count, first source range, source range count, ClientIP
+/// affinity timeout (seconds; 0: none). The service's Ready backends are records
+/// `first .. first + ready`, its terminating ones follow them; its source ranges are
+/// records `first .. first + count` of that section.
+pub const SERVICE_WORDS: usize = 8;
 /// Words per source range record (layout 8): the network address, the prefix length.
 pub const SOURCE_RANGE_WORDS: usize = 2;
 /// Words per backend record: ip, port | flags << 16.
@@ -602,6 +604,16 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
             )));
         }
     }
+    if let Some(s) = state
+        .services
+        .iter()
+        .find(|s| s.client_ip_affinity == Some(0))
+    {
+        return Err(ShmError::Unrepresentable(format!(
+            "{}: a ClientIP affinity of 0 seconds",
+            s.frontend
+        )));
+    }
     let redirect_nodes: usize = state.redirects.vips.iter().map(|v| v.nodes.len()).sum();
     let source_ranges: usize = state.services.iter().map(|s| s.source_ranges.len()).sum();
     let c = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
@@ -919,6 +931,7 @@ fn encode_services(
             s.terminating.len() as u32,
             next_range as u32,
             s.source_ranges.len() as u32,
+            s.client_ip_affinity.unwrap_or(0),
         ];
         img.set(sec.services + i * SERVICE_WORDS, &rec);
         for r in &s.source_ranges {
@@ -1809,6 +1822,7 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
             backends,
             terminating,
             source_ranges,
+            client_ip_affinity: (rec[7] != 0).then_some(rec[7]),
         });
         maglev_tables.push(slots);
     }

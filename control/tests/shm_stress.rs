@@ -74,6 +74,7 @@ fn base_table(seed: u32) -> NodeState {
                 r.dedup();
                 r
             },
+            client_ip_affinity: (i % 3 == 1).then_some(seed % 86_400 + 1),
         })
         .collect();
     let advertised = (0..(seed % 4) as usize)

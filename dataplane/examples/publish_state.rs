@@ -35,6 +35,7 @@ fn parse_service(s: &str) -> Result<NodeService> {
         backends,
         terminating: Vec::new(),
         source_ranges: Vec::new(),
+        client_ip_affinity: None,
     })
 }
 

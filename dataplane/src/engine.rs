@@ -220,6 +220,8 @@ pub struct Engine {
     sweep_pace: SweepPace,
     /// Bounds the ICMP "fragmentation needed" this worker sends ([`Engine::frag_needed`]).
     icmp_bucket: crate::redirect::TokenBucket,
+    /// `sessionAffinity: ClientIP`: the backend each client's new connections keep.
+    affinity: crate::affinity::AffinityTable,
 }
 
 /// The sweep passes over a whole flow table once per this many ms (so a record is
@@ -313,6 +315,7 @@ impl Engine {
             released: Vec::new(),
             sweep_pace: SweepPace::default(),
             icmp_bucket: crate::redirect::TokenBucket::new(ICMP_PER_SECOND, ICMP_BURST),
+            affinity: Default::default(),
         }
     }
 
@@ -1103,10 +1106,10 @@ impl Engine {
                 let Some(s) = self.table.find(v.dst, v.protocol, l4.dst_port) else {
                     return self.drop(DropReason::PortNotExposed, None);
                 };
-                let svc = self.table.service(s);
-                let Some(bi) = svc.pick_index(hash_key(&key, MAGLEV_HASH_SEED)) else {
+                let Some(bi) = self.pick_backend(s, &key, now_ms) else {
                     return self.no_backend(frame.len(), &key, syn_only, s, nb, now_ms);
                 };
+                let svc = self.table.service(s);
                 // Only a SYN opens a TCP flow: anything else without a flow is a spoofed
                 // segment or a connection this node never saw; a Pod would answer it
                 // with a RST.
@@ -1178,6 +1181,33 @@ impl Engine {
         c.bytes_in += frame.len() as u64;
         c.new_flows += u64::from(new);
         Verdict::Tx(side)
+    }
+
+    /// The Ready backend (index in the service's backends) a new flow of `key` to service
+    /// `s` goes to: Maglev of its 5-tuple, or with ClientIP affinity the client's kept
+    /// backend, else Maglev of the client's address alone ([`crate::affinity`]).
+    fn pick_backend(&mut self, s: u32, key: &FlowKey, now_ms: u64) -> Option<usize> {
+        let svc = self.table.service(s);
+        let Some(timeout_ms) = svc.client_ip_affinity_ms else {
+            return svc.pick_index(hash_key(key, MAGLEV_HASH_SEED));
+        };
+        let client_only = FlowKey {
+            src: key.src,
+            dst: 0,
+            src_port: 0,
+            dst_port: 0,
+            proto: 0,
+        };
+        let hashed = svc.pick_index(hash_key(&client_only, MAGLEV_HASH_SEED));
+        let f = svc.frontend;
+        self.affinity.pick(
+            (u32::from(f.vip), f.protocol.number(), f.port),
+            key.src,
+            timeout_ms,
+            now_ms,
+            svc.ready_backends(),
+            hashed,
+        )
     }
 
     /// No Ready backend here for a new flow. A lone SYN goes to a peer that may have one
@@ -1615,6 +1645,7 @@ mod tests {
                     backends: bs.clone(),
                     terminating: Vec::new(),
                     source_ranges: Vec::new(),
+                    client_ip_affinity: None,
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1625,6 +1656,7 @@ mod tests {
                     backends: bs.clone(),
                     terminating: Vec::new(),
                     source_ranges: Vec::new(),
+                    client_ip_affinity: None,
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1635,6 +1667,7 @@ mod tests {
                     backends: vec![],
                     terminating: Vec::new(),
                     source_ranges: Vec::new(),
+                    client_ip_affinity: None,
                 },
             ],
             ..Default::default()
@@ -2182,6 +2215,7 @@ mod tests {
             }],
             terminating: Vec::new(),
             source_ranges: Vec::new(),
+            client_ip_affinity: None,
         });
         m.push(maglev(1));
         s.normalize();
@@ -3056,6 +3090,58 @@ mod tests {
             e.process(&mut f, Side::Uplink, &nb, 4),
             Verdict::Tx(Side::Pod(0))
         );
+    }
+
+    /// `sessionAffinity: ClientIP`: every connection of a client goes to one backend,
+    /// which another backend's arrival does not change; without it, connections spread.
+    #[test]
+    fn client_ip_affinity_keeps_a_clients_connections_on_one_backend() {
+        let nb = neighbours();
+        let with_affinity = |e: &mut Engine, generation: u64, backends: &[[u8; 4]]| {
+            let (mut s, m) = state(backends);
+            for x in &mut s.services {
+                x.client_ip_affinity = Some(10);
+            }
+            e.set_services(ServiceTable::new(generation, &s, &m));
+        };
+        let backend_of = |e: &mut Engine, client: [u8; 4], port: u16, now: u64| {
+            let mut f = tcp(client, port, VIP, 80, tcp_flags::SYN);
+            assert!(matches!(
+                e.process(&mut f, Side::Uplink, &nb, now),
+                Verdict::Tx(_)
+            ));
+            parse(&f).dst
+        };
+        let mut e = engine(&[B1]);
+        with_affinity(&mut e, 2, &[B1, B2]);
+        for client in [CLIENT, [192, 0, 2, 77], [198, 18, 3, 4]] {
+            let first = backend_of(&mut e, client, 30000, 0);
+            for p in 1..20 {
+                assert_eq!(backend_of(&mut e, client, 30000 + p, 100), first);
+            }
+        }
+        // Clients that came while B1 was alone stay on it when B2 arrives, until their
+        // timeout (10 s) passes without a new connection; new clients spread.
+        with_affinity(&mut e, 3, &[B1]);
+        let clients: Vec<[u8; 4]> = (1..=60u8).map(|i| [198, 18, 9, i]).collect();
+        for c in &clients {
+            assert_eq!(backend_of(&mut e, *c, 40000, 1_000), ip(B1));
+        }
+        with_affinity(&mut e, 4, &[B1, B2]);
+        for c in &clients {
+            assert_eq!(backend_of(&mut e, *c, 40001, 9_000), ip(B1));
+        }
+        let later: std::collections::HashSet<u32> = clients
+            .iter()
+            .map(|c| backend_of(&mut e, *c, 40002, 30_000))
+            .collect();
+        assert_eq!(later.len(), 2, "after the timeout the hash spreads them");
+        // Without affinity one client's connections spread over both.
+        let mut plain = engine(&[B1, B2]);
+        let seen: std::collections::HashSet<u32> = (0..40)
+            .map(|p| backend_of(&mut plain, CLIENT, 50000 + p, 0))
+            .collect();
+        assert_eq!(seen.len(), 2);
     }
 
     #[test]

@@ -447,6 +447,7 @@ mod tests {
                 },
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
+                client_ip_affinity: None,
             }],
             redirects: if from_state {
                 redirects_for(i)

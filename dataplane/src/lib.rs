@@ -12,6 +12,8 @@
 //!   ([`region`]: its heap or mmapped-BPF-map memory, the only `unsafe` around it);
 //! - [`frag`]: IPv4 fragments following their datagram's first fragment (bounded);
 //! - [`services`], [`neigh`]: read-only tables the packet path consults;
+//! - [`affinity`]: `sessionAffinity: ClientIP`, which backend a client's new
+//!   connections keep;
 //! - [`engine`]: frame + ingress side → verdict, no I/O;
 //! - [`segment`]: packets larger than their egress takes, cut into TCP segments or
 //!   IPv4 fragments that fit;
@@ -22,6 +24,7 @@
 //! - [`metrics`]: `/metrics` (`prometheus-client`), `/healthz`, `/readyz`, off the packet path.
 #![warn(missing_docs)]
 
+pub mod affinity;
 pub mod busy_poll;
 pub mod counters;
 pub mod engine;

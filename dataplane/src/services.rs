@@ -66,6 +66,8 @@ pub struct Service {
     pub first_slot: u32,
     /// The client ranges the frontend admits (`loadBalancerSourceRanges`); empty: all.
     pub source_ranges: Vec<SourceRange>,
+    /// `sessionAffinity: ClientIP`'s timeout in ms; `None`: per connection.
+    pub client_ip_affinity_ms: Option<u64>,
 }
 
 impl Service {
@@ -182,6 +184,7 @@ impl ServiceTable {
                 maglev: slots,
                 first_slot,
                 source_ranges: s.source_ranges.clone(),
+                client_ip_affinity_ms: s.client_ip_affinity.map(|t| u64::from(t) * 1000),
             });
         }
         t
@@ -305,6 +308,7 @@ mod tests {
                 backends: vec![b(3), b(1)],
                 terminating: vec![b(2), b(1)],
                 source_ranges: Vec::new(),
+                client_ip_affinity: None,
             }],
             ..Default::default()
         };
@@ -333,6 +337,7 @@ mod tests {
                 backends: vec![],
                 terminating: vec![b(2)],
                 source_ranges: Vec::new(),
+                client_ip_affinity: None,
             }],
             ..Default::default()
         };
@@ -360,6 +365,7 @@ mod tests {
             backends,
             terminating: vec![],
             source_ranges: Vec::new(),
+            client_ip_affinity: None,
         };
         let state = NodeState {
             services: vec![

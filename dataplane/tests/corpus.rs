@@ -228,6 +228,7 @@ fn engine() -> (Engine, Neighbours) {
                 }],
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
+                client_ip_affinity: None,
             },
             NodeService {
                 frontend: Frontend {
@@ -241,6 +242,7 @@ fn engine() -> (Engine, Neighbours) {
                 }],
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
+                client_ip_affinity: None,
             },
         ],
         ..Default::default()

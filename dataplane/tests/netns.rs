@@ -75,6 +75,7 @@ fn service(protocol: Protocol, port: u16, target: u16, pods: &[usize]) -> NodeSe
             .collect(),
         terminating: Vec::new(),
         source_ranges: Vec::new(),
+        client_ip_affinity: None,
     }
 }
 
@@ -1504,6 +1505,7 @@ fn a_state_file_replaced_by_a_bigger_one_is_followed() -> Result<()> {
             }],
             terminating: Vec::new(),
             source_ranges: Vec::new(),
+            client_ip_affinity: None,
         });
     }
     let want = state.services.len();
@@ -2155,6 +2157,23 @@ fn source_ranges_admit_only_their_clients_and_follow_updates() -> Result<()> {
     let mut again = lab.connect_from(&[a])?;
     ensure!(http_get(&mut again[0])?.contains(&format!("saw {a}:")));
     eprintln!("source ranges: {denied} packets of B dropped before userspace");
+    lab.finish()
+}
+
+/// `sessionAffinity: ClientIP` through the real binary: 24 connections of one client all
+/// reach one Pod (without it they spread over both: `connections_spread_...`).
+#[test]
+fn client_ip_affinity_sends_a_clients_connections_to_one_pod() -> Result<()> {
+    let mut lab = Lab::new("dpy")?;
+    let mut s = node_state(&[0, 1]);
+    s.services[0].client_ip_affinity = Some(60);
+    lab.publish_state(&s)?;
+    let mut conns = lab.connect_many(24)?;
+    let mut pods = std::collections::BTreeSet::new();
+    for c in conns.iter_mut() {
+        pods.insert(pod_of(&http_get(c)?).context("pod")?);
+    }
+    ensure!(pods.len() == 1, "one client reached Pods {pods:?}");
     lab.finish()
 }
 

@@ -153,6 +153,7 @@ fn build_node(
             }],
             terminating: Vec::new(),
             source_ranges: Vec::new(),
+            client_ip_affinity: None,
         }],
         redirects: Redirects {
             keys: keys(key),

@@ -226,7 +226,10 @@ mod tests {
             &[("10.0.0.1", "node-a", true, false)],
             ("http", 80),
         );
-        assert_eq!(render(&slb, Some(&svc), Some(&net), &[sl.clone()]), SEED);
+        assert_eq!(
+            render(&slb, Some(&svc), Some(&net), std::slice::from_ref(&sl)),
+            SEED
+        );
         // Source ranges, when set, get a line of their own after the ports.
         let mut ranged = svc.clone();
         ranged.spec.as_mut().unwrap().load_balancer_source_ranges =

@@ -305,6 +305,7 @@ fn slb_part(
     }
     // Ranges that cannot be honoured: served by no node (the controller says why).
     let source_ranges = crate::source_ranges::of_service(svc).ok()?;
+    let affinity = client_ip_affinity(svc);
     let here: Vec<_> = eps
         .iter()
         .filter(|e| e.node.as_deref() == Some(node))
@@ -336,7 +337,7 @@ fn slb_part(
         .into_iter()
         .flatten()
     {
-        let Some(service) = frontend_service(vip, sp, &here, &source_ranges) else {
+        let Some(service) = frontend_service(vip, sp, &here, &source_ranges, affinity) else {
             continue;
         };
         any_backend |= !service.backends.is_empty();
@@ -357,6 +358,7 @@ fn frontend_service(
     sp: &k8s_openapi::api::core::v1::ServicePort,
     here: &[&SliceEndpoint],
     source_ranges: &[SourceRange],
+    client_ip_affinity: Option<u32>,
 ) -> Option<NodeService> {
     let proto_name = sp.protocol.as_deref().unwrap_or("TCP");
     let protocol = proto_name.parse::<Protocol>().ok()?;
@@ -396,7 +398,25 @@ fn frontend_service(
         backends,
         terminating,
         source_ranges: source_ranges.to_vec(),
+        client_ip_affinity,
     })
+}
+
+/// `sessionAffinity: ClientIP`'s timeout in seconds (Kubernetes' default 10 800 when
+/// `sessionAffinityConfig` says none; the apiserver keeps it within 1..=86 400), or
+/// `None` for per-connection balancing.
+fn client_ip_affinity(svc: &Service) -> Option<u32> {
+    let spec = svc.spec.as_ref()?;
+    if spec.session_affinity.as_deref() != Some("ClientIP") {
+        return None;
+    }
+    let t = spec
+        .session_affinity_config
+        .as_ref()
+        .and_then(|c| c.client_ip.as_ref())
+        .and_then(|c| c.timeout_seconds)
+        .unwrap_or(10_800);
+    Some(t.clamp(1, 86_400) as u32)
 }
 
 /// How this node announces `vip` (with the local endpoints `here`), from the
@@ -1321,6 +1341,32 @@ mod tests {
         set(&mut v, &[]);
         let (s, _) = build_node_state("node-a", &v);
         assert!(s.services[0].source_ranges.is_empty());
+    }
+
+    /// `sessionAffinity: ClientIP` reaches the frontends with its timeout (Kubernetes'
+    /// default when the config names none).
+    #[test]
+    fn client_ip_affinity_reaches_the_frontends() {
+        use k8s_openapi::api::core::v1::{ClientIPConfig, SessionAffinityConfig};
+        let mut v = view();
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(s.services[0].client_ip_affinity, None);
+        let set = |v: &mut AgentView, config: Option<i32>| {
+            let svc = Arc::make_mut(v.services.get_mut("default/nginx").unwrap());
+            let sp = svc.spec.as_mut().unwrap();
+            sp.session_affinity = Some("ClientIP".into());
+            sp.session_affinity_config = config.map(|t| SessionAffinityConfig {
+                client_ip: Some(ClientIPConfig {
+                    timeout_seconds: Some(t),
+                }),
+            });
+        };
+        set(&mut v, None);
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(s.services[0].client_ip_affinity, Some(10_800));
+        set(&mut v, Some(600));
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(s.services[0].client_ip_affinity, Some(600));
     }
 
     #[test]

@@ -184,6 +184,7 @@ fn node_state() -> juneau_control::model::NodeState {
         }],
         terminating: Vec::new(),
         source_ranges: Vec::new(),
+        client_ip_affinity: None,
     };
     let mut st = NodeState {
         node: "perf-node".into(),

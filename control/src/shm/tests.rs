@@ -54,12 +54,14 @@ pub(crate) fn sample_state() -> NodeState {
                     "198.51.100.0/24".parse().unwrap(),
                     "192.0.2.7".parse().unwrap(),
                 ],
+                client_ip_affinity: Some(86_400),
             },
             NodeService {
                 frontend: frontend([203, 0, 113, 10], Protocol::Udp, 53),
                 backends: vec![backend(7, 5353)],
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
+                client_ip_affinity: None,
             },
             NodeService {
                 frontend: frontend([203, 0, 113, 11], Protocol::Tcp, 443),
@@ -67,6 +69,7 @@ pub(crate) fn sample_state() -> NodeState {
                 // Only draining backends: existing flows only, nothing to pick.
                 terminating: vec![backend(8, 443)],
                 source_ranges: Vec::new(),
+                client_ip_affinity: None,
             },
         ],
         advertised: vec![AdvertisedVip {
@@ -712,6 +715,7 @@ mod incremental {
                     backends: ready.into_iter().map(|b| backend(b, 8080)).collect(),
                     terminating: draining.into_iter().map(|b| backend(b, 8080)).collect(),
                     source_ranges,
+                    client_ip_affinity: (port == 1).then_some(10_800),
                 }
             });
         let services = proptest::collection::vec(service, 0..7);

@@ -59,6 +59,7 @@ pub fn setup_engine(mut e: Engine) -> (Engine, Neighbours) {
             backends: vec![LocalBackend { ip: B, port: 5353 }],
             terminating: Vec::new(),
             source_ranges: Vec::new(),
+            client_ip_affinity: None,
         }],
         ..Default::default()
     };

@@ -55,6 +55,7 @@ fn service_table(protocol: Protocol) -> Result<ServiceTable> {
             backends: backends.clone(),
             terminating: Vec::new(),
             source_ranges: Vec::new(),
+            client_ip_affinity: None,
         }],
         ..Default::default()
     };
