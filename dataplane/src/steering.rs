@@ -715,42 +715,9 @@ impl Steering {
         let steer_drops = take(&mut bpf, "steer_drops")?;
         let admit_conf = take(&mut bpf, "admit_conf")?;
         let redirect_from: BpfHashMap<MapData, [u8; 4], u8> = take(&mut bpf, "redirect_from")?;
-        let installed_redirect_from = redirect_from
-            .keys()
-            .filter_map(|k| k.ok())
-            .map(Ipv4Addr::from)
-            .collect();
         // What a previous run installed stays until the first sync removes what is gone.
-        let installed_vips = vips
-            .keys()
-            .filter_map(|k| k.ok())
-            .map(Ipv4Addr::from)
-            .collect();
-        let installed_frontends = frontends
-            .iter()
-            .filter_map(|e| e.ok())
-            .map(|(k, v)| {
-                let f = (Ipv4Addr::from(k.addr), u16::from_be_bytes(k.port), k.proto);
-                (f, v)
-            })
-            .collect();
-        // A previous run's ranges must all be known: one left behind would admit a
-        // client the new ranges deny.
-        let installed_ranges = source_ranges
-            .keys()
-            .map(|k| {
-                let k = k.context("reading the pinned source_ranges")?;
-                let d = k.data();
-                let f = d.frontend;
-                let len = k.prefix_len().saturating_sub(64).min(32) as u8;
-                let range = juneau_control::model::SourceRange::new(Ipv4Addr::from(d.saddr), len)
-                    .context("a pinned source range")?;
-                Ok((
-                    (Ipv4Addr::from(f.addr), u16::from_be_bytes(f.port), f.proto),
-                    range,
-                ))
-            })
-            .collect::<Result<HashSet<RangeEntry>>>()?;
+        let (installed_vips, installed_frontends, installed_ranges, installed_redirect_from) =
+            installed_entries(&vips, &frontends, &source_ranges, &redirect_from)?;
         let id = build_id(records, slots, workers);
         // A pinned program uses the pinned maps: reused only when every one was kept.
         let reused = if pinned && mismatches.is_empty() {
@@ -1073,6 +1040,65 @@ impl Steering {
         Ok(n)
     }
 }
+
+/// The entries of the maps a sync maintains, as a previous run left them: VIPs,
+/// frontends with their bits, source ranges, redirect peers.
+fn installed_entries(
+    vips: &BpfHashMap<MapData, [u8; 4], u8>,
+    frontends: &BpfHashMap<MapData, FrontendKey, u8>,
+    source_ranges: &LpmTrie<MapData, SourceRangeData, u8>,
+    redirect_from: &BpfHashMap<MapData, [u8; 4], u8>,
+) -> Result<Installed> {
+    let installed_redirect_from = redirect_from
+        .keys()
+        .filter_map(|k| k.ok())
+        .map(Ipv4Addr::from)
+        .collect();
+    let installed_vips = vips
+        .keys()
+        .filter_map(|k| k.ok())
+        .map(Ipv4Addr::from)
+        .collect();
+    let installed_frontends = frontends
+        .iter()
+        .filter_map(|e| e.ok())
+        .map(|(k, v)| {
+            let f = (Ipv4Addr::from(k.addr), u16::from_be_bytes(k.port), k.proto);
+            (f, v)
+        })
+        .collect();
+    // A previous run's ranges must all be known: one left behind would admit a
+    // client the new ranges deny.
+    let installed_ranges = source_ranges
+        .keys()
+        .map(|k| {
+            let k = k.context("reading the pinned source_ranges")?;
+            let d = k.data();
+            let f = d.frontend;
+            let len = k.prefix_len().saturating_sub(64).min(32) as u8;
+            let range = juneau_control::model::SourceRange::new(Ipv4Addr::from(d.saddr), len)
+                .context("a pinned source range")?;
+            Ok((
+                (Ipv4Addr::from(f.addr), u16::from_be_bytes(f.port), f.proto),
+                range,
+            ))
+        })
+        .collect::<Result<HashSet<RangeEntry>>>()?;
+    Ok((
+        installed_vips,
+        installed_frontends,
+        installed_ranges,
+        installed_redirect_from,
+    ))
+}
+
+/// [`installed_entries`]: VIPs, frontends with their bits, source ranges, redirect peers.
+type Installed = (
+    HashSet<Ipv4Addr>,
+    HashMap<FrontendTuple, u8>,
+    HashSet<RangeEntry>,
+    HashSet<Ipv4Addr>,
+);
 
 /// The `frontends` entries (with their bits) and the `source_ranges` entries a service
 /// table wants.

@@ -2097,7 +2097,8 @@ fn new_flows_from_one_prefix_beyond_its_rate_are_dropped_before_userspace() -> R
 
 /// `loadBalancerSourceRanges`: with ranges admitting client address A, A's connections
 /// open while B's SYNs are dropped by the steering program (`source_range_denied`) and
-/// cost no flow. Ranges changed to admit only B: B connects, A's established connection
+/// cost no flow, also across a `kill -9` and restart. Ranges changed to admit only B:
+/// B connects, A's established connection
 /// gets no more answers (its flow ended), the UDP frontend without ranges still serves
 /// A. Without ranges A connects again.
 #[test]
@@ -2142,6 +2143,12 @@ fn source_ranges_admit_only_their_clients_and_follow_updates() -> Result<()> {
         .and_then(|v| v.iter().find(|s| s["protocol"] == "TCP"))
         .context("the TCP service's counters")?;
     ensure!(tcp["drops"] == st["drops"]["no_neighbour"], "{st}");
+
+    // A restarted dataplane finds the pinned ranges (and removes A's below): B is still
+    // refused meanwhile.
+    lab.kill9();
+    lab.start()?;
+    refused(&lab, b)?;
 
     lab.publish_state(&with(&["10.100.1.30/32"]))?;
     let mut cb = lab.connect_from(&[b])?;

@@ -147,17 +147,47 @@ struct Row {
     took: Duration,
 }
 
-/// Each node's dataplane drop counters (empty where the stats are not readable).
+/// Each node's dataplane drop counters and, as `rx_dropped:<iface>`, what the kernel
+/// dropped on its interfaces before the steering program ran (empty where the stats are
+/// not readable).
 fn drop_counts() -> Vec<(&'static str, serde_json::Value)> {
     NODES
         .iter()
         .map(|n| {
             let d = lab::dataplane_stats(n.name)
-                .map(|s| s["drops"].clone())
+                .map(|s| {
+                    let mut d = s["drops"].clone();
+                    if let (Some(m), Some(ifs)) =
+                        (d.as_object_mut(), s["interface_rx_dropped"].as_object())
+                    {
+                        for (i, v) in ifs {
+                            m.insert(format!("rx_dropped:{i}"), v.clone());
+                        }
+                    }
+                    d
+                })
                 .unwrap_or_default();
             (n.name, d)
         })
         .collect()
+}
+
+/// The client namespace's TCP retransmissions so far: segments, SYNs (`nstat`; zeros
+/// where it cannot be read). Lost packets show here even when no dataplane counted a drop.
+fn client_retransmits() -> (u64, u64) {
+    let text = lab::in_ns(
+        "client",
+        &["nstat", "-az", "TcpRetransSegs", "TcpExtTCPSynRetrans"],
+    )
+    .unwrap_or_default();
+    let get = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (get("TcpRetransSegs"), get("TcpExtTCPSynRetrans"))
 }
 
 /// The load of every operation: 2 keep-alive and 2 new-connection clients, 20 req/s
@@ -190,12 +220,19 @@ fn measure(
     std::thread::sleep(QUIET);
     let t0 = Instant::now();
     let drops_before = drop_counts();
+    let retrans_before = client_retransmits();
     let result = op();
     let took = t0.elapsed();
     std::thread::sleep(QUIET);
     let report = load.finish()?;
+    let retrans = client_retransmits();
     result.with_context(|| format!("operation `{name}`"))?;
     println!("    {report:?} (operation took {took:.1?})");
+    println!(
+        "    client retransmissions: {} segments, {} SYNs",
+        retrans.0.saturating_sub(retrans_before.0),
+        retrans.1.saturating_sub(retrans_before.1)
+    );
     for f in &report.failure_samples {
         println!("    failure: {f}");
     }
