@@ -1078,7 +1078,8 @@ impl Engine {
         // could be redirected, open a flow or take a held one's path (the steering
         // program drops it already unless a table holds its flow); a flow it held
         // (admitted by the ranges before) ends.
-        if let Some(s) = self.table.find(v.dst, v.protocol, l4.dst_port) {
+        let frontend = self.table.find(v.dst, v.protocol, l4.dst_port);
+        if let Some(s) = frontend {
             if !self.table.service(s).admits(v.src) {
                 if let Some((id, Direction::Forward)) = self.flows.lookup(&key, now_ms) {
                     if !FlowTable::is_remote(id) {
@@ -1103,7 +1104,7 @@ impl Engine {
             },
             Some((_, Direction::Reverse)) => return self.drop(DropReason::FlowConflict, None),
             None => {
-                let Some(s) = self.table.find(v.dst, v.protocol, l4.dst_port) else {
+                let Some(s) = frontend else {
                     return self.drop(DropReason::PortNotExposed, None);
                 };
                 let Some(bi) = self.pick_backend(s, &key, now_ms) else {

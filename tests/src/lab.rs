@@ -1766,8 +1766,6 @@ pub struct LoadShape {
     pub saturating: usize,
     /// Stop after this long at the latest.
     pub max_seconds: u64,
-    /// Seconds a connect or an answer may take before it counts as a timeout.
-    pub timeout_seconds: u64,
 }
 
 /// An HTTP load through the VIP from the client's namespace (`juneau-lab load`,
@@ -1823,7 +1821,6 @@ impl LabLoad {
             rate,
             saturating,
             max_seconds,
-            timeout_seconds,
         } = *shape;
         let stop = dir.join(format!("{name}.stop"));
         let out = dir.join(format!("{name}.json"));
@@ -1845,8 +1842,6 @@ impl LabLoad {
                     &saturating.to_string(),
                     "--max-seconds",
                     &max_seconds.to_string(),
-                    "--timeout-seconds",
-                    &timeout_seconds.to_string(),
                     "--stop-file",
                     &stop.display().to_string(),
                     "--out",

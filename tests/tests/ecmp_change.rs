@@ -194,7 +194,6 @@ fn scenario(bins: &JuneauBins) -> Result<(LoadReport, u64, u64)> {
             rate: RATE,
             saturating: SATURATING,
             max_seconds: 150,
-            timeout_seconds: 2,
         },
     )?;
     let changes = (|| -> Result<()> {

@@ -199,15 +199,9 @@ fn start_load(bins: &JuneauBins, dir: &Path, name: &str) -> Result<LabLoad> {
         rate: 20,
         saturating: SATURATING,
         max_seconds: 400,
-        timeout_seconds: TIMEOUT_SECONDS,
     };
     LabLoad::start(bins, dir, name, &shape)
 }
-
-/// How long a connect or an answer may take before it counts as a timeout: wrk's 2 s.
-/// (5 s was tried on 2026-12-05 when the machine was slow; runs then stalled up to 4.5 s
-/// between answers and dataplanes counted drops too: docs/operations.md.)
-const TIMEOUT_SECONDS: u64 = 2;
 
 /// Saturating clients of every load (wrk-like: a kept-alive connection each, the next
 /// request as soon as the answer is in, nothing retried; a read error is a failure).

@@ -58,10 +58,6 @@ enum Cmd {
         /// Stop after this many seconds at the latest.
         #[arg(long, default_value_t = 120)]
         max_seconds: u64,
-        /// Seconds a connect or an answer may take before it counts as a timeout (2:
-        /// wrk's default).
-        #[arg(long, default_value_t = 2)]
-        timeout_seconds: u64,
         /// Stop when this file appears.
         #[arg(long)]
         stop_file: Option<PathBuf>,
@@ -155,7 +151,6 @@ fn main() -> Result<()> {
             bulk,
             saturating,
             max_seconds,
-            timeout_seconds,
             stop_file,
             out,
         } => {
@@ -166,7 +161,7 @@ fn main() -> Result<()> {
                 rate_per_client: rate,
                 max_duration: Duration::from_secs(max_seconds),
                 stop_file,
-                timeout: Duration::from_secs(timeout_seconds.max(1)),
+                timeout: Duration::from_secs(2),
                 bulk_clients: bulk,
                 saturating_clients: saturating,
             })?;
