@@ -506,8 +506,8 @@ impl RedirectKey {
 pub struct VipRedirectPeers {
     /// The VIP.
     pub vip: Vip,
-    /// Redirect addresses of the other nodes with an endpoint of the VIP's Service, in
-    /// any condition (starting, Ready, draining), sorted, without this node.
+    /// Redirect addresses of the other nodes with a Ready or serving-but-terminating
+    /// (draining) endpoint of the VIP's Service, sorted, without this node.
     pub nodes: Vec<Ipv4Addr>,
 }
 

@@ -323,13 +323,9 @@ fn slb_part(
         advertised: None,
         vip_nodes: (vip, BTreeSet::new()),
     };
-    // Every node with an endpoint of the VIP's Service, whatever its conditions: a node
-    // whose Pod is starting is a peer before it turns Ready and announces (other agents
-    // may publish later than its own), one whose Pod stopped serving stays one until the
-    // endpoint is gone. Asking a node that holds nothing costs a hop; refusing a peer's
-    // redirect because this agent has not caught up yet loses the packet.
     part.vip_nodes.1.extend(
         eps.iter()
+            .filter(|e| e.conditions.ready || e.conditions.serving)
             .filter_map(|e| e.node.clone())
             .filter(|n| may_announce(view, n, &applying)),
     );
@@ -1663,7 +1659,7 @@ mod tests {
     }
 
     #[test]
-    fn redirect_peers_are_the_other_nodes_with_endpoints() {
+    fn redirect_peers_are_the_other_nodes_with_serving_endpoints() {
         let mut v = view();
         v.nodes.extend([
             node("node-b", "192.168.0.2", false),
@@ -1675,7 +1671,7 @@ mod tests {
             "nginx-2",
             &[
                 // node-b: Ready. node-d: terminating but still serving (drain). node-e:
-                // neither Ready nor serving (starting): a peer all the same.
+                // neither Ready nor serving: not asked.
                 ("10.0.1.1", "node-b", true, false),
                 ("10.0.1.2", "node-d", false, true),
                 ("10.0.1.3", "node-e", false, false),
@@ -1694,15 +1690,11 @@ mod tests {
         assert_eq!(s.redirects.node_address, Some(ip("192.168.0.1")));
         assert_eq!(
             s.redirects.peers_of(ip("203.0.113.10")),
-            [
-                ip("192.0.2.13"),
-                ip("192.168.0.2"),
-                ip("192.168.0.4"),
-                ip("192.168.0.5")
-            ],
+            [ip("192.0.2.13"), ip("192.168.0.2"), ip("192.168.0.4")],
             "sorted, without this node"
         );
-        // node-e's list holds every other node with an endpoint, node-a included.
+        // node-e has no serving endpoint, but it serves the frontend: its list holds
+        // every serving node, node-a included.
         let (s, _) = build_node_state("node-e", &v);
         assert_eq!(s.redirects.node_address, Some(ip("192.168.0.5")));
         assert_eq!(
@@ -1718,7 +1710,7 @@ mod tests {
         let (s, w) = build_node_state("node-z", &v);
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(s.redirects.node_address, None);
-        assert_eq!(s.redirects.peers_of(ip("203.0.113.10")).len(), 5);
+        assert_eq!(s.redirects.peers_of(ip("203.0.113.10")).len(), 4);
     }
 
     #[test]
