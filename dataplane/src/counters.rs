@@ -456,6 +456,19 @@ pub struct WorkerStats {
     pub tx_pps: u64,
 }
 
+/// Counters of one peer node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PeerCounters {
+    /// Packets this node redirected to the peer.
+    pub redirected_to: u64,
+    /// Redirected packets received from the peer (then served here or passed on).
+    pub received_from: u64,
+    /// "I own this flow" notices sent to the peer.
+    pub notices_sent: u64,
+    /// Notices received from the peer (redirect records made or refreshed).
+    pub notices_received: u64,
+}
+
 /// One peer node's redirect counters, for export.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RedirectPeerStats {
@@ -463,7 +476,7 @@ pub struct RedirectPeerStats {
     pub peer: String,
     /// The counters.
     #[serde(flatten)]
-    pub counters: crate::redirect::PeerCounters,
+    pub counters: PeerCounters,
 }
 
 impl Stats {

@@ -30,7 +30,7 @@
 
 use std::collections::VecDeque;
 
-use crate::packet::{tcp_flags, IPPROTO_TCP};
+use crate::proto::{tcp_flags, IPPROTO_TCP};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use crate::region::{release_store_u32, release_store_u64, Region};
@@ -1886,7 +1886,7 @@ fn timeout_for(t: &Timeouts, s: FlowState) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packet::IPPROTO_UDP;
+    use crate::proto::IPPROTO_UDP;
     use proptest::prelude::*;
 
     fn flow(client: u32, cport: u16, backend: u32) -> Flow {
@@ -2237,7 +2237,7 @@ mod tests {
                 53,
                 9,
                 5353,
-                crate::packet::IPPROTO_UDP,
+                crate::proto::IPPROTO_UDP,
                 0,
                 1,
             )
@@ -2283,7 +2283,7 @@ mod tests {
             53,
             9,
             5353,
-            crate::packet::IPPROTO_UDP,
+            crate::proto::IPPROTO_UDP,
             0,
             1,
         );

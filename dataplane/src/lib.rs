@@ -7,6 +7,7 @@
 //! Must not touch: Kubernetes, BGP, or any lock or allocation on the packet path.
 //!
 //! Layers, from pure to I/O:
+//! - [`proto`]: protocol numbers and TCP flags (a leaf both below use);
 //! - [`packet`]: views over frame bytes and in-place NAT rewrites (RFC 1624 checksums);
 //! - [`flow`]: the fixed-capacity flow table, shared with the XDP program and pinned
 //!   ([`region`]: its heap or mmapped-BPF-map memory, the only `unsafe` around it);
@@ -38,6 +39,7 @@ pub mod neigh;
 pub mod netlink;
 pub mod packet;
 pub mod privileges;
+pub mod proto;
 pub mod redirect;
 pub mod redirect_wire;
 pub mod region;

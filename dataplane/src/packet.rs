@@ -21,30 +21,7 @@ pub const ETHERTYPE_IPV6: u16 = 0x86dd;
 pub const ETHERTYPE_ARP: u16 = 0x0806;
 /// EtherType of an 802.1Q VLAN tag.
 pub const ETHERTYPE_VLAN: u16 = 0x8100;
-/// IP protocol number of TCP.
-pub const IPPROTO_TCP: u8 = 6;
-/// IP protocol number of UDP.
-pub const IPPROTO_UDP: u8 = 17;
-/// IP protocol number of ICMP.
-pub const IPPROTO_ICMP: u8 = 1;
-
-/// TCP flag bits (byte 13 of the TCP header).
-pub mod tcp_flags {
-    /// FIN.
-    pub const FIN: u8 = 0x01;
-    /// SYN.
-    pub const SYN: u8 = 0x02;
-    /// RST.
-    pub const RST: u8 = 0x04;
-    /// ACK.
-    pub const ACK: u8 = 0x10;
-
-    /// A SYN without ACK or RST: a client opening (or re-trying to open) a connection.
-    #[inline(always)]
-    pub fn lone_syn(flags: u8) -> bool {
-        flags & (SYN | ACK | RST) == SYN
-    }
-}
+pub use crate::proto::{tcp_flags, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP};
 
 /// A MAC address.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]

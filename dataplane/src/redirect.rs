@@ -25,8 +25,6 @@
 //! Must not touch: packets' bytes (that is [`crate::redirect_wire`]), sockets, the clock
 //! (time is passed in, so the property tests run in virtual time).
 
-use serde::Serialize;
-
 use crate::counters::DropReason;
 use crate::flow::FlowKey;
 
@@ -154,18 +152,7 @@ impl TokenBucket {
     }
 }
 
-/// Counters of one peer node.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct PeerCounters {
-    /// Packets this node redirected to the peer.
-    pub redirected_to: u64,
-    /// Redirected packets received from the peer (then served here or passed on).
-    pub received_from: u64,
-    /// "I own this flow" notices sent to the peer.
-    pub notices_sent: u64,
-    /// Notices received from the peer (redirect records made or refreshed).
-    pub notices_received: u64,
-}
+pub use crate::counters::PeerCounters;
 
 /// Redirect settings.
 #[derive(Debug, Clone)]
