@@ -323,7 +323,7 @@ pub fn l2fwd(
             unsent = 0;
         }
         if got == 0 && realtime {
-            // The same wake-up policy as juneau's realtime workers (`runtime_worker::idle`).
+            // The same wake-up policy as juneau's realtime workers (`runtime::worker::idle`).
             let mut pfd = libc::pollfd {
                 fd: rx.fd().as_raw_fd(),
                 events: libc::POLLIN,

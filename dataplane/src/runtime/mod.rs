@@ -1,18 +1,19 @@
-//! The AF_XDP forwarding workers: sockets, UMEMs, rings, state and neighbour refresh,
-//! stats. Everything per packet is delegated to [`Engine`].
+//! The dataplane process: set-up (interfaces, the steering program, UMEMs, sockets,
+//! flow tables), then its threads until a signal or a decommission request.
 //!
-//! One AF_XDP socket per RX queue of every interface. With `--workers N`, worker `w`
-//! owns the sockets of queues `q % N == w`, one UMEM shared by them, its own TX queues
-//! and its own flow table (`runtime_worker.rs`; docs/dataplane.md, "More than one
-//! worker"); worker 0 also follows the control state and attaches interfaces. A frame
-//! received on the uplink is rewritten in place and handed to a Pod interface's TX ring
-//! of the same worker without a copy in userspace. Frames cycle through the worker's
-//! free stack: free → fill ring → RX → (TX → completion ring) → free.
-//!
-//! Pod interfaces named on the command line are fixed; with route discovery on, the
-//! resolver thread lists the interfaces the kernel routes backends out of, and the loop
-//! attaches sockets + steering to new ones and detaches vanished ones between batches,
-//! reclaiming the UMEM frames a closed socket held (`crate::frames`).
+//! - The **workers** (`worker`, one type, N of them) only forward. With `--workers N`,
+//!   worker `w` owns the sockets of RX queues `q % N == w` of every interface (one AF_XDP
+//!   socket per queue), one UMEM shared by them, its own TX queues and its own flow
+//!   table (docs/dataplane.md, "More than one worker"). A frame received on the uplink
+//!   is rewritten in place and handed to a Pod interface's TX ring of the same worker
+//!   without a copy in userspace; frames cycle free → fill ring → RX → (TX →
+//!   completion ring) → free. Packets larger than their egress: `large`.
+//! - The **node thread** (`node`, this process's main thread) does the rest: the control
+//!   state and the status juneau-bgp reads (`control`), Pod interfaces discovered
+//!   through routes (`pods`, attached and detached while the workers forward), the
+//!   process-wide statistics.
+//! - The neighbour **resolver** and the **stats** thread (merging reports, writing the
+//!   JSON file, feeding `/metrics`).
 //!
 //! The workers run `SCHED_FIFO` (`crate::sched`, `--worker-priority`) and sleep in
 //! `poll(2)` on their sockets as soon as their rings are empty (a packet wakes them at

@@ -1009,11 +1009,14 @@ impl Collector {
         self.merged()
     }
 
+    /// The whole, stamped with its oldest part's time: every counter in it is at least
+    /// that recent (a reader waiting for counters to settle compares two stamps).
     fn merged(&self) -> Option<Stats> {
         let mut total = self.node.clone()?;
         for s in self.latest.iter().flatten() {
             merge(&mut total, s);
             total.workers.extend(s.workers.iter().cloned());
+            total.timestamp = total.timestamp.min(s.timestamp);
         }
         Some(total)
     }
@@ -1092,6 +1095,7 @@ mod tests {
 
     fn stats(rx: u64, flows: u64, drops: u64) -> Stats {
         let mut s = Stats {
+            timestamp: 10 + flows,
             rx_packets: rx,
             tx_packets: rx,
             flows,
@@ -1137,6 +1141,7 @@ mod tests {
         assert!(c.add(Reporter::Worker(0), w0).is_none());
         let mut node = Stats {
             generation: 9,
+            timestamp: 20,
             ..Default::default()
         };
         node.drops.insert("steer_no_socket".into(), 4);
@@ -1162,6 +1167,7 @@ mod tests {
             .map(|w| (w.worker, w.rx_packets))
             .collect();
         assert_eq!(per, vec![(0, 70), (1, 30)]);
+        assert_eq!(total.timestamp, 10, "as old as its oldest part");
         // A later report of worker 1 replaces its earlier one (counters are totals).
         let total = c.add(Reporter::Worker(1), stats(50, 1, 2)).expect("merged");
         assert_eq!(total.rx_packets, 120);

@@ -2,7 +2,7 @@
 //! (`juneau_dataplane::engine::Engine::process`), for `valgrind --tool=callgrind`.
 //!
 //! Measured the way `dataplane/examples/engine_cost.rs` measures and the way the real
-//! forwarding loop (`dataplane/src/runtime.rs`) runs: the engine is inlined into the
+//! forwarding loop (`dataplane/src/runtime/worker.rs`) runs: the engine is inlined into the
 //! packet loop (a frame copied in, the verdict consumed by a branch). The whole program
 //! is counted; the caller ([`juneau_perf::cost`]) takes the difference of a `2N` and an
 //! `N` run (start-up and set-up cancel) and subtracts the same difference for a

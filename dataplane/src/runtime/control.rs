@@ -1,0 +1,453 @@
+//! Following the control state, on the node thread: the node state the agent publishes
+//! (one atomic load per tick, a snapshot only on change), a new table held while its
+//! new backends' next hops are resolved, the steering maps, the table handed to every
+//! worker ([`Published`]), the redirect channel's maps, and the dataplane status
+//! juneau-bgp reads (heartbeat, the VIPs every worker serves). Never on a forwarding
+//! thread: a worker only picks the published table up between batches.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use arc_swap::ArcSwap;
+use juneau_control::dataplane_status::DataplaneStatusWriter;
+use juneau_control::shm::NodeStateReader;
+
+use super::worker::Published;
+use super::RuntimeConfig;
+use crate::neigh::{Neighbours, Resolve, Side};
+use crate::netlink::SharedNeighbours;
+use crate::redirect::Redirector;
+use crate::region::monotonic_ms;
+use crate::services::ServiceTable;
+use crate::steering::Steering;
+
+fn open_state(path: &Path) -> Option<NodeStateReader> {
+    match NodeStateReader::open(path) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "node state not readable yet; forwarding nothing until it is");
+            None
+        }
+    }
+}
+
+/// What following the control state needs from the rest of the process.
+pub(super) struct ControlCtx<'a> {
+    pub nb: &'a Neighbours,
+    pub shared: &'a SharedNeighbours,
+    pub miss_tx: &'a mpsc::SyncSender<(u32, u32)>,
+    pub published: &'a Published,
+    /// Backend addresses handed to the resolver (route discovery on).
+    pub backend_ips: Option<&'a Arc<ArcSwap<Vec<u32>>>>,
+}
+
+/// The node state followed (one atomic load per iteration; a snapshot only on change)
+/// and the dataplane status written for juneau-bgp (heartbeat, programmed VIPs).
+pub(super) struct Control {
+    reader: Option<NodeStateReader>,
+    last_open_try: Instant,
+    pub seen_generation: u64,
+    status: DataplaneStatusWriter,
+    /// VIPs steered to us with a backend for new flows: what juneau-bgp may announce.
+    programmed: Vec<std::net::Ipv4Addr>,
+    last_beat: Instant,
+    /// Backend addresses of the table last read, in force or held (to spot new ones).
+    known_backends: std::collections::HashSet<u32>,
+    /// Redirect peers of the table last read (to spot new ones).
+    known_peers: Vec<u32>,
+    /// A table waiting for its new backends' next hops (see [`Held`]).
+    held: Option<Held>,
+    /// Entries pushed to `SharedNeighbours::reverify` so far.
+    reverify_pushed: u64,
+    /// What the stats report of holding tables.
+    pub holds: HoldCounts,
+    /// The redirect channel's state as the table in force says (peers, this node's
+    /// address, keys), for the steering program's redirect maps.
+    redirector: Option<Redirector>,
+    /// A table published to the workers whose VIPs juneau-bgp learns once every worker
+    /// has taken it (generation, the workers' table version).
+    unannounced: Option<(u64, u64)>,
+}
+
+/// Tables held so far (installed after waiting), replaced while held, and installed
+/// after [`HOLD_MAX`] with a next hop still unresolved.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct HoldCounts {
+    pub held: u64,
+    pub replaced: u64,
+    pub timed_out: u64,
+}
+
+/// Longest a new table waits for its new backends' next hops to be resolved.
+const HOLD_MAX: Duration = Duration::from_millis(250);
+
+/// A new service table held back, the previous one still in force, until the next hops
+/// of its new backends are resolved (or [`HOLD_MAX`] has passed): installed at once, its
+/// first packets to a new backend would be dropped as `no_neighbour` while the resolver
+/// re-resolves it (milliseconds), each costing a client a 1 s SYN retransmission.
+struct Held {
+    table: ServiceTable,
+    generation: u64,
+    /// When the first table still waiting was read (a newer one keeps this time, so a
+    /// stream of changes is never held longer than `HOLD_MAX`).
+    since: Instant,
+    /// `SharedNeighbours::reverified` once the resolver has dropped and re-requested
+    /// every entry this table pushed.
+    reverify_target: u64,
+    /// The resolver's snapshot version once it had: a resolution must come from a
+    /// later snapshot (an earlier one may still hold a dropped entry).
+    version: Option<u64>,
+    /// Backend addresses (and new redirect peers) whose next hop must be found first; a
+    /// replacing table carries over only the backends (the peers stay resolved ahead).
+    waiting: Vec<u32>,
+    /// The snapshot version `waiting` was last checked against (checked again only
+    /// when the resolver publishes a new one).
+    checked: u64,
+}
+
+impl Control {
+    pub fn new(cfg: &RuntimeConfig) -> Result<Self> {
+        let status = DataplaneStatusWriter::create(&cfg.status_file).with_context(|| {
+            format!(
+                "creating the dataplane status {}",
+                cfg.status_file.display()
+            )
+        })?;
+        Ok(Control {
+            reader: open_state(&cfg.state_file),
+            last_open_try: Instant::now(),
+            seen_generation: 0,
+            status,
+            programmed: Vec::new(),
+            last_beat: Instant::now(),
+            known_backends: Default::default(),
+            known_peers: Vec::new(),
+            held: None,
+            reverify_pushed: 0,
+            holds: HoldCounts::default(),
+            redirector: cfg.redirect.clone().map(Redirector::new),
+            unannounced: None,
+        })
+    }
+
+    /// Once per node-thread tick: a new service table when the state moved, the VIPs
+    /// of the table the workers took, and the heartbeat (at most every 20 ms, while
+    /// every worker loops).
+    pub fn poll(
+        &mut self,
+        cfg: &RuntimeConfig,
+        now: Instant,
+        steering: &mut Steering,
+        ctx: &ControlCtx<'_>,
+    ) {
+        if self.reader.is_none() && now.duration_since(self.last_open_try) > Duration::from_secs(1)
+        {
+            self.last_open_try = now;
+            self.reader = open_state(&cfg.state_file);
+        }
+        if let Some(r) = self.reader.as_mut() {
+            let g = r.generation();
+            let held_g = self.held.as_ref().map(|h| h.generation);
+            if g != self.seen_generation && g != 0 && Some(g) != held_g {
+                match r.snapshot() {
+                    Ok(snap) => self.take(cfg, &snap, now, ctx),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the node state failed; keeping the previous table")
+                    }
+                }
+            }
+        }
+        self.release_held(now, steering, ctx);
+        self.announce_when_taken(ctx.published);
+        // Every worker must be looping: an idle one wakes every `idle_sleep_ms`.
+        let max_ms = 250u64.max(4 * cfg.idle_sleep_ms.max(0) as u64);
+        if now.duration_since(self.last_beat) >= Duration::from_millis(20)
+            && ctx.published.all_alive(monotonic_ms(), max_ms)
+        {
+            self.last_beat = now;
+            self.status.heartbeat();
+        }
+    }
+
+    /// Installs the held table once its new backends' next hops are resolved in a
+    /// snapshot the resolver published after re-requesting them, or after [`HOLD_MAX`].
+    /// The check runs only when a new snapshot arrived.
+    fn release_held(&mut self, now: Instant, steering: &mut Steering, ctx: &ControlCtx<'_>) {
+        let Some(h) = self.held.as_mut() else {
+            return;
+        };
+        if h.version.is_none() && ctx.shared.reverified.load(Ordering::Acquire) >= h.reverify_target
+        {
+            h.version = Some(ctx.shared.version());
+        }
+        let current = ctx.shared.version();
+        let refreshed = h.version.is_some_and(|v| current != v) && h.checked != current;
+        if refreshed {
+            h.checked = current;
+        }
+        let found = |nb: &Neighbours, ip: u32| matches!(nb.resolve(ip), Resolve::Found { .. });
+        let resolved = h.waiting.is_empty()
+            || refreshed && {
+                let nb = ctx.shared.get();
+                h.waiting.iter().all(|ip| found(&nb, *ip))
+            };
+        let waited = now.saturating_duration_since(h.since);
+        if !resolved && waited < HOLD_MAX {
+            return;
+        }
+        let h = self.held.take().expect("held");
+        if !h.waiting.is_empty() {
+            self.holds.held += 1;
+        }
+        if !resolved {
+            self.holds.timed_out += 1;
+            let nb = ctx.shared.get();
+            let missing: Vec<_> = h.waiting.iter().filter(|ip| !found(&nb, **ip)).collect();
+            tracing::warn!(
+                generation = h.generation,
+                waited_ms = waited.as_millis() as u64,
+                unresolved = missing.len(),
+                first = ?missing.iter().take(8).map(|ip| std::net::Ipv4Addr::from(**ip)).collect::<Vec<_>>(),
+                "new backends' next hops not resolved in time; installing the table anyway"
+            );
+        }
+        self.apply(h.table, h.generation, steering, ctx);
+    }
+
+    /// A new node state read: the resolver starts on its backends at once; the table is
+    /// installed now, or held (see [`Held`]) while new backends' next hops are resolved.
+    fn take(
+        &mut self,
+        cfg: &RuntimeConfig,
+        snap: &juneau_control::shm::Snapshot,
+        now: Instant,
+        ctx: &ControlCtx<'_>,
+    ) {
+        let table = ServiceTable::from_snapshot(snap);
+        if let Some(b) = ctx.backend_ips {
+            // The resolver finds their interfaces (route look-up).
+            let mut ips: Vec<u32> = table
+                .services()
+                .iter()
+                .flat_map(|s| s.backends.iter().map(|b| u32::from(b.ip)))
+                .collect();
+            ips.sort_unstable();
+            ips.dedup();
+            b.store(Arc::new(ips));
+            let _ = ctx.miss_tx.try_send((0, 0));
+        }
+        let mut waiting = self.resolve_backends(&table, ctx);
+        waiting.extend(self.resolve_peers(cfg, &table, ctx));
+        // A table replacing a held one still waits for the held one's new backends it
+        // keeps (they are no longer new to `known_backends`).
+        if let Some(old) = self.held.as_ref() {
+            let seen: std::collections::HashSet<u32> = waiting.iter().copied().collect();
+            waiting.extend(
+                old.waiting
+                    .iter()
+                    .filter(|ip| self.known_backends.contains(ip) && !seen.contains(ip)),
+            );
+        }
+        if self.held.is_some() {
+            self.holds.replaced += 1;
+        }
+        let since = self.held.as_ref().map_or(now, |h| h.since);
+        self.held = Some(Held {
+            table,
+            generation: snap.generation,
+            since,
+            reverify_target: self.reverify_pushed,
+            version: None,
+            waiting,
+            checked: 0,
+        });
+    }
+
+    /// Installs a service table: steering maps, then the workers' table; the status
+    /// (the VIPs now programmed) follows once every worker took it.
+    fn apply(
+        &mut self,
+        table: ServiceTable,
+        generation: u64,
+        steering: &mut Steering,
+        ctx: &ControlCtx<'_>,
+    ) {
+        self.seen_generation = generation;
+        // Announce only VIPs with a backend for new flows in the table in force: a VIP
+        // steered here without one (redirects between nodes, draining) would otherwise
+        // be announced before the table that brings its first backend is installed.
+        let vips = table.serving_vips();
+        if let Err(e) = steering.sync(&table) {
+            // E.g. more VIPs than the map holds: keep forwarding what is steered rather
+            // than stop serving every VIP.
+            tracing::error!(error = %e, "updating the steering maps failed; some VIPs may not be steered");
+            // Only VIPs steered before and still wanted are surely in the map: announce
+            // no other.
+            self.programmed.retain(|v| vips.contains(v));
+        } else {
+            self.programmed = vips;
+        }
+        tracing::info!(
+            generation,
+            services = table.services().len(),
+            "service table updated"
+        );
+        if let Some(r) = self.redirector.as_mut() {
+            r.set_from_state(table.redirects());
+        }
+        let version = ctx.published.publish(&table);
+        self.unannounced = Some((generation, version));
+        if let Err(e) = self.listen_redirects(steering) {
+            tracing::error!(error = %e, "steering redirected packets to this node failed; it takes none");
+        }
+        self.announce_when_taken(ctx.published);
+    }
+
+    /// Tells juneau-bgp the VIPs of the table last published once every worker has
+    /// taken it: announced earlier, a VIP's first packets could reach a worker still
+    /// without its service.
+    fn announce_when_taken(&mut self, published: &Published) {
+        let Some((generation, version)) = self.unannounced else {
+            return;
+        };
+        if !published.all_took(version) {
+            return;
+        }
+        self.unannounced = None;
+        if let Err(e) = self
+            .status
+            .publish(generation, self.programmed.iter().copied())
+        {
+            tracing::error!(error = %e, "writing the dataplane status failed; juneau-bgp keeps the previous VIP set");
+        }
+    }
+
+    /// Steers redirected packets to this node once its redirect address is known (see
+    /// [`listen_redirects`]).
+    pub fn listen_redirects(&self, steering: &mut Steering) -> Result<()> {
+        match &self.redirector {
+            Some(r) => listen_redirects(steering, r),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts resolving new backends now rather than on their first packet. A backend
+    /// address new to the table is re-resolved even when the kernel has an entry: a new
+    /// Pod may reuse the address (and not the MAC) of a deleted one. Returns the backend
+    /// addresses whose next hop is not known to be current yet: those re-resolved and
+    /// those missing.
+    fn resolve_backends(&mut self, table: &ServiceTable, ctx: &ControlCtx<'_>) -> Vec<u32> {
+        let nb = ctx.nb;
+        let mut reverify = Vec::new();
+        let mut waiting = std::collections::HashSet::new();
+        let mut now_backends = std::collections::HashSet::new();
+        for s in table.services() {
+            for b in &s.backends {
+                let ip = u32::from(b.ip);
+                now_backends.insert(ip);
+                let new = !self.known_backends.contains(&ip);
+                if new {
+                    if let Some(r) = nb.route(ip) {
+                        if matches!(nb.side_of(r.ifindex), Some((Side::Pod(_), _))) {
+                            reverify.push((r.gateway.unwrap_or(ip), r.ifindex));
+                            waiting.insert(ip);
+                        }
+                    }
+                }
+                if let Resolve::Miss { ip: hop, ifindex } = nb.resolve(ip) {
+                    let _ = ctx.miss_tx.try_send((hop, ifindex));
+                    if new {
+                        waiting.insert(ip);
+                    }
+                }
+            }
+        }
+        self.known_backends = now_backends;
+        if !reverify.is_empty() {
+            for k in reverify {
+                // Full queue: that backend is resolved on its first miss.
+                if ctx.shared.reverify.push(k).is_ok() {
+                    self.reverify_pushed += 1;
+                }
+            }
+            let _ = ctx.miss_tx.try_send((0, 0));
+        }
+        waiting.into_iter().collect()
+    }
+
+    /// Keeps the redirect peers' next hops resolved ahead of the first redirect (an ECMP
+    /// change sends a node connections it must redirect at once; each first packet
+    /// dropped as `no_neighbour` costs a retransmission). Returns the new peers whose
+    /// next hop is not resolved yet: the table waits for them like for new backends.
+    fn resolve_peers(
+        &mut self,
+        cfg: &RuntimeConfig,
+        table: &ServiceTable,
+        ctx: &ControlCtx<'_>,
+    ) -> Vec<u32> {
+        let Some(r) = cfg.redirect.as_ref() else {
+            return Vec::new();
+        };
+        let peers = crate::redirect::peers_of(r, table.redirects());
+        let mut waiting = Vec::new();
+        for &p in &peers {
+            if let Resolve::Miss { ip: hop, ifindex } = ctx.nb.resolve(p) {
+                let _ = ctx.miss_tx.try_send((hop, ifindex));
+                if self.known_peers.binary_search(&p).is_err() {
+                    waiting.push(p);
+                }
+            }
+        }
+        ctx.shared.set_ahead(peers.clone());
+        self.known_peers = peers;
+        waiting
+    }
+}
+
+/// Steers redirected packets to this node's redirect address, once it is known (given,
+/// or published by the node agent) and whenever it changes, from its peers only (the
+/// steering program drops the rest); says once, and on every change, whether the
+/// channel is authenticated (the key ids in force).
+fn listen_redirects(steering: &mut Steering, r: &Redirector) -> Result<()> {
+    if r.active() {
+        // The peers first: the program takes redirects only from them.
+        let peers: Vec<std::net::Ipv4Addr> = r
+            .all_peers()
+            .iter()
+            .map(|p| std::net::Ipv4Addr::from(*p))
+            .collect();
+        steering.set_redirect_peers(&peers)?;
+        let node = std::net::Ipv4Addr::from(r.node());
+        if steering.listening_redirects() != Some((node, r.port())) {
+            steering.listen_redirects(node, r.port())?;
+            tracing::info!(node = %node, port = r.port(), peers = r.all_peers().len(), "redirects between nodes on");
+        }
+        log_redirect_keys(r);
+    }
+    Ok(())
+}
+
+/// The key ids last logged (`u32::MAX`: nothing logged yet): a log line when they change.
+static LOGGED_KEY_IDS: AtomicU32 = AtomicU32::new(u32::MAX);
+
+fn log_redirect_keys(r: &Redirector) {
+    // Count and ids packed (at most two keys), never a key's bytes.
+    let ids = r
+        .keys()
+        .iter()
+        .fold(r.keys().len() as u32, |acc, k| (acc << 8) | u32::from(k.id));
+    if LOGGED_KEY_IDS.swap(ids, Ordering::Relaxed) == ids {
+        return;
+    }
+    if r.keys().is_empty() {
+        tracing::warn!(
+            "redirect channel unauthenticated: no key published (Secret juneau-redirect-key); frames go out as wire version 2 (cookie only) and any peer's frame is taken"
+        );
+    } else {
+        let key_ids: Vec<u8> = r.keys().iter().map(|k| k.id).collect();
+        tracing::info!(?key_ids, "redirect channel authenticated (wire version 3): sending with the first key id, accepting tags under any");
+    }
+}

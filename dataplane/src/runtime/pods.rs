@@ -1,0 +1,224 @@
+//! Pod interfaces found through the routing table (`--pod-ifaces-from-routes`),
+//! attached and detached on the node thread while the workers forward: a socket per
+//! queue opened here and handed to the worker that serves it ([`PortChange`]), the
+//! steering program attached once that worker has taken the sockets (so the first
+//! packets find frames in their fill rings), and on detach the program removed before
+//! the worker closes the sockets and takes their frames back. Opening a socket can wait
+//! up to two seconds for a queue a replaced process still holds: never on a forwarding
+//! thread.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::worker::{PortChange, Published};
+use super::{rx_queues, SocketFactory};
+use crate::neigh::{Neighbours, Side};
+use crate::netlink;
+use crate::steering::{IfaceLink, SteeredIface, Steering};
+
+/// The worker that serves discovered Pod interfaces (a per-Pod veth has one queue;
+/// `worker_count` allows one worker with discovery on).
+const POD_WORKER: usize = 0;
+
+/// A Pod interface found through the routing table and attached while running.
+struct DiscoveredPod {
+    steered: SteeredIface,
+    link: IfaceLink,
+}
+
+/// An interface whose sockets the worker has been sent, waiting for it to take them
+/// before the steering program is attached.
+struct Opening {
+    steered: SteeredIface,
+    /// The worker has taken it once its applied changes reach this count.
+    seq: u64,
+}
+
+/// Discovered Pod interfaces: their redirect-map slots and sockets' frame budget.
+pub(super) struct PodInterfaces<'u> {
+    factory: SocketFactory<'u>,
+    /// First redirect-map slot for discovered interfaces.
+    slot_base: u32,
+    /// Slots in use (relative to `slot_base`).
+    slots_used: Vec<bool>,
+    fill_budget: u32,
+    attached: Vec<DiscoveredPod>,
+    opening: Vec<Opening>,
+    /// Interfaces whose attach failed, and when to try again.
+    retry_after: HashMap<u32, Instant>,
+    /// `--pod-iface` interfaces (never detached).
+    explicit: Vec<u32>,
+    /// Socket changes for [`POD_WORKER`], and how many were sent.
+    to_worker: mpsc::Sender<PortChange>,
+    sent: u64,
+    /// What the stats report.
+    pub attaches: u64,
+    pub detaches: u64,
+}
+
+impl<'u> PodInterfaces<'u> {
+    pub fn new(
+        factory: SocketFactory<'u>,
+        (slot_base, slots): (u32, u32),
+        fill_budget: u32,
+        explicit: Vec<u32>,
+        to_worker: mpsc::Sender<PortChange>,
+    ) -> Self {
+        PodInterfaces {
+            factory,
+            slot_base,
+            slots_used: vec![false; slots as usize],
+            fill_budget,
+            attached: Vec::new(),
+            opening: Vec::new(),
+            retry_after: HashMap::new(),
+            explicit,
+            to_worker,
+            sent: 0,
+            attaches: 0,
+            detaches: 0,
+        }
+    }
+
+    /// The attached interfaces' names.
+    pub fn names(&self) -> Vec<String> {
+        self.attached
+            .iter()
+            .map(|d| d.steered.name.clone())
+            .collect()
+    }
+
+    /// Opens sockets on the Pod interfaces `nb` lists that have none yet and detaches
+    /// discovered ones it no longer lists (their routes went away, e.g. the veth was
+    /// deleted).
+    pub fn reconcile(&mut self, nb: &Neighbours, now: Instant, steering: &mut Steering) {
+        let listed = |ifindex: u32| nb.pods().iter().any(|p| p.ifindex == ifindex);
+        // Detach first: frees slots for the new ones.
+        let gone: Vec<usize> = (0..self.attached.len())
+            .filter(|&i| {
+                let ifindex = self.attached[i].steered.ifindex;
+                !listed(ifindex) || netlink::iface_name(ifindex).is_err()
+            })
+            .collect();
+        for i in gone.into_iter().rev() {
+            let d = self.attached.remove(i);
+            self.detach(d, steering);
+        }
+        let abandoned: Vec<usize> = (0..self.opening.len())
+            .filter(|&i| !listed(self.opening[i].steered.ifindex))
+            .collect();
+        for i in abandoned.into_iter().rev() {
+            let o = self.opening.remove(i);
+            self.close(&o.steered);
+        }
+        for p in nb.pods() {
+            let known = self.explicit.contains(&p.ifindex)
+                || self.attached.iter().any(|d| d.steered.ifindex == p.ifindex)
+                || self.opening.iter().any(|o| o.steered.ifindex == p.ifindex)
+                || self.retry_after.get(&p.ifindex).is_some_and(|t| now < *t);
+            if known {
+                continue;
+            }
+            if let Err(e) = self.open(p.ifindex, steering) {
+                self.failed(p.ifindex, now, &e);
+            }
+        }
+        self.retry_after.retain(|ifindex, _| listed(*ifindex));
+    }
+
+    /// Attaches the steering program to every interface whose sockets the worker took.
+    pub fn finish_opening(&mut self, published: &Published, steering: &mut Steering) {
+        let applied = published.changes_applied(POD_WORKER);
+        let ready: Vec<usize> = (0..self.opening.len())
+            .filter(|&i| self.opening[i].seq <= applied)
+            .collect();
+        for i in ready.into_iter().rev() {
+            let si = self.opening.remove(i).steered;
+            match steering.attach_iface(&si) {
+                Ok(link) => {
+                    tracing::info!(iface = %si.name, ifindex = si.ifindex, queues = si.queues, "Pod interface attached");
+                    self.attached.push(DiscoveredPod { steered: si, link });
+                    self.attaches += 1;
+                }
+                Err(e) => {
+                    self.close(&si);
+                    self.failed(si.ifindex, Instant::now(), &e);
+                }
+            }
+        }
+    }
+
+    fn failed(&mut self, ifindex: u32, now: Instant, e: &anyhow::Error) {
+        tracing::warn!(ifindex, error = %format!("{e:#}"), "attaching a discovered Pod interface failed; retrying in 1 s");
+        self.retry_after
+            .insert(ifindex, now + Duration::from_secs(1));
+    }
+
+    /// Opens a socket per queue of the interface (registered in the redirect map; the
+    /// program passes packets to the kernel until it is attached) and sends them to the
+    /// worker.
+    fn open(&mut self, ifindex: u32, steering: &mut Steering) -> Result<()> {
+        let name = netlink::iface_name(ifindex).context("interface gone")?;
+        let queues = rx_queues(&name);
+        let slot_base = self
+            .alloc_slots(queues)
+            .with_context(|| format!("{name}: no free AF_XDP socket (raise --max-pod-sockets)"))?;
+        let si = SteeredIface {
+            name,
+            ifindex,
+            uplink: false,
+            slot_base,
+            queues,
+        };
+        let ports = self
+            .factory
+            .open(&si, Side::Pod(0), self.fill_budget, steering, (0, 1))
+            .inspect_err(|_| self.free_slots(slot_base, queues))?;
+        self.send(PortChange::Add(ports));
+        self.opening.push(Opening {
+            steered: si,
+            seq: self.sent,
+        });
+        Ok(())
+    }
+
+    fn detach(&mut self, d: DiscoveredPod, steering: &mut Steering) {
+        tracing::info!(iface = %d.steered.name, ifindex = d.steered.ifindex, "Pod interface detached");
+        steering.detach_iface(&d.steered, d.link);
+        self.close(&d.steered);
+        self.detaches += 1;
+    }
+
+    /// The worker closes the interface's sockets; their slots are free again.
+    fn close(&mut self, si: &SteeredIface) {
+        self.send(PortChange::Close(si.ifindex));
+        self.free_slots(si.slot_base, si.queues);
+    }
+
+    fn send(&mut self, change: PortChange) {
+        // The worker outlives the node thread's loop; a send fails only as it stops.
+        if self.to_worker.send(change).is_ok() {
+            self.sent += 1;
+        }
+    }
+
+    fn alloc_slots(&mut self, n: u32) -> Option<u32> {
+        let n = n as usize;
+        let free_run = (0..self.slots_used.len().saturating_sub(n - 1))
+            .find(|&i| self.slots_used[i..i + n].iter().all(|u| !u))?;
+        for u in &mut self.slots_used[free_run..free_run + n] {
+            *u = true;
+        }
+        Some(self.slot_base + free_run as u32)
+    }
+
+    fn free_slots(&mut self, base: u32, n: u32) {
+        let from = (base - self.slot_base) as usize;
+        for u in self.slots_used.iter_mut().skip(from).take(n as usize) {
+            *u = false;
+        }
+    }
+}
