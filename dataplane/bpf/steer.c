@@ -45,44 +45,12 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
-#define ROLE_UPLINK 0
-#define ROLE_POD 1
+// Every constant shared with Rust, and each shared struct's size: src/abi.rs, made into
+// this header by build.rs.
+#include "juneau_abi.h"
 
-// Must match `flow::FLOW_MAGIC` / `flow::LAYOUT_VERSION` and the record layout.
-#define FLOW_MAGIC 0x4a554e4541554654ULL // "JUNEAUFT"
-#define FLOW_LAYOUT_VERSION 2
-// Most flow tables (forwarding workers); `flow::MAX_WORKERS`.
-#define MAX_WORKERS 16
-// Longest probe; userspace never places a key further than this from its home slot.
-#define MAX_PROBE 128
-
-// `fast::STRIDE`: entries of each table's part of `fast_slots`: the head, FAST_SLOTS
-// slots (`fast::SLOTS_PER_TABLE`), FAST_EGRESS reply-egress entries (`fast::EGRESS_ENTRIES`).
-#define FAST_STRIDE 32768
-#define FAST_EGRESS 256
-#define FAST_SLOTS (FAST_STRIDE - 1 - FAST_EGRESS)
 // Longest L4 segment whose partial checksum the program completes (64-byte chunks).
 #define CSUM_CHUNKS 24
-
-// Flow states (`flow::FlowState`).
-#define STATE_ESTABLISHED 2
-#define STATE_UDP 5
-
-#define TCP_FIN 0x01
-#define TCP_SYN 0x02
-#define TCP_RST 0x04
-
-// steer_drops indexes.
-#define SD_PORT_NOT_EXPOSED 0
-#define SD_UNSUPPORTED_PROTOCOL 1
-#define SD_NEW_FLOW_PREFIX_RATE 2
-#define SD_NO_SOCKET 3
-#define SD_REDIRECT_NOT_FROM_PEER 4
-#define SD_SOURCE_RANGE_DENIED 5
-
-// Bits of a `frontends` value.
-#define FRONTEND_EXPOSED 1
-#define FRONTEND_FILTERED 2 // the Service has source ranges: only `source_ranges` admits
 
 struct iface_conf {
 	__u32 slot_base; // xsks index of the socket on RX queue 0 of this interface
@@ -95,7 +63,6 @@ struct iface_conf {
 // inline where a look-up in the `ifaces` hash costs ~15 ns per packet; `ifaces` (the
 // AF_XDP socket of the interface's queue) is looked up only for what a Pod interface
 // sends to userspace.
-#define MAX_UPLINKS 4
 struct uplink_set {
 	__u32 ifindex[MAX_UPLINKS];
 	struct iface_conf conf[MAX_UPLINKS]; // each uplink's `ifaces` entry, copied
@@ -182,8 +149,17 @@ struct fast_slot {
 	__u64 reserved2[3];
 };
 
-// One packet in a packed traffic counter: one atomic add counts it and its bytes.
-#define TRAFFIC_PACKET (1ULL << 36)
+// The shared structs' sizes, as src/abi.rs states them (Rust asserts its own).
+_Static_assert(sizeof(struct iface_conf) == IFACE_CONF_BYTES, "struct iface_conf");
+_Static_assert(sizeof(struct uplink_set) == UPLINK_SET_BYTES, "struct uplink_set");
+_Static_assert(sizeof(struct frontend_key) == FRONTEND_KEY_BYTES, "struct frontend_key");
+_Static_assert(sizeof(struct source_range_key) == SOURCE_RANGE_KEY_BYTES, "struct source_range_key");
+_Static_assert(sizeof(struct flow_meta) == FLOW_META_BYTES, "struct flow_meta");
+_Static_assert(sizeof(struct flow) == FLOW_RECORD_BYTES, "struct flow");
+_Static_assert(sizeof(struct fast_head) == FAST_ENTRY_BYTES, "struct fast_head");
+_Static_assert(sizeof(struct fast_egress) == FAST_ENTRY_BYTES, "struct fast_egress");
+_Static_assert(sizeof(struct fast_slot) == FAST_ENTRY_BYTES, "struct fast_slot");
+
 
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
@@ -300,6 +276,7 @@ struct admit_conf {
 	__u64 rate;  // tokens per second per /24 (0: off)
 	__u64 burst; // tokens at most
 };
+_Static_assert(sizeof(struct admit_conf) == ADMIT_CONF_BYTES, "struct admit_conf");
 
 struct admit_bucket {
 	__u64 tokens_ns; // tokens x 1e9 (refilled by elapsed ns x rate)

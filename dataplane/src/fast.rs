@@ -27,14 +27,13 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use crate::flow::Timeouts;
 use crate::region::Region;
 
-/// Entries of one worker's part (`FAST_STRIDE` in `bpf/steer.c`).
-pub const STRIDE: usize = 32_768;
-/// Reply-egress entries at the end of each part (`FAST_EGRESS`): the engine's reply
-/// next-hop cache size.
-pub const EGRESS_ENTRIES: usize = 256;
-/// Slots per worker's part after its head (`FAST_SLOTS`). Flows of a slot beyond it take
-/// the userspace path.
-pub const SLOTS_PER_TABLE: usize = STRIDE - 1 - EGRESS_ENTRIES;
+/// Entries of one worker's part.
+pub const STRIDE: usize = crate::abi::FAST_STRIDE;
+/// Reply-egress entries at the end of each part: the engine's reply next-hop cache size.
+pub const EGRESS_ENTRIES: usize = crate::abi::FAST_EGRESS;
+/// Slots per worker's part after its head. Flows of a slot beyond it take the userspace
+/// path.
+pub const SLOTS_PER_TABLE: usize = crate::abi::FAST_SLOTS;
 
 /// One `(service, backend)` slot (`struct fast_slot`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -58,7 +57,7 @@ pub struct FastSlot {
 /// 36, so the program counts a packet and its bytes with one atomic add. The worker takes
 /// the counters once a second (and at each table change): 2^28 packets and 64 GiB per slot
 /// in between, 5 s of a 100 Gb/s link in bytes. A byte overflow would add one packet.
-pub const TRAFFIC_PACKET: u64 = 1 << 36;
+pub const TRAFFIC_PACKET: u64 = crate::abi::TRAFFIC_PACKET;
 
 /// `(packets, bytes)` of a packed traffic counter.
 #[inline]
@@ -66,7 +65,7 @@ pub fn unpack_traffic(v: u64) -> (u64, u64) {
     (v >> 36, v & (TRAFFIC_PACKET - 1))
 }
 
-const _: () = assert!(std::mem::size_of::<FastSlot>() == 64);
+const _: () = assert!(std::mem::size_of::<FastSlot>() == crate::abi::FAST_ENTRY_BYTES);
 
 /// The head of a part (`struct fast_head`), stored in its first [`FastSlot`].
 #[derive(Debug, Clone, Copy)]

@@ -71,13 +71,13 @@ pub enum FlowState {
     /// TCP: only the client's SYN seen.
     SynSent = 1,
     /// TCP: the backend answered / picked up mid-stream.
-    Established = 2,
+    Established = crate::abi::STATE_ESTABLISHED,
     /// TCP: a FIN was seen.
     Closing = 3,
     /// TCP: a RST was seen.
     Reset = 4,
     /// UDP.
-    Udp = 5,
+    Udp = crate::abi::STATE_UDP,
     /// TCP: the backend answered the SYN (SYN-ACK); still half-open until the client's
     /// ACK.
     SynReceived = 6,
@@ -261,7 +261,7 @@ pub struct FlowMeta {
     pub reserved: [u64; 2],
 }
 
-const _: () = assert!(std::mem::size_of::<FlowMeta>() == 64);
+const _: () = assert!(std::mem::size_of::<FlowMeta>() == crate::abi::FLOW_META_BYTES);
 
 impl FlowMeta {
     /// An uninitialised header (no table).
@@ -279,22 +279,20 @@ impl FlowMeta {
     };
 }
 
-/// Marks an initialised shared table ("JUNEAUFT"); `FLOW_MAGIC` in `bpf/steer.c`.
-pub const FLOW_MAGIC: u64 = 0x4a55_4e45_4155_4654;
-/// Version of the shared layout (header, record, index slot, hash). Bump it with any
-/// change to them or to the steering program's maps: a pinned table of another version
-/// is never read, a fresh one is made. `FLOW_LAYOUT_VERSION` in `bpf/steer.c`.
-pub const LAYOUT_VERSION: u32 = 2;
+/// Marks an initialised shared table ([`crate::abi::FLOW_MAGIC`]).
+pub const FLOW_MAGIC: u64 = crate::abi::FLOW_MAGIC;
+/// Version of the shared layout ([`crate::abi::FLOW_LAYOUT_VERSION`]: bump it there).
+pub const LAYOUT_VERSION: u32 = crate::abi::FLOW_LAYOUT_VERSION;
 /// No key is stored further than this many slots from its home slot (the XDP program's
-/// probe bound, `MAX_PROBE` in `bpf/steer.c`).
-pub const MAX_PROBE: usize = 128;
+/// probe bound).
+pub const MAX_PROBE: usize = crate::abi::MAX_PROBE;
 /// `checked_generation` of a flow found in a pinned table at start: never equal to a
 /// service-table generation ([`crate::services::ServiceTable::generation32`]), so every
 /// such flow is re-validated against the new process's table on its next packet.
 pub const UNCHECKED_GENERATION: u32 = u32::MAX;
 
-/// Most flow tables in a group (forwarding workers); `MAX_WORKERS` in `bpf/steer.c`.
-pub const MAX_WORKERS: usize = 16;
+/// Most flow tables in a group (forwarding workers).
+pub const MAX_WORKERS: usize = crate::abi::MAX_WORKERS;
 /// Most records per table: a [`FlowId`] of another worker's table carries the table in
 /// its top bits.
 pub const MAX_TABLE_CAPACITY: usize = (1 << PEER_SHIFT) - 1;
@@ -336,7 +334,7 @@ pub enum Opened {
     },
 }
 
-const _: () = assert!(std::mem::size_of::<Flow>() == 32);
+const _: () = assert!(std::mem::size_of::<Flow>() == crate::abi::FLOW_RECORD_BYTES);
 
 impl Flow {
     /// A new flow record.

@@ -7,6 +7,8 @@
 //! Must not touch: Kubernetes, BGP, or any lock or allocation on the packet path.
 //!
 //! Layers, from pure to I/O:
+//! - [`abi`]: what the steering program and Rust share (constants, struct sizes), the
+//!   one definition `build.rs` makes the program's header from;
 //! - [`proto`]: protocol numbers and TCP flags (a leaf both below use);
 //! - [`packet`]: views over frame bytes and in-place NAT rewrites (RFC 1624 checksums);
 //! - [`flow`]: the fixed-capacity flow table, shared with the XDP program and pinned
@@ -25,6 +27,7 @@
 //! - [`metrics`]: `/metrics` (`prometheus-client`), `/healthz`, `/readyz`, off the packet path.
 #![warn(missing_docs)]
 
+pub mod abi;
 pub mod affinity;
 pub mod busy_poll;
 pub mod counters;

@@ -11,11 +11,11 @@ pub const IPPROTO_ICMP: u8 = 1;
 /// TCP flag bits (byte 13 of the TCP header).
 pub mod tcp_flags {
     /// FIN.
-    pub const FIN: u8 = 0x01;
+    pub const FIN: u8 = crate::abi::TCP_FIN;
     /// SYN.
-    pub const SYN: u8 = 0x02;
+    pub const SYN: u8 = crate::abi::TCP_SYN;
     /// RST.
-    pub const RST: u8 = 0x04;
+    pub const RST: u8 = crate::abi::TCP_RST;
     /// ACK.
     pub const ACK: u8 = 0x10;
 

@@ -38,22 +38,13 @@ use crate::services::ServiceTable;
 /// The compiled steering program.
 static STEER_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer.o"));
 
-const ROLE_UPLINK: u32 = 0;
-const ROLE_POD: u32 = 1;
+use crate::abi::{
+    FRONTEND_EXPOSED, FRONTEND_FILTERED, MAX_UPLINKS, ROLE_POD, ROLE_UPLINK,
+    SD_NEW_FLOW_PREFIX_RATE, SD_NO_SOCKET, SD_PORT_NOT_EXPOSED, SD_REDIRECT_NOT_FROM_PEER,
+    SD_SOURCE_RANGE_DENIED, SD_UNSUPPORTED_PROTOCOL,
+};
+
 const BPF_F_MMAPABLE: u32 = 1 << 10;
-
-/// Indexes of the program's own drop counters (`steer_drops`).
-const SD_PORT_NOT_EXPOSED: u32 = 0;
-const SD_UNSUPPORTED_PROTOCOL: u32 = 1;
-const SD_NEW_FLOW_PREFIX_RATE: u32 = 2;
-const SD_NO_SOCKET: u32 = 3;
-const SD_REDIRECT_NOT_FROM_PEER: u32 = 4;
-const SD_SOURCE_RANGE_DENIED: u32 = 5;
-
-/// Bits of a `frontends` value: the frontend is exposed; its Service has source ranges
-/// (only a source in `source_ranges` is admitted).
-const FRONTEND_EXPOSED: u8 = 1;
-const FRONTEND_FILTERED: u8 = 2;
 /// `BPF_F_NO_PREALLOC`: an LPM trie must be created with it.
 const BPF_F_NO_PREALLOC: u32 = 1;
 
@@ -74,6 +65,7 @@ pub struct NewFlowAdmission {
 
 // SAFETY: two u64, no padding, matching `struct admit_conf`.
 unsafe impl aya::Pod for NewFlowAdmission {}
+const _: () = assert!(std::mem::size_of::<NewFlowAdmission>() == crate::abi::ADMIT_CONF_BYTES);
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
@@ -85,9 +77,7 @@ struct IfaceConf {
 
 // SAFETY: plain `repr(C)` integers without padding, matching `struct iface_conf`.
 unsafe impl aya::Pod for IfaceConf {}
-
-/// Uplinks the program tells apart (`MAX_UPLINKS` in bpf/steer.c).
-const MAX_UPLINKS: usize = 4;
+const _: () = assert!(std::mem::size_of::<IfaceConf>() == crate::abi::IFACE_CONF_BYTES);
 
 /// The `uplinks` entry (`struct uplink_set` in bpf/steer.c): the uplinks' ifindexes
 /// (unused places 0) and each one's `ifaces` configuration, so that a packet from an
@@ -102,6 +92,7 @@ struct UplinkSet {
 // SAFETY: `repr(C)` u32 arrays and `IfaceConf`s (12 bytes, 4-aligned): no padding,
 // matching `struct uplink_set`.
 unsafe impl aya::Pod for UplinkSet {}
+const _: () = assert!(std::mem::size_of::<UplinkSet>() == crate::abi::UPLINK_SET_BYTES);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(C)]
@@ -115,6 +106,7 @@ struct FrontendKey {
 // SAFETY: `repr(C)` byte arrays and bytes, 8 bytes without padding, matching
 // `struct frontend_key`.
 unsafe impl aya::Pod for FrontendKey {}
+const _: () = assert!(std::mem::size_of::<FrontendKey>() == crate::abi::FRONTEND_KEY_BYTES);
 
 /// The data of a `source_ranges` key (after its prefix length): the frontend, then the
 /// client address, both in network order.
@@ -128,6 +120,8 @@ struct SourceRangeData {
 // SAFETY: `repr(C)` of an 8-byte Pod and a byte array, 12 bytes without padding, matching
 // `struct source_range_key` after its prefix length.
 unsafe impl aya::Pod for SourceRangeData {}
+const _: () =
+    assert!(std::mem::size_of::<SourceRangeData>() == crate::abi::SOURCE_RANGE_KEY_BYTES - 4);
 
 /// A frontend as the maps key it: `(VIP, port, protocol number)`.
 type FrontendTuple = (Ipv4Addr, u16, u8);
