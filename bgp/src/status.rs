@@ -563,13 +563,11 @@ fn collect_bfd(s: &Status, reg: &mut prometheus_client::registry::Registry) {
     );
 }
 
-/// Writes JSON to `path` via a temporary file in the same directory and a rename, so a
-/// reader sees the old or the new file, never half of one.
+/// Writes `value` as JSON to `path` so a reader sees the old or the new file, never
+/// half of one (`juneau_control::mapped::write_atomically`).
 pub fn write_atomically(path: &Path, value: &impl Serialize) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let data = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
-    std::fs::write(&tmp, data)?;
-    std::fs::rename(&tmp, path)
+    juneau_control::mapped::write_atomically(path, &data)
 }
 
 #[cfg(test)]

@@ -352,7 +352,7 @@ impl DataplaneStatusWriter {
         generation: u64,
         vips: &[u32],
     ) -> Result<Mapping, StatusError> {
-        let tmp = path.with_extension(format!("dataplane.tmp{}", std::process::id()));
+        let tmp = crate::mapped::temporary_beside(path);
         let new = Mapping::create(&tmp, capacity, started)?;
         write_vips(&new, generation, vips);
         let old = Mapping::open(path, true).ok();

@@ -62,9 +62,7 @@ pub fn requested(dir: &Path) -> Option<String> {
 /// Writes the request (atomically: a reader sees the whole token or nothing).
 pub fn request(dir: &Path, token: &str) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!("{REQUEST_FILE}.tmp"));
-    std::fs::write(&tmp, format!("{token}\n"))?;
-    std::fs::rename(&tmp, dir.join(REQUEST_FILE))
+    crate::mapped::write_atomically(&dir.join(REQUEST_FILE), format!("{token}\n").as_bytes())
 }
 
 /// Records that `component` carried the request out.
@@ -103,10 +101,15 @@ pub fn is_node_file(name: &str, node: &str) -> bool {
         return true;
     }
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    // The writers' temporary names: the state `<node>.tmp<pid>`, the dataplane status
-    // `<node>.dataplane.tmp<pid>`, the statistics `<node>.dataplane-stats.tmp`, the
+    // A writer's temporary file: `<node file>.tmp<pid>`
+    // (`crate::mapped::temporary_beside`); and the names earlier versions used: the
+    // state `<node>.tmp<pid>`, the statistics `<node>.dataplane-stats.tmp`, the
     // speaker's and BFD's `<node>.<name>.tmp.<pid>`.
-    rest.strip_prefix("tmp").is_some_and(digits)
+    let temporary = rest
+        .rsplit_once(".tmp")
+        .is_some_and(|(file, pid)| NODE_FILES.contains(&file) && digits(pid));
+    temporary
+        || rest.strip_prefix("tmp").is_some_and(digits)
         || rest.strip_prefix("dataplane.tmp").is_some_and(digits)
         || rest == "dataplane-stats.tmp"
         || rest.strip_prefix("bgp-status.tmp.").is_some_and(digits)
@@ -228,6 +231,10 @@ mod tests {
             "node-a.dataplane-stats.tmp",
             "node-a.bgp-status.tmp.99",
             "node-a.bfd.tmp.1",
+            "node-a.state.tmp4242",
+            "node-a.dataplane-stats.json.tmp9",
+            "node-a.bgp-status.json.tmp99",
+            "node-a.bfd.json.tmp1",
         ] {
             assert!(is_node_file(f, "node-a"), "{f}");
         }
@@ -240,6 +247,8 @@ mod tests {
             "node-a.tmp",
             "node-a.tmpx",
             "node-a.bfd.tmp.x",
+            "node-a.state.tmp",
+            "node-a.other.json.tmp1",
             "other",
             "node-a.state.bak",
         ] {

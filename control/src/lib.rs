@@ -25,7 +25,7 @@ pub mod dataplane_status;
 pub mod decommission;
 pub mod ipam;
 pub mod maglev;
-mod mapped;
+pub mod mapped;
 pub mod model;
 pub mod node_dir;
 pub mod secret;

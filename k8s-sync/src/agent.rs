@@ -13,8 +13,8 @@ use juneau_control::NodeState;
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ResourceExt};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Client, Resource};
 use tracing::{debug, info, warn};
 
@@ -110,6 +110,8 @@ fn record(m: &AgentMetrics, state: &NodeState, generation: u64) {
         .set(i64::try_from(generation).unwrap_or(i64::MAX));
 }
 
+/// A cache of `api` ([`crate::caches::reflect`]) and a stream that yields once per
+/// change (errors logged: the watch retries with backoff).
 fn reflect<K>(
     api: Api<K>,
     wc: watcher::Config,
@@ -123,14 +125,8 @@ where
         + Sync
         + 'static,
 {
-    let (store, writer) = reflector::store();
-    let stream = watcher(api, wc)
-        .default_backoff()
-        // managedFields are never read here, and are most of the bytes of the objects
-        // the agent copies on every batch of changes (issue 14: copying and freeing them
-        // was the bulk of the agent's CPU at thousands of Services).
-        .modify(|o| o.managed_fields_mut().clear())
-        .reflect(writer)
+    let (store, events) = crate::caches::reflect(api, wc);
+    let stream = events
         .map(|r| {
             if let Err(e) = r {
                 warn!(error = %e, "watch error (retrying with backoff)");

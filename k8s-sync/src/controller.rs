@@ -561,7 +561,8 @@ fn ingress_ip(s: &Service) -> Option<Ipv4Addr> {
         .ok()
 }
 
-/// Reflects `api` into a store; the returned stream must be polled to keep it current.
+/// A cache of `api` ([`crate::caches::reflect`]) and the objects each change touched;
+/// the stream must be polled to keep the store current.
 fn reflect<K>(
     api: Api<K>,
 ) -> (
@@ -577,12 +578,8 @@ where
         + Sync
         + 'static,
 {
-    let (store, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .touched_objects();
-    (store, stream)
+    let (store, events) = crate::caches::reflect(api, watcher::Config::default());
+    (store, events.touched_objects())
 }
 
 async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyhow::Result<()> {
@@ -592,11 +589,10 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
     let (slices, slice_writer) = reflector::store();
     let slice_stream = {
         let index = slice_index.clone();
-        watcher(
+        crate::caches::watch(
             Api::<EndpointSlice>::all(client.clone()),
             watcher::Config::default(),
         )
-        .default_backoff()
         .map(move |ev| {
             if let Ok(ev) = &ev {
                 index.lock().unwrap_or_else(|e| e.into_inner()).apply(ev);
@@ -608,11 +604,10 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
     };
     let (networks, net_stream) = reflect(Api::<ExternalNetwork>::all(client.clone()));
     let (pools, pool_writer) = reflector::store();
-    let pool_events = watcher(
+    let pool_events = crate::caches::watch(
         Api::<AddressPool>::all(client.clone()),
         watcher::Config::default(),
     )
-    .default_backoff()
     .reflect(pool_writer);
     let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()));
     // Their labels: AddressPools' serviceAllocation.namespaceSelector.

@@ -233,7 +233,7 @@ pub fn watch_request(
     let wc = watcher::Config::default().fields(&format!("metadata.name={daemonset}"));
     let name = daemonset.to_string();
     tokio::spawn(async move {
-        let mut events = watcher(api, wc).default_backoff().applied_objects().boxed();
+        let mut events = crate::caches::watch(api, wc).applied_objects().boxed();
         let mut bad: Option<BadRequest> = None;
         while let Some(ev) = events.next().await {
             let ds = match ev {

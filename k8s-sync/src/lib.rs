@@ -14,10 +14,12 @@
 //! [`speaker_status`]: the node's BGP sessions into a NodeBGPStatus; [`decommission`]:
 //! `helm uninstall`'s request, the hook that makes it and the agents that carry it out,
 //! its pure decisions unit-tested); [`metrics`] serves both processes' Prometheus metrics
-//! and probes. [`crd`] holds the resource types; `crdgen` prints them.
+//! and probes; [`caches`]: the one watch pipeline both processes' caches use. [`crd`]
+//! holds the resource types; `crdgen` prints them.
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod caches;
 pub mod controller;
 pub mod crd;
 pub mod decommission;

@@ -19,7 +19,7 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use juneau_control::shm::NodeStateReader;
 use juneau_tests::bird::{BgpNeighbor, Bird, BirdConfig, BirdControl};
+use juneau_tests::daemon::{Daemon, DaemonSpec};
 use juneau_tests::kube::KubeCluster;
 use juneau_tests::netns::{unique_prefix, veth, Netns, NsChild};
 
@@ -117,54 +118,21 @@ pub fn missing(bins: &Binaries) -> Vec<crate::prereq::Missing> {
 }
 
 /// A host process killed and reaped on drop.
-pub(crate) struct HostProc(Child);
-
-impl Drop for HostProc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl HostProc {
-    /// The process id.
-    pub(crate) fn id(&self) -> u32 {
-        self.0.id()
-    }
-
-    pub(crate) fn check(&mut self, name: &str, log: &Path) -> Result<()> {
-        if let Some(st) = self.0.try_wait()? {
-            bail!(
-                "{name} exited ({st}); log {}:\n{}",
-                log.display(),
-                tail(log)
-            );
-        }
-        Ok(())
-    }
-}
-
 pub(crate) fn tail(p: &Path) -> String {
     let t = std::fs::read_to_string(p).unwrap_or_default();
     let l: Vec<&str> = t.lines().collect();
     l[l.len().saturating_sub(30)..].join("\n")
 }
 
+/// Polls `f` until it returns `Some` (`juneau_tests::daemon::wait_for`, every 100 ms for
+/// at most [`SETUP_TIMEOUT`]); Ctrl-C ends the wait at once.
 pub(crate) fn eventually<T>(what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
-    let start = Instant::now();
-    let mut last = String::new();
-    loop {
-        check_interrupt()?;
-        match f() {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last = format!("{e:#}"),
+    juneau_tests::daemon::wait_for(what, SETUP_TIMEOUT, Duration::from_millis(100), || {
+        match check_interrupt() {
+            Err(e) => Ok(Some(Err(e))),
+            Ok(()) => Ok(f()?.map(Ok)),
         }
-        if start.elapsed() > SETUP_TIMEOUT {
-            bail!("timed out after {SETUP_TIMEOUT:?} waiting for {what} {last}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    })?
 }
 
 fn check_interrupt() -> Result<()> {
@@ -206,9 +174,9 @@ fn web_service_yaml() -> String {
 /// an AddressPool `perf` of `pool`, ExternalNetwork, BGPAdvertisement and BGPPeer. Fields
 /// drop in order: daemons first, the cluster last.
 pub(crate) struct Bed {
-    pub(crate) controller: HostProc,
+    pub(crate) controller: Daemon,
     pub(crate) controller_log: PathBuf,
-    pub(crate) agent: HostProc,
+    pub(crate) agent: Daemon,
     pub(crate) agent_log: PathBuf,
     pub(crate) bgp: NsChild,
     pub(crate) bgp_log: PathBuf,
@@ -229,9 +197,8 @@ pub(crate) struct Bed {
 impl Bed {
     /// Fails if the controller or the agent exited.
     pub(crate) fn check(&mut self) -> Result<()> {
-        self.controller
-            .check("juneau-k8s-sync controller", &self.controller_log)?;
-        self.agent.check("juneau-k8s-sync agent", &self.agent_log)
+        self.controller.check_running()?;
+        self.agent.check_running()
     }
 }
 
@@ -311,22 +278,12 @@ pub(crate) fn start_bed_with(
     // The real daemons: controller and agent on the host (admin kubeconfig), juneau-bgp
     // in the node namespace.
     let state = d.join(format!("{NODE}.state"));
-    let spawn_host = |name: &str, args: &[&str]| -> Result<(HostProc, PathBuf)> {
+    let spawn_host = |name: &str, args: &[&str]| -> Result<(Daemon, PathBuf)> {
         let log = d.join(format!("{name}.log"));
-        let f = std::fs::File::create(&log)?;
-        let c = Command::new(&bins.k8s_sync)
-            .args(args)
-            .env("KUBECONFIG", k.kubeconfig())
-            .env("RUST_LOG", "info")
-            .env_remove("POD_NAMESPACE")
-            .env_remove("POD_NAME")
-            .env_remove("NODE_NAME")
-            .stdin(Stdio::null())
-            .stdout(f.try_clone()?)
-            .stderr(f)
-            .spawn()
-            .with_context(|| format!("starting {}", bins.k8s_sync.display()))?;
-        Ok((HostProc(c), log))
+        let bin = bins.k8s_sync.to_str().context("juneau-k8s-sync path")?;
+        let argv: Vec<&str> = std::iter::once(bin).chain(args.iter().copied()).collect();
+        let spec = DaemonSpec::new(name, &argv, &log).kube_client(k.kubeconfig(), "info");
+        Ok((Daemon::spawn(spec)?, log))
     };
     let (controller, controller_log) = spawn_host(
         "controller",

@@ -393,8 +393,8 @@ fn measure_on(
     let mut birdc = connect_bird(bed, precreated.is_some())?;
     let client = rt.block_on(api_client(bed.k.kubeconfig(), true))?;
     let watch_client = rt.block_on(api_client(bed.k.kubeconfig(), false))?;
-    let agent_pid = bed.agent.id();
-    let controller_pid = bed.controller.id();
+    let agent_pid = bed.agent.pid();
+    let controller_pid = bed.controller.pid();
     let kp = bed.k.pids();
     let (etcd_pid, apiserver_pid) = (kp[0], kp[1]);
     let (etcd_cpu0, apiserver_cpu0) = (cpu_s(etcd_pid), cpu_s(apiserver_pid));

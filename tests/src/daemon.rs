@@ -30,6 +30,8 @@ pub struct DaemonSpec {
     pub argv: Vec<String>,
     /// Extra environment variables.
     pub env: BTreeMap<String, String>,
+    /// Variables of this process's environment the daemon must not inherit.
+    pub env_removed: Vec<String>,
     /// Where stdout and stderr go (appended, so a restart keeps the earlier lines).
     pub log: PathBuf,
     /// Enter the namespace with `ip netns exec` (which also mounts a `/sys` showing the
@@ -66,6 +68,22 @@ impl DaemonSpec {
     pub fn env(mut self, key: &str, value: impl Into<String>) -> Self {
         self.env.insert(key.to_string(), value.into());
         self
+    }
+
+    /// Keeps a variable of this process's environment from the daemon.
+    pub fn env_remove(mut self, key: &str) -> Self {
+        self.env_removed.push(key.to_string());
+        self
+    }
+
+    /// A `juneau-k8s-sync` (or other Kubernetes client) on the host with `kubeconfig`,
+    /// not inheriting the in-cluster variables a test runner may have.
+    pub fn kube_client(self, kubeconfig: &Path, rust_log: &str) -> Self {
+        self.env("KUBECONFIG", kubeconfig.display().to_string())
+            .env("RUST_LOG", rust_log)
+            .env_remove("POD_NAMESPACE")
+            .env_remove("POD_NAME")
+            .env_remove("NODE_NAME")
     }
 }
 
@@ -110,6 +128,9 @@ impl Daemon {
                 c
             }
         };
+        for k in &spec.env_removed {
+            cmd.env_remove(k);
+        }
         cmd.envs(&spec.env)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

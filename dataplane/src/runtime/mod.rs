@@ -23,11 +23,10 @@
 //! it while the XDP fast path forwards established flows), so a quiet node does not burn
 //! a core; `--busy-poll-us 0` sleeps as soon as it is idle.
 
-use std::io::Write as _;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -183,17 +182,6 @@ fn now_unix() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-/// Writes `contents` to `path` atomically (temporary file in the same directory, then
-/// rename).
-pub fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(contents)?;
-    }
-    std::fs::rename(&tmp, path)
 }
 
 /// Number of RX queues of an interface (from sysfs; 1 when unknown).
@@ -927,7 +915,7 @@ fn spawn_stats_writer(
             }
             if let Some(path) = &path {
                 let json = serde_json::to_vec_pretty(&stats).unwrap_or_default();
-                if let Err(e) = write_atomically(path, &json) {
+                if let Err(e) = juneau_control::mapped::write_atomically(path, &json) {
                     tracing::warn!(path = %path.display(), error = %e, "writing the stats file failed");
                 }
             }

@@ -6,10 +6,10 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use juneau_tests::kube::KubeCluster;
 use serde_json::Value;
 
@@ -179,7 +179,7 @@ impl Env {
 /// cluster directory and printed when a test fails.
 pub struct Daemon {
     pub name: String,
-    child: Option<Child>,
+    process: juneau_tests::daemon::Daemon,
     pub log: PathBuf,
     /// Port of /metrics, /healthz and /readyz on 127.0.0.1.
     pub metrics_port: u16,
@@ -223,40 +223,24 @@ impl Daemon {
         dir: &Path,
     ) -> Result<Daemon> {
         let log = dir.join(format!("{name}.log"));
-        let f = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)?;
-        let child = Command::new(bin)
-            .args(args)
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,kube_lease_manager=info")
-            .env_remove("POD_NAMESPACE")
-            .env_remove("POD_NAME")
-            .env_remove("NODE_NAME")
-            .stdin(Stdio::null())
-            .stdout(f.try_clone()?)
-            .stderr(f)
-            .spawn()
-            .with_context(|| format!("starting {bin}"))?;
+        let argv: Vec<&str> = std::iter::once(bin).chain(args.iter().copied()).collect();
+        let spec = juneau_tests::daemon::DaemonSpec::new(name, &argv, &log)
+            .kube_client(kubeconfig, "info,kube_lease_manager=info");
         Ok(Daemon {
             name: name.into(),
-            child: Some(child),
+            process: juneau_tests::daemon::Daemon::spawn(spec)?,
             log,
             metrics_port: 0,
         })
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+        self.process.pid()
     }
 
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.kill();
     }
 
     pub fn log_text(&self) -> String {
@@ -265,16 +249,7 @@ impl Daemon {
 
     /// Fails if the process has exited.
     pub fn check_running(&mut self) -> Result<()> {
-        if let Some(c) = self.child.as_mut() {
-            if let Some(st) = c.try_wait()? {
-                bail!(
-                    "{} exited ({st}); log:\n{}",
-                    self.name,
-                    tail(&self.log_text(), 40)
-                );
-            }
-        }
-        Ok(())
+        self.process.check_running()
     }
 }
 
