@@ -28,6 +28,7 @@ fn state(services: usize) -> NodeState {
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
+                cluster_policy: false,
             })
             .collect(),
         ..NodeState::default()

@@ -91,12 +91,16 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
 pub const LAYOUT_VERSION: u32 = 8;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: usize = 4096;
-/// Words per service record: vip, protocol | port << 16, first backend, Ready backend
+/// Words per service record: vip, protocol | flags | port << 16, first backend, Ready backend
 /// count, terminating backend count, first source range, source range count, ClientIP
 /// affinity timeout (seconds; 0: none). The service's Ready backends are records
 /// `first .. first + ready`, its terminating ones follow them; its source ranges are
 /// records `first .. first + count` of that section.
 pub const SERVICE_WORDS: usize = 8;
+/// Bit of a service record's second word (protocol | flags | port << 16):
+/// `externalTrafficPolicy: Cluster` (`NodeService::cluster_policy`). Added within layout
+/// 8: a reader that ignores it serves the frontend as Local would.
+pub const SERVICE_CLUSTER_POLICY: u32 = 1 << 8;
 /// Words per source range record (layout 8): the network address, the prefix length.
 pub const SOURCE_RANGE_WORDS: usize = 2;
 /// Words per backend record: ip, port | flags << 16.
@@ -925,7 +929,13 @@ fn encode_services(
     for (i, s) in state.services.iter().enumerate() {
         let rec = [
             ip_word(s.frontend.vip),
-            u32::from(s.frontend.protocol.number()) | (u32::from(s.frontend.port) << 16),
+            u32::from(s.frontend.protocol.number())
+                | if s.cluster_policy {
+                    SERVICE_CLUSTER_POLICY
+                } else {
+                    0
+                }
+                | (u32::from(s.frontend.port) << 16),
             next_backend as u32,
             s.backends.len() as u32,
             s.terminating.len() as u32,
@@ -1368,9 +1378,7 @@ impl NodeStateWriter {
         let mut img = Image::new(capacity.sections().end);
         encode(&mut img, state, &capacity, generation, tables)?;
         seal(&mut img, &capacity);
-        let tmp = self
-            .path
-            .with_extension(format!("tmp{}", std::process::id()));
+        let tmp = crate::mapped::temporary_beside(&self.path);
         let new = Mapping::create(&tmp, capacity, generation)?;
         write_slot(&new, generation, &img, SlotHolds::Zero);
         new.header().generation.store(generation, Ordering::Release);
@@ -1823,6 +1831,7 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
             terminating,
             source_ranges,
             client_ip_affinity: (rec[7] != 0).then_some(rec[7]),
+            cluster_policy: rec[1] & SERVICE_CLUSTER_POLICY != 0,
         });
         maglev_tables.push(slots);
     }

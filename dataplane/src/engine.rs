@@ -1214,9 +1214,10 @@ impl Engine {
     /// No Ready backend here for a new flow. A lone SYN goes to a peer that may have one
     /// (redirects on): the node lost its last Ready backend and asked to withdraw its
     /// route, which the router has not applied yet (or the node before had no backend
-    /// either). The next peer that has one serves it and tells the first node, like the
-    /// owner of a moved connection: the connection opens instead of waiting a second for
-    /// its SYN's retransmission. Charged to the redirect bucket. Anything else, or a SYN
+    /// either), or the Service's policy is Cluster. The next peer that has one serves it
+    /// and tells the first node, like the owner of a moved connection: the connection
+    /// opens instead of waiting a second for its SYN's retransmission. Charged to the
+    /// redirect bucket, except under the Cluster policy. Anything else, or a SYN
     /// no peer is left for, is dropped (`no_backend`; `redirect_no_peer` on a later node).
     #[cold]
     fn no_backend(
@@ -1229,7 +1230,10 @@ impl Engine {
         now_ms: u64,
     ) -> Verdict {
         if syn_only && self.redirects_tcp(key) {
-            if let Some(v) = self.ask_next_peer(true, frame_len, key, nb, now_ms) {
+            // Cluster policy: handing new connections on is this node's job, not a
+            // transient to bound.
+            let charged = !self.table.service(service).cluster_policy;
+            if let Some(v) = self.ask_next_peer((true, charged), frame_len, key, nb, now_ms) {
                 return v;
             }
         }
@@ -1647,6 +1651,7 @@ mod tests {
                     terminating: Vec::new(),
                     source_ranges: Vec::new(),
                     client_ip_affinity: None,
+                    cluster_policy: false,
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1658,6 +1663,7 @@ mod tests {
                     terminating: Vec::new(),
                     source_ranges: Vec::new(),
                     client_ip_affinity: None,
+                    cluster_policy: false,
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1669,6 +1675,7 @@ mod tests {
                     terminating: Vec::new(),
                     source_ranges: Vec::new(),
                     client_ip_affinity: None,
+                    cluster_policy: false,
                 },
             ],
             ..Default::default()
@@ -2217,6 +2224,7 @@ mod tests {
             terminating: Vec::new(),
             source_ranges: Vec::new(),
             client_ip_affinity: None,
+            cluster_policy: false,
         });
         m.push(maglev(1));
         s.normalize();

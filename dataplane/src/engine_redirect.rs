@@ -128,7 +128,7 @@ impl Engine {
         }
         // Only a TCP segment asks for a notice (an ICMP error carries no connection the
         // owner vouches for by serving it).
-        match self.ask_next_peer(segment, frame_len, key, nb, now_ms) {
+        match self.ask_next_peer((segment, true), frame_len, key, nb, now_ms) {
             Some(v) => v,
             // Nobody to ask at all: what issue 10 counts.
             None if self.redirect_ctx.is_none() => self.drop(DropReason::NonSynWithoutFlow, None),
@@ -137,11 +137,12 @@ impl Engine {
     }
 
     /// Sends the packet to the next peer of its VIP not yet visited (first by the flow's
-    /// hash), charged to the bucket; `ask`: whether the first node wants a notice (a
-    /// redirected packet keeps the first node's choice). `None` when no peer is left.
+    /// hash); `ask`: whether the first node wants a notice (a redirected packet keeps the
+    /// first node's choice); `charged`: whether it takes a token of the client's bucket
+    /// (a Cluster-policy connection does not). `None` when no peer is left.
     pub(super) fn ask_next_peer(
         &mut self,
-        ask: bool,
+        (ask, charged): (bool, bool),
         frame_len: usize,
         key: &FlowKey,
         nb: &Neighbours,
@@ -160,8 +161,10 @@ impl Engine {
             return None;
         }
         let peer = next_hop(r.peers_for(key.dst), me, &hops, h)?;
-        if let Err(empty) = r.take_token(key.src, now_ms) {
-            return Some(self.drop(empty, None));
+        if charged {
+            if let Err(empty) = r.take_token(key.src, now_ms) {
+                return Some(self.drop(empty, None));
+            }
         }
         Some(self.send_to(peer, hops, (ask, cookie), frame_len, key, nb))
     }
@@ -334,9 +337,16 @@ impl Engine {
             return self.drop(DropReason::RedirectNoticeRefused, None);
         }
         // Charged like a question about the client (its /24's bucket, then the node's;
-        // the notice buckets).
-        if let Err(empty) = r.take_notice_token(key.src, now_ms) {
-            return self.drop(empty, None);
+        // the notice buckets) — unless the question was not charged either: a
+        // Cluster-policy connection this node handed on.
+        let cluster = self
+            .table
+            .find(key.dst, key.proto, key.dst_port)
+            .is_some_and(|s| self.table.service(s).cluster_policy);
+        if !cluster {
+            if let Err(empty) = r.take_notice_token(key.src, now_ms) {
+                return self.drop(empty, None);
+            }
         }
         match self.flows.lookup(&key, now_ms) {
             Some((id, Direction::Forward)) if self.flows.get(id).state() == FlowState::Redirect => {
@@ -425,6 +435,17 @@ mod tests {
     /// As [`node`]; `from_state`: no static peers, no `--node-address`: both come from
     /// the published state (the agent's per-VIP peers and this node's address).
     fn node_with(i: usize, has_backend: bool, rate: u32, from_state: bool) -> Engine {
+        node_policy(i, has_backend, rate, from_state, false)
+    }
+
+    /// As [`node_with`], the Service's policy Cluster when `cluster_policy`.
+    fn node_policy(
+        i: usize,
+        has_backend: bool,
+        rate: u32,
+        from_state: bool,
+        cluster_policy: bool,
+    ) -> Engine {
         let mut e = Engine::new(EngineConfig {
             flow_capacity: 1024,
             timeouts: Timeouts::default(),
@@ -448,6 +469,7 @@ mod tests {
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
+                cluster_policy,
             }],
             redirects: if from_state {
                 redirects_for(i)
@@ -673,6 +695,39 @@ mod tests {
             })
             .sum();
         assert_eq!(drops, 1);
+    }
+
+    #[test]
+    fn under_the_cluster_policy_every_new_connection_is_handed_to_a_node_with_a_backend() {
+        // Nodes 1 and 2 have no backend of a Cluster-policy Service: every connection a
+        // client opens through them reaches node 0's Pod, whatever the redirect bucket
+        // (one a second here) says, and its later packets follow without asking.
+        let cluster = |i, has_backend| node_policy(i, has_backend, 1, false, true);
+        let mut nodes = vec![cluster(0, true), cluster(1, false), cluster(2, false)];
+        for p in 0..200u16 {
+            let first = 1 + usize::from(p % 2);
+            let (served, hops) = run(&mut nodes, first, tcp(43000 + p, tcp_flags::SYN), 0);
+            assert_eq!(served, Some(0), "port {p}");
+            assert!((1..=2).contains(&hops), "{hops}");
+            let (served, hops) = run(&mut nodes, first, tcp(43000 + p, tcp_flags::ACK), 1);
+            assert_eq!((served, hops), (Some(0), 1), "port {p}");
+        }
+        for n in &nodes {
+            for r in [
+                DropReason::RedirectRateLimited,
+                DropReason::RedirectPrefixRateLimited,
+                DropReason::NoBackend,
+            ] {
+                assert_eq!(n.counters().drops_for(r), 0, "{r:?}");
+            }
+        }
+        // Local: the same client's connections through a node without a backend are
+        // a transient, bounded by its bucket.
+        let mut local = vec![node(0, true, 1), node(1, false, 1), node(2, false, 1)];
+        let served = (0..200u16)
+            .filter(|p| run(&mut local, 2, tcp(44000 + p, tcp_flags::SYN), 0).0 == Some(0))
+            .count();
+        assert!(served < 10, "{served}");
     }
 
     #[test]

@@ -68,6 +68,9 @@ pub struct Service {
     pub source_ranges: Vec<SourceRange>,
     /// `sessionAffinity: ClientIP`'s timeout in ms; `None`: per connection.
     pub client_ip_affinity_ms: Option<u64>,
+    /// `externalTrafficPolicy: Cluster`: without a Ready backend here, a new connection
+    /// goes to a peer node that has one (not charged to the redirect buckets).
+    pub cluster_policy: bool,
 }
 
 impl Service {
@@ -185,6 +188,7 @@ impl ServiceTable {
                 first_slot,
                 source_ranges: s.source_ranges.clone(),
                 client_ip_affinity_ms: s.client_ip_affinity.map(|t| u64::from(t) * 1000),
+                cluster_policy: s.cluster_policy,
             });
         }
         t
@@ -255,14 +259,24 @@ impl ServiceTable {
     }
 
     /// The VIPs with a backend new flows can go to (on any of their frontends): what
-    /// juneau-bgp may announce. A VIP steered here only for the flows it drains or for
+    /// juneau-bgp may announce. That is a Ready backend here, or, for a Cluster-policy
+    /// frontend, a peer node to hand new connections to (and this node's redirect
+    /// address known). A VIP steered here only for the flows it drains or for
     /// redirects between nodes is not among them: announced on its account, new
     /// connections would be dropped as `no_backend`.
     pub fn serving_vips(&self) -> Vec<Ipv4Addr> {
+        let forwards = |vip: Ipv4Addr| {
+            self.redirects.node_address.is_some()
+                && self
+                    .redirects
+                    .vips
+                    .iter()
+                    .any(|v| v.vip == vip && !v.nodes.is_empty())
+        };
         let mut v: Vec<Ipv4Addr> = self
             .services
             .iter()
-            .filter(|s| s.ready > 0)
+            .filter(|s| s.ready > 0 || (s.cluster_policy && forwards(s.frontend.vip)))
             .map(|s| s.frontend.vip)
             .collect();
         v.sort_unstable();
@@ -309,6 +323,7 @@ mod tests {
                 terminating: vec![b(2), b(1)],
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
+                cluster_policy: false,
             }],
             ..Default::default()
         };
@@ -338,6 +353,7 @@ mod tests {
                 terminating: vec![b(2)],
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
+                cluster_policy: false,
             }],
             ..Default::default()
         };
@@ -366,6 +382,7 @@ mod tests {
             terminating: vec![],
             source_ranges: Vec::new(),
             client_ip_affinity: None,
+            cluster_policy: false,
         };
         let state = NodeState {
             services: vec![
@@ -382,5 +399,45 @@ mod tests {
             t.serving_vips(),
             vec![Ipv4Addr::new(203, 0, 113, 1), Ipv4Addr::new(203, 0, 113, 3)]
         );
+    }
+
+    #[test]
+    fn a_cluster_policy_vip_without_a_backend_here_serves_while_a_peer_has_one() {
+        let vip = Ipv4Addr::new(203, 0, 113, 2);
+        let mut svc = NodeService::new(
+            Frontend {
+                vip,
+                protocol: Protocol::Tcp,
+                port: 80,
+            },
+            vec![],
+        );
+        svc.cluster_policy = true;
+        let peers = |nodes: Vec<Ipv4Addr>, me: Option<Ipv4Addr>| Redirects {
+            node_address: me,
+            vips: vec![juneau_control::model::VipRedirectPeers { vip, nodes }],
+            keys: Vec::new(),
+        };
+        let me = Some(Ipv4Addr::new(192, 0, 2, 1));
+        let other = Ipv4Addr::new(192, 0, 2, 2);
+        let table = |svc: &NodeService, redirects: Redirects| {
+            let state = NodeState {
+                services: vec![svc.clone()],
+                redirects,
+                ..Default::default()
+            };
+            ServiceTable::new(1, &state, &[]).serving_vips()
+        };
+        assert_eq!(table(&svc, peers(vec![other], me)), vec![vip]);
+        assert!(
+            table(&svc, peers(vec![], me)).is_empty(),
+            "no node has a backend"
+        );
+        assert!(
+            table(&svc, peers(vec![other], None)).is_empty(),
+            "this node cannot hand connections on"
+        );
+        svc.cluster_policy = false;
+        assert!(table(&svc, peers(vec![other], me)).is_empty(), "Local");
     }
 }

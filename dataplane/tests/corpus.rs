@@ -229,6 +229,7 @@ fn engine() -> (Engine, Neighbours) {
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
+                cluster_policy: false,
             },
             NodeService {
                 frontend: Frontend {
@@ -243,6 +244,7 @@ fn engine() -> (Engine, Neighbours) {
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
+                cluster_policy: false,
             },
         ],
         ..Default::default()

@@ -76,6 +76,7 @@ fn service(protocol: Protocol, port: u16, target: u16, pods: &[usize]) -> NodeSe
         terminating: Vec::new(),
         source_ranges: Vec::new(),
         client_ip_affinity: None,
+        cluster_policy: false,
     }
 }
 
@@ -1506,6 +1507,7 @@ fn a_state_file_replaced_by_a_bigger_one_is_followed() -> Result<()> {
             terminating: Vec::new(),
             source_ranges: Vec::new(),
             client_ip_affinity: None,
+            cluster_policy: false,
         });
     }
     let want = state.services.len();

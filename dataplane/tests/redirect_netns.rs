@@ -53,7 +53,7 @@ struct Node {
     dataplane: NsChild,
     _bpf: BpfMount,
     _server: TestBackend,
-    _writer: NodeStateWriter,
+    writer: NodeStateWriter,
     stats: PathBuf,
     log: PathBuf,
     _pod: Netns,
@@ -61,6 +61,21 @@ struct Node {
 }
 
 impl Node {
+    /// Publishes `state` and waits until the dataplane has taken it.
+    fn publish(&mut self, state: &NodeState) -> Result<()> {
+        let g = self.writer.publish(state)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.stats()?["generation"].as_u64().unwrap_or(0) < g {
+            ensure!(
+                Instant::now() < deadline,
+                "generation {g} not taken:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
     fn stats(&self) -> Result<serde_json::Value> {
         Ok(serde_json::from_str(&std::fs::read_to_string(
             &self.stats,
@@ -98,6 +113,42 @@ fn keys(b: Option<u8>) -> Vec<RedirectKey> {
     b.map(|b| RedirectKey::new(SecretKey::new([b; 16])))
         .into_iter()
         .collect()
+}
+
+/// Node `i`'s state: the VIP with its Pod as backend (`has_backend`), the Service's
+/// policy Cluster (`cluster_policy`) or Local, and redirect key `key`.
+fn node_state(
+    i: usize,
+    key: Option<u8>,
+    has_backend: bool,
+    cluster_policy: bool,
+) -> Result<NodeState> {
+    let backends = if has_backend {
+        vec![LocalBackend {
+            ip: POD[i].parse()?,
+            port: HTTP_PORT,
+        }]
+    } else {
+        Vec::new()
+    };
+    let mut service = NodeService::new(
+        Frontend {
+            vip: VIP,
+            protocol: Protocol::Tcp,
+            port: 80,
+        },
+        backends,
+    );
+    service.cluster_policy = cluster_policy;
+    Ok(NodeState {
+        node: format!("node-{}", ["a", "b"][i]),
+        services: vec![service],
+        redirects: Redirects {
+            keys: keys(key),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
 }
 
 fn build_node(
@@ -139,28 +190,7 @@ fn build_node(
 
     let state_path = dir.join(format!("{name}.state"));
     let mut writer = NodeStateWriter::create(&state_path, Capacity::default())?;
-    writer.publish(&NodeState {
-        node: format!("node-{name}"),
-        services: vec![NodeService {
-            frontend: Frontend {
-                vip: VIP,
-                protocol: Protocol::Tcp,
-                port: 80,
-            },
-            backends: vec![LocalBackend {
-                ip: POD[i].parse()?,
-                port: HTTP_PORT,
-            }],
-            terminating: Vec::new(),
-            source_ranges: Vec::new(),
-            client_ip_affinity: None,
-        }],
-        redirects: Redirects {
-            keys: keys(key),
-            ..Default::default()
-        },
-        ..Default::default()
-    })?;
+    writer.publish(&node_state(i, key, true, false)?)?;
     let bpf = dir.join(format!("bpf-{name}"));
     std::fs::create_dir_all(&bpf)?;
     run("mount", &["-t", "bpf", "bpf", bpf.to_str().unwrap()])?;
@@ -201,7 +231,7 @@ fn build_node(
         dataplane,
         _bpf: bpf,
         _server: server,
-        _writer: writer,
+        writer,
         stats,
         log,
         _pod: pod,
@@ -414,6 +444,58 @@ fn connections_survive_ecmp_changes_between_two_real_dataplanes() -> Result<()> 
         );
     }
     survive_ecmp_changes(t)
+}
+
+/// `externalTrafficPolicy: Cluster`: node B has no backend, the router sends it every
+/// connection, and each one reaches node A's Pod with the client's address — however
+/// small the redirect buckets (one a second here), which bound only transients.
+#[test]
+fn under_the_cluster_policy_a_node_without_a_backend_hands_every_connection_over() -> Result<()> {
+    let bucket = [
+        "--redirect-rate",
+        "1",
+        "--redirect-burst",
+        "1",
+        "--redirect-prefix-rate",
+        "1",
+        "--redirect-prefix-burst",
+        "1",
+    ];
+    let mut t = Topo::build("rcl", &bucket, [Some(1), Some(1)])?;
+    t.nodes[0].publish(&node_state(0, Some(1), true, true)?)?;
+    t.nodes[1].publish(&node_state(1, Some(1), false, true)?)?;
+    set_route(&t.router, &[1])?;
+    let mut conns = open(&t.client, 40).with_context(|| t.diag("connections through node B"))?;
+    let by: Vec<&str> = conns.iter().map(|c| c.1.as_str()).collect();
+    ensure!(
+        by.iter().all(|p| *p == "podA"),
+        "{}",
+        t.diag(&format!("served by {by:?}"))
+    );
+    for _ in 0..3 {
+        let (failures, _) = round(&mut conns);
+        ensure!(failures.is_empty(), "{}", t.diag(&failures.join("\n")));
+    }
+    // The stats are written once a second: wait for the traffic to show.
+    let b = &t.nodes[1];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.peer(NODE[0])["redirected_to"].as_u64().unwrap_or(0) < 40 {
+        ensure!(
+            Instant::now() < deadline,
+            "{}",
+            t.diag("node B handed on fewer packets than connections")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for reason in [
+        "redirect_rate_limited",
+        "redirect_prefix_rate_limited",
+        "no_backend",
+    ] {
+        ensure!(b.drops(reason) == 0, "{}", t.diag(reason));
+    }
+    drop(conns);
+    t.finish()
 }
 
 #[test]

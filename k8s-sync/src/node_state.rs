@@ -306,6 +306,7 @@ fn slb_part(
     // Ranges that cannot be honoured: served by no node (the controller says why).
     let source_ranges = crate::source_ranges::of_service(svc).ok()?;
     let affinity = client_ip_affinity(svc);
+    let cluster = crate::reconcile::cluster_policy(svc);
     let here: Vec<_> = eps
         .iter()
         .filter(|e| e.node.as_deref() == Some(node))
@@ -337,16 +338,42 @@ fn slb_part(
         .into_iter()
         .flatten()
     {
-        let Some(service) = frontend_service(vip, sp, &here, &source_ranges, affinity) else {
+        let Some(mut service) = frontend_service(vip, sp, &here, &source_ranges, affinity) else {
             continue;
         };
+        service.cluster_policy = cluster;
         any_backend |= !service.backends.is_empty();
         part.services.push(service);
     }
-    if !any_backend || excluded {
+    // Cluster policy: announced here without a local backend while a node that can take
+    // the connections over has a Ready one.
+    let elsewhere = cluster
+        && eps.iter().any(|e| {
+            e.conditions.takes_new_traffic()
+                && e.node
+                    .as_deref()
+                    .is_some_and(|n| n != node && part.vip_nodes.1.contains(n))
+        });
+    if cluster {
+        // Any node that may announce the VIP may hand connections to any other: each
+        // takes the others' (a node accepts redirects from its peers only), and a node
+        // without endpoints that is asked passes the connection on.
+        let announcing = view
+            .nodes
+            .keys()
+            .filter(|n| may_announce(view, n, &applying));
+        part.vip_nodes.1.extend(announcing.cloned());
+    }
+    if !(any_backend || elsewhere) || excluded {
         return Some(part);
     }
     part.advertised = advertised_vip(ctx, &applying, vip, &here);
+    if cluster {
+        // Every announcing node hands connections on: no node weighs more.
+        if let Some(a) = part.advertised.as_mut() {
+            a.weight = None;
+        }
+    }
     Some(part)
 }
 
@@ -399,6 +426,7 @@ fn frontend_service(
         terminating,
         source_ranges: source_ranges.to_vec(),
         client_ip_affinity,
+        cluster_policy: false,
     })
 }
 
@@ -1367,6 +1395,37 @@ mod tests {
         set(&mut v, Some(600));
         let (s, _) = build_node_state("node-a", &v);
         assert_eq!(s.services[0].client_ip_affinity, Some(600));
+    }
+
+    #[test]
+    fn under_the_cluster_policy_a_node_without_backends_announces_and_hands_connections_on() {
+        let mut v = view();
+        v.nodes.extend([node("node-b", "192.168.0.2", false)]);
+        let svc = Arc::make_mut(v.services.get_mut("default/nginx").unwrap());
+        svc.spec.as_mut().unwrap().external_traffic_policy = Some("Cluster".into());
+        let (s, w) = build_node_state("node-b", &v);
+        assert!(w.is_empty(), "{w:?}");
+        assert!(s.services[0].backends.is_empty());
+        assert!(s.services[0].cluster_policy);
+        assert_eq!(s.advertised.len(), 1, "{s:?}");
+        assert_eq!(s.advertised[0].weight, None, "no node weighs more");
+        assert_eq!(
+            s.redirects.vips[0].nodes,
+            [Ipv4Addr::new(192, 168, 0, 1), Ipv4Addr::new(192, 168, 0, 3)],
+            "the nodes with endpoints take its connections"
+        );
+        let (a, _) = build_node_state("node-a", &v);
+        assert!(a.services[0].cluster_policy && !a.services[0].backends.is_empty());
+        assert_eq!(a.advertised.len(), 1);
+        assert_eq!(
+            a.redirects.vips[0].nodes,
+            [Ipv4Addr::new(192, 168, 0, 2), Ipv4Addr::new(192, 168, 0, 3)],
+            "node-a takes node-b's connections"
+        );
+        // No Ready endpoint on any node: nobody announces it.
+        v.slices.clear();
+        let (s, _) = build_node_state("node-b", &v);
+        assert!(s.advertised.is_empty());
     }
 
     #[test]

@@ -176,21 +176,33 @@ fn problem(reason: &'static str, message: impl Into<String>) -> Problem {
     }
 }
 
+/// Whether the Service's `externalTrafficPolicy` is Cluster (Kubernetes' default: also
+/// when unset): every node a BGPAdvertisement selects announces its VIP, and a node
+/// without a Ready backend hands new connections to one that has one.
+pub fn cluster_policy(svc: &Service) -> bool {
+    let policy = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.external_traffic_policy.as_deref());
+    policy != Some("Local")
+}
+
 /// Unsupported fields of the Service itself (checked before any allocation).
 fn unsupported(svc: &Service, host_network: &[Ipv4Addr]) -> Vec<Problem> {
     let mut out = Vec::new();
     let Some(spec) = svc.spec.as_ref() else {
         return vec![problem("InvalidService", "the Service has no spec")];
     };
-    match spec.external_traffic_policy.as_deref() {
-        Some("Local") => {}
-        other => out.push(problem(
-            "ExternalTrafficPolicyNotLocal",
-            format!(
-                "externalTrafficPolicy is {}; Juneau only serves externalTrafficPolicy: Local (the client IP is kept and only nodes with a Ready local backend announce the VIP)",
-                other.unwrap_or("Cluster (the default)")
-            ),
-        )),
+    let udp = spec
+        .ports
+        .iter()
+        .flatten()
+        .any(|p| p.protocol.as_deref() == Some("UDP"));
+    if cluster_policy(svc) && udp {
+        out.push(problem(
+            "ClusterPolicyNotSupportedForUDP",
+            "externalTrafficPolicy is Cluster (the default) and a port is UDP: Juneau hands only TCP connections from a node without a Ready backend to one that has one; set externalTrafficPolicy: Local (only nodes with a Ready local backend announce the VIP)",
+        ));
     }
     let families = spec.ip_families.clone().unwrap_or_default();
     if families.iter().any(|f| f == "IPv6") {
@@ -743,7 +755,16 @@ pub fn reconcile_service(
     let generation = svc.metadata.generation;
     let eps = slice_endpoints(slices.iter().copied());
     let host = host_network_endpoints(&eps, &world.nodes);
-    let pic = picture(&eps, &world.nodes);
+    let mut pic = picture(&eps, &world.nodes);
+    if cluster_policy(svc) && pic.total_ready > 0 {
+        // Every node may announce it (those a BGPAdvertisement covers, below).
+        pic.advertising_nodes = world
+            .nodes
+            .iter()
+            .filter(|(_, n)| !crate::endpoints::node_excluded(n))
+            .map(|(name, _)| name.clone())
+            .collect();
+    }
     let mut status = ServiceLoadBalancerStatus {
         backend_summary: BackendSummary {
             total_ready: pic.total_ready,
@@ -1050,6 +1071,31 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_policy_service_is_announced_by_every_node_while_one_has_a_backend() {
+        let mut w = world();
+        w.nodes.extend([
+            node("node-b", "192.168.0.2", false),
+            node("node-x", "192.168.0.9", true),
+        ]);
+        let mut book = VipBook::default();
+        let mut s = svc("nginx", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
+        s.spec.as_mut().unwrap().external_traffic_policy = None; // Kubernetes' default
+        let o = reconcile_service(&s, None, &[&seed_slice()], &w, &mut book, now());
+        assert_eq!(o.status.phase, Phase::Ready, "{o:?}");
+        assert_eq!(
+            o.status.advertising_nodes,
+            vec!["node-a", "node-b", "node-c"],
+            "every node but the excluded one"
+        );
+        let none = slice("nginx", "nginx-1", &[], ("http", 80));
+        let o = reconcile_service(&s, Some(&o.status), &[&none], &w, &mut book, now());
+        assert!(
+            o.status.advertising_nodes.is_empty(),
+            "no Ready endpoint anywhere"
+        );
+    }
+
+    #[test]
     fn transition_times_move_only_on_change() {
         let w = world();
         let mut book = VipBook::default();
@@ -1345,9 +1391,11 @@ mod tests {
         type Mutation = Box<dyn Fn(&mut Service, &mut World)>;
         let cases: Vec<(&str, Mutation)> = vec![
             (
-                "ExternalTrafficPolicyNotLocal",
+                "ClusterPolicyNotSupportedForUDP",
                 Box::new(|s, _| {
-                    s.spec.as_mut().unwrap().external_traffic_policy = Some("Cluster".into())
+                    let spec = s.spec.as_mut().unwrap();
+                    spec.external_traffic_policy = Some("Cluster".into());
+                    spec.ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
                 }),
             ),
             (

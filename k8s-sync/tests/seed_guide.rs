@@ -380,11 +380,13 @@ spec:
     let cases: Vec<(&str, String, &str, &str)> = vec![
         (
             "bad-etp",
-            service("bad-etp", &[], "").replace(
-                "externalTrafficPolicy: Local",
-                "externalTrafficPolicy: Cluster",
-            ),
-            "ExternalTrafficPolicyNotLocal",
+            service("bad-etp", &[], "")
+                .replace(
+                    "externalTrafficPolicy: Local",
+                    "externalTrafficPolicy: Cluster",
+                )
+                .replace("protocol: TCP", "protocol: UDP"),
+            "ClusterPolicyNotSupportedForUDP",
             "Failed",
         ),
         (

@@ -28,6 +28,7 @@ use juneau_tests::lab::{
 use juneau_tests::prometheus::PromApi;
 
 const NODE_A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
+const NODE_B: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 12);
 const NODE_C: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 13);
 
 fn repo() -> PathBuf {
@@ -360,6 +361,84 @@ fn a_service_carries_its_own_communities() -> Result<()> {
     })
 }
 
+/// Packets `node`'s dataplane handed to other nodes (its redirect peers' counters).
+fn handed_on(node: &str) -> Result<u64> {
+    let st = lab::dataplane_stats(node)?;
+    Ok(st["redirect_peers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| p["redirected_to"].as_u64().unwrap_or(0))
+        .sum())
+}
+
+/// `externalTrafficPolicy: Cluster`: every node announces the VIP, node-b too, which has
+/// no nginx Pod; the connections the router sends node-b are handed to node-a or node-c
+/// over the node-to-node channel, answered from there directly, and every request —
+/// small pages and a 4 MiB body — succeeds with the client's real address at nginx.
+fn cluster_policy_serves_through_a_node_without_pods() -> Result<()> {
+    const CLUSTER_VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 22);
+    let manifest = format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: nginx-cluster\n  namespace: default\n  \
+         annotations:\n    \
+         juneau.loutres.me/load-balancer-external-network: public\n    \
+         juneau.loutres.me/load-balancer-requested-ip: {CLUSTER_VIP}\n\
+         spec:\n  type: LoadBalancer\n  loadBalancerClass: juneau.loutres.me/load-balancer\n  \
+         externalTrafficPolicy: Cluster\n  selector: {{app: nginx}}\n  \
+         ports: [{{name: http, protocol: TCP, port: 80, targetPort: http}}]\n"
+    );
+    lab::kubectl_apply(&manifest)?;
+    let url = format!("http://{CLUSTER_VIP}/");
+    let checked = (|| -> Result<()> {
+        eventually(
+            "the Cluster VIP at BIRD from node-a, node-b and node-c",
+            Duration::from_secs(60),
+            || {
+                Ok(
+                    juneau_tests::bird::bgp_nexthops(&lab::bird_ctl(), CLUSTER_VIP)?
+                        == vec![NODE_A, NODE_B, NODE_C],
+                )
+            },
+        )?;
+        let before = handed_on("node-b")?;
+        // Each curl a new connection from a new port: the router's hash spreads them.
+        for i in 0..30 {
+            let page = in_ns("client", &["curl", "-sS", "-m", "10", &url])
+                .with_context(|| format!("request {i} through the Cluster VIP"))?;
+            ensure!(page.contains("Welcome to nginx"), "request {i}: {page}");
+        }
+        // 4 MiB down and up, a few connections each (so some cross node-b).
+        let client = juneau_tests::lab::ns("client");
+        let want = pattern(4 << 20);
+        for _ in 0..4 {
+            download(
+                &client,
+                &format!("http://{CLUSTER_VIP}/files/4m"),
+                &want,
+                10,
+            )?;
+            put_and_get(
+                &client,
+                &format!("http://{CLUSTER_VIP}/uploads/4m"),
+                &want,
+                10,
+            )?;
+        }
+        eventually(
+            "node-b handing connections to the nodes with Pods",
+            Duration::from_secs(10),
+            || Ok(handed_on("node-b")? > before),
+        )?;
+        println!(
+            "Cluster policy: node-b handed {} packets to the nodes with Pods",
+            handed_on("node-b")? - before
+        );
+        Ok(())
+    })();
+    kubectl(&["delete", "service", "nginx-cluster", "--wait=true"])?;
+    checked
+}
+
 /// The sum over the nodes of their dataplanes' drops for `reason`.
 fn drops(reason: &str) -> Result<u64> {
     let mut n = 0;
@@ -600,6 +679,7 @@ fn walk() -> Result<()> {
     maintenance_follows_its_triggers_not_a_cordon()?;
     a_service_carries_its_own_communities()?;
     source_ranges_admit_the_client_and_not_the_outsider()?;
+    cluster_policy_serves_through_a_node_without_pods()?;
 
     // `up` again is harmless.
     let again = lab_cmd("up")?;

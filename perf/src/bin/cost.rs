@@ -56,6 +56,7 @@ fn service_table(protocol: Protocol) -> Result<ServiceTable> {
             terminating: Vec::new(),
             source_ranges: Vec::new(),
             client_ip_affinity: None,
+            cluster_policy: false,
         }],
         ..Default::default()
     };
