@@ -15,7 +15,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ResourceExt};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Client, Resource};
+use kube::Client;
 use tracing::{debug, info, warn};
 
 use crate::crd::{BGPAdvertisement, BGPPeer, ServiceLoadBalancer};
@@ -117,13 +117,7 @@ fn reflect<K>(
     wc: watcher::Config,
 ) -> (Store<K>, futures::stream::BoxStream<'static, ()>)
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: crate::caches::Cached,
 {
     let (store, events) = crate::caches::reflect(api, wc);
     let stream = events

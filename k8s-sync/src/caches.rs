@@ -10,6 +10,29 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Resource;
 
+/// A kind of object kept in a cache (what the reflector needs of it).
+pub trait Cached:
+    Resource<DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Cached for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// The events of a watch of `api`, restarted with backoff, without `managedFields`.
 pub fn watch<K>(
     api: Api<K>,
@@ -33,13 +56,7 @@ pub fn reflect<K>(
     impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
 )
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Cached,
 {
     let (store, writer) = reflector::store();
     (store, watch(api, wc).reflect(writer))

@@ -570,13 +570,7 @@ fn reflect<K>(
     impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
 )
 where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: crate::caches::Cached,
 {
     let (store, events) = crate::caches::reflect(api, watcher::Config::default());
     (store, events.touched_objects())

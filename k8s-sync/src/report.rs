@@ -271,7 +271,13 @@ pub fn why(
             .filter(|e| e.conditions.ready && !e.conditions.terminating)
             .count();
         let advertising = st.advertising_nodes.iter().any(|n| n == name);
-        let (reason, message) = if advertising {
+        let (reason, message) = if advertising && ready == 0 {
+            // Only the Cluster policy announces from a node without a Ready backend.
+            (
+                "AdvertisingForCluster",
+                "announces the VIP without a Ready local backend (externalTrafficPolicy: Cluster): hands each new connection, unchanged, to a node that has one; that node answers the client, whose address the Pod sees".to_string(),
+            )
+        } else if advertising {
             (
                 "Advertising",
                 format!("announces the VIP: {ready} Ready local backend(s)"),
@@ -449,7 +455,7 @@ mod tests {
         let r = why(
             &slb("web", Some("203.0.113.1"), Phase::Ready, &["a"]),
             &BTreeMap::new(),
-            &[sl],
+            std::slice::from_ref(&sl),
             &w,
         );
         let by: BTreeMap<_, _> = r
@@ -463,6 +469,16 @@ mod tests {
         assert_eq!(by["d"], "NoLocalBackend");
         assert_eq!(by["e"], "NoBGPAdvertisement", "{r:?}");
         assert!(!r.not_checked.is_empty());
+        // Cluster policy: the controller lists d, which has no backend, as advertising.
+        let r = why(
+            &slb("web", Some("203.0.113.1"), Phase::Ready, &["a", "d"]),
+            &BTreeMap::new(),
+            &[sl],
+            &w,
+        );
+        let d = r.nodes.iter().find(|v| v.node == "d").unwrap();
+        assert_eq!(d.reason, "AdvertisingForCluster");
+        assert!(d.advertising && d.message.contains("hands each new connection"));
     }
 
     #[test]
