@@ -306,6 +306,21 @@ fn maintenance_follows_its_triggers_not_a_cordon() -> Result<()> {
     )
 }
 
+/// A Service `name` of the nginx Pods on port 80 asking for `vip`, with the traffic
+/// policy `policy`; `metadata` and `spec` are extra lines of those sections (each ending
+/// in a newline and the next line's indentation, two spaces).
+fn nginx_service(name: &str, vip: Ipv4Addr, metadata: &str, policy: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\n  \
+         {metadata}annotations:\n    \
+         juneau.loutres.me/load-balancer-external-network: public\n    \
+         juneau.loutres.me/load-balancer-requested-ip: {vip}\n\
+         spec:\n  type: LoadBalancer\n  loadBalancerClass: juneau.loutres.me/load-balancer\n  \
+         externalTrafficPolicy: {policy}\n  selector: {{app: nginx}}\n  \
+         {spec}ports: [{{name: http, protocol: TCP, port: 80, targetPort: http}}]\n"
+    )
+}
+
 /// A second Service of the same pool (label tier=gold, requesting 203.0.113.20) and a
 /// BGPAdvertisement for it alone (serviceSelector tier=gold, community 64512:900): BIRD
 /// receives its VIP with that community, nginx's VIP without it; both answer. Removed
@@ -313,18 +328,18 @@ fn maintenance_follows_its_triggers_not_a_cordon() -> Result<()> {
 fn a_service_carries_its_own_communities() -> Result<()> {
     const GOLD_VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 20);
     let manifest = format!(
-        "apiVersion: v1\nkind: Service\nmetadata:\n  name: nginx-gold\n  namespace: default\n  \
-         labels: {{tier: gold}}\n  annotations:\n    \
-         juneau.loutres.me/load-balancer-external-network: public\n    \
-         juneau.loutres.me/load-balancer-requested-ip: {GOLD_VIP}\n\
-         spec:\n  type: LoadBalancer\n  loadBalancerClass: juneau.loutres.me/load-balancer\n  \
-         externalTrafficPolicy: Local\n  selector: {{app: nginx}}\n  \
-         ports: [{{name: http, protocol: TCP, port: 80, targetPort: http}}]\n\
-         ---\n\
+        "{}---\n\
          apiVersion: juneau.loutres.me/v1alpha1\nkind: BGPAdvertisement\n\
          metadata: {{name: gold}}\n\
          spec:\n  addressPools: [public-v4]\n  serviceSelector: {{matchLabels: {{tier: gold}}}}\n  \
-         communities: [\"64512:900\"]\n"
+         communities: [\"64512:900\"]\n",
+        nginx_service(
+            "nginx-gold",
+            GOLD_VIP,
+            "labels: {tier: gold}\n  ",
+            "Local",
+            ""
+        )
     );
     lab::kubectl_apply(&manifest)?;
     let checked = (|| -> Result<()> {
@@ -378,15 +393,7 @@ fn handed_on(node: &str) -> Result<u64> {
 /// small pages and a 4 MiB body — succeeds with the client's real address at nginx.
 fn cluster_policy_serves_through_a_node_without_pods() -> Result<()> {
     const CLUSTER_VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 22);
-    let manifest = format!(
-        "apiVersion: v1\nkind: Service\nmetadata:\n  name: nginx-cluster\n  namespace: default\n  \
-         annotations:\n    \
-         juneau.loutres.me/load-balancer-external-network: public\n    \
-         juneau.loutres.me/load-balancer-requested-ip: {CLUSTER_VIP}\n\
-         spec:\n  type: LoadBalancer\n  loadBalancerClass: juneau.loutres.me/load-balancer\n  \
-         externalTrafficPolicy: Cluster\n  selector: {{app: nginx}}\n  \
-         ports: [{{name: http, protocol: TCP, port: 80, targetPort: http}}]\n"
-    );
+    let manifest = nginx_service("nginx-cluster", CLUSTER_VIP, "", "Cluster", "");
     lab::kubectl_apply(&manifest)?;
     let url = format!("http://{CLUSTER_VIP}/");
     let checked = (|| -> Result<()> {
@@ -456,15 +463,12 @@ fn drops(reason: &str) -> Result<u64> {
 /// is answered too — on the same VIP, without a restart.
 fn source_ranges_admit_the_client_and_not_the_outsider() -> Result<()> {
     const RANGES_VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 21);
-    let manifest = format!(
-        "apiVersion: v1\nkind: Service\nmetadata:\n  name: nginx-ranges\n  namespace: default\n  \
-         annotations:\n    \
-         juneau.loutres.me/load-balancer-external-network: public\n    \
-         juneau.loutres.me/load-balancer-requested-ip: {RANGES_VIP}\n\
-         spec:\n  type: LoadBalancer\n  loadBalancerClass: juneau.loutres.me/load-balancer\n  \
-         externalTrafficPolicy: Local\n  selector: {{app: nginx}}\n  \
-         loadBalancerSourceRanges: [\"198.51.100.0/24\"]\n  \
-         ports: [{{name: http, protocol: TCP, port: 80, targetPort: http}}]\n"
+    let manifest = nginx_service(
+        "nginx-ranges",
+        RANGES_VIP,
+        "",
+        "Local",
+        "loadBalancerSourceRanges: [\"198.51.100.0/24\"]\n  ",
     );
     lab::kubectl_apply(&manifest)?;
     let url = format!("http://{RANGES_VIP}/");
