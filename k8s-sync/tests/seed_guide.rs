@@ -1,6 +1,8 @@
 //! The seed guide, step by step, against a real kube-apiserver, with the real controller
 //! and agents running on the ServiceAccount tokens of `deploy/rbac.yaml`; then requested
 //! IPs, every bad input, backends moving, the shared-memory table following, and release.
+//! One cluster for all of it (starting one is most of the time); each step is a function
+//! of its own over the [`Guide`] the steps share, called in order by the one test.
 
 mod common;
 
@@ -32,6 +34,19 @@ fn shm_state(path: &Path) -> Result<Option<NodeState>> {
     Ok(Some(r.snapshot()?.state))
 }
 
+/// What every step of the guide's test works with.
+struct Guide {
+    env: Env,
+    controller: Daemon,
+    agent_a: Daemon,
+    agent_c: Daemon,
+    shm_a: std::path::PathBuf,
+    shm_c: std::path::PathBuf,
+    /// nginx's VIP, once allocated.
+    vip: Ipv4Addr,
+    _state_dir: tempfile::TempDir,
+}
+
 #[test]
 fn seed_guide_and_everything_an_operator_sees() -> Result<()> {
     let env = Env::start()?;
@@ -43,10 +58,36 @@ fn seed_guide_and_everything_an_operator_sees() -> Result<()> {
     let state_dir = tempfile::tempdir()?;
     let shm_a = state_dir.path().join("node-a.state");
     let shm_c = state_dir.path().join("node-c.state");
-    let mut controller = env.controller("replica-1")?;
-    let mut agent_a = env.agent("node-a", &shm_a)?;
-    let mut agent_c = env.agent("node-c", &shm_c)?;
+    let mut g = Guide {
+        controller: env.controller("replica-1")?,
+        agent_a: env.agent("node-a", &shm_a)?,
+        agent_c: env.agent("node-c", &shm_c)?,
+        env,
+        shm_a,
+        shm_c,
+        vip: Ipv4Addr::UNSPECIFIED,
+        _state_dir: state_dir,
+    };
 
+    the_foreign_service_and_the_guides_nginx(&mut g)?;
+    nginx_gets_its_vip_and_is_announced(&mut g)?;
+    kubectl_shows_the_record(&mut g)?;
+    the_agents_publish_their_tables(&mut g)?;
+    bfd_authentication_reaches_the_node_state(&mut g)?;
+    requested_addresses_are_honoured_once(&mut g)?;
+    every_bad_input_is_refused(&mut g)?;
+    the_foreign_service_was_never_touched(&mut g)?;
+    backends_change_and_the_tables_follow(&mut g)?;
+    an_excluded_node_withdraws(&mut g)?;
+    deleting_the_service_releases_its_vip(&mut g)?;
+    leaving_the_class_releases_the_vip(&mut g)?;
+    the_processes_ran_unrefused(&mut g)?;
+    Ok(())
+}
+
+/// A Service of another class, then the guide: ExternalNetwork, AddressPool, the nginx Service and its backends.
+fn the_foreign_service_and_the_guides_nginx(g: &mut Guide) -> Result<()> {
+    let Guide { env, .. } = g;
     // A Service of another class: Juneau must leave it strictly alone.
     env.apply(
         "apiVersion: v1\nkind: Service\nmetadata: {name: foreign, namespace: default}\n\
@@ -87,11 +128,18 @@ spec:
         ],
         80,
     ))?;
+    Ok(())
+}
 
+/// The VIP and the advertisement state of the guide's step 3.
+fn nginx_gets_its_vip_and_is_announced(g: &mut Guide) -> Result<()> {
+    let Guide {
+        env, controller, ..
+    } = g;
     // 3. VIP and advertisement state.
     let st = eventually("ServiceLoadBalancer nginx Ready", || {
         controller.check_running()?;
-        Ok(slb_status(&env, "nginx")?.filter(|s| s["phase"] == "Ready"))
+        Ok(slb_status(env, "nginx")?.filter(|s| s["phase"] == "Ready"))
     })?;
     let vip: Ipv4Addr = st["vip"].as_str().context("status.vip")?.parse()?;
     ensure!(
@@ -111,9 +159,17 @@ spec:
             "condition {t} not True: {conds:?}"
         );
     }
-    let shown = eventually("Service nginx ingress IP", || ingress_ip(&env, "nginx"))?;
+    let shown = eventually("Service nginx ingress IP", || ingress_ip(env, "nginx"))?;
     assert_eq!(shown, vip.to_string());
 
+    g.vip = vip;
+    Ok(())
+}
+
+/// The record, its owner, `kubectl get` and `kubectl juneau describe` in every namespace form.
+fn kubectl_shows_the_record(g: &mut Guide) -> Result<()> {
+    let Guide { env, .. } = g;
+    let vip = g.vip;
     // The ServiceLoadBalancer is owned by the Service; `kubectl get` shows the columns.
     let slb = env
         .get("serviceloadbalancer", "nginx", Some("default"))?
@@ -137,7 +193,7 @@ spec:
     );
 
     // kubectl juneau describe loadbalancer nginx: the seed tree, with our VIP.
-    let out = kubectl_juneau(&env, &["describe", "loadbalancer", "nginx"])?;
+    let out = kubectl_juneau(env, &["describe", "loadbalancer", "nginx"])?;
     assert!(
         out.status.success(),
         "{}",
@@ -147,12 +203,9 @@ spec:
         String::from_utf8(out.stdout)?,
         SEED_TREE.replace("203.0.113.10", &vip.to_string())
     );
-    let out = kubectl_juneau(
-        &env,
-        &["describe", "loadbalancer", "nginx", "-n", "default"],
-    )?;
+    let out = kubectl_juneau(env, &["describe", "loadbalancer", "nginx", "-n", "default"])?;
     assert!(out.status.success());
-    let out = kubectl_juneau(&env, &["describe", "loadbalancer", "missing"])?;
+    let out = kubectl_juneau(env, &["describe", "loadbalancer", "missing"])?;
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -181,13 +234,13 @@ spec:
     );
     assert!(String::from_utf8(out.stdout)?
         .starts_with("ServiceLoadBalancer  team/web  (vip: 203.0.113."));
-    let out = kubectl_juneau(&env, &["describe", "loadbalancer", "web"])?;
+    let out = kubectl_juneau(env, &["describe", "loadbalancer", "web"])?;
     assert!(
         !out.status.success(),
         "web is not in the admin context's namespace"
     );
 
-    let out = kubectl_juneau(&env, &["describe", "loadbalancer", "foreign"])?;
+    let out = kubectl_juneau(env, &["describe", "loadbalancer", "foreign"])?;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not managed by Juneau"));
     for args in [
@@ -195,7 +248,7 @@ spec:
         &["describe", "--help"],
         &["describe", "loadbalancer", "--help"],
     ] {
-        let out = kubectl_juneau(&env, args)?;
+        let out = kubectl_juneau(env, args)?;
         assert!(out.status.success(), "{args:?}");
         assert!(
             String::from_utf8_lossy(&out.stdout).contains("Usage: kubectl juneau"),
@@ -203,10 +256,23 @@ spec:
         );
     }
 
+    Ok(())
+}
+
+/// The agents' shared-memory tables.
+fn the_agents_publish_their_tables(g: &mut Guide) -> Result<()> {
+    let Guide {
+        agent_a,
+        agent_c,
+        shm_a,
+        shm_c,
+        ..
+    } = g;
+    let vip = g.vip;
     // The agents' shared-memory tables.
     let a = eventually("node-a state with 2 backends", || {
         agent_a.check_running()?;
-        Ok(shm_state(&shm_a)?.filter(|s| s.services.iter().any(|x| x.backends.len() == 2)))
+        Ok(shm_state(shm_a)?.filter(|s| s.services.iter().any(|x| x.backends.len() == 2)))
     })?;
     // nginx, plus team/web (a VIP without backends: an empty table, not announced).
     assert_eq!(a.services.len(), 2, "{a:?}");
@@ -242,11 +308,22 @@ spec:
     );
     eventually("node-c state with 1 backend", || {
         agent_c.check_running()?;
-        Ok(shm_state(&shm_c)?.filter(|s| {
+        Ok(shm_state(shm_c)?.filter(|s| {
             s.services.iter().any(|x| x.backends.len() == 1) && s.advertised.len() == 1
         }))
     })?;
 
+    Ok(())
+}
+
+/// BFD authentication: the key from its Secret reaches the node state.
+fn bfd_authentication_reaches_the_node_state(g: &mut Guide) -> Result<()> {
+    let Guide {
+        env,
+        agent_a,
+        shm_a,
+        ..
+    } = g;
     // BFD authentication (issue 25): the key from its Secret reaches the node state; the
     // BGPPeer as before afterwards.
     const TOR: &str = "apiVersion: juneau.loutres.me/v1alpha1\nkind: BGPPeer\nmetadata:\n  name: tor\nspec:\n  peerAddress: 192.0.2.1\n  peerASN: 65000\n  localASN: 65001\n  holdTimeSeconds: 9\n  passwordSecretRef:\n    name: tor-password\n";
@@ -258,7 +335,7 @@ spec:
     ))?;
     let auth = eventually("node-a state with BFD authentication", || {
         agent_a.check_running()?;
-        Ok(shm_state(&shm_a)?.and_then(|s| s.peers.first().and_then(|p| p.bfd_auth.clone())))
+        Ok(shm_state(shm_a)?.and_then(|s| s.peers.first().and_then(|p| p.bfd_auth.clone())))
     })?;
     assert_eq!(
         auth.auth_type,
@@ -268,9 +345,15 @@ spec:
     assert_eq!(auth.key.expose(), "bfd-s3cret");
     env.apply(TOR)?;
     eventually("node-a state without BFD again", || {
-        Ok(shm_state(&shm_a)?.filter(|s| s.peers.first().is_some_and(|p| p.bfd.is_none())))
+        Ok(shm_state(shm_a)?.filter(|s| s.peers.first().is_some_and(|p| p.bfd.is_none())))
     })?;
 
+    Ok(())
+}
+
+/// Requested IPs: honoured, one holder at a time, the waiting Service served when freed.
+fn requested_addresses_are_honoured_once(g: &mut Guide) -> Result<()> {
+    let Guide { env, .. } = g;
     // Requested IP honoured.
     env.apply(&service(
         "req",
@@ -287,11 +370,11 @@ spec:
         8080,
     ))?;
     let st = eventually("req Ready", || {
-        Ok(slb_status(&env, "req")?.filter(|s| s["phase"] == "Ready"))
+        Ok(slb_status(env, "req")?.filter(|s| s["phase"] == "Ready"))
     })?;
     assert_eq!(st["vip"], "203.0.113.77");
     assert_eq!(
-        eventually("req ingress", || ingress_ip(&env, "req"))?,
+        eventually("req ingress", || ingress_ip(env, "req"))?,
         "203.0.113.77"
     );
 
@@ -314,7 +397,7 @@ spec:
     ))?;
     let (s1, s2) = eventually("dup-1 and dup-2 decided", || {
         Ok(
-            match (slb_status(&env, "dup-1")?, slb_status(&env, "dup-2")?) {
+            match (slb_status(env, "dup-1")?, slb_status(env, "dup-2")?) {
                 (Some(a), Some(b)) => Some((a, b)),
                 _ => None,
             },
@@ -331,9 +414,9 @@ spec:
     } else {
         "dup-1"
     };
-    let loser_st = slb_status(&env, loser)?.unwrap();
+    let loser_st = slb_status(env, loser)?.unwrap();
     assert!(loser_st.get("vip").is_none(), "{loser_st:?}");
-    assert_eq!(ingress_ip(&env, loser)?, None);
+    assert_eq!(ingress_ip(env, loser)?, None);
     let ev = eventually("RequestedIPTaken event", || {
         Ok(env
             .events("default", loser)?
@@ -355,9 +438,15 @@ spec:
         "--timeout=60s",
     ])?;
     eventually("the waiting Service gets 203.0.113.99", || {
-        Ok(slb_status(&env, loser)?.filter(|s| s["vip"] == "203.0.113.99"))
+        Ok(slb_status(env, loser)?.filter(|s| s["vip"] == "203.0.113.99"))
     })?;
 
+    Ok(())
+}
+
+/// Every bad input: its condition, its Event, phase not Ready, nothing advertised; and what the schema refuses.
+fn every_bad_input_is_refused(g: &mut Guide) -> Result<()> {
+    let Guide { env, shm_c, .. } = g;
     // Every bad input: its condition, its Event, phase not Ready, nothing advertised.
     env.apply(
         "apiVersion: juneau.loutres.me/v1alpha1\nkind: AddressPool\nmetadata: {name: tiny}\n\
@@ -375,7 +464,7 @@ spec:
     tiny1 = tiny1.replace("external-network: public", "external-network: tiny");
     env.apply(&tiny1)?;
     eventually("tiny-1 got the only address", || {
-        Ok(slb_status(&env, "tiny-1")?.filter(|s| s["vip"] == "198.51.100.7"))
+        Ok(slb_status(env, "tiny-1")?.filter(|s| s["vip"] == "198.51.100.7"))
     })?;
     let cases: Vec<(&str, String, &str, &str)> = vec![
         (
@@ -482,7 +571,7 @@ spec:
     ))?;
     for (name, _, reason, phase) in &cases {
         let st = eventually(&format!("{name}: condition {reason}"), || {
-            Ok(slb_status(&env, name)?.filter(|s| {
+            Ok(slb_status(env, name)?.filter(|s| {
                 s["conditions"].as_array().is_some_and(|c| {
                     c.iter()
                         .any(|c| c["reason"] == *reason && c["status"] == "False")
@@ -491,7 +580,7 @@ spec:
         })?;
         assert_eq!(st["phase"], *phase, "{name}: {st}");
         assert!(strs(&st["advertisingNodes"]).is_empty(), "{name}: {st}");
-        assert_eq!(ingress_ip(&env, name)?, None, "{name}");
+        assert_eq!(ingress_ip(env, name)?, None, "{name}");
         let ev = eventually(&format!("{name}: Event {reason}"), || {
             Ok(env
                 .events("default", name)?
@@ -502,7 +591,7 @@ spec:
         assert!(ev.2.len() > 20, "{name}: message too terse: {ev:?}");
     }
     // Failed Services are not served by any agent (bad-etp has a Ready backend on node-c).
-    let c = shm_state(&shm_c)?.unwrap();
+    let c = shm_state(shm_c)?.unwrap();
     assert!(
         c.advertised
             .iter()
@@ -583,6 +672,12 @@ spec:
         .expect_err("an IPv4-only cluster refuses IPv6 Services")
         .to_string();
     assert!(err.contains("IPv6"), "{err}");
+    Ok(())
+}
+
+/// The foreign Service was never touched.
+fn the_foreign_service_was_never_touched(g: &mut Guide) -> Result<()> {
+    let Guide { env, .. } = g;
     // The foreign Service was never touched.
     let foreign = env.get("service", "foreign", Some("default"))?.unwrap();
     assert!(foreign["metadata"]["finalizers"].is_null(), "{foreign}");
@@ -595,6 +690,15 @@ spec:
         .is_none());
     assert!(env.events("default", "foreign")?.is_empty());
 
+    Ok(())
+}
+
+/// Backends change: unready, terminating, moving — status and shared memory follow.
+fn backends_change_and_the_tables_follow(g: &mut Guide) -> Result<()> {
+    let Guide {
+        env, shm_a, shm_c, ..
+    } = g;
+    let vip = g.vip;
     // Backends change: unready, terminating, moving — status and shared memory follow.
     env.apply(&endpoint_slice(
         "nginx",
@@ -607,12 +711,12 @@ spec:
         80,
     ))?;
     eventually("node-c withdrawn", || {
-        Ok(slb_status(&env, "nginx")?.filter(|s| {
+        Ok(slb_status(env, "nginx")?.filter(|s| {
             strs(&s["advertisingNodes"]) == ["node-a"] && s["backendSummary"]["totalReady"] == 2
         }))
     })?;
     eventually("node-c shared memory: no backend, not advertised", || {
-        Ok(shm_state(&shm_c)?.filter(|s| {
+        Ok(shm_state(shm_c)?.filter(|s| {
             s.advertised.iter().all(|a| a.vip != vip)
                 && s.services
                     .iter()
@@ -631,7 +735,7 @@ spec:
         80,
     ))?;
     let st = eventually("nobody advertises", || {
-        Ok(slb_status(&env, "nginx")?.filter(|s| strs(&s["advertisingNodes"]).is_empty()))
+        Ok(slb_status(env, "nginx")?.filter(|s| strs(&s["advertisingNodes"]).is_empty()))
     })?;
     assert_eq!(st["phase"], "Pending");
     assert_eq!(
@@ -640,7 +744,7 @@ spec:
         "the VIP is kept while backends are away"
     );
     eventually("node-a shared memory drained", || {
-        Ok(shm_state(&shm_a)?.filter(|s| s.advertised.iter().all(|a| a.vip != vip)))
+        Ok(shm_state(shm_a)?.filter(|s| s.advertised.iter().all(|a| a.vip != vip)))
     })?;
     env.apply(&endpoint_slice(
         "nginx",
@@ -652,11 +756,11 @@ spec:
         8080,
     ))?;
     eventually("moved to node-c", || {
-        Ok(slb_status(&env, "nginx")?
+        Ok(slb_status(env, "nginx")?
             .filter(|s| strs(&s["advertisingNodes"]) == ["node-c"] && s["phase"] == "Ready"))
     })?;
     let c = eventually("node-c shared memory has the moved backends", || {
-        Ok(shm_state(&shm_c)?.filter(|s| s.advertised.iter().any(|a| a.vip == vip)))
+        Ok(shm_state(shm_c)?.filter(|s| s.advertised.iter().any(|a| a.vip == vip)))
     })?;
     let svc_c = c.services.iter().find(|x| x.frontend.vip == vip).unwrap();
     assert_eq!(svc_c.backends.len(), 2);
@@ -664,6 +768,12 @@ spec:
         svc_c.backends.iter().all(|b| b.port == 8080),
         "named targetPort resolved from the slice: {svc_c:?}"
     );
+    Ok(())
+}
+
+/// Excluding node-c from external load balancers withdraws it.
+fn an_excluded_node_withdraws(g: &mut Guide) -> Result<()> {
+    let Guide { env, shm_c, .. } = g;
     // Excluding node-c from external load balancers withdraws it too: the controller at
     // once; the node through graceful maintenance (the label is a default trigger:
     // every peer drains, and the speaker withdraws after the wait, docs/bgp.md).
@@ -674,12 +784,12 @@ spec:
         "node.kubernetes.io/exclude-from-external-load-balancers=",
     ])?;
     eventually("excluded node withdrawn", || {
-        Ok(slb_status(&env, "nginx")?.filter(|s| strs(&s["advertisingNodes"]).is_empty()))
+        Ok(slb_status(env, "nginx")?.filter(|s| strs(&s["advertisingNodes"]).is_empty()))
     })?;
     eventually(
         "excluded node's peers draining in its shared memory",
         || {
-            Ok(shm_state(&shm_c)?
+            Ok(shm_state(shm_c)?
                 .filter(|s| !s.peers.is_empty() && s.peers.iter().all(|p| p.drain.is_some())))
         },
     )?;
@@ -690,6 +800,13 @@ spec:
         "node.kubernetes.io/exclude-from-external-load-balancers-",
     ])?;
 
+    Ok(())
+}
+
+/// Service deleted: record gone, VIP released and reusable.
+fn deleting_the_service_releases_its_vip(g: &mut Guide) -> Result<()> {
+    let Guide { env, shm_c, .. } = g;
+    let vip = g.vip;
     // Service deleted: SLB gone, VIP released and reusable.
     env.kubectl(&[
         "delete",
@@ -715,16 +832,22 @@ spec:
         "",
     ))?;
     eventually("reuse got the released VIP", || {
-        Ok(slb_status(&env, "reuse")?.filter(|s| s["vip"] == vip.to_string()))
+        Ok(slb_status(env, "reuse")?.filter(|s| s["vip"] == vip.to_string()))
     })?;
     eventually("agents forget nginx", || {
-        Ok(shm_state(&shm_c)?.filter(|s| {
+        Ok(shm_state(shm_c)?.filter(|s| {
             s.services
                 .iter()
                 .all(|x| x.frontend.vip != vip || x.backends.is_empty())
         }))
     })?;
 
+    Ok(())
+}
+
+/// Leaving the class releases the VIP and removes Juneau's marks.
+fn leaving_the_class_releases_the_vip(g: &mut Guide) -> Result<()> {
+    let Guide { env, .. } = g;
     // Leaving the class releases the VIP and removes Juneau's marks.
     env.kubectl(&[
         "delete",
@@ -762,9 +885,20 @@ spec:
         "",
     ))?;
     eventually("203.0.113.77 reusable", || {
-        Ok(slb_status(&env, "after-req")?.filter(|s| s["vip"] == "203.0.113.77"))
+        Ok(slb_status(env, "after-req")?.filter(|s| s["vip"] == "203.0.113.77"))
     })?;
 
+    Ok(())
+}
+
+/// The processes still run, and no RBAC denial is in their logs.
+fn the_processes_ran_unrefused(g: &mut Guide) -> Result<()> {
+    let Guide {
+        controller,
+        agent_a,
+        agent_c,
+        ..
+    } = g;
     controller.check_running()?;
     agent_a.check_running()?;
     agent_c.check_running()?;
