@@ -325,6 +325,27 @@ impl Control {
         }
     }
 
+    /// Whether something waits on a next tick rather than on a new node state: a held
+    /// table (its next hops) or a table not announced yet (the workers taking it).
+    pub fn pending(&self) -> bool {
+        self.held.is_some() || self.unannounced.is_some()
+    }
+
+    /// Sleeps until the node agent publishes a node state this thread has not read, or
+    /// `timeout` passes (a futex on the state file: a new table is picked up at once).
+    pub fn wait_for_state(&mut self, timeout: Duration) {
+        let read = self
+            .held
+            .as_ref()
+            .map_or(self.seen_generation, |h| h.generation);
+        match self.reader.as_mut() {
+            Some(r) => {
+                r.wait_change(read, timeout);
+            }
+            None => std::thread::sleep(timeout),
+        }
+    }
+
     /// Steers redirected packets to this node once its redirect address is known (see
     /// [`listen_redirects`]).
     pub fn listen_redirects(&self, steering: &mut Steering) -> Result<()> {

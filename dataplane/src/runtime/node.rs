@@ -2,8 +2,9 @@
 //! threads — following the control state ([`Control`]), attaching and detaching
 //! discovered Pod interfaces ([`PodInterfaces`]), and the process-wide statistics
 //! (table generation, held tables, neighbours, interfaces, the steering program's
-//! drops). It owns the steering program's handle. It ticks every [`TICK`]; the workers
-//! never wait for it.
+//! drops). It owns the steering program's handle. It wakes when the node agent publishes
+//! a new state (a futex), every [`TICK`] while something is pending, else every
+//! [`IDLE_TICK`]; the workers never wait for it.
 
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
@@ -20,9 +21,12 @@ use crate::neigh::Neighbours;
 use crate::netlink::SharedNeighbours;
 use crate::steering::Steering;
 
-/// How often the node thread looks at the node state, the neighbours and the pending
-/// attaches: a new table reaches the workers within about this long.
+/// How often the node thread looks again while a table is held, not announced yet, or
+/// an interface waits for its worker.
 const TICK: Duration = Duration::from_millis(1);
+/// How often it looks at the neighbours, the interfaces and the heartbeat otherwise (the
+/// heartbeat is stamped every 20 ms; a new node state wakes it at once).
+const IDLE_TICK: Duration = Duration::from_millis(10);
 
 /// What the node thread owns.
 pub(super) struct Node<'u> {
@@ -63,7 +67,9 @@ impl Node<'_> {
                 last_stats = now;
                 let _ = s.stats_tx.try_send((Reporter::Node, self.stats(&nb, s)));
             }
-            std::thread::sleep(TICK);
+            let pending = self.control.pending() || self.pods.as_ref().is_some_and(|p| p.opening());
+            self.control
+                .wait_for_state(if pending { TICK } else { IDLE_TICK });
         }
         let _ = s.stats_tx.send((Reporter::Node, self.stats(&nb, s)));
     }

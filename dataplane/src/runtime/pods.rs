@@ -83,6 +83,11 @@ impl<'u> PodInterfaces<'u> {
         }
     }
 
+    /// Whether sockets were handed to the worker and their program waits for it.
+    pub fn opening(&self) -> bool {
+        !self.opening.is_empty()
+    }
+
     /// The attached interfaces' names.
     pub fn names(&self) -> Vec<String> {
         self.attached
