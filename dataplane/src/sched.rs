@@ -80,6 +80,24 @@ pub fn enter_worker(priority: u8, worker: usize) -> bool {
     }
 }
 
+/// The node thread's start (control state, interface attach): `SCHED_FIFO` at the
+/// workers' `priority` too, as when worker 0 did that work, so a node busy with the
+/// workers' traffic (their NAPI and softirq work on the other cores) does not delay a
+/// new table or a held one's release. It sleeps but for that work. Returns whether it
+/// runs realtime.
+pub fn enter_node_thread(priority: u8) -> bool {
+    if priority == 0 {
+        return false;
+    }
+    match make_current_thread_realtime(priority) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "the node thread keeps the normal policy");
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

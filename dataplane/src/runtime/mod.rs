@@ -775,7 +775,8 @@ fn run_workers(
                 return Err(e).with_context(|| format!("starting forwarding worker {id}"));
             }
         }
-        // The node thread needs no CAP_SYS_NICE (the workers took theirs at start).
+        // Realtime like the workers, then no CAP_SYS_NICE any more.
+        crate::sched::enter_node_thread(cfg.worker_priority);
         forwarding.settle_thread();
         node.run(&node::NodeShared {
             cfg,
