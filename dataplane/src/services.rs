@@ -265,14 +265,18 @@ impl ServiceTable {
     /// redirects between nodes is not among them: announced on its account, new
     /// connections would be dropped as `no_backend`.
     pub fn serving_vips(&self) -> Vec<Ipv4Addr> {
-        let forwards = |vip: Ipv4Addr| {
-            self.redirects.node_address.is_some()
-                && self
-                    .redirects
-                    .vips
-                    .iter()
-                    .any(|v| v.vip == vip && !v.nodes.is_empty())
+        // One pass over the peers (a scan per service is quadratic at 10 000 VIPs).
+        let forwarding: HashSet<Ipv4Addr> = match self.redirects.node_address {
+            Some(_) => self
+                .redirects
+                .vips
+                .iter()
+                .filter(|v| !v.nodes.is_empty())
+                .map(|v| v.vip)
+                .collect(),
+            None => HashSet::new(),
         };
+        let forwards = |vip: Ipv4Addr| forwarding.contains(&vip);
         let mut v: Vec<Ipv4Addr> = self
             .services
             .iter()
