@@ -1251,7 +1251,7 @@ impl Engine {
     fn forward_icmp_error(
         &mut self,
         frame: &mut [u8],
-        mut v: packet::Ipv4View,
+        v: packet::Ipv4View,
         e: packet::IcmpErrorView,
         nb: &Neighbours,
         now_ms: u64,
@@ -1268,7 +1268,7 @@ impl Engine {
             proto: e.inner_protocol,
         };
         if e.inner_src == v.dst {
-            // A flow another node holds (issue 12): the error goes there, like its packets.
+            // A flow another node holds: the error goes there, like its packets.
             if let Some(r) = self.redirect_icmp_error(frame.len(), &key, nb, now_ms) {
                 return r;
             }
@@ -1280,31 +1280,11 @@ impl Engine {
             },
             _ => return self.drop(DropReason::NoFlow, None),
         };
-        let f = self.flows.get(id);
-        let (side, src, dst) = match self.next_hop(nb, f.backend, Some(service)) {
-            Ok(hop) => hop,
-            Err(dropped) => return dropped,
-        };
         if let Some(mtu) = packet::frag_needed_mtu(frame, &v) {
             // The client's path takes at most this: cut the Pod's super-segments to it.
             self.note_client_mss(id, Some(mtu.saturating_sub(40)), true);
         }
-        packet::rewrite_icmp_error(
-            frame,
-            &mut v,
-            &e,
-            NatSide::Destination,
-            f.backend,
-            NatSide::Source,
-            f.backend,
-            f.backend_port,
-        );
-        packet::decrement_ttl(frame, &mut v);
-        packet::set_macs(frame, src, dst);
-        let c = &mut self.counters.services[service as usize];
-        c.packets_in += 1;
-        c.bytes_in += frame.len() as u64;
-        Verdict::Tx(side)
+        self.relay_icmp_error(frame, v, &e, (id, service), Direction::Forward, nb)
     }
 
     /// A backend's ICMP error about a packet we DNATed to it (e.g. UDP port
@@ -1313,7 +1293,7 @@ impl Engine {
     fn reverse_icmp_error(
         &mut self,
         frame: &mut [u8],
-        mut v: packet::Ipv4View,
+        v: packet::Ipv4View,
         e: packet::IcmpErrorView,
         nb: &Neighbours,
         now_ms: u64,
@@ -1336,26 +1316,58 @@ impl Engine {
         if v.ttl <= 1 {
             return self.pass(PassReason::TtlExpired);
         }
+        self.relay_icmp_error(frame, v, &e, (id, service), Direction::Reverse, nb)
+    }
+
+    /// Sends an ICMP error about flow `id` on: toward the backend (`Forward`: it quotes
+    /// our reply as the client got it, from the VIP) or toward the client (`Reverse`: it
+    /// quotes the client's packet as the backend got it, to the backend). The quoted
+    /// packet is rewritten back to what its receiver sent, and so is the outer address
+    /// that names the flow's far end.
+    fn relay_icmp_error(
+        &mut self,
+        frame: &mut [u8],
+        mut v: packet::Ipv4View,
+        e: &packet::IcmpErrorView,
+        (id, service): (FlowId, u32),
+        toward: Direction,
+        nb: &Neighbours,
+    ) -> Verdict {
         let f = self.flows.get(id);
-        let (side, src, dst) = match self.next_hop(nb, f.client, Some(service)) {
+        let (to, outer, quoted, addr, port) = match toward {
+            Direction::Forward => (
+                f.backend,
+                NatSide::Destination,
+                NatSide::Source,
+                f.backend,
+                f.backend_port,
+            ),
+            Direction::Reverse => (
+                f.client,
+                NatSide::Source,
+                NatSide::Destination,
+                f.vip,
+                f.vip_port,
+            ),
+        };
+        let (side, src, dst) = match self.next_hop(nb, to, Some(service)) {
             Ok(hop) => hop,
             Err(dropped) => return dropped,
         };
-        packet::rewrite_icmp_error(
-            frame,
-            &mut v,
-            &e,
-            NatSide::Source,
-            f.vip,
-            NatSide::Destination,
-            f.vip,
-            f.vip_port,
-        );
+        packet::rewrite_icmp_error(frame, &mut v, e, outer, addr, quoted, addr, port);
         packet::decrement_ttl(frame, &mut v);
         packet::set_macs(frame, src, dst);
         let c = &mut self.counters.services[service as usize];
-        c.packets_out += 1;
-        c.bytes_out += frame.len() as u64;
+        match toward {
+            Direction::Forward => {
+                c.packets_in += 1;
+                c.bytes_in += frame.len() as u64;
+            }
+            Direction::Reverse => {
+                c.packets_out += 1;
+                c.bytes_out += frame.len() as u64;
+            }
+        }
         Verdict::Tx(side)
     }
 

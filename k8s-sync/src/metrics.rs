@@ -47,201 +47,93 @@ pub struct VipLabel {
     pub vip: String,
 }
 
-/// The controller's metrics.
-#[derive(Clone, Debug)]
-pub struct ControllerMetrics {
-    /// VIPs handed out to a Service that held none.
-    pub allocations: Counter,
-    /// VIPs released.
-    pub releases: Counter,
-    /// Addresses each AddressPool hands out.
-    pub pool_addresses: Family<PoolLabel, Gauge>,
-    /// Addresses of each AddressPool held by a Service.
-    pub pool_addresses_in_use: Family<PoolLabel, Gauge>,
-    /// Reconciles of a Service (every outcome).
-    pub reconciles: Counter,
-    /// Reconciles that failed (retried with backoff).
-    pub reconcile_errors: Counter,
-    /// Time one reconcile takes, API writes included.
-    pub reconcile_duration: Histogram,
-    /// 1 while this replica holds the Lease and acts.
-    pub is_leader: Gauge,
-    /// Writes refused because this replica is no longer the leader or the object changed.
-    pub fenced_writes: Counter,
-    /// Ready, non-terminating backends of each served Service (cluster-wide).
-    pub service_ready_backends: Family<ServiceLabels, Gauge>,
-    /// Nodes the controller computed as advertising each served Service.
-    pub service_advertising_nodes: Family<ServiceLabels, Gauge>,
+/// Declares a metrics struct and its constructor from one list: each field's doc comment
+/// (one line) is also its help text, and it is registered as `<prefix>_<name>` — one
+/// definition per metric, so the two cannot drift apart.
+macro_rules! metrics {
+    (
+        $(#[doc = $doc:literal])*
+        pub struct $name:ident in $prefix:literal {
+            $(
+                #[doc = $help:literal]
+                $field:ident: $ty:ty = $init:expr => $metric:literal,
+            )*
+        }
+    ) => {
+        $(#[doc = $doc])*
+        #[derive(Clone, Debug)]
+        pub struct $name {
+            $(#[doc = $help] pub $field: $ty,)*
+        }
+
+        impl $name {
+            /// Creates the metrics and registers them.
+            pub fn new(registry: &mut Registry) -> Self {
+                let r = registry.sub_registry_with_prefix($prefix);
+                let m = $name { $($field: $init,)* };
+                $(r.register($metric, $help.trim(), m.$field.clone());)*
+                m
+            }
+        }
+    };
 }
 
-impl ControllerMetrics {
-    /// Creates the metrics and registers them.
-    pub fn new(registry: &mut Registry) -> Self {
-        let m = ControllerMetrics {
-            allocations: Counter::default(),
-            releases: Counter::default(),
-            pool_addresses: Family::default(),
-            pool_addresses_in_use: Family::default(),
-            reconciles: Counter::default(),
-            reconcile_errors: Counter::default(),
-            reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
-            is_leader: Gauge::default(),
-            fenced_writes: Counter::default(),
-            service_ready_backends: Family::default(),
-            service_advertising_nodes: Family::default(),
-        };
-        let r = registry.sub_registry_with_prefix("juneau");
-        r.register(
-            "controller_vip_allocations",
-            "VIPs handed out to a Service that held none",
-            m.allocations.clone(),
-        );
-        r.register(
-            "controller_vip_releases",
-            "VIPs released (Service deleted or left Juneau's class)",
-            m.releases.clone(),
-        );
-        r.register(
-            "address_pool_addresses",
-            "Addresses the AddressPool hands out",
-            m.pool_addresses.clone(),
-        );
-        r.register(
-            "address_pool_addresses_in_use",
-            "Addresses of the AddressPool held by a Service",
-            m.pool_addresses_in_use.clone(),
-        );
-        r.register(
-            "controller_reconciles",
-            "Reconciles of a Service, every outcome",
-            m.reconciles.clone(),
-        );
-        r.register(
-            "controller_reconcile_errors",
-            "Reconciles that failed and are retried with backoff",
-            m.reconcile_errors.clone(),
-        );
-        r.register(
-            "controller_reconcile_duration_seconds",
-            "Time one reconcile takes, API writes included",
-            m.reconcile_duration.clone(),
-        );
-        r.register(
-            "controller_is_leader",
-            "1 while this replica holds the Lease and acts",
-            m.is_leader.clone(),
-        );
-        r.register(
-            "controller_fenced_writes",
-            "Writes refused because this replica was deposed or the object changed under it",
-            m.fenced_writes.clone(),
-        );
-        r.register(
-            "service_ready_backends",
-            "Ready, non-terminating backends of a served Service, cluster-wide",
-            m.service_ready_backends.clone(),
-        );
-        r.register(
-            "service_advertising_nodes",
-            "Nodes that should announce the Service's VIP (Ready local backend, covered by a BGPAdvertisement)",
-            m.service_advertising_nodes.clone(),
-        );
-        m
+metrics! {
+    /// The controller's metrics.
+    pub struct ControllerMetrics in "juneau" {
+        /// VIPs handed out to a Service that held none.
+        allocations: Counter = Counter::default() => "controller_vip_allocations",
+        /// VIPs released (Service deleted or left Juneau's class).
+        releases: Counter = Counter::default() => "controller_vip_releases",
+        /// Addresses the AddressPool hands out.
+        pool_addresses: Family<PoolLabel, Gauge> = Family::default() => "address_pool_addresses",
+        /// Addresses of the AddressPool held by a Service.
+        pool_addresses_in_use: Family<PoolLabel, Gauge> =
+            Family::default() => "address_pool_addresses_in_use",
+        /// Reconciles of a Service, every outcome.
+        reconciles: Counter = Counter::default() => "controller_reconciles",
+        /// Reconciles that failed and are retried with backoff.
+        reconcile_errors: Counter = Counter::default() => "controller_reconcile_errors",
+        /// Time one reconcile takes, API writes included.
+        reconcile_duration: Histogram = Histogram::new(exponential_buckets(0.001, 2.0, 16))
+            => "controller_reconcile_duration_seconds",
+        /// 1 while this replica holds the Lease and acts.
+        is_leader: Gauge = Gauge::default() => "controller_is_leader",
+        /// Writes refused because this replica was deposed or the object changed under it.
+        fenced_writes: Counter = Counter::default() => "controller_fenced_writes",
+        /// Ready, non-terminating backends of a served Service, cluster-wide.
+        service_ready_backends: Family<ServiceLabels, Gauge> =
+            Family::default() => "service_ready_backends",
+        /// Nodes that should announce the Service's VIP (covered by a BGPAdvertisement; with the Local policy, a Ready local backend).
+        service_advertising_nodes: Family<ServiceLabels, Gauge> =
+            Family::default() => "service_advertising_nodes",
     }
 }
 
-/// The agent's metrics.
-#[derive(Clone, Debug)]
-pub struct AgentMetrics {
-    /// Node states published into shared memory.
-    pub publishes: Counter,
-    /// Time from the first watch event of a batch to the state being in shared memory.
-    pub publish_latency: Histogram,
-    /// Service entries (`VIP:port/protocol`) of the published state.
-    pub services: Gauge,
-    /// Local backends new flows go to in the published state (summed over the entries).
-    pub backends: Gauge,
-    /// VIPs this node tells its speaker to announce.
-    pub advertised_vips: Gauge,
-    /// 1 for each VIP this node tells its speaker to announce.
-    pub vip_advertised: Family<VipLabel, Gauge>,
-    /// BGP peers of the published state.
-    pub peers: Gauge,
-    /// Generation of the last published state (the dataplane reports the one it runs).
-    pub state_generation: Gauge,
-    /// Redirect MAC keys in the published state (0: the channel is unauthenticated).
-    pub redirect_keys: Gauge,
-    /// 1 while the Secret `juneau-redirect-key` is invalid (the keys in force are kept).
-    pub redirect_key_invalid: Gauge,
-}
-
-impl AgentMetrics {
-    /// Creates the metrics and registers them.
-    pub fn new(registry: &mut Registry) -> Self {
-        let m = AgentMetrics {
-            publishes: Counter::default(),
-            publish_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
-            services: Gauge::default(),
-            backends: Gauge::default(),
-            advertised_vips: Gauge::default(),
-            vip_advertised: Family::default(),
-            peers: Gauge::default(),
-            state_generation: Gauge::default(),
-            redirect_keys: Gauge::default(),
-            redirect_key_invalid: Gauge::default(),
-        };
-        let r = registry.sub_registry_with_prefix("juneau_agent");
-        r.register(
-            "state_publishes",
-            "Node states published into shared memory",
-            m.publishes.clone(),
-        );
-        r.register(
-            "publish_latency_seconds",
-            "Time from a watch event to the node state being in shared memory",
-            m.publish_latency.clone(),
-        );
-        r.register(
-            "services",
-            "Service entries (VIP:port/protocol) in the published node state",
-            m.services.clone(),
-        );
-        r.register(
-            "backends",
-            "Local backends new flows go to in the published node state, summed over its entries",
-            m.backends.clone(),
-        );
-        r.register(
-            "advertised_vips",
-            "VIPs this node tells its BGP speaker to announce",
-            m.advertised_vips.clone(),
-        );
-        r.register(
-            "vip_advertised",
-            "1 for each VIP this node tells its BGP speaker to announce",
-            m.vip_advertised.clone(),
-        );
-        r.register(
-            "peers",
-            "BGP peers in the published node state",
-            m.peers.clone(),
-        );
-        r.register(
-            "state_generation",
-            "Generation of the last node state published into shared memory",
-            m.state_generation.clone(),
-        );
-        r.register(
-            "redirect_keys",
-            "Redirect channel MAC keys in the published node state (0: unauthenticated)",
-            m.redirect_keys.clone(),
-        );
-        r.register(
-            "redirect_key_invalid",
-            "1 while the Secret juneau-redirect-key is invalid (the keys in force are kept)",
-            m.redirect_key_invalid.clone(),
-        );
-        m
+metrics! {
+    /// The agent's metrics.
+    pub struct AgentMetrics in "juneau_agent" {
+        /// Node states published into shared memory.
+        publishes: Counter = Counter::default() => "state_publishes",
+        /// Time from a watch event to the node state being in shared memory.
+        publish_latency: Histogram = Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+            => "publish_latency_seconds",
+        /// Service entries (VIP:port/protocol) in the published node state.
+        services: Gauge = Gauge::default() => "services",
+        /// Local backends new flows go to in the published node state, summed over its entries.
+        backends: Gauge = Gauge::default() => "backends",
+        /// VIPs this node tells its BGP speaker to announce.
+        advertised_vips: Gauge = Gauge::default() => "advertised_vips",
+        /// 1 for each VIP this node tells its BGP speaker to announce.
+        vip_advertised: Family<VipLabel, Gauge> = Family::default() => "vip_advertised",
+        /// BGP peers in the published node state.
+        peers: Gauge = Gauge::default() => "peers",
+        /// Generation of the last node state published into shared memory.
+        state_generation: Gauge = Gauge::default() => "state_generation",
+        /// Redirect channel MAC keys in the published node state (0: unauthenticated).
+        redirect_keys: Gauge = Gauge::default() => "redirect_keys",
+        /// 1 while the Secret juneau-redirect-key is invalid (the keys in force are kept).
+        redirect_key_invalid: Gauge = Gauge::default() => "redirect_key_invalid",
     }
 }
 
@@ -305,4 +197,59 @@ pub async fn serve(
     health: Arc<Health>,
 ) {
     juneau_telemetry::serve(listener, Arc::new(Served { registry, health })).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The metric names of `text` (an exposition page or a markdown table), sorted.
+    fn names(text: &str, from: impl Fn(&str) -> Option<&str>) -> Vec<String> {
+        let mut names: Vec<String> = text.lines().filter_map(from).map(String::from).collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    #[test]
+    fn every_registered_metric_is_the_one_docs_observability_lists_with_its_help() {
+        let mut registry = Registry::default();
+        let controller = ControllerMetrics::new(&mut registry);
+        let agent = AgentMetrics::new(&mut registry);
+        // A family shows on the page once it has a series.
+        let pool = PoolLabel { pool: "p".into() };
+        controller.pool_addresses.get_or_create(&pool);
+        controller.pool_addresses_in_use.get_or_create(&pool);
+        let service = ServiceLabels {
+            namespace: "n".into(),
+            service: "s".into(),
+            vip: "v".into(),
+        };
+        controller.service_ready_backends.get_or_create(&service);
+        controller.service_advertising_nodes.get_or_create(&service);
+        agent
+            .vip_advertised
+            .get_or_create(&VipLabel { vip: "v".into() });
+        let mut page = String::new();
+        prometheus_client::encoding::text::encode(&mut page, &registry).unwrap();
+        // `# HELP name text`: the doc comment became the help text, trimmed.
+        assert!(page.contains("# HELP juneau_agent_state_publishes Node states published"));
+        assert!(page.contains("# HELP juneau_controller_is_leader 1 while this replica"));
+        let registered = names(&page, |l| l.strip_prefix("# TYPE ")?.split(' ').next());
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/observability.md"
+        ))
+        .unwrap();
+        let documented = names(&doc, |l| {
+            let name = l.strip_prefix("| `")?.split(['`', '{']).next()?;
+            let name = name.trim_end_matches("_total");
+            let ours = name.starts_with("juneau_controller_")
+                || name.starts_with("juneau_agent_")
+                || name.starts_with("juneau_address_pool_")
+                || name.starts_with("juneau_service_");
+            ours.then_some(name)
+        });
+        assert_eq!(registered, documented);
+    }
 }

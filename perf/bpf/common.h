@@ -69,3 +69,46 @@ static __always_inline void udp_csum_replace2(struct udphdr *u, __u16 from, __u1
     if (u->check == 0)
         u->check = 0xffff;
 }
+
+/* A one-entry array holding a UDP destination port (network byte order) a program acts on. */
+#define PORT_MAP(name)                      \
+    struct {                                \
+        __uint(type, BPF_MAP_TYPE_ARRAY);   \
+        __uint(max_entries, 1);             \
+        __type(key, __u32);                 \
+        __type(value, __u32);               \
+    } name SEC(".maps")
+
+/* Parses a UDP/IPv4 frame to the port `port_map` holds; returns 0 and sets the pointers, -1
+ * for anything else (the caller passes it to the kernel). */
+static __always_inline int parse_udp4_to(struct xdp_md *ctx, void *port_map, struct ethhdr **eth,
+                                         struct iphdr **ip, struct udphdr **udp)
+{
+    if (parse_udp4(ctx, eth, ip, udp) < 0)
+        return -1;
+    __u32 zero = 0;
+    __u32 *port = bpf_map_lookup_elem(port_map, &zero);
+    if (!port || (*udp)->dest != (__u16)*port)
+        return -1;
+    return 0;
+}
+
+/* Rewrites the destination (`dst` true) or source address and port of a UDP/IPv4 packet and
+ * decrements its TTL, checksums updated incrementally. */
+static __always_inline void nat_udp4(struct iphdr *ip, struct udphdr *udp, int dst, __u32 addr,
+                                     __u16 port)
+{
+    __u32 *ip_field = dst ? &ip->daddr : &ip->saddr;
+    __u16 *port_field = dst ? &udp->dest : &udp->source;
+    __u32 old_ip = *ip_field;
+    __u16 old_port = *port_field;
+    *ip_field = addr;
+    *port_field = port;
+    csum_replace4(&ip->check, old_ip, addr);
+    udp_csum_replace4(udp, old_ip, addr);
+    udp_csum_replace2(udp, old_port, port);
+    /* TTL decrement, like a router. */
+    __u16 old_ttl_word = *(__u16 *)&ip->ttl;
+    ip->ttl -= 1;
+    csum_replace2(&ip->check, old_ttl_word, *(__u16 *)&ip->ttl);
+}

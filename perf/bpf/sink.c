@@ -11,12 +11,7 @@ struct {
 } SINK_COUNT SEC(".maps");
 
 /* Index 0: the UDP destination port to count and drop, in network byte order. */
-struct {
-    __uint(type, BPF_MAP_TYPE_ARRAY);
-    __uint(max_entries, 1);
-    __type(key, __u32);
-    __type(value, __u32);
-} SINK_PORT SEC(".maps");
+PORT_MAP(SINK_PORT);
 
 SEC("xdp")
 int xdp_sink(struct xdp_md *ctx)
@@ -24,12 +19,9 @@ int xdp_sink(struct xdp_md *ctx)
     struct ethhdr *eth;
     struct iphdr *ip;
     struct udphdr *udp;
-    if (parse_udp4(ctx, &eth, &ip, &udp) < 0)
+    if (parse_udp4_to(ctx, &SINK_PORT, &eth, &ip, &udp) < 0)
         return XDP_PASS;
     __u32 zero = 0;
-    __u32 *port = bpf_map_lookup_elem(&SINK_PORT, &zero);
-    if (!port || udp->dest != (__u16)*port)
-        return XDP_PASS;
     __u64 *count = bpf_map_lookup_elem(&SINK_COUNT, &zero);
     if (count)
         *count += 1;

@@ -128,17 +128,7 @@ int xdp_dnat_in(struct xdp_md *ctx)
     if (ip->ttl <= 1)
         return XDP_PASS;
 
-    __u32 old_ip = ip->daddr;
-    __u16 old_port = udp->dest;
-    ip->daddr = be->ip;
-    udp->dest = be->port;
-    csum_replace4(&ip->check, old_ip, be->ip);
-    udp_csum_replace4(udp, old_ip, be->ip);
-    udp_csum_replace2(udp, old_port, be->port);
-    /* TTL decrement, like a router. */
-    __u16 old_ttl_word = *(__u16 *)&ip->ttl;
-    ip->ttl -= 1;
-    csum_replace2(&ip->check, old_ttl_word, *(__u16 *)&ip->ttl);
+    nat_udp4(ip, udp, 1, be->ip, be->port);
 
     __builtin_memcpy(eth->h_source, cfg->node_backend_mac, 6);
     __builtin_memcpy(eth->h_dest, cfg->backend_mac, 6);
@@ -162,16 +152,7 @@ int xdp_dnat_out(struct xdp_md *ctx)
     if (!cfg || ip->ttl <= 1)
         return XDP_PASS;
 
-    __u32 old_ip = ip->saddr;
-    __u16 old_port = udp->source;
-    ip->saddr = rv->vip;
-    udp->source = rv->port;
-    csum_replace4(&ip->check, old_ip, rv->vip);
-    udp_csum_replace4(udp, old_ip, rv->vip);
-    udp_csum_replace2(udp, old_port, rv->port);
-    __u16 old_ttl_word = *(__u16 *)&ip->ttl;
-    ip->ttl -= 1;
-    csum_replace2(&ip->check, old_ttl_word, *(__u16 *)&ip->ttl);
+    nat_udp4(ip, udp, 0, rv->vip, rv->port);
 
     __builtin_memcpy(eth->h_source, cfg->node_client_mac, 6);
     __builtin_memcpy(eth->h_dest, cfg->client_mac, 6);

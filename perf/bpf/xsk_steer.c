@@ -10,12 +10,7 @@ struct {
 } XSKS SEC(".maps");
 
 /* Index 0: the UDP destination port to steer, network byte order. */
-struct {
-    __uint(type, BPF_MAP_TYPE_ARRAY);
-    __uint(max_entries, 1);
-    __type(key, __u32);
-    __type(value, __u32);
-} STEER_PORT SEC(".maps");
+PORT_MAP(STEER_PORT);
 
 SEC("xdp")
 int xsk_steer(struct xdp_md *ctx)
@@ -23,11 +18,7 @@ int xsk_steer(struct xdp_md *ctx)
     struct ethhdr *eth;
     struct iphdr *ip;
     struct udphdr *udp;
-    if (parse_udp4(ctx, &eth, &ip, &udp) < 0)
-        return XDP_PASS;
-    __u32 zero = 0;
-    __u32 *port = bpf_map_lookup_elem(&STEER_PORT, &zero);
-    if (!port || udp->dest != (__u16)*port)
+    if (parse_udp4_to(ctx, &STEER_PORT, &eth, &ip, &udp) < 0)
         return XDP_PASS;
     return bpf_redirect_map(&XSKS, ctx->rx_queue_index, XDP_PASS);
 }
