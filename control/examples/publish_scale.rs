@@ -1,4 +1,4 @@
-//! Times one publish of a node state at scale (issue 14): N services x 3 Ready backends,
+//! Times one publish of a node state at scale: N services x 3 Ready backends,
 //! one advertised VIP each, into a state file in a temporary directory (`TMPDIR`).
 //!
 //! `cargo run --release -p juneau-control --example publish_scale -- [N] [rounds]`

@@ -116,7 +116,7 @@ impl MaglevTable {
         // Backend i's j-th preference is `(offset + j * skip) % m`; walk it by adding
         // `skip` modulo `m` (offset, skip < m) rather than multiplying and dividing per
         // probe: the same permutation, without a 64-bit division per probe (which made
-        // this loop most of a publish at 10 000 Services, issue 14).
+        // this loop most of a publish at 10 000 Services).
         let mut next: Vec<usize> = prefs.iter().map(|&(offset, _)| offset as usize).collect();
         let skips: Vec<usize> = prefs.iter().map(|&(_, skip)| skip as usize).collect();
         let m = size as usize;

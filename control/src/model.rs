@@ -455,13 +455,13 @@ pub struct NodeState {
     pub advertised: Vec<AdvertisedVip>,
     /// BGP peers of this node.
     pub peers: Vec<PeerConfig>,
-    /// Redirects between nodes (issue 12): this node's address on the node network and,
+    /// Redirects between nodes: this node's address on the node network and,
     /// per VIP, the other nodes that hold connections of it.
     #[serde(default)]
     pub redirects: Redirects,
 }
 
-/// Where packets of connections another node holds are sent (issue 12): published by the
+/// Where packets of connections another node holds are sent: published by the
 /// node agent from the Nodes' addresses and the EndpointSlices, read by the dataplane.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Redirects {
@@ -472,7 +472,7 @@ pub struct Redirects {
     pub node_address: Option<Ipv4Addr>,
     /// Per VIP served here, sorted by VIP: the other nodes with a serving endpoint of it.
     pub vips: Vec<VipRedirectPeers>,
-    /// The redirect channel's MAC keys (issue 25), from the Secret
+    /// The redirect channel's MAC keys, from the Secret
     /// `juneau-redirect-key`: at most [`MAX_REDIRECT_KEYS`], the one to send with
     /// (`current`) first, then the one being rotated in (`next`). Empty: no key, the
     /// channel runs unauthenticated (wire version 2, cookie only). Never serialized (like

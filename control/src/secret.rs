@@ -73,8 +73,7 @@ impl<'de> Deserialize<'de> for Secret {
     }
 }
 
-/// Bytes of a [`SecretKey`]: the 128-bit key of SipHash-2-4 (the redirect channel's MAC,
-/// issue 25).
+/// Bytes of a [`SecretKey`]: the 128-bit key of SipHash-2-4 (the redirect channel's MAC).
 pub const KEY_BYTES: usize = 16;
 
 /// A binary key (the redirect channel's MAC key), zeroed when dropped. Like [`Secret`]:

@@ -66,20 +66,20 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
 ///   ones, and a backend record's port word has [`BACKEND_TERMINATING`] set for them.
 ///   (Merged with) BFD: 8 more words per peer (BFD and drain settings).
 /// - 3: both of the above in one layout (two branches had each bumped to 2).
-/// - 4: redirects between nodes (issue 12) — the capacity gains redirect VIPs and redirect
+/// - 4: redirects between nodes — the capacity gains redirect VIPs and redirect
 ///   node addresses (file header 96 -> 104 bytes), the slot header carries this node's
 ///   redirect address (words 10, 11) and the two counts (12, 13), and two sections follow
 ///   the peers: redirect VIP records (vip, first address, count) and node addresses.
 /// - 5: the slot checksum (words 6, 7) is no longer FNV-1a over the used words' bytes but
 ///   a seed plus the wrapping sum of a 64-bit mix of each nonzero used word with its
-///   index (`word_sum`): the writer updates it per changed word (issue 14: hashing 80 MB
+///   index (`word_sum`): the writer updates it per changed word (hashing 80 MB
 ///   was 100 ms of a 130 ms publish at 10 000 Services), readers verify it several times
 ///   faster. Nothing else changed.
-/// - 6: the redirect channel's MAC keys (issue 25) — slot header word 14 counts them (at
+/// - 6: the redirect channel's MAC keys — slot header word 14 counts them (at
 ///   most [`MAX_REDIRECT_KEYS`]), and a fixed section of [`MAX_REDIRECT_KEYS`] records of
 ///   [`REDIRECT_KEY_WORDS`] (key id, then the 16 key bytes) follows the redirect node
 ///   addresses. The capacity and the file header are unchanged.
-/// - 7: BFD authentication (issue 25) — [`PEER_EXTRA_WORDS`] 8 -> 16: extra word 6 holds
+/// - 7: BFD authentication — [`PEER_EXTRA_WORDS`] 8 -> 16: extra word 6 holds
 ///   the type (1 keyed SHA1, 2 meticulous; 0 none), key id << 8 and key length << 16,
 ///   words 8-12 the key ([`BFD_KEY_MAX_BYTES`] bytes).
 /// - 8: source ranges (`loadBalancerSourceRanges`) and session affinity — [`SERVICE_WORDS`]
@@ -732,7 +732,7 @@ const CHECKSUM_SEED: u64 = 0xcbf2_9ce4_8422_2325;
 const CHECKSUM_WORDS: std::ops::Range<usize> = 6..8;
 
 /// The writer's copy of the slot image it last encoded, kept between publishes: the next
-/// publish changes, re-checksums and writes only the words that differ (issue 14).
+/// publish changes, re-checksums and writes only the words that differ.
 /// Invariants: `words` is zero past the ranges its counts use (so `sum` over all of it is
 /// the readers' sum over the used ranges); `sum` is the sum of [`word_sum`] over `words`
 /// but the checksum words; `tables[i]` is the table `words` holds for service `i`.
@@ -1176,8 +1176,7 @@ fn pack_maglev(table: &MaglevTable) -> Arc<[u32]> {
 
 /// The packed Maglev tables of the last publish, by Ready backend list (normalized:
 /// sorted, no duplicates). A table depends only on that list and the table size, so a
-/// publish rebuilds only the tables of services whose Ready backends changed (issue 14:
-/// rebuilding all 10 000 was two thirds of a publish). A service whose list is the one
+/// publish rebuilds only the tables of services whose Ready backends changed (rebuilding all 10 000 was two thirds of a publish). A service whose list is the one
 /// the same index had last time is found without hashing; the map serves the others
 /// (services that moved). Holds only the tables in use ([`collect`](Self::collect)), so
 /// it never grows past the state.
@@ -1442,7 +1441,7 @@ impl NodeStateWriter {
 
 /// Writes the image `img` (sealed) into slot `generation % 2` under its sequence
 /// counter. What is written depends on what the slot holds (`holds`): the image of
-/// `generation - 2` needs only the ranges the last two encodes changed (issue 14: one
+/// `generation - 2` needs only the ranges the last two encodes changed (one
 /// changed Service at 10 000 writes a few KiB, not 80 MB); a new file's zeroed slot, the
 /// ranges the counts use (the image is zero elsewhere); anything else, the whole image. A
 /// word that already holds its value is not stored again. Words past the counts may keep

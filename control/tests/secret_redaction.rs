@@ -39,7 +39,7 @@ fn serializing_a_state_leaves_the_password_out() {
     assert!(!json.contains("md5_password"), "{json}");
 }
 
-/// The redirect channel's MAC key (issue 25): neither in `Debug` nor serialized.
+/// The redirect channel's MAC key: neither in `Debug` nor serialized.
 #[test]
 fn the_redirect_key_is_neither_printed_nor_serialized() {
     use juneau_control::model::RedirectKey;
@@ -67,7 +67,7 @@ fn the_redirect_key_is_neither_printed_nor_serialized() {
     assert!(!json.contains("195"), "{json}");
 }
 
-/// A peer's BFD authentication key (issue 25): neither in `Debug` nor serialized.
+/// A peer's BFD authentication key: neither in `Debug` nor serialized.
 #[test]
 fn the_bfd_key_is_neither_printed_nor_serialized() {
     use juneau_control::model::{BfdAuth, BfdAuthType};

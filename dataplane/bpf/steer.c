@@ -239,7 +239,7 @@ struct {
 	__type(value, struct fast_slot);
 } fast_slots SEC(".maps");
 
-// This node's redirect endpoint(s) (issue 12): UDP to one of these `addr:port` on the
+// This node's redirect endpoint(s): UDP to one of these `addr:port` on the
 // uplink carries a packet another node redirected here, or a notice.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -72,7 +72,7 @@ pub enum DropReason {
     /// A notice refused: its sender is not a peer of the flow's VIP, or it answers no
     /// question of this node's (its cookie does not match).
     RedirectNoticeRefused,
-    /// A redirect frame or notice refused while a redirect key is in force (issue 25):
+    /// A redirect frame or notice refused while a redirect key is in force:
     /// no tag (wire version 2), a key id this node does not hold, or a tag that no key
     /// in force gives (forged, altered, or under a retired or foreign key).
     RedirectBadMac,
@@ -210,6 +210,21 @@ pub struct ServiceCounters {
     pub new_flows: u64,
     /// Packets dropped for this service (no backend, backend removed, ...).
     pub drops: u64,
+}
+
+impl ServiceCounters {
+    /// Counts a frame of `len` bytes forwarded toward the backend (`to_backend`) or
+    /// toward the client.
+    #[inline]
+    pub fn forwarded(&mut self, to_backend: bool, len: usize) {
+        if to_backend {
+            self.packets_in += 1;
+            self.bytes_in += len as u64;
+        } else {
+            self.packets_out += 1;
+            self.bytes_out += len as u64;
+        }
+    }
 }
 
 /// The counters the forwarding thread keeps.
@@ -423,7 +438,7 @@ pub struct Stats {
     pub pod_iface_attaches: u64,
     /// Discovered Pod interfaces detached, in total.
     pub pod_iface_detaches: u64,
-    /// Redirects between nodes, per peer node (issue 12; empty when redirects are off).
+    /// Redirects between nodes, per peer node (empty when redirects are off).
     pub redirect_peers: Vec<RedirectPeerStats>,
     /// Owner notices not sent because the per-batch queue was full.
     pub redirect_notices_dropped: u64,

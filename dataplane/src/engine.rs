@@ -44,7 +44,7 @@ pub enum Verdict {
     /// Drop it (counted).
     Drop(DropReason),
     /// Encapsulate it for another node and send it out of the uplink: take the details
-    /// with [`Engine::take_redirect`] (issue 12; frame unchanged so far).
+    /// with [`Engine::take_redirect`] (frame unchanged so far).
     Redirect,
     /// Transmit out of this interface with this new frame length (a redirected packet,
     /// decapsulated in place).
@@ -198,7 +198,7 @@ pub struct Engine {
     fast_path: bool,
     /// Next hops to resolve.
     pub missing: MissingNeighbours,
-    /// Redirects between nodes (issue 12), when configured.
+    /// Redirects between nodes, when configured.
     redirect: Option<crate::redirect::Redirector>,
     /// While a redirected packet is processed: the nodes it visited, its flags and its
     /// cookie.
@@ -375,16 +375,7 @@ impl Engine {
         packet::decrement_ttl(frame, &mut v);
         packet::set_macs(frame, src, dst);
         if let Some(c) = service.and_then(|s| self.counters.services.get_mut(s as usize)) {
-            match side {
-                NatSide::Destination => {
-                    c.packets_in += 1;
-                    c.bytes_in += frame.len() as u64;
-                }
-                NatSide::Source => {
-                    c.packets_out += 1;
-                    c.bytes_out += frame.len() as u64;
-                }
-            }
+            c.forwarded(side == NatSide::Destination, frame.len());
         }
         Verdict::Tx(out)
     }
@@ -1178,8 +1169,7 @@ impl Engine {
             self.fragment_decided(k, d, NatSide::Destination, nb, now_ms);
         }
         let c = &mut self.counters.services[service as usize];
-        c.packets_in += 1;
-        c.bytes_in += frame.len() as u64;
+        c.forwarded(true, frame.len());
         c.new_flows += u64::from(new);
         Verdict::Tx(side)
     }
@@ -1357,17 +1347,8 @@ impl Engine {
         packet::rewrite_icmp_error(frame, &mut v, e, outer, addr, quoted, addr, port);
         packet::decrement_ttl(frame, &mut v);
         packet::set_macs(frame, src, dst);
-        let c = &mut self.counters.services[service as usize];
-        match toward {
-            Direction::Forward => {
-                c.packets_in += 1;
-                c.bytes_in += frame.len() as u64;
-            }
-            Direction::Reverse => {
-                c.packets_out += 1;
-                c.bytes_out += frame.len() as u64;
-            }
-        }
+        self.counters.services[service as usize]
+            .forwarded(toward == Direction::Forward, frame.len());
         Verdict::Tx(side)
     }
 
@@ -1453,9 +1434,7 @@ impl Engine {
             };
             self.fragment_decided(k, d, NatSide::Source, nb, now_ms);
         }
-        let c = &mut self.counters.services[service as usize];
-        c.packets_out += 1;
-        c.bytes_out += frame.len() as u64;
+        self.counters.services[service as usize].forwarded(false, frame.len());
         Verdict::Tx(side)
     }
 }

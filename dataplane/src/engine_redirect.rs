@@ -1,4 +1,4 @@
-//! The engine's side of redirects between nodes (issue 12): where the general path hands
+//! The engine's side of redirects between nodes: where the general path hands
 //! packets of flows this node does not hold to another node, and what it does with the
 //! redirected packets and notices it receives. A child module of `engine` (it reads the
 //! engine's tables); the decisions are [`crate::redirect`]'s, the bytes
@@ -130,7 +130,7 @@ impl Engine {
         // owner vouches for by serving it).
         match self.ask_next_peer((segment, true), frame_len, key, nb, now_ms) {
             Some(v) => v,
-            // Nobody to ask at all: what issue 10 counts.
+            // Nobody to ask at all: a segment without a flow.
             None if self.redirect_ctx.is_none() => self.drop(DropReason::NonSynWithoutFlow, None),
             None => self.drop(DropReason::RedirectNoPeer, None),
         }
@@ -234,7 +234,7 @@ impl Engine {
         let Ok(rx) = wire::parse(frame) else {
             return Some(self.drop(DropReason::RedirectMalformed, None));
         };
-        // Once a key is in force, only a frame tagged under one of the keys (issue 25):
+        // Once a key is in force, only a frame tagged under one of the keys:
         // checked before anything else is done with it. Without a key, version 2 and 3
         // are both taken unchecked (the rollout: version 3 everywhere, then the key).
         if let Some(r) = self.redirect.as_ref() {

@@ -81,7 +81,7 @@ pub enum FlowState {
     /// TCP: the backend answered the SYN (SYN-ACK); still half-open until the client's
     /// ACK.
     SynReceived = 6,
-    /// Not served here: a redirect record (issue 12). The flow's packets go to the node
+    /// Not served here: a redirect record. The flow's packets go to the node
     /// in `backend` (its address on the node network, `backend_port` 0), which said it
     /// owns the flow; see [`FlowTable::insert_redirect`].
     Redirect = 7,
@@ -1524,7 +1524,7 @@ impl FlowTable {
     }
 
     /// Inserts a redirect record: packets with this forward key go to node `owner`
-    /// (issue 12, docs/dataplane.md "Redirects between nodes"). It lives in the same
+    /// (docs/dataplane.md "Redirects between nodes"). It lives in the same
     /// table as the flows it stands for, with the same keys: its reverse key is
     /// `(owner, client, 0, client port, proto)`, which no real packet carries (port 0),
     /// and its `checked_generation` never matches a service table, so the fast path

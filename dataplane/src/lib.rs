@@ -21,7 +21,7 @@
 //! - [`segment`]: packets larger than their egress takes, cut into TCP segments or
 //!   IPv4 fragments that fit;
 //! - [`fast`]: the XDP program's established-flow fast path, as the engine publishes it;
-//! - [`redirect`], [`redirect_wire`]: second-chance redirects between nodes (issue 12);
+//! - [`redirect`], [`redirect_wire`]: second-chance redirects between nodes;
 //! - [`counters`]: drop reasons, per-service counters, the JSON stats;
 //! - [`sched`]: the forwarding workers' `SCHED_FIFO` policy (why: its module doc);
 //! - [`metrics`]: `/metrics` (`prometheus-client`), `/healthz`, `/readyz`, off the packet path.

@@ -578,7 +578,7 @@ pub struct SharedNeighbours {
     /// counts it (the queue is FIFO: a pusher knows when its entries were handled).
     pub reverified: AtomicU64,
     /// Addresses whose next hop is kept resolved ahead of any packet to them: the other
-    /// nodes this one redirects packets to (issue 12). A first redirect to a node whose
+    /// nodes this one redirects packets to. A first redirect to a node whose
     /// MAC is not known yet would be dropped as `no_neighbour` — right when an ECMP
     /// change moves connections, so each cost its client a retransmission. Written by the
     /// forwarding loop on a table change; the resolver requests any that is missing on

@@ -1,4 +1,4 @@
-//! The capabilities the dataplane keeps once it forwards (issue 25).
+//! The capabilities the dataplane keeps once it forwards.
 //!
 //! Set-up needs much: loading and verifying the steering program (`CAP_BPF`,
 //! `CAP_PERFMON`, `CAP_NET_ADMIN` for an XDP program), registering the UMEM without

@@ -1,4 +1,4 @@
-//! Second-chance redirects between nodes (issue 12): the pure decisions, no I/O, no clock.
+//! Second-chance redirects between nodes: the pure decisions, no I/O, no clock.
 //!
 //! When the router's ECMP group changes, packets of established TCP connections arrive
 //! at a node that has never seen them. Instead of answering them (a Pod would send a
@@ -255,7 +255,7 @@ pub struct Redirector {
     notices: Vec<Notice>,
     /// Notices not queued because the queue was full.
     pub notices_dropped: u64,
-    /// The redirect channel's MAC keys published by the agent (issue 25), the one to
+    /// The redirect channel's MAC keys published by the agent, the one to
     /// send with first; empty: no key, frames go out as wire version 2 and any frame
     /// from a peer is taken without a tag check.
     keys: Vec<juneau_control::model::RedirectKey>,
@@ -303,9 +303,9 @@ impl Redirector {
         r
     }
 
-    /// Takes what the node agent published (issue 12): this node's address (when
+    /// Takes what the node agent published: this node's address (when
     /// [`RedirectConfig::node_from_state`]; a state without one keeps the address in use)
-    /// and the peers of each VIP, and the MAC keys (issue 25). Called when a new service
+    /// and the peers of each VIP, and the MAC keys. Called when a new service
     /// table is installed, never per packet.
     pub fn set_from_state(&mut self, published: &juneau_control::model::Redirects) {
         if self.keys != published.keys {

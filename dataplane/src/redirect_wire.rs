@@ -10,13 +10,13 @@
 //!            protocol, 3 zero bytes — "the sender of this notice owns this flow"
 //! ```
 //!
-//! The cookie (version 2, issue 25) is the first node's: a keyed hash of the flow it
+//! The cookie (version 2) is the first node's: a keyed hash of the flow it
 //! asks about, carried unchanged by the nodes that pass the question on and echoed by
 //! the owner in its notice, which the first node accepts only if the cookie is the one
 //! it would compute (so a notice answers a question it asked). 0 when no notice is
 //! wanted. Version 1 (no cookie) is refused as malformed.
 //!
-//! Version 3 (issue 25, when a key is published) adds a MAC: the key id (byte 6 of the
+//! Version 3 (when a key is published) adds a MAC: the key id (byte 6 of the
 //! header, [`RedirectKey::id`]) and a 16-byte tag, SipHash-2-4-128 under that key of
 //! [`mac`]'s input: the outer source and destination addresses, the whole header
 //! (hops included, the tag left out) and, for a notice, its body; for a packet, the
@@ -44,7 +44,7 @@ use crate::redirect::{HopList, RedirectOut, MAX_HOPS};
 pub const MAGIC: [u8; 2] = *b"JR";
 /// Header version without a MAC (2: with the cookie), sent while no key is published.
 pub const VERSION_COOKIE: u8 = 2;
-/// Header version with a key id and a tag (3, issue 25), sent once a key is published.
+/// Header version with a key id and a tag (3), sent once a key is published.
 pub const VERSION_MAC: u8 = 3;
 /// Bytes of a version-3 tag (SipHash-2-4-128).
 pub const TAG: usize = 16;

@@ -144,7 +144,7 @@ pub struct ServiceTable {
     vips: HashSet<u32, FastBuild>,
     /// The service of each `(service, backend)` slot.
     slot_service: Vec<u32>,
-    /// What the agent published for redirects between nodes (issue 12): this node's
+    /// What the agent published for redirects between nodes: this node's
     /// address and each VIP's peer nodes; the engine hands it to its redirector.
     redirects: Redirects,
 }

@@ -225,7 +225,7 @@ pub struct Steering {
     links: HashMap<String, FdLink>,
     /// The mode each interface was attached in (`kept` when a pinned link was reused).
     pub modes: Vec<(String, &'static str)>,
-    /// The `address:port` redirected packets are steered from (issue 12), if any.
+    /// The `address:port` redirected packets are steered from, if any.
     redirect_listen: Option<(Ipv4Addr, u16)>,
     /// The XDP fast path's map (`fast_slots`), until the workers take their parts.
     fast: Option<Region<crate::fast::FastSlot>>,
@@ -868,7 +868,7 @@ impl Steering {
     }
 
     /// Steers UDP datagrams to `addr:port` arriving on the uplink to userspace: redirected
-    /// packets and notices from other nodes (issue 12, `redirect_in` in bpf/steer.c).
+    /// packets and notices from other nodes (`redirect_in` in bpf/steer.c).
     /// A later call with another address (taken from the node state) replaces the
     /// earlier one; the same address again changes nothing.
     pub fn listen_redirects(&mut self, addr: Ipv4Addr, port: u16) -> Result<()> {

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
 use juneau_control::shm::{Capacity, NodeStateWriter};
+use juneau_tests::daemon::json_sampled_after_now;
 use juneau_tests::frames::{
     ethernet_ipv4, inet_checksum, inject, ipv4_header, send_raw_ipv4, udp_flood, TcpFlood,
 };
@@ -390,6 +391,11 @@ impl Lab {
     fn stats(&self) -> Result<serde_json::Value> {
         let text = std::fs::read_to_string(&self.stats)?;
         Ok(serde_json::from_str(&text)?)
+    }
+
+    /// The stats sampled after this call (what the test did so far is counted).
+    fn fresh_stats(&self) -> Result<serde_json::Value> {
+        json_sampled_after_now(&self.stats)
     }
 
     /// A top-level stats counter (0 while the stats are not readable).
@@ -981,7 +987,7 @@ fn a_new_backend_gets_no_packet_before_its_next_hop_is_resolved() -> Result<()> 
         for x in c.iter_mut() {
             seen_new_backend |= pod_of(&http_get(x)?) == Some(1);
         }
-        std::thread::sleep(Duration::from_millis(1200));
+        lab.fresh_stats()?;
         let dropped = lab.drops("no_neighbour") - before;
         let replaced = lab.stat("held_tables_replaced") - replaced_before;
         if slow {
@@ -1083,9 +1089,7 @@ fn by_default_every_packet_goes_through_userspace() -> Result<()> {
         }
     }
     download_1mib(&lab.client)?;
-    // The stats file is rewritten about once a second.
-    std::thread::sleep(Duration::from_millis(1500));
-    let s = lab.stats()?;
+    let s = lab.fresh_stats()?;
     assert_eq!(s["xdp_fast_packets"].as_u64(), Some(0), "{s}");
     assert_eq!(s["xdp_fast_replies"].as_u64(), Some(0), "{s}");
     assert!(s["rx_packets"].as_u64().unwrap_or(0) > 500, "{s}");
@@ -1674,9 +1678,7 @@ fn many_pod_veth_attach_detach_cycles_leak_no_frames() -> Result<()> {
             .with_context(|| format!("cycle {i}: {}", lab.dataplane_log()))?;
         assert!(reply.starts_with("pod1 "), "cycle {i}: {reply}");
     }
-    // Wait for a stats sample taken after the last cycle's traffic.
-    std::thread::sleep(Duration::from_millis(1500));
-    let s = lab.stats()?;
+    let s = lab.fresh_stats()?;
     assert_no_frame_leak(&s);
     let reclaimed = s["umem_frames_reclaimed"].as_u64().unwrap_or(0);
     assert!(
@@ -1756,7 +1758,7 @@ fn tiny_http_server(ns: &str, addr: SocketAddr, stop: Arc<AtomicBool>) -> Result
     }))
 }
 
-/// Issue 10: the kubelet's probes (node -> Pod on the Service's target port), HTTP and a
+/// The kubelet's probes (node -> Pod on the Service's target port), HTTP and a
 /// plain TCP connect, and a Pod's own connection out of its serving port all work while
 /// the dataplane runs: only packets of flows it holds leave the kernel path.
 #[test]
@@ -1834,7 +1836,7 @@ fn node_reaches_local_pods_on_the_target_port_and_pods_connect_out_from_it() -> 
     lab.finish()
 }
 
-/// Issue 10: `kill -9` of the dataplane and a new start under open TCP connections
+/// `kill -9` of the dataplane and a new start under open TCP connections
 /// through the VIP: every connection carries on (0 resets), requests sent while it was
 /// down are retransmitted by TCP and answered once it is back, and the node's own
 /// traffic to its Pods is never interrupted.
@@ -2067,9 +2069,7 @@ fn new_flows_from_one_prefix_beyond_its_rate_are_dropped_before_userspace() -> R
     )?;
     let secs = t.elapsed().as_secs_f64();
     let limited = lab.wait_drops("new_flow_prefix_rate_limited", 15_000)?;
-    // The stats file is rewritten about once a second.
-    std::thread::sleep(Duration::from_millis(1500));
-    let s = lab.stats()?;
+    let s = lab.fresh_stats()?;
     // What passed: at most the burst and the rate over the injection (and the 2).
     let admitted_max = 2 + 200 + (200.0 * (secs + 2.0)) as u64;
     let flows = s["flows"].as_u64().unwrap_or(u64::MAX);
@@ -2134,8 +2134,7 @@ fn source_ranges_admit_only_their_clients_and_follow_updates() -> Result<()> {
     ensure!(http_get(&mut ca[0])?.contains(&format!("saw {a}:")));
     refused(&lab, b)?;
     let denied = lab.wait_drops("source_range_denied", 1)?;
-    std::thread::sleep(Duration::from_millis(1500));
-    let st = lab.stats()?;
+    let st = lab.fresh_stats()?;
     ensure!(st["flows"] == 1, "{st}");
     // Dropped by the steering program: userspace (which counts a drop on the Service's
     // counters too) never saw B's SYNs; its only drops there are A's first SYNs, while
@@ -2186,7 +2185,7 @@ fn client_ip_affinity_sends_a_clients_connections_to_one_pod() -> Result<()> {
     lab.finish()
 }
 
-/// Issue 10: unsolicited TCP segments create no flow; a SYN flood (bounded: 20 000
+/// Unsolicited TCP segments create no flow; a SYN flood (bounded: 20 000
 /// SYNs) against a small half-open budget evicts only half-open flows, oldest first,
 /// while established connections keep exchanging data and new connections succeed.
 #[test]
@@ -2200,9 +2199,7 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
         c.set_read_timeout(Some(Duration::from_secs(20)))?;
         http_get(c)?;
     }
-    // The stats file is rewritten about once a second.
-    std::thread::sleep(Duration::from_millis(1500));
-    let flows_before = lab.stats()?["flows"].as_u64().unwrap_or(0);
+    let flows_before = lab.fresh_stats()?["flows"].as_u64().unwrap_or(0);
     assert_eq!(flows_before, 4, "{}", lab.stats()?);
     // ACK flood.
     let t = Instant::now();
@@ -2213,8 +2210,7 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
     )?;
     let ack_secs = t.elapsed().as_secs_f64();
     let dropped = lab.wait_drops("non_syn_without_flow", 1000)?;
-    std::thread::sleep(Duration::from_millis(1500));
-    let s = lab.stats()?;
+    let s = lab.fresh_stats()?;
     let dropped = lab.drops("non_syn_without_flow").max(dropped);
     assert_eq!(
         s["flows"].as_u64(),
@@ -2264,8 +2260,7 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
     for c in est.iter_mut() {
         http_get(c)?;
     }
-    std::thread::sleep(Duration::from_millis(1500));
-    let s = lab.stats()?;
+    let s = lab.fresh_stats()?;
     let half_open = s["half_open_flows"].as_u64().unwrap_or(u64::MAX);
     let evicted = s["half_open_evicted"].as_u64().unwrap_or(0);
     assert!(half_open <= BUDGET, "{s}");
@@ -2283,7 +2278,7 @@ fn ack_flood_creates_no_flow_and_a_syn_flood_spares_established_connections() ->
     lab.finish()
 }
 
-/// Issue 25: a flood of new UDP flows (one datagram per source address and port, more
+/// A flood of new UDP flows (one datagram per source address and port, more
 /// than the table holds) fills the flow table; an established connection keeps
 /// working and new connections still get a flow: the flood displaces its own oldest
 /// flows instead of making new SYNs `flow_table_full`.
@@ -2302,8 +2297,7 @@ fn a_udp_flood_filling_the_flow_table_leaves_room_for_new_connections() -> Resul
         udp_flood(dst, src, VIP, 53, 11, 90_000),
     )?;
     let secs = t.elapsed().as_secs_f64();
-    std::thread::sleep(Duration::from_millis(1500));
-    let s = lab.stats()?;
+    let s = lab.fresh_stats()?;
     let flows = s["flows"].as_u64().unwrap_or(0);
     let capacity = s["flow_capacity"].as_u64().unwrap_or(0);
     let evicted = s["idle_evicted"].as_u64().unwrap_or(0);
@@ -2565,8 +2559,7 @@ fn two_workers_share_connections_across_queues_and_survive_a_restart() -> Result
         flood(dst, src, 0x10, 11).frames(4_000),
     )?;
     lab.wait_drops("non_syn_without_flow", 500)?;
-    std::thread::sleep(Duration::from_millis(1500));
-    let s = lab.stats()?;
+    let s = lab.fresh_stats()?;
     assert_eq!(s["flows"].as_u64(), Some(32), "ACKs created flows: {s}");
     // kill -9 and a restart with the same workers: every connection carries on.
     lab.kill9();
@@ -3269,7 +3262,7 @@ fn assert_forwarding_caps(lab: &Lab, mut keep: u64) -> Result<()> {
     }
 }
 
-/// Issue 25: once forwarding, the dataplane holds only what forwarding needs — with
+/// Once forwarding, the dataplane holds only what forwarding needs — with
 /// fixed Pod interfaces (the chart), CAP_NET_ADMIN (the neighbour table) — not the BPF,
 /// PERFMON, IPC_LOCK, NET_RAW and SYS_NICE set-up took; and it still forwards, resolves
 /// a new backend's neighbour and survives a restart that reuses its pins.
@@ -3319,7 +3312,7 @@ fn with_pods_found_through_routes_net_raw_stays_and_a_new_pod_is_attached() -> R
 }
 
 /// helm uninstall's request reaching a forwarding dataplane, which holds only
-/// CAP_NET_ADMIN by then (issue 25): it still detaches its XDP program from every
+/// CAP_NET_ADMIN by then: it still detaches its XDP program from every
 /// interface, removes its pins and acknowledges; idle, its main thread holds nothing.
 #[test]
 fn a_decommission_while_forwarding_needs_none_of_the_dropped_capabilities() -> Result<()> {

@@ -1,4 +1,4 @@
-//! Issue 12 across real network namespaces: two real `juneau-dataplane` processes behind
+//! Redirects between nodes across real network namespaces: two real `juneau-dataplane` processes behind
 //! a router whose route to the VIP changes under open keep-alive connections.
 //!
 //! ```text
@@ -17,7 +17,7 @@
 //! dataplanes' per-peer redirect counters. The router is the kernel with a multipath
 //! route (`fib_multipath_hash_policy=1`), not BIRD: the ECMP *change* is what matters here.
 //!
-//! The nodes publish a redirect MAC key (issue 25: wire version 3) unless a test says
+//! The nodes publish a redirect MAC key (wire version 3) unless a test says
 //! otherwise; one test gives the two nodes different keys.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
@@ -30,6 +30,7 @@ use juneau_control::model::{
 };
 use juneau_control::secret::SecretKey;
 use juneau_control::shm::{Capacity, NodeStateWriter};
+use juneau_tests::daemon::json_sampled_after_now;
 use juneau_tests::frames::{inject, TcpFlood};
 use juneau_tests::http::{http_get, TestBackend};
 use juneau_tests::netns::{in_ns, mac_of, require_root, run, unique_prefix, veth, Netns, NsChild};
@@ -395,6 +396,15 @@ impl Topo {
         Ok(t)
     }
 
+    /// Waits until every node's stats were sampled after this call (the files are
+    /// rewritten about once a second): what the test did so far is counted.
+    fn fresh_stats(&self) -> Result<()> {
+        for node in &self.nodes {
+            json_sampled_after_now(&node.stats)?;
+        }
+        Ok(())
+    }
+
     fn diag(&self, what: &str) -> String {
         let n = &self.nodes;
         format!(
@@ -500,7 +510,7 @@ fn under_the_cluster_policy_a_node_without_a_backend_hands_every_connection_over
 
 #[test]
 fn connections_survive_ecmp_changes_without_a_redirect_key() -> Result<()> {
-    // No key published: wire version 2 (cookie only), as before issue 25.
+    // No key published: wire version 2 (cookie only).
     let t = Topo::build("rdn", &[], [None, None])?;
     for node in &t.nodes {
         ensure!(
@@ -515,8 +525,7 @@ fn connections_survive_ecmp_changes_without_a_redirect_key() -> Result<()> {
 fn survive_ecmp_changes(t: Topo) -> Result<()> {
     let (client, router, nodes) = (&t.client, &t.router, &t.nodes);
     let diag = |what: &str| t.diag(what);
-    // Stats are written about once a second: the warm-up's are in after this.
-    std::thread::sleep(Duration::from_millis(1500));
+    t.fresh_stats()?;
     let no_neighbour_before = nodes.each_ref().map(|n| n.drops("no_neighbour"));
 
     // 1. Only node A announces: 32 keep-alive connections, all on pod A.
@@ -565,8 +574,7 @@ fn survive_ecmp_changes(t: Topo) -> Result<()> {
     failures.extend(f);
     requests += ok;
 
-    // Stats are written about once a second.
-    std::thread::sleep(Duration::from_millis(1500));
+    t.fresh_stats()?;
     let (a_to_b, b_to_a) = (nodes[0].peer(NODE[1]), nodes[1].peer(NODE[0]));
     eprintln!(
         "requests ok {requests}, failures {}; A→B {a_to_b}; B→A {b_to_a}",
@@ -633,9 +641,8 @@ fn a_flood_of_random_acks_stays_within_the_redirect_budget_between_nodes() -> Re
     let mut conns = open(&t.client, 8).with_context(|| t.diag("opening"))?;
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
     // The records before the flood: the 8 connections', and any other the set-up made
-    // (a SYN retransmitted from a new port while a neighbour resolved leaves one), once
-    // the stats file (written every second) shows them.
-    std::thread::sleep(Duration::from_millis(1500));
+    // (a SYN retransmitted from a new port while a neighbour resolved leaves one).
+    t.fresh_stats()?;
     let flows_before: Vec<u64> = t
         .nodes
         .iter()
@@ -660,7 +667,7 @@ fn a_flood_of_random_acks_stays_within_the_redirect_budget_between_nodes() -> Re
     let elapsed = start.elapsed().as_secs_f64();
     let (failures, _) = round(&mut conns);
     ensure!(failures.is_empty(), "{}", t.diag(&format!("{failures:?}")));
-    std::thread::sleep(Duration::from_millis(1500));
+    t.fresh_stats()?;
     let mut total_between = 0;
     for (i, node) in t.nodes.iter().enumerate() {
         let peer = node.peer(NODE[1 - i]);
@@ -705,8 +712,7 @@ fn a_node_with_another_key_accepts_no_redirect() -> Result<()> {
     set_route(&t.router, &[0])?;
     let mut conns = open(&t.client, 4).with_context(|| t.diag("opening"))?;
     ensure!(conns.iter().all(|c| c.1 == "podA"));
-    // Stats are written about once a second.
-    std::thread::sleep(Duration::from_millis(1500));
+    t.fresh_stats()?;
     let bad_before = t.nodes[0].drops("redirect_bad_mac");
     // Node A withdraws: the connections reach B, which redirects them to A.
     set_route(&t.router, &[1])?;
@@ -719,7 +725,7 @@ fn a_node_with_another_key_accepts_no_redirect() -> Result<()> {
         "{}",
         t.diag(&format!("{ok} requests served across different keys"))
     );
-    std::thread::sleep(Duration::from_millis(1500));
+    t.fresh_stats()?;
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
     let (a_from_b, b_to_a) = (t.nodes[0].peer(NODE[1]), t.nodes[1].peer(NODE[0]));
     eprintln!("A from B {a_from_b}; B to A {b_to_a}");

@@ -1,4 +1,4 @@
-//! Times what the node agent does per batch of watch events at scale (issue 14): copy
+//! Times what the node agent does per batch of watch events at scale: copy
 //! the watch caches into an [`AgentView`], [`build_node_state`], publish. N Services
 //! (`type: LoadBalancer`, Juneau's class), each Ready with a VIP and 3 Ready endpoints
 //! on this node, one BGPPeer and one BGPAdvertisement. "copy the caches" clones the

@@ -1,4 +1,4 @@
-//! What giving N Services a new VIP each costs in the controller's VIP book (issue 14):
+//! What giving N Services a new VIP each costs in the controller's VIP book:
 //! `VipBook::allocate` for N owners in a row from one AddressPool, against the same
 //! allocations made by replaying the book into a fresh `Ipam` every time (what
 //! `allocate` did before it kept the replay). Prints both totals and the cost of the last

@@ -59,7 +59,7 @@ struct Fence {
 }
 
 /// One read of the Lease at a time, shared by everyone who asked for a check before it
-/// was sent: with 16 reconciles in flight, 16 checks cost one GET, not 16 (issue 14).
+/// was sent: with 16 reconciles in flight, 16 checks cost one GET, not 16.
 struct LeaseReads {
     /// Reads sent so far (each read's number is assigned as it is sent).
     sent: std::sync::atomic::AtomicU64,
@@ -80,7 +80,7 @@ impl LeaseReads {
 /// Reconciles in flight at once. Unbounded (kube-runtime's default), 3 000 Services
 /// created at once put ~1 000 reconciles in flight, each with its own requests: the
 /// apiserver answered in tens of seconds, the Lease check saw the Lease expired and
-/// Services backed off for minutes (issue 14). A few dozen keep a 2-core apiserver busy.
+/// Services backed off for minutes. A few dozen keep a 2-core apiserver busy.
 pub const RECONCILE_CONCURRENCY: u16 = 16;
 /// Retry of a reconcile whose write met a newer version than its cache had.
 const STALE_RETRY: Duration = Duration::from_secs(2);
@@ -89,7 +89,7 @@ const STALE_RETRY: Duration = Duration::from_secs(2);
 /// change what reconciles read: an object added or deleted, a new `generation` (a spec
 /// change), a relist that found a different set. A status-only write is none of these:
 /// as a bulk-reconcile trigger it made every allocation burst (one pool status write)
-/// reconcile every Service, O(N²) for N Services created at once (issue 14).
+/// reconcile every Service, O(N²) for N Services created at once.
 #[derive(Debug, Default)]
 pub struct SpecChanges {
     /// name -> (uid, generation) of every object seen.
@@ -144,7 +144,7 @@ impl SpecChanges {
 /// Which EndpointSlices belong to which Service (`namespace/service` -> slice names),
 /// kept from the slice watch's events: a reconcile finds its Service's slices without
 /// walking the whole cache (10 000 slices per reconcile at 10 000 Services was the
-/// largest part of the controller's CPU, issue 14).
+/// largest part of the controller's CPU).
 #[derive(Debug, Default)]
 pub struct SliceIndex {
     by_service: HashMap<String, std::collections::BTreeSet<String>>,
@@ -304,7 +304,7 @@ struct Ctx {
     advertisements: Store<BGPAdvertisement>,
     /// The ServiceLoadBalancer records, as last seen by the watch: a reconcile reads its
     /// record here, not with a GET (every Service is reconciled at least every 5 min;
-    /// with 10 000 Services those GETs alone kept the apiserver busy, issue 14). Writes
+    /// with 10 000 Services those GETs alone kept the apiserver busy). Writes
     /// still carry the record's resourceVersion, so a stale copy costs a 409 and a
     /// retry, never an overwrite.
     records: Store<ServiceLoadBalancer>,

@@ -218,18 +218,23 @@ mod tests {
         let agent = AgentMetrics::new(&mut registry);
         // A family shows on the page once it has a series.
         let pool = PoolLabel { pool: "p".into() };
-        controller.pool_addresses.get_or_create(&pool);
-        controller.pool_addresses_in_use.get_or_create(&pool);
+        controller.pool_addresses.get_or_create(&pool).set(1);
+        controller.pool_addresses_in_use.get_or_create(&pool).set(1);
         let service = ServiceLabels {
             namespace: "n".into(),
             service: "s".into(),
             vip: "v".into(),
         };
-        controller.service_ready_backends.get_or_create(&service);
-        controller.service_advertising_nodes.get_or_create(&service);
-        agent
-            .vip_advertised
-            .get_or_create(&VipLabel { vip: "v".into() });
+        controller
+            .service_ready_backends
+            .get_or_create(&service)
+            .set(1);
+        controller
+            .service_advertising_nodes
+            .get_or_create(&service)
+            .set(1);
+        let vip = VipLabel { vip: "v".into() };
+        agent.vip_advertised.get_or_create(&vip).set(1);
         let mut page = String::new();
         prometheus_client::encoding::text::encode(&mut page, &registry).unwrap();
         // `# HELP name text`: the doc comment became the help text, trimmed.

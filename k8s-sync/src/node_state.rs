@@ -140,7 +140,7 @@ fn redirects(
 }
 
 /// Everything the agent watches. The objects are shared (`Arc`) with the watch caches
-/// they come from: taking a view copies pointers, not objects (issue 14: deep copies of
+/// they come from: taking a view copies pointers, not objects (deep copies of
 /// every cached object were 24 ms per batch of events at 10 000 Services).
 /// `Debug` names the Secrets but never prints their data (issue #25).
 #[derive(Default, Clone)]
@@ -599,7 +599,7 @@ impl Globals {
 /// the state with the objects it came from. A part is reused while its
 /// ServiceLoadBalancer, Service and EndpointSlices are the same objects and nothing it
 /// shares with the others (Nodes, BGPPeers, BGPAdvertisements, Secrets, the node name)
-/// changed; any change of those rebuilds every part (issue 14: rebuilding all 10 000
+/// changed; any change of those rebuilds every part (rebuilding all 10 000
 /// parts was 30 ms per batch of events; one endpoint change now rebuilds one).
 #[derive(Debug, Default)]
 pub struct BuildCache {

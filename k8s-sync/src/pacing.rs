@@ -4,7 +4,7 @@
 //! A publish (rebuilding the node state and writing it to shared memory) that took `T`
 //! is followed by at least `T` without one; changes arriving meanwhile are coalesced into
 //! the next. So publishing takes at most about half a core however fast changes come
-//! (issue 14: at 10 000 Services a cold start kept the agent publishing back to back,
+//! (at 10 000 Services a cold start kept the agent publishing back to back,
 //! taking CPU from the apiserver on a 2-core node), while a cheap publish — one endpoint
 //! change in steady state, a few ms — still goes out at once: its pause is as short as
 //! it was.

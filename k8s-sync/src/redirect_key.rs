@@ -1,12 +1,11 @@
-//! The redirect channel's MAC keys (issue 25), as a pure decision: from the Secret
+//! The redirect channel's MAC keys, as a pure decision: from the Secret
 //! [`SECRET_NAME`] of Juneau's namespace, the keys the agent publishes in
 //! [`juneau_control::model::Redirects::keys`].
 //!
 //! The Secret holds `current` (the key every node sends with) and optionally `next` (a
 //! key being rotated in, accepted by every node but not yet sent with). Each value is a
 //! 16-byte key written in base64 (`head -c 16 /dev/urandom | base64`), surrounding
-//! whitespace ignored. No Secret: no key, the channel runs unauthenticated (as before
-//! issue 25). A Secret that is wrong in any way — no `current`, a value that is not
+//! whitespace ignored. No Secret: no key, the channel runs unauthenticated. A Secret that is wrong in any way — no `current`, a value that is not
 //! base64 or not 16 bytes — is reported in plain words (never with its bytes) and
 //! **changes nothing**: the keys in force stay published, so a bad edit cannot cut the
 //! nodes off from each other.

@@ -27,7 +27,7 @@ pub fn parse_pool(name: &str, spec: &AddressPoolSpec) -> Result<AddressPool, Ipa
 
 /// Who holds each VIP (`namespace/name` of the Service), oldest claim first, indexed
 /// both ways: the controller asks it several times per reconcile, and with 10 000
-/// Services linear scans over the claims were most of its CPU time (issue 14).
+/// Services linear scans over the claims were most of its CPU time.
 #[derive(Debug, Default, Clone)]
 pub struct VipBook {
     claims: Vec<(String, Ipv4Addr)>,
@@ -37,7 +37,7 @@ pub struct VipBook {
     /// step with every claim and release since: the next allocation from the same pools
     /// uses it instead of replaying the whole book again (that replay, O(N) per new VIP,
     /// made allocation slow down as the book grew: 29 VIPs/s falling to 16/s at 10 000
-    /// Services, issue 14). Dropped when a claim is restored; rebuilt when the pools
+    /// Services). Dropped when a claim is restored; rebuilt when the pools
     /// differ (another network, or an AddressPool changed).
     replayed: Option<(Vec<AddressPool>, Ipam)>,
     /// How many times the book was replayed into an Ipam.
@@ -297,7 +297,7 @@ mod tests {
     }
 
     /// A new VIP from the same pools does not replay the whole book again (O(N) per
-    /// allocation, issue 14); a restored claim or other pools do.
+    /// allocation); a restored claim or other pools do.
     #[test]
     fn allocations_from_the_same_pools_replay_the_book_once() {
         let pools = vec![pool("p", &["10.0.0.0/16"])];

@@ -1,5 +1,5 @@
 //! Which AddressPool changes make the controller reconcile every Service, against a real
-//! kube-apiserver with the real controller binary (issue 14: 3 000 Services created at
+//! kube-apiserver with the real controller binary (3 000 Services created at
 //! once never all got their VIP).
 //!
 //! The controller writes each AddressPool's status (addresses allocated) after every

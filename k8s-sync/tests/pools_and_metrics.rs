@@ -1,7 +1,7 @@
 //! AddressPools and the controller's bookkeeping against a real kube-apiserver, with the
 //! real controller and agent binaries on their ServiceAccounts' tokens:
 //!
-//! * overlapping AddressPools (198.18.0.0/30 and 198.18.0.0/29, as seen in issue 15) get
+//! * overlapping AddressPools (198.18.0.0/30 and 198.18.0.0/29, as seen in a user's cluster) get
 //!   the `Overlapping` condition and a Warning Event each;
 //! * AddressPool status counts addresses total / allocated;
 //! * freed VIPs go to the waiting Services in the order they were created;

@@ -324,7 +324,7 @@ fn bfd_authentication_reaches_the_node_state(g: &mut Guide) -> Result<()> {
         shm_a,
         ..
     } = g;
-    // BFD authentication (issue 25): the key from its Secret reaches the node state; the
+    // BFD authentication: the key from its Secret reaches the node state; the
     // BGPPeer as before afterwards.
     const TOR: &str = "apiVersion: juneau.loutres.me/v1alpha1\nkind: BGPPeer\nmetadata:\n  name: tor\nspec:\n  peerAddress: 192.0.2.1\n  peerASN: 65000\n  localASN: 65001\n  holdTimeSeconds: 9\n  passwordSecretRef:\n    name: tor-password\n";
     env.apply(

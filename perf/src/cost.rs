@@ -107,7 +107,7 @@ pub fn measure(bench: &Path, out_dir: &Path, smoke: bool) -> Cost {
                  engine (the baseline: {:.0} instructions/packet for the recorded-frame loop, {:.0} for the new-flow \
                  loop, which writes a fresh frame per packet, {:.0} for the redirected-path loop, which copies a \
                  TCP frame of the encapsulated size); the method of dataplane/examples/engine_cost.rs. The redirected \
-                 path (issue 12) is a TCP connection node B owns that the router sends to node A: A follows its \
+                 path is a TCP connection node B owns that the router sends to node A: A follows its \
                  redirect record and encapsulates (the verdict, `take_redirect` and `redirect_wire::encapsulate`), B \
                  strips the outer headers and serves it as its established flow. Where \
                  the instructions go: docs/dataplane.md, \"Established-flow fast path\".",

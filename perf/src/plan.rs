@@ -173,9 +173,9 @@ pub(crate) fn fill_duration(flows: u32) -> Duration {
 /// takes the userspace path, which carries ~300 000 packets a second of established flows
 /// here (`juneau-afxdp`) and fewer new ones (a new flow costs about three times the
 /// instructions), and far fewer under a flood, where the path's NAPI work takes its core
-/// (run m: after a 6.7 s flood at 1 M flows only 430 000 flows existed, and the window
-/// measured the drops of the others' first packets, not forwarding). Run n: 100 000 pps
-/// created every flow of every run.
+/// (once measured: after a 6.7 s flood at 1 M flows only 430 000 flows existed, and the window
+/// measured the drops of the others' first packets, not forwarding); 100 000 pps created
+/// every flow of every run.
 pub(crate) const FILL_RATE: u64 = 100_000;
 /// Passes over the flows the fill makes (a first packet lost in one pass is sent again).
 pub(crate) const FILL_PASSES: f64 = 2.0;

@@ -316,27 +316,21 @@ impl Report {
         m += &format!("{}\n\n", self.cost.status);
         m += &format!(
             "| path (engine only) | instructions/packet | target |\n|---|---:|---:|\n| established flow | {} | <= 150 |\n| new flow | {} | |\n| reply (reverse NAT) | {} | |\n",
-            self.cost.established_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
-            self.cost.new_flow_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
-            self.cost.reply_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
+            count_or_not_measured(self.cost.established_instructions_per_packet),
+            count_or_not_measured(self.cost.new_flow_instructions_per_packet),
+            count_or_not_measured(self.cost.reply_instructions_per_packet),
         );
         m += &format!(
-            "| redirected (issue 12), at the node the router picked: record look-up + encapsulation | {} | |
+            "| redirected, at the node the router picked: record look-up + encapsulation | {} | |
 | redirected, at the owner: decapsulation + its established flow | {} | |
 ",
-            self.cost.redirect_ask_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
-            self.cost.redirect_own_instructions_per_packet.map(|x| format!("{x:.0}")).unwrap_or_else(|| "not measured".into()),
+            count_or_not_measured(self.cost.redirect_ask_instructions_per_packet),
+            count_or_not_measured(self.cost.redirect_own_instructions_per_packet),
         );
         m += &format!(
             "| harness loop alone (baseline, subtracted above) | {} (new flow: {}) | |\n",
-            self.cost
-                .baseline_instructions_per_packet
-                .map(|x| format!("{x:.0}"))
-                .unwrap_or_else(|| "not measured".into()),
-            self.cost
-                .new_flow_baseline_instructions_per_packet
-                .map(|x| format!("{x:.0}"))
-                .unwrap_or_else(|| "not measured".into()),
+            count_or_not_measured(self.cost.baseline_instructions_per_packet),
+            count_or_not_measured(self.cost.new_flow_baseline_instructions_per_packet),
         );
         m += "\n### Whole userspace cost: forwarding loop + engine (the real dataplane under callgrind)\n\n";
         match &self.loop_cost {
@@ -463,6 +457,12 @@ fn plot(dir: &Path) -> Result<Vec<PathBuf>> {
 /// A figure with two decimals, or "not measured".
 fn not_measured(v: Option<f64>) -> String {
     v.map(|x| format!("{x:.2}"))
+        .unwrap_or_else(|| "not measured".into())
+}
+
+/// A whole count (instructions per packet), or "not measured".
+fn count_or_not_measured(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.0}"))
         .unwrap_or_else(|| "not measured".into())
 }
 

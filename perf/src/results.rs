@@ -308,7 +308,7 @@ pub struct Cost {
     #[serde(default)]
     pub new_flow_baseline_instructions_per_packet: Option<f64>,
     /// Instructions per packet at the node the router sends another node's connection
-    /// to (issue 12): redirect-record look-up and encapsulation in place.
+    /// to: redirect-record look-up and encapsulation in place.
     #[serde(default)]
     pub redirect_ask_instructions_per_packet: Option<f64>,
     /// Instructions per packet at the owner of a redirected packet: outer headers

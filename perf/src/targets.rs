@@ -1,4 +1,4 @@
-//! Issue 14's targets (and the TCP bulk download's, from "carry real traffic"), checked
+//! The scale targets (and the TCP bulk download's, from "carry real traffic"), checked
 //! against one run's report: each target with this run's
 //! figure and whether it was met, missed, refused or not measured. Pure (reads a
 //! [`Report`]), so `render` re-checks an old report.json the same way.
@@ -56,7 +56,7 @@ fn at_least(what: &str, v: Option<f64>, bound: f64, measured: bool) -> Target {
     }
 }
 
-/// Every target of issue 14 against `r`.
+/// Every scale target against `r`.
 pub fn check(r: &Report) -> Vec<Target> {
     let has = |n: &str| r.scenarios.iter().any(|s| s.name == n);
     let mut t = Vec::new();
@@ -250,7 +250,7 @@ fn latency(r: &Report) -> Target {
 /// The report's "Targets" section.
 pub fn markdown(r: &Report) -> String {
     let mut m =
-        String::from("## Targets (issue 14; the TCP bulk download: \"carry real traffic\")\n\n| target | this run | verdict |\n|---|---|---|\n");
+        String::from("## Targets (the TCP bulk download: \"carry real traffic\")\n\n| target | this run | verdict |\n|---|---|---|\n");
     for t in check(r) {
         m += &format!("| {} | {} | {} |\n", t.what, t.figure, t.verdict.label());
     }

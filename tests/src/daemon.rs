@@ -348,6 +348,28 @@ pub fn wait_for<T>(
     }
 }
 
+/// The JSON a process rewrites about once a second (the dataplane's stats file), as
+/// sampled after this call: waits until its `timestamp` (whole seconds since the epoch,
+/// the time of the sample's oldest part) is past the current second. Use it where a
+/// test must see counters that include what it just did.
+pub fn json_sampled_after_now(path: &Path) -> Result<serde_json::Value> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    wait_for(
+        &format!("a sample of {} taken after {now}", path.display()),
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || {
+            let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(path)?)?;
+            Ok(v["timestamp"]
+                .as_u64()
+                .is_some_and(|t| t > now)
+                .then_some(v))
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

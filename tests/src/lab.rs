@@ -1707,6 +1707,13 @@ pub fn dataplane_stats(node: &str) -> Result<serde_json::Value> {
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
+/// The node's dataplane stats as sampled after this call (the file is rewritten about
+/// once a second): what the test did so far is counted.
+pub fn fresh_dataplane_stats(node: &str) -> Result<serde_json::Value> {
+    let path = Path::new(SHM_DIR).join(format!("{node}.dataplane-stats.json"));
+    crate::daemon::json_sampled_after_now(&path)
+}
+
 /// Packets the node's dataplane redirected to other nodes and received from them (sums
 /// over its per-peer counters, `redirect_peers` in the stats file).
 pub fn redirected_packets(node: &str) -> Result<(u64, u64)> {

@@ -137,7 +137,7 @@ pub struct LoadReport {
     pub keepalive_retries: u64,
     /// Requests on a reused keep-alive connection answered with a RST (not a clean
     /// close): a segment of an established connection reached a server that never saw
-    /// it (issue 12). Counted whether or not the retry then succeeded.
+    /// it. Counted whether or not the retry then succeeded.
     pub keepalive_resets: u64,
     /// Requests on a reused keep-alive connection that got no answer within the timeout
     /// (the connection's packets went nowhere: e.g. dropped by a node that does not hold

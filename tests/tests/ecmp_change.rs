@@ -1,4 +1,4 @@
-//! Issue 12's acceptance test: no connection is reset when the router's ECMP group
+//! The acceptance test of redirects between nodes: no connection is reset when the router's ECMP group
 //! changes. On the lab's real cluster (real kubelets and scheduler, BIRD with kernel ECMP,
 //! Juneau's binaries, redirects between nodes configured only by the node agent from the
 //! Nodes' `juneau.loutres.me/redirect-address` annotations), 32 keep-alive connections

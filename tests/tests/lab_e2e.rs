@@ -66,7 +66,7 @@ fn eventually(
 }
 
 /// curl through the VIP; up to 3 attempts 2 s apart, each failure printed, the last one
-/// returned. Issue 10 is merged (probes no longer black-holed), but a single attempt
+/// returned. Probes are no longer black-holed, but a single attempt
 /// still failed once (2026-12-01): right after node-c withdrew, node-a's agent also
 /// published `advertised=0` for ~2 s (while kube-controller-manager logged "EndpointSlice
 /// informer cache is out of date" for default/nginx), so the router had no route and
@@ -104,11 +104,10 @@ fn large_bodies_through_the_vip() -> Result<()> {
         put_and_get(&client, &url, &want, secs)?;
     }
     // The Pods' TSO super-segments reached the dataplanes whole and were cut there, and
-    // nothing was lost for its size. (The stats file is rewritten every second.)
-    std::thread::sleep(Duration::from_millis(1500));
+    // nothing was lost for its size.
     let mut segmented = 0;
     for node in ["node-a", "node-c"] {
-        let st = lab::dataplane_stats(node)?;
+        let st = lab::fresh_dataplane_stats(node)?;
         segmented += st["segmented"].as_u64().unwrap_or(0);
         for r in [
             "too_big",
@@ -589,8 +588,7 @@ fn walk() -> Result<()> {
         (2, 0, 1),
         "Pod placement: {pods:?}"
     );
-    // Until issue 10 lands, the dataplane black-holes the kubelet's probes to local Pods
-    // on the serving port now and then, so a Pod may be NotReady for a moment: wait.
+    // A Pod may be NotReady for a moment after it starts: wait.
     eventually("all 3 nginx Pods Ready", Duration::from_secs(90), || {
         Ok(nginx_pods()?.iter().filter(|p| p.ready).count() == 3)
     })?;

@@ -28,8 +28,7 @@ use juneau_tests::lab::{
 use juneau_tests::load::LoadReport;
 
 /// Operations asserted to cause zero failed requests (the others are reported).
-/// Since issue 10 (pinned flow table, drain, exact steering) and issue 12 (redirects
-/// between nodes) every operation had 0 failed requests in the runs recorded in
+/// With the pinned flow table, drain, exact steering and redirects between nodes, every operation had 0 failed requests in the runs recorded in
 /// docs/operations.md; if one turns out to flake, move it out and say why there.
 const MUST_BE_CLEAN: &[&str] = &[
     "rolling update (kubectl rollout restart)",

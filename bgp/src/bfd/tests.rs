@@ -705,7 +705,7 @@ fn an_unauthenticated_peer_is_not_heard_and_neither_is_an_authenticated_one_by_a
     assert!(p.b.auth_failures >= 4, "A bit set, no auth configured");
 }
 
-/// Issue 25: the perfect forgery (both discriminators right, from the peer's address)
+/// The perfect forgery (both discriminators right, from the peer's address)
 /// without the key does not take an authenticated Up session down.
 #[test]
 fn a_spoofed_unauthenticated_down_does_not_drop_an_authenticated_up_session() {

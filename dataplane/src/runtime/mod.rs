@@ -116,7 +116,7 @@ pub struct RuntimeConfig {
     /// UMEM frames reserved per socket on a discovered Pod interface (half of them sit
     /// in its fill ring).
     pub pod_iface_frames: u32,
-    /// Redirects between nodes (issue 12); `None`: off (non-SYN segments of unknown
+    /// Redirects between nodes; `None`: off (non-SYN segments of unknown
     /// flows are dropped).
     pub redirect: Option<crate::redirect::RedirectConfig>,
     /// Largest IPv4 packet sent to another node (the node network's MTU).

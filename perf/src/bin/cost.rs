@@ -12,7 +12,7 @@
 //! new flow; its frame is written per packet), `reply` (a backend's reply on an
 //! established flow, reverse NAT), `baseline` (the `established`/`reply` loop without
 //! the engine), `baseline-new` (the `new` loop without the engine); and the redirected
-//! path of issue 12 on a TCP connection another node owns: `redirect-ask` (the node the
+//! path on a TCP connection another node owns: `redirect-ask` (the node the
 //! router sends it to follows its redirect record: look-up, encapsulation in place),
 //! `redirect-own` (the owner strips the outer headers and serves it as its own), with
 //! `baseline-redirect` (their loop without the engine: the same copy of a frame of that
@@ -174,7 +174,7 @@ fn run_recorded(
     Ok(())
 }
 
-/// The redirected path (issue 12): node addresses on the node network.
+/// The redirected path: node addresses on the node network.
 const NODE_A: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 2);
 const NODE_B: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 3);
 const NODE_B_MAC: [u8; 6] = [2, 0, 0, 0, 0, 5];
