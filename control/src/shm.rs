@@ -1781,137 +1781,15 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
     let (ns, nb, nv, np) = (w[2] as usize, w[3] as usize, w[4] as usize, w[5] as usize);
     let node = get_name(&w[SLOT_HEADER_WORDS - NAME_BYTES / 4..SLOT_HEADER_WORDS])?;
     let router_id = (w[9] != 0).then(|| Ipv4Addr::from(w[8]));
-    let mut services = Vec::with_capacity(ns);
-    let mut maglev_tables = Vec::with_capacity(ns);
-    let mw = cap.maglev_words();
-    for i in 0..ns {
-        let rec = &w[sec.services + i * SERVICE_WORDS..][..SERVICE_WORDS];
-        let protocol = Protocol::from_number((rec[1] & 0xff) as u8).ok_or("unknown protocol")?;
-        let (first, count, draining) = (rec[2] as usize, rec[3] as usize, rec[4] as usize);
-        if first + count + draining > nb {
-            return Err(format!("service {i} backends out of range"));
-        }
-        let source_ranges = decode_source_ranges(w, &sec, i, rec)?;
-        let backend = |b: usize, terminating: bool| {
-            let br = &w[sec.backends + b * BACKEND_WORDS..][..BACKEND_WORDS];
-            if (br[1] & BACKEND_TERMINATING != 0) != terminating || br[1] >> 17 != 0 {
-                return Err(format!("service {i} backend {b} has inconsistent flags"));
-            }
-            Ok(LocalBackend {
-                ip: Ipv4Addr::from(br[0]),
-                port: br[1] as u16,
-            })
-        };
-        let backends = (first..first + count)
-            .map(|b| backend(b, false))
-            .collect::<Result<Vec<_>, _>>()?;
-        let terminating = (first + count..first + count + draining)
-            .map(|b| backend(b, true))
-            .collect::<Result<Vec<_>, _>>()?;
-        let words = &w[sec.maglev + i * mw..][..mw];
-        let mut slots: Vec<u16> = words
-            .iter()
-            .flat_map(|x| [(*x & 0xffff) as u16, (*x >> 16) as u16])
-            .collect();
-        slots.truncate(cap.maglev_size as usize);
-        if slots
-            .iter()
-            .any(|s| *s != maglev::NO_BACKEND && usize::from(*s) >= count)
-        {
-            return Err(format!("service {i} Maglev slot names a missing backend"));
-        }
-        services.push(NodeService {
-            frontend: Frontend {
-                vip: Ipv4Addr::from(rec[0]),
-                protocol,
-                port: (rec[1] >> 16) as u16,
-            },
-            backends,
-            terminating,
-            source_ranges,
-            client_ip_affinity: (rec[7] != 0).then_some(rec[7]),
-            cluster_policy: rec[1] & SERVICE_CLUSTER_POLICY != 0,
-        });
-        maglev_tables.push(slots);
-    }
-    let mut advertised = Vec::with_capacity(nv);
-    for i in 0..nv {
-        let rec = &w[sec.vips + i * VIP_WORDS..][..VIP_WORDS];
-        let mask = u64::from(rec[3]) | (u64::from(rec[4]) << 32);
-        let (nc, nl) = (rec[5] as usize, rec[6] as usize);
-        if nc > MAX_COMMUNITIES || nl > MAX_LARGE_COMMUNITIES {
-            return Err(format!("VIP record {i} has too many communities"));
-        }
-        advertised.push(AdvertisedVip {
-            vip: Ipv4Addr::from(rec[0]),
-            local_pref: (rec[2] != 0).then_some(rec[1]),
-            communities: rec[8..8 + nc].to_vec(),
-            large_communities: (0..nl)
-                .map(|j| [rec[16 + 3 * j], rec[17 + 3 * j], rec[18 + 3 * j]])
-                .collect(),
-            peers: (0..64u16).filter(|p| mask & (1 << p) != 0).collect(),
-            weight: (rec[29] != 0).then_some(rec[28]),
-        });
-    }
-    let mut peers = Vec::with_capacity(np);
-    for i in 0..np {
-        let rec = &w[sec.peers + i * PEER_WORDS..][..PEER_WORDS];
-        let name = get_name(&rec[..NAME_BYTES / 4])?;
-        let f = &rec[NAME_BYTES / 4..];
-        let md5_len = (f[9] as usize).min(MD5_BYTES);
-        let md5 = get_bytes(&f[12..12 + MD5_BYTES / 4], md5_len);
-        let x = &f[12 + MD5_BYTES / 4..];
-        peers.push(PeerConfig {
-            name,
-            peer_address: Ipv4Addr::from(f[0]),
-            peer_asn: f[1],
-            local_asn: f[2],
-            peer_port: f[3] as u16,
-            passive: (f[3] >> 16) & 1 == 1,
-            source_address: (f[5] != 0).then(|| Ipv4Addr::from(f[4])),
-            hold_time: f[6] as u16,
-            keepalive_time: (f[6] >> 16) as u16,
-            connect_retry_time: f[7] as u16,
-            ebgp_multihop: ((f[7] >> 24) & 1 == 1).then_some((f[7] >> 16) as u8),
-            graceful_restart_time: ((f[8] >> 16) & 1 == 1).then_some(f[8] as u16),
-            md5_password: if f[10] != 0 {
-                Some(
-                    String::from_utf8(md5)
-                        .map_err(|_| "MD5 password is not UTF-8")?
-                        .into(),
-                )
-            } else {
-                None
-            },
-            bfd: ((x[2] >> 8) & 1 == 1).then_some(BfdSettings {
-                min_rx_ms: x[0],
-                min_tx_ms: x[1],
-                multiplier: x[2] as u8,
-            }),
-            drain: ((x[3] >> 8) & 1 == 1).then_some(DrainSettings {
-                as_path_prepend: x[3] as u8,
-                local_pref: x[4],
-                wait_seconds: x[5] as u16,
-            }),
-            bfd_auth: match x[6] & 0xff {
-                0 => None,
-                kind => Some(BfdAuth {
-                    auth_type: if kind == 2 {
-                        BfdAuthType::MeticulousKeyedSha1
-                    } else {
-                        BfdAuthType::KeyedSha1
-                    },
-                    key_id: (x[6] >> 8) as u8,
-                    key: String::from_utf8(get_bytes(
-                        &x[8..8 + BFD_KEY_MAX_BYTES / 4],
-                        ((x[6] >> 16) as usize).min(BFD_KEY_MAX_BYTES),
-                    ))
-                    .map_err(|_| "BFD key is not UTF-8")?
-                    .into(),
-                }),
-            },
-        });
-    }
+    let (services, maglev) = (0..ns)
+        .map(|i| decode_service(w, cap, &sec, nb, i))
+        .collect::<Result<(Vec<_>, Vec<_>), _>>()?;
+    let advertised = (0..nv)
+        .map(|i| decode_vip(w, &sec, i))
+        .collect::<Result<_, _>>()?;
+    let peers = (0..np)
+        .map(|i| decode_peer(w, &sec, i))
+        .collect::<Result<_, _>>()?;
     let redirects = decode_redirects(w, &sec)?;
     Ok(Snapshot {
         generation,
@@ -1923,7 +1801,146 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
             peers,
             redirects,
         },
-        maglev: maglev_tables,
+        maglev,
+    })
+}
+
+/// Service record `i` of a slot holding `nb` backend records, and its Maglev table.
+fn decode_service(
+    w: &[u32],
+    cap: &Capacity,
+    sec: &Sections,
+    nb: usize,
+    i: usize,
+) -> Result<(NodeService, Vec<u16>), String> {
+    let mw = cap.maglev_words();
+    let rec = &w[sec.services + i * SERVICE_WORDS..][..SERVICE_WORDS];
+    let protocol = Protocol::from_number((rec[1] & 0xff) as u8).ok_or("unknown protocol")?;
+    let (first, count, draining) = (rec[2] as usize, rec[3] as usize, rec[4] as usize);
+    if first + count + draining > nb {
+        return Err(format!("service {i} backends out of range"));
+    }
+    let source_ranges = decode_source_ranges(w, sec, i, rec)?;
+    let backend = |b: usize, terminating: bool| {
+        let br = &w[sec.backends + b * BACKEND_WORDS..][..BACKEND_WORDS];
+        if (br[1] & BACKEND_TERMINATING != 0) != terminating || br[1] >> 17 != 0 {
+            return Err(format!("service {i} backend {b} has inconsistent flags"));
+        }
+        Ok(LocalBackend {
+            ip: Ipv4Addr::from(br[0]),
+            port: br[1] as u16,
+        })
+    };
+    let backends = (first..first + count)
+        .map(|b| backend(b, false))
+        .collect::<Result<Vec<_>, _>>()?;
+    let terminating = (first + count..first + count + draining)
+        .map(|b| backend(b, true))
+        .collect::<Result<Vec<_>, _>>()?;
+    let words = &w[sec.maglev + i * mw..][..mw];
+    let mut slots: Vec<u16> = words
+        .iter()
+        .flat_map(|x| [(*x & 0xffff) as u16, (*x >> 16) as u16])
+        .collect();
+    slots.truncate(cap.maglev_size as usize);
+    if slots
+        .iter()
+        .any(|s| *s != maglev::NO_BACKEND && usize::from(*s) >= count)
+    {
+        return Err(format!("service {i} Maglev slot names a missing backend"));
+    }
+    let service = NodeService {
+        frontend: Frontend {
+            vip: Ipv4Addr::from(rec[0]),
+            protocol,
+            port: (rec[1] >> 16) as u16,
+        },
+        backends,
+        terminating,
+        source_ranges,
+        client_ip_affinity: (rec[7] != 0).then_some(rec[7]),
+        cluster_policy: rec[1] & SERVICE_CLUSTER_POLICY != 0,
+    };
+    Ok((service, slots))
+}
+
+/// VIP record `i`.
+fn decode_vip(w: &[u32], sec: &Sections, i: usize) -> Result<AdvertisedVip, String> {
+    let rec = &w[sec.vips + i * VIP_WORDS..][..VIP_WORDS];
+    let mask = u64::from(rec[3]) | (u64::from(rec[4]) << 32);
+    let (nc, nl) = (rec[5] as usize, rec[6] as usize);
+    if nc > MAX_COMMUNITIES || nl > MAX_LARGE_COMMUNITIES {
+        return Err(format!("VIP record {i} has too many communities"));
+    }
+    Ok(AdvertisedVip {
+        vip: Ipv4Addr::from(rec[0]),
+        local_pref: (rec[2] != 0).then_some(rec[1]),
+        communities: rec[8..8 + nc].to_vec(),
+        large_communities: (0..nl)
+            .map(|j| [rec[16 + 3 * j], rec[17 + 3 * j], rec[18 + 3 * j]])
+            .collect(),
+        peers: (0..64u16).filter(|p| mask & (1 << p) != 0).collect(),
+        weight: (rec[29] != 0).then_some(rec[28]),
+    })
+}
+
+/// Peer record `i`.
+fn decode_peer(w: &[u32], sec: &Sections, i: usize) -> Result<PeerConfig, String> {
+    let rec = &w[sec.peers + i * PEER_WORDS..][..PEER_WORDS];
+    let name = get_name(&rec[..NAME_BYTES / 4])?;
+    let f = &rec[NAME_BYTES / 4..];
+    let md5_len = (f[9] as usize).min(MD5_BYTES);
+    let md5 = get_bytes(&f[12..12 + MD5_BYTES / 4], md5_len);
+    let x = &f[12 + MD5_BYTES / 4..];
+    Ok(PeerConfig {
+        name,
+        peer_address: Ipv4Addr::from(f[0]),
+        peer_asn: f[1],
+        local_asn: f[2],
+        peer_port: f[3] as u16,
+        passive: (f[3] >> 16) & 1 == 1,
+        source_address: (f[5] != 0).then(|| Ipv4Addr::from(f[4])),
+        hold_time: f[6] as u16,
+        keepalive_time: (f[6] >> 16) as u16,
+        connect_retry_time: f[7] as u16,
+        ebgp_multihop: ((f[7] >> 24) & 1 == 1).then_some((f[7] >> 16) as u8),
+        graceful_restart_time: ((f[8] >> 16) & 1 == 1).then_some(f[8] as u16),
+        md5_password: if f[10] != 0 {
+            Some(
+                String::from_utf8(md5)
+                    .map_err(|_| "MD5 password is not UTF-8")?
+                    .into(),
+            )
+        } else {
+            None
+        },
+        bfd: ((x[2] >> 8) & 1 == 1).then_some(BfdSettings {
+            min_rx_ms: x[0],
+            min_tx_ms: x[1],
+            multiplier: x[2] as u8,
+        }),
+        drain: ((x[3] >> 8) & 1 == 1).then_some(DrainSettings {
+            as_path_prepend: x[3] as u8,
+            local_pref: x[4],
+            wait_seconds: x[5] as u16,
+        }),
+        bfd_auth: match x[6] & 0xff {
+            0 => None,
+            kind => Some(BfdAuth {
+                auth_type: if kind == 2 {
+                    BfdAuthType::MeticulousKeyedSha1
+                } else {
+                    BfdAuthType::KeyedSha1
+                },
+                key_id: (x[6] >> 8) as u8,
+                key: String::from_utf8(get_bytes(
+                    &x[8..8 + BFD_KEY_MAX_BYTES / 4],
+                    ((x[6] >> 16) as usize).min(BFD_KEY_MAX_BYTES),
+                ))
+                .map_err(|_| "BFD key is not UTF-8")?
+                .into(),
+            }),
+        },
     })
 }
 

@@ -87,6 +87,43 @@ struct RunArgs {
     scale_precreated: bool,
 }
 
+/// `juneau-perf gen`'s arguments.
+#[derive(clap::Args)]
+struct GenArgs {
+    #[arg(long)]
+    iface: String,
+    /// Use the AF_XDP copy-mode TX generator (tops out at ~1-2 Mpps here) instead of
+    /// live frames.
+    #[arg(long)]
+    afxdp: bool,
+    #[arg(long)]
+    src_mac: String,
+    #[arg(long)]
+    dst_mac: String,
+    #[arg(long)]
+    dst_ip: Ipv4Addr,
+    #[arg(long)]
+    dst_port: u16,
+    #[arg(long, default_value_t = 256)]
+    flows: u32,
+    /// Packets/s, 0 = as fast as possible.
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    #[arg(long)]
+    duration_ms: u64,
+    #[arg(long, default_value_t = u64::MAX)]
+    max_packets: u64,
+    /// Replies: the flows are the destinations, this the fixed source (live frames).
+    #[arg(long)]
+    reply_from: Option<SocketAddr>,
+    /// Partial UDP checksums (as a Pod with tx offload sends them; live frames).
+    #[arg(long)]
+    partial_checksum: bool,
+    /// What each frame is (live frames; floods: syn, ack, fragment).
+    #[arg(long, value_enum, default_value = "udp")]
+    kind: juneau_perf::packet::FrameKind,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// The full suite (>= 3 runs of 5 s per scenario, flow scale, latency, cost).
@@ -131,40 +168,7 @@ enum Cmd {
     /// (internal) traffic generator (live-frames BPF_PROG_RUN by default, or the older
     /// AF_XDP TX generator with `--afxdp`); prints a JSON result.
     #[command(hide = true)]
-    Gen {
-        #[arg(long)]
-        iface: String,
-        /// Use the AF_XDP copy-mode TX generator (tops out at ~1-2 Mpps here) instead of
-        /// live frames.
-        #[arg(long)]
-        afxdp: bool,
-        #[arg(long)]
-        src_mac: String,
-        #[arg(long)]
-        dst_mac: String,
-        #[arg(long)]
-        dst_ip: Ipv4Addr,
-        #[arg(long)]
-        dst_port: u16,
-        #[arg(long, default_value_t = 256)]
-        flows: u32,
-        /// Packets/s, 0 = as fast as possible.
-        #[arg(long, default_value_t = 0)]
-        rate: u64,
-        #[arg(long)]
-        duration_ms: u64,
-        #[arg(long, default_value_t = u64::MAX)]
-        max_packets: u64,
-        /// Replies: the flows are the destinations, this the fixed source (live frames).
-        #[arg(long)]
-        reply_from: Option<SocketAddr>,
-        /// Partial UDP checksums (as a Pod with tx offload sends them; live frames).
-        #[arg(long)]
-        partial_checksum: bool,
-        /// What each frame is (live frames; floods: syn, ack, fragment).
-        #[arg(long, value_enum, default_value = "udp")]
-        kind: juneau_perf::packet::FrameKind,
-    },
+    Gen(GenArgs),
     /// (internal) raw AF_XDP forwarder baseline.
     #[command(hide = true)]
     L2fwd {
@@ -764,69 +768,7 @@ fn main() -> Result<()> {
                 bail!("{} prerequisite(s) missing", missing.len())
             }
         }
-        Cmd::Gen {
-            iface,
-            afxdp,
-            src_mac,
-            dst_mac,
-            dst_ip,
-            dst_port,
-            flows,
-            rate,
-            duration_ms,
-            max_packets,
-            reply_from,
-            partial_checksum,
-            kind,
-        } => {
-            // The caller starts its clock at this line (stdout, before the JSON result).
-            let ready = || {
-                println!("ready");
-                let _ = std::io::Write::flush(&mut std::io::stdout());
-            };
-            let template = Template {
-                src_mac: parse_mac(&src_mac).context("--src-mac")?,
-                dst_mac: parse_mac(&dst_mac).context("--dst-mac")?,
-                dst_ip,
-                dst_port,
-            };
-            let r = if afxdp {
-                if kind != juneau_perf::packet::FrameKind::Udp {
-                    bail!("--afxdp sends UDP datagrams only");
-                }
-                let cfg = xsk::GenConfig {
-                    iface,
-                    template,
-                    src_base: juneau_perf::topology::FLOW_BASE,
-                    flows,
-                    rate_pps: rate,
-                    duration: Duration::from_millis(duration_ms),
-                    max_packets,
-                };
-                ready();
-                xsk::generate(&cfg, &never)?
-            } else {
-                let cfg = juneau_perf::livegen::LiveGenConfig {
-                    iface,
-                    template,
-                    src_base: juneau_perf::topology::FLOW_BASE,
-                    flows,
-                    rate_pps: rate,
-                    duration: Duration::from_millis(duration_ms),
-                    max_packets,
-                    reply_from: match reply_from {
-                        Some(SocketAddr::V4(a)) => Some((*a.ip(), a.port())),
-                        Some(a) => bail!("--reply-from {a}: IPv4 only"),
-                        None => None,
-                    },
-                    partial_checksum,
-                    kind,
-                };
-                juneau_perf::livegen::generate(&cfg, &never, &ready)?
-            };
-            println!("{}", serde_json::to_string(&r)?);
-            Ok(())
-        }
+        Cmd::Gen(a) => generate(a),
         Cmd::L2fwd {
             rx_iface,
             tx_iface,
@@ -872,4 +814,71 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `juneau-perf gen`: runs the traffic generator and prints its result as JSON.
+fn generate(a: GenArgs) -> Result<()> {
+    let GenArgs {
+        iface,
+        afxdp,
+        src_mac,
+        dst_mac,
+        dst_ip,
+        dst_port,
+        flows,
+        rate,
+        duration_ms,
+        max_packets,
+        reply_from,
+        partial_checksum,
+        kind,
+    } = a;
+    let never = std::sync::atomic::AtomicBool::new(false);
+    // The caller starts its clock at this line (stdout, before the JSON result).
+    let ready = || {
+        println!("ready");
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    };
+    let template = Template {
+        src_mac: parse_mac(&src_mac).context("--src-mac")?,
+        dst_mac: parse_mac(&dst_mac).context("--dst-mac")?,
+        dst_ip,
+        dst_port,
+    };
+    let r = if afxdp {
+        if kind != juneau_perf::packet::FrameKind::Udp {
+            bail!("--afxdp sends UDP datagrams only");
+        }
+        let cfg = xsk::GenConfig {
+            iface,
+            template,
+            src_base: juneau_perf::topology::FLOW_BASE,
+            flows,
+            rate_pps: rate,
+            duration: Duration::from_millis(duration_ms),
+            max_packets,
+        };
+        ready();
+        xsk::generate(&cfg, &never)?
+    } else {
+        let cfg = juneau_perf::livegen::LiveGenConfig {
+            iface,
+            template,
+            src_base: juneau_perf::topology::FLOW_BASE,
+            flows,
+            rate_pps: rate,
+            duration: Duration::from_millis(duration_ms),
+            max_packets,
+            reply_from: match reply_from {
+                Some(SocketAddr::V4(a)) => Some((*a.ip(), a.port())),
+                Some(a) => bail!("--reply-from {a}: IPv4 only"),
+                None => None,
+            },
+            partial_checksum,
+            kind,
+        };
+        juneau_perf::livegen::generate(&cfg, &never, &ready)?
+    };
+    println!("{}", serde_json::to_string(&r)?);
+    Ok(())
 }
