@@ -308,6 +308,9 @@ struct Ctx {
     /// still carry the record's resourceVersion, so a stale copy costs a 409 and a
     /// retry, never an overwrite.
     records: Store<ServiceLoadBalancer>,
+    /// The Services, as the controller's own watch has them: the members of a shared
+    /// VIP's group.
+    services: Store<Service>,
     failures: Mutex<HashMap<String, u32>>,
     /// Signalled when a VIP is released, so Services waiting for an address look again.
     released: futures::channel::mpsc::UnboundedSender<()>,
@@ -450,6 +453,7 @@ async fn rebuild(client: &Client) -> Result<(VipBook, HashMap<String, Waiter>), 
         .iter()
         .map(|s| (key_of(s), s.uid().unwrap_or_default()))
         .collect();
+    let by_key: HashMap<String, &Service> = services.iter().map(|s| (key_of(s), s)).collect();
     let networks: HashMap<String, Vec<String>> = Api::<ExternalNetwork>::all(client.clone())
         .list(&ListParams::default())
         .await?
@@ -520,6 +524,10 @@ async fn rebuild(client: &Client) -> Result<(VipBook, HashMap<String, Waiter>), 
             .and_then(|st| st.vip.as_deref())
             .and_then(|v| v.parse::<Ipv4Addr>().ok())
         {
+            // A shared VIP is its group's (its members' records all show it).
+            let owner = by_key
+                .get(&owner)
+                .map_or_else(|| owner.clone(), |s| crate::sharing::vip_owner(s));
             if !book.restore(vip, &owner) {
                 warn!(%vip, %owner, "VIP recorded twice; the older record keeps it");
             }
@@ -529,7 +537,7 @@ async fn rebuild(client: &Client) -> Result<(VipBook, HashMap<String, Waiter>), 
         if !is_managed(s) {
             continue;
         }
-        let owner = key_of(s);
+        let owner = crate::sharing::vip_owner(s);
         if book.vip_of(&owner).is_some() {
             continue;
         }
@@ -641,6 +649,10 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
             )
         })
         .collect();
+    let controller = Controller::new(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default(),
+    );
     let ctx = Arc::new(Ctx {
         fence,
         metrics,
@@ -659,6 +671,7 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
         namespaces,
         advertisements,
         records,
+        services: controller.store(),
         failures: Mutex::new(HashMap::new()),
         released,
     });
@@ -670,30 +683,27 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
         }
     }
     let _pool_task = AbortOnDrop(pool_task);
-    Controller::new(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns_stream(record_stream)
-    .watches_stream(slice_stream, |s: EndpointSlice| {
-        let ns = s.namespace()?;
-        let svc = s.labels().get(SERVICE_NAME_LABEL)?.clone();
-        Some(ObjectRef::new(&svc).within(&ns))
-    })
-    .reconcile_all_on(cluster_changes)
-    .with_config(
-        ControllerConfig::default()
-            .debounce(Duration::from_millis(100))
-            .concurrency(RECONCILE_CONCURRENCY),
-    )
-    .run(timed_reconcile, error_policy, ctx)
-    .for_each(|r| {
-        if let Err(e) = r {
-            tracing::debug!(error = %e, "reconcile");
-        }
-        future::ready(())
-    })
-    .await;
+    controller
+        .owns_stream(record_stream)
+        .watches_stream(slice_stream, |s: EndpointSlice| {
+            let ns = s.namespace()?;
+            let svc = s.labels().get(SERVICE_NAME_LABEL)?.clone();
+            Some(ObjectRef::new(&svc).within(&ns))
+        })
+        .reconcile_all_on(cluster_changes)
+        .with_config(
+            ControllerConfig::default()
+                .debounce(Duration::from_millis(100))
+                .concurrency(RECONCILE_CONCURRENCY),
+        )
+        .run(timed_reconcile, error_policy, ctx)
+        .for_each(|r| {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "reconcile");
+            }
+            future::ready(())
+        })
+        .await;
     Ok(())
 }
 
@@ -735,14 +745,17 @@ async fn wait_ready(ctx: &Ctx) -> Result<(), Error> {
         let _ = ctx.namespaces.wait_until_ready().await;
         let _ = ctx.advertisements.wait_until_ready().await;
         let _ = ctx.records.wait_until_ready().await;
+        // Every member of a shared VIP's group known before one is admitted.
+        let _ = ctx.services.wait_until_ready().await;
     };
     tokio::time::timeout(Duration::from_secs(60), all)
         .await
         .map_err(|_| Error::NotReady("caches of the Juneau objects"))
 }
 
-fn world(ctx: &Ctx) -> World {
+fn world(ctx: &Ctx, svc: &Service) -> World {
     World {
+        shared_with: shared_with(ctx, svc),
         networks: ctx
             .networks
             .state()
@@ -781,6 +794,64 @@ fn world(ctx: &Ctx) -> World {
             .cloned()
             .collect(),
     }
+}
+
+/// The other managed, not deleted Services of `svc`'s namespace with its sharing key (a
+/// walk over the Service cache, only for a Service that has a key).
+fn shared_with(ctx: &Ctx, svc: &Service) -> Vec<Arc<Service>> {
+    match crate::sharing::sharing_key(svc) {
+        Some(key) => members(ctx, &svc.namespace().unwrap_or_default(), key, &key_of(svc)),
+        None => Vec::new(),
+    }
+}
+
+/// The managed, not deleted Services of namespace `ns` sharing `key`, but `except`.
+fn members(ctx: &Ctx, ns: &str, key: &str, except: &str) -> Vec<Arc<Service>> {
+    ctx.services
+        .state()
+        .into_iter()
+        .filter(|o| {
+            o.metadata.namespace.as_deref() == Some(ns)
+                && o.metadata.deletion_timestamp.is_none()
+                && is_managed(o)
+                && crate::sharing::sharing_key(o) == Some(key)
+                && key_of(o) != except
+        })
+        .collect()
+}
+
+/// Releases the book's claims of the Service (`key`) but `keep` (its current owner; none
+/// when it goes): its own when it joined a group, its group's or the one holding the
+/// VIP its record shows (`recorded`) when it left it as the last member. A group's
+/// claim stays while another member is left.
+fn release_unused_claims(
+    ctx: &Ctx,
+    book: &mut VipBook,
+    svc: &Service,
+    key: &str,
+    recorded: Option<Ipv4Addr>,
+    keep: Option<&str>,
+) -> Vec<Ipv4Addr> {
+    let ns = svc.namespace().unwrap_or_default();
+    let mut owners = vec![key.to_string(), crate::sharing::vip_owner(svc)];
+    owners.extend(recorded.and_then(|v| book.owner(v)).map(String::from));
+    owners.sort();
+    owners.dedup();
+    let mut released = Vec::new();
+    for owner in owners {
+        if Some(owner.as_str()) == keep {
+            continue;
+        }
+        let in_use = match crate::sharing::group_of(&owner) {
+            Some((group_ns, _)) if group_ns != ns => true, // not this Service's to free
+            Some((_, group)) => !members(ctx, &ns, group, key).is_empty(),
+            None => owner != key,
+        };
+        if !in_use {
+            released.extend(book.release(&owner));
+        }
+    }
+    released
 }
 
 fn service_ref(svc: &Service) -> ObjectReference {
@@ -1049,11 +1120,16 @@ async fn release_service(
     deleting: bool,
 ) -> Result<Action, Error> {
     let name = svc.name_any();
+    let recorded = ctx
+        .records
+        .get(&ObjectRef::new(&name).within(&svc.namespace().unwrap_or_default()))
+        .and_then(|r| r.status.as_ref()?.vip.as_deref()?.parse::<Ipv4Addr>().ok());
     let held = ctx
         .book
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .vip_of(key);
+        .vip_of(&crate::sharing::vip_owner(svc))
+        .or(recorded);
     let was_waiting = ctx
         .waiters
         .lock()
@@ -1086,12 +1162,18 @@ async fn release_service(
     if has_finalizer {
         remove_finalizer(svcs, svc).await?;
     }
-    let released = ctx
-        .book
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .release(key);
-    forget_service(ctx, key, released);
+    // A shared VIP stays while another member of its group is left.
+    let released = {
+        let mut book = ctx.book.lock().unwrap_or_else(|e| e.into_inner());
+        release_unused_claims(ctx, &mut book, svc, key, held, None)
+            .first()
+            .copied()
+    };
+    forget_service(ctx, key, held);
+    if released.is_none() && held.is_some() {
+        // Others keep the VIP; a member kept out for its ports may now fit.
+        let _ = ctx.released.unbounded_send(());
+    }
     if let Some(v) = released {
         info!(service = %key, vip = %v, "VIP released");
         ctx.metrics.releases.inc();
@@ -1215,7 +1297,7 @@ fn decide(
 ) -> crate::reconcile::Outcome {
     let ns = svc.namespace().unwrap_or_else(|| "default".into());
     let name = svc.name_any();
-    let world = world(ctx);
+    let world = world(ctx, svc);
     // The Service's slices through the index, not a walk over every slice.
     let names = ctx
         .slice_index
@@ -1228,12 +1310,23 @@ fn decide(
         .filter(|s| s.labels().get(SERVICE_NAME_LABEL) == Some(&name))
         .collect();
     let slice_refs: Vec<&EndpointSlice> = slice_objs.iter().map(|s| s.as_ref()).collect();
-    let (outcome, held_before, held_now) = {
+    let owner = crate::sharing::vip_owner(svc);
+    let recorded = prev_status
+        .and_then(|p| p.vip.as_deref())
+        .and_then(|v| v.parse::<Ipv4Addr>().ok());
+    let (outcome, held_before, held_now, released) = {
         let mut book = ctx.book.lock().unwrap_or_else(|e| e.into_inner());
-        let held_before = book.vip_of(key);
+        let held_before = book.vip_of(&owner).or(recorded);
+        // A Service that joined or left a group lets go of the claim it no longer uses.
+        let released = release_unused_claims(ctx, &mut book, svc, key, recorded, Some(&owner));
         let outcome = reconcile_service(svc, prev_status, &slice_refs, &world, &mut book, now());
-        (outcome, held_before, book.vip_of(key))
+        (outcome, held_before, book.vip_of(&owner), released)
     };
+    for v in released {
+        info!(service = %key, vip = %v, "VIP released (the Service joined or left a shared VIP's group)");
+        ctx.metrics.releases.inc();
+        let _ = ctx.released.unbounded_send(());
+    }
     {
         let mut w = ctx.waiters.lock().unwrap_or_else(|e| e.into_inner());
         if outcome.queued_on.is_empty() {

@@ -8,7 +8,7 @@
 //! made by `juneau_control`, this crate only feeds and reports them.
 //!
 //! Layout: pure decisions with unit tests ([`reconcile`], [`node_state`], [`vips`],
-//! [`pools`], [`endpoints`], [`selection`]: which advertisements apply to a Service's VIP, [`source_ranges`]: the clients a Service admits, [`describe`], [`report`], [`peers`], [`pacing`], [`fence`]: when a
+//! [`pools`], [`endpoints`], [`selection`]: which advertisements apply to a Service's VIP, [`source_ranges`]: the clients a Service admits, [`sharing`]: which Services share a VIP, [`describe`], [`report`], [`peers`], [`pacing`], [`fence`]: when a
 //! leader may still write, [`maintenance`]: what puts a node in graceful maintenance, [`redirect_key`]: the redirect channel's MAC keys from their
 //! Secret) and thin glue that watches and writes ([`controller`], [`agent`],
 //! [`speaker_status`]: the node's BGP sessions into a NodeBGPStatus; [`decommission`]:
@@ -36,6 +36,7 @@ pub mod reconcile;
 pub mod redirect_key;
 pub mod report;
 pub mod selection;
+pub mod sharing;
 pub mod source_ranges;
 pub mod speaker_status;
 pub mod vips;

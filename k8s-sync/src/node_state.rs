@@ -647,14 +647,15 @@ pub fn build_node_state_with(
         excluded,
         peers: &peers,
     };
-    let merged = merged_parts(ctx, cache);
+    let mut merged = merged_parts(ctx, cache);
+    merged.hand_off_shared_frontends();
 
     let redirects = redirects(node, view, merged.vip_nodes, &mut warnings);
     let mut state = NodeState {
         node: node.to_string(),
         router_id,
         services: merged.services,
-        advertised: merged.advertised,
+        advertised: merged.advertised.into_values().collect(),
         peers: peers.into_iter().map(|(c, _)| c).collect(),
         redirects,
     };
@@ -803,23 +804,71 @@ fn drain_settings(p: &BGPPeer) -> juneau_control::model::DrainSettings {
 #[derive(Default)]
 struct MergedParts {
     services: Vec<NodeService>,
-    advertised: Vec<AdvertisedVip>,
+    /// The frontends of `services`.
+    frontends: std::collections::HashSet<Frontend>,
+    advertised: BTreeMap<Ipv4Addr, AdvertisedVip>,
     /// Per VIP served here: the nodes with a serving endpoint (Ready, or serving while
     /// terminating: the drain case), asked about connections this node does not hold.
     vip_nodes: BTreeMap<Ipv4Addr, BTreeSet<String>>,
 }
 
 impl MergedParts {
-    /// Adds one ServiceLoadBalancer's part.
+    /// Adds one ServiceLoadBalancer's part. Services sharing a VIP each bring theirs:
+    /// one announcement per VIP ([`merge_announcements`]), one entry per frontend (the
+    /// controller admits one Service per port of a shared VIP; should two parts still
+    /// name one frontend for a moment, the first stays).
     fn add(&mut self, part: &SlbPart) {
-        self.services.extend(part.services.iter().cloned());
-        self.advertised.extend(part.advertised.iter().cloned());
+        for s in &part.services {
+            if self.frontends.insert(s.frontend) {
+                self.services.push(s.clone());
+            }
+        }
+        if let Some(a) = &part.advertised {
+            match self.advertised.get_mut(&a.vip) {
+                Some(m) => merge_announcements(m, a),
+                None => {
+                    self.advertised.insert(a.vip, a.clone());
+                }
+            }
+        }
         let (vip, nodes) = &part.vip_nodes;
         self.vip_nodes
             .entry(*vip)
             .or_default()
             .extend(nodes.iter().cloned());
     }
+
+    /// The frontends of a VIP this node announces for another Service sharing it, but
+    /// without a backend of their own here: they hand each new connection to a node
+    /// that has one, as under the Cluster policy (TCP; a UDP datagram there is dropped,
+    /// `no_backend`, since datagrams are not handed on).
+    fn hand_off_shared_frontends(&mut self) {
+        for s in &mut self.services {
+            if s.backends.is_empty() && self.advertised.contains_key(&s.frontend.vip) {
+                s.cluster_policy = true;
+            }
+        }
+    }
+}
+
+/// One announcement of a VIP that Services sharing it each asked for: every community,
+/// the highest local preference, the union of the peers (none listed: all), the summed
+/// weights (none if one is unweighted).
+fn merge_announcements(into: &mut AdvertisedVip, other: &AdvertisedVip) {
+    fn union<T: Ord + Clone>(a: &mut Vec<T>, b: &[T]) {
+        a.extend_from_slice(b);
+        a.sort_unstable();
+        a.dedup();
+    }
+    union(&mut into.communities, &other.communities);
+    union(&mut into.large_communities, &other.large_communities);
+    into.local_pref = into.local_pref.max(other.local_pref);
+    if into.peers.is_empty() || other.peers.is_empty() {
+        into.peers.clear();
+    } else {
+        union(&mut into.peers, &other.peers);
+    }
+    into.weight = into.weight.zip(other.weight).map(|(a, b)| a + b);
 }
 
 /// Every ServiceLoadBalancer's part of the node's state, merged: from `cache` when its
@@ -1426,6 +1475,76 @@ mod tests {
         v.slices.clear();
         let (s, _) = build_node_state("node-b", &v);
         assert!(s.advertised.is_empty());
+    }
+
+    #[test]
+    fn services_sharing_a_vip_announce_it_once_and_hand_on_a_port_whose_backends_are_elsewhere() {
+        let mut v = view();
+        v.nodes.extend([node("node-b", "192.168.0.2", false)]);
+        // `admin` shares nginx's VIP (the controller gave both the group's address), on
+        // 8443, its only Pod on node-c; the advertisement weighs by backends.
+        let mut admin = (**v.services.get("default/nginx").unwrap()).clone();
+        admin.metadata = meta("admin", Some("default"));
+        admin.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 8443;
+        let mut slb = (*v.slbs[0]).clone();
+        slb.metadata = meta("admin", Some("default"));
+        v.services.insert("default/admin".into(), Arc::new(admin));
+        v.slbs.push(Arc::new(slb));
+        v.slices.insert(
+            "default/admin".into(),
+            vec![Arc::new(slice(
+                "admin",
+                "admin-1",
+                &[("10.0.0.9", "node-c", true, false)],
+                ("http", 8443),
+            ))],
+        );
+        Arc::make_mut(&mut v.advertisements[0])
+            .spec
+            .weighted_by_backends = Some(true);
+        let frontend = |s: &NodeState, port: u16| {
+            s.services
+                .iter()
+                .find(|x| x.frontend.port == port)
+                .cloned()
+                .unwrap()
+        };
+        let (a, w) = build_node_state("node-a", &v);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(
+            a.advertised.len(),
+            1,
+            "one announcement for the shared VIP: {a:?}"
+        );
+        assert_eq!(a.advertised[0].weight, Some(2), "node-a's Ready nginx Pods");
+        assert!(!frontend(&a, 80).cluster_policy, "nginx is served here");
+        let admin_here = frontend(&a, 8443);
+        assert!(
+            admin_here.backends.is_empty() && admin_here.cluster_policy,
+            "handed on"
+        );
+        assert_eq!(
+            a.redirects.vips[0].nodes,
+            [Ipv4Addr::new(192, 168, 0, 3)],
+            "to node-c, which has admin's Pod"
+        );
+        let (c, _) = build_node_state("node-c", &v);
+        assert_eq!(c.advertised.len(), 1);
+        assert_eq!(
+            c.advertised[0].weight,
+            Some(2),
+            "one Pod of each Service, summed"
+        );
+        assert!(c
+            .services
+            .iter()
+            .all(|x| !x.backends.is_empty() && !x.cluster_policy));
+        let (b, _) = build_node_state("node-b", &v);
+        assert!(
+            b.advertised.is_empty(),
+            "no Pod of either Service on node-b"
+        );
+        assert!(b.services.iter().all(|x| !x.cluster_policy));
     }
 
     #[test]

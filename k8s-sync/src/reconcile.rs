@@ -74,6 +74,9 @@ pub struct World {
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
     /// Services waiting for a free address of an exhausted pool.
     pub waiters: Vec<Waiter>,
+    /// The other managed, not deleted Services of the reconciled Service's namespace
+    /// with its `allow-shared-ip` key (empty when it has none): [`crate::sharing`].
+    pub shared_with: Vec<std::sync::Arc<Service>>,
 }
 
 /// A Service waiting for an address: freed addresses go to waiters in creation order.
@@ -428,8 +431,17 @@ fn decide_vip(
                 },
                 Err(p) => (pools, Err(p)),
             };
+            let shared = shared_vip_conflict(
+                svc,
+                world,
+                book.vip_of(owner),
+                req_of(&requested),
+                &pools,
+                &net,
+            );
             match requested {
                 Err(p) => Err((p, true)),
+                Ok(_) if shared.is_some() => Err((shared.expect("checked"), true)),
                 Ok(req) if !supported && book.vip_of(owner).is_none() => {
                     let _ = req;
                     Err((
@@ -492,9 +504,10 @@ fn decide_vip(
                             IpamError::NoPools => ("ExternalNetworkHasNoPools", true),
                         };
                         let message = match &e {
-                            IpamError::RequestedTaken { ip, owner } => {
-                                format!("requested IP {ip} is already the VIP of Service {owner}")
-                            }
+                            IpamError::RequestedTaken { ip, owner } => format!(
+                                "requested IP {ip} is already the VIP of {}",
+                                crate::sharing::describe_owner(owner)
+                            ),
                             IpamError::RequestedOutsidePools { ip, pools } => format!(
                                 "requested IP {ip} is not inside any AddressPool of ExternalNetwork {net:?} ({pools})"
                             ),
@@ -514,6 +527,39 @@ fn decide_vip(
         queued_on,
         condition,
     }
+}
+
+fn req_of(requested: &Result<Option<Ipv4Addr>, Problem>) -> Option<Ipv4Addr> {
+    requested.as_ref().ok().copied().flatten()
+}
+
+/// Why the Service cannot take the VIP its group holds (`held`) while other members
+/// use it: it asks for another address, or the VIP lies outside the pools it may use
+/// (`pools`, of ExternalNetwork `net`). Moving the VIP would move it under the others.
+fn shared_vip_conflict(
+    svc: &Service,
+    world: &World,
+    held: Option<Ipv4Addr>,
+    requested: Option<Ipv4Addr>,
+    pools: &[AddressPool],
+    net: &str,
+) -> Option<Problem> {
+    let key = crate::sharing::sharing_key(svc)?;
+    let held = held.filter(|_| !world.shared_with.is_empty())?;
+    let why = if let Some(r) = requested.filter(|r| *r != held) {
+        format!("it asks for {r}")
+    } else if !pools.iter().any(|p| p.contains(held)) {
+        format!("that address is in no AddressPool of ExternalNetwork {net:?} this Service may use")
+    } else {
+        return None;
+    };
+    Some(problem(
+        "SharedIPConflict",
+        format!(
+            "the Services sharing {key:?} ({}) hold {held}, and {why}: ask for the same address and network, or use another key",
+            crate::sharing::SHARED_IP_ANNOTATION
+        ),
+    ))
 }
 
 /// Of the ExternalNetwork `net`'s `pools`, the ones the Service's VIP may come from, in
@@ -750,7 +796,7 @@ pub fn reconcile_service(
     book: &mut VipBook,
     now: Time,
 ) -> Outcome {
-    let owner = key_of(svc);
+    let owner = crate::sharing::vip_owner(svc);
     let prev_conds: Vec<Condition> = previous.map(|p| p.conditions.clone()).unwrap_or_default();
     let generation = svc.metadata.generation;
     let eps = slice_endpoints(slices.iter().copied());
@@ -776,7 +822,17 @@ pub fn reconcile_service(
     let mut notes = Vec::new();
     let mut conditions = Vec::new();
 
-    let bad = unsupported(svc, &host);
+    let mut bad = unsupported(svc, &host);
+    let others: Vec<&Service> = world.shared_with.iter().map(|s| &**s).collect();
+    if let Err(c) = crate::sharing::admitted(svc, &others) {
+        bad.push(problem(
+            "SharedIPPortConflict",
+            format!(
+                "port {}/{} is already served on the shared VIP by the older Service {} (same {} key): give this Service another port or another key",
+                c.port, c.protocol, c.holder, crate::sharing::SHARED_IP_ANNOTATION
+            ),
+        ));
+    }
     let supported = bad.is_empty();
     let (ok, reason, message) = supported_verdict(&bad);
     conditions.push(cond(
@@ -863,6 +919,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
     use kube::api::ObjectMeta;
+    use std::sync::Arc;
 
     fn world() -> World {
         World {
@@ -902,7 +959,112 @@ mod tests {
             }],
             namespaces: BTreeMap::new(),
             waiters: vec![],
+            shared_with: vec![],
         }
+    }
+
+    /// A Service of the shared-VIP group `key` listening on `ports`, created at `secs`.
+    fn sharing(name: &str, key: &str, secs: i64, ports: &[(&str, i32)]) -> Service {
+        let mut s = svc(
+            name,
+            &[
+                (EXTERNAL_NETWORK_ANNOTATION, "public"),
+                (crate::sharing::SHARED_IP_ANNOTATION, key),
+            ],
+        );
+        s.metadata.creation_timestamp = Some(Time(
+            k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + secs).unwrap(),
+        ));
+        s.spec.as_mut().unwrap().ports = Some(
+            ports
+                .iter()
+                .map(|(proto, port)| ServicePort {
+                    protocol: Some(proto.to_string()),
+                    port: *port,
+                    ..Default::default()
+                })
+                .collect(),
+        );
+        s
+    }
+
+    #[test]
+    fn services_sharing_a_key_hold_one_vip_and_a_colliding_port_gets_none() {
+        let sl = seed_slice();
+        let tcp = Arc::new(sharing("dns-tcp", "dns", 1, &[("TCP", 53)]));
+        let udp = Arc::new(sharing("dns-udp", "dns", 2, &[("UDP", 53)]));
+        let late = Arc::new(sharing("dns-late", "dns", 3, &[("TCP", 53)]));
+        let other = svc("web", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
+        let mut book = VipBook::default();
+        let with = |others: &[&Arc<Service>]| World {
+            shared_with: others.iter().map(|s| Arc::clone(s)).collect(),
+            ..world()
+        };
+        let o_udp = reconcile_service(&udp, None, &[&sl], &with(&[&tcp, &late]), &mut book, now());
+        let o_tcp = reconcile_service(&tcp, None, &[&sl], &with(&[&udp, &late]), &mut book, now());
+        let o_web = reconcile_service(&other, None, &[&sl], &world(), &mut book, now());
+        assert!(o_udp.ingress_ip.is_some(), "{:?}", o_udp.status.conditions);
+        assert_eq!(o_udp.ingress_ip, o_tcp.ingress_ip, "one VIP for the group");
+        assert_ne!(
+            o_web.ingress_ip, o_tcp.ingress_ip,
+            "a Service outside it gets its own"
+        );
+        assert_eq!(book.len(), 2);
+        // The newcomer collides on 53/TCP with the older dns-tcp: no VIP shown, Failed, a
+        // Warning naming the port and the holder; the group keeps its VIP.
+        let o = reconcile_service(&late, None, &[&sl], &with(&[&tcp, &udp]), &mut book, now());
+        assert_eq!(o.ingress_ip, None);
+        assert_eq!(o.status.phase, Phase::Failed);
+        let n = o
+            .notes
+            .iter()
+            .find(|n| n.reason == "SharedIPPortConflict")
+            .unwrap();
+        assert!(
+            n.warning && n.message.contains("53/TCP") && n.message.contains("default/dns-tcp"),
+            "{n:?}"
+        );
+        assert_eq!(book.vip_of("default/allow-shared-ip=dns"), o_tcp.ingress_ip);
+        // Once dns-tcp is gone, it fits.
+        let o = reconcile_service(&late, None, &[&sl], &with(&[&udp]), &mut book, now());
+        assert_eq!(o.ingress_ip, o_udp.ingress_ip);
+    }
+
+    #[test]
+    fn a_member_asking_for_another_address_is_refused_and_moves_nothing() {
+        let sl = seed_slice();
+        let a = Arc::new(sharing("a", "k", 1, &[("TCP", 80)]));
+        let mut b = sharing("b", "k", 2, &[("TCP", 443)]);
+        b.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(REQUESTED_IP_ANNOTATION.into(), "203.0.113.77".into());
+        let mut book = VipBook::default();
+        let w = World {
+            shared_with: vec![Arc::new(b.clone())],
+            ..world()
+        };
+        let held = reconcile_service(&a, None, &[&sl], &w, &mut book, now()).ingress_ip;
+        let w = World {
+            shared_with: vec![a.clone()],
+            ..world()
+        };
+        let o = reconcile_service(&b, None, &[&sl], &w, &mut book, now());
+        assert_eq!(o.ingress_ip, None);
+        assert_eq!(o.status.phase, Phase::Failed);
+        assert!(o
+            .notes
+            .iter()
+            .any(|n| n.reason == "SharedIPConflict" && n.message.contains("203.0.113.77")));
+        assert_eq!(
+            book.vip_of("default/allow-shared-ip=k"),
+            held,
+            "the group keeps its VIP"
+        );
+        // Alone, the same request moves the group's VIP (nobody else uses it).
+        let o = reconcile_service(&b, None, &[&sl], &world(), &mut book, now());
+        assert_eq!(o.ingress_ip, Some("203.0.113.77".parse().unwrap()));
     }
 
     #[test]

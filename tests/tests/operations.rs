@@ -8,8 +8,8 @@
 //! `$CARGO_TARGET_TMPDIR/operations.md`; docs/operations.md records a run.
 //!
 //! Target: zero failed requests for every operation; asserted for the operations in
-//! [`MUST_BE_CLEAN`] (all of them since issues 10 and 12: pinned flows, drain, redirects
-//! between nodes); an operation left out of it reports its numbers, unasserted.
+//! [`MUST_BE_CLEAN`] (all of them, since pinned flows, drain and redirects between
+//! nodes); an operation left out of it reports its numbers, unasserted.
 //!
 //! Needs root and what tests/setup.sh installs. It brings up the one lab of the machine
 //! (netns jlab-*, /run/juneau-lab), so it fails if a lab is already up.
@@ -27,9 +27,10 @@ use juneau_tests::lab::{
 };
 use juneau_tests::load::LoadReport;
 
-/// Operations asserted to cause zero failed requests (the others are reported).
-/// With the pinned flow table, drain, exact steering and redirects between nodes, every operation had 0 failed requests in the runs recorded in
-/// docs/operations.md; if one turns out to flake, move it out and say why there.
+/// Operations asserted to cause zero failed requests (the others are reported). With
+/// the pinned flow table, drain, exact steering and redirects between nodes, every
+/// operation had 0 failed requests in the runs recorded in docs/operations.md; if one
+/// turns out to flake, move it out and say why there.
 const MUST_BE_CLEAN: &[&str] = &[
     "rolling update (kubectl rollout restart)",
     "scale 3 -> 6 -> 2",
