@@ -445,6 +445,91 @@ fn cluster_policy_serves_through_a_node_without_pods() -> Result<()> {
     checked
 }
 
+/// Shared VIPs: `shared-web` (port 80, the nginx Pods on node-a and node-c) and
+/// `shared-alt` (port 8080, one Pod pinned to node-b) carry the same
+/// `allow-shared-ip` key and hold one VIP, which all three nodes announce; a connection
+/// the router sends to a node without a Pod for its port is handed to one that has
+/// one. Small pages and 4 MiB down and up on both ports; the alt Pod logs the client's
+/// real address.
+fn services_sharing_a_vip_serve_each_port_from_its_own_pods() -> Result<()> {
+    const SHARED_VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 23);
+    let share = "juneau.loutres.me/allow-shared-ip: edge\n    ";
+    let web = nginx_service("shared-web", SHARED_VIP, "", "Local", "")
+        .replace("annotations:\n    ", &format!("annotations:\n    {share}"));
+    let alt = nginx_service("shared-alt", SHARED_VIP, "", "Local", "")
+        .replace("annotations:\n    ", &format!("annotations:\n    {share}"))
+        .replace("{app: nginx}", "{app: nginx-alt}")
+        .replace("port: 80,", "port: 8080,");
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: nginx-alt, namespace: default, \
+               labels: {app: nginx-alt}}\nspec:\n  nodeName: node-b\n  containers:\n  \
+               - name: nginx\n    image: nginx:1.27\n    imagePullPolicy: Never\n    \
+               ports: [{containerPort: 80, name: http}]\n    \
+               readinessProbe: {httpGet: {path: /healthz, port: http}, periodSeconds: 2}\n";
+    lab::kubectl_apply(&format!("{web}---\n{alt}---\n{pod}"))?;
+    let checked = (|| -> Result<()> {
+        eventually(
+            "the shared VIP at BIRD from node-a, node-b and node-c",
+            Duration::from_secs(90),
+            || {
+                Ok(
+                    juneau_tests::bird::bgp_nexthops(&lab::bird_ctl(), SHARED_VIP)?
+                        == vec![NODE_A, NODE_B, NODE_C],
+                )
+            },
+        )?;
+        let before: u64 = ["node-a", "node-b", "node-c"]
+            .iter()
+            .map(|n| handed_on(n).unwrap_or(0))
+            .sum();
+        let client = juneau_tests::lab::ns("client");
+        let want = pattern(4 << 20);
+        for port in [80, 8080] {
+            let url = format!("http://{SHARED_VIP}:{port}/");
+            for i in 0..20 {
+                let page = in_ns("client", &["curl", "-sS", "-m", "10", &url])
+                    .with_context(|| format!("request {i} to port {port} of the shared VIP"))?;
+                ensure!(
+                    page.contains("Welcome to nginx"),
+                    "port {port}, request {i}: {page}"
+                );
+            }
+            for _ in 0..3 {
+                let base = format!("http://{SHARED_VIP}:{port}");
+                download(&client, &format!("{base}/files/4m"), &want, 10)?;
+                put_and_get(&client, &format!("{base}/uploads/4m"), &want, 10)?;
+            }
+        }
+        let after: u64 = ["node-a", "node-b", "node-c"]
+            .iter()
+            .map(|n| handed_on(n).unwrap_or(0))
+            .sum();
+        ensure!(
+            after > before,
+            "no node handed a connection to another: did every connection land where its Pods are?"
+        );
+        println!(
+            "shared VIP: the nodes handed {} packets to the nodes with the port's Pods",
+            after - before
+        );
+        let logs = kubectl(&["logs", "nginx-alt"])?;
+        ensure!(
+            logs.lines()
+                .any(|l| l.starts_with(&format!("{CLIENT_IP} "))),
+            "the alt Pod did not log the client's real address {CLIENT_IP}:\n{logs}"
+        );
+        Ok(())
+    })();
+    kubectl(&[
+        "delete",
+        "service",
+        "shared-web",
+        "shared-alt",
+        "--wait=true",
+    ])?;
+    kubectl(&["delete", "pod", "nginx-alt", "--wait=true"])?;
+    checked
+}
+
 /// The sum over the nodes of their dataplanes' drops for `reason`.
 fn drops(reason: &str) -> Result<u64> {
     let mut n = 0;
@@ -682,6 +767,7 @@ fn walk() -> Result<()> {
     a_service_carries_its_own_communities()?;
     source_ranges_admit_the_client_and_not_the_outsider()?;
     cluster_policy_serves_through_a_node_without_pods()?;
+    services_sharing_a_vip_serve_each_port_from_its_own_pods()?;
 
     // `up` again is harmless.
     let again = lab_cmd("up")?;
