@@ -1317,6 +1317,12 @@ fn decide(
     let (outcome, held_before, held_now, released) = {
         let mut book = ctx.book.lock().unwrap_or_else(|e| e.into_inner());
         let held_before = book.vip_of(&owner).or(recorded);
+        // The first member of a group brings the VIP it held along.
+        if owner != key && book.vip_of(&owner).is_none() {
+            if let Some(v) = book.release(key) {
+                book.restore(v, &owner);
+            }
+        }
         // A Service that joined or left a group lets go of the claim it no longer uses.
         let released = release_unused_claims(ctx, &mut book, svc, key, recorded, Some(&owner));
         let outcome = reconcile_service(svc, prev_status, &slice_refs, &world, &mut book, now());

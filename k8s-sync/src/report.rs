@@ -337,6 +337,37 @@ pub fn why(
     }
 }
 
+/// Refines a [`why`] report with the records of the Services that share its VIP
+/// (`siblings`: the namespace's other ServiceLoadBalancers; only those served on the
+/// same VIP count): a node that does not announce it for this Service but does for a
+/// sibling announces it all the same, and hands this Service's connections on.
+pub fn refine_why_for_shared_vip(r: &mut Why, siblings: &[ServiceLoadBalancer]) {
+    let Some(vip) = r.vip.as_deref() else {
+        return;
+    };
+    for v in r.nodes.iter_mut().filter(|v| !v.advertising) {
+        let by: Vec<&str> = siblings
+            .iter()
+            .filter_map(|s| {
+                let st = s.status.as_ref()?;
+                let here = st.vip.as_deref() == Some(vip)
+                    && st.phase != Phase::Failed
+                    && st.advertising_nodes.contains(&v.node);
+                here.then_some(s.metadata.name.as_deref()?)
+            })
+            .collect();
+        if by.is_empty() || v.reason == "ServiceNotServed" {
+            continue;
+        }
+        v.advertising = true;
+        v.reason = "AdvertisingForSharedVIP".into();
+        v.message = format!(
+            "announces the VIP for {} (same allow-shared-ip key), with no Ready backend of this Service: hands each new TCP connection to its ports, unchanged, to a node that has one (UDP datagrams are not handed on: dropped as redirect_no_peer)",
+            by.join(", ")
+        );
+    }
+}
+
 /// Nodes by name, for [`World`].
 pub fn node_map(nodes: Vec<Node>) -> BTreeMap<String, Node> {
     nodes
@@ -479,6 +510,42 @@ mod tests {
         let d = r.nodes.iter().find(|v| v.node == "d").unwrap();
         assert_eq!(d.reason, "AdvertisingForCluster");
         assert!(d.advertising && d.message.contains("hands each new connection"));
+    }
+
+    #[test]
+    fn a_node_announcing_a_shared_vip_for_a_sibling_says_so() {
+        let w = World {
+            nodes: [
+                node("a", "192.168.0.1", false),
+                node("d", "192.168.0.4", false),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        let sl = slice(
+            "web",
+            "web-1",
+            &[("10.0.0.1", "a", true, false)],
+            ("http", 80),
+        );
+        let mut r = why(
+            &slb("web", Some("203.0.113.1"), Phase::Ready, &["a"]),
+            &BTreeMap::new(),
+            &[sl],
+            &w,
+        );
+        let siblings = [
+            slb("admin", Some("203.0.113.1"), Phase::Ready, &["d"]),
+            slb("other", Some("203.0.113.9"), Phase::Ready, &["a", "d"]),
+            slb("broken", Some("203.0.113.1"), Phase::Failed, &["a", "d"]),
+        ];
+        refine_why_for_shared_vip(&mut r, &siblings);
+        let d = r.nodes.iter().find(|v| v.node == "d").unwrap();
+        assert_eq!(d.reason, "AdvertisingForSharedVIP");
+        assert!(d.advertising && d.message.contains("for admin"), "{d:?}");
+        assert!(!d.message.contains("other") && !d.message.contains("broken"));
+        let a = r.nodes.iter().find(|v| v.node == "a").unwrap();
+        assert_eq!(a.reason, "Advertising", "its own Pods: unchanged");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Shared VIPs against a real kube-apiserver, with the real controller and agent:
 //! Services of one namespace with the same `juneau.loutres.me/allow-shared-ip` key hold
-//! one VIP (DNS over TCP and UDP on port 53); a third that wants 53/TCP too gets no VIP,
+//! one VIP (DNS over TCP and UDP on port 53); a served Service that takes a key brings
+//! its VIP to the group; a third that wants 53/TCP too gets no VIP,
 //! a `SharedIPPortConflict` condition and Warning, and the others are untouched; a new
 //! controller (leader change) finds the group's VIP again; when the older holder of the
 //! port goes, the newcomer is served on the same VIP; when the last member goes the VIP
@@ -96,6 +97,22 @@ fn services_sharing_a_key_share_one_vip_and_a_colliding_port_is_refused() -> Res
         vip,
         "an unshared Service on the same port gets its own"
     );
+
+    // A served Service that takes a key keeps its VIP; the next member joins it there.
+    // (A lower address is free by then: a new allocation would take it, not solo's.)
+    env.apply(&shared("gap", None, "TCP", 7070))?;
+    vip_of("gap")?;
+    env.apply(&shared("solo", None, "TCP", 8080))?;
+    let solo = vip_of("solo")?;
+    env.kubectl(&["delete", "service", "gap", "--wait=true"])?;
+    env.kubectl(&["annotate", "service", "solo", &format!("{KEY}=pair")])?;
+    env.apply(&shared("pair", Some("pair"), "TCP", 9090))?;
+    assert_eq!(
+        vip_of("pair")?,
+        solo,
+        "the first member brought its VIP along"
+    );
+    assert_eq!(ingress(&env, "solo")?.as_ref(), Some(&solo));
 
     // A newcomer on 53/TCP: refused, said, nothing half-served.
     env.apply(&shared("dns-late", Some("dns"), "TCP", 53))?;

@@ -235,6 +235,16 @@ async fn why(
         .unwrap_or_default();
     let mut r = report::why(&slb, &service_labels, &slices, &world);
     juneau_k8s_sync::peers::refine_why(&mut r, &speakers);
+    // Services sharing its VIP (same allow-shared-ip key) announce it too.
+    let siblings: Vec<ServiceLoadBalancer> = Api::<ServiceLoadBalancer>::namespaced(c.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .context("listing the namespace's ServiceLoadBalancers")?
+        .items
+        .into_iter()
+        .filter(|s| s.metadata.name.as_deref() != Some(name))
+        .collect();
+    report::refine_why_for_shared_vip(&mut r, &siblings);
     emit(output, &r, || {
         let mut out = format!(
             "Service {}  vip: {}  phase: {}\n",
