@@ -108,6 +108,46 @@ struct Held {
     checked: u64,
 }
 
+/// What to do with a held table now.
+#[derive(Debug, PartialEq, Eq)]
+enum HoldVerdict {
+    /// Keep the table in force; look again at the next tick.
+    Wait,
+    /// Install the held table: every next hop it waited for `resolved`, or not after
+    /// [`HOLD_MAX`]; `waited` since the first held table was read.
+    Install { resolved: bool, waited: Duration },
+}
+
+impl Held {
+    /// Whether the held table may go in at `now` (sans-IO): the resolver has dropped and
+    /// re-requested every entry this table pushed once `reverified` (its counter)
+    /// reached `reverify_target`; a resolution counts only from a snapshot published
+    /// after that (`current`, its version), and `all_found` looks at a snapshot only
+    /// once per new version.
+    fn verdict(
+        &mut self,
+        now: Instant,
+        reverified: u64,
+        current: u64,
+        all_found: impl FnOnce(&[u32]) -> bool,
+    ) -> HoldVerdict {
+        if self.version.is_none() && reverified >= self.reverify_target {
+            self.version = Some(current);
+        }
+        let refreshed = self.version.is_some_and(|v| current != v) && self.checked != current;
+        if refreshed {
+            self.checked = current;
+        }
+        let resolved = self.waiting.is_empty() || refreshed && all_found(&self.waiting);
+        let waited = now.saturating_duration_since(self.since);
+        if resolved || waited >= HOLD_MAX {
+            HoldVerdict::Install { resolved, waited }
+        } else {
+            HoldVerdict::Wait
+        }
+    }
+}
+
 impl Control {
     pub fn new(cfg: &RuntimeConfig) -> Result<Self> {
         let status = DataplaneStatusWriter::create(&cfg.status_file).with_context(|| {
@@ -173,31 +213,21 @@ impl Control {
     }
 
     /// Installs the held table once its new backends' next hops are resolved in a
-    /// snapshot the resolver published after re-requesting them, or after [`HOLD_MAX`].
-    /// The check runs only when a new snapshot arrived.
+    /// snapshot the resolver published after re-requesting them, or after [`HOLD_MAX`]
+    /// ([`Held::verdict`]).
     fn release_held(&mut self, now: Instant, steering: &mut Steering, ctx: &ControlCtx<'_>) {
         let Some(h) = self.held.as_mut() else {
             return;
         };
-        if h.version.is_none() && ctx.shared.reverified.load(Ordering::Acquire) >= h.reverify_target
-        {
-            h.version = Some(ctx.shared.version());
-        }
-        let current = ctx.shared.version();
-        let refreshed = h.version.is_some_and(|v| current != v) && h.checked != current;
-        if refreshed {
-            h.checked = current;
-        }
         let found = |nb: &Neighbours, ip: u32| matches!(nb.resolve(ip), Resolve::Found { .. });
-        let resolved = h.waiting.is_empty()
-            || refreshed && {
-                let nb = ctx.shared.get();
-                h.waiting.iter().all(|ip| found(&nb, *ip))
-            };
-        let waited = now.saturating_duration_since(h.since);
-        if !resolved && waited < HOLD_MAX {
+        let reverified = ctx.shared.reverified.load(Ordering::Acquire);
+        let verdict = h.verdict(now, reverified, ctx.shared.version(), |waiting| {
+            let nb = ctx.shared.get();
+            waiting.iter().all(|ip| found(&nb, *ip))
+        });
+        let HoldVerdict::Install { resolved, waited } = verdict else {
             return;
-        }
+        };
         let h = self.held.take().expect("held");
         if !h.waiting.is_empty() {
             self.holds.held += 1;
@@ -470,5 +500,85 @@ fn log_redirect_keys(r: &Redirector) {
     } else {
         let key_ids: Vec<u8> = r.keys().iter().map(|k| k.id).collect();
         tracing::info!(?key_ids, "redirect channel authenticated (wire version 3): sending with the first key id, accepting tags under any");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(waiting: &[u32], since: Instant) -> Held {
+        Held {
+            table: ServiceTable::default(),
+            generation: 7,
+            since,
+            reverify_target: 10,
+            version: None,
+            waiting: waiting.to_vec(),
+            checked: 0,
+        }
+    }
+
+    #[test]
+    fn a_table_without_new_next_hops_goes_in_at_once() {
+        let t0 = Instant::now();
+        let mut h = held(&[], t0);
+        let v = h.verdict(t0, 0, 1, |_| panic!("nothing to look up"));
+        assert_eq!(
+            v,
+            HoldVerdict::Install {
+                resolved: true,
+                waited: Duration::ZERO
+            }
+        );
+    }
+
+    #[test]
+    fn a_resolution_counts_only_from_a_snapshot_after_the_re_request() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut h = held(&[1, 2], t0);
+        // The resolver has not re-requested every entry yet: whatever a snapshot says
+        // (it may hold an entry about to be dropped), wait.
+        assert_eq!(h.verdict(ms(1), 9, 4, |_| true), HoldVerdict::Wait);
+        // Re-requested at snapshot 4: snapshot 4 itself does not count.
+        assert_eq!(h.verdict(ms(2), 10, 4, |_| true), HoldVerdict::Wait);
+        // Snapshot 5 lacks one of them: wait, and look at 5 only once.
+        assert_eq!(
+            h.verdict(ms(3), 10, 5, |w| {
+                assert_eq!(w, [1, 2]);
+                false
+            }),
+            HoldVerdict::Wait
+        );
+        assert_eq!(
+            h.verdict(ms(4), 10, 5, |_| panic!("5 seen already")),
+            HoldVerdict::Wait
+        );
+        // Snapshot 6 has both: in.
+        assert_eq!(
+            h.verdict(ms(5), 10, 6, |_| true),
+            HoldVerdict::Install {
+                resolved: true,
+                waited: Duration::from_millis(5)
+            }
+        );
+    }
+
+    #[test]
+    fn a_table_waits_at_most_hold_max() {
+        let t0 = Instant::now();
+        let mut h = held(&[1], t0);
+        assert_eq!(
+            h.verdict(t0 + HOLD_MAX / 2, 0, 1, |_| false),
+            HoldVerdict::Wait
+        );
+        assert_eq!(
+            h.verdict(t0 + HOLD_MAX, 0, 1, |_| false),
+            HoldVerdict::Install {
+                resolved: false,
+                waited: HOLD_MAX
+            }
+        );
     }
 }

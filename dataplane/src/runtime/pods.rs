@@ -40,10 +40,7 @@ struct Opening {
 /// Discovered Pod interfaces: their redirect-map slots and sockets' frame budget.
 pub(super) struct PodInterfaces<'u> {
     factory: SocketFactory<'u>,
-    /// First redirect-map slot for discovered interfaces.
-    slot_base: u32,
-    /// Slots in use (relative to `slot_base`).
-    slots_used: Vec<bool>,
+    slots: SocketSlots,
     fill_budget: u32,
     attached: Vec<DiscoveredPod>,
     opening: Vec<Opening>,
@@ -69,8 +66,7 @@ impl<'u> PodInterfaces<'u> {
     ) -> Self {
         PodInterfaces {
             factory,
-            slot_base,
-            slots_used: vec![false; slots as usize],
+            slots: SocketSlots::new(slot_base, slots),
             fill_budget,
             attached: Vec::new(),
             opening: Vec::new(),
@@ -169,7 +165,8 @@ impl<'u> PodInterfaces<'u> {
         let name = netlink::iface_name(ifindex).context("interface gone")?;
         let queues = rx_queues(&name);
         let slot_base = self
-            .alloc_slots(queues)
+            .slots
+            .alloc(queues)
             .with_context(|| format!("{name}: no free AF_XDP socket (raise --max-pod-sockets)"))?;
         let si = SteeredIface {
             name,
@@ -181,7 +178,7 @@ impl<'u> PodInterfaces<'u> {
         let ports = self
             .factory
             .open(&si, Side::Pod(0), self.fill_budget, steering, (0, 1))
-            .inspect_err(|_| self.free_slots(slot_base, queues))?;
+            .inspect_err(|_| self.slots.free(slot_base, queues))?;
         self.send(PortChange::Add(ports));
         self.opening.push(Opening {
             steered: si,
@@ -200,7 +197,7 @@ impl<'u> PodInterfaces<'u> {
     /// The worker closes the interface's sockets; their slots are free again.
     fn close(&mut self, si: &SteeredIface) {
         self.send(PortChange::Close(si.ifindex));
-        self.free_slots(si.slot_base, si.queues);
+        self.slots.free(si.slot_base, si.queues);
     }
 
     fn send(&mut self, change: PortChange) {
@@ -209,21 +206,61 @@ impl<'u> PodInterfaces<'u> {
             self.sent += 1;
         }
     }
+}
 
-    fn alloc_slots(&mut self, n: u32) -> Option<u32> {
-        let n = n as usize;
-        let free_run = (0..self.slots_used.len().saturating_sub(n - 1))
-            .find(|&i| self.slots_used[i..i + n].iter().all(|u| !u))?;
-        for u in &mut self.slots_used[free_run..free_run + n] {
-            *u = true;
+/// The redirect-map slots of discovered interfaces' sockets: one per queue, an
+/// interface's slots consecutive (the program finds a queue's socket at its interface's
+/// first slot + the queue).
+struct SocketSlots {
+    /// First slot for discovered interfaces.
+    base: u32,
+    /// Slots in use (relative to `base`).
+    used: Vec<bool>,
+}
+
+impl SocketSlots {
+    fn new(base: u32, n: u32) -> Self {
+        SocketSlots {
+            base,
+            used: vec![false; n as usize],
         }
-        Some(self.slot_base + free_run as u32)
     }
 
-    fn free_slots(&mut self, base: u32, n: u32) {
-        let from = (base - self.slot_base) as usize;
-        for u in self.slots_used.iter_mut().skip(from).take(n as usize) {
+    /// The first of `n` consecutive free slots, now taken; `None` when there is no such run.
+    fn alloc(&mut self, n: u32) -> Option<u32> {
+        let n = (n as usize).max(1);
+        let free_run = (0..self.used.len().saturating_sub(n - 1))
+            .find(|&i| self.used[i..i + n].iter().all(|u| !u))?;
+        for u in &mut self.used[free_run..free_run + n] {
+            *u = true;
+        }
+        Some(self.base + free_run as u32)
+    }
+
+    /// Frees the `n` slots from `base` on.
+    fn free(&mut self, base: u32, n: u32) {
+        let from = (base - self.base) as usize;
+        for u in self.used.iter_mut().skip(from).take(n as usize) {
             *u = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interface_gets_consecutive_slots_and_gives_them_back() {
+        let mut s = SocketSlots::new(16, 6);
+        assert_eq!(s.alloc(1), Some(16));
+        assert_eq!(s.alloc(4), Some(17));
+        assert_eq!(s.alloc(2), None, "one slot left");
+        assert_eq!(s.alloc(1), Some(21));
+        s.free(17, 4);
+        assert_eq!(s.alloc(2), Some(17), "the freed run, lowest first");
+        assert_eq!(s.alloc(3), None, "two left, not consecutive with three");
+        assert_eq!(s.alloc(2), Some(19));
+        assert_eq!(s.alloc(1), None);
     }
 }
