@@ -1763,6 +1763,10 @@ fn create_redirect_key() -> Result<()> {
 /// The clients of a [`LabLoad`].
 #[derive(Debug, Clone, Copy)]
 pub struct LoadShape {
+    /// The VIP's `ip:port` they load.
+    pub target: std::net::SocketAddrV4,
+    /// Bulk clients (4 MiB down, 1 MiB up, on a kept-alive connection).
+    pub bulk: usize,
     /// Paced keep-alive clients.
     pub keepalive: usize,
     /// Paced new-connection clients.
@@ -1823,6 +1827,8 @@ impl LabLoad {
     /// default); files go to `dir`.
     pub fn start(bins: &JuneauBins, dir: &Path, name: &str, shape: &LoadShape) -> Result<LabLoad> {
         let LoadShape {
+            target,
+            bulk,
             keepalive,
             fresh,
             rate,
@@ -1838,7 +1844,9 @@ impl LabLoad {
                     &bins.path("juneau-lab").display().to_string(),
                     "load",
                     "--target",
-                    &format!("{VIP}:80"),
+                    &target.to_string(),
+                    "--bulk",
+                    &bulk.to_string(),
                     "--keepalive",
                     &keepalive.to_string(),
                     "--fresh",

@@ -505,6 +505,7 @@ fn client(spec: &LoadSpec, kind: Kind, shared: &Mutex<Shared>, stop: &AtomicBool
             None => match connect(spec) {
                 Ok(c) => c,
                 Err(o) => {
+                    sample(shared, start, &format!("{kind:?} client: connect: {o:?}"));
                     record(shared, start, o);
                     continue;
                 }

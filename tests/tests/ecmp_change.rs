@@ -189,6 +189,8 @@ fn scenario(bins: &JuneauBins) -> Result<(LoadReport, u64, u64)> {
         dir.path(),
         "ecmp",
         &LoadShape {
+            target: std::net::SocketAddrV4::new(lab::VIP, 80),
+            bulk: 2,
             keepalive: KEEPALIVE,
             fresh: FRESH,
             rate: RATE,

@@ -7,6 +7,11 @@
 //! without a successful answer. The table is printed and written to
 //! `$CARGO_TARGET_TMPDIR/operations.md`; docs/operations.md records a run.
 //!
+//! Half of the load goes to the guide's VIP (`externalTrafficPolicy: Local`: the nodes
+//! with Pods announce it), half to a second Service of the same Pods under the Cluster
+//! policy (every node announces it; node-b, without Pods, hands its connections to the
+//! nodes with them): each operation's row is shown and asserted for both.
+//!
 //! Target: zero failed requests for every operation; asserted for the operations in
 //! [`MUST_BE_CLEAN`] (all of them, since pinned flows, drain and redirects between
 //! nodes); an operation left out of it reports its numbers, unasserted.
@@ -77,6 +82,24 @@ const STALLS_ALLOWED: &[&str] = &[
 const NODE_A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
 const NODE_B: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 12);
 const NODE_C: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 13);
+/// The Cluster-policy Service's VIP.
+const CLUSTER_VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 22);
+/// The Cluster-policy Service: the guide's nginx Pods under a second VIP.
+const CLUSTER_SERVICE: &str = "apiVersion: v1
+kind: Service
+metadata:
+  name: nginx-cluster
+  namespace: default
+  annotations:
+    juneau.loutres.me/load-balancer-external-network: public
+    juneau.loutres.me/load-balancer-requested-ip: 203.0.113.22
+spec:
+  type: LoadBalancer
+  loadBalancerClass: juneau.loutres.me/load-balancer
+  externalTrafficPolicy: Cluster
+  selector: {app: nginx}
+  ports: [{name: http, protocol: TCP, port: 80, targetPort: http}]
+";
 /// Load before and after each operation.
 const QUIET: Duration = Duration::from_secs(3);
 const SETTLE: Duration = Duration::from_secs(180);
@@ -108,9 +131,14 @@ fn settled(n: usize) -> Result<()> {
                 .collect();
             want.sort();
             want.dedup();
-            Ok(router_next_hops()? == want)
+            Ok(router_next_hops()? == want && cluster_next_hops()? == [NODE_A, NODE_B, NODE_C])
         },
     )
+}
+
+/// The router's next hops for the Cluster VIP (every node, while a Pod is Ready).
+fn cluster_next_hops() -> Result<Vec<Ipv4Addr>> {
+    juneau_tests::bird::bgp_nexthops(&lab::bird_ctl(), CLUSTER_VIP)
 }
 
 /// Waits until 3 nginx Pods are settled with at least one on node-a and one on node-c.
@@ -143,8 +171,18 @@ fn juneau_pods_run(tag: &str) -> Result<()> {
 /// One measured operation.
 struct Row {
     name: &'static str,
+    /// Through the guide's VIP (Local policy).
     report: LoadReport,
+    /// Through the Cluster-policy VIP.
+    cluster: LoadReport,
     took: Duration,
+}
+
+impl Row {
+    /// Both loads, named by their VIP's policy.
+    fn reports(&self) -> [(&'static str, &LoadReport); 2] {
+        [("Local", &self.report), ("Cluster", &self.cluster)]
+    }
 }
 
 /// Each node's dataplane drop counters and, as `rx_dropped:<iface>`, what the kernel
@@ -190,17 +228,29 @@ fn client_retransmits() -> (u64, u64) {
     (get("TcpRetransSegs"), get("TcpExtTCPSynRetrans"))
 }
 
-/// The load of every operation: 2 keep-alive and 2 new-connection clients, 20 req/s
-/// each, the 2 bulk clients, and [`SATURATING`] wrk-like clients.
-fn start_load(bins: &JuneauBins, dir: &Path, name: &str) -> Result<LabLoad> {
-    let shape = LoadShape {
-        keepalive: 2,
-        fresh: 2,
+/// The load of every operation, for each VIP (Local, Cluster): 1 keep-alive and 1
+/// new-connection client, 20 req/s each, 1 bulk client and half of [`SATURATING`]
+/// wrk-like clients.
+fn start_load(bins: &JuneauBins, dir: &Path, name: &str) -> Result<[LabLoad; 2]> {
+    let shape = |vip: Ipv4Addr| LoadShape {
+        target: std::net::SocketAddrV4::new(vip, 80),
+        bulk: 1,
+        keepalive: 1,
+        fresh: 1,
         rate: 20,
-        saturating: SATURATING,
+        saturating: SATURATING / 2,
         max_seconds: 400,
     };
-    LabLoad::start(bins, dir, name, &shape)
+    Ok([
+        LabLoad::start(bins, dir, name, &shape(lab::VIP))?,
+        LabLoad::start(bins, dir, &format!("{name}-cluster"), &shape(CLUSTER_VIP))?,
+    ])
+}
+
+/// Stops both loads and reads their reports (Local, Cluster).
+fn finish_load([local, cluster]: [LabLoad; 2]) -> Result<(LoadReport, LoadReport)> {
+    let local = local.finish();
+    Ok((local?, cluster.finish()?))
 }
 
 /// Saturating clients of every load (wrk-like: a kept-alive connection each, the next
@@ -224,17 +274,20 @@ fn measure(
     let result = op();
     let took = t0.elapsed();
     std::thread::sleep(QUIET);
-    let report = load.finish()?;
+    let (report, cluster) = finish_load(load)?;
     let retrans = client_retransmits();
     result.with_context(|| format!("operation `{name}`"))?;
-    println!("    {report:?} (operation took {took:.1?})");
+    println!("    Local VIP: {report:?} (operation took {took:.1?})");
+    println!("    Cluster VIP: {cluster:?}");
     println!(
         "    client retransmissions: {} segments, {} SYNs",
         retrans.0.saturating_sub(retrans_before.0),
         retrans.1.saturating_sub(retrans_before.1)
     );
-    for f in &report.failure_samples {
-        println!("    failure: {f}");
+    for (policy, r) in [("Local", &report), ("Cluster", &cluster)] {
+        for f in &r.failure_samples {
+            println!("    failure ({policy} VIP): {f}");
+        }
     }
     // Where packets were dropped meanwhile, per node. A restarted dataplane counts from
     // zero again: where any count went down, its counts since the restart are shown.
@@ -262,7 +315,12 @@ fn measure(
             println!("    {node} dataplane drops{when}: {}", grew.join(", "));
         }
     }
-    rows.push(Row { name, report, took });
+    rows.push(Row {
+        name,
+        report,
+        cluster,
+        took,
+    });
     Ok(())
 }
 
@@ -271,13 +329,12 @@ fn table(rows: &[Row]) -> String {
         "| operation | requests | failed | resets | timeouts | refused | truncated bodies | stalled bodies | other status | other errors | bulk MiB | keep-alive retries | saturating req/s | saturating failed (read/write/connect/timeout/status) | longest gap (ms) | operation took (s) |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n",
     );
-    for r in rows {
-        let p = &r.report;
+    for (r, (policy, p)) in rows.iter().flat_map(|r| r.reports().map(|x| (r, x))) {
         let w = &p.saturating;
         let secs = (p.duration_ms as f64 / 1000.0).max(0.001);
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} ({}/{}/{}/{}/{}) | {} | {:.0} |",
+            "| {} ({policy} VIP) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} ({}/{}/{}/{}/{}) | {} | {:.0} |",
             r.name,
             p.requests,
             p.failed,
@@ -317,7 +374,10 @@ fn day2_operations_under_load() -> Result<()> {
     // dataplanes', agents' and kubelets' timestamps tell where it came from.
     let unclean = result.as_ref().map_or(true, |rows| {
         rows.iter().any(|r| {
-            MUST_BE_CLEAN.contains(&r.name) && r.report.failed + r.report.saturating.failed() > 0
+            MUST_BE_CLEAN.contains(&r.name)
+                && r.reports()
+                    .iter()
+                    .any(|(_, p)| p.failed + p.saturating.failed() > 0)
         })
     });
     if unclean {
@@ -327,41 +387,40 @@ fn day2_operations_under_load() -> Result<()> {
     lab::check_nothing_left()?;
     let rows = result?;
     for r in &rows {
-        assert!(
-            r.report.ok > 0 && r.report.bulk_bytes > 0 && r.report.saturating.ok > 0,
-            "{}: the load (small requests, bulk transfers, saturating clients) got no answer: {:?}",
-            r.name,
-            r.report
-        );
-        if STALLS_ALLOWED.contains(&r.name) {
-            let (p, w) = (&r.report, &r.report.saturating);
-            assert!(
-                p.failed == p.timeouts + p.body_stalls
-                    && p.keepalive_resets == 0
-                    && w.failed() == w.timeouts,
-                "{}: failures other than timeouts (a stall of the node being replaced): {:?}",
-                r.name,
-                r.report
-            );
-        } else if MUST_BE_CLEAN.contains(&r.name) {
-            assert_eq!(
-                r.report.failed, 0,
-                "{}: failed requests under load: {:?}",
-                r.name, r.report
-            );
-            assert_eq!(
-                r.report.saturating.failed(),
-                0,
-                "{}: failed requests of the saturating clients: {:?}",
-                r.name,
-                r.report
-            );
+        for (policy, p) in r.reports() {
+            check_row(r.name, policy, p);
         }
     }
     Ok(())
 }
 
+/// The assertions on one operation's load through one VIP.
+fn check_row(name: &str, policy: &str, p: &LoadReport) {
+    let w = &p.saturating;
+    assert!(
+        p.ok > 0 && p.bulk_bytes > 0 && w.ok > 0,
+        "{name} ({policy} VIP): the load (small requests, bulk transfers, saturating clients) got no answer: {p:?}"
+    );
+    if STALLS_ALLOWED.contains(&name) {
+        assert!(
+            p.failed == p.timeouts + p.body_stalls && p.keepalive_resets == 0 && w.failed() == w.timeouts,
+            "{name} ({policy} VIP): failures other than timeouts (a stall of the node being replaced): {p:?}"
+        );
+    } else if MUST_BE_CLEAN.contains(&name) {
+        assert_eq!(
+            p.failed, 0,
+            "{name} ({policy} VIP): failed requests under load: {p:?}"
+        );
+        assert_eq!(
+            w.failed(),
+            0,
+            "{name} ({policy} VIP): failed requests of the saturating clients: {p:?}"
+        );
+    }
+}
+
 fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
+    lab::kubectl_apply(CLUSTER_SERVICE)?;
     settled(3)?;
     let dir = tempfile::tempdir()?;
     let d = dir.path();
@@ -369,11 +428,13 @@ fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
     let bins = JuneauBins::locate()?;
     let baseline = start_load(&bins, d, "baseline")?;
     std::thread::sleep(Duration::from_secs(3));
-    let b = baseline.finish()?;
-    assert!(
-        b.ok > 0 && b.failed == 0 && b.saturating.ok > 0 && b.saturating.failed() == 0,
-        "no clean load through the VIP before any operation: {b:?}"
-    );
+    let (b, c) = finish_load(baseline)?;
+    for (policy, b) in [("Local", &b), ("Cluster", &c)] {
+        assert!(
+            b.ok > 0 && b.failed == 0 && b.saturating.ok > 0 && b.saturating.failed() == 0,
+            "no clean load through the {policy} VIP before any operation: {b:?}"
+        );
+    }
 
     let mut rows = Vec::new();
     measure(

@@ -359,33 +359,35 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     let resolver = Resolver::start(&cfg, &ifs, &forwarding)?;
     let layout = Layout::of(&cfg, &ifs)?;
     let workers = worker_count(&cfg, &layout.steered)?;
-    // An upgrade's new Pod starts beside the old one: the node's queues, pins and status
-    // are the old dataplane's until it exits. Held until `run` returns (sockets closed).
-    let _succession = juneau_telemetry::take_over(&cfg.state_file, "dataplane")?;
-    let resolved_ms = started.elapsed().as_millis();
-    // XDP steering (pinned maps and flow tables, found again after a restart), then
-    // sockets.
+    // What does not disturb a dataplane still running here is done before taking over
+    // from it, so that its exit is followed by a short gap only (sockets, flow tables,
+    // the program swapped in): the steering program and its pinned maps (read, and
+    // replaced only where they no longer fit), the UMEMs.
     let (mut steering, regions, replaced) = Steering::load(
         &cfg.pin_dir,
         cfg.engine.flow_capacity,
         workers as usize,
         cfg.generic_xdp,
     )?;
+    let program_reused = steering.program_reused();
+    let umems = layout.umems(&cfg, workers)?;
+    let prepared_ms = started.elapsed().as_millis();
+    // An upgrade's new Pod starts beside the old one: the node's queues, flow tables and
+    // status are the old dataplane's until it lets go. Held until the sockets are closed.
+    let succession = juneau_telemetry::take_over(&cfg.state_file, "dataplane")?;
+    let took_over = std::time::Instant::now();
     if let Some(reason) = &replaced {
         tracing::warn!(pin_dir = %cfg.pin_dir.display(), reason, "pinned maps not reusable: replaced by fresh ones (flows of the previous run are lost)");
     }
     steering.set_new_flow_admission(cfg.new_flow_admission)?;
-    let steering_ms = started.elapsed().as_millis();
-    let program_reused = steering.program_reused();
     // Off until this process's workers publish it (a previous run's may be in force).
     let fast_parts = steering.take_fast_parts(workers as usize);
     let (tables, flows_restored) = open_flow_tables(&cfg, regions, workers);
-    let flows_ms = started.elapsed().as_millis();
+    let flows_ms = took_over.elapsed().as_millis();
     steering.attach_all(&layout.steered)?;
     for (name, mode) in &steering.modes {
         tracing::info!(iface = %name, mode, "XDP steering attached");
     }
-    let umems = layout.umems(&cfg, workers)?;
     let mut built = build_workers(&cfg, &layout, tables, &umems, &mut steering, workers)?;
     built[0].engine.counters_mut().flows_restored = flows_restored;
     if cfg.xdp_fast_path {
@@ -416,13 +418,17 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         flow_capacity = cfg.engine.flow_capacity,
         "juneau-dataplane forwarding"
     );
-    // What a restart costs (the node's connections wait for it): the start's phases,
-    // in ms since the process began.
+    // What a restart costs: the set-up done before taking over (ms since the process
+    // began), and the gap after it, while nothing forwards on this node (ms since the
+    // predecessor exited).
     tracing::info!(
-        interfaces_ms = resolved_ms,
-        steering_loaded_ms = steering_ms,
+        prepared_ms,
+        waited_for_predecessor_ms = took_over
+            .duration_since(started)
+            .as_millis()
+            .saturating_sub(prepared_ms),
         flow_tables_ms = flows_ms,
-        forwarding_ms = started.elapsed().as_millis(),
+        forwarding_ms = took_over.elapsed().as_millis(),
         program_reused,
         "start took"
     );
@@ -431,6 +437,12 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         spawn_stats_writer(&cfg, exporter.clone(), workers as usize, forwarding.clone())?;
     let (node, workers) = hand_out_workers(&cfg, built, control, steering, &layout, &ifs);
     run_workers(&cfg, node, workers, &resolver, &stats_tx, &forwarding)?;
+    // Every socket is closed with its worker, and the queues with the UMEMs: a successor
+    // may take over now, not after this process's last stats and threads.
+    drop(umems);
+    if !DECOMMISSION.load(Ordering::Relaxed) {
+        drop(succession);
+    }
     drop(stats_tx);
     let _ = stats_writer.join();
     resolver.stop();
