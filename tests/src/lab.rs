@@ -1765,6 +1765,9 @@ fn create_redirect_key() -> Result<()> {
 pub struct LoadShape {
     /// The VIP's `ip:port` they load.
     pub target: std::net::SocketAddrV4,
+    /// The client's address they connect from (`None`: [`CLIENT_IP`], the kernel's
+    /// choice).
+    pub source: Option<Ipv4Addr>,
     /// Bulk clients (4 MiB down, 1 MiB up, on a kept-alive connection).
     pub bulk: usize,
     /// Paced keep-alive clients.
@@ -1828,6 +1831,7 @@ impl LabLoad {
     pub fn start(bins: &JuneauBins, dir: &Path, name: &str, shape: &LoadShape) -> Result<LabLoad> {
         let LoadShape {
             target,
+            source,
             bulk,
             keepalive,
             fresh,
@@ -1837,6 +1841,11 @@ impl LabLoad {
         } = *shape;
         let stop = dir.join(format!("{name}.stop"));
         let out = dir.join(format!("{name}.json"));
+        let from = source.map(|ip| ip.to_string());
+        let from: Vec<&str> = from
+            .iter()
+            .flat_map(|ip| ["--source", ip.as_str()])
+            .collect();
         let daemon = Daemon::spawn(
             DaemonSpec::new(
                 format!("load {name}"),
@@ -1861,7 +1870,10 @@ impl LabLoad {
                     &stop.display().to_string(),
                     "--out",
                     &out.display().to_string(),
-                ],
+                ]
+                .into_iter()
+                .chain(from)
+                .collect::<Vec<_>>(),
                 dir.join(format!("{name}.log")),
             )
             .in_netns(&ns("client")),

@@ -35,6 +35,9 @@ use serde_json::json;
 pub struct LoadSpec {
     /// `ip:port` of the VIP.
     pub target: SocketAddr,
+    /// The client address connections come from (one of the namespace's), or the
+    /// kernel's choice.
+    pub source: Option<std::net::IpAddr>,
     /// Keep-alive clients.
     pub keepalive_clients: usize,
     /// New-connection clients.
@@ -449,11 +452,28 @@ fn note_bulk(shared: &Mutex<Shared>, req: Req<'_>, body_in: usize) {
 }
 
 fn connect(spec: &LoadSpec) -> Result<TcpStream, Outcome> {
-    let c = TcpStream::connect_timeout(&spec.target, spec.timeout).map_err(|e| classify(&e))?;
+    let c = match spec.source {
+        None => TcpStream::connect_timeout(&spec.target, spec.timeout),
+        Some(ip) => connect_from(ip, spec),
+    }
+    .map_err(|e| classify(&e))?;
     let _ = c.set_read_timeout(Some(spec.timeout));
     let _ = c.set_write_timeout(Some(spec.timeout));
     let _ = c.set_nodelay(true);
     Ok(c)
+}
+
+/// A connection from `ip` (a port the kernel picks) to the target.
+fn connect_from(ip: std::net::IpAddr, spec: &LoadSpec) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(
+        Domain::for_address(spec.target),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    s.bind(&SocketAddr::new(ip, 0).into())?;
+    s.connect_timeout(&spec.target.into(), spec.timeout)?;
+    Ok(s.into())
 }
 
 /// What a client thread does.
@@ -763,6 +783,7 @@ mod tests {
     fn spec(target: SocketAddr) -> LoadSpec {
         LoadSpec {
             target,
+            source: None,
             keepalive_clients: 1,
             new_connection_clients: 1,
             rate_per_client: 100,

@@ -190,6 +190,7 @@ fn scenario(bins: &JuneauBins) -> Result<(LoadReport, u64, u64)> {
         "ecmp",
         &LoadShape {
             target: std::net::SocketAddrV4::new(lab::VIP, 80),
+            source: None,
             bulk: 2,
             keepalive: KEEPALIVE,
             fresh: FRESH,

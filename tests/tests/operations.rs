@@ -84,6 +84,12 @@ const NODE_B: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 12);
 const NODE_C: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 13);
 /// The Cluster-policy Service's VIP.
 const CLUSTER_VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 22);
+/// The client's second address, which the Cluster VIP's load comes from. Both VIPs lead
+/// to the same Pods on the same port: from one address, a connection to each VIP on the
+/// same source port (the kernel reuses a port for other destinations) would be one
+/// connection to the Pod, and the second is dropped (`flow_conflict`; docs/k8s-sync.md,
+/// "Traffic policy"). Two clients do not share an address.
+const CLUSTER_CLIENT: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 43);
 /// The Cluster-policy Service: the guide's nginx Pods under a second VIP.
 const CLUSTER_SERVICE: &str = "apiVersion: v1
 kind: Service
@@ -232,8 +238,9 @@ fn client_retransmits() -> (u64, u64) {
 /// new-connection client, 20 req/s each, 1 bulk client and half of [`SATURATING`]
 /// wrk-like clients.
 fn start_load(bins: &JuneauBins, dir: &Path, name: &str) -> Result<[LabLoad; 2]> {
-    let shape = |vip: Ipv4Addr| LoadShape {
+    let shape = |vip: Ipv4Addr, source: Option<Ipv4Addr>| LoadShape {
         target: std::net::SocketAddrV4::new(vip, 80),
+        source,
         bulk: 1,
         keepalive: 1,
         fresh: 1,
@@ -242,8 +249,13 @@ fn start_load(bins: &JuneauBins, dir: &Path, name: &str) -> Result<[LabLoad; 2]>
         max_seconds: 400,
     };
     Ok([
-        LabLoad::start(bins, dir, name, &shape(lab::VIP))?,
-        LabLoad::start(bins, dir, &format!("{name}-cluster"), &shape(CLUSTER_VIP))?,
+        LabLoad::start(bins, dir, name, &shape(lab::VIP, None))?,
+        LabLoad::start(
+            bins,
+            dir,
+            &format!("{name}-cluster"),
+            &shape(CLUSTER_VIP, Some(CLUSTER_CLIENT)),
+        )?,
     ])
 }
 
@@ -421,6 +433,17 @@ fn check_row(name: &str, policy: &str, p: &LoadReport) {
 
 fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
     lab::kubectl_apply(CLUSTER_SERVICE)?;
+    lab::in_ns(
+        "client",
+        &[
+            "ip",
+            "addr",
+            "add",
+            &format!("{CLUSTER_CLIENT}/24"),
+            "dev",
+            "eth0",
+        ],
+    )?;
     settled(3)?;
     let dir = tempfile::tempdir()?;
     let d = dir.path();

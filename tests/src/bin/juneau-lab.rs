@@ -38,6 +38,10 @@ enum Cmd {
         /// ip:port to load.
         #[arg(long, default_value = "203.0.113.10:80")]
         target: std::net::SocketAddr,
+        /// Connect from this address (one of the namespace's) instead of the kernel's
+        /// choice.
+        #[arg(long)]
+        source: Option<std::net::IpAddr>,
         /// Keep-alive clients.
         #[arg(long, default_value_t = 2)]
         keepalive: usize,
@@ -145,6 +149,7 @@ fn main() -> Result<()> {
         }
         Cmd::Load {
             target,
+            source,
             keepalive,
             fresh,
             rate,
@@ -156,6 +161,7 @@ fn main() -> Result<()> {
         } => {
             let report = load::run(&LoadSpec {
                 target,
+                source,
                 keepalive_clients: keepalive,
                 new_connection_clients: fresh,
                 rate_per_client: rate,
