@@ -975,16 +975,7 @@ mod tests {
         s.metadata.creation_timestamp = Some(Time(
             k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + secs).unwrap(),
         ));
-        s.spec.as_mut().unwrap().ports = Some(
-            ports
-                .iter()
-                .map(|(proto, port)| ServicePort {
-                    protocol: Some(proto.to_string()),
-                    port: *port,
-                    ..Default::default()
-                })
-                .collect(),
-        );
+        s.spec.as_mut().unwrap().ports = Some(crate::sharing::test_ports(ports));
         s
     }
 

@@ -121,10 +121,23 @@ pub fn admitted(svc: &Service, others: &[&Service]) -> Result<(), PortConflict> 
     Ok(())
 }
 
+/// Service ports of the given (protocol, port) pairs, for tests.
+#[cfg(test)]
+pub(crate) fn test_ports(ports: &[(&str, i32)]) -> Vec<k8s_openapi::api::core::v1::ServicePort> {
+    ports
+        .iter()
+        .map(|(proto, port)| k8s_openapi::api::core::v1::ServicePort {
+            protocol: Some(proto.to_string()),
+            port: *port,
+            ..Default::default()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+    use k8s_openapi::api::core::v1::ServiceSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
     fn svc(
@@ -146,16 +159,7 @@ mod tests {
                 ..Default::default()
             },
             spec: Some(ServiceSpec {
-                ports: Some(
-                    ports
-                        .iter()
-                        .map(|(proto, port)| ServicePort {
-                            protocol: Some(proto.to_string()),
-                            port: *port,
-                            ..Default::default()
-                        })
-                        .collect(),
-                ),
+                ports: Some(test_ports(ports)),
                 ..Default::default()
             }),
             ..Default::default()
