@@ -115,10 +115,12 @@ impl EndpointConditions {
         self.ready && !self.terminating
     }
 
-    /// Serving but terminating: the endpoint finishes the connections it has (graceful
-    /// drain) but takes no new one.
+    /// Listed but taking no new traffic — terminating, or not Ready, whatever `serving`
+    /// says: the endpoint keeps the connections it has (graceful drain; kube-proxy keeps
+    /// a connection's conntrack entry the same way) and gets no new one. A Pod that fails
+    /// its readiness probe as it shuts down, as many do on SIGTERM, finishes its answers.
     pub const fn drains(&self) -> bool {
-        self.serving && self.terminating
+        !self.takes_new_traffic()
     }
 }
 

@@ -156,7 +156,8 @@ impl Engine {
             None => (HopList::new(), false, 0),
         };
         let me = r.node();
-        let h = hash_key(key, super::MAGLEV_HASH_SEED);
+        let h = hash_key(&self.peer_choice_key(key), super::MAGLEV_HASH_SEED);
+        let r = self.redirect.as_mut()?;
         if !hops.push(me) {
             return None;
         }
@@ -167,6 +168,27 @@ impl Engine {
             }
         }
         Some(self.send_to(peer, hops, (ask, cookie), frame_len, key, nb))
+    }
+
+    /// What picks the peer a packet of `key` is sent to first: the 5-tuple, or the
+    /// client's address alone for a Service with ClientIP affinity — every connection of
+    /// a client a node hands on then goes to the same peer, whose affinity keeps it on
+    /// one Pod (with an L3-hashing router, one client, one Pod, across the hand-off).
+    fn peer_choice_key(&self, key: &FlowKey) -> FlowKey {
+        let affinity = self
+            .table
+            .find(key.dst, key.proto, key.dst_port)
+            .is_some_and(|s| self.table.service(s).client_ip_affinity_ms.is_some());
+        if !affinity {
+            return *key;
+        }
+        FlowKey {
+            src: key.src,
+            dst: 0,
+            src_port: 0,
+            dst_port: 0,
+            proto: 0,
+        }
     }
 
     /// `question`: whether the first node wants a notice, and its cookie.
@@ -446,6 +468,16 @@ mod tests {
         from_state: bool,
         cluster_policy: bool,
     ) -> Engine {
+        node_full(i, has_backend, rate, (from_state, cluster_policy, None))
+    }
+
+    /// As [`node_policy`], with ClientIP affinity (`affinity`: its timeout, s).
+    fn node_full(
+        i: usize,
+        has_backend: bool,
+        rate: u32,
+        (from_state, cluster_policy, affinity): (bool, bool, Option<u32>),
+    ) -> Engine {
         let mut e = Engine::new(EngineConfig {
             flow_capacity: 1024,
             timeouts: Timeouts::default(),
@@ -468,7 +500,7 @@ mod tests {
                 },
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
-                client_ip_affinity: None,
+                client_ip_affinity: affinity,
                 cluster_policy,
             }],
             redirects: if from_state {
@@ -728,6 +760,21 @@ mod tests {
             .filter(|p| run(&mut local, 2, tcp(44000 + p, tcp_flags::SYN), 0).0 == Some(0))
             .count();
         assert!(served < 10, "{served}");
+    }
+
+    #[test]
+    fn with_client_ip_affinity_a_node_hands_every_connection_of_a_client_to_one_peer() {
+        // Node 1 has no backend; nodes 0 and 2 have one. Per connection, node 1 hands
+        // connections to both; with affinity, one client's all go to the same one.
+        let served_by = |affinity: Option<u32>| {
+            let n = |i, b| node_full(i, b, 1, (false, true, affinity));
+            let mut nodes = vec![n(0, true), n(1, false), n(2, true)];
+            (0..64u16)
+                .filter_map(|p| run(&mut nodes, 1, tcp(45000 + p, tcp_flags::SYN), 0).0)
+                .collect::<std::collections::BTreeSet<usize>>()
+        };
+        assert_eq!(served_by(None).len(), 2, "per connection: both peers");
+        assert_eq!(served_by(Some(10_800)).len(), 1, "one client, one peer");
     }
 
     #[test]

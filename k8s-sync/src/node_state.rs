@@ -324,9 +324,10 @@ fn slb_part(
         advertised: None,
         vip_nodes: (vip, BTreeSet::new()),
     };
+    // Every node with a listed endpoint may hold connections of it (a draining Pod's,
+    // whatever its readiness says): a node asks those about connections it does not hold.
     part.vip_nodes.1.extend(
         eps.iter()
-            .filter(|e| e.conditions.ready || e.conditions.serving)
             .filter_map(|e| e.node.clone())
             .filter(|n| may_announce(view, n, &applying)),
     );
@@ -394,8 +395,8 @@ fn frontend_service(
     let mut backends = Vec::new();
     let mut terminating = Vec::new();
     for e in here {
-        // Ready: new flows. Serving but terminating: only the flows it already
-        // has (graceful drain). Anything else: nothing.
+        // Ready: new flows. Listed otherwise (terminating, or not Ready): only the
+        // flows it already has (graceful drain).
         let list = if e.conditions.takes_new_traffic() {
             &mut backends
         } else if e.conditions.drains() {
@@ -1737,20 +1738,21 @@ mod tests {
     }
 
     #[test]
-    fn serving_terminating_endpoints_drain_and_never_advertise() {
+    fn endpoints_taking_no_new_traffic_drain_and_never_advertise() {
         let b = |last: u8| LocalBackend {
             ip: Ipv4Addr::new(10, 0, 0, last),
             port: 8080,
         };
-        // node-a has Ready .1, .2 and serving+terminating .5: .5 drains.
+        // node-a has Ready .1, .2, not Ready .4 and terminating .5: .4 and .5 keep the
+        // flows they have.
         let (s, _) = build_node_state("node-a", &view());
         assert_eq!(s.services[0].backends, vec![b(1), b(2)]);
-        assert_eq!(s.services[0].terminating, vec![b(5)]);
+        assert_eq!(s.services[0].terminating, vec![b(4), b(5)]);
         assert_eq!(s.advertised.len(), 1);
 
         // Only terminating endpoints left on node-a: the frontend stays (existing flows
-        // are forwarded), the VIP is not advertised; a terminating endpoint that no
-        // longer serves is gone altogether.
+        // are forwarded), the VIP is not advertised; one that no longer serves (a Pod
+        // failing readiness as it shuts down) keeps its flows too, until it is gone.
         let mut v = view();
         let mut sl = slice(
             "nginx",
@@ -1771,7 +1773,7 @@ mod tests {
         let (s, _) = build_node_state("node-a", &v);
         assert_eq!(s.services.len(), 1);
         assert!(s.services[0].backends.is_empty());
-        assert_eq!(s.services[0].terminating, vec![b(5)]);
+        assert_eq!(s.services[0].terminating, vec![b(5), b(6)]);
         assert!(s.advertised.is_empty(), "{:?}", s.advertised);
         // node-c still advertises.
         let (s, _) = build_node_state("node-c", &v);
@@ -1837,7 +1839,7 @@ mod tests {
     }
 
     #[test]
-    fn redirect_peers_are_the_other_nodes_with_serving_endpoints() {
+    fn redirect_peers_are_the_other_nodes_with_listed_endpoints() {
         let mut v = view();
         v.nodes.extend([
             node("node-b", "192.168.0.2", false),
@@ -1849,7 +1851,7 @@ mod tests {
             "nginx-2",
             &[
                 // node-b: Ready. node-d: terminating but still serving (drain). node-e:
-                // neither Ready nor serving: not asked.
+                // neither Ready nor serving, but listed: it may still hold connections.
                 ("10.0.1.1", "node-b", true, false),
                 ("10.0.1.2", "node-d", false, true),
                 ("10.0.1.3", "node-e", false, false),
@@ -1868,11 +1870,15 @@ mod tests {
         assert_eq!(s.redirects.node_address, Some(ip("192.168.0.1")));
         assert_eq!(
             s.redirects.peers_of(ip("203.0.113.10")),
-            [ip("192.0.2.13"), ip("192.168.0.2"), ip("192.168.0.4")],
+            [
+                ip("192.0.2.13"),
+                ip("192.168.0.2"),
+                ip("192.168.0.4"),
+                ip("192.168.0.5")
+            ],
             "sorted, without this node"
         );
-        // node-e has no serving endpoint, but it serves the frontend: its list holds
-        // every serving node, node-a included.
+        // node-e's list holds every other node with an endpoint, node-a included.
         let (s, _) = build_node_state("node-e", &v);
         assert_eq!(s.redirects.node_address, Some(ip("192.168.0.5")));
         assert_eq!(
@@ -1888,7 +1894,7 @@ mod tests {
         let (s, w) = build_node_state("node-z", &v);
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(s.redirects.node_address, None);
-        assert_eq!(s.redirects.peers_of(ip("203.0.113.10")).len(), 4);
+        assert_eq!(s.redirects.peers_of(ip("203.0.113.10")).len(), 5);
     }
 
     #[test]

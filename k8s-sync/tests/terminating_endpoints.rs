@@ -1,8 +1,8 @@
 //! Graceful drain in the control state, against a real kube-apiserver with the real
-//! controller and agent: an endpoint that is `serving` but `terminating` reaches the
-//! node's shared-memory table as terminating (existing flows only, never in the Maglev
-//! table), and a node whose local endpoints are all terminating keeps the frontend but
-//! stops advertising the VIP.
+//! controller and agent: an endpoint that is `terminating` — serving or not (a Pod that
+//! fails readiness while it shuts down) — reaches the node's shared-memory table as
+//! terminating (existing flows only, never in the Maglev table), and a node whose local
+//! endpoints are all terminating keeps the frontend but stops advertising the VIP.
 
 mod common;
 
@@ -56,7 +56,7 @@ fn b(ip: &str) -> LocalBackend {
 }
 
 #[test]
-fn serving_terminating_endpoints_drain_and_only_ready_ones_advertise() -> Result<()> {
+fn terminating_endpoints_drain_and_only_ready_ones_advertise() -> Result<()> {
     let env = Env::start()?;
     env.nodes(&[("node-a", "192.168.80.1"), ("node-c", "192.168.80.3")])?;
     let _controller = env.controller("drain-test")?;
@@ -64,7 +64,7 @@ fn serving_terminating_endpoints_drain_and_only_ready_ones_advertise() -> Result
     env.apply(&service("nginx", &[], ""))?;
     // node-a: one Ready endpoint and one being deleted that still serves (what the
     // EndpointSlice controller reports during a rolling update); one terminating that no
-    // longer serves. node-c: one Ready.
+    // longer serves (it keeps its connections too). node-c: one Ready.
     env.apply(&slice(&[
         ("10.244.1.10", "node-a", true, true, false),
         ("10.244.1.11", "node-a", false, true, true),
@@ -82,7 +82,7 @@ fn serving_terminating_endpoints_drain_and_only_ready_ones_advertise() -> Result
     })?;
     let svc = &s.state.services[0];
     assert_eq!(svc.backends, vec![b("10.244.1.10")]);
-    assert_eq!(svc.terminating, vec![b("10.244.1.11")]);
+    assert_eq!(svc.terminating, vec![b("10.244.1.11"), b("10.244.1.12")]);
     // The Maglev table names only the Ready backend.
     assert!(s.maglev[0]
         .iter()
