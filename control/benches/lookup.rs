@@ -28,7 +28,7 @@ fn state(services: usize) -> NodeState {
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
-                cluster_policy: false,
+                hand_off: false,
             })
             .collect(),
         ..NodeState::default()

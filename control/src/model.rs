@@ -260,12 +260,13 @@ pub struct NodeService {
     /// connections go to the backend its earlier ones went to. `None`: per connection.
     #[serde(default)]
     pub client_ip_affinity: Option<u32>,
-    /// `externalTrafficPolicy: Cluster` (TCP): a new connection that finds no Ready
-    /// backend here goes to a node that has one, over the node-to-node channel, and
-    /// that node answers the client directly; so the VIP is served — announced — by
-    /// nodes without a local backend too, while another node has one. `false`: Local.
+    /// A new TCP connection that finds no Ready backend here goes to a node that has
+    /// one, over the node-to-node channel, and that node answers the client directly:
+    /// `externalTrafficPolicy: Cluster` (the VIP is announced by nodes without a local
+    /// backend too, while another node has one), or a port of a shared VIP this node
+    /// announces for another Service. `false`: served from local backends only.
     #[serde(default)]
-    pub cluster_policy: bool,
+    pub hand_off: bool,
 }
 
 impl NodeService {
@@ -277,7 +278,7 @@ impl NodeService {
             terminating: Vec::new(),
             source_ranges: Vec::new(),
             client_ip_affinity: None,
-            cluster_policy: false,
+            hand_off: false,
         }
     }
 }

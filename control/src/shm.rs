@@ -97,10 +97,10 @@ pub const HEADER_BYTES: usize = 4096;
 /// `first .. first + ready`, its terminating ones follow them; its source ranges are
 /// records `first .. first + count` of that section.
 pub const SERVICE_WORDS: usize = 8;
-/// Bit of a service record's second word (protocol | flags | port << 16):
-/// `externalTrafficPolicy: Cluster` (`NodeService::cluster_policy`). Added within layout
-/// 8: a reader that ignores it serves the frontend as Local would.
-pub const SERVICE_CLUSTER_POLICY: u32 = 1 << 8;
+/// Bit of a service record's second word (protocol | flags | port << 16): new connections
+/// without a Ready backend here are handed on (`NodeService::hand_off`). Added within
+/// layout 8: a reader that ignores it serves the frontend as Local would.
+pub const SERVICE_HAND_OFF: u32 = 1 << 8;
 /// Words per source range record (layout 8): the network address, the prefix length.
 pub const SOURCE_RANGE_WORDS: usize = 2;
 /// Words per backend record: ip, port | flags << 16.
@@ -930,11 +930,7 @@ fn encode_services(
         let rec = [
             ip_word(s.frontend.vip),
             u32::from(s.frontend.protocol.number())
-                | if s.cluster_policy {
-                    SERVICE_CLUSTER_POLICY
-                } else {
-                    0
-                }
+                | if s.hand_off { SERVICE_HAND_OFF } else { 0 }
                 | (u32::from(s.frontend.port) << 16),
             next_backend as u32,
             s.backends.len() as u32,
@@ -1176,7 +1172,8 @@ fn pack_maglev(table: &MaglevTable) -> Arc<[u32]> {
 
 /// The packed Maglev tables of the last publish, by Ready backend list (normalized:
 /// sorted, no duplicates). A table depends only on that list and the table size, so a
-/// publish rebuilds only the tables of services whose Ready backends changed (rebuilding all 10 000 was two thirds of a publish). A service whose list is the one
+/// publish rebuilds only the tables of services whose Ready backends changed (rebuilding
+/// all 10 000 was two thirds of a publish). A service whose list is the one
 /// the same index had last time is found without hashing; the map serves the others
 /// (services that moved). Holds only the tables in use ([`collect`](Self::collect)), so
 /// it never grows past the state.
@@ -1859,7 +1856,7 @@ fn decode_service(
         terminating,
         source_ranges,
         client_ip_affinity: (rec[7] != 0).then_some(rec[7]),
-        cluster_policy: rec[1] & SERVICE_CLUSTER_POLICY != 0,
+        hand_off: rec[1] & SERVICE_HAND_OFF != 0,
     };
     Ok((service, slots))
 }

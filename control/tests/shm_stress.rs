@@ -75,7 +75,7 @@ fn base_table(seed: u32) -> NodeState {
                 r
             },
             client_ip_affinity: (i % 3 == 1).then_some(seed % 86_400 + 1),
-            cluster_policy: false,
+            hand_off: false,
         })
         .collect();
     let advertised = (0..(seed % 4) as usize)

@@ -36,7 +36,7 @@ fn parse_service(s: &str) -> Result<NodeService> {
         terminating: Vec::new(),
         source_ranges: Vec::new(),
         client_ip_affinity: None,
-        cluster_policy: false,
+        hand_off: false,
     })
 }
 

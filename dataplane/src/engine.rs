@@ -1222,7 +1222,7 @@ impl Engine {
         if syn_only && self.redirects_tcp(key) {
             // Cluster policy: handing new connections on is this node's job, not a
             // transient to bound.
-            let charged = !self.table.service(service).cluster_policy;
+            let charged = !self.table.service(service).hand_off;
             if let Some(v) = self.ask_next_peer((true, charged), frame_len, key, nb, now_ms) {
                 return v;
             }
@@ -1642,7 +1642,7 @@ mod tests {
                     terminating: Vec::new(),
                     source_ranges: Vec::new(),
                     client_ip_affinity: None,
-                    cluster_policy: false,
+                    hand_off: false,
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1654,7 +1654,7 @@ mod tests {
                     terminating: Vec::new(),
                     source_ranges: Vec::new(),
                     client_ip_affinity: None,
-                    cluster_policy: false,
+                    hand_off: false,
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1666,7 +1666,7 @@ mod tests {
                     terminating: Vec::new(),
                     source_ranges: Vec::new(),
                     client_ip_affinity: None,
-                    cluster_policy: false,
+                    hand_off: false,
                 },
             ],
             ..Default::default()
@@ -2215,7 +2215,7 @@ mod tests {
             terminating: Vec::new(),
             source_ranges: Vec::new(),
             client_ip_affinity: None,
-            cluster_policy: false,
+            hand_off: false,
         });
         m.push(maglev(1));
         s.normalize();
@@ -2853,6 +2853,86 @@ mod tests {
         );
         assert_checksums_valid(&r);
         assert_eq!(parse(&r).src, ip(VIP));
+    }
+
+    #[test]
+    fn two_frontends_to_one_pod_port_from_one_client_port_are_one_connection_at_the_pod() {
+        // Without SNAT the Pod sees client:port <-> pod:port only: a second VIP leading
+        // to the same Pod port, from the same client port, would be the same connection
+        // there. The second SYN is dropped, named (docs/k8s-sync.md).
+        let nb = neighbours();
+        let (mut st, m) = state(&[B1]);
+        let mut second = st.services[0].clone();
+        second.frontend.vip = Ipv4Addr::from([203, 0, 113, 12]);
+        st.services.push(second);
+        st.normalize();
+        let m: Vec<Vec<u16>> = st
+            .services
+            .iter()
+            .map(|x| {
+                if x.backends.is_empty() {
+                    vec![]
+                } else {
+                    m[0].clone()
+                }
+            })
+            .collect();
+        let mut e = Engine::new(EngineConfig {
+            flow_capacity: 1024,
+            ..Default::default()
+        });
+        e.set_services(ServiceTable::new(1, &st, &m));
+        let mut first = tcp(CLIENT, 40000, VIP, 80, tcp_flags::SYN);
+        assert_eq!(
+            e.process(&mut first, Side::Uplink, &nb, 0),
+            Verdict::Tx(Side::Pod(0))
+        );
+        let mut other = tcp(CLIENT, 40000, [203, 0, 113, 12], 80, tcp_flags::SYN);
+        assert_eq!(
+            e.process(&mut other, Side::Uplink, &nb, 1),
+            Verdict::Drop(DropReason::FlowConflict)
+        );
+        // Another client port is another connection.
+        let mut next = tcp(CLIENT, 40001, [203, 0, 113, 12], 80, tcp_flags::SYN);
+        assert_eq!(
+            e.process(&mut next, Side::Uplink, &nb, 2),
+            Verdict::Tx(Side::Pod(0))
+        );
+    }
+
+    #[test]
+    fn a_handed_off_udp_port_without_a_backend_drops_its_datagrams_as_no_backend() {
+        // A shared VIP's UDP port whose Pods are on other nodes: hand-off is for TCP
+        // connections only; with redirects on and a peer known, the datagram is still
+        // dropped here, under its name.
+        let nb = neighbours();
+        let (mut st, m) = state(&[]);
+        for x in &mut st.services {
+            x.hand_off = true;
+        }
+        let mut e = Engine::new(EngineConfig {
+            flow_capacity: 1024,
+            ..Default::default()
+        });
+        e.set_redirect(crate::redirect::Redirector::new(
+            crate::redirect::RedirectConfig {
+                node: 0x0a01_0001,
+                port: crate::redirect::DEFAULT_PORT,
+                peers: vec![0x0a01_0002],
+                rate_per_s: 100,
+                burst: 100,
+                prefix_rate_per_s: 100,
+                prefix_burst: 100,
+                node_from_state: false,
+            },
+        ));
+        e.set_services(ServiceTable::new(1, &st, &m));
+        let mut f = build(IPPROTO_UDP, CLIENT, 5353, VIP, 53, b"query");
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::NoBackend)
+        );
+        assert_eq!(e.counters().drops_for(DropReason::NoBackend), 1);
     }
 
     /// `whole` (DF cleared) cut into IPv4 fragments of at most 1514-byte frames.

@@ -364,7 +364,7 @@ impl Engine {
         let cluster = self
             .table
             .find(key.dst, key.proto, key.dst_port)
-            .is_some_and(|s| self.table.service(s).cluster_policy);
+            .is_some_and(|s| self.table.service(s).hand_off);
         if !cluster {
             if let Err(empty) = r.take_notice_token(key.src, now_ms) {
                 return self.drop(empty, None);
@@ -501,7 +501,7 @@ mod tests {
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
                 client_ip_affinity: affinity,
-                cluster_policy,
+                hand_off: cluster_policy,
             }],
             redirects: if from_state {
                 redirects_for(i)

@@ -65,19 +65,7 @@ pub fn make_current_thread_realtime(priority: u8) -> Result<(), SchedError> {
 /// whether the thread runs realtime; a refusal is logged and the worker goes on under
 /// the normal policy (then it may spin, `busy_poll_us`).
 pub fn enter_worker(priority: u8, worker: usize) -> bool {
-    if priority == 0 {
-        return false;
-    }
-    match make_current_thread_realtime(priority) {
-        Ok(()) => {
-            tracing::info!(worker, priority, "forwarding worker runs SCHED_FIFO");
-            true
-        }
-        Err(e) => {
-            tracing::warn!(worker, error = %e, "forwarding worker keeps the normal policy");
-            false
-        }
-    }
+    enter_realtime(priority, "forwarding worker", Some(worker))
 }
 
 /// The node thread's start (control state, interface attach): `SCHED_FIFO` at the
@@ -86,13 +74,22 @@ pub fn enter_worker(priority: u8, worker: usize) -> bool {
 /// new table or a held one's release. It sleeps but for that work. Returns whether it
 /// runs realtime.
 pub fn enter_node_thread(priority: u8) -> bool {
+    enter_realtime(priority, "the node thread", None)
+}
+
+/// `SCHED_FIFO` at `priority` for the calling thread (`what`, worker number), unless 0;
+/// a refusal is logged and the thread keeps the normal policy.
+fn enter_realtime(priority: u8, what: &str, worker: Option<usize>) -> bool {
     if priority == 0 {
         return false;
     }
     match make_current_thread_realtime(priority) {
-        Ok(()) => true,
+        Ok(()) => {
+            tracing::info!(?worker, priority, "{what} runs SCHED_FIFO");
+            true
+        }
         Err(e) => {
-            tracing::warn!(error = %e, "the node thread keeps the normal policy");
+            tracing::warn!(?worker, error = %e, "{what} keeps the normal policy");
             false
         }
     }

@@ -68,9 +68,10 @@ pub struct Service {
     pub source_ranges: Vec<SourceRange>,
     /// `sessionAffinity: ClientIP`'s timeout in ms; `None`: per connection.
     pub client_ip_affinity_ms: Option<u64>,
-    /// `externalTrafficPolicy: Cluster`: without a Ready backend here, a new connection
-    /// goes to a peer node that has one (not charged to the redirect buckets).
-    pub cluster_policy: bool,
+    /// Without a Ready backend here, a new connection goes to a peer node that has one,
+    /// not charged to the redirect buckets (`NodeService::hand_off`: the Cluster policy,
+    /// or a shared VIP's port whose Pods are elsewhere).
+    pub hand_off: bool,
 }
 
 impl Service {
@@ -188,7 +189,7 @@ impl ServiceTable {
                 first_slot,
                 source_ranges: s.source_ranges.clone(),
                 client_ip_affinity_ms: s.client_ip_affinity.map(|t| u64::from(t) * 1000),
-                cluster_policy: s.cluster_policy,
+                hand_off: s.hand_off,
             });
         }
         t
@@ -280,7 +281,7 @@ impl ServiceTable {
         let mut v: Vec<Ipv4Addr> = self
             .services
             .iter()
-            .filter(|s| s.ready > 0 || (s.cluster_policy && forwards(s.frontend.vip)))
+            .filter(|s| s.ready > 0 || (s.hand_off && forwards(s.frontend.vip)))
             .map(|s| s.frontend.vip)
             .collect();
         v.sort_unstable();
@@ -327,7 +328,7 @@ mod tests {
                 terminating: vec![b(2), b(1)],
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
-                cluster_policy: false,
+                hand_off: false,
             }],
             ..Default::default()
         };
@@ -357,7 +358,7 @@ mod tests {
                 terminating: vec![b(2)],
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
-                cluster_policy: false,
+                hand_off: false,
             }],
             ..Default::default()
         };
@@ -386,7 +387,7 @@ mod tests {
             terminating: vec![],
             source_ranges: Vec::new(),
             client_ip_affinity: None,
-            cluster_policy: false,
+            hand_off: false,
         };
         let state = NodeState {
             services: vec![
@@ -416,7 +417,7 @@ mod tests {
             },
             vec![],
         );
-        svc.cluster_policy = true;
+        svc.hand_off = true;
         let peers = |nodes: Vec<Ipv4Addr>, me: Option<Ipv4Addr>| Redirects {
             node_address: me,
             vips: vec![juneau_control::model::VipRedirectPeers { vip, nodes }],
@@ -441,7 +442,7 @@ mod tests {
             table(&svc, peers(vec![other], None)).is_empty(),
             "this node cannot hand connections on"
         );
-        svc.cluster_policy = false;
+        svc.hand_off = false;
         assert!(table(&svc, peers(vec![other], me)).is_empty(), "Local");
     }
 }

@@ -229,7 +229,7 @@ fn engine() -> (Engine, Neighbours) {
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
-                cluster_policy: false,
+                hand_off: false,
             },
             NodeService {
                 frontend: Frontend {
@@ -244,7 +244,7 @@ fn engine() -> (Engine, Neighbours) {
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
-                cluster_policy: false,
+                hand_off: false,
             },
         ],
         ..Default::default()

@@ -77,7 +77,7 @@ fn service(protocol: Protocol, port: u16, target: u16, pods: &[usize]) -> NodeSe
         terminating: Vec::new(),
         source_ranges: Vec::new(),
         client_ip_affinity: None,
-        cluster_policy: false,
+        hand_off: false,
     }
 }
 
@@ -1511,7 +1511,7 @@ fn a_state_file_replaced_by_a_bigger_one_is_followed() -> Result<()> {
             terminating: Vec::new(),
             source_ranges: Vec::new(),
             client_ip_affinity: None,
-            cluster_policy: false,
+            hand_off: false,
         });
     }
     let want = state.services.len();

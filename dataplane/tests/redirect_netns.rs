@@ -140,7 +140,7 @@ fn node_state(
         },
         backends,
     );
-    service.cluster_policy = cluster_policy;
+    service.hand_off = cluster_policy;
     Ok(NodeState {
         node: format!("node-{}", ["a", "b"][i]),
         services: vec![service],

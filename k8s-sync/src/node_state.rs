@@ -342,7 +342,7 @@ fn slb_part(
         let Some(mut service) = frontend_service(vip, sp, &here, &source_ranges, affinity) else {
             continue;
         };
-        service.cluster_policy = cluster;
+        service.hand_off = cluster;
         any_backend |= !service.backends.is_empty();
         part.services.push(service);
     }
@@ -427,7 +427,7 @@ fn frontend_service(
         terminating,
         source_ranges: source_ranges.to_vec(),
         client_ip_affinity,
-        cluster_policy: false,
+        hand_off: false,
     })
 }
 
@@ -846,7 +846,7 @@ impl MergedParts {
     fn hand_off_shared_frontends(&mut self) {
         for s in &mut self.services {
             if s.backends.is_empty() && self.advertised.contains_key(&s.frontend.vip) {
-                s.cluster_policy = true;
+                s.hand_off = true;
             }
         }
     }
@@ -1456,7 +1456,7 @@ mod tests {
         let (s, w) = build_node_state("node-b", &v);
         assert!(w.is_empty(), "{w:?}");
         assert!(s.services[0].backends.is_empty());
-        assert!(s.services[0].cluster_policy);
+        assert!(s.services[0].hand_off);
         assert_eq!(s.advertised.len(), 1, "{s:?}");
         assert_eq!(s.advertised[0].weight, None, "no node weighs more");
         assert_eq!(
@@ -1465,7 +1465,7 @@ mod tests {
             "the nodes with endpoints take its connections"
         );
         let (a, _) = build_node_state("node-a", &v);
-        assert!(a.services[0].cluster_policy && !a.services[0].backends.is_empty());
+        assert!(a.services[0].hand_off && !a.services[0].backends.is_empty());
         assert_eq!(a.advertised.len(), 1);
         assert_eq!(
             a.redirects.vips[0].nodes,
@@ -1518,10 +1518,10 @@ mod tests {
             "one announcement for the shared VIP: {a:?}"
         );
         assert_eq!(a.advertised[0].weight, Some(2), "node-a's Ready nginx Pods");
-        assert!(!frontend(&a, 80).cluster_policy, "nginx is served here");
+        assert!(!frontend(&a, 80).hand_off, "nginx is served here");
         let admin_here = frontend(&a, 8443);
         assert!(
-            admin_here.backends.is_empty() && admin_here.cluster_policy,
+            admin_here.backends.is_empty() && admin_here.hand_off,
             "handed on"
         );
         assert_eq!(
@@ -1539,13 +1539,13 @@ mod tests {
         assert!(c
             .services
             .iter()
-            .all(|x| !x.backends.is_empty() && !x.cluster_policy));
+            .all(|x| !x.backends.is_empty() && !x.hand_off));
         let (b, _) = build_node_state("node-b", &v);
         assert!(
             b.advertised.is_empty(),
             "no Pod of either Service on node-b"
         );
-        assert!(b.services.iter().all(|x| !x.cluster_policy));
+        assert!(b.services.iter().all(|x| !x.hand_off));
     }
 
     #[test]

@@ -431,17 +431,16 @@ fn decide_vip(
                 },
                 Err(p) => (pools, Err(p)),
             };
-            let shared = shared_vip_conflict(
-                svc,
-                world,
-                book.vip_of(owner),
-                req_of(&requested),
-                &pools,
-                &net,
-            );
+            // The group's VIP must not move under the other members.
+            let held = book.vip_of(owner);
+            let requested = requested.and_then(|req| {
+                match shared_vip_conflict(svc, world, held, req, &pools, &net) {
+                    Some(p) => Err(p),
+                    None => Ok(req),
+                }
+            });
             match requested {
                 Err(p) => Err((p, true)),
-                Ok(_) if shared.is_some() => Err((shared.expect("checked"), true)),
                 Ok(req) if !supported && book.vip_of(owner).is_none() => {
                     let _ = req;
                     Err((
@@ -527,10 +526,6 @@ fn decide_vip(
         queued_on,
         condition,
     }
-}
-
-fn req_of(requested: &Result<Option<Ipv4Addr>, Problem>) -> Option<Ipv4Addr> {
-    requested.as_ref().ok().copied().flatten()
 }
 
 /// Why the Service cannot take the VIP its group holds (`held`) while other members

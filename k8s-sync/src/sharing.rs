@@ -9,7 +9,7 @@
 //! taken by an admitted one — every reconcile reaches the same answer whatever order they
 //! run in, and a Service that collides gets no VIP at all (nothing half-served).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Service;
 
@@ -98,12 +98,11 @@ pub fn admitted(svc: &Service, others: &[&Service]) -> Result<(), PortConflict> 
         .collect();
     members.push((created_secs(svc), me.clone(), svc));
     members.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-    let mut taken: Vec<((String, i32), &str)> = Vec::new();
+    // Each admitted member's ports, and who holds them.
+    let mut taken: BTreeMap<(String, i32), &str> = BTreeMap::new();
     for (_, k, s) in &members {
         let mine = ports(s);
-        let clash = mine
-            .iter()
-            .find_map(|p| taken.iter().find(|(q, _)| q == p).map(|(q, h)| (q, *h)));
+        let clash = mine.iter().find_map(|p| taken.get_key_value(p));
         if *k == me {
             return match clash {
                 None => Ok(()),

@@ -181,10 +181,7 @@ fn services_sharing_a_key_share_one_vip_and_a_colliding_port_is_refused() -> Res
     {
         let udp = x.frontend.protocol == juneau_control::Protocol::Udp;
         assert_eq!(x.backends.is_empty(), udp, "{x:?}");
-        assert_eq!(
-            x.cluster_policy, udp,
-            "the UDP port's Pod is elsewhere: {x:?}"
-        );
+        assert_eq!(x.hand_off, udp, "the UDP port's Pod is elsewhere: {x:?}");
     }
 
     // Another leader rebuilds its book from the records: a new member joins the same

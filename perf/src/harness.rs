@@ -185,7 +185,7 @@ fn node_state() -> juneau_control::model::NodeState {
         terminating: Vec::new(),
         source_ranges: Vec::new(),
         client_ip_affinity: None,
-        cluster_policy: false,
+        hand_off: false,
     };
     let mut st = NodeState {
         node: "perf-node".into(),

@@ -55,7 +55,7 @@ pub(crate) fn sample_state() -> NodeState {
                     "192.0.2.7".parse().unwrap(),
                 ],
                 client_ip_affinity: Some(86_400),
-                cluster_policy: true,
+                hand_off: true,
             },
             NodeService {
                 frontend: frontend([203, 0, 113, 10], Protocol::Udp, 53),
@@ -63,7 +63,7 @@ pub(crate) fn sample_state() -> NodeState {
                 terminating: Vec::new(),
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
-                cluster_policy: false,
+                hand_off: false,
             },
             NodeService {
                 frontend: frontend([203, 0, 113, 11], Protocol::Tcp, 443),
@@ -72,7 +72,7 @@ pub(crate) fn sample_state() -> NodeState {
                 terminating: vec![backend(8, 443)],
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
-                cluster_policy: false,
+                hand_off: false,
             },
         ],
         advertised: vec![AdvertisedVip {
@@ -719,7 +719,7 @@ mod incremental {
                     terminating: draining.into_iter().map(|b| backend(b, 8080)).collect(),
                     source_ranges,
                     client_ip_affinity: (port == 1).then_some(10_800),
-                    cluster_policy: false,
+                    hand_off: false,
                 }
             });
         let services = proptest::collection::vec(service, 0..7);

@@ -60,7 +60,7 @@ pub fn setup_engine(mut e: Engine) -> (Engine, Neighbours) {
             terminating: Vec::new(),
             source_ranges: Vec::new(),
             client_ip_affinity: None,
-            cluster_policy: false,
+            hand_off: false,
         }],
         ..Default::default()
     };

@@ -338,7 +338,7 @@ fn node_state(tcp80: &[Ipv4Addr], udp53: &[Ipv4Addr], tcp80_ranges: &[&str]) -> 
         terminating: Vec::new(),
         source_ranges: Vec::new(),
         client_ip_affinity: None,
-        cluster_policy: false,
+        hand_off: false,
     };
     let mut tcp = svc(Protocol::Tcp, 80, tcp80, 8080);
     tcp.source_ranges = tcp80_ranges

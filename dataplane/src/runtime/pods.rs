@@ -226,9 +226,13 @@ impl SocketSlots {
         }
     }
 
-    /// The first of `n` consecutive free slots, now taken; `None` when there is no such run.
+    /// The first of `n` consecutive free slots, now taken; `None` when there is no such
+    /// run (or `n` is 0).
     fn alloc(&mut self, n: u32) -> Option<u32> {
-        let n = (n as usize).max(1);
+        let n = n as usize;
+        if n == 0 {
+            return None;
+        }
         let free_run = (0..self.used.len().saturating_sub(n - 1))
             .find(|&i| self.used[i..i + n].iter().all(|u| !u))?;
         for u in &mut self.used[free_run..free_run + n] {

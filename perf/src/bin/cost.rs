@@ -56,7 +56,7 @@ fn service_table(protocol: Protocol) -> Result<ServiceTable> {
             terminating: Vec::new(),
             source_ranges: Vec::new(),
             client_ip_affinity: None,
-            cluster_policy: false,
+            hand_off: false,
         }],
         ..Default::default()
     };
