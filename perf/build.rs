@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const PROGRAMS: &[&str] = &["sink", "xdp_dnat", "xsk_steer", "gen"];
+const PROGRAMS: &[&str] = &["pass", "xdp_dnat", "xsk_steer", "gen"];
 
 fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));

@@ -11,12 +11,12 @@ use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
 
 use anyhow::{anyhow, bail, Context, Result};
-use aya::maps::{Array, HashMap, PerCpuArray};
+use aya::maps::{Array, HashMap};
 use aya::programs::{Xdp, XdpMode};
 use aya::Ebpf;
 
-/// The sink program object (embedded).
-pub static SINK_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sink.o"));
+/// The pass program object (embedded).
+pub static PASS_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pass.o"));
 /// The XDP DNAT baseline object (embedded).
 pub static XDP_DNAT_OBJ: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp_dnat.o"));
@@ -71,33 +71,6 @@ fn attach(bpf: &mut Ebpf, prog: &str, iface: &str) -> Result<()> {
     Ok(())
 }
 
-/// The backend's packet counter: drops and counts UDP to `port`.
-pub struct Sink {
-    bpf: Ebpf,
-}
-
-impl Sink {
-    /// Attaches the sink to `iface` in namespace `ns`, counting UDP to `port`.
-    pub fn attach(ns: &str, iface: &str, port: u16) -> Result<Sink> {
-        let iface = iface.to_string();
-        in_netns(ns, move || {
-            let mut bpf = Ebpf::load(SINK_OBJ).context("loading sink.o")?;
-            let mut ports: Array<_, u32> =
-                Array::try_from(bpf.map_mut("SINK_PORT").context("SINK_PORT")?)?;
-            ports.set(0, u32::from(port.to_be()), 0)?;
-            attach(&mut bpf, "xdp_sink", &iface)?;
-            Ok(Sink { bpf })
-        })
-    }
-
-    /// Packets counted so far (summed over CPUs).
-    pub fn count(&self) -> Result<u64> {
-        let m: PerCpuArray<_, u64> =
-            PerCpuArray::try_from(self.bpf.map("SINK_COUNT").context("SINK_COUNT")?)?;
-        Ok(m.get(&0, 0)?.iter().sum())
-    }
-}
-
 /// A pass-everything XDP program, so that XDP_REDIRECT into this veth's peer is delivered.
 pub struct PassProgram {
     _bpf: Ebpf,
@@ -108,7 +81,7 @@ impl PassProgram {
     pub fn attach(ns: &str, iface: &str) -> Result<PassProgram> {
         let iface = iface.to_string();
         in_netns(ns, move || {
-            let mut bpf = Ebpf::load(SINK_OBJ).context("loading sink.o")?;
+            let mut bpf = Ebpf::load(PASS_OBJ).context("loading pass.o")?;
             attach(&mut bpf, "xdp_pass", &iface)?;
             Ok(PassProgram { _bpf: bpf })
         })
@@ -284,7 +257,7 @@ impl TestRunProgram {
 
     /// `xdp_pass`: returns XDP_PASS and does nothing else.
     pub fn pass() -> Result<TestRunProgram> {
-        Self::loaded(Ebpf::load(SINK_OBJ).context("loading sink.o")?, "xdp_pass")
+        Self::loaded(Ebpf::load(PASS_OBJ).context("loading pass.o")?, "xdp_pass")
     }
 
     fn loaded(mut bpf: Ebpf, name: &'static str) -> Result<TestRunProgram> {

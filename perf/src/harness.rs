@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use juneau_tests::netns::NsChild;
 
-use crate::bpf::{DnatConfig, PassProgram, Sink, XdpDnat};
+use crate::bpf::{DnatConfig, PassProgram, XdpDnat};
 use crate::packet::format_mac;
 use crate::plan::{check_interrupt, sleep, Plan, Scenario, INTERRUPTED};
+use crate::sink::UdpSink;
 use crate::topology::*;
 use crate::xsk::GenResult;
 
@@ -62,10 +63,13 @@ pub(crate) fn cpus() -> (u32, u32) {
     (0, if n > 1 { 1 } else { 0 })
 }
 
-/// A scenario's node setup with the UDP ends (sink, echo server), alive while measuring.
+/// A scenario's node setup with the UDP ends (the backend's application: sink and echo
+/// server), alive while measuring.
 pub(crate) struct Active {
-    pub(crate) sink: Sink,
-    _pass: PassProgram,
+    pub(crate) sink: UdpSink,
+    /// `xdp_pass` on the client's end (the generator's frames), and on the backend's for
+    /// a path that redirects XDP frames into it.
+    _pass: Vec<PassProgram>,
     /// What forwards in the node namespace.
     pub(crate) path: NodePath,
     _echo: NsChild,
@@ -209,10 +213,23 @@ pub(crate) fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Resul
     let (gen_cpu, _) = cpus();
     let exe = self_exe()?;
     let exe_s = exe.to_string_lossy().into_owned();
-    let sink = Sink::attach(t.backend.name(), &t.b_if, BACKEND_LOAD_PORT)?;
+    // The backend is an application reading a UDP socket, its veth as a CNI leaves a
+    // Pod's (no XDP program, GRO off: no NAPI), so every path delivers into a socket.
+    // Only a path that forwards XDP frames (XDP_REDIRECT) needs an XDP program there:
+    // a veth hands redirected frames only to a peer with NAPI (the opt-in accelerator's
+    // "Pods whose veth takes XDP frames").
+    let sink = UdpSink::start(
+        t.backend.name(),
+        BACKEND_LOAD_PORT,
+        gen_cpu,
+        PROBE_RT_PRIORITY.parse().expect("a number"),
+    )?;
     // Frames XDP_REDIRECTed into the client's veth are only delivered with an XDP program
     // on the receiving end (FACTS.md).
-    let pass = PassProgram::attach(t.client.name(), &t.c_if)?;
+    let mut pass = vec![PassProgram::attach(t.client.name(), &t.c_if)?];
+    if sc.redirects_xdp_frames() {
+        pass.push(PassProgram::attach(t.backend.name(), &t.b_if)?);
+    }
     // The echo server and the prober share the generator's core, which the generator keeps
     // busy (it paces by spinning in the kernel): as real-time tasks they run as soon as a
     // probe arrives instead of waiting a scheduler slice behind the generator, which would

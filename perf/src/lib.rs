@@ -1,6 +1,6 @@
 //! # juneau-perf — the benchmark harness
 //!
-//! Owns: the benchmark topology, traffic generator, sink, baselines (kernel forwarding,
+//! Owns: the benchmark topology, traffic generator, the backend's UDP application, baselines (kernel forwarding,
 //! nftables DNAT, in-kernel XDP DNAT, raw AF_XDP forwarder), the TCP bulk download
 //! (juneau against nftables DNAT), the control-plane
 //! convergence measurement (real apiserver, k8s-sync, juneau-bgp, BIRD) and the reports.
@@ -30,6 +30,7 @@ pub mod report_data;
 pub mod results;
 pub mod scale;
 pub mod scale_data;
+pub mod sink;
 pub mod suite;
 pub mod targets;
 pub mod topology;

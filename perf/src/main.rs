@@ -77,6 +77,10 @@ struct RunArgs {
     /// in `smoke`).
     #[arg(long, value_delimiter = ',')]
     bulk_streams: Option<Vec<u32>>,
+    /// Flow counts of the `juneau` flow-scale rows (default 1000,100000,1000000 in `run`,
+    /// 1000,100000 in `smoke`; `0` runs none).
+    #[arg(long, value_delimiter = ',')]
+    flow_scale: Option<Vec<u32>>,
     /// TCP bulk download: longest time one round of downloads may take, seconds.
     #[arg(long, default_value_t = 120)]
     bulk_timeout_s: u64,
@@ -126,7 +130,7 @@ struct GenArgs {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// The full suite (>= 3 runs of 5 s per scenario, flow scale, latency, cost).
+    /// The full suite (5 rounds of every scenario, 5 s windows, flow scale, latency, cost).
     Run(RunArgs),
     /// A very short pass over every part of the harness (what CI runs).
     Smoke(RunArgs),
@@ -238,7 +242,7 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
     } else {
         Plan {
             scenarios: Scenario::ALL.to_vec(),
-            runs: 3,
+            runs: 5,
             warmup: Duration::from_secs(1),
             duration: Duration::from_secs(5),
             flows: 256,
@@ -271,6 +275,9 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
             bail!("--bulk-streams takes stream counts of at least 1");
         }
         plan.bulk.streams = s.clone();
+    }
+    if let Some(f) = &args.flow_scale {
+        plan.flow_scale = f.iter().copied().filter(|&n| n > 0).collect();
     }
     if let Some(s) = &args.scenarios {
         plan.scenarios = s.clone();

@@ -40,6 +40,12 @@ pub enum Scenario {
 }
 
 impl Scenario {
+    /// Whether the path forwards XDP frames into the backend's veth (XDP_REDIRECT), which
+    /// then needs an XDP program on the backend's end to take them.
+    pub fn redirects_xdp_frames(self) -> bool {
+        matches!(self, Scenario::XdpDnat | Scenario::JuneauXdpFast)
+    }
+
     /// Every scenario, in report order.
     /// (`juneau-busy-poll` is not among them: on Linux >= 6.13 an AF_XDP socket gets a
     /// NAPI id to busy-poll only when bound in zero-copy mode, which veth lacks — measured:

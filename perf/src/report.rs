@@ -49,7 +49,10 @@ impl Report {
     /// The method paragraph: how the rates and costs were measured.
     fn method_md(&self) -> String {
         let mut m = String::new();
-        m += "Delivered packets/s counted by the XDP sink in the backend namespace; 64-byte UDP\n";
+        m += "Delivered packets/s = datagrams the backend's application read (`recvmmsg` on a UDP socket in the\n";
+        m += "backend namespace; its thread on CPU 0, real-time; the backend's veth as a CNI leaves a Pod's: no XDP\n";
+        m += "program, GRO off; only the paths that XDP_REDIRECT into it, xdp-dnat and juneau-xdp-fast, get an\n";
+        m += "`xdp_pass` there so that it takes their frames; datagrams its socket dropped are listed per run); 64-byte UDP\n";
         m += "offered by a live-frames XDP generator (BPF_PROG_RUN) alone on CPU 0; every forwarding\n";
         m += "path runs on CPU 1 (the node's threaded-NAPI kthreads and the userspace forwarder pinned\n";
         m += "there, checked after each run). Offered rate: calibrated per run (a short flood, then paced\n";
@@ -140,7 +143,7 @@ impl Report {
         for s in self.throughput_rows() {
             for (i, r) in s.runs.iter().enumerate() {
                 m += &format!(
-                    "- {} @ {} flows, run {}: {:.0} of {:.0} pps (rate asked {}), {:.0} ns/packet (threads {:.0}), path core user {:.0}% / system {:.0}% / softirq {:.0}% / steal {:.0}%, generator core busy {:.0}% (softirq {:.0}%): {}; calibration (offered -> delivered): {}\n",
+                    "- {} @ {} flows, run {}: {:.0} of {:.0} pps (rate asked {}), {:.0} ns/packet (threads {:.0}), path core user {:.0}% / system {:.0}% / softirq {:.0}% / steal {:.0}%, generator core busy {:.0}% (softirq {:.0}%), backend socket drops {}: {}; calibration (offered -> delivered): {}\n",
                     s.name,
                     s.flows,
                     i + 1,
@@ -155,6 +158,7 @@ impl Report {
                     100.0 * r.path_core.steal,
                     100.0 * r.gen_core.busy,
                     100.0 * r.gen_core.softirq,
+                    r.backend_socket_drops,
                     r.saturation,
                     r.calibration
                         .iter()
@@ -175,7 +179,7 @@ impl Report {
     /// The ratios against their targets, what was refused, the dataplane's counters.
     fn ratios_md(&self) -> String {
         let mut m = String::new();
-        m += "\n## Ratios (medians of this run; only from saturated rows)\n\n| ratio | delivered pps | packets per CPU-second | target |\n|---|---:|---:|---:|\n";
+        m += "\n## Ratios (only from saturated rows; paired round by round: the median of the per-round ratios)\n\n| ratio | delivered pps | packets per CPU-second | target |\n|---|---:|---:|---:|\n";
         for (name, a, b, t) in [
             (
                 "juneau / nft-dnat",
@@ -213,6 +217,15 @@ impl Report {
                 not_measured(a),
                 not_measured(b)
             );
+        }
+        if !self.ratios.spread.is_empty() {
+            m += "\nSpread over the rounds (lowest – highest per-round ratio):\n\n";
+            for s in &self.ratios.spread {
+                m += &format!(
+                    "- {}: delivered pps {:.2} – {:.2}, packets per CPU-second {:.2} – {:.2} ({} rounds)\n",
+                    s.ratio, s.pps.0, s.pps.1, s.cpu.0, s.cpu.1, s.rounds
+                );
+            }
         }
         if !self.ratios.refused.is_empty() {
             m += "\nRefused (a ratio of unsaturated runs measures the generator, not the paths):\n\n";
@@ -494,7 +507,7 @@ mod tests {
     }
 
     #[test]
-    fn ratios_come_from_saturated_medians_and_are_absent_without_juneau() {
+    fn ratios_pair_the_rounds_of_saturated_rows_and_are_absent_without_juneau() {
         let mut r = Report::default();
         r.scenarios
             .push(row("nft-dnat", 256, &[100.0, 200.0, 300.0], 1000.0, true));
@@ -516,8 +529,18 @@ mod tests {
         };
         r.flow_scale = vec![point(1_000_000, 90.0), point(1_000, 100.0)];
         r.compute_ratios();
-        assert_eq!(r.ratios.juneau_vs_nft_dnat, Some(2.0));
+        // Round by round 3.0, 2.5, 1.33 (the medians' ratio would be 2.0).
+        assert_eq!(r.ratios.juneau_vs_nft_dnat, Some(2.5));
         assert_eq!(r.ratios.cpu_juneau_vs_nft_dnat, Some(4.0));
+        let spread = &r.ratios.spread[0];
+        assert_eq!(
+            (spread.ratio.as_str(), spread.rounds),
+            ("juneau / nft-dnat", 3)
+        );
+        assert_eq!(spread.pps, (400.0 / 300.0, 3.0));
+        assert!(r
+            .markdown()
+            .contains("- juneau / nft-dnat: delivered pps 1.33 – 3.00"));
         assert!(r.ratios.juneau_xdp_fast_vs_xdp_dnat.is_none());
         assert_eq!(r.ratios.juneau_flow_scale_largest_vs_smallest, Some(0.9));
         let s = &r.scenarios[1];

@@ -8,7 +8,8 @@ use crate::bulk_data::{BulkRatio, BulkRow};
 use crate::convergence_data::ConvergenceReport;
 use crate::loopcost_data::LoopCost;
 use crate::results::{
-    latency_summary, Cost, FlowScalePoint, LatencyPoint, LatencySummary, Ratios, ScenarioResult,
+    latency_summary, paired_ratios, Cost, FlowScalePoint, LatencyPoint, LatencySummary, Ratios,
+    ScenarioResult,
 };
 use crate::scale_data::ScaleReport;
 
@@ -82,13 +83,16 @@ impl Report {
         self.errors.push((scenario.into(), msg));
     }
 
-    /// Summarises the latency rounds ([`latency_summary`]) and computes the ratios from
-    /// the medians, only between rows whose every run was
-    /// saturated (an unsaturated row measures the generator, not the path); refusals are
-    /// listed in `ratios.refused`.
+    /// Summarises the latency rounds ([`latency_summary`]) and computes the ratios, only
+    /// between rows whose every run was saturated (an unsaturated row measures the
+    /// generator, not the path): paired round by round (the median of the per-round
+    /// ratios, their spread in `ratios.spread`) when both rows have one run per round,
+    /// else from the rows' medians (older reports). Refusals are listed in
+    /// `ratios.refused`.
     pub fn compute_ratios(&mut self) {
         self.latency_summary = latency_summary(&self.latency);
         let mut refused = Vec::new();
+        let mut spread = Vec::new();
         let find = |n: &str| self.scenarios.iter().find(|s| s.name == n).cloned();
         let mut pair =
             |a: Option<ScenarioResult>, b: Option<ScenarioResult>, what: &str| match (a, b) {
@@ -104,6 +108,10 @@ impl Report {
                             unsat.join(", ")
                         ));
                         return (None, None);
+                    }
+                    if let Some((pps, cpu, s)) = paired_ratios(what, &a.runs, &b.runs) {
+                        spread.push(s);
+                        return (Some(pps), Some(cpu));
                     }
                     let pps = (b.median_pps > 0.0).then(|| a.median_pps / b.median_pps);
                     let cpu = match (a.pps_per_cpu_second, b.pps_per_cpu_second) {
@@ -161,6 +169,7 @@ impl Report {
         self.ratios.xdp_dnat_flow_scale = a;
         self.ratios.cpu_xdp_dnat_flow_scale = b;
         self.ratios.refused = refused;
+        self.ratios.spread = spread;
         self.bulk_ratios = crate::bulk_data::ratios(&self.bulk);
     }
 }

@@ -57,8 +57,13 @@ pub struct ScenarioResult {
 /// One throughput run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RunFigures {
-    /// Packets/s counted by the sink in the window.
+    /// Packets/s the backend's application read in the window (older reports: counted
+    /// by an XDP sink on the backend's veth).
     pub delivered_pps: f64,
+    /// Datagrams the backend's socket dropped in the window (its receive buffer full):
+    /// a loss at the application, not the path's.
+    #[serde(default)]
+    pub backend_socket_drops: u64,
     /// Packets/s the generator offered (its own count over its whole run).
     pub offered_pps: f64,
     /// The rate the generator was asked to offer (paced; 0 = as fast as it could), found
@@ -317,6 +322,59 @@ pub struct Cost {
     pub redirect_own_instructions_per_packet: Option<f64>,
 }
 
+/// One ratio's per-round values: the lowest and highest over the rounds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RatioSpread {
+    /// The ratio's name as the report's table shows it.
+    pub ratio: String,
+    /// Rounds paired.
+    pub rounds: usize,
+    /// Delivered packets/s: lowest and highest per-round ratio.
+    pub pps: (f64, f64),
+    /// Packets per CPU-second: lowest and highest per-round ratio.
+    pub cpu: (f64, f64),
+}
+
+/// `a` / `b` paired run by run (run `i` of each came from round `i`): the medians of the
+/// per-round ratios of delivered packets/s and of packets per CPU-second, with their
+/// spread. `None` unless both have the same, non-zero number of runs.
+pub fn paired_ratios(
+    name: &str,
+    a: &[RunFigures],
+    b: &[RunFigures],
+) -> Option<(f64, f64, RatioSpread)> {
+    if a.is_empty() || a.len() != b.len() {
+        return None;
+    }
+    let pps: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| x.delivered_pps / y.delivered_pps.max(1e-9))
+        .collect();
+    // Packets per CPU-second is 1 / cost: a's over b's is b's cost over a's.
+    let cpu: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| y.cost_ns() / x.cost_ns().max(1e-9))
+        .collect();
+    let range = |v: &[f64]| {
+        (
+            v.iter().copied().fold(f64::INFINITY, f64::min),
+            v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        )
+    };
+    Some((
+        median(&pps),
+        median(&cpu),
+        RatioSpread {
+            ratio: name.to_string(),
+            rounds: a.len(),
+            pps: range(&pps),
+            cpu: range(&cpu),
+        },
+    ))
+}
+
 /// The ratios the product is held to.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Ratios {
@@ -350,7 +408,49 @@ pub struct Ratios {
     /// The same in packets per CPU-second.
     #[serde(default)]
     pub cpu_xdp_dnat_flow_scale: Option<f64>,
+    /// Each ratio's spread over the rounds, when both sides have one run per round (the
+    /// ratios are then medians of the per-round ratios, paired round by round).
+    #[serde(default)]
+    pub spread: Vec<RatioSpread>,
     /// Ratios not computed, and why (a side not saturated, or not measured).
     #[serde(default)]
     pub refused: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(pps: f64, ns: f64) -> RunFigures {
+        RunFigures {
+            delivered_pps: pps,
+            core_ns_per_packet: ns,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ratios_pair_runs_of_the_same_round() {
+        // Round 2 was slow for both paths: pairing keeps it from skewing the ratio.
+        let a = [run(100.0, 10.0), run(50.0, 20.0), run(110.0, 9.0)];
+        let b = [run(200.0, 5.0), run(100.0, 10.0), run(220.0, 4.5)];
+        let (pps, cpu, s) = paired_ratios("a / b", &a, &b).expect("paired");
+        assert_eq!(pps, 0.5);
+        assert_eq!(cpu, 0.5);
+        assert_eq!(s.rounds, 3);
+        assert_eq!(s.pps, (0.5, 0.5));
+        let b = [run(200.0, 5.0), run(25.0, 40.0), run(220.0, 4.5)];
+        let (pps, _, s) = paired_ratios("a / b", &a, &b).expect("paired");
+        assert_eq!(pps, 0.5);
+        assert_eq!(s.pps, (0.5, 2.0));
+        assert_eq!(s.cpu, (0.5, 2.0));
+    }
+
+    #[test]
+    fn ratios_are_not_paired_across_unequal_rounds() {
+        let a = [run(100.0, 10.0)];
+        let b = [run(200.0, 5.0), run(100.0, 10.0)];
+        assert!(paired_ratios("a / b", &a, &b).is_none());
+        assert!(paired_ratios("a / b", &[], &[]).is_none());
+    }
 }

@@ -61,9 +61,9 @@ fn window_run(
         crate::cpu::CoreTimes::read(gen_cpu)?,
         crate::cpu::run_time_ns(tids),
     );
-    let (t1, c1) = (Instant::now(), a.sink.count()?);
+    let (t1, c1, d1) = (Instant::now(), a.sink.count()?, a.sink.socket_drops()?);
     sleep(window)?;
-    let (t2, c2) = (Instant::now(), a.sink.count()?);
+    let (t2, c2, d2) = (Instant::now(), a.sink.count()?, a.sink.socket_drops()?);
     let (core2, gcore2, run2) = (
         crate::cpu::CoreTimes::read(path_cpu)?,
         crate::cpu::CoreTimes::read(gen_cpu)?,
@@ -97,6 +97,7 @@ fn window_run(
     tracing::debug!(sent = gen.sent, elapsed = gen.elapsed_s, pps, rate, "run");
     Ok(RunFigures {
         delivered_pps: pps,
+        backend_socket_drops: d2.saturating_sub(d1),
         offered_pps: offered,
         rate_pps: rate,
         path_cores: path_cpu_s / secs,

@@ -156,7 +156,8 @@ impl Topology {
         }
         match ends {
             Ends::Udp => {
-                backend.exec(&["ethtool", "-K", &b_if, "tx", "off"])?;
+                // As a CNI leaves a Pod's end: GRO off (a veth's default), so no NAPI.
+                backend.exec(&["ethtool", "-K", &b_if, "tx", "off", "gro", "off"])?;
             }
             Ends::Bulk {
                 endpoint_cpu,
