@@ -375,7 +375,7 @@ pub fn download<T: Send + 'static>(
 }
 
 /// One connection: asks for `bytes_each`, reads and checks until EOF.
-fn one_stream(s: &DownloadSpec, deadline: Instant) -> Result<u64> {
+pub(crate) fn one_stream(s: &DownloadSpec, deadline: Instant) -> Result<u64> {
     let mut conn = TcpStream::connect_timeout(&s.target, Duration::from_secs(5))
         .with_context(|| format!("connecting to {}", s.target))?;
     conn.set_read_timeout(Some(Duration::from_millis(200)))?;

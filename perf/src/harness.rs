@@ -278,8 +278,11 @@ pub(crate) fn start_path(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> 
         stats_file: None,
     };
     match sc {
-        Scenario::TcpBulk => {
-            bail!("tcp-bulk runs through juneau and nft-dnat, it is no path itself")
+        Scenario::TcpBulk | Scenario::TcpConnect => {
+            bail!(
+                "{} runs through juneau and nft-dnat, it is no path itself",
+                sc.name()
+            )
         }
         Scenario::KernelForward => {}
         Scenario::NftDnat => {

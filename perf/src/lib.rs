@@ -1,8 +1,8 @@
 //! # juneau-perf — the benchmark harness
 //!
 //! Owns: the benchmark topology, traffic generator, the backend's UDP application, baselines (kernel forwarding,
-//! nftables DNAT, in-kernel XDP DNAT, raw AF_XDP forwarder), the TCP bulk download
-//! (juneau against nftables DNAT), the control-plane
+//! nftables DNAT, in-kernel XDP DNAT, raw AF_XDP forwarder), the TCP bulk download and
+//! new TCP connections (juneau against nftables DNAT), the control-plane
 //! convergence measurement (real apiserver, k8s-sync, juneau-bgp, BIRD) and the reports.
 //!
 //! Must not touch: product code paths other than by running the real binaries.
@@ -12,6 +12,7 @@ pub mod bpf;
 pub mod bulk;
 pub mod bulk_data;
 pub mod calibrate;
+pub mod connect;
 pub mod convergence;
 pub mod convergence_data;
 pub mod cost;
@@ -25,6 +26,7 @@ pub mod loopcost_data;
 pub mod packet;
 pub mod plan;
 pub mod prereq;
+pub mod profile;
 pub mod report;
 pub mod report_data;
 pub mod results;

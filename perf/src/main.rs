@@ -59,6 +59,10 @@ struct RunArgs {
     /// Skip the control-plane convergence measurement.
     #[arg(long)]
     no_convergence: bool,
+    /// Skip the profile of the path core ("Where the time goes": one extra window of
+    /// juneau, afxdp-l2fwd and nft-dnat under `perf record`).
+    #[arg(long)]
+    no_profile: bool,
     /// An extra argument for every juneau-dataplane the run starts (repeatable, e.g.
     /// `--dataplane-arg=--busy-poll-us=0`).
     #[arg(long, allow_hyphen_values = true)]
@@ -223,7 +227,9 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
             duration: Duration::from_millis(700),
             flows: 256,
             flow_scale: vec![1_000, 100_000],
+            profile: true,
             latency_loads: vec![0.5],
+            latency_background_pps: vec![50_000],
             latency_duration: Duration::from_millis(700),
             latency_rounds: 1,
             probe_rate: 500,
@@ -247,7 +253,9 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
             duration: Duration::from_secs(5),
             flows: 256,
             flow_scale: vec![1_000, 100_000, 1_000_000],
+            profile: true,
             latency_loads: vec![0.1, 0.5, 0.9],
+            latency_background_pps: vec![100_000, 400_000],
             latency_duration: Duration::from_secs(5),
             latency_rounds: 3,
             probe_rate: 1000,
@@ -276,6 +284,7 @@ fn plan_for(args: &RunArgs, smoke: bool) -> Result<Plan> {
         }
         plan.bulk.streams = s.clone();
     }
+    plan.profile = !args.no_profile;
     if let Some(f) = &args.flow_scale {
         plan.flow_scale = f.iter().copied().filter(|&n| n > 0).collect();
     }
@@ -576,6 +585,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
                 | Scenario::JuneauXdpFast
                 | Scenario::JuneauBusyPoll
                 | Scenario::TcpBulk
+                | Scenario::TcpConnect
         )
     });
     let cost = !args.no_cost;
@@ -621,13 +631,14 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
         }
         + conv_reps.map(convergence::expected).unwrap_or_default();
     eprintln!(
-        "juneau-perf {}: {} scenario(s) x {} run(s) of {:.1}s, flow scale {:?}, latency at {:?} of max; expected duration ~{} s ({:.1} min). Output: {}",
+        "juneau-perf {}: {} scenario(s) x {} run(s) of {:.1}s, flow scale {:?}, latency at {:?} of max and at {:?} pps; expected duration ~{} s ({:.1} min). Output: {}",
         if smoke { "smoke" } else { "run" },
         plan.scenarios.len(),
         plan.runs,
         plan.duration.as_secs_f64(),
         plan.flow_scale,
         plan.latency_loads,
+        plan.latency_background_pps,
         expected.as_secs(),
         expected.as_secs_f64() / 60.0,
         plan.out_dir.display()
@@ -645,6 +656,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
             "flows": plan.flows,
             "flow_scale": plan.flow_scale,
             "latency_loads": plan.latency_loads,
+            "latency_background_pps": plan.latency_background_pps,
             "latency_duration_s": plan.latency_duration.as_secs_f64(),
             "latency_rounds": plan.latency_rounds,
             "probe_rate": plan.probe_rate,

@@ -37,6 +37,9 @@ pub enum Scenario {
     /// The TCP bulk download through the VIP (the `bulk` module): `juneau` and `nft-dnat` at
     /// each stream count of the plan, rows `tcp-bulk-<streams>`.
     TcpBulk,
+    /// New TCP connections per second through the VIP (the `connect` module): `juneau`
+    /// and `nft-dnat`, a short request and answer per connection.
+    TcpConnect,
 }
 
 impl Scenario {
@@ -51,7 +54,7 @@ impl Scenario {
     /// NAPI id to busy-poll only when bound in zero-copy mode, which veth lacks — measured:
     /// `BusyPollRxPackets` stays 0 — so on this topology it measures the same loop as
     /// `juneau`; run it with `--scenarios` on a kernel or NIC where it can work.)
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::KernelForward,
         Scenario::NftDnat,
         Scenario::XdpDnat,
@@ -59,6 +62,7 @@ impl Scenario {
         Scenario::Juneau,
         Scenario::JuneauXdpFast,
         Scenario::TcpBulk,
+        Scenario::TcpConnect,
     ];
 
     /// The report name.
@@ -72,6 +76,7 @@ impl Scenario {
             Scenario::JuneauXdpFast => "juneau-xdp-fast",
             Scenario::JuneauBusyPoll => "juneau-busy-poll",
             Scenario::TcpBulk => "tcp-bulk",
+            Scenario::TcpConnect => "tcp-connect",
         }
     }
 
@@ -103,8 +108,14 @@ pub struct Plan {
     pub flows: u32,
     /// Flow counts for the `juneau` flow-scale measurement (empty: skip).
     pub flow_scale: Vec<u32>,
+    /// Profile the path core of juneau, afxdp-l2fwd and nft-dnat after the rounds (one
+    /// extra window each; needs `perf`).
+    pub profile: bool,
     /// Offered loads for latency, as fractions of each scenario's median throughput.
     pub latency_loads: Vec<f64>,
+    /// Offered background rates for latency, packets/s, the same for every path (a
+    /// fraction of each path's own capacity is more background for a faster path).
+    pub latency_background_pps: Vec<u64>,
     /// Probe duration per latency point.
     pub latency_duration: Duration,
     /// Latency rounds: each measures every scenario at every load, scenarios in turn.
@@ -147,11 +158,25 @@ impl Plan {
                 s += bulk_expected(self).as_secs_f64();
                 continue;
             }
+            if *sc == Scenario::TcpConnect {
+                s += f64::from(self.runs)
+                    * BULK_PATHS.len() as f64
+                    * (5.0 + self.duration.as_secs_f64());
+                continue;
+            }
             s += f64::from(self.runs) * per_run;
+            if self.profile
+                && matches!(
+                    sc,
+                    Scenario::Juneau | Scenario::AfxdpL2fwd | Scenario::NftDnat
+                )
+            {
+                s += SETUP_S + self.warmup.as_secs_f64() + self.duration.as_secs_f64() + 2.0;
+            }
             if sc.uses_vip() && !self.latency_loads.is_empty() {
                 s += f64::from(self.latency_rounds)
                     * (SETUP_S
-                        + self.latency_loads.len() as f64
+                        + (self.latency_loads.len() + self.latency_background_pps.len()) as f64
                             * (self.latency_duration.as_secs_f64() + 1.2));
             }
             if *sc == Scenario::Juneau {

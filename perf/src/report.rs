@@ -25,11 +25,15 @@ impl Report {
             self.date, self.machine, self.load_average_start, self.load_average_end, self.config
         );
         m += &crate::targets::markdown(self);
+        if !self.profiles.is_empty() || !self.profile_note.is_empty() {
+            m += &crate::profile::markdown(&self.profiles, &self.profile_note);
+        }
         m += "\n";
         m += &self.method_md();
         m += &self.throughput_md();
         m += &self.ratios_md();
         m += &crate::bulk_data::markdown(&self.bulk, &self.bulk_ratios);
+        m += &crate::connect::markdown(&self.connect, self.connect_ratio.as_ref());
         m += &self.flow_scale_md();
         m += &self.latency_md();
         m += &self.userspace_cost_md();
@@ -276,6 +280,10 @@ impl Report {
 
     /// Latency through the VIP.
     fn latency_md(&self) -> String {
+        let background = |pps: Option<u64>, fraction: f64| match pps {
+            Some(r) => format!("{r} pps ({:.0}% of its median)", fraction * 100.0),
+            None => format!("{:.0}%", fraction * 100.0),
+        };
         let mut m = String::new();
         m += "\n## Latency through the VIP (UDP request/response, one outstanding)\n\n";
         if self.latency.is_empty() {
@@ -283,12 +291,13 @@ impl Report {
         } else {
             let ratio = |r: Option<f64>| r.map_or_else(|| "—".to_string(), |x| format!("{x:.2}"));
             m += "Every round measures every scenario at every load in turn; per scenario and load: the median over the rounds (lowest–highest), and the paired comparison to nft-dnat (median over the rounds of this scenario's figure / nft-dnat's in the same round; ≤ 1.00: no worse).\n\n";
-            m += "| scenario | offered load | rounds | p99 us | p99.9 us | p99 / nft-dnat | p99.9 / nft-dnat |\n|---|---:|---:|---:|---:|---:|---:|\n";
+            m += "A lost probe (no reply within its timeout) counts as the timeout in the percentiles, slower than any answered one; \"background\" is either a fraction of that path's own median throughput or the same rate for every path.\n\n";
+            m += "| scenario | background | rounds | p99 us | p99.9 us | p99 / nft-dnat | p99.9 / nft-dnat |\n|---|---:|---:|---:|---:|---:|---:|\n";
             for l in &self.latency_summary {
                 m += &format!(
-                    "| {} | {:.0}% | {} | {:.1} ({:.1}–{:.1}) | {:.1} ({:.1}–{:.1}) | {} | {} |\n",
+                    "| {} | {} | {} | {:.1} ({:.1}–{:.1}) | {:.1} ({:.1}–{:.1}) | {} | {} |\n",
                     l.scenario,
-                    l.load_fraction * 100.0,
+                    background(l.background_pps, l.load_fraction),
                     l.rounds,
                     l.p99_us[0],
                     l.p99_us[1],
@@ -301,13 +310,13 @@ impl Report {
                 );
             }
             m += "\nEvery point:\n\n";
-            m += "| round | scenario | offered load | background pps | replies | p50 us | p99 us | p99.9 us | max us |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n";
+            m += "| round | scenario | background | offered pps | replies | p50 us | p99 us | p99.9 us | max us |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n";
             for l in &self.latency {
                 m += &format!(
-                    "| {} | {} | {:.0}% | {:.0} | {}/{} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+                    "| {} | {} | {} | {:.0} | {}/{} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
                     l.round + 1,
                     l.scenario,
-                    l.load_fraction * 100.0,
+                    background(l.background_pps, l.load_fraction),
                     l.offered_pps,
                     l.result.received,
                     l.result.sent,
@@ -552,11 +561,13 @@ mod tests {
         LatencyPoint {
             scenario: sc.into(),
             load_fraction: load,
+            background_pps: None,
             offered_pps: 1.0,
             round,
             result: ProbeResult {
                 sent: 10,
                 received: 10,
+                lost_counts_as_us: 100_000.0,
                 p50_us: 1.0,
                 p90_us: 1.0,
                 p99_us: p99,
@@ -565,6 +576,40 @@ mod tests {
                 curve: Vec::new(),
             },
         }
+    }
+
+    #[test]
+    fn latency_at_the_same_absolute_rate_is_paired_apart_from_the_fractions() {
+        let abs = |sc: &str, fraction: f64, p99: f64| LatencyPoint {
+            background_pps: Some(100_000),
+            ..lat(sc, fraction, 0, p99, p99)
+        };
+        // The same rate is 10 % of nft-dnat's median and 20 % of juneau's.
+        let points = vec![
+            lat("nft-dnat", 0.1, 0, 100.0, 100.0),
+            lat("juneau", 0.1, 0, 300.0, 300.0),
+            abs("nft-dnat", 0.1, 100.0),
+            abs("juneau", 0.2, 150.0),
+        ];
+        let s = latency_summary(&points);
+        assert_eq!(s.len(), 4);
+        assert_eq!(
+            (s[1].background_pps, s[1].p99_vs_nft_dnat),
+            (None, Some(3.0))
+        );
+        assert_eq!(
+            (s[3].background_pps, s[3].p99_vs_nft_dnat),
+            (Some(100_000), Some(1.5))
+        );
+        assert_eq!(s[3].load_fraction, 0.2);
+        let mut r = Report {
+            latency: points,
+            ..Default::default()
+        };
+        r.compute_ratios();
+        assert!(r
+            .markdown()
+            .contains("| juneau | 100000 pps (20% of its median) | 1 |"));
     }
 
     #[test]

@@ -66,6 +66,19 @@ pub struct Report {
     /// juneau / nft-dnat of the TCP bulk download per stream count, paired per round.
     #[serde(default)]
     pub bulk_ratios: Vec<BulkRatio>,
+    /// Where the time goes: a profile of the path core per path (juneau, afxdp-l2fwd,
+    /// nft-dnat), when profiled.
+    #[serde(default)]
+    pub profiles: Vec<crate::profile::Profile>,
+    /// Why nothing was profiled (e.g. ": perf not installed"), if so.
+    #[serde(default)]
+    pub profile_note: String,
+    /// New TCP connections: every run of both paths.
+    #[serde(default)]
+    pub connect: Vec<crate::connect::ConnectRun>,
+    /// juneau / nft-dnat of the new TCP connections, paired per round.
+    #[serde(default)]
+    pub connect_ratio: Option<crate::connect::ConnectRatio>,
     /// Scenarios that failed, with the reason.
     pub errors: Vec<(String, String)>,
 }
@@ -171,5 +184,6 @@ impl Report {
         self.ratios.refused = refused;
         self.ratios.spread = spread;
         self.bulk_ratios = crate::bulk_data::ratios(&self.bulk);
+        self.connect_ratio = crate::connect::ratio(&self.connect);
     }
 }

@@ -209,6 +209,11 @@ pub struct LatencyPoint {
     pub load_fraction: f64,
     /// Offered background load, packets/s.
     pub offered_pps: f64,
+    /// The background rate asked, when it was the same for every path (`load_fraction`
+    /// is then what that rate was of this path's median); `None`: a fraction of each
+    /// path's own median.
+    #[serde(default)]
+    pub background_pps: Option<u64>,
     /// Which latency round (every round measures every scenario at every load, in
     /// turn, so slow drift of the machine's load spreads over all of them).
     #[serde(default)]
@@ -223,8 +228,12 @@ pub struct LatencyPoint {
 pub struct LatencySummary {
     /// Scenario name.
     pub scenario: String,
-    /// Offered background load as a fraction of the scenario's median throughput.
+    /// Offered background load as a fraction of the scenario's median throughput (for an
+    /// absolute rate: the median over the rounds of what it was).
     pub load_fraction: f64,
+    /// The background rate, when the same for every path.
+    #[serde(default)]
+    pub background_pps: Option<u64>,
     /// Rounds measured.
     pub rounds: usize,
     /// p99 over the rounds: median, lowest, highest (microseconds).
@@ -239,12 +248,29 @@ pub struct LatencySummary {
     pub p999_vs_nft_dnat: Option<f64>,
 }
 
+/// A latency point's load: an absolute background rate, or a fraction of the path's own
+/// median (points of the same load are summarised and paired together).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Load {
+    Absolute(u64),
+    Fraction(f64),
+}
+
+impl LatencyPoint {
+    fn load(&self) -> Load {
+        match self.background_pps {
+            Some(r) => Load::Absolute(r),
+            None => Load::Fraction(self.load_fraction),
+        }
+    }
+}
+
 /// Summarises latency points by (scenario, load), in the order first seen.
 pub fn latency_summary(points: &[LatencyPoint]) -> Vec<LatencySummary> {
-    let mut keys: Vec<(&str, f64)> = Vec::new();
+    let mut keys: Vec<(&str, Load)> = Vec::new();
     for l in points {
-        if !keys.contains(&(l.scenario.as_str(), l.load_fraction)) {
-            keys.push((l.scenario.as_str(), l.load_fraction));
+        if !keys.contains(&(l.scenario.as_str(), l.load())) {
+            keys.push((l.scenario.as_str(), l.load()));
         }
     }
     let spread = |v: &[f64]| {
@@ -252,16 +278,16 @@ pub fn latency_summary(points: &[LatencyPoint]) -> Vec<LatencySummary> {
         let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         [median(v), lo, hi]
     };
-    let at = |sc: &str, load: f64, round: u32| {
+    let at = |sc: &str, load: Load, round: u32| {
         points
             .iter()
-            .find(|l| l.scenario == sc && l.load_fraction == load && l.round == round)
+            .find(|l| l.scenario == sc && l.load() == load && l.round == round)
     };
     keys.into_iter()
         .map(|(sc, load)| {
             let mine: Vec<&LatencyPoint> = points
                 .iter()
-                .filter(|l| l.scenario == sc && l.load_fraction == load)
+                .filter(|l| l.scenario == sc && l.load() == load)
                 .collect();
             let p99: Vec<f64> = mine.iter().map(|l| l.result.p99_us).collect();
             let p999: Vec<f64> = mine.iter().map(|l| l.result.p999_us).collect();
@@ -278,9 +304,14 @@ pub fn latency_summary(points: &[LatencyPoint]) -> Vec<LatencySummary> {
                     .collect();
                 (!r.is_empty()).then(|| median(&r))
             };
+            let fractions: Vec<f64> = mine.iter().map(|l| l.load_fraction).collect();
             LatencySummary {
                 scenario: sc.to_string(),
-                load_fraction: load,
+                load_fraction: median(&fractions),
+                background_pps: match load {
+                    Load::Absolute(r) => Some(r),
+                    Load::Fraction(_) => None,
+                },
                 rounds: mine.len(),
                 p99_us: spread(&p99),
                 p999_us: spread(&p999),

@@ -5,7 +5,13 @@
 //! Two ways to create them ([`Creation`]): while the daemons run, `t0` = just before the
 //! first create (the apiserver's creation rate is then part of every figure), or
 //! `--scale-precreated`: all created before any Juneau daemon starts, `t0` = the daemons'
-//! start (Juneau's own convergence from a cold start with N Services waiting).
+//! start (Juneau's own convergence from a cold start with N Services waiting). Live, the
+//! baseline is taken first on the same bed, before the daemons start: the same client code
+//! creates the same objects (the apiserver alone: its time is the live target's
+//! baseline), then deletes them and waits until none is left.
+//!
+//! Juneau's API writes per Service ([`juneau_writes_per_service`]) come from the
+//! apiserver's request counters over the run, less juneau-perf's own creates.
 //!
 //! Measured from `t0` (live: just before the first create is sent): when every Service shows
 //! its VIP (`.status.loadBalancer.ingress`), when every ServiceLoadBalancer is `Ready`,
@@ -41,14 +47,17 @@ const PROGRESS: Duration = Duration::from_secs(5);
 /// BIRD observer's poll interval.
 const BIRD_POLL: Duration = Duration::from_millis(200);
 
-/// Creates at most this many times: an apiserver whose etcd is slow on a loaded machine
-/// answers some creates with 500 (seen with 10 000 Services: etcd "apply request took
-/// too long") or 429; those are retried after a pause, and a retry that finds the object
-/// already there (an earlier attempt landed after all, possibly one the client retried
-/// by itself) counts as created.
+/// Sends a create (or delete) at most this many times: an apiserver whose etcd is slow on
+/// a loaded machine answers some with 500 (seen with 10 000 Services: etcd "apply request
+/// took too long") or 429; those are retried after a pause. The client's own retries
+/// are off ([`api_client`]), so every request sent is one of these attempts and counted
+/// in [`Sent`].
 const CREATE_ATTEMPTS: u32 = 8;
 
-async fn with_retries<T, F, Fut>(mut f: F) -> Result<()>
+/// Runs `f` until it succeeds or answers one of `done` (for a create, 409: names are
+/// unique to this run, so "already exists" means an earlier attempt landed; for a
+/// delete, 404); retries 5xx and 429. Returns how many requests it sent.
+async fn with_retries<T, F, Fut>(done: u16, mut f: F) -> Result<u64>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = kube::Result<T>>,
@@ -57,14 +66,11 @@ where
     loop {
         attempt += 1;
         match f().await {
-            Ok(_) => return Ok(()),
-            // Names are unique to this run: "already exists" means an earlier attempt
-            // (ours, or the client's own retry of a 5xx) landed.
-            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+            Ok(_) => return Ok(u64::from(attempt)),
+            Err(kube::Error::Api(e)) if e.code == done => return Ok(u64::from(attempt)),
             Err(kube::Error::Api(e))
                 if (e.code >= 500 || e.code == 429) && attempt < CREATE_ATTEMPTS =>
             {
-                RETRIES.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
             }
             Err(e) => return Err(e.into()),
@@ -72,8 +78,47 @@ where
     }
 }
 
-/// Creates retried in this process (reported).
-static RETRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// The requests one pass of creates sent, retries included (the apiserver counted each:
+/// those it answered 409, 429 or 5xx too).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Sent {
+    /// POSTs of Services.
+    services: u64,
+    /// POSTs of EndpointSlices.
+    slices: u64,
+}
+
+impl Sent {
+    /// Requests beyond one per object (`n` Services and `n` EndpointSlices).
+    fn retries(&self, n: u32) -> u64 {
+        (self.services + self.slices).saturating_sub(2 * u64::from(n))
+    }
+}
+
+/// The baseline of a live run: the apiserver alone (no Juneau daemon running) creating
+/// the same objects with the same client code.
+#[derive(Debug, Clone, Copy)]
+struct Baseline {
+    /// From just before the first create to the last create's answer.
+    create: Duration,
+    /// Its creates retried.
+    retries: u64,
+    /// Deleting them all again, until none was left.
+    delete: Duration,
+}
+
+/// What was done on the bed before the Juneau daemons started.
+enum Before {
+    /// Live: the apiserver-alone baseline.
+    Baseline(Baseline),
+    /// Precreated: every object was created, taking `create` with `retries` retried
+    /// creates; the apiserver's request counters just after.
+    Precreated {
+        create: Duration,
+        retries: u64,
+        requests: std::collections::BTreeMap<(String, String), u64>,
+    },
+}
 
 /// When the scale measurement creates its Services and EndpointSlices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -238,36 +283,36 @@ pub fn measure(
         .enable_all()
         .build()?;
     let objects: Vec<(Service, EndpointSlice)> = (0..n).map(service_yaml).collect::<Result<_>>()?;
-    let mut precreated: Option<Duration> = None;
-    let mut requests_before = None;
+    // Precreated: the creates; live: the apiserver-alone baseline.
+    let mut before = None;
     let mut bed = start_bed_with(bins, say, "100.64.0.0/18", "", &mut |k| {
-        if creation == Creation::Precreated {
-            say(format!(
-                "scale: creating {n} Services with 3 endpoints each ({CONCURRENCY} in flight) before the Juneau daemons start"
-            ));
-            let client = rt.block_on(api_client(k.kubeconfig(), true))?;
-            let t = Instant::now();
-            rt.block_on(create_all(&client, &objects))?;
-            precreated = Some(t.elapsed());
-            say(format!(
-                "scale: created in {:.1} s ({} creates retried after a 5xx/429); starting the daemons (t0)",
-                t.elapsed().as_secs_f64(),
-                RETRIES.load(Ordering::Relaxed)
-            ));
-            // The creates are not part of the run: count requests from here.
-            requests_before = Some(scrape_requests(k));
-        }
+        let client = rt.block_on(api_client(k.kubeconfig(), true))?;
+        before = Some(match creation {
+            Creation::Precreated => {
+                say(format!(
+                    "scale: creating {n} Services with 3 endpoints each ({CONCURRENCY} in flight) before the Juneau daemons start"
+                ));
+                let t = Instant::now();
+                let sent = rt.block_on(create_all(&client, &objects))?;
+                let create = t.elapsed();
+                say(format!(
+                    "scale: created in {:.1} s ({} creates retried after a 5xx/429); starting the daemons (t0)",
+                    create.as_secs_f64(),
+                    sent.retries(n)
+                ));
+                Before::Precreated {
+                    create,
+                    retries: sent.retries(n),
+                    // The creates are not part of the run: count requests from here.
+                    requests: scrape_requests(k),
+                }
+            }
+            Creation::Live => Before::Baseline(apiserver_alone(&rt, &client, &objects, say)?),
+        });
         Ok(())
     })?;
-    let r = measure_on(
-        &mut bed,
-        &rt,
-        &objects,
-        timeout,
-        say,
-        precreated,
-        requests_before,
-    );
+    let before = before.context("the bed did not run the creates")?;
+    let r = measure_on(&mut bed, &rt, &objects, timeout, say, before);
     let dir = out.join(LOG_DIR);
     match keep_logs(&bed, &dir) {
         Ok(kept) => say(format!(
@@ -342,32 +387,128 @@ pub fn copy_capped(src: &Path, dst: &Path, cap: u64) -> Result<()> {
     Ok(())
 }
 
-/// A client of the bed's apiserver; `requests`: with a 60 s read timeout (creates),
-/// else the client's default (watches, whose timeout is longer).
+/// A client of the bed's apiserver; `requests`: with a 60 s read timeout and without the
+/// client's own retries of 429/503/504 (creates and deletes: [`with_retries`] retries
+/// them, so every request sent is counted), else the client's default (watches, whose
+/// timeout is longer).
 async fn api_client(kubeconfig: &Path, requests: bool) -> Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
     let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
     if requests {
         cfg.read_timeout = Some(Duration::from_secs(60));
+        cfg.default_retry = false;
     }
     Ok(kube::Client::try_from(cfg)?)
 }
 
-/// Creates every Service and its EndpointSlice, [`CONCURRENCY`] pairs in flight.
-async fn create_all(client: &kube::Client, objects: &[(Service, EndpointSlice)]) -> Result<()> {
+/// Creates every Service and its EndpointSlice, [`CONCURRENCY`] pairs in flight; returns
+/// the requests sent.
+async fn create_all(client: &kube::Client, objects: &[(Service, EndpointSlice)]) -> Result<Sent> {
+    let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
+    let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(client.clone(), "default");
+    let results: Vec<Result<Sent>> = futures::stream::iter(objects.iter())
+        .map(|(svc, slice)| {
+            let (svcs, slices) = (svcs.clone(), slices.clone());
+            async move {
+                let pp = PostParams::default();
+                let services = with_retries(409, || svcs.create(&pp, svc))
+                    .await
+                    .context("creating a Service")?;
+                let slices = with_retries(409, || slices.create(&pp, slice))
+                    .await
+                    .context("creating an EndpointSlice")?;
+                Ok(Sent { services, slices })
+            }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .collect()
+        .await;
+    let mut sent = Sent::default();
+    for r in results {
+        let r = r?;
+        sent.services += r.services;
+        sent.slices += r.slices;
+    }
+    Ok(sent)
+}
+
+/// The live mode's baseline, on the bed before any Juneau daemon starts: the same client
+/// code creates the same `objects` (timed: the apiserver alone), then deletes them all
+/// and waits until none is left, so the live run starts from the same empty namespace.
+fn apiserver_alone(
+    rt: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    objects: &[(Service, EndpointSlice)],
+    say: &dyn Fn(String),
+) -> Result<Baseline> {
+    let n = objects.len() as u32;
+    say(format!(
+        "scale: baseline: the apiserver alone (no Juneau daemon yet) creating {n} Services with 3 endpoints each ({CONCURRENCY} in flight)"
+    ));
+    let t = Instant::now();
+    let sent = rt
+        .block_on(create_all(client, objects))
+        .context("baseline: the apiserver alone")?;
+    let create = t.elapsed();
+    say(format!(
+        "scale: baseline: created in {:.1} s ({} creates retried after a 5xx/429); deleting them again",
+        create.as_secs_f64(),
+        sent.retries(n)
+    ));
+    let t = Instant::now();
+    rt.block_on(delete_all(client, objects))
+        .context("baseline: deleting its objects")?;
+    let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
+    let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(client.clone(), "default");
+    let names: std::collections::HashSet<String> = objects
+        .iter()
+        .filter_map(|(s, _)| s.metadata.name.clone())
+        .collect();
+    let by_us = kube::api::ListParams::default()
+        .labels("endpointslice.kubernetes.io/managed-by=juneau-perf");
+    crate::convergence::eventually("the baseline's objects to be gone", || {
+        let left = rt.block_on(async {
+            let s = svcs.list_metadata(&Default::default()).await?;
+            let e = slices.list_metadata(&by_us).await?;
+            let ours = s
+                .items
+                .iter()
+                .filter(|m| m.metadata.name.as_ref().is_some_and(|x| names.contains(x)))
+                .count();
+            anyhow::Ok(ours + e.items.len())
+        })?;
+        Ok((left == 0).then_some(()))
+    })?;
+    let delete = t.elapsed();
+    say(format!(
+        "scale: baseline: deleted in {:.1} s; starting the daemons",
+        delete.as_secs_f64()
+    ));
+    Ok(Baseline {
+        create,
+        retries: sent.retries(n),
+        delete,
+    })
+}
+
+/// Deletes every Service and EndpointSlice of `objects` (gone already is fine),
+/// [`CONCURRENCY`] pairs in flight.
+async fn delete_all(client: &kube::Client, objects: &[(Service, EndpointSlice)]) -> Result<()> {
     let svcs: kube::Api<Service> = kube::Api::namespaced(client.clone(), "default");
     let slices: kube::Api<EndpointSlice> = kube::Api::namespaced(client.clone(), "default");
     let results: Vec<Result<()>> = futures::stream::iter(objects.iter())
         .map(|(svc, slice)| {
             let (svcs, slices) = (svcs.clone(), slices.clone());
             async move {
-                let pp = PostParams::default();
-                with_retries(|| svcs.create(&pp, svc))
+                let dp = kube::api::DeleteParams::default();
+                let (s, e) = (svc.metadata.name.as_deref(), slice.metadata.name.as_deref());
+                let (s, e) = (s.unwrap_or_default(), e.unwrap_or_default());
+                with_retries(404, || slices.delete(e, &dp))
                     .await
-                    .context("creating a Service")?;
-                with_retries(|| slices.create(&pp, slice))
+                    .context("deleting an EndpointSlice")?;
+                with_retries(404, || svcs.delete(s, &dp))
                     .await
-                    .context("creating an EndpointSlice")?;
+                    .context("deleting a Service")?;
                 Ok(())
             }
         })
@@ -378,18 +519,25 @@ async fn create_all(client: &kube::Client, objects: &[(Service, EndpointSlice)])
     Ok(())
 }
 
-/// Measures on a started bed. `precreated`: the objects were created before the daemons
-/// started (taking that long): `t0` is the daemons' start and nothing is created here.
+/// Measures on a started bed. `before`: what was done before the daemons started; with
+/// [`Before::Precreated`], `t0` is the daemons' start and nothing is created here.
 fn measure_on(
     bed: &mut crate::convergence::Bed,
     rt: &tokio::runtime::Runtime,
     objects: &[(Service, EndpointSlice)],
     timeout: Duration,
     say: &dyn Fn(String),
-    precreated: Option<Duration>,
-    requests_before: Option<std::collections::BTreeMap<(String, String), u64>>,
+    before: Before,
 ) -> Result<ScaleReport> {
     let n = objects.len() as u32;
+    let (precreated, baseline, requests_before) = match before {
+        Before::Precreated {
+            create,
+            retries,
+            requests,
+        } => (Some((create, retries)), None, Some(requests)),
+        Before::Baseline(b) => (None, Some(b), None),
+    };
     let mut birdc = connect_bird(bed, precreated.is_some())?;
     let client = rt.block_on(api_client(bed.k.kubeconfig(), true))?;
     let watch_client = rt.block_on(api_client(bed.k.kubeconfig(), false))?;
@@ -415,7 +563,7 @@ fn measure_on(
         }
     };
     let deadline = t0 + timeout;
-    let (shm, bird, create_s, all_vips, all_ready) = std::thread::scope(|s| -> Result<_> {
+    let (shm, bird, created, all_vips, all_ready) = std::thread::scope(|s| -> Result<_> {
         let state = bed.state.clone();
         let d1 = done.clone();
         // Shared memory: futex wake-ups, microsecond resolution.
@@ -425,8 +573,9 @@ fn measure_on(
         let bc = &mut birdc;
         let bird = s.spawn(move || bird_all_routes(bc, n, t0, deadline, &d2));
         let watches = Watches::start(rt, &watch_client, n, t0);
-        let create_s = match precreated {
-            Some(d) => d,
+        // Precreated: nothing is sent in the run.
+        let created = match precreated {
+            Some((d, _)) => (d, Sent::default()),
             None => create_services(rt, &client, objects, t0, say, &done)?,
         };
         let mut last_say = Instant::now();
@@ -447,9 +596,15 @@ fn measure_on(
         let shm = shm.join().expect("shm observer")?;
         let bird = bird.join().expect("BIRD observer")?;
         done.store(true, Ordering::Relaxed);
-        Ok((shm, bird, create_s, all_vips, all_ready))
+        Ok((shm, bird, created, all_vips, all_ready))
     })?;
-    let requests = requests_between(&requests0, &scrape_requests(&bed.k));
+    let (create_s, sent) = created;
+    // A failed first scrape would count every request since the apiserver's start.
+    let requests = if requests0.is_empty() {
+        Vec::new()
+    } else {
+        requests_between(&requests0, &scrape_requests(&bed.k))
+    };
     let (etcd_cpu_s, apiserver_cpu_s) = (
         cpu_s(etcd_pid) - etcd_cpu0,
         cpu_s(apiserver_pid) - apiserver_cpu0,
@@ -459,12 +614,14 @@ fn measure_on(
     }
     let memory = bed_memory(bed, controller_pid, agent_pid);
     let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+    let juneau_writes_per_service =
+        juneau_writes_per_service(&requests, &harness_requests(sent), n);
     Ok(ScaleReport {
         services: n,
         endpoints_per_service: 3,
         create_s: create_s.as_secs_f64(),
         precreated: precreated.is_some(),
-        create_retries: RETRIES.load(Ordering::Relaxed),
+        create_retries: precreated.map_or(sent.retries(n), |(_, r)| r),
         all_vips_s: secs(all_vips),
         all_ready_s: secs(all_ready),
         shm_all_advertised_s: secs(shm.0),
@@ -479,7 +636,9 @@ fn measure_on(
         apiserver_cpu_s,
         etcd_cpu_s,
         api_requests: requests,
-        method: scale_method(n, precreated.is_some()),
+        method: scale_method(n, precreated.is_some(), baseline.as_ref()),
+        apiserver_alone_create_s: baseline.map(|b| b.create.as_secs_f64()),
+        juneau_writes_per_service,
     })
 }
 
@@ -502,7 +661,7 @@ fn connect_bird(bed: &crate::convergence::Bed, precreated: bool) -> Result<Birdc
 }
 
 /// Creates the Services and EndpointSlices (`objects`) and returns how long that took
-/// since `t0`; on failure, tells the observers they are `done`.
+/// since `t0` and the requests sent; on failure, tells the observers they are `done`.
 fn create_services(
     rt: &tokio::runtime::Runtime,
     client: &kube::Client,
@@ -510,18 +669,21 @@ fn create_services(
     t0: Instant,
     say: &dyn Fn(String),
     done: &AtomicBool,
-) -> Result<Duration> {
-    let created = rt.block_on(create_all(client, objects));
-    if let Err(e) = created {
-        done.store(true, Ordering::Relaxed);
-        return Err(e);
-    }
+) -> Result<(Duration, Sent)> {
+    let sent = match rt.block_on(create_all(client, objects)) {
+        Ok(sent) => sent,
+        Err(e) => {
+            done.store(true, Ordering::Relaxed);
+            return Err(e);
+        }
+    };
+    let took = t0.elapsed();
     say(format!(
         "scale: created in {:.1} s ({} creates retried after a 5xx/429); waiting for VIPs, Ready, shared memory, BIRD",
-        t0.elapsed().as_secs_f64(),
-        RETRIES.load(Ordering::Relaxed)
+        took.as_secs_f64(),
+        sent.retries(objects.len() as u32)
     ));
-    Ok(t0.elapsed())
+    Ok((took, sent))
 }
 
 /// The watches counting Services showing a VIP and ServiceLoadBalancers Ready.
@@ -660,23 +822,92 @@ fn bed_memory(bed: &crate::convergence::Bed, controller_pid: u32, agent_pid: u32
     memory
 }
 
+/// Verbs of `apiserver_request_total` that only read; every other verb (POST, PUT,
+/// PATCH, APPLY, DELETE, DELETECOLLECTION ...) writes.
+const READS: [&str; 4] = ["GET", "LIST", "WATCH", "WATCHLIST"];
+
+/// Resources only the apiserver itself writes on the bed, never Juneau: its ClusterIP
+/// allocator's IPAddress per Service created, its `kubernetes` Endpoints reconciler.
+const APISERVER_OWN: [&str; 2] = ["ipaddresses", "endpoints"];
+
+/// The requests the harness itself sent in the run (`sent`: its creates, every attempt).
+fn harness_requests(sent: Sent) -> Vec<ApiRequests> {
+    [("services", sent.services), ("endpointslices", sent.slices)]
+        .into_iter()
+        .filter(|&(_, count)| count > 0)
+        .map(|(resource, count)| ApiRequests {
+            verb: "POST".into(),
+            resource: resource.into(),
+            count,
+        })
+        .collect()
+}
+
+/// The API writes per Service Juneau (controller and agent) made over the run: every
+/// request of `requests` (the apiserver's counts over the run) that is not a read
+/// ([`READS`]) nor on a resource only the apiserver writes ([`APISERVER_OWN`]), less the
+/// `harness`'s own requests of the same verb and resource, divided by `services`. The
+/// apiserver's other housekeeping writes (its own Lease) are in it: an upper bound.
+/// None without counts (the scrape failed) or without Services.
+pub fn juneau_writes_per_service(
+    requests: &[ApiRequests],
+    harness: &[ApiRequests],
+    services: u32,
+) -> Option<f64> {
+    if requests.is_empty() || services == 0 {
+        return None;
+    }
+    let writes: u64 = requests
+        .iter()
+        .filter(|q| !READS.contains(&q.verb.as_str()))
+        .filter(|q| !APISERVER_OWN.contains(&q.resource.as_str()))
+        .map(|q| {
+            let ours: u64 = harness
+                .iter()
+                .filter(|h| h.verb == q.verb && h.resource == q.resource)
+                .map(|h| h.count)
+                .sum();
+            q.count.saturating_sub(ours)
+        })
+        .sum();
+    Some(writes as f64 / f64::from(services))
+}
+
 /// How the scale figures were measured, for the report (`precreated`: the objects were
-/// created before the daemons started).
-fn scale_method(n: u32, precreated: bool) -> String {
+/// created before the daemons started; `baseline`: the live mode's apiserver alone).
+fn scale_method(n: u32, precreated: bool, baseline: Option<&Baseline>) -> String {
+    let t0 = if precreated {
+        "everything created before the Juneau daemons started, t0 = their start (the BGP session's \
+         set-up is inside the figures)"
+            .to_string()
+    } else {
+        let b = baseline.map_or_else(
+            || "no baseline".to_string(),
+            |b| {
+                format!(
+                    "baseline (the apiserver alone): on the same bed before any Juneau daemon started, \
+                     the same client code created the same objects in {:.1} s ({} creates retried), \
+                     then deleted them all ({:.1} s, until none was left)",
+                    b.create.as_secs_f64(),
+                    b.retries,
+                    b.delete.as_secs_f64()
+                )
+            },
+        );
+        format!("t0 = just before the first create; {b}")
+    };
     format!(
         "real etcd + kube-apiserver {}, juneau-k8s-sync controller + agent, juneau-bgp and BIRD 2 \
-         (the convergence bed); {}; {n} Services + {n} EndpointSlices \
+         (the convergence bed); {t0}; {n} Services + {n} EndpointSlices \
          created with {CONCURRENCY} requests in flight; Services and ServiceLoadBalancers are watched \
          (a figure is when the watch event reached juneau-perf), BIRD's route count is asked every {} ms, \
-         shared memory via its futex",
+         shared memory via its futex; Juneau's API writes per Service: the requests the apiserver \
+         counted over the run that are not {} nor on {} (only the apiserver writes those), less \
+         juneau-perf's own creates (every attempt), / {n} (the apiserver's own Lease renewals are in it)",
         juneau_tests::kube::kubernetes_version(),
-        if precreated {
-            "everything created before the Juneau daemons started, t0 = their start (the BGP session's \
-             set-up is inside the figures)"
-        } else {
-            "t0 = just before the first create"
-        },
-        BIRD_POLL.as_millis()
+        BIRD_POLL.as_millis(),
+        READS.join("/"),
+        APISERVER_OWN.join(", "),
     )
 }
 
@@ -817,6 +1048,105 @@ apiserver_request_duration_seconds_count{resource="services",verb="GET"} 99
                 },
             ]
         );
+    }
+
+    fn q(verb: &str, resource: &str, count: u64) -> ApiRequests {
+        ApiRequests {
+            verb: verb.into(),
+            resource: resource.into(),
+            count,
+        }
+    }
+
+    #[test]
+    fn juneau_writes_are_the_writes_less_the_harness_and_the_apiserver_own() {
+        // A live run of 100 Services: the harness sent 103 Service POSTs (3 retried after
+        // a 500, every attempt counted) and 100 EndpointSlice POSTs.
+        let sent = Sent {
+            services: 103,
+            slices: 100,
+        };
+        assert_eq!(sent.retries(100), 3);
+        let harness = harness_requests(sent);
+        let requests = [
+            q("POST", "services", 103),
+            q("POST", "endpointslices", 100),
+            q("POST", "ipaddresses", 100), // the apiserver's ClusterIP allocator
+            q("POST", "endpoints", 2),     // its `kubernetes` Endpoints reconciler
+            q("POST", "events", 200),
+            q("PATCH", "services", 100),
+            q("APPLY", "services/status", 100),
+            q("APPLY", "serviceloadbalancers", 100),
+            q("APPLY", "serviceloadbalancers/status", 100),
+            q("PUT", "leases", 4),
+            q("DELETE", "events", 1),
+            q("GET", "leases", 500),
+            q("LIST", "services", 9),
+            q("WATCH", "services", 3),
+            q("WATCHLIST", "services", 1),
+        ];
+        // 200 + 4 x 100 + 4 + 1 = 605.
+        assert_eq!(
+            juneau_writes_per_service(&requests, &harness, 100),
+            Some(6.05)
+        );
+        // Precreated: the harness sent nothing in the run.
+        let pre = [q("POST", "events", 200), q("PATCH", "services", 100)];
+        assert_eq!(juneau_writes_per_service(&pre, &[], 100), Some(3.0));
+        assert!(harness_requests(Sent::default()).is_empty());
+    }
+
+    #[test]
+    fn a_juneau_create_of_a_harness_resource_is_counted_and_the_harness_never_below_zero() {
+        let harness = harness_requests(Sent {
+            services: 10,
+            slices: 10,
+        });
+        // 12 EndpointSlice POSTs counted: 2 are not the harness's.
+        let requests = [q("POST", "services", 10), q("POST", "endpointslices", 12)];
+        assert_eq!(
+            juneau_writes_per_service(&requests, &harness, 10),
+            Some(0.2)
+        );
+        // Fewer counted than sent (cannot happen) is no negative count.
+        let requests = [q("POST", "services", 8), q("POST", "events", 10)];
+        assert_eq!(
+            juneau_writes_per_service(&requests, &harness, 10),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn no_request_counts_or_no_service_is_no_figure() {
+        assert_eq!(juneau_writes_per_service(&[], &[], 100), None);
+        assert_eq!(
+            juneau_writes_per_service(&[q("POST", "events", 1)], &[], 0),
+            None
+        );
+        // Only reads: measured, and zero.
+        assert_eq!(
+            juneau_writes_per_service(&[q("GET", "leases", 7)], &[], 7),
+            Some(0.0)
+        );
+    }
+
+    #[test]
+    fn the_method_says_how_the_baseline_was_taken() {
+        let b = Baseline {
+            create: Duration::from_millis(12_340),
+            retries: 2,
+            delete: Duration::from_millis(8_760),
+        };
+        let m = scale_method(200, false, Some(&b));
+        assert!(m.contains("t0 = just before the first create"), "{m}");
+        assert!(
+            m.contains("created the same objects in 12.3 s (2 creates retried)"),
+            "{m}"
+        );
+        assert!(m.contains("deleted them all (8.8 s"), "{m}");
+        let m = scale_method(200, true, None);
+        assert!(m.contains("t0 = their start"), "{m}");
+        assert!(!m.contains("baseline"), "{m}");
     }
 
     #[test]

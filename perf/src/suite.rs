@@ -185,21 +185,23 @@ fn measure(
     Ok(r)
 }
 
+/// One latency point: probes through the VIP while the generator offers `rate` packets/s
+/// of background. Returns the probes' figures and the rate really offered.
 fn latency_point(
     t: &Topology,
     a: &mut Active,
     plan: &Plan,
-    load: f64,
-    max_pps: f64,
+    rate: u64,
 ) -> Result<(ProbeResult, f64)> {
     let exe = self_exe()?;
-    let rate = (max_pps * load).round() as u64;
     let bg = Gen::start(
         t,
         a.dst,
         plan.flows,
         rate.max(1),
-        plan.latency_duration + Duration::from_millis(700),
+        plan.latency_duration
+            .mul_f64(crate::latency::PROBE_TIME_BUDGET)
+            + Duration::from_millis(700),
         u64::MAX,
     )?;
     sleep(Duration::from_millis(300))?;
@@ -271,11 +273,13 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
         ))
     };
     let bulk = plan.scenarios.contains(&Scenario::TcpBulk);
+    let connect = plan.scenarios.contains(&Scenario::TcpConnect);
+    let mut connect_failed: Vec<Scenario> = Vec::new();
     let mut bulk_runs: Vec<crate::bulk::BulkRun> = Vec::new();
     let mut bulk_failed: Vec<(u32, Scenario)> = Vec::new();
     for round in 0..plan.runs {
         for (i, sc) in plan.scenarios.iter().enumerate() {
-            if failed[i] || *sc == Scenario::TcpBulk {
+            if failed[i] || matches!(sc, Scenario::TcpBulk | Scenario::TcpConnect) {
                 continue;
             }
             check_interrupt()?;
@@ -330,6 +334,9 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
                 &mut reference_runs,
             )?;
         }
+        if connect {
+            connect_round(plan, progress, report, round, &mut connect_failed)?;
+        }
         if bulk {
             bulk_round(
                 plan,
@@ -343,7 +350,7 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
     }
     report.bulk = crate::bulk::rows(&bulk_runs);
     for (i, sc) in plan.scenarios.iter().enumerate() {
-        if !failed[i] && *sc != Scenario::TcpBulk {
+        if !failed[i] && !matches!(sc, Scenario::TcpBulk | Scenario::TcpConnect) {
             report.scenarios.push(ScenarioResult::from_runs(
                 sc.name(),
                 plan.flows,
@@ -371,12 +378,28 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
             summary: Some(s),
         });
     }
+    if plan.profile {
+        // Each at the rate its measured windows were offered (the median of the rates
+        // asked; 0: unpaced).
+        let rates: Vec<(Scenario, u64)> = plan
+            .scenarios
+            .iter()
+            .enumerate()
+            .filter(|(i, sc)| !failed[*i] && PROFILED.contains(sc) && !runs[*i].is_empty())
+            .map(|(i, sc)| {
+                let asked: Vec<f64> = runs[i].iter().map(|f| f.rate_pps as f64).collect();
+                (*sc, results::median(&asked) as u64)
+            })
+            .collect();
+        profile_pass(plan, progress, report, &rates)?;
+    }
     // Latency in rounds, scenarios in turn within each: the machine's load drifts over
     // minutes on a shared VM, and a round compares every path in the same few seconds.
     let mut latency_failed = failed.clone();
     for round in 0..plan.latency_rounds {
         for (i, sc) in plan.scenarios.iter().enumerate() {
-            if latency_failed[i] || !sc.uses_vip() || plan.latency_loads.is_empty() {
+            let no_load = plan.latency_loads.is_empty() && plan.latency_background_pps.is_empty();
+            if latency_failed[i] || !sc.uses_vip() || no_load {
                 continue;
             }
             check_interrupt()?;
@@ -439,6 +462,118 @@ fn bulk_round(
                     report.add_error(&what, format!("{e:#}"));
                     failed.push((streams, sc));
                 }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The paths profiled after the rounds: the default path and the two it is held to.
+const PROFILED: [Scenario; 3] = [Scenario::Juneau, Scenario::AfxdpL2fwd, Scenario::NftDnat];
+
+/// One profiled window per path (`rates`: the path and the rate to offer, 0 unpaced):
+/// `perf record` of the path core during the window
+/// ([`crate::profile`]). Without `perf`, the report says so; a failed profile is reported,
+/// not fatal.
+fn profile_pass(
+    plan: &Plan,
+    progress: &Progress,
+    report: &mut Report,
+    rates: &[(Scenario, u64)],
+) -> Result<()> {
+    if !crate::profile::available() {
+        report.profile_note = ": `perf` is not installed (Debian: linux-perf)".into();
+        return Ok(());
+    }
+    for &(sc, rate) in rates {
+        check_interrupt()?;
+        match profile_once(plan, sc, rate) {
+            Ok(p) => {
+                progress.say(format!(
+                    "{}: profiled ({} samples of the path core)",
+                    sc.name(),
+                    p.samples
+                ));
+                report.profiles.push(p);
+            }
+            Err(e) => {
+                check_interrupt()?;
+                progress.say(format!("{} profile: FAILED: {e:#}", sc.name()));
+                report.add_error(&format!("{}-profile", sc.name()), format!("{e:#}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn profile_once(plan: &Plan, sc: Scenario, rate: u64) -> Result<crate::profile::Profile> {
+    let t = Topology::build()?;
+    let tag = format!("{}-profile-{}", sc.name(), std::process::id());
+    let mut a = setup(&t, sc, plan, &tag)?;
+    wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
+    let tids = pin_path(&t, &a.path)?;
+    let (_, path_cpu) = cpus();
+    let data = plan.out_dir.join(format!("profile-{}.data", sc.name()));
+    let (warmup, window) = (plan.warmup, plan.duration);
+    let rec = {
+        let data = data.clone();
+        std::thread::spawn(move || -> Result<()> {
+            sleep(warmup)?;
+            crate::profile::record(path_cpu, window, &data)
+        })
+    };
+    let f = window_run(&t, &mut a, &tids, plan.flows, rate, warmup, window);
+    rec.join()
+        .map_err(|_| anyhow::anyhow!("the profiling thread panicked"))??;
+    let f = f?;
+    let p = crate::profile::summarise(&data, sc.name(), f.delivered_pps, f.cost_ns());
+    // The raw samples stay out of the report directory (and of git).
+    let _ = std::fs::remove_file(&data);
+    p
+}
+
+/// One round of new TCP connections: juneau and nft-dnat (which goes first alternates by
+/// round). A failed path is reported and skipped in later rounds, not the suite.
+fn connect_round(
+    plan: &Plan,
+    progress: &Progress,
+    report: &mut Report,
+    round: u32,
+    failed: &mut Vec<Scenario>,
+) -> Result<()> {
+    let mut paths = crate::bulk::PATHS;
+    if round % 2 == 1 {
+        paths.reverse();
+    }
+    for sc in paths {
+        if failed.contains(&sc) {
+            continue;
+        }
+        check_interrupt()?;
+        match crate::connect::run_once(plan, sc, round) {
+            Ok(r) => {
+                progress.say(format!(
+                    "round {}/{}: tcp-connect {}: {} connections ({} failed) in {:.2} s = {:.0}/s, path core {:.0}% busy, endpoint core {:.0}%: {:.0} per CPU-second; {}",
+                    round + 1,
+                    plan.runs,
+                    sc.name(),
+                    r.connections,
+                    r.failed,
+                    r.wall_s,
+                    r.per_s,
+                    100.0 * r.path_core.busy,
+                    100.0 * r.endpoint_core.busy,
+                    r.per_cpu_s,
+                    r.saturation
+                ));
+                report.connect.push(r);
+            }
+            Err(e) => {
+                check_interrupt()?;
+                let what = format!("tcp-connect {}", sc.name());
+                progress.say(format!("{what}: FAILED: {e:#}"));
+                report.add_error(&what, format!("{e:#}"));
+                failed.push(sc);
             }
         }
     }
@@ -597,10 +732,20 @@ fn latency_pass(
     let mut a = setup(&t, sc, plan, &tag)?;
     wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
     pin_path(&t, &a.path)?;
-    for &load in &plan.latency_loads {
-        let (p, offered) = latency_point(&t, &mut a, plan, load, median)?;
+    // Fractions of this path's own median, then the same absolute rates for every path.
+    let loads = plan
+        .latency_loads
+        .iter()
+        .map(|&f| (f, (median * f).round() as u64, None))
+        .chain(
+            plan.latency_background_pps
+                .iter()
+                .map(|&r| (r as f64 / median.max(1.0), r, Some(r))),
+        );
+    for (load, rate, background_pps) in loads {
+        let (p, offered) = latency_point(&t, &mut a, plan, rate.max(1))?;
         progress.say(format!(
-            "{}: latency at {:.0}% load: p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us ({}/{} replies)",
+            "{}: latency at {:.0}% load ({rate} pps): p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us ({}/{} replies)",
             sc.name(),
             load * 100.0,
             p.p50_us,
@@ -612,6 +757,7 @@ fn latency_pass(
         report.latency.push(LatencyPoint {
             scenario: sc.name().into(),
             load_fraction: load,
+            background_pps,
             // What the generator really offered (its own count), not the asked rate.
             offered_pps: offered,
             round,

@@ -4,6 +4,7 @@
 //! [`Report`]), so `render` re-checks an old report.json the same way.
 
 use crate::report_data::Report;
+use crate::scale_data::{LIVE_GOAL_RATIO, WRITES_GOAL};
 
 /// Whether one target was reached in this run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +121,7 @@ pub fn check(r: &Report) -> Vec<Target> {
     }
     t.push(fs);
     t.push(bulk(r));
+    t.push(connect(r));
     t.push(latency(r));
     t.push(at_most(
         "engine instructions per established packet <= 150",
@@ -127,20 +129,73 @@ pub fn check(r: &Report) -> Vec<Target> {
         150.0,
         "",
     ));
-    let scale = r.scale.as_ref();
-    let (services, goal) = scale.map_or((10_000, 60.0), |s| (s.services, s.goal_s));
-    let mut ready = at_most(
-        &format!("{services} Services: every ServiceLoadBalancer Ready <= {goal:.0} s"),
-        scale.and_then(|s| s.all_ready_s),
+    t.extend(scale(r));
+    t
+}
+
+/// The control-plane scale targets: created live, every ServiceLoadBalancer Ready within
+/// [`LIVE_GOAL_RATIO`] x the apiserver alone creating them (same run); precreated, Ready
+/// within the run's goal (60 s); Juneau's API writes per Service at most [`WRITES_GOAL`].
+/// A mode the run did not measure is not measured.
+fn scale(r: &Report) -> Vec<Target> {
+    let s = r.scale.as_ref();
+    let services = s.map_or(10_000, |s| s.services);
+    let live = s.filter(|s| !s.precreated);
+    let pre = s.filter(|s| s.precreated);
+    let not_reached = |b: &str| format!("not reached in time{b}");
+
+    let mut lv = Target {
+        what: format!(
+            "{services} Services created live: every ServiceLoadBalancer Ready <= {LIVE_GOAL_RATIO} x \
+             the apiserver alone creating them"
+        ),
+        figure: "—".into(),
+        verdict: Verdict::NotMeasured,
+    };
+    if let Some(s) = live {
+        (lv.figure, lv.verdict) = match (s.all_ready_s, s.apiserver_alone_create_s) {
+            (Some(x), Some(b)) if b > 0.0 => (
+                format!("{x:.1} s vs baseline {b:.1} s = {:.2} x", x / b),
+                if x <= LIVE_GOAL_RATIO * b {
+                    Verdict::Met
+                } else {
+                    Verdict::Missed
+                },
+            ),
+            (None, Some(b)) => (
+                not_reached(&format!(" (baseline {b:.1} s)")),
+                Verdict::Missed,
+            ),
+            (Some(x), _) => (format!("{x:.1} s, no baseline"), Verdict::NotMeasured),
+            (None, None) => (not_reached(", no baseline"), Verdict::NotMeasured),
+        };
+    }
+
+    let goal = pre.map_or(60.0, |s| s.goal_s);
+    let mut pr = at_most(
+        &format!("{services} Services precreated: every ServiceLoadBalancer Ready <= {goal:.0} s"),
+        pre.and_then(|s| s.all_ready_s),
         goal,
         " s",
     );
-    if scale.is_some_and(|s| s.all_ready_s.is_none()) {
-        ready.figure = "not reached in time".into();
-        ready.verdict = Verdict::Missed;
+    if pre.is_some_and(|s| s.all_ready_s.is_none()) {
+        pr.figure = not_reached("");
+        pr.verdict = Verdict::Missed;
     }
-    t.push(ready);
-    t
+
+    let mut wr = at_most(
+        &format!("{services} Services: Juneau's API writes per Service <= {WRITES_GOAL:.0}"),
+        s.and_then(|s| s.juneau_writes_per_service),
+        WRITES_GOAL,
+        "",
+    );
+    if let (Some(s), Some(w)) = (s, s.and_then(|s| s.juneau_writes_per_service)) {
+        wr.figure = format!(
+            "{w:.2} ({})",
+            if s.precreated { "precreated" } else { "live" }
+        );
+    }
+    vec![lv, pr, wr]
 }
 
 /// At most `bound`.
@@ -198,6 +253,28 @@ fn bulk(r: &Report) -> Target {
         figure,
         verdict,
     }
+}
+
+/// New TCP connections: juneau / nft-dnat per CPU-second of the path core, paired per
+/// round, at least 1.0; refused (with the figure as measured) unless saturated without a
+/// failed connection.
+fn connect(r: &Report) -> Target {
+    let what = "new TCP connections: juneau / nft-dnat, connections per CPU-second >= 1.0";
+    let Some(q) = &r.connect_ratio else {
+        return Target {
+            what: what.into(),
+            figure: "—".into(),
+            verdict: Verdict::NotMeasured,
+        };
+    };
+    let mut t = at_least(what, q.per_cpu_s, 1.0, true);
+    if let (None, Some(reason)) = (q.per_cpu_s, &q.refused) {
+        t.figure = match q.per_cpu_s_as_measured {
+            Some(v) => format!("{reason} (as measured {v:.2})"),
+            None => reason.clone(),
+        };
+    }
+    t
 }
 
 /// juneau's p99 and p99.9 no worse than nft-dnat's (paired ratio <= 1.00) at every load.
@@ -362,25 +439,111 @@ mod tests {
         assert_eq!(verdict(&r, "TCP bulk"), Verdict::Missed);
     }
 
-    #[test]
-    fn scale_not_reached_is_missed() {
-        let mut r = Report {
+    fn scale_report(precreated: bool) -> Report {
+        Report {
             scale: Some(crate::scale_data::ScaleReport {
                 services: 10_000,
                 goal_s: 60.0,
-                all_ready_s: Some(200.7),
+                precreated,
                 ..Default::default()
             }),
             ..Report::default()
-        };
-        assert_eq!(verdict(&r, "10000 Services"), Verdict::Missed);
+        }
+    }
+
+    fn target(r: &Report, prefix: &str) -> Target {
+        check(r)
+            .into_iter()
+            .find(|t| t.what.starts_with(prefix))
+            .unwrap()
+    }
+
+    const LIVE: &str = "10000 Services created live";
+    const PRE: &str = "10000 Services precreated";
+    const WRITES: &str = "10000 Services: Juneau's API writes";
+
+    #[test]
+    fn scale_live_is_against_the_apiserver_alone() {
+        let mut r = scale_report(false);
+        let s = r.scale.as_mut().unwrap();
+        s.apiserver_alone_create_s = Some(50.0);
+        s.all_ready_s = Some(59.9);
+        let t = target(&r, LIVE);
+        assert_eq!(
+            (t.verdict, t.figure.as_str()),
+            (Verdict::Met, "59.9 s vs baseline 50.0 s = 1.20 x")
+        );
+        assert!(
+            t.what.contains("Ready <= 1.2 x the apiserver alone"),
+            "{}",
+            t.what
+        );
+        r.scale.as_mut().unwrap().all_ready_s = Some(61.0);
+        assert_eq!(verdict(&r, LIVE), Verdict::Missed);
         r.scale.as_mut().unwrap().all_ready_s = None;
-        let t = check(&r).pop().unwrap();
+        let t = target(&r, LIVE);
+        assert_eq!(
+            (t.verdict, t.figure.as_str()),
+            (Verdict::Missed, "not reached in time (baseline 50.0 s)")
+        );
+        // An older live report, without a baseline: nothing to compare with.
+        let s = r.scale.as_mut().unwrap();
+        (s.all_ready_s, s.apiserver_alone_create_s) = (Some(30.0), None);
+        let t = target(&r, LIVE);
+        assert_eq!(
+            (t.verdict, t.figure.as_str()),
+            (Verdict::NotMeasured, "30.0 s, no baseline")
+        );
+        // Live: the precreated target was not measured.
+        assert_eq!(verdict(&r, PRE), Verdict::NotMeasured);
+    }
+
+    #[test]
+    fn scale_precreated_is_against_60_s_and_not_reached_is_missed() {
+        let mut r = scale_report(true);
+        r.scale.as_mut().unwrap().all_ready_s = Some(200.7);
+        assert_eq!(verdict(&r, PRE), Verdict::Missed);
+        r.scale.as_mut().unwrap().all_ready_s = None;
+        let t = target(&r, PRE);
         assert_eq!(
             (t.verdict, t.figure.as_str()),
             (Verdict::Missed, "not reached in time")
         );
         r.scale.as_mut().unwrap().all_ready_s = Some(59.0);
-        assert_eq!(verdict(&r, "10000 Services"), Verdict::Met);
+        assert_eq!(verdict(&r, PRE), Verdict::Met);
+        // Precreated: the live target was not measured, even with a (stray) baseline.
+        r.scale.as_mut().unwrap().apiserver_alone_create_s = Some(100.0);
+        assert_eq!(verdict(&r, LIVE), Verdict::NotMeasured);
+    }
+
+    #[test]
+    fn scale_writes_per_service_are_met_missed_or_not_measured() {
+        let mut r = scale_report(true);
+        assert_eq!(verdict(&r, WRITES), Verdict::NotMeasured);
+        r.scale.as_mut().unwrap().juneau_writes_per_service = Some(6.08);
+        let t = target(&r, WRITES);
+        assert_eq!(
+            (t.verdict, t.figure.as_str()),
+            (Verdict::Missed, "6.08 (precreated)")
+        );
+        let mut r = scale_report(false);
+        r.scale.as_mut().unwrap().juneau_writes_per_service = Some(3.0);
+        let t = target(&r, WRITES);
+        assert_eq!(
+            (t.verdict, t.figure.as_str()),
+            (Verdict::Met, "3.00 (live)")
+        );
+    }
+
+    #[test]
+    fn no_scale_run_measured_no_scale_target() {
+        let r = Report::default();
+        let t = check(&r);
+        let scale: Vec<_> = t
+            .iter()
+            .filter(|t| t.what.starts_with("10000 Services"))
+            .collect();
+        assert_eq!(scale.len(), 3);
+        assert!(scale.iter().all(|t| t.verdict == Verdict::NotMeasured));
     }
 }

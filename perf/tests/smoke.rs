@@ -6,7 +6,8 @@
 //! behind; Ctrl-C in the middle (of the traffic part and of convergence) must clean up too.
 //!
 //! No assertion is about speed (shared noisy machine): only that each part delivered
-//! packets and produced its output (the TCP bulk download: every byte, through juneau
+//! packets and produced its output (new TCP connections: every one completed; the TCP
+//! bulk download: every byte, through juneau
 //! and nft-dnat). Needs root, iproute2, nftables, ethtool, valgrind,
 //! python3-matplotlib, bird2, kubectl (tests/setup/apt-packages.txt, tests/setup.sh) and
 //! etcd + kube-apiserver (tests/k8s/build.sh); a missing one fails the test with the
@@ -202,6 +203,8 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
         for run in runs {
             assert!(run["ns_per_packet"].as_f64().unwrap() > 0.0, "{run}");
             assert!(run["core_ns_per_packet"].as_f64().unwrap() > 0.0, "{run}");
+            // The backend's socket drops are named per run (a number, zero or not).
+            assert!(run["backend_socket_drops"].as_u64().is_some(), "{run}");
             // The offered rate was calibrated: a flood, then at least one paced step.
             assert!(
                 run["calibration"].as_array().is_some_and(|c| c.len() >= 2),
@@ -256,6 +259,32 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
             "a bulk ratio neither computed nor refused (or both): {q}"
         );
     }
+    // Where the time goes: a profile of the path core per path (perf is a test
+    // dependency: tests/setup/apt-packages.txt).
+    let profiles = report["profiles"].as_array().expect("profiles");
+    for sc in ["juneau", "afxdp-l2fwd", "nft-dnat"] {
+        let p = profiles
+            .iter()
+            .find(|p| p["scenario"] == sc)
+            .unwrap_or_else(|| panic!("no profile of {sc}: {:#}", report["profile_note"]));
+        assert!(p["samples"].as_u64().unwrap_or(0) > 0, "{p}");
+        assert!(!p["parts"].as_array().unwrap().is_empty(), "{p}");
+    }
+    // New TCP connections: both paths measured, every connection completed.
+    let connect = report["connect"].as_array().expect("connect runs");
+    for path in ["juneau", "nft-dnat"] {
+        let r = connect
+            .iter()
+            .find(|r| r["path"] == path)
+            .unwrap_or_else(|| panic!("no tcp-connect run through {path}: {connect:?}"));
+        assert!(r["connections"].as_u64().unwrap_or(0) > 0, "{r}");
+        assert_eq!(r["failed"].as_u64(), Some(0), "failed connections: {r}");
+    }
+    let q = &report["connect_ratio"];
+    assert!(
+        q["per_cpu_s"].as_f64().is_some() != q["refused"].is_string(),
+        "the connection ratio neither computed nor refused (or both): {q}"
+    );
     let scale = report["flow_scale"].as_array().expect("flow_scale");
     assert!(scale.len() >= 2, "flow scale points: {scale:?}");
     // xdp-dnat at the largest flow count, the reference.
@@ -273,6 +302,14 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
             .unwrap_or_else(|| panic!("no latency point for {sc}"));
         assert!(p["received"].as_u64().unwrap() > 0, "{sc}: no echo replies");
         assert!(p["p99_us"].as_f64().unwrap() >= p["p50_us"].as_f64().unwrap());
+    }
+    // Latency also at the same absolute background rate for every path.
+    for sc in ["nft-dnat", "juneau"] {
+        assert!(
+            lat.iter()
+                .any(|l| l["scenario"] == sc && l["background_pps"] == 50_000),
+            "{sc}: no latency point at an absolute background rate"
+        );
     }
     // The summary compares juneau to nft-dnat round by round.
     let summary = report["latency_summary"]

@@ -1,0 +1,251 @@
+//! Where a path's time goes: `perf record` of the path core (the software `cpu-clock`
+//! event; this VM has no PMU) during one extra window of a path, then the samples by
+//! thread and object (`perf report --sort comm,dso`) folded into the parts an operator
+//! can act on — the forwarder in userspace, the forwarder's system calls (copy-mode
+//! AF_XDP TX: an skb per frame, the veth transmit and, synchronously, the backend's
+//! receive up to its socket), the XDP steering program, the NAPI kthreads (the veths'
+//! receive: the AF_XDP RX copy, frame returns, the kernel paths' whole forwarding), idle
+//! — with each part's nanoseconds per delivered packet, and the hottest symbols.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// One path's profile.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Profile {
+    /// The path (scenario name).
+    pub scenario: String,
+    /// Samples of the path core.
+    pub samples: u64,
+    /// Delivered packets/s and the path core's ns per packet in the profiled window.
+    pub delivered_pps: f64,
+    /// ns of path core per delivered packet in that window.
+    pub ns_per_packet: f64,
+    /// Share of the samples per part ([`part_of`]), largest first.
+    pub parts: Vec<(String, f64)>,
+    /// The hottest symbols (share of all samples), at most [`TOP_SYMBOLS`].
+    pub top_symbols: Vec<(String, f64)>,
+}
+
+/// Symbols listed per profile.
+pub const TOP_SYMBOLS: usize = 12;
+
+/// Whether `perf` can be run (`perf --version`).
+pub fn available() -> bool {
+    Command::new("perf")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Records `cpu` for `window` into `data` (blocks for the window).
+pub fn record(cpu: u32, window: Duration, data: &Path) -> Result<()> {
+    let out = Command::new("perf")
+        .args(["record", "-q", "-C", &cpu.to_string(), "-o"])
+        .arg(data)
+        .args(["--", "sleep", &format!("{:.3}", window.as_secs_f64())])
+        .stdout(Stdio::null())
+        .output()
+        .context("running perf record")?;
+    if !out.status.success() {
+        bail!(
+            "perf record failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// `perf report` of `data` sorted by `keys`: (share %, samples, the key columns) per line.
+fn report(data: &Path, keys: &str) -> Result<Vec<ReportLine>> {
+    let out = Command::new("perf")
+        .args(["report", "-i"])
+        .arg(data)
+        .args([
+            "--no-children",
+            "-n",
+            "--sort",
+            keys,
+            "--stdio",
+            "-g",
+            "none",
+        ])
+        .output()
+        .context("running perf report")?;
+    if !out.status.success() {
+        bail!(
+            "perf report failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(parse_report(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// One line of `perf report`: share %, samples, the sort keys' columns.
+pub type ReportLine = (f64, u64, Vec<String>);
+
+/// The lines of `perf report -n --stdio -g none`:
+/// "  52.17%  12345  worker-0  [kernel.kallsyms]".
+pub fn parse_report(text: &str) -> Vec<ReportLine> {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let pct = it.next()?.strip_suffix('%')?.parse::<f64>().ok()?;
+            let n = it.next()?.parse::<u64>().ok()?;
+            Some((pct, n, it.map(str::to_string).collect()))
+        })
+        .collect()
+}
+
+/// The part of the path a (thread, object) pair's samples belong to.
+pub fn part_of(comm: &str, dso: &str) -> &'static str {
+    let kernel_thread = comm.starts_with("napi/") || comm.starts_with("ksoftirqd");
+    if comm == "swapper" {
+        "idle"
+    } else if dso.starts_with("bpf_prog_") && dso.ends_with("_steer") && kernel_thread {
+        "XDP steering program (in the NAPI kthreads)"
+    } else if kernel_thread {
+        "NAPI kthreads: the veths' receive (AF_XDP RX copy, frame returns; a kernel path's whole forwarding)"
+    } else if dso == "[kernel.kallsyms]" || dso.starts_with("bpf_prog_") {
+        "forwarder's system calls: copy-mode AF_XDP TX (an skb per frame, veth transmit, the backend's receive up to its socket), poll"
+    } else {
+        "forwarder in userspace (loop, engine, libc)"
+    }
+}
+
+/// Profiles the data of `data` for `scenario` (its window delivered `delivered_pps` at
+/// `ns_per_packet`).
+pub fn summarise(
+    data: &Path,
+    scenario: &str,
+    delivered_pps: f64,
+    ns_per_packet: f64,
+) -> Result<Profile> {
+    let mut parts: Vec<(String, f64)> = Vec::new();
+    let mut samples = 0;
+    for (pct, n, cols) in report(data, "comm,dso")? {
+        samples += n;
+        let (comm, dso) = match cols.as_slice() {
+            [c, d, ..] => (c.as_str(), d.as_str()),
+            _ => continue,
+        };
+        let part = part_of(comm, dso);
+        match parts.iter_mut().find(|(p, _)| p == part) {
+            Some((_, v)) => *v += pct,
+            None => parts.push((part.to_string(), pct)),
+        }
+    }
+    parts.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let top_symbols = report(data, "sym")?
+        .into_iter()
+        .take(TOP_SYMBOLS)
+        // "[k] symbol" / "[.] symbol": the symbol after the marker.
+        .map(|(pct, _, cols)| (cols.get(1..).unwrap_or_default().join(" "), pct))
+        .collect();
+    Ok(Profile {
+        scenario: scenario.to_string(),
+        samples,
+        delivered_pps,
+        ns_per_packet,
+        parts,
+        top_symbols,
+    })
+}
+
+/// The report's section.
+pub fn markdown(profiles: &[Profile], note: &str) -> String {
+    let mut m = String::from("\n## Where the time goes (perf record of the path core)\n\n");
+    if profiles.is_empty() {
+        m += &format!("Not profiled in this run{note}.\n");
+        return m;
+    }
+    m += "One extra window per path after the rounds, at the offered rate of its rounds (`perf record -C <path core>`: cpu-clock samples, this VM has no PMU); the samples by thread and object folded into parts; a part's ns per packet = its share of the busy samples x the window's ns of path core per delivered packet.\n\n";
+    for p in profiles {
+        let idle: f64 = p
+            .parts
+            .iter()
+            .filter(|(n, _)| n == "idle")
+            .map(|(_, v)| v)
+            .sum();
+        let busy = 100.0 - idle;
+        m += &format!(
+            "**{}** ({:.0} pps delivered, {:.0} ns of path core per packet in the profiled window; the core idle {idle:.0}% of it):\n\n| part | share of the busy time | ns per packet |\n|---|---:|---:|\n",
+            p.scenario, p.delivered_pps, p.ns_per_packet
+        );
+        for (name, share) in p.parts.iter().filter(|(n, _)| n != "idle") {
+            let (pct, ns) = if busy > 0.0 {
+                (100.0 * share / busy, share / busy * p.ns_per_packet)
+            } else {
+                (0.0, 0.0)
+            };
+            m += &format!("| {name} | {pct:.1}% | {ns:.0} |\n");
+        }
+        m += "\nHottest symbols: ";
+        m += &p
+            .top_symbols
+            .iter()
+            .map(|(s, v)| format!("`{s}` {v:.1}%"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        m += "\n\n";
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_lines_are_parsed_and_folded_into_parts() {
+        let text = "# comment\n#\n    52.17%  12611  worker-0         [kernel.kallsyms]\n    22.78%  5507  napi/jprf291660  [kernel.kallsyms]\n    14.10%  3409  swapper          [kernel.kallsyms]\n     4.98%  1204  napi/jprf291660  bpf_prog_df04b7a8873560b3_juneau_steer\n     4.22%  1020  worker-0         juneau-dataplane\n     0.72%  174  worker-0         libc.so.6\n\n";
+        let lines = parse_report(text);
+        assert_eq!(lines.len(), 6);
+        assert_eq!((lines[0].0, lines[0].1), (52.17, 12611));
+        let parts: Vec<&str> = lines
+            .iter()
+            .map(|(_, _, c)| part_of(&c[0], &c[1]))
+            .collect();
+        assert!(parts[0].starts_with("forwarder's system calls"));
+        assert!(parts[1].starts_with("NAPI kthreads"));
+        assert_eq!(parts[2], "idle");
+        assert!(parts[3].starts_with("XDP steering program"));
+        assert!(parts[4].starts_with("forwarder in userspace"));
+        assert!(parts[5].starts_with("forwarder in userspace"));
+        // A kernel path: everything in the NAPI kthread; l2fwd's own program is not ours.
+        assert!(part_of("napi/x-1", "bpf_prog_e225_xsk_steer").starts_with("XDP steering"));
+        assert!(part_of("napi/x-1", "bpf_prog_e7fb_xdp_sink").starts_with("NAPI kthreads"));
+    }
+
+    #[test]
+    fn the_section_gives_each_part_its_ns_per_packet() {
+        let p = Profile {
+            scenario: "juneau".into(),
+            samples: 100,
+            delivered_pps: 1e6,
+            ns_per_packet: 1000.0,
+            parts: vec![
+                ("forwarder's system calls".into(), 40.0),
+                ("NAPI kthreads".into(), 40.0),
+                ("idle".into(), 20.0),
+            ],
+            top_symbols: vec![("sendto".into(), 10.0)],
+        };
+        let md = markdown(&[p], "");
+        assert!(
+            md.contains("| forwarder's system calls | 50.0% | 500 |"),
+            "{md}"
+        );
+        assert!(md.contains("the core idle 20% of it"), "{md}");
+        assert!(!md.contains("| idle |"), "{md}");
+        assert!(markdown(&[], ": perf not installed")
+            .contains("Not profiled in this run: perf not installed."));
+    }
+}
