@@ -1643,6 +1643,7 @@ mod tests {
                     source_ranges: Vec::new(),
                     client_ip_affinity: None,
                     hand_off: false,
+                    host_network: false,
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1655,6 +1656,7 @@ mod tests {
                     source_ranges: Vec::new(),
                     client_ip_affinity: None,
                     hand_off: false,
+                    host_network: false,
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1667,6 +1669,7 @@ mod tests {
                     source_ranges: Vec::new(),
                     client_ip_affinity: None,
                     hand_off: false,
+                    host_network: false,
                 },
             ],
             ..Default::default()
@@ -2216,6 +2219,7 @@ mod tests {
             source_ranges: Vec::new(),
             client_ip_affinity: None,
             hand_off: false,
+            host_network: false,
         });
         m.push(maglev(1));
         s.normalize();

@@ -190,6 +190,7 @@ impl ServiceTable {
                 source_ranges: s.source_ranges.clone(),
                 client_ip_affinity_ms: s.client_ip_affinity.map(|t| u64::from(t) * 1000),
                 hand_off: s.hand_off,
+                host_network: false,
             });
         }
         t
@@ -329,6 +330,7 @@ mod tests {
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
                 hand_off: false,
+                host_network: false,
             }],
             ..Default::default()
         };
@@ -359,6 +361,7 @@ mod tests {
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
                 hand_off: false,
+                host_network: false,
             }],
             ..Default::default()
         };
@@ -388,6 +391,7 @@ mod tests {
             source_ranges: Vec::new(),
             client_ip_affinity: None,
             hand_off: false,
+            host_network: false,
         };
         let state = NodeState {
             services: vec![

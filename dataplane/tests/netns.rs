@@ -78,6 +78,7 @@ fn service(protocol: Protocol, port: u16, target: u16, pods: &[usize]) -> NodeSe
         source_ranges: Vec::new(),
         client_ip_affinity: None,
         hand_off: false,
+        host_network: false,
     }
 }
 
@@ -1512,6 +1513,7 @@ fn a_state_file_replaced_by_a_bigger_one_is_followed() -> Result<()> {
             source_ranges: Vec::new(),
             client_ip_affinity: None,
             hand_off: false,
+            host_network: false,
         });
     }
     let want = state.services.len();

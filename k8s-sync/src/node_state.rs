@@ -300,13 +300,18 @@ fn slb_part(
     let host: BTreeSet<Ipv4Addr> = host_network_endpoints(&eps, &view.nodes)
         .into_iter()
         .collect();
-    if !host.is_empty() {
-        return None; // the controller marks such a Service Failed; never serve it half.
+    let cluster = crate::reconcile::cluster_policy(svc);
+    // Host-network backends (their node's own address): delivered to this node's own
+    // stack, only under the Local policy, on an unshared VIP, not mixed with Pods (the
+    // controller marks any other Service Failed; never serve it half meanwhile).
+    let host_network = !host.is_empty();
+    let mixed = eps.iter().any(|e| !host.contains(&e.ip));
+    if host_network && (cluster || mixed || crate::sharing::sharing_key(svc).is_some()) {
+        return None;
     }
     // Ranges that cannot be honoured: served by no node (the controller says why).
     let source_ranges = crate::source_ranges::of_service(svc).ok()?;
     let affinity = client_ip_affinity(svc);
-    let cluster = crate::reconcile::cluster_policy(svc);
     let here: Vec<_> = eps
         .iter()
         .filter(|e| e.node.as_deref() == Some(node))
@@ -343,6 +348,7 @@ fn slb_part(
             continue;
         };
         service.hand_off = cluster;
+        service.host_network = host_network;
         any_backend |= !service.backends.is_empty();
         part.services.push(service);
     }
@@ -428,6 +434,7 @@ fn frontend_service(
         source_ranges: source_ranges.to_vec(),
         client_ip_affinity,
         hand_off: false,
+        host_network: false,
     })
 }
 

@@ -56,6 +56,7 @@ pub(crate) fn sample_state() -> NodeState {
                 ],
                 client_ip_affinity: Some(86_400),
                 hand_off: true,
+                host_network: false,
             },
             NodeService {
                 frontend: frontend([203, 0, 113, 10], Protocol::Udp, 53),
@@ -64,6 +65,7 @@ pub(crate) fn sample_state() -> NodeState {
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
                 hand_off: false,
+                host_network: false,
             },
             NodeService {
                 frontend: frontend([203, 0, 113, 11], Protocol::Tcp, 443),
@@ -73,6 +75,7 @@ pub(crate) fn sample_state() -> NodeState {
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
                 hand_off: false,
+                host_network: false,
             },
         ],
         advertised: vec![AdvertisedVip {
@@ -720,6 +723,7 @@ mod incremental {
                     source_ranges,
                     client_ip_affinity: (port == 1).then_some(10_800),
                     hand_off: false,
+                    host_network: false,
                 }
             });
         let services = proptest::collection::vec(service, 0..7);
