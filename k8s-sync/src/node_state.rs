@@ -1455,6 +1455,51 @@ mod tests {
     }
 
     #[test]
+    fn host_network_backends_are_served_by_their_node_s_own_stack_under_local_policy() {
+        let mut v = view();
+        let host_slice = |eps: &[(&str, &str, bool, bool)]| {
+            vec![Arc::new(slice("nginx", "nginx-1", eps, ("http", 8080)))]
+        };
+        // An ingress controller on each node's own address.
+        v.slices.insert(
+            "default/nginx".into(),
+            host_slice(&[
+                ("192.168.0.1", "node-a", true, false),
+                ("192.168.0.3", "node-c", true, false),
+            ]),
+        );
+        let (s, w) = build_node_state("node-a", &v);
+        assert!(w.is_empty(), "{w:?}");
+        assert!(s.services[0].host_network);
+        assert_eq!(
+            s.services[0].backends,
+            vec![LocalBackend {
+                ip: Ipv4Addr::new(192, 168, 0, 1),
+                port: 8080
+            }]
+        );
+        assert_eq!(s.advertised.len(), 1, "announced where it runs");
+        // Mixed with a Pod, or under the Cluster policy: served by no node.
+        v.slices.insert(
+            "default/nginx".into(),
+            host_slice(&[
+                ("192.168.0.1", "node-a", true, false),
+                ("10.0.0.3", "node-c", true, false),
+            ]),
+        );
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.services.is_empty() && s.advertised.is_empty(), "{s:?}");
+        v.slices.insert(
+            "default/nginx".into(),
+            host_slice(&[("192.168.0.1", "node-a", true, false)]),
+        );
+        let svc = Arc::make_mut(v.services.get_mut("default/nginx").unwrap());
+        svc.spec.as_mut().unwrap().external_traffic_policy = Some("Cluster".into());
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.services.is_empty() && s.advertised.is_empty(), "{s:?}");
+    }
+
+    #[test]
     fn under_the_cluster_policy_a_node_without_backends_announces_and_hands_connections_on() {
         let mut v = view();
         v.nodes.extend([node("node-b", "192.168.0.2", false)]);

@@ -65,7 +65,7 @@ pub(crate) fn sample_state() -> NodeState {
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
                 hand_off: false,
-                host_network: false,
+                host_network: true,
             },
             NodeService {
                 frontend: frontend([203, 0, 113, 11], Protocol::Tcp, 443),
@@ -722,8 +722,8 @@ mod incremental {
                     terminating: draining.into_iter().map(|b| backend(b, 8080)).collect(),
                     source_ranges,
                     client_ip_affinity: (port == 1).then_some(10_800),
-                    hand_off: false,
-                    host_network: false,
+                    hand_off: vip % 2 == 0,
+                    host_network: vip % 3 == 0,
                 }
             });
         let services = proptest::collection::vec(service, 0..7);
