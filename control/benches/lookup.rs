@@ -29,6 +29,7 @@ fn state(services: usize) -> NodeState {
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
                 hand_off: false,
+                host_network: false,
             })
             .collect(),
         ..NodeState::default()

@@ -267,6 +267,12 @@ pub struct NodeService {
     /// announces for another Service. `false`: served from local backends only.
     #[serde(default)]
     pub hand_off: bool,
+    /// The backends are this node's own stack (host-network Pods on the node's address,
+    /// e.g. an ingress controller): the steering program passes the frontend's packets to
+    /// the kernel, whose DNAT to the backend (and conntrack's reverse NAT of the replies)
+    /// the dataplane programs, instead of forwarding them through userspace.
+    #[serde(default)]
+    pub host_network: bool,
 }
 
 impl NodeService {
@@ -279,6 +285,7 @@ impl NodeService {
             source_ranges: Vec::new(),
             client_ip_affinity: None,
             hand_off: false,
+            host_network: false,
         }
     }
 }

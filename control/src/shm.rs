@@ -101,6 +101,11 @@ pub const SERVICE_WORDS: usize = 8;
 /// without a Ready backend here are handed on (`NodeService::hand_off`). Added within
 /// layout 8: a reader that ignores it serves the frontend as Local would.
 pub const SERVICE_HAND_OFF: u32 = 1 << 8;
+/// Bit of a service record's second word: the backends are this node's own stack
+/// (`NodeService::host_network`). Added within layout 8: a reader that ignores it
+/// forwards to the node's address through userspace, which the node's stack refuses
+/// (the frontend is then not served, rather than served wrongly).
+pub const SERVICE_HOST_NETWORK: u32 = 1 << 9;
 /// Words per source range record (layout 8): the network address, the prefix length.
 pub const SOURCE_RANGE_WORDS: usize = 2;
 /// Words per backend record: ip, port | flags << 16.
@@ -931,6 +936,7 @@ fn encode_services(
             ip_word(s.frontend.vip),
             u32::from(s.frontend.protocol.number())
                 | if s.hand_off { SERVICE_HAND_OFF } else { 0 }
+                | if s.host_network { SERVICE_HOST_NETWORK } else { 0 }
                 | (u32::from(s.frontend.port) << 16),
             next_backend as u32,
             s.backends.len() as u32,
@@ -1857,6 +1863,7 @@ fn decode_service(
         source_ranges,
         client_ip_affinity: (rec[7] != 0).then_some(rec[7]),
         hand_off: rec[1] & SERVICE_HAND_OFF != 0,
+        host_network: rec[1] & SERVICE_HOST_NETWORK != 0,
     };
     Ok((service, slots))
 }

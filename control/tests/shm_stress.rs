@@ -76,6 +76,7 @@ fn base_table(seed: u32) -> NodeState {
             },
             client_ip_affinity: (i % 3 == 1).then_some(seed % 86_400 + 1),
             hand_off: false,
+            host_network: false,
         })
         .collect();
     let advertised = (0..(seed % 4) as usize)

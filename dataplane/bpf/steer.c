@@ -934,6 +934,8 @@ static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *en
 			// Before the admission: a denied client spends no prefix's tokens.
 			if ((*exposed & FRONTEND_FILTERED) && !source_admitted(&key, ip->saddr))
 				return count_drop(SD_SOURCE_RANGE_DENIED);
+			if (*exposed & FRONTEND_HOST_NETWORK)
+				return XDP_PASS; // the kernel's DNAT delivers it to a host-network Pod
 			if (flow == FLOW_NONE && !admit_new_flow(ip->saddr))
 				return count_drop(SD_NEW_FLOW_PREFIX_RATE);
 			return to_userspace(slot);

@@ -37,6 +37,7 @@ fn parse_service(s: &str) -> Result<NodeService> {
         source_ranges: Vec::new(),
         client_ip_affinity: None,
         hand_off: false,
+        host_network: false,
     })
 }
 

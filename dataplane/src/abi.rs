@@ -68,6 +68,11 @@ pub const FRONTEND_EXPOSED: u8 = 1;
 /// Bit of a `frontends` value: its Service has source ranges (only a source in
 /// `source_ranges` is admitted).
 pub const FRONTEND_FILTERED: u8 = 2;
+/// Bit of a `frontends` value: its backends are this node's own stack (host-network
+/// Pods): the program passes the frontend's packets to the kernel, whose DNAT the
+/// dataplane programs (`host_network.rs`), after the source ranges, before the new-flow
+/// admission (the kernel's connections are in no table of ours).
+pub const FRONTEND_HOST_NETWORK: u8 = 4;
 
 /// `struct iface_conf`.
 pub const IFACE_CONF_BYTES: usize = 12;

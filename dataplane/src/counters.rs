@@ -40,8 +40,8 @@ pub enum DropReason {
     NoRoute,
     /// The next hop's MAC is not known yet (resolution was triggered).
     NoNeighbour,
-    /// The frame should have gone to the kernel (TTL expiry, not for us) but reached
-    /// userspace; AF_XDP cannot hand it back, so it is dropped. The steering program
+    /// The frame should have gone to the kernel (TTL expiry, not for us, a host-network
+    /// backend's frontend) but reached userspace; AF_XDP cannot hand it back, so it is dropped. The steering program
     /// passes these to the kernel itself, so this stays at zero in normal operation.
     KernelBound,
     /// The egress TX ring was full.

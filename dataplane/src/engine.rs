@@ -1098,6 +1098,11 @@ impl Engine {
                 let Some(s) = frontend else {
                     return self.drop(DropReason::PortNotExposed, None);
                 };
+                if self.table.service(s).host_network {
+                    // The steering program passes these to the kernel (host-network
+                    // backends): one here came before the program's map said so.
+                    return self.drop(DropReason::KernelBound, Some(s));
+                }
                 let Some(bi) = self.pick_backend(s, &key, now_ms) else {
                     return self.no_backend(frame.len(), &key, syn_only, s, nb, now_ms);
                 };
@@ -1643,6 +1648,7 @@ mod tests {
                     source_ranges: Vec::new(),
                     client_ip_affinity: None,
                     hand_off: false,
+                    host_network: false,
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1655,6 +1661,7 @@ mod tests {
                     source_ranges: Vec::new(),
                     client_ip_affinity: None,
                     hand_off: false,
+                    host_network: false,
                 },
                 NodeService {
                     frontend: Frontend {
@@ -1667,6 +1674,7 @@ mod tests {
                     source_ranges: Vec::new(),
                     client_ip_affinity: None,
                     hand_off: false,
+                    host_network: false,
                 },
             ],
             ..Default::default()
@@ -2216,6 +2224,7 @@ mod tests {
             source_ranges: Vec::new(),
             client_ip_affinity: None,
             hand_off: false,
+            host_network: false,
         });
         m.push(maglev(1));
         s.normalize();
@@ -2933,6 +2942,27 @@ mod tests {
             Verdict::Drop(DropReason::NoBackend)
         );
         assert_eq!(e.counters().drops_for(DropReason::NoBackend), 1);
+    }
+
+    /// A host-network frontend's packet is the kernel's (the steering program passes
+    /// it): one that reaches userspace is dropped as `kernel_bound`, never forwarded.
+    #[test]
+    fn a_host_network_frontend_s_packet_in_userspace_is_kernel_bound() {
+        let (mut st, m) = state(&[[10, 0, 0, 2]]);
+        for x in &mut st.services {
+            x.host_network = true;
+        }
+        let mut e = Engine::new(EngineConfig {
+            flow_capacity: 1024,
+            ..Default::default()
+        });
+        e.set_services(ServiceTable::new(1, &st, &m));
+        let mut f = syn(40000);
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &neighbours(), 0),
+            Verdict::Drop(DropReason::KernelBound)
+        );
+        assert_eq!(e.counters().drops_for(DropReason::KernelBound), 1);
     }
 
     /// `whole` (DF cleared) cut into IPv4 fragments of at most 1514-byte frames.

@@ -502,6 +502,7 @@ mod tests {
                 source_ranges: Vec::new(),
                 client_ip_affinity: affinity,
                 hand_off: cluster_policy,
+                host_network: false,
             }],
             redirects: if from_state {
                 redirects_for(i)

@@ -36,6 +36,7 @@ pub mod fast;
 pub mod flow;
 pub mod frag;
 pub mod frames;
+pub mod host_network;
 pub mod icmp;
 pub mod metrics;
 pub mod neigh;

@@ -12,7 +12,9 @@
 //!   a reused address: `netlink::Netlink::request_resolution`, `forget_neighbour`), which
 //!   rtnetlink allows only with `CAP_NET_ADMIN`; and with Pod interfaces found through
 //!   routes and `--xsk-busy-poll-budget`, a new Pod's sockets get busy polling
-//!   (`SO_PREFER_BUSY_POLL`, and `SO_BUSY_POLL_BUDGET` above the default, need it).
+//!   (`SO_PREFER_BUSY_POLL`, and `SO_BUSY_POLL_BUDGET` above the default, need it); and
+//!   the `nft` the node thread executes for host-network backends (`host_network.rs`)
+//!   programs nftables with it.
 //! - `CAP_NET_RAW`, only with Pod interfaces found through routes
 //!   (`--pod-ifaces-from-routes`): a Pod veth that appears while forwarding gets AF_XDP
 //!   sockets, and `socket(AF_XDP)` needs it. With fixed `--pod-iface`s (the chart) no

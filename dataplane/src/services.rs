@@ -72,6 +72,10 @@ pub struct Service {
     /// not charged to the redirect buckets (`NodeService::hand_off`: the Cluster policy,
     /// or a shared VIP's port whose Pods are elsewhere).
     pub hand_off: bool,
+    /// The backends are this node's own stack (`NodeService::host_network`): the
+    /// steering program passes the frontend's packets to the kernel; none is forwarded
+    /// here.
+    pub host_network: bool,
 }
 
 impl Service {
@@ -190,6 +194,7 @@ impl ServiceTable {
                 source_ranges: s.source_ranges.clone(),
                 client_ip_affinity_ms: s.client_ip_affinity.map(|t| u64::from(t) * 1000),
                 hand_off: s.hand_off,
+                host_network: s.host_network,
             });
         }
         t
@@ -290,9 +295,12 @@ impl ServiceTable {
     }
 
     /// Every `(backend ip, backend port, protocol)` served, for the steering program.
+    /// (Host-network backends' replies come from the node's own stack, through no Pod
+    /// interface: none of theirs.)
     pub fn backend_keys(&self) -> HashSet<(Ipv4Addr, u16, u8)> {
         self.services
             .iter()
+            .filter(|s| !s.host_network)
             .flat_map(|s| {
                 s.backends
                     .iter()
@@ -329,6 +337,7 @@ mod tests {
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
                 hand_off: false,
+                host_network: false,
             }],
             ..Default::default()
         };
@@ -359,6 +368,7 @@ mod tests {
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
                 hand_off: false,
+                host_network: false,
             }],
             ..Default::default()
         };
@@ -388,6 +398,7 @@ mod tests {
             source_ranges: Vec::new(),
             client_ip_affinity: None,
             hand_off: false,
+            host_network: false,
         };
         let state = NodeState {
             services: vec![

@@ -39,7 +39,7 @@ use crate::services::ServiceTable;
 static STEER_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/steer.o"));
 
 use crate::abi::{
-    FRONTEND_EXPOSED, FRONTEND_FILTERED, MAX_UPLINKS, ROLE_POD, ROLE_UPLINK,
+    FRONTEND_EXPOSED, FRONTEND_FILTERED, FRONTEND_HOST_NETWORK, MAX_UPLINKS, ROLE_POD, ROLE_UPLINK,
     SD_NEW_FLOW_PREFIX_RATE, SD_NO_SOCKET, SD_PORT_NOT_EXPOSED, SD_REDIRECT_NOT_FROM_PEER,
     SD_SOURCE_RANGE_DENIED, SD_UNSUPPORTED_PROTOCOL,
 };
@@ -1108,7 +1108,13 @@ fn wanted_frontends(table: &ServiceTable) -> (HashMap<FrontendTuple, u8>, HashSe
         let filtered = !s.source_ranges.is_empty();
         frontends.insert(
             f,
-            FRONTEND_EXPOSED | if filtered { FRONTEND_FILTERED } else { 0 },
+            FRONTEND_EXPOSED
+                | if filtered { FRONTEND_FILTERED } else { 0 }
+                | if s.host_network {
+                    FRONTEND_HOST_NETWORK
+                } else {
+                    0
+                },
         );
         ranges.extend(s.source_ranges.iter().map(|r| (f, *r)));
     }
@@ -1214,6 +1220,35 @@ fn remove_stale_link_pins(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_network_frontend_is_exposed_with_its_bit_and_brings_no_backend_key() {
+        use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
+        let frontend = |port| Frontend {
+            vip: std::net::Ipv4Addr::new(203, 0, 113, 30),
+            protocol: Protocol::Tcp,
+            port,
+        };
+        let backend = |ip: [u8; 4]| LocalBackend {
+            ip: ip.into(),
+            port: 8080,
+        };
+        let mut host = NodeService::new(frontend(80), vec![backend([10, 0, 0, 2])]);
+        host.host_network = true;
+        let pod = NodeService::new(frontend(81), vec![backend([10, 244, 1, 5])]);
+        let st = NodeState {
+            services: vec![host, pod],
+            ..Default::default()
+        };
+        let table = ServiceTable::new(1, &st, &[Vec::new(), Vec::new()]);
+        let (f, _) = wanted_frontends(&table);
+        let vip = std::net::Ipv4Addr::new(203, 0, 113, 30);
+        assert_eq!(f[&(vip, 80, 6)], FRONTEND_EXPOSED | FRONTEND_HOST_NETWORK);
+        assert_eq!(f[&(vip, 81, 6)], FRONTEND_EXPOSED);
+        let keys = table.backend_keys();
+        assert!(keys.contains(&(std::net::Ipv4Addr::new(10, 244, 1, 5), 8080, 6)));
+        assert!(!keys.contains(&(std::net::Ipv4Addr::new(10, 0, 0, 2), 8080, 6)));
+    }
 
     #[test]
     fn the_uplinks_entry_holds_up_to_four_and_refuses_more() {

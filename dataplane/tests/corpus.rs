@@ -230,6 +230,7 @@ fn engine() -> (Engine, Neighbours) {
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
                 hand_off: false,
+                host_network: false,
             },
             NodeService {
                 frontend: Frontend {
@@ -245,6 +246,7 @@ fn engine() -> (Engine, Neighbours) {
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
                 hand_off: false,
+                host_network: false,
             },
         ],
         ..Default::default()

@@ -78,6 +78,7 @@ fn service(protocol: Protocol, port: u16, target: u16, pods: &[usize]) -> NodeSe
         source_ranges: Vec::new(),
         client_ip_affinity: None,
         hand_off: false,
+        host_network: false,
     }
 }
 
@@ -1512,6 +1513,7 @@ fn a_state_file_replaced_by_a_bigger_one_is_followed() -> Result<()> {
             source_ranges: Vec::new(),
             client_ip_affinity: None,
             hand_off: false,
+            host_network: false,
         });
     }
     let want = state.services.len();
@@ -1833,6 +1835,68 @@ fn node_reaches_local_pods_on_the_target_port_and_pods_connect_out_from_it() -> 
     let s = lab.stats()?;
     assert_eq!(lab.drops("no_flow"), 0, "{s}");
     assert!(s["flows"].as_u64().unwrap_or(99) <= 1, "{s}");
+    lab.finish()
+}
+
+/// Host-network backends (an ingress controller on the node's own address): the
+/// steering program passes the frontend's packets to the kernel, whose DNAT — the
+/// dataplane's nftables table — delivers them to the node's server with the client's
+/// address, and whose conntrack answers from the VIP; the Pods' frontends go on through
+/// userspace; the table goes when the last host-network frontend does.
+#[test]
+fn host_network_backends_get_the_clients_connections_through_the_kernel() -> Result<()> {
+    require("nft", &["--version"])?;
+    let mut lab = Lab::new("dph")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = tiny_http_server(
+        lab.node.name(),
+        SocketAddr::V4(SocketAddrV4::new(NODE_IP, 9098)),
+        stop.clone(),
+    )?;
+    let mut st = node_state(&[0, 1]);
+    let mut host = service(Protocol::Tcp, 8082, 9098, &[]);
+    host.backends = vec![LocalBackend {
+        ip: NODE_IP,
+        port: 9098,
+    }];
+    host.host_network = true;
+    st.services.push(host);
+    st.normalize();
+    lab.publish_state(&st)?;
+    for _ in 0..5 {
+        let (body, _) = curl(&lab.client, &format!("http://{VIP}:8082/"))
+            .with_context(|| lab.dataplane_log())?;
+        ensure!(
+            body.starts_with(&format!("hello {CLIENT_IP}:")),
+            "the node's server saw {body:?}"
+        );
+    }
+    let (body, _) = curl(&lab.client, &format!("http://{VIP}/"))?;
+    ensure!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+    let rules = lab
+        .node
+        .exec(&["nft", "list", "table", "ip", "juneau_host_network"])?;
+    ensure!(rules.contains("8082 : 10.100.1.1 . 9098"), "{rules}");
+    // None of it reached userspace: one flow (the Pod frontend's), no kernel-bound drop.
+    let s = lab.fresh_stats()?;
+    ensure!(s["flows"].as_u64() == Some(1), "{s}");
+    ensure!(lab.drops("kernel_bound") == 0, "{s}");
+    // Without host-network frontends the table goes.
+    lab.publish_state(&node_state(&[0, 1]))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lab
+        .node
+        .exec(&["nft", "list", "table", "ip", "juneau_host_network"])
+        .is_ok()
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the host-network table outlived its last frontend"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = server.join();
     lab.finish()
 }
 

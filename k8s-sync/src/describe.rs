@@ -118,6 +118,7 @@ pub fn render(
             ));
         }
     }
+    out.push_str(&forwarding(svc));
     out.push_str(&format!(
         "├── AdvertisingNodes  ({})\n",
         st.advertising_nodes.len()
@@ -143,6 +144,27 @@ pub fn render(
         "└── Backends  totalReady={}  localReadyNodes={}\n",
         st.backend_summary.total_ready, st.backend_summary.local_ready_nodes
     ));
+    out
+}
+
+/// How connections reach the Pods, when it is not the guide's Local policy alone (the
+/// guide's tree has no such line): the Cluster policy's hand-off between nodes, a shared
+/// VIP's ports whose Pods are on another node.
+fn forwarding(svc: Option<&Service>) -> String {
+    let Some(svc) = svc else {
+        return String::new();
+    };
+    let mut out = String::new();
+    if crate::reconcile::cluster_policy(svc) {
+        out.push_str(
+            "├── Forwarding  Cluster: every node a BGPAdvertisement covers announces the VIP; one without a Ready backend hands each new TCP connection, unchanged, to a node with one, which answers the client directly (no SNAT: the Pod sees the client's address)\n",
+        );
+    }
+    if let Some(key) = crate::sharing::sharing_key(svc) {
+        out.push_str(&format!(
+            "├── SharedVIP  key={key}  (a node announcing the VIP for another Service of the key hands this Service's connections to a node with its Pods)\n"
+        ));
+    }
     out
 }
 
@@ -241,6 +263,27 @@ mod tests {
             ),
             "{tree}"
         );
+    }
+
+    #[test]
+    fn the_cluster_policy_and_a_shared_vip_say_how_connections_are_forwarded() {
+        let mut svc = Service::default();
+        assert_eq!(forwarding(Some(&svc)).lines().count(), 1, "unset = Cluster");
+        assert!(forwarding(Some(&svc)).starts_with("├── Forwarding  Cluster: "));
+        svc.spec = Some(ServiceSpec {
+            external_traffic_policy: Some("Local".into()),
+            ..Default::default()
+        });
+        assert_eq!(forwarding(Some(&svc)), "", "Local: the guide's tree");
+        svc.metadata.annotations = Some(
+            [(
+                crate::sharing::SHARED_IP_ANNOTATION.to_string(),
+                "dns".to_string(),
+            )]
+            .into(),
+        );
+        assert!(forwarding(Some(&svc)).starts_with("├── SharedVIP  key=dns  ("));
+        assert_eq!(forwarding(None), "");
     }
 
     #[test]

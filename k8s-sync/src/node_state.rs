@@ -300,13 +300,18 @@ fn slb_part(
     let host: BTreeSet<Ipv4Addr> = host_network_endpoints(&eps, &view.nodes)
         .into_iter()
         .collect();
-    if !host.is_empty() {
-        return None; // the controller marks such a Service Failed; never serve it half.
+    let cluster = crate::reconcile::cluster_policy(svc);
+    // Host-network backends (their node's own address): delivered to this node's own
+    // stack, only under the Local policy, on an unshared VIP, not mixed with Pods (the
+    // controller marks any other Service Failed; never serve it half meanwhile).
+    let host_network = !host.is_empty();
+    let mixed = eps.iter().any(|e| !host.contains(&e.ip));
+    if host_network && (cluster || mixed || crate::sharing::sharing_key(svc).is_some()) {
+        return None;
     }
     // Ranges that cannot be honoured: served by no node (the controller says why).
     let source_ranges = crate::source_ranges::of_service(svc).ok()?;
     let affinity = client_ip_affinity(svc);
-    let cluster = crate::reconcile::cluster_policy(svc);
     let here: Vec<_> = eps
         .iter()
         .filter(|e| e.node.as_deref() == Some(node))
@@ -343,6 +348,7 @@ fn slb_part(
             continue;
         };
         service.hand_off = cluster;
+        service.host_network = host_network;
         any_backend |= !service.backends.is_empty();
         part.services.push(service);
     }
@@ -428,6 +434,7 @@ fn frontend_service(
         source_ranges: source_ranges.to_vec(),
         client_ip_affinity,
         hand_off: false,
+        host_network: false,
     })
 }
 
@@ -1445,6 +1452,51 @@ mod tests {
         set(&mut v, Some(600));
         let (s, _) = build_node_state("node-a", &v);
         assert_eq!(s.services[0].client_ip_affinity, Some(600));
+    }
+
+    #[test]
+    fn host_network_backends_are_served_by_their_node_s_own_stack_under_local_policy() {
+        let mut v = view();
+        let host_slice = |eps: &[(&str, &str, bool, bool)]| {
+            vec![Arc::new(slice("nginx", "nginx-1", eps, ("http", 8080)))]
+        };
+        // An ingress controller on each node's own address.
+        v.slices.insert(
+            "default/nginx".into(),
+            host_slice(&[
+                ("192.168.0.1", "node-a", true, false),
+                ("192.168.0.3", "node-c", true, false),
+            ]),
+        );
+        let (s, w) = build_node_state("node-a", &v);
+        assert!(w.is_empty(), "{w:?}");
+        assert!(s.services[0].host_network);
+        assert_eq!(
+            s.services[0].backends,
+            vec![LocalBackend {
+                ip: Ipv4Addr::new(192, 168, 0, 1),
+                port: 8080
+            }]
+        );
+        assert_eq!(s.advertised.len(), 1, "announced where it runs");
+        // Mixed with a Pod, or under the Cluster policy: served by no node.
+        v.slices.insert(
+            "default/nginx".into(),
+            host_slice(&[
+                ("192.168.0.1", "node-a", true, false),
+                ("10.0.0.3", "node-c", true, false),
+            ]),
+        );
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.services.is_empty() && s.advertised.is_empty(), "{s:?}");
+        v.slices.insert(
+            "default/nginx".into(),
+            host_slice(&[("192.168.0.1", "node-a", true, false)]),
+        );
+        let svc = Arc::make_mut(v.services.get_mut("default/nginx").unwrap());
+        svc.spec.as_mut().unwrap().external_traffic_policy = Some("Cluster".into());
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.services.is_empty() && s.advertised.is_empty(), "{s:?}");
     }
 
     #[test]

@@ -191,7 +191,12 @@ pub fn cluster_policy(svc: &Service) -> bool {
 }
 
 /// Unsupported fields of the Service itself (checked before any allocation).
-fn unsupported(svc: &Service, host_network: &[Ipv4Addr]) -> Vec<Problem> {
+/// `host_network`: its endpoints on their node's own address; `pod_network`: the others.
+fn unsupported(
+    svc: &Service,
+    host_network: &[Ipv4Addr],
+    pod_network: &[Ipv4Addr],
+) -> Vec<Problem> {
     let mut out = Vec::new();
     let Some(spec) = svc.spec.as_ref() else {
         return vec![problem("InvalidService", "the Service has no spec")];
@@ -237,17 +242,44 @@ fn unsupported(svc: &Service, host_network: &[Ipv4Addr]) -> Vec<Problem> {
     if let Err(e) = crate::source_ranges::of_service(svc) {
         out.push(problem("InvalidSourceRanges", e.to_string()));
     }
-    if !host_network.is_empty() {
-        let ips: Vec<String> = host_network.iter().map(|i| i.to_string()).collect();
-        out.push(problem(
-            "HostNetworkBackendsNotSupported",
+    out.extend(host_network_problem(svc, host_network, pod_network));
+    out
+}
+
+/// What keeps Juneau from serving host-network backends (endpoints on their node's own
+/// address, e.g. an ingress controller): each node delivers to its own stack, so only
+/// with `externalTrafficPolicy: Local`, an unshared VIP (a node cannot hand a
+/// connection to another node's stack), and one kind of backend per Service.
+fn host_network_problem(
+    svc: &Service,
+    host_network: &[Ipv4Addr],
+    pod_network: &[Ipv4Addr],
+) -> Option<Problem> {
+    if host_network.is_empty() {
+        return None;
+    }
+    let list = |v: &[Ipv4Addr]| v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+    if cluster_policy(svc) || crate::sharing::sharing_key(svc).is_some() {
+        return Some(problem(
+            "HostNetworkBackendsNeedLocalPolicy",
             format!(
-                "backends {} run on the host network; Juneau only serves Pod-network backends",
-                ips.join(", ")
+                "backends {} run on the host network: Juneau delivers them to their node's own stack, which takes externalTrafficPolicy: Local and a VIP of the Service's own (no {} key)",
+                list(host_network),
+                crate::sharing::SHARED_IP_ANNOTATION
             ),
         ));
     }
-    out
+    if !pod_network.is_empty() {
+        return Some(problem(
+            "HostNetworkBackendsMixed",
+            format!(
+                "backends {} run on the host network and {} on the Pod network: Juneau serves one kind per Service",
+                list(host_network),
+                list(pod_network)
+            ),
+        ));
+    }
+    None
 }
 
 /// The pools of a network, parsed, or the problem that prevents allocation.
@@ -817,7 +849,14 @@ pub fn reconcile_service(
     let mut notes = Vec::new();
     let mut conditions = Vec::new();
 
-    let mut bad = unsupported(svc, &host);
+    let pod_network: Vec<Ipv4Addr> = eps
+        .iter()
+        .map(|e| e.ip)
+        .filter(|ip| !host.contains(ip))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mut bad = unsupported(svc, &host, &pod_network);
     let others: Vec<&Service> = world.shared_with.iter().map(|s| &**s).collect();
     if let Err(c) = crate::sharing::admitted(svc, &others) {
         bad.push(problem(
@@ -1161,6 +1200,26 @@ mod tests {
             ],
             ("http", 80),
         )
+    }
+
+    #[test]
+    fn host_network_backends_under_local_policy_are_served() {
+        // An ingress controller on both nodes' own addresses.
+        let w = world();
+        let mut book = VipBook::default();
+        let s = svc("nginx", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
+        let sl = slice(
+            "nginx",
+            "nginx-1",
+            &[
+                ("192.168.0.1", "node-a", true, false),
+                ("192.168.0.3", "node-c", true, false),
+            ],
+            ("http", 80),
+        );
+        let o = reconcile_service(&s, None, &[&sl], &w, &mut book, now());
+        assert_eq!(o.status.phase, Phase::Ready, "{:?}", o.status.conditions);
+        assert_eq!(o.status.advertising_nodes, vec!["node-a", "node-c"]);
     }
 
     #[test]
@@ -1602,7 +1661,15 @@ mod tests {
                 }),
             ),
             (
-                "HostNetworkBackendsNotSupported",
+                "HostNetworkBackendsNeedLocalPolicy",
+                Box::new(|s, w| {
+                    w.nodes
+                        .insert("node-c".into(), node("node-c", "10.0.0.3", false).1);
+                    s.spec.as_mut().unwrap().external_traffic_policy = Some("Cluster".into());
+                }),
+            ),
+            (
+                "HostNetworkBackendsMixed",
                 Box::new(|_, w| {
                     w.nodes
                         .insert("node-c".into(), node("node-c", "10.0.0.3", false).1);

@@ -190,6 +190,7 @@ fn node_state() -> juneau_control::model::NodeState {
         source_ranges: Vec::new(),
         client_ip_affinity: None,
         hand_off: false,
+        host_network: false,
     };
     let mut st = NodeState {
         node: "perf-node".into(),

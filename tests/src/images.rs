@@ -432,6 +432,8 @@ pub const JUNEAU_BINARIES: [(&str, &str); 4] = [
 ];
 /// Where the programs are in the image (the image's only `PATH` entry).
 pub const JUNEAU_BIN_DIR: &str = "/usr/local/bin";
+/// nftables' `nft` on the building machine, copied into the image with its libraries.
+pub const NFT: &str = "/usr/sbin/nft";
 /// The image's non-root user and group `juneau` (the controller runs as it; deploy/
 /// sets `runAsUser`).
 pub const JUNEAU_UID: u32 = 65532;
@@ -469,7 +471,8 @@ fn normalize_modes(path: &Path) -> Result<()> {
 /// `ctr images import`, `docker load`, `podman load`, `skopeo copy docker-archive:`).
 ///
 /// The image holds the programs in [`JUNEAU_BIN_DIR`] (without their debug info:
-/// `objcopy --strip-debug`; symbols stay), the shared libraries they link
+/// `objcopy --strip-debug`; symbols stay) and nftables' `nft` ([`NFT`], for the
+/// dataplane's DNAT to host-network backends), the shared libraries they link
 /// (from this machine, as `ldd` resolves them), `/etc/passwd` and `/etc/group` with root
 /// and `juneau` ([`JUNEAU_UID`]) — no shell, no package manager, nothing else. The config
 /// sets only `PATH`: no entrypoint (each container names its program, as deploy/ does)
@@ -503,6 +506,13 @@ pub fn build_juneau(out_dir: &Path, tag: &str, bin_dir: &Path) -> Result<ImageAr
             .arg(rootfs.join(dst.trim_start_matches('/'))))
         .with_context(|| format!("stripping the debug info of {bin} (objcopy, binutils)"))?;
     }
+    // nftables' `nft`: the dataplane programs the kernel's DNAT to host-network backends
+    // with it (dataplane/src/host_network.rs); on PATH beside the programs.
+    let nft = Path::new(NFT);
+    if !nft.is_file() {
+        bail!("{NFT} is missing: install nftables (tests/setup/apt-packages.txt)");
+    }
+    copy_with_libs(&rootfs, nft, &format!("{JUNEAU_BIN_DIR}/nft"))?;
     fs::create_dir_all(rootfs.join("etc"))?;
     fs::write(
         rootfs.join("etc/passwd"),

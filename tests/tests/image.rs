@@ -1,8 +1,8 @@
 //! The `juneau` image (`juneau_tests::images::build_juneau`, what `deploy/image/build.sh`
 //! builds from release binaries), here from the debug binaries of the target directory:
-//! two builds are byte-identical, the archive holds every program and nothing but their
-//! libraries and the passwd files (no shell), and a real containerd imports it and runs
-//! each program's `--help` in it.
+//! two builds are byte-identical, the archive holds every program (and nftables' `nft`)
+//! and nothing but their libraries and the passwd files (no shell), and a real containerd
+//! imports it and runs each program's `--help` (and `nft --version`) in it.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -101,6 +101,11 @@ fn juneau_image_is_reproducible_minimal_and_runs_in_containerd() -> Result<()> {
             "{bin} missing from the image: {files:?}"
         );
     }
+    // nftables' `nft`: the dataplane programs the DNAT to host-network backends with it.
+    assert!(
+        files.remove(&format!("{JUNEAU_BIN_DIR}/nft")),
+        "nft missing from the image: {files:?}"
+    );
     for f in ["/etc/passwd", "/etc/group"] {
         assert!(files.remove(f), "{f} missing from the image");
     }
@@ -191,6 +196,9 @@ fn juneau_image_is_reproducible_minimal_and_runs_in_containerd() -> Result<()> {
             assert!(help.contains(e), "{bin} --help lacks {e}:\n{help}");
         }
     }
+    let nft = run_in_image(&format!("{p}-nft"), &["nft", "--version"])
+        .context("nft --version in the image")?;
+    assert!(nft.contains("nftables"), "nft --version:\n{nft}");
     eprintln!("programs ran in {:.1} s", t.elapsed().as_secs_f64());
     // No shell to run.
     let sh = run_in_image(&format!("{p}-sh"), &["sh", "-c", "true"]);

@@ -530,6 +530,53 @@ fn services_sharing_a_vip_serve_each_port_from_its_own_pods() -> Result<()> {
     checked
 }
 
+/// A host-network backend — an nginx Pod with `hostNetwork: true` on node-b, as an
+/// ingress controller runs — behind its own VIP (Local policy): only node-b announces
+/// it; the steering program passes its packets to node-b's kernel, whose DNAT (the
+/// dataplane's nftables table) delivers them; small and 4 MiB bodies both ways; the
+/// Pod logs the client's real address. Removed afterwards.
+fn a_host_network_backend_is_served_through_its_node_s_stack() -> Result<()> {
+    const HOST_VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 24);
+    let svc = nginx_service("nginx-host", HOST_VIP, "", "Local", "")
+        .replace("{app: nginx}", "{app: nginx-host}");
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: nginx-host, namespace: default, \
+               labels: {app: nginx-host}}\nspec:\n  nodeName: node-b\n  hostNetwork: true\n  \
+               containers:\n  - name: nginx\n    image: nginx:1.27\n    \
+               imagePullPolicy: Never\n    ports: [{containerPort: 80, name: http}]\n    \
+               readinessProbe: {httpGet: {path: /healthz, port: http}, periodSeconds: 2}\n";
+    lab::kubectl_apply(&format!("{svc}---\n{pod}"))?;
+    let checked = (|| -> Result<()> {
+        eventually(
+            "the host-network VIP at BIRD from node-b alone",
+            Duration::from_secs(90),
+            || Ok(juneau_tests::bird::bgp_nexthops(&lab::bird_ctl(), HOST_VIP)? == vec![NODE_B]),
+        )?;
+        let client = juneau_tests::lab::ns("client");
+        let want = pattern(4 << 20);
+        let url = format!("http://{HOST_VIP}/");
+        for i in 0..20 {
+            let page = in_ns("client", &["curl", "-sS", "-m", "10", &url])
+                .with_context(|| format!("request {i} to the host-network VIP"))?;
+            ensure!(page.contains("Welcome to nginx"), "request {i}: {page}");
+        }
+        for _ in 0..3 {
+            let base = format!("http://{HOST_VIP}");
+            download(&client, &format!("{base}/files/4m"), &want, 10)?;
+            put_and_get(&client, &format!("{base}/uploads/4m"), &want, 10)?;
+        }
+        let logs = kubectl(&["logs", "nginx-host"])?;
+        ensure!(
+            logs.lines()
+                .any(|l| l.starts_with(&format!("{CLIENT_IP} "))),
+            "the host-network Pod did not log the client's real address {CLIENT_IP}:\n{logs}"
+        );
+        Ok(())
+    })();
+    kubectl(&["delete", "service", "nginx-host", "--wait=true"])?;
+    kubectl(&["delete", "pod", "nginx-host", "--wait=true"])?;
+    checked
+}
+
 /// The sum over the nodes of their dataplanes' drops for `reason`.
 fn drops(reason: &str) -> Result<u64> {
     let mut n = 0;
@@ -768,6 +815,7 @@ fn walk() -> Result<()> {
     source_ranges_admit_the_client_and_not_the_outsider()?;
     cluster_policy_serves_through_a_node_without_pods()?;
     services_sharing_a_vip_serve_each_port_from_its_own_pods()?;
+    a_host_network_backend_is_served_through_its_node_s_stack()?;
 
     // `up` again is harmless.
     let again = lab_cmd("up")?;

@@ -56,6 +56,7 @@ pub(crate) fn sample_state() -> NodeState {
                 ],
                 client_ip_affinity: Some(86_400),
                 hand_off: true,
+                host_network: false,
             },
             NodeService {
                 frontend: frontend([203, 0, 113, 10], Protocol::Udp, 53),
@@ -64,6 +65,7 @@ pub(crate) fn sample_state() -> NodeState {
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
                 hand_off: false,
+                host_network: true,
             },
             NodeService {
                 frontend: frontend([203, 0, 113, 11], Protocol::Tcp, 443),
@@ -73,6 +75,7 @@ pub(crate) fn sample_state() -> NodeState {
                 source_ranges: Vec::new(),
                 client_ip_affinity: None,
                 hand_off: false,
+                host_network: false,
             },
         ],
         advertised: vec![AdvertisedVip {
@@ -719,7 +722,8 @@ mod incremental {
                     terminating: draining.into_iter().map(|b| backend(b, 8080)).collect(),
                     source_ranges,
                     client_ip_affinity: (port == 1).then_some(10_800),
-                    hand_off: false,
+                    hand_off: vip % 2 == 0,
+                    host_network: vip % 3 == 0,
                 }
             });
         let services = proptest::collection::vec(service, 0..7);

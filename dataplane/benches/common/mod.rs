@@ -61,6 +61,7 @@ pub fn setup_engine(mut e: Engine) -> (Engine, Neighbours) {
             source_ranges: Vec::new(),
             client_ip_affinity: None,
             hand_off: false,
+            host_network: false,
         }],
         ..Default::default()
     };

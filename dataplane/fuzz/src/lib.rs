@@ -339,6 +339,7 @@ fn node_state(tcp80: &[Ipv4Addr], udp53: &[Ipv4Addr], tcp80_ranges: &[&str]) -> 
         source_ranges: Vec::new(),
         client_ip_affinity: None,
         hand_off: false,
+        host_network: false,
     };
     let mut tcp = svc(Protocol::Tcp, 80, tcp80, 8080);
     tcp.source_ranges = tcp80_ranges

@@ -55,6 +55,11 @@ struct Args {
     /// programmed VIPs); default: the state file with extension `.dataplane`.
     #[arg(long, value_name = "PATH")]
     status_file: Option<PathBuf>,
+    /// The `nft` binary (nftables) that programs the kernel's DNAT to host-network
+    /// backends (docs/dataplane.md, "Host-network backends"); only run when a Service
+    /// has some on this node.
+    #[arg(long, value_name = "PATH", default_value = "nft")]
+    nft: PathBuf,
     /// The node Pod's decommission directory (an emptyDir shared with the node agent):
     /// when the agent's request stands there (helm uninstall), detach the XDP program,
     /// remove the pins and this process's files, and idle until stopped. Without it,
@@ -261,6 +266,7 @@ fn main() -> Result<()> {
             .status_file
             .unwrap_or_else(|| juneau_control::dataplane_status::path_for_state_file(&state_file)),
         state_file,
+        nft: a.nft,
         pin_dir,
         stats_file: a.stats_file,
         decommission_dir: a.decommission_dir,

@@ -70,6 +70,8 @@ pub(super) struct Control {
     /// A table published to the workers whose VIPs juneau-bgp learns once every worker
     /// has taken it (generation, the workers' table version).
     unannounced: Option<(u64, u64)>,
+    /// The kernel's DNAT to host-network backends, as last applied.
+    host_network: crate::host_network::HostNetworkRules,
 }
 
 /// Tables held so far (installed after waiting), replaced while held, and installed
@@ -170,6 +172,7 @@ impl Control {
             holds: HoldCounts::default(),
             redirector: cfg.redirect.clone().map(Redirector::new),
             unannounced: None,
+            host_network: crate::host_network::HostNetworkRules::new(cfg.nft.clone()),
         })
     }
 
@@ -309,7 +312,27 @@ impl Control {
         // Announce only VIPs with a backend for new flows in the table in force: a VIP
         // steered here without one (redirects between nodes, draining) would otherwise
         // be announced before the table that brings its first backend is installed.
-        let vips = table.serving_vips();
+        let mut vips = table.serving_vips();
+        // The kernel's DNAT first, so that a frontend is passed to the kernel only once
+        // it can deliver it. Without it, a VIP served here only by host-network backends
+        // is not announced (the steering program passes its packets to a kernel that
+        // would route them back out).
+        if let Err(e) = self.host_network.sync(&table) {
+            tracing::error!(error = %e, "programming the DNAT to host-network backends failed; their VIPs are not announced from this node");
+            let pod_served: std::collections::HashSet<_> = table
+                .services()
+                .iter()
+                .filter(|s| !s.host_network && s.ready > 0)
+                .map(|s| s.frontend.vip)
+                .collect();
+            let host_only: std::collections::HashSet<_> = table
+                .services()
+                .iter()
+                .filter(|s| s.host_network && !pod_served.contains(&s.frontend.vip))
+                .map(|s| s.frontend.vip)
+                .collect();
+            vips.retain(|v| !host_only.contains(v));
+        }
         if let Err(e) = steering.sync(&table) {
             // E.g. more VIPs than the map holds: keep forwarding what is steered rather
             // than stop serving every VIP.

@@ -77,6 +77,8 @@ pub struct RuntimeConfig {
     /// The dataplane status juneau-bgp reads (`juneau_control::dataplane_status`):
     /// heartbeat, programmed generation and VIPs.
     pub status_file: PathBuf,
+    /// The `nft` binary that programs host-network backends' DNAT (`host_network.rs`).
+    pub nft: PathBuf,
     /// The node Pod's decommission directory (`juneau_control::decommission`): when the
     /// node agent's request stands there, the dataplane detaches, removes its pins and
     /// files, and idles (`None`: never decommissioned; stopping keeps the pins).

@@ -57,6 +57,7 @@ fn service_table(protocol: Protocol) -> Result<ServiceTable> {
             source_ranges: Vec::new(),
             client_ip_affinity: None,
             hand_off: false,
+            host_network: false,
         }],
         ..Default::default()
     };
