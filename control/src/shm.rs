@@ -936,7 +936,11 @@ fn encode_services(
             ip_word(s.frontend.vip),
             u32::from(s.frontend.protocol.number())
                 | if s.hand_off { SERVICE_HAND_OFF } else { 0 }
-                | if s.host_network { SERVICE_HOST_NETWORK } else { 0 }
+                | if s.host_network {
+                    SERVICE_HOST_NETWORK
+                } else {
+                    0
+                }
                 | (u32::from(s.frontend.port) << 16),
             next_backend as u32,
             s.backends.len() as u32,

@@ -154,7 +154,13 @@ mod tests {
     use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
     use std::net::Ipv4Addr;
 
-    fn service(vip: [u8; 4], proto: Protocol, port: u16, backend: [u8; 4], bport: u16) -> NodeService {
+    fn service(
+        vip: [u8; 4],
+        proto: Protocol,
+        port: u16,
+        backend: [u8; 4],
+        bport: u16,
+    ) -> NodeService {
         let mut s = NodeService::new(
             Frontend {
                 vip: Ipv4Addr::from(vip),
@@ -198,22 +204,35 @@ mod tests {
             ]
         );
         let r = ruleset(&e);
-        assert!(r.starts_with("table ip juneau_host_network\ndelete table ip juneau_host_network\n"));
+        assert!(
+            r.starts_with("table ip juneau_host_network\ndelete table ip juneau_host_network\n")
+        );
         assert!(r.contains(
             "elements = { 203.0.113.30 . 17 . 53 : 10.0.0.2 . 5353, 203.0.113.30 . 6 . 80 : 10.0.0.2 . 8080 }"
         ));
         assert!(r.contains("dnat ip to ip daddr . meta l4proto . th dport map @backends"));
         // Without host-network frontends: only removed.
-        assert_eq!(ruleset(&[]), "table ip juneau_host_network\ndelete table ip juneau_host_network\n");
+        assert_eq!(
+            ruleset(&[]),
+            "table ip juneau_host_network\ndelete table ip juneau_host_network\n"
+        );
     }
 
     #[test]
     fn a_missing_nft_is_a_clear_error_and_applies_nothing() {
         // Without a host-network frontend, no `nft` is no error.
         let mut quiet = HostNetworkRules::new(PathBuf::from("/nonexistent/nft"));
-        quiet.sync(&table(&NodeState::default())).expect("nothing to apply");
+        quiet
+            .sync(&table(&NodeState::default()))
+            .expect("nothing to apply");
         let state = NodeState {
-            services: vec![service([203, 0, 113, 30], Protocol::Tcp, 80, [10, 0, 0, 2], 8080)],
+            services: vec![service(
+                [203, 0, 113, 30],
+                Protocol::Tcp,
+                80,
+                [10, 0, 0, 2],
+                8080,
+            )],
             ..Default::default()
         };
         let mut r = HostNetworkRules::new(PathBuf::from("/nonexistent/nft"));

@@ -192,11 +192,7 @@ pub fn cluster_policy(svc: &Service) -> bool {
 
 /// Unsupported fields of the Service itself (checked before any allocation).
 /// `host_network`: its endpoints on their node's own address; `pod_network`: the others.
-fn unsupported(
-    svc: &Service,
-    host_network: &[Ipv4Addr],
-    pod_network: &[Ipv4Addr],
-) -> Vec<Problem> {
+fn unsupported(svc: &Service, host_network: &[Ipv4Addr], pod_network: &[Ipv4Addr]) -> Vec<Problem> {
     let mut out = Vec::new();
     let Some(spec) = svc.spec.as_ref() else {
         return vec![problem("InvalidService", "the Service has no spec")];
@@ -258,7 +254,12 @@ fn host_network_problem(
     if host_network.is_empty() {
         return None;
     }
-    let list = |v: &[Ipv4Addr]| v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+    let list = |v: &[Ipv4Addr]| {
+        v.iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     if cluster_policy(svc) || crate::sharing::sharing_key(svc).is_some() {
         return Some(problem(
             "HostNetworkBackendsNeedLocalPolicy",
