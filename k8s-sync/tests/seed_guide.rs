@@ -548,8 +548,10 @@ fn every_bad_input_is_refused(g: &mut Guide) -> Result<()> {
             "bad-hostnet",
             // A host-network backend is served under the Local policy only (its node's
             // own stack delivers it; no node can hand a connection to it).
-            service("bad-hostnet", &[], "")
-                .replace("externalTrafficPolicy: Local", "externalTrafficPolicy: Cluster"),
+            service("bad-hostnet", &[], "").replace(
+                "externalTrafficPolicy: Local",
+                "externalTrafficPolicy: Cluster",
+            ),
             "HostNetworkBackendsNeedLocalPolicy",
             "Failed",
         ),
