@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cpu::CoreLoad;
-use crate::results::median;
+use crate::results::{median, paired_median};
 
 /// What a download moved.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -154,14 +154,7 @@ pub fn ratios(rows: &[BulkRow]) -> Vec<BulkRatio> {
                 .iter()
                 .filter_map(|a| Some((a, n.runs.iter().find(|b| b.round == a.round)?)))
                 .collect();
-            let paired = |f: fn(&BulkRun) -> f64| {
-                let v: Vec<f64> = pairs
-                    .iter()
-                    .filter(|(_, b)| f(b) > 0.0)
-                    .map(|(a, b)| f(a) / f(b))
-                    .collect();
-                (!v.is_empty()).then(|| median(&v))
-            };
+            let paired = |f: fn(&BulkRun) -> f64| paired_median(&pairs, f);
             let unsat: Vec<String> = [j, n]
                 .iter()
                 .filter(|r| !r.saturated)

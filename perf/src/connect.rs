@@ -25,7 +25,7 @@ use crate::bulk::{self, DownloadSpec, Server};
 use crate::cpu::{CoreLoad, CoreTimes};
 use crate::harness;
 use crate::plan::{Plan, Scenario, INTERRUPTED};
-use crate::results::median;
+use crate::results::paired_median;
 use crate::topology::{Ends, Topology, BACKEND_BULK_PORT, BULK_PORT, VIP};
 
 /// Bytes each connection asks for (one request, one short answer).
@@ -226,14 +226,7 @@ pub fn ratio(runs: &[ConnectRun]) -> Option<ConnectRatio> {
     if of(runs, "juneau").next().is_none() || of(runs, "nft-dnat").next().is_none() {
         return None;
     }
-    let paired = |f: fn(&ConnectRun) -> f64| {
-        let v: Vec<f64> = pairs
-            .iter()
-            .filter(|(_, b)| f(b) > 0.0)
-            .map(|(a, b)| f(a) / f(b))
-            .collect();
-        (!v.is_empty()).then(|| median(&v))
-    };
+    let paired = |f: fn(&ConnectRun) -> f64| paired_median(&pairs, f);
     let unsat = runs.iter().filter(|r| !r.saturated).count();
     let failing = runs.iter().filter(|r| r.failed > 0).count();
     let refused = if pairs.is_empty() {

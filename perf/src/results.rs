@@ -108,6 +108,17 @@ impl RunFigures {
     }
 }
 
+/// The median over `pairs` (runs of one round, this path's and the baseline's) of
+/// `f(a) / f(b)`, leaving out pairs whose baseline figure is 0; `None` without any.
+pub fn paired_median<T>(pairs: &[(&T, &T)], f: impl Fn(&T) -> f64) -> Option<f64> {
+    let v: Vec<f64> = pairs
+        .iter()
+        .filter(|(_, b)| f(b) > 0.0)
+        .map(|(a, b)| f(a) / f(b))
+        .collect();
+    (!v.is_empty()).then(|| median(&v))
+}
+
 /// Median of a list (mean of the middle two for even lengths).
 pub fn median(v: &[f64]) -> f64 {
     if v.is_empty() {
