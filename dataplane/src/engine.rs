@@ -1695,12 +1695,17 @@ mod tests {
     }
 
     fn engine(backends: &[[u8; 4]]) -> Engine {
+        let (s, m) = state(backends);
+        engine_for(&s, &m)
+    }
+
+    /// An engine (1 024 flows) serving `st` with its Maglev tables `m`.
+    fn engine_for(st: &NodeState, m: &[Vec<u16>]) -> Engine {
         let mut e = Engine::new(EngineConfig {
             flow_capacity: 1024,
             ..Default::default()
         });
-        let (s, m) = state(backends);
-        e.set_services(ServiceTable::new(1, &s, &m));
+        e.set_services(ServiceTable::new(1, st, m));
         e
     }
 
@@ -2886,11 +2891,7 @@ mod tests {
                 }
             })
             .collect();
-        let mut e = Engine::new(EngineConfig {
-            flow_capacity: 1024,
-            ..Default::default()
-        });
-        e.set_services(ServiceTable::new(1, &st, &m));
+        let mut e = engine_for(&st, &m);
         let mut first = tcp(CLIENT, 40000, VIP, 80, tcp_flags::SYN);
         assert_eq!(
             e.process(&mut first, Side::Uplink, &nb, 0),
@@ -2952,11 +2953,7 @@ mod tests {
         for x in &mut st.services {
             x.host_network = true;
         }
-        let mut e = Engine::new(EngineConfig {
-            flow_capacity: 1024,
-            ..Default::default()
-        });
-        e.set_services(ServiceTable::new(1, &st, &m));
+        let mut e = engine_for(&st, &m);
         let mut f = syn(40000);
         assert_eq!(
             e.process(&mut f, Side::Uplink, &neighbours(), 0),

@@ -114,30 +114,21 @@ impl HostNetworkRules {
 
     fn apply(&self, rules: &str) -> Result<(), HostNetworkError> {
         let nft = self.nft.display().to_string();
+        let spawn = |source| HostNetworkError::Spawn {
+            nft: nft.clone(),
+            source,
+        };
         let mut child = Command::new(&self.nft)
             .args(["-f", "-"])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|source| HostNetworkError::Spawn {
-                nft: nft.clone(),
-                source,
-            })?;
+            .map_err(spawn)?;
         if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(rules.as_bytes())
-                .map_err(|source| HostNetworkError::Spawn {
-                    nft: nft.clone(),
-                    source,
-                })?;
+            stdin.write_all(rules.as_bytes()).map_err(spawn)?;
         }
-        let out = child
-            .wait_with_output()
-            .map_err(|source| HostNetworkError::Spawn {
-                nft: nft.clone(),
-                source,
-            })?;
+        let out = child.wait_with_output().map_err(spawn)?;
         if !out.status.success() {
             return Err(HostNetworkError::Refused {
                 nft,

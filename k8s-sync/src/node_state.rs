@@ -297,18 +297,15 @@ fn slb_part(
         return None;
     }
     let eps = slice_endpoints(slices.iter().map(|s| &**s));
-    let host: BTreeSet<Ipv4Addr> = host_network_endpoints(&eps, &view.nodes)
-        .into_iter()
-        .collect();
+    let host = host_network_endpoints(&eps, &view.nodes);
     let cluster = crate::reconcile::cluster_policy(svc);
-    // Host-network backends (their node's own address): delivered to this node's own
-    // stack, only under the Local policy, on an unshared VIP, not mixed with Pods (the
-    // controller marks any other Service Failed; never serve it half meanwhile).
-    let host_network = !host.is_empty();
-    let mixed = eps.iter().any(|e| !host.contains(&e.ip));
-    if host_network && (cluster || mixed || crate::sharing::sharing_key(svc).is_some()) {
+    // Host-network backends (their node's own address) the controller refuses (the
+    // Cluster policy, a shared VIP, mixed with Pods): never served half meanwhile.
+    let pods = crate::reconcile::pod_network(&eps, &host);
+    if crate::reconcile::host_network_refused(svc, &host, &pods) {
         return None;
     }
+    let host_network = !host.is_empty();
     // Ranges that cannot be honoured: served by no node (the controller says why).
     let source_ranges = crate::source_ranges::of_service(svc).ok()?;
     let affinity = client_ip_affinity(svc);

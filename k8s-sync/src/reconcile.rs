@@ -15,7 +15,9 @@ use crate::crd::{
     ServiceLoadBalancerStatus, EXTERNAL_NETWORK_ANNOTATION, LOAD_BALANCER_CLASS,
     REQUESTED_IP_ANNOTATION,
 };
-use crate::endpoints::{host_network_endpoints, picture, slice_endpoints, BackendPicture};
+use crate::endpoints::{
+    host_network_endpoints, picture, slice_endpoints, BackendPicture, SliceEndpoint,
+};
 use crate::vips::{parse_pool, VipBook};
 use juneau_control::ipam::{AddressPool, IpamError};
 
@@ -240,6 +242,26 @@ fn unsupported(svc: &Service, host_network: &[Ipv4Addr], pod_network: &[Ipv4Addr
     }
     out.extend(host_network_problem(svc, host_network, pod_network));
     out
+}
+
+/// The endpoints' distinct addresses that are not in `host_network` (sorted).
+pub(crate) fn pod_network(eps: &[SliceEndpoint], host_network: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
+    eps.iter()
+        .map(|e| e.ip)
+        .filter(|ip| !host_network.contains(ip))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// Whether the controller refuses the Service's host-network backends (see
+/// [`host_network_problem`]): the agent serves such a Service on no node.
+pub(crate) fn host_network_refused(
+    svc: &Service,
+    host_network: &[Ipv4Addr],
+    pod_network: &[Ipv4Addr],
+) -> bool {
+    host_network_problem(svc, host_network, pod_network).is_some()
 }
 
 /// What keeps Juneau from serving host-network backends (endpoints on their node's own
@@ -850,14 +872,7 @@ pub fn reconcile_service(
     let mut notes = Vec::new();
     let mut conditions = Vec::new();
 
-    let pod_network: Vec<Ipv4Addr> = eps
-        .iter()
-        .map(|e| e.ip)
-        .filter(|ip| !host.contains(ip))
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let mut bad = unsupported(svc, &host, &pod_network);
+    let mut bad = unsupported(svc, &host, &pod_network(&eps, &host));
     let others: Vec<&Service> = world.shared_with.iter().map(|s| &**s).collect();
     if let Err(c) = crate::sharing::admitted(svc, &others) {
         bad.push(problem(

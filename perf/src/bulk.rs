@@ -480,31 +480,18 @@ pub fn saturation(path_busy: f64, endpoint_busy: f64) -> (bool, String) {
 /// byte checked, then the measured window (bytes counted, not copied).
 pub fn run_once(plan: &Plan, sc: Scenario, streams: u32, round: u32) -> Result<BulkRun> {
     let (ecpu, pcpu) = harness::cpus();
-    let t = Topology::build_for(Ends::Bulk {
-        endpoint_cpu: ecpu,
-        path_cpu: pcpu,
-    })?;
     let tag = format!(
         "bulk-{}-{streams}-r{round}-{}",
         sc.name(),
         std::process::id()
     );
-    let mut path = harness::start_path(&t, sc, plan, &tag)?;
-    let _server = Server::start(
-        Some(t.backend.name()),
-        SocketAddr::from(([0, 0, 0, 0], BACKEND_BULK_PORT)),
-        Some(ecpu),
-    )?;
-    // The client's receive work (its veth's NAPI kthread) on the endpoint core.
-    let c_napi = crate::cpu::napi_threads(&t.c_if);
-    if c_napi.is_empty() {
-        bail!("no threaded-NAPI kthread for the client's {}", t.c_if);
-    }
-    for &tid in &c_napi {
-        crate::cpu::pin(tid, ecpu)?;
-        crate::cpu::boost(tid)?;
-    }
-    let mut endpoint_tids = c_napi;
+    let TcpBed {
+        t,
+        mut path,
+        server: _server,
+        client_napi,
+    } = TcpBed::start(plan, sc, &tag)?;
+    let mut endpoint_tids = client_napi;
     endpoint_tids.extend(crate::cpu::ksoftirqd(ecpu));
     endpoint_tids.push(std::process::id());
     let tids = harness::pin_path(&t, &path)?;
@@ -584,6 +571,48 @@ pub fn run_once(plan: &Plan, sc: Scenario, streams: u32, round: u32) -> Result<B
     })
 }
 
+/// The TCP workloads' bed (the bulk download, new connections): a fresh topology with
+/// its ends on the endpoint core, `sc`'s path in the node namespace, the bulk server in
+/// the backend namespace, the client veth's NAPI kthreads pinned to the endpoint core.
+pub(crate) struct TcpBed {
+    pub t: Topology,
+    pub path: harness::NodePath,
+    pub server: Server,
+    /// The client veth's threaded-NAPI kthreads.
+    pub client_napi: Vec<u32>,
+}
+
+impl TcpBed {
+    pub(crate) fn start(plan: &Plan, sc: Scenario, tag: &str) -> Result<TcpBed> {
+        let (ecpu, pcpu) = harness::cpus();
+        let t = Topology::build_for(Ends::Bulk {
+            endpoint_cpu: ecpu,
+            path_cpu: pcpu,
+        })?;
+        let path = harness::start_path(&t, sc, plan, tag)?;
+        let server = Server::start(
+            Some(t.backend.name()),
+            SocketAddr::from(([0, 0, 0, 0], BACKEND_BULK_PORT)),
+            Some(ecpu),
+        )?;
+        // The client's receive work (its veth's NAPI kthread) on the endpoint core.
+        let client_napi = crate::cpu::napi_threads(&t.c_if);
+        if client_napi.is_empty() {
+            bail!("no threaded-NAPI kthread for the client's {}", t.c_if);
+        }
+        for &tid in &client_napi {
+            crate::cpu::pin(tid, ecpu)?;
+            crate::cpu::boost(tid)?;
+        }
+        Ok(TcpBed {
+            t,
+            path,
+            server,
+            client_napi,
+        })
+    }
+}
+
 /// TSO, GSO and tx checksum offload of `iface` as `ethtool -k` reports them, e.g.
 /// `tso off, gso on, tx-csum on`.
 fn offloads(ns: &juneau_tests::netns::Netns, iface: &str) -> Result<String> {
@@ -645,7 +674,10 @@ pub(crate) fn wait_until_serving(
 /// file (`segmented`, `segments`, RX/TX, the fast path's packets, every non-zero drop
 /// reason) and the totals of its `loop timing` log lines (iterations, empty RX batches,
 /// yields, sleeps: how much of the loop's time found nothing to do).
-fn dataplane_figures(stats: &std::path::Path, log: Option<&std::path::Path>) -> serde_json::Value {
+pub(crate) fn dataplane_figures(
+    stats: &std::path::Path,
+    log: Option<&std::path::Path>,
+) -> serde_json::Value {
     let v: serde_json::Value = std::fs::read_to_string(stats)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())

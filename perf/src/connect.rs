@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::bulk::{self, DownloadSpec, Server};
+use crate::bulk::{self, DownloadSpec, TcpBed};
 use crate::cpu::{CoreLoad, CoreTimes};
 use crate::harness;
 use crate::plan::{Plan, Scenario, INTERRUPTED};
 use crate::results::paired_median;
-use crate::topology::{Ends, Topology, BACKEND_BULK_PORT, BULK_PORT, VIP};
+use crate::topology::{BULK_PORT, VIP};
 
 /// Bytes each connection asks for (one request, one short answer).
 pub const CONNECT_BODY: u64 = 512;
@@ -85,21 +85,13 @@ pub struct ConnectRatio {
 /// One run of `sc` in round `round` on a fresh topology.
 pub fn run_once(plan: &Plan, sc: Scenario, round: u32) -> Result<ConnectRun> {
     let (ecpu, pcpu) = harness::cpus();
-    let t = Topology::build_for(Ends::Bulk {
-        endpoint_cpu: ecpu,
-        path_cpu: pcpu,
-    })?;
     let tag = format!("connect-{}-r{round}-{}", sc.name(), std::process::id());
-    let mut path = harness::start_path(&t, sc, plan, &tag)?;
-    let _server = Server::start(
-        Some(t.backend.name()),
-        SocketAddr::from(([0, 0, 0, 0], BACKEND_BULK_PORT)),
-        Some(ecpu),
-    )?;
-    for tid in crate::cpu::napi_threads(&t.c_if) {
-        crate::cpu::pin(tid, ecpu)?;
-        crate::cpu::boost(tid)?;
-    }
+    let TcpBed {
+        t,
+        mut path,
+        server: _server,
+        ..
+    } = TcpBed::start(plan, sc, &tag)?;
     harness::pin_path(&t, &path)?;
     let target = SocketAddr::V4(SocketAddrV4::new(VIP, BULK_PORT));
     bulk::wait_until_serving(&t, &mut path, target, ecpu)?;
@@ -121,13 +113,9 @@ pub fn run_once(plan: &Plan, sc: Scenario, round: u32) -> Result<ConnectRun> {
     let (saturated, saturation) = bulk::saturation(core.busy, endpoint_core.busy);
     let path_cpu_s = core.busy * wall_s;
     let dataplane_drops = path.stats_file.clone().map(|f| {
+        // The stats file is rewritten about once a second: wait for one after the window.
         let _ = crate::plan::sleep(Duration::from_millis(1200));
-        std::fs::read_to_string(f)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| v.get("drops").cloned())
-            .map(non_zero)
-            .unwrap_or(serde_json::Value::Null)
+        bulk::dataplane_figures(&f, None)["drops"].take()
     });
     Ok(ConnectRun {
         path: sc.name().to_string(),
@@ -148,18 +136,6 @@ pub fn run_once(plan: &Plan, sc: Scenario, round: u32) -> Result<ConnectRun> {
         saturation,
         dataplane_drops,
     })
-}
-
-/// The non-zero entries of a JSON object of counters.
-fn non_zero(v: serde_json::Value) -> serde_json::Value {
-    match v {
-        serde_json::Value::Object(m) => m
-            .into_iter()
-            .filter(|(_, x)| x.as_u64().unwrap_or(0) > 0)
-            .collect::<serde_json::Map<_, _>>()
-            .into(),
-        other => other,
-    }
 }
 
 /// [`CONNECT_WORKERS`] threads in namespace `ns`, each opening one connection after

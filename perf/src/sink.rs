@@ -47,7 +47,7 @@ pub struct UdpSink {
 impl UdpSink {
     /// Binds UDP `port` in namespace `ns` and starts reading on `cpu` (SCHED_FIFO at
     /// `rt_priority`).
-    pub fn start(ns: &str, port: u16, cpu: u32, rt_priority: i32) -> Result<UdpSink> {
+    pub fn start(ns: &str, port: u16, cpu: u32, rt_priority: u8) -> Result<UdpSink> {
         let socket = in_netns(ns, move || {
             let s = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port))
                 .with_context(|| format!("binding UDP :{port}"))?;
@@ -130,31 +130,13 @@ fn set_int(s: &UdpSocket, opt: libc::c_int, v: libc::c_int) -> Result<()> {
     Ok(())
 }
 
-/// Pins the calling thread to `cpu` and makes it SCHED_FIFO at `priority`.
-fn place(cpu: u32, priority: i32) -> Result<()> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set)
-    };
-    if rc != 0 {
-        bail!(
-            "pinning the sink to CPU {cpu}: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    let param = libc::sched_param {
-        sched_priority: priority,
-    };
-    // SAFETY: `param` is a valid sched_param for the calling thread (pid 0).
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
-        bail!(
-            "SCHED_FIFO for the sink: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(())
+/// Pins the calling thread to `cpu` and makes it SCHED_FIFO at `priority` (the
+/// harness's pinning, the dataplane's realtime entry).
+fn place(cpu: u32, priority: u8) -> Result<()> {
+    // SAFETY: gettid has no preconditions.
+    crate::cpu::pin(unsafe { libc::gettid() } as u32, cpu)?;
+    juneau_dataplane::sched::make_current_thread_realtime(priority)
+        .context("SCHED_FIFO for the backend's UDP sink")
 }
 
 fn read_loop(s: &UdpSocket, received: &AtomicU64, stop: &AtomicBool) -> Result<()> {
@@ -204,11 +186,7 @@ mod tests {
     /// Needs root (a namespace); skipped with a message otherwise.
     #[test]
     fn counts_what_it_reads_and_reports_socket_drops() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIPPED (needs root): counts_what_it_reads_and_reports_socket_drops");
-            return;
-        }
+        juneau_tests::netns::require_root().expect("a namespace");
         let prefix = juneau_tests::netns::unique_prefix("sink");
         let ns = juneau_tests::netns::Netns::new(format!("{prefix}be")).expect("netns");
         ns.exec(&["ip", "link", "set", "lo", "up"]).expect("lo up");

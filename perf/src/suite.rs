@@ -468,6 +468,15 @@ fn bulk_round(
     Ok(())
 }
 
+/// A fresh topology with `sc` set up (the UDP ends, the path) and delivering: what every
+/// UDP measurement (throughput, latency, profile) starts from.
+fn udp_bed(plan: &Plan, sc: Scenario, tag: &str) -> Result<(Topology, Active)> {
+    let t = Topology::build()?;
+    let mut a = setup(&t, sc, plan, tag)?;
+    wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
+    Ok((t, a))
+}
+
 /// The paths profiled after the rounds: the default path and the two it is held to.
 const PROFILED: [Scenario; 3] = [Scenario::Juneau, Scenario::AfxdpL2fwd, Scenario::NftDnat];
 
@@ -507,10 +516,8 @@ fn profile_pass(
 }
 
 fn profile_once(plan: &Plan, sc: Scenario, rate: u64) -> Result<crate::profile::Profile> {
-    let t = Topology::build()?;
     let tag = format!("{}-profile-{}", sc.name(), std::process::id());
-    let mut a = setup(&t, sc, plan, &tag)?;
-    wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
+    let (t, mut a) = udp_bed(plan, sc, &tag)?;
     let tids = pin_path(&t, &a.path)?;
     let (_, path_cpu) = cpus();
     let data = plan.out_dir.join(format!("profile-{}.data", sc.name()));
@@ -628,10 +635,8 @@ fn throughput_once(
     warmup: Duration,
     fill: bool,
 ) -> Result<RunFigures> {
-    let t = Topology::build()?;
     let tag = format!("{}-{flows}-{}", sc.name(), std::process::id());
-    let mut a = setup(&t, sc, plan, &tag)?;
-    wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
+    let (t, mut a) = udp_bed(plan, sc, &tag)?;
     let r = measure(&t, &mut a, plan, flows, warmup, fill)?;
     if matches!(
         sc,
@@ -727,10 +732,8 @@ fn latency_pass(
         round + 1,
         plan.latency_rounds
     ));
-    let t = Topology::build()?;
     let tag = format!("{}-latency-{}", sc.name(), std::process::id());
-    let mut a = setup(&t, sc, plan, &tag)?;
-    wait_until_delivering(&t, &mut a, Duration::from_secs(30))?;
+    let (t, mut a) = udp_bed(plan, sc, &tag)?;
     pin_path(&t, &a.path)?;
     // Fractions of this path's own median, then the same absolute rates for every path.
     let loads = plan
