@@ -446,6 +446,55 @@ pub fn exists() -> bool {
     state().exists() || lab_netns().map(|v| !v.is_empty()).unwrap_or(false)
 }
 
+/// Makes room for a test's lab: fails if a lab on this machine still has a process
+/// running (someone's lab, or another test's), removes the leftovers of one that has
+/// none (a machine or a test stopped under it: namespaces and files outlive processes).
+pub fn clear_leftovers_or_refuse() -> Result<()> {
+    if !exists() {
+        return Ok(());
+    }
+    let running = running_processes();
+    if !running.is_empty() {
+        bail!("a lab runs on this machine (pids {running:?}): run `./lab/lab down` first");
+    }
+    step("Leftovers of a lab no process of which runs: removing them first");
+    down()
+}
+
+/// The processes of a lab on this machine: those recorded in `STATE/pids` that still
+/// run, those with the lab's state directory in their arguments, those inside its
+/// namespaces.
+fn running_processes() -> Vec<u32> {
+    let mut pids: Vec<u32> = fs::read_dir(state().join("pids"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let text = fs::read_to_string(e.path()).ok()?;
+            let mut it = text.split_whitespace();
+            let pid = it.next()?.parse::<u32>().ok()?;
+            let expect = it.next()?;
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(expect)
+                .then_some(pid)
+        })
+        .collect();
+    pids.extend(lab_processes());
+    for name in lab_netns().unwrap_or_default() {
+        if let Ok(out) = run("ip", &["netns", "pids", &name]) {
+            pids.extend(
+                String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
 fn lab_netns() -> Result<Vec<String>> {
     let out = run("ip", &["netns", "list"])?;
     Ok(String::from_utf8_lossy(&out.stdout)

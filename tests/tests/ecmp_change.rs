@@ -38,7 +38,7 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use juneau_tests::daemon::wait_for;
 use juneau_tests::lab::{
     self, kubectl, kubectl_apply, nginx_pods, redirected_packets, router_next_hops, JuneauBins,
@@ -96,9 +96,7 @@ fn next_hops(want: &[Ipv4Addr], timeout: Duration) -> Result<()> {
 
 #[test]
 fn ecmp_changes_reset_no_connection() -> Result<()> {
-    if lab::exists() {
-        bail!("a lab exists on this machine: run `./lab/lab down` first");
-    }
+    lab::clear_leftovers_or_refuse()?;
     let t0 = Instant::now();
     let bins = JuneauBins::build_and_locate()?;
     let lab = Lab::up(bins.clone())?;

@@ -24,7 +24,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use juneau_tests::daemon::wait_for;
 use juneau_tests::lab::{
     self, kubectl, kubectl_apply, nginx_pods, router_next_hops, JuneauBins, Lab, LabLoad,
@@ -375,9 +375,7 @@ fn table(rows: &[Row]) -> String {
 
 #[test]
 fn day2_operations_under_load() -> Result<()> {
-    if lab::exists() {
-        bail!("a lab exists on this machine: run `./lab/lab down` first");
-    }
+    lab::clear_leftovers_or_refuse()?;
     let t_suite = Instant::now();
     let bins = JuneauBins::build_and_locate()?;
     let mut lab = Lab::up(bins)?;

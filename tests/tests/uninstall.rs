@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use juneau_tests::daemon::wait_for;
 use juneau_tests::install::NAMESPACE;
 use juneau_tests::lab::{
@@ -26,9 +26,7 @@ const ROUTES_GONE_WITHIN: Duration = Duration::from_secs(30);
 
 #[test]
 fn helm_uninstall_leaves_nothing_on_any_node_and_install_works_again() -> Result<()> {
-    if lab::exists() {
-        bail!("a lab exists on this machine: run `./lab/lab down` first");
-    }
+    lab::clear_leftovers_or_refuse()?;
     let bins = JuneauBins::build_and_locate()?;
     let mut lab = Lab::up(bins)?;
     let result = scenario(&mut lab);
