@@ -314,9 +314,22 @@ struct Ctx {
     failures: Mutex<HashMap<String, u32>>,
     /// Signalled when a VIP is released, so Services waiting for an address look again.
     released: futures::channel::mpsc::UnboundedSender<()>,
+    /// One lock per Service key, held by its reconcile and by the release of a deleted
+    /// Service: a reconcile that was running when its Service was deleted finishes
+    /// before the release looks at what it holds.
+    key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Ctx {
+    fn key_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.key_locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.to_string())
+            .or_default()
+            .clone()
+    }
+
     fn recorder_of(&self, key: &str) -> &Recorder {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -649,10 +662,28 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
             )
         })
         .collect();
-    let controller = Controller::new(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-    );
+    // The Services' watch, and what it shows deleted (no finalizer holds them back).
+    let (services, service_writer) = reflector::store();
+    let (departed, departed_rx) = futures::channel::mpsc::unbounded();
+    let service_stream = {
+        let before = services.clone();
+        let mut departures = crate::departures::Departures::default();
+        crate::caches::watch(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .map(move |ev| {
+            if let Ok(ev) = &ev {
+                for s in departures.departed(ev, || before.state()) {
+                    let _ = departed.unbounded_send(s);
+                }
+            }
+            ev
+        })
+        .reflect(service_writer)
+        .touched_objects()
+    };
+    let controller = Controller::for_stream(service_stream, services.clone());
     let ctx = Arc::new(Ctx {
         fence,
         metrics,
@@ -671,9 +702,10 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
         namespaces,
         advertisements,
         records,
-        services: controller.store(),
+        services,
         failures: Mutex::new(HashMap::new()),
         released,
+        key_locks: Mutex::new(HashMap::new()),
     });
     let pool_task = tokio::spawn(report_pools(ctx.clone()));
     struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -683,6 +715,7 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
         }
     }
     let _pool_task = AbortOnDrop(pool_task);
+    let _release_task = AbortOnDrop(tokio::spawn(release_departed(ctx.clone(), departed_rx)));
     controller
         .owns_stream(record_stream)
         .watches_stream(slice_stream, |s: EndpointSlice| {
@@ -966,6 +999,8 @@ impl Fence {
 }
 
 async fn timed_reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let lock = ctx.key_lock(&key_of(&svc));
+    let _running = lock.lock().await;
     let start = std::time::Instant::now();
     ctx.metrics.reconciles.inc();
     let r = reconcile(svc, ctx.clone()).await;
@@ -1107,6 +1142,75 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }))
 }
 
+/// How many deleted Services are released at once (each: a Lease check shared with
+/// the others, a record DELETE).
+const RELEASE_CONCURRENCY: usize = 16;
+
+/// Releases what deleted Services held ([`crate::departures`]): their place in the
+/// line, their record (the garbage collector would too, eventually) and their VIP.
+/// A Service created again under the same name meanwhile keeps the key's VIP (its
+/// reconcile re-owns the record). A release that fails for any reason but fencing is
+/// retried a few times; what is still left then (and everything of a replica that was
+/// deposed) is found by the next leader's rebuild, which drops records without their
+/// Service.
+async fn release_departed(
+    ctx: Arc<Ctx>,
+    departed: futures::channel::mpsc::UnboundedReceiver<Arc<Service>>,
+) {
+    departed
+        .for_each_concurrent(RELEASE_CONCURRENCY, |svc| {
+            let ctx = ctx.clone();
+            async move {
+                let key = key_of(&svc);
+                let lock = ctx.key_lock(&key);
+                let guard = lock.lock().await;
+                // The watch reports a departure just before its cache applies it.
+                let cached_uid = || {
+                    ctx.services
+                        .get(&ObjectRef::from_obj(&*svc))
+                        .map(|s| s.uid())
+                };
+                for _ in 0..100 {
+                    if cached_uid() != Some(svc.uid()) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                if cached_uid().is_some() {
+                    // Created again under its name: the new one holds the key. (Or the
+                    // cache still has it after a second: the next relist tells.)
+                    return;
+                }
+                let ns = svc.namespace().unwrap_or_else(|| "default".into());
+                let svcs: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+                let slbs: Api<ServiceLoadBalancer> = Api::namespaced(ctx.client.clone(), &ns);
+                let has_finalizer = svc.finalizers().iter().any(|f| f == FINALIZER);
+                for attempt in 1..=5u32 {
+                    match release_service(&ctx, &svc, &svcs, &slbs, &key, has_finalizer, true)
+                        .await
+                    {
+                        Ok(_) => break,
+                        Err(e) if is_fenced(&e) => {
+                            ctx.metrics.fenced_writes.inc();
+                            break;
+                        }
+                        Err(e) => {
+                            warn!(service = %key, error = %e, attempt, "could not release a deleted Service; retrying");
+                            tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt)))
+                                .await;
+                        }
+                    }
+                }
+                drop(guard);
+                ctx.key_locks
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&key);
+            }
+        })
+        .await;
+}
+
 /// Lets go of a Service that is deleted or no longer ours (`key`): its place in the
 /// line for an address, its record, the VIP it shows, the finalizer and, last, the VIP
 /// itself. Leaves alone a Service that was never ours.
@@ -1120,9 +1224,11 @@ async fn release_service(
     deleting: bool,
 ) -> Result<Action, Error> {
     let name = svc.name_any();
-    let recorded = ctx
+    let record = ctx
         .records
-        .get(&ObjectRef::new(&name).within(&svc.namespace().unwrap_or_default()))
+        .get(&ObjectRef::new(&name).within(&svc.namespace().unwrap_or_default()));
+    let recorded = record
+        .as_ref()
         .and_then(|r| r.status.as_ref()?.vip.as_deref()?.parse::<Ipv4Addr>().ok());
     let held = ctx
         .book
@@ -1141,7 +1247,7 @@ async fn release_service(
         let _ = ctx.released.unbounded_send(());
     }
     ctx.own_writes.forget(key);
-    if !has_finalizer && held.is_none() {
+    if !has_finalizer && held.is_none() && record.is_none() {
         return Ok(Action::await_change()); // never ours: strictly untouched
     }
     ctx.fence.check().await?;
@@ -1192,7 +1298,7 @@ async fn release_service(
 
 /// What [`claim_service`] leaves for the rest of the reconcile.
 struct Claimed {
-    /// The Service, as the finalizer's update returned it when there was one.
+    /// The Service, as the finalizer's removal returned it when there was one.
     svc: Arc<Service>,
     /// The record's resourceVersion after its spec was written.
     record_version: Option<String>,
@@ -1219,18 +1325,19 @@ async fn claim_service(
         != Some((&spec, std::slice::from_ref(&owner)));
     let mut record_version = previous.and_then(|p| p.resource_version());
 
-    // The finalizer and the record's spec (no VIP in it yet): one Lease check, then
-    // both at once. The VIP is decided and recorded only once the finalizer is there,
-    // so it is released when the Service goes.
+    // The record's spec (no VIP in it yet) after one Lease check; with it, once, the
+    // finalizer earlier releases put on the Service goes: a deleted Service's VIP is
+    // released from the watch ([`release_departed`]), and a Service must never wait
+    // for Juneau to be deleted.
     let mut svc = svc;
     let mut checked = false;
-    if !has_finalizer || spec_changed {
+    if has_finalizer || spec_changed {
         ctx.fence.check().await?;
         checked = true;
         let finalizer = async {
             match has_finalizer {
-                true => Ok(None),
-                false => add_finalizer(svcs, &svc).await.map(Some),
+                false => Ok(None),
+                true => remove_finalizer(svcs, &svc).await,
             }
         };
         let record = async {
@@ -1242,7 +1349,7 @@ async fn claim_service(
             }
         };
         let (finalizer, record) = future::join(finalizer, record).await;
-        // The finalizer's update triggers another reconcile; do the work now anyway.
+        // The finalizer's removal triggers another reconcile; do the work now anyway.
         if let Some(s) = finalizer? {
             ctx.own_writes.wrote(
                 key,
@@ -1543,45 +1650,11 @@ async fn report_pools_once(ctx: &Ctx) -> Result<(), Error> {
     Ok(())
 }
 
-async fn add_finalizer(api: &Api<Service>, svc: &Service) -> Result<Service, Error> {
-    let patch = if svc.metadata.finalizers.is_none() {
-        json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": svc.resource_version()},
-            {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]},
-        ])
-    } else {
-        json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": svc.resource_version()},
-            {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER},
-        ])
-    };
-    let patch: json_patch::Patch = serde_json::from_value(patch)?;
-    match api
-        .patch(
-            &svc.name_any(),
-            &PatchParams {
-                field_manager: Some(CONTROLLER_MANAGER.into()),
-                ..Default::default()
-            },
-            &Patch::<()>::Json(patch),
-        )
-        .await
-    {
-        Ok(s) => Ok(s),
-        // The "test" operation failed: the Service changed since the cache read it.
-        Err(kube::Error::Api(e)) if e.code == 422 => Err(Error::Stale(format!(
-            "Service {} changed since resourceVersion {}: {}",
-            key_of(svc),
-            svc.resource_version().unwrap_or_default(),
-            e.message
-        ))),
-        Err(e) => Err(e.into()),
-    }
-}
-
-async fn remove_finalizer(api: &Api<Service>, svc: &Service) -> Result<(), Error> {
+/// Takes away the finalizer releases before this one put on Services (guarded by a
+/// `test` of its position); returns the Service as the patch left it (None: gone).
+async fn remove_finalizer(api: &Api<Service>, svc: &Service) -> Result<Option<Service>, Error> {
     let Some(i) = svc.finalizers().iter().position(|f| f == FINALIZER) else {
-        return Ok(());
+        return Ok(None);
     };
     let patch: json_patch::Patch = serde_json::from_value(json!([
         {"op": "test", "path": format!("/metadata/finalizers/{i}"), "value": FINALIZER},
@@ -1598,8 +1671,15 @@ async fn remove_finalizer(api: &Api<Service>, svc: &Service) -> Result<(), Error
         )
         .await
     {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Ok(s) => Ok(Some(s)),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        // The "test" operation failed: the finalizers changed since the cache read them.
+        Err(kube::Error::Api(e)) if e.code == 422 => Err(Error::Stale(format!(
+            "Service {}'s finalizers changed since resourceVersion {}: {}",
+            key_of(svc),
+            svc.resource_version().unwrap_or_default(),
+            e.message
+        ))),
         Err(e) => Err(e.into()),
     }
 }

@@ -679,9 +679,11 @@ fn serving_pools(
 
 /// The Events for the conditions that changed since `prev` (reason or status): a
 /// warning for a problem (except the quiet NotServed and NotAllocated), a normal Event
-/// when a condition becomes true again or first (Supported only when it was known).
+/// when a condition becomes true again or first (Supported only when it was known): those
+/// of one change as one Event.
 fn condition_events(prev: &[Condition], conditions: &[Condition]) -> Vec<Note> {
     let mut notes = Vec::new();
+    let mut became_true: Vec<Note> = Vec::new();
     for c in conditions {
         if c.type_ == condition::READY {
             continue;
@@ -706,15 +708,25 @@ fn condition_events(prev: &[Condition], conditions: &[Condition]) -> Vec<Note> {
                 condition::ADVERTISED => "Advertised",
                 _ => "Supported",
             };
-            notes.push(Note {
+            became_true.push(Note {
                 warning: false,
                 reason: reason.into(),
                 message: c.message.clone(),
             });
         }
     }
-
+    notes.extend(merged(became_true));
     notes
+}
+
+/// The conditions that became true in one change as one Event (the first's reason,
+/// the messages in order): a new Service that becomes Ready is one write, not one per
+/// condition (`VIPAllocated` and `Advertised`).
+fn merged(notes: Vec<Note>) -> Option<Note> {
+    notes.into_iter().reduce(|mut first, n| {
+        first.message = format!("{}; {}", first.message, n.message);
+        first
+    })
 }
 
 /// The Supported condition's status, reason and message for the Service's unsupported
@@ -1257,7 +1269,15 @@ mod tests {
             }
         );
         assert_eq!(o.ingress_ip, Some(Ipv4Addr::new(203, 0, 113, 1)));
-        assert!(o.notes.iter().any(|n| n.reason == "VIPAllocated"));
+        // One Normal Event says both: the VIP and where it is advertised.
+        let normal: Vec<&Note> = o.notes.iter().filter(|n| !n.warning).collect();
+        assert_eq!(normal.len(), 1, "{:?}", o.notes);
+        assert_eq!(normal[0].reason, "VIPAllocated");
+        assert!(
+            normal[0].message.contains("203.0.113.1") && normal[0].message.contains("node-a"),
+            "{}",
+            normal[0].message
+        );
         // Resync: same answer, no new events.
         let o2 = reconcile_service(&s, Some(&o.status), &[&sl], &w, &mut book, now());
         assert_eq!(o2.status, o.status);

@@ -90,10 +90,10 @@ fn pool_status_writes_do_not_reconcile_every_service_but_spec_changes_do() -> Re
         ensure!(vips.insert(vip.clone()), "VIP {vip} shown by two Services");
     }
     let r0 = settled(ctl.metrics_port)?;
-    // A new Service's writes need one Lease check (fencing) now, not one before the
-    // finalizer and another before the record, and the checks of the reconciles in
-    // flight share their GETs: fewer than two GETs per new Service, lease renewals
-    // included (two per Service before, 80 here without the renewals).
+    // A new Service's writes need one Lease check (fencing), not one before each
+    // write, and the checks of the reconciles in flight share their GETs: fewer than
+    // two GETs per new Service, lease renewals included (two per Service once, 80 here
+    // without the renewals).
     let reads = lease_reads(&env)? - reads0;
     ensure!(
         reads < 2 * N as u64,

@@ -92,19 +92,9 @@ fn vips_survive_crashes_restarts_and_a_second_replica() -> Result<()> {
     // rebuilds from the Service's ingress IP and keeps svc-1's VIP.
     r2.kill();
     env.kubectl(&["delete", "serviceloadbalancer", "svc-1", "-n", "default"])?;
-    // Meanwhile svc-2 is force-deleted (finalizer removed by hand): its record is
-    // orphaned (no garbage collector here) and must not keep the VIP.
+    // Meanwhile svc-2 is deleted: its record is orphaned (no garbage collector here)
+    // and must not keep the VIP.
     let freed = after["svc-2"].clone();
-    env.kubectl(&[
-        "patch",
-        "service",
-        "svc-2",
-        "-n",
-        "default",
-        "--type=merge",
-        "-p",
-        r#"{"metadata":{"finalizers":null}}"#,
-    ])?;
     env.kubectl(&[
         "delete",
         "service",
@@ -122,7 +112,7 @@ fn vips_survive_crashes_restarts_and_a_second_replica() -> Result<()> {
         &[("juneau.loutres.me/load-balancer-requested-ip", &freed)],
         "",
     ))?;
-    eventually("svc-7 gets the force-deleted Service's VIP", || {
+    eventually("svc-7 gets the deleted Service's VIP", || {
         Ok(slb_status(&env, "svc-7")?.filter(|s| s["vip"] == freed.as_str()))
     })?;
     names.push("svc-6".into());
@@ -130,7 +120,7 @@ fn vips_survive_crashes_restarts_and_a_second_replica() -> Result<()> {
     let last = eventually("restarted r1 serves svc-6 and svc-7", || vips(&env, &names))?;
     assert_eq!(
         last["svc-7"], freed,
-        "the force-deleted Service's VIP is reusable"
+        "the deleted Service's VIP is reusable"
     );
     assert!(
         env.get("serviceloadbalancer", "svc-2", Some("default"))?
