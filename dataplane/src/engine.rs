@@ -1212,7 +1212,9 @@ impl Engine {
     /// either), or the Service's policy is Cluster. The next peer that has one serves it
     /// and tells the first node, like the owner of a moved connection: the connection
     /// opens instead of waiting a second for its SYN's retransmission. Charged to the
-    /// redirect bucket, except under the Cluster policy. Anything else, or a SYN
+    /// redirect bucket, except under the Cluster policy. A UDP datagram of a new flow is
+    /// handed on the same way under the Cluster policy (uncharged), and the owner's
+    /// notice makes the record its later datagrams follow. Anything else, or a flow
     /// no peer is left for, is dropped (`no_backend`; `redirect_no_peer` on a later node).
     #[cold]
     fn no_backend(
@@ -1224,9 +1226,9 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Verdict {
-        if syn_only && self.redirects_tcp(key) {
+        if (syn_only && self.redirects_tcp(key)) || self.redirects_udp(key) {
             // Cluster policy: handing new connections on is this node's job, not a
-            // transient to bound.
+            // transient to bound. (A datagram is handed on only under it.)
             let charged = !self.table.service(service).hand_off;
             if let Some(v) = self.ask_next_peer((true, charged), frame_len, key, nb, now_ms) {
                 return v;
@@ -2911,38 +2913,54 @@ mod tests {
     }
 
     #[test]
-    fn a_handed_off_udp_port_without_a_backend_drops_its_datagrams_as_no_backend() {
-        // A shared VIP's UDP port whose Pods are on other nodes: hand-off is for TCP
-        // connections only; with redirects on and a peer known, the datagram is still
-        // dropped here, under its name.
+    fn a_handed_off_udp_port_without_a_backend_hands_its_datagrams_to_a_peer() {
+        // A shared VIP's UDP port whose Pods are on other nodes (or the Cluster policy):
+        // with redirects on and a peer known, the datagram goes to the peer; without
+        // a peer, it is dropped here under its name.
         let nb = neighbours();
         let (mut st, m) = state(&[]);
         for x in &mut st.services {
             x.hand_off = true;
         }
-        let mut e = Engine::new(EngineConfig {
-            flow_capacity: 1024,
-            ..Default::default()
-        });
-        e.set_redirect(crate::redirect::Redirector::new(
-            crate::redirect::RedirectConfig {
-                node: 0x0a01_0001,
-                port: crate::redirect::DEFAULT_PORT,
-                peers: vec![0x0a01_0002],
-                rate_per_s: 100,
-                burst: 100,
-                prefix_rate_per_s: 100,
-                prefix_burst: 100,
-                node_from_state: false,
-            },
-        ));
-        e.set_services(ServiceTable::new(1, &st, &m));
+        let engine = |peers: Vec<u32>| {
+            let mut e = Engine::new(EngineConfig {
+                flow_capacity: 1024,
+                ..Default::default()
+            });
+            e.set_redirect(crate::redirect::Redirector::new(
+                crate::redirect::RedirectConfig {
+                    node: 0x0a01_0001,
+                    port: crate::redirect::DEFAULT_PORT,
+                    peers,
+                    rate_per_s: 100,
+                    burst: 100,
+                    prefix_rate_per_s: 100,
+                    prefix_burst: 100,
+                    node_from_state: false,
+                },
+            ));
+            e.set_services(ServiceTable::new(1, &st, &m));
+            e
+        };
+        let mut f = build(IPPROTO_UDP, CLIENT, 5353, VIP, 53, b"query");
+        let mut handing = engine(vec![0x0a01_0002]);
+        let v = handing.process(&mut f, Side::Uplink, &nb, 0);
+        // The peer's neighbour entry is unknown in this table: asked for, named.
+        assert!(
+            matches!(
+                v,
+                Verdict::Redirect | Verdict::Drop(DropReason::NoNeighbour)
+            ),
+            "{v:?}"
+        );
+        assert_eq!(handing.counters().drops_for(DropReason::NoBackend), 0);
+        let mut alone = engine(vec![]);
         let mut f = build(IPPROTO_UDP, CLIENT, 5353, VIP, 53, b"query");
         assert_eq!(
-            e.process(&mut f, Side::Uplink, &nb, 0),
+            alone.process(&mut f, Side::Uplink, &nb, 0),
             Verdict::Drop(DropReason::NoBackend)
         );
-        assert_eq!(e.counters().drops_for(DropReason::NoBackend), 1);
+        assert_eq!(alone.counters().drops_for(DropReason::NoBackend), 1);
     }
 
     /// A host-network frontend's packet is the kernel's (the steering program passes

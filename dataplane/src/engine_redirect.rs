@@ -29,9 +29,28 @@ impl Engine {
         self.redirect.as_mut()
     }
 
-    /// Whether redirects are on and `key` is a TCP flow (the only ones redirected).
+    /// Whether redirects are on and `key` is a TCP flow (all are looked up in the
+    /// redirect records and asked about).
     pub(super) fn redirects_tcp(&self, key: &FlowKey) -> bool {
         self.redirect.as_ref().is_some_and(|r| r.active()) && key.proto == packet::IPPROTO_TCP
+    }
+
+    /// Whether redirects are on and `key` is a UDP flow of a frontend that hands its
+    /// flows on (`hand_off`: the Cluster policy, a shared VIP's port whose Pods are
+    /// elsewhere). Datagrams carry no SYN: a flow held nowhere here is new, served here
+    /// if it can be, else handed on ([`Engine::no_backend`]); only the redirect record
+    /// the owner's notice leaves is followed.
+    pub(super) fn redirects_udp(&self, key: &FlowKey) -> bool {
+        self.redirect.as_ref().is_some_and(|r| r.active())
+            && key.proto == packet::IPPROTO_UDP
+            && self.hands_off(key)
+    }
+
+    /// Whether `key`'s frontend hands flows on (`NodeService::hand_off`).
+    fn hands_off(&self, key: &FlowKey) -> bool {
+        self.table
+            .find(key.dst, key.proto, key.dst_port)
+            .is_some_and(|s| self.table.service(s).hand_off)
     }
 
     /// The packet to encapsulate after a [`Verdict::Redirect`].
@@ -53,10 +72,11 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Option<Verdict> {
-        if !self.redirects_tcp(key) {
+        let udp = self.redirects_udp(key);
+        if !self.redirects_tcp(key) && !udp {
             return None;
         }
-        let syn_only = tcp_flags::lone_syn(flags);
+        let syn_only = !udp && tcp_flags::lone_syn(flags);
         match self.flows.lookup(key, now_ms) {
             Some((id, Direction::Forward)) if self.flows.get(id).state() == FlowState::Redirect => {
                 if syn_only && self.redirect_ctx.is_none() {
@@ -70,7 +90,7 @@ impl Engine {
                 if !hops.push(me) || hops.contains(owner) {
                     return Some(self.drop(DropReason::RedirectNoPeer, None));
                 }
-                self.flows.touch_redirect(id, flags, now_ms);
+                self.flows.touch_redirect(id, (key.proto, flags), now_ms);
                 let (ask, cookie) = match self.redirect_ctx {
                     Some((_, f, c)) if f & FLAG_ASK != 0 => (true, c),
                     _ => (false, 0),
@@ -78,7 +98,7 @@ impl Engine {
                 Some(self.send_to(owner, hops, (ask, cookie), frame_len, key, nb))
             }
             Some(_) => None,
-            None if syn_only => None,
+            None if syn_only || udp => None,
             None => Some(self.redirect_unknown(true, frame_len, key, nb, now_ms)),
         }
     }
@@ -95,7 +115,8 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Option<Verdict> {
-        if !self.redirects_tcp(key) {
+        let udp = self.redirects_udp(key);
+        if !self.redirects_tcp(key) && !udp {
             return None;
         }
         match self.flows.lookup(key, now_ms) {
@@ -109,6 +130,8 @@ impl Engine {
                 Some(self.send_to(owner, hops, (false, 0), frame_len, key, nb))
             }
             Some(_) => None,
+            // A datagram's error about no flow here: handled here (dropped, `no_flow`).
+            None if udp => None,
             None => Some(self.redirect_unknown(false, frame_len, key, nb, now_ms)),
         }
     }
@@ -343,7 +366,9 @@ impl Engine {
         if let Some(c) = self.redirect.as_mut().and_then(|r| r.peer_mut(from)) {
             c.notices_received += 1;
         }
-        if key.proto != packet::IPPROTO_TCP || !self.table.is_vip(key.dst) {
+        let handed_off = self.hands_off(&key);
+        let udp_handed_off = key.proto == packet::IPPROTO_UDP && handed_off;
+        if (key.proto != packet::IPPROTO_TCP && !udp_handed_off) || !self.table.is_vip(key.dst) {
             return self.drop(DropReason::RedirectNotServed, None);
         }
         let Some(r) = self.redirect.as_mut() else {
@@ -361,11 +386,7 @@ impl Engine {
         // Charged like a question about the client (its /24's bucket, then the node's;
         // the notice buckets) — unless the question was not charged either: a
         // Cluster-policy connection this node handed on.
-        let cluster = self
-            .table
-            .find(key.dst, key.proto, key.dst_port)
-            .is_some_and(|s| self.table.service(s).hand_off);
-        if !cluster {
+        if !handed_off {
             if let Err(empty) = r.take_notice_token(key.src, now_ms) {
                 return self.drop(empty, None);
             }
@@ -375,7 +396,7 @@ impl Engine {
                 if let Some(f) = self.flows.get_mut(id) {
                     f.backend = from; // (another worker's record keeps its owner's view)
                 }
-                self.flows.touch_redirect(id, 0, now_ms);
+                self.flows.touch_redirect(id, (key.proto, 0), now_ms);
             }
             Some(_) => {} // held here (or a conflicting reverse key): keep it
             None => match self.flows.insert_redirect(&key, from, now_ms) {
@@ -483,27 +504,29 @@ mod tests {
             timeouts: Timeouts::default(),
             ..EngineConfig::default()
         });
+        // The same Service's TCP/80 and UDP/53 (`udp`).
+        let service = |protocol, port| NodeService {
+            frontend: Frontend {
+                vip: VIP.into(),
+                protocol,
+                port,
+            },
+            backends: if has_backend {
+                vec![LocalBackend {
+                    ip: POD[i].into(),
+                    port: 8080,
+                }]
+            } else {
+                vec![]
+            },
+            terminating: Vec::new(),
+            source_ranges: Vec::new(),
+            client_ip_affinity: affinity,
+            hand_off: cluster_policy,
+            host_network: false,
+        };
         let state = NodeState {
-            services: vec![NodeService {
-                frontend: Frontend {
-                    vip: VIP.into(),
-                    protocol: Protocol::Tcp,
-                    port: 80,
-                },
-                backends: if has_backend {
-                    vec![LocalBackend {
-                        ip: POD[i].into(),
-                        port: 8080,
-                    }]
-                } else {
-                    vec![]
-                },
-                terminating: Vec::new(),
-                source_ranges: Vec::new(),
-                client_ip_affinity: affinity,
-                hand_off: cluster_policy,
-                host_network: false,
-            }],
+            services: vec![service(Protocol::Tcp, 80), service(Protocol::Udp, 53)],
             redirects: if from_state {
                 redirects_for(i)
             } else {
@@ -565,6 +588,23 @@ mod tests {
         f[36..38].copy_from_slice(&80u16.to_be_bytes());
         f[46] = 0x50;
         f[47] = flags;
+        let c = packet::ipv4_header_checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f
+    }
+
+    fn udp(cport: u16) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 20 + 8 + 16];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&44u16.to_be_bytes());
+        f[22] = 64;
+        f[23] = packet::IPPROTO_UDP;
+        f[26..30].copy_from_slice(&CLIENT.to_be_bytes());
+        f[30..34].copy_from_slice(&VIP.to_be_bytes());
+        f[34..36].copy_from_slice(&cport.to_be_bytes());
+        f[36..38].copy_from_slice(&53u16.to_be_bytes());
+        f[38..40].copy_from_slice(&24u16.to_be_bytes());
         let c = packet::ipv4_header_checksum(&f[14..34]);
         f[24..26].copy_from_slice(&c.to_be_bytes());
         f
@@ -761,6 +801,50 @@ mod tests {
             .filter(|p| run(&mut local, 2, tcp(44000 + p, tcp_flags::SYN), 0).0 == Some(0))
             .count();
         assert!(served < 10, "{served}");
+    }
+
+    /// UDP under the Cluster policy: a node without a backend hands a new flow's first
+    /// datagram to a node with one (uncharged); the owner serves it and tells the first
+    /// node, whose record sends the flow's later datagrams straight to the owner. Under
+    /// the Local policy the datagram is dropped as `no_backend`.
+    #[test]
+    fn under_the_cluster_policy_udp_flows_are_handed_on_and_followed() {
+        let cluster = |i, has_backend| node_policy(i, has_backend, 1, false, true);
+        let mut nodes = vec![cluster(0, true), cluster(1, false), cluster(2, false)];
+        for p in 0..100u16 {
+            let first = 1 + usize::from(p % 2);
+            let (served, hops) = run(&mut nodes, first, udp(46000 + p), 0);
+            assert_eq!(served, Some(0), "port {p}");
+            assert!((1..=2).contains(&hops), "{hops}");
+            for t in 1..3 {
+                let (served, hops) = run(&mut nodes, first, udp(46000 + p), t);
+                assert_eq!(
+                    (served, hops),
+                    (Some(0), 1),
+                    "port {p}: the record's one hop"
+                );
+            }
+        }
+        for n in &nodes {
+            for r in [
+                DropReason::RedirectRateLimited,
+                DropReason::RedirectPrefixRateLimited,
+                DropReason::NoBackend,
+                DropReason::RedirectNoticeRefused,
+            ] {
+                assert_eq!(n.counters().drops_for(r), 0, "{r:?}");
+            }
+        }
+        // Node 0 holds every flow once (served, not opened again per datagram).
+        assert_eq!(nodes[0].flows().len(), 100);
+        // The records expire with UDP's timeout, not TCP's.
+        let after = u64::from(Timeouts::default().udp_ms) + 10;
+        let (served, hops) = run(&mut nodes, 1, udp(46000), after);
+        assert_eq!(served, Some(0));
+        assert!(hops >= 1);
+        let mut local = vec![node(0, true, 100), node(1, false, 100), node(2, false, 100)];
+        assert_eq!(run(&mut local, 1, udp(47000), 0), (None, 0));
+        assert_eq!(local[1].counters().drops_for(DropReason::NoBackend), 1);
     }
 
     #[test]

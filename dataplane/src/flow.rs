@@ -1556,7 +1556,7 @@ impl FlowTable {
             return Err(InsertError::Full);
         };
         flow.state = FlowState::Redirect as u8;
-        flow.expires = (now_ms as u32).wrapping_add(self.timeouts.tcp_established_ms);
+        flow.expires = (now_ms as u32).wrapping_add(self.redirect_timeout(key.proto, 0));
         let Some((a, b)) = self.free_positions(&flow) else {
             return Err(InsertError::Full);
         };
@@ -1575,12 +1575,12 @@ impl FlowTable {
     /// Records a packet sent along a redirect record: pushes its expiry out by the
     /// timeout its TCP flags call for (the record's `slot` remembers a FIN or RST, so
     /// later ACKs do not lengthen it again). The state stays [`FlowState::Redirect`].
-    pub fn touch_redirect(&mut self, id: FlowId, tcp_flags: u8, now_ms: u64) {
+    pub fn touch_redirect(&mut self, id: FlowId, (proto, tcp_flags): (u8, u8), now_ms: u64) {
         if id & REMOTE != 0 {
             // Another worker's record: its expiry only (the FIN/RST memory is its
             // owner's, who sees the flow's other packets).
+            let t = self.redirect_timeout(proto, 0);
             let (peer, local) = self.remote(id);
-            let t = self.timeouts.tcp_established_ms;
             peer.words(local)
                 .1
                 .store((now_ms as u32).wrapping_add(t), Ordering::Relaxed);
@@ -1592,14 +1592,23 @@ impl FlowTable {
         } else if tcp_flags & tcp_flags::FIN != 0 && f.slot == 0 {
             f.slot = 1;
         }
-        let t = match f.slot {
-            0 => self.timeouts.tcp_established_ms,
-            1 => self.timeouts.tcp_fin_ms,
-            _ => self.timeouts.tcp_rst_ms,
-        };
+        let slot = f.slot;
+        let t = self.redirect_timeout(proto, slot);
+        let f = &mut self.flows[id as usize];
         words_of(f)
             .1
             .store((now_ms as u32).wrapping_add(t), Ordering::Relaxed);
+    }
+
+    /// How long a redirect record lives after its last packet: a UDP flow's timeout, or
+    /// a TCP connection's by what its packets said (`slot`: 0 nothing, 1 FIN, 2 RST).
+    fn redirect_timeout(&self, proto: u8, slot: u32) -> u32 {
+        match (proto, slot) {
+            (crate::proto::IPPROTO_UDP, _) => self.timeouts.udp_ms,
+            (_, 0) => self.timeouts.tcp_established_ms,
+            (_, 1) => self.timeouts.tcp_fin_ms,
+            _ => self.timeouts.tcp_rst_ms,
+        }
     }
 
     /// The empty index slots a flow's forward and reverse keys would take, with their

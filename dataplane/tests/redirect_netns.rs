@@ -39,6 +39,7 @@ const VIP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 10);
 const NODE: [&str; 2] = ["10.1.0.2", "10.1.0.3"];
 const POD: [&str; 2] = ["10.10.1.2", "10.10.2.2"];
 const HTTP_PORT: u16 = 8080;
+const UDP_PORT: u16 = 5353;
 
 struct BpfMount(PathBuf);
 
@@ -116,8 +117,9 @@ fn keys(b: Option<u8>) -> Vec<RedirectKey> {
         .collect()
 }
 
-/// Node `i`'s state: the VIP with its Pod as backend (`has_backend`), the Service's
-/// policy Cluster (`cluster_policy`) or Local, and redirect key `key`.
+/// Node `i`'s state: the VIP's TCP/80 and UDP/53 with its Pod as backend
+/// (`has_backend`), the Service's policy Cluster (`cluster_policy`) or Local, and
+/// redirect key `key`.
 fn node_state(
     i: usize,
     key: Option<u8>,
@@ -132,18 +134,31 @@ fn node_state(
     } else {
         Vec::new()
     };
-    let mut service = NodeService::new(
-        Frontend {
-            vip: VIP,
-            protocol: Protocol::Tcp,
-            port: 80,
-        },
-        backends,
-    );
-    service.hand_off = cluster_policy;
+    let service = |protocol, port, backends: Vec<LocalBackend>| {
+        let mut s = NodeService::new(
+            Frontend {
+                vip: VIP,
+                protocol,
+                port,
+            },
+            backends,
+        );
+        s.hand_off = cluster_policy;
+        s
+    };
+    let udp_backends = backends
+        .iter()
+        .map(|b| LocalBackend {
+            ip: b.ip,
+            port: UDP_PORT,
+        })
+        .collect();
     Ok(NodeState {
         node: format!("node-{}", ["a", "b"][i]),
-        services: vec![service],
+        services: vec![
+            service(Protocol::Tcp, 80, backends),
+            service(Protocol::Udp, 53, udp_backends),
+        ],
         redirects: Redirects {
             keys: keys(key),
             ..Default::default()
@@ -186,7 +201,7 @@ fn build_node(
         pod.name(),
         ["podA", "podB"][i],
         SocketAddr::from(([0, 0, 0, 0], HTTP_PORT)),
-        None,
+        Some(SocketAddr::from(([0, 0, 0, 0], UDP_PORT))),
     )?;
 
     let state_path = dir.join(format!("{name}.state"));
@@ -505,6 +520,81 @@ fn under_the_cluster_policy_a_node_without_a_backend_hands_every_connection_over
         ensure!(b.drops(reason) == 0, "{}", t.diag(reason));
     }
     drop(conns);
+    t.finish()
+}
+
+/// UDP under the Cluster policy: node B has no backend and the router sends it every
+/// datagram; each flow (a client socket) reaches node A's Pod with the client's address
+/// and its answer comes from VIP:53 — its first datagram handed on, the later ones
+/// following the record node A's notice left. Small and 1400-byte datagrams.
+#[test]
+fn under_the_cluster_policy_udp_flows_through_a_node_without_a_backend_reach_a_pod() -> Result<()> {
+    let mut t = Topo::build("rcu", &[], [Some(1), Some(1)])?;
+    t.nodes[0].publish(&node_state(0, Some(1), true, true)?)?;
+    t.nodes[1].publish(&node_state(1, Some(1), false, true)?)?;
+    set_route(&t.router, &[1])?;
+    const FLOWS: usize = 20;
+    const DATAGRAMS: usize = 5;
+    let failures = in_ns(t.client.name(), || -> Result<Vec<String>> {
+        let mut failures = Vec::new();
+        let mut buf = vec![0u8; 4096];
+        for f in 0..FLOWS {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            let me = s.local_addr()?.port();
+            for d in 0..DATAGRAMS {
+                let body = vec![b'a' + (d as u8); if d % 2 == 0 { 16 } else { 1400 }];
+                s.send_to(&body, (VIP, 53))?;
+                match s.recv_from(&mut buf) {
+                    Ok((n, from)) => {
+                        let reply = &buf[..n];
+                        let want = format!("podA saw 10.100.1.2:{me} ");
+                        if from != SocketAddr::from((VIP, 53))
+                            || !reply.starts_with(want.as_bytes())
+                            || !reply.ends_with(&body)
+                        {
+                            failures.push(format!(
+                                "flow {f} datagram {d}: {} bytes from {from}: {:?}",
+                                n,
+                                String::from_utf8_lossy(&reply[..n.min(40)])
+                            ));
+                        }
+                    }
+                    Err(e) => failures.push(format!("flow {f} datagram {d}: {e}")),
+                }
+            }
+        }
+        Ok(failures)
+    })?;
+    ensure!(failures.is_empty(), "{}", t.diag(&failures.join("\n")));
+    let b = &t.nodes[1];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.peer(NODE[0])["redirected_to"].as_u64().unwrap_or(0) < (FLOWS * DATAGRAMS) as u64 {
+        ensure!(
+            Instant::now() < deadline,
+            "{}",
+            t.diag("node B handed on fewer datagrams than it received")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    t.fresh_stats()?;
+    for reason in [
+        "no_backend",
+        "redirect_notice_refused",
+        "redirect_not_served",
+    ] {
+        for n in &t.nodes {
+            ensure!(n.drops(reason) == 0, "{}", t.diag(reason));
+        }
+    }
+    ensure!(
+        t.nodes[0].peer(NODE[1])["notices_sent"]
+            .as_u64()
+            .unwrap_or(0)
+            >= FLOWS as u64,
+        "{}",
+        t.diag("node A sent fewer notices than flows")
+    );
     t.finish()
 }
 

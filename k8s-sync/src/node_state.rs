@@ -845,8 +845,7 @@ impl MergedParts {
 
     /// The frontends of a VIP this node announces for another Service sharing it, but
     /// without a backend of their own here: they hand each new connection to a node
-    /// that has one, as under the Cluster policy (TCP; a UDP datagram there is dropped,
-    /// `no_backend`, since datagrams are not handed on).
+    /// that has one, as under the Cluster policy (TCP connections and UDP flows).
     fn hand_off_shared_frontends(&mut self) {
         for s in &mut self.services {
             if s.backends.is_empty() && self.advertised.contains_key(&s.frontend.vip) {

@@ -199,17 +199,6 @@ fn unsupported(svc: &Service, host_network: &[Ipv4Addr], pod_network: &[Ipv4Addr
     let Some(spec) = svc.spec.as_ref() else {
         return vec![problem("InvalidService", "the Service has no spec")];
     };
-    let udp = spec
-        .ports
-        .iter()
-        .flatten()
-        .any(|p| p.protocol.as_deref() == Some("UDP"));
-    if cluster_policy(svc) && udp {
-        out.push(problem(
-            "ClusterPolicyNotSupportedForUDP",
-            "externalTrafficPolicy is Cluster (the default) and a port is UDP: Juneau hands only TCP connections from a node without a Ready backend to one that has one; set externalTrafficPolicy: Local (only nodes with a Ready local backend announce the VIP)",
-        ));
-    }
     let families = spec.ip_families.clone().unwrap_or_default();
     if families.iter().any(|f| f == "IPv6") {
         out.push(problem(
@@ -1336,6 +1325,20 @@ mod tests {
             o.status.advertising_nodes.is_empty(),
             "no Ready endpoint anywhere"
         );
+        // UDP too: the dataplane hands a new flow's datagrams on like a connection.
+        let mut dns = svc("dns", &[(EXTERNAL_NETWORK_ANNOTATION, "public")]);
+        let spec = dns.spec.as_mut().unwrap();
+        spec.external_traffic_policy = Some("Cluster".into());
+        spec.ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
+        let sl = slice(
+            "dns",
+            "dns-1",
+            &[("10.0.0.5", "node-a", true, false)],
+            ("http", 80),
+        );
+        let o = reconcile_service(&dns, None, &[&sl], &w, &mut book, now());
+        assert_eq!(o.status.phase, Phase::Ready, "{o:?}");
+        assert_eq!(o.status.advertising_nodes.len(), 3, "{o:?}");
     }
 
     #[test]
@@ -1633,14 +1636,6 @@ mod tests {
         let sl = seed_slice();
         type Mutation = Box<dyn Fn(&mut Service, &mut World)>;
         let cases: Vec<(&str, Mutation)> = vec![
-            (
-                "ClusterPolicyNotSupportedForUDP",
-                Box::new(|s, _| {
-                    let spec = s.spec.as_mut().unwrap();
-                    spec.external_traffic_policy = Some("Cluster".into());
-                    spec.ports.as_mut().unwrap()[0].protocol = Some("UDP".into());
-                }),
-            ),
             (
                 "IPv6NotSupported",
                 Box::new(|s, _| {

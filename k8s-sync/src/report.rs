@@ -362,7 +362,7 @@ pub fn refine_why_for_shared_vip(r: &mut Why, siblings: &[ServiceLoadBalancer]) 
         v.advertising = true;
         v.reason = "AdvertisingForSharedVIP".into();
         v.message = format!(
-            "announces the VIP for {} (same allow-shared-ip key), with no Ready backend of this Service: hands each new TCP connection to its ports, unchanged, to a node that has one (UDP datagrams are not handed on: dropped as no_backend)",
+            "announces the VIP for {} (same allow-shared-ip key), with no Ready backend of this Service: hands each new TCP connection and UDP flow to its ports, unchanged, to a node that has one",
             by.join(", ")
         );
     }

@@ -473,17 +473,6 @@ fn every_bad_input_is_refused(g: &mut Guide) -> Result<()> {
     })?;
     let cases: Vec<(&str, String, &str, &str)> = vec![
         (
-            "bad-etp",
-            service("bad-etp", &[], "")
-                .replace(
-                    "externalTrafficPolicy: Local",
-                    "externalTrafficPolicy: Cluster",
-                )
-                .replace("protocol: TCP", "protocol: UDP"),
-            "ClusterPolicyNotSupportedForUDP",
-            "Failed",
-        ),
-        (
             "bad-sctp",
             service("bad-sctp", &[], "").replace("protocol: TCP", "protocol: SCTP"),
             "ProtocolNotSupported",
@@ -573,12 +562,6 @@ fn every_bad_input_is_refused(g: &mut Guide) -> Result<()> {
         &[("192.168.50.3", "node-c", true, false)],
         80,
     ))?;
-    env.apply(&endpoint_slice(
-        "bad-etp",
-        "bad-etp-1",
-        &[("10.244.3.30", "node-c", true, false)],
-        80,
-    ))?;
     for (name, _, reason, phase) in &cases {
         let st = eventually(&format!("{name}: condition {reason}"), || {
             Ok(slb_status(env, name)?.filter(|s| {
@@ -600,7 +583,8 @@ fn every_bad_input_is_refused(g: &mut Guide) -> Result<()> {
         assert_eq!(ev.0, "Warning", "{name}");
         assert!(ev.2.len() > 20, "{name}: message too terse: {ev:?}");
     }
-    // Failed Services are not served by any agent (bad-etp has a Ready backend on node-c).
+    // Failed Services are not served by any agent (bad-hostnet has a Ready backend on
+    // node-c).
     let c = shm_state(shm_c)?.unwrap();
     assert!(
         c.advertised
