@@ -15,7 +15,8 @@
 //!   port 8080), and adds
 //!   `X-Served-By: <pod name>`; `/bin/drain`, the preStop hook of a graceful stop (every
 //!   kept-alive connection ends after its next answer, with `Connection: close`). Stop signal SIGQUIT: nginx finishes its requests and
-//!   then exits (SIGTERM would drop them), like the official image.
+//!   then exits (SIGTERM would drop them), like the official image. `/bin/udp-echo PORT`,
+//!   the lab's UDP application (the same image, another command).
 //! - `juneau:<tag>` ([`build_juneau`]): the image deploy/ and the Helm chart run — the
 //!   programs of [`JUNEAU_BINARIES`], their libraries, a passwd with the non-root user
 //!   `juneau` ([`JUNEAU_UID`]), nothing else. `deploy/image/build.sh` (the `juneau-image`
@@ -70,6 +71,44 @@ int main(int argc, char **argv) {
     close(fd);
     sleep(argc > 1 ? (unsigned)atoi(argv[1]) : 5);
     return 0;
+}
+"#;
+
+/// The nginx image's `/bin/udp-echo PORT`: a UDP application for the lab's UDP
+/// Services, answering each datagram with `<hostname> saw <client address>:<port> `
+/// followed by the datagram (so the client sees which Pod served it and that the Pod saw
+/// its real address); exits at SIGTERM. Static, like the pause program.
+const UDP_ECHO_C: &str = r#"
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+static void quit(int s) { (void)s; _exit(0); }
+int main(int argc, char **argv) {
+    signal(SIGTERM, quit);
+    signal(SIGINT, quit);
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(argc > 1 ? atoi(argv[1]) : 5353);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0) { perror("bind"); return 1; }
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    static char in[65536], out[65536 + 128];
+    for (;;) {
+        struct sockaddr_in peer;
+        socklen_t len = sizeof peer;
+        ssize_t n = recvfrom(fd, in, sizeof in, 0, (struct sockaddr *)&peer, &len);
+        if (n < 0) continue;
+        int h = snprintf(out, 128, "%s saw %s:%u ", host, inet_ntoa(peer.sin_addr),
+                         ntohs(peer.sin_port));
+        memcpy(out + h, in, (size_t)n);
+        sendto(fd, out, (size_t)h + (size_t)n, 0, (struct sockaddr *)&peer, len);
+    }
 }
 "#;
 
@@ -222,6 +261,7 @@ fn build_nginx(dir: &Path) -> Result<PathBuf> {
     copy_with_libs(&rootfs, Path::new("/usr/sbin/nginx"), "/usr/sbin/nginx")?;
     fs::create_dir_all(rootfs.join("bin"))?;
     compile_static(&work, "drain", DRAIN_C, &rootfs.join("bin/drain"))?;
+    compile_static(&work, "udp-echo", UDP_ECHO_C, &rootfs.join("bin/udp-echo"))?;
     for d in [
         "etc/nginx",
         "var/www/html",
@@ -646,6 +686,7 @@ mod tests {
             "./usr/sbin/nginx",
             "./etc/nginx/nginx.conf",
             "./bin/drain",
+            "./bin/udp-echo",
             "./lib64/ld-linux-x86-64.so.2",
         ] {
             assert!(

@@ -445,6 +445,104 @@ fn cluster_policy_serves_through_a_node_without_pods() -> Result<()> {
     checked
 }
 
+/// UDP under the Cluster policy: a UDP echo Pod (`/bin/udp-echo` of the nginx image) on
+/// node-a alone, behind a Cluster-policy VIP all three nodes announce; the flows the
+/// router sends node-b or node-c are handed to node-a. Every datagram — 16 and 1 400
+/// bytes, several per flow — is answered from VIP:53 by the Pod, which saw the client's
+/// real address. A datagram is sent again if unanswered (as a UDP client does), at most
+/// twice; the resends are printed. Removed afterwards.
+fn udp_under_the_cluster_policy_reaches_a_pod_on_another_node() -> Result<()> {
+    const UDP_VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 25);
+    let svc = format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: echo-udp\n  namespace: default\n  \
+         annotations:\n    juneau.loutres.me/load-balancer-external-network: public\n    \
+         juneau.loutres.me/load-balancer-requested-ip: {UDP_VIP}\n\
+         spec:\n  type: LoadBalancer\n  loadBalancerClass: juneau.loutres.me/load-balancer\n  \
+         externalTrafficPolicy: Cluster\n  selector: {{app: echo-udp}}\n  \
+         ports: [{{name: echo, protocol: UDP, port: 53, targetPort: echo}}]\n"
+    );
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: echo-udp, namespace: default, \
+               labels: {app: echo-udp}}\nspec:\n  nodeName: node-a\n  containers:\n  \
+               - name: echo\n    image: nginx:1.27\n    imagePullPolicy: Never\n    \
+               command: [/bin/udp-echo, \"5353\"]\n    \
+               ports: [{containerPort: 5353, name: echo, protocol: UDP}]\n";
+    lab::kubectl_apply(&format!("{svc}---\n{pod}"))?;
+    let checked = (|| -> Result<()> {
+        eventually(
+            "the UDP Cluster VIP at BIRD from node-a, node-b and node-c",
+            Duration::from_secs(90),
+            || {
+                Ok(juneau_tests::bird::bgp_nexthops(&lab::bird_ctl(), UDP_VIP)?
+                    == vec![NODE_A, NODE_B, NODE_C])
+            },
+        )?;
+        let handed = || -> u64 {
+            ["node-b", "node-c"]
+                .iter()
+                .map(|n| handed_on(n).unwrap_or(0))
+                .sum()
+        };
+        let before = handed();
+        let client = juneau_tests::lab::ns("client");
+        let (failures, resent) =
+            juneau_tests::netns::in_ns(&client, move || -> Result<(Vec<String>, usize)> {
+                let mut failures = Vec::new();
+                let mut resent = 0;
+                let mut buf = vec![0u8; 4096];
+                for f in 0..30 {
+                    // A new socket, a new source port: a new flow the router hashes anew.
+                    let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+                    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+                    let want = format!("echo-udp saw {CLIENT_IP}:{} ", s.local_addr()?.port());
+                    for d in 0..4u8 {
+                        let body = vec![b'a' + d; if d % 2 == 0 { 16 } else { 1400 }];
+                        let mut answer = None;
+                        for attempt in 0..3 {
+                            resent += usize::from(attempt > 0);
+                            s.send_to(&body, (UDP_VIP, 53))?;
+                            if let Ok((n, from)) = s.recv_from(&mut buf) {
+                                answer = Some((buf[..n].to_vec(), from));
+                                break;
+                            }
+                        }
+                        match answer {
+                            Some((a, from))
+                                if from == std::net::SocketAddr::from((UDP_VIP, 53))
+                                    && a.starts_with(want.as_bytes())
+                                    && a.ends_with(&body) => {}
+                            Some((a, from)) => failures.push(format!(
+                                "flow {f} datagram {d}: {} bytes from {from}: {:?}",
+                                a.len(),
+                                String::from_utf8_lossy(&a[..a.len().min(48)])
+                            )),
+                            None => failures
+                                .push(format!("flow {f} datagram {d}: no answer in 3 tries")),
+                        }
+                    }
+                }
+                Ok((failures, resent))
+            })?;
+        ensure!(
+            failures.is_empty(),
+            "UDP through the Cluster VIP:\n{}",
+            failures.join("\n")
+        );
+        eventually(
+            "node-b or node-c handing UDP flows to node-a",
+            Duration::from_secs(10),
+            || Ok(handed() > before),
+        )?;
+        println!(
+            "UDP, Cluster policy: 120 datagrams answered ({resent} sent again); node-b and node-c handed {} packets to node-a",
+            handed() - before
+        );
+        Ok(())
+    })();
+    kubectl(&["delete", "service", "echo-udp", "--wait=true"])?;
+    kubectl(&["delete", "pod", "echo-udp", "--wait=true"])?;
+    checked
+}
+
 /// Shared VIPs: `shared-web` (port 80, the nginx Pods on node-a and node-c) and
 /// `shared-alt` (port 8080, one Pod pinned to node-b) carry the same
 /// `allow-shared-ip` key and hold one VIP, which all three nodes announce; a connection
@@ -812,6 +910,7 @@ fn walk() -> Result<()> {
     a_service_carries_its_own_communities()?;
     source_ranges_admit_the_client_and_not_the_outsider()?;
     cluster_policy_serves_through_a_node_without_pods()?;
+    udp_under_the_cluster_policy_reaches_a_pod_on_another_node()?;
     services_sharing_a_vip_serve_each_port_from_its_own_pods()?;
     a_host_network_backend_is_served_through_its_node_s_stack()?;
 
