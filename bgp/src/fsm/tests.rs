@@ -17,6 +17,8 @@ fn cfg(local: u32, peer: u32, id: [u8; 4], passive: bool) -> SessionConfig {
         connect_retry_time: 5,
         passive,
         graceful_restart_time: Some(120),
+        families: Families::IPV4,
+        extended_next_hop: false,
     }
 }
 
@@ -431,6 +433,7 @@ fn attribute_errors_are_treat_as_withdraw_and_keep_the_session() {
         withdrawn: vec![],
         attributes: None,
         announced: vec!["192.0.2.1/32".parse().unwrap()],
+        ..Update::default()
     }))
     .unwrap();
     // Splice in an attribute list whose only attribute overruns it.
@@ -456,6 +459,7 @@ fn attribute_errors_are_treat_as_withdraw_and_keep_the_session() {
             "192.0.2.1/32".parse().unwrap(),
             "192.0.2.2/32".parse().unwrap(),
         ],
+        ..Update::default()
     }))
     .unwrap();
     sim.inject(0, &good);
