@@ -384,4 +384,201 @@ mod tests {
             encode(&Message::Update(u.clone())).expect("fits in 4096 bytes");
         }
     }
+
+    fn attrs(communities: Vec<u32>, weight: Option<u32>) -> RouteAttrs {
+        RouteAttrs {
+            communities,
+            large_communities: vec![[65001, 1, 2]],
+            local_pref: None,
+            as_path_prepend: 0,
+            weight,
+        }
+    }
+
+    fn ip6(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    const NH6: Ipv6NextHop = Ipv6NextHop {
+        global: Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2),
+        link_local: Some(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2)),
+    };
+
+    const DUAL: SessionParams = SessionParams {
+        next_hop_v6: Some(NH6),
+        families: Families::BOTH,
+        ..P
+    };
+
+    fn dual_rib() -> AdjRibOut {
+        [
+            (ip4(192, 0, 2, 1), attrs(vec![7], Some(3))),
+            (ip6("2001:db8:ffff::1"), attrs(vec![7], Some(3))),
+            (ip6("2001:db8:ffff::2"), attrs(vec![8], None)),
+        ]
+        .into()
+    }
+
+    #[test]
+    fn ipv6_vips_go_in_mp_reach_with_the_same_attributes_as_ipv4() {
+        let ups = diff(&AdjRibOut::new(), &dual_rib(), DUAL);
+        let v4: Vec<_> = ups.iter().filter(|u| !u.announced.is_empty()).collect();
+        let v6: Vec<_> = ups.iter().filter(|u| u.mp_reach.is_some()).collect();
+        assert_eq!((v4.len(), v6.len()), (1, 2));
+        assert!(v4[0].mp_reach.is_none());
+        assert_eq!(
+            v4[0].attributes.as_ref().unwrap().next_hop,
+            Ipv4Addr::new(10, 0, 0, 2)
+        );
+        let same = v6
+            .iter()
+            .find(|u| u.attributes.as_ref().unwrap().communities == vec![7])
+            .unwrap();
+        let (a4, a6) = (
+            v4[0].attributes.clone().unwrap(),
+            same.attributes.clone().unwrap(),
+        );
+        assert_eq!(
+            PathAttributes {
+                next_hop: Ipv4Addr::UNSPECIFIED,
+                ..a4
+            },
+            a6,
+            "communities, AS path, link bandwidth: as for IPv4"
+        );
+        let r = same.mp_reach.as_ref().unwrap();
+        assert_eq!(r.family, AddressFamily::Ipv6Unicast);
+        assert_eq!(r.next_hop, IpAddr::V6(NH6.global));
+        assert_eq!(r.link_local, NH6.link_local);
+        assert_eq!(
+            r.announced,
+            vec!["2001:db8:ffff::1/128".parse::<IpNet>().unwrap()]
+        );
+        // Every UPDATE encodes and decodes back to itself; IPv6-only ones carry no
+        // NEXT_HOP (it decodes as 0.0.0.0).
+        for u in &ups {
+            let b = encode(&Message::Update(u.clone())).unwrap();
+            let back = crate::wire::decode(&b, Default::default()).unwrap();
+            assert_eq!(back, Message::Update(u.clone()));
+        }
+        // Withdrawals: IPv4 in the withdrawn routes, IPv6 in MP_UNREACH_NLRI.
+        let ups = diff(&dual_rib(), &AdjRibOut::new(), DUAL);
+        assert_eq!(ups.len(), 2);
+        assert_eq!(
+            ups[0].withdrawn,
+            vec!["192.0.2.1/32".parse::<Ipv4Net>().unwrap()]
+        );
+        let un = ups[1].mp_unreach.as_ref().unwrap();
+        assert_eq!(
+            (un.family, un.withdrawn.len()),
+            (AddressFamily::Ipv6Unicast, 2)
+        );
+        assert!(ups[1].attributes.is_none() && ups[1].withdrawn.is_empty());
+    }
+
+    #[test]
+    fn an_ipv4_only_peer_is_never_sent_an_ipv6_route() {
+        let v4_only = SessionParams {
+            families: Families::IPV4,
+            ..DUAL
+        };
+        let (out, withheld) = sendable(dual_rib(), &v4_only);
+        assert_eq!(
+            out.keys().copied().collect::<Vec<_>>(),
+            vec![ip4(192, 0, 2, 1)]
+        );
+        assert_eq!(
+            withheld,
+            Withheld {
+                family_not_negotiated: 2,
+                no_next_hop: 0
+            }
+        );
+        // Even handed the unfiltered table, diff sends no IPv6 (nor withdraws it).
+        for ups in [
+            diff(&AdjRibOut::new(), &dual_rib(), v4_only),
+            diff(&dual_rib(), &AdjRibOut::new(), v4_only)
+                .into_iter()
+                .filter(|u| u.mp_unreach.is_none())
+                .collect(),
+        ] {
+            assert!(ups.iter().all(|u| u.mp_reach.is_none()), "{ups:?}");
+        }
+        // Negotiated but no IPv6 address towards the peer: withheld, counted apart.
+        let no_nh = SessionParams {
+            next_hop_v6: None,
+            ..DUAL
+        };
+        let (out, withheld) = sendable(dual_rib(), &no_nh);
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            (withheld.family_not_negotiated, withheld.no_next_hop),
+            (0, 2)
+        );
+        // An IPv6-only peer gets no IPv4.
+        let v6_only = SessionParams {
+            families: Families::NONE.with(AddressFamily::Ipv6Unicast),
+            ..DUAL
+        };
+        let (out, withheld) = sendable(dual_rib(), &v6_only);
+        assert!(out.keys().all(IpAddr::is_ipv6));
+        assert_eq!(withheld.family_not_negotiated, 1);
+    }
+
+    #[test]
+    fn ipv4_over_an_ipv6_session_uses_the_extended_next_hop_only_if_negotiated() {
+        let v6_transport = SessionParams {
+            next_hop: None,
+            extended_next_hop: true,
+            ..DUAL
+        };
+        let ups = diff(&AdjRibOut::new(), &dual_rib(), v6_transport);
+        let v4 = ups
+            .iter()
+            .find_map(|u| {
+                u.mp_reach
+                    .as_ref()
+                    .filter(|r| r.family == AddressFamily::Ipv4Unicast)
+            })
+            .expect("IPv4 in MP_REACH_NLRI");
+        assert_eq!(v4.next_hop, IpAddr::V6(NH6.global));
+        assert!(ups.iter().all(|u| u.announced.is_empty()));
+        let no_enh = SessionParams {
+            extended_next_hop: false,
+            ..v6_transport
+        };
+        assert_eq!(sendable(dual_rib(), &no_enh).1.no_next_hop, 1);
+    }
+
+    #[test]
+    fn thousands_of_ipv6_vips_fit_in_legal_updates() {
+        let new: AdjRibOut = (0..3000u128)
+            .map(|i| {
+                (
+                    IpAddr::V6(Ipv6Addr::from(
+                        0x2001_0db8_ffff_0000_0000_0000_0000_0000 + i,
+                    )),
+                    RouteAttrs {
+                        communities: vec![1, 2, 3, crate::maintenance::GRACEFUL_SHUTDOWN],
+                        large_communities: vec![[1, 2, 3]],
+                        local_pref: None,
+                        as_path_prepend: 3,
+                        weight: Some(7),
+                    },
+                )
+            })
+            .collect();
+        for (old, new) in [(&AdjRibOut::new(), &new), (&new, &AdjRibOut::new())] {
+            let ups = diff(old, new, DUAL);
+            let moved: usize = ups
+                .iter()
+                .map(|u| u.announced_count() + u.withdrawn_count())
+                .sum();
+            assert_eq!(moved, 3000);
+            for u in &ups {
+                let b = encode(&Message::Update(u.clone())).expect("fits in 4096 bytes");
+                assert!(b.len() <= crate::wire::MAX_MESSAGE_LEN);
+            }
+        }
+    }
 }
