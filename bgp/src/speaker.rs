@@ -37,6 +37,20 @@ pub struct SpeakerConfig {
     /// BFD runs in juneau-bfd, which writes this status file; `None`: BFD runs in this
     /// process (see `crate::bfd_io`).
     pub bfd_status_file: Option<std::path::PathBuf>,
+    /// Offer IPv6 unicast on every session from the start (`--offer-ipv6`), not only
+    /// once a peer has an IPv6 VIP.
+    pub offer_ipv6: bool,
+}
+
+impl SpeakerConfig {
+    /// The families every session offers before any VIP asks for more.
+    fn base_families(&self) -> Families {
+        if self.offer_ipv6 {
+            Families::BOTH
+        } else {
+            Families::IPV4
+        }
+    }
 }
 
 /// Reads the node's control state in a thread (futex wake-ups, no polling) and publishes
@@ -398,7 +412,14 @@ fn reconcile(
             p.graceful_restart = false;
         });
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = PeerTask::new(pc.clone(), rid, owner, state_rx.clone(), hub.clone());
+        let task = PeerTask::new(
+            pc.clone(),
+            rid,
+            owner,
+            cfg.base_families(),
+            state_rx.clone(),
+            hub.clone(),
+        );
         let span = tracing::info_span!("peer", peer = %pc.name);
         let task = tokio::spawn(tracing::Instrument::instrument(task.run(rx), span));
         peers.insert(
@@ -459,10 +480,11 @@ impl PeerTask {
         cfg: PeerConfig,
         router_id: Ipv4Addr,
         owner: u64,
+        base: Families,
         state_rx: watch::Receiver<SharedState>,
         hub: Arc<StatusHub>,
     ) -> Self {
-        let offered = Families::IPV4.or(families_of(&rib::desired_for(
+        let offered = base.or(families_of(&rib::desired_for(
             &state_rx.borrow().1,
             &cfg.name,
         )));
