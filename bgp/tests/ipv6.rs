@@ -3,7 +3,7 @@
 //! speaker offers IPv6 too (the Cilium#30367 trap). Sessions run over IPv4: the node
 //! state has no IPv6 peer addresses or VIPs yet (docs/bgp.md, "IPv6").
 //!
-//! Needs root and the Debian packages `bird2`, `frr` (tests/setup.sh).
+//! Needs root and the Debian packages `bird2`, `frr`, `gobgpd` (tests/setup.sh).
 
 mod common;
 
@@ -164,6 +164,94 @@ fn frr_negotiates_ipv6_only_when_offered_and_gets_an_end_of_rib_per_family() -> 
             "IPv6 End-of-RIB iff negotiated: {n:#}"
         );
         assert_eq!(both("ipv6Unicast"), offer, "{n:#}");
+        drop(s);
+        drop(router);
+    }
+    Ok(())
+}
+
+fn gobgp_config() -> String {
+    let (rid, na) = (router_addr(0), node_addr(0));
+    let mut cfg = format!(
+        "[global.config]\n  as = {ROUTER_ASN}\n  router-id = \"{rid}\"\n  port = 179\n\
+         [[neighbors]]\n  [neighbors.config]\n    neighbor-address = \"{na}\"\n    peer-as = {NODE_ASN}\n\
+         [neighbors.timers.config]\n    hold-time = 9\n    keepalive-interval = 3\n    connect-retry = 1\n\
+         [neighbors.graceful-restart.config]\n    enabled = true\n    restart-time = 120\n"
+    );
+    for family in ["ipv4-unicast", "ipv6-unicast"] {
+        cfg += &format!(
+            "[[neighbors.afi-safis]]\n  [neighbors.afi-safis.config]\n    afi-safi-name = \"{family}\"\n\
+             [neighbors.afi-safis.mp-graceful-restart.config]\n    enabled = true\n"
+        );
+    }
+    cfg
+}
+
+/// GoBGP's neighbor as JSON (`gobgp neighbor <addr> -j`).
+fn gobgp_neighbor(topo: &Topo) -> Result<serde_json::Value> {
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            topo.router.name(),
+            "gobgp",
+            "-u",
+            "127.0.0.1",
+        ])
+        .args(["-p", "50051", "neighbor", &node_addr(0).to_string(), "-j"])
+        .output()?;
+    if !out.status.success() {
+        bail!("gobgp: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// GoBGP's per-family state for AFI `afi` (SAFI 1).
+fn gobgp_family(n: &serde_json::Value, afi: u64) -> serde_json::Value {
+    n["afi_safis"]
+        .as_array()
+        .and_then(|fs| fs.iter().find(|f| f["state"]["family"]["afi"] == afi))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// GoBGP with IPv4 and IPv6 unicast and graceful restart for both, on an IPv4
+/// session: with `--offer-ipv6` both families are negotiated, GoBGP sees our graceful
+/// restart capability list both and receives an End-of-RIB for each; without it, only
+/// IPv4, and no IPv6 End-of-RIB.
+#[test]
+fn gobgp_negotiates_ipv6_only_when_offered_and_gets_an_end_of_rib_per_family() -> Result<()> {
+    for offer in [true, false] {
+        let topo = Topo::new(if offer { "v6gobgp" } else { "v4gobgp" }, 1)?;
+        let router = Router::start_gobgp_with_config(&topo, &gobgp_config())?;
+        let peer = Speaker::peer_config(0, &NodePeering::default());
+        let args: &[&str] = if offer { &["--offer-ipv6"] } else { &[] };
+        let mut s = Speaker::start_with_args(&topo, 0, vec![peer], args)?;
+        s.publish_vips(&[VIP])?;
+        s.wait_established("router", UP)?;
+        router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
+        let want: &[&str] = if offer {
+            &["ipv4-unicast", "ipv6-unicast"]
+        } else {
+            &["ipv4-unicast"]
+        };
+        wait_families(&s, want)?;
+        let eor = |f: &serde_json::Value| {
+            f["mp_graceful_restart"]["state"]["end_of_rib_received"] == true
+        };
+        let n = wait_for("GoBGP to receive the IPv4 End-of-RIB", UP, || {
+            let n = gobgp_neighbor(&topo)?;
+            Ok(eor(&gobgp_family(&n, 1)).then_some(n))
+        })?;
+        std::thread::sleep(Duration::from_secs(1));
+        let n = if offer { gobgp_neighbor(&topo)? } else { n };
+        let v6 = gobgp_family(&n, 2);
+        assert_eq!(eor(&v6), offer, "IPv6 End-of-RIB iff negotiated: {v6:#}");
+        assert_eq!(
+            v6["mp_graceful_restart"]["state"]["received"] == true,
+            offer,
+            "our graceful restart lists IPv6 iff offered: {v6:#}"
+        );
         drop(s);
         drop(router);
     }
