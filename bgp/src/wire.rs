@@ -1288,11 +1288,13 @@ fn update_from_ng(u: &BgpUpdateMessage) -> Result<Message, DecodeError> {
             _ => {}
         }
     }
-    let mp_only = |pa: &PathAttribute| {
-        matches!(
-            pa.value(),
-            PathAttributeValue::MpReach(_) | PathAttributeValue::MpUnreach(_)
-        )
+    // MP attributes of our families are read into `mp_reach`/`mp_unreach`; any other
+    // attribute (an MP one of another family included) makes `attributes` present, so
+    // such an UPDATE is never mistaken for an End-of-RIB.
+    let mp_only = |pa: &PathAttribute| match pa.value() {
+        PathAttributeValue::MpReach(r) => mp_reach_from_ng(r).is_some(),
+        PathAttributeValue::MpUnreach(u) => mp_unreach_from_ng(u).is_some(),
+        _ => false,
     };
     if !u.path_attributes().iter().all(mp_only) {
         let mut a = PathAttributes {

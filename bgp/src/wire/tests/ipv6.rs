@@ -252,3 +252,18 @@ fn capabilities_offer_families_and_no_mp_capability_means_ipv4() {
         Families::NONE.with(AddressFamily::Ipv6Unicast)
     );
 }
+
+/// Found by the bgp-decode fuzz target: an UPDATE holding only an MP_UNREACH_NLRI of a
+/// family we do not speak (AFI 1, SAFI 252) is not the IPv4 End-of-RIB.
+#[test]
+fn mp_unreach_of_another_family_is_not_an_end_of_rib() {
+    let b = hex(&format!(
+        "{MARKER} 002e 02 0000 0017 800f14 0001 fc 80 20010db8ffff00000000000000000010"
+    ));
+    let s = inspect_update(&b).unwrap();
+    let Ok(Message::Update(u)) = decode(&b, DecodeContext::default()) else {
+        panic!("{:?}", decode(&b, DecodeContext::default()))
+    };
+    assert_eq!((s.end_of_rib, u.is_end_of_rib()), (false, false));
+    assert_eq!(u.end_of_rib_family(), None);
+}
