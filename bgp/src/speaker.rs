@@ -220,7 +220,14 @@ pub async fn run(
     mut shutdown: watch::Receiver<Stop>,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
-    let sock = TcpSocket::new_v4().context("creating listening socket")?;
+    // An IPv6 listening address (`[::]:179`) also takes IPv4 peers, as v4-mapped
+    // addresses (unless the host sets net.ipv6.bindv6only).
+    let sock = if cfg.listen.is_ipv6() {
+        TcpSocket::new_v6()
+    } else {
+        TcpSocket::new_v4()
+    }
+    .context("creating listening socket")?;
     sock.set_reuseaddr(true)?;
     sock.bind(cfg.listen)
         .with_context(|| format!("binding {}", cfg.listen))?;
@@ -230,7 +237,7 @@ pub async fn run(
     tracing::info!(listen = %cfg.listen, "accepting BGP connections");
 
     let mut peers: HashMap<String, PeerHandle> = HashMap::new();
-    let mut md5_keys: HashMap<Ipv4Addr, Secret> = HashMap::new();
+    let mut md5_keys: HashMap<IpAddr, Secret> = HashMap::new();
     let (bfd_tx, mut bfd_rx) = mpsc::unbounded_channel();
     let bfd = match &cfg.bfd_status_file {
         None => Some(crate::bfd_io::spawn(
@@ -272,8 +279,8 @@ pub async fn run(
             }
             acc = listener.accept() => {
                 let Ok((stream, addr)) = acc else { continue };
-                let ip = match addr.ip() { IpAddr::V4(ip) => ip, IpAddr::V6(_) => continue };
-                match peers.values().find(|p| p.cfg.peer_address == ip) {
+                let ip = addr.ip().to_canonical();
+                match peers.values().find(|p| IpAddr::from(p.cfg.peer_address) == ip) {
                     Some(p) => { let _ = p.tx.send(PeerCmd::Inbound(stream)); }
                     None => tracing::info!(%addr, "connection from an unconfigured address closed"),
                 }
@@ -309,7 +316,7 @@ fn reconcile(
     cfg: &SpeakerConfig,
     st: &SharedState,
     peers: &mut HashMap<String, PeerHandle>,
-    md5_keys: &mut HashMap<Ipv4Addr, Secret>,
+    md5_keys: &mut HashMap<IpAddr, Secret>,
     listener: &TcpListener,
     state_rx: &watch::Receiver<SharedState>,
     hub: &Arc<StatusHub>,
@@ -367,11 +374,16 @@ fn reconcile(
         }
     }
 
-    // TCP-MD5 keys on the listening socket, per peer address.
-    let new_keys: HashMap<Ipv4Addr, Secret> = state
+    // TCP-MD5 keys on the listening socket, per peer address (as the socket's family
+    // sees it).
+    let listen_v6 = cfg.listen.is_ipv6();
+    let new_keys: HashMap<IpAddr, Secret> = state
         .peers
         .iter()
-        .filter_map(|p| p.md5_password.clone().map(|k| (p.peer_address, k)))
+        .filter_map(|p| {
+            let addr = md5_key_address(listen_v6, p.peer_address.into());
+            p.md5_password.clone().map(|k| (addr, k))
+        })
         .collect();
     for addr in md5_keys.keys() {
         if !new_keys.contains_key(addr) {
@@ -431,6 +443,15 @@ fn reconcile(
                 task,
             },
         );
+    }
+}
+
+/// The address a listening socket's TCP-MD5 key for `peer` is set on: an IPv4 peer
+/// reaches an IPv6 socket as its v4-mapped address.
+fn md5_key_address(listen_v6: bool, peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V4(v4) if listen_v6 => IpAddr::V6(v4.to_ipv6_mapped()),
+        _ => peer,
     }
 }
 
@@ -969,5 +990,26 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn md5_keys_of_ipv4_peers_on_an_ipv6_listener_are_v4_mapped() {
+        let v4: IpAddr = "10.0.1.1".parse().unwrap();
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(md5_key_address(false, v4), v4);
+        assert_eq!(
+            md5_key_address(true, v4),
+            "::ffff:10.0.1.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(md5_key_address(true, v6), v6);
+        // The kernel takes the mapped key on an IPv6 socket.
+        let l = std::net::TcpListener::bind("[::]:0").unwrap();
+        sockopt::set_md5(l.as_raw_fd(), md5_key_address(true, v4), Some(b"k")).unwrap();
+        assert!(sockopt::set_md5(l.as_raw_fd(), v4, Some(b"k")).is_err());
     }
 }
