@@ -668,8 +668,16 @@ fn walk_mp(ty: u8, v: &[u8]) -> Result<usize, ()> {
     }
     let family = AddressFamily::from_afi_safi(u16::from_be_bytes([v[0], v[1]]), v[2]);
     let nlri_start = if ty == 14 {
-        let start = fixed + usize::from(v[3]);
-        if start > v.len() {
+        // Next-hop lengths: IPv6 16 or 32 (global + link-local, RFC 2545); IPv4 4, or
+        // 16/32 with an IPv6 next hop (RFC 8950). Any other is a malformed attribute.
+        let nh_len = v[3];
+        let valid = match family {
+            Some(AddressFamily::Ipv4Unicast) => matches!(nh_len, 4 | 16 | 32),
+            Some(AddressFamily::Ipv6Unicast) => matches!(nh_len, 16 | 32),
+            None => true,
+        };
+        let start = fixed + usize::from(nh_len);
+        if !valid || start > v.len() {
             return Err(());
         }
         start

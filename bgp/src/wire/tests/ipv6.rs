@@ -267,3 +267,32 @@ fn mp_unreach_of_another_family_is_not_an_end_of_rib() {
     assert_eq!((s.end_of_rib, u.is_end_of_rib()), (false, false));
     assert_eq!(u.end_of_rib_family(), None);
 }
+
+/// Found by the bgp-decode fuzz target: an IPv6 MP_REACH_NLRI whose next hop is 0 bytes
+/// long. netgauze reads 16 bytes of next hop whatever the length says (and so other
+/// prefixes); the walk refuses lengths RFC 2545 does not allow, which resets the
+/// session, and `decode` with it.
+#[test]
+fn ipv6_next_hop_lengths_other_than_16_and_32_reset_the_session() {
+    for len in [0u8, 4, 15, 17, 31, 33] {
+        // MP_REACH_NLRI AFI 2 SAFI 1, `len` bytes of next hop, reserved, no NLRI.
+        let mut attr = vec![0x80, 0x0e, 5 + len, 0, 2, 1, len];
+        attr.extend(std::iter::repeat_n(0x20, usize::from(len)));
+        attr.push(0);
+        let mut b = hex(&format!("{MARKER} 0000 02 0000"));
+        b.extend_from_slice(&(attr.len() as u16).to_be_bytes());
+        b.extend_from_slice(&attr);
+        let total = b.len() as u16;
+        b[16..18].copy_from_slice(&total.to_be_bytes());
+        let e = inspect_update(&b).unwrap_err();
+        assert!(e.resets_session(), "length {len}: {e}");
+        assert!(
+            decode(&b, DecodeContext::default()).is_err(),
+            "length {len}"
+        );
+    }
+    // 16 and 32 are fine.
+    for b in [ipv6_golden("ipv6 update"), ipv6_golden("ipv6 withdraw")] {
+        assert!(inspect_update(&b).is_ok());
+    }
+}
