@@ -241,9 +241,14 @@ impl Update {
         {
             return None;
         }
+        // RFC 4724 §2: IPv4 unicast's marker is the empty UPDATE; the other families'
+        // an UPDATE with only their empty MP_UNREACH_NLRI (an empty MP_UNREACH_NLRI of
+        // IPv4 unicast is not a marker, just an UPDATE withdrawing nothing).
         match &self.mp_unreach {
             None => Some(AddressFamily::Ipv4Unicast),
-            Some(u) if u.withdrawn.is_empty() => Some(u.family),
+            Some(u) if u.withdrawn.is_empty() && u.family != AddressFamily::Ipv4Unicast => {
+                Some(u.family)
+            }
             Some(_) => None,
         }
     }

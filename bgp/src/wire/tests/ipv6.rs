@@ -296,3 +296,17 @@ fn ipv6_next_hop_lengths_other_than_16_and_32_reset_the_session() {
         assert!(inspect_update(&b).is_ok());
     }
 }
+
+/// Found by the bgp-decode fuzz target: an UPDATE with only an empty MP_UNREACH_NLRI of
+/// IPv4 unicast. RFC 4724 makes IPv4's End-of-RIB the empty UPDATE, so this is not one
+/// (the walk, which looks at no attribute, agrees).
+#[test]
+fn empty_mp_unreach_of_ipv4_is_not_an_end_of_rib() {
+    let b = hex(&format!("{MARKER} 001d 02 0000 0006 800f03 0001 01"));
+    let s = inspect_update(&b).unwrap();
+    let Ok(Message::Update(u)) = decode(&b, DecodeContext::default()) else {
+        panic!("{:?}", decode(&b, DecodeContext::default()))
+    };
+    assert_eq!((s.end_of_rib, u.is_end_of_rib()), (false, false));
+    assert_eq!(u.end_of_rib_family(), None);
+}
