@@ -10,6 +10,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use crate::family::Families;
 use crate::wire::{
     self, cease, Capabilities, DecodeContext, GracefulRestart, Message, Notification, Open,
     OpenError,
@@ -60,6 +61,11 @@ pub struct SessionConfig {
     pub passive: bool,
     /// Offer graceful restart (RFC 4724) with this restart time.
     pub graceful_restart_time: Option<u16>,
+    /// The families to offer (one multiprotocol capability each, RFC 4760); graceful
+    /// restart lists the same families.
+    pub families: Families,
+    /// Offer IPv4 routes with an IPv6 next hop (RFC 8950): for sessions over IPv6.
+    pub extended_next_hop: bool,
 }
 
 impl SessionConfig {
@@ -70,14 +76,17 @@ impl SessionConfig {
             router_id: self.router_id,
             capabilities: Capabilities {
                 four_octet_as: Some(self.local_asn),
-                mp_ipv4_unicast: true,
+                multiprotocol: self.families,
+                extended_next_hop: self.extended_next_hop,
                 route_refresh: true,
                 // Forwarding state is preserved: the dataplane keeps forwarding while the
-                // speaker restarts, so the peer may keep using our routes.
+                // speaker restarts, so the peer may keep using our routes. Only the
+                // families we offer are listed (a peer that negotiates fewer ignores the
+                // rest, RFC 4724 §3).
                 graceful_restart: self.graceful_restart_time.map(|t| GracefulRestart {
                     restarted: false,
                     restart_time: t.min(4095),
-                    ipv4_unicast_forwarding: Some(true),
+                    families: self.families.iter().map(|af| (af, true)).collect(),
                 }),
                 any: true,
             },
@@ -142,6 +151,11 @@ pub struct Negotiated {
     pub peer: Open,
     /// Both sides offered graceful restart.
     pub graceful_restart: bool,
+    /// The families both sides offered: only these are sent, and each gets an
+    /// End-of-RIB.
+    pub families: Families,
+    /// Both sides offered IPv4 routes with an IPv6 next hop (RFC 8950).
+    pub extended_next_hop: bool,
 }
 
 /// Why a session went down.
@@ -370,6 +384,8 @@ impl Peer {
                 a.hold_time,
                 a.keepalive_time,
                 a.graceful_restart_time,
+                a.families,
+                a.extended_next_hop,
             ) != (
                 b.local_asn,
                 b.peer_asn,
@@ -377,6 +393,8 @@ impl Peer {
                 b.hold_time,
                 b.keepalive_time,
                 b.graceful_restart_time,
+                b.families,
+                b.extended_next_hop,
             )
         };
         if open_changed {
@@ -569,7 +587,7 @@ impl Peer {
         if ty == wire::msg_type::UPDATE && state == State::Established {
             self.restart_hold(id, out);
             match wire::inspect_update(msg) {
-                Ok(s) => self.prefixes_received += s.announced as u64,
+                Ok(s) => self.prefixes_received += (s.announced + s.mp_announced) as u64,
                 Err(e) if !e.resets_session() => out.push(Action::TreatAsWithdraw(e.to_string())),
                 Err(e) => {
                     out.push(Action::Error(e.to_string()));
@@ -712,6 +730,8 @@ impl Peer {
             keepalive,
             graceful_restart: self.cfg.graceful_restart_time.is_some()
                 && open.capabilities.graceful_restart.is_some(),
+            families: self.cfg.families.and(open.capabilities.families()),
+            extended_next_hop: self.cfg.extended_next_hop && open.capabilities.extended_next_hop,
             peer: open.clone(),
         };
         let c = self.conn_mut(id).expect("checked");

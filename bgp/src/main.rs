@@ -56,6 +56,11 @@ struct Args {
     /// set-ups (another forwarder behind the VIPs) and tests without a dataplane.
     #[arg(long)]
     no_dataplane_gate: bool,
+    /// Offer IPv6 unicast (MP-BGP) on every session from the start, not only once a peer
+    /// has an IPv6 VIP: a dual-stack cluster avoids the one session reset the first IPv6
+    /// VIP would cause. A router that does not negotiate it is sent no IPv6 route.
+    #[arg(long)]
+    offer_ipv6: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -153,6 +158,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         router_id: args.router_id,
         listen: args.listen,
         bfd_status_file: args.bfd_status_file.clone(),
+        offer_ipv6: args.offer_ipv6,
     };
     let stopped = stop_rx.clone();
     speaker::run(cfg, state_rx, hub.clone(), stop_rx).await?;

@@ -57,8 +57,9 @@ pub fn apply(mut desired: AdjRibOut, d: &DrainSettings, phase: Phase) -> AdjRibO
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::family::Families;
     use crate::rib::{diff, RouteAttrs, SessionParams};
-    use std::net::Ipv4Addr;
+    use std::net::{IpAddr, Ipv4Addr};
 
     #[test]
     fn depreferred_then_withdrawn() {
@@ -67,7 +68,7 @@ mod tests {
             local_pref: 0,
             wait_seconds: 10,
         };
-        let vip = Ipv4Addr::new(192, 0, 2, 1);
+        let vip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
         let rib: AdjRibOut = [(
             vip,
             RouteAttrs {
@@ -92,7 +93,10 @@ mod tests {
         let ebgp = SessionParams {
             local_asn: 65001,
             ibgp: false,
-            next_hop: Ipv4Addr::new(10, 0, 0, 2),
+            next_hop: Some(Ipv4Addr::new(10, 0, 0, 2)),
+            next_hop_v6: None,
+            families: Families::IPV4,
+            extended_next_hop: false,
         };
         let ups = diff(&rib, &out, ebgp);
         assert_eq!(ups.len(), 1, "re-announced in place, not withdrawn");

@@ -2,7 +2,7 @@
 //! exactly the VIPs the node's control state lists.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::family::{AddressFamily, Families};
 use crate::fsm::{self, Action, ConnId, Event, Peer, SessionConfig, Timer};
 use crate::rib::{self, AdjRibOut, SessionParams};
 use crate::sockopt;
@@ -36,6 +37,20 @@ pub struct SpeakerConfig {
     /// BFD runs in juneau-bfd, which writes this status file; `None`: BFD runs in this
     /// process (see `crate::bfd_io`).
     pub bfd_status_file: Option<std::path::PathBuf>,
+    /// Offer IPv6 unicast on every session from the start (`--offer-ipv6`), not only
+    /// once a peer has an IPv6 VIP.
+    pub offer_ipv6: bool,
+}
+
+impl SpeakerConfig {
+    /// The families every session offers before any VIP asks for more.
+    fn base_families(&self) -> Families {
+        if self.offer_ipv6 {
+            Families::BOTH
+        } else {
+            Families::IPV4
+        }
+    }
 }
 
 /// Reads the node's control state in a thread (futex wake-ups, no polling) and publishes
@@ -161,8 +176,18 @@ fn socket_settings(p: &PeerConfig) -> impl PartialEq + '_ {
     )
 }
 
-fn session_config(cfg: &PeerConfig, router_id: Ipv4Addr) -> SessionConfig {
+/// `families`: what the OPEN offers (IPv4 unicast always; IPv6 unicast once the peer has
+/// an IPv6 VIP to carry or the session runs over IPv6). Over IPv6 the OPEN also offers
+/// IPv4 routes with an IPv6 next hop (RFC 8950).
+fn session_config(cfg: &PeerConfig, router_id: Ipv4Addr, families: Families) -> SessionConfig {
+    let over_ipv6 = IpAddr::from(cfg.peer_address).is_ipv6();
     SessionConfig {
+        families: if over_ipv6 {
+            families.with(AddressFamily::Ipv6Unicast)
+        } else {
+            families
+        },
+        extended_next_hop: over_ipv6,
         local_asn: cfg.local_asn,
         peer_asn: cfg.peer_asn,
         router_id,
@@ -195,7 +220,14 @@ pub async fn run(
     mut shutdown: watch::Receiver<Stop>,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
-    let sock = TcpSocket::new_v4().context("creating listening socket")?;
+    // An IPv6 listening address (`[::]:179`) also takes IPv4 peers, as v4-mapped
+    // addresses (unless the host sets net.ipv6.bindv6only).
+    let sock = if cfg.listen.is_ipv6() {
+        TcpSocket::new_v6()
+    } else {
+        TcpSocket::new_v4()
+    }
+    .context("creating listening socket")?;
     sock.set_reuseaddr(true)?;
     sock.bind(cfg.listen)
         .with_context(|| format!("binding {}", cfg.listen))?;
@@ -205,7 +237,7 @@ pub async fn run(
     tracing::info!(listen = %cfg.listen, "accepting BGP connections");
 
     let mut peers: HashMap<String, PeerHandle> = HashMap::new();
-    let mut md5_keys: HashMap<Ipv4Addr, Secret> = HashMap::new();
+    let mut md5_keys: HashMap<IpAddr, Secret> = HashMap::new();
     let (bfd_tx, mut bfd_rx) = mpsc::unbounded_channel();
     let bfd = match &cfg.bfd_status_file {
         None => Some(crate::bfd_io::spawn(
@@ -247,8 +279,8 @@ pub async fn run(
             }
             acc = listener.accept() => {
                 let Ok((stream, addr)) = acc else { continue };
-                let ip = match addr.ip() { IpAddr::V4(ip) => ip, IpAddr::V6(_) => continue };
-                match peers.values().find(|p| p.cfg.peer_address == ip) {
+                let ip = addr.ip().to_canonical();
+                match peers.values().find(|p| IpAddr::from(p.cfg.peer_address) == ip) {
                     Some(p) => { let _ = p.tx.send(PeerCmd::Inbound(stream)); }
                     None => tracing::info!(%addr, "connection from an unconfigured address closed"),
                 }
@@ -284,7 +316,7 @@ fn reconcile(
     cfg: &SpeakerConfig,
     st: &SharedState,
     peers: &mut HashMap<String, PeerHandle>,
-    md5_keys: &mut HashMap<Ipv4Addr, Secret>,
+    md5_keys: &mut HashMap<IpAddr, Secret>,
     listener: &TcpListener,
     state_rx: &watch::Receiver<SharedState>,
     hub: &Arc<StatusHub>,
@@ -342,11 +374,16 @@ fn reconcile(
         }
     }
 
-    // TCP-MD5 keys on the listening socket, per peer address.
-    let new_keys: HashMap<Ipv4Addr, Secret> = state
+    // TCP-MD5 keys on the listening socket, per peer address (as the socket's family
+    // sees it).
+    let listen_v6 = cfg.listen.is_ipv6();
+    let new_keys: HashMap<IpAddr, Secret> = state
         .peers
         .iter()
-        .filter_map(|p| p.md5_password.clone().map(|k| (p.peer_address, k)))
+        .filter_map(|p| {
+            let addr = md5_key_address(listen_v6, p.peer_address.into());
+            p.md5_password.clone().map(|k| (addr, k))
+        })
         .collect();
     for addr in md5_keys.keys() {
         if !new_keys.contains_key(addr) {
@@ -387,7 +424,14 @@ fn reconcile(
             p.graceful_restart = false;
         });
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = PeerTask::new(pc.clone(), rid, owner, state_rx.clone(), hub.clone());
+        let task = PeerTask::new(
+            pc.clone(),
+            rid,
+            owner,
+            cfg.base_families(),
+            state_rx.clone(),
+            hub.clone(),
+        );
         let span = tracing::info_span!("peer", peer = %pc.name);
         let task = tokio::spawn(tracing::Instrument::instrument(task.run(rx), span));
         peers.insert(
@@ -399,6 +443,15 @@ fn reconcile(
                 task,
             },
         );
+    }
+}
+
+/// The address a listening socket's TCP-MD5 key for `peer` is set on: an IPv4 peer
+/// reaches an IPv6 socket as its v4-mapped address.
+fn md5_key_address(listen_v6: bool, peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V4(v4) if listen_v6 => IpAddr::V6(v4.to_ipv6_mapped()),
+        _ => peer,
     }
 }
 
@@ -414,7 +467,7 @@ enum Io {
 struct ConnIo {
     writer: OwnedWriteHalf,
     reader: JoinHandle<()>,
-    local: SocketAddrV4,
+    local: SocketAddr,
 }
 
 struct PeerTask {
@@ -428,6 +481,13 @@ struct PeerTask {
     state_rx: watch::Receiver<SharedState>,
     hub: Arc<StatusHub>,
     owner: u64,
+    router_id: Ipv4Addr,
+    /// The families the OPEN offers; IPv6 unicast is added (a session reset) when the
+    /// first IPv6 VIP for this peer appears, and kept until the task ends.
+    offered: Families,
+    /// FSM actions to carry out at the top of the task's loop (a reset decided while
+    /// carrying out other actions).
+    deferred: Vec<Action>,
     /// The established connection, its announcement parameters, and what the peer has.
     session: Option<(ConnId, SessionParams, bool)>,
     rib_out: AdjRibOut,
@@ -441,10 +501,15 @@ impl PeerTask {
         cfg: PeerConfig,
         router_id: Ipv4Addr,
         owner: u64,
+        base: Families,
         state_rx: watch::Receiver<SharedState>,
         hub: Arc<StatusHub>,
     ) -> Self {
-        let sc = session_config(&cfg, router_id);
+        let offered = base.or(families_of(&rib::desired_for(
+            &state_rx.borrow().1,
+            &cfg.name,
+        )));
+        let sc = session_config(&cfg, router_id, offered);
         let (io_tx, io_rx) = mpsc::unbounded_channel();
         PeerTask {
             cfg,
@@ -457,6 +522,9 @@ impl PeerTask {
             state_rx,
             hub,
             owner,
+            router_id,
+            offered,
+            deferred: Vec::new(),
             session: None,
             rib_out: AdjRibOut::new(),
             drain: None,
@@ -505,6 +573,10 @@ impl PeerTask {
         let acts = self.fsm.handle(Event::Start);
         self.apply(acts).await;
         loop {
+            let deferred = std::mem::take(&mut self.deferred);
+            if !deferred.is_empty() {
+                self.apply(deferred).await;
+            }
             let deadline = self.timers.values().min().copied();
             tokio::select! {
                 _ = sleep_until_opt(self.drain_deadline()) => {
@@ -527,8 +599,9 @@ impl PeerTask {
                         }
                     }
                     Some(PeerCmd::Reconfigure { cfg, router_id, reset }) => {
-                        let sc = session_config(&cfg, router_id);
+                        let sc = session_config(&cfg, router_id, self.offered);
                         self.cfg = cfg;
+                        self.router_id = router_id;
                         let mut acts = Vec::new();
                         if reset {
                             let n = Notification::cease(cease::OTHER_CONFIGURATION_CHANGE);
@@ -644,11 +717,10 @@ impl PeerTask {
 
     /// Splits a connected stream, starts its reader; false if it is unusable.
     fn register(&mut self, id: ConnId, stream: TcpStream) -> bool {
-        let local = match stream.local_addr() {
-            Ok(SocketAddr::V4(a)) => a,
-            _ => return false,
+        let Ok(local) = stream.local_addr() else {
+            return false;
         };
-        if let Err(e) = sockopt::set_ttl(stream.as_raw_fd(), self.ttl()) {
+        if let Err(e) = sockopt::set_ttl(stream.as_raw_fd(), local.is_ipv6(), self.ttl()) {
             tracing::warn!(error = %e, "cannot set TTL");
         }
         let _ = stream.set_nodelay(true);
@@ -688,19 +760,20 @@ impl PeerTask {
         let timeout = Duration::from_secs(cfg.connect_retry_time.clamp(2, 30) as u64);
         let h = tokio::spawn(async move {
             let r = async {
-                let sock = TcpSocket::new_v4()?;
+                let peer_ip = IpAddr::from(cfg.peer_address);
+                let sock = if peer_ip.is_ipv6() {
+                    TcpSocket::new_v6()?
+                } else {
+                    TcpSocket::new_v4()?
+                };
                 if let Some(pw) = &cfg.md5_password {
-                    sockopt::set_md5(
-                        sock.as_raw_fd(),
-                        cfg.peer_address,
-                        Some(pw.expose().as_bytes()),
-                    )?;
+                    sockopt::set_md5(sock.as_raw_fd(), peer_ip, Some(pw.expose().as_bytes()))?;
                 }
-                sockopt::set_ttl(sock.as_raw_fd(), ttl)?;
+                sockopt::set_ttl(sock.as_raw_fd(), peer_ip.is_ipv6(), ttl)?;
                 if let Some(src) = cfg.source_address {
-                    sock.bind(SocketAddr::V4(SocketAddrV4::new(src, 0)))?;
+                    sock.bind(SocketAddr::new(src.into(), 0))?;
                 }
-                let peer = SocketAddr::V4(SocketAddrV4::new(cfg.peer_address, cfg.peer_port));
+                let peer = SocketAddr::new(peer_ip, cfg.peer_port);
                 match tokio::time::timeout(timeout, sock.connect(peer)).await {
                     Ok(r) => r,
                     Err(_) => Err(std::io::Error::new(
@@ -764,24 +837,24 @@ impl PeerTask {
                     let Some(c) = self.conns.get(&id) else {
                         continue;
                     };
-                    let next_hop = self.cfg.source_address.unwrap_or(*c.local.ip());
-                    let params = SessionParams {
-                        local_asn: self.cfg.local_asn,
-                        ibgp: self.cfg.local_asn == self.cfg.peer_asn,
-                        next_hop,
-                    };
-                    tracing::info!(peer_router_id = %neg.peer.router_id, hold = ?neg.hold_time, graceful_restart = neg.graceful_restart, %next_hop, "established");
+                    let params = self.session_params(c.local.ip(), &neg);
+                    tracing::info!(peer_router_id = %neg.peer.router_id, hold = ?neg.hold_time, graceful_restart = neg.graceful_restart, families = ?neg.families, next_hop = ?params.next_hop, next_hop_v6 = ?params.next_hop_v6, "established");
                     self.session = Some((id, params, neg.graceful_restart));
                     self.rib_out.clear();
-                    let gr = neg.graceful_restart;
+                    let (gr, families) = (neg.graceful_restart, neg.families);
                     self.hub.peer_owned(&self.cfg.name, self.owner, |p| {
                         p.established_since_unix = Some(unix_now());
                         p.graceful_restart = gr;
+                        p.families = families;
                     });
                     self.sync_routes().await;
-                    // End-of-RIB after the initial announcements (RFC 4724).
-                    let eor = wire::encode(&Message::Update(Update::end_of_rib())).expect("fixed");
-                    self.send(id, &eor).await;
+                    // End-of-RIB after the initial announcements (RFC 4724), one per
+                    // negotiated family and only those.
+                    for af in families.iter() {
+                        let eor = wire::encode(&Message::Update(Update::end_of_rib_for(af)))
+                            .expect("fixed");
+                        self.send(id, &eor).await;
+                    }
                 }
                 Action::Down(reason) => {
                     tracing::warn!(%reason, "session down");
@@ -794,6 +867,7 @@ impl PeerTask {
                         p.established_since_unix = None;
                         p.prefixes_announced = 0;
                         p.graceful_restart = false;
+                        p.families = Families::NONE;
                     });
                 }
                 Action::RouteRefresh(_) => {
@@ -817,17 +891,23 @@ impl PeerTask {
 
     /// Brings the peer's routes in line with the control state; true if UPDATEs were sent.
     async fn sync_routes(&mut self) -> bool {
-        let Some((id, params, _)) = self.session else {
-            return false;
-        };
         let mut desired = {
             let st = self.state_rx.borrow_and_update();
             rib::desired_for(&st.1, &self.cfg.name)
+        };
+        if self.offer_families(&desired) {
+            return false;
+        }
+        let Some((id, params, _)) = self.session else {
+            return false;
         };
         if let (Some(d), Some((since, _))) = (&self.cfg.drain, self.drain) {
             let phase = crate::maintenance::phase(d, since.elapsed());
             desired = crate::maintenance::apply(desired, d, phase);
         }
+        let (desired, withheld) = rib::sendable(desired, &params);
+        self.hub
+            .peer_owned(&self.cfg.name, self.owner, |p| p.not_sent = withheld);
         let updates = rib::diff(&self.rib_out, &desired, params);
         if updates.is_empty() {
             return false;
@@ -840,7 +920,7 @@ impl PeerTask {
             }
         }
         let (ann, wd): (usize, usize) = updates.iter().fold((0, 0), |(a, w), u| {
-            (a + u.announced.len(), w + u.withdrawn.len())
+            (a + u.announced_count(), w + u.withdrawn_count())
         });
         if self.send(id, &bytes).await {
             tracing::info!(
@@ -862,9 +942,74 @@ impl PeerTask {
     }
 }
 
+impl PeerTask {
+    /// The announcement parameters of a session established from local address `local`.
+    fn session_params(&self, local: IpAddr, neg: &fsm::Negotiated) -> SessionParams {
+        let next_hop = self.cfg.source_address.or(match local {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(_) => None,
+        });
+        let needs_v6 = neg.families.contains(AddressFamily::Ipv6Unicast)
+            || (next_hop.is_none() && neg.extended_next_hop);
+        SessionParams {
+            local_asn: self.cfg.local_asn,
+            ibgp: self.cfg.local_asn == self.cfg.peer_asn,
+            next_hop,
+            next_hop_v6: needs_v6
+                .then(|| crate::next_hop::for_session(local))
+                .flatten(),
+            families: neg.families,
+            extended_next_hop: neg.extended_next_hop,
+        }
+    }
+
+    /// Adds IPv6 unicast to the families the OPEN offers once `desired` holds an IPv6
+    /// VIP. Capabilities are only exchanged in the OPEN, so an established session is
+    /// reset (Cease, Other Configuration Change; carried out by the task's loop) to
+    /// offer it; true if it is.
+    fn offer_families(&mut self, desired: &AdjRibOut) -> bool {
+        let wanted = self.offered.or(families_of(desired));
+        if wanted == self.offered {
+            return false;
+        }
+        tracing::info!(families = ?wanted, "offering new address families: the session restarts");
+        self.offered = wanted;
+        let sc = session_config(&self.cfg, self.router_id, wanted);
+        let acts = self.fsm.handle(Event::ConfigChanged(sc));
+        self.deferred.extend(acts);
+        true
+    }
+}
+
+/// The families of the routes in `rib`.
+fn families_of(rib: &AdjRibOut) -> Families {
+    rib.keys().map(|v| AddressFamily::of(*v)).collect()
+}
+
 async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn md5_keys_of_ipv4_peers_on_an_ipv6_listener_are_v4_mapped() {
+        let v4: IpAddr = "10.0.1.1".parse().unwrap();
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(md5_key_address(false, v4), v4);
+        assert_eq!(
+            md5_key_address(true, v4),
+            "::ffff:10.0.1.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(md5_key_address(true, v6), v6);
+        // The kernel takes the mapped key on an IPv6 socket.
+        let l = std::net::TcpListener::bind("[::]:0").unwrap();
+        sockopt::set_md5(l.as_raw_fd(), md5_key_address(true, v4), Some(b"k")).unwrap();
+        assert!(sockopt::set_md5(l.as_raw_fd(), v4, Some(b"k")).is_err());
     }
 }

@@ -41,6 +41,11 @@ pub struct PeerStatus {
     pub treat_as_withdraw: u64,
     /// Graceful restart was negotiated on the current session.
     pub graceful_restart: bool,
+    /// The address families negotiated on the current session (`["ipv4-unicast"]`...).
+    pub families: crate::family::Families,
+    /// VIPs not sent to this peer, by reason (a family the peer did not negotiate, no
+    /// next hop of the family).
+    pub not_sent: crate::rib::Withheld,
     /// BFD on the path to the peer, when configured.
     pub bfd: Option<BfdStatus>,
     /// Which run of the peer's task owns this entry (a reconfigured peer's old task must
@@ -65,6 +70,8 @@ impl PeerStatus {
             updates_sent: 0,
             treat_as_withdraw: 0,
             graceful_restart: false,
+            families: crate::family::Families::NONE,
+            not_sent: crate::rib::Withheld::default(),
             bfd: None,
             owner: 0,
         }

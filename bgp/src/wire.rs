@@ -11,28 +11,32 @@
 //! says must reset the session and counts prefixes. [`decode`] parses everything (tests,
 //! tooling, OPEN).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use netgauze_bgp_pkt::capabilities::{
-    BgpCapability, FourOctetAsCapability, GracefulRestartAddressFamily, GracefulRestartCapability,
+    BgpCapability, ExtendedNextHopEncoding, ExtendedNextHopEncodingCapability,
+    FourOctetAsCapability, GracefulRestartAddressFamily, GracefulRestartCapability,
     MultiProtocolExtensionsCapability,
 };
 use netgauze_bgp_pkt::community::{Community, LargeCommunity};
-use netgauze_bgp_pkt::nlri::{Ipv4Unicast, Ipv4UnicastAddress};
+use netgauze_bgp_pkt::nlri::{Ipv4Unicast, Ipv4UnicastAddress, Ipv6Unicast, Ipv6UnicastAddress};
 use netgauze_bgp_pkt::notification::BgpNotificationMessage;
 use netgauze_bgp_pkt::open::{BgpOpenMessage, BgpOpenMessageParameter};
 use netgauze_bgp_pkt::path_attribute::{
     As4PathSegment, AsPath, AsPathSegmentType, Communities, LargeCommunities, LocalPreference,
-    NextHop, Origin as NgOrigin, PathAttribute, PathAttributeValue,
+    MpReach as NgMpReach, MpUnreach as NgMpUnreach, NextHop, Origin as NgOrigin, PathAttribute,
+    PathAttributeValue,
 };
 use netgauze_bgp_pkt::update::BgpUpdateMessage;
 use netgauze_bgp_pkt::wire::deserializer::BgpParsingContext;
 use netgauze_bgp_pkt::BgpMessage;
-use netgauze_iana::address_family::AddressType;
+use netgauze_iana::address_family::{AddressFamily as NgAfi, AddressType};
 use netgauze_parse_utils::reader::SliceReader;
 use netgauze_parse_utils::traits::ParseFromWithOneInput;
 use netgauze_parse_utils::WritablePdu;
+
+pub use crate::family::{AddressFamily, Families};
 
 /// Length of the fixed BGP header (marker, length, type).
 pub const HEADER_LEN: usize = 19;
@@ -93,8 +97,10 @@ pub struct Open {
 pub struct Capabilities {
     /// 4-octet AS number (RFC 6793).
     pub four_octet_as: Option<u32>,
-    /// Multiprotocol extensions (RFC 4760) for IPv4 unicast.
-    pub mp_ipv4_unicast: bool,
+    /// Multiprotocol extensions (RFC 4760): one capability per family listed.
+    pub multiprotocol: Families,
+    /// Extended next hop (RFC 8950) for IPv4 unicast NLRI with an IPv6 next hop.
+    pub extended_next_hop: bool,
     /// Route refresh (RFC 2918).
     pub route_refresh: bool,
     /// Graceful restart (RFC 4724).
@@ -105,15 +111,28 @@ pub struct Capabilities {
 }
 
 /// The graceful-restart capability.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GracefulRestart {
     /// "R" bit: the sender has restarted.
     pub restarted: bool,
     /// Restart time in seconds (12 bits).
     pub restart_time: u16,
-    /// IPv4 unicast is preserved over a restart; the value is the "forwarding state
-    /// preserved" bit. `None`: IPv4 unicast not listed.
-    pub ipv4_unicast_forwarding: Option<bool>,
+    /// The families whose routes are preserved over a restart, each with its
+    /// "forwarding state preserved" bit.
+    pub families: Vec<(AddressFamily, bool)>,
+}
+
+impl Capabilities {
+    /// The families this OPEN offers: those with a multiprotocol capability, or IPv4
+    /// unicast alone when it carries none (RFC 4760 §8: a speaker without the capability
+    /// speaks IPv4 unicast only).
+    pub fn families(&self) -> Families {
+        if self.multiprotocol.is_empty() {
+            Families::IPV4
+        } else {
+            self.multiprotocol
+        }
+    }
 }
 
 /// ORIGIN.
@@ -134,7 +153,8 @@ pub struct PathAttributes {
     pub origin: Origin,
     /// AS_PATH as one AS_SEQUENCE of 4-byte ASNs (empty for iBGP).
     pub as_path: Vec<u32>,
-    /// NEXT_HOP.
+    /// NEXT_HOP of the IPv4 NLRI field: sent only with IPv4 NLRI (an UPDATE carrying only
+    /// MP_REACH_NLRI has none, RFC 4760 §3); `0.0.0.0` when the UPDATE has none.
     pub next_hop: Ipv4Addr,
     /// LOCAL_PREF (iBGP only).
     pub local_pref: Option<u32>,
@@ -157,6 +177,33 @@ pub struct Update {
     pub attributes: Option<PathAttributes>,
     /// Announced prefixes.
     pub announced: Vec<Ipv4Net>,
+    /// MP_REACH_NLRI (RFC 4760): announcements of another family, or IPv4 with an IPv6
+    /// next hop (RFC 8950). Sent with [`Update::attributes`].
+    pub mp_reach: Option<MpReach>,
+    /// MP_UNREACH_NLRI (RFC 4760): withdrawals of one family.
+    pub mp_unreach: Option<MpUnreach>,
+}
+
+/// MP_REACH_NLRI for one of our families.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpReach {
+    /// AFI/SAFI of the prefixes.
+    pub family: AddressFamily,
+    /// Global next hop (IPv6 for IPv6 unicast and for RFC 8950 IPv4 routes).
+    pub next_hop: IpAddr,
+    /// Link-local next hop, sent after the global one as a 32-byte next hop (RFC 2545).
+    pub link_local: Option<Ipv6Addr>,
+    /// Announced prefixes, all of `family`.
+    pub announced: Vec<IpNet>,
+}
+
+/// MP_UNREACH_NLRI for one of our families.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpUnreach {
+    /// AFI/SAFI of the prefixes.
+    pub family: AddressFamily,
+    /// Withdrawn prefixes, all of `family` (none: End-of-RIB).
+    pub withdrawn: Vec<IpNet>,
 }
 
 impl Update {
@@ -165,9 +212,55 @@ impl Update {
         Update::default()
     }
 
+    /// The End-of-RIB marker of `family`: an empty UPDATE for IPv4 unicast, an UPDATE
+    /// holding only an empty MP_UNREACH_NLRI for the others (RFC 4724 §2).
+    pub fn end_of_rib_for(family: AddressFamily) -> Self {
+        match family {
+            AddressFamily::Ipv4Unicast => Update::end_of_rib(),
+            _ => Update {
+                mp_unreach: Some(MpUnreach {
+                    family,
+                    withdrawn: vec![],
+                }),
+                ..Update::default()
+            },
+        }
+    }
+
     /// Whether this UPDATE is the IPv4 unicast End-of-RIB marker.
     pub fn is_end_of_rib(&self) -> bool {
-        self.withdrawn.is_empty() && self.announced.is_empty() && self.attributes.is_none()
+        self.end_of_rib_family() == Some(AddressFamily::Ipv4Unicast)
+    }
+
+    /// The family this UPDATE is the End-of-RIB marker of, if it is one.
+    pub fn end_of_rib_family(&self) -> Option<AddressFamily> {
+        if !self.withdrawn.is_empty()
+            || !self.announced.is_empty()
+            || self.attributes.is_some()
+            || self.mp_reach.is_some()
+        {
+            return None;
+        }
+        // RFC 4724 §2: IPv4 unicast's marker is the empty UPDATE; the other families'
+        // an UPDATE with only their empty MP_UNREACH_NLRI (an empty MP_UNREACH_NLRI of
+        // IPv4 unicast is not a marker, just an UPDATE withdrawing nothing).
+        match &self.mp_unreach {
+            None => Some(AddressFamily::Ipv4Unicast),
+            Some(u) if u.withdrawn.is_empty() && u.family != AddressFamily::Ipv4Unicast => {
+                Some(u.family)
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Prefixes announced, IPv4 NLRI and MP_REACH_NLRI together.
+    pub fn announced_count(&self) -> usize {
+        self.announced.len() + self.mp_reach.as_ref().map_or(0, |r| r.announced.len())
+    }
+
+    /// Prefixes withdrawn, IPv4 withdrawn routes and MP_UNREACH_NLRI together.
+    pub fn withdrawn_count(&self) -> usize {
+        self.withdrawn.len() + self.mp_unreach.as_ref().map_or(0, |u| u.withdrawn.len())
     }
 }
 
@@ -469,9 +562,9 @@ pub enum EncodeError {
     /// The message is longer than 4096 bytes.
     #[error("message of {0} bytes exceeds the 4096-byte BGP maximum")]
     TooLong(usize),
-    /// A prefix is not a valid IPv4 unicast network.
-    #[error("{0} is not a valid IPv4 unicast network")]
-    InvalidPrefix(Ipv4Net),
+    /// A prefix is not a valid unicast network of its family.
+    #[error("{0} is not a valid unicast network of its address family")]
+    InvalidPrefix(IpNet),
     /// netgauze refused the message.
     #[error("codec: {0}")]
     Codec(String),
@@ -544,12 +637,20 @@ pub struct UpdateSummary {
     pub announced: usize,
     /// Whether it is the IPv4 unicast End-of-RIB marker.
     pub end_of_rib: bool,
+    /// Prefixes of our families (IPv4 and IPv6 unicast) in MP_REACH_NLRI.
+    pub mp_announced: usize,
+    /// Prefixes of our families in MP_UNREACH_NLRI.
+    pub mp_withdrawn: usize,
 }
 
-fn walk_prefixes(mut field: &[u8]) -> Result<usize, ()> {
+fn walk_prefixes(field: &[u8]) -> Result<usize, ()> {
+    walk_prefixes_of(field, 32)
+}
+
+fn walk_prefixes_of(mut field: &[u8], max_bits: u8) -> Result<usize, ()> {
     let mut n = 0;
     while let Some((&bits, rest)) = field.split_first() {
-        if bits > 32 {
+        if bits > max_bits {
             return Err(());
         }
         let bytes = (bits as usize).div_ceil(8);
@@ -560,6 +661,39 @@ fn walk_prefixes(mut field: &[u8]) -> Result<usize, ()> {
         n += 1;
     }
     Ok(n)
+}
+
+/// Counts the prefixes of an MP_REACH_NLRI (type 14) or MP_UNREACH_NLRI (15) attribute
+/// value of one of our families; 0 for other families, whose NLRI is not looked at.
+/// `Err`: the NLRI cannot be located, which resets the session (RFC 7606 §7.11).
+fn walk_mp(ty: u8, v: &[u8]) -> Result<usize, ()> {
+    let fixed = if ty == 14 { 5 } else { 3 };
+    if v.len() < fixed {
+        return Err(());
+    }
+    let family = AddressFamily::from_afi_safi(u16::from_be_bytes([v[0], v[1]]), v[2]);
+    let nlri_start = if ty == 14 {
+        // Next-hop lengths: IPv6 16 or 32 (global + link-local, RFC 2545); IPv4 4, or
+        // 16/32 with an IPv6 next hop (RFC 8950). Any other is a malformed attribute.
+        let nh_len = v[3];
+        let valid = match family {
+            Some(AddressFamily::Ipv4Unicast) => matches!(nh_len, 4 | 16 | 32),
+            Some(AddressFamily::Ipv6Unicast) => matches!(nh_len, 16 | 32),
+            None => true,
+        };
+        let start = fixed + usize::from(nh_len);
+        if !valid || start > v.len() {
+            return Err(());
+        }
+        start
+    } else {
+        fixed
+    };
+    match family {
+        Some(AddressFamily::Ipv4Unicast) => walk_prefixes_of(&v[nlri_start..], 32),
+        Some(AddressFamily::Ipv6Unicast) => walk_prefixes_of(&v[nlri_start..], 128),
+        None => Ok(0),
+    }
 }
 
 /// Validates an UPDATE's framing (a whole message, header included, as [`frame`] cut it)
@@ -612,6 +746,7 @@ pub fn inspect_update(msg: &[u8]) -> Result<UpdateSummary, DecodeError> {
     let mut attrs = &body[attrs_start..attrs_start + alen];
     let mut overrun = false;
     let (mut mp_reach, mut mp_unreach) = (0, 0);
+    let (mut mp_announced, mut mp_withdrawn) = (0, 0);
     while !attrs.is_empty() {
         if attrs.len() < 3 {
             overrun = true;
@@ -638,10 +773,21 @@ pub fn inspect_update(msg: &[u8]) -> Result<UpdateSummary, DecodeError> {
             overrun = true;
             break;
         }
-        match ty {
-            14 => mp_reach += 1,
-            15 => mp_unreach += 1,
-            _ => {}
+        if ty == 14 || ty == 15 {
+            let n = walk_mp(ty, &attrs[hdr..hdr + len]).map_err(|()| {
+                DecodeError::update(
+                    UpdateError::OptionalAttributeError,
+                    SessionReset,
+                    "malformed MP_REACH_NLRI or MP_UNREACH_NLRI",
+                )
+            })?;
+            if ty == 14 {
+                mp_reach += 1;
+                mp_announced += n;
+            } else {
+                mp_unreach += 1;
+                mp_withdrawn += n;
+            }
         }
         attrs = &attrs[hdr + len..];
     }
@@ -663,6 +809,8 @@ pub fn inspect_update(msg: &[u8]) -> Result<UpdateSummary, DecodeError> {
         withdrawn,
         announced,
         end_of_rib: withdrawn == 0 && announced == 0 && alen == 0,
+        mp_announced,
+        mp_withdrawn,
     })
 }
 
@@ -711,19 +859,27 @@ fn write_ng(msg: &BgpMessage) -> Result<Vec<u8>, EncodeError> {
 fn open_to_ng(open: &Open) -> BgpOpenMessage {
     let caps = &open.capabilities;
     let mut list = Vec::new();
-    if caps.mp_ipv4_unicast {
+    for af in caps.multiprotocol.iter() {
         list.push(BgpCapability::MultiProtocolExtensions(
-            MultiProtocolExtensionsCapability::new(AddressType::Ipv4Unicast),
+            MultiProtocolExtensionsCapability::new(address_type(af)),
+        ));
+    }
+    if caps.extended_next_hop {
+        list.push(BgpCapability::ExtendedNextHopEncoding(
+            ExtendedNextHopEncodingCapability::new(vec![ExtendedNextHopEncoding::new(
+                AddressType::Ipv4Unicast,
+                NgAfi::IPv6,
+            )]),
         ));
     }
     if caps.route_refresh {
         list.push(BgpCapability::RouteRefresh);
     }
-    if let Some(gr) = caps.graceful_restart {
+    if let Some(gr) = &caps.graceful_restart {
         let afs: Vec<_> = gr
-            .ipv4_unicast_forwarding
-            .map(|fwd| GracefulRestartAddressFamily::new(fwd, AddressType::Ipv4Unicast))
-            .into_iter()
+            .families
+            .iter()
+            .map(|&(af, fwd)| GracefulRestartAddressFamily::new(fwd, address_type(af)))
             .collect();
         list.push(BgpCapability::GracefulRestartCapability(
             GracefulRestartCapability::new(gr.restarted, false, gr.restart_time & 0x0fff, afs),
@@ -741,6 +897,21 @@ fn open_to_ng(open: &Open) -> BgpOpenMessage {
     BgpOpenMessage::new(my_as, open.hold_time, open.router_id, params)
 }
 
+fn address_type(af: AddressFamily) -> AddressType {
+    match af {
+        AddressFamily::Ipv4Unicast => AddressType::Ipv4Unicast,
+        AddressFamily::Ipv6Unicast => AddressType::Ipv6Unicast,
+    }
+}
+
+fn family_of(t: AddressType) -> Option<AddressFamily> {
+    match t {
+        AddressType::Ipv4Unicast => Some(AddressFamily::Ipv4Unicast),
+        AddressType::Ipv6Unicast => Some(AddressFamily::Ipv6Unicast),
+        _ => None,
+    }
+}
+
 fn attr(
     value: PathAttributeValue,
     optional: bool,
@@ -754,7 +925,70 @@ fn attr(
 fn prefix_to_ng(p: &Ipv4Net) -> Result<Ipv4UnicastAddress, EncodeError> {
     Ipv4Unicast::from_net(*p)
         .map(Ipv4UnicastAddress::new_no_path_id)
-        .map_err(|_| EncodeError::InvalidPrefix(*p))
+        .map_err(|_| EncodeError::InvalidPrefix(IpNet::V4(*p)))
+}
+
+fn v4_prefixes(ps: &[IpNet]) -> Result<Vec<Ipv4UnicastAddress>, EncodeError> {
+    ps.iter()
+        .map(|p| match p {
+            IpNet::V4(n) => prefix_to_ng(n),
+            IpNet::V6(_) => Err(EncodeError::InvalidPrefix(*p)),
+        })
+        .collect()
+}
+
+fn v6_prefixes(ps: &[IpNet]) -> Result<Vec<Ipv6UnicastAddress>, EncodeError> {
+    ps.iter()
+        .map(|p| match p {
+            IpNet::V6(n) => Ipv6Unicast::from_net(*n)
+                .map(|u| Ipv6UnicastAddress::new(None, u))
+                .map_err(|_| EncodeError::InvalidPrefix(*p)),
+            IpNet::V4(_) => Err(EncodeError::InvalidPrefix(*p)),
+        })
+        .collect()
+}
+
+/// Bytes of a list of prefixes in NLRI encoding (length octet and the prefix).
+fn nlri_len(ps: &[IpNet]) -> usize {
+    ps.iter()
+        .map(|p| 1 + usize::from(p.prefix_len()).div_ceil(8))
+        .sum()
+}
+
+fn mp_reach_to_ng(r: &MpReach) -> Result<PathAttribute, EncodeError> {
+    let bad_next_hop = || EncodeError::Codec(format!("next hop {} for {}", r.next_hop, r.family));
+    let value = match (r.family, r.next_hop) {
+        (AddressFamily::Ipv6Unicast, IpAddr::V6(global)) => NgMpReach::Ipv6Unicast {
+            next_hop_global: global,
+            next_hop_local: r.link_local,
+            nlri: v6_prefixes(&r.announced)?.into(),
+        },
+        (AddressFamily::Ipv4Unicast, next_hop) => NgMpReach::Ipv4Unicast {
+            next_hop,
+            next_hop_local: r.link_local,
+            nlri: v4_prefixes(&r.announced)?.into(),
+        },
+        _ => return Err(bad_next_hop()),
+    };
+    let next_hop_len = match r.next_hop {
+        IpAddr::V4(_) => 4,
+        IpAddr::V6(_) => 16,
+    } + r.link_local.map_or(0, |_| 16);
+    let len = 5 + next_hop_len + nlri_len(&r.announced);
+    attr(PathAttributeValue::MpReach(value), true, false, len > 255)
+}
+
+fn mp_unreach_to_ng(u: &MpUnreach) -> Result<PathAttribute, EncodeError> {
+    let value = match u.family {
+        AddressFamily::Ipv6Unicast => NgMpUnreach::Ipv6Unicast {
+            nlri: v6_prefixes(&u.withdrawn)?.into(),
+        },
+        AddressFamily::Ipv4Unicast => NgMpUnreach::Ipv4Unicast {
+            nlri: v4_prefixes(&u.withdrawn)?.into(),
+        },
+    };
+    let len = 3 + nlri_len(&u.withdrawn);
+    attr(PathAttributeValue::MpUnreach(value), true, false, len > 255)
 }
 
 fn update_to_ng(u: &Update) -> Result<BgpUpdateMessage, EncodeError> {
@@ -770,89 +1004,113 @@ fn update_to_ng(u: &Update) -> Result<BgpUpdateMessage, EncodeError> {
         .collect::<Result<Vec<_>, _>>()?;
     let mut attrs = Vec::new();
     if let Some(a) = &u.attributes {
-        let origin = match a.origin {
-            Origin::Igp => NgOrigin::IGP,
-            Origin::Egp => NgOrigin::EGP,
-            Origin::Incomplete => NgOrigin::Incomplete,
-        };
-        attrs.push(attr(
-            PathAttributeValue::Origin(origin),
-            false,
-            true,
-            false,
-        )?);
-        let segments = if a.as_path.is_empty() {
-            vec![]
-        } else {
-            a.as_path
-                .chunks(255)
-                .map(|c| As4PathSegment::new(AsPathSegmentType::AsSequence, c.to_vec()))
-                .collect()
-        };
-        let long_path = a.as_path.len() * 4 + 2 > 255;
-        attrs.push(attr(
-            PathAttributeValue::AsPath(AsPath::As4PathSegments(segments.into())),
-            false,
-            true,
-            long_path,
-        )?);
+        path_attributes_to_ng(a, u, &mut attrs)?;
+    } else if u.mp_reach.is_some() {
+        return Err(EncodeError::Codec(
+            "MP_REACH_NLRI without path attributes".into(),
+        ));
+    }
+    if let Some(un) = &u.mp_unreach {
+        attrs.push(mp_unreach_to_ng(un)?);
+    }
+    Ok(BgpUpdateMessage::new(withdrawn, attrs, nlri))
+}
+
+/// The attributes of an UPDATE that announces, in type-code order (MP_REACH_NLRI
+/// goes after COMMUNITIES).
+fn path_attributes_to_ng(
+    a: &PathAttributes,
+    u: &Update,
+    attrs: &mut Vec<PathAttribute>,
+) -> Result<(), EncodeError> {
+    let origin = match a.origin {
+        Origin::Igp => NgOrigin::IGP,
+        Origin::Egp => NgOrigin::EGP,
+        Origin::Incomplete => NgOrigin::Incomplete,
+    };
+    attrs.push(attr(
+        PathAttributeValue::Origin(origin),
+        false,
+        true,
+        false,
+    )?);
+    let segments = if a.as_path.is_empty() {
+        vec![]
+    } else {
+        a.as_path
+            .chunks(255)
+            .map(|c| As4PathSegment::new(AsPathSegmentType::AsSequence, c.to_vec()))
+            .collect()
+    };
+    let long_path = a.as_path.len() * 4 + 2 > 255;
+    attrs.push(attr(
+        PathAttributeValue::AsPath(AsPath::As4PathSegments(segments.into())),
+        false,
+        true,
+        long_path,
+    )?);
+    // An UPDATE with only MP_REACH_NLRI carries no NEXT_HOP (RFC 4760 §3).
+    if !u.announced.is_empty() || u.mp_reach.is_none() {
         attrs.push(attr(
             PathAttributeValue::NextHop(NextHop::new(a.next_hop)),
             false,
             true,
             false,
         )?);
-        if let Some(lp) = a.local_pref {
-            attrs.push(attr(
-                PathAttributeValue::LocalPreference(LocalPreference::new(lp)),
-                false,
-                true,
-                false,
-            )?);
-        }
-        if !a.communities.is_empty() {
-            let c: Vec<_> = a.communities.iter().map(|&c| Community::new(c)).collect();
-            attrs.push(attr(
-                PathAttributeValue::Communities(Communities::new(c)),
-                true,
-                true,
-                a.communities.len() * 4 > 255,
-            )?);
-        }
-        if !a.large_communities.is_empty() {
-            let c: Vec<_> = a
-                .large_communities
-                .iter()
-                .map(|c| LargeCommunity::new(c[0], c[1], c[2]))
-                .collect();
-            attrs.push(attr(
-                PathAttributeValue::LargeCommunities(LargeCommunities::new(c)),
-                true,
-                true,
-                a.large_communities.len() * 12 > 255,
-            )?);
-        }
-        if let Some((asn, bw)) = a.link_bandwidth {
-            use netgauze_bgp_pkt::community::{
-                ExtendedCommunity, NonTransitiveTwoOctetExtendedCommunity,
-            };
-            let c = ExtendedCommunity::NonTransitiveTwoOctet(
-                NonTransitiveTwoOctetExtendedCommunity::LinkBandwidth {
-                    global_admin: u16::try_from(asn).unwrap_or(23456),
-                    local_admin: (bw as f32).to_bits(),
-                },
-            );
-            attrs.push(attr(
-                PathAttributeValue::ExtendedCommunities(
-                    netgauze_bgp_pkt::path_attribute::ExtendedCommunities::new(vec![c]),
-                ),
-                true,
-                true,
-                false,
-            )?);
-        }
     }
-    Ok(BgpUpdateMessage::new(withdrawn, attrs, nlri))
+    if let Some(lp) = a.local_pref {
+        attrs.push(attr(
+            PathAttributeValue::LocalPreference(LocalPreference::new(lp)),
+            false,
+            true,
+            false,
+        )?);
+    }
+    if !a.communities.is_empty() {
+        let c: Vec<_> = a.communities.iter().map(|&c| Community::new(c)).collect();
+        attrs.push(attr(
+            PathAttributeValue::Communities(Communities::new(c)),
+            true,
+            true,
+            a.communities.len() * 4 > 255,
+        )?);
+    }
+    if let Some(r) = &u.mp_reach {
+        attrs.push(mp_reach_to_ng(r)?);
+    }
+    if !a.large_communities.is_empty() {
+        let c: Vec<_> = a
+            .large_communities
+            .iter()
+            .map(|c| LargeCommunity::new(c[0], c[1], c[2]))
+            .collect();
+        attrs.push(attr(
+            PathAttributeValue::LargeCommunities(LargeCommunities::new(c)),
+            true,
+            true,
+            a.large_communities.len() * 12 > 255,
+        )?);
+    }
+    if let Some((asn, bw)) = a.link_bandwidth {
+        use netgauze_bgp_pkt::community::{
+            ExtendedCommunity, NonTransitiveTwoOctetExtendedCommunity,
+        };
+        let c = ExtendedCommunity::NonTransitiveTwoOctet(
+            NonTransitiveTwoOctetExtendedCommunity::LinkBandwidth {
+                global_admin: u16::try_from(asn).unwrap_or(23456),
+                local_admin: (bw as f32).to_bits(),
+            },
+        );
+        attrs.push(attr(
+            PathAttributeValue::ExtendedCommunities(
+                netgauze_bgp_pkt::path_attribute::ExtendedCommunities::new(vec![c]),
+            ),
+            true,
+            true,
+            false,
+        )?);
+    }
+    Ok(())
 }
 
 /// Decodes one framed message (as returned by [`frame`]).
@@ -994,10 +1252,15 @@ fn open_from_ng(o: &BgpOpenMessage) -> Open {
     for cap in o.capabilities() {
         caps.any = true;
         match cap {
-            BgpCapability::MultiProtocolExtensions(mp)
-                if mp.address_type() == AddressType::Ipv4Unicast =>
-            {
-                caps.mp_ipv4_unicast = true
+            BgpCapability::MultiProtocolExtensions(mp) => {
+                if let Some(af) = family_of(mp.address_type()) {
+                    caps.multiprotocol = caps.multiprotocol.with(af);
+                }
+            }
+            BgpCapability::ExtendedNextHopEncoding(enh) => {
+                caps.extended_next_hop |= enh.encodings().iter().any(|e| {
+                    e.address_type() == AddressType::Ipv4Unicast && e.next_hop_afi() == NgAfi::IPv6
+                })
             }
             BgpCapability::RouteRefresh => caps.route_refresh = true,
             BgpCapability::FourOctetAs(a) => caps.four_octet_as = Some(a.asn4()),
@@ -1005,11 +1268,13 @@ fn open_from_ng(o: &BgpOpenMessage) -> Open {
                 caps.graceful_restart = Some(GracefulRestart {
                     restarted: gr.restart(),
                     restart_time: gr.time(),
-                    ipv4_unicast_forwarding: gr
+                    families: gr
                         .address_families()
                         .iter()
-                        .find(|af| af.address_type() == AddressType::Ipv4Unicast)
-                        .map(|af| af.forwarding_state()),
+                        .filter_map(|af| {
+                            family_of(af.address_type()).map(|f| (f, af.forwarding_state()))
+                        })
+                        .collect(),
                 })
             }
             _ => {}
@@ -1028,7 +1293,23 @@ fn update_from_ng(u: &BgpUpdateMessage) -> Result<Message, DecodeError> {
     let withdrawn: Vec<Ipv4Net> = u.withdraw_routes().iter().map(net).collect();
     let announced: Vec<Ipv4Net> = u.nlri().iter().map(net).collect();
     let mut attributes = None;
-    if !u.path_attributes().is_empty() {
+    let (mut mp_reach, mut mp_unreach) = (None, None);
+    for pa in u.path_attributes() {
+        match pa.value() {
+            PathAttributeValue::MpReach(r) => mp_reach = mp_reach_from_ng(r),
+            PathAttributeValue::MpUnreach(r) => mp_unreach = mp_unreach_from_ng(r),
+            _ => {}
+        }
+    }
+    // MP attributes of our families are read into `mp_reach`/`mp_unreach`; any other
+    // attribute (an MP one of another family included) makes `attributes` present, so
+    // such an UPDATE is never mistaken for an End-of-RIB.
+    let mp_only = |pa: &PathAttribute| match pa.value() {
+        PathAttributeValue::MpReach(r) => mp_reach_from_ng(r).is_some(),
+        PathAttributeValue::MpUnreach(u) => mp_unreach_from_ng(u).is_some(),
+        _ => false,
+    };
+    if !u.path_attributes().iter().all(mp_only) {
         let mut a = PathAttributes {
             origin: Origin::Incomplete,
             as_path: Vec::new(),
@@ -1088,7 +1369,62 @@ fn update_from_ng(u: &BgpUpdateMessage) -> Result<Message, DecodeError> {
         withdrawn,
         attributes,
         announced,
+        mp_reach,
+        mp_unreach,
     }))
+}
+
+fn v4_nets(ps: &[Ipv4UnicastAddress]) -> Vec<IpNet> {
+    ps.iter()
+        .map(|a| IpNet::V4(a.network().address()))
+        .collect()
+}
+
+fn v6_nets(ps: &[Ipv6UnicastAddress]) -> Vec<IpNet> {
+    ps.iter()
+        .map(|a| IpNet::V6(a.network().address()))
+        .collect()
+}
+
+/// Our view of a received MP_REACH_NLRI; `None` for families we do not speak.
+fn mp_reach_from_ng(r: &NgMpReach) -> Option<MpReach> {
+    match r {
+        NgMpReach::Ipv6Unicast {
+            next_hop_global,
+            next_hop_local,
+            nlri,
+        } => Some(MpReach {
+            family: AddressFamily::Ipv6Unicast,
+            next_hop: IpAddr::V6(*next_hop_global),
+            link_local: *next_hop_local,
+            announced: v6_nets(nlri),
+        }),
+        NgMpReach::Ipv4Unicast {
+            next_hop,
+            next_hop_local,
+            nlri,
+        } => Some(MpReach {
+            family: AddressFamily::Ipv4Unicast,
+            next_hop: *next_hop,
+            link_local: *next_hop_local,
+            announced: v4_nets(nlri),
+        }),
+        _ => None,
+    }
+}
+
+fn mp_unreach_from_ng(u: &NgMpUnreach) -> Option<MpUnreach> {
+    match u {
+        NgMpUnreach::Ipv6Unicast { nlri } => Some(MpUnreach {
+            family: AddressFamily::Ipv6Unicast,
+            withdrawn: v6_nets(nlri),
+        }),
+        NgMpUnreach::Ipv4Unicast { nlri } => Some(MpUnreach {
+            family: AddressFamily::Ipv4Unicast,
+            withdrawn: v4_nets(nlri),
+        }),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

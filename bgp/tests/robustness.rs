@@ -64,7 +64,7 @@ fn misbehave(
         router_id: Ipv4Addr::new(10, 0, 9, 1),
         capabilities: Capabilities {
             four_octet_as: Some(BAD_ASN),
-            mp_ipv4_unicast: true,
+            multiprotocol: juneau_bgp::wire::Families::IPV4,
             any: true,
             ..Default::default()
         },
@@ -307,7 +307,7 @@ fn reaction_time_from_publish_to_update_on_the_wire() -> Result<()> {
                 router_id: Ipv4Addr::new(10, 0, 9, 1),
                 capabilities: Capabilities {
                     four_octet_as: Some(BAD_ASN),
-                    mp_ipv4_unicast: true,
+                    multiprotocol: juneau_bgp::wire::Families::IPV4,
                     any: true,
                     ..Default::default()
                 },

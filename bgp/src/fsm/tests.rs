@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::*;
+use crate::family::Families;
 use crate::wire::{Update, HEADER_LEN};
 
 const S: Duration = Duration::from_secs(1);
@@ -17,6 +18,8 @@ fn cfg(local: u32, peer: u32, id: [u8; 4], passive: bool) -> SessionConfig {
         connect_retry_time: 5,
         passive,
         graceful_restart_time: Some(120),
+        families: Families::IPV4,
+        extended_next_hop: false,
     }
 }
 
@@ -431,6 +434,7 @@ fn attribute_errors_are_treat_as_withdraw_and_keep_the_session() {
         withdrawn: vec![],
         attributes: None,
         announced: vec!["192.0.2.1/32".parse().unwrap()],
+        ..Update::default()
     }))
     .unwrap();
     // Splice in an attribute list whose only attribute overruns it.
@@ -456,6 +460,7 @@ fn attribute_errors_are_treat_as_withdraw_and_keep_the_session() {
             "192.0.2.1/32".parse().unwrap(),
             "192.0.2.2/32".parse().unwrap(),
         ],
+        ..Update::default()
     }))
     .unwrap();
     sim.inject(0, &good);
@@ -643,4 +648,173 @@ fn becoming_passive_stops_connecting() {
     sim.feed(0, Event::ConfigChanged(c));
     sim.run_until(1001 * S);
     assert_eq!(sim.nodes[0].log.connects.len(), attempts + 1);
+}
+
+fn with_families(mut c: SessionConfig, families: Families, enh: bool) -> SessionConfig {
+    c.families = families;
+    c.extended_next_hop = enh;
+    c
+}
+
+#[test]
+fn families_are_negotiated_only_when_both_sides_offer_them() {
+    let v6 = Families::NONE.with(crate::family::AddressFamily::Ipv6Unicast);
+    let (v4, both, none) = (Families::IPV4, Families::BOTH, Families::NONE);
+    // (ours, theirs, ENH ours, ENH theirs) -> (families, ENH), the same seen from both
+    // sides.
+    let table = [
+        (v4, v4, false, false, v4, false),
+        (both, v4, true, false, v4, false),
+        (v4, both, false, true, v4, false),
+        (both, both, true, true, both, true),
+        (v6, both, false, true, v6, false),
+        (v4, v6, false, false, none, false),
+    ];
+    for (a, b, ea, eb, want, want_enh) in table {
+        let mut sim = Sim::new(
+            with_families(cfg(65001, 65002, [10, 0, 0, 1], false), a, ea),
+            with_families(cfg(65002, 65001, [10, 0, 0, 2], true), b, eb),
+        );
+        sim.feed(0, Event::Start);
+        sim.feed(1, Event::Start);
+        sim.run_until(S);
+        for side in 0..2 {
+            let n = &sim.nodes[side].log.established[0].2;
+            assert_eq!(
+                (n.families, n.extended_next_hop),
+                (want, want_enh),
+                "{a:?}/{b:?} seen from side {side}"
+            );
+        }
+    }
+}
+
+/// Bytes of the OPEN a peer sends first on an inbound connection.
+fn first_open(c: SessionConfig) -> Open {
+    let mut p = Peer::new(c);
+    p.handle(Event::Start);
+    let id = p.new_conn_id();
+    let acts = p.handle(Event::Connected {
+        conn: id,
+        outbound: false,
+    });
+    let bytes = acts
+        .iter()
+        .find_map(|a| match a {
+            Action::Send(_, b) => Some(b.clone()),
+            _ => None,
+        })
+        .expect("an OPEN");
+    match wire::decode(&bytes, DecodeContext::default()) {
+        Ok(Message::Open(o)) => o,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn graceful_restart_lists_only_the_offered_families() {
+    use crate::family::AddressFamily::{Ipv4Unicast, Ipv6Unicast};
+    let base = cfg(65001, 65002, [10, 0, 0, 1], true);
+    // IPv4 only (the cilium#30367 trap: no IPv6 restart state promised to an IPv4 router).
+    let o = first_open(base.clone());
+    assert_eq!(o.capabilities.multiprotocol, Families::IPV4);
+    assert!(!o.capabilities.extended_next_hop);
+    let gr = o.capabilities.graceful_restart.unwrap();
+    assert_eq!(gr.families, vec![(Ipv4Unicast, true)]);
+    // Dual stack over IPv6 transport.
+    let o = first_open(with_families(base, Families::BOTH, true));
+    assert_eq!(o.capabilities.multiprotocol, Families::BOTH);
+    assert!(o.capabilities.extended_next_hop);
+    let gr = o.capabilities.graceful_restart.unwrap();
+    assert_eq!(gr.families, vec![(Ipv4Unicast, true), (Ipv6Unicast, true)]);
+}
+
+#[test]
+fn a_peer_without_multiprotocol_capability_negotiates_ipv4_only() {
+    let mut p = Peer::new(with_families(
+        cfg(65001, 65002, [10, 0, 0, 1], true),
+        Families::BOTH,
+        false,
+    ));
+    p.handle(Event::Start);
+    let id = p.new_conn_id();
+    p.handle(Event::Connected {
+        conn: id,
+        outbound: false,
+    });
+    let open = Message::Open(Open {
+        asn: 65002,
+        hold_time: 90,
+        router_id: Ipv4Addr::new(10, 0, 0, 2),
+        capabilities: Capabilities {
+            four_octet_as: Some(65002),
+            any: true,
+            ..Capabilities::default()
+        },
+    });
+    p.handle(Event::Received(id, &wire::encode(&open).unwrap()));
+    let acts = p.handle(Event::Received(id, &keepalive_bytes()));
+    let neg = acts
+        .iter()
+        .find_map(|a| match a {
+            Action::Established(_, n) => Some(n.clone()),
+            _ => None,
+        })
+        .expect("established");
+    assert_eq!(neg.families, Families::IPV4);
+}
+
+#[test]
+fn offering_a_new_family_resets_the_session() {
+    let mut sim = up_pair();
+    let first = sim.established_conn(0);
+    let c = with_families(sim.nodes[0].peer.config().clone(), Families::BOTH, false);
+    let t = sim.now;
+    sim.feed(0, Event::ConfigChanged(c));
+    sim.run_until(t + S / 2);
+    let n = sim.nodes[0].log.sent_notifications.last().unwrap().clone();
+    assert_eq!((n.code, n.subcode), (6, 6));
+    assert_ne!(sim.established_conn(0), first);
+    // The peer (IPv4 only) still negotiates IPv4 alone.
+    let n = &sim.nodes[0].log.established.last().unwrap().2;
+    assert_eq!(n.families, Families::IPV4);
+}
+
+#[test]
+fn ipv6_updates_from_the_peer_are_counted_and_keep_the_session() {
+    let mut sim = up_pair();
+    let v6 = Message::Update(Update {
+        attributes: Some(wire::PathAttributes {
+            origin: wire::Origin::Igp,
+            as_path: vec![65002],
+            next_hop: Ipv4Addr::UNSPECIFIED,
+            local_pref: None,
+            communities: vec![],
+            large_communities: vec![],
+            link_bandwidth: None,
+        }),
+        mp_reach: Some(wire::MpReach {
+            family: crate::family::AddressFamily::Ipv6Unicast,
+            next_hop: "2001:db8::2".parse().unwrap(),
+            link_local: None,
+            announced: vec![
+                "2001:db8:1::/48".parse().unwrap(),
+                "2001:db8:2::/48".parse().unwrap(),
+            ],
+        }),
+        ..Update::default()
+    });
+    let before = sim.nodes[0].peer.prefixes_received;
+    sim.inject(0, &wire::encode(&v6).unwrap());
+    sim.inject(
+        0,
+        &wire::encode(&Message::Update(Update::end_of_rib_for(
+            crate::family::AddressFamily::Ipv6Unicast,
+        )))
+        .unwrap(),
+    );
+    sim.run_until(sim.now + S);
+    assert_eq!(sim.nodes[0].peer.prefixes_received, before + 2);
+    assert_eq!(sim.state(0), State::Established);
+    assert!(sim.nodes[0].log.down.is_empty());
 }

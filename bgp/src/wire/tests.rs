@@ -19,12 +19,13 @@ fn golden_open() -> (Message, Vec<u8>) {
         router_id: Ipv4Addr::new(10, 0, 0, 1),
         capabilities: Capabilities {
             four_octet_as: Some(65001),
-            mp_ipv4_unicast: true,
+            multiprotocol: Families::IPV4,
+            extended_next_hop: false,
             route_refresh: true,
             graceful_restart: Some(GracefulRestart {
                 restarted: false,
                 restart_time: 120,
-                ipv4_unicast_forwarding: Some(true),
+                families: vec![(AddressFamily::Ipv4Unicast, true)],
             }),
             any: true,
         },
@@ -49,6 +50,7 @@ fn ebgp_update() -> (Message, Vec<u8>) {
             link_bandwidth: None,
         }),
         announced: vec!["192.0.2.10/32".parse().unwrap()],
+        ..Update::default()
     });
     let bytes = hex(&format!(
         "{MARKER} 0046 02  0000 002a
@@ -76,6 +78,7 @@ fn ibgp_update_4byte_as() -> (Message, Vec<u8>) {
             "198.51.100.1/32".parse().unwrap(),
             "198.51.100.2/32".parse().unwrap(),
         ],
+        ..Update::default()
     });
     let bytes = hex(&format!(
         "{MARKER} 0036 02  0000 0015
@@ -99,6 +102,7 @@ fn as_path_4byte_update() -> (Message, Vec<u8>) {
             link_bandwidth: None,
         }),
         announced: vec!["192.0.2.10/32".parse().unwrap()],
+        ..Update::default()
     });
     let bytes = hex(&format!(
         "{MARKER} 0030 02  0000 0014
@@ -113,6 +117,7 @@ fn withdraw() -> (Message, Vec<u8>) {
         withdrawn: vec!["192.0.2.10/32".parse().unwrap()],
         attributes: None,
         announced: vec![],
+        ..Update::default()
     });
     (msg, hex(&format!("{MARKER} 001c 02  0005 20c000020a 0000")))
 }
@@ -158,6 +163,7 @@ fn all_golden() -> Vec<(&'static str, Message, Vec<u8>)> {
         Message::RouteRefresh { afi: 1, safi: 1 },
         hex(&format!("{MARKER} 0017 05 0001 00 01")),
     ));
+    v.extend(ipv6::golden());
     v
 }
 
@@ -215,7 +221,7 @@ fn open_with_unknown_capabilities_decodes() {
     };
     assert_eq!(o.asn, 65002);
     assert_eq!(o.hold_time, 240);
-    assert!(o.capabilities.mp_ipv4_unicast && o.capabilities.route_refresh);
+    assert!(o.capabilities.families() == Families::IPV4 && o.capabilities.route_refresh);
 }
 
 #[test]
@@ -386,6 +392,7 @@ fn oversized_update_is_refused() {
         withdrawn: many,
         attributes: None,
         announced: vec![],
+        ..Update::default()
     });
     assert!(matches!(encode(&upd), Err(EncodeError::TooLong(_))));
 }
@@ -476,13 +483,13 @@ fn opens_captured_from_real_routers_decode() {
         assert_eq!(o.hold_time, hold, "{name}");
         assert_eq!(o.capabilities.four_octet_as, Some(65000), "{name}");
         assert!(
-            o.capabilities.mp_ipv4_unicast && o.capabilities.route_refresh,
+            o.capabilities.families() == Families::IPV4 && o.capabilities.route_refresh,
             "{name}"
         );
         let gr = o.capabilities.graceful_restart.expect(name);
         assert_eq!(
-            (gr.restarted, gr.restart_time, gr.ipv4_unicast_forwarding),
-            (restarted, 120, Some(false)),
+            (gr.restarted, gr.restart_time, gr.families),
+            (restarted, 120, vec![(AddressFamily::Ipv4Unicast, false)]),
             "{name}"
         );
     }
@@ -502,6 +509,7 @@ fn link_bandwidth_round_trips_as_a_non_transitive_extended_community() {
             link_bandwidth: Some((65001, 250_000_000)),
         }),
         announced: vec!["192.0.2.10/32".parse().unwrap()],
+        ..Update::default()
     };
     let bytes = encode(&Message::Update(u.clone())).unwrap();
     // Attribute 16 (EXTENDED COMMUNITIES), optional transitive; type 0x40 (non-transitive
@@ -517,3 +525,4 @@ fn link_bandwidth_round_trips_as_a_non_transitive_extended_community() {
 }
 
 mod fuzz_seeds;
+mod ipv6;

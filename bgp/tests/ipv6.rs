@@ -1,0 +1,259 @@
+//! MP-BGP against real routers: which address families a session negotiates, End-of-RIB
+//! per negotiated family, and graceful restart towards an IPv4-only router when the
+//! speaker offers IPv6 too (the Cilium#30367 trap). Sessions run over IPv4: the node
+//! state has no IPv6 peer addresses or VIPs yet (docs/bgp.md, "IPv6").
+//!
+//! Needs root and the Debian packages `bird2`, `frr`, `gobgpd` (tests/setup.sh).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use common::*;
+use juneau_tests::bird::{BgpNeighbor, BirdConfig};
+
+const UP: Duration = Duration::from_secs(60);
+
+fn families(s: &Speaker) -> Result<serde_json::Value> {
+    Ok(s.status()?["peers"]["router"]["families"].clone())
+}
+
+fn wait_families(s: &Speaker, want: &[&str]) -> Result<()> {
+    let want = serde_json::json!(want);
+    wait_for("the negotiated families in the status", UP, || {
+        Ok((families(s)? == want).then_some(()))
+    })
+}
+
+/// BIRD with only an IPv4 channel and graceful restart; the speaker offers IPv4 and
+/// IPv6 (`--offer-ipv6`) and graceful restart for both. The session negotiates IPv4
+/// only; after a `kill -9` and a restart BIRD keeps the route throughout, gets the IPv4
+/// End-of-RIB and leaves graceful-restart recovery at once, without waiting for an
+/// IPv6 End-of-RIB that never comes.
+#[test]
+fn an_ipv4_only_bird_keeps_its_routes_over_a_restart_of_a_dual_stack_speaker() -> Result<()> {
+    let topo = Topo::new("v6gr", 1)?;
+    let cfg = BirdConfig::new(router_addr(0)).bgp(
+        &BgpNeighbor::new("node0", router_addr(0), ROUTER_ASN, node_addr(0), NODE_ASN)
+            .graceful_restart(120)
+            .extra("debug { states, events, packets };"),
+    );
+    let router = Router::start_bird_with_config(&topo, &cfg.render())?;
+    let peer = Speaker::peer_config(0, &NodePeering::default());
+    let mut s = Speaker::start_with_args(&topo, 0, vec![peer], &["--offer-ipv6"])?;
+    s.publish_vips(&[VIP])?;
+    s.wait_established("router", UP)?;
+    router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
+    wait_families(&s, &["ipv4-unicast"])?;
+    assert_eq!(s.status()?["peers"]["router"]["graceful_restart"], true);
+    let eors = |r: &Router| r.full_log().matches("Got END-OF-RIB").count();
+    assert_eq!(eors(&router), 1, "one End-of-RIB, IPv4:\n{}", router.logs());
+
+    s.kill();
+    let killed = Instant::now();
+    let kept = |what: &str, until: &dyn Fn() -> Result<bool>| -> Result<()> {
+        loop {
+            if router.bgp_nexthops(VIP)? != vec![node_addr(0)] {
+                bail!(
+                    "{what}: BIRD lost the route after {:?}\n{}",
+                    killed.elapsed(),
+                    router.logs()
+                );
+            }
+            if until()? {
+                return Ok(());
+            }
+            if killed.elapsed() > UP {
+                bail!("{what}: not done after {UP:?}\n{}", router.logs());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    kept("juneau-bgp killed", &|| {
+        Ok(killed.elapsed() >= Duration::from_secs(1))
+    })?;
+    let bird_all = || router.bird_cli(&["show", "protocols", "all", "node0"]);
+    const RECOVERING: &str = "Neighbor graceful restart active";
+    let info = bird_all()?;
+    assert!(info.contains(RECOVERING), "{info}");
+    std::fs::remove_file(&s.status_path)?;
+    s.spawn(&topo.nodes[0])?;
+    let respawned = Instant::now();
+    kept("juneau-bgp restarted", &|| Ok(eors(&router) >= 2))?;
+    let recovered = respawned.elapsed();
+    // Recovery is over: BIRD's channel is no longer waiting for End-of-RIB.
+    wait_for("BIRD out of graceful-restart recovery", UP, || {
+        let info = bird_all()?;
+        Ok((!info.contains(RECOVERING) && info.contains("Established")).then_some(info))
+    })
+    .map_err(|e| e.context(bird_all().unwrap_or_default()))?;
+    let settled = Instant::now();
+    kept("after recovery", &|| {
+        Ok(settled.elapsed() >= Duration::from_secs(3))
+    })?;
+    println!(
+        "IPv4 End-of-RIB at BIRD {:.0} ms after juneau-bgp was started again",
+        recovered.as_secs_f64() * 1e3
+    );
+    assert_eq!(eors(&router), 2, "{}", router.logs());
+    Ok(())
+}
+
+fn frr_config(activate_ipv6: bool) -> String {
+    let (rid, na) = (router_addr(0), node_addr(0));
+    let mut cfg = format!(
+        "frr defaults traditional\nhostname router\nlog stdout debugging\n!\nrouter bgp {ROUTER_ASN}\n \
+         bgp router-id {rid}\n no bgp ebgp-requires-policy\n bgp graceful-restart\n \
+         neighbor {na} remote-as {NODE_ASN}\n neighbor {na} timers 3 9\n neighbor {na} timers connect 1\n \
+         address-family ipv4 unicast\n exit-address-family\n"
+    );
+    if activate_ipv6 {
+        cfg += &format!(
+            " address-family ipv6 unicast\n  neighbor {na} activate\n exit-address-family\n"
+        );
+    }
+    cfg + "!\n"
+}
+
+fn frr_neighbor(router: &Router) -> Result<serde_json::Value> {
+    let na = node_addr(0).to_string();
+    let out = router.vtysh(&format!("show bgp neighbors {na} json"))?;
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    Ok(v[&na].clone())
+}
+
+/// FRR's view of the End-of-RIB of `family` (`ipv4Unicast`, `ipv6Unicast`): received?
+fn frr_eor_received(n: &serde_json::Value, family: &str) -> bool {
+    n["gracefulRestartInfo"][family]["endOfRibStatus"]["endOfRibRecv"] == true
+}
+
+/// FRR with IPv4 and IPv6 unicast on an IPv4 session: with `--offer-ipv6` both are
+/// negotiated and FRR receives an End-of-RIB for each; without it only IPv4 is, and FRR
+/// gets no IPv6 End-of-RIB (nor anything else IPv6).
+#[test]
+fn frr_negotiates_ipv6_only_when_offered_and_gets_an_end_of_rib_per_family() -> Result<()> {
+    for offer in [true, false] {
+        let topo = Topo::new(if offer { "v6frr" } else { "v4frr" }, 1)?;
+        let router = Router::start_frr_with_config(&topo, &frr_config(true), None)?;
+        let peer = Speaker::peer_config(0, &NodePeering::default());
+        let args: &[&str] = if offer { &["--offer-ipv6"] } else { &[] };
+        let mut s = Speaker::start_with_args(&topo, 0, vec![peer], args)?;
+        s.publish_vips(&[VIP])?;
+        s.wait_established("router", UP)?;
+        router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
+        let want: &[&str] = if offer {
+            &["ipv4-unicast", "ipv6-unicast"]
+        } else {
+            &["ipv4-unicast"]
+        };
+        wait_families(&s, want)?;
+        let n = wait_for("FRR to receive the IPv4 End-of-RIB", UP, || {
+            let n = frr_neighbor(&router)?;
+            Ok(frr_eor_received(&n, "ipv4Unicast").then_some(n))
+        })?;
+        // Let any late message arrive before checking what did not.
+        std::thread::sleep(Duration::from_secs(1));
+        let n = if offer { frr_neighbor(&router)? } else { n };
+        let mp = &n["neighborCapabilities"]["multiprotocolExtensions"];
+        let both = |f: &str| mp[f]["advertisedAndReceived"] == true;
+        assert!(both("ipv4Unicast"), "{n:#}");
+        assert_eq!(
+            frr_eor_received(&n, "ipv6Unicast"),
+            offer,
+            "IPv6 End-of-RIB iff negotiated: {n:#}"
+        );
+        assert_eq!(both("ipv6Unicast"), offer, "{n:#}");
+        drop(s);
+        drop(router);
+    }
+    Ok(())
+}
+
+fn gobgp_config() -> String {
+    let (rid, na) = (router_addr(0), node_addr(0));
+    let mut cfg = format!(
+        "[global.config]\n  as = {ROUTER_ASN}\n  router-id = \"{rid}\"\n  port = 179\n\
+         [[neighbors]]\n  [neighbors.config]\n    neighbor-address = \"{na}\"\n    peer-as = {NODE_ASN}\n\
+         [neighbors.timers.config]\n    hold-time = 9\n    keepalive-interval = 3\n    connect-retry = 1\n\
+         [neighbors.graceful-restart.config]\n    enabled = true\n    restart-time = 120\n"
+    );
+    for family in ["ipv4-unicast", "ipv6-unicast"] {
+        cfg += &format!(
+            "[[neighbors.afi-safis]]\n  [neighbors.afi-safis.config]\n    afi-safi-name = \"{family}\"\n\
+             [neighbors.afi-safis.mp-graceful-restart.config]\n    enabled = true\n"
+        );
+    }
+    cfg
+}
+
+/// GoBGP's neighbor as JSON (`gobgp neighbor <addr> -j`).
+fn gobgp_neighbor(topo: &Topo) -> Result<serde_json::Value> {
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            topo.router.name(),
+            "gobgp",
+            "-u",
+            "127.0.0.1",
+        ])
+        .args(["-p", "50051", "neighbor", &node_addr(0).to_string(), "-j"])
+        .output()?;
+    if !out.status.success() {
+        bail!("gobgp: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// GoBGP's per-family state for AFI `afi` (SAFI 1).
+fn gobgp_family(n: &serde_json::Value, afi: u64) -> serde_json::Value {
+    n["afi_safis"]
+        .as_array()
+        .and_then(|fs| fs.iter().find(|f| f["state"]["family"]["afi"] == afi))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// GoBGP with IPv4 and IPv6 unicast and graceful restart for both, on an IPv4
+/// session: with `--offer-ipv6` both families are negotiated, GoBGP sees our graceful
+/// restart capability list both and receives an End-of-RIB for each; without it, only
+/// IPv4, and no IPv6 End-of-RIB.
+#[test]
+fn gobgp_negotiates_ipv6_only_when_offered_and_gets_an_end_of_rib_per_family() -> Result<()> {
+    for offer in [true, false] {
+        let topo = Topo::new(if offer { "v6gobgp" } else { "v4gobgp" }, 1)?;
+        let router = Router::start_gobgp_with_config(&topo, &gobgp_config())?;
+        let peer = Speaker::peer_config(0, &NodePeering::default());
+        let args: &[&str] = if offer { &["--offer-ipv6"] } else { &[] };
+        let mut s = Speaker::start_with_args(&topo, 0, vec![peer], args)?;
+        s.publish_vips(&[VIP])?;
+        s.wait_established("router", UP)?;
+        router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
+        let want: &[&str] = if offer {
+            &["ipv4-unicast", "ipv6-unicast"]
+        } else {
+            &["ipv4-unicast"]
+        };
+        wait_families(&s, want)?;
+        let eor = |f: &serde_json::Value| {
+            f["mp_graceful_restart"]["state"]["end_of_rib_received"] == true
+        };
+        let n = wait_for("GoBGP to receive the IPv4 End-of-RIB", UP, || {
+            let n = gobgp_neighbor(&topo)?;
+            Ok(eor(&gobgp_family(&n, 1)).then_some(n))
+        })?;
+        std::thread::sleep(Duration::from_secs(1));
+        let n = if offer { gobgp_neighbor(&topo)? } else { n };
+        let v6 = gobgp_family(&n, 2);
+        assert_eq!(eor(&v6), offer, "IPv6 End-of-RIB iff negotiated: {v6:#}");
+        assert_eq!(
+            v6["mp_graceful_restart"]["state"]["received"] == true,
+            offer,
+            "our graceful restart lists IPv6 iff offered: {v6:#}"
+        );
+        drop(s);
+        drop(router);
+    }
+    Ok(())
+}
