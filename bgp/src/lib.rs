@@ -11,6 +11,8 @@
 //! Modules: [`wire`] (the codec over netgauze-bgp-pkt), [`fsm`] (the sans-IO RFC 4271
 //! state machine), [`rib`] (what each peer should have, as UPDATE diffs), [`speaker`]
 //! (the tokio daemon), [`gate`] (announce only what a live dataplane has programmed),
+//! [`family`] (address families offered and negotiated: IPv4 and IPv6 unicast),
+//! [`next_hop`] (the node's IPv6 next hop on a session's link),
 //! [`status`] (status file and metrics), [`sockopt`] (TCP-MD5, TTL),
 //! [`bfd`] (the sans-IO RFC 5880 session), [`bfd_io`] (BFD over UDP, RFC 5881/5883) and
 //! [`maintenance`] (graceful shutdown before a withdrawal, RFC 8326), [`decommission_watch`]
