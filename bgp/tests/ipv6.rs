@@ -128,6 +128,25 @@ fn frr_eor_received(n: &serde_json::Value, family: &str) -> bool {
     n["gracefulRestartInfo"][family]["endOfRibStatus"]["endOfRibRecv"] == true
 }
 
+/// Node 0's speaker against `router` (started on `topo`), with `--offer-ipv6` when
+/// `offer`, announcing [`VIP`]: returned once the session is up, the route at the router
+/// and the families `offer` means negotiated.
+fn speaker_offering(topo: &Topo, router: &Router, offer: bool) -> Result<Speaker> {
+    let peer = Speaker::peer_config(0, &NodePeering::default());
+    let args: &[&str] = if offer { &["--offer-ipv6"] } else { &[] };
+    let mut s = Speaker::start_with_args(topo, 0, vec![peer], args)?;
+    s.publish_vips(&[VIP])?;
+    s.wait_established("router", UP)?;
+    router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
+    let want: &[&str] = if offer {
+        &["ipv4-unicast", "ipv6-unicast"]
+    } else {
+        &["ipv4-unicast"]
+    };
+    wait_families(&s, want)?;
+    Ok(s)
+}
+
 /// FRR with IPv4 and IPv6 unicast on an IPv4 session: with `--offer-ipv6` both are
 /// negotiated and FRR receives an End-of-RIB for each; without it only IPv4 is, and FRR
 /// gets no IPv6 End-of-RIB (nor anything else IPv6).
@@ -136,18 +155,7 @@ fn frr_negotiates_ipv6_only_when_offered_and_gets_an_end_of_rib_per_family() -> 
     for offer in [true, false] {
         let topo = Topo::new(if offer { "v6frr" } else { "v4frr" }, 1)?;
         let router = Router::start_frr_with_config(&topo, &frr_config(true), None)?;
-        let peer = Speaker::peer_config(0, &NodePeering::default());
-        let args: &[&str] = if offer { &["--offer-ipv6"] } else { &[] };
-        let mut s = Speaker::start_with_args(&topo, 0, vec![peer], args)?;
-        s.publish_vips(&[VIP])?;
-        s.wait_established("router", UP)?;
-        router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
-        let want: &[&str] = if offer {
-            &["ipv4-unicast", "ipv6-unicast"]
-        } else {
-            &["ipv4-unicast"]
-        };
-        wait_families(&s, want)?;
+        let s = speaker_offering(&topo, &router, offer)?;
         let n = wait_for("FRR to receive the IPv4 End-of-RIB", UP, || {
             let n = frr_neighbor(&router)?;
             Ok(frr_eor_received(&n, "ipv4Unicast").then_some(n))
@@ -224,18 +232,7 @@ fn gobgp_negotiates_ipv6_only_when_offered_and_gets_an_end_of_rib_per_family() -
     for offer in [true, false] {
         let topo = Topo::new(if offer { "v6gobgp" } else { "v4gobgp" }, 1)?;
         let router = Router::start_gobgp_with_config(&topo, &gobgp_config())?;
-        let peer = Speaker::peer_config(0, &NodePeering::default());
-        let args: &[&str] = if offer { &["--offer-ipv6"] } else { &[] };
-        let mut s = Speaker::start_with_args(&topo, 0, vec![peer], args)?;
-        s.publish_vips(&[VIP])?;
-        s.wait_established("router", UP)?;
-        router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
-        let want: &[&str] = if offer {
-            &["ipv4-unicast", "ipv6-unicast"]
-        } else {
-            &["ipv4-unicast"]
-        };
-        wait_families(&s, want)?;
+        let s = speaker_offering(&topo, &router, offer)?;
         let eor = |f: &serde_json::Value| {
             f["mp_graceful_restart"]["state"]["end_of_rib_received"] == true
         };
