@@ -1080,7 +1080,10 @@ impl Engine {
                 return self.drop(DropReason::SourceRangeDenied, Some(s));
             }
         }
-        if let Some(r) = self.redirect_hook(frame.len(), &key, l4.tcp_flags, nb, now_ms) {
+        // (The frontend found above says whether it hands flows on: no second look-up.)
+        let hand_off = frontend.is_some_and(|s| self.table.service(s).hand_off);
+        if let Some(r) = self.redirect_hook(frame.len(), (&key, hand_off), l4.tcp_flags, nb, now_ms)
+        {
             return r;
         }
         let syn_only = v.protocol == packet::IPPROTO_TCP && tcp_flags::lone_syn(l4.tcp_flags);
@@ -1226,10 +1229,11 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Verdict {
-        if (syn_only && self.redirects_tcp(key)) || self.redirects_udp(key) {
+        let hand_off = self.table.service(service).hand_off;
+        if (syn_only && self.redirects_tcp(key)) || self.redirects_udp(key, hand_off) {
             // Cluster policy: handing new connections on is this node's job, not a
             // transient to bound. (A datagram is handed on only under it.)
-            let charged = !self.table.service(service).hand_off;
+            let charged = !hand_off;
             if let Some(v) = self.ask_next_peer((true, charged), frame_len, key, nb, now_ms) {
                 return v;
             }

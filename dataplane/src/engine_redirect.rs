@@ -36,14 +36,15 @@ impl Engine {
     }
 
     /// Whether redirects are on and `key` is a UDP flow of a frontend that hands its
-    /// flows on (`hand_off`: the Cluster policy, a shared VIP's port whose Pods are
-    /// elsewhere). Datagrams carry no SYN: a flow held nowhere here is new, served here
-    /// if it can be, else handed on ([`Engine::no_backend`]); only the redirect record
-    /// the owner's notice leaves is followed.
-    pub(super) fn redirects_udp(&self, key: &FlowKey) -> bool {
-        self.redirect.as_ref().is_some_and(|r| r.active())
+    /// flows on (`hand_off`, the caller's look-up of the frontend: the Cluster policy, a
+    /// shared VIP's port whose Pods are elsewhere). Datagrams carry no SYN: a flow held
+    /// nowhere here is new, served here if it can be, else handed on
+    /// ([`Engine::no_backend`]); only the redirect record the owner's notice leaves is
+    /// followed.
+    pub(super) fn redirects_udp(&self, key: &FlowKey, hand_off: bool) -> bool {
+        hand_off
             && key.proto == packet::IPPROTO_UDP
-            && self.hands_off(key)
+            && self.redirect.as_ref().is_some_and(|r| r.active())
     }
 
     /// Whether `key`'s frontend hands flows on (`NodeService::hand_off`).
@@ -63,16 +64,17 @@ impl Engine {
     /// way); `None` lets the normal path handle it: a flow held here, a SYN (a new
     /// connection is served here if it can be: a SYN finding a redirect record removes
     /// it; without a Ready backend the normal path hands it on, `Engine::no_backend`),
-    /// UDP (no SYN to tell new from old: created here), or redirects off.
+    /// UDP (no SYN to tell new from old: created here), or redirects off. `hand_off`:
+    /// whether `key`'s frontend hands flows on.
     pub(super) fn redirect_hook(
         &mut self,
         frame_len: usize,
-        key: &FlowKey,
+        (key, hand_off): (&FlowKey, bool),
         flags: u8,
         nb: &Neighbours,
         now_ms: u64,
     ) -> Option<Verdict> {
-        let udp = self.redirects_udp(key);
+        let udp = self.redirects_udp(key, hand_off);
         if !self.redirects_tcp(key) && !udp {
             return None;
         }
@@ -115,7 +117,7 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Option<Verdict> {
-        let udp = self.redirects_udp(key);
+        let udp = self.redirects_udp(key, self.hands_off(key));
         if !self.redirects_tcp(key) && !udp {
             return None;
         }
