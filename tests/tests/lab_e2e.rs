@@ -450,7 +450,8 @@ fn cluster_policy_serves_through_a_node_without_pods() -> Result<()> {
 /// router sends node-b or node-c are handed to node-a. Every datagram — 16 and 1 400
 /// bytes, several per flow — is answered from VIP:53 by the Pod, which saw the client's
 /// real address. A datagram is sent again if unanswered (as a UDP client does), at most
-/// twice; the resends are printed. Removed afterwards.
+/// twice, and every resend must show as a named drop in some dataplane's stats (a lost
+/// datagram nobody counted fails the step). Removed afterwards.
 fn udp_under_the_cluster_policy_reaches_a_pod_on_another_node() -> Result<()> {
     const UDP_VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 25);
     let svc = format!(
@@ -483,6 +484,7 @@ fn udp_under_the_cluster_policy_reaches_a_pod_on_another_node() -> Result<()> {
                 .sum()
         };
         let before = handed();
+        let drops_before = all_drops()?;
         let client = juneau_tests::lab::ns("client");
         let (failures, resent) =
             juneau_tests::netns::in_ns(&client, move || -> Result<(Vec<String>, usize)> {
@@ -526,6 +528,11 @@ fn udp_under_the_cluster_policy_reaches_a_pod_on_another_node() -> Result<()> {
             failures.is_empty(),
             "UDP through the Cluster VIP:\n{}",
             failures.join("\n")
+        );
+        let named = all_drops()? - drops_before;
+        ensure!(
+            resent as u64 <= named,
+            "{resent} datagrams were sent again but the dataplanes named only {named} drops"
         );
         eventually(
             "node-b or node-c handing UDP flows to node-a",
@@ -673,6 +680,22 @@ fn a_host_network_backend_is_served_through_its_node_s_stack() -> Result<()> {
     kubectl(&["delete", "service", "nginx-host", "--wait=true"])?;
     kubectl(&["delete", "pod", "nginx-host", "--wait=true"])?;
     checked
+}
+
+/// Every drop of every reason, summed over the nodes' dataplanes, from stats sampled
+/// after this call.
+fn all_drops() -> Result<u64> {
+    let mut n = 0;
+    for node in ["node-a", "node-b", "node-c"] {
+        let st = lab::fresh_dataplane_stats(node)?;
+        n += st["drops"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, v)| v.as_u64())
+            .sum::<u64>();
+    }
+    Ok(n)
 }
 
 /// The sum over the nodes of their dataplanes' drops for `reason`.
