@@ -7,7 +7,8 @@
 //! while the VIP keeps answering; that a Pod the scheduler places on that node again
 //! serves without any restart (every node's `juneau-dataplane` keeps its pid); that a
 //! Service's `loadBalancerSourceRanges` admit the client and not the outsider; that
-//! `up` twice is harmless; and that `down` leaves nothing.
+//! Cluster policy (TCP, UDP, session affinity), shared VIPs and host-network backends
+//! serve; that `up` twice is harmless; and that `down` leaves nothing.
 //!
 //! Needs root and what tests/setup.sh installs. It brings up the one lab of the machine
 //! (netns jlab-*, /run/juneau-lab), so it fails if a lab is already up.
@@ -550,6 +551,91 @@ fn udp_under_the_cluster_policy_reaches_a_pod_on_another_node() -> Result<()> {
     checked
 }
 
+/// `sessionAffinity: ClientIP` under the Cluster policy: the router hashes each new
+/// connection on its 5-tuple over node-a, node-b and node-c; node-b (no Pod) hands all of
+/// the client's connections to one node (picked by the client's address), and each node
+/// keeps the client on one of its own Pods. 60 connections reach at most one Pod per
+/// node — node-a has two, over which its share (about 20) would spread without affinity —
+/// and small pages and 4 MiB both ways are served. Removed afterwards.
+fn session_affinity_keeps_a_client_on_one_pod_per_node() -> Result<()> {
+    const STICKY_VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 26);
+    let manifest = nginx_service(
+        "nginx-sticky",
+        STICKY_VIP,
+        "",
+        "Cluster",
+        "sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}\n  ",
+    );
+    lab::kubectl_apply(&manifest)?;
+    let url = format!("http://{STICKY_VIP}/");
+    let checked = (|| -> Result<()> {
+        let pods: BTreeMap<String, String> = nginx_pods()?
+            .into_iter()
+            .map(|p| (p.name, p.node))
+            .collect();
+        ensure!(
+            pods.values().filter(|n| *n == "node-a").count() == 2,
+            "the step needs two nginx Pods on node-a: {pods:?}"
+        );
+        eventually(
+            "the sticky VIP at BIRD from node-a, node-b and node-c",
+            Duration::from_secs(60),
+            || {
+                Ok(
+                    juneau_tests::bird::bgp_nexthops(&lab::bird_ctl(), STICKY_VIP)?
+                        == vec![NODE_A, NODE_B, NODE_C],
+                )
+            },
+        )?;
+        let before = handed_on("node-b")?;
+        let mut served: BTreeMap<&str, BTreeMap<String, usize>> = BTreeMap::new();
+        for i in 0..60 {
+            let resp = in_ns("client", &["curl", "-sS", "-m", "10", "-i", &url])
+                .with_context(|| format!("request {i} through the sticky VIP"))?;
+            ensure!(resp.contains("Welcome to nginx"), "request {i}: {resp}");
+            let pod = resp
+                .lines()
+                .find_map(|l| l.strip_prefix("X-Served-By: "))
+                .map(|p| p.trim().to_string())
+                .with_context(|| format!("request {i}: no X-Served-By: {resp}"))?;
+            let node = pods
+                .get(&pod)
+                .with_context(|| format!("request {i} served by {pod}, not an nginx Pod"))?;
+            *served
+                .entry(node.as_str())
+                .or_default()
+                .entry(pod)
+                .or_default() += 1;
+        }
+        println!("session affinity: 60 connections served by {served:?}");
+        for (node, by_pod) in &served {
+            ensure!(
+                by_pod.len() == 1,
+                "{node} spread one client's connections over its Pods {by_pod:?}"
+            );
+        }
+        let on_a: usize = served.get("node-a").map_or(0, |m| m.values().sum());
+        ensure!(
+            on_a >= 6,
+            "node-a served {on_a} of 60 connections: too few to show its two Pods were not both used"
+        );
+        let client = juneau_tests::lab::ns("client");
+        let want = pattern(4 << 20);
+        for _ in 0..3 {
+            download(&client, &format!("{url}files/4m"), &want, 10)?;
+            put_and_get(&client, &format!("{url}uploads/4m"), &want, 10)?;
+        }
+        eventually(
+            "node-b handing the client's connections on",
+            Duration::from_secs(10),
+            || Ok(handed_on("node-b")? > before),
+        )?;
+        Ok(())
+    })();
+    kubectl(&["delete", "service", "nginx-sticky", "--wait=true"])?;
+    checked
+}
+
 /// Shared VIPs: `shared-web` (port 80, the nginx Pods on node-a and node-c) and
 /// `shared-alt` (port 8080, one Pod pinned to node-b) carry the same
 /// `allow-shared-ip` key and hold one VIP, which all three nodes announce; a connection
@@ -934,6 +1020,7 @@ fn walk() -> Result<()> {
     source_ranges_admit_the_client_and_not_the_outsider()?;
     cluster_policy_serves_through_a_node_without_pods()?;
     udp_under_the_cluster_policy_reaches_a_pod_on_another_node()?;
+    session_affinity_keeps_a_client_on_one_pod_per_node()?;
     services_sharing_a_vip_serve_each_port_from_its_own_pods()?;
     a_host_network_backend_is_served_through_its_node_s_stack()?;
 
