@@ -524,7 +524,12 @@ pub struct VipRedirectPeers {
     /// The VIP.
     pub vip: Vip,
     /// Redirect addresses of the other nodes with a Ready or serving-but-terminating
-    /// (draining) endpoint of the VIP's Service, sorted, without this node.
+    /// (draining) endpoint of the VIP's Service (under the Cluster policy: every node
+    /// that may announce it), sorted, without this node. A node is listed once, and once
+    /// more per Ready endpoint of the VIP it has: its weight for the new connections a
+    /// node without a backend hands on (at most `shm::MAX_REDIRECT_NODES_PER_VIP`
+    /// entries; the agent scales weights down to fit). A reader that ignores repeats
+    /// spreads those connections evenly over the nodes.
     pub nodes: Vec<Ipv4Addr>,
 }
 
@@ -535,6 +540,19 @@ impl Redirects {
             .binary_search_by_key(&vip, |v| v.vip)
             .map(|i| self.vips[i].nodes.as_slice())
             .unwrap_or(&[])
+    }
+
+    /// The peers published for `vip`, each once, with its weight (its repeats in
+    /// [`VipRedirectPeers::nodes`]: its Ready endpoints of the VIP).
+    pub fn weighted_peers_of(&self, vip: Vip) -> Vec<(Ipv4Addr, u32)> {
+        let mut out: Vec<(Ipv4Addr, u32)> = Vec::new();
+        for n in self.peers_of(vip) {
+            match out.last_mut() {
+                Some((a, w)) if a == n => *w += 1,
+                _ => out.push((*n, 0)),
+            }
+        }
+        out
     }
 }
 
@@ -555,8 +573,8 @@ impl NodeState {
         self.services.sort_by_key(|s| s.frontend);
         self.advertised.sort_by_key(|a| a.vip);
         for v in &mut self.redirects.vips {
+            // Repeats are weights (kept).
             v.nodes.sort();
-            v.nodes.dedup();
         }
         self.redirects.vips.sort_by_key(|v| v.vip);
         self.redirects.vips.dedup_by_key(|v| v.vip);

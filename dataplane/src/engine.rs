@@ -1234,7 +1234,12 @@ impl Engine {
             // Cluster policy: handing new connections on is this node's job, not a
             // transient to bound. (A datagram is handed on only under it.)
             let charged = !hand_off;
-            if let Some(v) = self.ask_next_peer((true, charged), frame_len, key, nb, now_ms) {
+            let how = redirect_path::Handing {
+                ask: true,
+                charged,
+                new_flow: true,
+            };
+            if let Some(v) = self.ask_next_peer(how, frame_len, key, nb, now_ms) {
                 return v;
             }
         }

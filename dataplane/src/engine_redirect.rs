@@ -10,8 +10,23 @@ use crate::counters::DropReason;
 use crate::flow::{hash_key, Direction, FlowKey, FlowState};
 use crate::neigh::{Neighbours, Resolve, Side};
 use crate::packet::{self, tcp_flags, Parsed};
-use crate::redirect::{next_hop, HopList, Notice, RedirectOut, Redirector};
+use crate::redirect::{next_hop, next_hop_weighted, HopList, Notice, RedirectOut, Redirector};
 use crate::redirect_wire::{self as wire, FLAG_ASK, KIND_NOTICE};
+
+/// How [`Engine::ask_next_peer`] sends a packet on.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Handing {
+    /// Whether the first node wants a notice (a redirected packet keeps the first node's
+    /// choice).
+    pub ask: bool,
+    /// Whether it takes a token of the client's bucket (a Cluster-policy connection does
+    /// not).
+    pub charged: bool,
+    /// A new connection or UDP flow no node holds yet: it goes to a peer weighed by its
+    /// Ready endpoints ([`next_hop_weighted`]). Else a flow some node may hold: peers in
+    /// the order the flow's hash starts ([`next_hop`]), every one a candidate.
+    pub new_flow: bool,
+}
 
 impl Engine {
     /// Turns redirects on (this node's address, its peers, the bucket).
@@ -153,7 +168,12 @@ impl Engine {
         }
         // Only a TCP segment asks for a notice (an ICMP error carries no connection the
         // owner vouches for by serving it).
-        match self.ask_next_peer((segment, true), frame_len, key, nb, now_ms) {
+        let how = Handing {
+            ask: segment,
+            charged: true,
+            new_flow: false,
+        };
+        match self.ask_next_peer(how, frame_len, key, nb, now_ms) {
             Some(v) => v,
             // Nobody to ask at all: a segment without a flow.
             None if self.redirect_ctx.is_none() => self.drop(DropReason::NonSynWithoutFlow, None),
@@ -161,13 +181,15 @@ impl Engine {
         }
     }
 
-    /// Sends the packet to the next peer of its VIP not yet visited (first by the flow's
-    /// hash); `ask`: whether the first node wants a notice (a redirected packet keeps the
-    /// first node's choice); `charged`: whether it takes a token of the client's bucket
-    /// (a Cluster-policy connection does not). `None` when no peer is left.
+    /// Sends the packet to the next peer of its VIP not yet visited, as `how` says.
+    /// `None` when no peer is left.
     pub(super) fn ask_next_peer(
         &mut self,
-        (ask, charged): (bool, bool),
+        Handing {
+            ask,
+            charged,
+            new_flow,
+        }: Handing,
         frame_len: usize,
         key: &FlowKey,
         nb: &Neighbours,
@@ -186,7 +208,11 @@ impl Engine {
         if !hops.push(me) {
             return None;
         }
-        let peer = next_hop(r.peers_for(key.dst), me, &hops, h)?;
+        let peer = if new_flow {
+            next_hop_weighted(r.weighted_peers_for(key.dst), me, &hops, h)?
+        } else {
+            next_hop(r.peers_for(key.dst), me, &hops, h)?
+        };
         if charged {
             if let Err(empty) = r.take_token(key.src, now_ms) {
                 return Some(self.drop(empty, None));
@@ -803,6 +829,34 @@ mod tests {
             .filter(|p| run(&mut local, 2, tcp(44000 + p, tcp_flags::SYN), 0).0 == Some(0))
             .count();
         assert!(served < 10, "{served}");
+    }
+
+    /// Under the Cluster policy a node without a backend hands new connections to the
+    /// nodes with one in proportion to their Ready endpoints as the agent published them
+    /// (node 0 listed with four, node 2 with one): each endpoint cluster-wide an equal
+    /// share (4/5 to node 0; counting entries would give 5/7, nodes 1/2), each
+    /// connection in one hop.
+    #[test]
+    fn handed_connections_follow_the_published_ready_endpoints() {
+        let cluster = |i, has_backend| node_full(i, has_backend, 1, (true, true, None));
+        let mut nodes = vec![cluster(0, true), cluster(1, false), cluster(2, true)];
+        let (n0, n2) = (NODES[0].into(), NODES[2].into());
+        nodes[1].redirect_mut().unwrap().set_from_state(&Redirects {
+            node_address: Some(NODES[1].into()),
+            vips: vec![VipRedirectPeers {
+                vip: VIP.into(),
+                nodes: vec![n0, n0, n0, n0, n0, n2, n2],
+            }],
+            keys: Vec::new(),
+        });
+        let mut served = [0usize; 3];
+        for p in 0..900u16 {
+            let (at, hops) = run(&mut nodes, 1, tcp(30000 + p, tcp_flags::SYN), 0);
+            assert_eq!(hops, 1, "port {p}");
+            served[at.unwrap()] += 1;
+        }
+        let share = served[0] as f64 / 900.0;
+        assert!((share - 0.8).abs() < 0.04, "{served:?}");
     }
 
     /// UDP under the Cluster policy: a node without a backend hands a new flow's first

@@ -114,6 +114,43 @@ pub fn next_hop(peers: &[u32], me: u32, visited: &HopList, flow_hash: u64) -> Op
         .find(|&p| p != me && p != 0 && !visited.contains(p))
 }
 
+/// The peer a **new** connection or UDP flow that finds no Ready backend here is handed
+/// to: weighted rendezvous hashing over the peers of `peers` with a nonzero weight in
+/// `weights` (the peer's Ready endpoints of the VIP) that are neither this node nor
+/// already visited — each endpoint cluster-wide gets an equal share, and a peer joining,
+/// leaving or changing weight moves only the flows it gains or loses. A list without
+/// weights (an older agent's, or no weighted peer left) falls back to [`next_hop`].
+pub fn next_hop_weighted(
+    (peers, weights): (&[u32], &[u32]),
+    me: u32,
+    visited: &HopList,
+    flow_hash: u64,
+) -> Option<u32> {
+    if visited.len() >= MAX_HOPS {
+        return None;
+    }
+    peers
+        .iter()
+        .zip(weights)
+        .filter(|&(&p, &w)| w > 0 && p != me && p != 0 && !visited.contains(p))
+        .map(|(&p, &w)| (rendezvous_score(flow_hash, p, w), p))
+        .max_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
+        .map(|(_, p)| p)
+        .or_else(|| next_hop(peers, me, visited, flow_hash))
+}
+
+/// Weighted rendezvous score of `peer` for a flow: `w / -ln(u)` with `u` uniform in
+/// (0, 1] from the flow's hash mixed with the peer's address (splitmix64), so the
+/// highest score falls on each peer with probability `w / sum(w)`.
+fn rendezvous_score(flow_hash: u64, peer: u32, weight: u32) -> f64 {
+    let mut z = flow_hash ^ u64::from(peer).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let u = ((z >> 11) + 1) as f64 / (1u64 << 53) as f64;
+    f64::from(weight) / -u.ln().min(-f64::MIN_POSITIVE)
+}
+
 /// A token bucket in integer milli-tokens on a millisecond clock: `rate` tokens per
 /// second, at most `burst` saved up.
 #[derive(Debug, Clone, Copy)]
@@ -242,9 +279,13 @@ pub struct Redirector {
     /// Key of the /24 hash (random per process, so that no one can aim a flood at
     /// another prefix's bucket).
     prefix_key: std::collections::hash_map::RandomState,
-    /// Per VIP (sorted by VIP): the nodes the agent published for it, then the static
-    /// `--redirect-peer` ones not among them.
-    vip_peers: Vec<(u32, Vec<u32>)>,
+    /// Per VIP (sorted by VIP): the nodes the agent published for it (each once), then
+    /// the static `--redirect-peer` ones not among them, and each one's weight for new
+    /// connections handed on (its Ready endpoints of the VIP; 0: none, or not published).
+    vip_peers: Vec<(u32, Vec<u32>, Vec<u32>)>,
+    /// Zeros, one per static peer: their weights (a static peer's Ready endpoints are
+    /// not known).
+    static_weights: Vec<u32>,
     /// Every peer (static and published), sorted: redirected packets and notices are
     /// accepted from these.
     all_peers: Vec<u32>,
@@ -291,6 +332,7 @@ impl Redirector {
             ],
             prefix_key: std::collections::hash_map::RandomState::new(),
             vip_peers: Vec::new(),
+            static_weights: vec![0; cfg.peers.len()],
             all_peers: Vec::new(),
             counters: Vec::new(),
             cfg,
@@ -320,14 +362,25 @@ impl Redirector {
             .vips
             .iter()
             .map(|v| {
-                let mut list: Vec<u32> = v.nodes.iter().map(|a| u32::from(*a)).collect();
-                for p in &self.cfg.peers {
-                    if !list.contains(p) {
-                        list.push(*p);
+                // A node listed once may hold connections; each further listing is one
+                // Ready endpoint of the VIP there (`VipRedirectPeers::nodes`).
+                let (mut list, mut weights) = (Vec::<u32>::new(), Vec::<u32>::new());
+                for a in v.nodes.iter().map(|a| u32::from(*a)).filter(|a| *a != 0) {
+                    match list.iter().position(|p| *p == a) {
+                        Some(i) => weights[i] += 1,
+                        None => {
+                            list.push(a);
+                            weights.push(0);
+                        }
                     }
                 }
-                list.retain(|p| *p != 0);
-                (u32::from(v.vip), list)
+                for p in &self.cfg.peers {
+                    if *p != 0 && !list.contains(p) {
+                        list.push(*p);
+                        weights.push(0);
+                    }
+                }
+                (u32::from(v.vip), list, weights)
             })
             .collect();
         self.vip_peers.sort_by_key(|v| v.0);
@@ -409,9 +462,19 @@ impl Redirector {
     /// The nodes asked about a flow to `vip`, in order: the ones the agent published for
     /// the VIP then the static ones; only the static ones for a VIP without a list.
     pub fn peers_for(&self, vip: u32) -> &[u32] {
+        self.weighted_peers_for(vip).0
+    }
+
+    /// [`Self::peers_for`] with each peer's weight for new connections handed on (its
+    /// Ready endpoints of the VIP as the agent published them; all 0 for the static
+    /// peers of a VIP without a list).
+    pub fn weighted_peers_for(&self, vip: u32) -> (&[u32], &[u32]) {
         match self.vip_peers.binary_search_by_key(&vip, |v| v.0) {
-            Ok(i) => &self.vip_peers[i].1,
-            Err(_) => &self.cfg.peers,
+            Ok(i) => (&self.vip_peers[i].1, &self.vip_peers[i].2),
+            Err(_) => (
+                &self.cfg.peers,
+                &self.static_weights[..self.cfg.peers.len()],
+            ),
         }
     }
 
@@ -598,6 +661,90 @@ mod tests {
         h.push(b);
         assert_eq!(next_hop(&peers, b, &h, 0), None);
         assert_eq!(next_hop(&[], 1, &HopList::new(), 0), None);
+    }
+
+    /// Weighted rendezvous: each peer's share of new flows follows its weight (its Ready
+    /// endpoints), a peer without any gets none while a weighted one is left, and a peer
+    /// leaving moves only its own flows.
+    #[test]
+    fn new_flows_go_to_peers_by_their_ready_endpoints() {
+        let peers = [11, 12, 13, 14];
+        let weights = [2, 1, 0, 1];
+        let me = 99;
+        let n = 40_000u64;
+        let mut got = std::collections::BTreeMap::new();
+        let pick = |peers: &[u32], weights: &[u32], h: u64| {
+            let mut visited = HopList::new();
+            visited.push(me);
+            next_hop_weighted((peers, weights), me, &visited, h).unwrap()
+        };
+        for i in 0..n {
+            let h = i.wrapping_mul(0x2545_f491_4f6c_dd1d);
+            *got.entry(pick(&peers, &weights, h)).or_insert(0u64) += 1;
+        }
+        let share = |p| got.get(&p).copied().unwrap_or(0) as f64 / n as f64;
+        assert!((share(11) - 0.5).abs() < 0.02, "{got:?}");
+        assert!((share(12) - 0.25).abs() < 0.02, "{got:?}");
+        assert!((share(14) - 0.25).abs() < 0.02, "{got:?}");
+        assert_eq!(share(13), 0.0, "a peer without Ready endpoints: {got:?}");
+        // Peer 12 leaves: flows that went elsewhere stay where they went.
+        let (fewer, fewer_w) = ([11, 13, 14], [2, 0, 1]);
+        for i in 0..2_000u64 {
+            let h = i.wrapping_mul(0x2545_f491_4f6c_dd1d);
+            let before = pick(&peers, &weights, h);
+            if before != 12 {
+                assert_eq!(pick(&fewer, &fewer_w, h), before, "flow {i} moved");
+            }
+        }
+        // Visited and weighted-less: the next weighted one, then the plain order.
+        let mut visited = HopList::new();
+        visited.push(me);
+        visited.push(11);
+        visited.push(12);
+        visited.push(14);
+        assert_eq!(
+            next_hop_weighted((&peers, &weights), me, &visited, 7),
+            Some(13)
+        );
+        assert_eq!(
+            next_hop_weighted((&peers, &[0; 4]), me, &HopList::new(), 5),
+            next_hop(&peers, me, &HopList::new(), 5)
+        );
+        assert_eq!(next_hop_weighted((&[], &[]), me, &HopList::new(), 5), None);
+    }
+
+    /// A node the agent lists k + 1 times has k Ready endpoints: listed once per VIP in
+    /// the peers, weighed k; the static peers weigh nothing.
+    #[test]
+    fn published_repeats_are_weights() {
+        use juneau_control::model::{Redirects, VipRedirectPeers};
+        let ip = |d: u8| std::net::Ipv4Addr::new(192, 168, 0, d);
+        let cfg = RedirectConfig {
+            node: u32::from(ip(11)),
+            port: 7411,
+            peers: vec![u32::from(ip(20))],
+            rate_per_s: 100,
+            burst: 10,
+            prefix_rate_per_s: 100,
+            prefix_burst: 10,
+            node_from_state: false,
+        };
+        let mut r = Redirector::new(cfg);
+        let vip = std::net::Ipv4Addr::new(203, 0, 113, 1);
+        r.set_from_state(&Redirects {
+            node_address: None,
+            vips: vec![VipRedirectPeers {
+                vip,
+                nodes: vec![ip(12), ip(12), ip(12), ip(13), ip(14), ip(14)],
+            }],
+            keys: Vec::new(),
+        });
+        let (peers, weights) = r.weighted_peers_for(u32::from(vip));
+        let want: Vec<u32> = [12, 13, 14, 20].map(|d| u32::from(ip(d))).to_vec();
+        assert_eq!((peers, weights), (&want[..], &[2, 0, 1, 0][..]));
+        let other = r.weighted_peers_for(1);
+        assert_eq!(other, (&[u32::from(ip(20))][..], &[0][..]));
+        assert_eq!(r.all_peers().len(), 4);
     }
 
     #[test]

@@ -81,11 +81,12 @@ fn may_announce(view: &AgentView, name: &str, applying: &[&BGPAdvertisementSpec]
 }
 
 /// The redirect part of `node`'s state: its own address and, per VIP in `vip_nodes`, the
-/// other nodes' addresses (bad annotations become warnings, the node left out).
+/// other nodes' addresses, each repeated once per Ready endpoint it has
+/// ([`weighted_peers`]; bad annotations become warnings, the node left out).
 fn redirects(
     node: &str,
     view: &AgentView,
-    vip_nodes: BTreeMap<Ipv4Addr, BTreeSet<String>>,
+    vip_nodes: BTreeMap<Ipv4Addr, BTreeMap<String, u32>>,
     warnings: &mut Vec<String>,
 ) -> Redirects {
     let mut addresses: BTreeMap<&str, Option<Ipv4Addr>> = BTreeMap::new();
@@ -113,21 +114,27 @@ fn redirects(
     let node_address = address_of(node, warnings);
     let mut vips = Vec::new();
     for (vip, names) in vip_nodes {
-        let mut nodes: Vec<Ipv4Addr> = names
-            .iter()
-            .filter(|n| n.as_str() != node)
-            .filter_map(|n| address_of(n, warnings))
-            .filter(|a| Some(*a) != node_address)
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        if nodes.len() > MAX_REDIRECT_NODES_PER_VIP {
+        let mut ready: BTreeMap<Ipv4Addr, u32> = BTreeMap::new();
+        for (n, r) in names.iter().filter(|(n, _)| n.as_str() != node) {
+            if let Some(a) = address_of(n, warnings).filter(|a| Some(*a) != node_address) {
+                *ready.entry(a).or_default() += r;
+            }
+        }
+        let mut ready: Vec<(Ipv4Addr, u32)> = ready.into_iter().collect();
+        if ready.len() > MAX_REDIRECT_NODES_PER_VIP {
             warnings.push(format!(
                 "VIP {vip}: {} nodes hold endpoints; redirects ask only the first {MAX_REDIRECT_NODES_PER_VIP}",
-                nodes.len()
+                ready.len()
             ));
-            nodes.truncate(MAX_REDIRECT_NODES_PER_VIP);
+            ready.truncate(MAX_REDIRECT_NODES_PER_VIP);
         }
+        let nodes = weighted_peers(&ready).unwrap_or_else(|| {
+            warnings.push(format!(
+                "VIP {vip}: {} nodes leave no room in the {MAX_REDIRECT_NODES_PER_VIP} redirect entries to weigh them by their Ready endpoints; new connections handed on spread evenly over them",
+                ready.len()
+            ));
+            ready.iter().map(|(a, _)| *a).collect()
+        });
         vips.push(VipRedirectPeers { vip, nodes });
     }
     Redirects {
@@ -248,6 +255,55 @@ fn secret_value(view: &AgentView, name: &str, key: &str) -> Option<juneau_contro
         .map(|v| juneau_control::secret::Secret::new(v.as_str()))
 }
 
+/// The published peer list of a VIP from each peer's address and Ready endpoints
+/// (sorted by address): every peer once — it may hold connections — then once more per
+/// Ready endpoint, its weight for the new connections a node without a backend hands on
+/// (the dataplane's weighted rendezvous: every endpoint cluster-wide an equal share).
+/// The list holds at most [`MAX_REDIRECT_NODES_PER_VIP`] entries: weights above what
+/// fits are scaled down (largest remainders), every peer with an endpoint keeping at
+/// least one; `None` when even that does not fit (the caller lists each peer once: even
+/// spreading, as a dataplane reading no weights does).
+fn weighted_peers(ready: &[(Ipv4Addr, u32)]) -> Option<Vec<Ipv4Addr>> {
+    let room = MAX_REDIRECT_NODES_PER_VIP.checked_sub(ready.len())?;
+    let holders = ready.iter().filter(|(_, r)| *r > 0).count();
+    let total: u64 = ready.iter().map(|(_, r)| u64::from(*r)).sum();
+    if holders > room {
+        return None;
+    }
+    let mut weights: Vec<u64> = ready.iter().map(|(_, r)| u64::from(*r)).collect();
+    if total > room as u64 {
+        // One each, then the rest of the room in proportion (largest remainder first).
+        let spare = (room - holders) as u64;
+        let rest = total - holders as u64;
+        let mut shares: Vec<(u64, u64, usize)> = ready
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, r))| *r > 0)
+            .map(|(i, (_, r))| {
+                let x = (u64::from(*r) - 1) * spare;
+                (x / rest.max(1), x % rest.max(1), i)
+            })
+            .collect();
+        for w in weights.iter_mut() {
+            *w = (*w).min(1);
+        }
+        let mut left = spare;
+        for (q, _, i) in &shares {
+            weights[*i] += q;
+            left -= q;
+        }
+        shares.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
+        for (_, _, i) in shares.iter().take(left as usize) {
+            weights[*i] += 1;
+        }
+    }
+    let mut nodes = Vec::new();
+    for ((a, _), w) in ready.iter().zip(weights) {
+        nodes.extend(std::iter::repeat_n(*a, 1 + w as usize));
+    }
+    Some(nodes)
+}
+
 /// What one ServiceLoadBalancer contributes to the node's state.
 #[derive(Debug, Clone)]
 struct SlbPart {
@@ -255,8 +311,9 @@ struct SlbPart {
     services: Vec<NodeService>,
     /// Its VIP, when this node announces it.
     advertised: Option<AdvertisedVip>,
-    /// Its VIP and the nodes with a serving endpoint of it that can announce it.
-    vip_nodes: (Ipv4Addr, BTreeSet<String>),
+    /// Its VIP and the nodes with a serving endpoint of it that can announce it (and,
+    /// under the Cluster policy, every node that can), each with its Ready endpoints.
+    vip_nodes: (Ipv4Addr, BTreeMap<String, u32>),
 }
 
 /// What every ServiceLoadBalancer's part is computed with.
@@ -324,15 +381,18 @@ fn slb_part(
     let mut part = SlbPart {
         services: Vec::new(),
         advertised: None,
-        vip_nodes: (vip, BTreeSet::new()),
+        vip_nodes: (vip, BTreeMap::new()),
     };
     // Every node with a listed endpoint may hold connections of it (a draining Pod's,
     // whatever its readiness says): a node asks those about connections it does not hold.
-    part.vip_nodes.1.extend(
-        eps.iter()
-            .filter_map(|e| e.node.clone())
-            .filter(|n| may_announce(view, n, &applying)),
-    );
+    // Each counts its Ready endpoints: its share of the new connections handed on.
+    for e in &eps {
+        let Some(n) = e.node.as_ref().filter(|n| may_announce(view, n, &applying)) else {
+            continue;
+        };
+        let ready = part.vip_nodes.1.entry(n.clone()).or_default();
+        *ready += u32::from(e.conditions.takes_new_traffic());
+    }
     let mut any_backend = false;
     for sp in svc
         .spec
@@ -356,7 +416,7 @@ fn slb_part(
             e.conditions.takes_new_traffic()
                 && e.node
                     .as_deref()
-                    .is_some_and(|n| n != node && part.vip_nodes.1.contains(n))
+                    .is_some_and(|n| n != node && part.vip_nodes.1.contains_key(n))
         });
     if cluster {
         // Any node that may announce the VIP may hand connections to any other: each
@@ -366,7 +426,9 @@ fn slb_part(
             .nodes
             .keys()
             .filter(|n| may_announce(view, n, &applying));
-        part.vip_nodes.1.extend(announcing.cloned());
+        for n in announcing {
+            part.vip_nodes.1.entry(n.clone()).or_default();
+        }
     }
     if !(any_backend || elsewhere) || excluded {
         return Some(part);
@@ -813,8 +875,9 @@ struct MergedParts {
     frontends: std::collections::HashSet<Frontend>,
     advertised: BTreeMap<Ipv4Addr, AdvertisedVip>,
     /// Per VIP served here: the nodes with a serving endpoint (Ready, or serving while
-    /// terminating: the drain case), asked about connections this node does not hold.
-    vip_nodes: BTreeMap<Ipv4Addr, BTreeSet<String>>,
+    /// terminating: the drain case), asked about connections this node does not hold,
+    /// each with its Ready endpoints of the VIP (summed over the Services sharing it).
+    vip_nodes: BTreeMap<Ipv4Addr, BTreeMap<String, u32>>,
 }
 
 impl MergedParts {
@@ -837,10 +900,10 @@ impl MergedParts {
             }
         }
         let (vip, nodes) = &part.vip_nodes;
-        self.vip_nodes
-            .entry(*vip)
-            .or_default()
-            .extend(nodes.iter().cloned());
+        let merged = self.vip_nodes.entry(*vip).or_default();
+        for (n, ready) in nodes {
+            *merged.entry(n.clone()).or_default() += ready;
+        }
     }
 
     /// The frontends of a VIP this node announces for another Service sharing it, but
@@ -1508,17 +1571,23 @@ mod tests {
         assert_eq!(s.advertised.len(), 1, "{s:?}");
         assert_eq!(s.advertised[0].weight, None, "no node weighs more");
         assert_eq!(
-            s.redirects.vips[0].nodes,
-            [Ipv4Addr::new(192, 168, 0, 1), Ipv4Addr::new(192, 168, 0, 3)],
-            "the nodes with endpoints take its connections"
+            s.redirects.weighted_peers_of(s.redirects.vips[0].vip),
+            [
+                (Ipv4Addr::new(192, 168, 0, 1), 2),
+                (Ipv4Addr::new(192, 168, 0, 3), 1)
+            ],
+            "the nodes with endpoints take its connections, by their Ready endpoints"
         );
         let (a, _) = build_node_state("node-a", &v);
         assert!(a.services[0].hand_off && !a.services[0].backends.is_empty());
         assert_eq!(a.advertised.len(), 1);
         assert_eq!(
-            a.redirects.vips[0].nodes,
-            [Ipv4Addr::new(192, 168, 0, 2), Ipv4Addr::new(192, 168, 0, 3)],
-            "node-a takes node-b's connections"
+            a.redirects.weighted_peers_of(a.redirects.vips[0].vip),
+            [
+                (Ipv4Addr::new(192, 168, 0, 2), 0),
+                (Ipv4Addr::new(192, 168, 0, 3), 1)
+            ],
+            "node-a takes node-b's connections; node-b (no endpoint) is no place to hand one"
         );
         // No Ready endpoint on any node: nobody announces it.
         v.slices.clear();
@@ -1573,9 +1642,9 @@ mod tests {
             "handed on"
         );
         assert_eq!(
-            a.redirects.vips[0].nodes,
-            [Ipv4Addr::new(192, 168, 0, 3)],
-            "to node-c, which has admin's Pod"
+            a.redirects.weighted_peers_of(a.redirects.vips[0].vip),
+            [(Ipv4Addr::new(192, 168, 0, 3), 2)],
+            "to node-c, which has admin's Pod (and web's: the VIP's endpoints summed)"
         );
         let (c, _) = build_node_state("node-c", &v);
         assert_eq!(c.advertised.len(), 1);
@@ -1881,8 +1950,8 @@ mod tests {
         assert_eq!(w.len(), 1, "{w:?}");
         assert_eq!(s.redirects.node_address, None);
         assert_eq!(
-            s.redirects.peers_of(ip("203.0.113.10")),
-            [ip("192.168.0.3")]
+            s.redirects.weighted_peers_of(ip("203.0.113.10")),
+            [(ip("192.168.0.3"), 1)]
         );
     }
 
@@ -1917,32 +1986,57 @@ mod tests {
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(s.redirects.node_address, Some(ip("192.168.0.1")));
         assert_eq!(
-            s.redirects.peers_of(ip("203.0.113.10")),
+            s.redirects.weighted_peers_of(ip("203.0.113.10")),
             [
-                ip("192.0.2.13"),
-                ip("192.168.0.2"),
-                ip("192.168.0.4"),
-                ip("192.168.0.5")
+                (ip("192.0.2.13"), 1),
+                (ip("192.168.0.2"), 1),
+                (ip("192.168.0.4"), 0),
+                (ip("192.168.0.5"), 0)
             ],
-            "sorted, without this node"
+            "sorted, without this node; weighed by Ready endpoints (draining node-d: none)"
         );
         // node-e's list holds every other node with an endpoint, node-a included.
         let (s, _) = build_node_state("node-e", &v);
         assert_eq!(s.redirects.node_address, Some(ip("192.168.0.5")));
         assert_eq!(
-            s.redirects.peers_of(ip("203.0.113.10")),
+            s.redirects.weighted_peers_of(ip("203.0.113.10")),
             [
-                ip("192.0.2.13"),
-                ip("192.168.0.1"),
-                ip("192.168.0.2"),
-                ip("192.168.0.4")
+                (ip("192.0.2.13"), 1),
+                (ip("192.168.0.1"), 2),
+                (ip("192.168.0.2"), 1),
+                (ip("192.168.0.4"), 0)
             ]
         );
         // A node the agent does not know (yet) is left out silently.
         let (s, w) = build_node_state("node-z", &v);
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(s.redirects.node_address, None);
-        assert_eq!(s.redirects.peers_of(ip("203.0.113.10")).len(), 5);
+        let peers = s.redirects.weighted_peers_of(ip("203.0.113.10"));
+        assert_eq!(peers.len(), 5);
+        assert_eq!(peers.iter().map(|p| p.1).sum::<u32>(), 4, "{peers:?}");
+    }
+
+    /// A VIP's peer list holds at most 64 entries: weights beyond that are scaled down
+    /// (each node with an endpoint keeps one at least), and when even one each does not
+    /// fit, every node is listed once (spread evenly).
+    #[test]
+    fn weights_are_scaled_down_to_fit_the_list() {
+        let a = |d: u8| Ipv4Addr::new(192, 168, 0, d);
+        let exact = weighted_peers(&[(a(1), 2), (a(2), 0), (a(3), 1)]).unwrap();
+        assert_eq!(exact, [a(1), a(1), a(1), a(2), a(3), a(3)]);
+        // 4 nodes, 300 + 100 + 1 + 0 endpoints: 60 entries of room for the weights.
+        let big = weighted_peers(&[(a(1), 300), (a(2), 100), (a(3), 1), (a(4), 0)]).unwrap();
+        assert_eq!(big.len(), MAX_REDIRECT_NODES_PER_VIP);
+        let weight = |x| big.iter().filter(|n| **n == x).count() - 1;
+        assert_eq!(
+            (weight(a(1)), weight(a(2)), weight(a(3)), weight(a(4))),
+            (44, 15, 1, 0)
+        );
+        // 40 nodes with endpoints: 24 entries of room, fewer than the 40 weights.
+        let crowd: Vec<_> = (1..=40).map(|d| (a(d), 3)).collect();
+        assert_eq!(weighted_peers(&crowd), None);
+        let none: Vec<_> = (1..=64).map(|d| (a(d), 0)).collect();
+        assert_eq!(weighted_peers(&none).unwrap().len(), 64);
     }
 
     #[test]
@@ -1982,8 +2076,8 @@ mod tests {
         Arc::make_mut(&mut v.peers[0]).spec.node_selector = Some(edge_only.clone());
         let (s, _) = build_node_state("node-a", &v);
         assert_eq!(
-            s.redirects.peers_of(ip("203.0.113.10")),
-            [ip("192.168.0.3"), ip("192.168.0.4")]
+            s.redirects.weighted_peers_of(ip("203.0.113.10")),
+            [(ip("192.168.0.3"), 1), (ip("192.168.0.4"), 1)]
         );
         // Only node-a and node-c get the VIP's pool advertised: node-d is left out too.
         Arc::make_mut(v.nodes.get_mut("node-d").unwrap())
@@ -2004,8 +2098,8 @@ mod tests {
         });
         let (s, _) = build_node_state("node-a", &v);
         assert_eq!(
-            s.redirects.peers_of(ip("203.0.113.10")),
-            [ip("192.168.0.3")]
+            s.redirects.weighted_peers_of(ip("203.0.113.10")),
+            [(ip("192.168.0.3"), 1)]
         );
     }
 

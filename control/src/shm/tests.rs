@@ -96,7 +96,7 @@ pub(crate) fn sample_state() -> NodeState {
                 },
                 VipRedirectPeers {
                     vip: Ipv4Addr::new(203, 0, 113, 10),
-                    // Unsorted, with a duplicate: normalize() sorts and dedups.
+                    // Unsorted, with a repeat: normalize() sorts and keeps it (a weight).
                     nodes: vec![
                         Ipv4Addr::new(192, 0, 2, 13),
                         Ipv4Addr::new(192, 0, 2, 11),
@@ -503,9 +503,21 @@ fn redirect_peers_round_trip_per_vip() {
     let snap = r.snapshot().unwrap();
     let red = &snap.state.redirects;
     assert_eq!(red.node_address, Some(Ipv4Addr::new(192, 0, 2, 10)));
+    // Sorted; a repeat is a weight (one more Ready endpoint there), kept.
     assert_eq!(
         red.peers_of(Ipv4Addr::new(203, 0, 113, 10)),
-        [Ipv4Addr::new(192, 0, 2, 11), Ipv4Addr::new(192, 0, 2, 13)]
+        [
+            Ipv4Addr::new(192, 0, 2, 11),
+            Ipv4Addr::new(192, 0, 2, 13),
+            Ipv4Addr::new(192, 0, 2, 13)
+        ]
+    );
+    assert_eq!(
+        red.weighted_peers_of(Ipv4Addr::new(203, 0, 113, 10)),
+        [
+            (Ipv4Addr::new(192, 0, 2, 11), 0),
+            (Ipv4Addr::new(192, 0, 2, 13), 1)
+        ]
     );
     assert_eq!(
         red.peers_of(Ipv4Addr::new(203, 0, 113, 11)),
