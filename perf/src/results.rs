@@ -222,6 +222,19 @@ pub fn paired_median<T>(pairs: &[(&T, &T)], f: impl Fn(&T) -> f64) -> Option<f64
     (!v.is_empty()).then(|| median(&v))
 }
 
+/// The windows of `runs` of the kind a row's figure is taken from (paced, else flooded,
+/// else an older report's): what a later pass takes a median from (the latency loads,
+/// the profile's rate), so that it never mixes kinds either.
+pub fn figure_runs(runs: &[RunFigures]) -> Vec<&RunFigures> {
+    let Some(k) = WindowKind::ALL
+        .into_iter()
+        .find(|k| runs.iter().any(|f| f.kind() == *k))
+    else {
+        return Vec::new();
+    };
+    runs.iter().filter(|f| f.kind() == k).collect()
+}
+
 /// "round 3" or "rounds 1, 2, 5" (rounds from 1).
 pub fn rounds_label(rounds: &[usize]) -> String {
     let list: Vec<String> = rounds.iter().map(|r| r.to_string()).collect();
@@ -769,6 +782,13 @@ mod tests {
             s.cycles_per_packet.unwrap(),
         );
         assert!((c0 - c1).abs() < 1e-6, "{c0} {c1}");
+        // A later pass (latency loads, the profile's rate) takes the same windows.
+        let paced: Vec<f64> = figure_runs(&s.runs)
+            .iter()
+            .map(|f| f.delivered_pps)
+            .collect();
+        assert_eq!(paced, vec![569.0, 660.0]);
+        assert_eq!(median(&paced), s.median_pps);
         // Only flooded windows: the figure is theirs.
         let s = ScenarioResult::from_runs_at(
             "juneau",
