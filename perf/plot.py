@@ -35,9 +35,13 @@ if sc:
     bars = ax.bar(names, med, yerr=[lo, hi], capsize=6,
                   color=[COLORS.get(n, "#333333") for n in names])
     for i, s in enumerate(sc):
-        # Each run as a dot beside the bar.
-        xs = [i + 0.3] * len(s["runs_pps"])
-        ax.plot(xs, [r / 1e3 for r in s["runs_pps"]], "k.", ms=5, alpha=0.6)
+        # Each run as a dot beside the bar: filled paced, hollow flooded (the bar is
+        # the median of the paced windows, of the flooded when none was paced).
+        runs = s.get("runs") or [{"delivered_pps": r} for r in s["runs_pps"]]
+        for r in runs:
+            flooded = r.get("rate_pps", 0) == 0 and r.get("calibration")
+            ax.plot([i + 0.3], [r["delivered_pps"] / 1e3], "o", ms=4, alpha=0.7,
+                    color="k", fillstyle="none" if flooded else "full")
     for b, m, s in zip(bars, med, sc):
         ax.annotate(f"{m:.0f}k", (b.get_x() + b.get_width() / 2, s["max_pps"] / 1e3),
                     ha="center", va="bottom", xytext=(0, 4), textcoords="offset points",
@@ -45,7 +49,8 @@ if sc:
     ax.set_ylabel("delivered kpps at the backend")
     ax.set_title(f"64-byte UDP throughput through the node ({sc[0]['flows']} flows, "
                  f"{len(sc[0]['runs_pps'])} run(s) each)\n"
-                 f"bar: median, whiskers: min..max, dots: runs; {report['date']}", fontsize=10)
+                 f"bar: median of the paced windows (flooded if none), whiskers: their min..max\n"
+                 f"dots: runs (hollow: flooded); {report['date']}", fontsize=9)
     ax.set_ylim(0, max(s["max_pps"] for s in sc) / 1e3 * 1.2 + 1)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -64,7 +69,7 @@ if fs:
         ax.annotate(f"{m:.0f}k", (b.get_x() + b.get_width() / 2, m), ha="center",
                     va="bottom", xytext=(0, 3), textcoords="offset points")
     ax.set_xlabel("concurrent flows")
-    ax.set_ylabel("delivered kpps (median)")
+    ax.set_ylabel("delivered kpps (median of the paced\nwindows, flooded if none)")
     ax.set_title("juneau throughput against flow count")
     ax.set_ylim(0, max(vals) * 1.2 if max(vals) > 0 else 1)
     ax.grid(axis="y", alpha=0.3)

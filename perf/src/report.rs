@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 
 pub use crate::prereq::PYTHON;
 pub use crate::report_data::Report;
+use crate::results::rounds_label;
 pub use crate::results::{
     latency_summary, median, Cost, FlowScalePoint, LatencyPoint, LatencySummary, Ratios,
     RunFigures, ScenarioResult,
@@ -88,69 +89,90 @@ impl Report {
             100.0 * crate::results::SATURATION_DELIVERED_BELOW
         );
         m += &format!(
-            "of offered or the path core is >= {:.0} % busy (/proc/stat); ratios come only from rows saturated in every run.\n\n",
+            "of offered or the path core is >= {:.0} % busy (/proc/stat); ratios come only from rows saturated in every run.\n",
             100.0 * crate::results::SATURATION_CORE_BUSY
         );
+        m += "A measured window is *paced* (offered at the calibrated rate) or *flooded* (the generator unpaced: pacing\n";
+        m += "gave up, or the last retry of a carried window); the two measure different things and never share a median:\n";
+        m += "a row's medians are per kind, its figure (ratios, plots) is the median of its paced windows, of its flooded\n";
+        m += "windows when none was paced. A ratio pairs the two paths round by round only where both windows are of one\n";
+        m += "kind, one line per kind; a round with one paced and one flooded window is left out and listed; a ratio with\n";
+        m += "no such round is refused (no like-kind windows). A target is met only if every kind's ratio meets it.\n\n";
         m
     }
 
-    /// Throughput and CPU cost per packet, per scenario and per run.
+    /// Throughput and CPU cost per packet, per scenario and per run: a line per kind of
+    /// window (paced, flooded), each with its own medians.
     fn throughput_md(&self) -> String {
         let mut m = String::new();
-        m += "## Throughput and CPU cost per packet\n\n| scenario | flows | saturated | median delivered pps | offered pps (runs) | path cores (runs) | path core busy (runs) | ns/packet | cycles/packet | packets per CPU-second | threads ns/packet |\n|---|---:|---|---:|---|---|---|---:|---:|---:|---:|\n";
+        m += "## Throughput and CPU cost per packet\n\nOne line per row and kind of window (paced: offered at the calibrated rate; flooded: the generator unpaced); each line's medians are over its own windows only. The row's figure (ratios, plots) is its paced line's, its flooded line's when no window was paced.\n\n| scenario | flows | windows | saturated | median delivered pps | offered pps (runs) | path cores (runs) | path core busy (runs) | ns/packet | cycles/packet | packets per CPU-second | threads ns/packet |\n|---|---:|---|---|---:|---|---|---|---:|---:|---:|---:|\n";
+        let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.0}"));
         for s in self.throughput_rows() {
             let join = |v: Vec<String>| v.join(", ");
-            m += &format!(
-                "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |\n",
-                s.name,
-                s.flows,
-                if s.runs.is_empty() {
-                    "not recorded".to_string()
-                } else if s.saturated {
-                    "**yes** (all runs)".to_string()
-                } else {
-                    format!(
-                        "NO ({} of {} runs)",
-                        s.runs.iter().filter(|r| r.saturated).count(),
-                        s.runs.len()
-                    )
-                },
-                s.median_pps,
-                join(s.offered_pps.iter().map(|p| format!("{p:.0}")).collect()),
+            let of = |rounds: &[usize], f: &dyn Fn(&RunFigures) -> String| {
                 join(
-                    s.runs
+                    rounds
                         .iter()
-                        .map(|r| format!("{:.2}", r.path_cores))
-                        .collect()
-                ),
-                join(
-                    s.runs
-                        .iter()
-                        .map(|r| format!("{:.0}%", 100.0 * r.path_core.busy))
-                        .collect()
-                ),
-                s.ns_per_packet
-                    .map(|x| format!("{x:.0}"))
-                    .unwrap_or_else(|| "-".into()),
-                s.cycles_per_packet
-                    .map(|x| format!("{x:.0}"))
-                    .unwrap_or_else(|| "-".into()),
-                s.pps_per_cpu_second
-                    .map(|x| format!("{x:.0}"))
-                    .unwrap_or_else(|| "-".into()),
-                s.thread_ns_per_packet
-                    .map(|x| format!("{x:.0}"))
-                    .unwrap_or_else(|| "-".into()),
-            );
+                        .filter_map(|&i| s.runs.get(i - 1))
+                        .map(f)
+                        .collect(),
+                )
+            };
+            if s.kinds.is_empty() {
+                // No windows on record (an older report): the row as it was.
+                m += &format!(
+                    "| {} | {} | not recorded | not recorded | {:.0} | {} | | | {} | {} | {} | {} |\n",
+                    s.name,
+                    s.flows,
+                    s.median_pps,
+                    join(s.offered_pps.iter().map(|p| format!("{p:.0}")).collect()),
+                    opt(s.ns_per_packet),
+                    opt(s.cycles_per_packet),
+                    opt(s.pps_per_cpu_second),
+                    opt(s.thread_ns_per_packet),
+                );
+                continue;
+            }
+            for k in &s.kinds {
+                let n = k.rounds.len();
+                let sat = k
+                    .rounds
+                    .iter()
+                    .filter(|&&i| s.runs.get(i - 1).is_some_and(|r| r.saturated))
+                    .count();
+                m += &format!(
+                    "| {} | {} | {} ({} of {}: {}) | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    s.name,
+                    s.flows,
+                    k.kind.label(),
+                    n,
+                    s.runs.len(),
+                    rounds_label(&k.rounds),
+                    if k.saturated {
+                        "**yes** (all)".to_string()
+                    } else {
+                        format!("NO ({sat} of {n})")
+                    },
+                    k.median_pps,
+                    of(&k.rounds, &|r| format!("{:.0}", r.offered_pps)),
+                    of(&k.rounds, &|r| format!("{:.2}", r.path_cores)),
+                    of(&k.rounds, &|r| format!("{:.0}%", 100.0 * r.path_core.busy)),
+                    opt(k.ns_per_packet),
+                    opt(k.cycles_per_packet),
+                    opt(k.pps_per_cpu_second),
+                    opt(k.thread_ns_per_packet),
+                );
+            }
         }
         m += "\nPer run: \n\n";
         for s in self.throughput_rows() {
             for (i, r) in s.runs.iter().enumerate() {
                 m += &format!(
-                    "- {} @ {} flows, run {}: {:.0} of {:.0} pps (rate asked {}), {:.0} ns/packet (threads {:.0}), path core user {:.0}% / system {:.0}% / softirq {:.0}% / steal {:.0}%, generator core busy {:.0}% (softirq {:.0}%), backend socket drops {}: {}; calibration (offered -> delivered): {}\n",
+                    "- {} @ {} flows, run {} ({}): {:.0} of {:.0} pps (rate asked {}), {:.0} ns/packet (threads {:.0}), path core user {:.0}% / system {:.0}% / softirq {:.0}% / steal {:.0}%, generator core busy {:.0}% (softirq {:.0}%), backend socket drops {}: {}; calibration (offered -> delivered): {}\n",
                     s.name,
                     s.flows,
                     i + 1,
+                    r.kind().label(),
                     r.delivered_pps,
                     r.offered_pps,
                     if r.rate_pps == 0 { "unpaced".to_string() } else { r.rate_pps.to_string() },
@@ -183,57 +205,83 @@ impl Report {
     /// The ratios against their targets, what was refused, the dataplane's counters.
     fn ratios_md(&self) -> String {
         let mut m = String::new();
-        m += "\n## Ratios (only from saturated rows; paired round by round: the median of the per-round ratios)\n\n| ratio | delivered pps | packets per CPU-second | target |\n|---|---:|---:|---:|\n";
-        for (name, a, b, t) in [
+        m += "\n## Ratios (only from saturated rows; paired round by round, only rounds whose two windows are of one kind: the median of the per-round ratios, lowest – highest in brackets)\n\nA round in which one side's window was paced and the other's flooded is left out (listed below); paced and flooded pairs give separate lines, never one median.\n\n| ratio | windows | delivered pps | packets per CPU-second | target |\n|---|---|---:|---:|---:|\n";
+        let q = &self.ratios;
+        for (name, label, a, b, t) in [
             (
+                crate::report_data::JUNEAU_VS_NFT_DNAT,
                 "juneau / nft-dnat",
-                self.ratios.juneau_vs_nft_dnat,
-                self.ratios.cpu_juneau_vs_nft_dnat,
+                q.juneau_vs_nft_dnat,
+                q.cpu_juneau_vs_nft_dnat,
                 ">= 1.0",
             ),
             (
+                crate::report_data::JUNEAU_XDP_FAST_VS_XDP_DNAT,
                 "juneau-xdp-fast / xdp-dnat",
-                self.ratios.juneau_xdp_fast_vs_xdp_dnat,
-                self.ratios.cpu_juneau_xdp_fast_vs_xdp_dnat,
+                q.juneau_xdp_fast_vs_xdp_dnat,
+                q.cpu_juneau_xdp_fast_vs_xdp_dnat,
                 ">= 1.0",
             ),
             (
+                crate::report_data::JUNEAU_VS_AFXDP_L2FWD,
                 "juneau / afxdp-l2fwd",
-                self.ratios.juneau_vs_afxdp_l2fwd,
-                self.ratios.cpu_juneau_vs_afxdp_l2fwd,
+                q.juneau_vs_afxdp_l2fwd,
+                q.cpu_juneau_vs_afxdp_l2fwd,
                 ">= 1.0",
             ),
             (
+                crate::report_data::JUNEAU_FLOW_SCALE,
                 "juneau largest / smallest flow count",
-                self.ratios.juneau_flow_scale_largest_vs_smallest,
-                self.ratios.cpu_juneau_flow_scale_largest_vs_smallest,
+                q.juneau_flow_scale_largest_vs_smallest,
+                q.cpu_juneau_flow_scale_largest_vs_smallest,
                 ">= 0.9",
             ),
             (
+                crate::report_data::XDP_DNAT_FLOW_SCALE,
                 "(reference) xdp-dnat largest flow count / throughput rows' flows",
-                self.ratios.xdp_dnat_flow_scale,
-                self.ratios.cpu_xdp_dnat_flow_scale,
+                q.xdp_dnat_flow_scale,
+                q.cpu_xdp_dnat_flow_scale,
                 "—",
             ),
         ] {
-            m += &format!(
-                "| {name} | {} | {} | {t} |\n",
-                not_measured(a),
-                not_measured(b)
-            );
-        }
-        if !self.ratios.spread.is_empty() {
-            m += "\nSpread over the rounds (lowest – highest per-round ratio):\n\n";
-            for s in &self.ratios.spread {
+            let kinds: Vec<_> = q.by_kind.iter().filter(|k| k.ratio == name).collect();
+            if kinds.is_empty() {
+                let windows = if q.no_like_kind.iter().any(|n| n == name) {
+                    "no like-kind windows"
+                } else if a.is_some() || b.is_some() {
+                    "the rows' medians (not paired)"
+                } else {
+                    "—"
+                };
                 m += &format!(
-                    "- {}: delivered pps {:.2} – {:.2}, packets per CPU-second {:.2} – {:.2} ({} rounds)\n",
-                    s.ratio, s.pps.0, s.pps.1, s.cpu.0, s.cpu.1, s.rounds
+                    "| {label} | {windows} | {} | {} | {t} |\n",
+                    not_measured(a),
+                    not_measured(b)
+                );
+            }
+            for k in kinds {
+                m += &format!(
+                    "| {label} | {} ({}) | {:.2} ({:.2} – {:.2}) | {:.2} ({:.2} – {:.2}) | {t} |\n",
+                    k.kind.label(),
+                    rounds_label(&k.rounds),
+                    k.pps,
+                    k.pps_range.0,
+                    k.pps_range.1,
+                    k.cpu,
+                    k.cpu_range.0,
+                    k.cpu_range.1
                 );
             }
         }
-        if !self.ratios.refused.is_empty() {
-            m += "\nRefused (a ratio of unsaturated runs measures the generator, not the paths):\n\n";
-            for r in &self.ratios.refused {
+        if !q.left_out.is_empty() {
+            m += "\nRounds left out of a ratio (one window paced, the other flooded):\n\n";
+            for r in &q.left_out {
+                m += &format!("- {r}\n");
+            }
+        }
+        if !q.refused.is_empty() {
+            m += "\nRefused (a ratio of unsaturated runs measures the generator, not the paths; one of a paced and a flooded window compares two different measurements):\n\n";
+            for r in &q.refused {
                 m += &format!("- {r}\n");
             }
         }
@@ -266,7 +314,7 @@ impl Report {
         if self.flow_scale.is_empty() && self.flow_scale_reference.is_none() {
             m += "Not measured in this run.\n";
         } else {
-            m += "| flows | runs (pps) | median |\n|---:|---|---:|\n";
+            m += "| flows | runs (pps) | median (per kind of window) |\n|---:|---|---:|\n";
             for p in &self.flow_scale {
                 m += &p.row("");
             }
@@ -442,8 +490,22 @@ impl Report {
         let json = dir.join("report.json");
         std::fs::write(&json, serde_json::to_string_pretty(self)?)?;
         std::fs::write(dir.join("report.md"), self.markdown())?;
+        let plots = plot(dir, &json)?;
         let mut files = vec![json, dir.join("report.md")];
-        files.extend(plot(dir)?);
+        files.extend(plots);
+        Ok(files)
+    }
+
+    /// `render`: report.md and the plots into `dir` from this (re-derived) report,
+    /// leaving the recorded report.json as it is (the plots read a temporary copy).
+    pub fn render(&self, dir: &Path) -> Result<Vec<PathBuf>> {
+        std::fs::write(dir.join("report.md"), self.markdown())?;
+        let tmp = dir.join("report.rendered.json");
+        std::fs::write(&tmp, serde_json::to_string_pretty(self)?)?;
+        let plots = plot(dir, &tmp);
+        let _ = std::fs::remove_file(&tmp);
+        let mut files = vec![dir.join("report.md")];
+        files.extend(plots?);
         Ok(files)
     }
 }
@@ -451,7 +513,7 @@ impl Report {
 /// The plotting script (run with Debian's python3 and python3-matplotlib).
 pub const PLOT_PY: &str = include_str!("../plot.py");
 
-fn plot(dir: &Path) -> Result<Vec<PathBuf>> {
+fn plot(dir: &Path, json: &Path) -> Result<Vec<PathBuf>> {
     for stale in ["throughput.png", "flow_scale.png", "latency.png"] {
         let _ = std::fs::remove_file(dir.join(stale));
     }
@@ -459,7 +521,7 @@ fn plot(dir: &Path) -> Result<Vec<PathBuf>> {
     std::fs::write(&script, PLOT_PY)?;
     let out = Command::new(PYTHON)
         .arg(&script)
-        .arg(dir.join("report.json"))
+        .arg(json)
         .arg(dir)
         .output()
         .with_context(|| format!("running {PYTHON} (apt-get install python3-matplotlib)"))?;
@@ -492,6 +554,7 @@ fn count_or_not_measured(v: Option<f64>) -> String {
 mod tests {
     use super::*;
     use crate::latency::ProbeResult;
+    use crate::results::WindowKind;
 
     #[test]
     fn median_of_odd_and_even_lists() {
@@ -524,7 +587,7 @@ mod tests {
         assert!(r.ratios.juneau_vs_nft_dnat.is_none());
         assert!(r
             .markdown()
-            .contains("| juneau / nft-dnat | not measured | not measured |"));
+            .contains("| juneau / nft-dnat | — | not measured | not measured |"));
         r.scenarios
             .push(row("juneau", 256, &[300.0, 500.0, 400.0], 250.0, true));
         let point = |flows, pps: f64| {
@@ -541,15 +604,17 @@ mod tests {
         // Round by round 3.0, 2.5, 1.33 (the medians' ratio would be 2.0).
         assert_eq!(r.ratios.juneau_vs_nft_dnat, Some(2.5));
         assert_eq!(r.ratios.cpu_juneau_vs_nft_dnat, Some(4.0));
-        let spread = &r.ratios.spread[0];
+        let spread = &r.ratios.by_kind[0];
         assert_eq!(
-            (spread.ratio.as_str(), spread.rounds),
-            ("juneau / nft-dnat", 3)
+            (spread.ratio.as_str(), spread.rounds.clone()),
+            ("juneau / nft-dnat", vec![1, 2, 3])
         );
-        assert_eq!(spread.pps, (400.0 / 300.0, 3.0));
-        assert!(r
-            .markdown()
-            .contains("- juneau / nft-dnat: delivered pps 1.33 – 3.00"));
+        assert_eq!(spread.pps_range, (400.0 / 300.0, 3.0));
+        let md = r.markdown();
+        assert!(
+            md.contains("| juneau / nft-dnat | kind not recorded (rounds 1, 2, 3) | 2.50 (1.33 – 3.00) | 4.00 (4.00 – 4.00) | >= 1.0 |"),
+            "{md}"
+        );
         assert!(r.ratios.juneau_xdp_fast_vs_xdp_dnat.is_none());
         assert_eq!(r.ratios.juneau_flow_scale_largest_vs_smallest, Some(0.9));
         let s = &r.scenarios[1];
@@ -673,7 +738,7 @@ mod tests {
             md.contains("| 1000000 (xdp-dnat, reference) | 400, 500, 450 | 450 |"),
             "{md}"
         );
-        assert!(md.contains("| (reference) xdp-dnat largest flow count / throughput rows' flows | 0.45 | 0.50 | — |"), "{md}");
+        assert!(md.contains("| (reference) xdp-dnat largest flow count / throughput rows' flows | the rows' medians (not paired) | 0.45 | 0.50 | — |"), "{md}");
     }
 
     #[test]
@@ -694,7 +759,86 @@ mod tests {
             r.ratios.refused
         );
         let md = r.markdown();
-        assert!(md.contains("NO (0 of 1 runs)"), "{md}");
+        assert!(md.contains("NO (0 of 1)"), "{md}");
         assert!(md.contains("Refused"), "{md}");
+    }
+
+    #[test]
+    fn a_kept_report_json_loads_and_render_tells_the_kinds_apart() {
+        // A fragment of perf/results/2026-12-05-s/report.json as that run wrote it
+        // (juneau and nft-dnat at 256 flows, juneau at 1 k and 1 M flows).
+        let mut r: Report =
+            serde_json::from_str(include_str!("testdata/2026-12-05-s-fragment.json"))
+                .expect("an old report.json loads");
+        let by_name =
+            |r: &Report, n: &str| r.scenarios.iter().find(|s| s.name == n).cloned().unwrap();
+        let j = by_name(&r, "juneau");
+        assert_eq!(j.kinds.len(), 0);
+        assert_eq!(
+            j.median_pps.round(),
+            644800.0,
+            "as recorded: a mixed median"
+        );
+        assert_eq!(
+            r.ratios.cpu_juneau_vs_nft_dnat.map(|x| (x * 100.0).round()),
+            Some(71.0)
+        );
+        r.rederive_throughput();
+        let j = by_name(&r, "juneau");
+        let kinds: Vec<_> = j.kinds.iter().map(|k| (k.kind, k.rounds.clone())).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (WindowKind::Paced, vec![4, 5]),
+                (WindowKind::Flooded, vec![1, 2, 3])
+            ]
+        );
+        let paced = (j.runs[3].delivered_pps + j.runs[4].delivered_pps) / 2.0;
+        assert_eq!(j.median_pps, paced, "the row's figure: its paced windows");
+        assert_eq!(j.kinds[1].median_pps, j.runs[2].delivered_pps);
+        // Kept at the run's TSC clock (about 2600 MHz), not this machine's.
+        let mhz = j.kinds[1].cycles_per_packet.unwrap() / j.kinds[1].ns_per_packet.unwrap();
+        assert!((mhz * 1e3 - 2600.0).abs() < 1.0, "{mhz}");
+        // nft-dnat: rounds 1, 4, 5 flooded, 2, 3 paced; juneau 1-3 flooded, 4-5 paced:
+        // only round 1 has two windows of one kind.
+        let n = by_name(&r, "nft-dnat");
+        let q: Vec<_> = r
+            .ratios
+            .by_kind
+            .iter()
+            .filter(|k| k.ratio == "juneau / nft-dnat")
+            .collect();
+        assert_eq!(q.len(), 1);
+        assert_eq!(
+            (q[0].kind, q[0].rounds.clone()),
+            (WindowKind::Flooded, vec![1])
+        );
+        assert_eq!(q[0].cpu, n.runs[0].cost_ns() / j.runs[0].cost_ns());
+        assert_eq!(r.ratios.cpu_juneau_vs_nft_dnat, Some(q[0].cpu));
+        assert_eq!(
+            r.ratios.left_out[0],
+            "juneau / nft-dnat: round 2 (juneau flooded, nft-dnat paced), round 3 (juneau flooded, nft-dnat paced), round 4 (juneau paced, nft-dnat flooded), round 5 (juneau paced, nft-dnat flooded)"
+        );
+        // 1 k flows all flooded, 1 M all paced: no like-kind round at all.
+        assert_eq!(
+            r.ratios.no_like_kind,
+            vec!["juneau largest / smallest flow count"]
+        );
+        assert!(r.ratios.cpu_juneau_flow_scale_largest_vs_smallest.is_none());
+        let md = r.markdown();
+        assert!(
+            md.contains("| juneau at the largest / the smallest flow count, packets per CPU-second >= 0.9 | no round with both windows paced or both flooded | refused (no like-kind windows) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| juneau | 256 | paced (2 of 5: rounds 4, 5) | **yes** (all) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| juneau | 256 | flooded (3 of 5: rounds 1, 2, 3) | **yes** (all) |"),
+            "{md}"
+        );
+        assert!(md.contains("| 1000 | 617583 flooded, "), "{md}");
+        assert!(md.contains("| flooded 617583 (5 of 5) |"), "{md}");
     }
 }

@@ -96,60 +96,138 @@ impl Report {
         self.errors.push((scenario.into(), msg));
     }
 
-    /// Summarises the latency rounds ([`latency_summary`]) and computes the ratios, only
-    /// between rows whose every run was saturated (an unsaturated row measures the
-    /// generator, not the path): paired round by round (the median of the per-round
-    /// ratios, their spread in `ratios.spread`) when both rows have one run per round,
-    /// else from the rows' medians (older reports). Refusals are listed in
-    /// `ratios.refused`.
+    /// Summarises the latency rounds ([`latency_summary`]) and computes every ratio
+    /// ([`Report::compute_throughput_ratios`], the TCP bulk download's, new connections').
     pub fn compute_ratios(&mut self) {
         self.latency_summary = latency_summary(&self.latency);
+        self.compute_throughput_ratios();
+        self.bulk_ratios = crate::bulk_data::ratios(&self.bulk);
+        self.connect_ratio = crate::connect::ratio(&self.connect);
+    }
+
+    /// What `render` does to a kept report.json: every throughput row summarised again
+    /// from its runs with today's rule (paced and flooded windows apart) and the
+    /// throughput ratios computed again; the other sections stay as recorded.
+    pub fn rederive_throughput(&mut self) {
+        for s in &mut self.scenarios {
+            *s = s.rederived();
+        }
+        for p in self
+            .flow_scale
+            .iter_mut()
+            .chain(self.flow_scale_reference.iter_mut())
+        {
+            if let Some(s) = &p.summary {
+                let s = s.rederived();
+                p.median_pps = s.median_pps;
+                p.summary = Some(s);
+            }
+        }
+        self.compute_throughput_ratios();
+    }
+
+    /// The throughput ratios, only between rows whose every run was saturated (an
+    /// unsaturated row measures the generator, not the path), paired round by round and
+    /// only within a kind of window ([`paired_ratios`]: a round whose two windows are
+    /// one paced, one flooded is left out and listed in `ratios.left_out`; without any
+    /// like-kind round the ratio is refused and listed in `ratios.no_like_kind`). Rows
+    /// without runs (older reports), or not with one run per round: from the rows'
+    /// medians, when their figures are of one kind. Refusals are listed in
+    /// `ratios.refused`.
+    pub fn compute_throughput_ratios(&mut self) {
         let mut refused = Vec::new();
-        let mut spread = Vec::new();
+        let mut by_kind = Vec::new();
+        let mut left_out = Vec::new();
+        let mut no_like_kind = Vec::new();
         let find = |n: &str| self.scenarios.iter().find(|s| s.name == n).cloned();
-        let mut pair =
-            |a: Option<ScenarioResult>, b: Option<ScenarioResult>, what: &str| match (a, b) {
-                (Some(a), Some(b)) => {
-                    let unsat: Vec<String> = [&a, &b]
-                        .iter()
-                        .filter(|s| !s.saturated)
-                        .map(|s| format!("{} ({} flows)", s.name, s.flows))
-                        .collect();
-                    if !unsat.is_empty() {
+        let label = |s: &ScenarioResult, other: &ScenarioResult| {
+            if s.name == other.name {
+                format!("{} flows", s.flows)
+            } else {
+                s.name.clone()
+            }
+        };
+        let medians = |a: &ScenarioResult, b: &ScenarioResult| {
+            let pps = (b.median_pps > 0.0).then(|| a.median_pps / b.median_pps);
+            let cpu = match (a.pps_per_cpu_second, b.pps_per_cpu_second) {
+                (Some(x), Some(y)) if y > 0.0 => Some(x / y),
+                _ => None,
+            };
+            (pps, cpu)
+        };
+        let mut pair = |a: Option<ScenarioResult>, b: Option<ScenarioResult>, what: &str| match (
+            a, b,
+        ) {
+            (Some(a), Some(b)) => {
+                let unsat: Vec<String> = [&a, &b]
+                    .iter()
+                    .filter(|s| !s.saturated)
+                    .map(|s| format!("{} ({} flows)", s.name, s.flows))
+                    .collect();
+                if !unsat.is_empty() {
+                    refused.push(format!(
+                        "{what}: not all runs saturated: {}",
+                        unsat.join(", ")
+                    ));
+                    return (None, None);
+                }
+                if a.runs.is_empty() || b.runs.is_empty() {
+                    // An older report: no windows on record, only the medians.
+                    return medians(&a, &b);
+                }
+                let Some((kinds, out)) = paired_ratios(what, &a.runs, &b.runs) else {
+                    // Not one run per round: the rows' medians, if of one kind.
+                    if a.figure_kind() != b.figure_kind() {
                         refused.push(format!(
-                            "{what}: not all runs saturated: {}",
-                            unsat.join(", ")
-                        ));
+                                "{what}: no like-kind windows: not one run per round, and the rows' figures are of different kinds"
+                            ));
+                        no_like_kind.push(what.to_string());
                         return (None, None);
                     }
-                    if let Some((pps, cpu, s)) = paired_ratios(what, &a.runs, &b.runs) {
-                        spread.push(s);
-                        return (Some(pps), Some(cpu));
-                    }
-                    let pps = (b.median_pps > 0.0).then(|| a.median_pps / b.median_pps);
-                    let cpu = match (a.pps_per_cpu_second, b.pps_per_cpu_second) {
-                        (Some(x), Some(y)) if y > 0.0 => Some(x / y),
-                        _ => None,
-                    };
-                    (pps, cpu)
+                    return medians(&a, &b);
+                };
+                let (la, lb) = (label(&a, &b), label(&b, &a));
+                if !out.is_empty() {
+                    left_out.push(format!(
+                        "{what}: {}",
+                        out.iter()
+                            .map(|(i, ka, kb)| format!(
+                                "round {} ({la} {}, {lb} {})",
+                                i + 1,
+                                ka.label(),
+                                kb.label()
+                            ))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
                 }
-                _ => {
-                    refused.push(format!("{what}: a side was not measured"));
-                    (None, None)
-                }
-            };
+                let Some(first) = kinds.first().cloned() else {
+                    refused.push(format!(
+                            "{what}: no like-kind windows: no round in which both were paced or both flooded"
+                        ));
+                    no_like_kind.push(what.to_string());
+                    return (None, None);
+                };
+                by_kind.extend(kinds);
+                (Some(first.pps), Some(first.cpu))
+            }
+            _ => {
+                refused.push(format!("{what}: a side was not measured"));
+                (None, None)
+            }
+        };
         let j = find("juneau");
-        let (a, b) = pair(j.clone(), find("nft-dnat"), "juneau / nft-dnat");
+        let (a, b) = pair(j.clone(), find("nft-dnat"), JUNEAU_VS_NFT_DNAT);
         self.ratios.juneau_vs_nft_dnat = a;
         self.ratios.cpu_juneau_vs_nft_dnat = b;
         let (a, b) = pair(
             find("juneau-xdp-fast"),
             find("xdp-dnat"),
-            "juneau-xdp-fast / xdp-dnat",
+            JUNEAU_XDP_FAST_VS_XDP_DNAT,
         );
         self.ratios.juneau_xdp_fast_vs_xdp_dnat = a;
         self.ratios.cpu_juneau_xdp_fast_vs_xdp_dnat = b;
-        let (a, b) = pair(j, find("afxdp-l2fwd"), "juneau / afxdp-l2fwd");
+        let (a, b) = pair(j, find("afxdp-l2fwd"), JUNEAU_VS_AFXDP_L2FWD);
         self.ratios.juneau_vs_afxdp_l2fwd = a;
         self.ratios.cpu_juneau_vs_afxdp_l2fwd = b;
         let smallest = self.flow_scale.iter().min_by_key(|p| p.flows);
@@ -162,28 +240,33 @@ impl Report {
             })
         };
         let (a, b) = match (smallest, largest) {
-            (Some(s), Some(l)) if s.flows != l.flows => pair(
-                Some(summary(l)),
-                Some(summary(s)),
-                "juneau largest / smallest flow count",
-            ),
+            (Some(s), Some(l)) if s.flows != l.flows => {
+                pair(Some(summary(l)), Some(summary(s)), JUNEAU_FLOW_SCALE)
+            }
             _ => (None, None),
         };
         self.ratios.juneau_flow_scale_largest_vs_smallest = a;
         self.ratios.cpu_juneau_flow_scale_largest_vs_smallest = b;
         let (a, b) = match &self.flow_scale_reference {
-            Some(r) => pair(
-                r.summary.clone(),
-                find("xdp-dnat"),
-                "xdp-dnat largest flow count / throughput rows",
-            ),
+            Some(r) => pair(r.summary.clone(), find("xdp-dnat"), XDP_DNAT_FLOW_SCALE),
             None => (None, None),
         };
         self.ratios.xdp_dnat_flow_scale = a;
         self.ratios.cpu_xdp_dnat_flow_scale = b;
         self.ratios.refused = refused;
-        self.ratios.spread = spread;
-        self.bulk_ratios = crate::bulk_data::ratios(&self.bulk);
-        self.connect_ratio = crate::connect::ratio(&self.connect);
+        self.ratios.by_kind = by_kind;
+        self.ratios.left_out = left_out;
+        self.ratios.no_like_kind = no_like_kind;
     }
 }
+
+/// The ratios' names (in `Ratios::by_kind`, `no_like_kind`, the report's tables).
+pub const JUNEAU_VS_NFT_DNAT: &str = "juneau / nft-dnat";
+/// See [`JUNEAU_VS_NFT_DNAT`].
+pub const JUNEAU_XDP_FAST_VS_XDP_DNAT: &str = "juneau-xdp-fast / xdp-dnat";
+/// See [`JUNEAU_VS_NFT_DNAT`].
+pub const JUNEAU_VS_AFXDP_L2FWD: &str = "juneau / afxdp-l2fwd";
+/// See [`JUNEAU_VS_NFT_DNAT`].
+pub const JUNEAU_FLOW_SCALE: &str = "juneau largest / smallest flow count";
+/// See [`JUNEAU_VS_NFT_DNAT`] (no target).
+pub const XDP_DNAT_FLOW_SCALE: &str = "xdp-dnat largest flow count / throughput rows";

@@ -21,13 +21,15 @@ pub struct ScenarioResult {
     pub name: String,
     /// Flows offered.
     pub flows: u32,
-    /// Delivered packets/s of each run.
+    /// Delivered packets/s of each run (of every kind).
     pub runs_pps: Vec<f64>,
-    /// Smallest run.
+    /// Smallest run of the row's figure kind (see `median_pps`).
     pub min_pps: f64,
-    /// Median run.
+    /// The row's figure: the median of its paced windows, of its flooded windows when
+    /// none was paced (older reports: of every run). Paced and flooded windows never
+    /// share a median: each kind's is in `kinds`.
     pub median_pps: f64,
-    /// Largest run.
+    /// Largest run of the row's figure kind.
     pub max_pps: f64,
     /// What the generator offered in each run (its own send rate); a delivered rate close
     /// to it means the generator, not the path, was the limit.
@@ -38,9 +40,9 @@ pub struct ScenarioResult {
     /// Whether every run was saturated (ratios are computed only from saturated rows).
     #[serde(default)]
     pub saturated: bool,
-    /// Median CPU time of the path per delivered packet, ns: the path core's busy time
-    /// over the window / packets delivered in the window (older reports: the path's
-    /// threads' run time).
+    /// Median (over the windows of the row's figure kind) CPU time of the path per
+    /// delivered packet, ns: the path core's busy time over the window / packets
+    /// delivered in the window (older reports: the path's threads' run time).
     #[serde(default)]
     pub ns_per_packet: Option<f64>,
     /// Median of the path's own threads' run time per delivered packet, ns.
@@ -52,6 +54,95 @@ pub struct ScenarioResult {
     /// Packets delivered per CPU-second of the path (1e9 / ns_per_packet).
     #[serde(default)]
     pub pps_per_cpu_second: Option<f64>,
+    /// The row's windows by kind, paced first: each kind's own medians (empty in reports
+    /// written before the kinds were told apart, until `render` re-derives them).
+    #[serde(default)]
+    pub kinds: Vec<KindSummary>,
+}
+
+/// How a measured window was offered. Paced and flooded windows measure different
+/// things (a flood many times the path's capacity bounces the receive ring between the
+/// cores and makes the path look dearer; pacing can make a path that wakes per frame
+/// look slower): they never share a median, a ratio or a verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowKind {
+    /// The generator paced at the rate the calibration found.
+    Paced,
+    /// The generator unpaced: pacing gave up, or the last retry of a carried window.
+    Flooded,
+    /// A report written before the rate asked was recorded.
+    Unrecorded,
+}
+
+impl WindowKind {
+    /// Every kind, in the order a row lists them (the first present is the row's figure).
+    pub const ALL: [WindowKind; 3] = [
+        WindowKind::Paced,
+        WindowKind::Flooded,
+        WindowKind::Unrecorded,
+    ];
+
+    /// As the report prints it.
+    pub fn label(self) -> &'static str {
+        match self {
+            WindowKind::Paced => "paced",
+            WindowKind::Flooded => "flooded",
+            WindowKind::Unrecorded => "kind not recorded",
+        }
+    }
+}
+
+/// The windows of one kind of a throughput row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KindSummary {
+    /// Their kind.
+    pub kind: WindowKind,
+    /// Their rounds, from 1.
+    pub rounds: Vec<usize>,
+    /// Every one of them saturated.
+    pub saturated: bool,
+    /// Delivered packets/s: smallest, median, largest.
+    pub min_pps: f64,
+    /// See `min_pps`.
+    pub median_pps: f64,
+    /// See `min_pps`.
+    pub max_pps: f64,
+    /// Median path-core ns per delivered packet.
+    pub ns_per_packet: Option<f64>,
+    /// Median of the path's threads' ns per delivered packet.
+    pub thread_ns_per_packet: Option<f64>,
+    /// `ns_per_packet` in TSC cycles.
+    pub cycles_per_packet: Option<f64>,
+    /// 1e9 / `ns_per_packet`.
+    pub pps_per_cpu_second: Option<f64>,
+}
+
+impl KindSummary {
+    /// Summarises `runs` (with their 0-based rounds), all of `kind`; `mhz`: the TSC clock.
+    fn new(kind: WindowKind, runs: &[(usize, &RunFigures)], mhz: Option<f64>) -> KindSummary {
+        let pps: Vec<f64> = runs.iter().map(|(_, f)| f.delivered_pps).collect();
+        let finite = |v: Vec<f64>| -> Option<f64> {
+            let v: Vec<f64> = v
+                .into_iter()
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .collect();
+            (!v.is_empty()).then(|| median(&v))
+        };
+        let ns = finite(runs.iter().map(|(_, f)| f.cost_ns()).collect());
+        KindSummary {
+            kind,
+            rounds: runs.iter().map(|(i, _)| i + 1).collect(),
+            saturated: runs.iter().all(|(_, f)| f.saturated),
+            min_pps: pps.iter().copied().fold(f64::INFINITY, f64::min),
+            median_pps: median(&pps),
+            max_pps: pps.iter().copied().fold(0.0, f64::max),
+            ns_per_packet: ns,
+            thread_ns_per_packet: finite(runs.iter().map(|(_, f)| f.ns_per_packet).collect()),
+            cycles_per_packet: ns.and_then(|m| mhz.map(|mhz| m * mhz / 1e3)),
+            pps_per_cpu_second: ns.map(|m| 1e9 / m),
+        }
+    }
 }
 
 /// One throughput run.
@@ -97,6 +188,18 @@ pub struct RunFigures {
 }
 
 impl RunFigures {
+    /// How its window was offered: paced when a rate was asked; flooded when none was
+    /// (a calibrated run always records its steps); else an older report's.
+    pub fn kind(&self) -> WindowKind {
+        if self.rate_pps > 0 {
+            WindowKind::Paced
+        } else if !self.calibration.is_empty() {
+            WindowKind::Flooded
+        } else {
+            WindowKind::Unrecorded
+        }
+    }
+
     /// The per-packet cost the report uses: the path core's busy time per packet when
     /// measured (newer reports), else the path's threads' time.
     pub fn cost_ns(&self) -> f64 {
@@ -117,6 +220,29 @@ pub fn paired_median<T>(pairs: &[(&T, &T)], f: impl Fn(&T) -> f64) -> Option<f64
         .map(|(a, b)| f(a) / f(b))
         .collect();
     (!v.is_empty()).then(|| median(&v))
+}
+
+/// The windows of `runs` of the kind a row's figure is taken from (paced, else flooded,
+/// else an older report's): what a later pass takes a median from (the latency loads,
+/// the profile's rate), so that it never mixes kinds either.
+pub fn figure_runs(runs: &[RunFigures]) -> Vec<&RunFigures> {
+    let Some(k) = WindowKind::ALL
+        .into_iter()
+        .find(|k| runs.iter().any(|f| f.kind() == *k))
+    else {
+        return Vec::new();
+    };
+    runs.iter().filter(|f| f.kind() == k).collect()
+}
+
+/// "round 3" or "rounds 1, 2, 5" (rounds from 1).
+pub fn rounds_label(rounds: &[usize]) -> String {
+    let list: Vec<String> = rounds.iter().map(|r| r.to_string()).collect();
+    format!(
+        "round{} {}",
+        if rounds.len() == 1 { "" } else { "s" },
+        list.join(", ")
+    )
 }
 
 /// Median of a list (mean of the middle two for even lengths).
@@ -151,36 +277,66 @@ impl ScenarioResult {
             thread_ns_per_packet: None,
             cycles_per_packet: None,
             pps_per_cpu_second: None,
+            kinds: Vec::new(),
         }
     }
 
-    /// Summarizes measured runs: medians, saturation of every run, CPU cost.
+    /// Summarizes measured runs: each kind's medians apart ([`KindSummary`]), the row's
+    /// figures from the first kind present (paced, else flooded), saturation of every run.
     pub fn from_runs(name: &str, flows: u32, runs: Vec<RunFigures>) -> ScenarioResult {
+        ScenarioResult::from_runs_at(name, flows, runs, crate::cpu::tsc_mhz())
+    }
+
+    /// [`ScenarioResult::from_runs`] with the TSC clock given (`mhz`).
+    pub fn from_runs_at(
+        name: &str,
+        flows: u32,
+        runs: Vec<RunFigures>,
+        mhz: Option<f64>,
+    ) -> ScenarioResult {
         let mut r =
             ScenarioResult::new(name, flows, runs.iter().map(|f| f.delivered_pps).collect());
         r.offered_pps = runs.iter().map(|f| f.offered_pps).collect();
         r.saturated = !runs.is_empty() && runs.iter().all(|f| f.saturated);
-        let ns: Vec<f64> = runs
-            .iter()
-            .map(|f| f.cost_ns())
-            .filter(|x| x.is_finite() && *x > 0.0)
+        r.kinds = WindowKind::ALL
+            .into_iter()
+            .filter_map(|k| {
+                let mine: Vec<(usize, &RunFigures)> = runs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, f)| f.kind() == k)
+                    .collect();
+                (!mine.is_empty()).then(|| KindSummary::new(k, &mine, mhz))
+            })
             .collect();
-        let tns: Vec<f64> = runs
-            .iter()
-            .map(|f| f.ns_per_packet)
-            .filter(|x| x.is_finite() && *x > 0.0)
-            .collect();
-        if !tns.is_empty() {
-            r.thread_ns_per_packet = Some(median(&tns));
-        }
-        if !ns.is_empty() {
-            let m = median(&ns);
-            r.ns_per_packet = Some(m);
-            r.cycles_per_packet = crate::cpu::tsc_mhz().map(|mhz| m * mhz / 1e3);
-            r.pps_per_cpu_second = Some(1e9 / m);
+        if let Some(k) = r.kinds.first() {
+            (r.min_pps, r.median_pps, r.max_pps) = (k.min_pps, k.median_pps, k.max_pps);
+            r.ns_per_packet = k.ns_per_packet;
+            r.thread_ns_per_packet = k.thread_ns_per_packet;
+            r.cycles_per_packet = k.cycles_per_packet;
+            r.pps_per_cpu_second = k.pps_per_cpu_second;
         }
         r.runs = runs;
         r
+    }
+
+    /// The row summarised again from its runs with today's rule (what `render` does to a
+    /// kept report), at the TSC clock it was measured with; a row without runs (older
+    /// reports) as it was.
+    pub fn rederived(&self) -> ScenarioResult {
+        if self.runs.is_empty() {
+            return self.clone();
+        }
+        let mhz = match (self.cycles_per_packet, self.ns_per_packet) {
+            (Some(c), Some(ns)) if ns > 0.0 => Some(c / ns * 1e3),
+            _ => crate::cpu::tsc_mhz(),
+        };
+        ScenarioResult::from_runs_at(&self.name, self.flows, self.runs.clone(), mhz)
+    }
+
+    /// The kind of its figure (the first of `kinds`), if known.
+    pub fn figure_kind(&self) -> Option<WindowKind> {
+        self.kinds.first().map(|k| k.kind)
     }
 }
 
@@ -191,7 +347,7 @@ pub struct FlowScalePoint {
     pub flows: u32,
     /// Delivered packets/s of each run.
     pub runs_pps: Vec<f64>,
-    /// Median run.
+    /// Median run of the figure's kind (`ScenarioResult::median_pps`).
     pub median_pps: f64,
     /// Saturation and CPU cost of the runs.
     #[serde(default)]
@@ -199,14 +355,44 @@ pub struct FlowScalePoint {
 }
 
 impl FlowScalePoint {
-    /// Its row in the report's flow-scale table, `label` after the flow count.
+    /// Its row in the report's flow-scale table, `label` after the flow count: each run
+    /// with its kind, each kind's median apart (older reports: the runs and the median).
     pub(crate) fn row(&self, label: &str) -> String {
-        let runs: Vec<String> = self.runs_pps.iter().map(|x| format!("{x:.0}")).collect();
+        let kinds = self
+            .summary
+            .as_ref()
+            .map(|s| s.kinds.as_slice())
+            .unwrap_or_default();
+        let told = kinds.iter().any(|k| k.kind != WindowKind::Unrecorded);
+        let runs: Vec<String> = match &self.summary {
+            Some(s) if told => s
+                .runs
+                .iter()
+                .map(|r| format!("{:.0} {}", r.delivered_pps, r.kind().label()))
+                .collect(),
+            _ => self.runs_pps.iter().map(|x| format!("{x:.0}")).collect(),
+        };
+        let median = if told {
+            kinds
+                .iter()
+                .map(|k| {
+                    format!(
+                        "{} {:.0} ({} of {})",
+                        k.kind.label(),
+                        k.median_pps,
+                        k.rounds.len(),
+                        self.runs_pps.len()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        } else {
+            format!("{:.0}", self.median_pps)
+        };
         format!(
-            "| {}{label} | {} | {:.0} |\n",
+            "| {}{label} | {} | {median} |\n",
             self.flows,
             runs.join(", "),
-            self.median_pps
         )
     }
 }
@@ -364,62 +550,90 @@ pub struct Cost {
     pub redirect_own_instructions_per_packet: Option<f64>,
 }
 
-/// One ratio's per-round values: the lowest and highest over the rounds.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct RatioSpread {
+/// One ratio from the rounds in which both sides' windows were of one kind: the median
+/// of the per-round ratios, with their lowest and highest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KindRatio {
     /// The ratio's name as the report's table shows it.
     pub ratio: String,
-    /// Rounds paired.
-    pub rounds: usize,
+    /// The kind of both windows of every round paired.
+    pub kind: WindowKind,
+    /// The rounds paired, from 1.
+    pub rounds: Vec<usize>,
+    /// Delivered packets/s: median of the per-round ratios.
+    pub pps: f64,
+    /// Packets per CPU-second: median of the per-round ratios.
+    pub cpu: f64,
     /// Delivered packets/s: lowest and highest per-round ratio.
-    pub pps: (f64, f64),
+    pub pps_range: (f64, f64),
     /// Packets per CPU-second: lowest and highest per-round ratio.
-    pub cpu: (f64, f64),
+    pub cpu_range: (f64, f64),
 }
 
-/// `a` / `b` paired run by run (run `i` of each came from round `i`): the medians of the
-/// per-round ratios of delivered packets/s and of packets per CPU-second, with their
-/// spread. `None` unless both have the same, non-zero number of runs.
+/// `a` / `b` paired round by round (run `i` of each came from round `i`), only within a
+/// kind: one [`KindRatio`] per kind of which some round has both windows (paced first),
+/// and the rounds left out (0-based, with `a`'s and `b`'s kinds) because their windows
+/// were of different kinds. `None` unless both have the same, non-zero number of runs.
+#[allow(clippy::type_complexity)]
 pub fn paired_ratios(
     name: &str,
     a: &[RunFigures],
     b: &[RunFigures],
-) -> Option<(f64, f64, RatioSpread)> {
+) -> Option<(Vec<KindRatio>, Vec<(usize, WindowKind, WindowKind)>)> {
     if a.is_empty() || a.len() != b.len() {
         return None;
     }
-    let pps: Vec<f64> = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| x.delivered_pps / y.delivered_pps.max(1e-9))
-        .collect();
-    // Packets per CPU-second is 1 / cost: a's over b's is b's cost over a's.
-    let cpu: Vec<f64> = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| y.cost_ns() / x.cost_ns().max(1e-9))
-        .collect();
     let range = |v: &[f64]| {
         (
             v.iter().copied().fold(f64::INFINITY, f64::min),
             v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
         )
     };
-    Some((
-        median(&pps),
-        median(&cpu),
-        RatioSpread {
-            ratio: name.to_string(),
-            rounds: a.len(),
-            pps: range(&pps),
-            cpu: range(&cpu),
-        },
-    ))
+    let left_out = a
+        .iter()
+        .zip(b)
+        .enumerate()
+        .filter(|(_, (x, y))| x.kind() != y.kind())
+        .map(|(i, (x, y))| (i, x.kind(), y.kind()))
+        .collect();
+    let by_kind = WindowKind::ALL
+        .into_iter()
+        .filter_map(|k| {
+            let rounds: Vec<usize> = (0..a.len())
+                .filter(|&i| a[i].kind() == k && b[i].kind() == k)
+                .collect();
+            if rounds.is_empty() {
+                return None;
+            }
+            let pps: Vec<f64> = rounds
+                .iter()
+                .map(|&i| a[i].delivered_pps / b[i].delivered_pps.max(1e-9))
+                .collect();
+            // Packets per CPU-second is 1 / cost: a's over b's is b's cost over a's.
+            let cpu: Vec<f64> = rounds
+                .iter()
+                .map(|&i| b[i].cost_ns() / a[i].cost_ns().max(1e-9))
+                .collect();
+            Some(KindRatio {
+                ratio: name.to_string(),
+                kind: k,
+                rounds: rounds.iter().map(|i| i + 1).collect(),
+                pps: median(&pps),
+                cpu: median(&cpu),
+                pps_range: range(&pps),
+                cpu_range: range(&cpu),
+            })
+        })
+        .collect();
+    Some((by_kind, left_out))
 }
 
 /// The ratios the product is held to.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Ratios {
+    /// The ratios below are each the figure of their first kind in `by_kind` (paced
+    /// pairs, else flooded); `by_kind` has every kind's.
+    ///
     /// juneau (the default, userspace path) / nft-dnat (target >= 1.0).
     pub juneau_vs_nft_dnat: Option<f64>,
     /// juneau-xdp-fast (the opt-in XDP fast path) / xdp-dnat (target >= 1.0). Reports
@@ -450,10 +664,17 @@ pub struct Ratios {
     /// The same in packets per CPU-second.
     #[serde(default)]
     pub cpu_xdp_dnat_flow_scale: Option<f64>,
-    /// Each ratio's spread over the rounds, when both sides have one run per round (the
-    /// ratios are then medians of the per-round ratios, paired round by round).
+    /// Every ratio per kind of window, paired round by round within the kind (older
+    /// reports: empty, their ratios from the rows' medians).
     #[serde(default)]
-    pub spread: Vec<RatioSpread>,
+    pub by_kind: Vec<KindRatio>,
+    /// Rounds left out of a ratio because its two windows were of different kinds.
+    #[serde(default)]
+    pub left_out: Vec<String>,
+    /// Ratios whose rows were measured and saturated, but without a single round whose
+    /// two windows were of one kind: refused (no like-kind windows).
+    #[serde(default)]
+    pub no_like_kind: Vec<String>,
     /// Ratios not computed, and why (a side not saturated, or not measured).
     #[serde(default)]
     pub refused: Vec<String>,
@@ -471,21 +692,40 @@ mod tests {
         }
     }
 
+    /// A calibrated window: paced at `rate` (0: flooded).
+    fn window(pps: f64, ns: f64, rate: u64) -> RunFigures {
+        RunFigures {
+            rate_pps: rate,
+            calibration: vec![(2.0 * pps, pps)],
+            saturated: true,
+            ..run(pps, ns)
+        }
+    }
+
+    fn one_kind(
+        a: &[RunFigures],
+        b: &[RunFigures],
+    ) -> (KindRatio, Vec<(usize, WindowKind, WindowKind)>) {
+        let (mut k, left_out) = paired_ratios("a / b", a, b).expect("paired");
+        assert_eq!(k.len(), 1, "{k:?}");
+        (k.remove(0), left_out)
+    }
+
     #[test]
     fn ratios_pair_runs_of_the_same_round() {
         // Round 2 was slow for both paths: pairing keeps it from skewing the ratio.
         let a = [run(100.0, 10.0), run(50.0, 20.0), run(110.0, 9.0)];
         let b = [run(200.0, 5.0), run(100.0, 10.0), run(220.0, 4.5)];
-        let (pps, cpu, s) = paired_ratios("a / b", &a, &b).expect("paired");
-        assert_eq!(pps, 0.5);
-        assert_eq!(cpu, 0.5);
-        assert_eq!(s.rounds, 3);
-        assert_eq!(s.pps, (0.5, 0.5));
+        let (k, left_out) = one_kind(&a, &b);
+        assert_eq!((k.pps, k.cpu), (0.5, 0.5));
+        assert_eq!(k.rounds, vec![1, 2, 3]);
+        assert_eq!(k.pps_range, (0.5, 0.5));
+        assert!(left_out.is_empty());
         let b = [run(200.0, 5.0), run(25.0, 40.0), run(220.0, 4.5)];
-        let (pps, _, s) = paired_ratios("a / b", &a, &b).expect("paired");
-        assert_eq!(pps, 0.5);
-        assert_eq!(s.pps, (0.5, 2.0));
-        assert_eq!(s.cpu, (0.5, 2.0));
+        let (k, _) = one_kind(&a, &b);
+        assert_eq!(k.pps, 0.5);
+        assert_eq!(k.pps_range, (0.5, 2.0));
+        assert_eq!(k.cpu_range, (0.5, 2.0));
     }
 
     #[test]
@@ -494,5 +734,108 @@ mod tests {
         let b = [run(200.0, 5.0), run(100.0, 10.0)];
         assert!(paired_ratios("a / b", &a, &b).is_none());
         assert!(paired_ratios("a / b", &[], &[]).is_none());
+    }
+
+    #[test]
+    fn a_window_is_paced_flooded_or_of_an_older_report() {
+        assert_eq!(window(1.0, 1.0, 1000).kind(), WindowKind::Paced);
+        assert_eq!(window(1.0, 1.0, 0).kind(), WindowKind::Flooded);
+        assert_eq!(run(1.0, 1.0).kind(), WindowKind::Unrecorded);
+    }
+
+    #[test]
+    fn a_row_of_paced_and_flooded_windows_has_a_figure_per_kind() {
+        // As juneau @ 256 flows in run 2026-12-05-s: rounds 1-3 flooded, 4-5 paced.
+        let runs = vec![
+            window(630.0, 1425.0, 0),
+            window(664.0, 1313.0, 0),
+            window(645.0, 1369.0, 0),
+            window(569.0, 1496.0, 767),
+            window(660.0, 1341.0, 1010),
+        ];
+        let s = ScenarioResult::from_runs_at("juneau", 256, runs, Some(2600.0));
+        let kinds: Vec<(WindowKind, Vec<usize>)> =
+            s.kinds.iter().map(|k| (k.kind, k.rounds.clone())).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (WindowKind::Paced, vec![4, 5]),
+                (WindowKind::Flooded, vec![1, 2, 3])
+            ]
+        );
+        let (p, f) = (&s.kinds[0], &s.kinds[1]);
+        assert_eq!((p.min_pps, p.median_pps, p.max_pps), (569.0, 614.5, 660.0));
+        assert_eq!(p.ns_per_packet, Some(1418.5));
+        assert_eq!((f.min_pps, f.median_pps, f.max_pps), (630.0, 645.0, 664.0));
+        assert_eq!(f.ns_per_packet, Some(1369.0));
+        assert_eq!(f.cycles_per_packet, Some(1369.0 * 2600.0 / 1e3));
+        // The row's figure is its paced windows' (the mixed median would be 645, 1369).
+        assert_eq!((s.median_pps, s.ns_per_packet), (614.5, Some(1418.5)));
+        assert_eq!(s.figure_kind(), Some(WindowKind::Paced));
+        assert_eq!((s.min_pps, s.max_pps), (569.0, 660.0));
+        assert_eq!(s.runs_pps.len(), 5, "every run stays on record");
+        // Re-derived at the clock it was measured with, not this machine's.
+        let again = s.rederived();
+        assert_eq!(again.median_pps, s.median_pps);
+        let (c0, c1) = (
+            again.cycles_per_packet.unwrap(),
+            s.cycles_per_packet.unwrap(),
+        );
+        assert!((c0 - c1).abs() < 1e-6, "{c0} {c1}");
+        // A later pass (latency loads, the profile's rate) takes the same windows.
+        let paced: Vec<f64> = figure_runs(&s.runs)
+            .iter()
+            .map(|f| f.delivered_pps)
+            .collect();
+        assert_eq!(paced, vec![569.0, 660.0]);
+        assert_eq!(median(&paced), s.median_pps);
+        // Only flooded windows: the figure is theirs.
+        let s = ScenarioResult::from_runs_at(
+            "juneau",
+            1000,
+            vec![window(618.0, 1414.0, 0), window(642.0, 1334.0, 0)],
+            None,
+        );
+        assert_eq!(s.figure_kind(), Some(WindowKind::Flooded));
+        assert_eq!(s.median_pps, 630.0);
+    }
+
+    #[test]
+    fn a_ratio_never_pairs_a_paced_window_with_a_flooded_one() {
+        // Round 1 both flooded, round 2 paced against flooded, round 3 both paced,
+        // round 4 flooded against paced.
+        let a = [
+            window(100.0, 10.0, 0),
+            window(1000.0, 1.0, 500),
+            window(300.0, 10.0, 500),
+            window(1.0, 1000.0, 0),
+        ];
+        let b = [
+            window(200.0, 20.0, 0),
+            window(1.0, 1000.0, 0),
+            window(100.0, 5.0, 500),
+            window(1000.0, 1.0, 500),
+        ];
+        let (k, left_out) = paired_ratios("a / b", &a, &b).expect("paired");
+        assert_eq!(k.len(), 2);
+        assert_eq!(
+            (k[0].kind, k[0].rounds.clone(), k[0].pps, k[0].cpu),
+            (WindowKind::Paced, vec![3], 3.0, 0.5)
+        );
+        assert_eq!(
+            (k[1].kind, k[1].rounds.clone(), k[1].pps, k[1].cpu),
+            (WindowKind::Flooded, vec![1], 0.5, 2.0)
+        );
+        assert_eq!(
+            left_out,
+            vec![
+                (1, WindowKind::Paced, WindowKind::Flooded),
+                (3, WindowKind::Flooded, WindowKind::Paced)
+            ]
+        );
+        // No round of one kind: nothing paired, every round left out.
+        let (k, left_out) = paired_ratios("a / b", &a[1..2], &b[1..2]).expect("paired");
+        assert!(k.is_empty());
+        assert_eq!(left_out.len(), 1);
     }
 }

@@ -380,14 +380,17 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
     }
     if plan.profile {
         // Each at the rate its measured windows were offered (the median of the rates
-        // asked; 0: unpaced).
+        // asked by the windows of its figure's kind: paced, else flooded, 0: unpaced).
         let rates: Vec<(Scenario, u64)> = plan
             .scenarios
             .iter()
             .enumerate()
             .filter(|(i, sc)| !failed[*i] && PROFILED.contains(sc) && !runs[*i].is_empty())
             .map(|(i, sc)| {
-                let asked: Vec<f64> = runs[i].iter().map(|f| f.rate_pps as f64).collect();
+                let asked: Vec<f64> = results::figure_runs(&runs[i])
+                    .iter()
+                    .map(|f| f.rate_pps as f64)
+                    .collect();
                 (*sc, results::median(&asked) as u64)
             })
             .collect();
@@ -403,8 +406,14 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
                 continue;
             }
             check_interrupt()?;
-            let median =
-                results::median(&runs[i].iter().map(|f| f.delivered_pps).collect::<Vec<_>>());
+            // The median of the windows of its figure's kind (never paced and flooded
+            // together).
+            let median = results::median(
+                &results::figure_runs(&runs[i])
+                    .iter()
+                    .map(|f| f.delivered_pps)
+                    .collect::<Vec<_>>(),
+            );
             if let Err(e) = latency_pass(plan, progress, *sc, median, round, report) {
                 check_interrupt()?;
                 progress.say(format!("{} latency: FAILED: {e:#}", sc.name()));

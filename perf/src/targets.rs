@@ -3,7 +3,11 @@
 //! figure and whether it was met, missed, refused or not measured. Pure (reads a
 //! [`Report`]), so `render` re-checks an old report.json the same way.
 
-use crate::report_data::Report;
+use crate::report_data::{
+    Report, JUNEAU_FLOW_SCALE, JUNEAU_VS_AFXDP_L2FWD, JUNEAU_VS_NFT_DNAT,
+    JUNEAU_XDP_FAST_VS_XDP_DNAT,
+};
+use crate::results::rounds_label;
 use crate::scale_data::{LIVE_GOAL_RATIO, WRITES_GOAL};
 
 /// Whether one target was reached in this run.
@@ -15,6 +19,9 @@ pub enum Verdict {
     Missed,
     /// Measured, but a side was not saturated in every run: no ratio is computed.
     Refused,
+    /// Measured and saturated, but no round in which both sides' windows were of one
+    /// kind (both paced or both flooded): no ratio is computed.
+    RefusedNoLikeKind,
     /// This run did not measure it.
     NotMeasured,
 }
@@ -26,6 +33,7 @@ impl Verdict {
             Verdict::Met => "met",
             Verdict::Missed => "**MISSED**",
             Verdict::Refused => "refused (unsaturated runs)",
+            Verdict::RefusedNoLikeKind => "refused (no like-kind windows)",
             Verdict::NotMeasured => "not measured",
         }
     }
@@ -90,34 +98,59 @@ pub fn check(r: &Report) -> Vec<Target> {
         },
     });
     let q = &r.ratios;
-    t.push(at_least(
-        "juneau (default, userspace path) / nft-dnat, packets per CPU-second >= 1.0",
-        q.cpu_juneau_vs_nft_dnat,
+    t.push(ratio(
+        r,
+        JUNEAU_VS_NFT_DNAT,
+        at_least(
+            "juneau (default, userspace path) / nft-dnat, packets per CPU-second >= 1.0",
+            q.cpu_juneau_vs_nft_dnat,
+            1.0,
+            has("juneau") && has("nft-dnat"),
+        ),
         1.0,
-        has("juneau") && has("nft-dnat"),
     ));
-    t.push(at_least(
-        "juneau-xdp-fast (opt-in) / xdp-dnat, packets per CPU-second >= 1.0",
-        q.cpu_juneau_xdp_fast_vs_xdp_dnat,
+    t.push(ratio(
+        r,
+        JUNEAU_XDP_FAST_VS_XDP_DNAT,
+        at_least(
+            "juneau-xdp-fast (opt-in) / xdp-dnat, packets per CPU-second >= 1.0",
+            q.cpu_juneau_xdp_fast_vs_xdp_dnat,
+            1.0,
+            has("juneau-xdp-fast") && has("xdp-dnat"),
+        ),
         1.0,
-        has("juneau-xdp-fast") && has("xdp-dnat"),
     ));
-    t.push(at_least(
-        "juneau / afxdp-l2fwd, packets per CPU-second >= 1.0",
-        q.cpu_juneau_vs_afxdp_l2fwd,
+    t.push(ratio(
+        r,
+        JUNEAU_VS_AFXDP_L2FWD,
+        at_least(
+            "juneau / afxdp-l2fwd, packets per CPU-second >= 1.0",
+            q.cpu_juneau_vs_afxdp_l2fwd,
+            1.0,
+            has("juneau") && has("afxdp-l2fwd"),
+        ),
         1.0,
-        has("juneau") && has("afxdp-l2fwd"),
     ));
-    let mut fs = at_least(
-        "juneau at the largest / the smallest flow count, packets per CPU-second >= 0.9",
-        q.cpu_juneau_flow_scale_largest_vs_smallest,
+    let mut fs = ratio(
+        r,
+        JUNEAU_FLOW_SCALE,
+        at_least(
+            "juneau at the largest / the smallest flow count, packets per CPU-second >= 0.9",
+            q.cpu_juneau_flow_scale_largest_vs_smallest,
+            0.9,
+            r.flow_scale.len() >= 2,
+        ),
         0.9,
-        r.flow_scale.len() >= 2,
     );
     let smallest = r.flow_scale.iter().min_by_key(|p| p.flows);
     let largest = r.flow_scale.iter().max_by_key(|p| p.flows);
     if let (Verdict::Refused, Some(lo), Some(hi)) = (fs.verdict, smallest, largest) {
-        fs.figure = format!("delivered pps medians {:.2}", hi.median_pps / lo.median_pps);
+        // Refused for unsaturated runs: the medians as measured, if of one kind.
+        let kind =
+            |p: &crate::results::FlowScalePoint| p.summary.as_ref().and_then(|s| s.figure_kind());
+        if kind(lo) == kind(hi) {
+            fs.figure = format!("delivered pps medians {:.2}", hi.median_pps / lo.median_pps);
+        }
     }
     t.push(fs);
     t.push(bulk(r));
@@ -131,6 +164,49 @@ pub fn check(r: &Report) -> Vec<Target> {
     ));
     t.extend(scale(r));
     t
+}
+
+/// A ratio's target from its per-kind figures (`Ratios::by_kind`, named `name`): every
+/// kind's ratio must reach `bound` (the figure lists each kind with its rounds); without
+/// a like-kind round, refused (no like-kind windows); a report without per-kind ratios
+/// (older) keeps `old`, the verdict of its single figure.
+fn ratio(r: &Report, name: &str, old: Target, bound: f64) -> Target {
+    let kinds: Vec<_> = r
+        .ratios
+        .by_kind
+        .iter()
+        .filter(|k| k.ratio == name)
+        .collect();
+    if !kinds.is_empty() {
+        return Target {
+            figure: kinds
+                .iter()
+                .map(|k| {
+                    format!(
+                        "{} {:.2} ({})",
+                        k.kind.label(),
+                        k.cpu,
+                        rounds_label(&k.rounds)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+            verdict: if kinds.iter().all(|k| k.cpu >= bound) {
+                Verdict::Met
+            } else {
+                Verdict::Missed
+            },
+            ..old
+        };
+    }
+    if r.ratios.no_like_kind.iter().any(|n| n == name) {
+        return Target {
+            figure: "no round with both windows paced or both flooded".into(),
+            verdict: Verdict::RefusedNoLikeKind,
+            ..old
+        };
+    }
+    old
 }
 
 /// The control-plane scale targets: created live, every ServiceLoadBalancer Ready within
@@ -337,7 +413,7 @@ pub fn markdown(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::{LatencySummary, ScenarioResult};
+    use crate::results::{KindRatio, LatencySummary, ScenarioResult, WindowKind};
 
     fn sat(name: &str, pps: f64, saturated: bool) -> ScenarioResult {
         let mut s = ScenarioResult::new(name, 256, vec![pps]);
@@ -545,5 +621,53 @@ mod tests {
             .collect();
         assert_eq!(scale.len(), 3);
         assert!(scale.iter().all(|t| t.verdict == Verdict::NotMeasured));
+    }
+
+    fn kind_ratio(name: &str, kind: WindowKind, cpu: f64, rounds: Vec<usize>) -> KindRatio {
+        KindRatio {
+            ratio: name.into(),
+            kind,
+            rounds,
+            pps: cpu,
+            cpu,
+            pps_range: (cpu, cpu),
+            cpu_range: (cpu, cpu),
+        }
+    }
+
+    #[test]
+    fn a_ratio_target_needs_every_kind_and_refuses_without_like_kind_windows() {
+        let mut r = Report {
+            scenarios: vec![sat("juneau", 2e6, true), sat("nft-dnat", 1e6, true)],
+            ..Report::default()
+        };
+        const T: &str = "juneau (default";
+        // The old single figure would say met; the per-kind figures decide.
+        r.ratios.cpu_juneau_vs_nft_dnat = Some(1.2);
+        r.ratios.by_kind = vec![
+            kind_ratio(JUNEAU_VS_NFT_DNAT, WindowKind::Paced, 1.2, vec![1, 2]),
+            kind_ratio(JUNEAU_VS_NFT_DNAT, WindowKind::Flooded, 0.8, vec![4]),
+        ];
+        let t = target(&r, T);
+        assert_eq!(
+            (t.verdict, t.figure.as_str()),
+            (
+                Verdict::Missed,
+                "paced 1.20 (rounds 1, 2); flooded 0.80 (round 4)"
+            )
+        );
+        r.ratios.by_kind[1].cpu = 1.0;
+        assert_eq!(verdict(&r, T), Verdict::Met);
+        // No round with two windows of one kind: refused, whatever the old figure.
+        r.ratios.by_kind.clear();
+        r.ratios.no_like_kind = vec![JUNEAU_VS_NFT_DNAT.into()];
+        let t = target(&r, T);
+        assert_eq!(t.verdict, Verdict::RefusedNoLikeKind);
+        assert_eq!(t.verdict.label(), "refused (no like-kind windows)");
+        assert!(markdown(&r).contains(
+            "| no round with both windows paced or both flooded | refused (no like-kind windows) |"
+        ));
+        // The other ratios are not touched by it.
+        assert_eq!(verdict(&r, "juneau / afxdp-l2fwd"), Verdict::NotMeasured);
     }
 }
