@@ -157,7 +157,7 @@ fn forwarding(svc: Option<&Service>) -> String {
     let mut out = String::new();
     if crate::reconcile::cluster_policy(svc) {
         out.push_str(
-            "├── Forwarding  Cluster: every node a BGPAdvertisement covers announces the VIP; one without a Ready backend hands each new TCP connection, unchanged, to a node with one, which answers the client directly (no SNAT: the Pod sees the client's address)\n",
+            "├── Forwarding  Cluster: every node a BGPAdvertisement covers announces the VIP; one without a Ready backend hands each new TCP connection and UDP flow, unchanged, to a node with one (weighed by its Ready endpoints), which answers the client directly (no SNAT: the Pod sees the client's address)\n",
         );
     }
     if let Some(key) = crate::sharing::sharing_key(svc) {

@@ -275,7 +275,7 @@ pub fn why(
             // Only the Cluster policy announces from a node without a Ready backend.
             (
                 "AdvertisingForCluster",
-                "announces the VIP without a Ready local backend (externalTrafficPolicy: Cluster): hands each new connection, unchanged, to a node that has one; that node answers the client, whose address the Pod sees".to_string(),
+                "announces the VIP without a Ready local backend (externalTrafficPolicy: Cluster): hands each new connection and UDP flow, unchanged, to a node that has one (weighed by its Ready endpoints); that node answers the client, whose address the Pod sees".to_string(),
             )
         } else if advertising {
             (
