@@ -11,6 +11,8 @@
 //!   one definition `build.rs` makes the program's header from;
 //! - [`proto`]: protocol numbers and TCP flags (a leaf both below use);
 //! - [`packet`]: views over frame bytes and in-place NAT rewrites (RFC 1624 checksums);
+//!   [`packet6`] the same for IPv6 (extension headers, ICMPv6 errors; not used by the
+//!   engine yet);
 //! - [`flow`]: the fixed-capacity flow table, shared with the XDP program and pinned
 //!   ([`region`]: its heap or mmapped-BPF-map memory, the only `unsafe` around it);
 //! - [`frag`]: IPv4 fragments following their datagram's first fragment (bounded);
@@ -42,6 +44,7 @@ pub mod metrics;
 pub mod neigh;
 pub mod netlink;
 pub mod packet;
+pub mod packet6;
 pub mod privileges;
 pub mod proto;
 pub mod redirect;

@@ -206,40 +206,41 @@ pub fn parse(frame: &[u8]) -> Result<Parsed, ParseError> {
     if fragment || (protocol != IPPROTO_TCP && protocol != IPPROTO_UDP) {
         return Ok(Parsed::Ipv4(view));
     }
-    let l4 = &ip[header_len..total_len];
-    match protocol {
-        IPPROTO_TCP => {
-            if l4.len() < 20 {
-                return Err(ParseError::TruncatedL4);
-            }
-            let data_off = usize::from(l4[12] >> 4) * 4;
-            if data_off < 20 || data_off > l4.len() {
-                return Err(ParseError::BadL4Length);
-            }
-            view.l4 = Some(L4View {
-                src_port: be16(l4, 0),
-                dst_port: be16(l4, 2),
-                tcp_flags: l4[13],
-                udp_no_checksum: false,
-            });
-        }
-        _ => {
-            if l4.len() < 8 {
-                return Err(ParseError::TruncatedL4);
-            }
-            let udp_len = usize::from(be16(l4, 4));
-            if udp_len < 8 || udp_len > l4.len() {
-                return Err(ParseError::BadL4Length);
-            }
-            view.l4 = Some(L4View {
-                src_port: be16(l4, 0),
-                dst_port: be16(l4, 2),
-                tcp_flags: 0,
-                udp_no_checksum: be16(l4, 6) == 0,
-            });
-        }
-    }
+    view.l4 = Some(read_l4(protocol, &ip[header_len..total_len])?);
     Ok(Parsed::Ipv4(view))
+}
+
+/// The TCP (`protocol` 6) or UDP (any other) header at the start of `l4`, the IP
+/// payload from it on (IPv4 and IPv6 alike), validated.
+pub(crate) fn read_l4(protocol: u8, l4: &[u8]) -> Result<L4View, ParseError> {
+    if protocol == IPPROTO_TCP {
+        if l4.len() < 20 {
+            return Err(ParseError::TruncatedL4);
+        }
+        let data_off = usize::from(l4[12] >> 4) * 4;
+        if data_off < 20 || data_off > l4.len() {
+            return Err(ParseError::BadL4Length);
+        }
+        return Ok(L4View {
+            src_port: be16(l4, 0),
+            dst_port: be16(l4, 2),
+            tcp_flags: l4[13],
+            udp_no_checksum: false,
+        });
+    }
+    if l4.len() < 8 {
+        return Err(ParseError::TruncatedL4);
+    }
+    let udp_len = usize::from(be16(l4, 4));
+    if udp_len < 8 || udp_len > l4.len() {
+        return Err(ParseError::BadL4Length);
+    }
+    Ok(L4View {
+        src_port: be16(l4, 0),
+        dst_port: be16(l4, 2),
+        tcp_flags: 0,
+        udp_no_checksum: be16(l4, 6) == 0,
+    })
 }
 
 /// The fields of the common frame — Ethernet II, IPv4 without options, not a fragment,
