@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket as StdUdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket as StdUdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Instant;
@@ -76,10 +76,18 @@ pub fn wanted(state: &juneau_control::model::NodeState) -> Vec<BfdPeer> {
                     }
                 }
             };
+            let (IpAddr::V4(peer), local) = (p.peer_address, p.source_address) else {
+                tracing::warn!(peer = %p.name, address = %p.peer_address, "BFD over IPv6 is not supported yet: no BFD session");
+                return None;
+            };
+            let local = match local {
+                Some(IpAddr::V4(a)) => Some(a),
+                _ => None,
+            };
             Some(BfdPeer {
                 name: p.name.clone(),
-                peer: p.peer_address,
-                local: p.source_address,
+                peer,
+                local,
                 multihop: p.ebgp_multihop.is_some_and(|t| t > 1),
                 cfg: b.into(),
                 auth,

@@ -12,8 +12,12 @@
 //!                        layout_version, vip_capacity, seq, state_generation,
 //!                        heartbeat_mono_ns, started_mono_ns, pid, vip_count, stopped,
 //!                        superseded
-//! [4096, 4096 + 4*cap)   programmed VIPs, one u32 each (host order), sorted
+//! [4096, 4096 + 16*cap)  programmed VIPs, 4 words each (the IPv6 address, an IPv4 VIP
+//!                        IPv4-mapped; each word the big-endian value of 4 of its bytes,
+//!                        first bytes first), sorted: IPv4 first, then IPv6
 //! ```
+//!
+//! Layout 1 had one word per VIP (IPv4 only); layout 2 (issue 28) holds IPv6 VIPs too.
 //!
 //! # Protocol
 //!
@@ -33,7 +37,7 @@
 //! (and a reader still mapping the old file never sees it truncated).
 
 use std::fs::OpenOptions;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -43,7 +47,9 @@ use memmap2::{MmapOptions, MmapRaw};
 /// `b"JUNEAUDP"` little-endian: identifies a Juneau dataplane-status file.
 pub const STATUS_MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUDP");
 /// Bumped on every incompatible change of the layout.
-pub const STATUS_LAYOUT_VERSION: u32 = 1;
+pub const STATUS_LAYOUT_VERSION: u32 = 2;
+/// Words per programmed VIP (layout 2): an IPv6 address, IPv4 ones IPv4-mapped.
+pub const STATUS_VIP_WORDS: usize = 4;
 /// Bytes before the VIP words.
 pub const STATUS_HEADER_BYTES: usize = 4096;
 /// VIPs a new file holds; a publish that needs more grows the file (new file + rename).
@@ -147,7 +153,11 @@ pub enum StatusError {
     /// The writer kept rewriting the VIP set during every read attempt.
     #[error("the dataplane kept rewriting its status during {0} read attempts")]
     Contended(usize),
-    /// The VIP count exceeds the file's capacity.
+    /// A VIP that cannot be written: an IPv4-mapped IPv6 address (it would read back as
+    /// IPv4).
+    #[error("VIP {0} cannot be published: an IPv4-mapped IPv6 address (publish the IPv4 address)")]
+    MappedVip(Ipv6Addr),
+    /// The VIP count exceeds the file's capacity, or the VIPs are not sorted.
     #[error("{path} is corrupt: {what}")]
     Corrupt {
         /// The file.
@@ -166,7 +176,7 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> St
 }
 
 fn file_bytes(capacity: u32) -> u64 {
-    STATUS_HEADER_BYTES as u64 + 4 * u64::from(capacity)
+    STATUS_HEADER_BYTES as u64 + 4 * STATUS_VIP_WORDS as u64 * u64::from(capacity)
 }
 
 struct Mapping {
@@ -184,13 +194,13 @@ impl Mapping {
     }
 
     fn vips(&self) -> &[AtomicU32] {
-        // SAFETY: [STATUS_HEADER_BYTES, + 4 * capacity) lies inside the mapping (length
+        // SAFETY: [STATUS_HEADER_BYTES, + 16 * capacity) lies inside the mapping (length
         // validated against the capacity), is 4-aligned, and AtomicU32 has u32's layout;
         // every process accesses these words only through atomics.
         unsafe {
             std::slice::from_raw_parts(
                 self.map.as_ptr().add(STATUS_HEADER_BYTES) as *const AtomicU32,
-                self.capacity as usize,
+                self.capacity as usize * STATUS_VIP_WORDS,
             )
         }
     }
@@ -350,7 +360,7 @@ impl DataplaneStatusWriter {
         capacity: u32,
         started: u64,
         generation: u64,
-        vips: &[u32],
+        vips: &[[u32; STATUS_VIP_WORDS]],
     ) -> Result<Mapping, StatusError> {
         let tmp = crate::mapped::temporary_beside(path);
         let new = Mapping::create(&tmp, capacity, started)?;
@@ -376,16 +386,25 @@ impl DataplaneStatusWriter {
     }
 
     /// Records that the node-state table of `state_generation` is installed and these
-    /// VIPs are programmed (steered to the dataplane); also a heartbeat. Grows the file
-    /// when the VIPs do not fit. Call it after each table is installed, not per packet.
-    pub fn publish(
+    /// VIPs (IPv4 or IPv6) are programmed (steered to the dataplane); also a heartbeat.
+    /// Grows the file when the VIPs do not fit. Call it after each table is installed,
+    /// not per packet. An IPv4-mapped IPv6 VIP is refused ([`StatusError::MappedVip`]),
+    /// and nothing is published.
+    pub fn publish<V: Into<IpAddr>>(
         &mut self,
         state_generation: u64,
-        vips: impl IntoIterator<Item = Ipv4Addr>,
+        vips: impl IntoIterator<Item = V>,
     ) -> Result<(), StatusError> {
-        let mut words: Vec<u32> = vips.into_iter().map(u32::from).collect();
-        words.sort_unstable();
-        words.dedup();
+        let mut vips: Vec<IpAddr> = vips.into_iter().map(Into::into).collect();
+        if let Some(m) = vips.iter().find_map(|v| match v {
+            IpAddr::V6(a) if a.to_ipv4_mapped().is_some() => Some(*a),
+            _ => None,
+        }) {
+            return Err(StatusError::MappedVip(m));
+        }
+        vips.sort_unstable();
+        vips.dedup();
+        let words: Vec<[u32; STATUS_VIP_WORDS]> = vips.iter().map(|v| vip_words(*v)).collect();
         let need = u32::try_from(words.len()).unwrap_or(u32::MAX);
         if need > self.live.capacity {
             let mut cap = self.live.capacity.max(1);
@@ -429,14 +448,28 @@ impl Drop for DataplaneStatusWriter {
     }
 }
 
-fn write_vips(m: &Mapping, generation: u64, vips: &[u32]) {
+/// The words of `vip` (IPv4 IPv4-mapped): [`crate::shm`]'s IPv6 word order.
+fn vip_words(vip: IpAddr) -> [u32; STATUS_VIP_WORDS] {
+    let v6 = match vip {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    };
+    crate::shm::ipv6_words(v6)
+}
+
+/// The VIP of [`vip_words`].
+fn vip_of(words: &[u32]) -> IpAddr {
+    IpAddr::V6(crate::shm::ipv6_from_words(words)).to_canonical()
+}
+
+fn write_vips(m: &Mapping, generation: u64, vips: &[[u32; STATUS_VIP_WORDS]]) {
     let h = m.header();
     let s = h.seq.load(Ordering::Relaxed);
     h.seq.store(s.wrapping_add(1) | 1, Ordering::Relaxed);
     fence(Ordering::Release);
     h.state_generation.store(generation, Ordering::Relaxed);
     h.vip_count.store(vips.len() as u32, Ordering::Relaxed);
-    for (dst, v) in m.vips().iter().zip(vips) {
+    for (dst, v) in m.vips().iter().zip(vips.iter().flatten()) {
         dst.store(*v, Ordering::Relaxed);
     }
     h.seq.store((s | 1).wrapping_add(1), Ordering::Release);
@@ -456,8 +489,8 @@ pub struct DataplaneStatus {
     pub uptime: Duration,
     /// Generation of the node-state table it has programmed (0: none yet).
     pub state_generation: u64,
-    /// The VIPs it has programmed, sorted.
-    pub vips: Vec<Ipv4Addr>,
+    /// The VIPs it has programmed, sorted (IPv4 first).
+    pub vips: Vec<IpAddr>,
     /// It stopped cleanly: nothing is forwarded.
     pub stopped: bool,
     /// Its process is gone (crashed, killed): nothing holds its liveness lock. Known
@@ -472,8 +505,8 @@ impl DataplaneStatus {
     }
 
     /// Whether `vip` is programmed.
-    pub fn has_vip(&self, vip: Ipv4Addr) -> bool {
-        self.vips.binary_search(&vip).is_ok()
+    pub fn has_vip(&self, vip: impl Into<IpAddr>) -> bool {
+        self.vips.binary_search(&vip.into()).is_ok()
     }
 }
 
@@ -522,13 +555,13 @@ impl DataplaneStatusReader {
             let generation = h.state_generation.load(Ordering::Relaxed);
             let n = h.vip_count.load(Ordering::Relaxed) as usize;
             vips.clear();
-            vips.extend(
-                self.map
-                    .vips()
-                    .iter()
-                    .take(n)
-                    .map(|w| Ipv4Addr::from(w.load(Ordering::Relaxed))),
-            );
+            let mut words = [0u32; STATUS_VIP_WORDS];
+            for vip in self.map.vips().chunks_exact(STATUS_VIP_WORDS).take(n) {
+                for (w, a) in words.iter_mut().zip(vip) {
+                    *w = a.load(Ordering::Relaxed);
+                }
+                vips.push(vip_of(&words));
+            }
             fence(Ordering::Acquire);
             if h.seq.load(Ordering::Relaxed) != s1 {
                 continue;
@@ -539,10 +572,10 @@ impl DataplaneStatusReader {
                     what: format!("{n} VIPs in a file for {}", self.map.capacity),
                 });
             }
-            if !vips.is_sorted() {
+            if !vips.is_sorted_by(|a, b| a < b) {
                 return Err(StatusError::Corrupt {
                     path: self.path.clone(),
-                    what: "VIPs are not sorted".into(),
+                    what: "VIPs are not sorted or repeat".into(),
                 });
             }
             let now = monotonic_ns();
@@ -565,9 +598,76 @@ impl DataplaneStatusReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
-    fn ip(n: u8) -> Ipv4Addr {
-        Ipv4Addr::new(203, 0, 113, n)
+    fn ip(n: u8) -> IpAddr {
+        IpAddr::from([203, 0, 113, n])
+    }
+
+    fn ip6(n: u16) -> IpAddr {
+        IpAddr::from(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, n))
+    }
+
+    #[test]
+    fn ipv6_vips_round_trip_beside_ipv4_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        let mut w = DataplaneStatusWriter::create(&path).unwrap();
+        let mut r = DataplaneStatusReader::open(&path).unwrap();
+        w.publish(5, [ip6(2), ip(9), ip6(1), ip(1), ip6(2)])
+            .unwrap();
+        let s = r.read().unwrap();
+        assert_eq!(s.vips, vec![ip(1), ip(9), ip6(1), ip6(2)]);
+        assert!(s.has_vip(ip6(1)) && !s.has_vip(ip6(3)));
+        assert!(s.has_vip(Ipv4Addr::new(203, 0, 113, 9)));
+        // The words on disk: an IPv4 VIP is IPv4-mapped, the last word its address.
+        let bytes = std::fs::read(&path).unwrap();
+        let word = |i: usize| {
+            let at = STATUS_HEADER_BYTES + 4 * i;
+            u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap())
+        };
+        assert_eq!(
+            [word(0), word(1), word(2), word(3)],
+            [0, 0, 0xffff, 0xcb00_7101]
+        );
+        assert_eq!(
+            [word(8), word(9), word(10), word(11)],
+            [0x2001_0db8, 0, 0, 1]
+        );
+    }
+
+    #[test]
+    fn an_ipv4_mapped_vip_is_refused_and_nothing_is_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        let mut w = DataplaneStatusWriter::create(&path).unwrap();
+        w.publish(1, [ip(1)]).unwrap();
+        let mapped: Ipv6Addr = "::ffff:203.0.113.2".parse().unwrap();
+        let e = w.publish(2, [ip(3), IpAddr::V6(mapped)]).unwrap_err();
+        assert!(matches!(e, StatusError::MappedVip(m) if m == mapped), "{e}");
+        assert!(e.to_string().contains("IPv4-mapped"), "{e}");
+        let s = DataplaneStatusReader::open(&path).unwrap().read().unwrap();
+        assert_eq!((s.state_generation, s.vips), (1, vec![ip(1)]));
+    }
+
+    #[test]
+    fn unsorted_or_repeated_vips_in_the_file_are_refused_as_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        let mut w = DataplaneStatusWriter::create(&path).unwrap();
+        w.publish(1, [ip(1), ip(2)]).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        // The second VIP's last word := the first's: a repeat.
+        let at = STATUS_HEADER_BYTES + 4 * 7;
+        bytes[at..at + 4].copy_from_slice(&0xcb00_7101u32.to_le_bytes());
+        let bad = dir.path().join("bad.dataplane");
+        std::fs::write(&bad, &bytes).unwrap();
+        let e = DataplaneStatusReader::open(&bad)
+            .unwrap()
+            .read()
+            .unwrap_err();
+        assert!(matches!(e, StatusError::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("not sorted or repeat"), "{e}");
     }
 
     #[test]
@@ -686,8 +786,8 @@ mod tests {
         let path = dir.path().join("n.dataplane");
         let mut w = DataplaneStatusWriter::create(&path).unwrap();
         let mut r = DataplaneStatusReader::open(&path).unwrap();
-        let many: Vec<Ipv4Addr> = (0..3000u32)
-            .map(|i| Ipv4Addr::from(0x0a00_0000 + i))
+        let many: Vec<IpAddr> = (0..3000u32)
+            .map(|i| IpAddr::from(Ipv4Addr::from(0x0a00_0000 + i)))
             .collect();
         w.publish(9, many.clone()).unwrap();
         let s = r.read().unwrap();
@@ -712,13 +812,21 @@ mod tests {
                 e,
                 StatusError::LayoutVersion {
                     found: 99,
-                    expected: 1,
+                    expected: 2,
                     ..
                 }
             ),
             "{e}"
         );
         assert!(e.to_string().contains("juneau-bgp"), "{e}");
+        // A layout-1 file (IPv4 words only) is refused the same way, not misread.
+        bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let e = DataplaneStatusReader::open(&path).err().unwrap();
+        assert!(
+            matches!(e, StatusError::LayoutVersion { found: 1, .. }),
+            "{e}"
+        );
 
         std::fs::write(&path, b"JUNEAUNS").unwrap();
         let e = DataplaneStatusReader::open(&path).err().unwrap();
@@ -750,8 +858,8 @@ mod tests {
                         Err(e) => panic!("{e}"),
                     };
                     // Generation g publishes exactly the VIPs 1..=g%50.
-                    let want: Vec<Ipv4Addr> = (1..=(s.state_generation % 50) as u32)
-                        .map(Ipv4Addr::from)
+                    let want: Vec<IpAddr> = (1..=(s.state_generation % 50) as u32)
+                        .map(|a| IpAddr::from(Ipv4Addr::from(a)))
                         .collect();
                     assert_eq!(s.vips, want, "torn at generation {}", s.state_generation);
                     seen += 1;

@@ -3,7 +3,7 @@
 //! announces with their BGP attributes, and its BGP peers).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use juneau_control::shm::MAX_REDIRECT_NODES_PER_VIP;
@@ -500,7 +500,7 @@ fn advertised_vip(
         return None;
     }
     Some(AdvertisedVip {
-        vip,
+        vip: vip.into(),
         communities: communities.into_iter().collect(),
         large_communities: large.into_iter().collect(),
         local_pref,
@@ -811,7 +811,7 @@ struct MergedParts {
     services: Vec<NodeService>,
     /// The frontends of `services`.
     frontends: std::collections::HashSet<Frontend>,
-    advertised: BTreeMap<Ipv4Addr, AdvertisedVip>,
+    advertised: BTreeMap<IpAddr, AdvertisedVip>,
     /// Per VIP served here: the nodes with a serving endpoint (Ready, or serving while
     /// terminating: the drain case), asked about connections this node does not hold.
     vip_nodes: BTreeMap<Ipv4Addr, BTreeSet<String>>,
@@ -848,7 +848,7 @@ impl MergedParts {
     /// that has one, as under the Cluster policy (TCP connections and UDP flows).
     fn hand_off_shared_frontends(&mut self) {
         for s in &mut self.services {
-            if s.backends.is_empty() && self.advertised.contains_key(&s.frontend.vip) {
+            if s.backends.is_empty() && self.advertised.contains_key(&IpAddr::V4(s.frontend.vip)) {
                 s.hand_off = true;
             }
         }

@@ -7,7 +7,7 @@
 
 #![allow(dead_code)]
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -279,6 +279,12 @@ impl Speaker {
     }
 
     pub fn publish_vips(&mut self, vips: &[Ipv4Addr]) -> Result<()> {
+        let vips: Vec<IpAddr> = vips.iter().map(|v| IpAddr::V4(*v)).collect();
+        self.publish_ip_vips(&vips)
+    }
+
+    /// Like [`publish_vips`](Self::publish_vips), IPv4 or IPv6, to every peer.
+    pub fn publish_ip_vips(&mut self, vips: &[IpAddr]) -> Result<()> {
         self.state.advertised = vips
             .iter()
             .map(|v| AdvertisedVip {
