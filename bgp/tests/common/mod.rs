@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod dataplane;
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -138,6 +140,9 @@ pub struct Speaker {
     pub extra_args: Vec<String>,
     /// Dataplane-gate arguments for the next `spawn`; empty: `--no-dataplane-gate`.
     pub gate_args: Vec<String>,
+    /// `--listen` of the next `spawn` (default `0.0.0.0:179`; `[::]:179` also takes
+    /// IPv6 sessions).
+    pub listen: String,
 }
 
 impl Speaker {
@@ -198,6 +203,7 @@ impl Speaker {
             restarts: 0,
             extra_args: vec![],
             gate_args: Vec::new(),
+            listen: "0.0.0.0:179".into(),
         })
     }
 
@@ -242,7 +248,7 @@ impl Speaker {
                 "--status-file",
                 self.status_path.to_str().unwrap(),
                 "--listen",
-                "0.0.0.0:179",
+                &self.listen,
                 "--metrics-addr",
                 "127.0.0.1:9179",
             ]
