@@ -241,3 +241,98 @@ fn frr_learns_ipv6_vips_over_an_ipv6_session_with_tcp_md5() -> Result<()> {
     );
     Ok(())
 }
+
+/// BFD over IPv6 (RFC 5881 single hop: UDP 3784, hop limit 255) between juneau-bgp and
+/// BIRD 2 on the IPv6 session: both sides come Up, and when the link dies (nftables
+/// drops every packet of the node) both declare it down within the detection time
+/// (300 ms x 3) and BIRD withdraws the IPv6 VIP at once, not after the 9 s hold time.
+#[test]
+fn bfd_over_ipv6_with_bird_comes_up_and_a_dead_link_withdraws_the_ipv6_vip() -> Result<()> {
+    let topo = topo("v6d")?;
+    let r = router_addr(0);
+    let cfg = format!(
+        "log stderr all;\nrouter id {r};\nprotocol device {{ scan time 10; }}\n\
+         protocol kernel {{ ipv6 {{ import none; export all; }}; }}\n\
+         protocol bfd {{ interface \"d0\" {{ min rx interval 300 ms; min tx interval 300 ms; multiplier 3; }}; }}\n\
+         protocol bgp node0v6 {{\n local {ROUTER6} as {ROUTER_ASN};\n neighbor {NODE6} as {NODE_ASN};\n \
+         hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
+         bfd on;\n ipv6 {{ import all; export none; }};\n}}\n"
+    );
+    let router = Router::start_bird_with_config(&topo, &cfg)?;
+    let mut p = peer_v6(false);
+    p.bfd = Some(juneau_control::model::BfdSettings {
+        min_rx_ms: 300,
+        min_tx_ms: 300,
+        multiplier: 3,
+    });
+    let mut s = Speaker::start_with_peers(&topo, 0, vec![p])?;
+    s.publish_ip_vips(&[VIP6.into()])?;
+    s.wait_established("router-v6", UP)?;
+    wait_v6_route(&topo, &router, VIP6)?;
+    let ours = |s: &Speaker| -> Result<String> {
+        Ok(s.status()?["peers"]["router-v6"]["bfd"]["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_string())
+    };
+    wait_for("our BFD session over IPv6 Up", UP, || {
+        Ok((ours(&s)? == "Up").then_some(()))
+    })
+    .with_context(|| s.logs())?;
+    wait_for(
+        "BIRD's BFD session with the node's IPv6 address Up",
+        UP,
+        || {
+            let out = router.bird_cli(&["show", "bfd", "sessions"])?;
+            Ok(out
+                .lines()
+                .any(|l| l.starts_with(&NODE6.to_string()) && l.contains(" Up "))
+                .then_some(()))
+        },
+    )
+    .with_context(|| router.logs())?;
+
+    // The link dies for IP; the veth stays up.
+    let t0 = Instant::now();
+    topo.nodes[0].exec(&["nft", "add", "table", "inet", "juneau_cut"])?;
+    for hook in ["input", "output"] {
+        topo.nodes[0].exec(&[
+            "nft",
+            &format!("add chain inet juneau_cut {hook} {{ type filter hook {hook} priority -300; policy drop; }}"),
+        ])?;
+    }
+    let (mut down, mut withdrawn) = (None, None);
+    while down.is_none() || withdrawn.is_none() {
+        ensure!(
+            t0.elapsed() < Duration::from_secs(15),
+            "after 15 s: ours down {down:?}, router withdrew {withdrawn:?}\n{}\n{}",
+            s.logs(),
+            router.logs()
+        );
+        if down.is_none() && ours(&s)? == "Down" {
+            down = Some(t0.elapsed());
+        }
+        if withdrawn.is_none() && route6_next_hops(topo.router.name(), VIP6)?.is_empty() {
+            withdrawn = Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (down, withdrawn) = (down.unwrap(), withdrawn.unwrap());
+    record(
+        router.kind,
+        "bfd over IPv6: link cut -> juneau-bgp BFD Down",
+        down,
+    );
+    record(
+        router.kind,
+        "bfd over IPv6: link cut -> IPv6 VIP withdrawn",
+        withdrawn,
+    );
+    // 300 ms x 3 plus room for a loaded machine, far below the 9 s hold time.
+    let bound = Duration::from_millis(2500);
+    ensure!(
+        down < bound && withdrawn < bound,
+        "down {down:?}, withdrawn {withdrawn:?}"
+    );
+    Ok(())
+}
