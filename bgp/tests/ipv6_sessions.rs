@@ -336,3 +336,37 @@ fn bfd_over_ipv6_with_bird_comes_up_and_a_dead_link_withdraws_the_ipv6_vip() -> 
     );
     Ok(())
 }
+
+/// TCP-MD5 is really in force on the IPv6 session: BIRD with another password never
+/// sees it come up (the kernels drop the unsigned or wrongly signed segments).
+#[test]
+fn a_wrong_tcp_md5_password_keeps_the_ipv6_session_down() -> Result<()> {
+    let topo = topo("v6m")?;
+    let r = router_addr(0);
+    let cfg = format!(
+        "log stderr all;\nrouter id {r};\nprotocol device {{ scan time 10; }}\n\
+         protocol bgp node0v6 {{\n local {ROUTER6} as {ROUTER_ASN};\n neighbor {NODE6} as {NODE_ASN};\n \
+         hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
+         password \"not-{PASSWORD}\";\n ipv6 {{ import all; export none; }};\n}}\n"
+    );
+    let router = Router::start_bird_with_config(&topo, &cfg)?;
+    let mut s = Speaker::start_with_peers(&topo, 0, vec![peer_v6(true)])?;
+    s.publish_ip_vips(&[VIP6.into()])?;
+    wait_for("the speaker's status listing the IPv6 peer", UP, || {
+        Ok(s.status()
+            .ok()
+            .filter(|st| st["peers"]["router-v6"].is_object())
+            .map(|_| ()))
+    })?;
+    let end = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < end {
+        ensure!(
+            s.peer_state("router-v6")? != "Established",
+            "established with a wrong password\n{}",
+            router.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stays_unrouted(&topo, VIP6, Duration::from_millis(500), "wrong password")?;
+    Ok(())
+}
