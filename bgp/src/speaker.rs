@@ -384,6 +384,10 @@ fn reconcile(
         .peers
         .iter()
         .filter_map(|p| {
+            // An IPv4 listener never accepts an IPv6 peer: no key to set for it there.
+            if p.peer_address.is_ipv6() && !listen_v6 {
+                return None;
+            }
             let addr = md5_key_address(listen_v6, p.peer_address);
             p.md5_password.clone().map(|k| (addr, k))
         })
@@ -412,6 +416,9 @@ fn reconcile(
             continue;
         }
         tracing::info!(peer = %pc.name, address = %pc.peer_address, asn = pc.peer_asn, "peer configured");
+        if pc.peer_address.is_ipv6() && !listen_v6 {
+            tracing::warn!(peer = %pc.name, listen = %cfg.listen, "IPv6 peer, IPv4 listener: its own connections are refused, only ours go out (listen on [::]:179 to accept them)");
+        }
         let owner = NEXT_OWNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         hub.update(|s| {
             let p = s

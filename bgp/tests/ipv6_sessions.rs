@@ -70,12 +70,12 @@ fn peer_v6(password: bool) -> PeerConfig {
 
 /// Node 0's speaker with the IPv6 peer and the IPv4 one (`router`, IPv4 only at the
 /// router), gated by a stand-in dataplane that programs [`VIP`] and [`VIP6`], announcing
-/// those and [`VIP6_HELD`]; listening on `[::]:179`.
-fn start_speaker(topo: &Topo, password: bool) -> Result<(Speaker, FakeDataplane)> {
+/// those and [`VIP6_HELD`]; listening on `listen`.
+fn start_speaker(topo: &Topo, password: bool, listen: &str) -> Result<(Speaker, FakeDataplane)> {
     let v4 = Speaker::peer_config(0, &NodePeering::default());
     let mut s = Speaker::start_with_peers(topo, 0, vec![peer_v6(password), v4])?;
     s.kill();
-    s.listen = "[::]:179".into();
+    s.listen = listen.into();
     s.gate_args = vec!["--dataplane-heartbeat-timeout-ms".into(), "500".into()];
     let dp = FakeDataplane::start(&s.state_path.with_extension("dataplane"))?;
     dp.program(1, &[IpAddr::from(VIP), IpAddr::from(VIP6)])?;
@@ -204,7 +204,7 @@ fn bird_learns_ipv6_vips_over_an_ipv6_session_with_tcp_md5() -> Result<()> {
     );
     let router = Router::start_bird_with_config(&topo, &cfg)?;
     let started = Instant::now();
-    let (mut s, dp) = start_speaker(&topo, true)?;
+    let (mut s, dp) = start_speaker(&topo, true, "[::]:179")?;
     check(&topo, &router, &mut s, &dp, started)?;
     // BIRD's view: the IPv6 session is the one that carried it, over TCP-MD5.
     let info = router.bird_cli(&["show", "protocols", "all", "node0v6"])?;
@@ -227,7 +227,8 @@ fn frr_learns_ipv6_vips_over_an_ipv6_session_with_tcp_md5() -> Result<()> {
     );
     let router = Router::start_frr_with_config(&topo, &cfg, None)?;
     let started = Instant::now();
-    let (mut s, dp) = start_speaker(&topo, true)?;
+    // The default IPv4 listener: FRR's own connections are refused, ours go out.
+    let (mut s, dp) = start_speaker(&topo, true, "0.0.0.0:179")?;
     check(&topo, &router, &mut s, &dp, started)?;
     let out = router.vtysh(&format!("show bgp neighbors {NODE6} json"))?;
     let v: serde_json::Value = serde_json::from_str(&out)?;
