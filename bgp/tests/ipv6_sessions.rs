@@ -249,7 +249,19 @@ fn frr_learns_ipv6_vips_over_an_ipv6_session_with_tcp_md5() -> Result<()> {
 /// (300 ms x 3) and BIRD withdraws the IPv6 VIP at once, not after the 9 s hold time.
 #[test]
 fn bfd_over_ipv6_with_bird_comes_up_and_a_dead_link_withdraws_the_ipv6_vip() -> Result<()> {
-    let topo = topo("v6d")?;
+    bfd_over_ipv6("v6d", false)
+}
+
+/// The same with BFD in its own process, `juneau-bfd`, as `deploy/` runs it: the speaker
+/// follows its status file.
+#[test]
+fn bfd_over_ipv6_in_juneau_bfd_with_bird_withdraws_the_ipv6_vip_on_a_dead_link() -> Result<()> {
+    bfd_over_ipv6("v6j", true)
+}
+
+/// `separate`: BFD in juneau-bfd, else in juneau-bgp.
+fn bfd_over_ipv6(tag: &str, separate: bool) -> Result<()> {
+    let topo = topo(tag)?;
     let r = router_addr(0);
     let cfg = format!(
         "log stderr all;\nrouter id {r};\nprotocol device {{ scan time 10; }}\n\
@@ -266,7 +278,14 @@ fn bfd_over_ipv6_with_bird_comes_up_and_a_dead_link_withdraws_the_ipv6_vip() -> 
         min_tx_ms: 300,
         multiplier: 3,
     });
-    let mut s = Speaker::start_with_peers(&topo, 0, vec![p])?;
+    let bfd_file = topo.dir.path().join("node0.bfd.json");
+    let args: &[&str] = if separate {
+        &["--bfd-status-file", bfd_file.to_str().unwrap()]
+    } else {
+        &[]
+    };
+    let mut s = Speaker::start_with_args(&topo, 0, vec![p], args)?;
+    let bfdd = separate.then(|| s.start_bfd(&topo.nodes[0])).transpose()?;
     s.publish_ip_vips(&[VIP6.into()])?;
     s.wait_established("router-v6", UP)?;
     wait_v6_route(&topo, &router, VIP6)?;
@@ -279,7 +298,13 @@ fn bfd_over_ipv6_with_bird_comes_up_and_a_dead_link_withdraws_the_ipv6_vip() -> 
     wait_for("our BFD session over IPv6 Up", UP, || {
         Ok((ours(&s)? == "Up").then_some(()))
     })
-    .with_context(|| s.logs())?;
+    .with_context(|| {
+        format!(
+            "{}\n{}",
+            s.logs(),
+            bfdd.as_ref().map(|b| b.logs()).unwrap_or_default()
+        )
+    })?;
     wait_for(
         "BIRD's BFD session with the node's IPv6 address Up",
         UP,
@@ -319,9 +344,10 @@ fn bfd_over_ipv6_with_bird_comes_up_and_a_dead_link_withdraws_the_ipv6_vip() -> 
         std::thread::sleep(Duration::from_millis(5));
     }
     let (down, withdrawn) = (down.unwrap(), withdrawn.unwrap());
+    let who = if separate { "juneau-bfd" } else { "juneau-bgp" };
     record(
         router.kind,
-        "bfd over IPv6: link cut -> juneau-bgp BFD Down",
+        &format!("bfd over IPv6: link cut -> {who} BFD Down"),
         down,
     );
     record(
