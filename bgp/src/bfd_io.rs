@@ -2,7 +2,9 @@
 //!
 //! - Single hop (RFC 5881): packets to port 3784, sent with TTL 255; a received packet
 //!   whose TTL is not 255 is discarded (GTSM, RFC 5082), so a packet from beyond the link
-//!   cannot keep a session up.
+//!   cannot keep a session up. IPv4 or IPv6, the BGP peer's family: over IPv6 the hop
+//!   limit plays the TTL's part (RFC 5881 §5), on an IPv6-only receiving socket beside
+//!   the IPv4 one.
 //! - Multihop (RFC 5883), used when the BGP peer is multihop (`ebgp_multihop` > 1): port
 //!   4784, sent with TTL 255, any received TTL accepted.
 //! - Each session sends from its own source port in 49152-65535; received packets are
@@ -18,12 +20,14 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket as StdUdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket as StdUdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-use nix::sys::socket::{self, sockopt, ControlMessageOwned, MsgFlags, SockaddrIn};
+use nix::sys::socket::{
+    self, sockopt, ControlMessageOwned, MsgFlags, SockaddrLike, SockaddrStorage,
+};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
@@ -36,10 +40,10 @@ use crate::status::{BfdStatus, StatusHub};
 pub struct BfdPeer {
     /// The BGP peer's name.
     pub name: String,
-    /// The peer's address.
-    pub peer: Ipv4Addr,
-    /// Our source address (`None`: the kernel chooses).
-    pub local: Option<Ipv4Addr>,
+    /// The peer's address, IPv4 or IPv6.
+    pub peer: IpAddr,
+    /// Our source address, of the peer's family (`None`: the kernel chooses).
+    pub local: Option<IpAddr>,
     /// RFC 5883 multihop instead of RFC 5881 single hop.
     pub multihop: bool,
     /// Timers.
@@ -79,7 +83,10 @@ pub fn wanted(state: &juneau_control::model::NodeState) -> Vec<BfdPeer> {
             Some(BfdPeer {
                 name: p.name.clone(),
                 peer: p.peer_address,
-                local: p.source_address,
+                // The node state holds a source of the peer's family only.
+                local: p
+                    .source_address
+                    .filter(|a| a.is_ipv6() == p.peer_address.is_ipv6()),
                 multihop: p.ebgp_multihop.is_some_and(|t| t > 1),
                 cfg: b.into(),
                 auth,
@@ -188,8 +195,7 @@ pub fn spawn_resuming(
         notices,
         control_plane_independent,
         sessions: HashMap::new(),
-        single: None,
-        multi: None,
+        receivers: [None, None, None, None],
         next_disc: initial_discriminator(),
         next_port: 49152,
         holding: false,
@@ -240,16 +246,22 @@ struct BfdTask {
     notices: mpsc::UnboundedSender<BfdNotice>,
     control_plane_independent: bool,
     sessions: HashMap<String, Entry>,
-    single: Option<UdpSocket>,
-    multi: Option<UdpSocket>,
+    /// Receiving sockets, by [`receiver_index`]: single hop and multihop, IPv4 and IPv6.
+    receivers: [Option<UdpSocket>; 4],
     next_disc: u32,
     next_port: u16,
     /// A restart hold has started.
     holding: bool,
 }
 
-/// A datagram: payload, source, TTL it arrived with.
-type Datagram = (Vec<u8>, SocketAddrV4, Option<u8>);
+/// A datagram: payload, source, TTL (IPv4) or hop limit (IPv6) it arrived with.
+type Datagram = (Vec<u8>, SocketAddr, Option<u8>);
+
+/// Index into [`BfdTask::receivers`] of the socket for `multihop` sessions of the family
+/// `ipv6`.
+fn receiver_index(multihop: bool, ipv6: bool) -> usize {
+    usize::from(multihop) * 2 + usize::from(ipv6)
+}
 
 async fn recv_opt(sock: &Option<UdpSocket>) -> io::Result<Datagram> {
     match sock {
@@ -263,7 +275,7 @@ async fn recv_with_ttl(sock: &UdpSocket) -> io::Result<Datagram> {
         let mut buf = [0u8; 128];
         let mut iov = [io::IoSliceMut::new(&mut buf)];
         let mut cmsg = nix::cmsg_space!(libc::c_int);
-        let msg = socket::recvmsg::<SockaddrIn>(
+        let msg = socket::recvmsg::<SockaddrStorage>(
             sock.as_raw_fd(),
             &mut iov,
             Some(&mut cmsg),
@@ -272,13 +284,24 @@ async fn recv_with_ttl(sock: &UdpSocket) -> io::Result<Datagram> {
         .map_err(io::Error::from)?;
         let mut ttl = None;
         for c in msg.cmsgs().map_err(io::Error::from)? {
-            if let ControlMessageOwned::Ipv4Ttl(t) = c {
-                ttl = u8::try_from(t).ok();
+            match c {
+                ControlMessageOwned::Ipv4Ttl(t) | ControlMessageOwned::Ipv6HopLimit(t) => {
+                    ttl = u8::try_from(t).ok();
+                }
+                _ => {}
             }
         }
         let from = msg
             .address
-            .map(|a| SocketAddrV4::new(a.ip(), a.port()))
+            .and_then(|a| match a.family() {
+                Some(socket::AddressFamily::Inet) => a
+                    .as_sockaddr_in()
+                    .map(|a| SocketAddr::new(a.ip().into(), a.port())),
+                Some(socket::AddressFamily::Inet6) => a
+                    .as_sockaddr_in6()
+                    .map(|a| SocketAddr::new(a.ip().into(), a.port())),
+                _ => None,
+            })
             .ok_or_else(|| io::Error::other("datagram without a source address"))?;
         let n = msg.bytes;
         Ok((buf[..n].to_vec(), from, ttl))
@@ -286,12 +309,28 @@ async fn recv_with_ttl(sock: &UdpSocket) -> io::Result<Datagram> {
     .await
 }
 
-fn bind_receiver(port: u16) -> io::Result<UdpSocket> {
-    let s = StdUdpSocket::bind(SocketAddr::V4(SocketAddrV4::new(
-        Ipv4Addr::UNSPECIFIED,
-        port,
-    )))?;
-    socket::setsockopt(&s, sockopt::Ipv4RecvTtl, &true).map_err(io::Error::from)?;
+/// The receiving socket of `port` for one family: IPv4, or IPv6 only (`IPV6_V6ONLY`,
+/// so it can sit beside the IPv4 one on the same port), reporting each datagram's TTL
+/// or hop limit.
+fn bind_receiver(port: u16, ipv6: bool) -> io::Result<UdpSocket> {
+    use socket::{AddressFamily, SockFlag, SockType};
+    let family = if ipv6 {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    };
+    let fd = socket::socket(family, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)
+        .map_err(io::Error::from)?;
+    let addr: SockaddrStorage = if ipv6 {
+        socket::setsockopt(&fd, sockopt::Ipv6V6Only, &true).map_err(io::Error::from)?;
+        socket::setsockopt(&fd, sockopt::Ipv6RecvHopLimit, &true).map_err(io::Error::from)?;
+        SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port).into()
+    } else {
+        socket::setsockopt(&fd, sockopt::Ipv4RecvTtl, &true).map_err(io::Error::from)?;
+        SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port).into()
+    };
+    socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).map_err(io::Error::from)?;
+    let s = StdUdpSocket::from(fd);
     s.set_nonblocking(true)?;
     UdpSocket::from_std(s)
 }
@@ -320,8 +359,10 @@ impl BfdTask {
                     }
                     None => break,
                 },
-                r = recv_opt(&self.single) => self.on_datagram(r, false),
-                r = recv_opt(&self.multi) => self.on_datagram(r, true),
+                r = recv_opt(&self.receivers[0]) => self.on_datagram(r, false),
+                r = recv_opt(&self.receivers[1]) => self.on_datagram(r, false),
+                r = recv_opt(&self.receivers[2]) => self.on_datagram(r, true),
+                r = recv_opt(&self.receivers[3]) => self.on_datagram(r, true),
                 _ = sleep_until_opt(deadline.map(|d| if holding.is_some() { d.min(Instant::now() + std::time::Duration::from_millis(20)) } else { d })) => {}
             }
             self.drive();
@@ -364,7 +405,7 @@ impl BfdTask {
             if self.sessions.contains_key(&w.name) {
                 continue;
             }
-            if let Err(e) = self.ensure_receiver(w.multihop) {
+            if let Err(e) = self.ensure_receiver(w.multihop, w.peer.is_ipv6()) {
                 tracing::error!(peer = %w.name, error = %e, "cannot receive BFD packets");
                 (self.report)(
                     &w.name,
@@ -419,28 +460,35 @@ impl BfdTask {
         }
     }
 
-    fn ensure_receiver(&mut self, multihop: bool) -> io::Result<()> {
-        let (slot, port) = if multihop {
-            (&mut self.multi, bfd::PORT_MULTI_HOP)
+    fn ensure_receiver(&mut self, multihop: bool, ipv6: bool) -> io::Result<()> {
+        let port = if multihop {
+            bfd::PORT_MULTI_HOP
         } else {
-            (&mut self.single, bfd::PORT_SINGLE_HOP)
+            bfd::PORT_SINGLE_HOP
         };
+        let slot = &mut self.receivers[receiver_index(multihop, ipv6)];
         if slot.is_none() {
-            *slot = Some(bind_receiver(port)?);
-            tracing::info!(port, "receiving BFD packets");
+            *slot = Some(bind_receiver(port, ipv6)?);
+            tracing::info!(port, ipv6, "receiving BFD packets");
         }
         Ok(())
     }
 
     fn bind_sender(&mut self, w: &BfdPeer) -> io::Result<StdUdpSocket> {
-        let ip = w.local.unwrap_or(Ipv4Addr::UNSPECIFIED);
+        let ipv6 = w.peer.is_ipv6();
+        let ip = w.local.unwrap_or(if ipv6 {
+            Ipv6Addr::UNSPECIFIED.into()
+        } else {
+            Ipv4Addr::UNSPECIFIED.into()
+        });
         let mut last = None;
         for _ in 0..16_384 {
             let port = self.next_port;
             self.next_port = if port == 65535 { 49152 } else { port + 1 };
-            match StdUdpSocket::bind(SocketAddrV4::new(ip, port)) {
+            match StdUdpSocket::bind(SocketAddr::new(ip, port)) {
                 Ok(s) => {
-                    socket::setsockopt(&s, sockopt::Ipv4Ttl, &255).map_err(io::Error::from)?;
+                    // TTL or hop limit 255 (RFC 5881 §5, RFC 5883 §2).
+                    crate::sockopt::set_ttl(s.as_raw_fd(), ipv6, 255)?;
                     s.set_nonblocking(true)?;
                     return Ok(s);
                 }
@@ -472,7 +520,7 @@ impl BfdTask {
         };
         let entry = self.sessions.values_mut().find(|e| {
             e.want.multihop == multihop
-                && e.want.peer == *from.ip()
+                && e.want.peer == from.ip()
                 && (p.your_disc == 0 || p.your_disc == e.session.local_disc())
         });
         let Some(e) = entry else {
@@ -538,7 +586,7 @@ fn send_due(e: &mut Entry, now: Instant) {
     } else {
         bfd::PORT_SINGLE_HOP
     };
-    let to = SocketAddr::V4(SocketAddrV4::new(e.want.peer, port));
+    let to = SocketAddr::new(e.want.peer, port);
     while let Some(p) = e.session.poll_transmit(now) {
         let bytes = e.session.wire_bytes(&p);
         if let Err(err) = e.sock.send_to(&bytes, to) {

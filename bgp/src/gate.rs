@@ -18,7 +18,7 @@
 //! (static stability, `docs/bgp.md`).
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,7 +129,7 @@ pub fn apply(
     state_generation: u64,
     dataplane: Result<&DataplaneStatus, &str>,
     limit: Duration,
-) -> (NodeState, BTreeMap<Ipv4Addr, HoldReason>) {
+) -> (NodeState, BTreeMap<IpAddr, HoldReason>) {
     let mut held = BTreeMap::new();
     let mut out = state.clone();
     let whole_node = match dataplane {
@@ -189,7 +189,7 @@ fn run(path: PathBuf, gate: GateConfig, hub: Arc<StatusHub>, tx: watch::Sender<S
     let mut dp: Option<DataplaneStatusReader> = None;
     let mut current: Option<(u64, NodeState)> = None;
     let mut sent: Option<(u64, NodeState)> = None;
-    let mut held_kinds: BTreeMap<Ipv4Addr, &'static str> = BTreeMap::new();
+    let mut held_kinds: BTreeMap<IpAddr, &'static str> = BTreeMap::new();
     loop {
         // Also every poll without a new state: the dataplane status is re-read.
         let next = follower.next(gate.poll());
@@ -229,7 +229,7 @@ fn run(path: PathBuf, gate: GateConfig, hub: Arc<StatusHub>, tx: watch::Sender<S
             status.as_ref().map_err(String::as_str),
             gate.heartbeat_timeout,
         );
-        let kinds: BTreeMap<Ipv4Addr, &'static str> =
+        let kinds: BTreeMap<IpAddr, &'static str> =
             held.iter().map(|(v, r)| (*v, r.kind())).collect();
         hub.set_dataplane(crate::status::DataplaneSeen {
             at: std::time::Instant::now(),
@@ -269,8 +269,22 @@ mod tests {
     use super::*;
     use juneau_control::model::AdvertisedVip;
 
-    fn vip(n: u8) -> Ipv4Addr {
-        Ipv4Addr::new(203, 0, 113, n)
+    /// An IPv4 VIP for `n` < 100, an IPv6 one (`2001:db8::n`) from 100 on.
+    fn vip(n: u8) -> IpAddr {
+        if n < 100 {
+            IpAddr::from([203, 0, 113, n])
+        } else {
+            IpAddr::from(std::net::Ipv6Addr::new(
+                0x2001,
+                0xdb8,
+                0,
+                0,
+                0,
+                0,
+                0,
+                n.into(),
+            ))
+        }
     }
 
     fn state(vips: &[u8]) -> NodeState {
@@ -305,7 +319,7 @@ mod tests {
 
     const LIMIT: Duration = Duration::from_millis(500);
 
-    fn announced(s: &NodeState) -> Vec<Ipv4Addr> {
+    fn announced(s: &NodeState) -> Vec<IpAddr> {
         s.advertised.iter().map(|a| a.vip).collect()
     }
 
@@ -325,6 +339,18 @@ mod tests {
         assert!(held[&vip(2)].to_string().contains("not programmed"));
         // Everything else is untouched.
         assert_eq!(g.node, st.node);
+    }
+
+    #[test]
+    fn ipv6_vips_are_gated_like_ipv4_ones() {
+        let st = state(&[1, 101, 102]);
+        let (g, held) = apply(&st, 4, Ok(&dp(&[1, 101], 10, false)), LIMIT);
+        assert_eq!(announced(&g), vec![vip(1), vip(101)]);
+        assert_eq!(held.keys().copied().collect::<Vec<_>>(), vec![vip(102)]);
+        assert_eq!(held[&vip(102)].kind(), "vip_not_programmed");
+        let (g, held) = apply(&st, 4, Ok(&dp(&[1, 101, 102], 501, false)), LIMIT);
+        assert!(g.advertised.is_empty());
+        assert_eq!(held[&vip(101)].kind(), "dataplane_heartbeat_stale");
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub fn desired_for(state: &NodeState, peer: &str) -> AdjRibOut {
         .filter(|a| a.peers.is_empty() || a.peers.contains(&(idx as u16)))
         .map(|a| {
             (
-                IpAddr::V4(a.vip),
+                a.vip,
                 RouteAttrs {
                     communities: a.communities.clone(),
                     large_communities: a.large_communities.clone(),
@@ -268,7 +268,7 @@ mod tests {
 
     fn vip(v: [u8; 4], peers: Vec<u16>, comm: Vec<u32>) -> AdvertisedVip {
         AdvertisedVip {
-            vip: Ipv4Addr::from(v),
+            vip: IpAddr::from(v),
             communities: comm,
             large_communities: vec![],
             local_pref: None,

@@ -180,7 +180,7 @@ fn socket_settings(p: &PeerConfig) -> impl PartialEq + '_ {
 /// an IPv6 VIP to carry or the session runs over IPv6). Over IPv6 the OPEN also offers
 /// IPv4 routes with an IPv6 next hop (RFC 8950).
 fn session_config(cfg: &PeerConfig, router_id: Ipv4Addr, families: Families) -> SessionConfig {
-    let over_ipv6 = IpAddr::from(cfg.peer_address).is_ipv6();
+    let over_ipv6 = cfg.peer_address.is_ipv6();
     SessionConfig {
         families: if over_ipv6 {
             families.with(AddressFamily::Ipv6Unicast)
@@ -207,9 +207,12 @@ struct PeerHandle {
 }
 
 fn router_id(cfg: &SpeakerConfig, state: &NodeState) -> Option<Ipv4Addr> {
-    cfg.router_id
-        .or(state.router_id)
-        .or_else(|| state.peers.iter().find_map(|p| p.source_address))
+    cfg.router_id.or(state.router_id).or_else(|| {
+        state.peers.iter().find_map(|p| match p.source_address {
+            Some(IpAddr::V4(a)) => Some(a),
+            _ => None,
+        })
+    })
 }
 
 /// Runs the speaker until `shutdown` says to stop, and how ([`Stop`]).
@@ -280,7 +283,7 @@ pub async fn run(
             acc = listener.accept() => {
                 let Ok((stream, addr)) = acc else { continue };
                 let ip = addr.ip().to_canonical();
-                match peers.values().find(|p| IpAddr::from(p.cfg.peer_address) == ip) {
+                match peers.values().find(|p| p.cfg.peer_address == ip) {
                     Some(p) => { let _ = p.tx.send(PeerCmd::Inbound(stream)); }
                     None => tracing::info!(%addr, "connection from an unconfigured address closed"),
                 }
@@ -381,7 +384,11 @@ fn reconcile(
         .peers
         .iter()
         .filter_map(|p| {
-            let addr = md5_key_address(listen_v6, p.peer_address.into());
+            // An IPv4 listener never accepts an IPv6 peer: no key to set for it there.
+            if p.peer_address.is_ipv6() && !listen_v6 {
+                return None;
+            }
+            let addr = md5_key_address(listen_v6, p.peer_address);
             p.md5_password.clone().map(|k| (addr, k))
         })
         .collect();
@@ -409,6 +416,9 @@ fn reconcile(
             continue;
         }
         tracing::info!(peer = %pc.name, address = %pc.peer_address, asn = pc.peer_asn, "peer configured");
+        if pc.peer_address.is_ipv6() && !listen_v6 {
+            tracing::warn!(peer = %pc.name, listen = %cfg.listen, "IPv6 peer, IPv4 listener: its own connections are refused, only ours go out (listen on [::]:179 to accept them)");
+        }
         let owner = NEXT_OWNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         hub.update(|s| {
             let p = s
@@ -760,7 +770,7 @@ impl PeerTask {
         let timeout = Duration::from_secs(cfg.connect_retry_time.clamp(2, 30) as u64);
         let h = tokio::spawn(async move {
             let r = async {
-                let peer_ip = IpAddr::from(cfg.peer_address);
+                let peer_ip = cfg.peer_address;
                 let sock = if peer_ip.is_ipv6() {
                     TcpSocket::new_v6()?
                 } else {
@@ -771,7 +781,7 @@ impl PeerTask {
                 }
                 sockopt::set_ttl(sock.as_raw_fd(), peer_ip.is_ipv6(), ttl)?;
                 if let Some(src) = cfg.source_address {
-                    sock.bind(SocketAddr::new(src.into(), 0))?;
+                    sock.bind(SocketAddr::new(src, 0))?;
                 }
                 let peer = SocketAddr::new(peer_ip, cfg.peer_port);
                 match tokio::time::timeout(timeout, sock.connect(peer)).await {
@@ -945,10 +955,12 @@ impl PeerTask {
 impl PeerTask {
     /// The announcement parameters of a session established from local address `local`.
     fn session_params(&self, local: IpAddr, neg: &fsm::Negotiated) -> SessionParams {
-        let next_hop = self.cfg.source_address.or(match local {
+        // The IPv4 next hop: the configured source address of an IPv4 session, else its
+        // local address; a session over IPv6 has none (RFC 8950 or no IPv4 routes).
+        let next_hop = match self.cfg.source_address.unwrap_or(local) {
             IpAddr::V4(a) => Some(a),
             IpAddr::V6(_) => None,
-        });
+        };
         let needs_v6 = neg.families.contains(AddressFamily::Ipv6Unicast)
             || (next_hop.is_none() && neg.extended_next_hop);
         SessionParams {

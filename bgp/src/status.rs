@@ -2,7 +2,7 @@
 //! and Prometheus metrics.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -19,7 +19,7 @@ pub struct PeerStatus {
     /// The peer's name (BGPPeer object).
     pub name: String,
     /// The router's address.
-    pub peer_address: Ipv4Addr,
+    pub peer_address: IpAddr,
     /// Session state.
     pub state: State,
     /// Unix time (seconds) the session became Established, if it is.
@@ -56,10 +56,10 @@ pub struct PeerStatus {
 
 impl PeerStatus {
     /// A peer that has just been configured.
-    pub fn new(name: &str, peer_address: Ipv4Addr) -> Self {
+    pub fn new(name: &str, peer_address: impl Into<IpAddr>) -> Self {
         PeerStatus {
             name: name.to_string(),
-            peer_address,
+            peer_address: peer_address.into(),
             state: State::Idle,
             established_since_unix: None,
             uptime_seconds: 0,
@@ -164,7 +164,7 @@ pub struct Status {
     /// VIPs the agent wants announced that are withdrawn because the dataplane cannot
     /// serve them (dead, stopped, or VIP not programmed), with the reason.
     #[serde(default)]
-    pub held_back: BTreeMap<Ipv4Addr, String>,
+    pub held_back: BTreeMap<IpAddr, String>,
 }
 
 /// What the dataplane gate last read from the dataplane's status file, for metrics
@@ -181,7 +181,7 @@ pub struct DataplaneSeen {
     /// VIPs the dataplane has programmed.
     pub programmed_vips: usize,
     /// Why each held-back VIP is held back (`HoldReason::kind`).
-    pub held_back: BTreeMap<Ipv4Addr, &'static str>,
+    pub held_back: BTreeMap<IpAddr, &'static str>,
 }
 
 /// Shared status, with a wake-up for the file writer.

@@ -58,7 +58,7 @@ fn ebgp_multihop_across_a_router_and_ttl_one_never_gets_there() -> Result<()> {
     pc.keepalive_time = 3;
     pc.connect_retry_time = 1;
     let source = Ipv4Addr::new(10, 255, 0, 2);
-    pc.source_address = Some(source);
+    pc.source_address = Some(source.into());
     pc.ebgp_multihop = Some(2);
     let mut n0 = Speaker::start_with_peers(&topo, 0, vec![pc.clone()])?;
     n0.wait_established("router", UP)?;
@@ -123,7 +123,7 @@ fn ibgp_sends_local_pref_and_an_empty_as_path() -> Result<()> {
     n0.wait_established("router", UP)?;
     let mut st = n0.state.clone();
     st.advertised = vec![AdvertisedVip {
-        vip: VIP,
+        vip: VIP.into(),
         communities: vec![],
         large_communities: vec![],
         local_pref: Some(250),
@@ -269,8 +269,8 @@ fn vips_go_only_to_the_peers_they_name() -> Result<()> {
         Ipv4Addr::new(192, 0, 2, 2),
         Ipv4Addr::new(192, 0, 2, 3),
     );
-    let adv = |vip, peers: Vec<u16>| AdvertisedVip {
-        vip,
+    let adv = |vip: Ipv4Addr, peers: Vec<u16>| AdvertisedVip {
+        vip: vip.into(),
         communities: vec![],
         large_communities: vec![],
         local_pref: None,

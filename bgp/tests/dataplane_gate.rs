@@ -11,87 +11,16 @@
 
 mod common;
 
-use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
+use common::dataplane::FakeDataplane;
 use common::*;
-use juneau_control::dataplane_status::DataplaneStatusWriter;
 
 const UP: Duration = Duration::from_secs(60);
 const ROUTE: Duration = Duration::from_secs(30);
 /// The speaker's heartbeat limit in this test (the default).
 const LIMIT_MS: u64 = 500;
-
-/// A stand-in dataplane: the real status writer, heartbeating every 10 ms from a thread
-/// (as the forwarding loop's housekeeping does).
-struct FakeDataplane {
-    writer: Arc<Mutex<Option<DataplaneStatusWriter>>>,
-    stop: Arc<AtomicBool>,
-    last_beat: Arc<Mutex<Instant>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl FakeDataplane {
-    fn start(path: &std::path::Path) -> Result<Self> {
-        let writer = Arc::new(Mutex::new(Some(DataplaneStatusWriter::create(path)?)));
-        let stop = Arc::new(AtomicBool::new(false));
-        let last_beat = Arc::new(Mutex::new(Instant::now()));
-        let thread = {
-            let (writer, stop, last_beat) = (writer.clone(), stop.clone(), last_beat.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    if let Some(w) = writer.lock().unwrap().as_ref() {
-                        w.heartbeat();
-                        *last_beat.lock().unwrap() = Instant::now();
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            })
-        };
-        Ok(FakeDataplane {
-            writer,
-            stop,
-            last_beat,
-            thread: Some(thread),
-        })
-    }
-
-    fn program(&self, generation: u64, vips: &[Ipv4Addr]) -> Result<()> {
-        self.writer
-            .lock()
-            .unwrap()
-            .as_mut()
-            .context("dataplane gone")?
-            .publish(generation, vips.iter().copied())?;
-        Ok(())
-    }
-
-    /// `kill -9`: the heartbeat stops, the file stays as it was (not marked stopped).
-    /// Returns the instant of the last heartbeat.
-    fn crash(mut self) -> Instant {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        // Leak the writer: a killed process runs no destructor.
-        std::mem::forget(self.writer.lock().unwrap().take());
-        let t = *self.last_beat.lock().unwrap();
-        t
-    }
-}
-
-impl Drop for FakeDataplane {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
 
 fn held_back(n: &Speaker) -> String {
     n.status()
@@ -163,7 +92,7 @@ fn a_vip_is_announced_only_while_a_live_dataplane_has_it_programmed() -> Result<
 
     // 2. A dataplane starts but has not programmed the VIP yet: still held back.
     let dp = FakeDataplane::start(&status_file)?;
-    dp.program(1, &[])?;
+    dp.program(1, &[] as &[std::net::Ipv4Addr])?;
     wait_for("the VIP held back (not programmed)", ROUTE, || {
         Ok(held_back(&n0).contains("not programmed").then_some(()))
     })?;

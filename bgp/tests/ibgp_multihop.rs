@@ -17,7 +17,7 @@ const UP: Duration = Duration::from_secs(60);
 fn vip_with_local_pref(n0: &mut Speaker) -> Result<()> {
     let mut st = n0.state.clone();
     st.advertised = vec![AdvertisedVip {
-        vip: VIP,
+        vip: VIP.into(),
         communities: vec![],
         large_communities: vec![],
         local_pref: Some(250),
@@ -120,7 +120,7 @@ fn multihop_peer() -> PeerConfig {
     pc.hold_time = 9;
     pc.keepalive_time = 3;
     pc.connect_retry_time = 1;
-    pc.source_address = Some(Ipv4Addr::new(10, 255, 0, 2));
+    pc.source_address = Some(Ipv4Addr::new(10, 255, 0, 2).into());
     pc.ebgp_multihop = Some(2);
     pc
 }

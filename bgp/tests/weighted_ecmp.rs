@@ -47,7 +47,7 @@ fn kernel_weights(topo: &Topo) -> Result<Vec<(Ipv4Addr, u32)>> {
 fn publish(s: &mut Speaker, pods: u32) -> Result<()> {
     let mut st = s.state.clone();
     st.advertised = vec![AdvertisedVip {
-        vip: VIP,
+        vip: VIP.into(),
         communities: vec![],
         large_communities: vec![],
         local_pref: None,

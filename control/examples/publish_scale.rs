@@ -43,7 +43,7 @@ fn state(services: usize, generation: u32) -> NodeState {
             .collect(),
         advertised: (0..services)
             .map(|i| AdvertisedVip {
-                vip: vip(i),
+                vip: vip(i).into(),
                 communities: vec![],
                 large_communities: vec![],
                 local_pref: None,

@@ -12,8 +12,16 @@
 //!                        layout_version, vip_capacity, seq, state_generation,
 //!                        heartbeat_mono_ns, started_mono_ns, pid, vip_count, stopped,
 //!                        superseded
-//! [4096, 4096 + 4*cap)   programmed VIPs, one u32 each (host order), sorted
+//! [4096, 4096 + 4*w*cap) programmed VIPs, w words each, sorted (IPv4 first), no repeats:
+//!                        layout 1 (w = 1): an IPv4 address (host order);
+//!                        layout 2 (w = 4): the IPv6 address, an IPv4 VIP IPv4-mapped,
+//!                        each word the big-endian value of 4 of its bytes, first first
 //! ```
+//!
+//! Layout 2 (issue 28) holds IPv6 VIPs too. The writer writes layout 1 while every VIP is
+//! IPv4 and layout 2 once one is IPv6 (a new file, renamed over the path, as when it
+//! grows); readers read both. So a speaker of before issue 28 (layout 1 only) keeps
+//! reading a new dataplane's file in an upgrade, as long as no IPv6 VIP is programmed.
 //!
 //! # Protocol
 //!
@@ -33,7 +41,7 @@
 //! (and a reader still mapping the old file never sees it truncated).
 
 use std::fs::OpenOptions;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
@@ -42,8 +50,22 @@ use memmap2::{MmapOptions, MmapRaw};
 
 /// `b"JUNEAUDP"` little-endian: identifies a Juneau dataplane-status file.
 pub const STATUS_MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUDP");
-/// Bumped on every incompatible change of the layout.
-pub const STATUS_LAYOUT_VERSION: u32 = 1;
+/// Bumped on every incompatible change of the layout: the newest this binary writes.
+pub const STATUS_LAYOUT_VERSION: u32 = 2;
+/// The layout of a file whose VIPs are all IPv4: one word per VIP. Still written (and
+/// read) beside layout 2.
+pub const STATUS_LAYOUT_IPV4: u32 = 1;
+/// Words per programmed VIP in layout 2: an IPv6 address, IPv4 ones IPv4-mapped.
+pub const STATUS_VIP_WORDS: usize = 4;
+
+/// Words per VIP in `layout` (1 or 2).
+fn words_per_vip(layout: u32) -> usize {
+    if layout == STATUS_LAYOUT_IPV4 {
+        1
+    } else {
+        STATUS_VIP_WORDS
+    }
+}
 /// Bytes before the VIP words.
 pub const STATUS_HEADER_BYTES: usize = 4096;
 /// VIPs a new file holds; a publish that needs more grows the file (new file + rename).
@@ -125,7 +147,7 @@ pub enum StatusError {
         path: PathBuf,
     },
     /// Written by a dataplane with another layout.
-    #[error("{path} has dataplane-status layout version {found}, this binary reads version {expected}; run matching versions of juneau-dataplane and juneau-bgp")]
+    #[error("{path} has dataplane-status layout version {found}, this binary reads versions 1 to {expected}; run matching versions of juneau-dataplane and juneau-bgp")]
     LayoutVersion {
         /// The file.
         path: PathBuf,
@@ -147,7 +169,11 @@ pub enum StatusError {
     /// The writer kept rewriting the VIP set during every read attempt.
     #[error("the dataplane kept rewriting its status during {0} read attempts")]
     Contended(usize),
-    /// The VIP count exceeds the file's capacity.
+    /// A VIP that cannot be written: an IPv4-mapped IPv6 address (it would read back as
+    /// IPv4).
+    #[error("VIP {0} cannot be published: an IPv4-mapped IPv6 address (publish the IPv4 address)")]
+    MappedVip(Ipv6Addr),
+    /// The VIP count exceeds the file's capacity, or the VIPs are not sorted.
     #[error("{path} is corrupt: {what}")]
     Corrupt {
         /// The file.
@@ -165,13 +191,15 @@ fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> St
     }
 }
 
-fn file_bytes(capacity: u32) -> u64 {
-    STATUS_HEADER_BYTES as u64 + 4 * u64::from(capacity)
+fn file_bytes(capacity: u32, layout: u32) -> u64 {
+    STATUS_HEADER_BYTES as u64 + 4 * words_per_vip(layout) as u64 * u64::from(capacity)
 }
 
 struct Mapping {
     map: MmapRaw,
     capacity: u32,
+    /// [`STATUS_LAYOUT_IPV4`] or [`STATUS_LAYOUT_VERSION`].
+    layout: u32,
 }
 
 impl Mapping {
@@ -184,13 +212,14 @@ impl Mapping {
     }
 
     fn vips(&self) -> &[AtomicU32] {
-        // SAFETY: [STATUS_HEADER_BYTES, + 4 * capacity) lies inside the mapping (length
-        // validated against the capacity), is 4-aligned, and AtomicU32 has u32's layout;
-        // every process accesses these words only through atomics.
+        // SAFETY: [STATUS_HEADER_BYTES, + 4 * words per VIP * capacity) lies inside the
+        // mapping (length validated against capacity and layout), is 4-aligned, and
+        // AtomicU32 has u32's layout; every process accesses these words only through
+        // atomics.
         unsafe {
             std::slice::from_raw_parts(
                 self.map.as_ptr().add(STATUS_HEADER_BYTES) as *const AtomicU32,
-                self.capacity as usize,
+                self.capacity as usize * words_per_vip(self.layout),
             )
         }
     }
@@ -212,14 +241,19 @@ impl Mapping {
                 needed: STATUS_HEADER_BYTES as u64,
             });
         }
-        let m = Mapping { map, capacity: 0 };
+        let m = Mapping {
+            map,
+            capacity: 0,
+            layout: STATUS_LAYOUT_VERSION,
+        };
         let h = m.header();
         if h.magic != STATUS_MAGIC {
             return Err(StatusError::NotAStatusFile {
                 path: path.to_path_buf(),
             });
         }
-        if h.layout_version != STATUS_LAYOUT_VERSION {
+        let layout = h.layout_version;
+        if layout != STATUS_LAYOUT_VERSION && layout != STATUS_LAYOUT_IPV4 {
             return Err(StatusError::LayoutVersion {
                 path: path.to_path_buf(),
                 found: h.layout_version,
@@ -227,18 +261,22 @@ impl Mapping {
             });
         }
         let capacity = h.vip_capacity;
-        if len < file_bytes(capacity) {
+        if len < file_bytes(capacity, layout) {
             return Err(StatusError::Truncated {
                 path: path.to_path_buf(),
                 len,
-                needed: file_bytes(capacity),
+                needed: file_bytes(capacity, layout),
             });
         }
-        Ok(Mapping { capacity, ..m })
+        Ok(Mapping {
+            capacity,
+            layout,
+            ..m
+        })
     }
 
     /// Creates a new file at `path` (a temporary name, not yet visible to readers).
-    fn create(path: &Path, capacity: u32, started: u64) -> Result<Self, StatusError> {
+    fn create(path: &Path, capacity: u32, layout: u32, started: u64) -> Result<Self, StatusError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -246,7 +284,7 @@ impl Mapping {
             .truncate(true)
             .open(path)
             .map_err(io("creating", path))?;
-        file.set_len(file_bytes(capacity))
+        file.set_len(file_bytes(capacity, layout))
             .map_err(io("sizing", path))?;
         // The file is private to this writer until renamed; see `open`.
         let map = MmapOptions::new()
@@ -254,7 +292,7 @@ impl Mapping {
             .map_err(io("mapping", path))?;
         let hdr = StatusHeader {
             magic: STATUS_MAGIC,
-            layout_version: STATUS_LAYOUT_VERSION,
+            layout_version: layout,
             vip_capacity: capacity,
             seq: AtomicU64::new(0),
             state_generation: AtomicU64::new(0),
@@ -268,7 +306,11 @@ impl Mapping {
         // SAFETY: the mapping is at least STATUS_HEADER_BYTES long and page-aligned; no
         // other process has this file mapped yet.
         unsafe { std::ptr::write(map.as_mut_ptr() as *mut StatusHeader, hdr) };
-        Ok(Mapping { map, capacity })
+        Ok(Mapping {
+            map,
+            capacity,
+            layout,
+        })
     }
 }
 
@@ -343,17 +385,17 @@ impl DataplaneStatusWriter {
         })
     }
 
-    /// Writes a complete new file holding `vips`, renames it over `path`, marks the old
-    /// file superseded.
+    /// Writes a complete new file holding `vips` (sorted; in the layout they need),
+    /// renames it over `path`, marks the old file superseded.
     fn replace(
         path: &Path,
         capacity: u32,
         started: u64,
         generation: u64,
-        vips: &[u32],
+        vips: &[IpAddr],
     ) -> Result<Mapping, StatusError> {
         let tmp = crate::mapped::temporary_beside(path);
-        let new = Mapping::create(&tmp, capacity, started)?;
+        let new = Mapping::create(&tmp, capacity, layout_for(vips), started)?;
         write_vips(&new, generation, vips);
         let old = Mapping::open(path, true).ok();
         if let Err(e) = std::fs::rename(&tmp, path) {
@@ -376,25 +418,33 @@ impl DataplaneStatusWriter {
     }
 
     /// Records that the node-state table of `state_generation` is installed and these
-    /// VIPs are programmed (steered to the dataplane); also a heartbeat. Grows the file
-    /// when the VIPs do not fit. Call it after each table is installed, not per packet.
-    pub fn publish(
+    /// VIPs (IPv4 or IPv6) are programmed (steered to the dataplane); also a heartbeat.
+    /// Grows the file when the VIPs do not fit. Call it after each table is installed,
+    /// not per packet. An IPv4-mapped IPv6 VIP is refused ([`StatusError::MappedVip`]),
+    /// and nothing is published.
+    pub fn publish<V: Into<IpAddr>>(
         &mut self,
         state_generation: u64,
-        vips: impl IntoIterator<Item = Ipv4Addr>,
+        vips: impl IntoIterator<Item = V>,
     ) -> Result<(), StatusError> {
-        let mut words: Vec<u32> = vips.into_iter().map(u32::from).collect();
-        words.sort_unstable();
-        words.dedup();
-        let need = u32::try_from(words.len()).unwrap_or(u32::MAX);
-        if need > self.live.capacity {
+        let mut vips: Vec<IpAddr> = vips.into_iter().map(Into::into).collect();
+        if let Some(m) = vips.iter().find_map(|v| match v {
+            IpAddr::V6(a) if a.to_ipv4_mapped().is_some() => Some(*a),
+            _ => None,
+        }) {
+            return Err(StatusError::MappedVip(m));
+        }
+        vips.sort_unstable();
+        vips.dedup();
+        let need = u32::try_from(vips.len()).unwrap_or(u32::MAX);
+        if need > self.live.capacity || layout_for(&vips) != self.live.layout {
             let mut cap = self.live.capacity.max(1);
             while cap < need {
                 cap = cap.saturating_mul(2);
             }
-            self.live = Self::replace(&self.path, cap, self.started, state_generation, &words)?;
+            self.live = Self::replace(&self.path, cap, self.started, state_generation, &vips)?;
         } else {
-            write_vips(&self.live, state_generation, &words);
+            write_vips(&self.live, state_generation, &vips);
         }
         self.heartbeat();
         Ok(())
@@ -429,15 +479,47 @@ impl Drop for DataplaneStatusWriter {
     }
 }
 
-fn write_vips(m: &Mapping, generation: u64, vips: &[u32]) {
+/// The words of `vip` (IPv4 IPv4-mapped): [`crate::shm`]'s IPv6 word order.
+fn vip_words(vip: IpAddr) -> [u32; STATUS_VIP_WORDS] {
+    let v6 = match vip {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    };
+    crate::shm::ipv6_words(v6)
+}
+
+/// The VIP of [`vip_words`].
+fn vip_of(words: &[u32]) -> IpAddr {
+    IpAddr::V6(crate::shm::ipv6_from_words(words)).to_canonical()
+}
+
+/// The layout a file holding `vips` is written in: 1 while they are all IPv4.
+fn layout_for(vips: &[IpAddr]) -> u32 {
+    if vips.iter().any(IpAddr::is_ipv6) {
+        STATUS_LAYOUT_VERSION
+    } else {
+        STATUS_LAYOUT_IPV4
+    }
+}
+
+/// Writes `vips` (sorted, of a family `m`'s layout holds) under the seqlock.
+fn write_vips(m: &Mapping, generation: u64, vips: &[IpAddr]) {
     let h = m.header();
     let s = h.seq.load(Ordering::Relaxed);
     h.seq.store(s.wrapping_add(1) | 1, Ordering::Relaxed);
     fence(Ordering::Release);
     h.state_generation.store(generation, Ordering::Relaxed);
     h.vip_count.store(vips.len() as u32, Ordering::Relaxed);
-    for (dst, v) in m.vips().iter().zip(vips) {
-        dst.store(*v, Ordering::Relaxed);
+    let w = words_per_vip(m.layout);
+    for (dst, v) in m.vips().chunks_exact(w).zip(vips) {
+        let words = vip_words(*v);
+        let words = match v {
+            IpAddr::V4(a) if w == 1 => [u32::from(*a), 0, 0, 0],
+            _ => words,
+        };
+        for (d, x) in dst.iter().zip(words) {
+            d.store(x, Ordering::Relaxed);
+        }
     }
     h.seq.store((s | 1).wrapping_add(1), Ordering::Release);
 }
@@ -456,8 +538,8 @@ pub struct DataplaneStatus {
     pub uptime: Duration,
     /// Generation of the node-state table it has programmed (0: none yet).
     pub state_generation: u64,
-    /// The VIPs it has programmed, sorted.
-    pub vips: Vec<Ipv4Addr>,
+    /// The VIPs it has programmed, sorted (IPv4 first).
+    pub vips: Vec<IpAddr>,
     /// It stopped cleanly: nothing is forwarded.
     pub stopped: bool,
     /// Its process is gone (crashed, killed): nothing holds its liveness lock. Known
@@ -472,8 +554,8 @@ impl DataplaneStatus {
     }
 
     /// Whether `vip` is programmed.
-    pub fn has_vip(&self, vip: Ipv4Addr) -> bool {
-        self.vips.binary_search(&vip).is_ok()
+    pub fn has_vip(&self, vip: impl Into<IpAddr>) -> bool {
+        self.vips.binary_search(&vip.into()).is_ok()
     }
 }
 
@@ -522,13 +604,18 @@ impl DataplaneStatusReader {
             let generation = h.state_generation.load(Ordering::Relaxed);
             let n = h.vip_count.load(Ordering::Relaxed) as usize;
             vips.clear();
-            vips.extend(
-                self.map
-                    .vips()
-                    .iter()
-                    .take(n)
-                    .map(|w| Ipv4Addr::from(w.load(Ordering::Relaxed))),
-            );
+            let mut words = [0u32; STATUS_VIP_WORDS];
+            let wpv = words_per_vip(self.map.layout);
+            for vip in self.map.vips().chunks_exact(wpv).take(n) {
+                for (w, a) in words.iter_mut().zip(vip) {
+                    *w = a.load(Ordering::Relaxed);
+                }
+                vips.push(if wpv == 1 {
+                    IpAddr::V4(words[0].into())
+                } else {
+                    vip_of(&words)
+                });
+            }
             fence(Ordering::Acquire);
             if h.seq.load(Ordering::Relaxed) != s1 {
                 continue;
@@ -539,10 +626,10 @@ impl DataplaneStatusReader {
                     what: format!("{n} VIPs in a file for {}", self.map.capacity),
                 });
             }
-            if !vips.is_sorted() {
+            if !vips.is_sorted_by(|a, b| a < b) {
                 return Err(StatusError::Corrupt {
                     path: self.path.clone(),
-                    what: "VIPs are not sorted".into(),
+                    what: "VIPs are not sorted or repeat".into(),
                 });
             }
             let now = monotonic_ns();
@@ -565,9 +652,110 @@ impl DataplaneStatusReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
-    fn ip(n: u8) -> Ipv4Addr {
-        Ipv4Addr::new(203, 0, 113, n)
+    fn ip(n: u8) -> IpAddr {
+        IpAddr::from([203, 0, 113, n])
+    }
+
+    fn ip6(n: u16) -> IpAddr {
+        IpAddr::from(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, n))
+    }
+
+    #[test]
+    fn ipv6_vips_round_trip_beside_ipv4_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        let mut w = DataplaneStatusWriter::create(&path).unwrap();
+        let mut r = DataplaneStatusReader::open(&path).unwrap();
+        w.publish(5, [ip6(2), ip(9), ip6(1), ip(1), ip6(2)])
+            .unwrap();
+        let s = r.read().unwrap();
+        assert_eq!(s.vips, vec![ip(1), ip(9), ip6(1), ip6(2)]);
+        assert!(s.has_vip(ip6(1)) && !s.has_vip(ip6(3)));
+        assert!(s.has_vip(Ipv4Addr::new(203, 0, 113, 9)));
+        // The words on disk: an IPv4 VIP is IPv4-mapped, the last word its address.
+        let bytes = std::fs::read(&path).unwrap();
+        let word = |i: usize| {
+            let at = STATUS_HEADER_BYTES + 4 * i;
+            u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap())
+        };
+        assert_eq!(bytes[8..12], 2u32.to_le_bytes(), "layout 2");
+        assert_eq!(
+            [word(0), word(1), word(2), word(3)],
+            [0, 0, 0xffff, 0xcb00_7101]
+        );
+        assert_eq!(
+            [word(8), word(9), word(10), word(11)],
+            [0x2001_0db8, 0, 0, 1]
+        );
+    }
+
+    /// While every VIP is IPv4 the file is layout 1, word for word what a dataplane of
+    /// before issue 28 wrote, so an older speaker reads it during an upgrade; an IPv6
+    /// VIP moves it to layout 2 (a new file: the reader follows), and back.
+    #[test]
+    fn ipv4_only_sets_are_written_in_layout_1_and_an_ipv6_vip_moves_to_layout_2() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        let mut w = DataplaneStatusWriter::create(&path).unwrap();
+        let mut r = DataplaneStatusReader::open(&path).unwrap();
+        let layout_and_words = || {
+            let b = std::fs::read(&path).unwrap();
+            let word = |i: usize| {
+                let at = STATUS_HEADER_BYTES + 4 * i;
+                u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+            };
+            (
+                u32::from_le_bytes(b[8..12].try_into().unwrap()),
+                [word(0), word(1)],
+            )
+        };
+        w.publish(1, [ip(2), ip(1)]).unwrap();
+        assert_eq!(layout_and_words(), (1, [0xcb00_7101, 0xcb00_7102]));
+        assert_eq!(r.read().unwrap().vips, vec![ip(1), ip(2)]);
+        w.publish(2, [ip(1), ip6(7)]).unwrap();
+        assert_eq!(layout_and_words(), (2, [0, 0]));
+        let s = r.read().unwrap();
+        assert_eq!((s.state_generation, s.vips), (2, vec![ip(1), ip6(7)]));
+        w.publish(3, [ip(3)]).unwrap();
+        assert_eq!(layout_and_words(), (1, [0xcb00_7103, 0]));
+        let s = r.read().unwrap();
+        assert_eq!((s.state_generation, s.vips), (3, vec![ip(3)]));
+    }
+
+    #[test]
+    fn an_ipv4_mapped_vip_is_refused_and_nothing_is_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        let mut w = DataplaneStatusWriter::create(&path).unwrap();
+        w.publish(1, [ip(1)]).unwrap();
+        let mapped: Ipv6Addr = "::ffff:203.0.113.2".parse().unwrap();
+        let e = w.publish(2, [ip(3), IpAddr::V6(mapped)]).unwrap_err();
+        assert!(matches!(e, StatusError::MappedVip(m) if m == mapped), "{e}");
+        assert!(e.to_string().contains("IPv4-mapped"), "{e}");
+        let s = DataplaneStatusReader::open(&path).unwrap().read().unwrap();
+        assert_eq!((s.state_generation, s.vips), (1, vec![ip(1)]));
+    }
+
+    #[test]
+    fn unsorted_or_repeated_vips_in_the_file_are_refused_as_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.dataplane");
+        let mut w = DataplaneStatusWriter::create(&path).unwrap();
+        w.publish(1, [ip(1), ip(2)]).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        // The second VIP (layout 1: word 1) := the first: a repeat.
+        let at = STATUS_HEADER_BYTES + 4;
+        bytes[at..at + 4].copy_from_slice(&0xcb00_7101u32.to_le_bytes());
+        let bad = dir.path().join("bad.dataplane");
+        std::fs::write(&bad, &bytes).unwrap();
+        let e = DataplaneStatusReader::open(&bad)
+            .unwrap()
+            .read()
+            .unwrap_err();
+        assert!(matches!(e, StatusError::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains("not sorted or repeat"), "{e}");
     }
 
     #[test]
@@ -686,8 +874,8 @@ mod tests {
         let path = dir.path().join("n.dataplane");
         let mut w = DataplaneStatusWriter::create(&path).unwrap();
         let mut r = DataplaneStatusReader::open(&path).unwrap();
-        let many: Vec<Ipv4Addr> = (0..3000u32)
-            .map(|i| Ipv4Addr::from(0x0a00_0000 + i))
+        let many: Vec<IpAddr> = (0..3000u32)
+            .map(|i| IpAddr::from(Ipv4Addr::from(0x0a00_0000 + i)))
             .collect();
         w.publish(9, many.clone()).unwrap();
         let s = r.read().unwrap();
@@ -712,13 +900,22 @@ mod tests {
                 e,
                 StatusError::LayoutVersion {
                     found: 99,
-                    expected: 1,
+                    expected: 2,
                     ..
                 }
             ),
             "{e}"
         );
         assert!(e.to_string().contains("juneau-bgp"), "{e}");
+        // A layout newer than this reader's is refused the same way, not misread.
+        bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let e = DataplaneStatusReader::open(&path).err().unwrap();
+        assert!(
+            matches!(e, StatusError::LayoutVersion { found: 3, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("reads versions 1 to 2"), "{e}");
 
         std::fs::write(&path, b"JUNEAUNS").unwrap();
         let e = DataplaneStatusReader::open(&path).err().unwrap();
@@ -750,8 +947,8 @@ mod tests {
                         Err(e) => panic!("{e}"),
                     };
                     // Generation g publishes exactly the VIPs 1..=g%50.
-                    let want: Vec<Ipv4Addr> = (1..=(s.state_generation % 50) as u32)
-                        .map(Ipv4Addr::from)
+                    let want: Vec<IpAddr> = (1..=(s.state_generation % 50) as u32)
+                        .map(|a| IpAddr::from(Ipv4Addr::from(a)))
                         .collect();
                     assert_eq!(s.vips, want, "torn at generation {}", s.state_generation);
                     seen += 1;

@@ -5,7 +5,7 @@
 //! need to know, as published by that node's agent.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -290,11 +290,12 @@ impl NodeService {
     }
 }
 
-/// A VIP this node must announce as a /32, with the path attributes to announce it with.
+/// A VIP this node must announce as a /32 (IPv4) or a /128 (IPv6), with the path
+/// attributes to announce it with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdvertisedVip {
-    /// The VIP.
-    pub vip: Vip,
+    /// The VIP, IPv4 or IPv6 (frontends, [`Frontend::vip`], are IPv4 only so far).
+    pub vip: IpAddr,
     /// Standard communities (RFC 1997), as `asn << 16 | value`.
     pub communities: Vec<u32>,
     /// Large communities (RFC 8092).
@@ -314,16 +315,17 @@ pub struct AdvertisedVip {
 pub struct PeerConfig {
     /// Operator-facing name (the BGPPeer object's name).
     pub name: String,
-    /// The router's address.
-    pub peer_address: Ipv4Addr,
+    /// The router's address, IPv4 or IPv6 (the session runs over that family).
+    pub peer_address: IpAddr,
     /// The router's AS number.
     pub peer_asn: u32,
     /// This node's AS number.
     pub local_asn: u32,
     /// TCP port of the peer (179 unless told otherwise).
     pub peer_port: u16,
-    /// Local address to bind to; also the next hop announced. `None`: chosen by the kernel.
-    pub source_address: Option<Ipv4Addr>,
+    /// Local address to bind to, of the peer address's family; also the next hop
+    /// announced for routes of that family. `None`: chosen by the kernel.
+    pub source_address: Option<IpAddr>,
     /// Proposed hold time in seconds (0 or >= 3).
     pub hold_time: u16,
     /// Keepalive interval in seconds (0: hold_time / 3).
@@ -426,13 +428,13 @@ impl PeerConfig {
     /// A peer with the usual defaults (port 179, hold 90 s, keepalive 30 s, retry 5 s).
     pub fn new(
         name: impl Into<String>,
-        peer_address: Ipv4Addr,
+        peer_address: impl Into<IpAddr>,
         peer_asn: u32,
         local_asn: u32,
     ) -> Self {
         PeerConfig {
             name: name.into(),
-            peer_address,
+            peer_address: peer_address.into(),
             peer_asn,
             local_asn,
             peer_port: 179,

@@ -18,7 +18,8 @@
 //! ([`REDIRECT_VIP_WORDS`]) with their peer nodes' addresses (one word each), (layout 6)
 //! a fixed section of [`MAX_REDIRECT_KEYS`] redirect MAC key records
 //! ([`REDIRECT_KEY_WORDS`]), and (layout 8) the frontends' source ranges
-//! ([`SOURCE_RANGE_WORDS`] each). Everything is stored as
+//! ([`SOURCE_RANGE_WORDS`] each). Since layout 9 an advertised VIP and a peer's
+//! addresses may be IPv6 (a family flag and four words per address). Everything is stored as
 //! offsets and counts, never pointers; all shared accesses are atomic loads and stores,
 //! so there is no data race even in the language model's sense.
 //!
@@ -40,7 +41,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -88,7 +89,14 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
 ///   [`SOURCE_RANGE_WORDS`] records (network, prefix length) follows the redirect keys,
 ///   and the capacity gains `source_ranges` (in the file header's former padding word:
 ///   the header stays 104 bytes).
-pub const LAYOUT_VERSION: u32 = 8;
+/// - 9: IPv6 advertised VIPs and peers (issue 28) — [`VIP_WORDS`] 32 -> 36: word 7 holds
+///   the flags ([`VIP_IPV6`]: the VIP is the IPv6 address in words 32-35, word 0 is 0);
+///   [`PEER_EXTRA_WORDS`] 16 -> 24: settings word 11 holds [`PEER_IPV6`] and
+///   [`PEER_SOURCE_IPV6`], extra words 16-19 the IPv6 peer address and 20-23 the IPv6
+///   source address (the IPv4 words 0 and 4 are then 0). An IPv6 address is stored as
+///   four words, each the big-endian value of 4 of its bytes, first bytes first.
+///   Frontends, backends and redirects stay IPv4.
+pub const LAYOUT_VERSION: u32 = 9;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: usize = 4096;
 /// Words per service record: vip, protocol | flags | port << 16, first backend, Ready backend
@@ -117,8 +125,18 @@ pub const BACKEND_TERMINATING: u32 = 1 << 16;
 pub const MAX_COMMUNITIES: usize = 8;
 /// Large communities per advertised VIP.
 pub const MAX_LARGE_COMMUNITIES: usize = 4;
-/// Words per advertised-VIP record.
-pub const VIP_WORDS: usize = 32;
+/// Words per advertised-VIP record: the IPv4 VIP, LOCAL_PREF and whether set, the peer
+/// mask (2), the community counts (2), flags, 8 communities, 4 large communities (3
+/// each), weight and whether set, 2 spare, and (layout 9) the IPv6 VIP (4).
+pub const VIP_WORDS: usize = 36;
+/// Flag in an advertised-VIP record's word 7 (layout 9): the VIP is IPv6 (words 32-35).
+pub const VIP_IPV6: u32 = 1;
+/// Flag in a peer record's settings word 11 (layout 9): the peer address is IPv6 (extra
+/// words 16-19).
+pub const PEER_IPV6: u32 = 1;
+/// Flag in a peer record's settings word 11 (layout 9): the source address is IPv6
+/// (extra words 20-23).
+pub const PEER_SOURCE_IPV6: u32 = 2;
 /// Bytes of a name (node or peer) stored in a slot: Kubernetes names are at most 253.
 pub const NAME_BYTES: usize = 256;
 /// Bytes of a TCP-MD5 key (the kernel's `TCP_MD5SIG_MAXKEYLEN`).
@@ -128,8 +146,9 @@ pub const MD5_BYTES: usize = 80;
 pub const PEER_WORDS: usize = NAME_BYTES / 4 + 12 + MD5_BYTES / 4 + PEER_EXTRA_WORDS;
 /// Words of a peer record after the TCP-MD5 key: BFD min rx, min tx, multiplier; drain
 /// prepend, LOCAL_PREF, wait; BFD authentication type, key id and key length; spare;
-/// the BFD key (5 words); spare (layout 7).
-pub const PEER_EXTRA_WORDS: usize = 16;
+/// the BFD key (5 words); spare (layout 7); the IPv6 peer address (4), the IPv6 source
+/// address (4) (layout 9).
+pub const PEER_EXTRA_WORDS: usize = 24;
 /// Peers addressable by an advertised VIP's peer mask.
 pub const MAX_PEERS: u32 = 64;
 /// Words per redirect VIP record: vip, first node address, count.
@@ -305,7 +324,7 @@ const _: () = assert!(std::mem::size_of::<Capacity>() == 32);
 const _: () = assert!(std::mem::size_of::<FileHeader>() == 104);
 const _: () = assert!(std::mem::align_of::<FileHeader>() == 8);
 const _: () = assert!(std::mem::size_of::<FileHeader>() <= HEADER_BYTES);
-const _: () = assert!(PEER_WORDS == 112);
+const _: () = assert!(PEER_WORDS == 120);
 
 /// Everything that can go wrong with a node-state file.
 #[derive(Debug, thiserror::Error)]
@@ -552,6 +571,37 @@ fn ip_word(ip: Ipv4Addr) -> u32 {
     u32::from(ip)
 }
 
+/// An IPv6 address as four slot words (layout 9): each the big-endian value of 4 of its
+/// bytes, first bytes first.
+pub(crate) fn ipv6_words(ip: Ipv6Addr) -> [u32; 4] {
+    let b = u128::from(ip);
+    [
+        (b >> 96) as u32,
+        (b >> 64) as u32,
+        (b >> 32) as u32,
+        b as u32,
+    ]
+}
+
+/// The IPv6 address of four slot words ([`ipv6_words`]).
+pub(crate) fn ipv6_from_words(w: &[u32]) -> Ipv6Addr {
+    Ipv6Addr::from(w[..4].iter().fold(0u128, |a, x| (a << 32) | u128::from(*x)))
+}
+
+/// Why `ip` cannot be a VIP or a peer address in the file, if it cannot: an IPv6 address
+/// that is unspecified, multicast or IPv4-mapped (it would read back as another family).
+fn bad_ipv6(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(_) => None,
+        IpAddr::V6(a) if a.is_unspecified() => Some("the unspecified address"),
+        IpAddr::V6(a) if a.is_multicast() => Some("a multicast address"),
+        IpAddr::V6(a) if a.to_ipv4_mapped().is_some() => {
+            Some("IPv4-mapped (write the IPv4 address)")
+        }
+        IpAddr::V6(_) => None,
+    }
+}
+
 /// Counts what a state needs, validating what cannot grow.
 fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmError> {
     let backends: usize = state
@@ -668,6 +718,12 @@ fn validate(state: &NodeState, tables: &[Arc<[u32]>], mw: usize) -> Result<(), S
         }
     }
     for a in &state.advertised {
+        if let Some(why) = bad_ipv6(a.vip) {
+            return Err(ShmError::Unrepresentable(format!(
+                "advertised VIP {} is {why}",
+                a.vip
+            )));
+        }
         if a.communities.len() > MAX_COMMUNITIES
             || a.large_communities.len() > MAX_LARGE_COMMUNITIES
         {
@@ -692,6 +748,26 @@ fn validate(state: &NodeState, tables: &[Arc<[u32]>], mw: usize) -> Result<(), S
     }
     for p in &state.peers {
         name_ok(&p.name, "peer")?;
+        if let Some(why) = bad_ipv6(p.peer_address) {
+            return Err(ShmError::Unrepresentable(format!(
+                "peer {}: address {} is {why}",
+                p.name, p.peer_address
+            )));
+        }
+        if matches!(p.peer_address, IpAddr::V6(a) if a.is_unicast_link_local()) {
+            return Err(ShmError::Unrepresentable(format!(
+                "peer {}: link-local address {} needs an interface, which the file does not carry; use a global address",
+                p.name, p.peer_address
+            )));
+        }
+        if let Some(src) = p.source_address {
+            if src.is_ipv6() != p.peer_address.is_ipv6() || bad_ipv6(src).is_some() {
+                return Err(ShmError::Unrepresentable(format!(
+                    "peer {}: source address {src} is not a usable address of the family of its peer address {}",
+                    p.name, p.peer_address
+                )));
+            }
+        }
         let md5 = p.md5_password.as_ref().map_or(0, |s| s.len());
         if md5 > MD5_BYTES {
             return Err(ShmError::Unrepresentable(format!(
@@ -988,7 +1064,13 @@ fn vip_record(a: &AdvertisedVip) -> [u32; VIP_WORDS] {
         mask |= 1 << p;
     }
     let mut rec = [0u32; VIP_WORDS];
-    rec[0] = ip_word(a.vip);
+    match a.vip {
+        IpAddr::V4(v4) => rec[0] = ip_word(v4),
+        IpAddr::V6(v6) => {
+            rec[7] = VIP_IPV6;
+            rec[32..36].copy_from_slice(&ipv6_words(v6));
+        }
+    }
     rec[1] = a.local_pref.unwrap_or(0);
     rec[2] = u32::from(a.local_pref.is_some());
     rec[3] = mask as u32;
@@ -1010,11 +1092,25 @@ fn peer_record(p: &PeerConfig) -> Result<[u32; PEER_WORDS], ShmError> {
     let mut rec = [0u32; PEER_WORDS];
     put_name(&mut rec[..NAME_BYTES / 4], &p.name, "peer")?;
     let f = &mut rec[NAME_BYTES / 4..];
-    f[0] = ip_word(p.peer_address);
+    let mut v6 = [[0u32; 4]; 2];
+    match p.peer_address {
+        IpAddr::V4(a) => f[0] = ip_word(a),
+        IpAddr::V6(a) => {
+            f[11] |= PEER_IPV6;
+            v6[0] = ipv6_words(a);
+        }
+    }
     f[1] = p.peer_asn;
     f[2] = p.local_asn;
     f[3] = u32::from(p.peer_port) | (u32::from(p.passive) << 16);
-    f[4] = p.source_address.map(ip_word).unwrap_or(0);
+    match p.source_address {
+        None => {}
+        Some(IpAddr::V4(a)) => f[4] = ip_word(a),
+        Some(IpAddr::V6(a)) => {
+            f[11] |= PEER_SOURCE_IPV6;
+            v6[1] = ipv6_words(a);
+        }
+    }
     f[5] = u32::from(p.source_address.is_some());
     f[6] = u32::from(p.hold_time) | (u32::from(p.keepalive_time) << 16);
     f[7] = u32::from(p.connect_retry_time)
@@ -1049,6 +1145,8 @@ fn peer_record(p: &PeerConfig) -> Result<[u32; PEER_WORDS], ShmError> {
         x[6] = kind | (u32::from(a.key_id) << 8) | ((key.len() as u32) << 16);
         put_bytes(&mut x[8..8 + BFD_KEY_MAX_BYTES / 4], key);
     }
+    x[16..20].copy_from_slice(&v6[0]);
+    x[20..24].copy_from_slice(&v6[1]);
     Ok(rec)
 }
 
@@ -1880,8 +1978,13 @@ fn decode_vip(w: &[u32], sec: &Sections, i: usize) -> Result<AdvertisedVip, Stri
     if nc > MAX_COMMUNITIES || nl > MAX_LARGE_COMMUNITIES {
         return Err(format!("VIP record {i} has too many communities"));
     }
+    let vip = decode_address(rec[7], VIP_IPV6, rec[0], &rec[32..36])
+        .map_err(|e| format!("VIP record {i}: {e}"))?;
+    if rec[7] & !VIP_IPV6 != 0 {
+        return Err(format!("VIP record {i} has unknown flags {:#x}", rec[7]));
+    }
     Ok(AdvertisedVip {
-        vip: Ipv4Addr::from(rec[0]),
+        vip,
         local_pref: (rec[2] != 0).then_some(rec[1]),
         communities: rec[8..8 + nc].to_vec(),
         large_communities: (0..nl)
@@ -1892,6 +1995,26 @@ fn decode_vip(w: &[u32], sec: &Sections, i: usize) -> Result<AdvertisedVip, Stri
     })
 }
 
+/// An address stored as an IPv4 word `v4` and four IPv6 words `v6`, IPv6 when `flags`
+/// has `bit`: the words of the other family must be zero, an IPv6 one usable
+/// ([`bad_ipv6`]).
+fn decode_address(flags: u32, bit: u32, v4: u32, v6: &[u32]) -> Result<IpAddr, String> {
+    if flags & bit == 0 {
+        if v6.iter().any(|w| *w != 0) {
+            return Err("IPv4, with IPv6 address words set".into());
+        }
+        return Ok(IpAddr::V4(Ipv4Addr::from(v4)));
+    }
+    if v4 != 0 {
+        return Err("IPv6, with an IPv4 address word set".into());
+    }
+    let ip = IpAddr::V6(ipv6_from_words(v6));
+    match bad_ipv6(ip) {
+        Some(why) => Err(format!("IPv6 address {ip} is {why}")),
+        None => Ok(ip),
+    }
+}
+
 /// Peer record `i`.
 fn decode_peer(w: &[u32], sec: &Sections, i: usize) -> Result<PeerConfig, String> {
     let rec = &w[sec.peers + i * PEER_WORDS..][..PEER_WORDS];
@@ -1900,14 +2023,31 @@ fn decode_peer(w: &[u32], sec: &Sections, i: usize) -> Result<PeerConfig, String
     let md5_len = (f[9] as usize).min(MD5_BYTES);
     let md5 = get_bytes(&f[12..12 + MD5_BYTES / 4], md5_len);
     let x = &f[12 + MD5_BYTES / 4..];
+    if f[11] & !(PEER_IPV6 | PEER_SOURCE_IPV6) != 0 {
+        return Err(format!("peer record {i} has unknown flags {:#x}", f[11]));
+    }
+    let peer_address = decode_address(f[11], PEER_IPV6, f[0], &x[16..20])
+        .map_err(|e| format!("peer record {i} address: {e}"))?;
+    let source_address = if f[5] != 0 {
+        Some(
+            decode_address(f[11], PEER_SOURCE_IPV6, f[4], &x[20..24])
+                .map_err(|e| format!("peer record {i} source address: {e}"))?,
+        )
+    } else if f[11] & PEER_SOURCE_IPV6 != 0 || f[4] != 0 || x[20..24].iter().any(|w| *w != 0) {
+        return Err(format!(
+            "peer record {i} has source address words but no source address"
+        ));
+    } else {
+        None
+    };
     Ok(PeerConfig {
         name,
-        peer_address: Ipv4Addr::from(f[0]),
+        peer_address,
         peer_asn: f[1],
         local_asn: f[2],
         peer_port: f[3] as u16,
         passive: (f[3] >> 16) & 1 == 1,
-        source_address: (f[5] != 0).then(|| Ipv4Addr::from(f[4])),
+        source_address,
         hold_time: f[6] as u16,
         keepalive_time: (f[6] >> 16) as u16,
         connect_retry_time: f[7] as u16,

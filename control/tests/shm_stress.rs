@@ -81,7 +81,7 @@ fn base_table(seed: u32) -> NodeState {
         .collect();
     let advertised = (0..(seed % 4) as usize)
         .map(|i| AdvertisedVip {
-            vip: Ipv4Addr::new(203, 0, 113, i as u8),
+            vip: Ipv4Addr::new(203, 0, 113, i as u8).into(),
             communities: vec![seed; i],
             large_communities: vec![[seed, i as u32, 7]; i.min(2)],
             local_pref: (i % 2 == 0).then_some(seed),

@@ -81,7 +81,7 @@ fn state(peers: usize, vips: usize) -> NodeState {
         .collect();
     let advertised = (0..vips)
         .map(|i| AdvertisedVip {
-            vip: Ipv4Addr::new(203, 0, 113, i as u8),
+            vip: Ipv4Addr::new(203, 0, 113, i as u8).into(),
             communities: vec![],
             large_communities: vec![],
             local_pref: None,

@@ -745,7 +745,8 @@ mod tests {
         let mut w = DataplaneStatusWriter::create(&path).unwrap();
         w.heartbeat();
         assert!(ex.ready().unwrap_err().contains("no node state programmed"));
-        w.publish(4, ["203.0.113.10".parse().unwrap()]).unwrap();
+        w.publish(4, ["203.0.113.10".parse::<std::net::Ipv4Addr>().unwrap()])
+            .unwrap();
         w.heartbeat();
         assert_eq!(ex.ready(), Ok(()));
         assert_eq!(ex.live(), Ok(()));

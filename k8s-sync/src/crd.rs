@@ -85,6 +85,26 @@ fn opt_ipv4_schema(g: &mut SchemaGenerator) -> Schema {
     ipv4_schema(g)
 }
 
+/// CEL: an IPv4 address, or a global (or unique-local) IPv6 one — not link-local (a
+/// session to it needs an interface), loopback, multicast or unspecified; `isIP`
+/// already refuses IPv4-mapped IPv6 addresses and zones.
+const PEER_IP_RULE: &str = "isIP(self) && (ip(self).family() == 4 || ip(self).isGlobalUnicast())";
+
+/// A BGP session's address (issue 28: IPv4 or IPv6). 45: the longest IPv6 text form.
+fn peer_ip_schema(_: &mut SchemaGenerator) -> Schema {
+    string_schema(serde_json::json!({
+        "maxLength": 45,
+        "x-kubernetes-validations": [{
+            "rule": PEER_IP_RULE,
+            "message": "must be an IPv4 address or a global (or unique-local) IPv6 address"
+        }]
+    }))
+}
+
+fn opt_peer_ip_schema(g: &mut SchemaGenerator) -> Schema {
+    peer_ip_schema(g)
+}
+
 fn pool_names_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "array",
@@ -355,12 +375,14 @@ pub struct GracefulRestart {
     printcolumn = r#"{"name":"Peer ASN","type":"integer","jsonPath":".spec.peerASN"}"#,
     printcolumn = r#"{"name":"Local ASN","type":"integer","jsonPath":".spec.localASN"}"#,
     validation = kube::core::Rule::new("!has(self.spec.keepaliveTimeSeconds) || !has(self.spec.holdTimeSeconds) || self.spec.holdTimeSeconds == 0 || self.spec.keepaliveTimeSeconds < self.spec.holdTimeSeconds").message("keepaliveTimeSeconds must be below holdTimeSeconds"),
-    validation = kube::core::Rule::new("!has(self.spec.holdTimeSeconds) || self.spec.holdTimeSeconds == 0 || self.spec.holdTimeSeconds >= 3").message("holdTimeSeconds must be 0 (no keepalives) or at least 3 (RFC 4271)")
+    validation = kube::core::Rule::new("!has(self.spec.holdTimeSeconds) || self.spec.holdTimeSeconds == 0 || self.spec.holdTimeSeconds >= 3").message("holdTimeSeconds must be 0 (no keepalives) or at least 3 (RFC 4271)"),
+    validation = kube::core::Rule::new("!has(self.spec.sourceAddress) || !isIP(self.spec.sourceAddress) || !isIP(self.spec.peerAddress) || ip(self.spec.sourceAddress).family() == ip(self.spec.peerAddress).family()").message("sourceAddress must be of the family of peerAddress (both IPv4 or both IPv6)")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct BGPPeerSpec {
-    /// The router's IPv4 address.
-    #[schemars(schema_with = "ipv4_schema")]
+    /// The router's address, IPv4 or IPv6 (global or unique-local): the session runs
+    /// over that family.
+    #[schemars(schema_with = "peer_ip_schema")]
     pub peer_address: String,
     /// The router's AS number.
     #[serde(rename = "peerASN")]
@@ -374,9 +396,10 @@ pub struct BGPPeerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub peer_port: Option<u16>,
-    /// Local source address of the session (default: chosen by the kernel).
+    /// Local source address of the session, of the peer address's family (default:
+    /// chosen by the kernel).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "opt_ipv4_schema")]
+    #[schemars(schema_with = "opt_peer_ip_schema")]
     pub source_address: Option<String>,
     /// Nodes that open this session (default: every node).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -818,6 +841,11 @@ mod tests {
         let yaml = crds_yaml().unwrap();
         assert!(yaml.contains("isCIDR(self)"));
         assert!(yaml.contains("format: ipv4"));
+        assert!(
+            yaml.contains(PEER_IP_RULE),
+            "BGPPeer addresses: IPv4 or IPv6"
+        );
+        assert!(yaml.contains("sourceAddress must be of the family of peerAddress"));
         assert!(yaml.contains("- Pending") || yaml.contains("Pending"));
         assert!(yaml.contains("subresources"));
     }

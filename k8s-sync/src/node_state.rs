@@ -3,7 +3,7 @@
 //! announces with their BGP attributes, and its BGP peers).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use juneau_control::shm::MAX_REDIRECT_NODES_PER_VIP;
@@ -562,7 +562,7 @@ fn advertised_vip(
         return None;
     }
     Some(AdvertisedVip {
-        vip,
+        vip: vip.into(),
         communities: communities.into_iter().collect(),
         large_communities: large.into_iter().collect(),
         local_pref,
@@ -765,6 +765,25 @@ fn node_peers(
     peers
 }
 
+/// Why `a` cannot be a BGP peer's (or source) address in the node state, if it cannot:
+/// the IPv6 addresses `juneau_control::shm` refuses (one such peer would keep the whole
+/// state from being published), and link-local ones, which need an interface the state
+/// does not carry.
+fn unusable_peer_address(a: IpAddr) -> Option<&'static str> {
+    match a {
+        IpAddr::V4(_) => None,
+        IpAddr::V6(v6) if v6.is_unspecified() => Some("the unspecified address"),
+        IpAddr::V6(v6) if v6.is_multicast() => Some("a multicast address"),
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => {
+            Some("IPv4-mapped (write the IPv4 address)")
+        }
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => {
+            Some("link-local (not supported: use a global or unique-local address)")
+        }
+        IpAddr::V6(_) => None,
+    }
+}
+
 /// The session configuration of the BGPPeer `p` (draining when one of its maintenance
 /// triggers is among the node's `active` ones), or `None` with a warning when it cannot
 /// be configured.
@@ -775,12 +794,21 @@ fn peer_config(
     warnings: &mut Vec<String>,
 ) -> Option<PeerConfig> {
     let name = p.metadata.name.clone().unwrap_or_default();
-    let Ok(addr) = p.spec.peer_address.parse::<Ipv4Addr>() else {
-        warnings.push(format!(
-            "BGPPeer {name}: peerAddress {:?} is not IPv4; skipped",
-            p.spec.peer_address
-        ));
-        return None;
+    let addr = match p.spec.peer_address.parse::<IpAddr>() {
+        Err(_) => {
+            warnings.push(format!(
+                "BGPPeer {name}: peerAddress {:?} is not an IPv4 or IPv6 address; skipped",
+                p.spec.peer_address
+            ));
+            return None;
+        }
+        Ok(a) => match unusable_peer_address(a) {
+            Some(why) => {
+                warnings.push(format!("BGPPeer {name}: peerAddress {a} is {why}; skipped"));
+                return None;
+            }
+            None => a,
+        },
     };
     let mut cfg = PeerConfig::new(name.clone(), addr, p.spec.peer_asn, p.spec.local_asn);
     if let Some(port) = p.spec.peer_port {
@@ -790,7 +818,15 @@ fn peer_config(
         .spec
         .source_address
         .as_deref()
-        .and_then(|s| s.parse().ok());
+        .and_then(|s| s.parse::<IpAddr>().ok());
+    if let Some(src) = cfg.source_address {
+        if src.is_ipv6() != addr.is_ipv6() || unusable_peer_address(src).is_some() {
+            warnings.push(format!(
+                "BGPPeer {name}: sourceAddress {src} is not a usable address of the family of peerAddress {addr}; skipped"
+            ));
+            return None;
+        }
+    }
     if let Some(h) = p.spec.hold_time_seconds {
         cfg.hold_time = h;
         cfg.keepalive_time = h / 3;
@@ -873,7 +909,7 @@ struct MergedParts {
     services: Vec<NodeService>,
     /// The frontends of `services`.
     frontends: std::collections::HashSet<Frontend>,
-    advertised: BTreeMap<Ipv4Addr, AdvertisedVip>,
+    advertised: BTreeMap<IpAddr, AdvertisedVip>,
     /// Per VIP served here: the nodes with a serving endpoint (Ready, or serving while
     /// terminating: the drain case), asked about connections this node does not hold,
     /// each with its Ready endpoints of the VIP (summed over the Services sharing it).
@@ -911,7 +947,7 @@ impl MergedParts {
     /// that has one, as under the Cluster policy (TCP connections and UDP flows).
     fn hand_off_shared_frontends(&mut self) {
         for s in &mut self.services {
-            if s.backends.is_empty() && self.advertised.contains_key(&s.frontend.vip) {
+            if s.backends.is_empty() && self.advertised.contains_key(&IpAddr::V4(s.frontend.vip)) {
                 s.hand_off = true;
             }
         }
@@ -1233,6 +1269,72 @@ mod tests {
             );
         }
         v
+    }
+
+    fn with_peer_address(peer: &str, source: Option<&str>) -> AgentView {
+        let mut v = view();
+        let spec = &mut Arc::make_mut(&mut v.peers[0]).spec;
+        spec.peer_address = peer.into();
+        spec.source_address = source.map(Into::into);
+        v
+    }
+
+    /// An IPv6 BGPPeer (issue 28) reaches the node state with its IPv6 source address,
+    /// and the VIPs go to it as to an IPv4 one.
+    #[test]
+    fn an_ipv6_peer_reaches_the_state_with_its_source_address() {
+        let (good, _) = build_node_state("node-a", &view());
+        let (s, w) = build_node_state(
+            "node-a",
+            &with_peer_address("2001:db8::1", Some("2001:db8::11")),
+        );
+        assert!(w.is_empty(), "{w:?}");
+        let p = &s.peers[0];
+        assert_eq!(p.peer_address, "2001:db8::1".parse::<IpAddr>().unwrap());
+        assert_eq!(p.source_address, Some("2001:db8::11".parse().unwrap()));
+        assert_eq!(s.advertised, good.advertised);
+        // And it can be published.
+        let dir = tempfile::tempdir().unwrap();
+        let mut wr = juneau_control::shm::NodeStateWriter::create(
+            dir.path().join("s"),
+            juneau_control::shm::Capacity::default(),
+        )
+        .unwrap();
+        wr.publish(&s).unwrap();
+    }
+
+    /// Bad input: a peer whose address the state cannot carry, or whose source is of the
+    /// other family, is skipped with a warning naming it; the rest of the state stays.
+    #[test]
+    fn an_unusable_peer_address_is_a_warning_and_costs_only_that_peer() {
+        let (good, _) = build_node_state("node-a", &view());
+        for (peer, source, says) in [
+            ("fe80::1", None, "peerAddress fe80::1 is link-local"),
+            ("::ffff:192.0.2.1", None, "is IPv4-mapped"),
+            ("ff02::5", None, "is a multicast address"),
+            (
+                "2001:db8::1",
+                Some("192.0.2.11"),
+                "sourceAddress 192.0.2.11 is not",
+            ),
+            (
+                "192.0.2.1",
+                Some("2001:db8::11"),
+                "sourceAddress 2001:db8::11 is not",
+            ),
+            (
+                "tor.example",
+                None,
+                "\"tor.example\" is not an IPv4 or IPv6 address",
+            ),
+        ] {
+            let (s, w) = build_node_state("node-a", &with_peer_address(peer, source));
+            assert_eq!(w.len(), 1, "{w:?}");
+            assert!(w[0].starts_with("BGPPeer tor: "), "{}", w[0]);
+            assert!(w[0].contains(says), "{} lacks {says}", w[0]);
+            assert!(s.peers.is_empty(), "{:?}", s.peers);
+            assert_eq!(s.services, good.services);
+        }
     }
 
     #[test]

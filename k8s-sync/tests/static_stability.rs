@@ -194,7 +194,12 @@ fn agent_and_apiserver_outages_withdraw_nothing_and_traffic_keeps_flowing() -> R
         Ok(NodeStateReader::open(&state)?
             .snapshot()
             .ok()
-            .and_then(|s| s.state.advertised.first().map(|a| a.vip)))
+            .and_then(|s| {
+                s.state.advertised.iter().find_map(|a| match a.vip {
+                    std::net::IpAddr::V4(v4) => Some(v4),
+                    std::net::IpAddr::V6(_) => None,
+                })
+            }))
     })?;
     eventually("BIRD to have the VIP via node-a", || {
         ensure!(

@@ -370,7 +370,15 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
             return Ok(None);
         }
         let mut r = NodeStateReader::open(&state)?;
-        Ok(r.snapshot()?.state.advertised.first().map(|a| a.vip))
+        // The bed's Service is IPv4 (BIRD's channel here is IPv4).
+        Ok(r.snapshot()?
+            .state
+            .advertised
+            .iter()
+            .find_map(|a| match a.vip {
+                std::net::IpAddr::V4(v4) => Some(v4),
+                std::net::IpAddr::V6(_) => None,
+            }))
     })?;
     let mut birdc = bed.bird.control()?;
     eventually("BIRD to have the VIP's /32 from juneau-bgp", || {

@@ -209,6 +209,42 @@ pub fn route_next_hops(ns: &str, prefix: std::net::Ipv4Addr) -> Result<Vec<std::
     Ok(v)
 }
 
+/// The next hops (`via`) of the kernel route to `prefix`/128 in namespace `ns`, sorted
+/// (an ECMP route lists several): a global or a link-local address of the neighbour.
+pub fn route6_next_hops(ns: &str, prefix: std::net::Ipv6Addr) -> Result<Vec<std::net::Ipv6Addr>> {
+    let out = run(
+        "ip",
+        &["-n", ns, "-6", "route", "show", &format!("{prefix}/128")],
+    )?;
+    let mut v: Vec<std::net::Ipv6Addr> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "via")
+        .filter_map(|w| w[1].parse().ok())
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// The IPv6 addresses of `ifname` in namespace `ns` with scope `scope` (`global`,
+/// `link`).
+pub fn ipv6_addresses(ns: &str, ifname: &str, scope: &str) -> Result<Vec<std::net::Ipv6Addr>> {
+    let out = run(
+        "ip",
+        &[
+            "-n", ns, "-6", "-o", "addr", "show", "dev", ifname, "scope", scope,
+        ],
+    )?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "inet6")
+        .filter_map(|w| w[1].split('/').next()?.parse().ok())
+        .collect())
+}
+
 /// Connects `a` and `b` with a veth pair named `a_if` (in `a`) and `b_if` (in `b`),
 /// both up.
 pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) -> Result<()> {

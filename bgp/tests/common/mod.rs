@@ -7,7 +7,9 @@
 
 #![allow(dead_code)]
 
-use std::net::Ipv4Addr;
+pub mod dataplane;
+
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -138,6 +140,9 @@ pub struct Speaker {
     pub extra_args: Vec<String>,
     /// Dataplane-gate arguments for the next `spawn`; empty: `--no-dataplane-gate`.
     pub gate_args: Vec<String>,
+    /// `--listen` of the next `spawn` (default `0.0.0.0:179`; `[::]:179` also takes
+    /// IPv6 sessions).
+    pub listen: String,
 }
 
 impl Speaker {
@@ -198,6 +203,7 @@ impl Speaker {
             restarts: 0,
             extra_args: vec![],
             gate_args: Vec::new(),
+            listen: "0.0.0.0:179".into(),
         })
     }
 
@@ -242,7 +248,7 @@ impl Speaker {
                 "--status-file",
                 self.status_path.to_str().unwrap(),
                 "--listen",
-                "0.0.0.0:179",
+                &self.listen,
                 "--metrics-addr",
                 "127.0.0.1:9179",
             ]
@@ -279,6 +285,12 @@ impl Speaker {
     }
 
     pub fn publish_vips(&mut self, vips: &[Ipv4Addr]) -> Result<()> {
+        let vips: Vec<IpAddr> = vips.iter().map(|v| IpAddr::V4(*v)).collect();
+        self.publish_ip_vips(&vips)
+    }
+
+    /// Like [`publish_vips`](Self::publish_vips), IPv4 or IPv6, to every peer.
+    pub fn publish_ip_vips(&mut self, vips: &[IpAddr]) -> Result<()> {
         self.state.advertised = vips
             .iter()
             .map(|v| AdvertisedVip {

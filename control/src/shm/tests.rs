@@ -21,7 +21,7 @@ pub(crate) fn sample_state() -> NodeState {
     peer.md5_password = Some("s3cret".into());
     peer.graceful_restart_time = Some(120);
     peer.ebgp_multihop = Some(4);
-    peer.source_address = Some(Ipv4Addr::new(192, 0, 2, 10));
+    peer.source_address = Some(Ipv4Addr::new(192, 0, 2, 10).into());
     peer.bfd = Some(BfdSettings {
         min_rx_ms: 250,
         min_tx_ms: 100_000,
@@ -79,7 +79,7 @@ pub(crate) fn sample_state() -> NodeState {
             },
         ],
         advertised: vec![AdvertisedVip {
-            vip: Ipv4Addr::new(203, 0, 113, 10),
+            vip: Ipv4Addr::new(203, 0, 113, 10).into(),
             communities: vec![65000 << 16 | 100],
             large_communities: vec![[65000, 1, 2]],
             local_pref: Some(200),
@@ -747,8 +747,15 @@ mod incremental {
             |(mut services, np, redirects, node, router, communities)| {
                 services.sort_by_key(|s| s.frontend);
                 services.dedup_by_key(|s| s.frontend);
-                let mut vips: Vec<Ipv4Addr> = services.iter().map(|s| s.frontend.vip).collect();
+                let mut vips: Vec<IpAddr> = services
+                    .iter()
+                    .map(|s| IpAddr::V4(s.frontend.vip))
+                    .collect();
                 vips.dedup();
+                // IPv6 VIPs (layout 9) beside them, one per community count.
+                vips.extend((0..communities).map(|c| {
+                    IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, c as u16 + 1))
+                }));
                 let mut state = NodeState {
                     node,
                     router_id: router.then(|| Ipv4Addr::new(192, 0, 2, 10)),
@@ -766,13 +773,18 @@ mod incremental {
                     services,
                     peers: (0..np)
                         .map(|i| {
-                            let mut p = PeerConfig::new(
-                                format!("peer-{i}"),
-                                Ipv4Addr::new(192, 0, 2, i as u8 + 1),
-                                65000,
-                                65001,
-                            );
+                            // Every other peer over IPv6, the last with a source.
+                            let address = if i % 2 == 1 {
+                                IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, i as u16))
+                            } else {
+                                IpAddr::V4(Ipv4Addr::new(192, 0, 2, i as u8 + 1))
+                            };
+                            let mut p = PeerConfig::new(format!("peer-{i}"), address, 65000, 65001);
                             p.md5_password = (i == 1).then(|| "pw".into());
+                            p.source_address = (i + 1 == np).then(|| match address {
+                                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::new(192, 0, 2, 10)),
+                                IpAddr::V6(_) => "2001:db8:1::a".parse().unwrap(),
+                            });
                             p
                         })
                         .collect(),
@@ -855,4 +867,248 @@ fn a_source_range_that_is_not_a_network_is_refused_and_nothing_changes() {
     let mut want = good;
     want.normalize();
     assert_eq!(snap.state, want);
+}
+
+// ---------------------------------------------------------------------------------------
+// Layout 9: IPv6 advertised VIPs and peers.
+
+fn v6(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// [`sample_state`] with an IPv6 VIP (announced to the IPv6 peer only) and an IPv6 peer
+/// with an IPv6 source address, beside the IPv4 ones.
+fn dual_stack_state() -> NodeState {
+    let mut s = sample_state();
+    let mut p = PeerConfig::new("tor-v6", v6("2001:db8:1::1"), 65000, 65001);
+    p.source_address = Some(v6("2001:db8:1::2"));
+    p.md5_password = Some("v6-secret".into());
+    p.ebgp_multihop = Some(2);
+    s.peers.push(p);
+    s.advertised.push(AdvertisedVip {
+        vip: v6("2001:db8:ffff::10"),
+        communities: vec![65000 << 16 | 6],
+        large_communities: vec![[65000, 6, 6]],
+        local_pref: Some(150),
+        peers: vec![2],
+        weight: Some(2),
+    });
+    s
+}
+
+/// Slot words of the current table of the file at `path`.
+fn current_words(path: &Path) -> (Vec<u32>, Sections) {
+    let m = Mapping::open(path).unwrap();
+    let g = m.header().generation.load(Ordering::Acquire);
+    let words = m
+        .slot((g % 2) as usize)
+        .iter()
+        .map(|w| w.load(Ordering::Relaxed))
+        .collect();
+    (words, m.sections)
+}
+
+#[test]
+fn ipv6_vips_and_peers_round_trip_beside_ipv4_ones() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    let mut state = dual_stack_state();
+    w.publish(&state).unwrap();
+    let snap = NodeStateReader::open(&path).unwrap().snapshot().unwrap();
+    state.normalize();
+    assert_eq!(snap.state, state);
+    // IPv4 sorts before IPv6.
+    assert_eq!(
+        snap.state
+            .advertised
+            .iter()
+            .map(|a| a.vip)
+            .collect::<Vec<_>>(),
+        [IpAddr::from([203, 0, 113, 10]), v6("2001:db8:ffff::10")]
+    );
+    // Unsetting the IPv6 source address republishes cleanly (no stale words).
+    state.peers[2].source_address = None;
+    w.publish(&state).unwrap();
+    let snap = NodeStateReader::open(&path).unwrap().snapshot().unwrap();
+    assert_eq!(snap.state, state);
+}
+
+/// The words where the layout-9 comment says they are: a golden record.
+#[test]
+fn ipv6_addresses_sit_in_the_words_the_layout_names() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    w.publish(&dual_stack_state()).unwrap();
+    let (words, sec) = current_words(&path);
+    let vip = &words[sec.vips + VIP_WORDS..][..VIP_WORDS];
+    assert_eq!(vip[0], 0);
+    assert_eq!(vip[7], VIP_IPV6);
+    assert_eq!(vip[32..36], [0x2001_0db8, 0xffff_0000, 0, 0x10]);
+    let v4 = &words[sec.vips..][..VIP_WORDS];
+    assert_eq!(
+        (v4[0], v4[7], &v4[32..36]),
+        (0xcb00_710a, 0, &[0u32; 4][..])
+    );
+    let peer = &words[sec.peers + 2 * PEER_WORDS..][..PEER_WORDS];
+    let f = &peer[NAME_BYTES / 4..];
+    let x = &f[12 + MD5_BYTES / 4..];
+    assert_eq!((f[0], f[4], f[5]), (0, 0, 1));
+    assert_eq!(f[11], PEER_IPV6 | PEER_SOURCE_IPV6);
+    assert_eq!(x[16..20], [0x2001_0db8, 0x0001_0000, 0, 1]);
+    assert_eq!(x[20..24], [0x2001_0db8, 0x0001_0000, 0, 2]);
+    let v4peer = &words[sec.peers..][..PEER_WORDS];
+    assert_eq!(v4peer[NAME_BYTES / 4 + 11], 0);
+}
+
+/// A layout-8 reader (IPv4-only records, 32-word VIPs) must not misread a layout-9
+/// file, and this reader must not misread a layout-8 one: both are refused by version,
+/// with a message naming both versions and the three binaries.
+#[test]
+fn a_reader_of_the_ipv4_only_layout_refuses_the_ipv6_one_and_back() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    w.publish(&dual_stack_state()).unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert_eq!(bytes[8..12], 9u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&8u32.to_le_bytes());
+    let old = dir.path().join("layout8.state");
+    std::fs::write(&old, &bytes).unwrap();
+    let e = NodeStateReader::open(&old).err().expect("refused");
+    assert!(
+        matches!(
+            e,
+            ShmError::LayoutVersion {
+                found: 8,
+                expected: 9,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("layout version 8") && msg.contains("reads version 9"),
+        "{msg}"
+    );
+    assert!(msg.contains("juneau-bgp"), "{msg}");
+}
+
+#[test]
+fn unusable_ipv6_addresses_are_refused_with_a_clear_error_and_nothing_changes() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    let good = dual_stack_state();
+    let g = w.publish(&good).unwrap();
+    let vip = |a: &str| {
+        let mut s = good.clone();
+        s.advertised[1].vip = v6(a);
+        s
+    };
+    let peer = |a: &str, src: Option<&str>| {
+        let mut s = good.clone();
+        s.peers[2].peer_address = v6(a);
+        s.peers[2].source_address = src.map(v6);
+        s
+    };
+    let cases = [
+        (vip("::"), "is the unspecified address"),
+        (vip("ff02::1"), "is a multicast address"),
+        (vip("::ffff:203.0.113.7"), "IPv4-mapped"),
+        (peer("::ffff:192.0.2.1", None), "IPv4-mapped"),
+        (
+            peer("fe80::1", None),
+            "link-local address fe80::1 needs an interface",
+        ),
+        (
+            peer("2001:db8::1", Some("192.0.2.10")),
+            "source address 192.0.2.10 is not",
+        ),
+        (peer("2001:db8::1", Some("::")), "source address :: is not"),
+    ];
+    for (bad, want) in cases {
+        let e = w.publish(&bad).unwrap_err();
+        assert!(matches!(e, ShmError::Unrepresentable(_)), "{e}");
+        assert!(e.to_string().contains(want), "{e} (want {want:?})");
+    }
+    let mut v4_from_v6 = good.clone();
+    v4_from_v6.peers[0].source_address = Some(v6("2001:db8::9"));
+    let e = w.publish(&v4_from_v6).unwrap_err().to_string();
+    assert!(
+        e.contains("peer tor-1: source address 2001:db8::9 is not"),
+        "{e}"
+    );
+    let snap = NodeStateReader::open(&path).unwrap().snapshot().unwrap();
+    assert_eq!(snap.generation, g);
+}
+
+/// Records a reader must refuse even with a valid checksum: the address words of the
+/// other family set, unknown flag bits, an IPv4-mapped IPv6 address, source words
+/// without a source.
+#[test]
+fn inconsistent_ipv6_records_are_refused_by_the_decoder() {
+    let cap = Capacity::default();
+    let sec = cap.sections();
+    let mut words = vec![0u32; sec.end];
+    let state = dual_stack_state();
+    let v6vip = vip_record(&state.advertised[1]);
+    let v4vip = vip_record(&state.advertised[0]);
+    let decode_with = |words: &mut Vec<u32>, rec: &[u32]| {
+        words[sec.vips..sec.vips + VIP_WORDS].copy_from_slice(rec);
+        decode_vip(words, &sec, 0)
+    };
+    assert_eq!(
+        decode_with(&mut words, &v6vip).unwrap().vip,
+        state.advertised[1].vip
+    );
+    let mut bad = v6vip;
+    bad[0] = 1;
+    assert!(decode_with(&mut words, &bad)
+        .unwrap_err()
+        .contains("IPv4 address word set"));
+    let mut bad = v4vip;
+    bad[35] = 1;
+    assert!(decode_with(&mut words, &bad)
+        .unwrap_err()
+        .contains("IPv6 address words set"));
+    let mut bad = v6vip;
+    bad[7] |= 4;
+    assert!(decode_with(&mut words, &bad)
+        .unwrap_err()
+        .contains("unknown flags"));
+    let mut bad = v6vip;
+    bad[32..36].copy_from_slice(&ipv6_words("::ffff:1.2.3.4".parse().unwrap()));
+    assert!(decode_with(&mut words, &bad)
+        .unwrap_err()
+        .contains("IPv4-mapped"));
+
+    let peer = peer_record(&state.peers[2]).unwrap();
+    let decode_peer_with = |words: &mut Vec<u32>, rec: &[u32]| {
+        words[sec.peers..sec.peers + PEER_WORDS].copy_from_slice(rec);
+        decode_peer(words, &sec, 0)
+    };
+    let p = decode_peer_with(&mut words, &peer).unwrap();
+    assert_eq!(
+        (p.peer_address, p.source_address),
+        (state.peers[2].peer_address, state.peers[2].source_address)
+    );
+    let f = NAME_BYTES / 4;
+    let mut bad = peer;
+    bad[f + 11] |= 8;
+    assert!(decode_peer_with(&mut words, &bad)
+        .unwrap_err()
+        .contains("unknown flags"));
+    let mut bad = peer;
+    bad[f + 5] = 0;
+    assert!(decode_peer_with(&mut words, &bad)
+        .unwrap_err()
+        .contains("source address words but no source address"));
+    let mut bad = peer;
+    bad[f + 11] &= !PEER_IPV6;
+    assert!(decode_peer_with(&mut words, &bad)
+        .unwrap_err()
+        .contains("address: IPv4, with IPv6"));
 }
