@@ -253,7 +253,12 @@ mod tests {
                 families: families.to_vec(),
             })
         };
-        let cases: Vec<(Option<&str>, &[&str], Result<Wanted, FamiliesError>)> = vec![
+        type Case<'a> = (
+            Option<&'a str>,
+            &'a [&'a str],
+            Result<Wanted, FamiliesError>,
+        );
+        let cases: Vec<Case<'_>> = vec![
             (None, &[], ok(single, &[V4])),
             (None, &["IPv4"], ok(single, &[V4])),
             (None, &["IPv6"], ok(single, &[V6])),
