@@ -1456,6 +1456,12 @@ fn decide(
         ctx.metrics.releases.inc();
         let _ = ctx.released.unbounded_send(());
     }
+    for v in &outcome.released {
+        info!(service = %key, vip = %v, "VIP released (the Service no longer asks for its IP family)");
+        ctx.metrics.releases.inc();
+        ctx.pools_changed.notify_one();
+        let _ = ctx.released.unbounded_send(());
+    }
     {
         let mut w = ctx.waiters.lock().unwrap_or_else(|e| e.into_inner());
         if outcome.queued_on.is_empty() {

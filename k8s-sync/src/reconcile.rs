@@ -170,6 +170,9 @@ pub struct Outcome {
     /// The pools whose exhaustion it waits on (empty unless it waits in line for any
     /// free address of them).
     pub queued_on: Vec<String>,
+    /// VIPs released because the Service no longer asks for their family (it went from
+    /// dual stack to one family).
+    pub released: Vec<IpAddr>,
 }
 
 impl Outcome {
@@ -972,6 +975,18 @@ fn reconcile_with(
         })),
     };
     let refused = plan.as_ref().and_then(|p| p.refused.clone());
+    // A family the Service no longer asks for lets go of its VIP (a shared VIP's group
+    // keeps it: another member may ask for it).
+    let mut released = Vec::new();
+    if let Ok(w) = &wanted {
+        if crate::sharing::sharing_key(svc).is_none() {
+            for f in [Family::V4, Family::V6] {
+                if !w.families.contains(&f) {
+                    released.extend(book.release_family(&owner, f));
+                }
+            }
+        }
+    }
     if let Some(g) = refused.as_ref().filter(|g| g.reason == IPV6_NOT_SUPPORTED) {
         bad.push(problem(IPV6_NOT_SUPPORTED, g.message.clone()));
     }
@@ -1132,6 +1147,7 @@ fn reconcile_with(
         notes,
         waiting_for_address,
         queued_on,
+        released,
     }
 }
 
@@ -1525,6 +1541,15 @@ mod tests {
         let again = reconcile_with(&s, Some(&o.status), &[&sl], &w, &mut book, now(), true);
         assert_eq!(again.status, o.status);
         assert!(again.notes.is_empty(), "{:?}", again.notes);
+        assert!(again.released.is_empty());
+        // Going back to one family releases the other family's VIP.
+        let single = dual_svc("web", "SingleStack", &["IPv6"], &[]);
+        let one = reconcile_with(&single, Some(&o.status), &[&sl], &w, &mut book, now(), true);
+        assert_eq!(one.released, ips(&["198.51.100.1"]));
+        assert_eq!(one.ingress_ips, ips(&["2001:db8:1::1"]));
+        assert!(book.vip_of("default/web", Family::V4).is_none());
+        let back = reconcile_with(&s, Some(&one.status), &[&sl], &w, &mut book, now(), true);
+        assert_eq!(back.ingress_ips, ips(&["2001:db8:1::1", "198.51.100.1"]));
 
         // Requested addresses, one per family.
         let r = dual_svc(
