@@ -6,10 +6,10 @@
 //!
 //! `cargo run --release -p juneau-k8s-sync --example vip_book_scale -- [N]` (default 10 000).
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use juneau_control::ipam::{AddressPool, Ipam};
+use juneau_control::ipam::{AddressPool, Family, Ipam};
 use juneau_k8s_sync::crd::{AddressPoolSpec, AdvertiseMode};
 use juneau_k8s_sync::vips::{parse_pool, VipBook};
 
@@ -37,7 +37,9 @@ fn main() {
     let mut kept = Vec::with_capacity(n);
     for (i, o) in owners.iter().enumerate() {
         let t = Instant::now();
-        let a = book.allocate(o, &pools, None).expect("allocate");
+        let a = book
+            .allocate(o, &pools, Family::V4, None)
+            .expect("allocate");
         let d = t.elapsed();
         total += d;
         if i + 1000 >= n {
@@ -47,12 +49,14 @@ fn main() {
     }
 
     // A fresh replay per allocation, as before.
-    let mut claims: Vec<(String, Ipv4Addr)> = Vec::with_capacity(n);
+    let mut claims: Vec<(String, IpAddr)> = Vec::with_capacity(n);
     let (mut rtotal, mut rtail) = (Duration::ZERO, Duration::ZERO);
     for (i, o) in owners.iter().enumerate() {
         let t = Instant::now();
         let (mut ipam, _) = Ipam::rebuild(pools.iter().cloned(), claims.iter().cloned());
-        let a = ipam.allocate(o, &["scale"], None).expect("allocate");
+        let a = ipam
+            .allocate(o, &["scale"], Family::V4, None)
+            .expect("allocate");
         claims.push((o.clone(), a.ip));
         drop(ipam);
         let d = t.elapsed();

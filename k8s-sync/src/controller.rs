@@ -3,7 +3,7 @@
 //! every Service and writes what it decided.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -531,18 +531,29 @@ async fn rebuild(client: &Client) -> Result<(VipBook, HashMap<String, Waiter>), 
                 );
             }
         }
-        if let Some(vip) = s
+        // Every VIP the record shows: `vips` (one per family), and `vip` (the first,
+        // the only one a record written before dual stack has).
+        let recorded: Vec<IpAddr> = s
             .status
             .as_ref()
-            .and_then(|st| st.vip.as_deref())
-            .and_then(|v| v.parse::<Ipv4Addr>().ok())
-        {
+            .map(|st| {
+                st.vips
+                    .iter()
+                    .map(|v| v.ip.as_str())
+                    .chain(st.vip.as_deref())
+                    .filter_map(|v| v.parse::<IpAddr>().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !recorded.is_empty() {
             // A shared VIP is its group's (its members' records all show it).
             let owner = by_key
                 .get(&owner)
                 .map_or_else(|| owner.clone(), |s| crate::sharing::vip_owner(s));
-            if !book.restore(vip, &owner) {
-                warn!(%vip, %owner, "VIP recorded twice; the older record keeps it");
+            for vip in recorded {
+                if !book.restore(vip, &owner) {
+                    warn!(%vip, %owner, "VIP recorded twice; the older record keeps it");
+                }
             }
         }
     }
@@ -551,10 +562,10 @@ async fn rebuild(client: &Client) -> Result<(VipBook, HashMap<String, Waiter>), 
             continue;
         }
         let owner = crate::sharing::vip_owner(s);
-        if book.vip_of(&owner).is_some() {
+        if book.first_vip(&owner).is_some() {
             continue;
         }
-        if let Some(vip) = ingress_ip(s) {
+        for vip in ingress_ips(s) {
             if !book.restore(vip, &owner) {
                 warn!(%vip, %owner, "Service shows a VIP held by another Service");
             }
@@ -568,18 +579,23 @@ async fn rebuild(client: &Client) -> Result<(VipBook, HashMap<String, Waiter>), 
     Ok((book, waiters))
 }
 
-fn ingress_ip(s: &Service) -> Option<Ipv4Addr> {
+/// The IPs the Service shows in `.status.loadBalancer.ingress`, in order.
+fn ingress_ips(s: &Service) -> Vec<IpAddr> {
     s.status
-        .as_ref()?
-        .load_balancer
-        .as_ref()?
-        .ingress
-        .as_ref()?
-        .first()?
-        .ip
-        .as_deref()?
-        .parse()
-        .ok()
+        .as_ref()
+        .and_then(|st| st.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ing| {
+            ing.iter()
+                .filter_map(|i| i.ip.as_deref()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The first IP the Service shows.
+fn ingress_ip(s: &Service) -> Option<IpAddr> {
+    ingress_ips(s).first().copied()
 }
 
 /// A cache of `api` ([`crate::caches::reflect`]) and the objects each change touched;
@@ -862,9 +878,9 @@ fn release_unused_claims(
     book: &mut VipBook,
     svc: &Service,
     key: &str,
-    recorded: Option<Ipv4Addr>,
+    recorded: Option<IpAddr>,
     keep: Option<&str>,
-) -> Vec<Ipv4Addr> {
+) -> Vec<IpAddr> {
     let ns = svc.namespace().unwrap_or_default();
     let mut owners = vec![key.to_string(), crate::sharing::vip_owner(svc)];
     owners.extend(recorded.and_then(|v| book.owner(v)).map(String::from));
@@ -1015,7 +1031,7 @@ async fn timed_reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Err
     r
 }
 
-fn labels_of(key: &str, vip: Ipv4Addr) -> ServiceLabels {
+fn labels_of(key: &str, vip: IpAddr) -> ServiceLabels {
     let (ns, name) = key.split_once('/').unwrap_or(("", key));
     ServiceLabels {
         namespace: ns.into(),
@@ -1024,7 +1040,7 @@ fn labels_of(key: &str, vip: Ipv4Addr) -> ServiceLabels {
     }
 }
 
-fn forget_service(ctx: &Ctx, key: &str, vip: Option<Ipv4Addr>) {
+fn forget_service(ctx: &Ctx, key: &str, vip: Option<IpAddr>) {
     if let Some(v) = vip {
         let l = labels_of(key, v);
         ctx.metrics.service_ready_backends.remove(&l);
@@ -1037,12 +1053,12 @@ fn forget_service(ctx: &Ctx, key: &str, vip: Option<Ipv4Addr>) {
 async fn apply_ingress(
     svcs: &Api<Service>,
     svc: &Service,
-    ip: Option<Ipv4Addr>,
+    ips: &[IpAddr],
 ) -> Result<Option<String>, Error> {
-    let ingress = match ip {
-        Some(ip) => json!([{"ip": ip.to_string(), "ipMode": "VIP"}]),
-        None => json!([]),
-    };
+    let ingress: Vec<serde_json::Value> = ips
+        .iter()
+        .map(|ip| json!({"ip": ip.to_string(), "ipMode": "VIP"}))
+        .collect();
     let written = svcs
         .patch_status(
             &svc.name_any(),
@@ -1105,7 +1121,7 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     // 3. The record's status (the VIP recorded) before the Service shows anything; then
     // what the Service shows and the Events (only for what changed), at once.
     let status_changed = prev_status.as_ref() != Some(&outcome.status);
-    let ingress_changed = ingress_ip(&svc) != outcome.ingress_ip;
+    let ingress_changed = ingress_ips(&svc) != outcome.ingress_ips;
     if (status_changed || ingress_changed) && !checked {
         ctx.fence.check().await?;
     }
@@ -1116,7 +1132,7 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     }
     let ingress = async {
         if ingress_changed {
-            let after = apply_ingress(&svcs, &svc, outcome.ingress_ip).await?;
+            let after = apply_ingress(&svcs, &svc, &outcome.ingress_ips).await?;
             ctx.own_writes
                 .wrote(&key, true, svc.resource_version(), after.as_deref());
         }
@@ -1229,12 +1245,12 @@ async fn release_service(
         .get(&ObjectRef::new(&name).within(&svc.namespace().unwrap_or_default()));
     let recorded = record
         .as_ref()
-        .and_then(|r| r.status.as_ref()?.vip.as_deref()?.parse::<Ipv4Addr>().ok());
+        .and_then(|r| r.status.as_ref()?.vip.as_deref()?.parse::<IpAddr>().ok());
     let held = ctx
         .book
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .vip_of(&crate::sharing::vip_owner(svc))
+        .first_vip(&crate::sharing::vip_owner(svc))
         .or(recorded);
     let was_waiting = ctx
         .waiters
@@ -1261,7 +1277,7 @@ async fn release_service(
     if !deleting {
         if let (Some(shown), Some(v)) = (ingress_ip(svc), held) {
             if shown == v {
-                apply_ingress(svcs, svc, None).await?;
+                apply_ingress(svcs, svc, &[]).await?;
             }
         }
     }
@@ -1420,24 +1436,30 @@ fn decide(
     let owner = crate::sharing::vip_owner(svc);
     let recorded = prev_status
         .and_then(|p| p.vip.as_deref())
-        .and_then(|v| v.parse::<Ipv4Addr>().ok());
+        .and_then(|v| v.parse::<IpAddr>().ok());
     let (outcome, held_before, held_now, released) = {
         let mut book = ctx.book.lock().unwrap_or_else(|e| e.into_inner());
-        let held_before = book.vip_of(&owner).or(recorded);
-        // The first member of a group brings the VIP it held along.
-        if owner != key && book.vip_of(&owner).is_none() {
-            if let Some(v) = book.release(key) {
+        let held_before = book.first_vip(&owner).or(recorded);
+        // The first member of a group brings the VIPs it held along.
+        if owner != key && book.first_vip(&owner).is_none() {
+            for v in book.release(key) {
                 book.restore(v, &owner);
             }
         }
         // A Service that joined or left a group lets go of the claim it no longer uses.
         let released = release_unused_claims(ctx, &mut book, svc, key, recorded, Some(&owner));
         let outcome = reconcile_service(svc, prev_status, &slice_refs, &world, &mut book, now());
-        (outcome, held_before, book.vip_of(&owner), released)
+        (outcome, held_before, book.first_vip(&owner), released)
     };
     for v in released {
         info!(service = %key, vip = %v, "VIP released (the Service joined or left a shared VIP's group)");
         ctx.metrics.releases.inc();
+        let _ = ctx.released.unbounded_send(());
+    }
+    for v in &outcome.released {
+        info!(service = %key, vip = %v, "VIP released (the Service no longer asks for its IP family)");
+        ctx.metrics.releases.inc();
+        ctx.pools_changed.notify_one();
         let _ = ctx.released.unbounded_send(());
     }
     {

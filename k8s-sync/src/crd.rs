@@ -50,9 +50,10 @@ fn string_schema(extra: serde_json::Value) -> Schema {
     s
 }
 
-/// CEL: an IPv4 CIDR without host bits (`a.b.c.d/len`), an IPv4 range
-/// (`a.b.c.d-a.b.c.e`) or a single IPv4 address.
-const ADDRESS_RULE: &str = "self.contains('-') ? (self.split('-').size() == 2 && isIP(self.split('-')[0]) && isIP(self.split('-')[1]) && ip(self.split('-')[0]).family() == 4 && ip(self.split('-')[1]).family() == 4) : self.contains('/') ? (isCIDR(self) && cidr(self).ip().family() == 4 && cidr(self) == cidr(self).masked()) : (isIP(self) && ip(self).family() == 4)";
+/// CEL: a CIDR without host bits (`203.0.113.0/24`, `2001:db8::/64`), a range of one
+/// family (`203.0.113.10-203.0.113.20`, `2001:db8::10-2001:db8::1f`) or a single
+/// address, IPv4 or IPv6.
+const ADDRESS_RULE: &str = "self.contains('-') ? (self.split('-').size() == 2 && isIP(self.split('-')[0]) && isIP(self.split('-')[1]) && ip(self.split('-')[0]).family() == ip(self.split('-')[1]).family()) : self.contains('/') ? (isCIDR(self) && cidr(self) == cidr(self).masked()) : isIP(self)";
 
 fn address_list_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
@@ -61,10 +62,10 @@ fn address_list_schema(_: &mut SchemaGenerator) -> Schema {
         "maxItems": 64,
         "items": {
             "type": "string",
-            "maxLength": 33,
+            "maxLength": 79,
             "x-kubernetes-validations": [{
                 "rule": ADDRESS_RULE,
-                "message": "each address must be an IPv4 CIDR without host bits (203.0.113.0/24), an IPv4 range (203.0.113.10-203.0.113.20) or one IPv4 address"
+                "message": "each address must be a CIDR without host bits (203.0.113.0/24, 2001:db8::/64), a range of one family (203.0.113.10-203.0.113.20, 2001:db8::10-2001:db8::1f) or one IPv4 or IPv6 address"
             }]
         }
     })
@@ -75,14 +76,6 @@ fn advertise_mode_schema(_: &mut SchemaGenerator) -> Schema {
         "enum": ["bgp"],
         "description": "How VIPs of this pool reach the upstream routers. Only bgp is supported: each VIP is announced as a /32 by the nodes that have a Ready local backend."
     }))
-}
-
-fn ipv4_schema(_: &mut SchemaGenerator) -> Schema {
-    string_schema(serde_json::json!({"format": "ipv4", "maxLength": 15}))
-}
-
-fn opt_ipv4_schema(g: &mut SchemaGenerator) -> Schema {
-    ipv4_schema(g)
 }
 
 /// CEL: an IPv4 address, or a global (or unique-local) IPv6 one — not link-local (a
@@ -103,6 +96,18 @@ fn peer_ip_schema(_: &mut SchemaGenerator) -> Schema {
 
 fn opt_peer_ip_schema(g: &mut SchemaGenerator) -> Schema {
     peer_ip_schema(g)
+}
+
+/// An IPv4 or IPv6 address (a VIP).
+fn ip_schema(_: &mut SchemaGenerator) -> Schema {
+    string_schema(serde_json::json!({
+        "maxLength": 39,
+        "x-kubernetes-validations": [{"rule": "isIP(self)", "message": "must be an IPv4 or IPv6 address"}]
+    }))
+}
+
+fn family_schema(_: &mut SchemaGenerator) -> Schema {
+    string_schema(serde_json::json!({"enum": ["IPv4", "IPv6"]}))
 }
 
 fn pool_names_schema(_: &mut SchemaGenerator) -> Schema {
@@ -142,7 +147,7 @@ impl JsonSchema for AdvertiseMode {
     }
 }
 
-/// A set of IPv4 addresses Service VIPs are allocated from.
+/// A set of IPv4 and/or IPv6 addresses Service VIPs are allocated from.
 #[derive(CustomResource, Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[kube(
     group = "juneau.loutres.me",
@@ -161,8 +166,9 @@ impl JsonSchema for AdvertiseMode {
 pub struct AddressPoolSpec {
     /// How VIPs of this pool are announced; must be `bgp`.
     pub advertise_mode: AdvertiseMode,
-    /// IPv4 CIDRs (`203.0.113.0/24`), ranges (`203.0.113.10-203.0.113.20`) or single
-    /// addresses.
+    /// CIDRs (`203.0.113.0/24`, `2001:db8::/64`), ranges of one family
+    /// (`203.0.113.10-203.0.113.20`) or single addresses, IPv4 or IPv6; one pool may
+    /// hold both families.
     #[schemars(schema_with = "address_list_schema")]
     pub addresses: Vec<String>,
     /// Also hand out the network and broadcast addresses of each CIDR (the first and last
@@ -205,8 +211,10 @@ pub struct ServiceAllocation {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AddressPoolStatus {
-    /// Addresses the pool hands out (network and broadcast addresses excluded unless
-    /// allowed; 0 when the addresses do not parse).
+    /// Addresses the pool hands out, both families (network and broadcast addresses,
+    /// and IPv6's Subnet-Router anycast address, excluded unless allowed; 0 when the
+    /// addresses do not parse). At most 9223372036854775807 (an IPv6 /64 alone holds
+    /// 2^64 addresses): a larger pool shows that.
     #[serde(default)]
     pub addresses_total: u64,
     /// Addresses of the pool held by a Service as its VIP.
@@ -279,15 +287,35 @@ pub struct BackendSummary {
     pub local_ready_nodes: u32,
 }
 
+/// One VIP of a Service, of one IP family.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FamilyVip {
+    /// `IPv4` or `IPv6`.
+    #[schemars(schema_with = "family_schema")]
+    pub family: String,
+    /// The address.
+    #[schemars(schema_with = "ip_schema")]
+    pub ip: String,
+    /// The AddressPool it came from.
+    pub address_pool: String,
+}
+
 /// What Juneau did for a Service. Written only by the controller.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceLoadBalancerStatus {
-    /// The allocated external IPv4 address.
+    /// The allocated external address: the first of `vips` (the Service's first IP
+    /// family), kept for readers of one VIP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "opt_ipv4_schema")]
+    #[schemars(schema_with = "ip_schema")]
     pub vip: Option<String>,
-    /// The AddressPool the VIP came from.
+    /// Every VIP the Service holds, one per IP family, in the order of its
+    /// `spec.ipFamilies` (a dual-stack Service has two).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 2))]
+    pub vips: Vec<FamilyVip>,
+    /// The AddressPool the VIP (the first of `vips`) came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address_pool: Option<String>,
     /// The ExternalNetwork the VIP belongs to.
@@ -302,7 +330,8 @@ pub struct ServiceLoadBalancerStatus {
     /// `Pending`, `Ready` or `Failed`.
     #[serde(default)]
     pub phase: Phase,
-    /// Standard conditions: `VIPAllocated`, `Supported`, `Advertised`, `Ready`.
+    /// Standard conditions: `VIPAllocated`, `Supported`, `Advertised`, `Ready`, and
+    /// `IPFamilies` on a Service that asks for IPv6 or two families.
     #[serde(default)]
     pub conditions: Vec<Condition>,
     /// The Service generation this status was computed from.
@@ -322,6 +351,7 @@ pub struct ServiceLoadBalancerStatus {
     category = "juneau",
     status = "ServiceLoadBalancerStatus",
     printcolumn = r#"{"name":"VIP","type":"string","jsonPath":".status.vip"}"#,
+    printcolumn = r#"{"name":"VIPs","type":"string","priority":1,"jsonPath":".status.vips[*].ip"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Advertising nodes","type":"string","jsonPath":".status.advertisingNodes"}"#,
     printcolumn = r#"{"name":"Pool","type":"string","priority":1,"jsonPath":".status.addressPool"}"#,
@@ -840,12 +870,12 @@ mod tests {
     fn schema_carries_validation() {
         let yaml = crds_yaml().unwrap();
         assert!(yaml.contains("isCIDR(self)"));
-        assert!(yaml.contains("format: ipv4"));
         assert!(
             yaml.contains(PEER_IP_RULE),
             "BGPPeer addresses: IPv4 or IPv6"
         );
         assert!(yaml.contains("sourceAddress must be of the family of peerAddress"));
+        assert!(yaml.contains("isIP(self)"));
         assert!(yaml.contains("- Pending") || yaml.contains("Pending"));
         assert!(yaml.contains("subresources"));
     }

@@ -52,11 +52,21 @@ pub fn render(
     let name = slb.metadata.name.as_deref().unwrap_or_default();
     let st = slb.status.clone().unwrap_or_default();
     let mut out = String::new();
-    out.push_str(&format!(
-        "ServiceLoadBalancer  {ns}/{name}  (vip: {}, phase: {})\n",
-        st.vip.as_deref().unwrap_or("<none>"),
-        st.phase
-    ));
+    // A dual-stack Service shows both VIPs, in its family order; one VIP as the guide.
+    if st.vips.len() > 1 {
+        let vips: Vec<&str> = st.vips.iter().map(|v| v.ip.as_str()).collect();
+        out.push_str(&format!(
+            "ServiceLoadBalancer  {ns}/{name}  (vips: {}, phase: {})\n",
+            vips.join(", "),
+            st.phase
+        ));
+    } else {
+        out.push_str(&format!(
+            "ServiceLoadBalancer  {ns}/{name}  (vip: {}, phase: {})\n",
+            st.vip.as_deref().unwrap_or("<none>"),
+            st.phase
+        ));
+    }
     match svc {
         Some(s) => {
             let spec = s.spec.clone().unwrap_or_default();
@@ -87,6 +97,14 @@ pub fn render(
         ),
     }
     match &st.address_pool {
+        _ if st.vips.len() > 1 => {
+            let from: Vec<String> = st
+                .vips
+                .iter()
+                .map(|v| format!("AddressPool/{} ({} {})", v.address_pool, v.family, v.ip))
+                .collect();
+            out.push_str(&format!("├── AllocatedFrom  {}\n", from.join(", ")));
+        }
         Some(p) => out.push_str(&format!("├── AllocatedFrom  AddressPool/{p}\n")),
         None => out.push_str("├── AllocatedFrom  <none>\n"),
     }
@@ -284,6 +302,46 @@ mod tests {
         );
         assert!(forwarding(Some(&svc)).starts_with("├── SharedVIP  key=dns  ("));
         assert_eq!(forwarding(None), "");
+    }
+
+    #[test]
+    fn a_dual_stack_record_shows_both_vips_in_order() {
+        let mut slb = ServiceLoadBalancer::new(
+            "web",
+            ServiceLoadBalancerSpec {
+                service_name: "web".into(),
+                external_network: Some("public".into()),
+                requested_ip: None,
+            },
+        );
+        slb.metadata.namespace = Some("default".into());
+        let vip = |family: &str, ip: &str, pool: &str| crate::crd::FamilyVip {
+            family: family.into(),
+            ip: ip.into(),
+            address_pool: pool.into(),
+        };
+        slb.status = Some(ServiceLoadBalancerStatus {
+            vip: Some("2001:db8::1".into()),
+            vips: vec![
+                vip("IPv6", "2001:db8::1", "public-dual"),
+                vip("IPv4", "203.0.113.10", "public-v4"),
+            ],
+            address_pool: Some("public-dual".into()),
+            phase: Phase::Ready,
+            ..Default::default()
+        });
+        let text = render(&slb, None, None, &[]);
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next(),
+            Some(
+                "ServiceLoadBalancer  default/web  (vips: 2001:db8::1, 203.0.113.10, phase: Ready)"
+            )
+        );
+        assert!(
+            text.contains("├── AllocatedFrom  AddressPool/public-dual (IPv6 2001:db8::1), AddressPool/public-v4 (IPv4 203.0.113.10)\n"),
+            "{text}"
+        );
     }
 
     #[test]

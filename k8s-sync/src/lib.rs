@@ -8,7 +8,7 @@
 //! made by `juneau_control`, this crate only feeds and reports them.
 //!
 //! Layout: pure decisions with unit tests ([`reconcile`], [`node_state`], [`vips`],
-//! [`pools`], [`endpoints`], [`selection`]: which advertisements apply to a Service's VIP, [`source_ranges`]: the clients a Service admits, [`sharing`]: which Services share a VIP, [`describe`], [`report`], [`peers`], [`pacing`], [`fence`]: when a
+//! [`pools`], [`endpoints`], [`families`]: which IP families a Service is served on, [`selection`]: which advertisements apply to a Service's VIP, [`source_ranges`]: the clients a Service admits, [`sharing`]: which Services share a VIP, [`describe`], [`report`], [`peers`], [`pacing`], [`fence`]: when a
 //! leader may still write, [`departures`]: which Services a watch shows deleted, [`maintenance`]: what puts a node in graceful maintenance, [`redirect_key`]: the redirect channel's MAC keys from their
 //! Secret) and thin glue that watches and writes ([`controller`], [`agent`],
 //! [`speaker_status`]: the node's BGP sessions into a NodeBGPStatus; [`decommission`]:
@@ -26,6 +26,7 @@ pub mod decommission;
 pub mod departures;
 pub mod describe;
 pub mod endpoints;
+pub mod families;
 pub mod fence;
 pub mod maintenance;
 pub mod metrics;

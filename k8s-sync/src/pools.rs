@@ -5,7 +5,7 @@
 //! over one range almost certainly meant something else).
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use juneau_control::ipam::AddressRange;
 
@@ -17,10 +17,20 @@ pub const OVERLAPPING: &str = "Overlapping";
 /// Event reason raised when a pool starts overlapping another.
 pub const OVERLAP_REASON: &str = "AddressPoolOverlap";
 
+/// The largest count reported: the apiserver keeps integers as int64, and an IPv6 /64
+/// alone holds 2^64 addresses. A pool holding more reports this many.
+pub const COUNT_CAP: u64 = i64::MAX as u64;
+
+/// `n` as a reported count: at most [`COUNT_CAP`].
+pub fn capped(n: u128) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX).min(COUNT_CAP)
+}
+
 /// The report for one pool.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PoolReport {
-    /// Addresses handed out (0 when the addresses do not parse).
+    /// Addresses handed out, both families (0 when the addresses do not parse), at most
+    /// [`COUNT_CAP`].
     pub total: u64,
     /// Addresses held by a Service.
     pub allocated: u64,
@@ -48,12 +58,6 @@ impl PoolReport {
     }
 }
 
-fn intersect(a: &AddressRange, b: &AddressRange) -> Option<AddressRange> {
-    let first = a.first.max(b.first);
-    let last = a.last.min(b.last);
-    (first <= last).then_some(AddressRange { first, last })
-}
-
 /// Reports every pool of `pools` against the VIPs of `book`.
 pub fn report(
     pools: &BTreeMap<String, AddressPoolSpec>,
@@ -70,14 +74,14 @@ pub fn report(
             )
         })
         .collect();
-    let vips: Vec<Ipv4Addr> = book.vips().collect();
+    let vips: Vec<IpAddr> = book.vips().collect();
     let mut out = BTreeMap::new();
     for (name, ranges) in &parsed {
         let mut r = PoolReport::default();
         match ranges {
             Err(e) => r.invalid = Some(e.clone()),
             Ok(ranges) => {
-                r.total = ranges.iter().map(AddressRange::len).sum();
+                r.total = capped(ranges.iter().fold(0u128, |n, x| n.saturating_add(x.len())));
                 r.allocated = vips
                     .iter()
                     .filter(|v| ranges.iter().any(|x| x.contains(**v)))
@@ -89,7 +93,7 @@ pub fn report(
                     let Ok(oranges) = oranges else { continue };
                     for a in ranges {
                         for b in oranges {
-                            if let Some(x) = intersect(a, b) {
+                            if let Some(x) = a.intersect(b) {
                                 r.overlaps.push(((*other).clone(), x.to_string()));
                             }
                         }
@@ -124,9 +128,16 @@ mod tests {
         pools.insert("big".to_string(), spec(&["198.18.0.0/29"]));
         pools.insert("apart".to_string(), spec(&["198.18.1.0/30"]));
         pools.insert("bad".to_string(), spec(&["198.18.2.0/99"]));
+        pools.insert(
+            "dual".to_string(),
+            spec(&["198.18.3.0/30", "2001:db8::/64", "2001:db8:1::/48"]),
+        );
+        pools.insert("dual-too".to_string(), spec(&["2001:db8::10-2001:db8::1f"]));
         let mut book = VipBook::default();
-        assert!(book.restore(Ipv4Addr::new(198, 18, 0, 1), "default/a"));
-        assert!(book.restore(Ipv4Addr::new(198, 18, 0, 5), "default/b"));
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(book.restore(ip("198.18.0.1"), "default/a"));
+        assert!(book.restore(ip("198.18.0.5"), "default/b"));
+        assert!(book.restore(ip("2001:db8::12"), "default/b"));
         let r = report(&pools, &book);
         assert_eq!(r["small"].total, 2);
         assert_eq!(r["big"].total, 6);
@@ -147,6 +158,16 @@ mod tests {
             .as_deref()
             .unwrap()
             .contains("198.18.2.0/99"));
+        // 2 + (2^64 - 1) + (2^80 - 1) addresses: capped, not wrapped.
+        assert_eq!(r["dual"].total, COUNT_CAP);
+        assert_eq!(r["dual"].allocated, 1);
+        assert_eq!(r["dual-too"].total, 16);
+        assert_eq!(
+            r["dual-too"].overlaps,
+            vec![("dual".to_string(), "2001:db8::10-2001:db8::1f".to_string())]
+        );
+        assert_eq!(capped(5), 5);
+        assert_eq!(capped(u128::MAX), COUNT_CAP);
         assert!(r["small"]
             .overlap_message("small")
             .contains("AddressPool big"));

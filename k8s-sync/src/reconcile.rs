@@ -4,22 +4,23 @@
 //! The only state it touches is the [`VipBook`] it is handed.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::crd::{
-    AddressPoolSpec, BGPAdvertisementSpec, BackendSummary, ExternalNetworkSpec, Phase,
+    AddressPoolSpec, BGPAdvertisementSpec, BackendSummary, ExternalNetworkSpec, FamilyVip, Phase,
     ServiceLoadBalancerStatus, EXTERNAL_NETWORK_ANNOTATION, LOAD_BALANCER_CLASS,
     REQUESTED_IP_ANNOTATION,
 };
 use crate::endpoints::{
     host_network_endpoints, picture, slice_endpoints, BackendPicture, SliceEndpoint,
 };
+use crate::families::{self, IPV6_NOT_SUPPORTED};
 use crate::vips::{parse_pool, VipBook};
-use juneau_control::ipam::{AddressPool, IpamError};
+use juneau_control::ipam::{parse_requested, AddressPool, Family, IpamError, Requested};
 
 /// Condition types written on every ServiceLoadBalancer.
 pub mod condition {
@@ -31,6 +32,9 @@ pub mod condition {
     pub const ADVERTISED: &str = "Advertised";
     /// The load balancer is serving.
     pub const READY: &str = "Ready";
+    /// Every IP family the Service asks for is served (only on Services that ask for
+    /// IPv6 or two families): [`crate::families`].
+    pub const IP_FAMILIES: &str = "IPFamilies";
 }
 
 /// True when Juneau manages this Service: `type: LoadBalancer` and Juneau's class.
@@ -155,8 +159,9 @@ fn covered_nodes(
 pub struct Outcome {
     /// The ServiceLoadBalancer status to write.
     pub status: ServiceLoadBalancerStatus,
-    /// The IP to show in `.status.loadBalancer.ingress[0].ip` (None: show none).
-    pub ingress_ip: Option<Ipv4Addr>,
+    /// The IPs to show in `.status.loadBalancer.ingress`, one per family served, in the
+    /// Service's family order (empty: show none).
+    pub ingress_ips: Vec<IpAddr>,
     /// Events worth a human's attention (only on change).
     pub notes: Vec<Note>,
     /// The Service waits for an address that another Service may free (requested IP
@@ -165,6 +170,16 @@ pub struct Outcome {
     /// The pools whose exhaustion it waits on (empty unless it waits in line for any
     /// free address of them).
     pub queued_on: Vec<String>,
+    /// VIPs released because the Service no longer asks for their family (it went from
+    /// dual stack to one family).
+    pub released: Vec<IpAddr>,
+}
+
+impl Outcome {
+    /// The first IP to show (the Service's first family), if any.
+    pub fn ingress_ip(&self) -> Option<IpAddr> {
+        self.ingress_ips.first().copied()
+    }
 }
 
 /// A problem found in the Service or its configuration.
@@ -199,21 +214,6 @@ fn unsupported(svc: &Service, host_network: &[Ipv4Addr], pod_network: &[Ipv4Addr
     let Some(spec) = svc.spec.as_ref() else {
         return vec![problem("InvalidService", "the Service has no spec")];
     };
-    let families = spec.ip_families.clone().unwrap_or_default();
-    if families.iter().any(|f| f == "IPv6") {
-        out.push(problem(
-            "IPv6NotSupported",
-            format!(
-                "ipFamilies is [{}]; Juneau serves IPv4 only, set ipFamilies: [IPv4] and ipFamilyPolicy: SingleStack",
-                families.join(", ")
-            ),
-        ));
-    } else if spec.ip_family_policy.as_deref() == Some("RequireDualStack") {
-        out.push(problem(
-            "DualStackNotSupported",
-            "ipFamilyPolicy is RequireDualStack; Juneau serves IPv4 only",
-        ));
-    }
     for p in spec.ports.iter().flatten() {
         let proto = p.protocol.as_deref().unwrap_or("TCP");
         if proto != "TCP" && proto != "UDP" {
@@ -368,10 +368,13 @@ fn cond(
     }
 }
 
-/// The address the Service asks for, and whether only the deprecated
-/// `spec.loadBalancerIP` asked: the annotation, or the field where the annotation is
-/// absent; both set to different addresses is a conflict, nothing is requested.
-fn requested_ip(svc: &Service) -> (Result<Option<Ipv4Addr>, Problem>, bool) {
+/// The addresses the Service asks for (one per family at most), and whether only the
+/// deprecated `spec.loadBalancerIP` asked: the annotation (one address, or an IPv4 and an
+/// IPv6 address separated by a comma: [`parse_requested`]), or the field where the
+/// annotation is absent (IPv4 only: Kubernetes deprecates it and never gave it a second
+/// family); both set and asking for different IPv4 addresses is a conflict, nothing is
+/// requested.
+fn requested_ip(svc: &Service) -> (Result<Requested, Problem>, bool) {
     let annotation = svc
         .metadata
         .annotations
@@ -385,44 +388,54 @@ fn requested_ip(svc: &Service) -> (Result<Option<Ipv4Addr>, Problem>, bool) {
         .and_then(|s| s.load_balancer_ip.as_deref())
         .map(str::trim)
         .filter(|s| !s.is_empty());
-    let parse = |what: &str, r: &str| {
-        r.parse::<Ipv4Addr>().map(Some).map_err(|_| {
+    let from_annotation = |a: &str| {
+        parse_requested(a).map_err(|e| {
             problem(
                 "RequestedIPInvalid",
-                format!("{what} is {r:?}, which is not an IPv4 address"),
+                format!("{REQUESTED_IP_ANNOTATION} is {a:?}: {e}"),
             )
         })
     };
+    let from_field = |f: &str| {
+        match f.parse::<IpAddr>() {
+        Ok(IpAddr::V4(a)) => Ok(Requested {
+            v4: Some(a),
+            v6: None,
+        }),
+        Ok(IpAddr::V6(_)) => Err(problem(
+            "RequestedIPInvalid",
+            format!("spec.loadBalancerIP is {f:?}, an IPv6 address: Juneau reads the deprecated spec.loadBalancerIP for IPv4 only; ask with the annotation {REQUESTED_IP_ANNOTATION}"),
+        )),
+        Err(_) => Err(problem(
+            "RequestedIPInvalid",
+            format!("spec.loadBalancerIP is {f:?}, which is not an IPv4 address"),
+        )),
+    }
+    };
     match (annotation, field) {
-        (None, None) => (Ok(None), false),
-        (Some(a), None) => (parse(REQUESTED_IP_ANNOTATION, a), false),
-        (None, Some(f)) => (parse("spec.loadBalancerIP", f), true),
-        (Some(a), Some(f)) => {
-            let (pa, pf) = (
-                parse(REQUESTED_IP_ANNOTATION, a),
-                parse("spec.loadBalancerIP", f),
-            );
-            match (pa, pf) {
-                (Ok(x), Ok(y)) if x == y => (Ok(x), false),
-                (Err(p), _) | (_, Err(p)) => (Err(p), false),
-                _ => (
-                    Err(problem(
-                        "RequestedIPConflict",
-                        format!(
-                            "{REQUESTED_IP_ANNOTATION} asks for {a} and spec.loadBalancerIP for {f}: set one (the annotation; spec.loadBalancerIP is deprecated)"
-                        ),
-                    )),
-                    false,
-                ),
-            }
-        }
+        (None, None) => (Ok(Requested::default()), false),
+        (Some(a), None) => (from_annotation(a), false),
+        (None, Some(f)) => (from_field(f), true),
+        (Some(a), Some(f)) => match (from_annotation(a), from_field(f)) {
+            (Err(p), _) | (_, Err(p)) => (Err(p), false),
+            (Ok(x), Ok(y)) if x.v4 == y.v4 => (Ok(x), false),
+            _ => (
+                Err(problem(
+                    "RequestedIPConflict",
+                    format!(
+                        "{REQUESTED_IP_ANNOTATION} asks for {a} and spec.loadBalancerIP for {f}: set one (the annotation; spec.loadBalancerIP is deprecated)"
+                    ),
+                )),
+                false,
+            ),
+        },
     }
 }
 
-/// What [`decide_vip`] decided.
+/// What [`decide_vip`] decided for one family.
 struct VipDecision {
-    /// The Service's VIP, if it holds one.
-    vip: Option<Ipv4Addr>,
+    /// The Service's VIP of the family and its pool, if it holds one.
+    vip: Option<(IpAddr, String)>,
     /// The pools it waits on for an address (addresses go out in creation order).
     queued_on: Vec<String>,
     /// The VipAllocated condition's message, or the problem and whether it is fatal
@@ -430,29 +443,39 @@ struct VipDecision {
     condition: Result<String, (Problem, bool)>,
 }
 
-/// The Service's VIP: its ExternalNetwork's pools, the requested address if any, the
-/// allocation in `book`. Fills `status`'s network, VIP and pool. Only a `supported`
-/// Service gets a new VIP; an unsupported one keeps a VIP it already holds.
+/// The Service's VIP of `family`: its ExternalNetwork's pools (`network`), the
+/// requested address if any (`requested`, and whether only `spec.loadBalancerIP` asked),
+/// the allocation in `book`. Only a `supported` Service gets a new VIP; an unsupported
+/// one keeps a VIP it already holds.
+#[allow(clippy::too_many_arguments)]
 fn decide_vip(
     svc: &Service,
     world: &World,
     book: &mut VipBook,
     owner: &str,
     supported: bool,
-    status: &mut ServiceLoadBalancerStatus,
+    family: Family,
+    network: &Result<(String, Vec<AddressPool>), Problem>,
+    requested: &(Result<Requested, Problem>, bool),
 ) -> VipDecision {
     let mut vip = None;
     let mut queued_on = Vec::new();
-    let condition = match network_pools(svc, world) {
-        Err(p) => Err((p, true)),
+    let condition = match network {
+        Err(p) => Err((p.clone(), true)),
         Ok((net, pools)) => {
-            status.external_network = Some(net.clone());
-            let (requested, by_spec) = requested_ip(svc);
+            let net = net.clone();
+            let by_spec = requested.1;
+            let requested = requested.0.clone().map(|r| r.of(family));
+            // Only the pools that hold an address of the family.
+            let mut pools: Vec<AddressPool> = pools
+                .iter()
+                .filter(|p| p.has_family(family))
+                .cloned()
+                .collect();
             // A Service that asks for no address and holds none gets one from the pools
             // that hand out addresses on their own (autoAssign, default true); one that
             // holds a VIP keeps it.
-            let mut pools = pools;
-            if matches!(requested, Ok(None)) && book.vip_of(owner).is_none() {
+            if matches!(requested, Ok(None)) && book.vip_of(owner, family).is_none() {
                 pools.retain(|p| {
                     world
                         .pools
@@ -469,14 +492,16 @@ fn decide_vip(
                 requested
             };
             let (pools, requested) = match requested {
-                Ok(req) => match serving_pools(svc, world, &net, pools, req, book.vip_of(owner)) {
-                    Ok(pools) => (pools, Ok(req)),
-                    Err(p) => (Vec::new(), Err(p)),
-                },
+                Ok(req) => {
+                    match serving_pools(svc, world, &net, pools, req, book.vip_of(owner, family)) {
+                        Ok(pools) => (pools, Ok(req)),
+                        Err(p) => (Vec::new(), Err(p)),
+                    }
+                }
                 Err(p) => (pools, Err(p)),
             };
             // The group's VIP must not move under the other members.
-            let held = book.vip_of(owner);
+            let held = book.vip_of(owner, family);
             let requested = requested.and_then(|req| {
                 match shared_vip_conflict(svc, world, held, req, &pools, &net) {
                     Some(p) => Err(p),
@@ -485,7 +510,7 @@ fn decide_vip(
             });
             match requested {
                 Err(p) => Err((p, true)),
-                Ok(req) if !supported && book.vip_of(owner).is_none() => {
+                Ok(req) if !supported && book.vip_of(owner, family).is_none() => {
                     let _ = req;
                     Err((
                         problem(
@@ -496,9 +521,9 @@ fn decide_vip(
                     ))
                 }
                 Ok(None)
-                    if book.vip_of(owner).is_none() && {
+                    if book.vip_of(owner, family).is_none() && {
                         let ahead = world.waiters_ahead(svc, &pools);
-                        ahead > 0 && book.free_in(&pools) <= ahead as u64
+                        ahead > 0 && book.free_in(&pools, family) <= ahead as u128
                     } =>
                 {
                     // Freed addresses go to the Services that waited longest.
@@ -508,19 +533,17 @@ fn decide_vip(
                         problem(
                             "AddressPoolExhausted",
                             format!(
-                                "no free address for this Service in ExternalNetwork {net:?}: {} free, {ahead} older Service(s) wait for one first (addresses go out in creation order)",
-                                book.free_in(&pools)
+                                "no free {family} address for this Service in ExternalNetwork {net:?}: {} free, {ahead} older Service(s) wait for one first (addresses go out in creation order)",
+                                book.free_in(&pools, family)
                             ),
                         ),
                         false,
                     ))
                 }
-                Ok(req) => match book.allocate(owner, &pools, req) {
+                Ok(req) => match book.allocate(owner, &pools, family, req) {
                     Ok(a) => {
                         let pool = a.pool.clone().unwrap_or_default();
-                        vip = Some(a.ip);
-                        status.vip = Some(a.ip.to_string());
-                        status.address_pool = Some(pool.clone());
+                        vip = Some((a.ip, pool.clone()));
                         let how = if by_spec {
                             " (requested with spec.loadBalancerIP, deprecated since Kubernetes \
                              1.24: use the annotation juneau.loutres.me/load-balancer-requested-ip)"
@@ -545,6 +568,10 @@ fn decide_vip(
                             IpamError::MalformedAddresses { .. } => ("AddressPoolInvalid", true),
                             IpamError::UnknownPool(_) => ("AddressPoolNotFound", true),
                             IpamError::NoPools => ("ExternalNetworkHasNoPools", true),
+                            IpamError::RequestedWrongFamily { .. } => ("RequestedIPInvalid", true),
+                            IpamError::NoPoolOfFamily { .. } => {
+                                (families::NO_POOL_FOR_FAMILY, true)
+                            }
                         };
                         let message = match &e {
                             IpamError::RequestedTaken { ip, owner } => format!(
@@ -554,8 +581,8 @@ fn decide_vip(
                             IpamError::RequestedOutsidePools { ip, pools } => format!(
                                 "requested IP {ip} is not inside any AddressPool of ExternalNetwork {net:?} ({pools})"
                             ),
-                            IpamError::Exhausted { pools } => format!(
-                                "no free address left for ExternalNetwork {net:?}: every address of AddressPools {pools} is allocated"
+                            IpamError::Exhausted { pools, family } => format!(
+                                "no free {family} address left for ExternalNetwork {net:?}: every {family} address of AddressPools {pools} is allocated"
                             ),
                             other => other.to_string(),
                         };
@@ -578,8 +605,8 @@ fn decide_vip(
 fn shared_vip_conflict(
     svc: &Service,
     world: &World,
-    held: Option<Ipv4Addr>,
-    requested: Option<Ipv4Addr>,
+    held: Option<IpAddr>,
+    requested: Option<IpAddr>,
     pools: &[AddressPool],
     net: &str,
 ) -> Option<Problem> {
@@ -612,8 +639,8 @@ fn serving_pools(
     world: &World,
     net: &str,
     pools: Vec<AddressPool>,
-    requested: Option<Ipv4Addr>,
-    held: Option<Ipv4Addr>,
+    requested: Option<IpAddr>,
+    held: Option<IpAddr>,
 ) -> Result<Vec<AddressPool>, Problem> {
     use crate::selection::{pools_for_service, ServiceIdentity};
     let namespace = svc.metadata.namespace.as_deref().unwrap_or("default");
@@ -668,7 +695,8 @@ fn serving_pools(
 
 /// The Events for the conditions that changed since `prev` (reason or status): a
 /// warning for a problem (except the quiet NotServed and NotAllocated), a normal Event
-/// when a condition becomes true again or first (Supported only when it was known): those
+/// when a condition becomes true again or first (Supported and IPFamilies only when
+/// they were known): those
 /// of one change as one Event.
 fn condition_events(prev: &[Condition], conditions: &[Condition]) -> Vec<Note> {
     let mut notes = Vec::new();
@@ -691,10 +719,13 @@ fn condition_events(prev: &[Condition], conditions: &[Condition]) -> Vec<Note> {
                 reason: c.reason.clone(),
                 message: c.message.clone(),
             });
-        } else if before.is_some() || c.type_ != condition::SUPPORTED {
+        } else if before.is_some()
+            || (c.type_ != condition::SUPPORTED && c.type_ != condition::IP_FAMILIES)
+        {
             let reason = match c.type_.as_str() {
                 condition::VIP_ALLOCATED => "VIPAllocated",
                 condition::ADVERTISED => "Advertised",
+                condition::IP_FAMILIES => "FamiliesServed",
                 _ => "Supported",
             };
             became_true.push(Note {
@@ -822,10 +853,42 @@ fn advertised_verdict(
     }
 }
 
+/// The IPFamilies condition's status, reason and message for the families `plan`.
+fn families_verdict(plan: &families::Plan) -> (bool, &'static str, String) {
+    if plan.refused.is_some() {
+        // Said by the Supported or VIPAllocated condition, with its Event.
+        return (
+            false,
+            "NotServed",
+            "no IP family of the Service is served: see the Supported and VIPAllocated conditions"
+                .to_string(),
+        );
+    }
+    if let Some(g) = plan.dropped.first() {
+        let message = plan
+            .dropped
+            .iter()
+            .map(|g| g.message.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        return (false, g.reason, message);
+    }
+    let served = plan
+        .serve
+        .iter()
+        .map(|f| f.as_str())
+        .collect::<Vec<_>>()
+        .join(" and ");
+    (true, "FamiliesServed", format!("served on {served}"))
+}
+
 /// The Ready condition's reason and message: the first condition that is not true, or
-/// "Ready" when all are.
+/// "Ready" when all are. IPFamilies is left out: a family PreferDualStack does without
+/// is a warning, not a reason the Service is not ready.
 fn ready_verdict(conditions: &[Condition]) -> (&str, String) {
-    let first_problem = conditions.iter().find(|c| c.status == "False");
+    let first_problem = conditions
+        .iter()
+        .find(|c| c.status == "False" && c.type_ != condition::IP_FAMILIES);
     (
         match first_problem {
             None => "Ready",
@@ -846,6 +909,28 @@ pub fn reconcile_service(
     world: &World,
     book: &mut VipBook,
     now: Time,
+) -> Outcome {
+    reconcile_with(
+        svc,
+        previous,
+        slices,
+        world,
+        book,
+        now,
+        families::DATAPLANE_SERVES_IPV6,
+    )
+}
+
+/// [`reconcile_service`] with the dataplane serving IPv6 or not (`serves_v6`), so the
+/// tests cover both settings of [`families::DATAPLANE_SERVES_IPV6`].
+fn reconcile_with(
+    svc: &Service,
+    previous: Option<&ServiceLoadBalancerStatus>,
+    slices: &[&EndpointSlice],
+    world: &World,
+    book: &mut VipBook,
+    now: Time,
+    serves_v6: bool,
 ) -> Outcome {
     let owner = crate::sharing::vip_owner(svc);
     let prev_conds: Vec<Condition> = previous.map(|p| p.conditions.clone()).unwrap_or_default();
@@ -874,6 +959,37 @@ pub fn reconcile_service(
     let mut conditions = Vec::new();
 
     let mut bad = unsupported(svc, &host, &pod_network(&eps, &host));
+    // The families it asks for and which of them are served ([`crate::families`]).
+    let network = network_pools(svc, world);
+    let wanted = families::wanted(svc.spec.as_ref());
+    let plan = match &wanted {
+        Err(e) => {
+            bad.push(problem("InvalidIPFamilies", e.to_string()));
+            None
+        }
+        Ok(w) => Some(families::plan(w, serves_v6, |f| {
+            // A network problem is reported by the VIP decision.
+            network
+                .as_ref()
+                .map_or(true, |(_, pools)| pools.iter().any(|p| p.has_family(f)))
+        })),
+    };
+    let refused = plan.as_ref().and_then(|p| p.refused.clone());
+    // A family the Service no longer asks for lets go of its VIP (a shared VIP's group
+    // keeps it: another member may ask for it).
+    let mut released = Vec::new();
+    if let Ok(w) = &wanted {
+        if crate::sharing::sharing_key(svc).is_none() {
+            for f in [Family::V4, Family::V6] {
+                if !w.families.contains(&f) {
+                    released.extend(book.release_family(&owner, f));
+                }
+            }
+        }
+    }
+    if let Some(g) = refused.as_ref().filter(|g| g.reason == IPV6_NOT_SUPPORTED) {
+        bad.push(problem(IPV6_NOT_SUPPORTED, g.message.clone()));
+    }
     let others: Vec<&Service> = world.shared_with.iter().map(|s| &**s).collect();
     if let Err(c) = crate::sharing::admitted(svc, &others) {
         bad.push(problem(
@@ -896,13 +1012,81 @@ pub fn reconcile_service(
         &now,
     ));
 
-    // VIP: only for supported Services; an unsupported one keeps a VIP it already holds
-    // (so fixing the Service gives it back the same address) but shows and announces none.
-    let VipDecision {
-        vip,
-        queued_on,
-        condition: vip_cond,
-    } = decide_vip(svc, world, book, &owner, supported, &mut status);
+    if let (Some(w), Some(plan)) = (wanted.as_ref().ok(), plan.as_ref()) {
+        if !w.is_ipv4_only() {
+            let (ok, reason, message) = families_verdict(plan);
+            conditions.push(cond(
+                condition::IP_FAMILIES,
+                ok,
+                reason,
+                message,
+                &prev_conds,
+                generation,
+                &now,
+            ));
+        }
+    }
+
+    // VIPs, one per family served: only for supported Services; an unsupported one
+    // keeps the VIPs it already holds (so fixing the Service gives it back the same
+    // addresses) but shows and announces none.
+    if let Ok((net, _)) = &network {
+        status.external_network = Some(net.clone());
+    }
+    let requested = requested_ip(svc);
+    let serve: Vec<Family> = match plan.as_ref() {
+        Some(p) if !p.serve.is_empty() => p.serve.clone(),
+        _ => vec![Family::V4],
+    };
+    let mut vips: Vec<(IpAddr, String)> = Vec::new();
+    let mut queued_on: Vec<String> = Vec::new();
+    let mut messages: Vec<String> = Vec::new();
+    let mut first_err = None;
+    match refused.as_ref().filter(|g| g.reason != IPV6_NOT_SUPPORTED) {
+        // A family without a pool that the policy cannot do without: nothing is
+        // allocated, nothing is half-served.
+        Some(g) => {
+            first_err = Some((problem(g.reason, g.message.clone()), true));
+        }
+        None => {
+            for family in serve {
+                let d = decide_vip(
+                    svc, world, book, &owner, supported, family, &network, &requested,
+                );
+                for p in d.queued_on {
+                    if !queued_on.contains(&p) {
+                        queued_on.push(p);
+                    }
+                }
+                match d.condition {
+                    Ok(m) => {
+                        messages.push(m);
+                        vips.extend(d.vip);
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+        }
+    }
+    let vip_cond = match first_err {
+        Some(e) => Err(e),
+        None => {
+            // Recorded (so a restarted controller finds them) whether or not served.
+            status.vip = vips.first().map(|(ip, _)| ip.to_string());
+            status.address_pool = vips.first().map(|(_, p)| p.clone());
+            status.vips = vips
+                .iter()
+                .map(|(ip, pool)| FamilyVip {
+                    family: Family::of(*ip).as_str().to_string(),
+                    ip: ip.to_string(),
+                    address_pool: pool.clone(),
+                })
+                .collect();
+            Ok(messages.join("; "))
+        }
+    };
     let vip_ok = vip_cond.is_ok();
     let waiting_for_address = matches!(&vip_cond, Err((_, false)));
     let mut failed = !supported;
@@ -954,11 +1138,16 @@ pub fn reconcile_service(
 
     status.conditions = conditions;
     Outcome {
-        ingress_ip: if serving { vip } else { None },
+        ingress_ips: if serving {
+            vips.iter().map(|(ip, _)| *ip).collect()
+        } else {
+            Vec::new()
+        },
         status,
         notes,
         waiting_for_address,
         queued_on,
+        released,
     }
 }
 
@@ -1045,17 +1234,26 @@ mod tests {
         let o_udp = reconcile_service(&udp, None, &[&sl], &with(&[&tcp, &late]), &mut book, now());
         let o_tcp = reconcile_service(&tcp, None, &[&sl], &with(&[&udp, &late]), &mut book, now());
         let o_web = reconcile_service(&other, None, &[&sl], &world(), &mut book, now());
-        assert!(o_udp.ingress_ip.is_some(), "{:?}", o_udp.status.conditions);
-        assert_eq!(o_udp.ingress_ip, o_tcp.ingress_ip, "one VIP for the group");
+        assert!(
+            o_udp.ingress_ip().is_some(),
+            "{:?}",
+            o_udp.status.conditions
+        );
+        assert_eq!(
+            o_udp.ingress_ip(),
+            o_tcp.ingress_ip(),
+            "one VIP for the group"
+        );
         assert_ne!(
-            o_web.ingress_ip, o_tcp.ingress_ip,
+            o_web.ingress_ip(),
+            o_tcp.ingress_ip(),
             "a Service outside it gets its own"
         );
         assert_eq!(book.len(), 2);
         // The newcomer collides on 53/TCP with the older dns-tcp: no VIP shown, Failed, a
         // Warning naming the port and the holder; the group keeps its VIP.
         let o = reconcile_service(&late, None, &[&sl], &with(&[&tcp, &udp]), &mut book, now());
-        assert_eq!(o.ingress_ip, None);
+        assert_eq!(o.ingress_ip(), None);
         assert_eq!(o.status.phase, Phase::Failed);
         let n = o
             .notes
@@ -1066,10 +1264,13 @@ mod tests {
             n.warning && n.message.contains("53/TCP") && n.message.contains("default/dns-tcp"),
             "{n:?}"
         );
-        assert_eq!(book.vip_of("default/allow-shared-ip=dns"), o_tcp.ingress_ip);
+        assert_eq!(
+            book.first_vip("default/allow-shared-ip=dns"),
+            o_tcp.ingress_ip()
+        );
         // Once dns-tcp is gone, it fits.
         let o = reconcile_service(&late, None, &[&sl], &with(&[&udp]), &mut book, now());
-        assert_eq!(o.ingress_ip, o_udp.ingress_ip);
+        assert_eq!(o.ingress_ip(), o_udp.ingress_ip());
     }
 
     #[test]
@@ -1087,26 +1288,26 @@ mod tests {
             shared_with: vec![Arc::new(b.clone())],
             ..world()
         };
-        let held = reconcile_service(&a, None, &[&sl], &w, &mut book, now()).ingress_ip;
+        let held = reconcile_service(&a, None, &[&sl], &w, &mut book, now()).ingress_ip();
         let w = World {
             shared_with: vec![a.clone()],
             ..world()
         };
         let o = reconcile_service(&b, None, &[&sl], &w, &mut book, now());
-        assert_eq!(o.ingress_ip, None);
+        assert_eq!(o.ingress_ip(), None);
         assert_eq!(o.status.phase, Phase::Failed);
         assert!(o
             .notes
             .iter()
             .any(|n| n.reason == "SharedIPConflict" && n.message.contains("203.0.113.77")));
         assert_eq!(
-            book.vip_of("default/allow-shared-ip=k"),
+            book.first_vip("default/allow-shared-ip=k"),
             held,
             "the group keeps its VIP"
         );
         // Alone, the same request moves the group's VIP (nobody else uses it).
         let o = reconcile_service(&b, None, &[&sl], &world(), &mut book, now());
-        assert_eq!(o.ingress_ip, Some("203.0.113.77".parse().unwrap()));
+        assert_eq!(o.ingress_ip(), Some("203.0.113.77".parse().unwrap()));
     }
 
     #[test]
@@ -1133,7 +1334,7 @@ mod tests {
         let mut book = VipBook::default();
         // The youngest is reconciled first: it must leave both addresses to its elders.
         let o5 = reconcile_service(&aged("w5", 5), None, &[&sl], &w, &mut book, now());
-        assert_eq!(o5.ingress_ip, None);
+        assert_eq!(o5.ingress_ip(), None);
         assert_eq!(o5.queued_on, vec!["public-v4".to_string()]);
         assert!(o5
             .status
@@ -1142,14 +1343,14 @@ mod tests {
             .any(|c| c.reason == "AddressPoolExhausted"
                 && c.message.contains("2 older Service(s) wait")));
         let o4 = reconcile_service(&aged("w4", 4), None, &[&sl], &w, &mut book, now());
-        assert!(o4.ingress_ip.is_some(), "{:?}", o4.status.conditions);
+        assert!(o4.ingress_ip().is_some(), "{:?}", o4.status.conditions);
         let o3 = reconcile_service(&aged("w3", 3), None, &[&sl], &w, &mut book, now());
-        assert!(o3.ingress_ip.is_some());
+        assert!(o3.ingress_ip().is_some());
         assert!(o3.queued_on.is_empty());
         // Once the elders hold theirs, w5 is simply exhausted and stays in line.
         w.waiters.retain(|x| x.key == "default/w5");
         let o5 = reconcile_service(&aged("w5", 5), None, &[&sl], &w, &mut book, now());
-        assert_eq!(o5.ingress_ip, None);
+        assert_eq!(o5.ingress_ip(), None);
         assert_eq!(o5.queued_on, vec!["public-v4".to_string()]);
     }
 
@@ -1206,6 +1407,225 @@ mod tests {
         Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
     }
 
+    /// The seed world with a second pool holding both families first in the network.
+    fn dual_world() -> World {
+        let mut w = world();
+        w.pools.insert(
+            "public-dual".into(),
+            AddressPoolSpec {
+                advertise_mode: AdvertiseMode::bgp(),
+                addresses: vec!["2001:db8:1::/64".into(), "198.51.100.0/30".into()],
+                allow_network_and_broadcast: None,
+                auto_assign: None,
+                service_allocation: None,
+            },
+        );
+        w.networks.get_mut("public").unwrap().address_pools =
+            vec!["public-dual".into(), "public-v4".into()];
+        w.advertisements[0].address_pools.push("public-dual".into());
+        w
+    }
+
+    fn dual_svc(name: &str, policy: &str, families: &[&str], ann: &[(&str, &str)]) -> Service {
+        let mut a = vec![(EXTERNAL_NETWORK_ANNOTATION, "public")];
+        a.extend_from_slice(ann);
+        let mut s = svc(name, &a);
+        let spec = s.spec.as_mut().unwrap();
+        spec.ip_family_policy = Some(policy.into());
+        spec.ip_families = Some(families.iter().map(|f| f.to_string()).collect());
+        s
+    }
+
+    fn ips(v: &[&str]) -> Vec<IpAddr> {
+        v.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn condition<'a>(o: &'a Outcome, type_: &str) -> Option<&'a Condition> {
+        o.status.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// The dataplane does not serve IPv6 (the switch as shipped): PreferDualStack is
+    /// served on IPv4, first or second, with a warning; RequireDualStack and
+    /// SingleStack IPv6 are refused, nothing allocated.
+    #[test]
+    fn without_ipv6_in_the_dataplane_only_ipv4_is_served() {
+        let sl = seed_slice();
+        for fams in [["IPv6", "IPv4"], ["IPv4", "IPv6"]] {
+            let w = dual_world();
+            let mut book = VipBook::default();
+            let s = dual_svc("web", "PreferDualStack", &fams, &[]);
+            let o = reconcile_with(&s, None, &[&sl], &w, &mut book, now(), false);
+            assert_eq!(o.status.phase, Phase::Ready, "{:?}", o.status.conditions);
+            assert_eq!(o.ingress_ips, ips(&["198.51.100.1"]));
+            assert_eq!(o.status.vip.as_deref(), Some("198.51.100.1"));
+            assert_eq!(o.status.vips.len(), 1);
+            assert!(book.vip_of("default/web", Family::V6).is_none());
+            let c = condition(&o, condition::IP_FAMILIES).unwrap();
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("False", IPV6_NOT_SUPPORTED)
+            );
+            assert!(
+                c.message.contains("the dataplane does not serve IPv6 yet"),
+                "{}",
+                c.message
+            );
+            assert_eq!(condition(&o, condition::READY).unwrap().status, "True");
+            assert!(
+                o.notes
+                    .iter()
+                    .any(|n| n.warning && n.reason == IPV6_NOT_SUPPORTED),
+                "{:?}",
+                o.notes
+            );
+            // A resync is silent.
+            let again = reconcile_with(&s, Some(&o.status), &[&sl], &w, &mut book, now(), false);
+            assert!(again.notes.is_empty(), "{:?}", again.notes);
+        }
+        for (policy, fams) in [
+            ("RequireDualStack", &["IPv4", "IPv6"][..]),
+            ("RequireDualStack", &["IPv6", "IPv4"][..]),
+            ("SingleStack", &["IPv6"][..]),
+        ] {
+            let w = dual_world();
+            let mut book = VipBook::default();
+            let s = dual_svc("web", policy, fams, &[]);
+            let o = reconcile_with(&s, None, &[&sl], &w, &mut book, now(), false);
+            assert_eq!(o.status.phase, Phase::Failed, "{policy} {fams:?}");
+            assert!(o.ingress_ips.is_empty() && o.status.vip.is_none() && o.status.vips.is_empty());
+            assert!(book.is_empty(), "{policy} {fams:?}: nothing allocated");
+            let c = condition(&o, condition::SUPPORTED).unwrap();
+            assert_eq!(c.reason, IPV6_NOT_SUPPORTED);
+            assert!(c.message.contains("the dataplane does not serve IPv6 yet"));
+            assert!(o
+                .notes
+                .iter()
+                .any(|n| n.warning && n.reason == IPV6_NOT_SUPPORTED));
+        }
+    }
+
+    /// With the dataplane serving IPv6: one VIP per family in the Service's order, in
+    /// the record and in the ingress; a requested address per family.
+    #[test]
+    fn with_ipv6_in_the_dataplane_both_families_are_served_in_order() {
+        let sl = seed_slice();
+        let w = dual_world();
+        let mut book = VipBook::default();
+        let s = dual_svc("web", "RequireDualStack", &["IPv6", "IPv4"], &[]);
+        let o = reconcile_with(&s, None, &[&sl], &w, &mut book, now(), true);
+        assert_eq!(o.status.phase, Phase::Ready, "{:?}", o.status.conditions);
+        assert_eq!(o.ingress_ips, ips(&["2001:db8:1::1", "198.51.100.1"]));
+        assert_eq!(o.status.vip.as_deref(), Some("2001:db8:1::1"));
+        assert_eq!(o.status.address_pool.as_deref(), Some("public-dual"));
+        let families: Vec<(&str, &str)> = o
+            .status
+            .vips
+            .iter()
+            .map(|v| (v.family.as_str(), v.ip.as_str()))
+            .collect();
+        assert_eq!(
+            families,
+            [("IPv6", "2001:db8:1::1"), ("IPv4", "198.51.100.1")]
+        );
+        let c = condition(&o, condition::IP_FAMILIES).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.message.as_str()),
+            ("True", "served on IPv6 and IPv4")
+        );
+        let vip_msg = &condition(&o, condition::VIP_ALLOCATED).unwrap().message;
+        assert!(
+            vip_msg.contains("2001:db8:1::1") && vip_msg.contains("198.51.100.1"),
+            "{vip_msg}"
+        );
+        // Idempotent.
+        let again = reconcile_with(&s, Some(&o.status), &[&sl], &w, &mut book, now(), true);
+        assert_eq!(again.status, o.status);
+        assert!(again.notes.is_empty(), "{:?}", again.notes);
+        assert!(again.released.is_empty());
+        // Going back to one family releases the other family's VIP.
+        let single = dual_svc("web", "SingleStack", &["IPv6"], &[]);
+        let one = reconcile_with(&single, Some(&o.status), &[&sl], &w, &mut book, now(), true);
+        assert_eq!(one.released, ips(&["198.51.100.1"]));
+        assert_eq!(one.ingress_ips, ips(&["2001:db8:1::1"]));
+        assert!(book.vip_of("default/web", Family::V4).is_none());
+        let back = reconcile_with(&s, Some(&one.status), &[&sl], &w, &mut book, now(), true);
+        assert_eq!(back.ingress_ips, ips(&["2001:db8:1::1", "198.51.100.1"]));
+
+        // Requested addresses, one per family.
+        let r = dual_svc(
+            "req",
+            "PreferDualStack",
+            &["IPv4", "IPv6"],
+            &[(REQUESTED_IP_ANNOTATION, "2001:db8:1::50, 203.0.113.50")],
+        );
+        let o = reconcile_with(&r, None, &[&sl], &w, &mut book, now(), true);
+        assert_eq!(
+            o.ingress_ips,
+            ips(&["203.0.113.50", "2001:db8:1::50"]),
+            "{:?}",
+            o.status.conditions
+        );
+        // A bad value is a condition naming it; nothing allocated.
+        let bad = dual_svc(
+            "bad",
+            "PreferDualStack",
+            &["IPv4", "IPv6"],
+            &[(REQUESTED_IP_ANNOTATION, "2001:db8:1::50,2001:db8:1::51")],
+        );
+        let o = reconcile_with(&bad, None, &[&sl], &w, &mut book, now(), true);
+        assert_eq!(o.status.phase, Phase::Failed);
+        let c = condition(&o, condition::VIP_ALLOCATED).unwrap();
+        assert_eq!(c.reason, "RequestedIPInvalid");
+        assert!(c.message.contains("both IPv6 addresses"), "{}", c.message);
+        assert!(book.vips_of("default/bad").is_empty());
+        // spec.loadBalancerIP stays IPv4-only.
+        let mut f = dual_svc("field", "SingleStack", &["IPv6"], &[]);
+        f.spec.as_mut().unwrap().load_balancer_ip = Some("2001:db8:1::60".into());
+        let o = reconcile_with(&f, None, &[&sl], &w, &mut book, now(), true);
+        assert!(condition(&o, condition::VIP_ALLOCATED)
+            .unwrap()
+            .message
+            .contains("for IPv4 only"));
+    }
+
+    /// With the dataplane serving IPv6, a family no pool holds: PreferDualStack is
+    /// served on the other with a warning, RequireDualStack and SingleStack serve
+    /// nothing.
+    #[test]
+    fn a_family_without_a_pool_is_a_condition_and_never_half_served() {
+        let sl = seed_slice();
+        let w = world(); // IPv4 pools only
+        let mut book = VipBook::default();
+        let s = dual_svc("web", "PreferDualStack", &["IPv6", "IPv4"], &[]);
+        let o = reconcile_with(&s, None, &[&sl], &w, &mut book, now(), true);
+        assert_eq!(o.status.phase, Phase::Ready);
+        assert_eq!(o.ingress_ips, ips(&["203.0.113.1"]));
+        let c = condition(&o, condition::IP_FAMILIES).unwrap();
+        assert_eq!(c.reason, families::NO_POOL_FOR_FAMILY);
+        assert!(o
+            .notes
+            .iter()
+            .any(|n| n.warning && n.reason == families::NO_POOL_FOR_FAMILY));
+        for (policy, fams) in [
+            ("RequireDualStack", &["IPv4", "IPv6"][..]),
+            ("SingleStack", &["IPv6"][..]),
+        ] {
+            let mut book = VipBook::default();
+            let s = dual_svc("web", policy, fams, &[]);
+            let o = reconcile_with(&s, None, &[&sl], &w, &mut book, now(), true);
+            assert_eq!(o.status.phase, Phase::Failed, "{policy}");
+            assert!(o.ingress_ips.is_empty() && o.status.vip.is_none());
+            assert!(book.is_empty(), "{policy}: nothing half-served");
+            let c = condition(&o, condition::VIP_ALLOCATED).unwrap();
+            assert_eq!(c.reason, families::NO_POOL_FOR_FAMILY);
+            assert!(c.message.contains("nothing is served"), "{}", c.message);
+            assert!(o
+                .notes
+                .iter()
+                .any(|n| n.warning && n.reason == families::NO_POOL_FOR_FAMILY));
+        }
+    }
+
     fn seed_slice() -> EndpointSlice {
         slice(
             "nginx",
@@ -1257,7 +1677,10 @@ mod tests {
                 local_ready_nodes: 2
             }
         );
-        assert_eq!(o.ingress_ip, Some(Ipv4Addr::new(203, 0, 113, 1)));
+        assert_eq!(
+            o.ingress_ip(),
+            Some(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1)))
+        );
         // One Normal Event says both: the VIP and where it is advertised.
         let normal: Vec<&Note> = o.notes.iter().filter(|n| !n.warning).collect();
         assert_eq!(normal.len(), 1, "{:?}", o.notes);
@@ -1405,7 +1828,7 @@ mod tests {
         let ob = reconcile_service(&b, None, &[&sl], &w, &mut book, now());
         assert_eq!(ob.status.vip, None);
         assert_eq!(ob.status.phase, Phase::Pending);
-        assert_eq!(ob.ingress_ip, None);
+        assert_eq!(ob.ingress_ip(), None);
         assert!(ob.status.advertising_nodes.is_empty());
         assert!(ob.notes.iter().any(|n| n.warning
             && n.reason == "RequestedIPTaken"
@@ -1627,7 +2050,7 @@ mod tests {
         c.spec.as_mut().unwrap().load_balancer_ip = Some("203.0.113.80".into());
         let oc = reconcile_service(&c, None, &[&sl], &w, &mut book, now());
         assert_eq!(oc.status.phase, Phase::Failed, "{oc:?}");
-        assert!(oc.status.vip.is_none() && book.vip_of("default/c").is_none());
+        assert!(oc.status.vip.is_none() && book.first_vip("default/c").is_none());
         assert!(oc.notes.iter().any(|n| n.reason == "RequestedIPConflict"));
     }
 
@@ -1638,6 +2061,14 @@ mod tests {
         let cases: Vec<(&str, Mutation)> = vec![
             (
                 "IPv6NotSupported",
+                Box::new(|s, _| {
+                    let spec = s.spec.as_mut().unwrap();
+                    spec.ip_family_policy = Some("RequireDualStack".into());
+                    spec.ip_families = Some(vec!["IPv4".into(), "IPv6".into()])
+                }),
+            ),
+            (
+                "InvalidIPFamilies",
                 Box::new(|s, _| {
                     s.spec.as_mut().unwrap().ip_families = Some(vec!["IPv4".into(), "IPv6".into()])
                 }),
@@ -1715,7 +2146,7 @@ mod tests {
             let o = reconcile_service(&s, None, &[&sl], &w, &mut book, now());
             assert_eq!(o.status.phase, Phase::Failed, "{reason}");
             assert!(o.status.advertising_nodes.is_empty(), "{reason}");
-            assert_eq!(o.ingress_ip, None, "{reason}");
+            assert_eq!(o.ingress_ip(), None, "{reason}");
             assert!(
                 o.notes.iter().any(|n| n.warning && n.reason == reason),
                 "{reason}: {:?}",
@@ -1779,7 +2210,7 @@ mod tests {
         assert_eq!(o.status.phase, Phase::Pending);
         assert!(o.status.vip.is_some());
         assert_eq!(
-            o.ingress_ip,
+            o.ingress_ip(),
             o.status.vip.as_ref().map(|v| v.parse().unwrap())
         );
         assert!(o

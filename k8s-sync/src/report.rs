@@ -22,7 +22,8 @@ pub struct StatusRow {
     pub namespace: String,
     /// Service name.
     pub service: String,
-    /// The VIP, if allocated.
+    /// The VIP, if allocated (a dual-stack Service's two, comma-separated, in its
+    /// family order).
     pub vip: Option<String>,
     /// Ready / Pending / Failed.
     pub phase: String,
@@ -52,7 +53,17 @@ pub fn status_rows(slbs: &[ServiceLoadBalancer]) -> Vec<StatusRow> {
             StatusRow {
                 namespace: s.metadata.namespace.clone().unwrap_or_default(),
                 service: s.metadata.name.clone().unwrap_or_default(),
-                vip: st.vip,
+                vip: if st.vips.len() > 1 {
+                    Some(
+                        st.vips
+                            .iter()
+                            .map(|v| v.ip.as_str())
+                            .collect::<Vec<_>>()
+                            .join(","),
+                    )
+                } else {
+                    st.vip
+                },
                 phase: st.phase.to_string(),
                 pool: st.address_pool,
                 advertising_nodes: st.advertising_nodes,

@@ -311,7 +311,7 @@ fn helm_checks(env: &Env) -> Result<()> {
         })?;
     ensure!(!refused.status.success(), "host bits accepted");
     ensure!(
-        String::from_utf8_lossy(&refused.stderr).contains("IPv4 CIDR without host bits"),
+        String::from_utf8_lossy(&refused.stderr).contains("CIDR without host bits"),
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );

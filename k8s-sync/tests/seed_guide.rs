@@ -600,11 +600,11 @@ fn every_bad_input_is_refused(g: &mut Guide) -> Result<()> {
         ),
         (
             "advertiseMode: bgp\n  addresses: [192.0.2.0/33]",
-            "IPv4 CIDR",
+            "CIDR without host bits",
         ),
         (
             "advertiseMode: bgp\n  addresses: [192.0.2.1/24]",
-            "IPv4 CIDR",
+            "CIDR without host bits",
         ),
     ] {
         let err = env
