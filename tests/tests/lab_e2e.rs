@@ -410,10 +410,34 @@ fn cluster_policy_serves_through_a_node_without_pods() -> Result<()> {
         let before = handed_on("node-b")?;
         // Each curl a new connection from a new port: the router's hash spreads them.
         for i in 0..30 {
-            let page = in_ns("client", &["curl", "-sS", "-m", "10", &url])
-                .with_context(|| format!("request {i} through the Cluster VIP"))?;
+            let page = in_ns(
+                "client",
+                &["curl", "-sS", "-m", "10", &format!("{url}?cluster={i}")],
+            )
+            .with_context(|| format!("request {i} through the Cluster VIP"))?;
             ensure!(page.contains("Welcome to nginx"), "request {i}: {page}");
         }
+        // Each request logged once, from the client's own address (none SNATed by the
+        // node that handed it on).
+        let logged: Vec<String> = nginx_pods()?
+            .iter()
+            .flat_map(|p| {
+                kubectl(&["logs", &p.name])
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains("\"GET /?cluster="))
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        ensure!(
+            logged.len() == 30
+                && logged
+                    .iter()
+                    .all(|l| l.starts_with(&format!("{CLIENT_IP} "))),
+            "the 30 Cluster-policy requests as nginx logged them:\n{}",
+            logged.join("\n")
+        );
         // 4 MiB down and up, a few connections each (so some cross node-b).
         let client = juneau_tests::lab::ns("client");
         let want = pattern(4 << 20);
