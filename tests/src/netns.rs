@@ -194,11 +194,13 @@ pub fn mac_of(ns: &Netns, ifname: &str) -> Result<[u8; 6]> {
 /// The next hops (`via`) of the kernel route to `prefix`/32 in namespace `ns`, sorted:
 /// an ECMP route lists several.
 pub fn route_next_hops(ns: &str, prefix: std::net::Ipv4Addr) -> Result<Vec<std::net::Ipv4Addr>> {
-    let out = run(
-        "ip",
-        &["-n", ns, "-4", "route", "show", &format!("{prefix}/32")],
-    )?;
-    let mut v: Vec<std::net::Ipv4Addr> = String::from_utf8_lossy(&out.stdout)
+    route_vias(ns, "-4", &format!("{prefix}/32"))
+}
+
+/// The `via` addresses of `ip <family> route show <prefix>` in namespace `ns`, sorted.
+fn route_vias<A: std::str::FromStr + Ord>(ns: &str, family: &str, prefix: &str) -> Result<Vec<A>> {
+    let out = run("ip", &["-n", ns, family, "route", "show", prefix])?;
+    let mut v: Vec<A> = String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .collect::<Vec<_>>()
         .windows(2)
@@ -212,19 +214,7 @@ pub fn route_next_hops(ns: &str, prefix: std::net::Ipv4Addr) -> Result<Vec<std::
 /// The next hops (`via`) of the kernel route to `prefix`/128 in namespace `ns`, sorted
 /// (an ECMP route lists several): a global or a link-local address of the neighbour.
 pub fn route6_next_hops(ns: &str, prefix: std::net::Ipv6Addr) -> Result<Vec<std::net::Ipv6Addr>> {
-    let out = run(
-        "ip",
-        &["-n", ns, "-6", "route", "show", &format!("{prefix}/128")],
-    )?;
-    let mut v: Vec<std::net::Ipv6Addr> = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .windows(2)
-        .filter(|w| w[0] == "via")
-        .filter_map(|w| w[1].parse().ok())
-        .collect();
-    v.sort();
-    Ok(v)
+    route_vias(ns, "-6", &format!("{prefix}/128"))
 }
 
 /// The IPv6 addresses of `ifname` in namespace `ns` with scope `scope` (`global`,
