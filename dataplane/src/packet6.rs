@@ -264,9 +264,9 @@ pub fn parse_icmp6_error(frame: &[u8], v: &Ipv6View) -> Option<Icmp6ErrorView> {
     if !(ICMP6_DEST_UNREACH..=ICMP6_PARAM_PROBLEM).contains(&icmp_type) {
         return None;
     }
+    let inner = icmp.get(8..)?;
     let mtu = (icmp_type == ICMP6_PACKET_TOO_BIG)
         .then(|| u32::from_be_bytes([icmp[4], icmp[5], icmp[6], icmp[7]]));
-    let inner = icmp.get(8..)?;
     if inner.len() < IPV6_HEADER_LEN || inner[0] >> 4 != 6 {
         return None;
     }

@@ -396,6 +396,9 @@ fn fuzz_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             engine_records(&[(*side, 0, f)]),
         ));
     }
+    for (name, f) in ipv6_frames() {
+        out.push(("dataplane-packet", name.into(), f));
+    }
     const B2: [u8; 4] = [10, 1, 0, 6];
     let tcp = |src, sport, dst, dport, payload: &[u8], flags| {
         frame(IPPROTO_TCP, src, sport, dst, dport, payload, &[], flags)
@@ -451,6 +454,41 @@ fn fuzz_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         engine_records(&[(up, 0, &q), (p0, 1, icmp_out), (up, 1, icmp_in)]),
     ));
     out
+}
+
+/// IPv6 seeds of the packet target (`packet6`'s views): a TCP SYN to the VIP, a UDP
+/// query behind a Destination Options header, and a Packet Too Big quoting an answer.
+fn ipv6_frames() -> Vec<(&'static str, Vec<u8>)> {
+    let client: [u8; 16] = [0x20, 1, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x42];
+    let vip: [u8; 16] = [
+        0x20, 1, 0x0d, 0xb8, 0, 0, 0, 0x71, 0, 0, 0, 0, 0, 0, 0, 0x10,
+    ];
+    // Ethernet + IPv6 from `src` to `dst`, `nh` first, `payload` after the fixed header.
+    let v6 = |src: [u8; 16], dst: [u8; 16], nh: u8, payload: &[u8]| {
+        let mut f = vec![0u8; 12];
+        f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
+        f.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+        f.extend_from_slice(&[nh, 64]);
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&dst);
+        f.extend_from_slice(payload);
+        f
+    };
+    let syn = [
+        0x9c, 0x40, 0, 80, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0,
+    ];
+    let mut query = vec![17, 0, 0, 0, 0, 0, 0, 0]; // Destination Options, then UDP
+    query.extend_from_slice(&[0x14, 0xe9, 0, 53, 0, 16, 0, 0]);
+    query.extend_from_slice(b"question");
+    let answer = v6(vip, client, 6, &syn);
+    let mut ptb = vec![2, 0, 0, 0, 0, 0, 0x05, 0];
+    ptb.extend_from_slice(&answer[14..]);
+    let router = [0x20, 1, 0x0d, 0xb8, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    vec![
+        ("ipv6-tcp-syn", v6(client, vip, 6, &syn)),
+        ("ipv6-udp-destopts", v6(client, vip, 60, &query)),
+        ("ipv6-packet-too-big", v6(router, vip, 58, &ptb)),
+    ]
 }
 
 /// The committed seed corpora (`dataplane/fuzz/seeds/`) are exactly what
