@@ -530,7 +530,7 @@ pub struct VipRedirectPeers {
     /// that may announce it), sorted, without this node. A node is listed once, and once
     /// more per Ready endpoint of the VIP it has: its weight for the new connections a
     /// node without a backend hands on (at most `shm::MAX_REDIRECT_NODES_PER_VIP`
-    /// entries; the agent scales weights down to fit). A reader that ignores repeats
+    /// entries; the agent scales weights down to fit). A list without repeats (no weights)
     /// spreads those connections evenly over the nodes.
     pub nodes: Vec<Ipv4Addr>,
 }

@@ -16,7 +16,7 @@
 //! first, ESP and any other next header end the walk as [`Upper::Other`]: the engine
 //! drops those under one named reason rather than guess.
 
-use crate::packet::{csum_delta, csum_delta_add, MacAddr, ETHERTYPE_IPV6, ETH_HEADER_LEN};
+use crate::packet::{csum_delta, csum_delta_add, ETHERTYPE_IPV6, ETH_HEADER_LEN};
 use crate::proto::{IPPROTO_TCP, IPPROTO_UDP};
 
 /// The fixed IPv6 header's length.
@@ -144,10 +144,11 @@ fn addr(b: &[u8], off: usize) -> [u8; 16] {
 }
 
 /// The extension-header walk from `nh` over `payload`: bytes skipped, what follows,
-/// whether a (non-atomic) Fragment header was met and, if so, whether it is the first.
-fn walk(mut nh: u8, payload: &[u8]) -> Result<(usize, Upper, Option<bool>), Parse6Error> {
+/// whether a (non-atomic) Fragment header was met (a later fragment ends the walk as
+/// [`Upper::LaterFragment`]).
+fn walk(mut nh: u8, payload: &[u8]) -> Result<(usize, Upper, bool), Parse6Error> {
     let mut off = 0usize;
-    let mut fragment = None;
+    let mut fragment = false;
     for n in 0..=MAX_EXTENSION_HEADERS {
         match nh {
             IPPROTO_TCP | IPPROTO_UDP => return Ok((off, Upper::Transport(nh), fragment)),
@@ -175,12 +176,10 @@ fn walk(mut nh: u8, payload: &[u8]) -> Result<(usize, Upper, Option<bool>), Pars
         if nh == NH_FRAGMENT {
             let offset_flags = be16(h, 2);
             let (offset, more) = (offset_flags >> 3, offset_flags & 1 != 0);
-            if offset != 0 || more {
-                fragment = Some(offset == 0);
-                if offset != 0 {
-                    return Ok((off + len, Upper::LaterFragment(h[0]), fragment));
-                }
+            if offset != 0 {
+                return Ok((off + len, Upper::LaterFragment(h[0]), true));
             }
+            fragment |= more;
         }
         nh = h[0];
         off += len;
@@ -214,11 +213,11 @@ pub fn parse6(frame: &[u8]) -> Result<Ipv6View, Parse6Error> {
         payload_len,
         ext_len,
         upper,
-        fragment: fragment.is_some(),
+        fragment,
         l4: None,
     };
     // A fragment's UDP length covers the whole datagram: no ports read from it here.
-    if let (Upper::Transport(p), None) = (upper, fragment) {
+    if let (Upper::Transport(p), false) = (upper, fragment) {
         view.l4 = Some(
             crate::packet::read_l4(p, &payload[ext_len..]).map_err(|e| match e {
                 crate::packet::ParseError::TruncatedL4 => Parse6Error::TruncatedL4,
@@ -271,13 +270,10 @@ pub fn parse_icmp6_error(frame: &[u8], v: &Ipv6View) -> Option<Icmp6ErrorView> {
         return None;
     }
     // The quote is cut (at 1280 bytes in all): walk what is there.
-    let (ext, upper, fragment) = walk(inner[6], &inner[IPV6_HEADER_LEN..]).ok()?;
-    let Upper::Transport(p) = upper else {
+    // A first fragment quotes the ports; a later one is `LaterFragment`, not followed.
+    let (ext, Upper::Transport(p), _) = walk(inner[6], &inner[IPV6_HEADER_LEN..]).ok()? else {
         return None;
     };
-    if fragment == Some(false) {
-        return None;
-    }
     let l4 = inner.get(IPV6_HEADER_LEN + ext..IPV6_HEADER_LEN + ext + 4)?;
     Some(Icmp6ErrorView {
         icmp_type,
@@ -398,11 +394,6 @@ pub fn decrement_hop_limit(frame: &mut [u8], v: &mut Ipv6View) -> bool {
     v.hop_limit -= 1;
     frame[ETH_HEADER_LEN + 7] = v.hop_limit;
     true
-}
-
-/// Sets the Ethernet addresses (the same for both families).
-pub fn set_macs(frame: &mut [u8], src: MacAddr, dst: MacAddr) {
-    crate::packet::set_macs(frame, src, dst);
 }
 
 #[cfg(test)]

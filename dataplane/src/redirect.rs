@@ -116,7 +116,8 @@ pub fn next_hop(peers: &[u32], me: u32, visited: &HopList, flow_hash: u64) -> Op
 
 /// The peer a **new** connection or UDP flow that finds no Ready backend here is handed
 /// to: weighted rendezvous hashing over the peers of `peers` with a nonzero weight in
-/// `weights` (the peer's Ready endpoints of the VIP) that are neither this node nor
+/// `weights` (the peer's Ready endpoints of the VIP; a peer past its end weighs 0) that
+/// are neither this node nor
 /// already visited — each endpoint cluster-wide gets an equal share, and a peer joining,
 /// leaving or changing weight moves only the flows it gains or loses. A list without
 /// weights (an older agent's, or no weighted peer left) falls back to [`next_hop`].
@@ -283,9 +284,6 @@ pub struct Redirector {
     /// the static `--redirect-peer` ones not among them, and each one's weight for new
     /// connections handed on (its Ready endpoints of the VIP; 0: none, or not published).
     vip_peers: Vec<(u32, Vec<u32>, Vec<u32>)>,
-    /// Zeros, one per static peer: their weights (a static peer's Ready endpoints are
-    /// not known).
-    static_weights: Vec<u32>,
     /// Every peer (static and published), sorted: redirected packets and notices are
     /// accepted from these.
     all_peers: Vec<u32>,
@@ -332,7 +330,6 @@ impl Redirector {
             ],
             prefix_key: std::collections::hash_map::RandomState::new(),
             vip_peers: Vec::new(),
-            static_weights: vec![0; cfg.peers.len()],
             all_peers: Vec::new(),
             counters: Vec::new(),
             cfg,
@@ -466,15 +463,12 @@ impl Redirector {
     }
 
     /// [`Self::peers_for`] with each peer's weight for new connections handed on (its
-    /// Ready endpoints of the VIP as the agent published them; all 0 for the static
-    /// peers of a VIP without a list).
+    /// Ready endpoints of the VIP as the agent published them); none (an empty slice)
+    /// for the static peers of a VIP without a list, whose endpoints are not known.
     pub fn weighted_peers_for(&self, vip: u32) -> (&[u32], &[u32]) {
         match self.vip_peers.binary_search_by_key(&vip, |v| v.0) {
             Ok(i) => (&self.vip_peers[i].1, &self.vip_peers[i].2),
-            Err(_) => (
-                &self.cfg.peers,
-                &self.static_weights[..self.cfg.peers.len()],
-            ),
+            Err(_) => (&self.cfg.peers, &[]),
         }
     }
 
@@ -743,7 +737,7 @@ mod tests {
         let want: Vec<u32> = [12, 13, 14, 20].map(|d| u32::from(ip(d))).to_vec();
         assert_eq!((peers, weights), (&want[..], &[2, 0, 1, 0][..]));
         let other = r.weighted_peers_for(1);
-        assert_eq!(other, (&[u32::from(ip(20))][..], &[0][..]));
+        assert_eq!(other, (&[u32::from(ip(20))][..], &[][..]));
         assert_eq!(r.all_peers().len(), 4);
     }
 

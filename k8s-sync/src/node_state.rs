@@ -261,8 +261,8 @@ fn secret_value(view: &AgentView, name: &str, key: &str) -> Option<juneau_contro
 /// (the dataplane's weighted rendezvous: every endpoint cluster-wide an equal share).
 /// The list holds at most [`MAX_REDIRECT_NODES_PER_VIP`] entries: weights above what
 /// fits are scaled down (largest remainders), every peer with an endpoint keeping at
-/// least one; `None` when even that does not fit (the caller lists each peer once: even
-/// spreading, as a dataplane reading no weights does).
+/// least one; `None` when even that does not fit (the caller lists each peer once: no
+/// weights, so the dataplane spreads evenly).
 fn weighted_peers(ready: &[(Ipv4Addr, u32)]) -> Option<Vec<Ipv4Addr>> {
     let room = MAX_REDIRECT_NODES_PER_VIP.checked_sub(ready.len())?;
     let holders = ready.iter().filter(|(_, r)| *r > 0).count();
