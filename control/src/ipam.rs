@@ -251,24 +251,14 @@ impl AddressPool {
                     .ok_or_else(|| {
                         bad(entry, format!("prefix length {len:?} is not 0..={bits}"))
                     })?;
-                // Host bits of the family's width, as a mask in the low `bits` bits.
-                let width_mask = if bits == 128 {
-                    u128::MAX
-                } else {
-                    (1u128 << bits) - 1
-                };
-                let host = if len == bits { 0 } else { width_mask >> len };
-                let base = num(ip);
-                if base & host != 0 {
+                let net = ipnet::IpNet::new(ip, len as u8).expect("length checked above");
+                if net.trunc() != net {
                     return Err(bad(
                         entry,
-                        format!(
-                            "host bits are set; did you mean {}/{len}?",
-                            family.addr(base & !host)
-                        ),
+                        format!("host bits are set; did you mean {}?", net.trunc()),
                     ));
                 }
-                let (mut first, mut last) = (base, base | host);
+                let (mut first, mut last) = (num(net.network()), num(net.broadcast()));
                 if !allow_network_and_broadcast {
                     match family {
                         Family::V4 if len <= 30 => {
