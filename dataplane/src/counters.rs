@@ -109,11 +109,18 @@ pub enum DropReason {
     /// dataplane restarting or handing over to its successor): dropped by the steering
     /// program, counted in its pinned map across the restart.
     NoSocket,
+    /// IPv6 to a VIP whose extension headers the dataplane does not walk past (ESP, a
+    /// routing header with segments left, a misplaced Hop-by-Hop header, a chain longer
+    /// than `packet6::MAX_EXTENSION_HEADERS`, any other next header).
+    Ipv6ExtensionHeader,
+    /// A new IPv6 flow whose keys the steering program's `flows6` map refused (its
+    /// replies would have reached the kernel un-NATed): not created.
+    FlowNotPublished,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 36] = [
+    pub const ALL: [DropReason; 38] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -150,6 +157,8 @@ impl DropReason {
         DropReason::FragmentHeldFull,
         DropReason::NewFlowPrefixRateLimited,
         DropReason::NoSocket,
+        DropReason::Ipv6ExtensionHeader,
+        DropReason::FlowNotPublished,
     ];
 
     /// The label used in metrics and the stats file.
@@ -191,6 +200,8 @@ impl DropReason {
             DropReason::FragmentHeldFull => "fragment_held_full",
             DropReason::NewFlowPrefixRateLimited => "new_flow_prefix_rate_limited",
             DropReason::NoSocket => "no_socket",
+            DropReason::Ipv6ExtensionHeader => "ipv6_extension_header",
+            DropReason::FlowNotPublished => "flow_not_published",
         }
     }
 }

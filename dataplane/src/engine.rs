@@ -58,6 +58,8 @@ pub enum Verdict {
 pub struct EngineConfig {
     /// Flow table capacity.
     pub flow_capacity: usize,
+    /// IPv6 flow table capacity ([`crate::flow6`]).
+    pub flow6_capacity: usize,
     /// Flow timeouts.
     pub timeouts: Timeouts,
     /// Recompute L4 checksums of replies from Pods instead of updating them
@@ -77,6 +79,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             flow_capacity: 1 << 20,
+            flow6_capacity: 1 << 16,
             timeouts: Timeouts::default(),
             recompute_pod_checksums: true,
             hash_seed: 0x6a75_6e65_6175,
@@ -222,6 +225,8 @@ pub struct Engine {
     icmp_bucket: crate::redirect::TokenBucket,
     /// `sessionAffinity: ClientIP`: the backend each client's new connections keep.
     affinity: crate::affinity::AffinityTable,
+    /// IPv6: its flow table, service table and counters (`engine6.rs`).
+    v6: ipv6_path::V6,
 }
 
 /// The sweep passes over a whole flow table once per this many ms (so a record is
@@ -276,6 +281,8 @@ mod redirect_path;
 
 #[path = "engine_icmp.rs"]
 mod icmp_path;
+#[path = "engine6.rs"]
+mod ipv6_path;
 
 impl Engine {
     /// An engine with an empty service table and a flow table on the heap.
@@ -316,6 +323,10 @@ impl Engine {
             sweep_pace: SweepPace::default(),
             icmp_bucket: crate::redirect::TokenBucket::new(ICMP_PER_SECOND, ICMP_BURST),
             affinity: Default::default(),
+            v6: ipv6_path::V6::new(crate::flow6::Flow6Table::new(
+                cfg.flow6_capacity,
+                cfg.timeouts,
+            )),
         }
     }
 
@@ -757,6 +768,9 @@ impl Engine {
     ) -> Verdict {
         let v = match packet::parse(frame) {
             Ok(Parsed::Ipv4(v)) => v,
+            Ok(Parsed::NotIpv4(_)) if packet::ethertype(frame) == Some(packet::ETHERTYPE_IPV6) => {
+                return self.process6(frame, ingress, nb, now_ms)
+            }
             Ok(Parsed::NotIpv4(_)) => return self.pass(PassReason::NotIpv4),
             Err(_) => return self.drop(DropReason::Malformed, None),
         };

@@ -11,15 +11,16 @@
 //!   one definition `build.rs` makes the program's header from;
 //! - [`proto`]: protocol numbers and TCP flags (a leaf both below use);
 //! - [`packet`]: views over frame bytes and in-place NAT rewrites (RFC 1624 checksums);
-//!   [`packet6`] the same for IPv6 (extension headers, ICMPv6 errors; not used by the
-//!   engine yet);
+//!   [`packet6`] the same for IPv6 (extension headers, ICMPv6 errors);
 //! - [`flow`]: the fixed-capacity flow table, shared with the XDP program and pinned
 //!   ([`region`]: its heap or mmapped-BPF-map memory, the only `unsafe` around it);
+//! - [`flow6`]: the IPv6 flow table (process memory; its keys mirrored into a pinned
+//!   BPF map for the steering program);
 //! - [`frag`]: IPv4 fragments following their datagram's first fragment (bounded);
-//! - [`services`], [`neigh`]: read-only tables the packet path consults;
+//! - [`services`], [`services6`], [`neigh`]: read-only tables the packet path consults;
 //! - [`affinity`]: `sessionAffinity: ClientIP`, which backend a client's new
 //!   connections keep;
-//! - [`engine`]: frame + ingress side → verdict, no I/O;
+//! - [`engine`]: frame + ingress side → verdict, no I/O (IPv6 in `engine6.rs`);
 //! - [`segment`]: packets larger than their egress takes, cut into TCP segments or
 //!   IPv4 fragments that fit;
 //! - [`fast`]: the XDP program's established-flow fast path, as the engine publishes it;
@@ -36,6 +37,7 @@ pub mod counters;
 pub mod engine;
 pub mod fast;
 pub mod flow;
+pub mod flow6;
 pub mod frag;
 pub mod frames;
 pub mod host_network;
@@ -54,4 +56,5 @@ pub mod runtime;
 pub mod sched;
 pub mod segment;
 pub mod services;
+pub mod services6;
 pub mod steering;

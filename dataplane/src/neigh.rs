@@ -44,6 +44,42 @@ pub struct Route {
     pub ifindex: u32,
 }
 
+/// An IPv6 route on one of the dataplane's interfaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route6 {
+    /// Destination prefix.
+    pub prefix: u128,
+    /// Prefix length.
+    pub len: u8,
+    /// Gateway (often link-local), `None` for a directly connected destination.
+    pub gateway: Option<u128>,
+    /// Outgoing interface.
+    pub ifindex: u32,
+}
+
+/// The outcome of an IPv6 next-hop lookup (neighbour discovery stands for ARP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolve6 {
+    /// Send out of `side`, from `src`, to `dst`.
+    Found {
+        /// Egress interface.
+        side: Side,
+        /// Source MAC (the egress interface's).
+        src: MacAddr,
+        /// Destination MAC (the next hop's).
+        dst: MacAddr,
+    },
+    /// The next hop `ip` on `ifindex` has no usable neighbour entry yet.
+    Miss {
+        /// Next-hop address.
+        ip: [u8; 16],
+        /// Interface to resolve it on.
+        ifindex: u32,
+    },
+    /// No route out of any of the dataplane's interfaces.
+    NoRoute,
+}
+
 /// The outcome of a next-hop lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resolve {
@@ -75,6 +111,10 @@ pub struct Neighbours {
     host_routes: HashMap<u32, Route, FastBuild>,
     prefix_routes: Vec<Route>,
     entries: HashMap<u64, MacAddr, FastBuild>,
+    /// IPv6 routes on our interfaces, longest prefix first.
+    routes6: Vec<Route6>,
+    /// IPv6 neighbours by (address, ifindex).
+    entries6: HashMap<([u8; 16], u32), MacAddr, FastBuild>,
     /// Interfaces that take frames an XDP program redirects to them (sorted).
     xdp_frame_targets: Vec<u32>,
     /// Changes whenever the content changes (unique per process), so the engine can
@@ -89,6 +129,14 @@ fn next_stamp() -> u64 {
 
 fn neigh_key(ip: u32, ifindex: u32) -> u64 {
     (u64::from(ifindex) << 32) | u64::from(ip)
+}
+
+fn mask6(len: u8) -> u128 {
+    if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(len.min(128)))
+    }
 }
 
 fn mask(len: u8) -> u32 {
@@ -108,8 +156,60 @@ impl Neighbours {
             host_routes: HashMap::default(),
             prefix_routes: Vec::new(),
             entries: HashMap::default(),
+            routes6: Vec::new(),
+            entries6: HashMap::default(),
             xdp_frame_targets: Vec::new(),
             stamp: next_stamp(),
+        }
+    }
+
+    /// Adds an IPv6 route (routes on other interfaces are ignored).
+    pub fn add_route6(&mut self, r: Route6) {
+        if self.side_of(r.ifindex).is_none() {
+            return;
+        }
+        self.stamp = next_stamp();
+        self.routes6.push(Route6 {
+            prefix: r.prefix & mask6(r.len),
+            ..r
+        });
+        self.routes6.sort_by_key(|r| std::cmp::Reverse(r.len));
+    }
+
+    /// Adds an IPv6 neighbour entry.
+    pub fn add_neighbour6(&mut self, ip: [u8; 16], ifindex: u32, mac: MacAddr) {
+        self.stamp = next_stamp();
+        self.entries6.insert((ip, ifindex), mac);
+    }
+
+    /// Longest-prefix match over our interfaces' IPv6 routes.
+    pub fn route6(&self, dst: [u8; 16]) -> Option<Route6> {
+        let d = u128::from_be_bytes(dst);
+        self.routes6
+            .iter()
+            .find(|r| d & mask6(r.len) == r.prefix)
+            .copied()
+    }
+
+    /// Where an IPv6 packet to `dst` goes next.
+    pub fn resolve6(&self, dst: [u8; 16]) -> Resolve6 {
+        let Some(r) = self.route6(dst) else {
+            return Resolve6::NoRoute;
+        };
+        let Some((side, src)) = self.side_of(r.ifindex) else {
+            return Resolve6::NoRoute;
+        };
+        let nh = r.gateway.map_or(dst, u128::to_be_bytes);
+        match self.entries6.get(&(nh, r.ifindex)) {
+            Some(&mac) => Resolve6::Found {
+                side,
+                src,
+                dst: mac,
+            },
+            None => Resolve6::Miss {
+                ip: nh,
+                ifindex: r.ifindex,
+            },
         }
     }
 
@@ -222,6 +322,76 @@ impl Neighbours {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipv6_longest_prefix_then_neighbour_with_a_link_local_gateway() {
+        let up = Iface {
+            ifindex: 2,
+            mac: MacAddr([0xa; 6]),
+        };
+        let p0 = Iface {
+            ifindex: 5,
+            mac: MacAddr([0xb; 6]),
+        };
+        let a = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap();
+        let mut n = Neighbours::new(up, vec![p0]);
+        let gw = u128::from(a("fe80::1"));
+        n.add_route6(Route6 {
+            prefix: 0,
+            len: 0,
+            gateway: Some(gw),
+            ifindex: 2,
+        });
+        n.add_route6(Route6 {
+            prefix: u128::from(a("fd00:10:1::5")),
+            len: 64, // host bits are masked off
+            gateway: None,
+            ifindex: 5,
+        });
+        n.add_route6(Route6 {
+            prefix: 0,
+            len: 0,
+            gateway: None,
+            ifindex: 99,
+        }); // not ours
+        let pod = a("fd00:10:1::7").octets();
+        assert_eq!(
+            n.resolve6(pod),
+            Resolve6::Miss {
+                ip: pod,
+                ifindex: 5
+            }
+        );
+        n.add_neighbour6(pod, 5, MacAddr([7; 6]));
+        assert_eq!(
+            n.resolve6(pod),
+            Resolve6::Found {
+                side: Side::Pod(0),
+                src: MacAddr([0xb; 6]),
+                dst: MacAddr([7; 6])
+            }
+        );
+        let client = a("2001:db8::9").octets();
+        assert_eq!(
+            n.resolve6(client),
+            Resolve6::Miss {
+                ip: gw.to_be_bytes(),
+                ifindex: 2
+            }
+        );
+        n.add_neighbour6(gw.to_be_bytes(), 2, MacAddr([1; 6]));
+        assert!(matches!(
+            n.resolve6(client),
+            Resolve6::Found {
+                side: Side::Uplink,
+                ..
+            }
+        ));
+        assert_eq!(
+            Neighbours::new(up, vec![]).resolve6(client),
+            Resolve6::NoRoute
+        );
+    }
 
     fn ip(a: [u8; 4]) -> u32 {
         u32::from_be_bytes(a)

@@ -3,8 +3,7 @@
 //! above all: IPv6 routers never fragment), and in-place NAT rewrites with RFC 1624
 //! incremental checksums over the IPv6 pseudo-header (issue #28).
 //!
-//! The first step of the IPv6 dataplane: the engine does not call this module yet (the
-//! flow table, the steering program and neighbour discovery come next). Like
+//! The engine's IPv6 path (`engine6.rs`) reads frames through these views. Like
 //! [`crate::packet`], [`parse6`] validates a frame once
 //! and returns offsets and fields; nothing here allocates, copies the frame or panics on
 //! any input (property tests; the `packet` fuzz target runs it too).
@@ -319,6 +318,22 @@ pub fn upper_checksum(frame: &[u8], v: &Ipv6View) -> u16 {
     !(s as u16)
 }
 
+/// Computes the upper-layer checksum of `v`'s packet afresh and stores it (a partial
+/// offload checksum or a rewritten ICMPv6 quote); a UDP checksum computed as 0 is sent
+/// as 0xffff (RFC 768). Nothing for a packet without a checksum field it knows.
+pub fn fill_upper_checksum(frame: &mut [u8], v: &Ipv6View) {
+    let Some(c) = csum_offset(v) else { return };
+    if c + 2 > v.end() {
+        return;
+    }
+    frame[c..c + 2].copy_from_slice(&[0, 0]);
+    let mut sum = upper_checksum(frame, v);
+    if sum == 0 && matches!(v.upper, Upper::Transport(IPPROTO_UDP)) {
+        sum = 0xffff;
+    }
+    frame[c..c + 2].copy_from_slice(&sum.to_be_bytes());
+}
+
 /// Offset of the checksum field of `v`'s TCP, UDP or ICMPv6 header.
 fn csum_offset(v: &Ipv6View) -> Option<usize> {
     match v.upper {
@@ -397,4 +412,4 @@ pub fn decrement_hop_limit(frame: &mut [u8], v: &mut Ipv6View) -> bool {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

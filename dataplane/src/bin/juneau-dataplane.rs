@@ -77,6 +77,10 @@ struct Args {
     /// at start.
     #[arg(long, default_value_t = 1 << 20)]
     flow_capacity: usize,
+    /// IPv6 flow table capacity per forwarding worker (flows); ~200 bytes per flow,
+    /// allocated at start.
+    #[arg(long, default_value_t = 1 << 16)]
+    flow6_capacity: usize,
     /// TCP timeout of a half-open flow (SYN, or SYN and SYN-ACK, seen), seconds.
     #[arg(long, default_value_t = 5)]
     tcp_syn_timeout: u32,
@@ -273,6 +277,7 @@ fn main() -> Result<()> {
         metrics_addr: a.metrics_addr,
         engine: EngineConfig {
             flow_capacity: a.flow_capacity,
+            flow6_capacity: a.flow6_capacity,
             timeouts: Timeouts {
                 tcp_syn_ms: ms(a.tcp_syn_timeout),
                 tcp_established_ms: ms(a.tcp_established_timeout),

@@ -35,7 +35,7 @@ fn reference_sum(src: &[u8; 16], dst: &[u8; 16], proto: u8, upper: &[u8]) -> u16
 
 /// A TCP segment (20-byte header, flags, `data`) or UDP datagram from `sport` to
 /// `dport`, its checksum field zero.
-fn upper(proto: u8, sport: u16, dport: u16, flags: u8, data: &[u8]) -> Vec<u8> {
+pub(crate) fn upper(proto: u8, sport: u16, dport: u16, flags: u8, data: &[u8]) -> Vec<u8> {
     let mut u = Vec::new();
     u.extend_from_slice(&sport.to_be_bytes());
     u.extend_from_slice(&dport.to_be_bytes());
@@ -52,7 +52,7 @@ fn upper(proto: u8, sport: u16, dport: u16, flags: u8, data: &[u8]) -> Vec<u8> {
 /// An extension header of type `kind` (its next-header byte filled in by [`frame`]),
 /// `units` units long: 8 bytes each, 4 for AH; `b3`: its fourth byte (a routing
 /// header's segments left; a fragment header's offset/flags are `b2`, `b3`).
-fn ext(kind: u8, units: u8, b2: u8, b3: u8) -> (u8, Vec<u8>) {
+pub(crate) fn ext(kind: u8, units: u8, b2: u8, b3: u8) -> (u8, Vec<u8>) {
     let len = match kind {
         NH_FRAGMENT => 8,
         NH_AUTH => (usize::from(units) + 2) * 4,
@@ -67,7 +67,13 @@ fn ext(kind: u8, units: u8, b2: u8, b3: u8) -> (u8, Vec<u8>) {
 
 /// An Ethernet + IPv6 frame from `src` to `dst` through `exts` to `proto`'s `body`,
 /// whose checksum (TCP, UDP, ICMPv6) is filled in.
-fn frame(src: [u8; 16], dst: [u8; 16], exts: &[(u8, Vec<u8>)], proto: u8, body: &[u8]) -> Vec<u8> {
+pub(crate) fn frame(
+    src: [u8; 16],
+    dst: [u8; 16],
+    exts: &[(u8, Vec<u8>)],
+    proto: u8,
+    body: &[u8],
+) -> Vec<u8> {
     let mut body = body.to_vec();
     let c = match proto {
         IPPROTO_TCP => Some(16),
@@ -98,7 +104,7 @@ fn frame(src: [u8; 16], dst: [u8; 16], exts: &[(u8, Vec<u8>)], proto: u8, body: 
     f
 }
 
-fn checksum_ok(f: &[u8], v: &Ipv6View) -> bool {
+pub(crate) fn checksum_ok(f: &[u8], v: &Ipv6View) -> bool {
     upper_checksum(f, v) == 0
 }
 

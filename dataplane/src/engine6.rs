@@ -1,0 +1,388 @@
+//! The engine's IPv6 path (issue #28): DNAT of a client's packets to a local backend and
+//! reverse NAT of the backend's replies, without SNAT (the Pod sees the client's address),
+//! through the IPv6 flow table ([`crate::flow6`]); ICMPv6 errors about a flow relayed to
+//! its other end — Packet Too Big above all, since IPv6 routers never fragment; everything
+//! else to a VIP dropped under a named reason.
+//!
+//! What the IPv4 path has and this one has not yet: the established-flow fast path, the
+//! XDP fast path, redirects between nodes (an IPv6 frontend is served from local
+//! backends only), fragments (dropped as `fragment`), cutting a Pod's super-segment for
+//! its egress (dropped as `too_big` by the caller), the affinity table (a ClientIP
+//! service picks by the client's address alone: stable while the backends are).
+
+use crate::counters::{DropReason, ServiceCounters};
+use crate::flow::Direction;
+use crate::flow6::{Flow6, Flow6Key, Flow6Table, Insert6Error};
+use crate::neigh::{Neighbours, Resolve6, Side};
+use crate::packet::{set_macs, tcp_flags};
+use crate::packet6::{self, Icmp6ErrorView, Ipv6View, Side6, Upper};
+use crate::services6::{Backend6, Services6};
+
+use super::{Engine, PassReason, Verdict, MAGLEV_HASH_SEED};
+
+/// The engine's IPv6 state.
+#[derive(Debug)]
+pub struct V6 {
+    flows: Flow6Table,
+    services: Services6,
+    /// Per IPv6 service, indexed like `services`.
+    counters: Vec<ServiceCounters>,
+    /// IPv6 next hops to resolve, taken by the I/O loop after a batch.
+    missing: Vec<([u8; 16], u32)>,
+}
+
+impl V6 {
+    pub(super) fn new(flows: Flow6Table) -> Self {
+        V6 {
+            flows,
+            services: Services6::default(),
+            counters: Vec::new(),
+            missing: Vec::new(),
+        }
+    }
+}
+
+/// The Maglev hash of an IPv6 5-tuple (or of the client's address alone): SipHash-1-3
+/// under the fixed Maglev seed, so every node and every restart picks alike.
+fn maglev_hash6(k: &Flow6Key, client_only: bool) -> u64 {
+    use std::hash::Hasher;
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(MAGLEV_HASH_SEED, !MAGLEV_HASH_SEED);
+    h.write(&k.src);
+    if !client_only {
+        h.write(&k.dst);
+        h.write(&[(k.src_port >> 8) as u8, k.src_port as u8]);
+        h.write(&[(k.dst_port >> 8) as u8, k.dst_port as u8, k.proto]);
+    }
+    h.finish()
+}
+
+fn key_of(v: &Ipv6View, proto: u8) -> Option<Flow6Key> {
+    let l4 = v.l4?;
+    Some(Flow6Key {
+        src: v.src,
+        dst: v.dst,
+        src_port: l4.src_port,
+        dst_port: l4.dst_port,
+        proto,
+    })
+}
+
+impl Engine {
+    /// Installs the IPv6 service table of a new state generation.
+    pub fn set_services6(&mut self, services: Services6) {
+        let n = services.services().len();
+        self.v6.services = services;
+        self.v6.counters = vec![ServiceCounters::default(); n];
+    }
+
+    /// The IPv6 service table in use.
+    pub fn services6(&self) -> &Services6 {
+        &self.v6.services
+    }
+
+    /// The IPv6 flow table (to mirror it into the steering program's map, to read it).
+    pub fn flows6_mut(&mut self) -> &mut Flow6Table {
+        &mut self.v6.flows
+    }
+
+    /// Per IPv6 service counters, indexed like [`Engine::services6`].
+    pub fn service_counters6(&self) -> &[ServiceCounters] {
+        &self.v6.counters
+    }
+
+    /// Takes the IPv6 next hops whose resolution the engine needs.
+    pub fn take_missing6(&mut self) -> Vec<([u8; 16], u32)> {
+        std::mem::take(&mut self.v6.missing)
+    }
+
+    /// Ends up to `budget` expired IPv6 flows.
+    pub fn sweep6(&mut self, now_ms: u64, budget: usize) -> usize {
+        self.v6.flows.sweep(now_ms, budget)
+    }
+
+    fn drop6(&mut self, r: DropReason, service: Option<u32>) -> Verdict {
+        if let Some(c) = service.and_then(|s| self.v6.counters.get_mut(s as usize)) {
+            c.drops += 1;
+        }
+        self.counters.drop(r);
+        Verdict::Drop(r)
+    }
+
+    /// An IPv6 frame (the general path's dispatch on the ethertype).
+    pub(super) fn process6(
+        &mut self,
+        frame: &mut [u8],
+        ingress: Side,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Verdict {
+        let Ok(v) = packet6::parse6(frame) else {
+            return self.drop6(DropReason::Malformed, None);
+        };
+        if ingress == Side::Uplink && !self.v6.services.is_vip(v.dst) {
+            return self.pass(PassReason::NotForUs);
+        }
+        if v.hop_limit <= 1 {
+            return self.pass(PassReason::TtlExpired);
+        }
+        match v.upper {
+            Upper::Other(_) => self.drop6(DropReason::Ipv6ExtensionHeader, None),
+            Upper::LaterFragment(_) => self.drop6(DropReason::Fragment, None),
+            Upper::Transport(_) if v.fragment => self.drop6(DropReason::Fragment, None),
+            Upper::Transport(p) => match ingress {
+                Side::Uplink => self.forward6(frame, v, p, nb, now_ms),
+                Side::Pod(_) => self.reverse6(frame, v, p, nb, now_ms),
+            },
+            Upper::Icmp => match packet6::parse_icmp6_error(frame, &v) {
+                Some(e) => self.relay_icmp6_error(frame, v, e, ingress, nb, now_ms),
+                None if ingress == Side::Uplink => {
+                    self.drop6(DropReason::UnsupportedProtocol, None)
+                }
+                None => self.pass(PassReason::NotForUs),
+            },
+        }
+    }
+
+    /// A client's packet to a VIP: its flow's backend, or a new flow's.
+    fn forward6(
+        &mut self,
+        frame: &mut [u8],
+        mut v: Ipv6View,
+        proto: u8,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Verdict {
+        let Some(key) = key_of(&v, proto) else {
+            return self.drop6(DropReason::Malformed, None);
+        };
+        let flags = v.l4.map_or(0, |l| l.tcp_flags);
+        let id = match self.v6.flows.lookup(&key, now_ms) {
+            Some((id, Direction::Forward)) => match self.revalidate6(id) {
+                Ok(id) => id,
+                Err(r) => return r,
+            },
+            Some((_, Direction::Reverse)) => return self.drop6(DropReason::FlowConflict, None),
+            None => match self.open6(&key, flags, now_ms) {
+                Ok(id) => id,
+                Err(r) => return r,
+            },
+        };
+        self.v6.flows.touch(id, Direction::Forward, flags, now_ms);
+        let f = *self.v6.flows.get(id).expect("a live flow");
+        let len = frame.len();
+        packet6::rewrite6(frame, &mut v, Side6::Destination, f.backend, f.backend_port);
+        let verdict = self.egress6(frame, &mut v, f.backend, nb, f.service);
+        if matches!(verdict, Verdict::Tx(_)) {
+            if let Some(c) = self.v6.counters.get_mut(f.service as usize) {
+                c.forwarded(true, len);
+            }
+        }
+        verdict
+    }
+
+    /// A new flow for a client's first packet: the frontend, its admission, a backend.
+    fn open6(&mut self, key: &Flow6Key, flags: u8, now_ms: u64) -> Result<u32, Verdict> {
+        let Some(s) = self.v6.services.find(key.dst, key.proto, key.dst_port) else {
+            return Err(self.drop6(DropReason::PortNotExposed, None));
+        };
+        let svc = self.v6.services.service(s).expect("found above");
+        if !svc.admits(key.src) {
+            return Err(self.drop6(DropReason::SourceRangeDenied, Some(s)));
+        }
+        let syn = flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN;
+        if key.proto == crate::proto::IPPROTO_TCP && !syn {
+            return Err(self.drop6(DropReason::NonSynWithoutFlow, Some(s)));
+        }
+        let Some(b) = svc.pick(maglev_hash6(key, svc.client_ip_affinity)) else {
+            return Err(self.drop6(DropReason::NoBackend, Some(s)));
+        };
+        let generation = self.v6.services.generation();
+        let f = Flow6::new(
+            (key.src, key.src_port),
+            (key.dst, key.dst_port),
+            (b.ip, b.port),
+            key.proto,
+            flags,
+            s,
+            generation,
+        );
+        match self.v6.flows.insert(f, now_ms) {
+            Ok(id) => {
+                if let Some(c) = self.v6.counters.get_mut(s as usize) {
+                    c.new_flows += 1;
+                }
+                Ok(id)
+            }
+            Err(e) => Err(self.drop6(
+                match e {
+                    Insert6Error::Full => DropReason::FlowTableFull,
+                    Insert6Error::Conflict => DropReason::FlowConflict,
+                    Insert6Error::NotPublished => DropReason::FlowNotPublished,
+                },
+                Some(s),
+            )),
+        }
+    }
+
+    /// Checks a flow against the current IPv6 service table: its frontend, its backend
+    /// (Ready or draining) and its client's admission; a stale flow ends.
+    fn revalidate6(&mut self, id: u32) -> Result<u32, Verdict> {
+        let f = *self.v6.flows.get(id).expect("a live flow");
+        let generation = self.v6.services.generation();
+        if f.generation == generation {
+            return Ok(id);
+        }
+        let found = self.v6.services.find(f.vip, f.proto, f.vip_port);
+        let verdict = match found.and_then(|s| Some((s, self.v6.services.service(s)?))) {
+            Some((s, svc)) if !svc.admits(f.client) => Some((DropReason::SourceRangeDenied, s)),
+            Some((s, svc))
+                if svc.has_backend(Backend6 {
+                    ip: f.backend,
+                    port: f.backend_port,
+                }) =>
+            {
+                self.v6.flows.revalidated(id, s, generation);
+                None
+            }
+            Some((s, _)) => Some((DropReason::BackendRemoved, s)),
+            None => {
+                self.v6.flows.remove(id);
+                return Err(self.drop6(DropReason::BackendRemoved, None));
+            }
+        };
+        match verdict {
+            None => Ok(id),
+            Some((r, s)) => {
+                self.v6.flows.remove(id);
+                Err(self.drop6(r, Some(s)))
+            }
+        }
+    }
+
+    /// A backend's reply: the source becomes the VIP again.
+    fn reverse6(
+        &mut self,
+        frame: &mut [u8],
+        mut v: Ipv6View,
+        proto: u8,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Verdict {
+        let Some(key) = key_of(&v, proto) else {
+            return self.drop6(DropReason::Malformed, None);
+        };
+        let id = match self.v6.flows.lookup(&key, now_ms) {
+            Some((id, Direction::Reverse)) => match self.revalidate6(id) {
+                Ok(id) => id,
+                Err(r) => return r,
+            },
+            _ => return self.drop6(DropReason::NoFlow, None),
+        };
+        let flags = v.l4.map_or(0, |l| l.tcp_flags);
+        self.v6.flows.touch(id, Direction::Reverse, flags, now_ms);
+        let f = *self.v6.flows.get(id).expect("a live flow");
+        let len = frame.len();
+        packet6::rewrite6(frame, &mut v, Side6::Source, f.vip, f.vip_port);
+        if self.pod_checksum == super::PodChecksums::Detect {
+            // A Pod's veth may hand over a partial (offload) checksum: computed in full.
+            packet6::fill_upper_checksum(frame, &v);
+        }
+        let verdict = self.egress6(frame, &mut v, f.client, nb, f.service);
+        if matches!(verdict, Verdict::Tx(_)) {
+            if let Some(c) = self.v6.counters.get_mut(f.service as usize) {
+                c.forwarded(false, len);
+            }
+        }
+        verdict
+    }
+
+    /// An ICMPv6 error about a flow's packet, to the flow's other end: from the uplink
+    /// (a router about a reply: the quote is VIP -> client) to the backend, from a Pod
+    /// (the backend about a client's packet: the quote is client -> backend) to the
+    /// client. The outer address and the quoted one are rewritten, the checksum computed
+    /// again over the whole message (a cold path).
+    fn relay_icmp6_error(
+        &mut self,
+        frame: &mut [u8],
+        mut v: Ipv6View,
+        e: Icmp6ErrorView,
+        ingress: Side,
+        nb: &Neighbours,
+        now_ms: u64,
+    ) -> Verdict {
+        let uplink = ingress == Side::Uplink;
+        // The quote reversed is the flow's key as its own packets hold it: from the
+        // uplink the forward key (client -> VIP), from a Pod the reverse key.
+        let key = Flow6Key {
+            src: e.inner_dst,
+            dst: e.inner_src,
+            src_port: e.inner_dst_port,
+            dst_port: e.inner_src_port,
+            proto: e.inner_protocol,
+        };
+        let want = if uplink {
+            Direction::Forward
+        } else {
+            Direction::Reverse
+        };
+        let f = match self.v6.flows.lookup(&key, now_ms) {
+            Some((id, d)) if d == want => *self.v6.flows.get(id).expect("a live flow"),
+            _ if uplink => return self.drop6(DropReason::NoFlow, None),
+            _ => return self.pass(PassReason::NotForUs),
+        };
+        let q = e.inner_offset;
+        let (outer, quoted_addr, quoted_port, addr, port, to) = if uplink {
+            // Outer dst VIP -> backend; the quote's source VIP:port -> backend:port.
+            (24, q + 8, 0, f.backend, f.backend_port, f.backend)
+        } else {
+            // Outer src backend -> VIP; the quote's destination backend:port -> VIP:port.
+            (8, q + 24, 2, f.vip, f.vip_port, f.client)
+        };
+        let eth = crate::packet::ETH_HEADER_LEN;
+        frame[eth + outer..eth + outer + 16].copy_from_slice(&addr);
+        frame[quoted_addr..quoted_addr + 16].copy_from_slice(&addr);
+        let qport = q + packet6::IPV6_HEADER_LEN + quoted_port;
+        if let Some(p) = frame.get_mut(qport..qport + 2) {
+            p.copy_from_slice(&port.to_be_bytes());
+        }
+        if uplink {
+            v.dst = addr;
+        } else {
+            v.src = addr;
+        }
+        packet6::fill_upper_checksum(frame, &v);
+        self.egress6(frame, &mut v, to, nb, f.service)
+    }
+
+    /// The hop limit, the next hop's MACs, the egress side.
+    fn egress6(
+        &mut self,
+        frame: &mut [u8],
+        v: &mut Ipv6View,
+        to: [u8; 16],
+        nb: &Neighbours,
+        service: u32,
+    ) -> Verdict {
+        if !packet6::decrement_hop_limit(frame, v) {
+            return self.pass(PassReason::TtlExpired);
+        }
+        match nb.resolve6(to) {
+            Resolve6::Found { side, src, dst } => {
+                set_macs(frame, src, dst);
+                self.counters.tx_packets += 1;
+                Verdict::Tx(side)
+            }
+            Resolve6::Miss { ip, ifindex } => {
+                if self.v6.missing.len() < 16 && !self.v6.missing.contains(&(ip, ifindex)) {
+                    self.v6.missing.push((ip, ifindex));
+                }
+                self.drop6(DropReason::NoNeighbour, Some(service))
+            }
+            Resolve6::NoRoute => self.drop6(DropReason::NoRoute, Some(service)),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "engine6/tests.rs"]
+mod tests;

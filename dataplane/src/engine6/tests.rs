@@ -1,0 +1,390 @@
+//! The engine's IPv6 path on frames built byte by byte: DNAT and reverse NAT with valid
+//! checksums, every refusal under its name, ICMPv6 errors relayed, the mirror's refusal.
+
+use super::*;
+use crate::engine::EngineConfig;
+use crate::flow6::Flow6Mirror;
+use crate::neigh::{Iface, Route6};
+use crate::packet::MacAddr;
+use crate::packet6::tests::{checksum_ok, ext, frame, upper};
+use crate::packet6::{parse6, IPPROTO_ICMPV6};
+use crate::proto::{IPPROTO_TCP, IPPROTO_UDP};
+use crate::services6::Service6;
+
+fn ip(s: &str) -> [u8; 16] {
+    s.parse::<std::net::Ipv6Addr>().unwrap().octets()
+}
+
+const SYN: u8 = tcp_flags::SYN;
+const ACK: u8 = tcp_flags::ACK;
+
+fn vip() -> [u8; 16] {
+    ip("2001:db8:71::10")
+}
+fn client() -> [u8; 16] {
+    ip("2001:db8:c::42")
+}
+fn pod(n: u8) -> [u8; 16] {
+    let mut a = ip("fd00:10:1::");
+    a[15] = n;
+    a
+}
+
+fn neighbours() -> Neighbours {
+    let up = Iface {
+        ifindex: 2,
+        mac: MacAddr([0xa; 6]),
+    };
+    let p0 = Iface {
+        ifindex: 5,
+        mac: MacAddr([0xb; 6]),
+    };
+    let mut n = Neighbours::new(up, vec![p0]);
+    let gw = u128::from_be_bytes(ip("fe80::1"));
+    n.add_route6(Route6 {
+        prefix: 0,
+        len: 0,
+        gateway: Some(gw),
+        ifindex: 2,
+    });
+    n.add_route6(Route6 {
+        prefix: u128::from_be_bytes(pod(0)),
+        len: 64,
+        gateway: None,
+        ifindex: 5,
+    });
+    n.add_neighbour6(gw.to_be_bytes(), 2, MacAddr([1; 6]));
+    for b in 1..=4 {
+        n.add_neighbour6(pod(b), 5, MacAddr([b; 6]));
+    }
+    n
+}
+
+fn service(port: u16, proto: u8, backends: &[u8], ready: usize) -> Service6 {
+    let backends: Vec<Backend6> = backends
+        .iter()
+        .map(|&b| Backend6 {
+            ip: pod(b),
+            port: 8080,
+        })
+        .collect();
+    Service6 {
+        vip: vip(),
+        proto,
+        port,
+        maglev: (0..251)
+            .map(|i| {
+                if ready == 0 {
+                    u16::MAX
+                } else {
+                    (i % ready) as u16
+                }
+            })
+            .collect(),
+        backends,
+        ready,
+        source_ranges: vec![],
+        client_ip_affinity: false,
+    }
+}
+
+fn engine(services: Vec<Service6>) -> Engine {
+    let mut e = Engine::new(EngineConfig {
+        flow_capacity: 64,
+        flow6_capacity: 64,
+        ..Default::default()
+    });
+    e.set_services6(Services6::new(1, services));
+    e
+}
+
+fn tcp(src: [u8; 16], dst: [u8; 16], sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+    frame(
+        src,
+        dst,
+        &[],
+        IPPROTO_TCP,
+        &upper(IPPROTO_TCP, sport, dport, flags, b"hello"),
+    )
+}
+
+fn run(e: &mut Engine, f: &mut [u8], side: Side) -> Verdict {
+    e.process(f, side, &neighbours(), 1_000)
+}
+
+#[test]
+fn a_connection_is_dnated_to_its_backend_and_the_reply_comes_from_the_vip() {
+    let mut e = engine(vec![service(80, IPPROTO_TCP, &[1, 2], 2)]);
+    let mut f = tcp(client(), vip(), 40000, 80, SYN);
+    assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+    let v = parse6(&f).unwrap();
+    assert_eq!(v.src, client(), "the Pod sees the client's own address");
+    let backend = v.dst;
+    assert!(backend == pod(1) || backend == pod(2));
+    assert_eq!((v.l4.unwrap().dst_port, v.hop_limit), (8080, 63));
+    assert!(checksum_ok(&f, &v));
+    assert_eq!(&f[0..6], &[backend[15]; 6], "the backend's MAC");
+    assert_eq!(&f[6..12], &[0xb; 6]);
+
+    let mut r = tcp(backend, client(), 8080, 40000, SYN | ACK);
+    assert_eq!(run(&mut e, &mut r, Side::Pod(0)), Verdict::Tx(Side::Uplink));
+    let v = parse6(&r).unwrap();
+    assert_eq!(
+        (v.src, v.dst, v.l4.unwrap().src_port),
+        (vip(), client(), 80)
+    );
+    assert!(checksum_ok(&r, &v));
+    assert_eq!(&r[0..6], &[1; 6], "the router's MAC (link-local next hop)");
+
+    // The rest of the connection keeps its backend.
+    for _ in 0..3 {
+        let mut f = tcp(client(), vip(), 40000, 80, ACK);
+        assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+        assert_eq!(parse6(&f).unwrap().dst, backend);
+    }
+    let c = e.service_counters6()[0];
+    assert_eq!((c.new_flows, c.packets_in, c.packets_out), (1, 4, 1));
+}
+
+#[test]
+fn a_partial_checksum_from_a_pod_leaves_complete() {
+    let mut e = engine(vec![service(53, IPPROTO_UDP, &[1], 1)]);
+    let mut f = frame(
+        client(),
+        vip(),
+        &[],
+        IPPROTO_UDP,
+        &upper(IPPROTO_UDP, 5353, 53, 0, b"q"),
+    );
+    assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+    let mut r = frame(
+        pod(1),
+        client(),
+        &[],
+        IPPROTO_UDP,
+        &upper(IPPROTO_UDP, 8080, 5353, 0, b"answer"),
+    );
+    r[54 + 6..54 + 8].copy_from_slice(&[0x12, 0x34]); // an offload's partial sum
+    assert_eq!(run(&mut e, &mut r, Side::Pod(0)), Verdict::Tx(Side::Uplink));
+    assert!(checksum_ok(&r, &parse6(&r).unwrap()));
+}
+
+#[test]
+fn every_refusal_has_its_name() {
+    let mut ranged = service(443, IPPROTO_TCP, &[1], 1);
+    ranged.source_ranges = vec![(u128::from_be_bytes(ip("2001:db8:ffff::")), 48)];
+    let mut e = engine(vec![
+        service(80, IPPROTO_TCP, &[1], 1),
+        ranged,
+        service(81, IPPROTO_TCP, &[], 0),
+    ]);
+    let cases: Vec<(Vec<u8>, Side, Verdict)> = vec![
+        (
+            tcp(client(), vip(), 1, 80, ACK),
+            Side::Uplink,
+            Verdict::Drop(DropReason::NonSynWithoutFlow),
+        ),
+        (
+            tcp(client(), vip(), 1, 22, SYN),
+            Side::Uplink,
+            Verdict::Drop(DropReason::PortNotExposed),
+        ),
+        (
+            tcp(client(), vip(), 1, 443, SYN),
+            Side::Uplink,
+            Verdict::Drop(DropReason::SourceRangeDenied),
+        ),
+        (
+            tcp(client(), vip(), 1, 81, SYN),
+            Side::Uplink,
+            Verdict::Drop(DropReason::NoBackend),
+        ),
+        (
+            tcp(client(), ip("2001:db8::99"), 1, 80, SYN),
+            Side::Uplink,
+            Verdict::Pass(PassReason::NotForUs),
+        ),
+        (
+            tcp(pod(1), client(), 8080, 1, ACK),
+            Side::Pod(0),
+            Verdict::Drop(DropReason::NoFlow),
+        ),
+        (
+            frame(client(), vip(), &[], 50, &[0; 16]), // ESP
+            Side::Uplink,
+            Verdict::Drop(DropReason::Ipv6ExtensionHeader),
+        ),
+        (
+            frame(
+                client(),
+                vip(),
+                &[ext(44, 0, 0, 1)],
+                IPPROTO_UDP,
+                &upper(IPPROTO_UDP, 1, 80, 0, &[0; 32]),
+            ),
+            Side::Uplink,
+            Verdict::Drop(DropReason::Fragment),
+        ),
+        (
+            frame(
+                client(),
+                vip(),
+                &[],
+                IPPROTO_ICMPV6,
+                &[128, 0, 0, 0, 0, 1, 0, 1],
+            ), // echo
+            Side::Uplink,
+            Verdict::Drop(DropReason::UnsupportedProtocol),
+        ),
+        (
+            vec![0; 20],
+            Side::Uplink,
+            Verdict::Pass(PassReason::NotIpv4),
+        ),
+    ];
+    for (i, (mut f, side, want)) in cases.into_iter().enumerate() {
+        assert_eq!(run(&mut e, &mut f, side), want, "case {i}");
+    }
+    let mut f = tcp(client(), vip(), 1, 80, SYN);
+    f[14 + 7] = 1; // hop limit 1
+    assert_eq!(
+        run(&mut e, &mut f, Side::Uplink),
+        Verdict::Pass(PassReason::TtlExpired)
+    );
+    assert!(e.flows6_mut().is_empty());
+}
+
+#[test]
+fn an_unresolved_backend_is_asked_for_and_counted() {
+    let mut e = engine(vec![service(80, IPPROTO_TCP, &[9], 1)]);
+    let mut f = tcp(client(), vip(), 1, 80, SYN);
+    assert_eq!(
+        run(&mut e, &mut f, Side::Uplink),
+        Verdict::Drop(DropReason::NoNeighbour)
+    );
+    assert_eq!(e.take_missing6(), vec![(pod(9), 5)]);
+    assert_eq!(e.service_counters6()[0].drops, 1);
+}
+
+#[test]
+fn a_new_generation_keeps_draining_backends_and_ends_removed_ones() {
+    let mut e = engine(vec![service(80, IPPROTO_TCP, &[1], 1)]);
+    let mut f = tcp(client(), vip(), 7, 80, SYN);
+    assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+    // Pod 1 drains (Ready: pod 2): the connection stays; a new one goes to pod 2.
+    e.set_services6(Services6::new(
+        2,
+        vec![service(80, IPPROTO_TCP, &[2, 1], 1)],
+    ));
+    let mut f = tcp(client(), vip(), 7, 80, ACK);
+    assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+    assert_eq!(parse6(&f).unwrap().dst, pod(1));
+    let mut f = tcp(client(), vip(), 8, 80, SYN);
+    assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+    assert_eq!(parse6(&f).unwrap().dst, pod(2));
+    // Pod 1 gone: its connection ends at its next packet.
+    e.set_services6(Services6::new(3, vec![service(80, IPPROTO_TCP, &[2], 1)]));
+    let mut f = tcp(client(), vip(), 7, 80, ACK);
+    assert_eq!(
+        run(&mut e, &mut f, Side::Uplink),
+        Verdict::Drop(DropReason::BackendRemoved)
+    );
+    assert_eq!(e.flows6_mut().len(), 1);
+}
+
+#[test]
+fn new_flows_spread_over_the_backends_and_affinity_keeps_a_client_on_one() {
+    let mut e = engine(vec![service(80, IPPROTO_TCP, &[1, 2, 3, 4], 4)]);
+    let mut seen = [0u32; 5];
+    for port in 0..40u16 {
+        let mut f = tcp(client(), vip(), 1000 + port, 80, SYN);
+        assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+        seen[usize::from(parse6(&f).unwrap().dst[15])] += 1;
+        e.flows6_mut().sweep(u64::MAX, 64); // keep the 64-flow table from filling
+    }
+    assert!(
+        seen[1..].iter().all(|&n| n >= 3),
+        "every backend gets new flows: {seen:?}"
+    );
+    let mut sticky = service(80, IPPROTO_TCP, &[1, 2, 3, 4], 4);
+    sticky.client_ip_affinity = true;
+    e.set_services6(Services6::new(2, vec![sticky]));
+    let mut picked = std::collections::HashSet::new();
+    for port in 0..12u16 {
+        // (at most 16 half-open flows in a 64-flow table)
+        let mut f = tcp(client(), vip(), 3000 + port, 80, SYN);
+        assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+        picked.insert(parse6(&f).unwrap().dst);
+    }
+    assert_eq!(picked.len(), 1, "one backend per client address");
+}
+
+#[test]
+fn packet_too_big_about_a_reply_reaches_the_backend_with_its_quote_rewritten() {
+    let mut e = engine(vec![service(80, IPPROTO_TCP, &[1], 1)]);
+    let mut f = tcp(client(), vip(), 40000, 80, SYN);
+    assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+    // A router on the way back says the reply (VIP:80 -> client:40000) was too big.
+    let reply = tcp(vip(), client(), 80, 40000, ACK);
+    let mut body = vec![2, 0, 0, 0, 0, 0, 0x05, 0x00]; // PTB, MTU 1280
+    body.extend_from_slice(&reply[14..]);
+    let router = ip("2001:db8:ffff::1");
+    let mut ptb = frame(router, vip(), &[], IPPROTO_ICMPV6, &body);
+    assert_eq!(
+        run(&mut e, &mut ptb, Side::Uplink),
+        Verdict::Tx(Side::Pod(0))
+    );
+    let v = parse6(&ptb).unwrap();
+    assert_eq!((v.src, v.dst), (router, pod(1)));
+    let q = crate::packet6::parse_icmp6_error(&ptb, &v).unwrap();
+    assert_eq!(
+        (q.inner_src, q.inner_src_port, q.mtu),
+        (pod(1), 8080, Some(1280))
+    );
+    assert!(checksum_ok(&ptb, &v));
+
+    // The backend's own error about the client's packet goes to the client from the VIP.
+    let sent = tcp(client(), pod(1), 40000, 8080, ACK);
+    let mut body = vec![1, 4, 0, 0, 0, 0, 0, 0]; // port unreachable
+    body.extend_from_slice(&sent[14..]);
+    let mut un = frame(pod(1), client(), &[], IPPROTO_ICMPV6, &body);
+    assert_eq!(
+        run(&mut e, &mut un, Side::Pod(0)),
+        Verdict::Tx(Side::Uplink)
+    );
+    let v = parse6(&un).unwrap();
+    let q = crate::packet6::parse_icmp6_error(&un, &v).unwrap();
+    assert_eq!((v.src, q.inner_dst, q.inner_dst_port), (vip(), vip(), 80));
+    assert!(checksum_ok(&un, &v));
+
+    // About no flow: from the uplink a named drop; from a Pod the kernel's.
+    let mut stray = frame(router, vip(), &[], IPPROTO_ICMPV6, &{
+        let mut b = vec![2, 0, 0, 0, 0, 0, 0x05, 0x00];
+        b.extend_from_slice(&tcp(vip(), client(), 80, 1, ACK)[14..]);
+        b
+    });
+    assert_eq!(
+        run(&mut e, &mut stray, Side::Uplink),
+        Verdict::Drop(DropReason::NoFlow)
+    );
+}
+
+struct Refuse;
+impl Flow6Mirror for Refuse {
+    fn publish(&mut self, _: &Flow6Key) -> bool {
+        false
+    }
+    fn withdraw(&mut self, _: &Flow6Key) {}
+}
+
+#[test]
+fn a_flow_the_steering_map_refuses_is_not_created() {
+    let mut e = engine(vec![service(80, IPPROTO_TCP, &[1], 1)]);
+    e.flows6_mut().set_mirror(Box::new(Refuse));
+    let mut f = tcp(client(), vip(), 1, 80, SYN);
+    assert_eq!(
+        run(&mut e, &mut f, Side::Uplink),
+        Verdict::Drop(DropReason::FlowNotPublished)
+    );
+    assert!(e.flows6_mut().is_empty());
+}

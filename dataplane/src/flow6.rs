@@ -1,0 +1,434 @@
+//! The IPv6 flow table (issue #28): which backend each IPv6 connection was given, found
+//! from either direction.
+//!
+//! The IPv4 table ([`crate::flow`]) is a fixed-layout open-addressing index the XDP program
+//! reads through mmap; an IPv6 key is 37 bytes and does not fit its 8-byte slots. IPv6 flows
+//! are held here instead: records in a fixed-capacity vector (a free list, no allocation
+//! after start), both keys of a flow — forward `(client, VIP, client port, VIP port,
+//! proto)` and reverse `(backend, client, backend port, client port, proto)` — in a hash
+//! map reserved to twice the capacity, keyed with a per-process random SipHash key (the
+//! keys are chosen by clients). The same TCP state machine and timeouts as IPv4
+//! ([`FlowState::next`], [`Timeouts`]).
+//!
+//! The steering program learns which IPv6 packets are replies of held flows from a pinned
+//! BPF hash map the table mirrors (a [`Flow6Mirror`]: one map update per new flow, one
+//! delete per ended flow — never per packet). A flow whose keys the mirror refuses is not
+//! created: its replies would reach the kernel un-NATed.
+
+use std::collections::HashMap;
+
+use crate::flow::{Direction, FlowState, Timeouts};
+use crate::proto::IPPROTO_TCP;
+
+/// An IPv6 5-tuple as a packet holds it (ports in host order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Flow6Key {
+    /// Source address.
+    pub src: [u8; 16],
+    /// Destination address.
+    pub dst: [u8; 16],
+    /// Source port.
+    pub src_port: u16,
+    /// Destination port.
+    pub dst_port: u16,
+    /// IP protocol (TCP or UDP).
+    pub proto: u8,
+}
+
+/// One IPv6 connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flow6 {
+    /// Client address.
+    pub client: [u8; 16],
+    /// VIP.
+    pub vip: [u8; 16],
+    /// Backend Pod address.
+    pub backend: [u8; 16],
+    /// Client port.
+    pub client_port: u16,
+    /// VIP port.
+    pub vip_port: u16,
+    /// Backend port.
+    pub backend_port: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// Connection state.
+    pub state: FlowState,
+    /// Index of the flow's service in the IPv6 service table of `generation`.
+    pub service: u32,
+    /// The service-table generation the flow was last checked against.
+    pub generation: u64,
+    /// Expiry, milliseconds on the caller's clock.
+    expires_ms: u64,
+}
+
+impl Flow6 {
+    /// A new flow in the state its first packet (`tcp_flags`, client -> VIP) gives it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: ([u8; 16], u16),
+        vip: ([u8; 16], u16),
+        backend: ([u8; 16], u16),
+        proto: u8,
+        tcp_flags: u8,
+        service: u32,
+        generation: u64,
+    ) -> Self {
+        let state = if proto == IPPROTO_TCP {
+            FlowState::SynSent.next(proto, Direction::Forward, tcp_flags)
+        } else {
+            FlowState::Udp
+        };
+        Flow6 {
+            client: client.0,
+            client_port: client.1,
+            vip: vip.0,
+            vip_port: vip.1,
+            backend: backend.0,
+            backend_port: backend.1,
+            proto,
+            state,
+            service,
+            generation,
+            expires_ms: 0,
+        }
+    }
+
+    /// The client's packets: client -> VIP.
+    pub fn forward_key(&self) -> Flow6Key {
+        Flow6Key {
+            src: self.client,
+            dst: self.vip,
+            src_port: self.client_port,
+            dst_port: self.vip_port,
+            proto: self.proto,
+        }
+    }
+
+    /// The backend's replies: backend -> client.
+    pub fn reverse_key(&self) -> Flow6Key {
+        Flow6Key {
+            src: self.backend,
+            dst: self.client,
+            src_port: self.backend_port,
+            dst_port: self.client_port,
+            proto: self.proto,
+        }
+    }
+}
+
+/// Where the table publishes its keys for the steering program (the pinned `flows6` map).
+pub trait Flow6Mirror: Send {
+    /// Publishes a key; `false` if it could not (the flow is then not created).
+    fn publish(&mut self, key: &Flow6Key) -> bool;
+    /// Withdraws a key (absent keys are fine).
+    fn withdraw(&mut self, key: &Flow6Key);
+}
+
+/// Why a flow was not created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Insert6Error {
+    /// Every record is in use.
+    #[error("the IPv6 flow table is full")]
+    Full,
+    /// Another flow already holds the reverse key (two clients' connections would share
+    /// a backend-side 5-tuple).
+    #[error("another IPv6 flow holds the reply key")]
+    Conflict,
+    /// The steering program's map refused the keys.
+    #[error("the steering program's IPv6 flow map refused the keys")]
+    NotPublished,
+}
+
+/// The IPv6 flow table.
+pub struct Flow6Table {
+    records: Vec<Option<Flow6>>,
+    free: Vec<u32>,
+    index: HashMap<Flow6Key, (u32, Direction)>,
+    timeouts: Timeouts,
+    half_open: usize,
+    half_open_max: usize,
+    cursor: usize,
+    mirror: Option<Box<dyn Flow6Mirror>>,
+}
+
+impl std::fmt::Debug for Flow6Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flow6Table")
+            .field("capacity", &self.records.len())
+            .field("len", &self.len())
+            .field("half_open", &self.half_open)
+            .field("mirrored", &self.mirror.is_some())
+            .finish()
+    }
+}
+
+impl Flow6Table {
+    /// A table of `capacity` flows, at most a quarter of them half-open TCP.
+    pub fn new(capacity: usize, timeouts: Timeouts) -> Self {
+        let capacity = capacity.clamp(1, u32::MAX as usize);
+        Flow6Table {
+            records: vec![None; capacity],
+            free: (0..capacity as u32).rev().collect(),
+            index: HashMap::with_capacity(2 * capacity),
+            timeouts,
+            half_open: 0,
+            half_open_max: (capacity / 4).max(1),
+            cursor: 0,
+            mirror: None,
+        }
+    }
+
+    /// Publishes every key from now on (and the keys held so far) through `mirror`.
+    pub fn set_mirror(&mut self, mut mirror: Box<dyn Flow6Mirror>) {
+        for k in self.index.keys() {
+            mirror.publish(k);
+        }
+        self.mirror = Some(mirror);
+    }
+
+    /// Flows held.
+    pub fn len(&self) -> usize {
+        self.records.len() - self.free.len()
+    }
+
+    /// No flow held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Half-open TCP flows held.
+    pub fn half_open(&self) -> usize {
+        self.half_open
+    }
+
+    /// The flow with this id (as `lookup` or `insert` returned it).
+    pub fn get(&self, id: u32) -> Option<&Flow6> {
+        self.records.get(id as usize)?.as_ref()
+    }
+
+    /// The live flow one of whose keys is `k`, and which key matched; an expired flow
+    /// found on the way is removed.
+    pub fn lookup(&mut self, k: &Flow6Key, now_ms: u64) -> Option<(u32, Direction)> {
+        let (id, dir) = *self.index.get(k)?;
+        if self.records[id as usize].is_some_and(|f| f.expires_ms <= now_ms) {
+            self.remove(id);
+            return None;
+        }
+        Some((id, dir))
+    }
+
+    fn timeout(&self, s: FlowState) -> u64 {
+        u64::from(match s {
+            FlowState::SynSent | FlowState::SynReceived => self.timeouts.tcp_syn_ms,
+            FlowState::Closing => self.timeouts.tcp_fin_ms,
+            FlowState::Reset => self.timeouts.tcp_rst_ms,
+            FlowState::Udp => self.timeouts.udp_ms,
+            _ => self.timeouts.tcp_established_ms,
+        })
+    }
+
+    /// Creates a flow (its keys published first).
+    pub fn insert(&mut self, mut f: Flow6, now_ms: u64) -> Result<u32, Insert6Error> {
+        let (fwd, rev) = (f.forward_key(), f.reverse_key());
+        if self.index.contains_key(&rev) || self.index.contains_key(&fwd) {
+            return Err(Insert6Error::Conflict);
+        }
+        if f.state.is_half_open() && self.half_open >= self.half_open_max {
+            return Err(Insert6Error::Full);
+        }
+        let Some(&id) = self.free.last() else {
+            return Err(Insert6Error::Full);
+        };
+        if let Some(m) = self.mirror.as_mut() {
+            if !m.publish(&fwd) {
+                return Err(Insert6Error::NotPublished);
+            }
+            if !m.publish(&rev) {
+                m.withdraw(&fwd);
+                return Err(Insert6Error::NotPublished);
+            }
+        }
+        self.free.pop();
+        f.expires_ms = now_ms + self.timeout(f.state);
+        self.half_open += usize::from(f.state.is_half_open());
+        self.records[id as usize] = Some(f);
+        self.index.insert(fwd, (id, Direction::Forward));
+        self.index.insert(rev, (id, Direction::Reverse));
+        Ok(id)
+    }
+
+    /// A packet of flow `id` went `dir` with these TCP flags: state and expiry follow.
+    pub fn touch(&mut self, id: u32, dir: Direction, tcp_flags: u8, now_ms: u64) {
+        let Some(f) = self.records.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let before = f.state.is_half_open();
+        f.state = f.state.next(f.proto, dir, tcp_flags);
+        let after = f.state.is_half_open();
+        let state = f.state;
+        let expires = now_ms + self.timeout(state);
+        if let Some(f) = self.records[id as usize].as_mut() {
+            f.expires_ms = expires;
+        }
+        self.half_open = self.half_open + usize::from(after) - usize::from(before);
+    }
+
+    /// Marks flow `id` as checked against service-table `generation` (service `service`).
+    pub fn revalidated(&mut self, id: u32, service: u32, generation: u64) {
+        if let Some(f) = self.records.get_mut(id as usize).and_then(Option::as_mut) {
+            f.service = service;
+            f.generation = generation;
+        }
+    }
+
+    /// Ends flow `id` (its keys withdrawn).
+    pub fn remove(&mut self, id: u32) {
+        let Some(f) = self.records.get_mut(id as usize).and_then(Option::take) else {
+            return;
+        };
+        for k in [f.forward_key(), f.reverse_key()] {
+            self.index.remove(&k);
+            if let Some(m) = self.mirror.as_mut() {
+                m.withdraw(&k);
+            }
+        }
+        self.half_open -= usize::from(f.state.is_half_open());
+        self.free.push(id);
+    }
+
+    /// Looks at up to `budget` records from a rotating cursor and ends the expired ones;
+    /// returns how many ended.
+    pub fn sweep(&mut self, now_ms: u64, budget: usize) -> usize {
+        let n = self.records.len();
+        let mut ended = 0;
+        for _ in 0..budget.min(n) {
+            let id = self.cursor;
+            self.cursor = (self.cursor + 1) % n;
+            if self.records[id].is_some_and(|f| f.expires_ms <= now_ms) {
+                self.remove(id as u32);
+                ended += 1;
+            }
+        }
+        ended
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{tcp_flags, IPPROTO_UDP};
+    use std::sync::{Arc, Mutex};
+
+    fn a(last: u8) -> [u8; 16] {
+        let mut x = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        x[15] = last;
+        x
+    }
+
+    fn syn_flow(client_port: u16) -> Flow6 {
+        Flow6::new(
+            (a(9), client_port),
+            (a(1), 80),
+            (a(50), 8080),
+            IPPROTO_TCP,
+            tcp_flags::SYN,
+            0,
+            1,
+        )
+    }
+
+    #[derive(Clone, Default)]
+    struct Recorder(Arc<Mutex<(Vec<Flow6Key>, bool)>>);
+
+    impl Flow6Mirror for Recorder {
+        fn publish(&mut self, key: &Flow6Key) -> bool {
+            let mut g = self.0.lock().unwrap();
+            if g.1 {
+                return false;
+            }
+            g.0.push(*key);
+            true
+        }
+        fn withdraw(&mut self, key: &Flow6Key) {
+            self.0.lock().unwrap().0.retain(|k| k != key);
+        }
+    }
+
+    #[test]
+    fn a_flow_is_found_from_both_directions_and_follows_the_handshake() {
+        let mut t = Flow6Table::new(8, Timeouts::default());
+        let f = syn_flow(40000);
+        let id = t.insert(f, 0).unwrap();
+        assert_eq!(
+            t.lookup(&f.forward_key(), 1),
+            Some((id, Direction::Forward))
+        );
+        assert_eq!(
+            t.lookup(&f.reverse_key(), 1),
+            Some((id, Direction::Reverse))
+        );
+        assert_eq!(t.half_open(), 1);
+        t.touch(id, Direction::Reverse, tcp_flags::SYN | tcp_flags::ACK, 2);
+        t.touch(id, Direction::Forward, tcp_flags::ACK, 3);
+        assert_eq!(t.get(id).unwrap().state, FlowState::Established);
+        assert_eq!(t.half_open(), 0);
+        // An established flow lives for the established timeout, then is gone.
+        let later = 3 + u64::from(Timeouts::default().tcp_established_ms);
+        assert!(t.lookup(&f.forward_key(), later - 1).is_some());
+        assert!(t.lookup(&f.forward_key(), later).is_none());
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn capacity_half_open_and_conflicts_are_refused_by_name() {
+        let mut t = Flow6Table::new(4, Timeouts::default());
+        t.insert(syn_flow(1), 0).unwrap();
+        // A quarter of 4: one half-open flow at most.
+        assert_eq!(t.insert(syn_flow(2), 0), Err(Insert6Error::Full));
+        assert_eq!(t.insert(syn_flow(1), 0), Err(Insert6Error::Conflict));
+        for p in 2..5 {
+            let u = Flow6::new((a(9), p), (a(1), 53), (a(50), 53), IPPROTO_UDP, 0, 0, 1);
+            t.insert(u, 0).unwrap();
+        }
+        let u = Flow6::new((a(9), 9), (a(1), 53), (a(50), 53), IPPROTO_UDP, 0, 0, 1);
+        assert_eq!(t.insert(u, 0), Err(Insert6Error::Full));
+        assert_eq!(t.len(), 4);
+    }
+
+    #[test]
+    fn the_mirror_holds_exactly_the_live_keys_and_a_refusal_creates_nothing() {
+        let rec = Recorder::default();
+        let mut t = Flow6Table::new(16, Timeouts::default());
+        let early = t.insert(syn_flow(7), 0).unwrap();
+        t.set_mirror(Box::new(rec.clone()));
+        assert_eq!(
+            rec.0.lock().unwrap().0.len(),
+            2,
+            "keys held before are published"
+        );
+        let f = syn_flow(8);
+        let id = t.insert(f, 0).unwrap();
+        assert_eq!(rec.0.lock().unwrap().0.len(), 4);
+        t.remove(id);
+        t.remove(early);
+        assert!(rec.0.lock().unwrap().0.is_empty());
+        rec.0.lock().unwrap().1 = true;
+        assert_eq!(t.insert(f, 0), Err(Insert6Error::NotPublished));
+        assert!(t.is_empty() && t.lookup(&f.forward_key(), 0).is_none());
+    }
+
+    #[test]
+    fn the_sweep_ends_expired_flows_within_its_budget() {
+        let mut t = Flow6Table::new(8, Timeouts::default());
+        for p in 0..6 {
+            let u = Flow6::new((a(9), p), (a(1), 53), (a(50), 53), IPPROTO_UDP, 0, 0, 1);
+            t.insert(u, 0).unwrap();
+        }
+        let end = u64::from(Timeouts::default().udp_ms);
+        assert_eq!(t.sweep(end - 1, 8), 0);
+        assert_eq!(t.sweep(end, 4), 4);
+        assert_eq!(t.sweep(end, 4), 2);
+        assert!(t.is_empty());
+    }
+}

@@ -1,0 +1,142 @@
+//! The node's IPv6 frontends compiled for the packet path (issue #28): frontend look-up
+//! by `(VIP, protocol, port)`, the IPv6 VIP set, each service's backends, Maglev slots and
+//! admitted client prefixes. Built off the packet path, like [`crate::services`], and only
+//! read by the engine.
+
+use std::collections::{HashMap, HashSet};
+
+/// An IPv6 backend: address and port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Backend6 {
+    /// The Pod's IPv6 address.
+    pub ip: [u8; 16],
+    /// The Pod port.
+    pub port: u16,
+}
+
+/// One IPv6 frontend with its local backends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service6 {
+    /// The VIP.
+    pub vip: [u8; 16],
+    /// TCP or UDP.
+    pub proto: u8,
+    /// The Service port.
+    pub port: u16,
+    /// Ready backends (sorted), then draining ones (sorted): a draining backend keeps
+    /// its flows and gets no new one.
+    pub backends: Vec<Backend6>,
+    /// How many of `backends` are Ready.
+    pub ready: usize,
+    /// Maglev slots over the Ready backends.
+    pub maglev: Vec<u16>,
+    /// Admitted client prefixes (`loadBalancerSourceRanges`): `(network, length)`; empty
+    /// admits every client.
+    pub source_ranges: Vec<(u128, u8)>,
+    /// `sessionAffinity: ClientIP`: new connections of a client pick by its address alone.
+    pub client_ip_affinity: bool,
+}
+
+impl Service6 {
+    /// Whether the service admits this client.
+    pub fn admits(&self, client: [u8; 16]) -> bool {
+        let c = u128::from_be_bytes(client);
+        self.source_ranges.is_empty()
+            || self.source_ranges.iter().any(|&(net, len)| {
+                let mask = if len == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - u32::from(len.min(128)))
+                };
+                c & mask == net & mask
+            })
+    }
+
+    /// The Ready backend for a new flow with this Maglev hash.
+    pub fn pick(&self, hash: u64) -> Option<Backend6> {
+        let i = juneau_control::maglev::pick_in(&self.maglev, hash)?;
+        self.backends[..self.ready].get(i).copied()
+    }
+
+    /// The index of a backend (Ready or draining).
+    pub fn has_backend(&self, b: Backend6) -> bool {
+        self.backends.contains(&b)
+    }
+}
+
+/// The IPv6 service table of one generation of the node's state.
+#[derive(Debug, Clone, Default)]
+pub struct Services6 {
+    generation: u64,
+    services: Vec<Service6>,
+    by_frontend: HashMap<([u8; 16], u8, u16), u32>,
+    vips: HashSet<[u8; 16]>,
+}
+
+impl Services6 {
+    /// The table of `services` (generation `generation` of the node's state).
+    pub fn new(generation: u64, services: Vec<Service6>) -> Self {
+        let by_frontend = services
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ((s.vip, s.proto, s.port), i as u32))
+            .collect();
+        let vips = services.iter().map(|s| s.vip).collect();
+        Services6 {
+            generation,
+            services,
+            by_frontend,
+            vips,
+        }
+    }
+
+    /// The state generation this table was built from.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Whether `ip` is one of the node's IPv6 VIPs.
+    pub fn is_vip(&self, ip: [u8; 16]) -> bool {
+        self.vips.contains(&ip)
+    }
+
+    /// The service of a frontend.
+    pub fn find(&self, vip: [u8; 16], proto: u8, port: u16) -> Option<u32> {
+        self.by_frontend.get(&(vip, proto, port)).copied()
+    }
+
+    /// Service `i`.
+    pub fn service(&self, i: u32) -> Option<&Service6> {
+        self.services.get(i as usize)
+    }
+
+    /// Every service.
+    pub fn services(&self) -> &[Service6] {
+        &self.services
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_ranges_match_by_prefix_and_an_empty_list_admits_all() {
+        let ip = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap();
+        let mut s = Service6 {
+            vip: ip("2001:db8::1").octets(),
+            proto: 6,
+            port: 80,
+            backends: vec![],
+            ready: 0,
+            maglev: vec![],
+            source_ranges: vec![],
+            client_ip_affinity: false,
+        };
+        assert!(s.admits(ip("2001:db8:9::1").octets()));
+        s.source_ranges = vec![(u128::from(ip("2001:db8:9::")), 48)];
+        assert!(s.admits(ip("2001:db8:9:ffff::1").octets()));
+        assert!(!s.admits(ip("2001:db8:a::1").octets()));
+        assert_eq!(s.pick(7), None, "no Ready backend, no pick");
+    }
+}
