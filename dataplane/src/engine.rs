@@ -642,7 +642,10 @@ impl Engine {
     pub fn sweep(&mut self, now_ms: u64, budget: usize) -> usize {
         let expired = self.frags.expire(now_ms, budget);
         self.counters.drops[DropReason::FragmentExpired as usize] += expired;
-        self.flows.sweep(now_ms, budget)
+        // The IPv6 table is swept at the same pace through its own capacity.
+        let cap = self.flows.capacity().max(1);
+        let budget6 = (budget * self.v6.capacity()).div_ceil(cap);
+        self.flows.sweep(now_ms, budget) + self.sweep6(now_ms, budget6)
     }
 
     /// The egress and MACs towards `addr`; else the packet's drop, counted against

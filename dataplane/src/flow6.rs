@@ -187,6 +187,11 @@ impl Flow6Table {
         self.mirror = Some(mirror);
     }
 
+    /// Most flows held at once.
+    pub fn capacity(&self) -> usize {
+        self.records.len()
+    }
+
     /// Flows held.
     pub fn len(&self) -> usize {
         self.records.len() - self.free.len()

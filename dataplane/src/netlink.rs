@@ -7,7 +7,7 @@
 //! after the loop reports a miss.
 
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
@@ -17,7 +17,7 @@ use arc_swap::ArcSwap;
 use crossbeam_queue::ArrayQueue;
 use std::time::{Duration, Instant};
 
-use crate::neigh::{Iface, Neighbours, Resolve, Route};
+use crate::neigh::{Iface, Neighbours, Resolve, Route, Route6};
 use crate::packet::MacAddr;
 
 const NLMSG_ERROR: u16 = 2;
@@ -74,6 +74,14 @@ fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
 
 fn ipv4(v: &[u8]) -> Option<u32> {
     (v.len() == 4).then(|| u32::from_be_bytes([v[0], v[1], v[2], v[3]]))
+}
+
+fn ipv6(v: &[u8]) -> Option<[u8; 16]> {
+    v.try_into().ok()
+}
+
+fn u32_ne(v: &[u8]) -> Option<u32> {
+    Some(u32::from_ne_bytes(v.try_into().ok()?))
 }
 
 // Generic netlink: the `netdev` family's device dump (`xdp-features`).
@@ -249,6 +257,74 @@ impl Netlink {
         Ok(out)
     }
 
+    /// IPv6 unicast routes of the main table (gateways are often link-local).
+    pub fn routes6(&mut self) -> io::Result<Vec<Route6>> {
+        let mut rtmsg = [0u8; 12];
+        rtmsg[0] = libc::AF_INET6 as u8;
+        let seq = self.send(RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, &rtmsg)?;
+        let mut out = Vec::new();
+        self.recv_all(seq, |ty, p| {
+            if ty != RTM_NEWROUTE
+                || p.len() < 12
+                || p[0] != libc::AF_INET6 as u8
+                || p[7] != RTN_UNICAST
+            {
+                return;
+            }
+            let mut table = u32::from(p[4]);
+            let (mut dst, mut gw, mut oif) = ([0u8; 16], None, None);
+            for (t, v) in attrs(&p[12..]) {
+                match t {
+                    RTA_DST => dst = ipv6(v).unwrap_or_default(),
+                    RTA_GATEWAY => gw = ipv6(v),
+                    RTA_OIF => oif = u32_ne(v),
+                    RTA_TABLE => table = u32_ne(v).unwrap_or(table),
+                    _ => {}
+                }
+            }
+            if let (RT_TABLE_MAIN, Some(ifindex)) = (table, oif) {
+                out.push(Route6 {
+                    prefix: u128::from_be_bytes(dst),
+                    len: p[1],
+                    gateway: gw.map(u128::from_be_bytes),
+                    ifindex,
+                });
+            }
+        })?;
+        Ok(out)
+    }
+
+    /// Usable IPv6 neighbour entries: `(ip, ifindex, mac)`.
+    pub fn neighbours6(&mut self) -> io::Result<Vec<([u8; 16], u32, MacAddr)>> {
+        let mut ndmsg = [0u8; 12];
+        ndmsg[0] = libc::AF_INET6 as u8;
+        let seq = self.send(RTM_GETNEIGH, NLM_F_REQUEST | NLM_F_DUMP, &ndmsg)?;
+        let mut out = Vec::new();
+        self.recv_all(seq, |ty, p| {
+            if ty != RTM_NEWNEIGH || p.len() < 12 || p[0] != libc::AF_INET6 as u8 {
+                return;
+            }
+            let ifindex = u32::from_ne_bytes([p[4], p[5], p[6], p[7]]);
+            if u16::from_ne_bytes([p[8], p[9]]) & NUD_USABLE == 0 {
+                return;
+            }
+            let (mut dst, mut mac) = (None, None);
+            for (t, v) in attrs(&p[12..]) {
+                match t {
+                    NDA_DST => dst = ipv6(v),
+                    NDA_LLADDR if v.len() == 6 => {
+                        mac = Some(MacAddr([v[0], v[1], v[2], v[3], v[4], v[5]]))
+                    }
+                    _ => {}
+                }
+            }
+            if let (Some(d), Some(m)) = (dst, mac) {
+                out.push((d, ifindex, m));
+            }
+        })?;
+        Ok(out)
+    }
+
     /// Usable IPv4 neighbour entries: `(ip, ifindex, mac, NUD state)`.
     pub fn neighbours(&mut self) -> io::Result<Vec<(u32, u32, MacAddr, u16)>> {
         let mut ndmsg = [0u8; 12];
@@ -284,14 +360,24 @@ impl Netlink {
     /// Asks the kernel to resolve `ip` on `ifindex` (creates the entry if needed and
     /// "uses" it, which starts ARP).
     pub fn request_resolution(&mut self, ip: u32, ifindex: u32) -> io::Result<()> {
-        let mut p = [0u8; 20];
-        p[0] = libc::AF_INET as u8;
+        self.use_neighbour(IpAddr::V4(Ipv4Addr::from(ip)), ifindex)
+    }
+
+    /// Asks the kernel to resolve a next hop of either family (ARP, or neighbour
+    /// discovery for IPv6).
+    pub fn use_neighbour(&mut self, ip: IpAddr, ifindex: u32) -> io::Result<()> {
+        let (family, addr) = match ip {
+            IpAddr::V4(a) => (libc::AF_INET, a.octets().to_vec()),
+            IpAddr::V6(a) => (libc::AF_INET6, a.octets().to_vec()),
+        };
+        let mut p = vec![0u8; 16 + addr.len()];
+        p[0] = family as u8;
         p[4..8].copy_from_slice(&ifindex.to_ne_bytes());
         p[8..10].copy_from_slice(&0u16.to_ne_bytes()); // NUD_NONE
         p[10] = NTF_USE;
-        p[12..14].copy_from_slice(&8u16.to_ne_bytes());
+        p[12..14].copy_from_slice(&(4 + addr.len() as u16).to_ne_bytes());
         p[14..16].copy_from_slice(&NDA_DST.to_ne_bytes());
-        p[16..20].copy_from_slice(&ip.to_be_bytes());
+        p[16..].copy_from_slice(&addr);
         let seq = self.send(
             RTM_NEWNEIGH,
             NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
@@ -336,6 +422,20 @@ impl Netlink {
             if n.side_of(ifindex).is_some() {
                 n.add_neighbour(ip, ifindex, mac);
             }
+        }
+        // IPv6 (issue #28): a kernel without IPv6 answers with an error; IPv4 goes on.
+        match self.routes6().and_then(|r| Ok((r, self.neighbours6()?))) {
+            Ok((routes6, neighbours6)) => {
+                for r in routes6 {
+                    n.add_route6(r);
+                }
+                for (ip, ifindex, mac) in neighbours6 {
+                    if n.side_of(ifindex).is_some() {
+                        n.add_neighbour6(ip, ifindex, mac);
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "reading IPv6 routes/neighbours failed"),
         }
         match self.xdp_frame_targets() {
             Ok(targets) => n.set_xdp_frame_targets(targets),
@@ -655,13 +755,13 @@ pub fn run_resolver(
     uplink: Iface,
     pods: PodSource,
     shared: Arc<SharedNeighbours>,
-    misses: Receiver<(u32, u32)>,
+    misses: Receiver<Miss>,
     stop: Arc<AtomicBool>,
     period: Duration,
     keepalive: Duration,
 ) {
     let mut last_keepalive = Instant::now();
-    let mut last_request: std::collections::HashMap<(u32, u32), Instant> = Default::default();
+    let mut last_request: std::collections::HashMap<Miss, Instant> = Default::default();
     let mut current: Vec<Iface> = pods.explicit.clone();
     let refresh = |nl: &mut Netlink, current: &mut Vec<Iface>| {
         let r = nl.routes().and_then(|routes| {
@@ -674,7 +774,7 @@ pub fn run_resolver(
         }
     };
     // A request that arrived while waiting for an answer: handled at once.
-    let mut carried: Option<(u32, u32)> = None;
+    let mut carried: Option<Miss> = None;
     // Position in the re-read schedule after requests (`REREAD_MS.len()`: none running).
     let mut reread = REREAD_MS.len();
     while !stop.load(Ordering::Relaxed) {
@@ -682,7 +782,7 @@ pub fn run_resolver(
             Some(m) => Ok(m),
             None => misses.recv_timeout(period),
         };
-        let pending: Vec<(u32, u32)> = match first {
+        let pending: Vec<Miss> = match first {
             Ok(first) => std::iter::once(first).chain(misses.try_iter()).collect(),
             // Also in case a wake-up was lost (full channel).
             Err(RecvTimeoutError::Timeout) => Vec::new(),
@@ -691,13 +791,17 @@ pub fn run_resolver(
         let now = Instant::now();
         last_request.retain(|_, t| now.duration_since(*t) < Duration::from_secs(1));
         let mut asked = false;
-        for k in reverify_new_backends(&mut nl, &shared) {
+        for (ip, ifindex) in reverify_new_backends(&mut nl, &shared) {
             asked = true;
-            last_request.insert(k, now);
+            last_request.insert((IpAddr::V4(Ipv4Addr::from(ip)), ifindex), now);
         }
-        for (ip, ifindex) in pending.into_iter().chain(shared.ahead_misses()) {
-            // (0, 0) only asks for a refresh (the backend set changed).
-            if ip == 0 && ifindex == 0 {
+        let ahead = shared
+            .ahead_misses()
+            .into_iter()
+            .map(|(ip, ifindex)| (IpAddr::V4(Ipv4Addr::from(ip)), ifindex));
+        for (ip, ifindex) in pending.into_iter().chain(ahead) {
+            // `REFRESH` only asks for a refresh (the backend set changed).
+            if (ip, ifindex) == REFRESH {
                 continue;
             }
             // At most one request per next hop per second.
@@ -707,9 +811,9 @@ pub fn run_resolver(
             last_request.insert((ip, ifindex), now);
             shared.requests.fetch_add(1, Ordering::Relaxed);
             asked = true;
-            tracing::debug!(next_hop = %Ipv4Addr::from(ip), ifindex, "resolving neighbour");
-            if let Err(e) = nl.request_resolution(ip, ifindex) {
-                tracing::warn!(next_hop = %Ipv4Addr::from(ip), error = %e, "neighbour resolution request failed");
+            tracing::debug!(next_hop = %ip, ifindex, "resolving neighbour");
+            if let Err(e) = nl.use_neighbour(ip, ifindex) {
+                tracing::warn!(next_hop = %ip, error = %e, "neighbour resolution request failed");
             }
         }
         if asked {
@@ -764,8 +868,19 @@ fn reverify_new_backends(nl: &mut Netlink, shared: &SharedNeighbours) -> Vec<(u3
     list
 }
 
+/// A next hop to resolve: its address (IPv4 or IPv6) and interface.
+pub type Miss = (IpAddr, u32);
+
+/// Not a next hop: asks the resolver to re-read the tables (the backend set changed).
+pub const REFRESH: Miss = (IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
+
+/// An IPv4 next hop as a [`Miss`].
+pub fn miss4(ip: u32, ifindex: u32) -> Miss {
+    (IpAddr::V4(Ipv4Addr::from(ip)), ifindex)
+}
+
 /// A sender for misses that never blocks the packet path (drops requests when full).
-pub type MissSender = SyncSender<(u32, u32)>;
+pub type MissSender = SyncSender<Miss>;
 
 #[cfg(test)]
 mod tests {
@@ -828,6 +943,8 @@ mod tests {
         let mut nl = Netlink::open().expect("netlink socket");
         nl.routes().expect("route dump");
         nl.neighbours().expect("neighbour dump");
+        nl.routes6().expect("IPv6 route dump");
+        nl.neighbours6().expect("IPv6 neighbour dump");
         let lo = iface("lo").expect("lo");
         assert_eq!(lo.mac, MacAddr([0; 6]));
     }

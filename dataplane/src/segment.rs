@@ -12,7 +12,11 @@
 //!   checksum computed in full (a Pod hands over partial checksums);
 //! - **anything else without DF**: IPv4 fragments (RFC 791) whose payloads are
 //!   multiples of 8 bytes; the L4 checksum stays the one of the whole datagram;
-//! - **anything else with DF set**: [`CutError::DontFragment`] (dropped as `too_big`).
+//! - **anything else with DF set**: [`CutError::DontFragment`] (dropped as `too_big`);
+//! - **IPv6 TCP** (issue #28): segments as for IPv4 — the payload length set, no
+//!   identification or header checksum (IPv6 has neither), the checksum over the IPv6
+//!   pseudo-header; **other IPv6** larger than the egress: [`CutError::DontFragment`]
+//!   (IPv6 routers never fragment).
 //!
 //! Wire views in the manner of smoltcp: offsets are read from the frame, nothing is
 //! allocated; [`Cut::write`] writes piece `i` into a caller's buffer (a UMEM frame).
@@ -47,6 +51,8 @@ pub struct Cut {
     /// Payload bytes per piece (the last may have fewer).
     per_piece: usize,
     tcp: bool,
+    /// An IPv6 packet (`ip_len`: the fixed header and its extension headers).
+    v6: bool,
 }
 
 impl Cut {
@@ -56,7 +62,8 @@ impl Cut {
     pub fn plan(frame: &[u8], max_frame: usize, mss: Option<u16>) -> Result<Cut, CutError> {
         let v = match packet::parse(frame) {
             Ok(packet::Parsed::Ipv4(v)) => v,
-            _ => return Err(CutError::Malformed),
+            Ok(packet::Parsed::NotIpv4(_)) => return Self::plan6(frame, max_frame, mss),
+            Err(_) => return Err(CutError::Malformed),
         };
         let room = max_frame.saturating_sub(ETH_HEADER_LEN + v.header_len);
         if v.protocol == IPPROTO_TCP && v.l4.is_some() {
@@ -75,6 +82,7 @@ impl Cut {
                 payload: v.total_len - v.header_len - thl,
                 per_piece,
                 tcp: true,
+                v6: false,
             });
         }
         let flags = u16::from_be_bytes([frame[ETH_HEADER_LEN + 6], frame[ETH_HEADER_LEN + 7]]);
@@ -91,6 +99,34 @@ impl Cut {
             payload: v.total_len - v.header_len,
             per_piece,
             tcp: false,
+            v6: false,
+        })
+    }
+
+    /// [`Cut::plan`] for an IPv6 frame: TCP only.
+    fn plan6(frame: &[u8], max_frame: usize, mss: Option<u16>) -> Result<Cut, CutError> {
+        let v = crate::packet6::parse6(frame).map_err(|_| CutError::Malformed)?;
+        if v.upper != crate::packet6::Upper::Transport(IPPROTO_TCP) || v.l4.is_none() {
+            return Err(CutError::DontFragment);
+        }
+        let ip_len = crate::packet6::IPV6_HEADER_LEN + v.ext_len;
+        let thl = usize::from(frame[v.l4_offset() + 12] >> 4) * 4;
+        let mut per_piece = max_frame
+            .saturating_sub(ETH_HEADER_LEN + ip_len)
+            .saturating_sub(thl);
+        if let Some(m) = mss.filter(|&m| m > 0) {
+            per_piece = per_piece.min(usize::from(m).saturating_sub(thl - 20));
+        }
+        if per_piece == 0 || thl < 20 || v.upper_len() < thl {
+            return Err(CutError::NoRoom);
+        }
+        Ok(Cut {
+            ip_len,
+            l4_hdr: thl,
+            payload: v.upper_len() - thl,
+            per_piece,
+            tcp: true,
+            v6: true,
         })
     }
 
@@ -109,10 +145,20 @@ impl Cut {
         out[..hdrs].copy_from_slice(&frame[..hdrs]);
         out[hdrs..total].copy_from_slice(&frame[hdrs + from..hdrs + from + len]);
         let ip = ETH_HEADER_LEN;
-        put16(out, ip + 2, (total - ETH_HEADER_LEN) as u16);
+        if self.v6 {
+            put16(
+                out,
+                ip + 4,
+                (total - ETH_HEADER_LEN - crate::packet6::IPV6_HEADER_LEN) as u16,
+            );
+        } else {
+            put16(out, ip + 2, (total - ETH_HEADER_LEN) as u16);
+        }
         let id = u16::from_be_bytes([frame[ip + 4], frame[ip + 5]]);
         if self.tcp {
-            put16(out, ip + 4, id.wrapping_add(i as u16));
+            if !self.v6 {
+                put16(out, ip + 4, id.wrapping_add(i as u16));
+            }
             let t = ip + self.ip_len;
             let seq = u32::from_be_bytes([frame[t + 4], frame[t + 5], frame[t + 6], frame[t + 7]]);
             out[t + 4..t + 8].copy_from_slice(&seq.wrapping_add(from as u32).to_be_bytes());
@@ -125,9 +171,16 @@ impl Cut {
             }
             put16(out, t + 16, 0);
             let l4_len = total - t;
-            let mut sum = pseudo_sum(out, l4_len as u32);
+            let mut sum = if self.v6 {
+                pseudo_sum6(out, l4_len as u32)
+            } else {
+                pseudo_sum(out, l4_len as u32)
+            };
             sum = packet::sum_words(sum, &out[t..total]);
             put16(out, t + 16, packet::fold(sum));
+            if self.v6 {
+                return total;
+            }
         } else {
             let last = from + len == self.payload;
             let mf = if last { 0 } else { 0x2000 };
@@ -152,6 +205,16 @@ fn pseudo_sum(frame: &[u8], l4_len: u32) -> u32 {
     let ip = ETH_HEADER_LEN;
     let w = |o: usize| u32::from(u16::from_be_bytes([frame[ip + o], frame[ip + o + 1]]));
     w(12) + w(14) + w(16) + w(18) + u32::from(frame[ip + 9]) + l4_len
+}
+
+/// The TCP pseudo-header sum of the IPv6 packet in `frame` for an L4 length.
+fn pseudo_sum6(frame: &[u8], l4_len: u32) -> u32 {
+    let ip = ETH_HEADER_LEN;
+    let addrs = frame[ip + 8..ip + 40]
+        .chunks_exact(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum::<u32>();
+    addrs + (l4_len >> 16) + (l4_len & 0xffff) + u32::from(IPPROTO_TCP)
 }
 
 /// The MSS option of a TCP SYN (`frame`: Ethernet + IPv4 + TCP), when present.
@@ -365,5 +428,61 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests6 {
+    use super::*;
+    use crate::packet6::tests::{checksum_ok, frame, upper};
+    use crate::packet6::{parse6, IPPROTO_ICMPV6};
+
+    const A: [u8; 16] = [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    const B: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+
+    #[test]
+    fn an_ipv6_super_segment_becomes_mtu_sized_segments_with_valid_checksums() {
+        let data: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+        let fin_psh = packet::tcp_flags::FIN | PSH | packet::tcp_flags::ACK;
+        let f = frame(
+            A,
+            B,
+            &[],
+            IPPROTO_TCP,
+            &upper(IPPROTO_TCP, 80, 9, fin_psh, &data),
+        );
+        let cut = Cut::plan(&f, 1514, None).unwrap();
+        assert_eq!(cut.pieces(), 4, "1440 payload bytes per 1514-byte frame");
+        let mut out = vec![0u8; 1514];
+        let mut joined = Vec::new();
+        for i in 0..cut.pieces() {
+            let n = cut.write(&f, i, &mut out);
+            assert!(n <= 1514);
+            let v = parse6(&out[..n]).unwrap();
+            assert!(checksum_ok(&out[..n], &v), "segment {i}");
+            let t = v.l4_offset();
+            let seq = u32::from_be_bytes(out[t + 4..t + 8].try_into().unwrap());
+            assert_eq!(seq, 1 + joined.len() as u32);
+            let last = i + 1 == cut.pieces();
+            assert_eq!(out[t + 13] & (packet::tcp_flags::FIN | PSH) != 0, last);
+            joined.extend_from_slice(&out[t + 20..n]);
+        }
+        assert_eq!(joined, data);
+        // The client's MSS bounds a segment too.
+        assert_eq!(Cut::plan(&f, 1514, Some(1000)).unwrap().pieces(), 5);
+    }
+
+    #[test]
+    fn other_ipv6_packets_larger_than_the_egress_are_not_fragmented() {
+        let f = frame(A, B, &[], IPPROTO_ICMPV6, &[128, 0, 0, 0, 0, 1, 0, 1]);
+        assert_eq!(Cut::plan(&f, 60, None), Err(CutError::DontFragment));
+        let udp = frame(
+            A,
+            B,
+            &[],
+            crate::proto::IPPROTO_UDP,
+            &upper(17, 1, 2, 0, &[0; 3000]),
+        );
+        assert_eq!(Cut::plan(&udp, 1514, None), Err(CutError::DontFragment));
     }
 }

@@ -262,7 +262,7 @@ fn an_unresolved_backend_is_asked_for_and_counted() {
         run(&mut e, &mut f, Side::Uplink),
         Verdict::Drop(DropReason::NoNeighbour)
     );
-    assert_eq!(e.take_missing6(), vec![(pod(9), 5)]);
+    assert_eq!(e.take_missing6().collect::<Vec<_>>(), vec![(pod(9), 5)]);
     assert_eq!(e.service_counters6()[0].drops, 1);
 }
 

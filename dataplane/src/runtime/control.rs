@@ -7,7 +7,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -38,7 +38,7 @@ fn open_state(path: &Path) -> Option<NodeStateReader> {
 pub(super) struct ControlCtx<'a> {
     pub nb: &'a Neighbours,
     pub shared: &'a SharedNeighbours,
-    pub miss_tx: &'a mpsc::SyncSender<(u32, u32)>,
+    pub miss_tx: &'a crate::netlink::MissSender,
     pub published: &'a Published,
     /// Backend addresses handed to the resolver (route discovery on).
     pub backend_ips: Option<&'a Arc<ArcSwap<Vec<u32>>>>,
@@ -270,7 +270,7 @@ impl Control {
             ips.sort_unstable();
             ips.dedup();
             b.store(Arc::new(ips));
-            let _ = ctx.miss_tx.try_send((0, 0));
+            let _ = ctx.miss_tx.try_send(crate::netlink::REFRESH);
         }
         let mut waiting = self.resolve_backends(&table, ctx);
         waiting.extend(self.resolve_peers(cfg, &table, ctx));
@@ -432,7 +432,7 @@ impl Control {
                     }
                 }
                 if let Resolve::Miss { ip: hop, ifindex } = nb.resolve(ip) {
-                    let _ = ctx.miss_tx.try_send((hop, ifindex));
+                    let _ = ctx.miss_tx.try_send(crate::netlink::miss4(hop, ifindex));
                     if new {
                         waiting.insert(ip);
                     }
@@ -447,7 +447,7 @@ impl Control {
                     self.reverify_pushed += 1;
                 }
             }
-            let _ = ctx.miss_tx.try_send((0, 0));
+            let _ = ctx.miss_tx.try_send(crate::netlink::REFRESH);
         }
         waiting.into_iter().collect()
     }
@@ -469,7 +469,7 @@ impl Control {
         let mut waiting = Vec::new();
         for &p in &peers {
             if let Resolve::Miss { ip: hop, ifindex } = ctx.nb.resolve(p) {
-                let _ = ctx.miss_tx.try_send((hop, ifindex));
+                let _ = ctx.miss_tx.try_send(crate::netlink::miss4(hop, ifindex));
                 if self.known_peers.binary_search(&p).is_err() {
                     waiting.push(p);
                 }

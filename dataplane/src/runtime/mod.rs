@@ -574,7 +574,7 @@ impl Interfaces {
 /// The neighbour resolver thread and what the workers use to talk to it.
 struct Resolver {
     shared: Arc<SharedNeighbours>,
-    miss_tx: mpsc::SyncSender<(u32, u32)>,
+    miss_tx: crate::netlink::MissSender,
     stop: Arc<AtomicBool>,
     handle: std::thread::JoinHandle<()>,
 }
@@ -592,7 +592,7 @@ impl Resolver {
             .snapshot(ifs.uplink, &pod_ifaces)
             .context("reading routes and neighbours")?;
         let shared = Arc::new(SharedNeighbours::new(first));
-        let (miss_tx, miss_rx) = mpsc::sync_channel::<(u32, u32)>(256);
+        let (miss_tx, miss_rx) = mpsc::sync_channel::<crate::netlink::Miss>(256);
         let stop = Arc::new(AtomicBool::new(false));
         let keepalive = Duration::from_secs(cfg.neighbour_keepalive_s.max(1));
         let uplink = ifs.uplink;

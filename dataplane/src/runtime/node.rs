@@ -7,7 +7,7 @@
 //! [`IDLE_TICK`]; the workers never wait for it.
 
 use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -42,7 +42,7 @@ pub(super) struct Node<'u> {
 pub(super) struct NodeShared<'a> {
     pub cfg: &'a RuntimeConfig,
     pub neighbours: &'a SharedNeighbours,
-    pub miss_tx: &'a mpsc::SyncSender<(u32, u32)>,
+    pub miss_tx: &'a crate::netlink::MissSender,
     pub published: &'a Published,
     pub stats_tx: &'a StatsSender,
 }

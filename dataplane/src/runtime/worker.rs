@@ -88,14 +88,17 @@ pub(super) fn step(
     now_ms: u64,
     cfg: &RuntimeConfig,
     timing: &mut LoopTiming,
-    miss_tx: &mpsc::SyncSender<(u32, u32)>,
+    miss_tx: &crate::netlink::MissSender,
 ) -> (usize, usize) {
     let (received, completed) = receive(r, engine, nb, egress, b, now_ms, cfg);
     send_notices(engine, r.umem, r.pool, &mut b.pending[0]);
     timing.received(received);
     transmit(r, engine, b, cfg, timing);
     for (ip, ifindex) in engine.missing.take() {
-        let _ = miss_tx.try_send((ip, ifindex));
+        let _ = miss_tx.try_send(crate::netlink::miss4(ip, ifindex));
+    }
+    for (ip, ifindex) in engine.take_missing6() {
+        let _ = miss_tx.try_send((std::net::Ipv6Addr::from(ip).into(), ifindex));
     }
     engine.sweep_paced(now_ms);
     (received, completed)
@@ -727,7 +730,7 @@ pub(super) struct Shared<'a> {
     pub cfg: &'a RuntimeConfig,
     pub neighbours: &'a SharedNeighbours,
     pub published: &'a Published,
-    pub miss_tx: mpsc::SyncSender<(u32, u32)>,
+    pub miss_tx: crate::netlink::MissSender,
     pub stats_tx: StatsSender,
     /// What this worker keeps once it runs (it drops CAP_SYS_NICE after its start).
     pub forwarding: &'a Forwarding,
