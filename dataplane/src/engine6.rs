@@ -84,10 +84,16 @@ fn key_of(v: &Ipv6View, proto: u8) -> Option<Flow6Key> {
 
 impl Engine {
     /// Installs the IPv6 service table of a new state generation.
+    /// A frontend's counters carry over to the new table.
     pub fn set_services6(&mut self, services: Services6) {
-        let n = services.services().len();
+        let mut counters = vec![ServiceCounters::default(); services.services().len()];
+        for (old, c) in self.v6.services.services().iter().zip(&self.v6.counters) {
+            if let Some(j) = services.find(old.vip, old.proto, old.port) {
+                counters[j as usize] = *c;
+            }
+        }
         self.v6.services = services;
-        self.v6.counters = vec![ServiceCounters::default(); n];
+        self.v6.counters = counters;
     }
 
     /// The IPv6 service table in use.

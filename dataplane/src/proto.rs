@@ -25,3 +25,12 @@ pub mod tcp_flags {
         flags & (SYN | ACK | RST) == SYN
     }
 }
+
+/// The name of a protocol a frontend may carry, as Services and the metrics spell it.
+pub const fn protocol_name(proto: u8) -> &'static str {
+    match proto {
+        IPPROTO_TCP => "TCP",
+        IPPROTO_UDP => "UDP",
+        _ => "other",
+    }
+}

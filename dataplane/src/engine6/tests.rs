@@ -290,6 +290,12 @@ fn a_new_generation_keeps_draining_backends_and_ends_removed_ones() {
         Verdict::Drop(DropReason::BackendRemoved)
     );
     assert_eq!(e.flows6_mut().len(), 1);
+    let c = e.service_counters6()[0];
+    assert_eq!(
+        (c.new_flows, c.drops),
+        (2, 1),
+        "a frontend's counters outlive a table"
+    );
 }
 
 #[test]

@@ -877,6 +877,17 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
             counters: c.services.get(i).copied().unwrap_or_default(),
         });
     }
+    let counters6 = engine.service_counters6();
+    for (i, s) in engine.services6().services().iter().enumerate() {
+        st.services.push(ServiceStats {
+            vip: std::net::Ipv6Addr::from(s.vip).to_string(),
+            protocol: crate::proto::protocol_name(s.proto).to_string(),
+            port: s.port,
+            backends: s.ready,
+            draining_backends: s.backends.len() - s.ready,
+            counters: counters6.get(i).copied().unwrap_or_default(),
+        });
+    }
     for p in ports {
         st.rx_packets_per_socket
             .insert(p.name.clone(), p.rx_packets);
