@@ -302,6 +302,61 @@ impl Flow6Table {
         self.free.push(id);
     }
 
+    /// Rebuilds the flows a previous process held from the keys it left in the
+    /// steering program's map (a restart): a forward key `(client -> VIP)` and a reverse
+    /// key `(backend -> client)` with the same client address, port and protocol make one
+    /// flow, taken as established (its state is not in the map) and checked against the
+    /// service table at its next packet. Keys that pair with none, or ambiguously, are
+    /// left out (and withdrawn by the caller). Returns the flows restored.
+    pub fn restore(
+        &mut self,
+        keys: &[Flow6Key],
+        is_vip: impl Fn(&[u8; 16]) -> bool,
+        now_ms: u64,
+    ) -> usize {
+        type Client = ([u8; 16], u16, u8);
+        let mut forward: HashMap<Client, Vec<&Flow6Key>> = HashMap::new();
+        let mut reverse: HashMap<Client, Vec<&Flow6Key>> = HashMap::new();
+        for k in keys {
+            if is_vip(&k.dst) {
+                forward
+                    .entry((k.src, k.src_port, k.proto))
+                    .or_default()
+                    .push(k);
+            } else {
+                reverse
+                    .entry((k.dst, k.dst_port, k.proto))
+                    .or_default()
+                    .push(k);
+            }
+        }
+        let mut restored = 0;
+        for (client, f) in forward {
+            let (Some(r), [f]) = (reverse.get(&client), f.as_slice()) else {
+                continue;
+            };
+            let [r] = r.as_slice() else { continue };
+            let mut flow = Flow6::new(
+                (client.0, client.1),
+                (f.dst, f.dst_port),
+                (r.src, r.src_port),
+                client.2,
+                crate::proto::tcp_flags::ACK,
+                u32::MAX,
+                u64::MAX,
+            );
+            flow.state = if client.2 == IPPROTO_TCP {
+                FlowState::Established
+            } else {
+                FlowState::Udp
+            };
+            if self.insert(flow, now_ms).is_ok() {
+                restored += 1;
+            }
+        }
+        restored
+    }
+
     /// Looks at up to `budget` records from a rotating cursor and ends the expired ones;
     /// returns how many ended.
     pub fn sweep(&mut self, now_ms: u64, budget: usize) -> usize {
@@ -421,6 +476,35 @@ mod tests {
         rec.0.lock().unwrap().1 = true;
         assert_eq!(t.insert(f, 0), Err(Insert6Error::NotPublished));
         assert!(t.is_empty() && t.lookup(&f.forward_key(), 0).is_none());
+    }
+
+    #[test]
+    fn a_restart_pairs_the_keys_it_finds_into_flows() {
+        let mut old = Flow6Table::new(16, Timeouts::default());
+        let a_flow = syn_flow(1);
+        old.insert(a_flow, 0).unwrap();
+        let udp = Flow6::new((a(9), 2), (a(1), 53), (a(51), 53), IPPROTO_UDP, 0, 0, 1);
+        old.insert(udp, 0).unwrap();
+        let mut keys: Vec<Flow6Key> = old.index.keys().copied().collect();
+        // A lone reverse key (its forward key lost) pairs with nothing.
+        keys.push(syn_flow(3).reverse_key());
+        let mut t = Flow6Table::new(16, Timeouts::default());
+        assert_eq!(t.restore(&keys, |ip| *ip == a(1), 5), 2);
+        let (id, dir) = t.lookup(&a_flow.reverse_key(), 6).unwrap();
+        assert_eq!(dir, Direction::Reverse);
+        let f = t.get(id).unwrap();
+        assert_eq!(
+            (f.backend, f.backend_port, f.state),
+            (a(50), 8080, FlowState::Established)
+        );
+        assert_eq!(
+            f.generation,
+            u64::MAX,
+            "checked against the table at its next packet"
+        );
+        let (id, _) = t.lookup(&udp.forward_key(), 6).unwrap();
+        assert_eq!(t.get(id).unwrap().state, FlowState::Udp);
+        assert!(t.lookup(&syn_flow(3).forward_key(), 6).is_none());
     }
 
     #[test]
