@@ -504,6 +504,8 @@ struct PeerTask {
     /// When the current drain (graceful maintenance) began, and whether its withdrawal
     /// was sent.
     drain: Option<(Instant, bool)>,
+    /// What the session could not carry at the last sync (logged when it changes).
+    withheld: rib::Withheld,
 }
 
 impl PeerTask {
@@ -538,6 +540,7 @@ impl PeerTask {
             session: None,
             rib_out: AdjRibOut::new(),
             drain: None,
+            withheld: rib::Withheld::default(),
         }
     }
 
@@ -916,8 +919,7 @@ impl PeerTask {
             desired = crate::maintenance::apply(desired, d, phase);
         }
         let (desired, withheld) = rib::sendable(desired, &params);
-        self.hub
-            .peer_owned(&self.cfg.name, self.owner, |p| p.not_sent = withheld);
+        self.note_withheld(withheld);
         let updates = rib::diff(&self.rib_out, &desired, params);
         if updates.is_empty() {
             return false;
@@ -953,6 +955,29 @@ impl PeerTask {
 }
 
 impl PeerTask {
+    /// Shows `withheld` in the status, and logs it when it changed: routes of a family
+    /// the session negotiated but cannot carry for want of a next hop are an operator's
+    /// problem (an IPv6 VIP on a link without a global IPv6 address).
+    fn note_withheld(&mut self, withheld: rib::Withheld) {
+        self.hub
+            .peer_owned(&self.cfg.name, self.owner, |p| p.not_sent = withheld);
+        if withheld.no_next_hop > self.withheld.no_next_hop {
+            tracing::warn!(
+                routes = withheld.no_next_hop,
+                "routes not sent: their family is negotiated but this node has no address \
+                 of it on the session's interface to use as the next hop (for IPv6: a \
+                 global or unique-local address on the link towards the peer)"
+            );
+        }
+        if withheld.family_not_negotiated > self.withheld.family_not_negotiated {
+            tracing::info!(
+                routes = withheld.family_not_negotiated,
+                "routes not sent: the peer did not negotiate their address family"
+            );
+        }
+        self.withheld = withheld;
+    }
+
     /// The announcement parameters of a session established from local address `local`.
     fn session_params(&self, local: IpAddr, neg: &fsm::Negotiated) -> SessionParams {
         // The IPv4 next hop: the configured source address of an IPv4 session, else its

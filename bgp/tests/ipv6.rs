@@ -1,17 +1,22 @@
-//! MP-BGP against real routers: which address families a session negotiates, End-of-RIB
-//! per negotiated family, and graceful restart towards an IPv4-only router when the
-//! speaker offers IPv6 too (the Cilium#30367 trap). Sessions run over IPv4: the node
-//! state has no IPv6 peer addresses or VIPs yet (docs/bgp.md, "IPv6").
+//! MP-BGP over IPv4 sessions against real routers: which address families a session
+//! negotiates, End-of-RIB per negotiated family, graceful restart towards an IPv4-only
+//! router when the speaker offers IPv6 too (the Cilium#30367 trap), IPv6 VIPs over the
+//! IPv4 session with the node's IPv6 next hop (BIRD, FRR, GoBGP; attributes and graceful
+//! maintenance as for IPv4), and what happens when the link has no IPv6 address.
+//! Sessions over IPv6 and RFC 8950: `ipv6_sessions.rs`.
 //!
 //! Needs root and the Debian packages `bird2`, `frr`, `gobgpd` (tests/setup.sh).
 
 mod common;
 
+use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use common::*;
+use juneau_control::model::DrainSettings;
 use juneau_tests::bird::{BgpNeighbor, BirdConfig};
+use juneau_tests::netns::route6_next_hops;
 
 const UP: Duration = Duration::from_secs(60);
 
@@ -252,5 +257,177 @@ fn gobgp_negotiates_ipv6_only_when_offered_and_gets_an_end_of_rib_per_family() -
         drop(s);
         drop(router);
     }
+    Ok(())
+}
+
+/// The IPv6 VIP announced with the IPv4 one.
+const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 0x10);
+
+/// Node 0's speaker on its IPv4 session (`router`), announcing [`VIP`] and [`VIP6`]
+/// (the first IPv6 VIP makes it offer IPv6 unicast: one session reset); returned once
+/// the session is up with both families and the IPv4 route at the router.
+fn speaker_with_both_vips(topo: &Topo, router: &Router) -> Result<Speaker> {
+    let peer = Speaker::peer_config(0, &NodePeering::default());
+    let mut s = Speaker::start_with_peers(topo, 0, vec![peer])?;
+    s.publish_ip_vips(&[VIP.into(), VIP6.into()])?;
+    wait_families(&s, &["ipv4-unicast", "ipv6-unicast"])?;
+    s.wait_established("router", UP)?;
+    router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
+    Ok(s)
+}
+
+/// IPv6 routes over an IPv4 session (plain MP-BGP, RFC 4760/2545): the router learns
+/// [`VIP6`]/128 with the node's global IPv6 address on the link as next hop (16 bytes:
+/// no link-local over an IPv4 session), as `next_hops` reads it; withdrawing it removes
+/// it, the IPv4 VIP stays.
+fn ipv6_vip_over_an_ipv4_session(
+    topo: &Topo,
+    router: &Router,
+    next_hops: &dyn Fn() -> Result<Vec<Ipv6Addr>>,
+) -> Result<Speaker> {
+    let mut s = speaker_with_both_vips(topo, router)?;
+    let want = vec![node_addr6(0)];
+    wait_for(
+        &format!("{VIP6}/128 via {want:?} at the router"),
+        UP,
+        || Ok((next_hops()? == want).then_some(())),
+    )
+    .with_context(|| format!("{}\n{}", router.logs(), s.logs()))?;
+    let st = s.status()?;
+    let p = &st["peers"]["router"];
+    assert_eq!(p["prefixes_announced"], 2, "{st:#}");
+    assert_eq!(
+        p["not_sent"],
+        serde_json::json!({"family_not_negotiated": 0, "no_next_hop": 0}),
+        "{st:#}"
+    );
+    s.publish_vips(&[VIP])?;
+    wait_for(&format!("{VIP6}/128 withdrawn at the router"), UP, || {
+        Ok(next_hops()?.is_empty().then_some(()))
+    })?;
+    router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
+    Ok(s)
+}
+
+fn kernel_v6_hops(topo: &Topo) -> Result<Vec<Ipv6Addr>> {
+    route6_next_hops(topo.router.name(), VIP6)
+}
+
+/// BIRD with an `ipv6` channel on the IPv4 session; the IPv6 VIP carries the same
+/// attributes as an IPv4 one, and graceful maintenance treats it the same: less
+/// preferred (prepended AS_PATH, GRACEFUL_SHUTDOWN) for the wait, then withdrawn.
+#[test]
+fn bird_learns_an_ipv6_vip_over_an_ipv4_session_and_sees_it_drained() -> Result<()> {
+    let topo = Topo::new("v6v4b", 1)?;
+    topo.add_ipv6()?;
+    let cfg = BirdConfig::new(router_addr(0))
+        .raw("protocol kernel { ipv6 { import none; export all; }; }")
+        .bgp(
+            &BgpNeighbor::new("node0", router_addr(0), ROUTER_ASN, node_addr(0), NODE_ASN)
+                .extra("ipv6 { import all; export none; };"),
+        );
+    let router = Router::start_bird_with_config(&topo, &cfg.render())?;
+    let mut s = ipv6_vip_over_an_ipv4_session(&topo, &router, &|| kernel_v6_hops(&topo))?;
+
+    // Announced again, then drained.
+    s.publish_ip_vips(&[VIP.into(), VIP6.into()])?;
+    wait_for("the IPv6 VIP back", UP, || {
+        Ok((kernel_v6_hops(&topo)? == vec![node_addr6(0)]).then_some(()))
+    })?;
+    let show = || router.bird_cli(&["show", "route", "all", &format!("{VIP6}/128")]);
+    let text = show()?;
+    for want in router.expected_attribute_texts() {
+        assert!(text.contains(want), "no {want} in\n{text}");
+    }
+    let mut st = s.state.clone();
+    st.peers[0].drain = Some(DrainSettings {
+        as_path_prepend: 2,
+        local_pref: 0,
+        wait_seconds: 3,
+    });
+    let t0 = Instant::now();
+    s.publish_state(&st)?;
+    let text = wait_for("the IPv6 VIP with GRACEFUL_SHUTDOWN at BIRD", UP, || {
+        let t = show()?;
+        Ok(t.contains("(65535,0)").then_some(t))
+    })?;
+    assert!(text.contains("65001 65001 65001"), "not prepended:\n{text}");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    wait_for("the drained IPv6 VIP withdrawn", UP, || {
+        Ok(kernel_v6_hops(&topo)?.is_empty().then_some(()))
+    })?;
+    assert!(t0.elapsed() >= Duration::from_secs(3), "{:?}", t0.elapsed());
+    Ok(())
+}
+
+/// FRR with IPv6 unicast activated on the IPv4 neighbour and `capability
+/// extended-nexthop` on it (accepted in its configuration): FRR 8.4 sends that capability
+/// to IPv6 neighbours only, and we offer it on IPv6 sessions only (IPv4 routes on an
+/// IPv4 session have an IPv4 NEXT_HOP), so it is not negotiated; the IPv6 VIP is learnt
+/// all the same, with the node's global IPv6 next hop.
+#[test]
+fn frr_learns_an_ipv6_vip_over_an_ipv4_session() -> Result<()> {
+    let topo = Topo::new("v6v4f", 1)?;
+    topo.add_ipv6()?;
+    let na = node_addr(0);
+    let cfg = frr_config(true).replace(
+        &format!(" neighbor {na} timers connect 1\n"),
+        &format!(" neighbor {na} timers connect 1\n neighbor {na} capability extended-nexthop\n"),
+    );
+    let router = Router::start_frr_with_config(&topo, &cfg, None)?;
+    let _s = ipv6_vip_over_an_ipv4_session(&topo, &router, &|| kernel_v6_hops(&topo))?;
+    let running = router.vtysh("show running-config")?;
+    assert!(
+        running.contains(&format!("neighbor {na} capability extended-nexthop")),
+        "{running}"
+    );
+    let n = frr_neighbor(&router)?;
+    let caps = &n["neighborCapabilities"];
+    assert_eq!(caps["extendedNexthop"], serde_json::Value::Null, "{n:#}");
+    assert_eq!(
+        caps["multiprotocolExtensions"]["ipv6Unicast"]["advertisedAndReceived"], true,
+        "{n:#}"
+    );
+    Ok(())
+}
+
+#[test]
+fn gobgp_learns_an_ipv6_vip_over_an_ipv4_session() -> Result<()> {
+    let topo = Topo::new("v6v4g", 1)?;
+    topo.add_ipv6()?;
+    let router = Router::start_gobgp_with_config(&topo, &gobgp_config())?;
+    ipv6_vip_over_an_ipv4_session(&topo, &router, &|| router.gobgp_nexthops6(VIP6))?;
+    Ok(())
+}
+
+/// An IPv4 session negotiating IPv6 unicast from a node whose link has no global IPv6
+/// address (link-local only): the IPv6 VIP is not sent (no next hop to give), shown as
+/// `not_sent.no_next_hop` and logged; the IPv4 VIP is announced as usual.
+#[test]
+fn no_ipv6_address_on_the_link_withholds_the_ipv6_vip_with_a_reason() -> Result<()> {
+    let topo = Topo::new("v6nonh", 1)?;
+    let router = Router::start_frr_with_config(&topo, &frr_config(true), None)?;
+    let s = speaker_with_both_vips(&topo, &router)?;
+    let st = wait_for("the IPv6 VIP counted as not sent", UP, || {
+        let st = s.status()?;
+        Ok((st["peers"]["router"]["not_sent"]["no_next_hop"] == 1).then_some(st))
+    })?;
+    let p = &st["peers"]["router"];
+    assert_eq!(p["prefixes_announced"], 1, "{st:#}");
+    assert_eq!(p["not_sent"]["family_not_negotiated"], 0, "{st:#}");
+    let log = s.logs();
+    assert!(
+        log.contains("routes not sent") && log.contains("no address"),
+        "no warning in the speaker's log:\n{log}"
+    );
+    // FRR has nothing IPv6 from us, neither in BGP nor in the kernel.
+    std::thread::sleep(Duration::from_secs(1));
+    let out = router.vtysh("show bgp ipv6 unicast json")?;
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    assert!(
+        v["routes"].as_object().is_none_or(|r| r.is_empty()),
+        "FRR has IPv6 routes: {v:#}"
+    );
+    assert!(kernel_v6_hops(&topo)?.is_empty());
     Ok(())
 }
