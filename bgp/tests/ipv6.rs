@@ -12,7 +12,7 @@ mod common;
 use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use common::*;
 use juneau_control::model::DrainSettings;
 use juneau_tests::bird::{BgpNeighbor, BirdConfig};
@@ -105,6 +105,86 @@ fn an_ipv4_only_bird_keeps_its_routes_over_a_restart_of_a_dual_stack_speaker() -
     Ok(())
 }
 
+/// Whether FRR's or GoBGP's paths to [`VIP`] are marked stale (kept through our
+/// restart, RFC 4724); `None`: no path.
+fn vip_path_stale(router: &Router) -> Result<Option<bool>> {
+    let v: serde_json::Value = serde_json::from_str(&router.route_text(VIP)?)?;
+    let paths = match router.kind {
+        RouterKind::Frr => &v["paths"],
+        RouterKind::Gobgp => &v[&format!("{VIP}/32")],
+        RouterKind::Bird => bail!("BIRD shows no stale flag: read its recovery state"),
+    };
+    Ok(paths
+        .as_array()
+        .filter(|p| !p.is_empty())
+        .map(|p| p.iter().any(|p| p["stale"] == true)))
+}
+
+/// An IPv4-only router with graceful restart (FRR or GoBGP) and the speaker offering
+/// IPv4 and IPv6 with graceful restart for both: after a `kill -9` the router keeps
+/// [`VIP`] as stale, and once the speaker is back it is refreshed (not stale) within
+/// seconds, far below the 120 s restart time: no wait for an IPv6 End-of-RIB.
+fn ipv4_only_router_keeps_routes_over_a_restart(topo: &Topo, router: &Router) -> Result<()> {
+    let peer = Speaker::peer_config(0, &NodePeering::default());
+    let mut s = Speaker::start_with_args(topo, 0, vec![peer], &["--offer-ipv6"])?;
+    s.publish_vips(&[VIP])?;
+    s.wait_established("router", UP)?;
+    router.wait_nexthops(VIP, &[node_addr(0)], UP)?;
+    wait_families(&s, &["ipv4-unicast"])?;
+    assert_eq!(s.status()?["peers"]["router"]["graceful_restart"], true);
+    ensure!(vip_path_stale(router)? == Some(false));
+    s.kill();
+    let t0 = Instant::now();
+    let until = |what: &str, want: bool| -> Result<std::time::Duration> {
+        loop {
+            match vip_path_stale(router)? {
+                None => bail!(
+                    "{what}: route lost after {:?}\n{}",
+                    t0.elapsed(),
+                    router.logs()
+                ),
+                Some(stale) if stale == want => return Ok(t0.elapsed()),
+                _ if t0.elapsed() > UP => bail!("{what}: not after {UP:?}\n{}", router.logs()),
+                _ => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    };
+    let stale_after = until("kept as stale after the kill", true)?;
+    std::thread::sleep(Duration::from_secs(1));
+    std::fs::remove_file(&s.status_path)?;
+    s.spawn(&topo.nodes[0])?;
+    let respawned = t0.elapsed();
+    let fresh_after = until("refreshed after the restart", false)? - respawned;
+    println!(
+        "{:?}: stale {stale_after:?} after the kill, fresh {fresh_after:?} after the restart",
+        router.kind
+    );
+    ensure!(
+        fresh_after < Duration::from_secs(20),
+        "refreshed only after {fresh_after:?}"
+    );
+    let settled = Instant::now();
+    while settled.elapsed() < Duration::from_secs(3) {
+        ensure!(vip_path_stale(router)? == Some(false), "{}", router.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wait_families(&s, &["ipv4-unicast"])
+}
+
+#[test]
+fn an_ipv4_only_frr_keeps_its_routes_over_a_restart_of_a_dual_stack_speaker() -> Result<()> {
+    let topo = Topo::new("v6grf", 1)?;
+    let router = Router::start_frr_with_config(&topo, &frr_config(false), None)?;
+    ipv4_only_router_keeps_routes_over_a_restart(&topo, &router)
+}
+
+#[test]
+fn an_ipv4_only_gobgp_keeps_its_routes_over_a_restart_of_a_dual_stack_speaker() -> Result<()> {
+    let topo = Topo::new("v6grg", 1)?;
+    let router = Router::start_gobgp_with_config(&topo, &gobgp_config(&["ipv4-unicast"]))?;
+    ipv4_only_router_keeps_routes_over_a_restart(&topo, &router)
+}
+
 fn frr_config(activate_ipv6: bool) -> String {
     let (rid, na) = (router_addr(0), node_addr(0));
     let mut cfg = format!(
@@ -183,7 +263,8 @@ fn frr_negotiates_ipv6_only_when_offered_and_gets_an_end_of_rib_per_family() -> 
     Ok(())
 }
 
-fn gobgp_config() -> String {
+/// GoBGP with graceful restart for `families` (`ipv4-unicast`, `ipv6-unicast`).
+fn gobgp_config(families: &[&str]) -> String {
     let (rid, na) = (router_addr(0), node_addr(0));
     let mut cfg = format!(
         "[global.config]\n  as = {ROUTER_ASN}\n  router-id = \"{rid}\"\n  port = 179\n\
@@ -191,7 +272,7 @@ fn gobgp_config() -> String {
          [neighbors.timers.config]\n    hold-time = 9\n    keepalive-interval = 3\n    connect-retry = 1\n\
          [neighbors.graceful-restart.config]\n    enabled = true\n    restart-time = 120\n"
     );
-    for family in ["ipv4-unicast", "ipv6-unicast"] {
+    for family in families {
         cfg += &format!(
             "[[neighbors.afi-safis]]\n  [neighbors.afi-safis.config]\n    afi-safi-name = \"{family}\"\n\
              [neighbors.afi-safis.mp-graceful-restart.config]\n    enabled = true\n"
@@ -236,7 +317,10 @@ fn gobgp_family(n: &serde_json::Value, afi: u64) -> serde_json::Value {
 fn gobgp_negotiates_ipv6_only_when_offered_and_gets_an_end_of_rib_per_family() -> Result<()> {
     for offer in [true, false] {
         let topo = Topo::new(if offer { "v6gobgp" } else { "v4gobgp" }, 1)?;
-        let router = Router::start_gobgp_with_config(&topo, &gobgp_config())?;
+        let router = Router::start_gobgp_with_config(
+            &topo,
+            &gobgp_config(&["ipv4-unicast", "ipv6-unicast"]),
+        )?;
         let s = speaker_offering(&topo, &router, offer)?;
         let eor = |f: &serde_json::Value| {
             f["mp_graceful_restart"]["state"]["end_of_rib_received"] == true
@@ -395,7 +479,8 @@ fn frr_learns_an_ipv6_vip_over_an_ipv4_session() -> Result<()> {
 fn gobgp_learns_an_ipv6_vip_over_an_ipv4_session() -> Result<()> {
     let topo = Topo::new("v6v4g", 1)?;
     topo.add_ipv6()?;
-    let router = Router::start_gobgp_with_config(&topo, &gobgp_config())?;
+    let router =
+        Router::start_gobgp_with_config(&topo, &gobgp_config(&["ipv4-unicast", "ipv6-unicast"]))?;
     ipv6_vip_over_an_ipv4_session(&topo, &router, &|| router.gobgp_nexthops6(VIP6))?;
     Ok(())
 }
