@@ -506,7 +506,14 @@ struct PeerTask {
     drain: Option<(Instant, bool)>,
     /// What the session could not carry at the last sync (logged when it changes).
     withheld: rib::Withheld,
+    /// While routes are withheld for want of a next hop: when to look at the session
+    /// interface's addresses again (one may have been added since the session came up).
+    next_hop_recheck: Option<Instant>,
 }
+
+/// How often the interface addresses are looked at again while routes wait for a next
+/// hop.
+const NEXT_HOP_RECHECK: Duration = Duration::from_secs(5);
 
 impl PeerTask {
     fn new(
@@ -541,6 +548,7 @@ impl PeerTask {
             rib_out: AdjRibOut::new(),
             drain: None,
             withheld: rib::Withheld::default(),
+            next_hop_recheck: None,
         }
     }
 
@@ -592,6 +600,11 @@ impl PeerTask {
             }
             let deadline = self.timers.values().min().copied();
             tokio::select! {
+                _ = sleep_until_opt(self.next_hop_recheck) => {
+                    self.next_hop_recheck = None;
+                    self.recheck_next_hop();
+                    self.sync_routes().await;
+                }
                 _ = sleep_until_opt(self.drain_deadline()) => {
                     tracing::info!("graceful maintenance: withdrawing");
                     self.sync_routes().await;
@@ -872,6 +885,7 @@ impl PeerTask {
                 Action::Down(reason) => {
                     tracing::warn!(%reason, "session down");
                     self.session = None;
+                    self.next_hop_recheck = None;
                     self.rib_out.clear();
                     let r = reason.to_string();
                     self.hub.peer_owned(&self.cfg.name, self.owner, |p| {
@@ -976,6 +990,28 @@ impl PeerTask {
             );
         }
         self.withheld = withheld;
+        self.next_hop_recheck = match withheld.no_next_hop {
+            0 => None,
+            _ => self
+                .next_hop_recheck
+                .or_else(|| Some(Instant::now() + NEXT_HOP_RECHECK)),
+        };
+    }
+
+    /// Looks the established session's IPv6 next hop up again: an address added to the
+    /// link after the session came up lets its withheld routes go out.
+    fn recheck_next_hop(&mut self) {
+        let Some((id, params, _)) = self.session.as_mut() else {
+            return;
+        };
+        let Some(c) = self.conns.get(id) else {
+            return;
+        };
+        let nh = crate::next_hop::for_session(c.local.ip());
+        if nh != params.next_hop_v6 {
+            tracing::info!(next_hop_v6 = ?nh, "the session's IPv6 next hop changed");
+            params.next_hop_v6 = nh;
+        }
     }
 
     /// The announcement parameters of a session established from local address `local`.

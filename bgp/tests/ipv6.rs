@@ -487,7 +487,8 @@ fn gobgp_learns_an_ipv6_vip_over_an_ipv4_session() -> Result<()> {
 
 /// An IPv4 session negotiating IPv6 unicast from a node whose link has no global IPv6
 /// address (link-local only): the IPv6 VIP is not sent (no next hop to give), shown as
-/// `not_sent.no_next_hop` and logged; the IPv4 VIP is announced as usual.
+/// `not_sent.no_next_hop` and logged; the IPv4 VIP is announced as usual. Once the link
+/// has a global IPv6 address, the VIP goes out on the same session.
 #[test]
 fn no_ipv6_address_on_the_link_withholds_the_ipv6_vip_with_a_reason() -> Result<()> {
     let topo = Topo::new("v6nonh", 1)?;
@@ -514,5 +515,29 @@ fn no_ipv6_address_on_the_link_withholds_the_ipv6_vip_with_a_reason() -> Result<
         "FRR has IPv6 routes: {v:#}"
     );
     assert!(kernel_v6_hops(&topo)?.is_empty());
+
+    // The link gets its IPv6 addresses: the speaker finds the next hop within its
+    // recheck interval (5 s), without a session reset, and sends the VIP.
+    let flaps = |s: &Speaker| -> Result<serde_json::Value> {
+        Ok(s.status()?["peers"]["router"]["session_flaps"].clone())
+    };
+    let flaps_before = flaps(&s)?;
+    assert!(flaps_before.is_u64(), "no session_flaps in the status");
+    topo.add_ipv6()?;
+    let t0 = Instant::now();
+    wait_for("the IPv6 VIP routed once the link has IPv6", UP, || {
+        Ok((kernel_v6_hops(&topo)? == vec![node_addr6(0)]).then_some(()))
+    })
+    .with_context(|| s.logs())?;
+    println!(
+        "IPv6 VIP sent {:?} after the address was added",
+        t0.elapsed()
+    );
+    let st = s.status()?;
+    assert_eq!(
+        st["peers"]["router"]["not_sent"]["no_next_hop"], 0,
+        "{st:#}"
+    );
+    assert_eq!(flaps(&s)?, flaps_before, "the session was reset");
     Ok(())
 }
