@@ -504,7 +504,16 @@ struct PeerTask {
     /// When the current drain (graceful maintenance) began, and whether its withdrawal
     /// was sent.
     drain: Option<(Instant, bool)>,
+    /// What the session could not carry at the last sync (logged when it changes).
+    withheld: rib::Withheld,
+    /// While routes are withheld for want of a next hop: when to look at the session
+    /// interface's addresses again (one may have been added since the session came up).
+    next_hop_recheck: Option<Instant>,
 }
+
+/// How often the interface addresses are looked at again while routes wait for a next
+/// hop.
+const NEXT_HOP_RECHECK: Duration = Duration::from_secs(5);
 
 impl PeerTask {
     fn new(
@@ -538,6 +547,8 @@ impl PeerTask {
             session: None,
             rib_out: AdjRibOut::new(),
             drain: None,
+            withheld: rib::Withheld::default(),
+            next_hop_recheck: None,
         }
     }
 
@@ -589,6 +600,11 @@ impl PeerTask {
             }
             let deadline = self.timers.values().min().copied();
             tokio::select! {
+                _ = sleep_until_opt(self.next_hop_recheck) => {
+                    self.next_hop_recheck = None;
+                    self.recheck_next_hop();
+                    self.sync_routes().await;
+                }
                 _ = sleep_until_opt(self.drain_deadline()) => {
                     tracing::info!("graceful maintenance: withdrawing");
                     self.sync_routes().await;
@@ -869,6 +885,7 @@ impl PeerTask {
                 Action::Down(reason) => {
                     tracing::warn!(%reason, "session down");
                     self.session = None;
+                    self.next_hop_recheck = None;
                     self.rib_out.clear();
                     let r = reason.to_string();
                     self.hub.peer_owned(&self.cfg.name, self.owner, |p| {
@@ -916,8 +933,7 @@ impl PeerTask {
             desired = crate::maintenance::apply(desired, d, phase);
         }
         let (desired, withheld) = rib::sendable(desired, &params);
-        self.hub
-            .peer_owned(&self.cfg.name, self.owner, |p| p.not_sent = withheld);
+        self.note_withheld(withheld);
         let updates = rib::diff(&self.rib_out, &desired, params);
         if updates.is_empty() {
             return false;
@@ -953,6 +969,51 @@ impl PeerTask {
 }
 
 impl PeerTask {
+    /// Shows `withheld` in the status, and logs it when it changed: routes of a family
+    /// the session negotiated but cannot carry for want of a next hop are an operator's
+    /// problem (an IPv6 VIP on a link without a global IPv6 address).
+    fn note_withheld(&mut self, withheld: rib::Withheld) {
+        self.hub
+            .peer_owned(&self.cfg.name, self.owner, |p| p.not_sent = withheld);
+        if withheld.no_next_hop > self.withheld.no_next_hop {
+            tracing::warn!(
+                routes = withheld.no_next_hop,
+                "routes not sent: their family is negotiated but this node has no address \
+                 of it on the session's interface to use as the next hop (for IPv6: a \
+                 global or unique-local address on the link towards the peer)"
+            );
+        }
+        if withheld.family_not_negotiated > self.withheld.family_not_negotiated {
+            tracing::info!(
+                routes = withheld.family_not_negotiated,
+                "routes not sent: the peer did not negotiate their address family"
+            );
+        }
+        self.withheld = withheld;
+        self.next_hop_recheck = match withheld.no_next_hop {
+            0 => None,
+            _ => self
+                .next_hop_recheck
+                .or_else(|| Some(Instant::now() + NEXT_HOP_RECHECK)),
+        };
+    }
+
+    /// Looks the established session's IPv6 next hop up again: an address added to the
+    /// link after the session came up lets its withheld routes go out.
+    fn recheck_next_hop(&mut self) {
+        let Some((id, params, _)) = self.session.as_mut() else {
+            return;
+        };
+        let Some(c) = self.conns.get(id) else {
+            return;
+        };
+        let nh = crate::next_hop::for_session(c.local.ip());
+        if nh != params.next_hop_v6 {
+            tracing::info!(next_hop_v6 = ?nh, "the session's IPv6 next hop changed");
+            params.next_hop_v6 = nh;
+        }
+    }
+
     /// The announcement parameters of a session established from local address `local`.
     fn session_params(&self, local: IpAddr, neg: &fsm::Negotiated) -> SessionParams {
         // The IPv4 next hop: the configured source address of an IPv4 session, else its

@@ -13,46 +13,28 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use common::dataplane::FakeDataplane;
 use common::*;
 use juneau_control::model::PeerConfig;
-use juneau_tests::netns::{ipv6_addresses, route6_next_hops};
+use juneau_tests::netns::{ipv6_addresses, route6_next_hops, route_next_hops_via_ipv6};
 
 const UP: Duration = Duration::from_secs(60);
-const ROUTER6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, 1);
-const NODE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, 2);
+const ROUTER6: Ipv6Addr = router_addr6(0);
+const NODE6: Ipv6Addr = node_addr6(0);
 /// Programmed in the (stand-in) dataplane.
 const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 0x10);
 /// Wanted by the agent, not programmed at first.
 const VIP6_HELD: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 0x11);
 const PASSWORD: &str = "v6-md5-secret";
 
-/// [`Topo`] with the IPv6 link added. `nodad`: usable at once (no duplicate address
-/// detection), so the speaker can bind its source address.
+/// [`Topo`] with the IPv6 link added ([`ROUTER6`], [`NODE6`]).
 fn topo(tag: &str) -> Result<Topo> {
     let topo = Topo::new(tag, 1)?;
-    topo.nodes[0].exec(&[
-        "ip",
-        "addr",
-        "add",
-        &format!("{NODE6}/64"),
-        "dev",
-        "uplink",
-        "nodad",
-    ])?;
-    topo.router.exec(&[
-        "ip",
-        "addr",
-        "add",
-        &format!("{ROUTER6}/64"),
-        "dev",
-        "d0",
-        "nodad",
-    ])?;
+    topo.add_ipv6()?;
     Ok(topo)
 }
 
@@ -395,5 +377,141 @@ fn a_wrong_tcp_md5_password_keeps_the_ipv6_session_down() -> Result<()> {
         std::thread::sleep(Duration::from_millis(100));
     }
     stays_unrouted(&topo, VIP6, Duration::from_millis(500), "wrong password")?;
+    Ok(())
+}
+
+/// Waits until the router's kernel routes the IPv4 `prefix` via an IPv6 address of the
+/// node (`via inet6`, an RFC 8950 next hop).
+fn wait_v4_route_via_v6(topo: &Topo, router: &Router, prefix: Ipv4Addr) -> Result<Ipv6Addr> {
+    let node = node_next_hops(topo)?;
+    wait_for(
+        &format!("the router's kernel route to {prefix}/32 via an IPv6 next hop"),
+        UP,
+        || {
+            let hops = route_next_hops_via_ipv6(topo.router.name(), prefix)?;
+            Ok(match hops[..] {
+                [h] if node.contains(&h) => Some(h),
+                _ => None,
+            })
+        },
+    )
+    .with_context(|| router.logs())
+}
+
+/// RFC 8950 on an IPv6 session (no IPv4 address given to it): both families
+/// negotiated, the extended next hop too; the IPv4 VIP goes in MP_REACH_NLRI with the
+/// node's IPv6 next hop and the router's kernel routes it `via inet6`; the IPv6 VIP
+/// as usual. Withdrawing the IPv4 VIP removes it. Returns the speaker, still up.
+fn ipv4_over_an_ipv6_session(topo: &Topo, router: &Router) -> Result<Speaker> {
+    let mut s = Speaker::start_with_peers(topo, 0, vec![peer_v6(false)])?;
+    s.publish_ip_vips(&[VIP.into(), VIP6.into()])?;
+    s.wait_established("router-v6", UP)?;
+    wait_v6_route(topo, router, VIP6)?;
+    let hop = wait_v4_route_via_v6(topo, router, VIP)?;
+    println!("{:?}: {VIP}/32 via inet6 {hop}", router.kind);
+    let st = s.status()?;
+    let p = &st["peers"]["router-v6"];
+    assert_eq!(
+        p["families"],
+        serde_json::json!(["ipv4-unicast", "ipv6-unicast"]),
+        "{st:#}"
+    );
+    assert_eq!(p["prefixes_announced"], 2, "{st:#}");
+    assert_eq!(
+        p["not_sent"],
+        serde_json::json!({"family_not_negotiated": 0, "no_next_hop": 0}),
+        "{st:#}"
+    );
+    s.publish_ip_vips(&[VIP6.into()])?;
+    wait_for("the IPv4 VIP withdrawn at the router", UP, || {
+        Ok(route_next_hops_via_ipv6(topo.router.name(), VIP)?
+            .is_empty()
+            .then_some(()))
+    })?;
+    wait_v6_route(topo, router, VIP6)?;
+    Ok(s)
+}
+
+#[test]
+fn bird_learns_an_ipv4_vip_with_an_ipv6_next_hop_over_an_ipv6_session_rfc8950() -> Result<()> {
+    let topo = topo("v6x")?;
+    let r = router_addr(0);
+    let cfg = format!(
+        "log stderr all;\nrouter id {r};\nprotocol device {{ scan time 10; }}\n\
+         protocol kernel {{ ipv4 {{ import none; export all; }}; }}\n\
+         protocol kernel {{ ipv6 {{ import none; export all; }}; }}\n\
+         protocol bgp node0v6 {{\n local {ROUTER6} as {ROUTER_ASN};\n neighbor {NODE6} as {NODE_ASN};\n \
+         hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
+         ipv4 {{ import all; export none; extended next hop on; }};\n \
+         ipv6 {{ import all; export none; }};\n}}\n"
+    );
+    let router = Router::start_bird_with_config(&topo, &cfg)?;
+    let _s = ipv4_over_an_ipv6_session(&topo, &router)?;
+    let info = router.bird_cli(&["show", "protocols", "all", "node0v6"])?;
+    assert!(info.contains("Extended next hop"), "{info}");
+    Ok(())
+}
+
+#[test]
+fn frr_learns_an_ipv4_vip_with_an_ipv6_next_hop_over_an_ipv6_session_rfc8950() -> Result<()> {
+    let topo = topo("v6y")?;
+    let rid = router_addr(0);
+    let cfg = format!(
+        "frr defaults traditional\nhostname router\nlog stdout debugging\n!\nrouter bgp {ROUTER_ASN}\n \
+         bgp router-id {rid}\n no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n \
+         neighbor {NODE6} remote-as {NODE_ASN}\n neighbor {NODE6} timers 3 9\n neighbor {NODE6} timers connect 1\n \
+         neighbor {NODE6} capability extended-nexthop\n \
+         address-family ipv4 unicast\n  neighbor {NODE6} activate\n exit-address-family\n \
+         address-family ipv6 unicast\n  neighbor {NODE6} activate\n exit-address-family\n!\n"
+    );
+    let router = Router::start_frr_with_config(&topo, &cfg, None)?;
+    let _s = ipv4_over_an_ipv6_session(&topo, &router)?;
+    let out = router.vtysh(&format!("show bgp neighbors {NODE6} json"))?;
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    let enh = &v[NODE6.to_string()]["neighborCapabilities"]["extendedNexthop"];
+    assert_eq!(enh, "advertisedAndReceived", "{v:#}");
+    Ok(())
+}
+
+/// GoBGP 3.10 on an IPv6 session: IPv6 unicast negotiated, the IPv6 VIP's /128 in its
+/// RIB with the node's IPv6 next hop (GoBGP installs nothing in a kernel: its RIB is
+/// what it learnt).
+#[test]
+fn gobgp_learns_an_ipv6_vip_over_an_ipv6_session() -> Result<()> {
+    let topo = topo("v6g")?;
+    let cfg = format!(
+        "[global.config]\n  as = {ROUTER_ASN}\n  router-id = \"{}\"\n  port = 179\n\
+         [[neighbors]]\n  [neighbors.config]\n    neighbor-address = \"{NODE6}\"\n    peer-as = {NODE_ASN}\n\
+         [neighbors.timers.config]\n    hold-time = 9\n    keepalive-interval = 3\n    connect-retry = 1\n\
+         [[neighbors.afi-safis]]\n  [neighbors.afi-safis.config]\n    afi-safi-name = \"ipv6-unicast\"\n",
+        router_addr(0)
+    );
+    let router = Router::start_gobgp_with_config(&topo, &cfg)?;
+    let mut s = Speaker::start_with_peers(&topo, 0, vec![peer_v6(false)])?;
+    s.publish_ip_vips(&[VIP6.into()])?;
+    s.wait_established("router-v6", UP)?;
+    let started = Instant::now();
+    let hops = wait_for("GoBGP's IPv6 RIB to hold the VIP", UP, || {
+        let hops = router.gobgp_nexthops6(VIP6)?;
+        Ok((!hops.is_empty()).then_some(hops))
+    })
+    .with_context(|| router.logs())?;
+    record(
+        router.kind,
+        "established to IPv6 VIP in GoBGP's RIB",
+        started.elapsed(),
+    );
+    assert_eq!(hops, vec![NODE6], "GoBGP's next hop of {VIP6}");
+    let st = s.status()?;
+    assert!(
+        st["peers"]["router-v6"]["families"]
+            .as_array()
+            .is_some_and(|f| f.contains(&"ipv6-unicast".into())),
+        "{st:#}"
+    );
+    s.publish_ip_vips(&[])?;
+    wait_for("GoBGP's IPv6 RIB without the VIP", UP, || {
+        Ok(router.gobgp_nexthops6(VIP6)?.is_empty().then_some(()))
+    })?;
     Ok(())
 }

@@ -197,12 +197,25 @@ pub fn route_next_hops(ns: &str, prefix: std::net::Ipv4Addr) -> Result<Vec<std::
     route_vias(ns, "-4", &format!("{prefix}/32"))
 }
 
-/// The `via` addresses of `ip <family> route show <prefix>` in namespace `ns`, sorted.
+/// The IPv6 next hops (`via inet6`) of the kernel route to the IPv4 `prefix`/32 in
+/// namespace `ns`, sorted: an IPv4 route learnt with an IPv6 next hop (RFC 8950).
+pub fn route_next_hops_via_ipv6(
+    ns: &str,
+    prefix: std::net::Ipv4Addr,
+) -> Result<Vec<std::net::Ipv6Addr>> {
+    route_vias(ns, "-4", &format!("{prefix}/32"))
+}
+
+/// The `via` addresses of `ip <family> route show <prefix>` in namespace `ns`, sorted;
+/// those of type `A` only (`via inet6 ADDR` in an IPv4 route is an IPv6 one).
 fn route_vias<A: std::str::FromStr + Ord>(ns: &str, family: &str, prefix: &str) -> Result<Vec<A>> {
     let out = run("ip", &["-n", ns, family, "route", "show", prefix])?;
-    let mut v: Vec<A> = String::from_utf8_lossy(&out.stdout)
+    let text = String::from_utf8_lossy(&out.stdout);
+    let words: Vec<&str> = text
         .split_whitespace()
-        .collect::<Vec<_>>()
+        .filter(|w| !matches!(*w, "inet" | "inet6"))
+        .collect();
+    let mut v: Vec<A> = words
         .windows(2)
         .filter(|w| w[0] == "via")
         .filter_map(|w| w[1].parse().ok())

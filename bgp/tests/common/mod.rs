@@ -9,7 +9,7 @@
 
 pub mod dataplane;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -30,6 +30,16 @@ pub fn router_addr(node: usize) -> Ipv4Addr {
 
 pub fn node_addr(node: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 0, node as u8 + 1, 2)
+}
+
+/// The router's IPv6 address on node `node`'s link (after [`Topo::add_ipv6`]).
+pub const fn router_addr6(node: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 0xdb8, 0, node as u16 + 1, 0, 0, 0, 1)
+}
+
+/// Node `node`'s global IPv6 address on its link (after [`Topo::add_ipv6`]).
+pub const fn node_addr6(node: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 0xdb8, 0, node as u16 + 1, 0, 0, 0, 2)
 }
 
 /// Prints a convergence measurement and appends it to
@@ -101,6 +111,34 @@ impl Topo {
             nodes: ns,
             dir,
         })
+    }
+
+    /// Adds [`node_addr6`] and [`router_addr6`] (/64) on every node's link, without
+    /// duplicate address detection (`nodad`), so the speaker can bind them at once.
+    pub fn add_ipv6(&self) -> Result<()> {
+        for (i, n) in self.nodes.iter().enumerate() {
+            let (na, ra) = (node_addr6(i), router_addr6(i));
+            n.exec(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("{na}/64"),
+                "dev",
+                "uplink",
+                "nodad",
+            ])?;
+            let dev = format!("d{i}");
+            self.router.exec(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("{ra}/64"),
+                "dev",
+                &dev,
+                "nodad",
+            ])?;
+        }
+        Ok(())
     }
 
     /// Next hops of `prefix` in the router namespace's kernel table (`ip route`).
@@ -764,6 +802,41 @@ impl Router {
                     .unwrap_or_default()
             }
         };
+        hops.sort();
+        Ok(hops)
+    }
+
+    /// GoBGP only: the next hops GoBGP's global RIB has for the IPv6 `prefix`/128 (every
+    /// path; the MP_REACH_NLRI's global next hop).
+    pub fn gobgp_nexthops6(&self, prefix: Ipv6Addr) -> Result<Vec<Ipv6Addr>> {
+        if self.kind != RouterKind::Gobgp {
+            bail!("not GoBGP");
+        }
+        let out = self.cli(&[
+            "gobgp",
+            "-u",
+            "127.0.0.1",
+            "-p",
+            "50051",
+            "-j",
+            "global",
+            "rib",
+            "-a",
+            "ipv6",
+        ])?;
+        let v: serde_json::Value =
+            serde_json::from_str(&out).with_context(|| format!("gobgp said: {out}"))?;
+        let mut hops: Vec<Ipv6Addr> = v[&format!("{prefix}/128")]
+            .as_array()
+            .map(|paths| {
+                paths
+                    .iter()
+                    .flat_map(|path| path["attrs"].as_array().cloned().unwrap_or_default())
+                    .filter(|a| a["type"] == 14)
+                    .filter_map(|a| a["nexthop"].as_str().and_then(|s| s.parse().ok()))
+                    .collect()
+            })
+            .unwrap_or_default();
         hops.sort();
         Ok(hops)
     }
