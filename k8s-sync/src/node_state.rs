@@ -722,6 +722,8 @@ pub fn build_node_state_with(
         node: node.to_string(),
         router_id,
         services: merged.services,
+        // IPv6 frontends come with the agent's IPv6 part.
+        services6: Vec::new(),
         advertised: merged.advertised.into_values().collect(),
         peers: peers.into_iter().map(|(c, _)| c).collect(),
         redirects,
