@@ -723,6 +723,24 @@ mod source_range_tests {
     }
 
     #[test]
+    fn ipv6_ranges_admit_their_own_clients_and_no_ranges_every_client() {
+        let ip = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        assert!(admits6(&[], ip("2001:db8::1")));
+        let ranges: Vec<ipnet::Ipv6Net> = vec!["2001:db8:c11e::/48".parse().unwrap()];
+        assert!(admits6(&ranges, ip("2001:db8:c11e:ffff::1")));
+        assert!(!admits6(&ranges, ip("2001:db8:c11f::1")));
+        assert_eq!(
+            Frontend6 {
+                vip: ip("2001:db8::1"),
+                protocol: Protocol::Tcp,
+                port: 80
+            }
+            .to_string(),
+            "TCP/[2001:db8::1]:80"
+        );
+    }
+
+    #[test]
     fn no_ranges_admit_every_client_and_a_list_only_its_own() {
         let ip = |a: [u8; 4]| u32::from(Ipv4Addr::from(a));
         assert!(admits(&[], ip([203, 0, 113, 9])));
