@@ -10,7 +10,7 @@
 //! by the dataplane to pick a backend for the first packet of a flow:
 //! `table[flow_hash % M]` is an index into the service's backend list.
 
-use crate::model::LocalBackend;
+use crate::model::{LocalBackend, LocalBackend6};
 
 /// Default table size: a prime, > 100 x the local backends a node usually has per Service.
 pub const DEFAULT_TABLE_SIZE: u32 = 4093;
@@ -69,25 +69,64 @@ fn stable_hash(bytes: &[u8], seed: u64) -> u64 {
     h ^ (h >> 31)
 }
 
-fn backend_identity(b: &LocalBackend) -> [u8; 6] {
-    let ip = b.ip.octets();
-    let port = b.port.to_be_bytes();
-    [ip[0], ip[1], ip[2], ip[3], port[0], port[1]]
+/// A backend's identity bytes, which its slot preferences are hashed from: its address
+/// then its port, big-endian (6 bytes for IPv4, 18 for IPv6; only the first `len` count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Identity {
+    bytes: [u8; 18],
+    len: u8,
+}
+
+impl Identity {
+    fn of(ip: &[u8], port: u16) -> Self {
+        let mut bytes = [0u8; 18];
+        bytes[..ip.len()].copy_from_slice(ip);
+        bytes[ip.len()..ip.len() + 2].copy_from_slice(&port.to_be_bytes());
+        Identity {
+            bytes,
+            len: (ip.len() + 2) as u8,
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+/// A backend a Maglev table can be built over: IPv4 ([`LocalBackend`]) or IPv6
+/// ([`LocalBackend6`]). Both go through the same construction, so an IPv6 service's
+/// table has the IPv4 one's balance and disruption properties.
+pub trait MaglevBackend {
+    /// The bytes its preferences are derived from.
+    fn identity(&self) -> Identity;
+}
+
+impl MaglevBackend for LocalBackend {
+    fn identity(&self) -> Identity {
+        Identity::of(&self.ip.octets(), self.port)
+    }
+}
+
+impl MaglevBackend for LocalBackend6 {
+    fn identity(&self) -> Identity {
+        Identity::of(&self.ip.octets(), self.port)
+    }
 }
 
 /// The order in which backends take turns — by identity, not by position in the list, so
 /// the same set gives the same table whatever order it arrives in — and each one's
 /// permutation of the `m` slots, `(offset, skip)`: its j-th preference is
 /// `(offset + j * skip) % m`.
-fn preferences(backends: &[LocalBackend], m: u64) -> (Vec<usize>, Vec<(u64, u64)>) {
+fn preferences<B: MaglevBackend>(backends: &[B], m: u64) -> (Vec<usize>, Vec<(u64, u64)>) {
+    let ids: Vec<Identity> = backends.iter().map(MaglevBackend::identity).collect();
     let mut order: Vec<usize> = (0..backends.len()).collect();
-    order.sort_by_key(|&i| backend_identity(&backends[i]));
+    order.sort_by_key(|&i| ids[i]);
     let prefs = order
         .iter()
         .map(|&i| {
-            let id = backend_identity(&backends[i]);
-            let offset = stable_hash(&id, 0x6d61_676c_6576_3031) % m;
-            let skip = stable_hash(&id, 0x6d61_676c_6576_3032) % (m - 1) + 1;
+            let id = ids[i].as_bytes();
+            let offset = stable_hash(id, 0x6d61_676c_6576_3031) % m;
+            let skip = stable_hash(id, 0x6d61_676c_6576_3032) % (m - 1) + 1;
             (offset, skip)
         })
         .collect();
@@ -97,7 +136,7 @@ fn preferences(backends: &[LocalBackend], m: u64) -> (Vec<usize>, Vec<(u64, u64)
 impl MaglevTable {
     /// Builds the table for `backends` (order matters only for the returned indexes:
     /// slot ownership depends on each backend's identity, not its position).
-    pub fn new(backends: &[LocalBackend], size: u32) -> Result<Self, MaglevError> {
+    pub fn new<B: MaglevBackend>(backends: &[B], size: u32) -> Result<Self, MaglevError> {
         if !is_prime(size) || size > 65521 {
             return Err(MaglevError::BadSize(size));
         }
@@ -197,7 +236,10 @@ mod tests {
 
     #[test]
     fn rejects_bad_sizes_and_too_many_backends() {
-        assert_eq!(MaglevTable::new(&[], 4096), Err(MaglevError::BadSize(4096)));
+        assert_eq!(
+            MaglevTable::new::<LocalBackend>(&[], 4096),
+            Err(MaglevError::BadSize(4096))
+        );
         assert!(matches!(
             MaglevTable::new(&backends(7, 1), 7),
             Err(MaglevError::TooManyBackends { .. })
@@ -233,7 +275,7 @@ mod tests {
 
     #[test]
     fn empty_table_picks_nothing() {
-        let t = MaglevTable::new(&[], DEFAULT_TABLE_SIZE).unwrap();
+        let t = MaglevTable::new::<LocalBackend>(&[], DEFAULT_TABLE_SIZE).unwrap();
         assert_eq!(t.pick(42), None);
     }
 
@@ -269,6 +311,35 @@ mod tests {
             for c in counts(&t, n) {
                 let dev = (c as f64 - ideal).abs() / ideal;
                 prop_assert!(dev <= 0.05, "backend owns {} slots, ideal {:.1}", c, ideal);
+            }
+        }
+
+        /// IPv6 backends go through the same construction: each owns M/N slots give or
+        /// take one, like IPv4 ones, whatever order the list arrives in.
+        #[test]
+        fn ipv6_tables_are_balanced_like_ipv4_ones(n in 1usize..40, salt in any::<u16>()) {
+            let b: Vec<LocalBackend6> = (0..n)
+                .map(|i| LocalBackend6 {
+                    ip: std::net::Ipv6Addr::new(0x2001, 0xdb8, salt, 0, 0, 0, 0, i as u16 + 1),
+                    port: 8080,
+                })
+                .collect();
+            let t = MaglevTable::new(&b, DEFAULT_TABLE_SIZE).unwrap();
+            let per = DEFAULT_TABLE_SIZE as usize / n;
+            for c in counts(&t, n) {
+                prop_assert!(c == per || c == per + 1, "backend owns {} slots of {}", c, DEFAULT_TABLE_SIZE);
+            }
+            let v4 = MaglevTable::new(&backends(n, salt as u8), DEFAULT_TABLE_SIZE).unwrap();
+            let mut c4 = counts(&v4, n);
+            let mut c6 = counts(&t, n);
+            c4.sort_unstable();
+            c6.sort_unstable();
+            prop_assert_eq!(c4, c6);
+            let mut r = b.clone();
+            r.reverse();
+            let t2 = MaglevTable::new(&r, DEFAULT_TABLE_SIZE).unwrap();
+            for (s1, s2) in t.slots().iter().zip(t2.slots()) {
+                prop_assert_eq!(b[usize::from(*s1)], r[usize::from(*s2)]);
             }
         }
 

@@ -5,7 +5,7 @@
 //! need to know, as published by that node's agent.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -84,6 +84,23 @@ impl fmt::Display for Frontend {
     }
 }
 
+/// What a client dials on an IPv6 VIP: `[VIP]:port` over a protocol (issue 28).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Frontend6 {
+    /// The Service's external IPv6 address.
+    pub vip: Ipv6Addr,
+    /// TCP or UDP.
+    pub protocol: Protocol,
+    /// The Service port (`spec.ports[].port`).
+    pub port: u16,
+}
+
+impl fmt::Display for Frontend6 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/[{}]:{}", self.protocol, self.vip, self.port)
+    }
+}
+
 /// One port of a Service: `protocol/port -> targetPort`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ServicePort {
@@ -149,6 +166,21 @@ pub struct LocalBackend {
 impl fmt::Display for LocalBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.ip, self.port)
+    }
+}
+
+/// An IPv6 backend as the dataplane of its own node sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LocalBackend6 {
+    /// The Pod's IPv6 address.
+    pub ip: Ipv6Addr,
+    /// The Pod port.
+    pub port: u16,
+}
+
+impl fmt::Display for LocalBackend6 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}]:{}", self.ip, self.port)
     }
 }
 
@@ -290,11 +322,55 @@ impl NodeService {
     }
 }
 
+/// One IPv6 frontend served on a node, with the node's local Ready IPv6 backends for
+/// it: the fields mean what [`NodeService`]'s do. There is no `hand_off` and no
+/// `host_network` yet: an IPv6 frontend under the Cluster policy is served from local
+/// backends only (the node announces its VIP only while it has one), and an IPv6
+/// host-network backend is not served (the agent logs it and counts it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeService6 {
+    /// `[VIP]:port/protocol`.
+    pub frontend: Frontend6,
+    /// Local Ready, non-terminating backends, sorted (the Maglev table is built over
+    /// these).
+    pub backends: Vec<LocalBackend6>,
+    /// Local serving-but-terminating backends, sorted: existing flows only.
+    #[serde(default)]
+    pub terminating: Vec<LocalBackend6>,
+    /// The IPv6 client ranges the frontend admits (the IPv6 entries of
+    /// `loadBalancerSourceRanges`; host bits zero), sorted; empty: every client.
+    #[serde(default)]
+    pub source_ranges: Vec<ipnet::Ipv6Net>,
+    /// `sessionAffinity: ClientIP` with its `timeoutSeconds`; `None`: per connection.
+    #[serde(default)]
+    pub client_ip_affinity: Option<u32>,
+}
+
+impl NodeService6 {
+    /// A frontend with these Ready backends, none draining, open to every client.
+    pub fn new(frontend: Frontend6, backends: Vec<LocalBackend6>) -> Self {
+        NodeService6 {
+            frontend,
+            backends,
+            terminating: Vec::new(),
+            source_ranges: Vec::new(),
+            client_ip_affinity: None,
+        }
+    }
+}
+
+/// Whether `ranges` admit the IPv6 client `ip`: an empty list admits every client.
+#[inline]
+pub fn admits6(ranges: &[ipnet::Ipv6Net], ip: Ipv6Addr) -> bool {
+    ranges.is_empty() || ranges.iter().any(|r| r.contains(&ip))
+}
+
 /// A VIP this node must announce as a /32 (IPv4) or a /128 (IPv6), with the path
 /// attributes to announce it with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdvertisedVip {
-    /// The VIP, IPv4 or IPv6 (frontends, [`Frontend::vip`], are IPv4 only so far).
+    /// The VIP, IPv4 or IPv6 (its frontends are in [`NodeState::services`] or
+    /// [`NodeState::services6`]).
     pub vip: IpAddr,
     /// Standard communities (RFC 1997), as `asn << 16 | value`.
     pub communities: Vec<u32>,
@@ -463,6 +539,9 @@ pub struct NodeState {
     pub router_id: Option<Ipv4Addr>,
     /// Frontends served here, sorted by frontend.
     pub services: Vec<NodeService>,
+    /// IPv6 frontends served here, sorted by frontend (issue 28).
+    #[serde(default)]
+    pub services6: Vec<NodeService6>,
     /// VIPs to announce, sorted by VIP.
     pub advertised: Vec<AdvertisedVip>,
     /// BGP peers of this node.
@@ -573,6 +652,17 @@ impl NodeState {
             s.source_ranges.dedup();
         }
         self.services.sort_by_key(|s| s.frontend);
+        for s in &mut self.services6 {
+            s.backends.sort();
+            s.backends.dedup();
+            s.terminating.sort();
+            s.terminating.dedup();
+            let ready = &s.backends;
+            s.terminating.retain(|b| ready.binary_search(b).is_err());
+            s.source_ranges.sort();
+            s.source_ranges.dedup();
+        }
+        self.services6.sort_by_key(|s| s.frontend);
         self.advertised.sort_by_key(|a| a.vip);
         for v in &mut self.redirects.vips {
             // Repeats are weights (kept).
@@ -588,6 +678,14 @@ impl NodeState {
             .binary_search_by_key(frontend, |s| s.frontend)
             .ok()
             .map(|i| &self.services[i])
+    }
+
+    /// The IPv6 service for a frontend, if this node serves it.
+    pub fn service6(&self, frontend: &Frontend6) -> Option<&NodeService6> {
+        self.services6
+            .binary_search_by_key(frontend, |s| s.frontend)
+            .ok()
+            .map(|i| &self.services6[i])
     }
 }
 
@@ -622,6 +720,24 @@ mod source_range_tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn ipv6_ranges_admit_their_own_clients_and_no_ranges_every_client() {
+        let ip = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        assert!(admits6(&[], ip("2001:db8::1")));
+        let ranges: Vec<ipnet::Ipv6Net> = vec!["2001:db8:c11e::/48".parse().unwrap()];
+        assert!(admits6(&ranges, ip("2001:db8:c11e:ffff::1")));
+        assert!(!admits6(&ranges, ip("2001:db8:c11f::1")));
+        assert_eq!(
+            Frontend6 {
+                vip: ip("2001:db8::1"),
+                protocol: Protocol::Tcp,
+                port: 80
+            }
+            .to_string(),
+            "TCP/[2001:db8::1]:80"
+        );
     }
 
     #[test]

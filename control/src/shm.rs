@@ -19,7 +19,10 @@
 //! a fixed section of [`MAX_REDIRECT_KEYS`] redirect MAC key records
 //! ([`REDIRECT_KEY_WORDS`]), and (layout 8) the frontends' source ranges
 //! ([`SOURCE_RANGE_WORDS`] each). Since layout 9 an advertised VIP and a peer's
-//! addresses may be IPv6 (a family flag and four words per address). Everything is stored as
+//! addresses may be IPv6 (a family flag and four words per address); since layout 10 IPv6
+//! frontends have sections of their own (services, backends, Maglev tables and source
+//! ranges, [`SERVICE6_WORDS`], [`BACKEND6_WORDS`], [`SOURCE_RANGE6_WORDS`]) after the
+//! IPv4 ones. Everything is stored as
 //! offsets and counts, never pointers; all shared accesses are atomic loads and stores,
 //! so there is no data race even in the language model's sense.
 //!
@@ -51,9 +54,9 @@ use memmap2::MmapRaw;
 
 use crate::maglev::{self, MaglevTable};
 use crate::model::{
-    AdvertisedVip, BfdAuth, BfdAuthType, BfdSettings, DrainSettings, Frontend, LocalBackend,
-    NodeService, NodeState, PeerConfig, Protocol, RedirectKey, Redirects, SourceRange,
-    VipRedirectPeers, BFD_KEY_MAX_BYTES, MAX_REDIRECT_KEYS,
+    AdvertisedVip, BfdAuth, BfdAuthType, BfdSettings, DrainSettings, Frontend, Frontend6,
+    LocalBackend, LocalBackend6, NodeService, NodeService6, NodeState, PeerConfig, Protocol,
+    RedirectKey, Redirects, SourceRange, VipRedirectPeers, BFD_KEY_MAX_BYTES, MAX_REDIRECT_KEYS,
 };
 use crate::secret::{SecretKey, KEY_BYTES};
 
@@ -96,7 +99,15 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
 ///   source address (the IPv4 words 0 and 4 are then 0). An IPv6 address is stored as
 ///   four words, each the big-endian value of 4 of its bytes, first bytes first.
 ///   Frontends, backends and redirects stay IPv4.
-pub const LAYOUT_VERSION: u32 = 9;
+/// - 10: IPv6 frontends (issue 28) — the capacity gains `services6`, `backends6` and
+///   `source_ranges6` (file header 104 -> 120 bytes: the capacity 32 -> 44 bytes, then a
+///   padding word), the slot header grows by 8 words before the node name (words 16, 17,
+///   18: the IPv6 service, backend and source range counts; 19-23 spare, zero), and four
+///   sections follow the source ranges: IPv6 service records ([`SERVICE6_WORDS`]), IPv6
+///   backend records ([`BACKEND6_WORDS`]), one Maglev table per IPv6 service (as the
+///   IPv4 ones), and IPv6 source ranges ([`SOURCE_RANGE6_WORDS`]). IPv4 records are
+///   unchanged; IPv6 addresses are stored as in layout 9. Redirects stay IPv4.
+pub const LAYOUT_VERSION: u32 = 10;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: usize = 4096;
 /// Words per service record: vip, protocol | flags | port << 16, first backend, Ready backend
@@ -116,6 +127,16 @@ pub const SERVICE_HAND_OFF: u32 = 1 << 8;
 pub const SERVICE_HOST_NETWORK: u32 = 1 << 9;
 /// Words per source range record (layout 8): the network address, the prefix length.
 pub const SOURCE_RANGE_WORDS: usize = 2;
+/// Words per IPv6 service record (layout 10): the VIP (4 words), protocol | port << 16
+/// (no flag bits yet), first IPv6 backend, Ready count, terminating count, first IPv6
+/// source range, source range count, ClientIP affinity timeout (0: none), spare (0).
+pub const SERVICE6_WORDS: usize = 12;
+/// Words per IPv6 backend record (layout 10): the address (4 words), port | flags << 16
+/// ([`BACKEND_TERMINATING`] as for IPv4).
+pub const BACKEND6_WORDS: usize = 5;
+/// Words per IPv6 source range record (layout 10): the network (4 words), the prefix
+/// length.
+pub const SOURCE_RANGE6_WORDS: usize = 5;
 /// Words per backend record: ip, port | flags << 16.
 pub const BACKEND_WORDS: usize = 2;
 /// Flag in a backend record's port word: the backend is `serving` but `terminating`
@@ -159,8 +180,11 @@ pub const MAX_REDIRECT_NODES_PER_VIP: usize = 64;
 /// Words per redirect MAC key record (layout 6): the key id (low byte), then the
 /// [`KEY_BYTES`] key bytes.
 pub const REDIRECT_KEY_WORDS: usize = 1 + KEY_BYTES / 4;
-/// Slot header: 16 words of counts/generation/checksum/router id, then the node name.
-const SLOT_HEADER_WORDS: usize = 16 + NAME_BYTES / 4;
+/// Slot header: 16 words of counts/generation/checksum/router id, 8 words of IPv6 counts
+/// and spares (layout 10), then the node name.
+const SLOT_HEADER_WORDS: usize = 24 + NAME_BYTES / 4;
+/// Slot header words 19-23 (layout 10): spare, zero.
+const SLOT_HEADER_SPARE: std::ops::Range<usize> = 19..24;
 const READ_RETRIES: usize = 1000;
 
 /// The directory node-state files live in by default.
@@ -199,6 +223,12 @@ pub struct Capacity {
     pub redirect_nodes: u32,
     /// Source ranges over all frontends (layout 8).
     pub source_ranges: u32,
+    /// IPv6 frontends (layout 10); each has a Maglev table of `maglev_size`.
+    pub services6: u32,
+    /// IPv6 backends over all IPv6 frontends (layout 10).
+    pub backends6: u32,
+    /// IPv6 source ranges over all IPv6 frontends (layout 10).
+    pub source_ranges6: u32,
 }
 
 impl Default for Capacity {
@@ -212,6 +242,10 @@ impl Default for Capacity {
             redirect_vips: 64,
             redirect_nodes: 256,
             source_ranges: 64,
+            // Small until IPv6 Services are in use: the file grows when they come.
+            services6: 8,
+            backends6: 128,
+            source_ranges6: 16,
         }
     }
 }
@@ -231,7 +265,11 @@ impl Capacity {
         let redirect_nodes = redirect_vips + self.redirect_vips as usize * REDIRECT_VIP_WORDS;
         let redirect_keys = redirect_nodes + self.redirect_nodes as usize;
         let source_ranges = redirect_keys + MAX_REDIRECT_KEYS * REDIRECT_KEY_WORDS;
-        let end = source_ranges + self.source_ranges as usize * SOURCE_RANGE_WORDS;
+        let services6 = source_ranges + self.source_ranges as usize * SOURCE_RANGE_WORDS;
+        let backends6 = services6 + self.services6 as usize * SERVICE6_WORDS;
+        let maglev6 = backends6 + self.backends6 as usize * BACKEND6_WORDS;
+        let source_ranges6 = maglev6 + self.services6 as usize * self.maglev_words();
+        let end = source_ranges6 + self.source_ranges6 as usize * SOURCE_RANGE6_WORDS;
         Sections {
             services,
             backends,
@@ -242,6 +280,10 @@ impl Capacity {
             redirect_nodes,
             redirect_keys,
             source_ranges,
+            services6,
+            backends6,
+            maglev6,
+            source_ranges6,
             end,
         }
     }
@@ -264,6 +306,9 @@ impl Capacity {
             redirect_vips: grow(self.redirect_vips, need.redirect_vips),
             redirect_nodes: grow(self.redirect_nodes, need.redirect_nodes),
             source_ranges: grow(self.source_ranges, need.source_ranges),
+            services6: grow(self.services6, need.services6),
+            backends6: grow(self.backends6, need.backends6),
+            source_ranges6: grow(self.source_ranges6, need.source_ranges6),
         }
     }
 
@@ -275,6 +320,9 @@ impl Capacity {
             && need.redirect_vips <= self.redirect_vips
             && need.redirect_nodes <= self.redirect_nodes
             && need.source_ranges <= self.source_ranges
+            && need.services6 <= self.services6
+            && need.backends6 <= self.backends6
+            && need.source_ranges6 <= self.source_ranges6
     }
 
     /// Bytes of a whole file with this capacity.
@@ -294,6 +342,10 @@ struct Sections {
     redirect_nodes: usize,
     redirect_keys: usize,
     source_ranges: usize,
+    services6: usize,
+    backends6: usize,
+    maglev6: usize,
+    source_ranges6: usize,
     end: usize,
 }
 
@@ -305,6 +357,7 @@ pub struct FileHeader {
     layout_version: u32,
     header_bytes: u32,
     capacity: Capacity,
+    _pad0: u32,
     slot_words: u64,
     /// Generation of the current table; slot `generation % 2` holds it. 0: none yet.
     generation: AtomicU64,
@@ -320,8 +373,8 @@ pub struct FileHeader {
     slot_seq: [AtomicU64; 2],
 }
 
-const _: () = assert!(std::mem::size_of::<Capacity>() == 32);
-const _: () = assert!(std::mem::size_of::<FileHeader>() == 104);
+const _: () = assert!(std::mem::size_of::<Capacity>() == 44);
+const _: () = assert!(std::mem::size_of::<FileHeader>() == 120);
 const _: () = assert!(std::mem::align_of::<FileHeader>() == 8);
 const _: () = assert!(std::mem::size_of::<FileHeader>() <= HEADER_BYTES);
 const _: () = assert!(PEER_WORDS == 120);
@@ -510,6 +563,7 @@ impl Mapping {
             layout_version: LAYOUT_VERSION,
             header_bytes: HEADER_BYTES as u32,
             capacity,
+            _pad0: 0,
             slot_words: sections.end as u64,
             // The slot that will be written first is `first_generation % 2`; start from
             // the generation before it so readers that remap see a newer number.
@@ -673,8 +727,10 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
             s.frontend
         )));
     }
+    requirements6(state, maglev_size)?;
     let redirect_nodes: usize = state.redirects.vips.iter().map(|v| v.nodes.len()).sum();
     let source_ranges: usize = state.services.iter().map(|s| s.source_ranges.len()).sum();
+    let (backends6, source_ranges6) = counts6(state);
     let c = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     Ok(Capacity {
         services: c(state.services.len()),
@@ -685,12 +741,65 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
         redirect_vips: c(state.redirects.vips.len()),
         redirect_nodes: c(redirect_nodes),
         source_ranges: c(source_ranges),
+        services6: c(state.services6.len()),
+        backends6: c(backends6),
+        source_ranges6: c(source_ranges6),
     })
+}
+
+/// IPv6 backends (Ready and terminating) and source ranges over all IPv6 services.
+fn counts6(state: &NodeState) -> (usize, usize) {
+    state.services6.iter().fold((0, 0), |(b, r), s| {
+        (
+            b + s.backends.len() + s.terminating.len(),
+            r + s.source_ranges.len(),
+        )
+    })
+}
+
+/// What [`requirements`] refuses of the IPv6 services (layout 10): too many backends for
+/// a Maglev table, an address that would read back as something else, a source range
+/// with host bits, an affinity of 0 seconds.
+fn requirements6(state: &NodeState, maglev_size: u32) -> Result<(), ShmError> {
+    let refuse = |f: &Frontend6, why: String| Err(ShmError::Unrepresentable(format!("{f}: {why}")));
+    for s in &state.services6 {
+        let f = &s.frontend;
+        if s.backends.len() >= maglev_size as usize {
+            return refuse(
+                f,
+                format!(
+                    "{} local backends; at most {} fit a Maglev table of {maglev_size}",
+                    s.backends.len(),
+                    maglev_size - 1
+                ),
+            );
+        }
+        if let Some(why) = bad_ipv6(IpAddr::V6(f.vip)) {
+            return refuse(f, format!("the VIP is {why}"));
+        }
+        let all = s.backends.iter().chain(&s.terminating);
+        if let Some((b, why)) = all
+            .filter_map(|b| bad_ipv6(IpAddr::V6(b.ip)).map(|why| (b, why)))
+            .next()
+        {
+            return refuse(f, format!("backend {b} is {why}"));
+        }
+        if let Some(r) = s.source_ranges.iter().find(|r| r.trunc() != **r) {
+            return refuse(
+                f,
+                format!("source range {r} is not a network and prefix length"),
+            );
+        }
+        if s.client_ip_affinity == Some(0) {
+            return refuse(f, "a ClientIP affinity of 0 seconds".into());
+        }
+    }
+    Ok(())
 }
 
 /// Checks everything [`encode`] would refuse, before it changes anything: an encode that
 /// fails half-way would leave the writer's [`Image`] describing a slot no one wrote.
-fn validate(state: &NodeState, tables: &[Arc<[u32]>], mw: usize) -> Result<(), ShmError> {
+fn validate(state: &NodeState, tables: &Tables, mw: usize) -> Result<(), ShmError> {
     let name_ok = |name: &str, what: &str| {
         if name.len() > NAME_BYTES - 1 {
             return Err(ShmError::Unrepresentable(format!(
@@ -701,22 +810,20 @@ fn validate(state: &NodeState, tables: &[Arc<[u32]>], mw: usize) -> Result<(), S
         Ok(())
     };
     name_ok(&state.node, "node")?;
-    if tables.len() != state.services.len() {
-        return Err(ShmError::Unrepresentable(format!(
-            "{} Maglev tables for {} services",
-            tables.len(),
-            state.services.len()
-        )));
-    }
-    for (s, table) in state.services.iter().zip(tables) {
-        if table.len() != mw {
-            return Err(ShmError::Unrepresentable(format!(
-                "{}: Maglev table of {} words, the file's tables have {mw}",
-                s.frontend,
-                table.len()
-            )));
-        }
-    }
+    let services = &state.services;
+    let services6 = &state.services6;
+    tables_fit(
+        &tables.v4,
+        services.len(),
+        |i| services[i].frontend.to_string(),
+        mw,
+    )?;
+    tables_fit(
+        &tables.v6,
+        services6.len(),
+        |i| services6[i].frontend.to_string(),
+        mw,
+    )?;
     for a in &state.advertised {
         if let Some(why) = bad_ipv6(a.vip) {
             return Err(ShmError::Unrepresentable(format!(
@@ -786,6 +893,37 @@ fn validate(state: &NodeState, tables: &[Arc<[u32]>], mw: usize) -> Result<(), S
     Ok(())
 }
 
+/// Whether there is one Maglev table of `mw` words for each of `n` frontends (named by
+/// `frontend(i)`).
+fn tables_fit(
+    tables: &[Arc<[u32]>],
+    n: usize,
+    frontend: impl Fn(usize) -> String,
+    mw: usize,
+) -> Result<(), ShmError> {
+    if tables.len() != n {
+        return Err(ShmError::Unrepresentable(format!(
+            "{} Maglev tables for {n} services",
+            tables.len(),
+        )));
+    }
+    if let Some(i) = tables.iter().position(|t| t.len() != mw) {
+        return Err(ShmError::Unrepresentable(format!(
+            "{}: Maglev table of {} words, the file's tables have {mw}",
+            frontend(i),
+            tables[i].len()
+        )));
+    }
+    Ok(())
+}
+
+/// The packed Maglev tables of a publish: `v4[i]` of `state.services[i]`, `v6[i]` of
+/// `state.services6[i]`.
+struct Tables {
+    v4: Vec<Arc<[u32]>>,
+    v6: Vec<Arc<[u32]>>,
+}
+
 /// The checksum contribution (layout 5) of word `w` at index `p` of a slot: 0 for a zero
 /// word, else a 64-bit mix (SplitMix64's finaliser) of the index and the word. A slot's
 /// checksum is [`CHECKSUM_SEED`] plus the wrapping sum of its used words' contributions
@@ -816,11 +954,13 @@ const CHECKSUM_WORDS: std::ops::Range<usize> = 6..8;
 /// publish changes, re-checksums and writes only the words that differ.
 /// Invariants: `words` is zero past the ranges its counts use (so `sum` over all of it is
 /// the readers' sum over the used ranges); `sum` is the sum of [`word_sum`] over `words`
-/// but the checksum words; `tables[i]` is the table `words` holds for service `i`.
+/// but the checksum words; `tables[i]` (`tables6[i]`) is the table `words` holds for
+/// service (IPv6 service) `i`.
 struct Image {
     words: Vec<u32>,
     sum: u64,
     tables: Vec<Arc<[u32]>>,
+    tables6: Vec<Arc<[u32]>>,
     /// Word ranges `[start, end)` this publish changed, and those the one before changed.
     dirty: Vec<(usize, usize)>,
     prev_dirty: Vec<(usize, usize)>,
@@ -834,6 +974,7 @@ impl Image {
             words: vec![0; words],
             sum: 0,
             tables: Vec::new(),
+            tables6: Vec::new(),
             dirty: Vec::new(),
             prev_dirty: Vec::new(),
         }
@@ -898,7 +1039,7 @@ fn encode(
     state: &NodeState,
     cap: &Capacity,
     generation: u64,
-    tables: &[Arc<[u32]>],
+    tables: &Tables,
 ) -> Result<(), ShmError> {
     let sec = cap.sections();
     img.prev_dirty = std::mem::take(&mut img.dirty);
@@ -918,7 +1059,8 @@ fn encode(
         }
     }
 
-    encode_services(img, state, &sec, cap.maglev_words(), tables);
+    encode_services(img, state, &sec, cap.maglev_words(), &tables.v4);
+    encode_services6(img, state, &sec, cap.maglev_words(), &tables.v6);
 
     for (i, a) in state.advertised.iter().enumerate() {
         img.set(sec.vips + i * VIP_WORDS, &vip_record(a));
@@ -986,6 +1128,10 @@ fn slot_header(
         .iter()
         .map(|s| s.source_ranges.len() as u32)
         .sum();
+    let (backends6, source_ranges6) = counts6(state);
+    hdr[16] = state.services6.len() as u32;
+    hdr[17] = backends6 as u32;
+    hdr[18] = source_ranges6 as u32;
     put_name(
         &mut hdr[SLOT_HEADER_WORDS - NAME_BYTES / 4..],
         &state.node,
@@ -1042,18 +1188,70 @@ fn encode_services(
             );
             next_backend += 1;
         }
-        let table = &tables[i];
-        match img.tables.get(i) {
-            Some(t) if Arc::ptr_eq(t, table) => {}
-            _ => {
-                img.set(sec.maglev + i * mw, table);
-                if i < img.tables.len() {
-                    img.tables[i] = Arc::clone(table);
-                } else {
-                    img.tables.push(Arc::clone(table));
-                }
-            }
+        set_table(img, false, i, sec.maglev + i * mw, &tables[i]);
+    }
+}
+
+/// Stores Maglev table `table` of service `i` (IPv6 if `v6`) at word `at`, unless the
+/// image holds that very table there already.
+fn set_table(img: &mut Image, v6: bool, i: usize, at: usize, table: &Arc<[u32]>) {
+    let held = if v6 { &img.tables6 } else { &img.tables };
+    if matches!(held.get(i), Some(t) if Arc::ptr_eq(t, table)) {
+        return;
+    }
+    img.set(at, table);
+    let held = if v6 {
+        &mut img.tables6
+    } else {
+        &mut img.tables
+    };
+    if i < held.len() {
+        held[i] = Arc::clone(table);
+    } else {
+        held.push(Arc::clone(table));
+    }
+}
+
+/// Writes every IPv6 frontend of `state` into `img` (layout 10) as [`encode_services`]
+/// does the IPv4 ones.
+fn encode_services6(
+    img: &mut Image,
+    state: &NodeState,
+    sec: &Sections,
+    mw: usize,
+    tables: &[Arc<[u32]>],
+) {
+    let mut next_backend = 0usize;
+    let mut next_range = 0usize;
+    img.tables6.truncate(state.services6.len());
+    for (i, s) in state.services6.iter().enumerate() {
+        let mut rec = [0u32; SERVICE6_WORDS];
+        rec[..4].copy_from_slice(&ipv6_words(s.frontend.vip));
+        rec[4] = u32::from(s.frontend.protocol.number()) | (u32::from(s.frontend.port) << 16);
+        rec[5] = next_backend as u32;
+        rec[6] = s.backends.len() as u32;
+        rec[7] = s.terminating.len() as u32;
+        rec[8] = next_range as u32;
+        rec[9] = s.source_ranges.len() as u32;
+        rec[10] = s.client_ip_affinity.unwrap_or(0);
+        img.set(sec.services6 + i * SERVICE6_WORDS, &rec);
+        for r in &s.source_ranges {
+            let mut rr = [0u32; SOURCE_RANGE6_WORDS];
+            rr[..4].copy_from_slice(&ipv6_words(r.network()));
+            rr[4] = u32::from(r.prefix_len());
+            img.set(sec.source_ranges6 + next_range * SOURCE_RANGE6_WORDS, &rr);
+            next_range += 1;
         }
+        let ready = s.backends.iter().map(|b| (b, 0));
+        let draining = s.terminating.iter().map(|b| (b, BACKEND_TERMINATING));
+        for (b, flags) in ready.chain(draining) {
+            let mut br = [0u32; BACKEND6_WORDS];
+            br[..4].copy_from_slice(&ipv6_words(b.ip));
+            br[4] = u32::from(b.port) | flags;
+            img.set(sec.backends6 + next_backend * BACKEND6_WORDS, &br);
+            next_backend += 1;
+        }
+        set_table(img, true, i, sec.maglev6 + i * mw, &tables[i]);
     }
 }
 
@@ -1162,7 +1360,7 @@ fn seal(img: &mut Image, cap: &Capacity) {
 }
 
 /// The ranges of a slot that hold data for its counts.
-fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, usize); 10]> {
+fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, usize); 14]> {
     let (ns, nb, nv, np) = (
         hdr[2] as usize,
         hdr[3] as usize,
@@ -1171,7 +1369,11 @@ fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, u
     );
     let (nrv, nrn, nk) = (hdr[12] as usize, hdr[13] as usize, hdr[14] as usize);
     let nsr = hdr[15] as usize;
-    if nk > MAX_REDIRECT_KEYS
+    let (ns6, nb6, nsr6) = (hdr[16] as usize, hdr[17] as usize, hdr[18] as usize);
+    if ns6 > cap.services6 as usize
+        || nb6 > cap.backends6 as usize
+        || nsr6 > cap.source_ranges6 as usize
+        || nk > MAX_REDIRECT_KEYS
         || nsr > cap.source_ranges as usize
         || ns > cap.services as usize
         || nb > cap.backends as usize
@@ -1193,6 +1395,10 @@ fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, u
         (sec.redirect_nodes, nrn),
         (sec.redirect_keys, nk * REDIRECT_KEY_WORDS),
         (sec.source_ranges, nsr * SOURCE_RANGE_WORDS),
+        (sec.services6, ns6 * SERVICE6_WORDS),
+        (sec.backends6, nb6 * BACKEND6_WORDS),
+        (sec.maglev6, ns6 * cap.maglev_words()),
+        (sec.source_ranges6, nsr6 * SOURCE_RANGE6_WORDS),
     ])
 }
 
@@ -1249,7 +1455,8 @@ pub struct NodeStateWriter {
     image: Option<Image>,
     /// What each slot of the live file holds.
     slots: [SlotHolds; 2],
-    maglev: MaglevCache,
+    maglev: MaglevCache<LocalBackend>,
+    maglev6: MaglevCache<LocalBackend6>,
 }
 
 /// What a slot of the live file holds, as far as the writer knows: how much of it
@@ -1285,24 +1492,66 @@ fn pack_maglev(table: &MaglevTable) -> Arc<[u32]> {
 /// the same index had last time is found without hashing; the map serves the others
 /// (services that moved). Holds only the tables in use ([`collect`](Self::collect)), so
 /// it never grows past the state.
-#[derive(Default)]
-struct MaglevCache {
+/// One cache per family (`B`: [`LocalBackend`] or [`LocalBackend6`]).
+struct MaglevCache<B> {
     size: u32,
-    tables: HashMap<Vec<LocalBackend>, Arc<[u32]>>,
+    tables: HashMap<Vec<B>, Arc<[u32]>>,
     /// The last publish's lists and tables, by service index.
-    last: Vec<(Vec<LocalBackend>, Arc<[u32]>)>,
+    last: Vec<(Vec<B>, Arc<[u32]>)>,
     /// Whether the last `tables_for` missed the positional match somewhere.
     moved: bool,
     /// Tables built (not found in the cache) since the writer was created.
     built: u64,
 }
 
-impl MaglevCache {
+impl<B> Default for MaglevCache<B> {
+    fn default() -> Self {
+        MaglevCache {
+            size: 0,
+            tables: HashMap::new(),
+            last: Vec::new(),
+            moved: false,
+            built: 0,
+        }
+    }
+}
+
+/// A service as the Maglev cache sees it: its Ready backends and, for errors, its name.
+trait MaglevService {
+    /// [`LocalBackend`] or [`LocalBackend6`].
+    type Backend;
+    /// The Ready backends the table is built over.
+    fn ready(&self) -> &Vec<Self::Backend>;
+    /// The frontend, for messages.
+    fn name(&self) -> String;
+}
+
+impl MaglevService for NodeService {
+    type Backend = LocalBackend;
+    fn ready(&self) -> &Vec<LocalBackend> {
+        &self.backends
+    }
+    fn name(&self) -> String {
+        self.frontend.to_string()
+    }
+}
+
+impl MaglevService for NodeService6 {
+    type Backend = LocalBackend6;
+    fn ready(&self) -> &Vec<LocalBackend6> {
+        &self.backends
+    }
+    fn name(&self) -> String {
+        self.frontend.to_string()
+    }
+}
+
+impl<B: maglev::MaglevBackend + Clone + Eq + std::hash::Hash> MaglevCache<B> {
     /// The tables of `services` in order, from the last publish where the backend list is
     /// the same, built otherwise.
-    fn tables_for(
+    fn tables_for<S: MaglevService<Backend = B>>(
         &mut self,
-        services: &[NodeService],
+        services: &[S],
         size: u32,
     ) -> Result<Vec<Arc<[u32]>>, ShmError> {
         if size != self.size {
@@ -1314,25 +1563,26 @@ impl MaglevCache {
         let mut last = Vec::with_capacity(services.len());
         self.moved = services.len() != self.last.len();
         for (i, s) in services.iter().enumerate() {
+            let backends = s.ready();
             let table = match self.last.get(i) {
-                Some((k, t)) if *k == s.backends => Arc::clone(t),
+                Some((k, t)) if k == backends => Arc::clone(t),
                 _ => {
                     self.moved = true;
-                    match self.tables.get(&s.backends) {
+                    match self.tables.get(backends) {
                         Some(t) => Arc::clone(t),
                         None => {
-                            let t = MaglevTable::new(&s.backends, size).map_err(|e| {
-                                ShmError::Unrepresentable(format!("{}: {e}", s.frontend))
+                            let t = MaglevTable::new(backends, size).map_err(|e| {
+                                ShmError::Unrepresentable(format!("{}: {e}", s.name()))
                             })?;
                             self.built += 1;
                             let t = pack_maglev(&t);
-                            self.tables.insert(s.backends.clone(), Arc::clone(&t));
+                            self.tables.insert(backends.clone(), Arc::clone(&t));
                             t
                         }
                     }
                 }
             };
-            last.push((s.backends.clone(), Arc::clone(&table)));
+            last.push((backends.clone(), Arc::clone(&table)));
             out.push(table);
         }
         self.last = last;
@@ -1389,6 +1639,7 @@ impl NodeStateWriter {
             image: None,
             slots: [SlotHolds::Unknown; 2],
             maglev: MaglevCache::default(),
+            maglev6: MaglevCache::default(),
         })
     }
 
@@ -1422,9 +1673,14 @@ impl NodeStateWriter {
         let need = requirements(&state, self.capacity.maglev_size)?;
         let generation = self.generation + 1;
         phase(PublishPhase::Requirements);
-        let tables = self
-            .maglev
-            .tables_for(&state.services, self.capacity.maglev_size)?;
+        let tables = Tables {
+            v4: self
+                .maglev
+                .tables_for(&state.services, self.capacity.maglev_size)?,
+            v6: self
+                .maglev6
+                .tables_for(&state.services6, self.capacity.maglev_size)?,
+        };
         validate(&state, &tables, self.capacity.maglev_words())?;
         phase(PublishPhase::Maglev);
         let result = match (&self.live, &mut self.image) {
@@ -1461,9 +1717,12 @@ impl NodeStateWriter {
             self.slots = [SlotHolds::Unknown; 2];
             self.maglev.moved = true;
             self.maglev.collect();
+            self.maglev6.moved = true;
+            self.maglev6.collect();
             return Err(e);
         }
         self.maglev.collect();
+        self.maglev6.collect();
         self.generation = generation;
         Ok(generation)
     }
@@ -1473,7 +1732,7 @@ impl NodeStateWriter {
     fn replace_file(
         &mut self,
         state: &NodeState,
-        tables: &[Arc<[u32]>],
+        tables: &Tables,
         capacity: Capacity,
         generation: u64,
     ) -> Result<(), ShmError> {
@@ -1540,7 +1799,7 @@ impl NodeStateWriter {
     /// Maglev tables built since this writer was created; a service whose Ready backends
     /// did not change since the last publish reuses its table and does not count.
     pub fn maglev_tables_built(&self) -> u64 {
-        self.maglev.built
+        self.maglev.built + self.maglev6.built
     }
 }
 
@@ -1639,6 +1898,9 @@ pub struct Snapshot {
     pub state: NodeState,
     /// Maglev slots per service: `maglev[i]` indexes `state.services[i].backends`.
     pub maglev: Vec<Vec<u16>>,
+    /// Maglev slots per IPv6 service: `maglev6[i]` indexes
+    /// `state.services6[i].backends`.
+    pub maglev6: Vec<Vec<u16>>,
 }
 
 impl Snapshot {
@@ -1654,6 +1916,22 @@ impl Snapshot {
     pub fn service_index(&self, frontend: &Frontend) -> Option<usize> {
         self.state
             .services
+            .binary_search_by_key(frontend, |s| s.frontend)
+            .ok()
+    }
+
+    /// The backend for a new flow of IPv6 service `service_index` with hash `flow_hash`.
+    #[inline]
+    pub fn pick6(&self, service_index: usize, flow_hash: u64) -> Option<LocalBackend6> {
+        let svc = self.state.services6.get(service_index)?;
+        let i = maglev::pick_in(self.maglev6.get(service_index)?, flow_hash)?;
+        svc.backends.get(i).copied()
+    }
+
+    /// The index of the IPv6 service serving `frontend`.
+    pub fn service_index6(&self, frontend: &Frontend6) -> Option<usize> {
+        self.state
+            .services6
             .binary_search_by_key(frontend, |s| s.frontend)
             .ok()
     }
@@ -1896,18 +2174,168 @@ fn decode(w: &[u32], cap: &Capacity, generation: u64) -> Result<Snapshot, String
         .map(|i| decode_peer(w, &sec, i))
         .collect::<Result<_, _>>()?;
     let redirects = decode_redirects(w, &sec)?;
+    let (services6, maglev6) = decode_services6(w, cap, &sec)?;
     Ok(Snapshot {
         generation,
         state: NodeState {
             node,
             router_id,
             services,
+            services6,
             advertised,
             peers,
             redirects,
         },
         maglev,
+        maglev6,
     })
+}
+
+/// The IPv6 services of a slot (layout 10) and their Maglev tables: each record
+/// bounds-checked against the counts (which `used_ranges` checked against the capacity),
+/// the frontends strictly ascending (lookups binary-search them).
+#[allow(clippy::type_complexity)]
+fn decode_services6(
+    w: &[u32],
+    cap: &Capacity,
+    sec: &Sections,
+) -> Result<(Vec<NodeService6>, Vec<Vec<u16>>), String> {
+    if w[SLOT_HEADER_SPARE].iter().any(|x| *x != 0) {
+        return Err("slot header spare words 19-23 are not zero".into());
+    }
+    let (services, maglev): (Vec<_>, Vec<_>) = (0..w[16] as usize)
+        .map(|i| decode_service6(w, cap, sec, i))
+        .collect::<Result<_, _>>()?;
+    if let Some(i) = services
+        .windows(2)
+        .position(|p| p[0].frontend >= p[1].frontend)
+    {
+        return Err(format!(
+            "IPv6 services {i} and {} are not in ascending order ({}, {})",
+            i + 1,
+            services[i].frontend,
+            services[i + 1].frontend
+        ));
+    }
+    Ok((services, maglev))
+}
+
+/// IPv6 service record `i` (layout 10) and its Maglev table.
+fn decode_service6(
+    w: &[u32],
+    cap: &Capacity,
+    sec: &Sections,
+    i: usize,
+) -> Result<(NodeService6, Vec<u16>), String> {
+    let rec = &w[sec.services6 + i * SERVICE6_WORDS..][..SERVICE6_WORDS];
+    let vip = ipv6_from_words(&rec[..4]);
+    if let Some(why) = bad_ipv6(IpAddr::V6(vip)) {
+        return Err(format!("IPv6 service {i}: VIP {vip} is {why}"));
+    }
+    let protocol = Protocol::from_number((rec[4] & 0xff) as u8)
+        .ok_or_else(|| format!("IPv6 service {i}: unknown protocol {}", rec[4] & 0xff))?;
+    if rec[4] & 0xff00 != 0 || rec[11] != 0 {
+        return Err(format!(
+            "IPv6 service {i}: unknown flags {:#x} or spare word {:#x}",
+            rec[4] & 0xff00,
+            rec[11]
+        ));
+    }
+    let (first, count, draining) = (rec[5] as usize, rec[6] as usize, rec[7] as usize);
+    if first + count + draining > w[17] as usize {
+        return Err(format!("IPv6 service {i}: backends out of range"));
+    }
+    let backends = (first..first + count)
+        .map(|b| decode_backend6(w, sec, i, b, false))
+        .collect::<Result<Vec<_>, _>>()?;
+    let terminating = (first + count..first + count + draining)
+        .map(|b| decode_backend6(w, sec, i, b, true))
+        .collect::<Result<Vec<_>, _>>()?;
+    let slots = maglev_slots(w, cap, sec.maglev6, i);
+    if slots
+        .iter()
+        .any(|s| *s != maglev::NO_BACKEND && usize::from(*s) >= count)
+    {
+        return Err(format!(
+            "IPv6 service {i}: Maglev slot names a missing backend"
+        ));
+    }
+    let service = NodeService6 {
+        frontend: Frontend6 {
+            vip,
+            protocol,
+            port: (rec[4] >> 16) as u16,
+        },
+        backends,
+        terminating,
+        source_ranges: decode_source_ranges6(w, sec, i, rec)?,
+        client_ip_affinity: (rec[10] != 0).then_some(rec[10]),
+    };
+    Ok((service, slots))
+}
+
+/// IPv6 backend record `b` of IPv6 service `i`, which must be (not) terminating.
+fn decode_backend6(
+    w: &[u32],
+    sec: &Sections,
+    i: usize,
+    b: usize,
+    terminating: bool,
+) -> Result<LocalBackend6, String> {
+    let br = &w[sec.backends6 + b * BACKEND6_WORDS..][..BACKEND6_WORDS];
+    if (br[4] & BACKEND_TERMINATING != 0) != terminating || br[4] >> 17 != 0 {
+        return Err(format!(
+            "IPv6 service {i} backend {b} has inconsistent flags"
+        ));
+    }
+    let ip = ipv6_from_words(&br[..4]);
+    if let Some(why) = bad_ipv6(IpAddr::V6(ip)) {
+        return Err(format!("IPv6 service {i} backend {b}: {ip} is {why}"));
+    }
+    Ok(LocalBackend6 {
+        ip,
+        port: br[4] as u16,
+    })
+}
+
+/// The IPv6 source ranges of IPv6 service record `rec` (number `i`; layout 10).
+fn decode_source_ranges6(
+    w: &[u32],
+    sec: &Sections,
+    i: usize,
+    rec: &[u32],
+) -> Result<Vec<ipnet::Ipv6Net>, String> {
+    let (first, count) = (rec[8] as usize, rec[9] as usize);
+    if first + count > w[18] as usize {
+        return Err(format!("IPv6 service {i}: source ranges out of range"));
+    }
+    (first..first + count)
+        .map(|r| {
+            let rr = &w[sec.source_ranges6 + r * SOURCE_RANGE6_WORDS..][..SOURCE_RANGE6_WORDS];
+            let network = ipv6_from_words(&rr[..4]);
+            u8::try_from(rr[4])
+                .ok()
+                .and_then(|len| ipnet::Ipv6Net::new(network, len).ok())
+                .filter(|n| n.trunc() == *n)
+                .ok_or_else(|| {
+                    format!(
+                        "IPv6 service {i}: source range {network}/{} is not a network",
+                        rr[4]
+                    )
+                })
+        })
+        .collect()
+}
+
+/// The Maglev slots of table `i` of the section at `start`.
+fn maglev_slots(w: &[u32], cap: &Capacity, start: usize, i: usize) -> Vec<u16> {
+    let mw = cap.maglev_words();
+    let mut slots: Vec<u16> = w[start + i * mw..][..mw]
+        .iter()
+        .flat_map(|x| [(*x & 0xffff) as u16, (*x >> 16) as u16])
+        .collect();
+    slots.truncate(cap.maglev_size as usize);
+    slots
 }
 
 /// Service record `i` of a slot holding `nb` backend records, and its Maglev table.
@@ -1918,7 +2346,6 @@ fn decode_service(
     nb: usize,
     i: usize,
 ) -> Result<(NodeService, Vec<u16>), String> {
-    let mw = cap.maglev_words();
     let rec = &w[sec.services + i * SERVICE_WORDS..][..SERVICE_WORDS];
     let protocol = Protocol::from_number((rec[1] & 0xff) as u8).ok_or("unknown protocol")?;
     let (first, count, draining) = (rec[2] as usize, rec[3] as usize, rec[4] as usize);
@@ -1942,12 +2369,7 @@ fn decode_service(
     let terminating = (first + count..first + count + draining)
         .map(|b| backend(b, true))
         .collect::<Result<Vec<_>, _>>()?;
-    let words = &w[sec.maglev + i * mw..][..mw];
-    let mut slots: Vec<u16> = words
-        .iter()
-        .flat_map(|x| [(*x & 0xffff) as u16, (*x >> 16) as u16])
-        .collect();
-    slots.truncate(cap.maglev_size as usize);
+    let slots = maglev_slots(w, cap, sec.maglev, i);
     if slots
         .iter()
         .any(|s| *s != maglev::NO_BACKEND && usize::from(*s) >= count)

@@ -8,7 +8,7 @@
 //! Runs with `harness = false`: the same binary re-executes itself in the `writer` and
 //! `reader` roles.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
@@ -99,10 +99,36 @@ fn base_table(seed: u32) -> NodeState {
             )
         })
         .collect();
+    // IPv6 frontends (layout 10) vary in number too, so growth crosses their capacity.
+    let services6 = (0..(seed % 3) as usize)
+        .map(|i| {
+            let mut s6 = NodeService6::new(
+                Frontend6 {
+                    vip: Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, i as u16 + 1),
+                    protocol: Protocol::Tcp,
+                    port: 443,
+                },
+                (0..(seed as usize + i) % 4)
+                    .map(|b| LocalBackend6 {
+                        ip: Ipv6Addr::new(0x2001, 0xdb8, 0x244, 0, 0, 0, seed as u16, b as u16 + 1),
+                        port: 8443,
+                    })
+                    .collect(),
+            );
+            s6.source_ranges = (0..i)
+                .map(|r| {
+                    ipnet::Ipv6Net::new(Ipv6Addr::new(0x2001, 0xdb8, r as u16, 0, 0, 0, 0, 0), 48)
+                        .unwrap()
+                })
+                .collect();
+            s6
+        })
+        .collect();
     let mut s = NodeState {
         node: format!("node-{seed}"),
         router_id: Some(Ipv4Addr::from(seed)),
         services,
+        services6,
         advertised,
         peers,
         // Redirect peers vary in number too, so growth crosses their capacity as well.
@@ -141,6 +167,9 @@ fn writer(path: &Path, deadline: Instant) -> Result<(), String> {
         redirect_vips: 1,
         redirect_nodes: 2,
         source_ranges: 1,
+        services6: 1,
+        backends6: 2,
+        source_ranges6: 1,
     };
     let mut w = NodeStateWriter::create(path, small).map_err(|e| e.to_string())?;
     let mut seed = 1u32;

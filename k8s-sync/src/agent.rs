@@ -95,6 +95,14 @@ fn record(m: &AgentMetrics, state: &NodeState, generation: u64) {
     m.services.set(state.services.len() as i64);
     m.backends
         .set(state.services.iter().map(|s| s.backends.len() as i64).sum());
+    m.services6.set(state.services6.len() as i64);
+    m.backends6.set(
+        state
+            .services6
+            .iter()
+            .map(|s| s.backends.len() as i64)
+            .sum(),
+    );
     m.advertised_vips.set(state.advertised.len() as i64);
     m.vip_advertised.clear();
     for a in &state.advertised {
@@ -238,6 +246,9 @@ fn build_state(
     last: Option<&NodeState>,
 ) -> (NodeState, Vec<String>) {
     let (mut state, mut warnings) = build_node_state_with(&opts.node, view, cache);
+    opts.metrics
+        .ipv6_host_network_unserved
+        .set(cache.ipv6_host_network_unserved() as i64);
     let in_force = last.map_or(&[][..], |s| &s.redirects.keys[..]);
     let (keys, key_error) = redirect_key::keys_to_publish(
         view.secrets.get(redirect_key::SECRET_NAME).map(|s| &**s),
@@ -370,6 +381,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
                 services = state.services.len(),
                 backends = state.services.iter().map(|s| s.backends.len()).sum::<usize>(),
                 draining = state.services.iter().map(|s| s.terminating.len()).sum::<usize>(),
+                services6 = state.services6.len(),
                 advertised = state.advertised.len(),
                 peers = state.peers.len(),
                 redirect_address = ?state.redirects.node_address,

@@ -2,7 +2,8 @@
 //! for "Ready", "on which node", "excluded node" and "host network" in one place.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
 
 use juneau_control::{advertise, Backend, EndpointConditions};
 use k8s_openapi::api::core::v1::Node;
@@ -13,11 +14,12 @@ use crate::crd::EXCLUDE_FROM_LB_LABEL;
 /// Label on an EndpointSlice naming its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
-/// One IPv4 endpoint address of a Service, as its EndpointSlice reports it.
+/// One endpoint address of a Service, as its EndpointSlice reports it: IPv4 (`A`
+/// [`Ipv4Addr`], from `addressType: IPv4` slices) or IPv6 ([`SliceEndpoint6`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SliceEndpoint {
+pub struct SliceEndpoint<A = Ipv4Addr> {
     /// Pod IP.
-    pub ip: Ipv4Addr,
+    pub ip: A,
     /// Node the Pod runs on.
     pub node: Option<String>,
     /// Readiness (API semantics: unknown ready = ready, unknown terminating = false).
@@ -39,13 +41,32 @@ pub fn conditions(ep: &Endpoint) -> EndpointConditions {
     }
 }
 
+/// An IPv6 endpoint address of a Service (from an `addressType: IPv6` slice).
+pub type SliceEndpoint6 = SliceEndpoint<Ipv6Addr>;
+
 /// Every IPv4 endpoint address of the given slices (IPv6/FQDN slices are ignored).
 pub fn slice_endpoints<'a>(
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
 ) -> Vec<SliceEndpoint> {
+    endpoints_of(slices, "IPv4")
+}
+
+/// Every IPv6 endpoint address of the given slices (IPv4/FQDN slices are ignored), read
+/// with the same rules as the IPv4 ones.
+pub fn slice_endpoints6<'a>(
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+) -> Vec<SliceEndpoint6> {
+    endpoints_of(slices, "IPv6")
+}
+
+/// The endpoint addresses of the slices of `address_type` that parse as `A`.
+fn endpoints_of<'a, A: FromStr>(
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    address_type: &str,
+) -> Vec<SliceEndpoint<A>> {
     let mut out = Vec::new();
     for s in slices {
-        if s.address_type != "IPv4" {
+        if s.address_type != address_type {
             continue;
         }
         let ports: Vec<(Option<String>, String, u16)> = s
@@ -63,7 +84,7 @@ pub fn slice_endpoints<'a>(
             .collect();
         for ep in &s.endpoints {
             for a in &ep.addresses {
-                if let Ok(ip) = a.parse::<Ipv4Addr>() {
+                if let Ok(ip) = a.parse::<A>() {
                     out.push(SliceEndpoint {
                         ip,
                         node: ep.node_name.clone(),
@@ -87,6 +108,17 @@ pub fn node_excluded(node: &Node) -> bool {
 
 /// The addresses a Node reports (a Pod with one of them is on the host network).
 pub fn node_addresses(node: &Node) -> BTreeSet<Ipv4Addr> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.address.parse().ok())
+        .collect()
+}
+
+/// The IPv6 addresses a Node reports.
+pub fn node_addresses6(node: &Node) -> BTreeSet<Ipv6Addr> {
     node.status
         .as_ref()
         .and_then(|s| s.addresses.as_ref())
@@ -166,6 +198,11 @@ pub(crate) mod testutil {
         eps: &[(&str, &str, bool, bool)],
         port: (&str, i32),
     ) -> EndpointSlice {
+        let address_type = if eps.first().is_some_and(|e| e.0.contains(':')) {
+            "IPv6"
+        } else {
+            "IPv4"
+        };
         EndpointSlice {
             metadata: ObjectMeta {
                 name: Some(name.into()),
@@ -173,7 +210,7 @@ pub(crate) mod testutil {
                 labels: Some([(SERVICE_NAME_LABEL.to_string(), svc.to_string())].into()),
                 ..Default::default()
             },
-            address_type: "IPv4".into(),
+            address_type: address_type.into(),
             endpoints: eps
                 .iter()
                 .map(|(ip, node, ready, term)| Endpoint {

@@ -122,6 +122,12 @@ metrics! {
         services: Gauge = Gauge::default() => "services",
         /// Local backends new flows go to in the published node state, summed over its entries.
         backends: Gauge = Gauge::default() => "backends",
+        /// IPv6 service entries ([VIP]:port/protocol) in the published node state.
+        services6: Gauge = Gauge::default() => "services6",
+        /// Local IPv6 backends new flows go to in the published node state, summed over its entries.
+        backends6: Gauge = Gauge::default() => "backends6",
+        /// IPv6 host-network endpoints on this node left unserved (IPv6 VIPs are served from Pod-network backends only).
+        ipv6_host_network_unserved: Gauge = Gauge::default() => "ipv6_host_network_unserved",
         /// VIPs this node tells its BGP speaker to announce.
         advertised_vips: Gauge = Gauge::default() => "advertised_vips",
         /// 1 for each VIP this node tells its BGP speaker to announce.

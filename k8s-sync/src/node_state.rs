@@ -3,21 +3,25 @@
 //! announces with their BGP attributes, and its BGP peers).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use juneau_control::shm::MAX_REDIRECT_NODES_PER_VIP;
 use juneau_control::{
-    AdvertisedVip, Frontend, LocalBackend, NodeService, NodeState, PeerConfig, Protocol, Redirects,
-    SourceRange, VipRedirectPeers,
+    AdvertisedVip, Frontend, Frontend6, LocalBackend, LocalBackend6, NodeService, NodeService6,
+    NodeState, PeerConfig, Protocol, Redirects, SourceRange, VipRedirectPeers,
 };
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::crd::{
-    BGPAdvertisement, BGPAdvertisementSpec, BGPPeer, MaintenanceTrigger, Phase, ServiceLoadBalancer,
+    BGPAdvertisement, BGPAdvertisementSpec, BGPPeer, MaintenanceTrigger, Phase,
+    ServiceLoadBalancer, ServiceLoadBalancerStatus,
 };
-use crate::endpoints::{host_network_endpoints, node_excluded, slice_endpoints, SliceEndpoint};
+use crate::endpoints::{
+    host_network_endpoints, node_addresses6, node_excluded, slice_endpoints, slice_endpoints6,
+    SliceEndpoint, SliceEndpoint6,
+};
 use crate::reconcile::is_managed;
 use crate::selection::{for_service, selects};
 
@@ -305,7 +309,7 @@ fn weighted_peers(ready: &[(Ipv4Addr, u32)]) -> Option<Vec<Ipv4Addr>> {
 }
 
 /// What one ServiceLoadBalancer contributes to the node's state.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct SlbPart {
     /// Its frontends with this node's backends.
     services: Vec<NodeService>,
@@ -313,7 +317,49 @@ struct SlbPart {
     advertised: Option<AdvertisedVip>,
     /// Its VIP and the nodes with a serving endpoint of it that can announce it (and,
     /// under the Cluster policy, every node that can), each with its Ready endpoints.
-    vip_nodes: (Ipv4Addr, BTreeMap<String, u32>),
+    /// `None`: no IPv4 VIP served.
+    vip_nodes: Option<(Ipv4Addr, BTreeMap<String, u32>)>,
+    /// Its IPv6 part (issue 28), if it has an IPv6 VIP served here.
+    v6: Option<SlbPart6>,
+}
+
+/// What one ServiceLoadBalancer's IPv6 VIP contributes to the node's state: frontends
+/// served from this node's own IPv6 backends only (no hand-off, no host network yet),
+/// the VIP announced only while one of them is Ready, whatever the traffic policy.
+#[derive(Debug, Clone, Default)]
+struct SlbPart6 {
+    services: Vec<NodeService6>,
+    advertised: Option<AdvertisedVip>,
+    /// This node's IPv6 endpoints on one of its own addresses (host-network Pods),
+    /// which are not served (warned about, counted by the agent's metrics).
+    host_network_unserved: Vec<Ipv6Addr>,
+}
+
+/// A VIP of a ServiceLoadBalancer and the AddressPool it came from (which selects the
+/// BGPAdvertisements that apply to it).
+type PoolVip<A> = Option<(A, String)>;
+
+/// The VIPs of a ServiceLoadBalancer with their pools: from `status.vips` (the first
+/// valid one of each family), or, when that is empty (a controller from before IPv6),
+/// `status.vip` as IPv4 with `status.addressPool`.
+fn status_vips(st: &ServiceLoadBalancerStatus) -> (PoolVip<Ipv4Addr>, PoolVip<Ipv6Addr>) {
+    if st.vips.is_empty() {
+        let vip = st.vip.as_deref().and_then(|v| v.parse().ok());
+        return (
+            vip.map(|v| (v, st.address_pool.clone().unwrap_or_default())),
+            None,
+        );
+    }
+    let of = |family: &'static str| {
+        st.vips
+            .iter()
+            .filter(move |v| v.family == family)
+            .map(|v| (v.ip.as_str(), &v.address_pool))
+    };
+    (
+        of("IPv4").find_map(|(ip, pool)| Some((ip.parse().ok()?, pool.clone()))),
+        of("IPv6").find_map(|(ip, pool)| Some((ip.parse().ok()?, pool.clone()))),
+    )
 }
 
 /// What every ServiceLoadBalancer's part is computed with.
@@ -338,21 +384,46 @@ fn slb_part(
     svc: Option<&Service>,
     slices: &[Arc<EndpointSlice>],
 ) -> Option<SlbPart> {
+    let st = slb.status.as_ref()?;
+    if st.phase == Phase::Failed {
+        return None;
+    }
+    let (vip4, vip6) = status_vips(st);
+    let svc = svc?;
+    if !is_managed(svc) {
+        return None;
+    }
+    let mut part = vip4.and_then(|(vip, pool)| slb_part4(ctx, &pool, svc, slices, vip));
+    if let Some(v6) = vip6.and_then(|(vip, pool)| slb_part6(ctx, &pool, svc, slices, vip)) {
+        part.get_or_insert_with(SlbPart::default).v6 = Some(v6);
+    }
+    part
+}
+
+/// The BGPAdvertisements that apply to the Service's VIP from `pool`, on any node.
+fn applying<'a>(view: &'a AgentView, pool: &str, svc: &Service) -> Vec<&'a BGPAdvertisementSpec> {
+    let empty = BTreeMap::new();
+    for_service(
+        view.advertisements.iter().map(|a| &a.spec),
+        pool,
+        svc.metadata.labels.as_ref().unwrap_or(&empty),
+    )
+}
+
+/// The IPv4 part of a ServiceLoadBalancer with the IPv4 VIP `vip` from `pool`.
+fn slb_part4(
+    ctx: NodeCtx<'_>,
+    pool: &str,
+    svc: &Service,
+    slices: &[Arc<EndpointSlice>],
+    vip: Ipv4Addr,
+) -> Option<SlbPart> {
     let NodeCtx {
         node,
         view,
         excluded,
         ..
     } = ctx;
-    let st = slb.status.as_ref()?;
-    if st.phase == Phase::Failed {
-        return None;
-    }
-    let vip = st.vip.as_deref().and_then(|v| v.parse::<Ipv4Addr>().ok())?;
-    let svc = svc?;
-    if !is_managed(svc) {
-        return None;
-    }
     let eps = slice_endpoints(slices.iter().map(|s| &**s));
     let host = host_network_endpoints(&eps, &view.nodes);
     let cluster = crate::reconcile::cluster_policy(svc);
@@ -370,19 +441,10 @@ fn slb_part(
         .iter()
         .filter(|e| e.node.as_deref() == Some(node))
         .collect();
-    let pool = st.address_pool.clone().unwrap_or_default();
-    let empty = BTreeMap::new();
     // The BGPAdvertisements that apply to this Service's VIP, on any node.
-    let applying = for_service(
-        view.advertisements.iter().map(|a| &a.spec),
-        &pool,
-        svc.metadata.labels.as_ref().unwrap_or(&empty),
-    );
-    let mut part = SlbPart {
-        services: Vec::new(),
-        advertised: None,
-        vip_nodes: (vip, BTreeMap::new()),
-    };
+    let applying = applying(view, pool, svc);
+    let mut vip_nodes: BTreeMap<String, u32> = BTreeMap::new();
+    let mut part = SlbPart::default();
     // Every node with a listed endpoint may hold connections of it (a draining Pod's,
     // whatever its readiness says): a node asks those about connections it does not hold.
     // Each counts its Ready endpoints: its share of the new connections handed on.
@@ -390,7 +452,7 @@ fn slb_part(
         let Some(n) = e.node.as_ref().filter(|n| may_announce(view, n, &applying)) else {
             continue;
         };
-        let ready = part.vip_nodes.1.entry(n.clone()).or_default();
+        let ready = vip_nodes.entry(n.clone()).or_default();
         *ready += u32::from(e.conditions.takes_new_traffic());
     }
     let mut any_backend = false;
@@ -416,7 +478,7 @@ fn slb_part(
             e.conditions.takes_new_traffic()
                 && e.node
                     .as_deref()
-                    .is_some_and(|n| n != node && part.vip_nodes.1.contains_key(n))
+                    .is_some_and(|n| n != node && vip_nodes.contains_key(n))
         });
     if cluster {
         // Any node that may announce the VIP may hand connections to any other: each
@@ -427,13 +489,14 @@ fn slb_part(
             .keys()
             .filter(|n| may_announce(view, n, &applying));
         for n in announcing {
-            part.vip_nodes.1.entry(n.clone()).or_default();
+            vip_nodes.entry(n.clone()).or_default();
         }
     }
+    part.vip_nodes = Some((vip, vip_nodes));
     if !(any_backend || elsewhere) || excluded {
         return Some(part);
     }
-    part.advertised = advertised_vip(ctx, &applying, vip, &here);
+    part.advertised = advertised_vip(ctx, &applying, vip.into(), ready_pods(&here));
     if cluster {
         // Every announcing node hands connections on: no node weighs more.
         if let Some(a) = part.advertised.as_mut() {
@@ -456,12 +519,37 @@ fn frontend_service(
     let proto_name = sp.protocol.as_deref().unwrap_or("TCP");
     let protocol = proto_name.parse::<Protocol>().ok()?;
     let port = u16::try_from(sp.port).ok()?;
+    let (backends, terminating) =
+        local_backends(sp, proto_name, here, |ip, port| LocalBackend { ip, port });
+    Some(NodeService {
+        frontend: Frontend {
+            vip,
+            protocol,
+            port,
+        },
+        backends,
+        terminating,
+        source_ranges: source_ranges.to_vec(),
+        client_ip_affinity,
+        hand_off: false,
+        host_network: false,
+    })
+}
+
+/// This node's backends for the Service port `sp` (`proto_name` its protocol) among its
+/// endpoints `here`, made by `backend(ip, target port)`: the Ready ones (new flows), and
+/// the listed others (terminating, or not Ready: only the flows they have, the graceful
+/// drain). Both families read them alike.
+fn local_backends<A: Copy, B>(
+    sp: &k8s_openapi::api::core::v1::ServicePort,
+    proto_name: &str,
+    here: &[&SliceEndpoint<A>],
+    backend: impl Fn(A, u16) -> B,
+) -> (Vec<B>, Vec<B>) {
     let sp_name = sp.name.clone().filter(|n| !n.is_empty());
     let mut backends = Vec::new();
     let mut terminating = Vec::new();
     for e in here {
-        // Ready: new flows. Listed otherwise (terminating, or not Ready): only the
-        // flows it already has (graceful drain).
         let list = if e.conditions.takes_new_traffic() {
             &mut backends
         } else if e.conditions.drains() {
@@ -476,25 +564,87 @@ fn frontend_service(
             .iter()
             .find(|(n, pr, _)| *n == sp_name && pr.eq_ignore_ascii_case(proto_name))
         {
-            list.push(LocalBackend {
-                ip: e.ip,
-                port: *tp,
-            });
+            list.push(backend(e.ip, *tp));
         }
     }
-    Some(NodeService {
-        frontend: Frontend {
-            vip,
-            protocol,
-            port,
-        },
-        backends,
-        terminating,
-        source_ranges: source_ranges.to_vec(),
-        client_ip_affinity,
-        hand_off: false,
-        host_network: false,
-    })
+    (backends, terminating)
+}
+
+/// Ready local Pods of a VIP (one per Pod IP, whatever its ports): its weight.
+fn ready_pods<A: Copy + Ord>(here: &[&SliceEndpoint<A>]) -> u32 {
+    here.iter()
+        .filter(|e| e.conditions.takes_new_traffic())
+        .map(|e| e.ip)
+        .collect::<BTreeSet<_>>()
+        .len() as u32
+}
+
+/// The IPv6 part of a ServiceLoadBalancer with the IPv6 VIP `vip`: its frontends with
+/// this node's IPv6 backends (from `addressType: IPv6` EndpointSlices, read as the IPv4
+/// ones), announced from here while one of them is Ready. `None` when its IPv6 source
+/// ranges cannot be honoured (no node serves the IPv6 VIP then).
+fn slb_part6(
+    ctx: NodeCtx<'_>,
+    pool: &str,
+    svc: &Service,
+    slices: &[Arc<EndpointSlice>],
+    vip: Ipv6Addr,
+) -> Option<SlbPart6> {
+    let NodeCtx {
+        node,
+        view,
+        excluded,
+        ..
+    } = ctx;
+    let eps = slice_endpoints6(slices.iter().map(|s| &**s));
+    let source_ranges = crate::source_ranges::of_service6(svc).ok()?;
+    let affinity = client_ip_affinity(svc);
+    let own = view
+        .nodes
+        .get(node)
+        .map(|n| node_addresses6(n))
+        .unwrap_or_default();
+    let mut part = SlbPart6::default();
+    let mut here: Vec<&SliceEndpoint6> = Vec::new();
+    for e in eps.iter().filter(|e| e.node.as_deref() == Some(node)) {
+        if own.contains(&e.ip) {
+            part.host_network_unserved.push(e.ip);
+        } else {
+            here.push(e);
+        }
+    }
+    for sp in svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        let proto_name = sp.protocol.as_deref().unwrap_or("TCP");
+        let (Ok(protocol), Ok(port)) = (proto_name.parse::<Protocol>(), u16::try_from(sp.port))
+        else {
+            continue;
+        };
+        let (backends, terminating) =
+            local_backends(sp, proto_name, &here, |ip, port| LocalBackend6 { ip, port });
+        part.services.push(NodeService6 {
+            frontend: Frontend6 {
+                vip,
+                protocol,
+                port,
+            },
+            backends,
+            terminating,
+            source_ranges: source_ranges.clone(),
+            client_ip_affinity: affinity,
+        });
+    }
+    let any_backend = part.services.iter().any(|s| !s.backends.is_empty());
+    if any_backend && !excluded {
+        let applying = applying(view, pool, svc);
+        part.advertised = advertised_vip(ctx, &applying, vip.into(), ready_pods(&here));
+    }
+    Some(part)
 }
 
 /// `sessionAffinity: ClientIP`'s timeout in seconds (Kubernetes' default 10 800 when
@@ -520,8 +670,8 @@ fn client_ip_affinity(svc: &Service) -> Option<u32> {
 fn advertised_vip(
     ctx: NodeCtx<'_>,
     applying: &[&BGPAdvertisementSpec],
-    vip: Ipv4Addr,
-    here: &[&SliceEndpoint],
+    vip: IpAddr,
+    ready_pods: u32,
 ) -> Option<AdvertisedVip> {
     let NodeCtx { labels, peers, .. } = ctx;
     // Attributes from the BGPAdvertisements that apply, on this node.
@@ -562,7 +712,7 @@ fn advertised_vip(
         return None;
     }
     Some(AdvertisedVip {
-        vip: vip.into(),
+        vip,
         communities: communities.into_iter().collect(),
         large_communities: large.into_iter().collect(),
         local_pref,
@@ -572,13 +722,7 @@ fn advertised_vip(
             peer_idx.into_iter().collect()
         },
         // Ready local Pods of the VIP (one per Pod IP, whatever its ports).
-        weight: weighted.then(|| {
-            here.iter()
-                .filter(|e| e.conditions.takes_new_traffic())
-                .map(|e| e.ip)
-                .collect::<BTreeSet<_>>()
-                .len() as u32
-        }),
+        weight: weighted.then_some(ready_pods),
     })
 }
 
@@ -674,6 +818,16 @@ pub struct BuildCache {
     /// By the ServiceLoadBalancer's `namespace/name`.
     parts: HashMap<String, CachedPart>,
     epoch: u64,
+    /// This node's IPv6 host-network endpoints the last build left unserved.
+    host_network6_unserved: usize,
+}
+
+impl BuildCache {
+    /// This node's IPv6 host-network endpoints (on the Node's own addresses) the last
+    /// build left unserved: Juneau does not serve IPv6 host-network backends yet.
+    pub fn ipv6_host_network_unserved(&self) -> usize {
+        self.host_network6_unserved
+    }
 }
 
 /// Builds the state of `node`. Returns it (normalized) with warnings about objects that
@@ -718,10 +872,18 @@ pub fn build_node_state_with(
     merged.hand_off_shared_frontends();
 
     let redirects = redirects(node, view, merged.vip_nodes, &mut warnings);
+    cache.host_network6_unserved = merged.host_network6_unserved;
+    if merged.host_network6_unserved > 0 {
+        warnings.push(format!(
+            "{} IPv6 host-network endpoint(s) on this node are not served: Juneau serves IPv6 VIPs from Pod-network backends only so far",
+            merged.host_network6_unserved
+        ));
+    }
     let mut state = NodeState {
         node: node.to_string(),
         router_id,
         services: merged.services,
+        services6: merged.services6,
         advertised: merged.advertised.into_values().collect(),
         peers: peers.into_iter().map(|(c, _)| c).collect(),
         redirects,
@@ -914,6 +1076,11 @@ struct MergedParts {
     /// terminating: the drain case), asked about connections this node does not hold,
     /// each with its Ready endpoints of the VIP (summed over the Services sharing it).
     vip_nodes: BTreeMap<Ipv4Addr, BTreeMap<String, u32>>,
+    /// IPv6 frontends (issue 28) and theirs.
+    services6: Vec<NodeService6>,
+    frontends6: std::collections::HashSet<Frontend6>,
+    /// This node's IPv6 host-network endpoints left unserved, per Service.
+    host_network6_unserved: usize,
 }
 
 impl MergedParts {
@@ -927,7 +1094,12 @@ impl MergedParts {
                 self.services.push(s.clone());
             }
         }
-        if let Some(a) = &part.advertised {
+        let v6 = part.v6.as_ref();
+        for a in part
+            .advertised
+            .iter()
+            .chain(v6.and_then(|p| p.advertised.as_ref()))
+        {
             match self.advertised.get_mut(&a.vip) {
                 Some(m) => merge_announcements(m, a),
                 None => {
@@ -935,11 +1107,18 @@ impl MergedParts {
                 }
             }
         }
-        let (vip, nodes) = &part.vip_nodes;
-        let merged = self.vip_nodes.entry(*vip).or_default();
-        for (n, ready) in nodes {
-            *merged.entry(n.clone()).or_default() += ready;
+        if let Some((vip, nodes)) = &part.vip_nodes {
+            let merged = self.vip_nodes.entry(*vip).or_default();
+            for (n, ready) in nodes {
+                *merged.entry(n.clone()).or_default() += ready;
+            }
         }
+        for s in v6.into_iter().flat_map(|p| &p.services) {
+            if self.frontends6.insert(s.frontend) {
+                self.services6.push(s.clone());
+            }
+        }
+        self.host_network6_unserved += v6.map_or(0, |p| p.host_network_unserved.len());
     }
 
     /// The frontends of a VIP this node announces for another Service sharing it, but
@@ -2212,5 +2391,265 @@ mod tests {
         assert_eq!(parse_large_community("1:2:3"), Some([1, 2, 3]));
         assert_eq!(parse_large_community("1:2"), None);
         assert_eq!(parse_large_community("1:2:3:4"), None);
+    }
+
+    // -----------------------------------------------------------------------------------
+    // IPv6 VIPs (issue 28): fed directly with status.vips, as the controller writes it
+    // once it allocates IPv6 VIPs.
+
+    fn ip6(s: &str) -> Ipv6Addr {
+        s.parse().unwrap()
+    }
+
+    fn b6(s: &str) -> LocalBackend6 {
+        LocalBackend6 {
+            ip: ip6(s),
+            port: 8080,
+        }
+    }
+
+    const VIP6: &str = "2001:db8:ffff::10";
+
+    /// [`view`] made dual-stack: the ServiceLoadBalancer holds 203.0.113.10 (pool
+    /// public-v4) and 2001:db8:ffff::10 (pool public-v6, which the BGPAdvertisement
+    /// covers too), and the Service has an IPv6 EndpointSlice with `v6` endpoints beside
+    /// the IPv4 one.
+    fn dual_view(v6: &[(&str, &str, bool, bool)]) -> AgentView {
+        let mut v = view();
+        let slb = Arc::make_mut(&mut v.slbs[0]);
+        slb.status.as_mut().unwrap().vips = vec![
+            crate::crd::FamilyVip {
+                family: "IPv4".into(),
+                ip: "203.0.113.10".into(),
+                address_pool: "public-v4".into(),
+            },
+            crate::crd::FamilyVip {
+                family: "IPv6".into(),
+                ip: VIP6.into(),
+                address_pool: "public-v6".into(),
+            },
+        ];
+        Arc::make_mut(&mut v.advertisements[0])
+            .spec
+            .address_pools
+            .push("public-v6".into());
+        let slices = v.slices.get_mut("default/nginx").unwrap();
+        slices.push(Arc::new(slice("nginx", "nginx-v6", v6, ("http", 8080))));
+        v
+    }
+
+    fn v6_endpoints() -> Vec<(&'static str, &'static str, bool, bool)> {
+        vec![
+            ("fd00::1", "node-a", true, false),
+            ("fd00::2", "node-a", true, false),
+            ("fd00::3", "node-c", true, false),
+            ("fd00::4", "node-a", false, false),
+            ("fd00::5", "node-a", true, true),
+        ]
+    }
+
+    #[test]
+    fn a_dual_stack_service_is_served_and_announced_on_both_vips() {
+        let (plain, _) = build_node_state("node-a", &view());
+        let (s, w) = build_node_state("node-a", &dual_view(&v6_endpoints()));
+        assert!(w.is_empty(), "{w:?}");
+        // The IPv4 side is exactly what it was.
+        assert_eq!(s.services, plain.services);
+        assert_eq!(s.redirects, plain.redirects);
+        assert_eq!(
+            s.services6,
+            vec![NodeService6 {
+                frontend: Frontend6 {
+                    vip: ip6(VIP6),
+                    protocol: Protocol::Tcp,
+                    port: 80,
+                },
+                backends: vec![b6("fd00::1"), b6("fd00::2")],
+                // Not Ready, and terminating: existing flows only.
+                terminating: vec![b6("fd00::4"), b6("fd00::5")],
+                source_ranges: vec![],
+                client_ip_affinity: None,
+            }]
+        );
+        assert_eq!(
+            s.services6[0].frontend.to_string(),
+            "TCP/[2001:db8:ffff::10]:80"
+        );
+        let vips: Vec<IpAddr> = s.advertised.iter().map(|a| a.vip).collect();
+        assert_eq!(
+            vips,
+            [IpAddr::from([203, 0, 113, 10]), IpAddr::V6(ip6(VIP6))]
+        );
+        // The same BGPAdvertisement, the same attributes.
+        let (a4, a6) = (&s.advertised[0], &s.advertised[1]);
+        assert_eq!(
+            (
+                &a6.communities,
+                &a6.large_communities,
+                a6.local_pref,
+                &a6.peers
+            ),
+            (
+                &a4.communities,
+                &a4.large_communities,
+                a4.local_pref,
+                &a4.peers
+            )
+        );
+        assert_eq!(a6.communities, vec![64512 << 16 | 100]);
+        // node-c: its own IPv6 backend, its own announcement.
+        let (c, _) = build_node_state("node-c", &dual_view(&v6_endpoints()));
+        assert_eq!(c.services6[0].backends, vec![b6("fd00::3")]);
+        assert!(c.services6[0].terminating.is_empty());
+        assert_eq!(c.advertised.len(), 2);
+        // The state goes through the shared memory file as it is.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node-a.state");
+        let mut writer =
+            juneau_control::shm::NodeStateWriter::create(&path, Default::default()).unwrap();
+        writer.publish(&s).unwrap();
+        let snap = juneau_control::shm::NodeStateReader::open(&path)
+            .unwrap()
+            .snapshot()
+            .unwrap();
+        assert_eq!(snap.state.services6, s.services6);
+        let i = snap.service_index6(&s.services6[0].frontend).unwrap();
+        assert!(s.services6[0]
+            .backends
+            .contains(&snap.pick6(i, 42).unwrap()));
+    }
+
+    #[test]
+    fn a_vip_of_a_pool_no_advertisement_covers_is_not_announced() {
+        let mut v = dual_view(&v6_endpoints());
+        Arc::make_mut(&mut v.advertisements[0])
+            .spec
+            .address_pools
+            .retain(|p| p != "public-v6");
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(s.services6.len(), 1, "served, not announced");
+        let vips: Vec<IpAddr> = s.advertised.iter().map(|a| a.vip).collect();
+        assert_eq!(vips, [IpAddr::from([203, 0, 113, 10])]);
+    }
+
+    #[test]
+    fn without_a_ready_ipv6_endpoint_only_the_ipv4_vip_is_announced() {
+        let v = dual_view(&[
+            ("fd00::1", "node-a", false, false),
+            ("fd00::5", "node-a", true, true),
+            ("fd00::3", "node-c", true, false),
+        ]);
+        let (s, _) = build_node_state("node-a", &v);
+        assert_eq!(s.services.len(), 1);
+        assert!(!s.services[0].backends.is_empty());
+        assert_eq!(s.services6.len(), 1);
+        assert!(s.services6[0].backends.is_empty());
+        assert_eq!(
+            s.services6[0].terminating,
+            vec![b6("fd00::1"), b6("fd00::5")]
+        );
+        let vips: Vec<IpAddr> = s.advertised.iter().map(|a| a.vip).collect();
+        assert_eq!(vips, [IpAddr::from([203, 0, 113, 10])]);
+        // Under the Cluster policy too: IPv6 is served from local backends only, so a
+        // node without a Ready one does not announce the IPv6 VIP (it does the IPv4 one,
+        // handing connections on).
+        let mut v = v;
+        let svc = Arc::make_mut(v.services.get_mut("default/nginx").unwrap());
+        svc.spec.as_mut().unwrap().external_traffic_policy = Some("Cluster".into());
+        let (s, _) = build_node_state("node-a", &v);
+        let vips: Vec<IpAddr> = s.advertised.iter().map(|a| a.vip).collect();
+        assert_eq!(vips, [IpAddr::from([203, 0, 113, 10])]);
+        let (c, _) = build_node_state("node-c", &v);
+        assert!(c.advertised.iter().any(|a| a.vip == IpAddr::V6(ip6(VIP6))));
+    }
+
+    #[test]
+    fn ipv6_source_ranges_go_to_the_ipv6_frontends() {
+        let set = |v: &mut AgentView, ranges: &[&str]| {
+            let svc = Arc::make_mut(v.services.get_mut("default/nginx").unwrap());
+            svc.spec.as_mut().unwrap().load_balancer_source_ranges =
+                Some(ranges.iter().map(|r| r.to_string()).collect());
+        };
+        let mut v = dual_view(&v6_endpoints());
+        set(&mut v, &["198.51.100.0/24", "2001:db8:c11e::7/48"]);
+        let (s, _) = build_node_state("node-a", &v);
+        let shown = |r: &[SourceRange]| r.iter().map(|r| r.to_string()).collect::<Vec<_>>();
+        assert_eq!(shown(&s.services[0].source_ranges), ["198.51.100.0/24"]);
+        assert_eq!(
+            s.services6[0].source_ranges,
+            vec!["2001:db8:c11e::/48".parse::<ipnet::Ipv6Net>().unwrap()]
+        );
+        assert_eq!(s.advertised.len(), 2);
+        // IPv4 ranges only: no IPv6 client admitted, so the IPv6 VIP is served by no
+        // node; the IPv4 one as its ranges say.
+        set(&mut v, &["198.51.100.0/24"]);
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.services6.is_empty(), "{:?}", s.services6);
+        assert_eq!(s.services.len(), 1);
+        let vips: Vec<IpAddr> = s.advertised.iter().map(|a| a.vip).collect();
+        assert_eq!(vips, [IpAddr::from([203, 0, 113, 10])]);
+        // IPv6 ranges only: the IPv4 side is refused as before, the IPv6 one served.
+        set(&mut v, &["2001:db8:c11e::/48"]);
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.services.is_empty());
+        assert_eq!(s.services6.len(), 1);
+        let vips: Vec<IpAddr> = s.advertised.iter().map(|a| a.vip).collect();
+        assert_eq!(vips, [IpAddr::V6(ip6(VIP6))]);
+    }
+
+    #[test]
+    fn without_status_vips_the_ipv4_vip_of_status_vip_is_served_as_before() {
+        // IPv6 slices exist, but the status names no IPv6 VIP: nothing IPv6.
+        let mut v = dual_view(&v6_endpoints());
+        Arc::make_mut(&mut v.slbs[0]).status.as_mut().unwrap().vips = vec![];
+        let (s, w) = build_node_state("node-a", &v);
+        let (plain, _) = build_node_state("node-a", &view());
+        assert!(w.is_empty(), "{w:?}");
+        assert!(s.services6.is_empty());
+        assert_eq!(s, plain);
+        // An IPv6 single-stack Service: IPv6 only, whatever status.vip says.
+        let st = Arc::make_mut(&mut v.slbs[0]).status.as_mut().unwrap();
+        st.vip = Some(VIP6.into());
+        st.vips = vec![crate::crd::FamilyVip {
+            family: "IPv6".into(),
+            ip: VIP6.into(),
+            address_pool: "public-v6".into(),
+        }];
+        let (s, _) = build_node_state("node-a", &v);
+        assert!(s.services.is_empty() && s.redirects.vips.is_empty());
+        assert_eq!(s.services6.len(), 1);
+        let vips: Vec<IpAddr> = s.advertised.iter().map(|a| a.vip).collect();
+        assert_eq!(vips, [IpAddr::V6(ip6(VIP6))]);
+    }
+
+    #[test]
+    fn an_ipv6_host_network_endpoint_is_not_served_and_is_counted() {
+        let mut v = dual_view(&[
+            ("fd00::1", "node-a", true, false),
+            ("2001:db8:0:1::a", "node-a", true, false),
+        ]);
+        let node = Arc::make_mut(v.nodes.get_mut("node-a").unwrap());
+        node.status
+            .as_mut()
+            .unwrap()
+            .addresses
+            .as_mut()
+            .unwrap()
+            .push(k8s_openapi::api::core::v1::NodeAddress {
+                address: "2001:db8:0:1::a".into(),
+                type_: "InternalIP".into(),
+            });
+        let mut cache = BuildCache::default();
+        let (s, w) = build_node_state_with("node-a", &v, &mut cache);
+        assert_eq!(s.services6[0].backends, vec![b6("fd00::1")]);
+        assert_eq!(cache.ipv6_host_network_unserved(), 1);
+        assert!(
+            w.iter()
+                .any(|w| w.contains("1 IPv6 host-network endpoint(s)")),
+            "{w:?}"
+        );
+        let (_, w) = build_node_state_with("node-a", &dual_view(&v6_endpoints()), &mut cache);
+        assert_eq!(cache.ipv6_host_network_unserved(), 0);
+        assert!(w.is_empty(), "{w:?}");
     }
 }

@@ -44,6 +44,7 @@ pub(crate) fn sample_state() -> NodeState {
     NodeState {
         node: "node-a".into(),
         router_id: Some(Ipv4Addr::new(192, 0, 2, 10)),
+        services6: Vec::new(),
         services: vec![
             NodeService {
                 frontend: frontend([203, 0, 113, 10], Protocol::Tcp, 80),
@@ -118,9 +119,10 @@ fn tmp() -> tempfile::TempDir {
 
 #[test]
 fn header_layout_is_stable() {
-    assert_eq!(std::mem::size_of::<FileHeader>(), 104);
-    assert_eq!(std::mem::offset_of!(FileHeader, generation), 56);
-    assert_eq!(std::mem::offset_of!(FileHeader, slot_seq), 88);
+    assert_eq!(std::mem::size_of::<FileHeader>(), 120);
+    assert_eq!(std::mem::offset_of!(FileHeader, slot_words), 64);
+    assert_eq!(std::mem::offset_of!(FileHeader, generation), 72);
+    assert_eq!(std::mem::offset_of!(FileHeader, slot_seq), 104);
     assert_eq!(MAGIC.to_le_bytes(), *b"JUNEAUNS");
 }
 
@@ -218,6 +220,9 @@ fn growing_past_capacity_renames_a_new_file_and_readers_follow() {
         redirect_vips: 1,
         redirect_nodes: 1,
         source_ranges: 1,
+        services6: 1,
+        backends6: 1,
+        source_ranges6: 1,
     };
     let mut w = NodeStateWriter::create(&path, small).unwrap();
     let mut one = sample_state();
@@ -474,9 +479,12 @@ fn a_backend_flag_that_contradicts_its_position_is_refused() {
     state.normalize();
     let cap = Capacity::default();
     let mut img = Image::new(cap.sections().end);
-    let tables = MaglevCache::default()
-        .tables_for(&state.services, cap.maglev_size)
-        .unwrap();
+    let tables = Tables {
+        v4: MaglevCache::default()
+            .tables_for(&state.services, cap.maglev_size)
+            .unwrap(),
+        v6: Vec::new(),
+    };
     encode(&mut img, &state, &cap, 1, &tables).unwrap();
     seal(&mut img, &cap);
     let words = img.words;
@@ -587,6 +595,16 @@ fn redirect_counts_past_the_capacity_are_refused_as_corrupt() {
 fn assert_tables_fresh(snap: &Snapshot, size: u32) {
     assert_eq!(snap.maglev.len(), snap.state.services.len());
     for (s, t) in snap.state.services.iter().zip(&snap.maglev) {
+        let fresh = MaglevTable::new(&s.backends, size).unwrap();
+        assert_eq!(
+            &t[..],
+            fresh.slots(),
+            "stale Maglev table for {}",
+            s.frontend
+        );
+    }
+    assert_eq!(snap.maglev6.len(), snap.state.services6.len());
+    for (s, t) in snap.state.services6.iter().zip(&snap.maglev6) {
         let fresh = MaglevTable::new(&s.backends, size).unwrap();
         assert_eq!(
             &t[..],
@@ -756,9 +774,12 @@ mod incremental {
                 vips.extend((0..communities).map(|c| {
                     IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, c as u16 + 1))
                 }));
+                // IPv6 frontends (layout 10): a twin of every other IPv4 one.
+                let services6 = services.iter().step_by(2).map(twin6).collect();
                 let mut state = NodeState {
                     node,
                     router_id: router.then(|| Ipv4Addr::new(192, 0, 2, 10)),
+                    services6,
                     advertised: vips
                         .into_iter()
                         .map(|vip| AdvertisedVip {
@@ -828,6 +849,9 @@ mod incremental {
                 redirect_vips: 1,
                 redirect_nodes: 2,
                 source_ranges: 1,
+                services6: 1,
+                backends6: 1,
+                source_ranges6: 1,
             };
             let mut w = NodeStateWriter::create(&path, cap).unwrap();
             let mut r: Option<NodeStateReader> = None;
@@ -962,27 +986,27 @@ fn ipv6_addresses_sit_in_the_words_the_layout_names() {
     assert_eq!(v4peer[NAME_BYTES / 4 + 11], 0);
 }
 
-/// A layout-8 reader (IPv4-only records, 32-word VIPs) must not misread a layout-9
-/// file, and this reader must not misread a layout-8 one: both are refused by version,
-/// with a message naming both versions and the three binaries.
+/// A layout-9 reader (IPv4-only frontends) must not misread a layout-10 file, and this
+/// reader must not misread a layout-9 one: both are refused by version, with a message
+/// naming both versions and the three binaries (they ship together in one image).
 #[test]
-fn a_reader_of_the_ipv4_only_layout_refuses_the_ipv6_one_and_back() {
+fn a_reader_of_the_ipv4_frontend_layout_refuses_the_ipv6_one_and_back() {
     let dir = tmp();
     let path = dir.path().join("n.state");
     let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
     w.publish(&dual_stack_state()).unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
-    assert_eq!(bytes[8..12], 9u32.to_le_bytes());
-    bytes[8..12].copy_from_slice(&8u32.to_le_bytes());
-    let old = dir.path().join("layout8.state");
+    assert_eq!(bytes[8..12], 10u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&9u32.to_le_bytes());
+    let old = dir.path().join("layout9.state");
     std::fs::write(&old, &bytes).unwrap();
     let e = NodeStateReader::open(&old).err().expect("refused");
     assert!(
         matches!(
             e,
             ShmError::LayoutVersion {
-                found: 8,
-                expected: 9,
+                found: 9,
+                expected: 10,
                 ..
             }
         ),
@@ -990,7 +1014,7 @@ fn a_reader_of_the_ipv4_only_layout_refuses_the_ipv6_one_and_back() {
     );
     let msg = e.to_string();
     assert!(
-        msg.contains("layout version 8") && msg.contains("reads version 9"),
+        msg.contains("layout version 9") && msg.contains("reads version 10"),
         "{msg}"
     );
     assert!(msg.contains("juneau-bgp"), "{msg}");
@@ -1111,4 +1135,438 @@ fn inconsistent_ipv6_records_are_refused_by_the_decoder() {
     assert!(decode_peer_with(&mut words, &bad)
         .unwrap_err()
         .contains("address: IPv4, with IPv6"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Layout 10: IPv6 frontends.
+
+/// The IPv6 twin of an IPv4 service: `2001:db8:ffff::<vip>` and `2001:db8:244::<ip>`.
+fn twin6(s: &NodeService) -> NodeService6 {
+    let a6 = |prefix: u16, ip: Ipv4Addr| {
+        let [a, b, c, d] = ip.octets();
+        Ipv6Addr::new(
+            0x2001,
+            0xdb8,
+            prefix,
+            0,
+            0,
+            0,
+            u16::from_be_bytes([a, b]),
+            u16::from_be_bytes([c, d]),
+        )
+    };
+    let b6 = |b: &LocalBackend| LocalBackend6 {
+        ip: a6(0x244, b.ip),
+        port: b.port,
+    };
+    NodeService6 {
+        frontend: Frontend6 {
+            vip: a6(0xffff, s.frontend.vip),
+            protocol: s.frontend.protocol,
+            port: s.frontend.port,
+        },
+        backends: s.backends.iter().map(b6).collect(),
+        terminating: s.terminating.iter().map(b6).collect(),
+        source_ranges: s
+            .source_ranges
+            .iter()
+            .map(|r| ipnet::Ipv6Net::new(a6(0xaaaa, r.network), 96 + r.prefix_len).unwrap())
+            .collect(),
+        client_ip_affinity: s.client_ip_affinity,
+    }
+}
+
+/// [`dual_stack_state`] with IPv6 twins of its frontends and an IPv6 frontend of its own.
+fn dual_stack_services_state() -> NodeState {
+    let mut s = dual_stack_state();
+    s.services6 = s.services.iter().map(twin6).collect();
+    let mut own = NodeService6::new(
+        Frontend6 {
+            vip: "2001:db8:ffff::10".parse().unwrap(),
+            protocol: Protocol::Udp,
+            port: 53,
+        },
+        (1..=5)
+            .map(|i| LocalBackend6 {
+                ip: Ipv6Addr::new(0x2001, 0xdb8, 0x244, 1, 0, 0, 0, i),
+                port: 5353,
+            })
+            .collect(),
+    );
+    own.source_ranges = vec!["2001:db8:c11e::/48".parse().unwrap()];
+    s.services6.push(own);
+    s
+}
+
+#[test]
+fn ipv6_services_round_trip_beside_ipv4_ones_with_fresh_tables() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    let mut state = dual_stack_services_state();
+    w.publish(&state).unwrap();
+    let snap = NodeStateReader::open(&path).unwrap().snapshot().unwrap();
+    state.normalize();
+    assert_eq!(snap.state, state);
+    assert!(snap.state.services6.len() >= 3);
+    assert!(snap
+        .state
+        .services6
+        .iter()
+        .any(|s| !s.terminating.is_empty()));
+    assert!(snap
+        .state
+        .services6
+        .iter()
+        .any(|s| !s.source_ranges.is_empty()));
+    assert!(snap
+        .state
+        .services6
+        .iter()
+        .any(|s| s.client_ip_affinity.is_some()));
+    assert_tables_fresh(&snap, Capacity::default().maglev_size);
+    // The same backends in the other family own the same number of slots each.
+    for (i4, s4) in snap.state.services.iter().enumerate() {
+        let i6 = snap.service_index6(&twin6(s4).frontend).unwrap();
+        let count = |t: &[u16], n: usize| {
+            let mut c = vec![0usize; n];
+            t.iter()
+                .filter(|x| **x != maglev::NO_BACKEND)
+                .for_each(|x| c[usize::from(*x)] += 1);
+            c.sort_unstable();
+            c
+        };
+        let n = s4.backends.len();
+        assert_eq!(count(&snap.maglev[i4], n), count(&snap.maglev6[i6], n));
+    }
+    // Picks name Ready backends only, and spread over all of them.
+    let own = snap
+        .service_index6(&Frontend6 {
+            vip: "2001:db8:ffff::10".parse().unwrap(),
+            protocol: Protocol::Udp,
+            port: 53,
+        })
+        .unwrap();
+    let mut seen = std::collections::BTreeMap::new();
+    for h in 0..20_000u64 {
+        let b = snap
+            .pick6(own, h.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .unwrap();
+        *seen.entry(b).or_insert(0usize) += 1;
+    }
+    assert_eq!(seen.len(), 5);
+    assert!(
+        seen.values().all(|c| (3_400..4_600).contains(c)),
+        "{seen:?}"
+    );
+    let drained = snap
+        .state
+        .services6
+        .iter()
+        .position(|s| !s.terminating.is_empty() && !s.backends.is_empty())
+        .unwrap();
+    let only_draining = snap
+        .state
+        .services6
+        .iter()
+        .position(|s| !s.terminating.is_empty() && s.backends.is_empty())
+        .unwrap();
+    assert_eq!(snap.pick6(only_draining, 7), None);
+    for h in 0..1000 {
+        let b = snap.pick6(drained, h).unwrap();
+        assert!(snap.state.services6[drained].backends.contains(&b));
+    }
+    assert_eq!(snap.pick6(snap.state.services6.len(), 1), None);
+    // Taking the IPv6 services away republishes cleanly (no stale words).
+    state.services6.clear();
+    w.publish(&state).unwrap();
+    let snap = NodeStateReader::open(&path).unwrap().snapshot().unwrap();
+    assert_eq!(snap.state, state);
+    assert!(snap.maglev6.is_empty());
+}
+
+#[test]
+fn ipv6_services_grow_the_file_like_ipv4_ones() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let small = Capacity {
+        services6: 1,
+        backends6: 1,
+        source_ranges6: 1,
+        ..Capacity::default()
+    };
+    let mut w = NodeStateWriter::create(&path, small).unwrap();
+    let mut state = dual_stack_state();
+    state.services6 = vec![twin6(&state.services[1])];
+    state.services6[0].backends.truncate(1);
+    state.services6[0].terminating.clear();
+    w.publish(&state).unwrap();
+    assert_eq!(w.capacity(), small);
+    let mut r = NodeStateReader::open(&path).unwrap();
+    let len_before = std::fs::metadata(&path).unwrap().len();
+    let big = dual_stack_services_state();
+    w.publish(&big).unwrap();
+    let cap = w.capacity();
+    assert!(cap.services6 >= 3 && cap.backends6 >= 10 && cap.source_ranges6 >= 3);
+    assert_eq!(
+        (cap.services, cap.backends),
+        (small.services, small.backends)
+    );
+    assert!(std::fs::metadata(&path).unwrap().len() > len_before);
+    let snap = r.snapshot().unwrap();
+    let mut expect = big;
+    expect.normalize();
+    assert_eq!(snap.state, expect);
+    assert_eq!(r.capacity(), cap);
+}
+
+#[test]
+fn unrepresentable_ipv6_services_are_refused_with_a_clear_error_and_nothing_changes() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(
+        &path,
+        Capacity {
+            maglev_size: 7,
+            ..Capacity::default()
+        },
+    )
+    .unwrap();
+    let good = dual_stack_services_state();
+    let mut good_small = good.clone();
+    good_small.services6.pop();
+    let g = w.publish(&good_small).unwrap();
+    let with = |f: &dyn Fn(&mut NodeService6)| {
+        let mut s = good_small.clone();
+        f(&mut s.services6[0]);
+        s
+    };
+    let cases = [
+        (
+            with(&|s| s.frontend.vip = "::".parse().unwrap()),
+            "the VIP is the unspecified",
+        ),
+        (
+            with(&|s| s.frontend.vip = "::ffff:203.0.113.1".parse().unwrap()),
+            "the VIP is IPv4-mapped",
+        ),
+        (
+            with(&|s| s.terminating[0].ip = "::ffff:10.0.0.1".parse().unwrap()),
+            "backend [::ffff:10.0.0.1]:80 is IPv4-mapped",
+        ),
+        (
+            with(&|s| s.source_ranges = vec!["2001:db8::1/64".parse().unwrap()]),
+            "source range 2001:db8::1/64 is not a network",
+        ),
+        (
+            with(&|s| s.client_ip_affinity = Some(0)),
+            "a ClientIP affinity of 0 seconds",
+        ),
+        (
+            with(&|s| {
+                s.backends = (1..=7)
+                    .map(|i| LocalBackend6 {
+                        ip: Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, i),
+                        port: 80,
+                    })
+                    .collect()
+            }),
+            "7 local backends; at most 6 fit a Maglev table of 7",
+        ),
+    ];
+    for (bad, want) in cases {
+        let e = w.publish(&bad).unwrap_err();
+        assert!(matches!(e, ShmError::Unrepresentable(_)), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains(want), "{msg} (want {want:?})");
+        assert!(msg.contains("cannot be published: TCP/["), "{msg}");
+    }
+    let snap = NodeStateReader::open(&path).unwrap().snapshot().unwrap();
+    assert_eq!(snap.generation, g);
+}
+
+/// Layout-10 words where the comment says they are: a golden record.
+#[test]
+fn ipv6_service_records_sit_in_the_words_the_layout_names() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    let mut state = dual_stack_state();
+    let mut s6 = NodeService6::new(
+        Frontend6 {
+            vip: "2001:db8:ffff::10".parse().unwrap(),
+            protocol: Protocol::Tcp,
+            port: 443,
+        },
+        vec![LocalBackend6 {
+            ip: "2001:db8:244::5".parse().unwrap(),
+            port: 8443,
+        }],
+    );
+    s6.terminating = vec![LocalBackend6 {
+        ip: "2001:db8:244::9".parse().unwrap(),
+        port: 8443,
+    }];
+    s6.source_ranges = vec!["2001:db8:c11e::/48".parse().unwrap()];
+    s6.client_ip_affinity = Some(60);
+    state.services6 = vec![s6];
+    w.publish(&state).unwrap();
+    let (words, sec) = current_words(&path);
+    assert_eq!(words[16..24], [1, 2, 1, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        words[sec.services6..][..SERVICE6_WORDS],
+        [
+            0x2001_0db8,
+            0xffff_0000,
+            0,
+            0x10,
+            6 | (443 << 16),
+            0,
+            1,
+            1,
+            0,
+            1,
+            60,
+            0
+        ]
+    );
+    assert_eq!(
+        words[sec.backends6..][..2 * BACKEND6_WORDS],
+        [
+            0x2001_0db8,
+            0x0244_0000,
+            0,
+            5,
+            8443,
+            0x2001_0db8,
+            0x0244_0000,
+            0,
+            9,
+            8443 | BACKEND_TERMINATING
+        ]
+    );
+    assert_eq!(
+        words[sec.source_ranges6..][..SOURCE_RANGE6_WORDS],
+        [0x2001_0db8, 0xc11e_0000, 0, 0, 48]
+    );
+    let table = &words[sec.maglev6..][..Capacity::default().maglev_words()];
+    assert!(
+        table.iter().all(|w| *w == 0 || *w == 0xffff_0000),
+        "one backend: index 0 everywhere"
+    );
+    assert_eq!(node_name_at(&words), "node-a");
+}
+
+fn node_name_at(words: &[u32]) -> String {
+    get_name(&words[SLOT_HEADER_WORDS - NAME_BYTES / 4..SLOT_HEADER_WORDS]).unwrap()
+}
+
+/// IPv6 records a reader must refuse even under a valid checksum (each case names what
+/// is wrong): an IPv4-mapped or multicast address where an IPv6 one belongs, unknown
+/// protocol or flags, a backend range past the count, a terminating flag out of place,
+/// a source range with host bits, unsorted frontends, a Maglev slot past the Ready
+/// backends, spare words set.
+#[test]
+fn malformed_ipv6_service_records_are_refused_by_the_reader() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    let mut good = dual_stack_services_state();
+    w.publish(&good).unwrap();
+    good.normalize();
+    let (words, sec) = current_words(&path);
+    let cap = Capacity::default();
+    assert_eq!(decode(&words, &cap, 1).unwrap().state, good);
+    let s6_at = sec.services6;
+    let s6 = move |i: usize| s6_at + i * SERVICE6_WORDS;
+    let mapped = ipv6_words("::ffff:1.2.3.4".parse().unwrap());
+    type Poke = Box<dyn Fn(&mut Vec<u32>)>;
+    let cases: Vec<(Poke, &str)> = vec![
+        (
+            Box::new(move |w| w[s6(0)..s6(0) + 4].copy_from_slice(&mapped)),
+            "IPv6 service 0: VIP ::ffff:1.2.3.4 is IPv4-mapped",
+        ),
+        (
+            Box::new(move |w| w[s6(0)] = 0xff02_0000),
+            "is a multicast address",
+        ),
+        (
+            Box::new(move |w| w[s6(0) + 4] = (w[s6(0) + 4] & !0xff) | 132),
+            "unknown protocol 132",
+        ),
+        (
+            Box::new(move |w| w[s6(0) + 4] |= 1 << 8),
+            "unknown flags 0x100",
+        ),
+        (
+            Box::new(move |w| w[s6(1) + 11] = 1),
+            "IPv6 service 1: unknown flags 0x0 or spare word 0x1",
+        ),
+        (
+            Box::new(move |w| w[s6(2) + 6] = w[17] + 1),
+            "IPv6 service 2: backends out of range",
+        ),
+        (
+            Box::new(move |w| w[s6(0) + 5] = w[17]),
+            "IPv6 service 0: backends out of range",
+        ),
+        (
+            Box::new(move |w| w[sec.backends6 + 4] |= BACKEND_TERMINATING),
+            "backend 0 has inconsistent flags",
+        ),
+        (
+            Box::new(move |w| w[sec.backends6 + 4] |= 1 << 20),
+            "backend 0 has inconsistent flags",
+        ),
+        (
+            Box::new(move |w| w[sec.backends6..sec.backends6 + 4].copy_from_slice(&mapped)),
+            "backend 0: ::ffff:1.2.3.4 is IPv4-mapped",
+        ),
+        (
+            Box::new(move |w| w[sec.source_ranges6 + 3] = 1),
+            "is not a network",
+        ),
+        (
+            Box::new(move |w| w[sec.source_ranges6 + 4] = 129),
+            "/129 is not a network",
+        ),
+        (
+            Box::new(move |w| w[s6(0) + 9] = w[18] + 1),
+            "source ranges out of range",
+        ),
+        (
+            Box::new(move |w| w[s6(0) + 3] = 0xffff_ffff),
+            "IPv6 services 0 and 1 are not in ascending order",
+        ),
+        (
+            Box::new(move |w| w.copy_within(s6(0)..s6(0) + 5, s6(1))),
+            "not in ascending order",
+        ),
+        (
+            Box::new(move |w| w[sec.maglev6] = 0x0000_0007),
+            "IPv6 service 0: Maglev slot names a missing backend",
+        ),
+        (
+            Box::new(move |w| w[21] = 1),
+            "spare words 19-23 are not zero",
+        ),
+    ];
+    for (poke, want) in cases {
+        let mut bad = words.clone();
+        poke(&mut bad);
+        let e = decode(&bad, &cap, 1).unwrap_err();
+        assert!(e.contains(want), "{e} (want {want:?})");
+    }
+    // Through the reader, with the checksum resealed: a Corrupt error naming the record.
+    let mut bad = words.clone();
+    bad[s6(0)..s6(0) + 4].copy_from_slice(&mapped);
+    let e = ShmError::Corrupt(1, decode(&bad, &cap, 1).unwrap_err()).to_string();
+    assert!(
+        e.contains("table of generation 1 is corrupt: IPv6 service 0"),
+        "{e}"
+    );
+    // Counts past the capacity are refused before any record is read.
+    let mut bad = words.clone();
+    bad[16] = cap.services6 + 1;
+    assert!(used_ranges(&bad, &sec, &cap).is_none());
 }
