@@ -152,6 +152,8 @@ pub struct ServiceTable {
     /// What the agent published for redirects between nodes: this node's
     /// address and each VIP's peer nodes; the engine hands it to its redirector.
     redirects: Redirects,
+    /// The IPv6 frontends (issue #28; the engine takes them into its IPv6 path).
+    pub v6: crate::services6::Services6,
 }
 
 impl ServiceTable {
@@ -202,7 +204,10 @@ impl ServiceTable {
 
     /// Builds the table from a snapshot of the shared control state.
     pub fn from_snapshot(s: &juneau_control::shm::Snapshot) -> Self {
-        Self::new(s.generation, &s.state, &s.maglev)
+        let mut t = Self::new(s.generation, &s.state, &s.maglev);
+        t.v6 =
+            crate::services6::Services6::from_state(s.generation, &s.state.services6, &s.maglev6);
+        t
     }
 
     /// The low 32 bits of the generation (what flow records remember).

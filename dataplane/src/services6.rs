@@ -90,6 +90,73 @@ impl Services6 {
         }
     }
 
+    /// The IPv6 frontends of a node state with their Maglev tables (`maglev[i]` belongs
+    /// to `services[i]`, as in `juneau_control::shm::Snapshot::maglev6`).
+    pub fn from_state(
+        generation: u64,
+        services: &[juneau_control::model::NodeService6],
+        maglev: &[Vec<u16>],
+    ) -> Self {
+        let compiled = services
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let b6 = |b: &juneau_control::model::LocalBackend6| Backend6 {
+                    ip: b.ip.octets(),
+                    port: b.port,
+                };
+                let mut backends: Vec<Backend6> = s.backends.iter().map(b6).collect();
+                backends.dedup();
+                let ready = backends.len();
+                let mut draining: Vec<Backend6> = s
+                    .terminating
+                    .iter()
+                    .map(b6)
+                    .filter(|b| !backends[..ready].contains(b))
+                    .collect();
+                draining.sort();
+                draining.dedup();
+                backends.extend(draining);
+                Service6 {
+                    vip: s.frontend.vip.octets(),
+                    proto: s.frontend.protocol.number(),
+                    port: s.frontend.port,
+                    backends,
+                    ready,
+                    maglev: maglev.get(i).cloned().unwrap_or_default(),
+                    source_ranges: s
+                        .source_ranges
+                        .iter()
+                        .map(|r| (u128::from(r.network()), r.prefix_len()))
+                        .collect(),
+                    client_ip_affinity: s.client_ip_affinity.is_some(),
+                }
+            })
+            .collect();
+        Services6::new(generation, compiled)
+    }
+
+    /// The frontends as the steering program's `frontends6` map takes them.
+    pub fn frontends(&self) -> Vec<(std::net::Ipv6Addr, u8, u16)> {
+        self.services
+            .iter()
+            .map(|s| (s.vip.into(), s.proto, s.port))
+            .collect()
+    }
+
+    /// The IPv6 VIPs with a Ready backend here (what the node may announce).
+    pub fn serving_vips(&self) -> Vec<std::net::Ipv6Addr> {
+        let mut v: Vec<std::net::Ipv6Addr> = self
+            .services
+            .iter()
+            .filter(|s| s.ready > 0)
+            .map(|s| s.vip.into())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
     /// The state generation this table was built from.
     pub fn generation(&self) -> u64 {
         self.generation
@@ -119,6 +186,57 @@ impl Services6 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_states_ipv6_frontends_compile_with_draining_backends_after_ready_ones() {
+        use juneau_control::model::{Frontend6, LocalBackend6, NodeService6, Protocol};
+        let ip = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap();
+        let b = |s: &str| LocalBackend6 {
+            ip: ip(s),
+            port: 8080,
+        };
+        let mut s = NodeService6::new(
+            Frontend6 {
+                vip: ip("2001:db8::1"),
+                protocol: Protocol::Tcp,
+                port: 80,
+            },
+            vec![b("fd00::2"), b("fd00::3")],
+        );
+        s.terminating = vec![b("fd00::9"), b("fd00::2")];
+        s.source_ranges = vec!["2001:db8:9::/48".parse().unwrap()];
+        let empty = NodeService6::new(
+            Frontend6 {
+                vip: ip("2001:db8::2"),
+                protocol: Protocol::Udp,
+                port: 53,
+            },
+            vec![],
+        );
+        let t = Services6::from_state(7, &[s, empty], &[vec![0, 1, 0], vec![]]);
+        let svc = t
+            .service(t.find(ip("2001:db8::1").octets(), 6, 80).unwrap())
+            .unwrap();
+        assert_eq!(svc.ready, 2);
+        let order: Vec<_> = svc
+            .backends
+            .iter()
+            .map(|b| std::net::Ipv6Addr::from(b.ip))
+            .collect();
+        assert_eq!(order, vec![ip("fd00::2"), ip("fd00::3"), ip("fd00::9")]);
+        assert_eq!(
+            svc.source_ranges,
+            vec![(u128::from(ip("2001:db8:9::")), 48)]
+        );
+        assert_eq!(svc.pick(1).map(|b| b.ip), Some(ip("fd00::3").octets()));
+        assert_eq!(t.frontends().len(), 2);
+        assert_eq!(
+            t.serving_vips(),
+            vec![ip("2001:db8::1")],
+            "no Ready backend, not served"
+        );
+        assert_eq!(t.generation(), 7);
+    }
 
     #[test]
     fn source_ranges_match_by_prefix_and_an_empty_list_admits_all() {
