@@ -55,3 +55,5 @@ pub mod sched;
 pub mod segment;
 pub mod services;
 pub mod steering;
+
+pub use steering::{Flow6Key, Flows6};
