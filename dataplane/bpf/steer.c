@@ -18,10 +18,20 @@
 //   - on a Pod interface: IPv4 TCP/UDP packets that are the reply of a flow the
 //     dataplane holds (reverse key found in the shared flow table `flow_index` /
 //     `flow_records`), and ICMP errors quoting a packet of such a flow.
+//   - IPv6 (`steer6`, a subprogram of its own; issue #28, docs/ipv6-steering.md): on
+//     the uplink, TCP/UDP (directly after the fixed header) of a flow userspace holds
+//     (forward key in `flows6`), or to an exposed VIP:port (`frontends6`; new flows
+//     within the admission of their source /64), ICMPv6 errors quoting a packet from
+//     such a VIP:port, and any other next header to a VIP (`vips6`: extension headers,
+//     which userspace walks and counts); the rest to a VIP is dropped and counted as
+//     for IPv4. On a Pod interface: TCP/UDP whose key is in `flows6` (a held flow's
+//     reply), ICMPv6 errors whose quoted packet reversed is such a key, and the
+//     fragments of such a reply (`frag6_replies`). IPv6 source ranges are userspace's.
 // Everything else -- kubelet probes, Pod-to-Pod, a Pod's own outbound connections,
-// ARP, IPv6, BGP, SSH -- and any packet whose TTL would expire returns XDP_PASS.
+// ARP, ICMPv6 neighbour discovery (always), BGP, SSH -- and any packet whose TTL or
+// hop limit would expire returns XDP_PASS.
 //
-// Packets of established flows take a fast path here when userspace has published it
+// Packets of established IPv4 flows take a fast path here when userspace has published it
 // (map `fast_slots`, see `dataplane/src/fast.rs` and docs/dataplane.md "XDP fast path"):
 // a packet of an established TCP flow (no SYN/FIN/RST) or of a UDP flow, whose record was
 // checked against the service table the fast path was published for, is rewritten here
@@ -31,16 +41,18 @@
 // a reply, the client's next hop's) interface -- only to interfaces userspace found able
 // to take XDP frames. Anything else (new flows, state changes, an unresolved next hop, a
 // table being rewritten) goes to userspace as before, which stays the only writer of
-// records.
+// records. IPv6 never takes the fast path.
 //
 // A redirect to an empty AF_XDP slot (the dataplane process is down) drops the packet
 // and counts it (`to_userspace`, SD_NO_SOCKET): TCP retransmits until the process is back.
 //
-// The flow table is written by userspace only (through mmap); this program only reads
-// it. See docs/dataplane.md "Flow table" for the concurrency argument.
+// The flow table is written by userspace only (through mmap), `flows6` too (bpf()
+// calls); this program only reads them. See docs/dataplane.md "Flow table" for the
+// concurrency argument.
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/in.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -293,7 +305,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
-	__type(key, __u32); // source /24, network order
+	__type(key, __u32); // source /24, network order; an IPv6 source's /64, hashed
 	__type(value, struct admit_bucket);
 } admit_prefix SEC(".maps");
 
@@ -315,6 +327,75 @@ struct {
 	__type(key, struct frag_key);
 	__type(value, __u8);
 } frag_replies SEC(".maps");
+
+// ---- IPv6 maps (issue #28) ----
+
+// An IPv6 frontend (`frontends6`): VIP, port (both network order), protocol. Its value
+// has the `frontends` bits, but only FRONTEND_EXPOSED is used yet: userspace applies the
+// source ranges of IPv6 frontends, and none is host-network.
+struct frontend6_key {
+	__u8 addr[16];
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+// A key of an IPv6 flow as a packet of one direction holds it (`flows6`), network order:
+// the forward key (client -> VIP) and the reverse key (backend -> client) of each flow.
+struct flow6_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+// An IPv6 datagram a backend's reply was fragmented into: source, destination and the
+// Fragment header's identification (`frag6_replies`).
+struct frag6_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__be32 id;
+};
+
+_Static_assert(sizeof(struct frontend6_key) == FRONTEND6_KEY_BYTES, "struct frontend6_key");
+_Static_assert(sizeof(struct flow6_key) == FLOW6_KEY_BYTES, "struct flow6_key");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct frontend6_key);
+	__type(value, __u8); // FRONTEND_* bits
+} frontends6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u8[16]); // VIP, network order
+	__type(value, __u8);
+} vips6 SEC(".maps");
+
+// The IPv6 flows userspace holds (it alone writes them: each flow's two keys while it
+// lives), each key's value the number of the forwarding worker holding it. Sized at load
+// time (two keys per flow of `--flow-capacity`); not preallocated: its memory (~100 bytes
+// a key) follows the IPv6 flows there are, not the capacity.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 1);
+	__type(key, struct flow6_key);
+	__type(value, __u32);
+} flows6 SEC(".maps");
+
+// As `frag_replies`: fragmented replies of held IPv6 flows, their later fragments (which
+// carry no ports) follow the first to userspace.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct frag6_key);
+	__type(value, __u8);
+} frag6_replies SEC(".maps");
 
 static __always_inline struct frag_key frag_key_of(struct iphdr *ip)
 {
@@ -874,14 +955,14 @@ static __always_inline int uplink_fast(struct xdp_md *ctx, struct iphdr *ip, voi
 	return SLOW_PATH;
 }
 
-// Whether a packet of no flow from `saddr` may go to userspace (`admit_conf`).
-static __always_inline int admit_new_flow(__be32 saddr)
+// Whether a packet of no flow from the source prefix `prefix` (its `admit_prefix` key)
+// may go to userspace (`admit_conf`).
+static __always_inline int admit_prefix_key(__u32 prefix)
 {
 	__u32 zero = 0;
 	struct admit_conf *conf = bpf_map_lookup_elem(&admit_conf, &zero);
 	if (!conf || conf->rate == 0)
 		return 1;
-	__u32 prefix = saddr & bpf_htonl(0xffffff00);
 	__u64 now = bpf_ktime_get_ns();
 	__u64 full = conf->burst * 1000000000ULL;
 	struct admit_bucket *b = bpf_map_lookup_elem(&admit_prefix, &prefix);
@@ -904,6 +985,12 @@ static __always_inline int admit_new_flow(__be32 saddr)
 	}
 	b->tokens_ns = tokens - 1000000000ULL;
 	return 1;
+}
+
+// Whether a packet of no flow from `saddr` may go to userspace: its source /24's bucket.
+static __always_inline int admit_new_flow(__be32 saddr)
+{
+	return admit_prefix_key(saddr & bpf_htonl(0xffffff00));
 }
 
 // Whether one of the frontend's source ranges holds `saddr` (a frontend with
@@ -1080,6 +1167,191 @@ static __always_inline struct iface_conf *iface_conf_of(__u32 ifindex, int up)
 	return NULL;
 }
 
+// The AF_XDP socket (`xsks` index) of the packet's RX queue on an interface; none
+// (0xffffffff: what is ours is dropped) for a queue without one.
+static __always_inline __u32 socket_slot(struct xdp_md *ctx, struct iface_conf *conf)
+{
+	__u32 queue = ctx->rx_queue_index;
+	if (queue >= conf->queues)
+		return 0xffffffff;
+	return conf->slot_base + queue;
+}
+
+// ---- IPv6 (issue #28) ----
+
+#define NH_FRAGMENT 44
+#define NH_ICMPV6 58
+#define ICMP6_ND_FIRST 133 // router solicitation .. redirect: neighbour discovery
+#define ICMP6_ND_LAST 137
+
+// What an IPv6 rule returns for a packet that goes to the interface's AF_XDP socket
+// (looked up only then).
+#define TO_SOCKET6 -3
+
+// Destination unreachable, packet too big, time exceeded: the errors that quote a packet
+// of a flow.
+static __always_inline int icmp6_error(__u8 type)
+{
+	return type >= 1 && type <= 3;
+}
+
+// Whether userspace holds an IPv6 flow with this key (as the packet holds it).
+static __always_inline int held6(const void *src, const void *dst, __be16 sport,
+				 __be16 dport, __u8 proto)
+{
+	struct flow6_key k = {};
+	__builtin_memcpy(k.src, src, 16);
+	__builtin_memcpy(k.dst, dst, 16);
+	k.sport = sport;
+	k.dport = dport;
+	k.proto = proto;
+	return bpf_map_lookup_elem(&flows6, &k) != 0;
+}
+
+// Whether `addr:port/proto` is an exposed IPv6 frontend.
+static __always_inline int exposed6(const void *addr, __be16 port, __u8 proto)
+{
+	struct frontend6_key f = {};
+	__builtin_memcpy(f.addr, addr, 16);
+	f.port = port;
+	f.proto = proto;
+	return bpf_map_lookup_elem(&frontends6, &f) != 0;
+}
+
+// The new-flow admission of an IPv6 source: per /64 (a site's or subscriber's usual
+// prefix), its `admit_prefix` key a hash of the /64 whose last byte is never 0, so that
+// it never shares an IPv4 /24's bucket (whose key ends in 0).
+static __always_inline int admit_new_flow6(const void *saddr)
+{
+	__u64 hi;
+	__builtin_memcpy(&hi, saddr, 8);
+	__u64 h = hi * 0x9e3779b97f4a7c15ULL;
+	return admit_prefix_key((__u32)(h >> 32) | bpf_htonl(1));
+}
+
+// An ICMPv6 message to a VIP on the uplink: an error quoting a packet from an exposed
+// VIP:port goes to userspace; anything else is dropped here.
+static __always_inline int uplink_icmp6(__u8 *icmp, void *end)
+{
+	struct ipv6hdr *q = (void *)(icmp + 8);
+	if ((void *)(q + 1) + 4 > end || !icmp6_error(icmp[0]))
+		return count_drop(SD_UNSUPPORTED_PROTOCOL);
+	if (q->nexthdr != IPPROTO_TCP && q->nexthdr != IPPROTO_UDP)
+		return count_drop(SD_UNSUPPORTED_PROTOCOL);
+	__be16 *qports = (void *)(q + 1);
+	if (!exposed6(&q->saddr, qports[0], q->nexthdr))
+		return count_drop(SD_PORT_NOT_EXPOSED);
+	return TO_SOCKET6;
+}
+
+// The uplink's IPv6 rules: TCP/UDP of a held flow, or of no flow to an exposed VIP:port
+// (within the new-flow admission), goes to userspace; other TCP/UDP to a VIP is dropped;
+// ICMPv6 to a VIP as `uplink_icmp6`; any other next header to a VIP (extension headers)
+// goes to userspace, which walks them and counts what it does not forward.
+static __always_inline int uplink6(struct ipv6hdr *ip6, void *end)
+{
+	__u8 nh = ip6->nexthdr;
+	__u8 *l4 = (void *)(ip6 + 1);
+	if (nh == IPPROTO_TCP || nh == IPPROTO_UDP) {
+		__be16 *ports = (void *)l4;
+		if ((void *)(ports + 2) <= end) {
+			if (held6(&ip6->saddr, &ip6->daddr, ports[0], ports[1], nh))
+				return TO_SOCKET6;
+			if (exposed6(&ip6->daddr, ports[1], nh)) {
+				if (!admit_new_flow6(&ip6->saddr))
+					return count_drop(SD_NEW_FLOW_PREFIX_RATE);
+				return TO_SOCKET6;
+			}
+			if (bpf_map_lookup_elem(&vips6, &ip6->daddr))
+				return count_drop(SD_PORT_NOT_EXPOSED);
+			return XDP_PASS;
+		}
+	}
+	if (!bpf_map_lookup_elem(&vips6, &ip6->daddr))
+		return XDP_PASS;
+	if (nh != NH_ICMPV6 || (void *)(l4 + 8) > end)
+		return TO_SOCKET6; // counted by userspace if it cannot forward it
+	return uplink_icmp6(l4, end);
+}
+
+// A Pod interface's IPv6 packet with a Fragment header first: the first fragment of a
+// held flow's reply goes to userspace and is remembered (`frag6_replies`) if more
+// follow; a later fragment goes if its datagram was remembered.
+static __always_inline int pod_frag6(struct ipv6hdr *ip6, __u8 *fh, void *end)
+{
+	if ((void *)(fh + 8) > end)
+		return XDP_PASS;
+	struct frag6_key fk = {};
+	__builtin_memcpy(fk.src, &ip6->saddr, 16);
+	__builtin_memcpy(fk.dst, &ip6->daddr, 16);
+	__builtin_memcpy(&fk.id, fh + 4, 4);
+	__u16 offset_flags = bpf_ntohs(*(__be16 *)(fh + 2));
+	if (offset_flags >> 3)
+		return bpf_map_lookup_elem(&frag6_replies, &fk) ? TO_SOCKET6 : XDP_PASS;
+	__u8 nh = fh[0];
+	__be16 *ports = (void *)(fh + 8);
+	if ((nh != IPPROTO_TCP && nh != IPPROTO_UDP) || (void *)(ports + 2) > end)
+		return XDP_PASS;
+	if (!held6(&ip6->saddr, &ip6->daddr, ports[0], ports[1], nh))
+		return XDP_PASS;
+	if (offset_flags & 1) {
+		__u8 one = 1;
+		bpf_map_update_elem(&frag6_replies, &fk, &one, BPF_ANY);
+	}
+	return TO_SOCKET6;
+}
+
+// A Pod interface's IPv6 rules: a held flow's reply (TCP/UDP directly, or fragmented as
+// `pod_frag6`), and an ICMPv6 error about a packet of a held flow (client -> backend:
+// the quoted packet reversed is the flow's reverse key), go to userspace; the rest is
+// the Pod's own traffic.
+static __always_inline int pod6(struct ipv6hdr *ip6, void *end)
+{
+	__u8 nh = ip6->nexthdr;
+	__u8 *l4 = (void *)(ip6 + 1);
+	if (nh == IPPROTO_TCP || nh == IPPROTO_UDP) {
+		__be16 *ports = (void *)l4;
+		if ((void *)(ports + 2) > end)
+			return XDP_PASS;
+		return held6(&ip6->saddr, &ip6->daddr, ports[0], ports[1], nh) ? TO_SOCKET6
+									      : XDP_PASS;
+	}
+	if (nh == NH_FRAGMENT)
+		return pod_frag6(ip6, l4, end);
+	struct ipv6hdr *q = (void *)(l4 + 8);
+	if (nh != NH_ICMPV6 || (void *)(q + 1) + 4 > end || !icmp6_error(l4[0]))
+		return XDP_PASS;
+	if (q->nexthdr != IPPROTO_TCP && q->nexthdr != IPPROTO_UDP)
+		return XDP_PASS;
+	__be16 *qports = (void *)(q + 1);
+	return held6(&q->daddr, &q->saddr, qports[1], qports[0], q->nexthdr) ? TO_SOCKET6
+										 : XDP_PASS;
+}
+
+// An IPv6 packet (never fast-pathed). A subprogram of its own: the verifier walks it
+// once, apart from the IPv4 paths.
+static __noinline int steer6(struct xdp_md *ctx)
+{
+	void *end = (void *)(long)ctx->data_end;
+	struct ipv6hdr *ip6 = (void *)(long)ctx->data + sizeof(struct ethhdr);
+	if ((void *)(ip6 + 1) > end)
+		return XDP_PASS;
+	if (ip6->hop_limit <= 1)
+		return XDP_PASS; // the kernel answers with ICMPv6 time exceeded
+	__u8 *l4 = (void *)(ip6 + 1);
+	if (ip6->nexthdr == NH_ICMPV6 && (void *)(l4 + 1) <= end && l4[0] >= ICMP6_ND_FIRST &&
+	    l4[0] <= ICMP6_ND_LAST)
+		return XDP_PASS; // neighbour discovery is the kernel's, on every interface
+	int up = is_uplink(ctx->ingress_ifindex);
+	int r = up ? uplink6(ip6, end) : pod6(ip6, end);
+	if (r != TO_SOCKET6)
+		return r;
+	struct iface_conf *conf = iface_conf_of(ctx->ingress_ifindex, up);
+	if (!conf)
+		return XDP_PASS;
+	return to_userspace(socket_slot(ctx, conf));
+}
+
 SEC("xdp.frags")
 int juneau_steer(struct xdp_md *ctx)
 {
@@ -1089,7 +1361,7 @@ int juneau_steer(struct xdp_md *ctx)
 	if ((void *)(eth + 1) > end)
 		return XDP_PASS;
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
-		return XDP_PASS;
+		return eth->h_proto == bpf_htons(ETH_P_IPV6) ? steer6(ctx) : XDP_PASS;
 	struct iphdr *ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > end)
 		return XDP_PASS;
@@ -1106,10 +1378,7 @@ int juneau_steer(struct xdp_md *ctx)
 	struct iface_conf *conf = iface_conf_of(ctx->ingress_ifindex, up);
 	if (!conf)
 		return XDP_PASS;
-	__u32 queue = ctx->rx_queue_index;
-	__u32 slot = conf->slot_base + queue;
-	if (queue >= conf->queues)
-		slot = 0xffffffff; // no socket on this queue: what is ours is dropped
+	__u32 slot = socket_slot(ctx, conf);
 	if (up)
 		return uplink(ctx, ip, end, slot, flow);
 	return pod(ctx, ip, end, slot);

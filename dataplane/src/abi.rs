@@ -91,3 +91,8 @@ pub const FLOW_RECORD_BYTES: usize = 32;
 /// `struct fast_head`, `struct fast_egress`, `struct fast_slot`: one entry of
 /// `fast_slots` each.
 pub const FAST_ENTRY_BYTES: usize = 64;
+/// `struct frontend6_key`: an IPv6 VIP, port, protocol and a pad byte.
+pub const FRONTEND6_KEY_BYTES: usize = 16 + 2 + 1 + 1;
+/// `struct flow6_key`: an IPv6 flow's key in one direction (addresses, ports, protocol,
+/// three pad bytes).
+pub const FLOW6_KEY_BYTES: usize = 16 + 16 + 2 + 2 + 1 + 3;

@@ -58,3 +58,5 @@ pub mod segment;
 pub mod services;
 pub mod services6;
 pub mod steering;
+
+pub use steering::{Flow6Key, Flows6};

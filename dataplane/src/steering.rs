@@ -17,6 +17,14 @@
 //! `source_ranges` each such frontend's ranges, and `vips` every VIP address;
 //! [`Steering::sync`] applies the difference after each state change (adds first,
 //! removes after: a client both the old and the new ranges admit is never dropped).
+//!
+//! IPv6 ([`ipv6`]): `frontends6` and `vips6` follow the IPv6 frontends
+//! ([`Steering::sync6`]); `flows6`, pinned with the flow tables, holds the keys of the
+//! IPv6 flows userspace holds, written by the forwarding workers through [`Flows6`].
+
+mod ipv6;
+
+pub use ipv6::{Flow6Key, Flows6, Frontend6, MAX_FRONTENDS6};
 
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
@@ -45,7 +53,8 @@ use crate::abi::{
 };
 
 const BPF_F_MMAPABLE: u32 = 1 << 10;
-/// `BPF_F_NO_PREALLOC`: an LPM trie must be created with it.
+/// `BPF_F_NO_PREALLOC`: an LPM trie must be created with it; `flows6` is, so that its
+/// memory follows the IPv6 flows rather than the capacity.
 const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// Most peer nodes the steering program takes redirected packets from (`redirect_from`;
@@ -222,6 +231,11 @@ pub struct Steering {
     /// Each installed frontend with its `frontends` value.
     installed_frontends: HashMap<FrontendTuple, u8>,
     installed_ranges: HashSet<RangeEntry>,
+    vips6: BpfHashMap<MapData, [u8; 16], u8>,
+    frontends6: BpfHashMap<MapData, ipv6::Frontend6Key, u8>,
+    installed_vips6: HashSet<std::net::Ipv6Addr>,
+    installed_frontends6: HashSet<Frontend6>,
+    flows6: Flows6,
     links: HashMap<String, FdLink>,
     /// The mode each interface was attached in (`kept` when a pinned link was reused).
     pub modes: Vec<(String, &'static str)>,
@@ -256,13 +270,17 @@ fn expected_maps(
     records: u32,
     slots: u32,
     workers: u32,
-) -> [(&'static str, u32, u32, u32, u32); 16] {
+) -> [(&'static str, u32, u32, u32, u32); 19] {
     [
         ("xsks", 4, 4, 4096, 0),
         ("ifaces", 4, 12, 256, 0),
         ("uplinks", 4, 16 * MAX_UPLINKS as u32, 1, 0),
         ("vips", 4, 1, 65536, 0),
         ("frontends", 8, 1, 65536, 0),
+        ("vips6", 16, 1, 65536, 0),
+        ("frontends6", 20, 1, 65536, 0),
+        // Two keys per flow, allocated as they come.
+        ("flows6", 40, 4, 2 * records, BPF_F_NO_PREALLOC),
         ("source_ranges", 16, 1, 65536, BPF_F_NO_PREALLOC),
         ("flow_meta", 4, 64, workers, BPF_F_MMAPABLE),
         ("flow_index", 4, 8, slots, BPF_F_MMAPABLE),
@@ -370,7 +388,13 @@ fn load_and_pin_program(bpf: &mut Ebpf, pin_dir: &Path, pinned: bool, id: u64) -
 
 /// Maps whose contents are the flow tables (and the fast path's view of them): replaced
 /// together or not at all, and replacing them loses the previous run's flows.
-const FLOW_MAPS: [&str; 4] = ["flow_meta", "flow_index", "flow_records", "fast_slots"];
+const FLOW_MAPS: [&str; 5] = [
+    "flow_meta",
+    "flow_index",
+    "flow_records",
+    "fast_slots",
+    "flows6",
+];
 
 /// A pinned map this binary cannot reuse, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -660,7 +684,8 @@ impl Steering {
             .map_max_entries("flow_meta", workers)
             .map_max_entries("flow_index", slots)
             .map_max_entries("flow_records", records)
-            .map_max_entries("fast_slots", workers * crate::fast::STRIDE as u32);
+            .map_max_entries("fast_slots", workers * crate::fast::STRIDE as u32)
+            .map_max_entries("flows6", 2 * records);
         let names = expected_maps(records, slots, workers);
         let paths: Vec<(&str, PathBuf)> =
             names.iter().map(|(n, ..)| (*n, pin_dir.join(n))).collect();
@@ -712,6 +737,10 @@ impl Steering {
         // What a previous run installed stays until the first sync removes what is gone.
         let (installed_vips, installed_frontends, installed_ranges, installed_redirect_from) =
             installed_entries(&vips, &frontends, &source_ranges, &redirect_from)?;
+        let vips6 = take(&mut bpf, "vips6")?;
+        let frontends6 = take(&mut bpf, "frontends6")?;
+        let (installed_vips6, installed_frontends6) = ipv6::installed6(&vips6, &frontends6)?;
+        let flows6 = Flows6::new(take(&mut bpf, "flows6")?);
         let id = build_id(records, slots, workers);
         // A pinned program uses the pinned maps: reused only when every one was kept.
         let reused = if pinned && mismatches.is_empty() {
@@ -745,6 +774,11 @@ impl Steering {
             installed_vips,
             installed_frontends,
             installed_ranges,
+            vips6,
+            frontends6,
+            installed_vips6,
+            installed_frontends6,
+            flows6,
             links: HashMap::new(),
             modes: Vec::new(),
             redirect_listen: None,
@@ -1283,10 +1317,10 @@ mod tests {
     }
 
     /// A private bpffs, unmounted (pins and all) on drop.
-    struct Bpffs(tempfile::TempDir);
+    pub(super) struct Bpffs(pub(super) tempfile::TempDir);
 
     impl Bpffs {
-        fn new() -> Self {
+        pub(super) fn new() -> Self {
             let d = tempfile::tempdir().unwrap();
             let ok = std::process::Command::new("mount")
                 .args(["-t", "bpf", "bpf"])
@@ -1413,7 +1447,8 @@ mod tests {
                 "fast_slots",
                 "flow_index",
                 "flow_meta",
-                "flow_records"
+                "flow_records",
+                "flows6"
             ]
         );
     }
