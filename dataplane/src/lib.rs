@@ -59,4 +59,4 @@ pub mod services;
 pub mod services6;
 pub mod steering;
 
-pub use steering::{Flow6Key, Flows6};
+pub use steering::{Flow6MapKey, Flows6};

@@ -22,9 +22,9 @@
 //! ([`Steering::sync6`]); `flows6`, pinned with the flow tables, holds the keys of the
 //! IPv6 flows userspace holds, written by the forwarding workers through [`Flows6`].
 
-mod ipv6;
+pub mod ipv6;
 
-pub use ipv6::{Flow6Key, Flows6, Frontend6, MAX_FRONTENDS6};
+pub use ipv6::{Flow6MapKey, Flows6, Frontend6, MAX_FRONTENDS6};
 
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;

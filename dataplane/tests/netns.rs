@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,7 +28,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
+use juneau_control::model::{
+    Frontend, Frontend6, LocalBackend, LocalBackend6, NodeService, NodeService6, NodeState,
+    Protocol,
+};
 use juneau_control::shm::{Capacity, NodeStateWriter};
 use juneau_tests::daemon::json_sampled_after_now;
 use juneau_tests::frames::{
@@ -48,6 +51,87 @@ const CLOSED_PORT: u16 = 5999;
 
 fn pod_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 100, 2 + i as u8, 2)
+}
+
+/// A dual-stack lab's IPv6 addresses (issue #28): the VIP, the client, and Pod `i` (on
+/// the bridge's /64, the node `fd00:100:2::1`).
+const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x200, 0, 0, 0, 0, 0x10);
+const CLIENT_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 1, 0, 0, 0, 2);
+/// The IPv6 backends' ports (the IPv4 ones' servers bind 0.0.0.0 only).
+const HTTP_PORT6: u16 = 8081;
+const UDP_PORT6: u16 = 5354;
+
+fn pod_ip6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x100, 2, 0, 0, 0, 0, 2 + i as u16)
+}
+
+/// An IPv6 frontend of the dual-stack lab on the Pods `pods`.
+fn service6(protocol: Protocol, port: u16, target: u16, pods: &[usize]) -> NodeService6 {
+    NodeService6 {
+        frontend: Frontend6 {
+            vip: VIP6,
+            protocol,
+            port,
+        },
+        backends: pods
+            .iter()
+            .map(|&i| LocalBackend6 {
+                ip: pod_ip6(i),
+                port: target,
+            })
+            .collect(),
+        terminating: Vec::new(),
+        source_ranges: Vec::new(),
+        client_ip_affinity: None,
+    }
+}
+
+/// The node state of a dual-stack lab: the IPv4 frontends and their IPv6 twins.
+fn dual_stack_state(pods: &[usize]) -> NodeState {
+    NodeState {
+        services6: vec![
+            service6(Protocol::Tcp, 80, HTTP_PORT6, pods),
+            service6(Protocol::Udp, 53, UDP_PORT6, pods),
+        ],
+        ..node_state(pods)
+    }
+}
+
+/// Adds an IPv6 address without duplicate address detection (usable at once).
+fn addr6(ns: &Netns, ifname: &str, cidr: &str) -> Result<()> {
+    ns.exec(&["ip", "-6", "addr", "add", cidr, "dev", ifname, "nodad"])?;
+    Ok(())
+}
+
+/// IPv6 on every link of a bridged lab: `2001:db8:100:1::/64` between client and node,
+/// `fd00:100:2::/64` on the bridge; the client routes the VIPs' /64 via the node, each
+/// Pod its default route via the bridge.
+fn wire_ipv6(client: &Netns, node: &Netns, pods: &[Netns]) -> Result<()> {
+    addr6(node, "up0", "2001:db8:100:1::1/64")?;
+    addr6(client, "eth0", &format!("{CLIENT_IP6}/64"))?;
+    client.exec(&[
+        "ip",
+        "-6",
+        "route",
+        "add",
+        "2001:db8:200::/64",
+        "via",
+        "2001:db8:100:1::1",
+    ])?;
+    addr6(node, "br0", "fd00:100:2::1/64")?;
+    for (i, pod) in pods.iter().enumerate() {
+        addr6(pod, "eth0", &format!("{}/64", pod_ip6(i)))?;
+        pod.exec(&[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            "fd00:100:2::1",
+        ])?;
+    }
+    Ok(())
 }
 
 /// A backend Pod: HTTP on 8080 and UDP echo on 5353, answering `<name> saw <peer>`.
@@ -182,7 +266,7 @@ impl Lab {
         routes: bool,
         extra: &[&str],
     ) -> Result<Self> {
-        Self::build_full(tag, queues, 1, bridge, routes, extra)
+        Self::build_full(tag, queues, 1, bridge, routes, false, extra)
     }
 
     /// `workers` forwarding workers over an uplink and Pod veths of `workers` queues
@@ -191,15 +275,23 @@ impl Lab {
         let n = workers.to_string();
         let mut argv = vec!["--workers", n.as_str()];
         argv.extend_from_slice(extra);
-        Self::build_full(tag, workers, workers, false, false, &argv)
+        Self::build_full(tag, workers, workers, false, false, false, &argv)
     }
 
+    /// A bridged lab with IPv6 beside IPv4 on every link, IPv6 servers in the Pods, and
+    /// the IPv6 twins of the frontends in the node state ([`dual_stack_state`]).
+    fn dual_stack(tag: &str) -> Result<Self> {
+        Self::build_full(tag, 1, 1, true, false, true, &[])
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn build_full(
         tag: &str,
         queues: u32,
         pod_queues: u32,
         bridge: bool,
         routes: bool,
+        v6: bool,
         extra: &[&str],
     ) -> Result<Self> {
         require_root()?;
@@ -229,14 +321,29 @@ impl Lab {
         for (i, pod) in pods.iter().enumerate() {
             wire_pod(&node, pod, i, bridge, pod_queues)?;
         }
-        let backends = vec![
+        let mut backends = vec![
             start_backend(pods[0].name(), "pod0")?,
             start_backend(pods[1].name(), "pod1")?,
         ];
+        if v6 {
+            wire_ipv6(&client, &node, &pods)?;
+            for (i, pod) in pods.iter().enumerate() {
+                backends.push(TestBackend::start(
+                    pod.name(),
+                    &format!("pod{i}"),
+                    SocketAddr::from((Ipv6Addr::UNSPECIFIED, HTTP_PORT6)),
+                    Some(SocketAddr::from((Ipv6Addr::UNSPECIFIED, UDP_PORT6))),
+                )?);
+            }
+        }
         let dir = tempfile::tempdir()?;
         let state_path = dir.path().join("node-a.state");
         let mut writer = NodeStateWriter::create(&state_path, Capacity::default())?;
-        writer.publish(&node_state(&[0, 1]))?;
+        writer.publish(&if v6 {
+            dual_stack_state(&[0, 1])
+        } else {
+            node_state(&[0, 1])
+        })?;
         let stats = dir.path().join("stats.json");
         let log = dir.path().join("dataplane.log");
         let bpffs = BpfMount::new(dir.path().join("bpf"))?;
@@ -656,6 +763,74 @@ fn curl(ns: &Netns, url: &str) -> Result<(String, String)> {
 
 fn pod_of(body: &str) -> Option<usize> {
     body.strip_prefix("pod")?.split(' ').next()?.parse().ok()
+}
+
+/// IPv6 end to end (issue #28): TCP and UDP to the IPv6 VIP are DNATed to the Pods'
+/// IPv6 addresses and answered from the VIP, the Pods see the client's own address, and
+/// 4 MiB go each way with the Pods' offloads on (their super-segments cut for the
+/// uplink); the IPv4 frontends keep working beside them.
+#[test]
+fn ipv6_through_the_vip_keeps_the_client_address_and_carries_4mib_both_ways() -> Result<()> {
+    let lab = Lab::dual_stack("dp6")?;
+    let base = format!("http://[{VIP6}]");
+    let (body, remote) = curl(&lab.client, &format!("{base}/"))?;
+    assert_eq!(remote, format!("{VIP6}:80"), "the client talks to VIP:port");
+    assert!(
+        body.contains(&format!("saw [{CLIENT_IP6}]:")),
+        "the backend saw the client's own IPv6 address: {body}"
+    );
+    let big = pattern(4 << 20);
+    download(
+        lab.client.name(),
+        &format!("{base}/bytes/{}", big.len()),
+        &big,
+        30,
+    )?;
+    upload(lab.client.name(), &format!("{base}/upload"), &big, 30)?;
+
+    let (from, reply) = in_ns(lab.client.name(), || -> Result<(SocketAddr, String)> {
+        let s = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0))?;
+        s.set_read_timeout(Some(Duration::from_secs(1)))?;
+        let mut buf = [0u8; 2048];
+        for _ in 0..10 {
+            s.send_to(b"ping6", (VIP6, 53))?;
+            if let Ok((n, from)) = s.recv_from(&mut buf) {
+                return Ok((from, String::from_utf8_lossy(&buf[..n]).to_string()));
+            }
+        }
+        bail!("no UDP reply from the IPv6 VIP")
+    })?;
+    assert_eq!(from, SocketAddr::from((VIP6, 53)), "UDP reply source");
+    assert!(
+        reply.contains(&format!("saw [{CLIENT_IP6}]:")) && reply.ends_with("ping6"),
+        "{reply}"
+    );
+    // IPv4 beside it.
+    let (body, _) = curl(&lab.client, "http://10.200.0.10/")?;
+    assert!(body.contains(&format!("saw {CLIENT_IP}:")), "{body}");
+
+    let s = lab.fresh_stats()?;
+    let v6 = s["services"]
+        .as_array()
+        .context("services")?
+        .iter()
+        .find(|x| x["vip"] == VIP6.to_string() && x["protocol"] == "TCP")
+        .with_context(|| format!("no IPv6 service in the stats: {s}"))?;
+    assert!(v6["new_flows"].as_u64().unwrap_or(0) >= 3, "{v6}");
+    assert!(
+        s["segmented"].as_u64().unwrap_or(0) > 0,
+        "the Pods' IPv6 super-segments were cut for the uplink: {s}"
+    );
+    for reason in [
+        "malformed",
+        "ipv6_extension_header",
+        "flow_not_published",
+        "no_flow",
+        "too_big",
+    ] {
+        assert_eq!(s["drops"][reason].as_u64(), Some(0), "{reason}: {s}");
+    }
+    lab.finish()
 }
 
 #[test]

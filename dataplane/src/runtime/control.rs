@@ -52,10 +52,12 @@ pub(super) struct Control {
     pub seen_generation: u64,
     status: DataplaneStatusWriter,
     /// VIPs steered to us with a backend for new flows: what juneau-bgp may announce.
-    programmed: Vec<std::net::Ipv4Addr>,
+    programmed: Vec<std::net::IpAddr>,
     last_beat: Instant,
     /// Backend addresses of the table last read, in force or held (to spot new ones).
     known_backends: std::collections::HashSet<u32>,
+    /// IPv6 backend addresses of the table last read.
+    known_backends6: std::collections::HashSet<[u8; 16]>,
     /// Redirect peers of the table last read (to spot new ones).
     known_peers: Vec<u32>,
     /// A table waiting for its new backends' next hops (see [`Held`]).
@@ -105,6 +107,8 @@ struct Held {
     /// Backend addresses (and new redirect peers) whose next hop must be found first; a
     /// replacing table carries over only the backends (the peers stay resolved ahead).
     waiting: Vec<u32>,
+    /// New IPv6 backends whose next hop must be found first (neighbour discovery).
+    waiting6: Vec<[u8; 16]>,
     /// The snapshot version `waiting` was last checked against (checked again only
     /// when the resolver publishes a new one).
     checked: u64,
@@ -140,7 +144,8 @@ impl Held {
         if refreshed {
             self.checked = current;
         }
-        let resolved = self.waiting.is_empty() || refreshed && all_found(&self.waiting);
+        let nothing = self.waiting.is_empty() && self.waiting6.is_empty();
+        let resolved = nothing || refreshed && all_found(&self.waiting);
         let waited = now.saturating_duration_since(self.since);
         if resolved || waited >= HOLD_MAX {
             HoldVerdict::Install { resolved, waited }
@@ -166,6 +171,7 @@ impl Control {
             programmed: Vec::new(),
             last_beat: Instant::now(),
             known_backends: Default::default(),
+            known_backends6: Default::default(),
             known_peers: Vec::new(),
             held: None,
             reverify_pushed: 0,
@@ -223,10 +229,14 @@ impl Control {
             return;
         };
         let found = |nb: &Neighbours, ip: u32| matches!(nb.resolve(ip), Resolve::Found { .. });
+        let found6 = |nb: &Neighbours, ip: [u8; 16]| {
+            matches!(nb.resolve6(ip), crate::neigh::Resolve6::Found { .. })
+        };
         let reverified = ctx.shared.reverified.load(Ordering::Acquire);
+        let waiting6 = h.waiting6.clone();
         let verdict = h.verdict(now, reverified, ctx.shared.version(), |waiting| {
             let nb = ctx.shared.get();
-            waiting.iter().all(|ip| found(&nb, *ip))
+            waiting.iter().all(|ip| found(&nb, *ip)) && waiting6.iter().all(|ip| found6(&nb, *ip))
         });
         let HoldVerdict::Install { resolved, waited } = verdict else {
             return;
@@ -248,6 +258,21 @@ impl Control {
             );
         }
         self.apply(h.table, h.generation, steering, ctx);
+    }
+
+    /// The IPv6 frontends into the steering maps; the programmed IPv6 VIPs follow (only
+    /// those with a Ready backend here, as for IPv4).
+    fn sync6(&mut self, table: &ServiceTable, steering: &mut Steering) {
+        let vips6 = table.v6.serving_vips();
+        self.programmed.retain(|v| v.is_ipv4());
+        match steering.sync6(&table.v6.frontends()) {
+            Ok(()) => self
+                .programmed
+                .extend(vips6.into_iter().map(std::net::IpAddr::from)),
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "updating the IPv6 steering maps failed; no IPv6 VIP is announced from this node")
+            }
+        }
     }
 
     /// A new node state read: the resolver starts on its backends at once; the table is
@@ -272,6 +297,7 @@ impl Control {
             b.store(Arc::new(ips));
             let _ = ctx.miss_tx.try_send(crate::netlink::REFRESH);
         }
+        let waiting6 = self.resolve_backends6(&table, ctx);
         let mut waiting = self.resolve_backends(&table, ctx);
         waiting.extend(self.resolve_peers(cfg, &table, ctx));
         // A table replacing a held one still waits for the held one's new backends it
@@ -295,6 +321,7 @@ impl Control {
             reverify_target: self.reverify_pushed,
             version: None,
             waiting,
+            waiting6,
             checked: 0,
         });
     }
@@ -333,16 +360,19 @@ impl Control {
                 .collect();
             vips.retain(|v| !host_only.contains(v));
         }
+        let vips: Vec<std::net::IpAddr> = vips.into_iter().map(Into::into).collect();
         if let Err(e) = steering.sync(&table) {
             // E.g. more VIPs than the map holds: keep forwarding what is steered rather
             // than stop serving every VIP.
             tracing::error!(error = %e, "updating the steering maps failed; some VIPs may not be steered");
             // Only VIPs steered before and still wanted are surely in the map: announce
             // no other.
-            self.programmed.retain(|v| vips.contains(v));
+            self.programmed.retain(|v| v.is_ipv6() || vips.contains(v));
         } else {
-            self.programmed = vips;
+            self.programmed.retain(|v| v.is_ipv6());
+            self.programmed.extend(vips);
         }
+        self.sync6(&table, steering);
         tracing::info!(
             generation,
             services = table.services().len(),
@@ -452,6 +482,29 @@ impl Control {
         waiting.into_iter().collect()
     }
 
+    /// Asks the resolver for the next hops of IPv6 backends it cannot resolve yet (so
+    /// neighbour discovery starts before their first packet); returns the new ones among
+    /// them, which the table waits for like new IPv4 backends. (IPv4's re-verification of
+    /// a reused address is not done for IPv6 yet.)
+    fn resolve_backends6(&mut self, table: &ServiceTable, ctx: &ControlCtx<'_>) -> Vec<[u8; 16]> {
+        let nb = ctx.shared.get();
+        let mut waiting = Vec::new();
+        let mut now_backends = std::collections::HashSet::new();
+        for b in table.v6.services().iter().flat_map(|s| &s.backends) {
+            now_backends.insert(b.ip);
+            if let crate::neigh::Resolve6::Miss { ip, ifindex } = nb.resolve6(b.ip) {
+                let _ = ctx
+                    .miss_tx
+                    .try_send((std::net::Ipv6Addr::from(ip).into(), ifindex));
+                if !self.known_backends6.contains(&b.ip) && !waiting.contains(&b.ip) {
+                    waiting.push(b.ip);
+                }
+            }
+        }
+        self.known_backends6 = now_backends;
+        waiting
+    }
+
     /// Keeps the redirect peers' next hops resolved ahead of the first redirect (an ECMP
     /// change sends a node connections it must redirect at once; each first packet
     /// dropped as `no_neighbour` costs a retransmission). Returns the new peers whose
@@ -538,6 +591,7 @@ mod tests {
             reverify_target: 10,
             version: None,
             waiting: waiting.to_vec(),
+            waiting6: Vec::new(),
             checked: 0,
         }
     }

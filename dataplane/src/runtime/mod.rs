@@ -391,7 +391,7 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
         tracing::info!(iface = %name, mode, "XDP steering attached");
     }
     let mut built = build_workers(&cfg, &layout, tables, &umems, &mut steering, workers)?;
-    built[0].engine.counters_mut().flows_restored = flows_restored;
+    built[0].engine.counters_mut().flows_restored += flows_restored;
     if cfg.xdp_fast_path {
         for (b, part) in built.iter_mut().zip(fast_parts) {
             b.engine.set_xdp_fast_path(part);
@@ -733,6 +733,7 @@ fn build_workers<'u>(
 ) -> Result<Vec<Built<'u>>> {
     let sock_cfg = socket_config(cfg)?;
     let mut out = Vec::new();
+    let mut keys6 = previous_ipv6_keys(steering, workers);
     for (w, (table, (umem, descs))) in tables.into_iter().zip(umems).enumerate() {
         let mut factory = SocketFactory {
             umem,
@@ -746,6 +747,12 @@ fn build_workers<'u>(
             ports.extend(factory.open(si, *side, cfg.ring_size, steering, mine)?);
         }
         let mut engine = Engine::with_flows(cfg.engine, table);
+        adopt_ipv6_flows(
+            &mut engine,
+            steering,
+            w as u32,
+            std::mem::take(&mut keys6[w]),
+        );
         if let Some(r) = &cfg.redirect {
             engine.set_redirect(crate::redirect::Redirector::new(r.clone()));
         }
@@ -757,6 +764,61 @@ fn build_workers<'u>(
         });
     }
     Ok(out)
+}
+
+/// The IPv6 flow keys a previous run left in the steering map, by worker (a key of a
+/// worker this run does not have goes to worker `w % workers`).
+fn previous_ipv6_keys(steering: &Steering, workers: u32) -> Vec<Vec<crate::flow6::Flow6Key>> {
+    let mut keys = vec![Vec::new(); workers.max(1) as usize];
+    match steering.flows6().entries() {
+        Ok(entries) => {
+            for (k, w) in entries {
+                keys[(w % workers.max(1)) as usize].push(crate::steering::ipv6::flow_key(&k));
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "reading the previous run's IPv6 flows failed; they are lost")
+        }
+    }
+    keys
+}
+
+/// Worker `w`'s IPv6 flow table: the previous run's flows it held rebuilt (keys that
+/// pair with none withdrawn), then every key it adds or ends mirrored into the map.
+fn adopt_ipv6_flows(
+    engine: &mut Engine,
+    steering: &Steering,
+    w: u32,
+    keys: Vec<crate::flow6::Flow6Key>,
+) {
+    let now = crate::region::monotonic_ms();
+    let table = engine.flows6_mut();
+    let restored = table.restore(&keys, |ip| steering.is_vip6(ip), now);
+    let restored_count = restored as u64;
+    for k in &keys {
+        if table.lookup(k, now).is_none() {
+            let _ = steering.flows6().remove(&crate::steering::Flow6MapKey::new(
+                k.src.into(),
+                k.dst.into(),
+                k.src_port,
+                k.dst_port,
+                k.proto,
+            ));
+        }
+    }
+    if !keys.is_empty() {
+        tracing::info!(
+            worker = w,
+            restored,
+            keys = keys.len(),
+            "IPv6 flows of the previous run"
+        );
+    }
+    table.set_mirror(Box::new(crate::steering::ipv6::Flows6Mirror::new(
+        steering.flows6().clone(),
+        w,
+    )));
+    engine.counters_mut().flows_restored += restored_count;
 }
 
 /// Every worker on a thread of its own, the node thread's loop on this one; returns

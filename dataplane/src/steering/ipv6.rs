@@ -62,7 +62,7 @@ impl Frontend6Key {
 /// key (backend -> client).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(C)]
-pub struct Flow6Key {
+pub struct Flow6MapKey {
     /// Source address.
     pub src: [u8; 16],
     /// Destination address.
@@ -79,13 +79,13 @@ pub struct Flow6Key {
 
 // SAFETY: `repr(C)` byte arrays and a byte, 40 bytes without padding, matching
 // `struct flow6_key`.
-unsafe impl aya::Pod for Flow6Key {}
-const _: () = assert!(std::mem::size_of::<Flow6Key>() == FLOW6_KEY_BYTES);
+unsafe impl aya::Pod for Flow6MapKey {}
+const _: () = assert!(std::mem::size_of::<Flow6MapKey>() == FLOW6_KEY_BYTES);
 
-impl Flow6Key {
+impl Flow6MapKey {
     /// The key of a packet from `src:sport` to `dst:dport` (ports in host order).
     pub fn new(src: Ipv6Addr, dst: Ipv6Addr, sport: u16, dport: u16, proto: u8) -> Self {
-        Flow6Key {
+        Flow6MapKey {
             src: src.octets(),
             dst: dst.octets(),
             sport: sport.to_be_bytes(),
@@ -115,13 +115,13 @@ struct MapElemAttr {
 fn map_elem(
     cmd: libc::c_long,
     fd: BorrowedFd<'_>,
-    key: &Flow6Key,
+    key: &Flow6MapKey,
     value: u64,
 ) -> std::io::Result<()> {
     let attr = MapElemAttr {
         map_fd: fd.as_raw_fd() as u32,
         pad: 0,
-        key: key as *const Flow6Key as u64,
+        key: key as *const Flow6MapKey as u64,
         value,
         flags: 0, // BPF_ANY
     };
@@ -148,7 +148,7 @@ fn map_elem(
 /// takes its own per-bucket locks), one per new or ended IPv6 flow, never per packet.
 #[derive(Debug, Clone)]
 pub struct Flows6 {
-    map: Arc<BpfHashMap<MapData, Flow6Key, u32>>,
+    map: Arc<BpfHashMap<MapData, Flow6MapKey, u32>>,
 }
 
 const _: () = {
@@ -157,7 +157,7 @@ const _: () = {
 };
 
 impl Flows6 {
-    pub(super) fn new(map: BpfHashMap<MapData, Flow6Key, u32>) -> Self {
+    pub(super) fn new(map: BpfHashMap<MapData, Flow6MapKey, u32>) -> Self {
         Flows6 { map: Arc::new(map) }
     }
 
@@ -167,7 +167,7 @@ impl Flows6 {
 
     /// Records that forwarding worker `worker` holds the flow of packets with `key`
     /// (replacing what it held).
-    pub fn insert(&self, key: &Flow6Key, worker: u32) -> Result<()> {
+    pub fn insert(&self, key: &Flow6MapKey, worker: u32) -> Result<()> {
         map_elem(
             BPF_MAP_UPDATE_ELEM,
             self.fd(),
@@ -185,7 +185,7 @@ impl Flows6 {
     }
 
     /// Forgets `key` (a key not held is no error).
-    pub fn remove(&self, key: &Flow6Key) -> Result<()> {
+    pub fn remove(&self, key: &Flow6MapKey) -> Result<()> {
         match map_elem(BPF_MAP_DELETE_ELEM, self.fd(), key, 0) {
             Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
                 Err(e).with_context(|| format!("removing IPv6 flow key {}", describe(key)))
@@ -195,7 +195,7 @@ impl Flows6 {
     }
 
     /// Every key held, with its worker (for a restarted dataplane).
-    pub fn entries(&self) -> Result<Vec<(Flow6Key, u32)>> {
+    pub fn entries(&self) -> Result<Vec<(Flow6MapKey, u32)>> {
         self.map
             .iter()
             .map(|e| e.context("reading flows6"))
@@ -208,8 +208,65 @@ impl Flows6 {
     }
 }
 
+/// One forwarding worker's IPv6 flow table publishing its keys into `flows6`
+/// ([`crate::flow6::Flow6Mirror`]). A refused key is logged (the first one, then every
+/// 1000th) and the flow is not created: the engine counts it as `flow_not_published`.
+#[derive(Debug)]
+pub struct Flows6Mirror {
+    flows: Flows6,
+    worker: u32,
+    refused: u64,
+}
+
+impl Flows6Mirror {
+    /// The mirror of worker `worker`'s table.
+    pub fn new(flows: Flows6, worker: u32) -> Self {
+        Flows6Mirror {
+            flows,
+            worker,
+            refused: 0,
+        }
+    }
+}
+
+fn map_key(k: &crate::flow6::Flow6Key) -> Flow6MapKey {
+    Flow6MapKey::new(k.src.into(), k.dst.into(), k.src_port, k.dst_port, k.proto)
+}
+
+/// The engine's form of a map key.
+pub fn flow_key(k: &Flow6MapKey) -> crate::flow6::Flow6Key {
+    crate::flow6::Flow6Key {
+        src: k.src,
+        dst: k.dst,
+        src_port: u16::from_be_bytes(k.sport),
+        dst_port: u16::from_be_bytes(k.dport),
+        proto: k.proto,
+    }
+}
+
+impl crate::flow6::Flow6Mirror for Flows6Mirror {
+    fn publish(&mut self, key: &crate::flow6::Flow6Key) -> bool {
+        match self.flows.insert(&map_key(key), self.worker) {
+            Ok(()) => true,
+            Err(e) => {
+                if self.refused.is_multiple_of(1000) {
+                    tracing::warn!(error = %format!("{e:#}"), refused = self.refused + 1, "an IPv6 flow's key was refused by the steering map; the flow is not created");
+                }
+                self.refused += 1;
+                false
+            }
+        }
+    }
+
+    fn withdraw(&mut self, key: &crate::flow6::Flow6Key) {
+        if let Err(e) = self.flows.remove(&map_key(key)) {
+            tracing::warn!(error = %format!("{e:#}"), "removing an ended IPv6 flow's key failed");
+        }
+    }
+}
+
 /// A key as an operator reads it: `[src]:sport -> [dst]:dport/proto`.
-fn describe(k: &Flow6Key) -> String {
+fn describe(k: &Flow6MapKey) -> String {
     format!(
         "[{}]:{} -> [{}]:{}/{}",
         Ipv6Addr::from(k.src),
@@ -300,6 +357,11 @@ impl Steering {
     /// through (clone it for each).
     pub fn flows6(&self) -> &Flows6 {
         &self.flows6
+    }
+
+    /// Whether `vip` is an IPv6 VIP the steering maps hold (at start: a previous run's).
+    pub fn is_vip6(&self, vip: &[u8; 16]) -> bool {
+        self.installed_vips6.contains(&Ipv6Addr::from(*vip))
     }
 }
 

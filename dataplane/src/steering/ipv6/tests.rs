@@ -284,7 +284,7 @@ fn a_held_flow_reaches_userspace_after_its_frontend_is_gone() {
     role(&mut st, true);
     st.sync6(&[(VIP, IPPROTO_TCP, 443)]).unwrap();
     let flows = st.flows6().clone();
-    let fwd = Flow6Key::new(CLIENT, VIP, 40000, 443, IPPROTO_TCP);
+    let fwd = Flow6MapKey::new(CLIENT, VIP, 40000, 443, IPPROTO_TCP);
     flows.insert(&fwd, 0).unwrap();
     st.sync6(&[]).unwrap();
     let packet = syn(CLIENT, VIP, 40000, 443);
@@ -311,7 +311,7 @@ fn new_flows_are_admitted_per_source_slash_64_and_held_flows_never_wait() {
     );
     assert_eq!(run(&st, &syn(other_64, VIP, 40000, 443)), Seen::Userspace);
     st.flows6()
-        .insert(&Flow6Key::new(same_64, VIP, 40001, 443, IPPROTO_TCP), 0)
+        .insert(&Flow6MapKey::new(same_64, VIP, 40001, 443, IPPROTO_TCP), 0)
         .unwrap();
     assert_eq!(run(&st, &syn(same_64, VIP, 40001, 443)), Seen::Userspace);
 }
@@ -323,10 +323,13 @@ fn a_pod_interface_takes_replies_and_errors_of_held_flows_only() {
     let flows = st.flows6().clone();
     // The flow client -> VIP:443, DNATed to the backend's 8443.
     flows
-        .insert(&Flow6Key::new(CLIENT, VIP, 40000, 443, IPPROTO_TCP), 0)
+        .insert(&Flow6MapKey::new(CLIENT, VIP, 40000, 443, IPPROTO_TCP), 0)
         .unwrap();
     flows
-        .insert(&Flow6Key::new(BACKEND, CLIENT, 8443, 40000, IPPROTO_TCP), 0)
+        .insert(
+            &Flow6MapKey::new(BACKEND, CLIENT, 8443, 40000, IPPROTO_TCP),
+            0,
+        )
         .unwrap();
     let reply = syn(BACKEND, CLIENT, 8443, 40000);
     assert_eq!(run(&st, &reply), Seen::Userspace);
@@ -358,7 +361,10 @@ fn a_fragmented_reply_of_a_held_flow_reaches_userspace_whole() {
     let (_d, mut st) = loaded();
     role(&mut st, false);
     st.flows6()
-        .insert(&Flow6Key::new(BACKEND, CLIENT, 53, 40000, IPPROTO_UDP), 0)
+        .insert(
+            &Flow6MapKey::new(BACKEND, CLIENT, 53, 40000, IPPROTO_UDP),
+            0,
+        )
         .unwrap();
     let first = fragment(BACKEND, CLIENT, IPPROTO_UDP, 77, 0, true);
     let later = fragment(BACKEND, CLIENT, IPPROTO_UDP, 77, 185, false);
@@ -379,8 +385,8 @@ fn a_fragmented_reply_of_a_held_flow_reaches_userspace_whole() {
 fn flows6_round_trips_from_worker_threads() {
     let (_d, st) = loaded();
     let flows = st.flows6().clone();
-    let a = Flow6Key::new(CLIENT, VIP, 40000, 443, IPPROTO_TCP);
-    let b = Flow6Key::new(BACKEND, CLIENT, 8443, 40000, IPPROTO_TCP);
+    let a = Flow6MapKey::new(CLIENT, VIP, 40000, 443, IPPROTO_TCP);
+    let b = Flow6MapKey::new(BACKEND, CLIENT, 8443, 40000, IPPROTO_TCP);
     assert_eq!(a.sport, [0x9c, 0x40]);
     assert_eq!(a.src, CLIENT.octets());
     std::thread::scope(|s| {
@@ -404,11 +410,11 @@ fn a_full_flows6_says_so() {
     let flows = st.flows6();
     for port in 0..2048u16 {
         flows
-            .insert(&Flow6Key::new(CLIENT, VIP, port, 443, IPPROTO_TCP), 0)
+            .insert(&Flow6MapKey::new(CLIENT, VIP, port, 443, IPPROTO_TCP), 0)
             .unwrap();
     }
     let e = flows
-        .insert(&Flow6Key::new(CLIENT, VIP, 9999, 443, IPPROTO_TCP), 0)
+        .insert(&Flow6MapKey::new(CLIENT, VIP, 9999, 443, IPPROTO_TCP), 0)
         .unwrap_err();
     let e = format!("{e:#}");
     assert!(
@@ -423,7 +429,7 @@ fn a_full_flows6_says_so() {
 fn a_restart_keeps_the_ipv6_flows_and_frontends() {
     let fs = crate::steering::tests::Bpffs::new();
     let pin = fs.0.path().join("node");
-    let key = Flow6Key::new(CLIENT, VIP, 40000, 443, IPPROTO_TCP);
+    let key = Flow6MapKey::new(CLIENT, VIP, 40000, 443, IPPROTO_TCP);
     let (mut first, _, _) = Steering::load(&pin, 1024, 1, false).unwrap();
     first
         .sync6(&[(VIP, IPPROTO_TCP, 443), (OTHER_VIP, IPPROTO_UDP, 53)])
