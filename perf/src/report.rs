@@ -51,6 +51,17 @@ impl Report {
         m
     }
 
+    /// The TSC clock the run measured with (from its rows' cycles and ns per packet, so
+    /// that `render` on another machine states the run's), else this machine's.
+    fn tsc_mhz(&self) -> Option<f64> {
+        self.throughput_rows()
+            .find_map(|s| match (s.cycles_per_packet, s.ns_per_packet) {
+                (Some(c), Some(ns)) if ns > 0.0 => Some(c / ns * 1e3),
+                _ => None,
+            })
+            .or_else(crate::cpu::tsc_mhz)
+    }
+
     /// The method paragraph: how the rates and costs were measured.
     fn method_md(&self) -> String {
         let mut m = String::new();
@@ -83,7 +94,7 @@ impl Report {
         m += "is listed beside it (\"threads\"). cycles = ns x the TSC\n";
         m += &format!(
             "clock ({}; this VM exposes no PMU cycle counter). A run is *saturated* when delivered < {:.0} %\n",
-            crate::cpu::tsc_mhz()
+            self.tsc_mhz()
                 .map(|m| format!("{m:.0} MHz"))
                 .unwrap_or_else(|| "unknown".into()),
             100.0 * crate::results::SATURATION_DELIVERED_BELOW
@@ -865,6 +876,8 @@ mod tests {
         );
         assert!(md.contains("| 1000 | 617583 flooded, "), "{md}");
         assert!(md.contains("| flooded 617583 (5 of 5) |"), "{md}");
+        // The run's TSC clock (from its rows), not the rendering machine's.
+        assert!(md.contains("clock (2600 MHz;"), "{md}");
         // One paired round (no extra windows in that run): too few for a verdict.
         assert!(
             md.contains("| flooded 0.65 over 1 paired round (round 1), spread 0.65 – 0.65 (< 5: no verdict) | refused (1 paired rounds < 5) |"),
