@@ -947,5 +947,18 @@ mod tests {
             md.contains("- juneau @ 256 flows, run 3 (paced): 500 of 1000 pps"),
             "{md}"
         );
+        // The same at a flow count: its row lists the extra windows too.
+        let p = FlowScalePoint {
+            flows: 1000,
+            runs_pps: vec![500.0; 5],
+            median_pps: 450.0,
+            summary: Some(r.scenarios[0].clone()),
+        };
+        assert!(
+            p.row("")
+                .starts_with("| 1000 | 500 paced, 450 flooded (extra), 500 paced, "),
+            "{}",
+            p.row("")
+        );
     }
 }

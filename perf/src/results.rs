@@ -458,7 +458,11 @@ impl FlowScalePoint {
             Some(s) if told => s
                 .runs
                 .iter()
-                .map(|r| format!("{:.0} {}", r.delivered_pps, r.kind().label()))
+                .flat_map(|r| r.windows())
+                .map(|r| {
+                    let extra = if r.extra { " (extra)" } else { "" };
+                    format!("{:.0} {}{extra}", r.delivered_pps, r.kind().label())
+                })
                 .collect(),
             _ => self.runs_pps.iter().map(|x| format!("{x:.0}")).collect(),
         };
