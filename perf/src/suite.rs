@@ -320,21 +320,14 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
         }
         // Every window of this round (rows, flow counts, the reference), then the extra
         // windows that give each one of the round's common kind.
-        let r = round as usize; // a path's window of this round, if it has one
-        let mut slots: Vec<(Scenario, u32, bool, &mut RunFigures)> = Vec::new();
-        for (i, v) in runs.iter_mut().enumerate() {
-            if let Some(f) = v.get_mut(r) {
-                slots.push((plan.scenarios[i], plan.flows, false, f));
-            }
-        }
-        for (k, v) in scale_runs.iter_mut().enumerate() {
-            if let Some(f) = v.get_mut(r).filter(|_| !scale_failed) {
-                slots.push((Scenario::Juneau, plan.flow_scale[k], true, f));
-            }
-        }
-        if let (Some((xi, flows)), Some(f)) = (reference, reference_runs.get_mut(r)) {
-            slots.push((plan.scenarios[xi], flows, true, f));
-        }
+        let mut slots = round_windows(
+            plan,
+            round,
+            &mut runs,
+            &mut scale_runs,
+            scale_failed,
+            reference.map(|(xi, flows)| (xi, flows, &mut reference_runs)),
+        );
         like_kind_round(plan, progress, report, round, &mut slots)?;
         if connect {
             connect_round(plan, progress, report, round, &mut connect_failed)?;
@@ -427,8 +420,43 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
     Ok(())
 }
 
-/// Gives every window of a round (`slots`: the path, its flows, whether its flows are
-/// created first, its window) one of the round's common kind
+/// One window of a round: its path, its flows, whether its flows are created first, the
+/// window.
+type Slot<'a> = (Scenario, u32, bool, &'a mut RunFigures);
+
+/// Every window of round `round` (0-based): the rows' (`runs`, by scenario), the flow
+/// counts' (`scale_runs`, unless the flow scale failed), the xdp-dnat reference's
+/// (`reference`: its scenario index, flow count, runs). A path without a window of
+/// this round (failed) has none.
+fn round_windows<'a>(
+    plan: &Plan,
+    round: u32,
+    runs: &'a mut [Vec<RunFigures>],
+    scale_runs: &'a mut [Vec<RunFigures>],
+    scale_failed: bool,
+    reference: Option<(usize, u32, &'a mut Vec<RunFigures>)>,
+) -> Vec<Slot<'a>> {
+    let r = round as usize;
+    let mut slots: Vec<Slot<'a>> = Vec::new();
+    for (i, v) in runs.iter_mut().enumerate() {
+        if let Some(f) = v.get_mut(r) {
+            slots.push((plan.scenarios[i], plan.flows, false, f));
+        }
+    }
+    for (k, v) in scale_runs.iter_mut().enumerate() {
+        if let Some(f) = v.get_mut(r).filter(|_| !scale_failed) {
+            slots.push((Scenario::Juneau, plan.flow_scale[k], true, f));
+        }
+    }
+    if let Some((xi, flows, v)) = reference {
+        if let Some(f) = v.get_mut(r) {
+            slots.push((plan.scenarios[xi], flows, true, f));
+        }
+    }
+    slots
+}
+
+/// Gives every window of a round (`slots`, [`round_windows`]) one of the round's common kind
 /// ([`results::common_kind`]): each path without one gets an extra window of that kind,
 /// kept beside its own (`RunFigures::also`). A path lacks one only when the common kind
 /// is flooded (a paced common kind means every window was paced), so the extra window
@@ -438,7 +466,7 @@ fn like_kind_round(
     progress: &Progress,
     report: &mut Report,
     round: u32,
-    slots: &mut [(Scenario, u32, bool, &mut RunFigures)],
+    slots: &mut [Slot<'_>],
 ) -> Result<()> {
     let missing = {
         let windows: Vec<&RunFigures> = slots.iter().map(|s| &*s.3).collect();
