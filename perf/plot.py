@@ -37,9 +37,11 @@ if sc:
     for i, s in enumerate(sc):
         # Each run as a dot beside the bar: filled paced, hollow flooded (the bar is
         # the median of the paced windows, of the flooded when none was paced).
+        # A round's extra flooded window (its "also") is a dot of its own.
         runs = s.get("runs") or [{"delivered_pps": r} for r in s["runs_pps"]]
+        runs = [w for r in runs for w in [r] + r.get("also", [])]
         for r in runs:
-            flooded = r.get("rate_pps", 0) == 0 and r.get("calibration")
+            flooded = r.get("rate_pps", 0) == 0 and (r.get("calibration") or r.get("extra"))
             ax.plot([i + 0.3], [r["delivered_pps"] / 1e3], "o", ms=4, alpha=0.7,
                     color="k", fillstyle="none" if flooded else "full")
     for b, m, s in zip(bars, med, sc):

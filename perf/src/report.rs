@@ -51,6 +51,17 @@ impl Report {
         m
     }
 
+    /// The TSC clock the run measured with (from its rows' cycles and ns per packet, so
+    /// that `render` on another machine states the run's), else this machine's.
+    fn tsc_mhz(&self) -> Option<f64> {
+        self.throughput_rows()
+            .find_map(|s| match (s.cycles_per_packet, s.ns_per_packet) {
+                (Some(c), Some(ns)) if ns > 0.0 => Some(c / ns * 1e3),
+                _ => None,
+            })
+            .or_else(crate::cpu::tsc_mhz)
+    }
+
     /// The method paragraph: how the rates and costs were measured.
     fn method_md(&self) -> String {
         let mut m = String::new();
@@ -83,7 +94,7 @@ impl Report {
         m += "is listed beside it (\"threads\"). cycles = ns x the TSC\n";
         m += &format!(
             "clock ({}; this VM exposes no PMU cycle counter). A run is *saturated* when delivered < {:.0} %\n",
-            crate::cpu::tsc_mhz()
+            self.tsc_mhz()
                 .map(|m| format!("{m:.0} MHz"))
                 .unwrap_or_else(|| "unknown".into()),
             100.0 * crate::results::SATURATION_DELIVERED_BELOW
@@ -97,7 +108,15 @@ impl Report {
         m += "a row's medians are per kind, its figure (ratios, plots) is the median of its paced windows, of its flooded\n";
         m += "windows when none was paced. A ratio pairs the two paths round by round only where both windows are of one\n";
         m += "kind, one line per kind; a round with one paced and one flooded window is left out and listed; a ratio with\n";
-        m += "no such round is refused (no like-kind windows). A target is met only if every kind's ratio meets it.\n\n";
+        m += "no such round is refused (no like-kind windows). A round's *common kind* is paced when every window of the\n";
+        m += "round was paced, else flooded; each path paced in a flooded round then runs one extra flooded window (the\n";
+        m += "paced one kept and listed), its window of that kind in that round. Every window states its loss\n";
+        m += "(1 - delivered / offered) and its path core's busy share, and which of the two made it saturated.\n";
+        m += &format!(
+            "A ratio target's verdict rests on the kinds paired in at least {} rounds (each must meet it; the figure\n",
+            crate::results::MIN_PAIRED_ROUNDS
+        );
+        m += "gives the paired rounds and the spread of the per-round ratios); with fewer it is refused.\n\n";
         m
     }
 
@@ -105,15 +124,16 @@ impl Report {
     /// window (paced, flooded), each with its own medians.
     fn throughput_md(&self) -> String {
         let mut m = String::new();
-        m += "## Throughput and CPU cost per packet\n\nOne line per row and kind of window (paced: offered at the calibrated rate; flooded: the generator unpaced); each line's medians are over its own windows only. The row's figure (ratios, plots) is its paced line's, its flooded line's when no window was paced.\n\n| scenario | flows | windows | saturated | median delivered pps | offered pps (runs) | path cores (runs) | path core busy (runs) | ns/packet | cycles/packet | packets per CPU-second | threads ns/packet |\n|---|---:|---|---|---:|---|---|---|---:|---:|---:|---:|\n";
+        m += "## Throughput and CPU cost per packet\n\nOne line per row and kind of window (paced: offered at the calibrated rate; flooded: the generator unpaced); each line's medians are over its own windows only. The row's figure (ratios, plots) is its paced line's, its flooded line's when no window was paced.\n\n| scenario | flows | windows | saturated | median delivered pps | offered pps (runs) | loss (runs) | path cores (runs) | path core busy (runs) | ns/packet | cycles/packet | packets per CPU-second | threads ns/packet |\n|---|---:|---|---|---:|---|---|---|---|---:|---:|---:|---:|\n";
         let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.0}"));
         for s in self.throughput_rows() {
             let join = |v: Vec<String>| v.join(", ");
-            let of = |rounds: &[usize], f: &dyn Fn(&RunFigures) -> String| {
+            // A kind's window of each of its rounds (an extra window where it was one).
+            let of = |k: &crate::results::KindSummary, f: &dyn Fn(&RunFigures) -> String| {
                 join(
-                    rounds
+                    k.rounds
                         .iter()
-                        .filter_map(|&i| s.runs.get(i - 1))
+                        .filter_map(|&i| s.runs.get(i - 1)?.window(k.kind))
                         .map(f)
                         .collect(),
                 )
@@ -121,7 +141,7 @@ impl Report {
             if s.kinds.is_empty() {
                 // No windows on record (an older report): the row as it was.
                 m += &format!(
-                    "| {} | {} | not recorded | not recorded | {:.0} | {} | | | {} | {} | {} | {} |\n",
+                    "| {} | {} | not recorded | not recorded | {:.0} | {} | | | | {} | {} | {} | {} |\n",
                     s.name,
                     s.flows,
                     s.median_pps,
@@ -138,10 +158,15 @@ impl Report {
                 let sat = k
                     .rounds
                     .iter()
-                    .filter(|&&i| s.runs.get(i - 1).is_some_and(|r| r.saturated))
+                    .filter(|&&i| {
+                        s.runs
+                            .get(i - 1)
+                            .and_then(|r| r.window(k.kind))
+                            .is_some_and(|r| r.saturated)
+                    })
                     .count();
                 m += &format!(
-                    "| {} | {} | {} ({} of {}: {}) | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    "| {} | {} | {} ({} of {}: {}) | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                     s.name,
                     s.flows,
                     k.kind.label(),
@@ -154,9 +179,10 @@ impl Report {
                         format!("NO ({sat} of {n})")
                     },
                     k.median_pps,
-                    of(&k.rounds, &|r| format!("{:.0}", r.offered_pps)),
-                    of(&k.rounds, &|r| format!("{:.2}", r.path_cores)),
-                    of(&k.rounds, &|r| format!("{:.0}%", 100.0 * r.path_core.busy)),
+                    of(k, &|r| format!("{:.0}", r.offered_pps)),
+                    of(k, &|r| format!("{:.0}%", 100.0 * r.loss())),
+                    of(k, &|r| format!("{:.2}", r.path_cores)),
+                    of(k, &|r| format!("{:.0}%", 100.0 * r.path_core.busy)),
                     opt(k.ns_per_packet),
                     opt(k.cycles_per_packet),
                     opt(k.pps_per_cpu_second),
@@ -166,9 +192,19 @@ impl Report {
         }
         m += "\nPer run: \n\n";
         for s in self.throughput_rows() {
-            for (i, r) in s.runs.iter().enumerate() {
+            let windows = s.runs.iter().enumerate().flat_map(|(i, r)| {
+                r.windows().map(move |w| {
+                    let extra = if w.extra {
+                        ", extra window of the round's common kind"
+                    } else {
+                        ""
+                    };
+                    (i, w, extra)
+                })
+            });
+            for (i, r, extra) in windows {
                 m += &format!(
-                    "- {} @ {} flows, run {} ({}): {:.0} of {:.0} pps (rate asked {}), {:.0} ns/packet (threads {:.0}), path core user {:.0}% / system {:.0}% / softirq {:.0}% / steal {:.0}%, generator core busy {:.0}% (softirq {:.0}%), backend socket drops {}: {}; calibration (offered -> delivered): {}\n",
+                    "- {} @ {} flows, run {} ({}{extra}): {:.0} of {:.0} pps (rate asked {}), {:.0} ns/packet (threads {:.0}), path core user {:.0}% / system {:.0}% / softirq {:.0}% / steal {:.0}%, generator core busy {:.0}% (softirq {:.0}%), backend socket drops {}: {}; calibration (offered -> delivered): {}\n",
                     s.name,
                     s.flows,
                     i + 1,
@@ -185,7 +221,7 @@ impl Report {
                     100.0 * r.gen_core.busy,
                     100.0 * r.gen_core.softirq,
                     r.backend_socket_drops,
-                    r.saturation,
+                    r.saturation_stated(),
                     r.calibration
                         .iter()
                         .map(|(o, d)| format!("{o:.0} -> {d:.0}"))
@@ -840,5 +876,89 @@ mod tests {
         );
         assert!(md.contains("| 1000 | 617583 flooded, "), "{md}");
         assert!(md.contains("| flooded 617583 (5 of 5) |"), "{md}");
+        // The run's TSC clock (from its rows), not the rendering machine's.
+        assert!(md.contains("clock (2600 MHz;"), "{md}");
+        // One paired round (no extra windows in that run): too few for a verdict.
+        assert!(
+            md.contains("| flooded 0.65 over 1 paired round (round 1), spread 0.65 – 0.65 (< 5: no verdict) | refused (1 paired rounds < 5) |"),
+            "{md}"
+        );
+        // Every window states its loss and its busy core, and which saturated it.
+        assert!(
+            md.contains("| juneau | 256 | paced (2 of 5: rounds 4, 5) | **yes** (all) | 614316 | 619073, 721764 | 8%, 9% | 0.85, 0.88 | 85%, 88% |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("backend socket drops 0: loss 8%, path core 85% busy: saturated by loss;"),
+            "{md}"
+        );
+        assert!(
+            md.contains("juneau @ 256 flows: by loss 5, by busy core 0 of 5 windows"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn a_rounds_extra_window_is_listed_and_pairs_in_its_kind() {
+        let w = |pps: f64, rate: u64| RunFigures {
+            delivered_pps: pps,
+            offered_pps: 2.0 * pps,
+            core_ns_per_packet: 1e9 / pps,
+            rate_pps: rate,
+            calibration: vec![(2.0 * pps, pps)],
+            saturated: true,
+            ..Default::default()
+        };
+        // Five rounds: juneau paced, nft-dnat flooded; juneau's extra flooded windows.
+        let juneau: Vec<RunFigures> = (0..5)
+            .map(|_| RunFigures {
+                also: vec![RunFigures {
+                    extra: true,
+                    calibration: Vec::new(),
+                    ..w(450.0, 0)
+                }],
+                ..w(500.0, 600)
+            })
+            .collect();
+        let nft = vec![w(500.0, 0); 5];
+        let mut r = Report::default();
+        r.scenarios
+            .push(ScenarioResult::from_runs_at("juneau", 256, juneau, None));
+        r.scenarios
+            .push(ScenarioResult::from_runs_at("nft-dnat", 256, nft, None));
+        r.compute_ratios();
+        assert!(r.ratios.left_out.is_empty(), "{:?}", r.ratios.left_out);
+        let cpu = r.ratios.cpu_juneau_vs_nft_dnat.expect("paired");
+        assert!((cpu - 0.9).abs() < 1e-9, "{cpu}");
+        let md = r.markdown();
+        assert!(
+            md.contains("| juneau (default, userspace path) / nft-dnat, packets per CPU-second >= 1.0 | flooded 0.90 over 5 paired rounds (rounds 1, 2, 3, 4, 5), spread 0.90 – 0.90 | **MISSED** |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| juneau | 256 | flooded (5 of 5: rounds 1, 2, 3, 4, 5) | **yes** (all) | 450 | 900, 900, 900, 900, 900 | 50%, 50%, 50%, 50%, 50% |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("- juneau @ 256 flows, run 3 (flooded, extra window of the round's common kind): 450 of 900 pps"),
+            "{md}"
+        );
+        assert!(
+            md.contains("- juneau @ 256 flows, run 3 (paced): 500 of 1000 pps"),
+            "{md}"
+        );
+        // The same at a flow count: its row lists the extra windows too.
+        let p = FlowScalePoint {
+            flows: 1000,
+            runs_pps: vec![500.0; 5],
+            median_pps: 450.0,
+            summary: Some(r.scenarios[0].clone()),
+        };
+        assert!(
+            p.row("")
+                .starts_with("| 1000 | 500 paced, 450 flooded (extra), 500 paced, "),
+            "{}",
+            p.row("")
+        );
     }
 }

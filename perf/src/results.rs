@@ -185,19 +185,76 @@ pub struct RunFigures {
     /// first is the unpaced flood.
     #[serde(default)]
     pub calibration: Vec<(f64, f64)>,
+    /// The same path's window of the round's common kind, when this window was of
+    /// another (see [`common_kind`]): run after every path of the round had its window,
+    /// on a fresh topology, and paired in that kind's ratios; this window stays on
+    /// record beside it. At most one (flooded: a path paced while another was flooded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<RunFigures>,
+    /// Run as a round's extra window (flooded, no calibration): see `also`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub extra: bool,
 }
 
 impl RunFigures {
     /// How its window was offered: paced when a rate was asked; flooded when none was
-    /// (a calibrated run always records its steps); else an older report's.
+    /// (a calibrated run always records its steps, an extra window says so); else an
+    /// older report's.
     pub fn kind(&self) -> WindowKind {
         if self.rate_pps > 0 {
             WindowKind::Paced
-        } else if !self.calibration.is_empty() {
+        } else if !self.calibration.is_empty() || self.extra {
             WindowKind::Flooded
         } else {
             WindowKind::Unrecorded
         }
+    }
+
+    /// Its round's window of `kind`: this one, or the extra one of that kind (`also`).
+    pub fn window(&self, kind: WindowKind) -> Option<&RunFigures> {
+        std::iter::once(self)
+            .chain(&self.also)
+            .find(|f| f.kind() == kind)
+    }
+
+    /// Its windows: this one, then the extra one (if any).
+    pub fn windows(&self) -> impl Iterator<Item = &RunFigures> {
+        std::iter::once(self).chain(&self.also)
+    }
+
+    /// 1 - delivered / offered (0 when nothing was offered).
+    pub fn loss(&self) -> f64 {
+        if self.offered_pps > 0.0 {
+            (1.0 - self.delivered_pps / self.offered_pps).max(0.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// Saturated by loss: delivered below [`SATURATION_DELIVERED_BELOW`] of offered.
+    pub fn saturated_by_loss(&self) -> bool {
+        self.delivered_pps < SATURATION_DELIVERED_BELOW * self.offered_pps
+    }
+
+    /// Saturated by a busy core: the path core at least [`SATURATION_CORE_BUSY`] busy.
+    pub fn saturated_by_core(&self) -> bool {
+        self.path_core.busy >= SATURATION_CORE_BUSY
+    }
+
+    /// Both saturation figures, always stated, then which made it saturated: "loss 12%,
+    /// path core 97% busy: saturated by loss and busy core" (or "NOT saturated").
+    pub fn saturation_stated(&self) -> String {
+        let by = match (self.saturated_by_loss(), self.saturated_by_core()) {
+            (true, true) => "saturated by loss and busy core",
+            (true, false) => "saturated by loss",
+            (false, true) => "saturated by busy core",
+            (false, false) => "NOT saturated",
+        };
+        format!(
+            "loss {:.0}%, path core {:.0}% busy: {by}",
+            100.0 * self.loss(),
+            100.0 * self.path_core.busy
+        )
     }
 
     /// The per-packet cost the report uses: the path core's busy time per packet when
@@ -222,17 +279,49 @@ pub fn paired_median<T>(pairs: &[(&T, &T)], f: impl Fn(&T) -> f64) -> Option<f64
     (!v.is_empty()).then(|| median(&v))
 }
 
+/// The kind every path of a round has a window of, given the kinds of the round's
+/// windows (one per path): paced when all were paced, else flooded (a flooded window can
+/// always be run: the generator unpaced). `None` for no window. The suite runs one extra
+/// flooded window for each path paced in a round whose common kind is flooded.
+pub fn common_kind(kinds: impl IntoIterator<Item = WindowKind>) -> Option<WindowKind> {
+    let mut any = false;
+    let mut all_paced = true;
+    for k in kinds {
+        any = true;
+        all_paced &= k == WindowKind::Paced;
+    }
+    any.then_some(if all_paced {
+        WindowKind::Paced
+    } else {
+        WindowKind::Flooded
+    })
+}
+
+/// The paths of one round (indices into the round's windows) that lack a window of its
+/// common kind ([`common_kind`]): the ones the suite runs an extra window for.
+pub fn needs_extra_window(round: &[&RunFigures]) -> Vec<usize> {
+    let Some(k) = common_kind(round.iter().map(|f| f.kind())) else {
+        return Vec::new();
+    };
+    (0..round.len())
+        .filter(|&i| round[i].window(k).is_none())
+        .collect()
+}
+
+/// A ratio target's verdict needs at least this many rounds paired within one kind.
+pub const MIN_PAIRED_ROUNDS: usize = 5;
+
 /// The windows of `runs` of the kind a row's figure is taken from (paced, else flooded,
 /// else an older report's): what a later pass takes a median from (the latency loads,
 /// the profile's rate), so that it never mixes kinds either.
 pub fn figure_runs(runs: &[RunFigures]) -> Vec<&RunFigures> {
     let Some(k) = WindowKind::ALL
         .into_iter()
-        .find(|k| runs.iter().any(|f| f.kind() == *k))
+        .find(|k| runs.iter().any(|f| f.window(*k).is_some()))
     else {
         return Vec::new();
     };
-    runs.iter().filter(|f| f.kind() == k).collect()
+    runs.iter().filter_map(|f| f.window(k)).collect()
 }
 
 /// "round 3" or "rounds 1, 2, 5" (rounds from 1).
@@ -297,14 +386,15 @@ impl ScenarioResult {
         let mut r =
             ScenarioResult::new(name, flows, runs.iter().map(|f| f.delivered_pps).collect());
         r.offered_pps = runs.iter().map(|f| f.offered_pps).collect();
-        r.saturated = !runs.is_empty() && runs.iter().all(|f| f.saturated);
+        r.saturated =
+            !runs.is_empty() && runs.iter().flat_map(|f| f.windows()).all(|f| f.saturated);
         r.kinds = WindowKind::ALL
             .into_iter()
             .filter_map(|k| {
                 let mine: Vec<(usize, &RunFigures)> = runs
                     .iter()
                     .enumerate()
-                    .filter(|(_, f)| f.kind() == k)
+                    .filter_map(|(i, f)| Some((i, f.window(k)?)))
                     .collect();
                 (!mine.is_empty()).then(|| KindSummary::new(k, &mine, mhz))
             })
@@ -368,7 +458,11 @@ impl FlowScalePoint {
             Some(s) if told => s
                 .runs
                 .iter()
-                .map(|r| format!("{:.0} {}", r.delivered_pps, r.kind().label()))
+                .flat_map(|r| r.windows())
+                .map(|r| {
+                    let extra = if r.extra { " (extra)" } else { "" };
+                    format!("{:.0} {}{extra}", r.delivered_pps, r.kind().label())
+                })
                 .collect(),
             _ => self.runs_pps.iter().map(|x| format!("{x:.0}")).collect(),
         };
@@ -571,8 +665,9 @@ pub struct KindRatio {
 }
 
 /// `a` / `b` paired round by round (run `i` of each came from round `i`), only within a
-/// kind: one [`KindRatio`] per kind of which some round has both windows (paced first),
-/// and the rounds left out (0-based, with `a`'s and `b`'s kinds) because their windows
+/// kind: one [`KindRatio`] per kind of which some round has both windows (paced first;
+/// a round's extra window of its common kind, `RunFigures::also`, counts as that round's
+/// window of that kind), and the rounds left out (0-based, with `a`'s and `b`'s kinds) because their windows
 /// were of different kinds. `None` unless both have the same, non-zero number of runs.
 #[allow(clippy::type_complexity)]
 pub fn paired_ratios(
@@ -589,30 +684,33 @@ pub fn paired_ratios(
             v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
         )
     };
-    let left_out = a
-        .iter()
-        .zip(b)
-        .enumerate()
-        .filter(|(_, (x, y))| x.kind() != y.kind())
-        .map(|(i, (x, y))| (i, x.kind(), y.kind()))
+    let shared = |i: usize| {
+        WindowKind::ALL
+            .into_iter()
+            .any(|k| a[i].window(k).is_some() && b[i].window(k).is_some())
+    };
+    let left_out = (0..a.len())
+        .filter(|&i| !shared(i))
+        .map(|i| (i, a[i].kind(), b[i].kind()))
         .collect();
     let by_kind = WindowKind::ALL
         .into_iter()
         .filter_map(|k| {
-            let rounds: Vec<usize> = (0..a.len())
-                .filter(|&i| a[i].kind() == k && b[i].kind() == k)
+            let pairs: Vec<(usize, &RunFigures, &RunFigures)> = (0..a.len())
+                .filter_map(|i| Some((i, a[i].window(k)?, b[i].window(k)?)))
                 .collect();
-            if rounds.is_empty() {
+            if pairs.is_empty() {
                 return None;
             }
-            let pps: Vec<f64> = rounds
+            let rounds: Vec<usize> = pairs.iter().map(|(i, _, _)| *i).collect();
+            let pps: Vec<f64> = pairs
                 .iter()
-                .map(|&i| a[i].delivered_pps / b[i].delivered_pps.max(1e-9))
+                .map(|(_, x, y)| x.delivered_pps / y.delivered_pps.max(1e-9))
                 .collect();
             // Packets per CPU-second is 1 / cost: a's over b's is b's cost over a's.
-            let cpu: Vec<f64> = rounds
+            let cpu: Vec<f64> = pairs
                 .iter()
-                .map(|&i| b[i].cost_ns() / a[i].cost_ns().max(1e-9))
+                .map(|(_, x, y)| y.cost_ns() / x.cost_ns().max(1e-9))
                 .collect();
             Some(KindRatio {
                 ratio: name.to_string(),
@@ -726,6 +824,110 @@ mod tests {
         assert_eq!(k.pps, 0.5);
         assert_eq!(k.pps_range, (0.5, 2.0));
         assert_eq!(k.cpu_range, (0.5, 2.0));
+    }
+
+    #[test]
+    fn a_round_with_mixed_kinds_gets_an_extra_flooded_window_for_each_paced_path() {
+        let paced = window(100.0, 10.0, 500);
+        let flooded = window(90.0, 11.0, 0);
+        // Every path paced: the round's kind is paced, nothing more to run.
+        assert_eq!(
+            common_kind([WindowKind::Paced, WindowKind::Paced]),
+            Some(WindowKind::Paced)
+        );
+        assert!(needs_extra_window(&[&paced, &paced]).is_empty());
+        // One flooded: the round's kind is flooded; each paced path needs a flooded one.
+        let round = [&paced, &flooded, &paced];
+        assert_eq!(
+            common_kind(round.iter().map(|f| f.kind())),
+            Some(WindowKind::Flooded)
+        );
+        assert_eq!(needs_extra_window(&round), vec![0, 2]);
+        // Once it ran (kept beside the paced window), nothing is missing.
+        let with_extra = RunFigures {
+            also: vec![flooded.clone()],
+            ..paced.clone()
+        };
+        assert_eq!(with_extra.kind(), WindowKind::Paced, "the original is kept");
+        assert!(needs_extra_window(&[&with_extra, &flooded, &with_extra]).is_empty());
+        assert_eq!(common_kind([]), None);
+    }
+
+    #[test]
+    fn pairing_uses_the_rounds_common_kind_with_the_extra_windows() {
+        // Round 1: both paced. Round 2: a paced (with its extra flooded window), b
+        // flooded: paired flooded. Round 3: a flooded, b paced without an extra window
+        // (an older report): left out.
+        let extra = |f: RunFigures, also: RunFigures| RunFigures {
+            also: vec![also],
+            ..f
+        };
+        let a = [
+            window(100.0, 10.0, 500),
+            extra(window(1000.0, 1.0, 500), window(60.0, 20.0, 0)),
+            window(1.0, 1.0, 0),
+        ];
+        let b = [
+            window(50.0, 20.0, 500),
+            window(30.0, 40.0, 0),
+            window(1.0, 1.0, 500),
+        ];
+        let (k, left_out) = paired_ratios("a / b", &a, &b).expect("paired");
+        assert_eq!(
+            k.iter()
+                .map(|k| (k.kind, k.rounds.clone(), k.pps, k.cpu))
+                .collect::<Vec<_>>(),
+            vec![
+                (WindowKind::Paced, vec![1], 2.0, 2.0),
+                (WindowKind::Flooded, vec![2], 2.0, 2.0)
+            ]
+        );
+        assert_eq!(left_out, vec![(2, WindowKind::Flooded, WindowKind::Paced)]);
+        // The row's kinds take the extra window as round 2's flooded one; its paced
+        // window stays in the paced median; every window counts for saturation.
+        let s = ScenarioResult::from_runs_at("a", 256, a.to_vec(), None);
+        let kinds: Vec<_> = s.kinds.iter().map(|k| (k.kind, k.rounds.clone())).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (WindowKind::Paced, vec![1, 2]),
+                (WindowKind::Flooded, vec![2, 3])
+            ]
+        );
+        assert_eq!(s.kinds[1].median_pps, 30.5);
+        assert!(s.saturated);
+        let mut unsat = a.to_vec();
+        unsat[1].also[0].saturated = false;
+        assert!(!ScenarioResult::from_runs_at("a", 256, unsat, None).saturated);
+    }
+
+    #[test]
+    fn saturation_states_the_loss_and_the_busy_core() {
+        let mut f = RunFigures {
+            delivered_pps: 880.0,
+            offered_pps: 1000.0,
+            ..Default::default()
+        };
+        f.path_core.busy = 0.5;
+        assert_eq!(
+            f.saturation_stated(),
+            "loss 12%, path core 50% busy: saturated by loss"
+        );
+        f.path_core.busy = 0.99;
+        assert_eq!(
+            f.saturation_stated(),
+            "loss 12%, path core 99% busy: saturated by loss and busy core"
+        );
+        f.delivered_pps = 1000.0;
+        assert_eq!(
+            f.saturation_stated(),
+            "loss 0%, path core 99% busy: saturated by busy core"
+        );
+        f.path_core.busy = 0.2;
+        assert_eq!(
+            f.saturation_stated(),
+            "loss 0%, path core 20% busy: NOT saturated"
+        );
     }
 
     #[test]

@@ -84,18 +84,8 @@ fn window_run(
     let core = core1.busy_since(&core2);
     let path_cpu_s = run2.saturating_sub(run1) as f64 / 1e9;
     let delivered = (c2 - c1) as f64;
-    let mut why = Vec::new();
-    if pps < SATURATION_DELIVERED_BELOW * offered {
-        why.push(format!(
-            "delivered {:.0}% of offered",
-            100.0 * pps / offered
-        ));
-    }
-    if core.busy >= SATURATION_CORE_BUSY {
-        why.push(format!("path core {:.0}% busy", 100.0 * core.busy));
-    }
     tracing::debug!(sent = gen.sent, elapsed = gen.elapsed_s, pps, rate, "run");
-    Ok(RunFigures {
+    let mut f = RunFigures {
         delivered_pps: pps,
         backend_socket_drops: d2.saturating_sub(d1),
         offered_pps: offered,
@@ -105,18 +95,12 @@ fn window_run(
         gen_core: gcore1.busy_since(&gcore2),
         ns_per_packet: path_cpu_s * 1e9 / delivered,
         core_ns_per_packet: core.busy * secs * 1e9 / delivered,
-        saturated: !why.is_empty(),
-        saturation: if why.is_empty() {
-            format!(
-                "NOT saturated: delivered {:.0}% of offered, path core {:.0}% busy",
-                100.0 * pps / offered,
-                100.0 * core.busy
-            )
-        } else {
-            why.join(", ")
-        },
-        calibration: Vec::new(),
-    })
+        ..Default::default()
+    };
+    // Saturated by loss or by a busy core; both figures stated either way.
+    f.saturated = f.saturated_by_loss() || f.saturated_by_core();
+    f.saturation = f.saturation_stated();
+    Ok(f)
 }
 
 /// One throughput measurement with a calibrated offered rate: a short flood gives a
@@ -334,6 +318,17 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
                 &mut reference_runs,
             )?;
         }
+        // Every window of this round (rows, flow counts, the reference), then the extra
+        // windows that give each one of the round's common kind.
+        let mut slots = round_windows(
+            plan,
+            round,
+            &mut runs,
+            &mut scale_runs,
+            scale_failed,
+            reference.map(|(xi, flows)| (xi, flows, &mut reference_runs)),
+        );
+        like_kind_round(plan, progress, report, round, &mut slots)?;
         if connect {
             connect_round(plan, progress, report, round, &mut connect_failed)?;
         }
@@ -423,6 +418,106 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
         }
     }
     Ok(())
+}
+
+/// One window of a round: its path, its flows, whether its flows are created first, the
+/// window.
+type Slot<'a> = (Scenario, u32, bool, &'a mut RunFigures);
+
+/// Every window of round `round` (0-based): the rows' (`runs`, by scenario), the flow
+/// counts' (`scale_runs`, unless the flow scale failed), the xdp-dnat reference's
+/// (`reference`: its scenario index, flow count, runs). A path without a window of
+/// this round (failed) has none.
+fn round_windows<'a>(
+    plan: &Plan,
+    round: u32,
+    runs: &'a mut [Vec<RunFigures>],
+    scale_runs: &'a mut [Vec<RunFigures>],
+    scale_failed: bool,
+    reference: Option<(usize, u32, &'a mut Vec<RunFigures>)>,
+) -> Vec<Slot<'a>> {
+    let r = round as usize;
+    let mut slots: Vec<Slot<'a>> = Vec::new();
+    for (i, v) in runs.iter_mut().enumerate() {
+        if let Some(f) = v.get_mut(r) {
+            slots.push((plan.scenarios[i], plan.flows, false, f));
+        }
+    }
+    for (k, v) in scale_runs.iter_mut().enumerate() {
+        if let Some(f) = v.get_mut(r).filter(|_| !scale_failed) {
+            slots.push((Scenario::Juneau, plan.flow_scale[k], true, f));
+        }
+    }
+    if let Some((xi, flows, v)) = reference {
+        if let Some(f) = v.get_mut(r) {
+            slots.push((plan.scenarios[xi], flows, true, f));
+        }
+    }
+    slots
+}
+
+/// Gives every window of a round (`slots`, [`round_windows`]) one of the round's common kind
+/// ([`results::common_kind`]): each path without one gets an extra window of that kind,
+/// kept beside its own (`RunFigures::also`). A path lacks one only when the common kind
+/// is flooded (a paced common kind means every window was paced), so the extra window
+/// is flooded. A failed extra window is reported; the round then pairs without it.
+fn like_kind_round(
+    plan: &Plan,
+    progress: &Progress,
+    report: &mut Report,
+    round: u32,
+    slots: &mut [Slot<'_>],
+) -> Result<()> {
+    let missing = {
+        let windows: Vec<&RunFigures> = slots.iter().map(|s| &*s.3).collect();
+        results::needs_extra_window(&windows)
+    };
+    for i in missing {
+        let (sc, flows, fill) = (slots[i].0, slots[i].1, slots[i].2);
+        check_interrupt()?;
+        match flooded_once(plan, sc, flows, fill) {
+            Ok(f) => {
+                progress.say(format!(
+                    "round {}/{}: {} @ {flows} flows, extra flooded window (the round's common kind): {:.0} pps delivered (offered {:.0}), {:.0} ns/packet; {}",
+                    round + 1,
+                    plan.runs,
+                    sc.name(),
+                    f.delivered_pps,
+                    f.offered_pps,
+                    f.cost_ns(),
+                    f.saturation
+                ));
+                slots[i].3.also.push(f);
+            }
+            Err(e) => {
+                check_interrupt()?;
+                let what = format!("{} @ {flows} flows, extra flooded window", sc.name());
+                progress.say(format!("{what}: FAILED: {e:#}"));
+                report.add_error(&what, format!("{e:#}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A path's extra flooded window ([`like_kind_round`]): a fresh topology, its flows
+/// created first when `fill`, then one window with the generator unpaced (a flooded
+/// window needs no calibrated rate).
+fn flooded_once(plan: &Plan, sc: Scenario, flows: u32, fill: bool) -> Result<RunFigures> {
+    let tag = format!("{}-{flows}-flooded-{}", sc.name(), std::process::id());
+    let (t, mut a) = udp_bed(plan, sc, &tag)?;
+    let tids = pin_path(&t, &a.path)?;
+    let pinned: Vec<(u32, u64)> = path_threads(&t, &a.path)
+        .into_iter()
+        .filter_map(|(x, _)| Some((x, thread_run_ns(x)?)))
+        .collect();
+    if fill {
+        fill_flows(&t, &a, flows)?;
+    }
+    let mut f = window_run(&t, &mut a, &tids, flows, 0, plan.warmup, plan.duration)?;
+    check_placement(&t, &a.path, &pinned)?;
+    f.extra = true;
+    Ok(f)
 }
 
 /// One round of the TCP bulk download: every stream count, each through juneau and

@@ -7,7 +7,7 @@ use crate::report_data::{
     Report, JUNEAU_FLOW_SCALE, JUNEAU_VS_AFXDP_L2FWD, JUNEAU_VS_NFT_DNAT,
     JUNEAU_XDP_FAST_VS_XDP_DNAT,
 };
-use crate::results::rounds_label;
+use crate::results::{rounds_label, ScenarioResult, MIN_PAIRED_ROUNDS};
 use crate::scale_data::{LIVE_GOAL_RATIO, WRITES_GOAL};
 
 /// Whether one target was reached in this run.
@@ -22,19 +22,25 @@ pub enum Verdict {
     /// Measured and saturated, but no round in which both sides' windows were of one
     /// kind (both paced or both flooded): no ratio is computed.
     RefusedNoLikeKind,
+    /// Fewer than [`MIN_PAIRED_ROUNDS`] rounds paired within one kind (the most of any
+    /// kind): too few for a verdict.
+    RefusedFewRounds(usize),
     /// This run did not measure it.
     NotMeasured,
 }
 
 impl Verdict {
     /// As the report prints it.
-    pub fn label(self) -> &'static str {
+    pub fn label(self) -> String {
         match self {
-            Verdict::Met => "met",
-            Verdict::Missed => "**MISSED**",
-            Verdict::Refused => "refused (unsaturated runs)",
-            Verdict::RefusedNoLikeKind => "refused (no like-kind windows)",
-            Verdict::NotMeasured => "not measured",
+            Verdict::Met => "met".into(),
+            Verdict::Missed => "**MISSED**".into(),
+            Verdict::Refused => "refused (unsaturated runs)".into(),
+            Verdict::RefusedNoLikeKind => "refused (no like-kind windows)".into(),
+            Verdict::RefusedFewRounds(n) => {
+                format!("refused ({n} paired rounds < {MIN_PAIRED_ROUNDS})")
+            }
+            Verdict::NotMeasured => "not measured".into(),
         }
     }
 }
@@ -82,12 +88,13 @@ pub fn check(r: &Report) -> Vec<Target> {
         .filter(|s| !s.saturated)
         .map(|s| format!("{} @ {} flows", s.name, s.flows))
         .collect();
+    let by: Vec<String> = rows.iter().map(|s| saturated_by(s)).collect();
     t.push(Target {
         what: "every throughput row saturated in every run".into(),
         figure: if unsat.is_empty() {
-            format!("{} of {} rows", rows.len(), rows.len())
+            format!("{} of {} rows: {}", rows.len(), rows.len(), by.join("; "))
         } else {
-            format!("not: {}", unsat.join(", "))
+            format!("not: {}. {}", unsat.join(", "), by.join("; "))
         },
         verdict: if rows.is_empty() {
             Verdict::NotMeasured
@@ -166,10 +173,29 @@ pub fn check(r: &Report) -> Vec<Target> {
     t
 }
 
-/// A ratio's target from its per-kind figures (`Ratios::by_kind`, named `name`): every
-/// kind's ratio must reach `bound` (the figure lists each kind with its rounds); without
-/// a like-kind round, refused (no like-kind windows); a report without per-kind ratios
-/// (older) keeps `old`, the verdict of its single figure.
+/// Which of the two made a row's windows saturated: "juneau @ 256 flows: by loss 5,
+/// by busy core 2 of 5 windows" (every window, extra ones included).
+fn saturated_by(s: &ScenarioResult) -> String {
+    let w: Vec<_> = s.runs.iter().flat_map(|f| f.windows()).collect();
+    if w.is_empty() {
+        return format!("{} @ {} flows: windows not recorded", s.name, s.flows);
+    }
+    let loss = w.iter().filter(|f| f.saturated_by_loss()).count();
+    let core = w.iter().filter(|f| f.saturated_by_core()).count();
+    format!(
+        "{} @ {} flows: by loss {loss}, by busy core {core} of {} windows",
+        s.name,
+        s.flows,
+        w.len()
+    )
+}
+
+/// A ratio's target from its per-kind figures (`Ratios::by_kind`, named `name`): the
+/// kinds paired in at least [`MIN_PAIRED_ROUNDS`] rounds decide, each must reach `bound`
+/// (the figure lists every kind with its rounds and the spread of its per-round ratios);
+/// with no such kind, refused (N paired rounds < 5); without a like-kind round, refused
+/// (no like-kind windows); a report without per-kind ratios (older: the rows' medians,
+/// nothing paired) keeps `old`'s figure, refused (0 paired rounds) if it had a verdict.
 fn ratio(r: &Report, name: &str, old: Target, bound: f64) -> Target {
     let kinds: Vec<_> = r
         .ratios
@@ -178,20 +204,36 @@ fn ratio(r: &Report, name: &str, old: Target, bound: f64) -> Target {
         .filter(|k| k.ratio == name)
         .collect();
     if !kinds.is_empty() {
+        let deciding: Vec<_> = kinds
+            .iter()
+            .filter(|k| k.rounds.len() >= MIN_PAIRED_ROUNDS)
+            .collect();
+        let most = kinds.iter().map(|k| k.rounds.len()).max().unwrap_or(0);
         return Target {
             figure: kinds
                 .iter()
                 .map(|k| {
                     format!(
-                        "{} {:.2} ({})",
+                        "{} {:.2} over {} paired round{} ({}), spread {:.2} – {:.2}{}",
                         k.kind.label(),
                         k.cpu,
-                        rounds_label(&k.rounds)
+                        k.rounds.len(),
+                        if k.rounds.len() == 1 { "" } else { "s" },
+                        rounds_label(&k.rounds),
+                        k.cpu_range.0,
+                        k.cpu_range.1,
+                        if k.rounds.len() < MIN_PAIRED_ROUNDS {
+                            format!(" (< {MIN_PAIRED_ROUNDS}: no verdict)")
+                        } else {
+                            String::new()
+                        }
                     )
                 })
                 .collect::<Vec<_>>()
                 .join("; "),
-            verdict: if kinds.iter().all(|k| k.cpu >= bound) {
+            verdict: if deciding.is_empty() {
+                Verdict::RefusedFewRounds(most)
+            } else if deciding.iter().all(|k| k.cpu >= bound) {
                 Verdict::Met
             } else {
                 Verdict::Missed
@@ -206,7 +248,15 @@ fn ratio(r: &Report, name: &str, old: Target, bound: f64) -> Target {
             ..old
         };
     }
-    old
+    match old.verdict {
+        // The rows' medians: no round paired, too few for a verdict.
+        Verdict::Met | Verdict::Missed => Target {
+            figure: format!("{} (the rows' medians, not paired)", old.figure),
+            verdict: Verdict::RefusedFewRounds(0),
+            ..old
+        },
+        _ => old,
+    }
 }
 
 /// The control-plane scale targets: created live, every ServiceLoadBalancer Ready within
@@ -446,19 +496,95 @@ mod tests {
             ],
             ..Report::default()
         };
+        let five = vec![1, 2, 3, 4, 5];
         r.ratios.cpu_juneau_xdp_fast_vs_xdp_dnat = Some(0.99);
+        r.ratios.by_kind = vec![kind_ratio(
+            JUNEAU_XDP_FAST_VS_XDP_DNAT,
+            WindowKind::Paced,
+            0.99,
+            five.clone(),
+        )];
         assert_eq!(verdict(&r, "juneau (default"), Verdict::Refused);
         assert_eq!(verdict(&r, "juneau-xdp-fast (opt-in)"), Verdict::Missed);
         assert_eq!(verdict(&r, "every throughput row"), Verdict::Missed);
         r.ratios.cpu_juneau_vs_nft_dnat = Some(1.0);
+        r.ratios.by_kind.push(kind_ratio(
+            JUNEAU_VS_NFT_DNAT,
+            WindowKind::Flooded,
+            1.0,
+            five.clone(),
+        ));
         assert_eq!(verdict(&r, "juneau (default"), Verdict::Met);
         r.ratios.cpu_juneau_xdp_fast_vs_xdp_dnat = None;
+        r.ratios.by_kind.remove(0);
         assert_eq!(verdict(&r, "juneau-xdp-fast (opt-in)"), Verdict::Refused);
         r.scenarios.retain(|s| s.name != "juneau-xdp-fast");
         assert_eq!(
             verdict(&r, "juneau-xdp-fast (opt-in)"),
             Verdict::NotMeasured,
             "the fast-path target is the fast-path row's, not the default path's"
+        );
+    }
+
+    #[test]
+    fn a_ratio_of_the_rows_medians_paired_no_round_and_is_refused() {
+        // An older report: its ratio from the rows' medians, no per-round pairs.
+        let mut r = Report {
+            scenarios: vec![sat("juneau", 2e6, true), sat("nft-dnat", 1e6, true)],
+            ..Report::default()
+        };
+        r.ratios.cpu_juneau_vs_nft_dnat = Some(1.2);
+        let t = target(&r, "juneau (default");
+        assert_eq!(
+            (t.verdict, t.figure.as_str()),
+            (
+                Verdict::RefusedFewRounds(0),
+                "1.20 (the rows' medians, not paired)"
+            )
+        );
+        assert_eq!(t.verdict.label(), "refused (0 paired rounds < 5)");
+    }
+
+    #[test]
+    fn every_row_saturated_says_by_loss_or_by_busy_core() {
+        use crate::results::RunFigures;
+        let w = |delivered: f64, busy: f64| {
+            let mut f = RunFigures {
+                delivered_pps: delivered,
+                offered_pps: 100.0,
+                rate_pps: 100,
+                ..RunFigures::default()
+            };
+            f.path_core.busy = busy;
+            f.saturated = f.saturated_by_loss() || f.saturated_by_core();
+            f
+        };
+        let row =
+            |name: &str, runs: Vec<RunFigures>| ScenarioResult::from_runs_at(name, 256, runs, None);
+        let mut r = Report {
+            scenarios: vec![
+                row("juneau", vec![w(80.0, 0.5), w(80.0, 0.99)]),
+                row("nft-dnat", vec![w(100.0, 0.99), w(100.0, 0.97)]),
+            ],
+            ..Report::default()
+        };
+        let t = target(&r, "every throughput row");
+        assert_eq!(
+            (t.verdict, t.figure.as_str()),
+            (
+                Verdict::Met,
+                "2 of 2 rows: juneau @ 256 flows: by loss 2, by busy core 1 of 2 windows; \
+                 nft-dnat @ 256 flows: by loss 0, by busy core 2 of 2 windows"
+            )
+        );
+        r.scenarios[1] = row("nft-dnat", vec![w(100.0, 0.99), w(100.0, 0.5)]);
+        let t = target(&r, "every throughput row");
+        assert_eq!(t.verdict, Verdict::Missed);
+        assert!(
+            t.figure
+                .starts_with("not: nft-dnat @ 256 flows. juneau @ 256 flows: by loss 2"),
+            "{}",
+            t.figure
         );
     }
 
@@ -636,13 +762,13 @@ mod tests {
     }
 
     #[test]
-    fn a_ratio_target_needs_every_kind_and_refuses_without_like_kind_windows() {
+    fn a_ratio_target_needs_five_paired_rounds_of_a_kind_and_prints_their_spread() {
         let mut r = Report {
             scenarios: vec![sat("juneau", 2e6, true), sat("nft-dnat", 1e6, true)],
             ..Report::default()
         };
         const T: &str = "juneau (default";
-        // The old single figure would say met; the per-kind figures decide.
+        // Fewer than 5 rounds of every kind: refused, whatever the figures say.
         r.ratios.cpu_juneau_vs_nft_dnat = Some(1.2);
         r.ratios.by_kind = vec![
             kind_ratio(JUNEAU_VS_NFT_DNAT, WindowKind::Paced, 1.2, vec![1, 2]),
@@ -652,9 +778,23 @@ mod tests {
         assert_eq!(
             (t.verdict, t.figure.as_str()),
             (
-                Verdict::Missed,
-                "paced 1.20 (rounds 1, 2); flooded 0.80 (round 4)"
+                Verdict::RefusedFewRounds(2),
+                "paced 1.20 over 2 paired rounds (rounds 1, 2), spread 1.20 – 1.20 (< 5: no verdict); \
+                 flooded 0.80 over 1 paired round (round 4), spread 0.80 – 0.80 (< 5: no verdict)"
             )
+        );
+        assert!(markdown(&r).contains("| refused (2 paired rounds < 5) |"));
+        // Five flooded rounds decide (the paced line with 2 is shown, not counted).
+        r.ratios.by_kind[1].rounds = vec![1, 2, 3, 4, 5];
+        r.ratios.by_kind[1].cpu_range = (0.7, 0.9);
+        let t = target(&r, T);
+        assert_eq!(t.verdict, Verdict::Missed);
+        assert!(
+            t.figure.ends_with(
+                "flooded 0.80 over 5 paired rounds (rounds 1, 2, 3, 4, 5), spread 0.70 – 0.90"
+            ),
+            "{}",
+            t.figure
         );
         r.ratios.by_kind[1].cpu = 1.0;
         assert_eq!(verdict(&r, T), Verdict::Met);

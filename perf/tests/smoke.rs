@@ -217,6 +217,37 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
             );
         }
     }
+    // Every path of the round (one round in smoke) has a window of one common kind: a
+    // path paced while another was flooded ran an extra flooded window (its paced one
+    // kept), so every ratio pairs like with like (issue #26).
+    let kinds = |run: &serde_json::Value| -> Vec<&'static str> {
+        std::iter::once(run)
+            .chain(run["also"].as_array().into_iter().flatten())
+            .map(|w| match w["rate_pps"].as_u64() {
+                Some(r) if r > 0 => "paced",
+                _ => "flooded",
+            })
+            .collect()
+    };
+    let rows: Vec<&serde_json::Value> = scenarios
+        .iter()
+        .chain(
+            report["flow_scale"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| &p["summary"]),
+        )
+        .chain(std::iter::once(&report["flow_scale_reference"]["summary"]))
+        .filter(|s| s["runs"].as_array().is_some_and(|r| !r.is_empty()))
+        .collect();
+    let round: Vec<Vec<&str>> = rows.iter().map(|s| kinds(&s["runs"][0])).collect();
+    assert!(
+        ["paced", "flooded"]
+            .iter()
+            .any(|k| round.iter().all(|w| w.contains(k))),
+        "round 1 has no kind every path's windows share: {round:?}"
+    );
     // The TCP bulk download: 4 MiB per connection, 1 and 4 streams, through juneau and
     // nft-dnat; every byte of the checked round and of the window arrived.
     let bulk = report["bulk"].as_array().expect("bulk rows");
