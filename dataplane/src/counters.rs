@@ -402,6 +402,10 @@ pub struct Stats {
     pub flows: u64,
     /// Flow table capacity.
     pub flow_capacity: u64,
+    /// IPv6 flows held now (one table shared by the workers).
+    pub flows6: u64,
+    /// IPv6 flow table capacity.
+    pub flow6_capacity: u64,
     /// Bytes of memory per flow slot (records + index + free list).
     pub flow_table_bytes: u64,
     /// Half-open TCP flows held now (SYN seen, handshake not completed).

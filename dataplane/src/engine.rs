@@ -283,6 +283,7 @@ mod redirect_path;
 mod icmp_path;
 #[path = "engine6.rs"]
 mod ipv6_path;
+pub use ipv6_path::SharedFlows6;
 
 impl Engine {
     /// An engine with an empty service table and a flow table on the heap.
@@ -2547,7 +2548,8 @@ mod tests {
             Verdict::Pass(PassReason::NotForUs)
         );
         assert_eq!(f, before);
-        // ARP and IPv6: the kernel's.
+        // ARP: the kernel's; IPv6 to no VIP too (the IPv6 path: `engine6.rs`), and an IPv6
+        // frame that does not parse is dropped as malformed.
         let mut arp = vec![0u8; 42];
         arp[12..14].copy_from_slice(&packet::ETHERTYPE_ARP.to_be_bytes());
         assert_eq!(
@@ -2557,8 +2559,16 @@ mod tests {
         let mut v6 = vec![0u8; 60];
         v6[12..14].copy_from_slice(&packet::ETHERTYPE_IPV6.to_be_bytes());
         assert_eq!(
+            e.process(&mut v6.clone(), Side::Uplink, &nb, 0),
+            Verdict::Drop(DropReason::Malformed)
+        );
+        v6[14] = 0x60; // version 6
+        v6[19] = 6; // payload length 6, next header 59 (no next header)
+        v6[20] = 59;
+        v6[21] = 64;
+        assert_eq!(
             e.process(&mut v6, Side::Uplink, &nb, 0),
-            Verdict::Pass(PassReason::NotIpv4)
+            Verdict::Pass(PassReason::NotForUs)
         );
         // TTL 1: the kernel's (time exceeded), unchanged.
         let mut f = build_with(IPPROTO_TCP, CLIENT, 1, VIP, 80, b"", 1, tcp_flags::SYN);

@@ -4,6 +4,10 @@
 //! its other end — Packet Too Big above all, since IPv6 routers never fragment; everything
 //! else to a VIP dropped under a named reason.
 //!
+//! One IPv6 flow table serves every forwarding worker, locked once per IPv6 packet: a
+//! flow's replies may reach another worker's socket than its client's packets (a Pod's
+//! veth has one queue), and unlike IPv4's tables it is not readable across processes.
+//!
 //! What the IPv4 path has and this one has not yet: the established-flow fast path, the
 //! XDP fast path, redirects between nodes (an IPv6 frontend is served from local
 //! backends only), fragments (dropped as `fragment`), cutting a Pod's super-segment for
@@ -19,11 +23,23 @@ use crate::packet6::{self, Icmp6ErrorView, Ipv6View, Side6, Upper};
 use crate::services6::{Backend6, Services6};
 
 use super::{Engine, PassReason, Verdict, MAGLEV_HASH_SEED};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The IPv6 flow table the forwarding workers share.
+pub type SharedFlows6 = Arc<Mutex<Flow6Table>>;
+
+fn lock(t: &SharedFlows6) -> MutexGuard<'_, Flow6Table> {
+    // A worker that panicked while holding it took the process down with it: a
+    // poisoned lock is never seen by a live worker, but is not a reason to stop either.
+    t.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// The engine's IPv6 state.
 #[derive(Debug)]
 pub struct V6 {
-    flows: Flow6Table,
+    /// Shared by the workers (a reply may reach another worker's socket than its
+    /// client's packets: a Pod's veth has one queue); locked once per IPv6 packet.
+    flows: SharedFlows6,
     services: Services6,
     /// Per IPv6 service, indexed like `services`.
     counters: Vec<ServiceCounters>,
@@ -36,7 +52,7 @@ pub struct V6 {
 impl V6 {
     pub(super) fn new(flows: Flow6Table) -> Self {
         V6 {
-            flows,
+            flows: Arc::new(Mutex::new(flows)),
             services: Services6::default(),
             counters: Vec::new(),
             missing: [([0; 16], 0); 16],
@@ -45,7 +61,7 @@ impl V6 {
     }
 
     pub(super) fn capacity(&self) -> usize {
-        self.flows.capacity()
+        lock(&self.flows).capacity()
     }
 
     fn note_missing(&mut self, hop: ([u8; 16], u32)) {
@@ -102,8 +118,24 @@ impl Engine {
     }
 
     /// The IPv6 flow table (to mirror it into the steering program's map, to read it).
-    pub fn flows6_mut(&mut self) -> &mut Flow6Table {
-        &mut self.v6.flows
+    pub fn flows6_mut(&mut self) -> MutexGuard<'_, Flow6Table> {
+        lock(&self.v6.flows)
+    }
+
+    /// IPv6 flows held and the table's capacity.
+    pub fn flows6_counts(&self) -> (usize, usize) {
+        let t = lock(&self.v6.flows);
+        (t.len(), t.capacity())
+    }
+
+    /// The IPv6 flow table, to share with the other workers.
+    pub fn flows6_shared(&self) -> SharedFlows6 {
+        Arc::clone(&self.v6.flows)
+    }
+
+    /// Uses `flows` (another worker's, shared) as this engine's IPv6 flow table.
+    pub fn share_flows6(&mut self, flows: SharedFlows6) {
+        self.v6.flows = flows;
     }
 
     /// Per IPv6 service counters, indexed like [`Engine::services6`].
@@ -119,7 +151,7 @@ impl Engine {
 
     /// Ends up to `budget` expired IPv6 flows.
     pub fn sweep6(&mut self, now_ms: u64, budget: usize) -> usize {
-        self.v6.flows.sweep(now_ms, budget)
+        lock(&self.v6.flows).sweep(now_ms, budget)
     }
 
     fn drop6(&mut self, r: DropReason, service: Option<u32>) -> Verdict {
@@ -147,16 +179,18 @@ impl Engine {
         if v.hop_limit <= 1 {
             return self.pass(PassReason::TtlExpired);
         }
+        let shared = Arc::clone(&self.v6.flows);
+        let t = &mut *lock(&shared);
         match v.upper {
             Upper::Other(_) => self.drop6(DropReason::Ipv6ExtensionHeader, None),
             Upper::LaterFragment(_) => self.drop6(DropReason::Fragment, None),
             Upper::Transport(_) if v.fragment => self.drop6(DropReason::Fragment, None),
             Upper::Transport(p) => match ingress {
-                Side::Uplink => self.forward6(frame, v, p, nb, now_ms),
-                Side::Pod(_) => self.reverse6(frame, v, p, nb, now_ms),
+                Side::Uplink => self.forward6(t, frame, v, p, nb, now_ms),
+                Side::Pod(_) => self.reverse6(t, frame, v, p, nb, now_ms),
             },
             Upper::Icmp => match packet6::parse_icmp6_error(frame, &v) {
-                Some(e) => self.relay_icmp6_error(frame, v, e, ingress, nb, now_ms),
+                Some(e) => self.relay_icmp6_error(t, frame, v, e, ingress, nb, now_ms),
                 None if ingress == Side::Uplink => {
                     self.drop6(DropReason::UnsupportedProtocol, None)
                 }
@@ -168,6 +202,7 @@ impl Engine {
     /// A client's packet to a VIP: its flow's backend, or a new flow's.
     fn forward6(
         &mut self,
+        t: &mut Flow6Table,
         frame: &mut [u8],
         mut v: Ipv6View,
         proto: u8,
@@ -178,19 +213,19 @@ impl Engine {
             return self.drop6(DropReason::Malformed, None);
         };
         let flags = v.l4.map_or(0, |l| l.tcp_flags);
-        let id = match self.v6.flows.lookup(&key, now_ms) {
-            Some((id, Direction::Forward)) => match self.revalidate6(id) {
+        let id = match t.lookup(&key, now_ms) {
+            Some((id, Direction::Forward)) => match self.revalidate6(t, id) {
                 Ok(id) => id,
                 Err(r) => return r,
             },
             Some((_, Direction::Reverse)) => return self.drop6(DropReason::FlowConflict, None),
-            None => match self.open6(&key, flags, now_ms) {
+            None => match self.open6(t, &key, flags, now_ms) {
                 Ok(id) => id,
                 Err(r) => return r,
             },
         };
-        self.v6.flows.touch(id, Direction::Forward, flags, now_ms);
-        let f = *self.v6.flows.get(id).expect("a live flow");
+        t.touch(id, Direction::Forward, flags, now_ms);
+        let f = *t.get(id).expect("a live flow");
         let len = frame.len();
         packet6::rewrite6(frame, &mut v, Side6::Destination, f.backend, f.backend_port);
         let verdict = self.egress6(frame, &mut v, f.backend, nb, f.service);
@@ -203,7 +238,13 @@ impl Engine {
     }
 
     /// A new flow for a client's first packet: the frontend, its admission, a backend.
-    fn open6(&mut self, key: &Flow6Key, flags: u8, now_ms: u64) -> Result<u32, Verdict> {
+    fn open6(
+        &mut self,
+        t: &mut Flow6Table,
+        key: &Flow6Key,
+        flags: u8,
+        now_ms: u64,
+    ) -> Result<u32, Verdict> {
         let Some(s) = self.v6.services.find(key.dst, key.proto, key.dst_port) else {
             return Err(self.drop6(DropReason::PortNotExposed, None));
         };
@@ -228,7 +269,7 @@ impl Engine {
             s,
             generation,
         );
-        match self.v6.flows.insert(f, now_ms) {
+        match t.insert(f, now_ms) {
             Ok(id) => {
                 if let Some(c) = self.v6.counters.get_mut(s as usize) {
                     c.new_flows += 1;
@@ -248,8 +289,8 @@ impl Engine {
 
     /// Checks a flow against the current IPv6 service table: its frontend, its backend
     /// (Ready or draining) and its client's admission; a stale flow ends.
-    fn revalidate6(&mut self, id: u32) -> Result<u32, Verdict> {
-        let f = *self.v6.flows.get(id).expect("a live flow");
+    fn revalidate6(&mut self, t: &mut Flow6Table, id: u32) -> Result<u32, Verdict> {
+        let f = *t.get(id).expect("a live flow");
         let generation = self.v6.services.generation();
         if f.generation == generation {
             return Ok(id);
@@ -263,19 +304,19 @@ impl Engine {
                     port: f.backend_port,
                 }) =>
             {
-                self.v6.flows.revalidated(id, s, generation);
+                t.revalidated(id, s, generation);
                 None
             }
             Some((s, _)) => Some((DropReason::BackendRemoved, s)),
             None => {
-                self.v6.flows.remove(id);
+                t.remove(id);
                 return Err(self.drop6(DropReason::BackendRemoved, None));
             }
         };
         match verdict {
             None => Ok(id),
             Some((r, s)) => {
-                self.v6.flows.remove(id);
+                t.remove(id);
                 Err(self.drop6(r, Some(s)))
             }
         }
@@ -284,6 +325,7 @@ impl Engine {
     /// A backend's reply: the source becomes the VIP again.
     fn reverse6(
         &mut self,
+        t: &mut Flow6Table,
         frame: &mut [u8],
         mut v: Ipv6View,
         proto: u8,
@@ -293,16 +335,16 @@ impl Engine {
         let Some(key) = key_of(&v, proto) else {
             return self.drop6(DropReason::Malformed, None);
         };
-        let id = match self.v6.flows.lookup(&key, now_ms) {
-            Some((id, Direction::Reverse)) => match self.revalidate6(id) {
+        let id = match t.lookup(&key, now_ms) {
+            Some((id, Direction::Reverse)) => match self.revalidate6(t, id) {
                 Ok(id) => id,
                 Err(r) => return r,
             },
             _ => return self.drop6(DropReason::NoFlow, None),
         };
         let flags = v.l4.map_or(0, |l| l.tcp_flags);
-        self.v6.flows.touch(id, Direction::Reverse, flags, now_ms);
-        let f = *self.v6.flows.get(id).expect("a live flow");
+        t.touch(id, Direction::Reverse, flags, now_ms);
+        let f = *t.get(id).expect("a live flow");
         let len = frame.len();
         packet6::rewrite6(frame, &mut v, Side6::Source, f.vip, f.vip_port);
         if self.pod_checksum == super::PodChecksums::Detect {
@@ -323,8 +365,10 @@ impl Engine {
     /// (the backend about a client's packet: the quote is client -> backend) to the
     /// client. The outer address and the quoted one are rewritten, the checksum computed
     /// again over the whole message (a cold path).
+    #[allow(clippy::too_many_arguments)]
     fn relay_icmp6_error(
         &mut self,
+        t: &mut Flow6Table,
         frame: &mut [u8],
         mut v: Ipv6View,
         e: Icmp6ErrorView,
@@ -347,8 +391,8 @@ impl Engine {
         } else {
             Direction::Reverse
         };
-        let f = match self.v6.flows.lookup(&key, now_ms) {
-            Some((id, d)) if d == want => *self.v6.flows.get(id).expect("a live flow"),
+        let f = match t.lookup(&key, now_ms) {
+            Some((id, d)) if d == want => *t.get(id).expect("a live flow"),
             _ if uplink => return self.drop6(DropReason::NoFlow, None),
             _ => return self.pass(PassReason::NotForUs),
         };

@@ -204,11 +204,21 @@ fn register_counters(r: &mut Registry, st: &Stats) {
 
 /// The node-wide gauges.
 fn register_gauges(r: &mut Registry, st: &Stats) {
-    let gauges: [(&str, &str, u64); 12] = [
+    let gauges: [(&str, &str, u64); 14] = [
         (
             "juneau_dataplane_flows",
             "Flows in the flow table",
             st.flows,
+        ),
+        (
+            "juneau_dataplane_ipv6_flows",
+            "Flows in the IPv6 flow table (shared by the workers)",
+            st.flows6,
+        ),
+        (
+            "juneau_dataplane_ipv6_flow_capacity",
+            "IPv6 flow table capacity",
+            st.flow6_capacity,
         ),
         (
             "juneau_dataplane_flow_capacity",

@@ -394,3 +394,17 @@ fn a_flow_the_steering_map_refuses_is_not_created() {
     );
     assert!(e.flows6_mut().is_empty());
 }
+
+#[test]
+fn workers_sharing_the_table_serve_each_others_replies() {
+    let mut a = engine(vec![service(80, IPPROTO_TCP, &[1], 1)]);
+    let mut b = engine(vec![service(80, IPPROTO_TCP, &[1], 1)]);
+    b.share_flows6(a.flows6_shared());
+    let mut f = tcp(client(), vip(), 40000, 80, SYN);
+    assert_eq!(run(&mut a, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+    // The reply reaches the other worker's socket.
+    let mut r = tcp(pod(1), client(), 8080, 40000, SYN | ACK);
+    assert_eq!(run(&mut b, &mut r, Side::Pod(0)), Verdict::Tx(Side::Uplink));
+    assert_eq!(parse6(&r).unwrap().src, vip());
+    assert_eq!(b.flows6_counts(), (1, 64));
+}

@@ -733,7 +733,7 @@ fn build_workers<'u>(
 ) -> Result<Vec<Built<'u>>> {
     let sock_cfg = socket_config(cfg)?;
     let mut out = Vec::new();
-    let mut keys6 = previous_ipv6_keys(steering, workers);
+    let mut shared6: Option<crate::engine::SharedFlows6> = None;
     for (w, (table, (umem, descs))) in tables.into_iter().zip(umems).enumerate() {
         let mut factory = SocketFactory {
             umem,
@@ -747,12 +747,14 @@ fn build_workers<'u>(
             ports.extend(factory.open(si, *side, cfg.ring_size, steering, mine)?);
         }
         let mut engine = Engine::with_flows(cfg.engine, table);
-        adopt_ipv6_flows(
-            &mut engine,
-            steering,
-            w as u32,
-            std::mem::take(&mut keys6[w]),
-        );
+        match &shared6 {
+            // One IPv6 flow table for every worker (`engine6.rs`).
+            Some(t) => engine.share_flows6(t.clone()),
+            None => {
+                adopt_ipv6_flows(&mut engine, steering);
+                shared6 = Some(engine.flows6_shared());
+            }
+        }
         if let Some(r) = &cfg.redirect {
             engine.set_redirect(crate::redirect::Redirector::new(r.clone()));
         }
@@ -766,59 +768,49 @@ fn build_workers<'u>(
     Ok(out)
 }
 
-/// The IPv6 flow keys a previous run left in the steering map, by worker (a key of a
-/// worker this run does not have goes to worker `w % workers`).
-fn previous_ipv6_keys(steering: &Steering, workers: u32) -> Vec<Vec<crate::flow6::Flow6Key>> {
-    let mut keys = vec![Vec::new(); workers.max(1) as usize];
-    match steering.flows6().entries() {
-        Ok(entries) => {
-            for (k, w) in entries {
-                keys[(w % workers.max(1)) as usize].push(crate::steering::ipv6::flow_key(&k));
+/// The IPv6 flow table the workers share: the previous run's flows rebuilt from the keys
+/// it left in the steering map (keys that pair with none withdrawn), then every key it
+/// adds or ends mirrored into the map.
+fn adopt_ipv6_flows(engine: &mut Engine, steering: &Steering) {
+    let keys: Vec<crate::flow6::Flow6Key> = match steering.flows6().entries() {
+        Ok(entries) => entries
+            .iter()
+            .map(|(k, _)| crate::steering::ipv6::flow_key(k))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "reading the previous run's IPv6 flows failed; they are lost");
+            Vec::new()
+        }
+    };
+    let now = crate::region::monotonic_ms();
+    let restored = {
+        let mut table = engine.flows6_mut();
+        let restored = table.restore(&keys, |ip| steering.is_vip6(ip), now);
+        for k in &keys {
+            if table.lookup(k, now).is_none() {
+                let _ = steering.flows6().remove(&crate::steering::Flow6MapKey::new(
+                    k.src.into(),
+                    k.dst.into(),
+                    k.src_port,
+                    k.dst_port,
+                    k.proto,
+                ));
             }
         }
-        Err(e) => {
-            tracing::warn!(error = %format!("{e:#}"), "reading the previous run's IPv6 flows failed; they are lost")
-        }
-    }
-    keys
-}
-
-/// Worker `w`'s IPv6 flow table: the previous run's flows it held rebuilt (keys that
-/// pair with none withdrawn), then every key it adds or ends mirrored into the map.
-fn adopt_ipv6_flows(
-    engine: &mut Engine,
-    steering: &Steering,
-    w: u32,
-    keys: Vec<crate::flow6::Flow6Key>,
-) {
-    let now = crate::region::monotonic_ms();
-    let table = engine.flows6_mut();
-    let restored = table.restore(&keys, |ip| steering.is_vip6(ip), now);
-    let restored_count = restored as u64;
-    for k in &keys {
-        if table.lookup(k, now).is_none() {
-            let _ = steering.flows6().remove(&crate::steering::Flow6MapKey::new(
-                k.src.into(),
-                k.dst.into(),
-                k.src_port,
-                k.dst_port,
-                k.proto,
-            ));
-        }
-    }
+        table.set_mirror(Box::new(crate::steering::ipv6::Flows6Mirror::new(
+            steering.flows6().clone(),
+            0,
+        )));
+        restored
+    };
     if !keys.is_empty() {
         tracing::info!(
-            worker = w,
             restored,
             keys = keys.len(),
             "IPv6 flows of the previous run"
         );
     }
-    table.set_mirror(Box::new(crate::steering::ipv6::Flows6Mirror::new(
-        steering.flows6().clone(),
-        w,
-    )));
-    engine.counters_mut().flows_restored += restored_count;
+    engine.counters_mut().flows_restored += restored as u64;
 }
 
 /// Every worker on a thread of its own, the node thread's loop on this one; returns

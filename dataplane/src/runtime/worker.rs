@@ -838,6 +838,8 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
         icmp_frag_needed_limited: c.icmp_frag_needed_limited,
         flows: flows.len() as u64,
         flow_capacity: flows.capacity() as u64,
+        flows6: engine.flows6_counts().0 as u64,
+        flow6_capacity: engine.flows6_counts().1 as u64,
         flow_table_bytes: flows.memory_bytes() as u64,
         half_open_flows: flows.half_open() as u64,
         half_open_max: flows.half_open_max() as u64,
@@ -923,6 +925,9 @@ pub(super) fn merge(total: &mut Stats, other: &Stats) {
     total.icmp_frag_needed_limited += other.icmp_frag_needed_limited;
     total.flows += other.flows;
     total.flow_capacity += other.flow_capacity;
+    // One IPv6 table for all workers: each reports it whole.
+    total.flows6 = total.flows6.max(other.flows6);
+    total.flow6_capacity = total.flow6_capacity.max(other.flow6_capacity);
     total.flow_table_bytes += other.flow_table_bytes;
     total.half_open_flows += other.half_open_flows;
     total.half_open_max += other.half_open_max;
