@@ -103,10 +103,11 @@ fn addr6(ns: &Netns, ifname: &str, cidr: &str) -> Result<()> {
     Ok(())
 }
 
-/// IPv6 on every link of a bridged lab: `2001:db8:100:1::/64` between client and node,
-/// `fd00:100:2::/64` on the bridge; the client routes the VIPs' /64 via the node, each
-/// Pod its default route via the bridge.
-fn wire_ipv6(client: &Netns, node: &Netns, pods: &[Netns]) -> Result<()> {
+/// IPv6 on every link: `2001:db8:100:1::/64` between client and node (the client routes
+/// the VIPs' /64 via the node); the Pods on `fd00:100:2::/64` behind the bridge, or, with
+/// per-Pod veths, each Pod's /128 routed to its veth and the node `fd00:100:2::1` on
+/// every veth (as ptp-style CNIs do); each Pod's default route via `fd00:100:2::1`.
+fn wire_ipv6(client: &Netns, node: &Netns, pods: &[Netns], bridge: bool) -> Result<()> {
     addr6(node, "up0", "2001:db8:100:1::1/64")?;
     addr6(client, "eth0", &format!("{CLIENT_IP6}/64"))?;
     client.exec(&[
@@ -118,9 +119,27 @@ fn wire_ipv6(client: &Netns, node: &Netns, pods: &[Netns]) -> Result<()> {
         "via",
         "2001:db8:100:1::1",
     ])?;
-    addr6(node, "br0", "fd00:100:2::1/64")?;
+    if bridge {
+        addr6(node, "br0", "fd00:100:2::1/64")?;
+    }
     for (i, pod) in pods.iter().enumerate() {
-        addr6(pod, "eth0", &format!("{}/64", pod_ip6(i)))?;
+        if bridge {
+            addr6(pod, "eth0", &format!("{}/64", pod_ip6(i)))?;
+        } else {
+            let pv = format!("pv{i}");
+            addr6(node, &pv, "fd00:100:2::1/128")?;
+            node.exec(&[
+                "ip",
+                "-6",
+                "route",
+                "add",
+                &format!("{}/128", pod_ip6(i)),
+                "dev",
+                &pv,
+            ])?;
+            addr6(pod, "eth0", &format!("{}/128", pod_ip6(i)))?;
+            pod.exec(&["ip", "-6", "route", "add", "fd00:100:2::1", "dev", "eth0"])?;
+        }
         pod.exec(&[
             "ip",
             "-6",
@@ -326,7 +345,7 @@ impl Lab {
             start_backend(pods[1].name(), "pod1")?,
         ];
         if v6 {
-            wire_ipv6(&client, &node, &pods)?;
+            wire_ipv6(&client, &node, &pods, bridge)?;
             for (i, pod) in pods.iter().enumerate() {
                 backends.push(TestBackend::start(
                     pod.name(),
@@ -829,6 +848,156 @@ fn ipv6_through_the_vip_keeps_the_client_address_and_carries_4mib_both_ways() ->
         "too_big",
     ] {
         assert_eq!(s["drops"][reason].as_u64(), Some(0), "{reason}: {s}");
+    }
+    lab.finish()
+}
+
+/// `n` TCP connections to the IPv6 VIP's port 80 from the client.
+fn connect6(lab: &Lab, n: usize) -> Result<Vec<TcpStream>> {
+    in_ns(lab.client.name(), move || -> Result<Vec<TcpStream>> {
+        let vip = SocketAddr::from((VIP6, 80));
+        (0..n)
+            .map(|i| {
+                let c = TcpStream::connect_timeout(&vip, Duration::from_secs(10))
+                    .with_context(|| format!("IPv6 connection {i} to {vip}"))?;
+                c.set_read_timeout(Some(Duration::from_secs(40)))?;
+                Ok(c)
+            })
+            .collect()
+    })
+}
+
+/// IPv6 connections outlive a `kill -9` of the dataplane: the restarted process rebuilds
+/// them from the keys left in the pinned `flows6` map, and their Pods' replies in the
+/// meantime never reached the kernel un-NATed.
+#[test]
+fn ipv6_connections_survive_kill_9_and_a_restart() -> Result<()> {
+    let mut lab = Lab::dual_stack("dp6r")?;
+    // As on a Kubernetes node, the kernel forwards: a Pod's packet handed to it un-NATed
+    // would reach the client, whose kernel would answer with a RST.
+    lab.node
+        .exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
+    let mut conns = connect6(&lab, 6)?;
+    let mut served_by = Vec::new();
+    for c in conns.iter_mut() {
+        let body = http_get(c)?;
+        assert!(body.contains(&format!("saw [{CLIENT_IP6}]:")), "{body}");
+        served_by.push(pod_of(&body));
+    }
+    lab.kill9();
+    let pending = requests_in_flight(&mut conns);
+    std::thread::sleep(Duration::from_millis(500));
+    lab.start()?;
+    let s = lab.stats()?;
+    ensure!(
+        s["flows6"].as_u64().unwrap_or(0) >= 6 && s["flows_restored"].as_u64().unwrap_or(0) >= 6,
+        "{s}\n{}",
+        lab.dataplane_log()
+    );
+    for (i, h) in pending.into_iter().enumerate() {
+        let (c, r) = h.join().expect("request thread");
+        let body = r.with_context(|| format!("IPv6 connection {i} after the restart"))?;
+        assert!(body.contains(&format!("saw [{CLIENT_IP6}]:")), "{body}");
+        assert_eq!(pod_of(&body), served_by[i], "connection {i} kept its Pod");
+        conns.push(c);
+    }
+    let big = pattern(4 << 20);
+    download(
+        lab.client.name(),
+        &format!("http://[{VIP6}]/bytes/{}", big.len()),
+        &big,
+        30,
+    )?;
+    assert_eq!(lab.drops("no_flow"), 0, "{}", lab.stats()?);
+    lab.finish()
+}
+
+/// Two forwarding workers over two-queue links: an IPv6 connection's replies may reach
+/// the other worker's socket than its client's packets; the shared IPv6 flow table
+/// serves them either way.
+#[test]
+fn ipv6_with_two_workers_serves_every_connection() -> Result<()> {
+    let lab = Lab::build_full("dp6w", 2, 2, false, false, true, &["--workers", "2"])?;
+    let mut conns = connect6(&lab, 16)?;
+    for c in conns.iter_mut() {
+        let body = http_get(c)?;
+        assert!(body.contains(&format!("saw [{CLIENT_IP6}]:")), "{body}");
+    }
+    let big = pattern(4 << 20);
+    download(
+        lab.client.name(),
+        &format!("http://[{VIP6}]/bytes/{}", big.len()),
+        &big,
+        30,
+    )?;
+    upload(
+        lab.client.name(),
+        &format!("http://[{VIP6}]/upload"),
+        &big,
+        30,
+    )?;
+    let s = lab.fresh_stats()?;
+    assert_eq!(s["workers"].as_array().map(Vec::len), Some(2), "{s}");
+    assert_eq!(s["drops"]["no_flow"].as_u64(), Some(0), "{s}");
+    lab.finish()
+}
+
+/// An ICMPv6 Packet Too Big about a reply (sent to the VIP, the reply's source) reaches
+/// the backend translated, so its path-MTU discovery works: IPv6 routers never fragment.
+#[test]
+fn ipv6_packet_too_big_reaches_the_backend() -> Result<()> {
+    let lab = Lab::dual_stack("dp6m")?;
+    let (client_port, reply) = in_ns(lab.client.name(), || -> Result<(u16, String)> {
+        let s = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0))?;
+        s.set_read_timeout(Some(Duration::from_secs(1)))?;
+        let mut buf = [0u8; 2048];
+        for _ in 0..10 {
+            s.send_to(b"hello", (VIP6, 53))?;
+            if let Ok((n, _)) = s.recv_from(&mut buf) {
+                let text = String::from_utf8_lossy(&buf[..n]).to_string();
+                return Ok((s.local_addr()?.port(), text));
+            }
+        }
+        bail!("no UDP reply through the IPv6 VIP")
+    })?;
+    let pod = pod_of(&reply).context("which pod answered")?;
+    let route = |pod: usize| {
+        lab.pods[pod]
+            .exec(&["ip", "-6", "route", "get", &CLIENT_IP6.to_string()])
+            .unwrap_or_default()
+    };
+    assert!(!route(pod).contains("mtu 1280"), "{}", route(pod));
+    // The quoted reply: VIP:53 -> client:port, 1400 bytes.
+    let mut quote = vec![0x60, 0, 0, 0];
+    quote.extend_from_slice(&1360u16.to_be_bytes());
+    quote.extend_from_slice(&[17, 63]);
+    quote.extend_from_slice(&VIP6.octets());
+    quote.extend_from_slice(&CLIENT_IP6.octets());
+    quote.extend_from_slice(&53u16.to_be_bytes());
+    quote.extend_from_slice(&client_port.to_be_bytes());
+    quote.extend_from_slice(&1360u16.to_be_bytes());
+    quote.extend_from_slice(&[0, 0]);
+    let mut ptb = vec![2u8, 0, 0, 0]; // type, code, checksum (the kernel fills it)
+    ptb.extend_from_slice(&1280u32.to_be_bytes());
+    ptb.extend_from_slice(&quote);
+    in_ns(lab.client.name(), move || -> Result<()> {
+        use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+        let s = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
+        let to = SockAddr::from(SocketAddr::from((VIP6, 0)));
+        for _ in 0..3 {
+            s.send_to(&ptb, &to)?;
+        }
+        Ok(())
+    })?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !route(pod).contains("mtu 1280") {
+        ensure!(
+            Instant::now() < deadline,
+            "the backend never learned the IPv6 path MTU: {}\nstats: {:?}",
+            route(pod),
+            lab.stats().ok()
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
     lab.finish()
 }
