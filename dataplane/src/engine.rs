@@ -587,8 +587,8 @@ impl Engine {
 
     /// Installs a new service table. Per-service counters follow their frontend; flows
     /// are re-validated lazily (on their next packet) against the new table.
-    pub fn set_services(&mut self, mut table: ServiceTable) {
-        self.set_services6(std::mem::take(&mut table.v6));
+    pub fn set_services(&mut self, table: ServiceTable) {
+        self.set_services6(table.v6.clone());
         // What the XDP fast path forwarded under the old table, then stop it until the
         // new one is published (`refresh_xdp`): its flows must be re-validated first.
         self.fold_xdp_counters();

@@ -400,8 +400,14 @@ fn fuzz_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         ));
     }
     for (name, f) in ipv6_frames() {
-        out.push(("dataplane-packet", name.into(), f));
+        out.push(("dataplane-packet", name.into(), f.clone()));
+        out.push((
+            "dataplane-engine",
+            name.into(),
+            engine_records(&[(Side::Uplink, 0, &f)]),
+        ));
     }
+    out.push(("dataplane-engine", "ipv6-exchange".into(), ipv6_exchange()));
     const B2: [u8; 4] = [10, 1, 0, 6];
     let tcp = |src, sport, dst, dport, payload: &[u8], flags| {
         frame(IPPROTO_TCP, src, sport, dst, dport, payload, &[], flags)
@@ -492,6 +498,39 @@ fn ipv6_frames() -> Vec<(&'static str, Vec<u8>)> {
         ("ipv6-udp-destopts", v6(client, vip, 60, &query)),
         ("ipv6-packet-too-big", v6(router, vip, 58, &ptb)),
     ]
+}
+
+/// An IPv6 connection for the engine target: the client's SYN to the IPv6 VIP, a
+/// SYN-ACK from either IPv6 backend of the fuzz fixture (`fd00:1::5` on Pod interface 0,
+/// `fd00:1::6` on 1), the client's ACK, and a Packet Too Big about the reply.
+fn ipv6_exchange() -> Vec<u8> {
+    let frames = ipv6_frames();
+    let syn = &frames[0].1;
+    let ptb = &frames[2].1;
+    let client = &syn[22..38];
+    let synack = |backend_last: u8| {
+        let mut f = syn.clone();
+        let mut backend = [0u8; 16];
+        backend[..2].copy_from_slice(&[0xfd, 0]);
+        backend[3] = 1;
+        backend[15] = backend_last;
+        f[22..38].copy_from_slice(&backend);
+        f[38..54].copy_from_slice(client);
+        f[54..56].copy_from_slice(&8080u16.to_be_bytes());
+        f[56..58].copy_from_slice(&40000u16.to_be_bytes());
+        f[54 + 13] = tcp_flags::SYN | tcp_flags::ACK;
+        f
+    };
+    let mut ack = syn.clone();
+    ack[54 + 13] = tcp_flags::ACK;
+    let (b0, b1) = (synack(5), synack(6));
+    engine_records(&[
+        (Side::Uplink, 0, syn),
+        (Side::Pod(0), 1, &b0),
+        (Side::Pod(1), 1, &b1),
+        (Side::Uplink, 1, &ack),
+        (Side::Uplink, 1, ptb),
+    ])
 }
 
 /// The committed seed corpora (`dataplane/fuzz/seeds/`) are exactly what

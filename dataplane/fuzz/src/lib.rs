@@ -12,17 +12,22 @@
 //!   not transmitted is unchanged, a transmitted one re-parses with valid checksums (when
 //!   they were valid) and is NATed to a backend or from the VIP, every verdict is counted.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use juneau_control::maglev::MaglevTable;
-use juneau_control::model::{Frontend, LocalBackend, NodeService, NodeState, Protocol};
+use juneau_control::model::{
+    Frontend, Frontend6, LocalBackend, LocalBackend6, NodeService, NodeService6, NodeState,
+    Protocol,
+};
 use juneau_dataplane::counters::DropReason;
 use juneau_dataplane::engine::{Engine, EngineConfig, PassReason, Verdict};
-use juneau_dataplane::neigh::{Iface, Neighbours, Route, Side};
+use juneau_dataplane::neigh::{Iface, Neighbours, Route, Route6, Side};
 use juneau_dataplane::packet::{
     self, L4Checksum, NatSide, Parsed, ETH_HEADER_LEN, IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP,
 };
+use juneau_dataplane::packet6;
 use juneau_dataplane::services::ServiceTable;
+use juneau_dataplane::services6::Services6;
 
 /// The VIP of the fixture's Services.
 pub const VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
@@ -32,6 +37,13 @@ pub const B1: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 5);
 pub const B2: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 6);
 /// A client behind the default gateway.
 pub const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+/// The IPv6 VIP (the seed corpus' IPv6 frames are addressed to it).
+pub const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0x71, 0, 0, 0, 0x10);
+/// IPv6 backends on Pod interfaces 0 and 1.
+pub const B6: [Ipv6Addr; 2] = [
+    Ipv6Addr::new(0xfd00, 1, 0, 0, 0, 0, 0, 5),
+    Ipv6Addr::new(0xfd00, 1, 0, 0, 0, 0, 0, 6),
+];
 /// Clients in this /24 are routed via a gateway without a neighbour entry.
 pub const UNRESOLVED_NET: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 0);
 
@@ -355,10 +367,28 @@ fn node_state(tcp80: &[Ipv4Addr], udp53: &[Ipv4Addr], tcp80_ranges: &[&str]) -> 
             // A frontend without a local backend.
             svc(Protocol::Tcp, 443, &[], 8443),
         ],
+        services6: vec![
+            svc6(Protocol::Tcp, 80, &B6, 8080),
+            svc6(Protocol::Udp, 53, &B6[..1], 5353),
+        ],
         ..Default::default()
     };
     state.normalize();
     state
+}
+
+fn svc6(protocol: Protocol, port: u16, backends: &[Ipv6Addr], target: u16) -> NodeService6 {
+    NodeService6::new(
+        Frontend6 {
+            vip: VIP6,
+            protocol,
+            port,
+        },
+        backends
+            .iter()
+            .map(|&ip| LocalBackend6 { ip, port: target })
+            .collect(),
+    )
 }
 
 /// The fixture's service table for a generation: odd ones send TCP :80 to B1 and B2,
@@ -390,7 +420,20 @@ fn build_service_table(generation: u64) -> ServiceTable {
             MaglevTable::new(&b, 13).expect("maglev").slots().to_vec()
         })
         .collect();
-    ServiceTable::new(generation, &state, &maglev)
+    let mut t = ServiceTable::new(generation, &state, &maglev);
+    // Slots spread evenly over the Ready backends (which slot is whose does not matter
+    // to the invariants).
+    let maglev6: Vec<Vec<u16>> = state
+        .services6
+        .iter()
+        .map(|s| {
+            (0..13)
+                .map(|i| (i % s.backends.len().max(1)) as u16)
+                .collect()
+        })
+        .collect();
+    t.v6 = Services6::from_state(generation, &state.services6, &maglev6);
+    t
 }
 
 /// The fixture's next-hop table: uplink 1, Pods 2 (B1) and 3 (B2), default route via a
@@ -436,6 +479,23 @@ pub fn neighbours() -> Neighbours {
         nb.add_neighbour(u32::from(b), ifindex, mac([ifindex as u8; 6]));
     }
     nb.add_neighbour(gw, 1, mac([1; 6]));
+    let gw6 = u128::from(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1));
+    nb.add_route6(Route6 {
+        prefix: 0,
+        len: 0,
+        gateway: Some(gw6),
+        ifindex: 1,
+    });
+    nb.add_neighbour6(gw6.to_be_bytes(), 1, mac([1; 6]));
+    for (b, ifindex) in B6.iter().zip([2, 3]) {
+        nb.add_route6(Route6 {
+            prefix: u128::from(*b),
+            len: 128,
+            gateway: None,
+            ifindex,
+        });
+        nb.add_neighbour6(b.octets(), ifindex, mac([ifindex as u8; 6]));
+    }
     nb
 }
 
@@ -489,6 +549,9 @@ fn check_verdict(
         Err(_) => {
             tally.malformed += 1;
             assert_eq!(verdict, Verdict::Drop(DropReason::Malformed));
+        }
+        Ok(Parsed::NotIpv4(_)) if packet::ethertype(input) == Some(packet::ETHERTYPE_IPV6) => {
+            return check_verdict6(input, out, side, verdict, table, tally);
         }
         Ok(Parsed::NotIpv4(_)) => assert_eq!(verdict, Verdict::Pass(PassReason::NotIpv4)),
         Ok(Parsed::Ipv4(_)) => {}
@@ -561,6 +624,70 @@ fn check_verdict(
     }
 }
 
+/// Whether an IPv6 frame's upper-layer checksum (TCP, UDP, ICMPv6) verifies.
+fn checksums6_ok(f: &[u8]) -> bool {
+    let Ok(v) = packet6::parse6(f) else {
+        return false;
+    };
+    let known =
+        matches!(v.upper, packet6::Upper::Transport(_) | packet6::Upper::Icmp) && !v.fragment;
+    known && packet6::upper_checksum(f, &v) == 0
+}
+
+/// [`check_verdict`]'s IPv6 half: a malformed frame is dropped as such; a transmitted
+/// one parses, has its hop limit decremented once and its checksum still valid, and is
+/// DNATed to an IPv6 backend (from the uplink) or comes from the IPv6 VIP (a reply).
+fn check_verdict6(
+    input: &[u8],
+    out: &[u8],
+    side: Side,
+    verdict: Verdict,
+    table: &ServiceTable,
+    tally: &mut Tally,
+) {
+    let Ok(vin) = packet6::parse6(input) else {
+        tally.malformed += 1;
+        assert_eq!(verdict, Verdict::Drop(DropReason::Malformed));
+        return;
+    };
+    let Verdict::Tx(egress) = verdict else {
+        assert_eq!(
+            out, input,
+            "an IPv6 frame not transmitted was modified ({verdict:?})"
+        );
+        return;
+    };
+    assert_eq!(out.len(), input.len(), "IPv6 length changed");
+    let v = packet6::parse6(out).expect("a transmitted IPv6 frame parses");
+    assert_eq!(
+        u16::from(v.hop_limit) + 1,
+        u16::from(vin.hop_limit),
+        "hop limit"
+    );
+    if checksums6_ok(input) || matches!(side, Side::Pod(_)) {
+        // A Pod's (possibly partial) checksum is computed afresh.
+        assert!(checksums6_ok(out), "IPv6 NAT left a bad checksum");
+    }
+    let backends: Vec<[u8; 16]> = B6.iter().map(|b| b.octets()).collect();
+    match side {
+        Side::Uplink => {
+            assert!(
+                matches!(egress, Side::Pod(_)),
+                "uplink frame sent to {egress:?}"
+            );
+            assert!(
+                table.v6.is_vip(vin.dst),
+                "forwarded an IPv6 frame not sent to a VIP"
+            );
+            assert!(backends.contains(&v.dst), "IPv6 DNAT to no backend");
+        }
+        Side::Pod(_) => {
+            assert_eq!(egress, Side::Uplink, "IPv6 reply sent to {egress:?}");
+            assert_eq!(v.src, VIP6.octets(), "IPv6 reply not from the VIP");
+        }
+    }
+}
+
 /// Engine inputs longer than this are cut (keeps one execution short).
 pub const MAX_RECORDS: usize = 256;
 
@@ -597,6 +724,9 @@ pub fn check_engine(data: &[u8]) {
         let missing_a: Vec<_> = fast.missing.take().collect();
         let missing_b: Vec<_> = general.missing.take().collect();
         assert_eq!(missing_a, missing_b, "next hops to resolve differ");
+        let missing_a: Vec<_> = fast.take_missing6().collect();
+        let missing_b: Vec<_> = general.take_missing6().collect();
+        assert_eq!(missing_a, missing_b, "IPv6 next hops to resolve differ");
         assert_eq!(fast.sweep(now, 4), general.sweep(now, 4), "sweeps differ");
         assert!(fast.flows().len() <= fast.flows().capacity());
         assert_eq!(
@@ -608,6 +738,11 @@ pub fn check_engine(data: &[u8]) {
     let (ca, cb) = (fast.counters(), general.counters());
     assert_eq!(ca.drops, cb.drops, "drop counters differ");
     assert_eq!(&ca.services, &cb.services, "service counters differ");
+    assert_eq!(
+        fast.service_counters6(),
+        general.service_counters6(),
+        "IPv6 service counters differ"
+    );
     assert_eq!(
         ca.rx_packets, tally.frames,
         "every frame counted as received"
@@ -679,8 +814,14 @@ pub fn check_packet6(frame: &[u8]) {
     let pod = [0xfd, 0, 0, 0x0a, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5];
     p6::rewrite6(&mut g, &mut w, Side6::Destination, pod, 8080);
     assert_eq!(p6::parse6(&g), Ok(w), "IPv6 DNAT view");
-    assert!(!valid || p6::upper_checksum(&g, &w) == 0, "IPv6 DNAT checksum");
+    assert!(
+        !valid || p6::upper_checksum(&g, &w) == 0,
+        "IPv6 DNAT checksum"
+    );
     p6::rewrite6(&mut g, &mut w, Side6::Source, v.dst, l4.dst_port);
     assert_eq!(p6::parse6(&g), Ok(w), "IPv6 reverse NAT view");
-    assert!(!valid || p6::upper_checksum(&g, &w) == 0, "IPv6 reverse NAT checksum");
+    assert!(
+        !valid || p6::upper_checksum(&g, &w) == 0,
+        "IPv6 reverse NAT checksum"
+    );
 }
