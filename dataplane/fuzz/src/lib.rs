@@ -759,6 +759,38 @@ pub fn check_engine(data: &[u8]) {
     assert_eq!(ca.drops_for(DropReason::Malformed), tally.malformed);
 }
 
+/// One frame through the IPv6 views: an accepted frame's offsets stay inside it, ports
+/// are read only from an unfragmented TCP/UDP packet, and NAT both ways keeps a valid
+/// upper-layer checksum valid and re-parses to the updated view.
+pub fn check_packet6(frame: &[u8]) {
+    use juneau_dataplane::packet6::{self as p6, Side6, Upper};
+    let Ok(v) = p6::parse6(frame) else { return };
+    assert!(v.l4_offset() <= v.end() && v.end() <= frame.len());
+    assert_eq!(
+        v.l4.is_some(),
+        matches!(v.upper, Upper::Transport(_)) && !v.fragment
+    );
+    if let Some(e) = p6::parse_icmp6_error(frame, &v) {
+        assert!(e.inner_offset + p6::IPV6_HEADER_LEN <= frame.len());
+    }
+    let Some(l4) = v.l4 else { return };
+    let valid = p6::upper_checksum(frame, &v) == 0 && !l4.udp_no_checksum;
+    let (mut g, mut w) = (frame.to_vec(), v);
+    let pod = [0xfd, 0, 0, 0x0a, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5];
+    p6::rewrite6(&mut g, &mut w, Side6::Destination, pod, 8080);
+    assert_eq!(p6::parse6(&g), Ok(w), "IPv6 DNAT view");
+    assert!(
+        !valid || p6::upper_checksum(&g, &w) == 0,
+        "IPv6 DNAT checksum"
+    );
+    p6::rewrite6(&mut g, &mut w, Side6::Source, v.dst, l4.dst_port);
+    assert_eq!(p6::parse6(&g), Ok(w), "IPv6 reverse NAT view");
+    assert!(
+        !valid || p6::upper_checksum(&g, &w) == 0,
+        "IPv6 reverse NAT checksum"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     /// The committed seeds hold every invariant (what `tests/fuzz.sh` starts from), and
@@ -792,36 +824,4 @@ mod tests {
             super::check_packet(&f);
         }
     }
-}
-
-/// One frame through the IPv6 views: an accepted frame's offsets stay inside it, ports
-/// are read only from an unfragmented TCP/UDP packet, and NAT both ways keeps a valid
-/// upper-layer checksum valid and re-parses to the updated view.
-pub fn check_packet6(frame: &[u8]) {
-    use juneau_dataplane::packet6::{self as p6, Side6, Upper};
-    let Ok(v) = p6::parse6(frame) else { return };
-    assert!(v.l4_offset() <= v.end() && v.end() <= frame.len());
-    assert_eq!(
-        v.l4.is_some(),
-        matches!(v.upper, Upper::Transport(_)) && !v.fragment
-    );
-    if let Some(e) = p6::parse_icmp6_error(frame, &v) {
-        assert!(e.inner_offset + p6::IPV6_HEADER_LEN <= frame.len());
-    }
-    let Some(l4) = v.l4 else { return };
-    let valid = p6::upper_checksum(frame, &v) == 0 && !l4.udp_no_checksum;
-    let (mut g, mut w) = (frame.to_vec(), v);
-    let pod = [0xfd, 0, 0, 0x0a, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5];
-    p6::rewrite6(&mut g, &mut w, Side6::Destination, pod, 8080);
-    assert_eq!(p6::parse6(&g), Ok(w), "IPv6 DNAT view");
-    assert!(
-        !valid || p6::upper_checksum(&g, &w) == 0,
-        "IPv6 DNAT checksum"
-    );
-    p6::rewrite6(&mut g, &mut w, Side6::Source, v.dst, l4.dst_port);
-    assert_eq!(p6::parse6(&g), Ok(w), "IPv6 reverse NAT view");
-    assert!(
-        !valid || p6::upper_checksum(&g, &w) == 0,
-        "IPv6 reverse NAT checksum"
-    );
 }
