@@ -942,6 +942,74 @@ fn ipv6_with_two_workers_serves_every_connection() -> Result<()> {
     lab.finish()
 }
 
+/// Extension headers on the way in: a Destination Options header (as a router or the
+/// client may add) is walked past and the datagram served; ESP to the VIP is dropped
+/// under its own name, not lost unnamed.
+#[test]
+fn ipv6_extension_headers_are_walked_or_dropped_by_name() -> Result<()> {
+    let lab = Lab::dual_stack("dp6x")?;
+    // The whole packet written here (a raw IPPROTO_RAW socket takes the IPv6 header):
+    // a Destination Options header (PadN) before a UDP query from a bound socket's port.
+    let reply = in_ns(lab.client.name(), || -> Result<String> {
+        use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+        let rx = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0))?;
+        rx.set_read_timeout(Some(Duration::from_secs(1)))?;
+        let port = rx.local_addr()?.port();
+        let data = b"with-options";
+        let mut udp = Vec::new();
+        udp.extend_from_slice(&port.to_be_bytes());
+        udp.extend_from_slice(&53u16.to_be_bytes());
+        udp.extend_from_slice(&((8 + data.len()) as u16).to_be_bytes());
+        udp.extend_from_slice(&[0, 0]);
+        udp.extend_from_slice(data);
+        let mut pseudo = Vec::new();
+        pseudo.extend_from_slice(&CLIENT_IP6.octets());
+        pseudo.extend_from_slice(&VIP6.octets());
+        pseudo.extend_from_slice(&(udp.len() as u32).to_be_bytes());
+        pseudo.extend_from_slice(&[0, 0, 0, 17]);
+        pseudo.extend_from_slice(&udp);
+        let c = inet_checksum(&pseudo);
+        udp[6..8].copy_from_slice(&c.to_be_bytes());
+        let mut pkt = vec![0x60, 0, 0, 0];
+        pkt.extend_from_slice(&((8 + udp.len()) as u16).to_be_bytes());
+        pkt.extend_from_slice(&[60, 64]); // Destination Options next
+        pkt.extend_from_slice(&CLIENT_IP6.octets());
+        pkt.extend_from_slice(&VIP6.octets());
+        pkt.extend_from_slice(&[17, 0, 1, 4, 0, 0, 0, 0]); // then UDP; PadN(4)
+        pkt.extend_from_slice(&udp);
+        let raw = Socket::new(
+            Domain::IPV6,
+            Type::RAW,
+            Some(Protocol::from(libc::IPPROTO_RAW)),
+        )?;
+        let to = SockAddr::from(SocketAddr::from((VIP6, 0)));
+        let mut buf = [0u8; 2048];
+        for _ in 0..10 {
+            raw.send_to(&pkt, &to)?;
+            if let Ok((n, _)) = rx.recv_from(&mut buf) {
+                return Ok(String::from_utf8_lossy(&buf[..n]).to_string());
+            }
+        }
+        bail!("no UDP reply to a datagram with a Destination Options header")
+    })?;
+    assert!(
+        reply.contains(&format!("saw [{CLIENT_IP6}]:")) && reply.ends_with("with-options"),
+        "{reply}"
+    );
+    let before = lab.drops("ipv6_extension_header");
+    in_ns(lab.client.name(), || -> Result<()> {
+        use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+        let s = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::from(50)))?; // ESP
+        let to = SockAddr::from(SocketAddr::from((VIP6, 0)));
+        for _ in 0..3 {
+            s.send_to(&[0u8; 24], &to)?;
+        }
+        Ok(())
+    })?;
+    lab.wait_drops("ipv6_extension_header", before + 3)?;
+    lab.finish()
+}
+
 /// An ICMPv6 Packet Too Big about a reply (sent to the VIP, the reply's source) reaches
 /// the backend translated, so its path-MTU discovery works: IPv6 routers never fragment.
 #[test]
