@@ -294,8 +294,8 @@ impl Netlink {
         Ok(out)
     }
 
-    /// Usable IPv6 neighbour entries: `(ip, ifindex, mac)`.
-    pub fn neighbours6(&mut self) -> io::Result<Vec<([u8; 16], u32, MacAddr)>> {
+    /// Usable IPv6 neighbour entries: `(ip, ifindex, mac, NUD state)`.
+    pub fn neighbours6(&mut self) -> io::Result<Vec<([u8; 16], u32, MacAddr, u16)>> {
         let mut ndmsg = [0u8; 12];
         ndmsg[0] = libc::AF_INET6 as u8;
         let seq = self.send(RTM_GETNEIGH, NLM_F_REQUEST | NLM_F_DUMP, &ndmsg)?;
@@ -305,7 +305,8 @@ impl Netlink {
                 return;
             }
             let ifindex = u32::from_ne_bytes([p[4], p[5], p[6], p[7]]);
-            if u16::from_ne_bytes([p[8], p[9]]) & NUD_USABLE == 0 {
+            let state = u16::from_ne_bytes([p[8], p[9]]);
+            if state & NUD_USABLE == 0 {
                 return;
             }
             let (mut dst, mut mac) = (None, None);
@@ -319,7 +320,7 @@ impl Netlink {
                 }
             }
             if let (Some(d), Some(m)) = (dst, mac) {
-                out.push((d, ifindex, m));
+                out.push((d, ifindex, m, state));
             }
         })?;
         Ok(out)
@@ -429,7 +430,7 @@ impl Netlink {
                 for r in routes6 {
                     n.add_route6(r);
                 }
-                for (ip, ifindex, mac) in neighbours6 {
+                for (ip, ifindex, mac, _) in neighbours6 {
                     if n.side_of(ifindex).is_some() {
                         n.add_neighbour6(ip, ifindex, mac);
                     }
@@ -484,6 +485,43 @@ impl Netlink {
             .collect();
         for &(ip, ifindex) in &stale {
             self.request_resolution(ip, ifindex)?;
+        }
+        let stale6 = self
+            .keep_alive6(&ours, uplink.ifindex, limit.saturating_sub(stale.len()))
+            .unwrap_or_else(|e| {
+                tracing::debug!(error = %e, "IPv6 neighbour keep-alive failed");
+                0
+            });
+        Ok(stale.len() + stale6)
+    }
+
+    /// [`Netlink::keep_alive`] for IPv6: STALE neighbours on Pod interfaces and STALE
+    /// route gateways on the uplink are probed again (neighbour discovery).
+    fn keep_alive6(
+        &mut self,
+        ours: &dyn Fn(u32) -> bool,
+        uplink: u32,
+        limit: usize,
+    ) -> io::Result<usize> {
+        let gateways: std::collections::HashSet<([u8; 16], u32)> = self
+            .routes6()?
+            .into_iter()
+            .filter(|r| ours(r.ifindex))
+            .filter_map(|r| r.gateway.map(|g| (g.to_be_bytes(), r.ifindex)))
+            .collect();
+        let stale: Vec<([u8; 16], u32)> = self
+            .neighbours6()?
+            .into_iter()
+            .filter(|&(ip, ifindex, _, state)| {
+                state == NUD_STALE
+                    && ours(ifindex)
+                    && (ifindex != uplink || gateways.contains(&(ip, ifindex)))
+            })
+            .map(|(ip, ifindex, _, _)| (ip, ifindex))
+            .take(limit)
+            .collect();
+        for &(ip, ifindex) in &stale {
+            self.use_neighbour(std::net::Ipv6Addr::from(ip).into(), ifindex)?;
         }
         Ok(stale.len())
     }

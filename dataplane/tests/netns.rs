@@ -1808,39 +1808,50 @@ fn stale_neighbour_entries_of_pods_are_kept_alive() -> Result<()> {
     let lab = Lab::new("dpk")?;
     let (body, _) = curl(&lab.client, "http://10.200.0.10/")?;
     let pod = pod_of(&body).context("pod")?;
-    let (ip, dev) = (pod_ip(pod).to_string(), format!("pv{pod}"));
     let mac = lab.pods[pod].exec(&["cat", "/sys/class/net/eth0/address"])?;
-    // Forwarding with AF_XDP never confirms the kernel's entry: age it by hand.
-    lab.node.exec(&[
-        "ip",
-        "neigh",
-        "replace",
-        &ip,
-        "dev",
-        &dev,
-        "lladdr",
+    assert_reprobed(
+        &lab.node,
+        &pod_ip(pod).to_string(),
+        &format!("pv{pod}"),
         mac.trim(),
-        "nud",
-        "stale",
+    )?;
+    lab.finish()
+}
+
+/// The same for a Pod's IPv6 neighbour entry (neighbour discovery), behind a bridge.
+#[test]
+fn ipv6_stale_neighbour_entries_of_pods_are_kept_alive() -> Result<()> {
+    let lab = Lab::dual_stack("dp6k")?;
+    let (body, _) = curl(&lab.client, &format!("http://[{VIP6}]/"))?;
+    let pod = pod_of(&body).context("pod")?;
+    let mac = lab.pods[pod].exec(&["cat", "/sys/class/net/eth0/address"])?;
+    assert_reprobed(&lab.node, &pod_ip6(pod).to_string(), "br0", mac.trim())?;
+    lab.finish()
+}
+
+/// Ages the node's entry for `ip` on `dev` to STALE by hand (forwarding with AF_XDP
+/// never confirms it) and waits for the resolver to have it re-probed (keep-alive every
+/// second here): STALE -> DELAY -> PROBE -> REACHABLE after the kernel's first-probe
+/// delay (5 s).
+fn assert_reprobed(node: &Netns, ip: &str, dev: &str, mac: &str) -> Result<()> {
+    node.exec(&[
+        "ip", "neigh", "replace", ip, "dev", dev, "lladdr", mac, "nud", "stale",
     ])?;
     let state = || {
-        lab.node
-            .exec(&["ip", "neigh", "show", &ip, "dev", &dev])
+        node.exec(&["ip", "neigh", "show", ip, "dev", dev])
             .unwrap_or_default()
     };
-    assert!(state().contains("STALE"), "{}", state());
-    // The resolver re-probes it (keep-alive every second here): STALE -> DELAY -> PROBE
-    // -> REACHABLE after the kernel's first-probe delay (5 s).
+    ensure!(state().contains("STALE"), "{}", state());
     let deadline = Instant::now() + Duration::from_secs(20);
     while !state().contains("REACHABLE") {
         ensure!(
             Instant::now() < deadline,
-            "neighbour entry not re-probed: {}",
+            "neighbour entry {ip} on {dev} not re-probed: {}",
             state()
         );
         std::thread::sleep(Duration::from_millis(250));
     }
-    lab.finish()
+    Ok(())
 }
 
 #[test]
