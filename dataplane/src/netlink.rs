@@ -294,8 +294,8 @@ impl Netlink {
         Ok(out)
     }
 
-    /// Usable IPv6 neighbour entries: `(ip, ifindex, mac, NUD state)`.
-    pub fn neighbours6(&mut self) -> io::Result<Vec<([u8; 16], u32, MacAddr, u16)>> {
+    /// Usable IPv6 neighbour entries.
+    pub fn neighbours6(&mut self) -> io::Result<Vec<Neighbour6>> {
         let mut ndmsg = [0u8; 12];
         ndmsg[0] = libc::AF_INET6 as u8;
         let seq = self.send(RTM_GETNEIGH, NLM_F_REQUEST | NLM_F_DUMP, &ndmsg)?;
@@ -905,6 +905,9 @@ fn reverify_new_backends(nl: &mut Netlink, shared: &SharedNeighbours) -> Vec<(u3
     }
     list
 }
+
+/// An IPv6 neighbour entry: address, interface, MAC, NUD state.
+pub type Neighbour6 = ([u8; 16], u32, MacAddr, u16);
 
 /// A next hop to resolve: its address (IPv4 or IPv6) and interface.
 pub type Miss = (IpAddr, u32);
