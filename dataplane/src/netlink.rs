@@ -218,77 +218,60 @@ impl Netlink {
 
     /// IPv4 unicast routes of the main table.
     pub fn routes(&mut self) -> io::Result<Vec<Route>> {
-        let mut rtmsg = [0u8; 12];
-        rtmsg[0] = libc::AF_INET as u8;
-        let seq = self.send(RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, &rtmsg)?;
-        let mut out = Vec::new();
-        self.recv_all(seq, |ty, p| {
-            if ty != RTM_NEWROUTE
-                || p.len() < 12
-                || p[0] != libc::AF_INET as u8
-                || p[7] != RTN_UNICAST
-            {
-                return;
-            }
-            let mut table = u32::from(p[4]);
-            let (mut dst, mut gw, mut oif) = (0u32, None, None);
-            for (t, v) in attrs(&p[12..]) {
-                match t {
-                    RTA_DST => dst = ipv4(v).unwrap_or(0),
-                    RTA_GATEWAY => gw = ipv4(v),
-                    RTA_OIF if v.len() == 4 => {
-                        oif = Some(u32::from_ne_bytes([v[0], v[1], v[2], v[3]]))
-                    }
-                    RTA_TABLE if v.len() == 4 => {
-                        table = u32::from_ne_bytes([v[0], v[1], v[2], v[3]])
-                    }
-                    _ => {}
-                }
-            }
-            if let (RT_TABLE_MAIN, Some(ifindex)) = (table, oif) {
-                out.push(Route {
-                    prefix: dst,
-                    len: p[1],
-                    gateway: gw,
-                    ifindex,
-                });
-            }
-        })?;
-        Ok(out)
+        Ok(self
+            .route_dump(libc::AF_INET, ipv4)?
+            .into_iter()
+            .map(|(dst, len, gateway, ifindex)| Route {
+                prefix: dst.unwrap_or(0),
+                len,
+                gateway,
+                ifindex,
+            })
+            .collect())
     }
 
     /// IPv6 unicast routes of the main table (gateways are often link-local).
     pub fn routes6(&mut self) -> io::Result<Vec<Route6>> {
+        Ok(self
+            .route_dump(libc::AF_INET6, ipv6)?
+            .into_iter()
+            .map(|(dst, len, gateway, ifindex)| Route6 {
+                prefix: dst.map_or(0, u128::from_be_bytes),
+                len,
+                gateway: gateway.map(u128::from_be_bytes),
+                ifindex,
+            })
+            .collect())
+    }
+
+    /// Unicast routes of the main table of one family: `(destination, prefix length,
+    /// gateway, interface)`, addresses read by `addr`.
+    fn route_dump<A>(
+        &mut self,
+        family: i32,
+        addr: fn(&[u8]) -> Option<A>,
+    ) -> io::Result<Vec<RouteRow<A>>> {
         let mut rtmsg = [0u8; 12];
-        rtmsg[0] = libc::AF_INET6 as u8;
+        rtmsg[0] = family as u8;
         let seq = self.send(RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, &rtmsg)?;
         let mut out = Vec::new();
         self.recv_all(seq, |ty, p| {
-            if ty != RTM_NEWROUTE
-                || p.len() < 12
-                || p[0] != libc::AF_INET6 as u8
-                || p[7] != RTN_UNICAST
-            {
+            if ty != RTM_NEWROUTE || p.len() < 12 || p[0] != family as u8 || p[7] != RTN_UNICAST {
                 return;
             }
             let mut table = u32::from(p[4]);
-            let (mut dst, mut gw, mut oif) = ([0u8; 16], None, None);
+            let (mut dst, mut gw, mut oif) = (None, None, None);
             for (t, v) in attrs(&p[12..]) {
                 match t {
-                    RTA_DST => dst = ipv6(v).unwrap_or_default(),
-                    RTA_GATEWAY => gw = ipv6(v),
+                    RTA_DST => dst = addr(v),
+                    RTA_GATEWAY => gw = addr(v),
                     RTA_OIF => oif = u32_ne(v),
                     RTA_TABLE => table = u32_ne(v).unwrap_or(table),
                     _ => {}
                 }
             }
             if let (RT_TABLE_MAIN, Some(ifindex)) = (table, oif) {
-                out.push(Route6 {
-                    prefix: u128::from_be_bytes(dst),
-                    len: p[1],
-                    gateway: gw.map(u128::from_be_bytes),
-                    ifindex,
-                });
+                out.push((dst, p[1], gw, ifindex));
             }
         })?;
         Ok(out)
@@ -296,44 +279,26 @@ impl Netlink {
 
     /// Usable IPv6 neighbour entries.
     pub fn neighbours6(&mut self) -> io::Result<Vec<Neighbour6>> {
-        let mut ndmsg = [0u8; 12];
-        ndmsg[0] = libc::AF_INET6 as u8;
-        let seq = self.send(RTM_GETNEIGH, NLM_F_REQUEST | NLM_F_DUMP, &ndmsg)?;
-        let mut out = Vec::new();
-        self.recv_all(seq, |ty, p| {
-            if ty != RTM_NEWNEIGH || p.len() < 12 || p[0] != libc::AF_INET6 as u8 {
-                return;
-            }
-            let ifindex = u32::from_ne_bytes([p[4], p[5], p[6], p[7]]);
-            let state = u16::from_ne_bytes([p[8], p[9]]);
-            if state & NUD_USABLE == 0 {
-                return;
-            }
-            let (mut dst, mut mac) = (None, None);
-            for (t, v) in attrs(&p[12..]) {
-                match t {
-                    NDA_DST => dst = ipv6(v),
-                    NDA_LLADDR if v.len() == 6 => {
-                        mac = Some(MacAddr([v[0], v[1], v[2], v[3], v[4], v[5]]))
-                    }
-                    _ => {}
-                }
-            }
-            if let (Some(d), Some(m)) = (dst, mac) {
-                out.push((d, ifindex, m, state));
-            }
-        })?;
-        Ok(out)
+        self.neighbour_dump(libc::AF_INET6, ipv6)
     }
 
     /// Usable IPv4 neighbour entries: `(ip, ifindex, mac, NUD state)`.
     pub fn neighbours(&mut self) -> io::Result<Vec<(u32, u32, MacAddr, u16)>> {
+        self.neighbour_dump(libc::AF_INET, ipv4)
+    }
+
+    /// Usable neighbour entries of one family, addresses read by `addr`.
+    fn neighbour_dump<A>(
+        &mut self,
+        family: i32,
+        addr: fn(&[u8]) -> Option<A>,
+    ) -> io::Result<Vec<(A, u32, MacAddr, u16)>> {
         let mut ndmsg = [0u8; 12];
-        ndmsg[0] = libc::AF_INET as u8;
+        ndmsg[0] = family as u8;
         let seq = self.send(RTM_GETNEIGH, NLM_F_REQUEST | NLM_F_DUMP, &ndmsg)?;
         let mut out = Vec::new();
         self.recv_all(seq, |ty, p| {
-            if ty != RTM_NEWNEIGH || p.len() < 12 || p[0] != libc::AF_INET as u8 {
+            if ty != RTM_NEWNEIGH || p.len() < 12 || p[0] != family as u8 {
                 return;
             }
             let ifindex = u32::from_ne_bytes([p[4], p[5], p[6], p[7]]);
@@ -344,7 +309,7 @@ impl Netlink {
             let (mut dst, mut mac) = (None, None);
             for (t, v) in attrs(&p[12..]) {
                 match t {
-                    NDA_DST => dst = ipv4(v),
+                    NDA_DST => dst = addr(v),
                     NDA_LLADDR if v.len() == 6 => {
                         mac = Some(MacAddr([v[0], v[1], v[2], v[3], v[4], v[5]]))
                     }
@@ -905,6 +870,10 @@ fn reverify_new_backends(nl: &mut Netlink, shared: &SharedNeighbours) -> Vec<(u3
     }
     list
 }
+
+/// A route as the kernel dumps it: destination (none: the default route), prefix
+/// length, gateway, interface.
+type RouteRow<A> = (Option<A>, u8, Option<A>, u32);
 
 /// An IPv6 neighbour entry: address, interface, MAC, NUD state.
 pub type Neighbour6 = ([u8; 16], u32, MacAddr, u16);
