@@ -229,12 +229,7 @@ impl Engine {
         let len = frame.len();
         packet6::rewrite6(frame, &mut v, Side6::Destination, f.backend, f.backend_port);
         let verdict = self.egress6(frame, &mut v, f.backend, nb, f.service);
-        if matches!(verdict, Verdict::Tx(_)) {
-            if let Some(c) = self.v6.counters.get_mut(f.service as usize) {
-                c.forwarded(true, len);
-            }
-        }
-        verdict
+        self.count_forwarded(verdict, f.service, true, len)
     }
 
     /// A new flow for a client's first packet: the frontend, its admission, a backend.
@@ -352,12 +347,7 @@ impl Engine {
             packet6::fill_upper_checksum(frame, &v);
         }
         let verdict = self.egress6(frame, &mut v, f.client, nb, f.service);
-        if matches!(verdict, Verdict::Tx(_)) {
-            if let Some(c) = self.v6.counters.get_mut(f.service as usize) {
-                c.forwarded(false, len);
-            }
-        }
-        verdict
+        self.count_forwarded(verdict, f.service, false, len)
     }
 
     /// An ICMPv6 error about a flow's packet, to the flow's other end: from the uplink
@@ -418,6 +408,21 @@ impl Engine {
         }
         packet6::fill_upper_checksum(frame, &v);
         self.egress6(frame, &mut v, to, nb, f.service)
+    }
+
+    /// Counts a frame of `len` bytes sent on by service `service` (towards the backend or
+    /// the client), if it was.
+    fn count_forwarded(
+        &mut self,
+        v: Verdict,
+        service: u32,
+        to_backend: bool,
+        len: usize,
+    ) -> Verdict {
+        if let (Verdict::Tx(_), Some(c)) = (v, self.v6.counters.get_mut(service as usize)) {
+            c.forwarded(to_backend, len);
+        }
+        v
     }
 
     /// The hop limit, the next hop's MACs, the egress side.
