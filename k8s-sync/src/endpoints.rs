@@ -108,17 +108,16 @@ pub fn node_excluded(node: &Node) -> bool {
 
 /// The addresses a Node reports (a Pod with one of them is on the host network).
 pub fn node_addresses(node: &Node) -> BTreeSet<Ipv4Addr> {
-    node.status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a.address.parse().ok())
-        .collect()
+    addresses_of(node)
 }
 
 /// The IPv6 addresses a Node reports.
 pub fn node_addresses6(node: &Node) -> BTreeSet<Ipv6Addr> {
+    addresses_of(node)
+}
+
+/// The addresses of one family a Node reports (the others do not parse as `A`).
+fn addresses_of<A: std::str::FromStr + Ord>(node: &Node) -> BTreeSet<A> {
     node.status
         .as_ref()
         .and_then(|s| s.addresses.as_ref())
