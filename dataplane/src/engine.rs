@@ -443,7 +443,7 @@ impl Engine {
     /// worker's flow, or a flow from before a restart).
     pub fn client_mss(&mut self, frame: &[u8], now_ms: u64) -> Option<u16> {
         let Ok(Parsed::Ipv4(v)) = packet::parse(frame) else {
-            return None;
+            return self.client_mss6(frame, now_ms);
         };
         let l4 = v.l4.filter(|_| v.protocol == packet::IPPROTO_TCP)?;
         let key = FlowKey {

@@ -220,7 +220,13 @@ impl Engine {
             },
             Some((_, Direction::Reverse)) => return self.drop6(DropReason::FlowConflict, None),
             None => match self.open6(t, &key, flags, now_ms) {
-                Ok(id) => id,
+                Ok(id) => {
+                    let mss = crate::segment::tcp_mss_option(frame, v.l4_offset());
+                    if let (crate::proto::IPPROTO_TCP, Some(m)) = (proto, mss) {
+                        t.note_client_mss(id, m, false);
+                    }
+                    id
+                }
                 Err(r) => return r,
             },
         };
@@ -381,11 +387,17 @@ impl Engine {
         } else {
             Direction::Reverse
         };
-        let f = match t.lookup(&key, now_ms) {
-            Some((id, d)) if d == want => *t.get(id).expect("a live flow"),
+        let (id, f) = match t.lookup(&key, now_ms) {
+            Some((id, d)) if d == want => (id, *t.get(id).expect("a live flow")),
             _ if uplink => return self.drop6(DropReason::NoFlow, None),
             _ => return self.pass(PassReason::NotForUs),
         };
+        // A path MTU towards the client: its segments carry at most that less the IPv6
+        // and TCP headers (a Pod's super-segments are cut to it).
+        if let (true, Some(mtu), crate::proto::IPPROTO_TCP) = (uplink, e.mtu, f.proto) {
+            let mss = mtu.saturating_sub(60).min(u32::from(u16::MAX)) as u16;
+            t.note_client_mss(id, mss, true);
+        }
         let q = e.inner_offset;
         let (outer, quoted_addr, quoted_port, addr, port, to) = if uplink {
             // Outer dst VIP -> backend; the quote's source VIP:port -> backend:port.
@@ -408,6 +420,23 @@ impl Engine {
         }
         packet6::fill_upper_checksum(frame, &v);
         self.egress6(frame, &mut v, to, nb, f.service)
+    }
+
+    /// [`Engine::client_mss`] for an IPv6 reply just reverse-NATed (`VIP:port -> client`).
+    pub(super) fn client_mss6(&mut self, frame: &[u8], now_ms: u64) -> Option<u16> {
+        let v = packet6::parse6(frame).ok()?;
+        let l4 =
+            v.l4.filter(|_| v.upper == Upper::Transport(crate::proto::IPPROTO_TCP))?;
+        let key = Flow6Key {
+            src: v.dst,
+            dst: v.src,
+            src_port: l4.dst_port,
+            dst_port: l4.src_port,
+            proto: crate::proto::IPPROTO_TCP,
+        };
+        let mut t = lock(&self.v6.flows);
+        let (id, _) = t.lookup(&key, now_ms)?;
+        t.get(id).map(|f| f.client_mss).filter(|&m| m > 0)
     }
 
     /// Counts a frame of `len` bytes sent on by service `service` (towards the backend or

@@ -58,6 +58,9 @@ pub struct Flow6 {
     pub service: u32,
     /// The service-table generation the flow was last checked against.
     pub generation: u64,
+    /// The most a TCP segment towards the client may carry (payload + options): its
+    /// SYN's MSS, lowered by a Packet Too Big for the flow; 0: unknown.
+    pub client_mss: u16,
     /// Expiry, milliseconds on the caller's clock.
     expires_ms: u64,
 }
@@ -90,6 +93,7 @@ impl Flow6 {
             state,
             service,
             generation,
+            client_mss: 0,
             expires_ms: 0,
         }
     }
@@ -284,6 +288,15 @@ impl Flow6Table {
         if let Some(f) = self.records.get_mut(id as usize).and_then(Option::as_mut) {
             f.service = service;
             f.generation = generation;
+        }
+    }
+
+    /// Sets flow `id`'s client MSS, or (`lower_only`) lowers it.
+    pub fn note_client_mss(&mut self, id: u32, mss: u16, lower_only: bool) {
+        if let Some(f) = self.records.get_mut(id as usize).and_then(Option::as_mut) {
+            if !lower_only || f.client_mss == 0 || mss < f.client_mss {
+                f.client_mss = mss;
+            }
         }
     }
 

@@ -221,7 +221,12 @@ fn pseudo_sum6(frame: &[u8], l4_len: u32) -> u32 {
 pub fn syn_mss(frame: &[u8]) -> Option<u16> {
     let ip = ETH_HEADER_LEN;
     let ihl = usize::from(*frame.get(ip)? & 0x0f) * 4;
-    let t = ip + ihl;
+    tcp_mss_option(frame, ip + ihl)
+}
+
+/// The MSS option of the TCP header at offset `t` of `frame`, when present (any IP
+/// version: the caller found the header).
+pub fn tcp_mss_option(frame: &[u8], t: usize) -> Option<u16> {
     let thl = usize::from(*frame.get(t + 12)? >> 4) * 4;
     let opts = frame.get(t + 20..t + thl)?;
     let mut i = 0;

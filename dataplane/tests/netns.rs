@@ -3262,6 +3262,28 @@ fn large_bodies_cross_overlay_pod_mtus_and_a_jumbo_uplink() -> Result<()> {
     lab.finish()
 }
 
+/// The IPv6 twin: a Pod's IPv6 super-segments are cut to the client's MSS (its SYN said
+/// 1340), not to the node's uplink MTU, both ways 4 MiB.
+#[test]
+fn ipv6_large_bodies_reach_a_client_behind_a_1400_byte_link() -> Result<()> {
+    let lab = Lab::dual_stack("dp6P")?;
+    lab.client
+        .exec(&["ip", "link", "set", "eth0", "mtu", "1400"])?;
+    let big = pattern(4 << 20);
+    let ns = lab.client.name();
+    download(
+        ns,
+        &format!("http://[{VIP6}]/bytes/{}", big.len()),
+        &big,
+        30,
+    )?;
+    upload(ns, &format!("http://[{VIP6}]/upload"), &big, 30)?;
+    let s = lab.fresh_stats()?;
+    ensure!(s["segmented"].as_u64().unwrap_or(0) > 0, "{s}");
+    assert_no_size_drops(&lab);
+    lab.finish()
+}
+
 #[test]
 fn large_bodies_reach_a_client_behind_a_1400_byte_link() -> Result<()> {
     // The client's link takes 1400 bytes (its SYN says MSS 1360); the node's uplink

@@ -408,3 +408,36 @@ fn workers_sharing_the_table_serve_each_others_replies() {
     assert_eq!(parse6(&r).unwrap().src, vip());
     assert_eq!(b.flows6_counts(), (1, 64));
 }
+
+#[test]
+fn the_clients_mss_and_a_path_mtu_bound_the_segments_towards_it() {
+    let mut e = engine(vec![service(80, IPPROTO_TCP, &[1], 1)]);
+    // A SYN with an MSS option of 1220 (kind 2, length 4), padded with NOPs.
+    let mut body = upper(IPPROTO_TCP, 40000, 80, SYN, &[]);
+    body[12] = 0x70; // 28-byte header
+    body.extend_from_slice(&[2, 4, 0x04, 0xc4, 1, 1, 1, 1]);
+    let mut f = frame(client(), vip(), &[], IPPROTO_TCP, &body);
+    assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+    let mut r = tcp(pod(1), client(), 8080, 40000, SYN | ACK);
+    assert_eq!(run(&mut e, &mut r, Side::Pod(0)), Verdict::Tx(Side::Uplink));
+    assert_eq!(e.client_mss(&r, 1_000), Some(1220));
+    // A router says 1280 bytes fit towards the client: 1220 stays (the lower one)...
+    let reply = tcp(vip(), client(), 80, 40000, ACK);
+    let ptb = |mtu: u32| {
+        let mut b = vec![2, 0, 0, 0];
+        b.extend_from_slice(&mtu.to_be_bytes());
+        b.extend_from_slice(&reply[14..]);
+        frame(ip("2001:db8:ffff::1"), vip(), &[], IPPROTO_ICMPV6, &b)
+    };
+    assert_eq!(
+        run(&mut e, &mut ptb(1400), Side::Uplink),
+        Verdict::Tx(Side::Pod(0))
+    );
+    assert_eq!(e.client_mss(&r, 1_000), Some(1220));
+    // ... and a smaller path MTU lowers it.
+    assert_eq!(
+        run(&mut e, &mut ptb(1200), Side::Uplink),
+        Verdict::Tx(Side::Pod(0))
+    );
+    assert_eq!(e.client_mss(&r, 1_000), Some(1140));
+}
