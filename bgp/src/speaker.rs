@@ -529,6 +529,9 @@ impl PeerTask {
             &cfg.name,
         )));
         let sc = session_config(&cfg, router_id, offered);
+        // What the OPEN offers: a session over IPv6 always offers IPv6 unicast, so its
+        // first IPv6 VIP is no new family (no reset, and the VIP is sent at once).
+        let offered = sc.families;
         let (io_tx, io_rx) = mpsc::unbounded_channel();
         PeerTask {
             cfg,

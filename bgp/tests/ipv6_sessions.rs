@@ -348,6 +348,40 @@ fn bfd_over_ipv6(tag: &str, separate: bool) -> Result<()> {
 
 /// TCP-MD5 is really in force on the IPv6 session: BIRD with another password never
 /// sees it come up (the kernels drop the unsigned or wrongly signed segments).
+/// The first IPv6 VIP of a session over IPv6 that is already Established reaches BIRD at
+/// once: the session's OPEN offered IPv6 unicast from the start, so it is no new family
+/// (no "session restarts", no skipped round; the /128 used to wait for the node
+/// state's next change, seen in the dual-stack lab).
+#[test]
+fn the_first_ipv6_vip_of_an_established_ipv6_session_is_sent_at_once() -> Result<()> {
+    let topo = topo("v6l")?;
+    let r = router_addr(0);
+    let cfg = format!(
+        "log stderr all;\nrouter id {r};\nprotocol device {{ scan time 10; }}\n\
+         protocol kernel {{ ipv6 {{ import none; export all; }}; }}\n\
+         protocol bgp node0v6 {{\n local {ROUTER6} as {ROUTER_ASN};\n neighbor {NODE6} as {NODE_ASN};\n \
+         hold time 9; keepalive time 3; connect delay time 1; connect retry time 2; error wait time 1, 4;\n \
+         ipv6 {{ import all; export none; }};\n}}\n"
+    );
+    let router = Router::start_bird_with_config(&topo, &cfg)?;
+    let mut s = Speaker::start_with_args(&topo, 0, vec![peer_v6(false)], &[])?;
+    s.publish_ip_vips(&[])?;
+    s.wait_established("router-v6", UP)?;
+    s.publish_ip_vips(&[VIP6.into()])?;
+    wait_for(
+        "the first IPv6 VIP at the router within 10 s",
+        Duration::from_secs(10),
+        || Ok((!route6_next_hops(topo.router.name(), VIP6)?.is_empty()).then_some(())),
+    )
+    .with_context(|| format!("{}\n{}", s.logs(), router.logs()))?;
+    ensure!(
+        !s.logs().contains("offering new address families"),
+        "the IPv6 session offered IPv6 again:\n{}",
+        s.logs()
+    );
+    Ok(())
+}
+
 #[test]
 fn a_wrong_tcp_md5_password_keeps_the_ipv6_session_down() -> Result<()> {
     let topo = topo("v6m")?;

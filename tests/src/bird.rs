@@ -16,7 +16,7 @@
 
 use std::fmt::Write as _;
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,12 +34,12 @@ pub const BIRD: &str = "/usr/sbin/bird";
 pub struct BgpNeighbor {
     /// Protocol name (`show protocols` shows it).
     pub name: String,
-    /// Local address and AS.
-    pub local: Ipv4Addr,
+    /// Local address (IPv4 or IPv6: the session's family).
+    pub local: IpAddr,
     /// Local AS number.
     pub local_as: u32,
-    /// The neighbour's address.
-    pub neighbor: Ipv4Addr,
+    /// The neighbour's address (the family of `local`).
+    pub neighbor: IpAddr,
     /// The neighbour's AS number.
     pub neighbor_as: u32,
     /// Hold time, seconds (keepalive is a third of it).
@@ -48,7 +48,8 @@ pub struct BgpNeighbor {
     pub graceful_restart_time: Option<u32>,
     /// TCP-MD5 password.
     pub password: Option<String>,
-    /// Import/export policy of the ipv4 channel (default: import all, export none).
+    /// Import/export policy of the channel of the session's family (`ipv4 { .. }` over
+    /// IPv4, `ipv6 { .. }` over IPv6; default: import all, export none).
     pub ipv4_channel: String,
     /// More statements inside the protocol block (e.g. `multihop 2;`, `direct;`).
     pub extra: String,
@@ -66,15 +67,37 @@ impl BgpNeighbor {
     ) -> Self {
         BgpNeighbor {
             name: name.to_string(),
-            local,
+            local: local.into(),
             local_as,
-            neighbor,
+            neighbor: neighbor.into(),
             neighbor_as,
             hold_time: 9,
             graceful_restart_time: None,
             password: None,
             ipv4_channel: "import all; export none;".into(),
             extra: String::new(),
+        }
+    }
+
+    /// A session over IPv6 (its channel is `ipv6`, carrying IPv6 unicast), with the
+    /// timers and policy of [`BgpNeighbor::new`].
+    pub fn new_v6(
+        name: &str,
+        local: Ipv6Addr,
+        local_as: u32,
+        neighbor: Ipv6Addr,
+        neighbor_as: u32,
+    ) -> Self {
+        BgpNeighbor {
+            local: local.into(),
+            neighbor: neighbor.into(),
+            ..BgpNeighbor::new(
+                name,
+                Ipv4Addr::UNSPECIFIED,
+                local_as,
+                Ipv4Addr::UNSPECIFIED,
+                neighbor_as,
+            )
         }
     }
 
@@ -132,7 +155,12 @@ impl BgpNeighbor {
         for l in self.extra.lines().filter(|l| !l.trim().is_empty()) {
             let _ = writeln!(out, " {}", l.trim());
         }
-        let _ = writeln!(out, " ipv4 {{ {} }};", self.ipv4_channel);
+        let family = if self.neighbor.is_ipv6() {
+            "ipv6"
+        } else {
+            "ipv4"
+        };
+        let _ = writeln!(out, " {family} {{ {} }};", self.ipv4_channel);
         let _ = writeln!(out, "}}");
     }
 }
@@ -154,10 +182,12 @@ impl BirdConfig {
     }
 
     /// Installs the best routes into the kernel, equal BGP routes from several
-    /// neighbours as one ECMP route (`merge paths on`), as an upstream router does.
+    /// neighbours as one ECMP route (`merge paths on`), as an upstream router does; IPv4
+    /// and IPv6 (one kernel protocol per family, as BIRD 2 needs).
     pub fn kernel_ecmp(mut self) -> Self {
         self.text.push_str(
-            "protocol kernel {\n ipv4 { import none; export all; };\n merge paths on;\n}\n",
+            "protocol kernel {\n ipv4 { import none; export all; };\n merge paths on;\n}\n\
+             protocol kernel {\n ipv6 { import none; export all; };\n merge paths on;\n}\n",
         );
         self
     }
@@ -458,6 +488,37 @@ mod tests {
         ] {
             assert!(c.contains(want), "{want:?} missing from:\n{c}");
         }
+    }
+
+    #[test]
+    fn an_ipv6_neighbor_renders_an_ipv6_session_and_channel() {
+        let c = BirdConfig::new(Ipv4Addr::new(192, 0, 2, 1))
+            .kernel_ecmp()
+            .bgp(
+                &BgpNeighbor::new_v6(
+                    "node0_v6",
+                    "2001:db8:f::1".parse().unwrap(),
+                    65000,
+                    "2001:db8:f::11".parse().unwrap(),
+                    65001,
+                )
+                .graceful_restart(120)
+                .bfd(),
+            )
+            .render();
+        for want in [
+            " local 2001:db8:f::1 as 65000;",
+            " neighbor 2001:db8:f::11 as 65001;",
+            " graceful restart on; graceful restart time 120;",
+            " bfd on;\n ipv6 { import all; export none; };",
+            "protocol kernel {\n ipv6 { import none; export all; };\n merge paths on;",
+        ] {
+            assert!(c.contains(want), "{want:?} missing from:\n{c}");
+        }
+        assert!(
+            !c.contains(" ipv4 { import all"),
+            "no IPv4 channel on an IPv6 session:\n{c}"
+        );
     }
 
     #[test]

@@ -128,6 +128,7 @@ http {
   client_body_temp_path /tmp/body;
   server {
     listen 80;
+    listen [::]:80;
     root /var/www/html;
     # Graceful stop: the preStop hook (`/bin/drain`) creates /tmp/draining; from then on
     # every answer says `Connection: close` and ends its connection (keepalive_timeout 0
@@ -170,6 +171,7 @@ http {
   # share the serving port's path (see docs/operations.md).
   server {
     listen 8080;
+    listen [::]:8080;
     access_log off;
     location = /healthz {
       default_type text/plain;

@@ -74,6 +74,10 @@ pub struct ClusterOptions {
     /// mounted (projected), as in-cluster clients need (only with real kubelets, after
     /// the controller-manager made each namespace's `default` ServiceAccount).
     pub service_account_tokens: bool,
+    /// A dual-stack cluster: the apiserver's Service ClusterIP range has an IPv6 range
+    /// after the IPv4 one (`--service-cluster-ip-range=10.96.0.0/16,fd00:10:96::/112`),
+    /// so Services can ask for both families (default: IPv4 only).
+    pub dual_stack: bool,
 }
 
 impl Default for ClusterOptions {
@@ -84,6 +88,7 @@ impl Default for ClusterOptions {
             dir: None,
             node_lifecycle: false,
             service_account_tokens: false,
+            dual_stack: false,
         }
     }
 }
@@ -351,7 +356,11 @@ impl KubeCluster {
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),
-            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            if options.dual_stack {
+                "--service-cluster-ip-range=10.96.0.0/16,fd00:10:96::/112".into()
+            } else {
+                "--service-cluster-ip-range=10.96.0.0/16".into()
+            },
             // Room for 10 000 `externalTrafficPolicy: Local` LoadBalancer Services (the
             // perf scale run): each gets a health-check NodePort even with
             // `allocateLoadBalancerNodePorts: false`, and the default range has 2 768.

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -37,16 +37,27 @@ pub const VIP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
 /// The guide's client.
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 42);
 const ROUTER_CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// The client's IPv6 address (the lab is dual-stack: every link has both families).
+pub const CLIENT_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xc, 0, 0, 0, 0, 0x42);
+const ROUTER_CLIENT_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xc, 0, 0, 0, 0, 1);
+/// The pool of the guide's ExternalNetwork for IPv6 VIPs (AddressPool `public-v6`).
+pub const VIP6_POOL: &str = "2001:db8:113::/120";
 /// A second client, on a network of its own behind the router (namespace `outsider`):
 /// the one a Service's `loadBalancerSourceRanges` can leave out.
 pub const OUTSIDER_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 7);
 const ROUTER_OUTSIDER_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 1);
+const OUTSIDER_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x7, 0, 0, 0, 0, 7);
+const ROUTER_OUTSIDER_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x7, 0, 0, 0, 0, 1);
 /// The router's address on the node fabric.
 pub const ROUTER_FABRIC_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+/// The router's IPv6 address on the node fabric (the IPv6 BGPPeer `upstream-v6`).
+pub const ROUTER_FABRIC_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xf, 0, 0, 0, 0, 1);
 const ROUTER_ASN: u32 = 64512;
 const NODE_ASN: u32 = 64513;
 /// The host end of the management bridge; the API server listens here.
 pub const MGMT_HOST: Ipv4Addr = Ipv4Addr::new(172, 31, 255, 1);
+/// The host end of the management bridge, IPv6.
+const MGMT_HOST6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x172, 0x31, 0x255, 0, 0, 0, 1);
 const API_PORT: u16 = 6443;
 const MGMT_BRIDGE: &str = "jlab-mgmt";
 /// Where the agents write and the dataplanes and speakers read the node state.
@@ -127,11 +138,30 @@ pub struct LabNode {
     pub mgmt: Ipv4Addr,
     /// Pod subnet base (`/24` on cni0, gateway `.1`).
     pub pods: Ipv4Addr,
+    /// Uplink IPv6 address on the fabric (the IPv6 BGP session's; the speaker's next hop
+    /// for IPv6 VIPs).
+    pub ip6: Ipv6Addr,
+    /// Management IPv6 address (the Node's second InternalIP).
+    pub mgmt6: Ipv6Addr,
+    /// IPv6 Pod subnet base (`/64` on cni0, gateway `::1`).
+    pub pods6: Ipv6Addr,
 }
 
 /// The node's Pod subnet, `a.b.c.0/24`.
 fn pod_subnet(n: LabNode) -> String {
     format!("{}/24", n.pods)
+}
+
+/// The node's IPv6 Pod subnet, `.../64`.
+fn pod_subnet6(n: LabNode) -> String {
+    format!("{}/64", n.pods6)
+}
+
+/// `base` with `host` as its last 16 bits (`::1` the gateway of a /64).
+fn host6(base: Ipv6Addr, host: u16) -> Ipv6Addr {
+    let mut s = base.segments();
+    s[7] = host;
+    Ipv6Addr::from(s)
 }
 
 /// node-a, node-b, node-c.
@@ -142,6 +172,9 @@ pub const NODES: [LabNode; 3] = [
         ip: Ipv4Addr::new(192, 0, 2, 11),
         mgmt: Ipv4Addr::new(172, 31, 255, 11),
         pods: Ipv4Addr::new(10, 244, 1, 0),
+        ip6: Ipv6Addr::new(0x2001, 0xdb8, 0xf, 0, 0, 0, 0, 0x11),
+        mgmt6: Ipv6Addr::new(0xfd00, 0x172, 0x31, 0x255, 0, 0, 0, 0x11),
+        pods6: Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 0),
     },
     LabNode {
         name: "node-b",
@@ -149,6 +182,9 @@ pub const NODES: [LabNode; 3] = [
         ip: Ipv4Addr::new(192, 0, 2, 12),
         mgmt: Ipv4Addr::new(172, 31, 255, 12),
         pods: Ipv4Addr::new(10, 244, 2, 0),
+        ip6: Ipv6Addr::new(0x2001, 0xdb8, 0xf, 0, 0, 0, 0, 0x12),
+        mgmt6: Ipv6Addr::new(0xfd00, 0x172, 0x31, 0x255, 0, 0, 0, 0x12),
+        pods6: Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 0),
     },
     LabNode {
         name: "node-c",
@@ -156,6 +192,9 @@ pub const NODES: [LabNode; 3] = [
         ip: Ipv4Addr::new(192, 0, 2, 13),
         mgmt: Ipv4Addr::new(172, 31, 255, 13),
         pods: Ipv4Addr::new(10, 244, 3, 0),
+        ip6: Ipv6Addr::new(0x2001, 0xdb8, 0xf, 0, 0, 0, 0, 0x13),
+        mgmt6: Ipv6Addr::new(0xfd00, 0x172, 0x31, 0x255, 0, 0, 0, 0x13),
+        pods6: Ipv6Addr::new(0xfd00, 0x10, 0x244, 3, 0, 0, 0, 0),
     },
 ];
 
@@ -192,14 +231,14 @@ pub fn bird_ctl() -> PathBuf {
     state().join("router/bird.ctl")
 }
 
-/// A client namespace `name` at `ip`/24 behind the router's port `port` (`router_ip`),
-/// its default route through the router.
+/// A client namespace `name` at `ip`/24 and `ip6`/64 behind the router's port `port`
+/// (`router_ip`, `router_ip6`), its default routes through the router.
 fn client_behind(
     router: &Netns,
     name: &str,
     port: &str,
-    ip: Ipv4Addr,
-    router_ip: Ipv4Addr,
+    (ip, ip6): (Ipv4Addr, Ipv6Addr),
+    (router_ip, router_ip6): (Ipv4Addr, Ipv6Addr),
 ) -> Result<Netns> {
     let client = Netns::new(ns(name))?;
     let (c, r) = (client.name(), router.name());
@@ -215,9 +254,30 @@ fn client_behind(
     client.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
     let via = router_ip.to_string();
     client.exec(&["ip", "route", "add", "default", "via", &via])?;
+    addr6(&client, "eth0", &format!("{ip6}/64"))?;
+    client.exec(&[
+        "ip",
+        "-6",
+        "route",
+        "add",
+        "default",
+        "via",
+        &router_ip6.to_string(),
+    ])?;
     router.addr(port, &format!("{router_ip}/24"))?;
-    ok(&format!("{name} {ip} --- router {router_ip}"));
+    addr6(router, port, &format!("{router_ip6}/64"))?;
+    ok(&format!(
+        "{name} {ip} {ip6} --- router {router_ip} {router_ip6}"
+    ));
     Ok(client)
+}
+
+/// Adds the IPv6 address `cidr` to `ifname` in `netns` without duplicate address
+/// detection (`nodad`: usable at once, the lab's addresses are unique by construction).
+fn addr6(netns: &Netns, ifname: &str, cidr: &str) -> Result<()> {
+    netns.exec(&["ip", "-6", "addr", "add", cidr, "dev", ifname, "nodad"])?;
+    netns.exec(&["ip", "link", "set", ifname, "up"])?;
+    Ok(())
 }
 
 fn logs() -> PathBuf {
@@ -622,16 +682,43 @@ impl Lab {
                 MGMT_BRIDGE,
             ],
         )?;
+        run(
+            "ip",
+            &[
+                "-6",
+                "addr",
+                "add",
+                &format!("{MGMT_HOST6}/64"),
+                "dev",
+                MGMT_BRIDGE,
+                "nodad",
+            ],
+        )?;
         run("ip", &["link", "set", MGMT_BRIDGE, "up"])?;
         let router = Netns::new(ns("router"))?;
-        let client = client_behind(&router, "client", "c0", CLIENT_IP, ROUTER_CLIENT_IP)?;
+        let client = client_behind(
+            &router,
+            "client",
+            "c0",
+            (CLIENT_IP, CLIENT_IP6),
+            (ROUTER_CLIENT_IP, ROUTER_CLIENT_IP6),
+        )?;
         self.netns.push(client);
         router.exec(&["ip", "link", "add", "fabric", "type", "bridge"])?;
         router.addr("fabric", &format!("{ROUTER_FABRIC_IP}/24"))?;
+        addr6(&router, "fabric", &format!("{ROUTER_FABRIC_IP6}/64"))?;
         router.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        router.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
+        router.exec(&["sysctl", "-qw", "net.ipv6.fib_multipath_hash_policy=1"])?;
         // ECMP hashes on addresses and ports, so one client's connections spread.
         router.exec(&["sysctl", "-qw", "net.ipv4.fib_multipath_hash_policy=1"])?;
-        let outsider = client_behind(&router, "outsider", "c1", OUTSIDER_IP, ROUTER_OUTSIDER_IP)?;
+        let outsider = client_behind(
+            &router,
+            "outsider",
+            "c1",
+            (OUTSIDER_IP, OUTSIDER_IP6),
+            (ROUTER_OUTSIDER_IP, ROUTER_OUTSIDER_IP6),
+        )?;
         self.netns.push(outsider);
         for n in NODES {
             let node = Netns::new(ns(n.name))?;
@@ -668,6 +755,17 @@ impl Lab {
                 &ROUTER_FABRIC_IP.to_string(),
             ])?;
             node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+            addr6(&node, "eth0", &format!("{}/64", n.ip6))?;
+            node.exec(&[
+                "ip",
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &ROUTER_FABRIC_IP6.to_string(),
+            ])?;
+            node.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
             // Management link to the host (API server; and the API server to the kubelet).
             let m = format!("jlab-m-{}", n.short);
             run(
@@ -687,6 +785,7 @@ impl Lab {
             )?;
             run("ip", &["link", "set", &m, "master", MGMT_BRIDGE, "up"])?;
             node.addr("mgmt0", &format!("{}/24", n.mgmt))?;
+            addr6(&node, "mgmt0", &format!("{}/64", n.mgmt6))?;
             // The Pod network is routed, as on clusters without an overlay: the host
             // (the API server, Prometheus) reaches Pods on the Pod network — the
             // controller replicas — through their node, and they reach it back.
@@ -698,6 +797,19 @@ impl Lab {
                     &pod_subnet(n),
                     "via",
                     &n.mgmt.to_string(),
+                    "dev",
+                    MGMT_BRIDGE,
+                ],
+            )?;
+            run(
+                "ip",
+                &[
+                    "-6",
+                    "route",
+                    "replace",
+                    &pod_subnet6(n),
+                    "via",
+                    &n.mgmt6.to_string(),
                     "dev",
                     MGMT_BRIDGE,
                 ],
@@ -718,9 +830,10 @@ impl Lab {
                 &format!("02:00:0a:f4:{:02x}:01", o[2]),
             ])?;
             node.addr("cni0", &format!("{}.{}.{}.1/24", o[0], o[1], o[2]))?;
+            addr6(&node, "cni0", &format!("{}/64", host6(n.pods6, 1)))?;
             ok(&format!(
-                "{} uplink {} (router fabric {ROUTER_FABRIC_IP}), mgmt {}, Pods {}.{}.{}.0/24 on bridge cni0",
-                n.name, n.ip, n.mgmt, o[0], o[1], o[2]
+                "{} uplink {} {} (router fabric {ROUTER_FABRIC_IP} {ROUTER_FABRIC_IP6}), mgmt {} {}, Pods {} {} on bridge cni0",
+                n.name, n.ip, n.ip6, n.mgmt, n.mgmt6, pod_subnet(n), pod_subnet6(n)
             ));
             self.netns.push(node);
         }
@@ -739,6 +852,9 @@ impl Lab {
             node_lifecycle: true,
             // Juneau's Pods use their ServiceAccounts' tokens (in-cluster config).
             service_account_tokens: true,
+            // Services of both families (ClusterIPs from both ranges), as the nodes' Pods
+            // have addresses of both.
+            dual_stack: true,
         })?;
         k.start_controller_manager()?;
         k.start_scheduler()?;
@@ -753,7 +869,7 @@ impl Lab {
 
     fn router(&mut self) -> Result<()> {
         step(&format!(
-            "Upstream router: BIRD 2, AS {ROUTER_ASN}, eBGP to each node (AS {NODE_ASN}), ECMP into the kernel"
+            "Upstream router: BIRD 2, AS {ROUTER_ASN}, eBGP to each node (AS {NODE_ASN}) over IPv4 and over IPv6, ECMP into the kernel"
         ));
         // As operators configure theirs: graceful restart (a speaker restart keeps the
         // node's routes) and BFD towards the nodes (a dead node or link leaves ECMP
@@ -768,6 +884,19 @@ impl Lab {
                     ROUTER_FABRIC_IP,
                     ROUTER_ASN,
                     n.ip,
+                    NODE_ASN,
+                )
+                .graceful_restart(120)
+                .bfd(),
+            );
+            // A session per family, as BIRD operators run dual-stack peerings (docs/lab.md):
+            // IPv6 VIPs over an IPv6 session, with the same graceful restart and BFD.
+            conf = conf.bgp(
+                &BgpNeighbor::new_v6(
+                    &format!("{}_v6", n.name.replace('-', "_")),
+                    ROUTER_FABRIC_IP6,
+                    ROUTER_ASN,
+                    n.ip6,
                     NODE_ASN,
                 )
                 .graceful_restart(120)
@@ -821,7 +950,9 @@ impl Lab {
                 // nothing of the host is routed into 192.0.2.0/24 (the host's own network
                 // may be that documentation range too).
                 node_ip: n.mgmt,
+                node_ip6: Some(n.mgmt6),
                 pod_subnet: n.pods,
+                pod_subnet6: Some(n.pods6),
                 dir: node_dir(n.name),
                 cgroup_root: cgroup_root(n.name),
                 kubeconfig: admin_kubeconfig(),
@@ -1626,6 +1757,13 @@ fn down_quiet() -> Vec<String> {
         {
             let _ = run("ip", &["route", "del", &pod_subnet(n)]);
             removed.push(format!("removed host route {}", pod_subnet(n)));
+        }
+        if run("ip", &["-6", "route", "show", &pod_subnet6(n)])
+            .map(|o| !o.stdout.is_empty())
+            .unwrap_or(false)
+        {
+            let _ = run("ip", &["-6", "route", "del", &pod_subnet6(n)]);
+            removed.push(format!("removed host route {}", pod_subnet6(n)));
         }
     }
     removed.extend(remove_pins());

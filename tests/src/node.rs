@@ -16,7 +16,7 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,8 +36,14 @@ pub struct NodeSpec {
     pub netns: String,
     /// The node's address (`--node-ip`: the Node's InternalIP; the kubelet serves on it).
     pub node_ip: Ipv4Addr,
+    /// The node's IPv6 address on a dual-stack node (`--node-ip=IPv4,IPv6`: the Node's
+    /// second InternalIP); `None`: an IPv4-only node.
+    pub node_ip6: Option<Ipv6Addr>,
     /// The Pod subnet on `cni0`: `a.b.c.0/24`, gateway `.1`, Pods from `.10`.
     pub pod_subnet: Ipv4Addr,
+    /// The IPv6 Pod subnet on `cni0` of a dual-stack node: a /64, gateway `::1`, Pods from
+    /// `::10` (each Pod gets an address of both families); `None`: IPv4-only Pods.
+    pub pod_subnet6: Option<Ipv6Addr>,
     /// The node's directory (containerd and kubelet state, logs, configs).
     pub dir: PathBuf,
     /// The kubelet's cgroup root (one per node, e.g. `/jlab-node-a`).
@@ -147,6 +153,25 @@ oom_score = 0
 
 fn cni_config(s: &NodeSpec) -> String {
     let o = s.pod_subnet.octets();
+    let mut ranges = vec![serde_json::json!([{
+        "subnet": format!("{}.{}.{}.0/24", o[0], o[1], o[2]),
+        "rangeStart": format!("{}.{}.{}.10", o[0], o[1], o[2]),
+        "gateway": s.gateway().to_string(),
+    }])];
+    let mut routes = vec![serde_json::json!({ "dst": "0.0.0.0/0" })];
+    if let Some(p6) = s.pod_subnet6 {
+        let host = |h: u16| {
+            let mut seg = p6.segments();
+            seg[7] = h;
+            Ipv6Addr::from(seg).to_string()
+        };
+        ranges.push(serde_json::json!([{
+            "subnet": format!("{p6}/64"),
+            "rangeStart": host(0x10),
+            "gateway": host(1),
+        }]));
+        routes.push(serde_json::json!({ "dst": "::/0" }));
+    }
     serde_json::json!({
         "cniVersion": "0.4.0",
         "name": "juneau-pods",
@@ -157,12 +182,8 @@ fn cni_config(s: &NodeSpec) -> String {
             "ipMasq": false,
             "ipam": {
                 "type": "host-local",
-                "ranges": [[{
-                    "subnet": format!("{}.{}.{}.0/24", o[0], o[1], o[2]),
-                    "rangeStart": format!("{}.{}.{}.10", o[0], o[1], o[2]),
-                    "gateway": s.gateway().to_string(),
-                }]],
-                "routes": [{ "dst": "0.0.0.0/0" }],
+                "ranges": ranges,
+                "routes": routes,
                 "dataDir": format!("{}/cni/ipam", s.dir.display()),
             },
         }],
@@ -294,7 +315,10 @@ impl KubeletNode {
             format!("--config={}", s.dir.join("kubelet.yaml").display()),
             format!("--kubeconfig={}", s.kubeconfig.display()),
             format!("--hostname-override={}", s.name),
-            format!("--node-ip={}", s.node_ip),
+            match s.node_ip6 {
+                Some(ip6) => format!("--node-ip={},{ip6}", s.node_ip),
+                None => format!("--node-ip={}", s.node_ip),
+            },
             format!("--root-dir={}", s.dir.join("kubelet").display()),
             "--v=1".into(),
         ];
@@ -619,7 +643,9 @@ mod tests {
             name: format!("{p}-node"),
             netns: netns.name().to_string(),
             node_ip: Ipv4Addr::new(10, 252, 0, 2),
+            node_ip6: None,
             pod_subnet: Ipv4Addr::new(10, 252, 1, 0),
+            pod_subnet6: None,
             dir: dir.clone(),
             cgroup_root: cgroup_root.clone(),
             kubeconfig: tmp.path().join("none"),

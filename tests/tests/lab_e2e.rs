@@ -148,6 +148,27 @@ fn dataplane_pids() -> Result<BTreeMap<String, u32>> {
 /// Juneau as the chart installs it, and nothing else: 2 controller Pods and one
 /// juneau-node Pod per node, all Ready, on the image the lab built; every Juneau process
 /// of the machine inside a Pod (its cgroup under a node's kubelet cgroup root).
+/// Whether process `pid` is in the host's network namespace or one of the lab's
+/// (`jlab-*`): where a Juneau process the lab started runs, in a Pod or not. A process
+/// that is gone counts as elsewhere.
+fn in_host_or_lab_netns(pid: u32) -> Result<bool> {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(mine) = std::fs::metadata(format!("/proc/{pid}/ns/net")).map(|m| m.ino()) else {
+        return Ok(false);
+    };
+    // This test runs in the host's namespace.
+    let mut lab = vec![std::fs::metadata("/proc/self/ns/net")?.ino()];
+    for e in std::fs::read_dir("/run/netns")?.flatten() {
+        if e.file_name()
+            .to_string_lossy()
+            .starts_with(lab::NETNS_PREFIX)
+        {
+            lab.push(std::fs::metadata(e.path())?.ino());
+        }
+    }
+    Ok(lab.contains(&mine))
+}
+
 fn juneau_runs_only_in_pods() -> Result<()> {
     let pods = lab::juneau_pods()?;
     let image = format!("juneau:{}", lab::JUNEAU_IMAGE_TAG);
@@ -188,6 +209,11 @@ fn juneau_runs_only_in_pods() -> Result<()> {
             continue;
         }
         let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        if !cgroup.contains("/jlab-node-") && !in_host_or_lab_netns(pid)? {
+            // Neither in a lab Pod nor where the lab runs anything else: another test's
+            // on this shared machine (in a namespace of its own).
+            continue;
+        }
         ensure!(
             cgroup.contains("/jlab-node-"),
             "{argv0} (pid {pid}) runs outside the kubelets' Pods: {cgroup}"
@@ -1198,11 +1224,11 @@ fn prometheus_sees_what_the_lab_did() -> Result<()> {
         || Ok(nodes(&advertised)?.keys().cloned().collect::<BTreeSet<_>>() == ready),
     )?;
     eventually(
-        "BGP sessions Established on every node",
+        "BGP sessions Established on every node (IPv4 and IPv6)",
         Duration::from_secs(30),
         || {
-            Ok(nodes("juneau_bgp_peer_up")?
-                == want(&[("node-a", 1.0), ("node-b", 1.0), ("node-c", 1.0)]))
+            Ok(nodes("sum by (node) (juneau_bgp_peer_up)")?
+                == want(&[("node-a", 2.0), ("node-b", 2.0), ("node-c", 2.0)]))
         },
     )?;
     eventually(
@@ -1296,13 +1322,18 @@ fn peers_show_the_live_sessions() -> Result<()> {
         Ok(serde_json::from_slice(&out.stdout)?)
     };
     // BFD Up on every session: the lab's router runs BFD towards the nodes, as the
-    // guide's BGPPeer asks, and every node runs juneau-bfd.
+    // guide's BGPPeers ask, and every node runs juneau-bfd. Each node has two sessions,
+    // `upstream` over IPv4 (the IPv4 VIPs) and `upstream-v6` over IPv6 (no IPv6 VIP yet).
     let want: Vec<(String, bool, String, u64, String)> =
         [("node-a", 1), ("node-b", 0), ("node-c", 1)]
             .iter()
-            .map(|(n, p)| {
+            .flat_map(|(n, p)| {
                 let up = "Up".to_string();
-                (n.to_string(), true, "Established".to_string(), *p, up)
+                let est = "Established".to_string();
+                [
+                    (format!("{n} upstream"), true, est.clone(), *p, up.clone()),
+                    (format!("{n} upstream-v6"), true, est, 0, up),
+                ]
             })
             .collect();
     let mut last = serde_json::Value::Null;
@@ -1315,15 +1346,21 @@ fn peers_show_the_live_sessions() -> Result<()> {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|n| {
-                    let s = &n["sessions"][0];
-                    (
-                        n["node"].as_str().unwrap_or_default().to_string(),
-                        n["live"] == true,
-                        s["state"].as_str().unwrap_or_default().to_string(),
-                        s["prefixesAnnounced"].as_u64().unwrap_or(99),
-                        s["bfd"].as_str().unwrap_or("-").to_string(),
-                    )
+                .flat_map(|n| {
+                    let sessions = n["sessions"].as_array().cloned().unwrap_or_default();
+                    sessions.into_iter().map(move |s| {
+                        (
+                            format!(
+                                "{} {}",
+                                n["node"].as_str().unwrap_or_default(),
+                                s["peer"].as_str().unwrap_or_default()
+                            ),
+                            n["live"] == true,
+                            s["state"].as_str().unwrap_or_default().to_string(),
+                            s["prefixesAnnounced"].as_u64().unwrap_or(99),
+                            s["bfd"].as_str().unwrap_or("-").to_string(),
+                        )
+                    })
                 })
                 .collect();
             Ok(got == want)
@@ -1331,9 +1368,10 @@ fn peers_show_the_live_sessions() -> Result<()> {
     )
     .with_context(|| format!("last answer: {last}"))?;
     for n in last.as_array().into_iter().flatten() {
-        let s = &n["sessions"][0];
-        if s["peer"] != "upstream" || s["uptimeSeconds"].as_i64().is_none() {
-            bail!("session of {}: {s}", n["node"]);
+        for s in n["sessions"].as_array().into_iter().flatten() {
+            if s["uptimeSeconds"].as_i64().is_none() {
+                bail!("session of {}: {s}", n["node"]);
+            }
         }
     }
     println!("kubectl juneau peers: {last}");
@@ -1369,7 +1407,11 @@ fn peers_show_the_live_sessions() -> Result<()> {
     for n in why["nodes"].as_array().into_iter().flatten() {
         if n["advertising"] == true {
             let m = n["message"].as_str().unwrap_or_default();
-            assert!(m.ends_with("; Established to upstream"), "{n}");
+            let up: BTreeSet<&str> = m
+                .rsplit_once("; Established to ")
+                .map(|(_, peers)| peers.split(", ").collect())
+                .unwrap_or_default();
+            assert_eq!(up, BTreeSet::from(["upstream", "upstream-v6"]), "{n}");
         }
     }
     assert_eq!(why["notChecked"], serde_json::json!([]), "{why}");
