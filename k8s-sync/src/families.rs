@@ -11,10 +11,11 @@ use juneau_control::ipam::Family;
 use k8s_openapi::api::core::v1::ServiceSpec;
 
 /// Whether the dataplane serves IPv6 VIPs. The one switch for IPv6 in the controller:
-/// while it is off, no IPv6 VIP is allocated or shown; a Service that asks for IPv6 gets
-/// the `IPv6NotSupported` condition, and is served on IPv4 (PreferDualStack) or not at
-/// all (SingleStack IPv6, RequireDualStack). Turn it on when `dataplane/` forwards IPv6.
-pub const DATAPLANE_SERVES_IPV6: bool = false;
+/// on since the dataplane serves IPv6 end to end and the lab's dual-stack walk proves it
+/// in a cluster (tests/tests/lab_e2e.rs). Off, no IPv6 VIP would be allocated or shown; a
+/// Service asking for IPv6 would get the `IPv6NotSupported` condition and be served on
+/// IPv4 (PreferDualStack) or not at all (SingleStack IPv6, RequireDualStack).
+pub const DATAPLANE_SERVES_IPV6: bool = true;
 
 /// Reason of the condition a family the dataplane cannot serve gets.
 pub const IPV6_NOT_SUPPORTED: &str = "IPv6NotSupported";

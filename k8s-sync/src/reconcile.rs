@@ -2060,7 +2060,9 @@ mod tests {
         type Mutation = Box<dyn Fn(&mut Service, &mut World)>;
         let cases: Vec<(&str, Mutation)> = vec![
             (
-                "IPv6NotSupported",
+                // RequireDualStack where the network's pools hold IPv4 only (the switch
+                // off refuses it as IPv6NotSupported: without_ipv6_in_the_dataplane_...).
+                "NoAddressPoolForFamily",
                 Box::new(|s, _| {
                     let spec = s.spec.as_mut().unwrap();
                     spec.ip_family_policy = Some("RequireDualStack".into());

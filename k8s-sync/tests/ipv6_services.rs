@@ -1,7 +1,7 @@
 //! IPv6 frontends in the node state (issue 28) against a real kube-apiserver, with the
-//! real agent and no controller (whose `DATAPLANE_SERVES_IPV6` switch is off, so it
-//! would allocate no IPv6 VIP): the ServiceLoadBalancer's status is written as the
-//! controller will write it for a dual-stack Service (`status.vips`, one VIP per family,
+//! real agent and no controller (the agent alone: the test control plane is IPv4-only,
+//! where the controller gets no dual-stack Service to serve): the ServiceLoadBalancer's
+//! status is written as the controller writes it for a dual-stack Service (`status.vips`, one VIP per family,
 //! each with its pool), the Service has an IPv4 and an IPv6 EndpointSlice, and the
 //! agent publishes both families' frontends into the node state file (layout 10) and
 //! announces the IPv6 VIP while the node has a Ready IPv6 backend.

@@ -24,7 +24,8 @@ use juneau_tests::http::{download, pattern, put_and_get};
 use juneau_tests::images::LARGE_FILES;
 use juneau_tests::install::pod_process;
 use juneau_tests::lab::{
-    self, check_nothing_left, in_ns, kubectl, nginx_pods, router_next_hops, CLIENT_IP, VIP,
+    self, check_nothing_left, in_ns, kubectl, nginx_pods, router_next_hops, CLIENT_IP, CLIENT_IP6,
+    VIP,
 };
 use juneau_tests::prometheus::PromApi;
 
@@ -345,6 +346,154 @@ fn nginx_service(name: &str, vip: Ipv4Addr, metadata: &str, policy: &str, spec: 
          externalTrafficPolicy: {policy}\n  selector: {{app: nginx}}\n  \
          {spec}ports: [{{name: http, protocol: TCP, port: 80, targetPort: http}}]\n"
     )
+}
+
+/// The BGP protocols (BIRD's names, `node_a`, `node_c_v6`, ...) that gave the router a
+/// path for `prefix` (`a.b.c.d/32` or `x::y/128`), sorted.
+fn router_path_protocols(prefix: &str) -> Result<Vec<String>> {
+    let out = Command::new("birdc")
+        .arg("-s")
+        .arg(lab::bird_ctl())
+        .args(["show", "route", "for", prefix, "all"])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if text.contains("Network not found") {
+        return Ok(vec![]);
+    }
+    // A path's line: `PREFIX unicast [node_a_v6 03:30:00.000] * (100) [AS64513i]`, or
+    // the same without the prefix for the second path on.
+    let mut v: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains(" unicast ["))
+        .filter_map(|l| l.split(" unicast [").nth(1)?.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// The guide's walk for a dual-stack Service: `ipFamilyPolicy: RequireDualStack` with
+/// ipFamilies IPv4, IPv6 gets a VIP of each family (the Service's ingress lists both, in
+/// that order; the ServiceLoadBalancer's `status.vips` too); the router has both from
+/// exactly the nodes with Ready Pods (node-a, node-c), the /32 over the IPv4 sessions and
+/// the /128 over the IPv6 ones; `curl -4` and `curl -6` from the client reach nginx
+/// through each VIP, nginx logs the client's own IPv4 and IPv6 addresses, and 4 MiB go
+/// each way over IPv6. Removed afterwards.
+fn a_dual_stack_service_is_served_on_both_families() -> Result<()> {
+    let manifest = "apiVersion: v1\nkind: Service\nmetadata:\n  name: nginx-dual\n  \
+         namespace: default\n  annotations:\n    \
+         juneau.loutres.me/load-balancer-external-network: public\n\
+         spec:\n  type: LoadBalancer\n  loadBalancerClass: juneau.loutres.me/load-balancer\n  \
+         externalTrafficPolicy: Local\n  selector: {app: nginx}\n  \
+         ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  \
+         ports: [{name: http, protocol: TCP, port: 80, targetPort: http}]\n";
+    lab::kubectl_apply(manifest)?;
+    let checked = (|| -> Result<()> {
+        let mut ingress = String::new();
+        eventually(
+            "nginx-dual's ingress: an IPv4 and an IPv6 VIP",
+            Duration::from_secs(60),
+            || {
+                ingress = kubectl(&[
+                    "get",
+                    "svc",
+                    "nginx-dual",
+                    "-o",
+                    "jsonpath={.status.loadBalancer.ingress[*].ip}",
+                ])?;
+                Ok(ingress.split_whitespace().count() == 2)
+            },
+        )?;
+        let ips: Vec<std::net::IpAddr> = ingress
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()?;
+        let (v4, v6) = match ips[..] {
+            [std::net::IpAddr::V4(a), std::net::IpAddr::V6(b)] => (a, b),
+            _ => bail!("nginx-dual's ingress is not IPv4 then IPv6: {ingress}"),
+        };
+        // public-v6 is a /120: the VIP's first 120 bits are the pool's.
+        let (pool, len) = lab::VIP6_POOL.split_once('/').context("VIP6_POOL")?;
+        let shift = 128 - len.parse::<u32>()?;
+        ensure!(
+            u128::from(v6) >> shift == u128::from(pool.parse::<std::net::Ipv6Addr>()?) >> shift,
+            "IPv6 VIP {v6} not from the pool public-v6 ({})",
+            lab::VIP6_POOL
+        );
+        let vips = kubectl(&[
+            "get",
+            "serviceloadbalancer",
+            "nginx-dual",
+            "-o",
+            "jsonpath={range .status.vips[*]}{.family} {.ip} {.addressPool};{end}",
+        ])?;
+        ensure!(
+            vips.trim() == format!("IPv4 {v4} public-v4;IPv6 {v6} public-v6;"),
+            "nginx-dual's status.vips: {vips}"
+        );
+        let want = |proto: &str| -> Vec<String> {
+            ["node_a", "node_c"].map(|n| format!("{n}{proto}")).into()
+        };
+        let mut last = (vec![], vec![]);
+        eventually(
+            "the /32 from node-a and node-c over IPv4, the /128 over IPv6",
+            Duration::from_secs(60),
+            || {
+                last = (
+                    router_path_protocols(&format!("{v4}/32"))?,
+                    router_path_protocols(&format!("{v6}/128"))?,
+                );
+                Ok(last == (want(""), want("_v6")))
+            },
+        )
+        .with_context(|| format!("the router's paths: {last:?}"))?;
+        let hops6 = juneau_tests::netns::route6_next_hops(&lab::ns("router"), v6)?;
+        ensure!(
+            hops6.len() == 2,
+            "the router's kernel route to {v6}/128: next hops {hops6:?} (want node-a's and node-c's)"
+        );
+        println!("nginx-dual: {v4} and {v6}; IPv6 next hops at the router {hops6:?}");
+        for (flag, host) in [("-4", v4.to_string()), ("-6", format!("[{v6}]"))] {
+            for i in 0..10 {
+                let url = format!("http://{host}/?dual{flag}={i}");
+                let page = in_ns("client", &["curl", flag, "-sS", "-m", "10", &url])
+                    .with_context(|| format!("curl {flag} {url}"))?;
+                ensure!(
+                    page.contains("Welcome to nginx"),
+                    "curl {flag} {url}: {page}"
+                );
+            }
+        }
+        let logs: String = nginx_pods()?
+            .iter()
+            .map(|p| kubectl(&["logs", &p.name]).unwrap_or_default())
+            .collect();
+        for (flag, client) in [
+            ("-4", CLIENT_IP.to_string()),
+            ("-6", CLIENT_IP6.to_string()),
+        ] {
+            let mine: Vec<&str> = logs
+                .lines()
+                .filter(|l| l.contains(&format!("\"GET /?dual{flag}=")))
+                .collect();
+            ensure!(
+                mine.len() == 10 && mine.iter().all(|l| l.starts_with(&format!("{client} "))),
+                "the 10 {flag} requests as nginx logged them (want each from {client}):\n{}",
+                mine.join("\n")
+            );
+        }
+        // 4 MiB each way over IPv6, several connections (the router spreads them over
+        // node-a and node-c); a truncated body fails.
+        let client = lab::ns("client");
+        let body = pattern(4 << 20);
+        for _ in 0..4 {
+            download(&client, &format!("http://[{v6}]/files/4m"), &body, 10)?;
+            put_and_get(&client, &format!("http://[{v6}]/uploads/4m"), &body, 10)?;
+        }
+        Ok(())
+    })();
+    kubectl(&["delete", "service", "nginx-dual", "--wait=true"])?;
+    checked
 }
 
 /// A second Service of the same pool (label tier=gold, requesting 203.0.113.20) and a
@@ -1073,6 +1222,7 @@ fn walk() -> Result<()> {
     session_affinity_keeps_a_client_on_one_pod_per_node()?;
     services_sharing_a_vip_serve_each_port_from_its_own_pods()?;
     a_host_network_backend_is_served_through_its_node_s_stack()?;
+    a_dual_stack_service_is_served_on_both_families()?;
 
     // `up` again is harmless.
     let again = lab_cmd("up")?;
