@@ -97,19 +97,13 @@ fn dual_stack_state(pods: &[usize]) -> NodeState {
     }
 }
 
-/// Adds an IPv6 address without duplicate address detection (usable at once).
-fn addr6(ns: &Netns, ifname: &str, cidr: &str) -> Result<()> {
-    ns.exec(&["ip", "-6", "addr", "add", cidr, "dev", ifname, "nodad"])?;
-    Ok(())
-}
-
 /// IPv6 on every link: `2001:db8:100:1::/64` between client and node (the client routes
 /// the VIPs' /64 via the node); the Pods on `fd00:100:2::/64` behind the bridge, or, with
 /// per-Pod veths, each Pod's /128 routed to its veth and the node `fd00:100:2::1` on
 /// every veth (as ptp-style CNIs do); each Pod's default route via `fd00:100:2::1`.
 fn wire_ipv6(client: &Netns, node: &Netns, pods: &[Netns], bridge: bool) -> Result<()> {
-    addr6(node, "up0", "2001:db8:100:1::1/64")?;
-    addr6(client, "eth0", &format!("{CLIENT_IP6}/64"))?;
+    node.addr6("up0", "2001:db8:100:1::1/64")?;
+    client.addr6("eth0", &format!("{CLIENT_IP6}/64"))?;
     client.exec(&[
         "ip",
         "-6",
@@ -120,14 +114,14 @@ fn wire_ipv6(client: &Netns, node: &Netns, pods: &[Netns], bridge: bool) -> Resu
         "2001:db8:100:1::1",
     ])?;
     if bridge {
-        addr6(node, "br0", "fd00:100:2::1/64")?;
+        node.addr6("br0", "fd00:100:2::1/64")?;
     }
     for (i, pod) in pods.iter().enumerate() {
         if bridge {
-            addr6(pod, "eth0", &format!("{}/64", pod_ip6(i)))?;
+            pod.addr6("eth0", &format!("{}/64", pod_ip6(i)))?;
         } else {
             let pv = format!("pv{i}");
-            addr6(node, &pv, "fd00:100:2::1/128")?;
+            node.addr6(&pv, "fd00:100:2::1/128")?;
             node.exec(&[
                 "ip",
                 "-6",
@@ -137,7 +131,7 @@ fn wire_ipv6(client: &Netns, node: &Netns, pods: &[Netns], bridge: bool) -> Resu
                 "dev",
                 &pv,
             ])?;
-            addr6(pod, "eth0", &format!("{}/128", pod_ip6(i)))?;
+            pod.addr6("eth0", &format!("{}/128", pod_ip6(i)))?;
             pod.exec(&["ip", "-6", "route", "add", "fd00:100:2::1", "dev", "eth0"])?;
         }
         pod.exec(&[

@@ -254,7 +254,7 @@ fn client_behind(
     client.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
     let via = router_ip.to_string();
     client.exec(&["ip", "route", "add", "default", "via", &via])?;
-    addr6(&client, "eth0", &format!("{ip6}/64"))?;
+    client.addr6("eth0", &format!("{ip6}/64"))?;
     client.exec(&[
         "ip",
         "-6",
@@ -265,7 +265,7 @@ fn client_behind(
         &router_ip6.to_string(),
     ])?;
     router.addr(port, &format!("{router_ip}/24"))?;
-    addr6(router, port, &format!("{router_ip6}/64"))?;
+    router.addr6(port, &format!("{router_ip6}/64"))?;
     ok(&format!(
         "{name} {ip} {ip6} --- router {router_ip} {router_ip6}"
     ));
@@ -274,12 +274,6 @@ fn client_behind(
 
 /// Adds the IPv6 address `cidr` to `ifname` in `netns` without duplicate address
 /// detection (`nodad`: usable at once, the lab's addresses are unique by construction).
-fn addr6(netns: &Netns, ifname: &str, cidr: &str) -> Result<()> {
-    netns.exec(&["ip", "-6", "addr", "add", cidr, "dev", ifname, "nodad"])?;
-    netns.exec(&["ip", "link", "set", ifname, "up"])?;
-    Ok(())
-}
-
 fn logs() -> PathBuf {
     state().join("logs")
 }
@@ -706,7 +700,7 @@ impl Lab {
         self.netns.push(client);
         router.exec(&["ip", "link", "add", "fabric", "type", "bridge"])?;
         router.addr("fabric", &format!("{ROUTER_FABRIC_IP}/24"))?;
-        addr6(&router, "fabric", &format!("{ROUTER_FABRIC_IP6}/64"))?;
+        router.addr6("fabric", &format!("{ROUTER_FABRIC_IP6}/64"))?;
         router.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
         router.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
         router.exec(&["sysctl", "-qw", "net.ipv6.fib_multipath_hash_policy=1"])?;
@@ -755,7 +749,7 @@ impl Lab {
                 &ROUTER_FABRIC_IP.to_string(),
             ])?;
             node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
-            addr6(&node, "eth0", &format!("{}/64", n.ip6))?;
+            node.addr6("eth0", &format!("{}/64", n.ip6))?;
             node.exec(&[
                 "ip",
                 "-6",
@@ -785,7 +779,7 @@ impl Lab {
             )?;
             run("ip", &["link", "set", &m, "master", MGMT_BRIDGE, "up"])?;
             node.addr("mgmt0", &format!("{}/24", n.mgmt))?;
-            addr6(&node, "mgmt0", &format!("{}/64", n.mgmt6))?;
+            node.addr6("mgmt0", &format!("{}/64", n.mgmt6))?;
             // The Pod network is routed, as on clusters without an overlay: the host
             // (the API server, Prometheus) reaches Pods on the Pod network — the
             // controller replicas — through their node, and they reach it back.
@@ -830,7 +824,7 @@ impl Lab {
                 &format!("02:00:0a:f4:{:02x}:01", o[2]),
             ])?;
             node.addr("cni0", &format!("{}.{}.{}.1/24", o[0], o[1], o[2]))?;
-            addr6(&node, "cni0", &format!("{}/64", host6(n.pods6, 1)))?;
+            node.addr6("cni0", &format!("{}/64", host6(n.pods6, 1)))?;
             ok(&format!(
                 "{} uplink {} {} (router fabric {ROUTER_FABRIC_IP} {ROUTER_FABRIC_IP6}), mgmt {} {}, Pods {} {} on bridge cni0",
                 n.name, n.ip, n.ip6, n.mgmt, n.mgmt6, pod_subnet(n), pod_subnet6(n)

@@ -135,6 +135,14 @@ impl Netns {
         self.exec(&["ip", "link", "set", ifname, "up"])?;
         Ok(())
     }
+
+    /// Adds an IPv6 address without duplicate address detection (usable at once) and
+    /// sets the interface up.
+    pub fn addr6(&self, ifname: &str, cidr: &str) -> Result<()> {
+        self.exec(&["ip", "-6", "addr", "add", cidr, "dev", ifname, "nodad"])?;
+        self.exec(&["ip", "link", "set", ifname, "up"])?;
+        Ok(())
+    }
 }
 
 impl Drop for Netns {
