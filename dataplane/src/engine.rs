@@ -94,15 +94,17 @@ impl Default for EngineConfig {
 /// same backend for the same 5-tuple.
 pub const MAGLEV_HASH_SEED: u64 = 0x4a75_6e65_6175_4d67;
 
-/// Next hops whose resolution the engine asked for, taken by the I/O loop after a batch.
+/// Next hops whose resolution the engine asked for, taken by the I/O loop after a batch:
+/// `(next hop, ifindex)`, the next hop an IPv4 address (host order) or, for the IPv6
+/// path, an IPv6 one. A fixed list: nothing allocates on the packet path.
 #[derive(Debug, Default)]
-pub struct MissingNeighbours {
-    list: [(u32, u32); 16],
+pub struct MissingNeighbours<H = u32> {
+    list: [(H, u32); 16],
     len: usize,
 }
 
-impl MissingNeighbours {
-    fn push(&mut self, ip: u32, ifindex: u32) {
+impl<H: Copy + PartialEq> MissingNeighbours<H> {
+    fn push(&mut self, ip: H, ifindex: u32) {
         if self.list[..self.len].contains(&(ip, ifindex)) || self.len == self.list.len() {
             return;
         }
@@ -111,7 +113,7 @@ impl MissingNeighbours {
     }
 
     /// Takes the recorded `(next hop, ifindex)` pairs.
-    pub fn take(&mut self) -> impl Iterator<Item = (u32, u32)> + '_ {
+    pub fn take(&mut self) -> impl Iterator<Item = (H, u32)> + '_ {
         let n = std::mem::take(&mut self.len);
         self.list[..n].iter().copied()
     }

@@ -43,10 +43,8 @@ pub struct V6 {
     services: Services6,
     /// Per IPv6 service, indexed like `services`.
     counters: Vec<ServiceCounters>,
-    /// IPv6 next hops to resolve, taken by the I/O loop after a batch (a fixed list:
-    /// nothing allocates on the packet path).
-    missing: [([u8; 16], u32); 16],
-    missing_len: usize,
+    /// IPv6 next hops to resolve, taken by the I/O loop after a batch.
+    missing: super::MissingNeighbours<[u8; 16]>,
 }
 
 impl V6 {
@@ -55,21 +53,12 @@ impl V6 {
             flows: Arc::new(Mutex::new(flows)),
             services: Services6::default(),
             counters: Vec::new(),
-            missing: [([0; 16], 0); 16],
-            missing_len: 0,
+            missing: Default::default(),
         }
     }
 
     pub(super) fn capacity(&self) -> usize {
         lock(&self.flows).capacity()
-    }
-
-    fn note_missing(&mut self, hop: ([u8; 16], u32)) {
-        let held = &self.missing[..self.missing_len];
-        if self.missing_len < self.missing.len() && !held.contains(&hop) {
-            self.missing[self.missing_len] = hop;
-            self.missing_len += 1;
-        }
     }
 }
 
@@ -145,8 +134,7 @@ impl Engine {
 
     /// Takes the IPv6 next hops whose resolution the engine needs.
     pub fn take_missing6(&mut self) -> impl Iterator<Item = ([u8; 16], u32)> + '_ {
-        let n = std::mem::take(&mut self.v6.missing_len);
-        self.v6.missing[..n].iter().copied()
+        self.v6.missing.take()
     }
 
     /// Ends up to `budget` expired IPv6 flows.
@@ -473,7 +461,7 @@ impl Engine {
                 Verdict::Tx(side)
             }
             Resolve6::Miss { ip, ifindex } => {
-                self.v6.note_missing((ip, ifindex));
+                self.v6.missing.push(ip, ifindex);
                 self.drop6(DropReason::NoNeighbour, Some(service))
             }
             Resolve6::NoRoute => self.drop6(DropReason::NoRoute, Some(service)),

@@ -1880,7 +1880,7 @@ impl FlowTable {
 
 /// The idle timeout of a state.
 #[inline(always)]
-fn timeout_for(t: &Timeouts, s: FlowState) -> u32 {
+pub(crate) fn timeout_for(t: &Timeouts, s: FlowState) -> u32 {
     match s {
         FlowState::SynSent | FlowState::SynReceived => t.tcp_syn_ms,
         FlowState::Established | FlowState::Redirect => t.tcp_established_ms,

@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 
-use crate::flow::{Direction, FlowState, Timeouts};
+use crate::flow::{timeout_for, Direction, FlowState, Timeouts};
 use crate::proto::IPPROTO_TCP;
 
 /// An IPv6 5-tuple as a packet holds it (ports in host order).
@@ -227,16 +227,6 @@ impl Flow6Table {
         Some((id, dir))
     }
 
-    fn timeout(&self, s: FlowState) -> u64 {
-        u64::from(match s {
-            FlowState::SynSent | FlowState::SynReceived => self.timeouts.tcp_syn_ms,
-            FlowState::Closing => self.timeouts.tcp_fin_ms,
-            FlowState::Reset => self.timeouts.tcp_rst_ms,
-            FlowState::Udp => self.timeouts.udp_ms,
-            _ => self.timeouts.tcp_established_ms,
-        })
-    }
-
     /// Creates a flow (its keys published first).
     pub fn insert(&mut self, mut f: Flow6, now_ms: u64) -> Result<u32, Insert6Error> {
         let (fwd, rev) = (f.forward_key(), f.reverse_key());
@@ -259,7 +249,7 @@ impl Flow6Table {
             }
         }
         self.free.pop();
-        f.expires_ms = now_ms + self.timeout(f.state);
+        f.expires_ms = now_ms + u64::from(timeout_for(&self.timeouts, f.state));
         self.half_open += usize::from(f.state.is_half_open());
         self.records[id as usize] = Some(f);
         self.index.insert(fwd, (id, Direction::Forward));
@@ -274,13 +264,8 @@ impl Flow6Table {
         };
         let before = f.state.is_half_open();
         f.state = f.state.next(f.proto, dir, tcp_flags);
-        let after = f.state.is_half_open();
-        let state = f.state;
-        let expires = now_ms + self.timeout(state);
-        if let Some(f) = self.records[id as usize].as_mut() {
-            f.expires_ms = expires;
-        }
-        self.half_open = self.half_open + usize::from(after) - usize::from(before);
+        f.expires_ms = now_ms + u64::from(timeout_for(&self.timeouts, f.state));
+        self.half_open = self.half_open + usize::from(f.state.is_half_open()) - usize::from(before);
     }
 
     /// Marks flow `id` as checked against service-table `generation` (service `service`).

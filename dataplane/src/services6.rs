@@ -58,7 +58,7 @@ impl Service6 {
         self.backends[..self.ready].get(i).copied()
     }
 
-    /// The index of a backend (Ready or draining).
+    /// Whether `b` is one of the backends (Ready or draining).
     pub fn has_backend(&self, b: Backend6) -> bool {
         self.backends.contains(&b)
     }

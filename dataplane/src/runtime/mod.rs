@@ -788,13 +788,7 @@ fn adopt_ipv6_flows(engine: &mut Engine, steering: &Steering) {
         let restored = table.restore(&keys, |ip| steering.is_vip6(ip), now);
         for k in &keys {
             if table.lookup(k, now).is_none() {
-                let _ = steering.flows6().remove(&crate::steering::Flow6MapKey::new(
-                    k.src.into(),
-                    k.dst.into(),
-                    k.src_port,
-                    k.dst_port,
-                    k.proto,
-                ));
+                let _ = steering.flows6().remove(&crate::steering::ipv6::map_key(k));
             }
         }
         table.set_mirror(Box::new(crate::steering::ipv6::Flows6Mirror::new(

@@ -825,6 +825,7 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
 pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<FrameDesc>) -> Stats {
     let c = engine.counters();
     let flows = engine.flows();
+    let (flows6, flow6_capacity) = engine.flows6_counts();
     let mut st = Stats {
         timestamp: now_unix(),
         rx_packets: c.rx_packets,
@@ -838,8 +839,8 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
         icmp_frag_needed_limited: c.icmp_frag_needed_limited,
         flows: flows.len() as u64,
         flow_capacity: flows.capacity() as u64,
-        flows6: engine.flows6_counts().0 as u64,
-        flow6_capacity: engine.flows6_counts().1 as u64,
+        flows6: flows6 as u64,
+        flow6_capacity: flow6_capacity as u64,
         flow_table_bytes: flows.memory_bytes() as u64,
         half_open_flows: flows.half_open() as u64,
         half_open_max: flows.half_open_max() as u64,

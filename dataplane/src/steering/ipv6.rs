@@ -229,7 +229,8 @@ impl Flows6Mirror {
     }
 }
 
-fn map_key(k: &crate::flow6::Flow6Key) -> Flow6MapKey {
+/// The map's form of an engine key.
+pub fn map_key(k: &crate::flow6::Flow6Key) -> Flow6MapKey {
     Flow6MapKey::new(k.src.into(), k.dst.into(), k.src_port, k.dst_port, k.proto)
 }
 
