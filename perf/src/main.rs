@@ -90,9 +90,38 @@ struct RunArgs {
     bulk_timeout_s: u64,
     /// Scale measurement: create every Service before the Juneau daemons start and
     /// measure from their start (Juneau's own convergence, without the apiserver's
-    /// creation rate).
-    #[arg(long)]
+    /// creation rate); only that mode (short for `--scale-modes precreated`).
+    #[arg(long, conflicts_with = "scale_modes")]
     scale_precreated: bool,
+    /// Scale measurement modes, in order (`live`: created while Juneau runs, against the
+    /// apiserver alone; `precreated`): default both in `run`, `live` in `scale`, `live` in
+    /// `smoke`.
+    #[arg(long, value_delimiter = ',')]
+    scale_modes: Option<Vec<ScaleMode>>,
+}
+
+/// How the scale measurement's Services are created (`--scale-modes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ScaleMode {
+    /// Created while the Juneau daemons run; the apiserver alone is the baseline.
+    Live,
+    /// Created before the Juneau daemons start.
+    Precreated,
+}
+
+impl RunArgs {
+    /// The scale modes to measure, in order; `full`: a full run (both by default).
+    fn scale_modes(&self, full: bool) -> Vec<ScaleMode> {
+        if self.scale_precreated {
+            vec![ScaleMode::Precreated]
+        } else if let Some(m) = &self.scale_modes {
+            m.clone()
+        } else if full {
+            vec![ScaleMode::Live, ScaleMode::Precreated]
+        } else {
+            vec![ScaleMode::Live]
+        }
+    }
 }
 
 /// `juneau-perf gen`'s arguments.
@@ -388,23 +417,27 @@ fn run_scale(
     out: &std::path::Path,
     progress: &Progress,
     report: &mut Report,
-    precreated: bool,
+    mode: ScaleMode,
 ) {
-    progress.say(format!("control-plane scale: {n} Services at once"));
-    let creation = if precreated {
-        juneau_perf::scale::Creation::Precreated
-    } else {
-        juneau_perf::scale::Creation::Live
+    let (creation, name) = match mode {
+        ScaleMode::Live => (juneau_perf::scale::Creation::Live, "live"),
+        ScaleMode::Precreated => (juneau_perf::scale::Creation::Precreated, "precreated"),
     };
+    progress.say(format!(
+        "control-plane scale: {n} Services at once ({name})"
+    ));
     match juneau_perf::scale::measure(bins, n, timeout, out, &|m| progress.say(m), creation) {
         Ok(r) => {
             progress.say(format!(
-                "scale: all VIPs {:?} s, all Ready {:?} s, shared memory {:?} s, BIRD {:?} s",
+                "scale ({name}): all VIPs {:?} s, all Ready {:?} s, shared memory {:?} s, BIRD {:?} s",
                 r.all_vips_s, r.all_ready_s, r.shm_all_advertised_s, r.bird_all_routes_s
             ));
-            report.scale = Some(r);
+            match mode {
+                ScaleMode::Live => report.scale = Some(r),
+                ScaleMode::Precreated => report.scale_precreated = Some(r),
+            }
         }
-        Err(e) => report.add_error("scale", format!("{e:#}")),
+        Err(e) => report.add_error(&format!("scale ({name})"), format!("{e:#}")),
     }
 }
 
@@ -441,25 +474,20 @@ fn scale_only(args: &RunArgs) -> Result<()> {
     let n = args.scale_services.unwrap_or(10_000);
     let timeout = Duration::from_secs(args.scale_timeout_s);
     let progress = Progress::new(timeout);
+    let modes = args.scale_modes(false);
     let mut report = Report {
         date: juneau_perf::cost::utc_now(),
         machine: prereq::machine(),
         load_average_start: prereq::loadavg(),
         mode: "scale".into(),
-        config: serde_json::json!({ "scale_services": n, "scale_precreated": args.scale_precreated }),
+        config: serde_json::json!({ "scale_services": n, "scale_modes": format!("{modes:?}") }),
         ..Default::default()
     };
     report.cost.status = "Not measured (scale only).".into();
     report.convergence = "Not measured (scale only).".into();
-    run_scale(
-        &bins,
-        n,
-        timeout,
-        &out,
-        &progress,
-        &mut report,
-        args.scale_precreated,
-    );
+    for mode in modes {
+        run_scale(&bins, n, timeout, &out, &progress, &mut report, mode);
+    }
     report.load_average_end = prereq::loadavg();
     let files = report.write(&out)?;
     for f in files {
@@ -696,15 +724,17 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
         .scale_services
         .unwrap_or(if smoke { 20 } else { 10_000 });
     if scale_n > 0 && conv_reps.is_some() {
-        run_scale(
-            &conv_bins,
-            scale_n,
-            Duration::from_secs(args.scale_timeout_s),
-            &plan.out_dir,
-            &progress,
-            &mut report,
-            args.scale_precreated,
-        );
+        for mode in args.scale_modes(!smoke) {
+            run_scale(
+                &conv_bins,
+                scale_n,
+                Duration::from_secs(args.scale_timeout_s),
+                &plan.out_dir,
+                &progress,
+                &mut report,
+                mode,
+            );
+        }
     }
     finish_report(&mut report, &plan.out_dir, &progress)
 }

@@ -499,8 +499,12 @@ impl Report {
             }
             m += "\n![convergence](convergence.png)\n";
         }
-        if let Some(sc) = &self.scale {
-            m += "\n## Control-plane scale\n\n";
+        for sc in self.scales() {
+            m += if sc.precreated {
+                "\n## Control-plane scale (precreated)\n\n"
+            } else {
+                "\n## Control-plane scale (created live)\n\n"
+            };
             m += &crate::scale_data::markdown(sc);
         }
         if !self.errors.is_empty() {

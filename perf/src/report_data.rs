@@ -54,9 +54,13 @@ pub struct Report {
     /// Control-plane convergence distributions, when measured.
     #[serde(default)]
     pub convergence_results: Option<ConvergenceReport>,
-    /// Control-plane scale (N Services at once), when measured.
+    /// Control-plane scale (N Services at once), when measured: created live (in reports
+    /// before 2026-12-06 also a precreated measurement, its `precreated` set).
     #[serde(default)]
     pub scale: Option<ScaleReport>,
+    /// The same with the Services created before the Juneau daemons start, when measured.
+    #[serde(default)]
+    pub scale_precreated: Option<ScaleReport>,
     /// juneau-dataplane's own counters after each `juneau` run (cumulative since its
     /// start): AF_XDP ring drops show where packets were lost.
     pub dataplane_counters: Vec<serde_json::Value>,
@@ -89,6 +93,11 @@ impl Report {
         self.scenarios
             .iter()
             .chain(self.flow_scale.iter().filter_map(|p| p.summary.as_ref()))
+    }
+
+    /// The scale measurements, live first.
+    pub fn scales(&self) -> impl Iterator<Item = &ScaleReport> {
+        self.scale.iter().chain(self.scale_precreated.iter())
     }
 
     /// Records a failed scenario.

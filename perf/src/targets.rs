@@ -264,10 +264,12 @@ fn ratio(r: &Report, name: &str, old: Target, bound: f64) -> Target {
 /// within the run's goal (60 s); Juneau's API writes per Service at most [`WRITES_GOAL`].
 /// A mode the run did not measure is not measured.
 fn scale(r: &Report) -> Vec<Target> {
-    let s = r.scale.as_ref();
+    let live = r.scales().find(|s| !s.precreated);
+    let pre = r.scales().find(|s| s.precreated);
+    // Writes per Service: from the live measurement when there is one (it includes the
+    // creates' own churn), else the precreated one.
+    let s = live.or(pre);
     let services = s.map_or(10_000, |s| s.services);
-    let live = s.filter(|s| !s.precreated);
-    let pre = s.filter(|s| s.precreated);
     let not_reached = |b: &str| format!("not reached in time{b}");
 
     let mut lv = Target {
@@ -735,6 +737,29 @@ mod tests {
             (t.verdict, t.figure.as_str()),
             (Verdict::Met, "3.00 (live)")
         );
+    }
+
+    #[test]
+    fn one_run_with_both_scale_modes_gives_every_scale_verdict() {
+        let mut r = scale_report(false);
+        let s = r.scale.as_mut().unwrap();
+        (s.apiserver_alone_create_s, s.all_ready_s) = (Some(80.0), Some(500.0));
+        s.juneau_writes_per_service = Some(4.2);
+        r.scale_precreated = scale_report(true).scale;
+        let p = r.scale_precreated.as_mut().unwrap();
+        (p.all_ready_s, p.juneau_writes_per_service) = (Some(45.0), Some(2.5));
+        assert_eq!(verdict(&r, LIVE), Verdict::Missed);
+        assert_eq!(verdict(&r, PRE), Verdict::Met);
+        // The writes come from the live measurement (the creates' churn included).
+        let t = target(&r, WRITES);
+        assert_eq!(
+            (t.verdict, t.figure.as_str()),
+            (Verdict::Missed, "4.20 (live)")
+        );
+        // The report shows both measurements, each under its own heading.
+        let md = r.markdown();
+        assert!(md.contains("## Control-plane scale (created live)"), "{md}");
+        assert!(md.contains("## Control-plane scale (precreated)"), "{md}");
     }
 
     #[test]
