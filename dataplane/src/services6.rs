@@ -35,6 +35,9 @@ pub struct Service6 {
     pub source_ranges: Vec<(u128, u8)>,
     /// `sessionAffinity: ClientIP`: new connections of a client pick by its address alone.
     pub client_ip_affinity: bool,
+    /// Whether the frontend hands new flows without a Ready backend here to a peer (the
+    /// Cluster policy, as [`crate::services::Service::hand_off`]).
+    pub hand_off: bool,
 }
 
 impl Service6 {
@@ -130,6 +133,7 @@ impl Services6 {
                         .map(|r| (u128::from(r.network()), r.prefix_len()))
                         .collect(),
                     client_ip_affinity: s.client_ip_affinity.is_some(),
+                    hand_off: false,
                 }
             })
             .collect();
@@ -250,6 +254,7 @@ mod tests {
             maglev: vec![],
             source_ranges: vec![],
             client_ip_affinity: false,
+            hand_off: false,
         };
         assert!(s.admits(ip("2001:db8:9::1").octets()));
         s.source_ranges = vec![(u128::from(ip("2001:db8:9::")), 48)];
