@@ -662,6 +662,7 @@ mod tests {
                     .map(|n| (*n).into())
                     .collect(),
             }],
+            vips6: Vec::new(),
             keys: Vec::new(),
         }
     }
@@ -730,7 +731,7 @@ mod tests {
                     NODES[cur],
                     n.to,
                     DEFAULT_PORT,
-                    &n.key,
+                    n.key,
                     n.cookie,
                     key.as_ref(),
                 )
@@ -911,6 +912,7 @@ mod tests {
                 vip: VIP.into(),
                 nodes: vec![n0, n0, n0, n0, n0, n2, n2],
             }],
+            vips6: Vec::new(),
             keys: Vec::new(),
         });
         let mut served = [0usize; 3];
@@ -1187,6 +1189,7 @@ mod tests {
                     nodes: vec![NODES[0].into()],
                 },
             ],
+            vips6: Vec::new(),
             keys: Vec::new(),
         });
         assert!(e.redirect().unwrap().is_peer(NODES[0]));

@@ -369,6 +369,16 @@ impl Redirector {
             .collect();
         self.vip_peers.sort_by_key(|v| v.0);
         self.vip_peers.dedup_by_key(|v| v.0);
+        self.vip6_peers = published
+            .vips6
+            .iter()
+            .map(|v| {
+                let (list, weights) = self.weighted_list(&v.nodes);
+                (v.vip.octets(), list, weights)
+            })
+            .collect();
+        self.vip6_peers.sort_by_key(|v| v.0);
+        self.vip6_peers.dedup_by_key(|v| v.0);
         self.rebuild_peers();
     }
 
@@ -689,6 +699,7 @@ mod tests {
                     nodes: vec![ip(12)],
                 },
             ],
+            vips6: Vec::new(),
             keys: Vec::new(),
         };
         let want: Vec<u32> = [12, 13, 20].map(|d| u32::from(ip(d))).to_vec();
@@ -700,6 +711,55 @@ mod tests {
         };
         assert_eq!(peers_of(&cfg, &none).len(), 4);
         assert!(peers_of(&cfg, &Redirects::default()).len() == 2);
+    }
+
+    #[test]
+    fn an_ipv6_vips_peers_are_the_published_ones_then_the_static_ones() {
+        use juneau_control::model::{Redirects, VipRedirectPeers6};
+        let ip = |d: u8| std::net::Ipv4Addr::new(192, 0, 2, d);
+        let vip: std::net::Ipv6Addr = "2001:db8:71::10".parse().unwrap();
+        let mut r = Redirector::new(RedirectConfig {
+            node: u32::from(ip(1)),
+            port: 7411,
+            peers: vec![u32::from(ip(20))],
+            rate_per_s: 100,
+            burst: 10,
+            prefix_rate_per_s: 100,
+            prefix_burst: 10,
+            node_from_state: false,
+        });
+        assert_eq!(r.peers_for6(&vip.octets()), [u32::from(ip(20))]);
+        r.set_from_state(&Redirects {
+            vips6: vec![VipRedirectPeers6 {
+                vip,
+                // Node .3 has two Ready endpoints (listed thrice), .2 none.
+                nodes: vec![ip(2), ip(3), ip(3), ip(3)],
+            }],
+            ..Redirects::default()
+        });
+        let (peers, weights) = r.weighted_peers_for6(&vip.octets());
+        assert_eq!(peers, [2, 3, 20].map(|d| u32::from(ip(d))));
+        assert_eq!(weights, [0, 2, 0]);
+        assert!(r.is_peer_of6(&vip.octets(), u32::from(ip(3))));
+        assert!(r.is_peer(u32::from(ip(3))), "redirects accepted from it");
+        // The IPv4 VIPs' lists are apart: an IPv4 VIP without one has the static peers.
+        assert_eq!(r.peers_for(0xcb00_710a), [u32::from(ip(20))]);
+        // The family is in the cookie: an IPv6 flow's never answers an IPv4 question.
+        let k6 = crate::flow6::Flow6Key {
+            src: [0; 16],
+            dst: vip.octets(),
+            src_port: 1,
+            dst_port: 80,
+            proto: 6,
+        };
+        let k4 = FlowKey {
+            src: 0,
+            dst: 0,
+            src_port: 1,
+            dst_port: 80,
+            proto: 6,
+        };
+        assert_ne!(r.cookie_for6(&k6), r.cookie_for(&k4));
     }
 
     #[test]
@@ -804,6 +864,7 @@ mod tests {
                 vip,
                 nodes: vec![ip(12), ip(12), ip(12), ip(13), ip(14), ip(14)],
             }],
+            vips6: Vec::new(),
             keys: Vec::new(),
         });
         let (peers, weights) = r.weighted_peers_for(u32::from(vip));

@@ -290,12 +290,6 @@ impl From<&Flow6Key> for NoticeKey {
     }
 }
 
-impl From<&NoticeKey> for NoticeKey {
-    fn from(k: &NoticeKey) -> Self {
-        *k
-    }
-}
-
 /// The forward key an IPv6 notice ([`KIND_NOTICE6`]) names.
 pub fn notice_key6(frame: &[u8], r: &Received) -> Flow6Key {
     let b = &frame[r.body..r.body + NOTICE_BODY6];

@@ -174,7 +174,7 @@ fn send(nodes: &mut [Engine], at: usize, mut f: Vec<u8>, mtu: usize) -> Trip {
                 NODES[cur],
                 n.to,
                 DEFAULT_PORT,
-                &n.key,
+                n.key,
                 n.cookie,
                 None,
             )
