@@ -182,7 +182,7 @@ fn node_state(
         .into_iter()
         .map(|(protocol, port, target)| {
             let pods = if has_backend { vec![pod6(i)] } else { vec![] };
-            NodeService6::new(
+            let mut s = NodeService6::new(
                 Frontend6 {
                     vip: VIP6,
                     protocol,
@@ -191,7 +191,9 @@ fn node_state(
                 pods.into_iter()
                     .map(|ip| LocalBackend6 { ip, port: target })
                     .collect(),
-            )
+            );
+            s.hand_off = cluster_policy;
+            s
         })
         .collect(),
         redirects: Redirects {
@@ -1218,6 +1220,62 @@ fn without_redirects_ipv6_connections_moved_to_another_node_break() -> Result<()
         "{}",
         t.diag("node B counted no non_syn_without_flow")
     );
+    drop(conns);
+    t.finish()
+}
+
+/// IPv6 under the Cluster policy: node B has no IPv6 backend, the router sends it every
+/// IPv6 connection, and each one reaches node A's Pod (the SYN handed on, uncharged,
+/// the rest following the record A's notice left) — however small the buckets.
+#[test]
+fn under_the_cluster_policy_a_node_without_an_ipv6_backend_hands_every_connection_over(
+) -> Result<()> {
+    let bucket = [
+        "--redirect-rate",
+        "1",
+        "--redirect-burst",
+        "1",
+        "--redirect-prefix-rate",
+        "1",
+        "--redirect-prefix-burst",
+        "1",
+    ];
+    let opts = Opts {
+        redirects: true,
+        bridge: true,
+    };
+    let mut t = Topo::build_full("rc6", &bucket, [Some(1), Some(1)], opts)?;
+    t.nodes[0].publish(&node_state(0, Some(1), true, true)?)?;
+    t.nodes[1].publish(&node_state(1, Some(1), false, true)?)?;
+    set_route6(&t.router, &[1])?;
+    let mut conns = open6(&t.client, 40).with_context(|| t.diag("connections through node B"))?;
+    let by: Vec<&str> = conns.iter().map(|c| c.1.as_str()).collect();
+    ensure!(
+        by.iter().all(|p| *p == "podA"),
+        "{}",
+        t.diag(&format!("served by {by:?}"))
+    );
+    for _ in 0..3 {
+        let (failures, _) = round(&mut conns);
+        ensure!(failures.is_empty(), "{}", t.diag(&failures.join("\n")));
+    }
+    let b = &t.nodes[1];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.peer(NODE[0])["redirected_to"].as_u64().unwrap_or(0) < 40 {
+        ensure!(
+            Instant::now() < deadline,
+            "{}",
+            t.diag("node B handed on fewer packets than connections")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for reason in [
+        "redirect_rate_limited",
+        "redirect_prefix_rate_limited",
+        "no_backend",
+    ] {
+        ensure!(b.drops(reason) == 0, "{}", t.diag(reason));
+    }
     drop(conns);
     t.finish()
 }
