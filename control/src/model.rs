@@ -323,10 +323,10 @@ impl NodeService {
 }
 
 /// One IPv6 frontend served on a node, with the node's local Ready IPv6 backends for
-/// it: the fields mean what [`NodeService`]'s do. There is no `hand_off` and no
-/// `host_network` yet: an IPv6 frontend under the Cluster policy is served from local
-/// backends only (the node announces its VIP only while it has one), and an IPv6
-/// host-network backend is not served (the agent logs it and counts it).
+/// it: the fields mean what [`NodeService`]'s do (`hand_off`: the Cluster policy, new
+/// flows without a Ready backend here handed to a peer of the IPv6 VIP in
+/// [`Redirects::vips6`]). There is no `host_network` yet: an IPv6 host-network backend is
+/// not served (the agent logs it and counts it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeService6 {
     /// `[VIP]:port/protocol`.
@@ -344,6 +344,10 @@ pub struct NodeService6 {
     /// `sessionAffinity: ClientIP` with its `timeoutSeconds`; `None`: per connection.
     #[serde(default)]
     pub client_ip_affinity: Option<u32>,
+    /// New connections without a Ready backend here are handed to a peer (the Cluster
+    /// policy), as [`NodeService::hand_off`].
+    #[serde(default)]
+    pub hand_off: bool,
 }
 
 impl NodeService6 {
@@ -355,6 +359,7 @@ impl NodeService6 {
             terminating: Vec::new(),
             source_ranges: Vec::new(),
             client_ip_affinity: None,
+            hand_off: false,
         }
     }
 }
@@ -563,6 +568,10 @@ pub struct Redirects {
     pub node_address: Option<Ipv4Addr>,
     /// Per VIP served here, sorted by VIP: the other nodes with a serving endpoint of it.
     pub vips: Vec<VipRedirectPeers>,
+    /// The same per IPv6 VIP (issue 28): the nodes are their IPv4 redirect addresses (the
+    /// channel between nodes is IPv4 whatever the VIP's family).
+    #[serde(default)]
+    pub vips6: Vec<VipRedirectPeers6>,
     /// The redirect channel's MAC keys, from the Secret
     /// `juneau-redirect-key`: at most [`MAX_REDIRECT_KEYS`], the one to send with
     /// (`current`) first, then the one being rotated in (`next`). Empty: no key, the
@@ -614,7 +623,25 @@ pub struct VipRedirectPeers {
     pub nodes: Vec<Ipv4Addr>,
 }
 
+/// The nodes asked about an IPv6 VIP's connections this node does not hold: as
+/// [`VipRedirectPeers`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VipRedirectPeers6 {
+    /// The IPv6 VIP.
+    pub vip: Ipv6Addr,
+    /// Redirect addresses (IPv4) of the other nodes, as [`VipRedirectPeers::nodes`].
+    pub nodes: Vec<Ipv4Addr>,
+}
+
 impl Redirects {
+    /// The peers published for the IPv6 VIP `vip` (empty when none).
+    pub fn peers_of6(&self, vip: Ipv6Addr) -> &[Ipv4Addr] {
+        self.vips6
+            .binary_search_by_key(&vip, |v| v.vip)
+            .map(|i| self.vips6[i].nodes.as_slice())
+            .unwrap_or(&[])
+    }
+
     /// The peers published for `vip` (empty when none).
     pub fn peers_of(&self, vip: Vip) -> &[Ipv4Addr] {
         self.vips
@@ -670,6 +697,11 @@ impl NodeState {
         }
         self.redirects.vips.sort_by_key(|v| v.vip);
         self.redirects.vips.dedup_by_key(|v| v.vip);
+        for v in &mut self.redirects.vips6 {
+            v.nodes.sort();
+        }
+        self.redirects.vips6.sort_by_key(|v| v.vip);
+        self.redirects.vips6.dedup_by_key(|v| v.vip);
     }
 
     /// The service for a frontend, if this node serves it.

@@ -56,7 +56,8 @@ use crate::maglev::{self, MaglevTable};
 use crate::model::{
     AdvertisedVip, BfdAuth, BfdAuthType, BfdSettings, DrainSettings, Frontend, Frontend6,
     LocalBackend, LocalBackend6, NodeService, NodeService6, NodeState, PeerConfig, Protocol,
-    RedirectKey, Redirects, SourceRange, VipRedirectPeers, BFD_KEY_MAX_BYTES, MAX_REDIRECT_KEYS,
+    RedirectKey, Redirects, SourceRange, VipRedirectPeers, VipRedirectPeers6, BFD_KEY_MAX_BYTES,
+    MAX_REDIRECT_KEYS,
 };
 use crate::secret::{SecretKey, KEY_BYTES};
 
@@ -107,7 +108,14 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"JUNEAUNS");
 ///   backend records ([`BACKEND6_WORDS`]), one Maglev table per IPv6 service (as the
 ///   IPv4 ones), and IPv6 source ranges ([`SOURCE_RANGE6_WORDS`]). IPv4 records are
 ///   unchanged; IPv6 addresses are stored as in layout 9. Redirects stay IPv4.
-pub const LAYOUT_VERSION: u32 = 10;
+/// - 11: redirects for IPv6 VIPs (issue 28) — slot header word 19 counts the IPv6
+///   redirect VIP records (20-23 spare, zero), a section of `redirect_vips` such records
+///   ([`REDIRECT_VIP6_WORDS`]: the VIP in 4 words, first node address, count) follows the
+///   IPv6 source ranges, their node addresses follow the IPv4 VIPs' in the one node
+///   address section (word 13 counts both), and an IPv6 service record's second word
+///   may carry [`SERVICE_HAND_OFF`] (the Cluster policy). The capacity and the file
+///   header are unchanged: `redirect_vips` bounds each family's records.
+pub const LAYOUT_VERSION: u32 = 11;
 /// Bytes before slot 0.
 pub const HEADER_BYTES: usize = 4096;
 /// Words per service record: vip, protocol | flags | port << 16, first backend, Ready backend
@@ -127,8 +135,8 @@ pub const SERVICE_HAND_OFF: u32 = 1 << 8;
 pub const SERVICE_HOST_NETWORK: u32 = 1 << 9;
 /// Words per source range record (layout 8): the network address, the prefix length.
 pub const SOURCE_RANGE_WORDS: usize = 2;
-/// Words per IPv6 service record (layout 10): the VIP (4 words), protocol | port << 16
-/// (no flag bits yet), first IPv6 backend, Ready count, terminating count, first IPv6
+/// Words per IPv6 service record (layout 10): the VIP (4 words), protocol | flags | port
+/// << 16 (layout 11: [`SERVICE_HAND_OFF`]), first IPv6 backend, Ready count, terminating count, first IPv6
 /// source range, source range count, ClientIP affinity timeout (0: none), spare (0).
 pub const SERVICE6_WORDS: usize = 12;
 /// Words per IPv6 backend record (layout 10): the address (4 words), port | flags << 16
@@ -174,6 +182,9 @@ pub const PEER_EXTRA_WORDS: usize = 24;
 pub const MAX_PEERS: u32 = 64;
 /// Words per redirect VIP record: vip, first node address, count.
 pub const REDIRECT_VIP_WORDS: usize = 3;
+/// Words per IPv6 redirect VIP record (layout 11): the VIP (4 words), first node
+/// address, count.
+pub const REDIRECT_VIP6_WORDS: usize = 6;
 /// Most redirect peer nodes per VIP (a redirected packet visits at most 8 nodes anyway;
 /// the agent keeps the first ones and says so).
 pub const MAX_REDIRECT_NODES_PER_VIP: usize = 64;
@@ -183,8 +194,8 @@ pub const REDIRECT_KEY_WORDS: usize = 1 + KEY_BYTES / 4;
 /// Slot header: 16 words of counts/generation/checksum/router id, 8 words of IPv6 counts
 /// and spares (layout 10), then the node name.
 const SLOT_HEADER_WORDS: usize = 24 + NAME_BYTES / 4;
-/// Slot header words 19-23 (layout 10): spare, zero.
-const SLOT_HEADER_SPARE: std::ops::Range<usize> = 19..24;
+/// Slot header words 20-23 (layout 11; 19 counts the IPv6 redirect VIPs): spare, zero.
+const SLOT_HEADER_SPARE: std::ops::Range<usize> = 20..24;
 const READ_RETRIES: usize = 1000;
 
 /// The directory node-state files live in by default.
@@ -269,7 +280,8 @@ impl Capacity {
         let backends6 = services6 + self.services6 as usize * SERVICE6_WORDS;
         let maglev6 = backends6 + self.backends6 as usize * BACKEND6_WORDS;
         let source_ranges6 = maglev6 + self.services6 as usize * self.maglev_words();
-        let end = source_ranges6 + self.source_ranges6 as usize * SOURCE_RANGE6_WORDS;
+        let redirect_vips6 = source_ranges6 + self.source_ranges6 as usize * SOURCE_RANGE6_WORDS;
+        let end = redirect_vips6 + self.redirect_vips as usize * REDIRECT_VIP6_WORDS;
         Sections {
             services,
             backends,
@@ -284,6 +296,7 @@ impl Capacity {
             backends6,
             maglev6,
             source_ranges6,
+            redirect_vips6,
             end,
         }
     }
@@ -346,6 +359,7 @@ struct Sections {
     backends6: usize,
     maglev6: usize,
     source_ranges6: usize,
+    redirect_vips6: usize,
     end: usize,
 }
 
@@ -679,20 +693,26 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
             state.peers.len()
         )));
     }
-    for v in &state.redirects.vips {
-        if v.nodes.len() > MAX_REDIRECT_NODES_PER_VIP {
+    let r = &state.redirects;
+    let lists = r.vips.iter().map(|v| (IpAddr::V4(v.vip), &v.nodes));
+    let lists6 = r.vips6.iter().map(|v| (IpAddr::V6(v.vip), &v.nodes));
+    for (vip, nodes) in lists.chain(lists6) {
+        if nodes.len() > MAX_REDIRECT_NODES_PER_VIP {
             return Err(ShmError::Unrepresentable(format!(
-                "VIP {} has {} redirect peer nodes; at most {MAX_REDIRECT_NODES_PER_VIP}",
-                v.vip,
-                v.nodes.len()
+                "VIP {vip} has {} redirect peer nodes; at most {MAX_REDIRECT_NODES_PER_VIP}",
+                nodes.len()
             )));
         }
-        if v.nodes.iter().any(|n| n.is_unspecified()) {
+        if nodes.iter().any(|n| n.is_unspecified()) {
             return Err(ShmError::Unrepresentable(format!(
-                "VIP {} lists redirect peer node 0.0.0.0",
-                v.vip
+                "VIP {vip} lists redirect peer node 0.0.0.0"
             )));
         }
+    }
+    if let Some(why) = r.vips6.iter().find_map(|v| bad_ipv6(IpAddr::V6(v.vip))) {
+        return Err(ShmError::Unrepresentable(format!(
+            "an IPv6 redirect VIP is {why}"
+        )));
     }
     if state.redirects.keys.len() > MAX_REDIRECT_KEYS {
         return Err(ShmError::Unrepresentable(format!(
@@ -728,7 +748,7 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
         )));
     }
     requirements6(state, maglev_size)?;
-    let redirect_nodes: usize = state.redirects.vips.iter().map(|v| v.nodes.len()).sum();
+    let redirect_nodes = redirect_node_count(state);
     let source_ranges: usize = state.services.iter().map(|s| s.source_ranges.len()).sum();
     let (backends6, source_ranges6) = counts6(state);
     let c = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
@@ -738,13 +758,20 @@ fn requirements(state: &NodeState, maglev_size: u32) -> Result<Capacity, ShmErro
         vips: c(state.advertised.len()),
         peers: c(state.peers.len()),
         maglev_size,
-        redirect_vips: c(state.redirects.vips.len()),
+        redirect_vips: c(state.redirects.vips.len().max(state.redirects.vips6.len())),
         redirect_nodes: c(redirect_nodes),
         source_ranges: c(source_ranges),
         services6: c(state.services6.len()),
         backends6: c(backends6),
         source_ranges6: c(source_ranges6),
     })
+}
+
+/// Redirect node addresses of both families' VIPs (one section holds them all).
+fn redirect_node_count(state: &NodeState) -> usize {
+    let r = &state.redirects;
+    let v4: usize = r.vips.iter().map(|v| v.nodes.len()).sum();
+    v4 + r.vips6.iter().map(|v| v.nodes.len()).sum::<usize>()
 }
 
 /// IPv6 backends (Ready and terminating) and source ranges over all IPv6 services.
@@ -1081,6 +1108,18 @@ fn encode(
         }
     }
 
+    for (i, v) in state.redirects.vips6.iter().enumerate() {
+        let mut rec = [0u32; REDIRECT_VIP6_WORDS];
+        rec[..4].copy_from_slice(&ipv6_words(v.vip));
+        rec[4] = next_node as u32;
+        rec[5] = v.nodes.len() as u32;
+        img.set(sec.redirect_vips6 + i * REDIRECT_VIP6_WORDS, &rec);
+        for n in &v.nodes {
+            img.set(sec.redirect_nodes + next_node, &[ip_word(*n)]);
+            next_node += 1;
+        }
+    }
+
     for (i, k) in state.redirects.keys.iter().enumerate() {
         let mut rec = [0u32; REDIRECT_KEY_WORDS];
         rec[0] = u32::from(k.id);
@@ -1116,12 +1155,7 @@ fn slot_header(
     hdr[10] = state.redirects.node_address.map(ip_word).unwrap_or(0);
     hdr[11] = u32::from(state.redirects.node_address.is_some());
     hdr[12] = state.redirects.vips.len() as u32;
-    hdr[13] = state
-        .redirects
-        .vips
-        .iter()
-        .map(|v| v.nodes.len() as u32)
-        .sum();
+    hdr[13] = redirect_node_count(state) as u32;
     hdr[14] = state.redirects.keys.len() as u32;
     hdr[15] = state
         .services
@@ -1132,6 +1166,7 @@ fn slot_header(
     hdr[16] = state.services6.len() as u32;
     hdr[17] = backends6 as u32;
     hdr[18] = source_ranges6 as u32;
+    hdr[19] = state.redirects.vips6.len() as u32;
     put_name(
         &mut hdr[SLOT_HEADER_WORDS - NAME_BYTES / 4..],
         &state.node,
@@ -1227,7 +1262,9 @@ fn encode_services6(
     for (i, s) in state.services6.iter().enumerate() {
         let mut rec = [0u32; SERVICE6_WORDS];
         rec[..4].copy_from_slice(&ipv6_words(s.frontend.vip));
-        rec[4] = u32::from(s.frontend.protocol.number()) | (u32::from(s.frontend.port) << 16);
+        let flags = if s.hand_off { SERVICE_HAND_OFF } else { 0 };
+        rec[4] =
+            u32::from(s.frontend.protocol.number()) | flags | (u32::from(s.frontend.port) << 16);
         rec[5] = next_backend as u32;
         rec[6] = s.backends.len() as u32;
         rec[7] = s.terminating.len() as u32;
@@ -1360,7 +1397,7 @@ fn seal(img: &mut Image, cap: &Capacity) {
 }
 
 /// The ranges of a slot that hold data for its counts.
-fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, usize); 14]> {
+fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, usize); 15]> {
     let (ns, nb, nv, np) = (
         hdr[2] as usize,
         hdr[3] as usize,
@@ -1370,7 +1407,9 @@ fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, u
     let (nrv, nrn, nk) = (hdr[12] as usize, hdr[13] as usize, hdr[14] as usize);
     let nsr = hdr[15] as usize;
     let (ns6, nb6, nsr6) = (hdr[16] as usize, hdr[17] as usize, hdr[18] as usize);
+    let nrv6 = hdr[19] as usize;
     if ns6 > cap.services6 as usize
+        || nrv6 > cap.redirect_vips as usize
         || nb6 > cap.backends6 as usize
         || nsr6 > cap.source_ranges6 as usize
         || nk > MAX_REDIRECT_KEYS
@@ -1399,6 +1438,7 @@ fn used_ranges(hdr: &[u32], sec: &Sections, cap: &Capacity) -> Option<[(usize, u
         (sec.backends6, nb6 * BACKEND6_WORDS),
         (sec.maglev6, ns6 * cap.maglev_words()),
         (sec.source_ranges6, nsr6 * SOURCE_RANGE6_WORDS),
+        (sec.redirect_vips6, nrv6 * REDIRECT_VIP6_WORDS),
     ])
 }
 
@@ -2201,7 +2241,7 @@ fn decode_services6(
     sec: &Sections,
 ) -> Result<(Vec<NodeService6>, Vec<Vec<u16>>), String> {
     if w[SLOT_HEADER_SPARE].iter().any(|x| *x != 0) {
-        return Err("slot header spare words 19-23 are not zero".into());
+        return Err("slot header spare words 20-23 are not zero".into());
     }
     let (services, maglev): (Vec<_>, Vec<_>) = (0..w[16] as usize)
         .map(|i| decode_service6(w, cap, sec, i))
@@ -2234,13 +2274,14 @@ fn decode_service6(
     }
     let protocol = Protocol::from_number((rec[4] & 0xff) as u8)
         .ok_or_else(|| format!("IPv6 service {i}: unknown protocol {}", rec[4] & 0xff))?;
-    if rec[4] & 0xff00 != 0 || rec[11] != 0 {
+    let unknown = rec[4] & 0xff00 & !SERVICE_HAND_OFF;
+    if unknown != 0 || rec[11] != 0 {
         return Err(format!(
-            "IPv6 service {i}: unknown flags {:#x} or spare word {:#x}",
-            rec[4] & 0xff00,
+            "IPv6 service {i}: unknown flags {unknown:#x} or spare word {:#x}",
             rec[11]
         ));
     }
+    let hand_off = rec[4] & SERVICE_HAND_OFF != 0;
     let (first, count, draining) = (rec[5] as usize, rec[6] as usize, rec[7] as usize);
     if first + count + draining > w[17] as usize {
         return Err(format!("IPv6 service {i}: backends out of range"));
@@ -2270,6 +2311,7 @@ fn decode_service6(
         terminating,
         source_ranges: decode_source_ranges6(w, sec, i, rec)?,
         client_ip_affinity: (rec[10] != 0).then_some(rec[10]),
+        hand_off,
     };
     Ok((service, slots))
 }
@@ -2559,6 +2601,21 @@ fn decode_redirects(w: &[u32], sec: &Sections) -> Result<Redirects, String> {
                 .collect(),
         });
     }
+    let mut vips6 = Vec::with_capacity(w[19] as usize);
+    for i in 0..w[19] as usize {
+        let rec = &w[sec.redirect_vips6 + i * REDIRECT_VIP6_WORDS..][..REDIRECT_VIP6_WORDS];
+        let (first, count) = (rec[4] as usize, rec[5] as usize);
+        if count > MAX_REDIRECT_NODES_PER_VIP || first + count > nrn {
+            return Err(format!("IPv6 redirect VIP {i} nodes out of range"));
+        }
+        vips6.push(VipRedirectPeers6 {
+            vip: ipv6_from_words(&rec[..4]),
+            nodes: w[sec.redirect_nodes + first..][..count]
+                .iter()
+                .map(|a| Ipv4Addr::from(*a))
+                .collect(),
+        });
+    }
     let keys = (0..w[14] as usize)
         .map(|i| {
             let rec = &w[sec.redirect_keys + i * REDIRECT_KEY_WORDS..][..REDIRECT_KEY_WORDS];
@@ -2573,6 +2630,7 @@ fn decode_redirects(w: &[u32], sec: &Sections) -> Result<Redirects, String> {
     Ok(Redirects {
         node_address,
         vips,
+        vips6,
         keys,
     })
 }

@@ -142,6 +142,14 @@ fn base_table(seed: u32) -> NodeState {
                         .collect(),
                 })
                 .collect(),
+            vips6: (0..seed % 3)
+                .map(|v| juneau_control::model::VipRedirectPeers6 {
+                    vip: std::net::Ipv6Addr::new(0x2001, 0xdb8, 0x71, 0, 0, 0, 0, v as u16 + 1),
+                    nodes: (0..(seed / 3) % 4)
+                        .map(|n| Ipv4Addr::new(192, 0, 2, (n + 1) as u8))
+                        .collect(),
+                })
+                .collect(),
             // MAC keys (layout 6) come and go too.
             keys: (0..seed % 3)
                 .map(|k| {

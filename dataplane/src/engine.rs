@@ -285,6 +285,8 @@ mod redirect_path;
 mod icmp_path;
 #[path = "engine6.rs"]
 mod ipv6_path;
+#[path = "engine6_redirect.rs"]
+mod ipv6_redirect_path;
 pub use ipv6_path::SharedFlows6;
 
 impl Engine {

@@ -8,9 +8,10 @@
 //! flow's replies may reach another worker's socket than its client's packets (a Pod's
 //! veth has one queue), and unlike IPv4's tables it is not readable across processes.
 //!
+//! Redirects between nodes go through the IPv4 path's channel (`engine6_redirect.rs`).
+//!
 //! What the IPv4 path has and this one has not yet: the established-flow fast path, the
-//! XDP fast path, redirects between nodes (an IPv6 frontend is served from local
-//! backends only), fragments (dropped as `fragment`), cutting a Pod's super-segment for
+//! XDP fast path, fragments (dropped as `fragment`), cutting a Pod's super-segment for
 //! its egress (dropped as `too_big` by the caller), the affinity table (a ClientIP
 //! service picks by the client's address alone: stable while the backends are).
 
@@ -28,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// The IPv6 flow table the forwarding workers share.
 pub type SharedFlows6 = Arc<Mutex<Flow6Table>>;
 
-fn lock(t: &SharedFlows6) -> MutexGuard<'_, Flow6Table> {
+pub(super) fn lock(t: &SharedFlows6) -> MutexGuard<'_, Flow6Table> {
     // A worker that panicked while holding it took the process down with it: a
     // poisoned lock is never seen by a live worker, but is not a reason to stop either.
     t.lock().unwrap_or_else(|p| p.into_inner())
@@ -39,8 +40,8 @@ fn lock(t: &SharedFlows6) -> MutexGuard<'_, Flow6Table> {
 pub struct V6 {
     /// Shared by the workers (a reply may reach another worker's socket than its
     /// client's packets: a Pod's veth has one queue); locked once per IPv6 packet.
-    flows: SharedFlows6,
-    services: Services6,
+    pub(super) flows: SharedFlows6,
+    pub(super) services: Services6,
     /// Per IPv6 service, indexed like `services`.
     counters: Vec<ServiceCounters>,
     /// IPv6 next hops to resolve, taken by the I/O loop after a batch.
@@ -64,7 +65,7 @@ impl V6 {
 
 /// The Maglev hash of an IPv6 5-tuple (or of the client's address alone): SipHash-1-3
 /// under the fixed Maglev seed, so every node and every restart picks alike.
-fn maglev_hash6(k: &Flow6Key, client_only: bool) -> u64 {
+pub(super) fn maglev_hash6(k: &Flow6Key, client_only: bool) -> u64 {
     use std::hash::Hasher;
     let mut h = siphasher::sip::SipHasher13::new_with_keys(MAGLEV_HASH_SEED, !MAGLEV_HASH_SEED);
     h.write(&k.src);
@@ -76,7 +77,7 @@ fn maglev_hash6(k: &Flow6Key, client_only: bool) -> u64 {
     h.finish()
 }
 
-fn key_of(v: &Ipv6View, proto: u8) -> Option<Flow6Key> {
+pub(super) fn key_of(v: &Ipv6View, proto: u8) -> Option<Flow6Key> {
     let l4 = v.l4?;
     Some(Flow6Key {
         src: v.src,
@@ -142,7 +143,7 @@ impl Engine {
         lock(&self.v6.flows).sweep(now_ms, budget)
     }
 
-    fn drop6(&mut self, r: DropReason, service: Option<u32>) -> Verdict {
+    pub(super) fn drop6(&mut self, r: DropReason, service: Option<u32>) -> Verdict {
         if let Some(c) = service.and_then(|s| self.v6.counters.get_mut(s as usize)) {
             c.drops += 1;
         }
@@ -150,7 +151,8 @@ impl Engine {
         Verdict::Drop(r)
     }
 
-    /// An IPv6 frame (the general path's dispatch on the ethertype).
+    /// An IPv6 frame (the general path's dispatch on the ethertype; a redirected packet's
+    /// inner one).
     pub(super) fn process6(
         &mut self,
         frame: &mut [u8],
@@ -201,13 +203,16 @@ impl Engine {
             return self.drop6(DropReason::Malformed, None);
         };
         let flags = v.l4.map_or(0, |l| l.tcp_flags);
+        if let Some(r) = self.redirect_hook6(t, frame.len(), &key, flags, nb, now_ms) {
+            return r;
+        }
         let id = match t.lookup(&key, now_ms) {
             Some((id, Direction::Forward)) => match self.revalidate6(t, id) {
                 Ok(id) => id,
                 Err(r) => return r,
             },
             Some((_, Direction::Reverse)) => return self.drop6(DropReason::FlowConflict, None),
-            None => match self.open6(t, &key, flags, now_ms) {
+            None => match self.open6(t, (&key, flags), (frame.len(), nb), now_ms) {
                 Ok(id) => {
                     let mss = crate::segment::tcp_mss_option(frame, v.l4_offset());
                     if let (crate::proto::IPPROTO_TCP, Some(m)) = (proto, mss) {
@@ -226,12 +231,13 @@ impl Engine {
         self.count_forwarded(verdict, f.service, true, len)
     }
 
-    /// A new flow for a client's first packet: the frontend, its admission, a backend.
+    /// A new flow for a client's first packet: the frontend, its admission, a backend
+    /// (none here: handed to a peer, [`Engine::no_backend6`]).
     fn open6(
         &mut self,
         t: &mut Flow6Table,
-        key: &Flow6Key,
-        flags: u8,
+        (key, flags): (&Flow6Key, u8),
+        (frame_len, nb): (usize, &Neighbours),
         now_ms: u64,
     ) -> Result<u32, Verdict> {
         let Some(s) = self.v6.services.find(key.dst, key.proto, key.dst_port) else {
@@ -246,7 +252,7 @@ impl Engine {
             return Err(self.drop6(DropReason::NonSynWithoutFlow, Some(s)));
         }
         let Some(b) = svc.pick(maglev_hash6(key, svc.client_ip_affinity)) else {
-            return Err(self.drop6(DropReason::NoBackend, Some(s)));
+            return Err(self.no_backend6(frame_len, key, syn, s, nb, now_ms));
         };
         let generation = self.v6.services.generation();
         let f = Flow6::new(
@@ -375,6 +381,13 @@ impl Engine {
         } else {
             Direction::Reverse
         };
+        if uplink {
+            // A flow another node holds (a redirect record, or none known here): the
+            // error goes where the flow's packets go.
+            if let Some(r) = self.redirect_icmp6_error(t, frame.len(), &key, nb, now_ms) {
+                return r;
+            }
+        }
         let (id, f) = match t.lookup(&key, now_ms) {
             Some((id, d)) if d == want => (id, *t.get(id).expect("a live flow")),
             _ if uplink => return self.drop6(DropReason::NoFlow, None),

@@ -8,10 +8,67 @@
 use super::{macs, Engine, Verdict};
 use crate::counters::DropReason;
 use crate::flow::{hash_key, Direction, FlowKey, FlowState};
+use crate::flow6::Flow6Key;
 use crate::neigh::{Neighbours, Resolve, Side};
 use crate::packet::{self, tcp_flags, Parsed};
 use crate::redirect::{next_hop, next_hop_weighted, HopList, Notice, RedirectOut, Redirector};
-use crate::redirect_wire::{self as wire, FLAG_ASK, KIND_NOTICE};
+use crate::redirect_wire::{self as wire, NoticeKey, FLAG_ASK, KIND_NOTICE, KIND_NOTICE6};
+
+/// What asking the peers about a flow needs of its key, IPv4 ([`FlowKey`]) or IPv6
+/// ([`Flow6Key`]): the same buckets, hop budget, cookie and wire for both families.
+pub(super) trait AskedFlow {
+    /// The peers of the flow's VIP, with their weights for new flows handed on.
+    fn peers<'r>(&self, r: &'r Redirector) -> (&'r [u32], &'r [u32]);
+    /// This node's cookie for a question about the flow.
+    fn cookie(&self, r: &Redirector) -> u64;
+    /// A token of the client's prefix bucket, then of the node's.
+    fn take_token(&self, r: &mut Redirector, now_ms: u64) -> Result<(), DropReason>;
+    /// The 5-tuple's hash (the node network's source-port entropy).
+    fn flow_hash(&self) -> u64;
+    /// What picks the first peer asked: the 5-tuple's hash, or the client's address
+    /// alone for a Service with ClientIP affinity ([`Engine::peer_choice_key`]).
+    fn choice_hash(&self, e: &Engine) -> u64;
+}
+
+impl AskedFlow for FlowKey {
+    fn peers<'r>(&self, r: &'r Redirector) -> (&'r [u32], &'r [u32]) {
+        r.weighted_peers_for(self.dst)
+    }
+    fn cookie(&self, r: &Redirector) -> u64 {
+        r.cookie_for(self)
+    }
+    fn take_token(&self, r: &mut Redirector, now_ms: u64) -> Result<(), DropReason> {
+        r.take_token(self.src, now_ms)
+    }
+    fn flow_hash(&self) -> u64 {
+        hash_key(self, super::MAGLEV_HASH_SEED)
+    }
+    fn choice_hash(&self, e: &Engine) -> u64 {
+        hash_key(&e.peer_choice_key(self), super::MAGLEV_HASH_SEED)
+    }
+}
+
+impl AskedFlow for Flow6Key {
+    fn peers<'r>(&self, r: &'r Redirector) -> (&'r [u32], &'r [u32]) {
+        r.weighted_peers_for6(&self.dst)
+    }
+    fn cookie(&self, r: &Redirector) -> u64 {
+        r.cookie_for6(self)
+    }
+    fn take_token(&self, r: &mut Redirector, now_ms: u64) -> Result<(), DropReason> {
+        r.take_token6(&self.src, now_ms)
+    }
+    fn flow_hash(&self) -> u64 {
+        super::ipv6_path::maglev_hash6(self, false)
+    }
+    fn choice_hash(&self, e: &Engine) -> u64 {
+        let s = e.v6.services.find(self.dst, self.proto, self.dst_port);
+        let affinity = s
+            .and_then(|s| e.v6.services.service(s))
+            .is_some_and(|s| s.client_ip_affinity);
+        super::ipv6_path::maglev_hash6(self, affinity)
+    }
+}
 
 /// How [`Engine::ask_next_peer`] sends a packet on.
 #[derive(Debug, Clone, Copy)]
@@ -112,7 +169,7 @@ impl Engine {
                     Some((_, f, c)) if f & FLAG_ASK != 0 => (true, c),
                     _ => (false, 0),
                 };
-                Some(self.send_to(owner, hops, (ask, cookie), frame_len, key, nb))
+                Some(self.send_to(owner, hops, (ask, cookie), frame_len, key.flow_hash(), nb))
             }
             Some(_) => None,
             None if syn_only || udp => None,
@@ -144,7 +201,7 @@ impl Engine {
                 if !hops.push(me) || hops.contains(owner) {
                     return Some(self.drop(DropReason::RedirectNoPeer, None));
                 }
-                Some(self.send_to(owner, hops, (false, 0), frame_len, key, nb))
+                Some(self.send_to(owner, hops, (false, 0), frame_len, key.flow_hash(), nb))
             }
             Some(_) => None,
             // A datagram's error about no flow here: handled here (dropped, `no_flow`).
@@ -155,11 +212,11 @@ impl Engine {
 
     /// A TCP segment that is not a SYN, of a flow this node neither holds nor has a
     /// redirect record for: ask the next peer (charged to the bucket).
-    fn redirect_unknown(
+    pub(super) fn redirect_unknown<K: AskedFlow>(
         &mut self,
         segment: bool,
         frame_len: usize,
-        key: &FlowKey,
+        key: &K,
         nb: &Neighbours,
         now_ms: u64,
     ) -> Verdict {
@@ -183,7 +240,7 @@ impl Engine {
 
     /// Sends the packet to the next peer of its VIP not yet visited, as `how` says.
     /// `None` when no peer is left.
-    pub(super) fn ask_next_peer(
+    pub(super) fn ask_next_peer<K: AskedFlow>(
         &mut self,
         Handing {
             ask,
@@ -191,7 +248,7 @@ impl Engine {
             new_flow,
         }: Handing,
         frame_len: usize,
-        key: &FlowKey,
+        key: &K,
         nb: &Neighbours,
         now_ms: u64,
     ) -> Option<Verdict> {
@@ -199,26 +256,26 @@ impl Engine {
         // A question keeps the first node's cookie; the first node makes it.
         let (mut hops, ask, cookie) = match self.redirect_ctx {
             Some((h, f, c)) => (h, f & FLAG_ASK != 0, c),
-            None if ask => (HopList::new(), true, r.cookie_for(key)),
+            None if ask => (HopList::new(), true, key.cookie(r)),
             None => (HopList::new(), false, 0),
         };
         let me = r.node();
-        let h = hash_key(&self.peer_choice_key(key), super::MAGLEV_HASH_SEED);
+        let h = key.choice_hash(self);
         let r = self.redirect.as_mut()?;
         if !hops.push(me) {
             return None;
         }
         let peer = if new_flow {
-            next_hop_weighted(r.weighted_peers_for(key.dst), me, &hops, h)?
+            next_hop_weighted(key.peers(r), me, &hops, h)?
         } else {
-            next_hop(r.peers_for(key.dst), me, &hops, h)?
+            next_hop(key.peers(r).0, me, &hops, h)?
         };
         if charged {
-            if let Err(empty) = r.take_token(key.src, now_ms) {
+            if let Err(empty) = key.take_token(r, now_ms) {
                 return Some(self.drop(empty, None));
             }
         }
-        Some(self.send_to(peer, hops, (ask, cookie), frame_len, key, nb))
+        Some(self.send_to(peer, hops, (ask, cookie), frame_len, key.flow_hash(), nb))
     }
 
     /// What picks the peer a packet of `key` is sent to first: the 5-tuple, or the
@@ -242,14 +299,15 @@ impl Engine {
         }
     }
 
-    /// `question`: whether the first node wants a notice, and its cookie.
-    fn send_to(
+    /// `question`: whether the first node wants a notice, and its cookie; `h`: the
+    /// flow's hash ([`AskedFlow::flow_hash`]).
+    pub(super) fn send_to(
         &mut self,
         peer: u32,
         hops: HopList,
         question: (bool, u64),
         frame_len: usize,
-        key: &FlowKey,
+        h: u64,
         nb: &Neighbours,
     ) -> Verdict {
         let m = match nb.resolve(peer) {
@@ -272,7 +330,6 @@ impl Engine {
         if let Some(c) = r.peer_mut(peer) {
             c.redirected_to += 1;
         }
-        let h = hash_key(key, super::MAGLEV_HASH_SEED);
         r.out = Some(RedirectOut {
             peer,
             macs: m,
@@ -318,10 +375,17 @@ impl Engine {
         if rx.kind == KIND_NOTICE {
             return Some(self.notice_in(frame, &rx, from, now_ms));
         }
+        if rx.kind == KIND_NOTICE6 {
+            return Some(self.notice_in6(frame, &rx, from, now_ms));
+        }
         if let Some(c) = self.redirect.as_mut().and_then(|r| r.peer_mut(from)) {
             c.received_from += 1;
         }
+        let ipv6 = wire::inner_is_ipv6(frame, &rx);
         let len = wire::decapsulate(frame, &rx);
+        if ipv6 {
+            return Some(self.redirect_in6(frame, len, &rx, nb, now_ms));
+        }
         let inner = &mut frame[..len];
         let v = match packet::parse(inner) {
             Ok(Parsed::Ipv4(v)) => v,
@@ -353,7 +417,7 @@ impl Engine {
                             .as_ref()
                             .is_some_and(|r| r.is_peer_of(key.dst, origin))
                         {
-                            self.queue_notice(origin, key, rx.cookie, nb);
+                            self.queue_notice(origin, NoticeKey::V4(key), rx.cookie, nb);
                         }
                     }
                 }
@@ -364,7 +428,7 @@ impl Engine {
         })
     }
 
-    fn queue_notice(&mut self, to: u32, key: FlowKey, cookie: u64, nb: &Neighbours) {
+    pub(super) fn queue_notice(&mut self, to: u32, key: NoticeKey, cookie: u64, nb: &Neighbours) {
         let m = match nb.resolve(to) {
             Resolve::Found {
                 side: Side::Uplink,
@@ -598,6 +662,7 @@ mod tests {
                     .map(|n| (*n).into())
                     .collect(),
             }],
+            vips6: Vec::new(),
             keys: Vec::new(),
         }
     }
@@ -666,7 +731,7 @@ mod tests {
                     NODES[cur],
                     n.to,
                     DEFAULT_PORT,
-                    &n.key,
+                    n.key,
                     n.cookie,
                     key.as_ref(),
                 )
@@ -847,6 +912,7 @@ mod tests {
                 vip: VIP.into(),
                 nodes: vec![n0, n0, n0, n0, n0, n2, n2],
             }],
+            vips6: Vec::new(),
             keys: Vec::new(),
         });
         let mut served = [0usize; 3];
@@ -1123,6 +1189,7 @@ mod tests {
                     nodes: vec![NODES[0].into()],
                 },
             ],
+            vips6: Vec::new(),
             keys: Vec::new(),
         });
         assert!(e.redirect().unwrap().is_peer(NODES[0]));

@@ -10,6 +10,12 @@
 //! keys are chosen by clients). The same TCP state machine and timeouts as IPv4
 //! ([`FlowState::next`], [`Timeouts`]).
 //!
+//! A flow another node holds (it said so in a notice, docs/dataplane.md "Redirects between
+//! nodes") is kept here as a *redirect record* ([`FlowState::Redirect`],
+//! [`Flow6Table::insert_redirect`]): its backend is the owner's IPv4 redirect address as an
+//! IPv4-mapped IPv6 address with port 0, so its reverse key is one no real packet carries,
+//! and a restart pairs its keys back into a record.
+//!
 //! The steering program learns which IPv6 packets are replies of held flows from a pinned
 //! BPF hash map the table mirrors (a [`Flow6Mirror`]: one map update per new flow, one
 //! delete per ended flow — never per packet). A flow whose keys the mirror refuses is not
@@ -63,6 +69,24 @@ pub struct Flow6 {
     pub client_mss: u16,
     /// Expiry, milliseconds on the caller's clock.
     expires_ms: u64,
+    /// A redirect record's end as its packets told it: 0 none, 1 a FIN, 2 a RST.
+    redirect_end: u8,
+}
+
+/// `a` as an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`): where a redirect record keeps
+/// its owner.
+pub fn v4_mapped(a: u32) -> [u8; 16] {
+    let mut x = [0u8; 16];
+    x[10] = 0xff;
+    x[11] = 0xff;
+    x[12..].copy_from_slice(&a.to_be_bytes());
+    x
+}
+
+/// The IPv4 address in an IPv4-mapped IPv6 address, if it is one.
+pub fn from_v4_mapped(x: &[u8; 16]) -> Option<u32> {
+    (x[..10] == [0; 10] && x[10..12] == [0xff, 0xff])
+        .then(|| u32::from_be_bytes([x[12], x[13], x[14], x[15]]))
 }
 
 impl Flow6 {
@@ -95,7 +119,17 @@ impl Flow6 {
             generation,
             client_mss: 0,
             expires_ms: 0,
+            redirect_end: 0,
         }
+    }
+
+    /// A redirect record's owner (its IPv4 redirect address); `None` for a flow served
+    /// here.
+    pub fn redirect_owner(&self) -> Option<u32> {
+        if self.state != FlowState::Redirect {
+            return None;
+        }
+        from_v4_mapped(&self.backend)
     }
 
     /// The client's packets: client -> VIP.
@@ -257,6 +291,69 @@ impl Flow6Table {
         Ok(id)
     }
 
+    /// Inserts a redirect record: packets with forward key `key` go to node `owner` (its
+    /// IPv4 redirect address). Its reverse key is `(::ffff:owner, client, 0, client port,
+    /// proto)`, which no real packet carries (port 0); it expires like an established flow
+    /// and follows FIN/RST ([`Flow6Table::touch_redirect`]). The caller looked the key up
+    /// first and found nothing.
+    pub fn insert_redirect(
+        &mut self,
+        key: &Flow6Key,
+        owner: u32,
+        now_ms: u64,
+    ) -> Result<u32, Insert6Error> {
+        let mut f = Flow6::new(
+            (key.src, key.src_port),
+            (key.dst, key.dst_port),
+            (v4_mapped(owner), 0),
+            key.proto,
+            0,
+            u32::MAX,
+            u64::MAX,
+        );
+        f.state = FlowState::Redirect;
+        let id = self.insert(f, now_ms)?;
+        self.touch_redirect(id, 0, now_ms);
+        Ok(id)
+    }
+
+    /// Points redirect record `id` at another owner (a notice from the node that holds
+    /// the flow now); its keys change, so they are withdrawn and published again.
+    pub fn set_redirect_owner(&mut self, id: u32, owner: u32, now_ms: u64) {
+        let Some(f) = self.get(id).copied() else {
+            return;
+        };
+        if f.redirect_owner() == Some(owner) {
+            self.touch_redirect(id, 0, now_ms);
+            return;
+        }
+        self.remove(id);
+        // (The record just freed is taken again: no room is needed.)
+        let _ = self.insert_redirect(&f.forward_key(), owner, now_ms);
+    }
+
+    /// A packet sent along redirect record `id`: its expiry moves out by the timeout its
+    /// TCP flags call for (a FIN or RST seen is remembered, so later ACKs do not lengthen
+    /// it again); a datagram's, by the UDP timeout.
+    pub fn touch_redirect(&mut self, id: u32, tcp_flags: u8, now_ms: u64) {
+        let Some(f) = self.records.get_mut(id as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if tcp_flags & crate::proto::tcp_flags::RST != 0 {
+            f.redirect_end = 2;
+        } else if tcp_flags & crate::proto::tcp_flags::FIN != 0 && f.redirect_end == 0 {
+            f.redirect_end = 1;
+        }
+        let t = &self.timeouts;
+        let timeout = match (f.proto, f.redirect_end) {
+            (crate::proto::IPPROTO_UDP, _) => t.udp_ms,
+            (_, 0) => t.tcp_established_ms,
+            (_, 1) => t.tcp_fin_ms,
+            _ => t.tcp_rst_ms,
+        };
+        f.expires_ms = now_ms + u64::from(timeout);
+    }
+
     /// A packet of flow `id` went `dir` with these TCP flags: state and expiry follow.
     pub fn touch(&mut self, id: u32, dir: Direction, tcp_flags: u8, now_ms: u64) {
         let Some(f) = self.records.get_mut(id as usize).and_then(Option::as_mut) else {
@@ -334,6 +431,8 @@ impl Flow6Table {
                 continue;
             };
             let [r] = r.as_slice() else { continue };
+            // A redirect record's reverse key: the owner IPv4-mapped, port 0.
+            let owner = from_v4_mapped(&r.src).filter(|_| r.src_port == 0);
             let mut flow = Flow6::new(
                 (client.0, client.1),
                 (f.dst, f.dst_port),
@@ -343,7 +442,9 @@ impl Flow6Table {
                 u32::MAX,
                 u64::MAX,
             );
-            flow.state = if client.2 == IPPROTO_TCP {
+            flow.state = if owner.is_some() {
+                FlowState::Redirect
+            } else if client.2 == IPPROTO_TCP {
                 FlowState::Established
             } else {
                 FlowState::Udp
@@ -503,6 +604,51 @@ mod tests {
         let (id, _) = t.lookup(&udp.forward_key(), 6).unwrap();
         assert_eq!(t.get(id).unwrap().state, FlowState::Udp);
         assert!(t.lookup(&syn_flow(3).forward_key(), 6).is_none());
+    }
+
+    #[test]
+    fn a_redirect_record_survives_a_restart_and_follows_fin_and_rst() {
+        let rec = Recorder::default();
+        let mut old = Flow6Table::new(16, Timeouts::default());
+        old.set_mirror(Box::new(rec.clone()));
+        let k = syn_flow(7).forward_key();
+        let owner = 0x0a01_0002;
+        let id = old.insert_redirect(&k, owner, 0).unwrap();
+        let f = *old.get(id).unwrap();
+        assert_eq!(
+            (f.state, f.redirect_owner()),
+            (FlowState::Redirect, Some(owner))
+        );
+        assert_eq!(
+            f.reverse_key().src_port,
+            0,
+            "a reverse key no packet carries"
+        );
+        // A restart pairs the keys the mirror held into the record again.
+        let keys = rec.0.lock().unwrap().0.clone();
+        assert_eq!(keys.len(), 2);
+        let mut t = Flow6Table::new(16, Timeouts::default());
+        assert_eq!(t.restore(&keys, |ip| *ip == a(1), 5), 1);
+        let (id, dir) = t.lookup(&k, 6).unwrap();
+        assert_eq!(dir, Direction::Forward);
+        assert_eq!(t.get(id).unwrap().redirect_owner(), Some(owner));
+        // Lives like an established flow; a FIN shortens it and later ACKs do not
+        // lengthen it again; another owner's notice points it elsewhere.
+        let to = Timeouts::default();
+        t.touch_redirect(id, tcp_flags::ACK, 10);
+        assert!(t
+            .lookup(&k, 10 + u64::from(to.tcp_established_ms) - 1)
+            .is_some());
+        t.touch_redirect(id, tcp_flags::FIN | tcp_flags::ACK, 20);
+        t.touch_redirect(id, tcp_flags::ACK, 30);
+        assert!(t.lookup(&k, 30 + u64::from(to.tcp_fin_ms)).is_none());
+        let id = t.insert_redirect(&k, owner, 0).unwrap();
+        t.set_redirect_owner(id, owner + 1, 1);
+        let (id, _) = t.lookup(&k, 2).unwrap();
+        assert_eq!(t.get(id).unwrap().redirect_owner(), Some(owner + 1));
+        assert_eq!(t.len(), 1);
+        assert_eq!(v4_mapped(owner)[10..12], [0xff, 0xff]);
+        assert_eq!(from_v4_mapped(&a(1)), None);
     }
 
     #[test]

@@ -27,6 +27,7 @@
 
 use crate::counters::DropReason;
 use crate::flow::FlowKey;
+use crate::flow6::Flow6Key;
 
 /// Most nodes a redirected packet visits (the sender included); also the most
 /// addresses in the encapsulation header.
@@ -249,8 +250,8 @@ pub struct Notice {
     pub to: u32,
     /// Ethernet destination then source MAC towards it.
     pub macs: [u8; 12],
-    /// The flow's forward key (client → VIP).
-    pub key: FlowKey,
+    /// The flow's forward key (client → VIP), IPv4 or IPv6.
+    pub key: crate::redirect_wire::NoticeKey,
     /// The question's cookie, echoed.
     pub cookie: u64,
 }
@@ -284,6 +285,8 @@ pub struct Redirector {
     /// the static `--redirect-peer` ones not among them, and each one's weight for new
     /// connections handed on (its Ready endpoints of the VIP; 0: none, or not published).
     vip_peers: Vec<(u32, Vec<u32>, Vec<u32>)>,
+    /// The same for IPv6 VIPs.
+    vip6_peers: Vec<([u8; 16], Vec<u32>, Vec<u32>)>,
     /// Every peer (static and published), sorted: redirected packets and notices are
     /// accepted from these.
     all_peers: Vec<u32>,
@@ -330,6 +333,7 @@ impl Redirector {
             ],
             prefix_key: std::collections::hash_map::RandomState::new(),
             vip_peers: Vec::new(),
+            vip6_peers: Vec::new(),
             all_peers: Vec::new(),
             counters: Vec::new(),
             cfg,
@@ -359,30 +363,47 @@ impl Redirector {
             .vips
             .iter()
             .map(|v| {
-                // A node listed once may hold connections; each further listing is one
-                // Ready endpoint of the VIP there (`VipRedirectPeers::nodes`).
-                let (mut list, mut weights) = (Vec::<u32>::new(), Vec::<u32>::new());
-                for a in v.nodes.iter().map(|a| u32::from(*a)).filter(|a| *a != 0) {
-                    match list.iter().position(|p| *p == a) {
-                        Some(i) => weights[i] += 1,
-                        None => {
-                            list.push(a);
-                            weights.push(0);
-                        }
-                    }
-                }
-                for p in &self.cfg.peers {
-                    if *p != 0 && !list.contains(p) {
-                        list.push(*p);
-                        weights.push(0);
-                    }
-                }
+                let (list, weights) = self.weighted_list(&v.nodes);
                 (u32::from(v.vip), list, weights)
             })
             .collect();
         self.vip_peers.sort_by_key(|v| v.0);
         self.vip_peers.dedup_by_key(|v| v.0);
+        self.vip6_peers = published
+            .vips6
+            .iter()
+            .map(|v| {
+                let (list, weights) = self.weighted_list(&v.nodes);
+                (v.vip.octets(), list, weights)
+            })
+            .collect();
+        self.vip6_peers.sort_by_key(|v| v.0);
+        self.vip6_peers.dedup_by_key(|v| v.0);
         self.rebuild_peers();
+    }
+
+    /// A VIP's peers as the agent published them (each once) then the static ones not
+    /// among them, and each one's weight: a node listed once may hold connections; each
+    /// further listing is one Ready endpoint of the VIP there
+    /// (`VipRedirectPeers::nodes`).
+    fn weighted_list(&self, nodes: &[std::net::Ipv4Addr]) -> (Vec<u32>, Vec<u32>) {
+        let (mut list, mut weights) = (Vec::<u32>::new(), Vec::<u32>::new());
+        for a in nodes.iter().map(|a| u32::from(*a)).filter(|a| *a != 0) {
+            match list.iter().position(|p| *p == a) {
+                Some(i) => weights[i] += 1,
+                None => {
+                    list.push(a);
+                    weights.push(0);
+                }
+            }
+        }
+        for p in &self.cfg.peers {
+            if *p != 0 && !list.contains(p) {
+                list.push(*p);
+                weights.push(0);
+            }
+        }
+        (list, weights)
     }
 
     /// Recomputes the union of peers and keeps a counter per peer (stale ones bounded).
@@ -393,6 +414,7 @@ impl Redirector {
             .peers
             .iter()
             .chain(self.vip_peers.iter().flat_map(|v| v.1.iter()))
+            .chain(self.vip6_peers.iter().flat_map(|v| v.1.iter()))
             .copied()
             .filter(|p| *p != 0 && *p != me)
             .collect();
@@ -549,6 +571,67 @@ impl Redirector {
         .max(1)
     }
 
+    /// [`Self::cookie_for`] for an IPv6 flow (the family hashed in: no IPv4 flow's
+    /// cookie is an IPv6 flow's).
+    pub fn cookie_for6(&self, key: &Flow6Key) -> u64 {
+        use std::hash::BuildHasher;
+        let k = COOKIE_KEY.get_or_init(std::collections::hash_map::RandomState::new);
+        k.hash_one((
+            6u8,
+            self.cfg.node,
+            key.src,
+            key.dst,
+            key.src_port,
+            key.dst_port,
+            key.proto,
+        ))
+        .max(1)
+    }
+
+    /// [`Self::take_token`] for an IPv6 client: the bucket of its /64 (hashed with the
+    /// same per-process key into the same [`PREFIX_BUCKETS`]), then the node's.
+    pub fn take_token6(&mut self, client: &[u8; 16], now_ms: u64) -> Result<(), DropReason> {
+        let i = self.prefix6_of(client);
+        Self::take_two(&mut self.prefix_buckets[i], &mut self.bucket, now_ms)
+    }
+
+    /// [`Self::take_notice_token`] for an IPv6 client (its /64).
+    pub fn take_notice_token6(&mut self, client: &[u8; 16], now_ms: u64) -> Result<(), DropReason> {
+        let i = self.prefix6_of(client);
+        Self::take_two(
+            &mut self.notice_prefix_buckets[i],
+            &mut self.notice_bucket,
+            now_ms,
+        )
+    }
+
+    fn prefix6_of(&self, client: &[u8; 16]) -> usize {
+        use std::hash::BuildHasher;
+        let mut p = [0u8; 9];
+        p[..8].copy_from_slice(&client[..8]);
+        p[8] = 6; // never an IPv4 /24's input
+        self.prefix_key.hash_one(p) as usize % PREFIX_BUCKETS
+    }
+
+    /// The nodes asked about a flow to the IPv6 VIP `vip`: the ones the agent published
+    /// for it then the static ones; only the static ones for a VIP without a list.
+    pub fn peers_for6(&self, vip: &[u8; 16]) -> &[u32] {
+        self.weighted_peers_for6(vip).0
+    }
+
+    /// [`Self::weighted_peers_for`] for an IPv6 VIP.
+    pub fn weighted_peers_for6(&self, vip: &[u8; 16]) -> (&[u32], &[u32]) {
+        match self.vip6_peers.binary_search_by_key(vip, |v| v.0) {
+            Ok(i) => (&self.vip6_peers[i].1, &self.vip6_peers[i].2),
+            Err(_) => (&self.cfg.peers, &[]),
+        }
+    }
+
+    /// [`Self::is_peer_of`] for an IPv6 VIP.
+    pub fn is_peer_of6(&self, vip: &[u8; 16], addr: u32) -> bool {
+        addr != 0 && addr != self.cfg.node && self.peers_for6(vip).contains(&addr)
+    }
+
     /// Whether `addr` is one of the nodes asked about flows to `vip` (a notice about
     /// such a flow is accepted only from one, and sent only to one).
     pub fn is_peer_of(&self, vip: u32, addr: u32) -> bool {
@@ -616,6 +699,7 @@ mod tests {
                     nodes: vec![ip(12)],
                 },
             ],
+            vips6: Vec::new(),
             keys: Vec::new(),
         };
         let want: Vec<u32> = [12, 13, 20].map(|d| u32::from(ip(d))).to_vec();
@@ -627,6 +711,55 @@ mod tests {
         };
         assert_eq!(peers_of(&cfg, &none).len(), 4);
         assert!(peers_of(&cfg, &Redirects::default()).len() == 2);
+    }
+
+    #[test]
+    fn an_ipv6_vips_peers_are_the_published_ones_then_the_static_ones() {
+        use juneau_control::model::{Redirects, VipRedirectPeers6};
+        let ip = |d: u8| std::net::Ipv4Addr::new(192, 0, 2, d);
+        let vip: std::net::Ipv6Addr = "2001:db8:71::10".parse().unwrap();
+        let mut r = Redirector::new(RedirectConfig {
+            node: u32::from(ip(1)),
+            port: 7411,
+            peers: vec![u32::from(ip(20))],
+            rate_per_s: 100,
+            burst: 10,
+            prefix_rate_per_s: 100,
+            prefix_burst: 10,
+            node_from_state: false,
+        });
+        assert_eq!(r.peers_for6(&vip.octets()), [u32::from(ip(20))]);
+        r.set_from_state(&Redirects {
+            vips6: vec![VipRedirectPeers6 {
+                vip,
+                // Node .3 has two Ready endpoints (listed thrice), .2 none.
+                nodes: vec![ip(2), ip(3), ip(3), ip(3)],
+            }],
+            ..Redirects::default()
+        });
+        let (peers, weights) = r.weighted_peers_for6(&vip.octets());
+        assert_eq!(peers, [2, 3, 20].map(|d| u32::from(ip(d))));
+        assert_eq!(weights, [0, 2, 0]);
+        assert!(r.is_peer_of6(&vip.octets(), u32::from(ip(3))));
+        assert!(r.is_peer(u32::from(ip(3))), "redirects accepted from it");
+        // The IPv4 VIPs' lists are apart: an IPv4 VIP without one has the static peers.
+        assert_eq!(r.peers_for(0xcb00_710a), [u32::from(ip(20))]);
+        // The family is in the cookie: an IPv6 flow's never answers an IPv4 question.
+        let k6 = crate::flow6::Flow6Key {
+            src: [0; 16],
+            dst: vip.octets(),
+            src_port: 1,
+            dst_port: 80,
+            proto: 6,
+        };
+        let k4 = FlowKey {
+            src: 0,
+            dst: 0,
+            src_port: 1,
+            dst_port: 80,
+            proto: 6,
+        };
+        assert_ne!(r.cookie_for6(&k6), r.cookie_for(&k4));
     }
 
     #[test]
@@ -731,6 +864,7 @@ mod tests {
                 vip,
                 nodes: vec![ip(12), ip(12), ip(12), ip(13), ip(14), ip(14)],
             }],
+            vips6: Vec::new(),
             keys: Vec::new(),
         });
         let (peers, weights) = r.weighted_peers_for(u32::from(vip));

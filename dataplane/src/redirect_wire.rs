@@ -5,10 +5,17 @@
 //!          | header: "JR" | version | kind | flags | hop count n | key id | 0 | cookie (8 bytes)
 //!          | n × IPv4 address
 //!          | version 3 only: tag (16 bytes)
-//!          | kind 1 (packet): the original IPv4 packet, unchanged
+//!          | kind 1 (packet): the original IPv4 or IPv6 packet, unchanged (its version
+//!            nibble says which)
 //!          | kind 2 (notice): client, VIP (4 bytes each), client port, VIP port (2 each),
 //!            protocol, 3 zero bytes — "the sender of this notice owns this flow"
+//!          | kind 3 (IPv6 notice): the same with 16-byte addresses (40 bytes)
 //! ```
+//!
+//! IPv6 (issue #28) changed no byte of what IPv4 sends: the outer packet stays IPv4 between
+//! the nodes' redirect addresses, an IPv6 inner packet is told by its version nibble, an
+//! IPv6 notice by its kind. A node older than that refuses both as malformed
+//! (`redirect_malformed`), so no version bump (docs/decisions.md).
 //!
 //! The cookie (version 2) is the first node's: a keyed hash of the flow it
 //! asks about, carried unchanged by the nodes that pass the question on and echoed by
@@ -21,7 +28,8 @@
 //! [`mac`]'s input: the outer source and destination addresses, the whole header
 //! (hops included, the tag left out) and, for a notice, its body; for a packet, the
 //! first [`INNER_AUTH`] bytes of the inner packet (its IPv4 header and first 8
-//! transport bytes: addresses, ports, protocol), not its payload. Version 2 (no key id
+//! transport bytes: addresses, ports, protocol; an IPv6 one's first [`INNER_AUTH6`]: its
+//! fixed header and the 8 bytes after it), not its payload. Version 2 (no key id
 //! byte, no tag) is what a node without a key sends.
 //!
 //! The header grows by 4 bytes per visited node (at most [`MAX_HOPS`]), so a packet
@@ -37,6 +45,7 @@ use siphasher::sip128::SipHasher24;
 use subtle::ConstantTimeEq;
 
 use crate::flow::FlowKey;
+use crate::flow6::Flow6Key;
 use crate::packet;
 use crate::redirect::{HopList, RedirectOut, MAX_HOPS};
 
@@ -51,10 +60,15 @@ pub const TAG: usize = 16;
 /// Bytes of a redirected packet's inner packet the tag covers: an IPv4 header without
 /// options and the first 8 bytes of the transport header.
 pub const INNER_AUTH: usize = 20 + 8;
+/// The same for an IPv6 inner packet: the fixed header and the next 8 bytes (the
+/// transport header's ports when no extension header comes between).
+pub const INNER_AUTH6: usize = 40 + 8;
 /// Kind: an encapsulated packet.
 pub const KIND_PACKET: u8 = 1;
 /// Kind: an "I own this flow" notice.
 pub const KIND_NOTICE: u8 = 2;
+/// Kind: an "I own this flow" notice about an IPv6 flow.
+pub const KIND_NOTICE6: u8 = 3;
 /// Flag: the sender wants a notice from the owner.
 pub const FLAG_ASK: u8 = 1;
 /// Outer IPv4 + UDP header bytes.
@@ -63,11 +77,13 @@ pub const OUTER: usize = 20 + 8;
 pub const FIXED: usize = 16;
 /// Bytes of a notice's body.
 pub const NOTICE_BODY: usize = 16;
+/// Bytes of an IPv6 notice's body.
+pub const NOTICE_BODY6: usize = 40;
 /// Most bytes encapsulation adds to a packet (version 3, with the tag).
 pub const MAX_OVERHEAD: usize = OUTER + FIXED + 4 * MAX_HOPS + TAG;
 /// Most bytes a tag is computed over: the outer addresses, the longest header, a
-/// notice's body or a packet's first [`INNER_AUTH`] bytes.
-const MAX_MAC_INPUT: usize = 8 + FIXED + 4 * MAX_HOPS + INNER_AUTH;
+/// notice's body or a packet's first [`INNER_AUTH`] (IPv6: [`INNER_AUTH6`]) bytes.
+const MAX_MAC_INPUT: usize = 8 + FIXED + 4 * MAX_HOPS + INNER_AUTH6;
 
 const ETH: usize = 14;
 
@@ -82,7 +98,7 @@ pub enum WireError {
 /// A received redirect frame, parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Received {
-    /// [`KIND_PACKET`] or [`KIND_NOTICE`].
+    /// [`KIND_PACKET`], [`KIND_NOTICE`] or [`KIND_NOTICE6`].
     pub kind: u8,
     /// Header flags ([`FLAG_ASK`]).
     pub flags: u8,
@@ -96,7 +112,7 @@ pub struct Received {
     pub key_id: u8,
     /// Offset of the tag in the frame (version 3), `None` in version 2.
     pub tag: Option<usize>,
-    /// Offset of the body (the inner IPv4 packet, or the notice) in the frame.
+    /// Offset of the body (the inner IPv4 or IPv6 packet, or the notice) in the frame.
     pub body: usize,
     /// Length of the body (from the outer UDP length).
     pub body_len: usize,
@@ -128,7 +144,7 @@ pub fn parse(frame: &[u8]) -> Result<Received, WireError> {
         return Err(WireError::Malformed);
     }
     let (kind, flags, n) = (frame[h + 3], frame[h + 4], usize::from(frame[h + 5]));
-    if n > MAX_HOPS || !(kind == KIND_PACKET || kind == KIND_NOTICE) {
+    if n > MAX_HOPS || !matches!(kind, KIND_PACKET | KIND_NOTICE | KIND_NOTICE6) {
         return Err(WireError::Malformed);
     }
     let (key_id, tag) = if version == VERSION_MAC {
@@ -150,10 +166,17 @@ pub fn parse(frame: &[u8]) -> Result<Received, WireError> {
     c.copy_from_slice(&frame[h + 8..h + 16]);
     let cookie = u64::from_be_bytes(c);
     let body_len = end - body;
-    if kind == KIND_NOTICE && body_len < NOTICE_BODY {
-        return Err(WireError::Malformed);
-    }
-    if kind == KIND_PACKET && (body_len < 20 || frame[body] >> 4 != 4) {
+    let short = match kind {
+        KIND_NOTICE => body_len < NOTICE_BODY,
+        KIND_NOTICE6 => body_len < NOTICE_BODY6,
+        // An IPv4 packet (version 4) or an IPv6 one (version 6), at least its header.
+        _ => match frame.get(body).map(|b| b >> 4) {
+            Some(4) => body_len < 20,
+            Some(6) => body_len < 40,
+            _ => true,
+        },
+    };
+    if short {
         return Err(WireError::Malformed);
     }
     Ok(Received {
@@ -186,12 +209,13 @@ fn mac(key: &RedirectKey, frame: &[u8], header_len: usize, body: usize, auth: us
         .as_bytes()
 }
 
-/// Bytes of a body the tag covers.
-fn authenticated(kind: u8, body_len: usize) -> usize {
-    if kind == KIND_NOTICE {
-        NOTICE_BODY
-    } else {
-        body_len.min(INNER_AUTH)
+/// Bytes of a body (whose first byte is `first`) the tag covers.
+fn authenticated(kind: u8, first: u8, body_len: usize) -> usize {
+    match kind {
+        KIND_NOTICE => NOTICE_BODY,
+        KIND_NOTICE6 => NOTICE_BODY6,
+        _ if first >> 4 == 6 => body_len.min(INNER_AUTH6),
+        _ => body_len.min(INNER_AUTH),
     }
 }
 
@@ -202,7 +226,7 @@ pub fn verify(frame: &[u8], r: &Received, keys: &[RedirectKey]) -> bool {
         return false;
     };
     let header_len = FIXED + 4 * r.hops.len();
-    let auth = authenticated(r.kind, r.body_len);
+    let auth = authenticated(r.kind, frame[r.body], r.body_len);
     let got = &frame[at..at + TAG];
     let mut ok = false;
     for k in keys.iter().filter(|k| k.id == r.key_id) {
@@ -216,7 +240,7 @@ pub fn verify(frame: &[u8], r: &Received, keys: &[RedirectKey]) -> bool {
 fn seal(buf: &mut [u8], key: &RedirectKey, kind: u8, hops: usize, body_len: usize) {
     let header_len = FIXED + 4 * hops;
     let at = ETH + OUTER + header_len;
-    let auth = authenticated(kind, body_len);
+    let auth = authenticated(kind, buf[at + TAG], body_len);
     let tag = mac(key, buf, header_len, at + TAG, auth);
     buf[at..at + TAG].copy_from_slice(&tag);
 }
@@ -227,10 +251,59 @@ pub fn outer_source(frame: &[u8]) -> u32 {
 }
 
 /// Moves the inner packet of a [`KIND_PACKET`] frame behind the frame's Ethernet header
-/// (in place); returns the new frame length.
+/// (in place), the EtherType set to the inner packet's family; returns the new frame
+/// length.
 pub fn decapsulate(frame: &mut [u8], r: &Received) -> usize {
+    let ethertype = if inner_is_ipv6(frame, r) {
+        packet::ETHERTYPE_IPV6
+    } else {
+        0x0800
+    };
     frame.copy_within(r.body..r.body + r.body_len, ETH);
+    frame[12..14].copy_from_slice(&ethertype.to_be_bytes());
     ETH + r.body_len
+}
+
+/// Whether a parsed [`KIND_PACKET`] frame carries an IPv6 packet (its version nibble).
+pub fn inner_is_ipv6(frame: &[u8], r: &Received) -> bool {
+    r.kind == KIND_PACKET && frame[r.body] >> 4 == 6
+}
+
+/// The flow a notice names: an IPv4 one or an IPv6 one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoticeKey {
+    /// An IPv4 flow's forward key ([`KIND_NOTICE`]).
+    V4(FlowKey),
+    /// An IPv6 flow's forward key ([`KIND_NOTICE6`]).
+    V6(Flow6Key),
+}
+
+impl From<&FlowKey> for NoticeKey {
+    fn from(k: &FlowKey) -> Self {
+        NoticeKey::V4(*k)
+    }
+}
+
+impl From<&Flow6Key> for NoticeKey {
+    fn from(k: &Flow6Key) -> Self {
+        NoticeKey::V6(*k)
+    }
+}
+
+/// The forward key an IPv6 notice ([`KIND_NOTICE6`]) names.
+pub fn notice_key6(frame: &[u8], r: &Received) -> Flow6Key {
+    let b = &frame[r.body..r.body + NOTICE_BODY6];
+    let mut src = [0u8; 16];
+    let mut dst = [0u8; 16];
+    src.copy_from_slice(&b[0..16]);
+    dst.copy_from_slice(&b[16..32]);
+    Flow6Key {
+        src,
+        dst,
+        src_port: u16::from_be_bytes([b[32], b[33]]),
+        dst_port: u16::from_be_bytes([b[34], b[35]]),
+        proto: b[36],
+    }
 }
 
 /// The forward key a notice names.
@@ -346,8 +419,9 @@ pub fn encapsulate(
     Some(total)
 }
 
-/// Writes a notice into `buf`, echoing the question's `cookie` (tagged under `mac_key`
-/// when given: version 3); returns its length (`None` if `buf` is too small).
+/// Writes a notice into `buf` (an IPv4 flow's [`KIND_NOTICE`], an IPv6 flow's
+/// [`KIND_NOTICE6`]), echoing the question's `cookie` (tagged under `mac_key` when
+/// given: version 3); returns its length (`None` if `buf` is too small).
 #[allow(clippy::too_many_arguments)]
 pub fn build_notice(
     buf: &mut [u8],
@@ -355,13 +429,18 @@ pub fn build_notice(
     node: u32,
     to: u32,
     port: u16,
-    key: &FlowKey,
+    key: impl Into<NoticeKey>,
     cookie: u64,
     mac_key: Option<&RedirectKey>,
 ) -> Option<usize> {
     let hops = HopList::new();
     let tag = if mac_key.is_some() { TAG } else { 0 };
-    let total = ETH + OUTER + FIXED + tag + NOTICE_BODY;
+    let key: NoticeKey = key.into();
+    let (kind, body_len) = match key {
+        NoticeKey::V4(_) => (KIND_NOTICE, NOTICE_BODY),
+        NoticeKey::V6(_) => (KIND_NOTICE6, NOTICE_BODY6),
+    };
+    let total = ETH + OUTER + FIXED + tag + body_len;
     if buf.len() < total {
         return None;
     }
@@ -372,22 +451,34 @@ pub fn build_notice(
         to,
         port,
         port,
-        KIND_NOTICE,
+        kind,
         0,
         &hops,
         cookie,
         mac_key.map(|k| k.id),
-        NOTICE_BODY,
+        body_len,
     );
-    let b = &mut buf[h..h + NOTICE_BODY];
-    b[0..4].copy_from_slice(&key.src.to_be_bytes());
-    b[4..8].copy_from_slice(&key.dst.to_be_bytes());
-    b[8..10].copy_from_slice(&key.src_port.to_be_bytes());
-    b[10..12].copy_from_slice(&key.dst_port.to_be_bytes());
-    b[12] = key.proto;
-    b[13..16].copy_from_slice(&[0, 0, 0]);
+    let b = &mut buf[h..h + body_len];
+    match key {
+        NoticeKey::V4(key) => {
+            b[0..4].copy_from_slice(&key.src.to_be_bytes());
+            b[4..8].copy_from_slice(&key.dst.to_be_bytes());
+            b[8..10].copy_from_slice(&key.src_port.to_be_bytes());
+            b[10..12].copy_from_slice(&key.dst_port.to_be_bytes());
+            b[12] = key.proto;
+            b[13..16].copy_from_slice(&[0, 0, 0]);
+        }
+        NoticeKey::V6(key) => {
+            b[0..16].copy_from_slice(&key.src);
+            b[16..32].copy_from_slice(&key.dst);
+            b[32..34].copy_from_slice(&key.src_port.to_be_bytes());
+            b[34..36].copy_from_slice(&key.dst_port.to_be_bytes());
+            b[36] = key.proto;
+            b[37..40].copy_from_slice(&[0, 0, 0]);
+        }
+    }
     if let Some(k) = mac_key {
-        seal(buf, k, KIND_NOTICE, 0, NOTICE_BODY);
+        seal(buf, k, kind, 0, body_len);
     }
     Some(total)
 }
@@ -499,6 +590,124 @@ mod tests {
         assert_eq!(parse(f), Err(WireError::Malformed));
     }
 
+    /// An IPv6 TCP packet (fixed header, 20-byte TCP header, `payload` bytes) in a frame.
+    fn inner_frame6(payload: usize) -> Vec<u8> {
+        let mut f = vec![0u8; ETH + 40 + 20 + payload];
+        f[12..14].copy_from_slice(&packet::ETHERTYPE_IPV6.to_be_bytes());
+        f[14] = 0x60;
+        f[18..20].copy_from_slice(&((20 + payload) as u16).to_be_bytes());
+        f[20] = packet::IPPROTO_TCP;
+        f[21] = 64;
+        for (i, b) in f[22..].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        f
+    }
+
+    #[test]
+    fn an_ipv6_packet_travels_unchanged_and_its_tag_covers_its_addresses_and_ports() {
+        let orig = inner_frame6(100);
+        let k = key(3);
+        for key in [None, Some(&k)] {
+            let mut buf = vec![0u8; 2048];
+            buf[..orig.len()].copy_from_slice(&orig);
+            let out = RedirectOut {
+                peer: B,
+                macs: [1; 12],
+                hops: HopList::from_slice(&[A]).unwrap(),
+                ask: true,
+                frame_len: orig.len(),
+                entropy: 1,
+                cookie: 9,
+            };
+            let n = encapsulate(&mut buf, &out, A, 7411, 1500, key).unwrap();
+            let f = &mut buf[..n];
+            assert_eq!(&f[12..14], &[0x08, 0x00], "the outer packet is IPv4");
+            let r = parse(f).unwrap();
+            assert!(inner_is_ipv6(f, &r));
+            if key.is_some() {
+                let keys = [k.clone()];
+                assert!(verify(f, &r, &keys));
+                // The whole fixed header and the ports are covered, not the payload.
+                for i in r.body..r.body + INNER_AUTH6 {
+                    let mut g = f.to_vec();
+                    g[i] ^= 1;
+                    assert!(!accepted(&g, &keys), "inner byte {}", i - r.body);
+                }
+                let mut g = f.to_vec();
+                g[r.body + INNER_AUTH6] ^= 1;
+                assert!(accepted(&g, &keys));
+            }
+            let m = decapsulate(f, &r);
+            assert_eq!(
+                &f[..m][12..],
+                &orig[12..],
+                "EtherType IPv6, the packet whole"
+            );
+        }
+        // Shorter than an IPv6 header, or another version: malformed.
+        let mut buf = vec![0u8; 2048];
+        let short = inner_frame6(0);
+        buf[..short.len()].copy_from_slice(&short);
+        let out = RedirectOut {
+            peer: B,
+            macs: [1; 12],
+            hops: HopList::new(),
+            ask: false,
+            frame_len: ETH + 39,
+            entropy: 0,
+            cookie: 0,
+        };
+        let n = encapsulate(&mut buf, &out, A, 7411, 1500, None).unwrap();
+        assert_eq!(parse(&buf[..n]), Err(WireError::Malformed));
+        let out = RedirectOut {
+            frame_len: ETH + 40,
+            ..out
+        };
+        buf[..short.len()].copy_from_slice(&short);
+        let n = encapsulate(&mut buf, &out, A, 7411, 1500, None).unwrap();
+        assert!(parse(&buf[..n]).is_ok());
+        let body = n - 40;
+        buf[body] = 0x50;
+        assert_eq!(parse(&buf[..n]), Err(WireError::Malformed));
+    }
+
+    #[test]
+    fn ipv6_notices_round_trip_tagged_or_not() {
+        let key6 = Flow6Key {
+            src: [0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x42],
+            dst: [0x20, 1, 0xd, 0xb8, 0, 0x71, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10],
+            src_port: 40000,
+            dst_port: 443,
+            proto: packet::IPPROTO_TCP,
+        };
+        let k = key(5);
+        for mac_key in [None, Some(&k)] {
+            let mut buf = [0u8; 160];
+            let n = build_notice(&mut buf, &[2; 12], A, B, 7411, &key6, 42, mac_key).unwrap();
+            let tag = if mac_key.is_some() { TAG } else { 0 };
+            assert_eq!(n, ETH + OUTER + FIXED + tag + NOTICE_BODY6);
+            let f = &buf[..n];
+            let r = parse(f).unwrap();
+            assert_eq!((r.kind, r.cookie), (KIND_NOTICE6, 42));
+            assert_eq!(notice_key6(f, &r), key6);
+            if mac_key.is_some() {
+                let keys = [k.clone()];
+                assert!(accepted(f, &keys));
+                for i in r.body..r.body + NOTICE_BODY6 {
+                    let mut g = f.to_vec();
+                    g[i] ^= 0x80;
+                    assert!(!accepted(&g, &keys), "notice byte {}", i - r.body);
+                }
+            }
+            // Cut short of its body: malformed.
+            let mut g = f.to_vec();
+            let udp = u16::from_be_bytes([g[38], g[39]]) - 1;
+            g[38..40].copy_from_slice(&udp.to_be_bytes());
+            assert_eq!(parse(&g), Err(WireError::Malformed));
+        }
+    }
+
     fn key(b: u8) -> RedirectKey {
         RedirectKey::new(juneau_control::secret::SecretKey::new([b; 16]))
     }
@@ -582,7 +791,7 @@ mod tests {
             }
             let tag = r.tag.unwrap();
             let header = ETH + OUTER..tag;
-            let auth = r.body..r.body + authenticated(r.kind, r.body_len);
+            let auth = r.body..r.body + authenticated(r.kind, f[r.body], r.body_len);
             // Outer addresses, the header (hops, key id, cookie...), the tag, the notice
             // body or the inner IPv4 header + 8 transport bytes: any bit flipped fails.
             let covered = (ETH + 12..ETH + 20)

@@ -207,6 +207,7 @@ impl ServiceTable {
         let mut t = Self::new(s.generation, &s.state, &s.maglev);
         t.v6 =
             crate::services6::Services6::from_state(s.generation, &s.state.services6, &s.maglev6);
+        t.v6.set_redirects(&s.state.redirects);
         t
     }
 
@@ -437,6 +438,7 @@ mod tests {
         let peers = |nodes: Vec<Ipv4Addr>, me: Option<Ipv4Addr>| Redirects {
             node_address: me,
             vips: vec![juneau_control::model::VipRedirectPeers { vip, nodes }],
+            vips6: Vec::new(),
             keys: Vec::new(),
         };
         let me = Some(Ipv4Addr::new(192, 0, 2, 1));

@@ -35,6 +35,9 @@ pub struct Service6 {
     pub source_ranges: Vec<(u128, u8)>,
     /// `sessionAffinity: ClientIP`: new connections of a client pick by its address alone.
     pub client_ip_affinity: bool,
+    /// Whether the frontend hands new flows without a Ready backend here to a peer (the
+    /// Cluster policy, as [`crate::services::Service::hand_off`]).
+    pub hand_off: bool,
 }
 
 impl Service6 {
@@ -71,6 +74,9 @@ pub struct Services6 {
     services: Vec<Service6>,
     by_frontend: HashMap<([u8; 16], u8, u16), u32>,
     vips: HashSet<[u8; 16]>,
+    /// The VIPs with a peer to hand new connections to (this node's redirect address
+    /// known): a hand-off frontend serves them without a Ready backend here.
+    handing_on: HashSet<[u8; 16]>,
 }
 
 impl Services6 {
@@ -87,7 +93,23 @@ impl Services6 {
             services,
             by_frontend,
             vips,
+            handing_on: HashSet::new(),
         }
+    }
+
+    /// Takes the IPv6 VIPs' redirect peers the agent published: a hand-off
+    /// ([`Service6::hand_off`]) frontend of a VIP with a peer is served without a Ready
+    /// backend here ([`Services6::serving_vips`]).
+    pub fn set_redirects(&mut self, r: &juneau_control::model::Redirects) {
+        self.handing_on = match r.node_address {
+            Some(_) => r
+                .vips6
+                .iter()
+                .filter(|v| !v.nodes.is_empty())
+                .map(|v| v.vip.octets())
+                .collect(),
+            None => HashSet::new(),
+        };
     }
 
     /// The IPv6 frontends of a node state with their Maglev tables (`maglev[i]` belongs
@@ -130,6 +152,7 @@ impl Services6 {
                         .map(|r| (u128::from(r.network()), r.prefix_len()))
                         .collect(),
                     client_ip_affinity: s.client_ip_affinity.is_some(),
+                    hand_off: s.hand_off,
                 }
             })
             .collect();
@@ -144,12 +167,14 @@ impl Services6 {
             .collect()
     }
 
-    /// The IPv6 VIPs with a Ready backend here (what the node may announce).
+    /// The IPv6 VIPs with a backend new flows can go to (what the node may announce): a
+    /// Ready backend here, or for a hand-off (Cluster-policy) frontend a peer to hand
+    /// new connections to, as IPv4's [`crate::services::ServiceTable::serving_vips`].
     pub fn serving_vips(&self) -> Vec<std::net::Ipv6Addr> {
         let mut v: Vec<std::net::Ipv6Addr> = self
             .services
             .iter()
-            .filter(|s| s.ready > 0)
+            .filter(|s| s.ready > 0 || (s.hand_off && self.handing_on.contains(&s.vip)))
             .map(|s| s.vip.into())
             .collect();
         v.sort();
@@ -239,6 +264,44 @@ mod tests {
     }
 
     #[test]
+    fn a_hand_off_frontend_without_a_ready_backend_is_served_while_a_peer_takes_it() {
+        use juneau_control::model::{
+            Frontend6, NodeService6, Protocol, Redirects, VipRedirectPeers6,
+        };
+        let vip: std::net::Ipv6Addr = "2001:db8::1".parse().unwrap();
+        let mut s = NodeService6::new(
+            Frontend6 {
+                vip,
+                protocol: Protocol::Tcp,
+                port: 80,
+            },
+            vec![],
+        );
+        s.hand_off = true;
+        let mut t = Services6::from_state(1, &[s.clone()], &[vec![]]);
+        assert!(t.service(0).unwrap().hand_off);
+        assert!(t.serving_vips().is_empty(), "no peer known yet");
+        let peers = |me: Option<std::net::Ipv4Addr>| Redirects {
+            node_address: me,
+            vips6: vec![VipRedirectPeers6 {
+                vip,
+                nodes: vec![std::net::Ipv4Addr::new(192, 0, 2, 2)],
+            }],
+            ..Redirects::default()
+        };
+        t.set_redirects(&peers(Some(std::net::Ipv4Addr::new(192, 0, 2, 1))));
+        assert_eq!(t.serving_vips(), vec![vip]);
+        // Without this node's redirect address, nothing can be handed on.
+        t.set_redirects(&peers(None));
+        assert!(t.serving_vips().is_empty());
+        // Not a hand-off frontend: a peer is no reason to announce.
+        s.hand_off = false;
+        let mut t = Services6::from_state(1, &[s], &[vec![]]);
+        t.set_redirects(&peers(Some(std::net::Ipv4Addr::new(192, 0, 2, 1))));
+        assert!(t.serving_vips().is_empty());
+    }
+
+    #[test]
     fn source_ranges_match_by_prefix_and_an_empty_list_admits_all() {
         let ip = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap();
         let mut s = Service6 {
@@ -250,6 +313,7 @@ mod tests {
             maglev: vec![],
             source_ranges: vec![],
             client_ip_affinity: false,
+            hand_off: false,
         };
         assert!(s.admits(ip("2001:db8:9::1").octets()));
         s.source_ranges = vec![(u128::from(ip("2001:db8:9::")), 48)];

@@ -83,6 +83,7 @@ fn service6(protocol: Protocol, port: u16, target: u16, pods: &[usize]) -> NodeS
         terminating: Vec::new(),
         source_ranges: Vec::new(),
         client_ip_affinity: None,
+        hand_off: false,
     }
 }
 

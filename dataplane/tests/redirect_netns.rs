@@ -9,6 +9,11 @@
 //! route to the VIP 10.200.0.10:  A only → A+B (ECMP) → B only ("A withdrew") → A only
 //! ```
 //!
+//! Every link is dual-stack (issue #28): the client `2001:db8:100:1::2`, the node network
+//! `fd00:1::/64`, each Pod `fd00:10:<n>::2`; the router's route to the IPv6 VIP
+//! `2001:db8:200::10` moves the same way. Redirects between the nodes stay IPv4 (their
+//! redirect addresses); an IPv6 packet travels inside unchanged.
+//!
 //! Every time the route changes, connections land on a node that has never seen them:
 //! that node redirects their packets to the other one (encapsulated, UDP 7411 over the
 //! node network), which serves them from its own Pod; replies leave from the owner. The
@@ -20,19 +25,20 @@
 //! The nodes publish a redirect MAC key (wire version 3) unless a test says
 //! otherwise; one test gives the two nodes different keys.
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use juneau_control::model::{
-    Frontend, LocalBackend, NodeService, NodeState, Protocol, RedirectKey, Redirects,
+    Frontend, Frontend6, LocalBackend, LocalBackend6, NodeService, NodeService6, NodeState,
+    Protocol, RedirectKey, Redirects,
 };
 use juneau_control::secret::SecretKey;
 use juneau_control::shm::{Capacity, NodeStateWriter};
 use juneau_tests::daemon::json_sampled_after_now;
 use juneau_tests::frames::{inject, TcpFlood};
-use juneau_tests::http::{http_get, TestBackend};
+use juneau_tests::http::{fnv64, http_get, pattern, TestBackend};
 use juneau_tests::netns::{in_ns, mac_of, require_root, run, unique_prefix, veth, Netns, NsChild};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 10);
@@ -40,6 +46,15 @@ const NODE: [&str; 2] = ["10.1.0.2", "10.1.0.3"];
 const POD: [&str; 2] = ["10.10.1.2", "10.10.2.2"];
 const HTTP_PORT: u16 = 8080;
 const UDP_PORT: u16 = 5353;
+const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x200, 0, 0, 0, 0, 0x10);
+const NODE6: [&str; 2] = ["fd00:1::2", "fd00:1::3"];
+/// The IPv6 backends' ports (the IPv4 servers bind 0.0.0.0 only).
+const HTTP_PORT6: u16 = 8081;
+const UDP_PORT6: u16 = 5354;
+
+fn pod6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x10, i as u16 + 1, 0, 0, 0, 0, 2)
+}
 
 struct BpfMount(PathBuf);
 
@@ -55,10 +70,11 @@ struct Node {
     dataplane: NsChild,
     _bpf: BpfMount,
     _server: TestBackend,
+    _server6: TestBackend,
     writer: NodeStateWriter,
     stats: PathBuf,
     log: PathBuf,
-    _pod: Netns,
+    pod: Netns,
     ns: Netns,
 }
 
@@ -159,6 +175,27 @@ fn node_state(
             service(Protocol::Tcp, 80, backends),
             service(Protocol::Udp, 53, udp_backends),
         ],
+        services6: [
+            (Protocol::Tcp, 80, HTTP_PORT6),
+            (Protocol::Udp, 53, UDP_PORT6),
+        ]
+        .into_iter()
+        .map(|(protocol, port, target)| {
+            let pods = if has_backend { vec![pod6(i)] } else { vec![] };
+            let mut s = NodeService6::new(
+                Frontend6 {
+                    vip: VIP6,
+                    protocol,
+                    port,
+                },
+                pods.into_iter()
+                    .map(|ip| LocalBackend6 { ip, port: target })
+                    .collect(),
+            );
+            s.hand_off = cluster_policy;
+            s
+        })
+        .collect(),
         redirects: Redirects {
             keys: keys(key),
             ..Default::default()
@@ -167,13 +204,24 @@ fn node_state(
     })
 }
 
+/// How a topology is built.
+#[derive(Debug, Clone, Copy)]
+struct Opts {
+    /// The dataplanes redirect (their redirect address and peers given); else not at all.
+    redirects: bool,
+    /// Each Pod behind a bridge in its node (the dataplane on the bridge, so the Pod's
+    /// veth keeps TSO on, as bridge CNIs leave it); else on its own veth, which the
+    /// dataplane's XDP program holds (the kernel then turns the Pod's TSO off).
+    bridge: bool,
+}
+
+/// Node `i` behind `router`.
 fn build_node(
     p: &str,
     i: usize,
     router: &Netns,
     dir: &std::path::Path,
-    extra: &[&str],
-    key: Option<u8>,
+    (extra, key, opts): (&[&str], Option<u8>, Opts),
 ) -> Result<Node> {
     let name = ["a", "b"][i];
     let ns = Netns::new(format!("{p}{name}"))?;
@@ -187,7 +235,14 @@ fn build_node(
     ns.addr("up0", &format!("{}/24", NODE[i]))?;
     ns.exec(&["ip", "route", "add", "default", "via", "10.1.0.1"])?;
     veth(&ns, "pv0", &pod, "eth0")?;
-    ns.addr("pv0", &format!("10.10.{}.1/24", i + 1))?;
+    let pod_iface = if opts.bridge {
+        ns.exec(&["ip", "link", "add", "br0", "type", "bridge"])?;
+        ns.exec(&["ip", "link", "set", "pv0", "master", "br0", "up"])?;
+        "br0"
+    } else {
+        "pv0"
+    };
+    ns.addr(pod_iface, &format!("10.10.{}.1/24", i + 1))?;
     pod.addr("eth0", &format!("{}/24", POD[i]))?;
     pod.exec(&[
         "ip",
@@ -197,11 +252,31 @@ fn build_node(
         "via",
         &format!("10.10.{}.1", i + 1),
     ])?;
+    // IPv6 beside IPv4 on every link.
+    ns.addr6("up0", &format!("{}/64", NODE6[i]))?;
+    ns.exec(&["ip", "-6", "route", "add", "default", "via", "fd00:1::1"])?;
+    ns.addr6(pod_iface, &format!("fd00:10:{}::1/64", i + 1))?;
+    pod.addr6("eth0", &format!("{}/64", pod6(i)))?;
+    pod.exec(&[
+        "ip",
+        "-6",
+        "route",
+        "add",
+        "default",
+        "via",
+        &format!("fd00:10:{}::1", i + 1),
+    ])?;
     let server = TestBackend::start(
         pod.name(),
         ["podA", "podB"][i],
         SocketAddr::from(([0, 0, 0, 0], HTTP_PORT)),
         Some(SocketAddr::from(([0, 0, 0, 0], UDP_PORT))),
+    )?;
+    let server6 = TestBackend::start(
+        pod.name(),
+        ["podA", "podB"][i],
+        SocketAddr::from((Ipv6Addr::UNSPECIFIED, HTTP_PORT6)),
+        Some(SocketAddr::from((Ipv6Addr::UNSPECIFIED, UDP_PORT6))),
     )?;
 
     let state_path = dir.join(format!("{name}.state"));
@@ -219,7 +294,7 @@ fn build_node(
         "--uplink",
         "up0",
         "--pod-iface",
-        "pv0",
+        pod_iface,
         "--state-file",
         state_path.to_str().unwrap(),
         "--stats-file",
@@ -232,25 +307,30 @@ fn build_node(
         "2048",
         "--ring-size",
         "1024",
-        "--node-address",
-        NODE[i],
-        "--redirect-peer",
-        NODE[0],
-        "--redirect-peer",
-        NODE[1],
-        "--redirect-mtu",
-        "1600",
     ];
+    if opts.redirects {
+        argv.extend_from_slice(&[
+            "--node-address",
+            NODE[i],
+            "--redirect-peer",
+            NODE[0],
+            "--redirect-peer",
+            NODE[1],
+            "--redirect-mtu",
+            "1600",
+        ]);
+    }
     argv.extend_from_slice(extra);
     let dataplane = ns.spawn_logged(&argv, &log)?;
     let node = Node {
         dataplane,
         _bpf: bpf,
         _server: server,
+        _server6: server6,
         writer,
         stats,
         log,
-        _pod: pod,
+        pod,
         ns,
     };
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -272,6 +352,21 @@ fn build_node(
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(node)
+}
+
+/// The router's route to the IPv6 VIP: via node `via[0]`, or ECMP over `via`.
+fn set_route6(router: &Netns, via: &[usize]) -> Result<()> {
+    let vip = format!("{VIP6}/128");
+    let mut argv: Vec<&str> = vec!["ip", "-6", "route", "replace", &vip];
+    if via.len() == 1 {
+        argv.extend(["via", NODE6[via[0]]]);
+    } else {
+        for &i in via {
+            argv.extend(["nexthop", "via", NODE6[i]]);
+        }
+    }
+    router.exec(&argv)?;
+    Ok(())
 }
 
 fn set_route(router: &Netns, via: &[usize]) -> Result<()> {
@@ -308,8 +403,16 @@ fn round(conns: &mut [(TcpStream, String)]) -> (Vec<String>, usize) {
 }
 
 fn open(client: &Netns, n: usize) -> Result<Vec<(TcpStream, String)>> {
+    open_to(client, SocketAddr::V4(SocketAddrV4::new(VIP, 80)), n)
+}
+
+/// [`open`] to the IPv6 VIP.
+fn open6(client: &Netns, n: usize) -> Result<Vec<(TcpStream, String)>> {
+    open_to(client, SocketAddr::from((VIP6, 80)), n)
+}
+
+fn open_to(client: &Netns, vip: SocketAddr, n: usize) -> Result<Vec<(TcpStream, String)>> {
     let mut conns = in_ns(client.name(), move || -> Result<Vec<TcpStream>> {
-        let vip = SocketAddr::V4(SocketAddrV4::new(VIP, 80));
         (0..n)
             .map(|_| {
                 let c = TcpStream::connect_timeout(&vip, Duration::from_secs(5))?;
@@ -347,6 +450,15 @@ struct Topo {
 impl Topo {
     /// `key[i]`: the redirect MAC key node `i` publishes ([`keys`]).
     fn build(tag: &str, extra: &[&str], key: [Option<u8>; 2]) -> Result<Self> {
+        let opts = Opts {
+            redirects: true,
+            bridge: false,
+        };
+        Self::build_full(tag, extra, key, opts)
+    }
+
+    /// [`Topo::build`] as `opts` says.
+    fn build_full(tag: &str, extra: &[&str], key: [Option<u8>; 2], opts: Opts) -> Result<Self> {
         require_root()?;
         let p = unique_prefix(tag);
         let dir = tempfile::tempdir()?;
@@ -356,27 +468,42 @@ impl Topo {
         client.addr("eth0", "10.100.1.2/24")?;
         router.addr("c0", "10.100.1.1/24")?;
         client.exec(&["ip", "route", "add", "default", "via", "10.100.1.1"])?;
+        client.addr6("eth0", "2001:db8:100:1::2/64")?;
+        router.addr6("c0", "2001:db8:100:1::1/64")?;
+        client.exec(&[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            "2001:db8:100:1::1",
+        ])?;
         // Kernel sockets would hand over partial checksums; a real uplink NIC does not.
         client.exec(&["ethtool", "-K", "eth0", "tx", "off"])?;
         router.exec(&["ip", "link", "add", "br0", "mtu", "1600", "type", "bridge"])?;
         router.addr("br0", "10.1.0.1/24")?;
+        router.addr6("br0", "fd00:1::1/64")?;
         for s in [
             "net.ipv4.ip_forward=1",
             "net.ipv4.fib_multipath_hash_policy=1",
             "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv6.conf.all.forwarding=1",
+            "net.ipv6.fib_multipath_hash_policy=1",
         ] {
             router.exec(&["sysctl", "-qw", s])?;
         }
         let nodes = [
-            build_node(&p, 0, &router, dir.path(), extra, key[0])?,
-            build_node(&p, 1, &router, dir.path(), extra, key[1])?,
+            build_node(&p, 0, &router, dir.path(), (extra, key[0], opts))?,
+            build_node(&p, 1, &router, dir.path(), (extra, key[1], opts))?,
         ];
         // The router and the Pods resolved once, so no first packet waits for ARP (the
         // dataplane drops it and asks the kernel; TCP would retransmit after a second).
         // Not the other node: a dataplane keeps its redirect peers' next hops resolved
         // itself, ahead of the first redirect (the test checks no packet waited).
         for (i, node) in nodes.iter().enumerate() {
-            for to in ["10.1.0.1", POD[i]] {
+            let pod6 = pod6(i).to_string();
+            for to in ["10.1.0.1", POD[i], "fd00:1::1", &pod6] {
                 node.ns.exec(&["ping", "-c1", "-W2", to])?;
             }
         }
@@ -406,6 +533,22 @@ impl Topo {
                 ok,
                 "{}",
                 t.diag(&format!("warm-up through node {i} failed"))
+            );
+            set_route6(&t.router, &[i])?;
+            let mut ok = false;
+            for _ in 0..10 {
+                if let Ok(mut c) = open6(&t.client, 1) {
+                    ok = c.pop().is_some_and(|c| c.1 == ["podA", "podB"][i]);
+                }
+                if ok {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            ensure!(
+                ok,
+                "{}",
+                t.diag(&format!("IPv6 warm-up through node {i} failed"))
             );
         }
         Ok(t)
@@ -834,6 +977,305 @@ fn a_node_with_another_key_accepts_no_redirect() -> Result<()> {
         "{}",
         t.diag("a redirect or notice was accepted across different keys")
     );
+    drop(conns);
+    t.finish()
+}
+
+/// A 4 MiB transfer to the IPv6 VIP with curl from the client, paced (`--limit-rate`) so
+/// it runs for seconds, across the route changes: `upload` false downloads
+/// `/bytes/4194304` and checks every byte, true posts 4 MiB to `/upload` and checks the
+/// Pod's length and hash of what it received.
+fn paced_transfer6(client: &str, upload: bool) -> std::thread::JoinHandle<Result<()>> {
+    let client = client.to_string();
+    std::thread::spawn(move || -> Result<()> {
+        let body = pattern(4 << 20);
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("body");
+        let f = file.to_str().context("path")?.to_string();
+        let base = format!("http://[{VIP6}]");
+        let mut argv: Vec<String> = ["netns", "exec", &client, "curl", "-gsS", "-m", "60"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        argv.extend(["--limit-rate".into(), "700K".into()]);
+        if upload {
+            std::fs::write(&file, &body)?;
+            argv.extend(
+                [
+                    "-H",
+                    "Expect:",
+                    "-H",
+                    "Content-Type: application/octet-stream",
+                    "--data-binary",
+                ]
+                .map(String::from),
+            );
+            argv.push(format!("@{f}"));
+            argv.push(format!("{base}/upload"));
+        } else {
+            argv.extend([
+                "-o".into(),
+                f.clone(),
+                format!("{base}/bytes/{}", body.len()),
+            ]);
+        }
+        let out = std::process::Command::new("ip").args(&argv).output()?;
+        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        ensure!(out.status.success(), "curl: {err}");
+        if upload {
+            let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            let want = format!("{} {:016x}", body.len(), fnv64(&body));
+            ensure!(
+                got == want,
+                "4 MiB upload: the Pod got {got:?}, want {want:?}"
+            );
+        } else {
+            let got = std::fs::read(&file)?;
+            ensure!(
+                got == body,
+                "4 MiB download: {} of {} bytes{}",
+                got.len(),
+                body.len(),
+                if got.len() == body.len() {
+                    ", altered"
+                } else {
+                    ""
+                }
+            );
+        }
+        Ok(())
+    })
+}
+
+/// TSO of a namespace's `eth0` as `ethtool -k` reports it.
+fn tso(ns: &Netns) -> Result<String> {
+    let out = ns.exec(&["ethtool", "-k", "eth0"])?;
+    Ok(out
+        .lines()
+        .find(|l| l.starts_with("tcp-segmentation-offload"))
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// IPv6 (issue #28): the router's route to the IPv6 VIP moves A → A+B → B → A under
+/// keep-alive connections and a 4 MiB transfer each way (the Pods' TSO on): every
+/// request answered by the Pod its connection started on, both transfers whole — the
+/// nodes ask each other about the IPv6 flows they never saw, over the IPv4 redirect
+/// channel (version 3, tagged), and follow the owners' notices.
+#[test]
+fn ipv6_connections_and_4mib_transfers_survive_ecmp_changes_between_two_real_dataplanes(
+) -> Result<()> {
+    let opts = Opts {
+        redirects: true,
+        bridge: true,
+    };
+    let t = Topo::build_full("rd6", &[], [Some(1), Some(1)], opts)?;
+    let (client, router, nodes) = (&t.client, &t.router, &t.nodes);
+    let diag = |what: &str| t.diag(what);
+    for n in nodes {
+        let on = tso(&n.pod)?;
+        ensure!(on.ends_with(": on"), "the Pods keep TSO on: {on}");
+    }
+    t.fresh_stats()?;
+    let no_neighbour_before = nodes.each_ref().map(|n| n.drops("no_neighbour"));
+
+    // 1. Only node A announces the IPv6 VIP: 32 keep-alive connections on pod A, and
+    //    both transfers start.
+    set_route6(router, &[0])?;
+    let mut conns = open6(client, 32).with_context(|| diag("opening"))?;
+    ensure!(conns.iter().all(|c| c.1 == "podA"));
+    let transfers = [
+        paced_transfer6(client.name(), false),
+        paced_transfer6(client.name(), true),
+    ];
+    std::thread::sleep(Duration::from_secs(1));
+    let mut failures = Vec::new();
+    let mut requests = 0;
+    let mut rounds = |conns: &mut Vec<(TcpStream, String)>| {
+        for _ in 0..3 {
+            let (f, ok) = round(conns);
+            failures.extend(f);
+            requests += ok;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    // 2. ECMP over A and B: about half the connections (and maybe a transfer) move to B.
+    set_route6(router, &[0, 1])?;
+    rounds(&mut conns);
+    let mut fresh = open6(client, 16).with_context(|| diag("opening under ECMP"))?;
+    ensure!(
+        fresh.iter().any(|c| c.1 == "podB"),
+        "no new IPv6 connection reached node B under ECMP"
+    );
+    conns.append(&mut fresh);
+    // 3. A withdraws: everything reaches B, which sends A's flows to A.
+    set_route6(router, &[1])?;
+    rounds(&mut conns);
+    // 4. Back to A only: B's connections reach A, which sends them to B.
+    set_route6(router, &[0])?;
+    rounds(&mut conns);
+    let mut fresh = open6(client, 8).with_context(|| diag("opening after"))?;
+    ensure!(fresh.iter().all(|c| c.1 == "podA"));
+    conns.append(&mut fresh);
+    let (f, ok) = round(&mut conns);
+    failures.extend(f);
+    requests += ok;
+    for (what, h) in ["download", "upload"].iter().zip(transfers) {
+        let r = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("{what} thread panicked"))?;
+        r.with_context(|| diag(&format!("the 4 MiB {what} across the moves")))?;
+    }
+
+    t.fresh_stats()?;
+    let (a_to_b, b_to_a) = (nodes[0].peer(NODE[1]), nodes[1].peer(NODE[0]));
+    eprintln!(
+        "IPv6 requests ok {requests}, failures {}; A→B {a_to_b}; B→A {b_to_a}",
+        failures.len()
+    );
+    if !failures.is_empty() {
+        bail!(diag(&format!(
+            "{} failed requests: {failures:?}",
+            failures.len()
+        )));
+    }
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
+    ensure!(
+        n(&b_to_a, "redirected_to") > 0,
+        "{}",
+        diag("B never redirected to A")
+    );
+    ensure!(
+        n(&a_to_b, "redirected_to") > 0,
+        "{}",
+        diag("A never redirected to B")
+    );
+    ensure!(
+        n(&b_to_a, "notices_received") > 0 && n(&a_to_b, "notices_received") > 0,
+        "{}",
+        diag("an owner never told the other node it owns a flow")
+    );
+    for (node, before) in nodes.iter().zip(no_neighbour_before) {
+        ensure!(
+            node.drops("no_neighbour") == before,
+            "{}",
+            diag(&format!(
+                "packets dropped as no_neighbour after the warm-up ({before} before)"
+            ))
+        );
+    }
+    for node in nodes {
+        for reason in [
+            "non_syn_without_flow",
+            "redirect_rate_limited",
+            "redirect_prefix_rate_limited",
+            "redirect_bad_mac",
+            "redirect_too_big",
+            "redirect_malformed",
+            "redirect_not_served",
+            "redirect_notice_refused",
+        ] {
+            ensure!(
+                node.drops(reason) == 0,
+                "{}",
+                diag(&format!("{reason} drops"))
+            );
+        }
+    }
+    drop(conns);
+    t.finish()
+}
+
+/// The control of the test above: the same move with redirects off breaks the IPv6
+/// connections that land on the node without their flow (dropped there as
+/// `non_syn_without_flow`) — what the redirects save.
+#[test]
+fn without_redirects_ipv6_connections_moved_to_another_node_break() -> Result<()> {
+    let opts = Opts {
+        redirects: false,
+        bridge: true,
+    };
+    let t = Topo::build_full("rd6off", &[], [None, None], opts)?;
+    set_route6(&t.router, &[0])?;
+    let mut conns = open6(&t.client, 8).with_context(|| t.diag("opening"))?;
+    ensure!(conns.iter().all(|c| c.1 == "podA"));
+    t.fresh_stats()?;
+    let before = t.nodes[1].drops("non_syn_without_flow");
+    set_route6(&t.router, &[1])?;
+    for (c, _) in &conns {
+        c.set_read_timeout(Some(Duration::from_secs(3)))?;
+    }
+    let (failures, ok) = round(&mut conns);
+    eprintln!("without redirects: {ok} answered, failures {failures:?}");
+    ensure!(
+        ok == 0 && failures.len() == conns.len(),
+        "{}",
+        t.diag(&format!(
+            "{ok} moved connections answered without redirects"
+        ))
+    );
+    t.fresh_stats()?;
+    ensure!(
+        t.nodes[1].drops("non_syn_without_flow") > before,
+        "{}",
+        t.diag("node B counted no non_syn_without_flow")
+    );
+    drop(conns);
+    t.finish()
+}
+
+/// IPv6 under the Cluster policy: node B has no IPv6 backend, the router sends it every
+/// IPv6 connection, and each one reaches node A's Pod (the SYN handed on, uncharged,
+/// the rest following the record A's notice left) — however small the buckets.
+#[test]
+fn under_the_cluster_policy_a_node_without_an_ipv6_backend_hands_every_connection_over(
+) -> Result<()> {
+    let bucket = [
+        "--redirect-rate",
+        "1",
+        "--redirect-burst",
+        "1",
+        "--redirect-prefix-rate",
+        "1",
+        "--redirect-prefix-burst",
+        "1",
+    ];
+    let opts = Opts {
+        redirects: true,
+        bridge: true,
+    };
+    let mut t = Topo::build_full("rc6", &bucket, [Some(1), Some(1)], opts)?;
+    t.nodes[0].publish(&node_state(0, Some(1), true, true)?)?;
+    t.nodes[1].publish(&node_state(1, Some(1), false, true)?)?;
+    set_route6(&t.router, &[1])?;
+    let mut conns = open6(&t.client, 40).with_context(|| t.diag("connections through node B"))?;
+    let by: Vec<&str> = conns.iter().map(|c| c.1.as_str()).collect();
+    ensure!(
+        by.iter().all(|p| *p == "podA"),
+        "{}",
+        t.diag(&format!("served by {by:?}"))
+    );
+    for _ in 0..3 {
+        let (failures, _) = round(&mut conns);
+        ensure!(failures.is_empty(), "{}", t.diag(&failures.join("\n")));
+    }
+    let b = &t.nodes[1];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.peer(NODE[0])["redirected_to"].as_u64().unwrap_or(0) < 40 {
+        ensure!(
+            Instant::now() < deadline,
+            "{}",
+            t.diag("node B handed on fewer packets than connections")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for reason in [
+        "redirect_rate_limited",
+        "redirect_prefix_rate_limited",
+        "no_backend",
+    ] {
+        ensure!(b.drops(reason) == 0, "{}", t.diag(reason));
+    }
     drop(conns);
     t.finish()
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use juneau_control::shm::MAX_REDIRECT_NODES_PER_VIP;
 use juneau_control::{
     AdvertisedVip, Frontend, Frontend6, LocalBackend, LocalBackend6, NodeService, NodeService6,
-    NodeState, PeerConfig, Protocol, Redirects, SourceRange, VipRedirectPeers,
+    NodeState, PeerConfig, Protocol, Redirects, SourceRange, VipRedirectPeers, VipRedirectPeers6,
 };
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -90,7 +90,7 @@ fn may_announce(view: &AgentView, name: &str, applying: &[&BGPAdvertisementSpec]
 fn redirects(
     node: &str,
     view: &AgentView,
-    vip_nodes: BTreeMap<Ipv4Addr, BTreeMap<String, u32>>,
+    (vip_nodes, vip_nodes6): (VipNodes<Ipv4Addr>, VipNodes<Ipv6Addr>),
     warnings: &mut Vec<String>,
 ) -> Redirects {
     let mut addresses: BTreeMap<&str, Option<Ipv4Addr>> = BTreeMap::new();
@@ -116,8 +116,7 @@ fn redirects(
         a
     };
     let node_address = address_of(node, warnings);
-    let mut vips = Vec::new();
-    for (vip, names) in vip_nodes {
+    let mut list = |vip: IpAddr, names: BTreeMap<String, u32>, warnings: &mut Vec<String>| {
         let mut ready: BTreeMap<Ipv4Addr, u32> = BTreeMap::new();
         for (n, r) in names.iter().filter(|(n, _)| n.as_str() != node) {
             if let Some(a) = address_of(n, warnings).filter(|a| Some(*a) != node_address) {
@@ -139,16 +138,31 @@ fn redirects(
             ));
             ready.iter().map(|(a, _)| *a).collect()
         });
+        nodes
+    };
+    let mut vips = Vec::new();
+    for (vip, names) in vip_nodes {
+        let nodes = list(vip.into(), names, warnings);
         vips.push(VipRedirectPeers { vip, nodes });
+    }
+    let mut vips6 = Vec::new();
+    for (vip, names) in vip_nodes6 {
+        let nodes = list(vip.into(), names, warnings);
+        vips6.push(VipRedirectPeers6 { vip, nodes });
     }
     Redirects {
         node_address,
         vips,
+        vips6,
         // The MAC keys are the agent's to add (`crate::redirect_key`: a bad Secret keeps
         // the keys in force, which this pure build does not know).
         keys: Vec::new(),
     }
 }
+
+/// Per VIP: the nodes with an endpoint of it that may announce it (under the Cluster
+/// policy every node that may), each with its Ready endpoints.
+type VipNodes<A> = BTreeMap<A, BTreeMap<String, u32>>;
 
 /// Everything the agent watches. The objects are shared (`Arc`) with the watch caches
 /// they come from: taking a view copies pointers, not objects (deep copies of
@@ -324,12 +338,15 @@ struct SlbPart {
 }
 
 /// What one ServiceLoadBalancer's IPv6 VIP contributes to the node's state: frontends
-/// served from this node's own IPv6 backends only (no hand-off, no host network yet),
-/// the VIP announced only while one of them is Ready, whatever the traffic policy.
+/// with this node's own IPv6 backends (no host network yet), the VIP announced as the
+/// IPv4 one is (a Ready backend here, or under the Cluster policy a node to hand the
+/// connections to), and the nodes asked about its connections.
 #[derive(Debug, Clone, Default)]
 struct SlbPart6 {
     services: Vec<NodeService6>,
     advertised: Option<AdvertisedVip>,
+    /// The VIP and the nodes asked about its connections ([`SlbPart::vip_nodes`]).
+    vip_nodes: Option<(Ipv6Addr, BTreeMap<String, u32>)>,
     /// This node's IPv6 endpoints on one of its own addresses (host-network Pods),
     /// which are not served (warned about, counted by the agent's metrics).
     host_network_unserved: Vec<Ipv6Addr>,
@@ -443,18 +460,7 @@ fn slb_part4(
         .collect();
     // The BGPAdvertisements that apply to this Service's VIP, on any node.
     let applying = applying(view, pool, svc);
-    let mut vip_nodes: BTreeMap<String, u32> = BTreeMap::new();
     let mut part = SlbPart::default();
-    // Every node with a listed endpoint may hold connections of it (a draining Pod's,
-    // whatever its readiness says): a node asks those about connections it does not hold.
-    // Each counts its Ready endpoints: its share of the new connections handed on.
-    for e in &eps {
-        let Some(n) = e.node.as_ref().filter(|n| may_announce(view, n, &applying)) else {
-            continue;
-        };
-        let ready = vip_nodes.entry(n.clone()).or_default();
-        *ready += u32::from(e.conditions.takes_new_traffic());
-    }
     let mut any_backend = false;
     for sp in svc
         .spec
@@ -473,25 +479,7 @@ fn slb_part4(
     }
     // Cluster policy: announced here without a local backend while a node that can take
     // the connections over has a Ready one.
-    let elsewhere = cluster
-        && eps.iter().any(|e| {
-            e.conditions.takes_new_traffic()
-                && e.node
-                    .as_deref()
-                    .is_some_and(|n| n != node && vip_nodes.contains_key(n))
-        });
-    if cluster {
-        // Any node that may announce the VIP may hand connections to any other: each
-        // takes the others' (a node accepts redirects from its peers only), and a node
-        // without endpoints that is asked passes the connection on.
-        let announcing = view
-            .nodes
-            .keys()
-            .filter(|n| may_announce(view, n, &applying));
-        for n in announcing {
-            vip_nodes.entry(n.clone()).or_default();
-        }
-    }
+    let (vip_nodes, elsewhere) = vip_nodes_of(ctx, &eps, &applying, cluster);
     part.vip_nodes = Some((vip, vip_nodes));
     if !(any_backend || elsewhere) || excluded {
         return Some(part);
@@ -597,6 +585,7 @@ fn slb_part6(
         ..
     } = ctx;
     let eps = slice_endpoints6(slices.iter().map(|s| &**s));
+    let cluster = crate::reconcile::cluster_policy(svc);
     let source_ranges = crate::source_ranges::of_service6(svc).ok()?;
     let affinity = client_ip_affinity(svc);
     let own = view
@@ -637,14 +626,66 @@ fn slb_part6(
             terminating,
             source_ranges: source_ranges.clone(),
             client_ip_affinity: affinity,
+            hand_off: cluster,
         });
     }
+    let applying = applying(view, pool, svc);
+    let (vip_nodes, elsewhere) = vip_nodes_of(ctx, &eps, &applying, cluster);
+    part.vip_nodes = Some((vip, vip_nodes));
     let any_backend = part.services.iter().any(|s| !s.backends.is_empty());
-    if any_backend && !excluded {
-        let applying = applying(view, pool, svc);
+    if (any_backend || elsewhere) && !excluded {
         part.advertised = advertised_vip(ctx, &applying, vip.into(), ready_pods(&here));
+        if cluster {
+            // Every announcing node hands connections on: no node weighs more.
+            if let Some(a) = part.advertised.as_mut() {
+                a.weight = None;
+            }
+        }
     }
     Some(part)
+}
+
+/// The nodes asked about a VIP's connections (each with its Ready endpoints: its share
+/// of the new connections handed on), as [`slb_part4`] finds them: every node with a
+/// listed endpoint that may announce the VIP, and under the Cluster policy every node
+/// that may announce it; and whether, under the Cluster policy, another such node has a
+/// Ready endpoint (this node then announces without one of its own).
+fn vip_nodes_of<A>(
+    ctx: NodeCtx<'_>,
+    eps: &[SliceEndpoint<A>],
+    applying: &[&BGPAdvertisementSpec],
+    cluster: bool,
+) -> (BTreeMap<String, u32>, bool) {
+    let NodeCtx { node, view, .. } = ctx;
+    // Every node with a listed endpoint may hold connections of it (a draining Pod's,
+    // whatever its readiness says): a node asks those about connections it does not hold.
+    let mut vip_nodes: BTreeMap<String, u32> = BTreeMap::new();
+    for e in eps {
+        let Some(n) = e.node.as_ref().filter(|n| may_announce(view, n, applying)) else {
+            continue;
+        };
+        *vip_nodes.entry(n.clone()).or_default() += u32::from(e.conditions.takes_new_traffic());
+    }
+    let elsewhere = cluster
+        && eps.iter().any(|e| {
+            e.conditions.takes_new_traffic()
+                && e.node
+                    .as_deref()
+                    .is_some_and(|n| n != node && vip_nodes.contains_key(n))
+        });
+    if cluster {
+        // Any node that may announce the VIP may hand connections to any other: each
+        // takes the others' (a node accepts redirects from its peers only), and a node
+        // without endpoints that is asked passes the connection on.
+        for n in view
+            .nodes
+            .keys()
+            .filter(|n| may_announce(view, n, applying))
+        {
+            vip_nodes.entry(n.clone()).or_default();
+        }
+    }
+    (vip_nodes, elsewhere)
 }
 
 /// `sessionAffinity: ClientIP`'s timeout in seconds (Kubernetes' default 10 800 when
@@ -871,7 +912,8 @@ pub fn build_node_state_with(
     let mut merged = merged_parts(ctx, cache);
     merged.hand_off_shared_frontends();
 
-    let redirects = redirects(node, view, merged.vip_nodes, &mut warnings);
+    let vip_nodes = (merged.vip_nodes, merged.vip_nodes6);
+    let redirects = redirects(node, view, vip_nodes, &mut warnings);
     cache.host_network6_unserved = merged.host_network6_unserved;
     if merged.host_network6_unserved > 0 {
         warnings.push(format!(
@@ -1076,6 +1118,8 @@ struct MergedParts {
     /// terminating: the drain case), asked about connections this node does not hold,
     /// each with its Ready endpoints of the VIP (summed over the Services sharing it).
     vip_nodes: BTreeMap<Ipv4Addr, BTreeMap<String, u32>>,
+    /// The same per IPv6 VIP.
+    vip_nodes6: BTreeMap<Ipv6Addr, BTreeMap<String, u32>>,
     /// IPv6 frontends (issue 28) and theirs.
     services6: Vec<NodeService6>,
     frontends6: std::collections::HashSet<Frontend6>,
@@ -1109,6 +1153,12 @@ impl MergedParts {
         }
         if let Some((vip, nodes)) = &part.vip_nodes {
             let merged = self.vip_nodes.entry(*vip).or_default();
+            for (n, ready) in nodes {
+                *merged.entry(n.clone()).or_default() += ready;
+            }
+        }
+        if let Some((vip, nodes)) = v6.and_then(|p| p.vip_nodes.as_ref()) {
+            let merged = self.vip_nodes6.entry(*vip).or_default();
             for (n, ready) in nodes {
                 *merged.entry(n.clone()).or_default() += ready;
             }
@@ -2455,7 +2505,16 @@ mod tests {
         assert!(w.is_empty(), "{w:?}");
         // The IPv4 side is exactly what it was.
         assert_eq!(s.services, plain.services);
-        assert_eq!(s.redirects, plain.redirects);
+        assert_eq!(
+            (&s.redirects.node_address, &s.redirects.vips),
+            (&plain.redirects.node_address, &plain.redirects.vips)
+        );
+        // The IPv6 VIP's connections node-a does not hold: asked of node-c (its IPv4
+        // redirect address), which has a Ready IPv6 endpoint (its weight).
+        assert_eq!(
+            s.redirects.peers_of6(ip6(VIP6)),
+            [ip("192.168.0.3"), ip("192.168.0.3")]
+        );
         assert_eq!(
             s.services6,
             vec![NodeService6 {
@@ -2469,6 +2528,7 @@ mod tests {
                 terminating: vec![b6("fd00::4"), b6("fd00::5")],
                 source_ranges: vec![],
                 client_ip_affinity: None,
+                hand_off: false,
             }]
         );
         assert_eq!(
@@ -2533,7 +2593,7 @@ mod tests {
     }
 
     #[test]
-    fn without_a_ready_ipv6_endpoint_only_the_ipv4_vip_is_announced() {
+    fn without_a_ready_ipv6_endpoint_the_ipv6_vip_is_announced_under_the_cluster_policy_only() {
         let v = dual_view(&[
             ("fd00::1", "node-a", false, false),
             ("fd00::5", "node-a", true, true),
@@ -2550,17 +2610,40 @@ mod tests {
         );
         let vips: Vec<IpAddr> = s.advertised.iter().map(|a| a.vip).collect();
         assert_eq!(vips, [IpAddr::from([203, 0, 113, 10])]);
-        // Under the Cluster policy too: IPv6 is served from local backends only, so a
-        // node without a Ready one does not announce the IPv6 VIP (it does the IPv4 one,
-        // handing connections on).
+        assert!(!s.services6[0].hand_off);
+        // Its connections (the draining Pods') may be on node-c too: asked there.
+        assert_eq!(s.redirects.peers_of6(ip6(VIP6)), [ip("192.168.0.3"); 2]);
+        // Under the Cluster policy, as IPv4: node-a announces the IPv6 VIP too and hands
+        // its new connections to node-c, which has a Ready one (unweighted: every
+        // announcing node hands connections on).
         let mut v = v;
         let svc = Arc::make_mut(v.services.get_mut("default/nginx").unwrap());
         svc.spec.as_mut().unwrap().external_traffic_policy = Some("Cluster".into());
         let (s, _) = build_node_state("node-a", &v);
         let vips: Vec<IpAddr> = s.advertised.iter().map(|a| a.vip).collect();
-        assert_eq!(vips, [IpAddr::from([203, 0, 113, 10])]);
+        assert_eq!(
+            vips,
+            [IpAddr::from([203, 0, 113, 10]), IpAddr::V6(ip6(VIP6))]
+        );
+        assert!(s.advertised.iter().all(|a| a.weight.is_none()));
+        assert!(s.services6[0].hand_off && s.services6[0].backends.is_empty());
+        assert_eq!(s.redirects.peers_of6(ip6(VIP6)), [ip("192.168.0.3"); 2]);
         let (c, _) = build_node_state("node-c", &v);
         assert!(c.advertised.iter().any(|a| a.vip == IpAddr::V6(ip6(VIP6))));
+        assert!(c.services6[0].hand_off);
+        assert_eq!(c.redirects.peers_of6(ip6(VIP6)), [ip("192.168.0.1")]);
+        // No Ready IPv6 endpoint anywhere: no node announces the IPv6 VIP.
+        let none = dual_view(&[("fd00::1", "node-a", false, false)]);
+        let mut none = none;
+        let svc = Arc::make_mut(none.services.get_mut("default/nginx").unwrap());
+        svc.spec.as_mut().unwrap().external_traffic_policy = Some("Cluster".into());
+        for n in ["node-a", "node-c"] {
+            let (s, _) = build_node_state(n, &none);
+            assert!(
+                !s.advertised.iter().any(|a| a.vip == IpAddr::V6(ip6(VIP6))),
+                "{n}"
+            );
+        }
     }
 
     #[test]

@@ -105,6 +105,17 @@ pub(crate) fn sample_state() -> NodeState {
                     ],
                 },
             ],
+            // Layout 11: IPv6 VIPs' peers (IPv4 redirect addresses), unsorted.
+            vips6: vec![
+                VipRedirectPeers6 {
+                    vip: "2001:db8:71::11".parse().unwrap(),
+                    nodes: vec![Ipv4Addr::new(192, 0, 2, 14), Ipv4Addr::new(192, 0, 2, 12)],
+                },
+                VipRedirectPeers6 {
+                    vip: "2001:db8:71::10".parse().unwrap(),
+                    nodes: vec![Ipv4Addr::new(192, 0, 2, 12)],
+                },
+            ],
             keys: vec![
                 RedirectKey::new(crate::secret::SecretKey::new([7; 16])),
                 RedirectKey::new(crate::secret::SecretKey::new([8; 16])),
@@ -821,6 +832,7 @@ mod incremental {
                                     .collect(),
                             })
                             .collect(),
+                        vips6: Vec::new(),
                         keys: (0..communities)
                             .take(MAX_REDIRECT_KEYS)
                             .map(|c| RedirectKey::new(crate::secret::SecretKey::new([c as u8; 16])))
@@ -986,27 +998,28 @@ fn ipv6_addresses_sit_in_the_words_the_layout_names() {
     assert_eq!(v4peer[NAME_BYTES / 4 + 11], 0);
 }
 
-/// A layout-9 reader (IPv4-only frontends) must not misread a layout-10 file, and this
-/// reader must not misread a layout-9 one: both are refused by version, with a message
-/// naming both versions and the three binaries (they ship together in one image).
+/// A layout-10 reader (IPv6 frontends without redirects) must not misread a layout-11
+/// file (its IPv6 redirect section and hand-off bit), and this reader must not misread a
+/// layout-10 one: both are refused by version, with a message naming both versions and
+/// the three binaries (they ship together in one image).
 #[test]
-fn a_reader_of_the_ipv4_frontend_layout_refuses_the_ipv6_one_and_back() {
+fn a_reader_of_the_layout_without_ipv6_redirects_refuses_the_one_with_and_back() {
     let dir = tmp();
     let path = dir.path().join("n.state");
     let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
     w.publish(&dual_stack_state()).unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
-    assert_eq!(bytes[8..12], 10u32.to_le_bytes());
-    bytes[8..12].copy_from_slice(&9u32.to_le_bytes());
-    let old = dir.path().join("layout9.state");
+    assert_eq!(bytes[8..12], 11u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&10u32.to_le_bytes());
+    let old = dir.path().join("layout10.state");
     std::fs::write(&old, &bytes).unwrap();
     let e = NodeStateReader::open(&old).err().expect("refused");
     assert!(
         matches!(
             e,
             ShmError::LayoutVersion {
-                found: 9,
-                expected: 10,
+                found: 10,
+                expected: 11,
                 ..
             }
         ),
@@ -1014,7 +1027,7 @@ fn a_reader_of_the_ipv4_frontend_layout_refuses_the_ipv6_one_and_back() {
     );
     let msg = e.to_string();
     assert!(
-        msg.contains("layout version 9") && msg.contains("reads version 10"),
+        msg.contains("layout version 10") && msg.contains("reads version 11"),
         "{msg}"
     );
     assert!(msg.contains("juneau-bgp"), "{msg}");
@@ -1173,6 +1186,7 @@ fn twin6(s: &NodeService) -> NodeService6 {
             .map(|r| ipnet::Ipv6Net::new(a6(0xaaaa, r.network), 96 + r.prefix_len).unwrap())
             .collect(),
         client_ip_affinity: s.client_ip_affinity,
+        hand_off: s.hand_off,
     }
 }
 
@@ -1194,6 +1208,7 @@ fn dual_stack_services_state() -> NodeState {
             .collect(),
     );
     own.source_ranges = vec!["2001:db8:c11e::/48".parse().unwrap()];
+    own.hand_off = true;
     s.services6.push(own);
     s
 }
@@ -1412,7 +1427,9 @@ fn ipv6_service_records_sit_in_the_words_the_layout_names() {
     state.services6 = vec![s6];
     w.publish(&state).unwrap();
     let (words, sec) = current_words(&path);
-    assert_eq!(words[16..24], [1, 2, 1, 0, 0, 0, 0, 0]);
+    // Word 19 (layout 11): the IPv6 redirect VIPs of the fixture's state.
+    let nrv6 = state.redirects.vips6.len() as u32;
+    assert_eq!(words[16..24], [1, 2, 1, nrv6, 0, 0, 0, 0]);
     assert_eq!(
         words[sec.services6..][..SERVICE6_WORDS],
         [
@@ -1495,8 +1512,9 @@ fn malformed_ipv6_service_records_are_refused_by_the_reader() {
             "unknown protocol 132",
         ),
         (
-            Box::new(move |w| w[s6(0) + 4] |= 1 << 8),
-            "unknown flags 0x100",
+            // 1 << 8 is the hand-off bit (layout 11); 1 << 9 means nothing for IPv6.
+            Box::new(move |w| w[s6(0) + 4] |= 1 << 9),
+            "unknown flags 0x200",
         ),
         (
             Box::new(move |w| w[s6(1) + 11] = 1),
@@ -1548,7 +1566,7 @@ fn malformed_ipv6_service_records_are_refused_by_the_reader() {
         ),
         (
             Box::new(move |w| w[21] = 1),
-            "spare words 19-23 are not zero",
+            "spare words 20-23 are not zero",
         ),
     ];
     for (poke, want) in cases {

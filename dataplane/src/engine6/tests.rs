@@ -85,6 +85,7 @@ fn service(port: u16, proto: u8, backends: &[u8], ready: usize) -> Service6 {
         ready,
         source_ranges: vec![],
         client_ip_affinity: false,
+        hand_off: false,
     }
 }
 

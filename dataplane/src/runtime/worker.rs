@@ -402,7 +402,7 @@ fn send_notices(
             node,
             n.to,
             port,
-            &n.key,
+            n.key,
             n.cookie,
             key,
         ) {

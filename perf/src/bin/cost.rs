@@ -294,7 +294,7 @@ fn redirect_pair(nb: &Neighbours) -> Result<(Engine, Engine, Vec<u8>, Vec<u8>)> 
             u32::from(NODE_B),
             n.to,
             DEFAULT_PORT,
-            &n.key,
+            n.key,
             n.cookie,
             b.redirect().and_then(|r| r.send_key()),
         )
