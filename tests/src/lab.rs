@@ -1944,11 +1944,11 @@ fn create_redirect_key() -> Result<()> {
 /// The clients of a [`LabLoad`].
 #[derive(Debug, Clone, Copy)]
 pub struct LoadShape {
-    /// The VIP's `ip:port` they load.
-    pub target: std::net::SocketAddrV4,
-    /// The client's address they connect from (`None`: [`CLIENT_IP`], the kernel's
-    /// choice).
-    pub source: Option<Ipv4Addr>,
+    /// The VIP's `ip:port` they load (either family).
+    pub target: std::net::SocketAddr,
+    /// The client's address they connect from (`None`: the kernel's choice, [`CLIENT_IP`]
+    /// or [`CLIENT_IP6`]).
+    pub source: Option<std::net::IpAddr>,
     /// Bulk clients (4 MiB down, 1 MiB up, on a kept-alive connection).
     pub bulk: usize,
     /// Paced keep-alive clients.

@@ -187,7 +187,7 @@ fn scenario(bins: &JuneauBins) -> Result<(LoadReport, u64, u64)> {
         dir.path(),
         "ecmp",
         &LoadShape {
-            target: std::net::SocketAddrV4::new(lab::VIP, 80),
+            target: (lab::VIP, 80).into(),
             source: None,
             bulk: 2,
             keepalive: KEEPALIVE,
