@@ -23,6 +23,13 @@ impl Engine {
         self.redirect.as_ref().is_some_and(|r| r.active())
     }
 
+    /// Whether a packet of `key` may take the redirect channel: redirects on, and TCP, or
+    /// UDP to a frontend that hands flows on (the Cluster policy).
+    fn redirectable6(&self, key: &Flow6Key) -> bool {
+        self.redirects_on()
+            && (key.proto == IPPROTO_TCP || (key.proto == IPPROTO_UDP && self.hands_off6(key)))
+    }
+
     /// Whether `key`'s IPv6 frontend hands flows on (the Cluster policy).
     fn hands_off6(&self, key: &Flow6Key) -> bool {
         let s = self.v6.services.find(key.dst, key.proto, key.dst_port);
@@ -45,13 +52,10 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Option<Verdict> {
-        if !self.redirects_on() {
+        if !self.redirectable6(key) {
             return None;
         }
-        let udp = key.proto == IPPROTO_UDP && self.hands_off6(key);
-        if key.proto != IPPROTO_TCP && !udp {
-            return None;
-        }
+        let udp = key.proto == IPPROTO_UDP;
         // A client the Service's source ranges leave out: the normal path drops it (and
         // ends what it held).
         let s = self.v6.services.find(key.dst, key.proto, key.dst_port);
@@ -136,13 +140,10 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Option<Verdict> {
-        if !self.redirects_on() {
+        if !self.redirectable6(key) {
             return None;
         }
-        let udp = key.proto == IPPROTO_UDP && self.hands_off6(key);
-        if key.proto != IPPROTO_TCP && !udp {
-            return None;
-        }
+        let udp = key.proto == IPPROTO_UDP;
         match t.lookup(key, now_ms) {
             Some((id, Direction::Forward)) => {
                 let owner = t.get(id)?.redirect_owner()?;
