@@ -1254,24 +1254,13 @@ impl Engine {
     ) -> Verdict {
         let hand_off = self.table.service(service).hand_off;
         if (syn_only && self.redirects_tcp(key)) || self.redirects_udp(key, hand_off) {
-            // Cluster policy: handing new connections on is this node's job, not a
-            // transient to bound. (A datagram is handed on only under it.)
-            let charged = !hand_off;
-            let how = redirect_path::Handing {
-                ask: true,
-                charged,
-                new_flow: true,
-            };
+            // (A datagram is handed on only under the Cluster policy.)
+            let how = redirect_path::Handing::new_flow(hand_off);
             if let Some(v) = self.ask_next_peer(how, frame_len, key, nb, now_ms) {
                 return v;
             }
         }
-        let reason = if self.redirect_ctx.is_some() {
-            DropReason::RedirectNoPeer
-        } else {
-            DropReason::NoBackend
-        };
-        self.drop(reason, Some(service))
+        self.drop(self.no_backend_reason(), Some(service))
     }
 
     /// An ICMP error to a VIP about a packet we sent out (e.g. "fragmentation needed"

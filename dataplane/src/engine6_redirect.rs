@@ -112,21 +112,12 @@ impl Engine {
         let tcp = syn_only && key.proto == IPPROTO_TCP;
         let udp = hand_off && key.proto == IPPROTO_UDP;
         if self.redirects_on() && (tcp || udp) {
-            let how = Handing {
-                ask: true,
-                charged: !hand_off,
-                new_flow: true,
-            };
+            let how = Handing::new_flow(hand_off);
             if let Some(v) = self.ask_next_peer(how, frame_len, key, nb, now_ms) {
                 return v;
             }
         }
-        let reason = if self.redirect_ctx.is_some() {
-            DropReason::RedirectNoPeer
-        } else {
-            DropReason::NoBackend
-        };
-        self.drop6(reason, Some(service))
+        self.drop6(self.no_backend_reason(), Some(service))
     }
 
     /// An ICMPv6 error from the uplink about flow `key` (forward key): `Some` when the

@@ -85,7 +85,30 @@ pub(super) struct Handing {
     pub new_flow: bool,
 }
 
+impl Handing {
+    /// A new connection (or UDP flow) without a Ready backend here, handed to a peer:
+    /// charged unless the frontend hands flows on by policy (`hand_off`, the Cluster
+    /// policy: handing new connections on is this node's job, not a transient to bound).
+    pub(super) fn new_flow(hand_off: bool) -> Handing {
+        Handing {
+            ask: true,
+            charged: !hand_off,
+            new_flow: true,
+        }
+    }
+}
+
 impl Engine {
+    /// Why a new flow without a Ready backend here that no peer took is dropped: no peer
+    /// left for a redirected packet, no backend for one of this node's own.
+    pub(super) fn no_backend_reason(&self) -> DropReason {
+        if self.redirect_ctx.is_some() {
+            DropReason::RedirectNoPeer
+        } else {
+            DropReason::NoBackend
+        }
+    }
+
     /// Turns redirects on (this node's address, its peers, the bucket).
     pub fn set_redirect(&mut self, r: Redirector) {
         self.redirect = Some(r);
