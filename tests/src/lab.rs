@@ -1313,6 +1313,63 @@ pub fn node_leftovers(node: &str) -> Result<Vec<String>> {
     Ok(left)
 }
 
+/// The `start took` lines (a dataplane's start: set-up before taking over, the wait for
+/// its predecessor, the gap after it) in the logs of `node`'s Juneau dataplane
+/// containers still on disk, colour codes removed, oldest first by their timestamp.
+pub fn dataplane_start_lines(node: &str) -> Vec<String> {
+    let mut lines: Vec<String> = fs::read_dir(node_dir(node).join("pod-logs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|pod| {
+            pod.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{}_", install::NAMESPACE))
+        })
+        .flat_map(|pod| {
+            fs::read_dir(pod.path().join("dataplane"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter_map(|log| fs::read_to_string(log.path()).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter(|l| l.contains("start took"))
+                .map(|l| {
+                    let plain = strip_colours(l);
+                    // "<cri time> stdout F <time> INFO target: start took ..."
+                    plain
+                        .split_whitespace()
+                        .skip(3)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// `text` without ANSI colour sequences (ESC [ ... m).
+fn strip_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Copies the lab's logs to `$TMPDIR/juneau-lab-logs-<pid>` (a failed run's evidence).
 pub fn keep_logs() {
     let keep = std::env::temp_dir().join(format!("juneau-lab-logs-{}", std::process::id()));
@@ -1974,14 +2031,22 @@ pub struct LabLoad {
 }
 
 /// With `JUNEAU_LAB_CAPTURE=DIR` (a diagnostic, needs tcpdump): the connection
-/// openings and closings (SYN, FIN, RST) in the client's and every node's namespace go
-/// to `DIR/NAME-NAMESPACE-PID.pcap` for as long as a [`LabLoad`] runs.
+/// openings and closings (SYN, FIN, RST) in the client's, the router's and every node's
+/// namespace go to `DIR/NAME-NAMESPACE-PID.pcap` (headers: 128 bytes of each packet) for
+/// as long as a [`LabLoad`] runs; `JUNEAU_LAB_CAPTURE_FILTER` replaces that filter (e.g.
+/// `ip6 and tcp port 80`: every IPv6 segment). A node's namespace shows what its kernel
+/// sees, not what the dataplane forwards (XDP takes it before the capture).
 fn start_captures(name: &str) -> Result<Vec<Daemon>> {
     let Some(dir) = std::env::var_os("JUNEAU_LAB_CAPTURE").map(PathBuf::from) else {
         return Ok(Vec::new());
     };
+    let filter = std::env::var("JUNEAU_LAB_CAPTURE_FILTER").unwrap_or_else(|_| {
+        "tcp port 80 and tcp[tcpflags] & (tcp-syn|tcp-fin|tcp-rst) != 0".to_string()
+    });
     fs::create_dir_all(&dir)?;
-    let spaces = std::iter::once("client").chain(NODES.iter().map(|n| n.name));
+    let spaces = ["client", "router"]
+        .into_iter()
+        .chain(NODES.iter().map(|n| n.name));
     spaces
         .map(|space| {
             let file = dir.join(format!("{name}-{space}-{}.pcap", std::process::id()));
@@ -1994,9 +2059,11 @@ fn start_captures(name: &str) -> Result<Vec<Daemon>> {
                         "any",
                         "-n",
                         "-U",
+                        "-s",
+                        "128",
                         "-w",
                         &file.display().to_string(),
-                        "tcp port 80 and tcp[tcpflags] & (tcp-syn|tcp-fin|tcp-rst) != 0",
+                        &filter,
                     ],
                     dir.join(format!("{name}-{space}.log")),
                 )
@@ -2113,3 +2180,17 @@ spec:
         preStop:
           exec: {command: ["/bin/drain", "5"]}
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_codes_are_stripped_from_a_log_line() {
+        let line = "2026-12-06T09:41:25Z stdout F \u{1b}[2m2026-12-06T09:41:25Z\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m start took \u{1b}[3mprepared_ms\u{1b}[0m\u{1b}[2m=\u{1b}[0m1547";
+        assert_eq!(
+            strip_colours(line),
+            "2026-12-06T09:41:25Z stdout F 2026-12-06T09:41:25Z  INFO start took prepared_ms=1547"
+        );
+    }
+}

@@ -531,6 +531,8 @@ fn client(spec: &LoadSpec, kind: Kind, shared: &Mutex<Shared>, stop: &AtomicBool
                 }
             },
         };
+        // The failed connection's port, to find it in a capture (JUNEAU_LAB_CAPTURE).
+        let mut port = c.local_addr().map(|a| a.port()).unwrap_or(0);
         let outcome = match request(&mut c, &host, keepalive, req) {
             Ok(a) => {
                 if keepalive && a.reusable {
@@ -554,16 +556,19 @@ fn client(spec: &LoadSpec, kind: Kind, shared: &Mutex<Shared>, stop: &AtomicBool
                 }
                 // The reused connection failed before any answer: retry once, new connection.
                 let retried = match connect(spec) {
-                    Ok(mut c2) => match request(&mut c2, &host, keepalive, req) {
-                        Ok(a) => {
-                            if a.reusable {
-                                conn = Some(c2);
+                    Ok(mut c2) => {
+                        port = c2.local_addr().map(|a| a.port()).unwrap_or(0);
+                        match request(&mut c2, &host, keepalive, req) {
+                            Ok(a) => {
+                                if a.reusable {
+                                    conn = Some(c2);
+                                }
+                                note_bulk(shared, req, a.body);
+                                Outcome::Ok
                             }
-                            note_bulk(shared, req, a.body);
-                            Outcome::Ok
+                            Err(f) => f.outcome,
                         }
-                        Err(f) => f.outcome,
-                    },
+                    }
                     Err(o) => o,
                 };
                 if matches!(retried, Outcome::Ok) {
@@ -578,7 +583,8 @@ fn client(spec: &LoadSpec, kind: Kind, shared: &Mutex<Shared>, stop: &AtomicBool
             Err(f) => f.outcome,
         };
         if !matches!(outcome, Outcome::Ok) {
-            sample(shared, start, &format!("{kind:?} client: {outcome:?}"));
+            let what = format!("{kind:?} client port {port}: {outcome:?}");
+            sample(shared, start, &what);
         }
         record(shared, start, outcome);
     }

@@ -336,6 +336,10 @@ fn measure(
     std::thread::sleep(QUIET);
     let t0 = Instant::now();
     let drops_before = drop_counts();
+    let starts_before: Vec<Vec<String>> = NODES
+        .iter()
+        .map(|n| lab::dataplane_start_lines(n.name))
+        .collect();
     let retrans_before = client_retransmits();
     let result = op();
     let took = t0.elapsed();
@@ -358,6 +362,16 @@ fn measure(
     ] {
         for f in &r.failure_samples {
             println!("    failure ({policy} VIP): {f}");
+        }
+    }
+    // The dataplanes that started meanwhile: how long each waited for its predecessor
+    // and how long the node was without sockets after it (`forwarding_ms`).
+    for (n, before) in NODES.iter().zip(&starts_before) {
+        for l in lab::dataplane_start_lines(n.name)
+            .iter()
+            .filter(|l| !before.contains(l))
+        {
+            println!("    {} dataplane started: {l}", n.name);
         }
     }
     // Where packets were dropped meanwhile, per node. A restarted dataplane counts from
