@@ -1173,10 +1173,16 @@ impl MergedParts {
 
     /// The frontends of a VIP this node announces for another Service sharing it, but
     /// without a backend of their own here: they hand each new connection to a node
-    /// that has one, as under the Cluster policy (TCP connections and UDP flows).
+    /// that has one, as under the Cluster policy (TCP connections and UDP flows), in
+    /// either family.
     fn hand_off_shared_frontends(&mut self) {
         for s in &mut self.services {
             if s.backends.is_empty() && self.advertised.contains_key(&IpAddr::V4(s.frontend.vip)) {
+                s.hand_off = true;
+            }
+        }
+        for s in &mut self.services6 {
+            if s.backends.is_empty() && self.advertised.contains_key(&IpAddr::V6(s.frontend.vip)) {
                 s.hand_off = true;
             }
         }
@@ -2577,6 +2583,57 @@ mod tests {
         assert!(s.services6[0]
             .backends
             .contains(&snap.pick6(i, 42).unwrap()));
+    }
+
+    #[test]
+    fn a_shared_ipv6_vip_s_port_whose_backends_are_elsewhere_is_handed_on() {
+        let mut v = dual_view(&v6_endpoints());
+        // `admin` shares nginx's two VIPs on 8443, its only Pod (both families) on node-c.
+        let mut admin = (**v.services.get("default/nginx").unwrap()).clone();
+        admin.metadata = meta("admin", Some("default"));
+        admin.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 8443;
+        let mut slb = (*v.slbs[0]).clone();
+        slb.metadata = meta("admin", Some("default"));
+        v.services.insert("default/admin".into(), Arc::new(admin));
+        v.slbs.push(Arc::new(slb));
+        let pod = |addr| {
+            slice(
+                "admin",
+                addr,
+                &[(addr, "node-c", true, false)],
+                ("http", 8443),
+            )
+        };
+        v.slices.insert(
+            "default/admin".into(),
+            vec![Arc::new(pod("10.0.0.9")), Arc::new(pod("fd00::9"))],
+        );
+        let frontend6 = |s: &NodeState, port: u16| {
+            s.services6
+                .iter()
+                .find(|x| x.frontend.port == port)
+                .cloned()
+                .unwrap()
+        };
+        let (a, w) = build_node_state("node-a", &v);
+        assert!(w.is_empty(), "{w:?}");
+        assert!(!frontend6(&a, 80).hand_off, "nginx is served here");
+        let admin_here = frontend6(&a, 8443);
+        assert!(
+            admin_here.backends.is_empty() && admin_here.hand_off,
+            "handed on: {admin_here:?}"
+        );
+        assert!(
+            a.redirects
+                .peers_of6(ip6(VIP6))
+                .contains(&ip("192.168.0.3")),
+            "to node-c, which has admin's Pod"
+        );
+        let (c, _) = build_node_state("node-c", &v);
+        assert!(c
+            .services6
+            .iter()
+            .all(|x| !x.backends.is_empty() && !x.hand_off));
     }
 
     #[test]
