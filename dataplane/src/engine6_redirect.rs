@@ -73,17 +73,13 @@ impl Engine {
                     t.remove(id);
                     return None;
                 }
-                let mut hops = self.redirect_ctx.map(|c| c.0).unwrap_or_default();
-                let me = self.redirect.as_ref()?.node();
-                if !hops.push(me) || hops.contains(owner) {
-                    return Some(self.drop(DropReason::RedirectNoPeer, None));
-                }
-                t.touch_redirect(id, flags, now_ms);
-                let (ask, cookie) = match self.redirect_ctx {
-                    Some((_, f, c)) if f & FLAG_ASK != 0 => (true, c),
-                    _ => (false, 0),
+                let hops = match self.hops_to_owner(owner)? {
+                    Ok(hops) => hops,
+                    Err(dropped) => return Some(dropped),
                 };
-                Some(self.send_to(owner, hops, (ask, cookie), frame_len, key.flow_hash(), nb))
+                t.touch_redirect(id, flags, now_ms);
+                let question = self.question_carried_on();
+                Some(self.send_to(owner, hops, question, frame_len, key.flow_hash(), nb))
             }
             Some(_) => None,
             None if syn_only || udp => None,
@@ -138,11 +134,10 @@ impl Engine {
         match t.lookup(key, now_ms) {
             Some((id, Direction::Forward)) => {
                 let owner = t.get(id)?.redirect_owner()?;
-                let mut hops = self.redirect_ctx.map(|c| c.0).unwrap_or_default();
-                let me = self.redirect.as_ref()?.node();
-                if !hops.push(me) || hops.contains(owner) {
-                    return Some(self.drop(DropReason::RedirectNoPeer, None));
-                }
+                let hops = match self.hops_to_owner(owner)? {
+                    Ok(hops) => hops,
+                    Err(dropped) => return Some(dropped),
+                };
                 Some(self.send_to(owner, hops, (false, 0), frame_len, key.flow_hash(), nb))
             }
             Some(_) => None,

@@ -182,17 +182,13 @@ impl Engine {
                     return None;
                 }
                 let owner = self.flows.get(id).backend;
-                let mut hops = self.redirect_ctx.map(|c| c.0).unwrap_or_default();
-                let me = self.redirect.as_ref()?.node();
-                if !hops.push(me) || hops.contains(owner) {
-                    return Some(self.drop(DropReason::RedirectNoPeer, None));
-                }
-                self.flows.touch_redirect(id, (key.proto, flags), now_ms);
-                let (ask, cookie) = match self.redirect_ctx {
-                    Some((_, f, c)) if f & FLAG_ASK != 0 => (true, c),
-                    _ => (false, 0),
+                let hops = match self.hops_to_owner(owner)? {
+                    Ok(hops) => hops,
+                    Err(dropped) => return Some(dropped),
                 };
-                Some(self.send_to(owner, hops, (ask, cookie), frame_len, key.flow_hash(), nb))
+                self.flows.touch_redirect(id, (key.proto, flags), now_ms);
+                let question = self.question_carried_on();
+                Some(self.send_to(owner, hops, question, frame_len, key.flow_hash(), nb))
             }
             Some(_) => None,
             None if syn_only || udp => None,
@@ -219,17 +215,38 @@ impl Engine {
         match self.flows.lookup(key, now_ms) {
             Some((id, Direction::Forward)) if self.flows.get(id).state() == FlowState::Redirect => {
                 let owner = self.flows.get(id).backend;
-                let mut hops = self.redirect_ctx.map(|c| c.0).unwrap_or_default();
-                let me = self.redirect.as_ref()?.node();
-                if !hops.push(me) || hops.contains(owner) {
-                    return Some(self.drop(DropReason::RedirectNoPeer, None));
-                }
+                let hops = match self.hops_to_owner(owner)? {
+                    Ok(hops) => hops,
+                    Err(dropped) => return Some(dropped),
+                };
                 Some(self.send_to(owner, hops, (false, 0), frame_len, key.flow_hash(), nb))
             }
             Some(_) => None,
             // A datagram's error about no flow here: handled here (dropped, `no_flow`).
             None if udp => None,
             None => Some(self.redirect_unknown(false, frame_len, key, nb, now_ms)),
+        }
+    }
+
+    /// The nodes a packet following a redirect record to `owner` has visited, this one
+    /// added: `Err` with the drop (`redirect_no_peer`) when it would visit the owner again
+    /// or a node too many; `None` when redirects are off. One rule for every family and
+    /// for ICMP errors.
+    pub(super) fn hops_to_owner(&mut self, owner: u32) -> Option<Result<HopList, Verdict>> {
+        let mut hops = self.redirect_ctx.map(|c| c.0).unwrap_or_default();
+        let me = self.redirect.as_ref()?.node();
+        if !hops.push(me) || hops.contains(owner) {
+            return Some(Err(self.drop(DropReason::RedirectNoPeer, None)));
+        }
+        Some(Ok(hops))
+    }
+
+    /// The question a packet following a record carries on: the first node's `ASK` and
+    /// cookie when it came with one, else none.
+    pub(super) fn question_carried_on(&self) -> (bool, u64) {
+        match self.redirect_ctx {
+            Some((_, f, c)) if f & FLAG_ASK != 0 => (true, c),
+            _ => (false, 0),
         }
     }
 
