@@ -4,6 +4,7 @@
 //! juneau-dataplane --uplink IF [--pod-iface IF ...] --state-file PATH
 //!                  [--pin-dir DIR] [--stats-file PATH] [--metrics-addr ADDR] [tuning options]
 //! juneau-dataplane --remove-pins --pin-dir DIR     # uninstall: links, maps, flow table
+//! juneau-dataplane --probe-ready PATH              # the kubelet's readiness probe
 //! ```
 //! See `docs/dataplane.md` for every option and the stats file format.
 
@@ -22,7 +23,7 @@ use juneau_dataplane::runtime::{run, RuntimeConfig};
 #[command(name = "juneau-dataplane", version)]
 struct Args {
     /// The node's uplink interface (where VIP traffic arrives).
-    #[arg(long, value_name = "IF", required_unless_present = "remove_pins")]
+    #[arg(long, value_name = "IF", required_unless_present_any = ["remove_pins", "probe_ready"])]
     uplink: Option<String>,
     /// A Pod-facing interface: a bridge the Pods are plugged into, or the node end of a
     /// Pod's veth; repeat for each. Without any, --pod-ifaces-from-routes is implied.
@@ -40,7 +41,7 @@ struct Args {
     #[arg(long, default_value_t = 256)]
     pod_iface_frames: u32,
     /// The node-state file the node agent publishes (juneau_control::shm).
-    #[arg(long, value_name = "PATH", required_unless_present = "remove_pins")]
+    #[arg(long, value_name = "PATH", required_unless_present_any = ["remove_pins", "probe_ready"])]
     state_file: Option<PathBuf>,
     /// Where the steering program's maps (including the flow table) and XDP links are
     /// pinned, so flows survive a restart; one directory per dataplane instance.
@@ -66,6 +67,16 @@ struct Args {
     /// stopping always keeps the pins (restarts keep the flows).
     #[arg(long, value_name = "DIR")]
     decommission_dir: Option<PathBuf>,
+    /// A file in the Pod's own emptyDir where this process says whether it is ready:
+    /// `prepared` once loaded and only waiting for its predecessor to exit, then the
+    /// `/readyz` verdict about once a second. The kubelet probes it with `--probe-ready`
+    /// (on the host network, an HTTP probe of an upgrade's new Pod is answered by the old
+    /// process).
+    #[arg(long, value_name = "PATH")]
+    ready_file: Option<PathBuf>,
+    /// Probe: exit 0 if the --ready-file at PATH says ready (and print why), else 1.
+    #[arg(long, value_name = "PATH", conflicts_with = "remove_pins")]
+    probe_ready: Option<PathBuf>,
     /// Write counters as JSON to this file about once a second (atomically, by rename).
     #[arg(long, value_name = "PATH")]
     stats_file: Option<PathBuf>,
@@ -236,6 +247,18 @@ fn main() -> Result<()> {
         )
         .init();
     let a = Args::parse();
+    if let Some(path) = &a.probe_ready {
+        match juneau_dataplane::runtime::ready_file::probe(path, std::time::SystemTime::now()) {
+            Ok(said) => {
+                println!("{said}");
+                return Ok(());
+            }
+            Err(why) => {
+                eprintln!("{why}");
+                std::process::exit(1);
+            }
+        }
+    }
     if a.remove_pins {
         let dir = a.pin_dir.expect("clap requires --pin-dir");
         let n = juneau_dataplane::steering::Steering::remove_pins(&dir)?;
@@ -274,6 +297,7 @@ fn main() -> Result<()> {
         pin_dir,
         stats_file: a.stats_file,
         decommission_dir: a.decommission_dir,
+        ready_file: a.ready_file,
         metrics_addr: a.metrics_addr,
         engine: EngineConfig {
             flow_capacity: a.flow_capacity,

@@ -53,6 +53,7 @@ mod control;
 mod large;
 mod node;
 mod pods;
+pub mod ready_file;
 mod worker;
 use worker::Reporter;
 
@@ -83,6 +84,8 @@ pub struct RuntimeConfig {
     /// node agent's request stands there, the dataplane detaches, removes its pins and
     /// files, and idles (`None`: never decommissioned; stopping keeps the pins).
     pub decommission_dir: Option<PathBuf>,
+    /// The Pod-private readiness file the kubelet's probe reads ([`ready_file`]).
+    pub ready_file: Option<PathBuf>,
     /// Address of `/metrics`, `/healthz`, `/readyz` (must bind); `None`: the default
     /// [`crate::metrics::DEFAULT_METRICS_ADDR`], only warned about when taken.
     pub metrics_addr: Option<SocketAddr>,
@@ -342,6 +345,9 @@ fn decommission_and_idle(
 /// Runs the dataplane until SIGINT/SIGTERM, or until a decommission request.
 pub fn run(cfg: RuntimeConfig) -> Result<()> {
     install_signal_handlers();
+    if let Some(p) = &cfg.ready_file {
+        ready_file::clear(p);
+    }
     if let Some(token) = decommission_requested(&cfg) {
         return decommission_and_idle(&cfg, &token, None);
     }
@@ -376,6 +382,11 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     let prepared_ms = started.elapsed().as_millis();
     // An upgrade's new Pod starts beside the old one: the node's queues, flow tables and
     // status are the old dataplane's until it lets go. Held until the sockets are closed.
+    // Ready from now on: the DaemonSet may delete the old Pod, whose exit is all this
+    // process still waits for (ready_file: why not before).
+    if let Some(p) = &cfg.ready_file {
+        ready_file::write(p, ready_file::PREPARED);
+    }
     let succession = juneau_telemetry::take_over(&cfg.state_file, "dataplane")?;
     let took_over = std::time::Instant::now();
     if let Some(reason) = &replaced {
@@ -447,6 +458,9 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     }
     drop(stats_tx);
     let _ = stats_writer.join();
+    if let Some(p) = &cfg.ready_file {
+        ready_file::write(p, "not ready: stopped");
+    }
     resolver.stop();
     if DECOMMISSION.load(Ordering::Relaxed) {
         // Every socket and program handle is closed: the pins are the last references.
@@ -957,6 +971,7 @@ fn spawn_stats_writer(
 ) -> Result<(StatsSender, std::thread::JoinHandle<()>)> {
     let (stats_tx, stats_rx) = mpsc::sync_channel::<(Reporter, Stats)>(2 * workers + 2);
     let path = cfg.stats_file.clone();
+    let ready = cfg.ready_file.clone();
     let decommission_dir = cfg.decommission_dir.clone();
     let h = std::thread::Builder::new().name("stats".into()).spawn(move || {
         forwarding.settle_thread();
@@ -983,6 +998,11 @@ fn spawn_stats_writer(
                 }
             }
             exporter.update(stats);
+            if let Some(p) = &ready {
+                use juneau_telemetry::Endpoint;
+                let verdict = exporter.ready().map(|()| ready_file::READY.to_string());
+                ready_file::write(p, &verdict.unwrap_or_else(|why| why));
+            }
         }
     })?;
     Ok((stats_tx, h))
