@@ -290,6 +290,13 @@ impl Engine {
         if f.generation == generation {
             return Ok(id);
         }
+        if generation == 0 {
+            // No service table yet (just started, the node state not read): the flow
+            // (restored from the pinned map) is kept for when it comes, as IPv4's; this
+            // packet is dropped. Ending it here would withdraw its keys, and the
+            // backend's next replies would reach the kernel and leave un-translated.
+            return Err(self.drop6(DropReason::BackendRemoved, None));
+        }
         let found = self.v6.services.find(f.vip, f.proto, f.vip_port);
         let verdict = match found.and_then(|s| Some((s, self.v6.services.service(s)?))) {
             Some((s, svc)) if !svc.admits(f.client) => Some((DropReason::SourceRangeDenied, s)),
