@@ -8,8 +8,10 @@
 //! One table per forwarding worker and address family ([`AffinityTable4`],
 //! [`AffinityTable6`]: one generic table), bounded ([`MAX_ENTRIES`] each); expired
 //! entries are dropped when it is full (at most once a second), and a client that finds
-//! it full of live ones is served by the hash alone. Off the per-packet path: consulted
-//! for new flows of frontends with affinity only.
+//! it full of live ones is served by the hash alone. Full, a table holds 131 072 buckets
+//! of 32 bytes (IPv4) or 72 (IPv6) plus one control byte each: about 4.1 or 9.1 MiB per
+//! worker; it grows only as clients come. Off the per-packet path: consulted for new
+//! flows of frontends with affinity only.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
