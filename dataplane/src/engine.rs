@@ -226,7 +226,7 @@ pub struct Engine {
     /// Bounds the ICMP "fragmentation needed" this worker sends ([`Engine::frag_needed`]).
     icmp_bucket: crate::redirect::TokenBucket,
     /// `sessionAffinity: ClientIP`: the backend each client's new connections keep.
-    affinity: crate::affinity::AffinityTable,
+    affinity: crate::affinity::AffinityTable4,
     /// IPv6: its flow table, service table and counters (`engine6.rs`).
     v6: ipv6_path::V6,
 }

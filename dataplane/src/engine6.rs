@@ -12,8 +12,8 @@
 //!
 //! What the IPv4 path has and this one has not yet: the established-flow fast path, the
 //! XDP fast path, fragments (dropped as `fragment`), cutting a Pod's super-segment for
-//! its egress (dropped as `too_big` by the caller), the affinity table (a ClientIP
-//! service picks by the client's address alone: stable while the backends are).
+//! its egress (dropped as `too_big` by the caller). ClientIP affinity is IPv4's table
+//! ([`crate::affinity`]), one per worker for IPv6 clients.
 
 use crate::counters::{DropReason, ServiceCounters};
 use crate::flow::Direction;
@@ -46,6 +46,8 @@ pub struct V6 {
     counters: Vec<ServiceCounters>,
     /// IPv6 next hops to resolve, taken by the I/O loop after a batch.
     missing: super::MissingNeighbours<[u8; 16]>,
+    /// This worker's ClientIP affinity entries of IPv6 clients (new flows only).
+    affinity: crate::affinity::AffinityTable6,
 }
 
 impl V6 {
@@ -55,6 +57,7 @@ impl V6 {
             services: Services6::default(),
             counters: Vec::new(),
             missing: Default::default(),
+            affinity: Default::default(),
         }
     }
 
@@ -251,7 +254,7 @@ impl Engine {
         if key.proto == crate::proto::IPPROTO_TCP && !syn {
             return Err(self.drop6(DropReason::NonSynWithoutFlow, Some(s)));
         }
-        let Some(b) = svc.pick(maglev_hash6(key, svc.client_ip_affinity)) else {
+        let Some(b) = self.pick_backend6(s, key, now_ms) else {
             return Err(self.no_backend6(frame_len, key, syn, s, nb, now_ms));
         };
         let generation = self.v6.services.generation();
@@ -280,6 +283,27 @@ impl Engine {
                 Some(s),
             )),
         }
+    }
+
+    /// The Ready backend a new flow of `key` to service `s` goes to: Maglev of its
+    /// 5-tuple, or with ClientIP affinity the client's kept backend, else Maglev of the
+    /// client's address alone ([`crate::affinity`]), as IPv4's `pick_backend`.
+    fn pick_backend6(&mut self, s: u32, key: &Flow6Key, now_ms: u64) -> Option<Backend6> {
+        let svc = self.v6.services.service(s)?;
+        let Some(timeout_ms) = svc.client_ip_affinity_ms else {
+            return svc.pick(maglev_hash6(key, false));
+        };
+        let hashed = svc.pick_index(maglev_hash6(key, true));
+        let ready = svc.ready_backends();
+        let i = self.v6.affinity.pick(
+            (svc.vip, svc.proto, svc.port),
+            key.src,
+            timeout_ms,
+            now_ms,
+            ready,
+            hashed,
+        )?;
+        Some(ready[i])
     }
 
     /// Checks a flow against the current IPv6 service table: its frontend, its backend

@@ -65,7 +65,7 @@ impl AskedFlow for Flow6Key {
         let s = e.v6.services.find(self.dst, self.proto, self.dst_port);
         let affinity = s
             .and_then(|s| e.v6.services.service(s))
-            .is_some_and(|s| s.client_ip_affinity);
+            .is_some_and(|s| s.client_ip_affinity_ms.is_some());
         super::ipv6_path::maglev_hash6(self, affinity)
     }
 }

@@ -33,8 +33,10 @@ pub struct Service6 {
     /// Admitted client prefixes (`loadBalancerSourceRanges`): `(network, length)`; empty
     /// admits every client.
     pub source_ranges: Vec<(u128, u8)>,
-    /// `sessionAffinity: ClientIP`: new connections of a client pick by its address alone.
-    pub client_ip_affinity: bool,
+    /// `sessionAffinity: ClientIP` with its timeout (ms): a client's new connections go
+    /// to the backend its earlier ones went to ([`crate::affinity`]), else by its address
+    /// alone. `None`: per connection.
+    pub client_ip_affinity_ms: Option<u64>,
     /// Whether the frontend hands new flows without a Ready backend here to a peer (the
     /// Cluster policy, as [`crate::services::Service::hand_off`]).
     pub hand_off: bool,
@@ -57,8 +59,18 @@ impl Service6 {
 
     /// The Ready backend for a new flow with this Maglev hash.
     pub fn pick(&self, hash: u64) -> Option<Backend6> {
+        self.pick_index(hash).map(|i| self.backends[i])
+    }
+
+    /// The index in `backends` (a Ready one) Maglev gives this hash.
+    pub fn pick_index(&self, hash: u64) -> Option<usize> {
         let i = juneau_control::maglev::pick_in(&self.maglev, hash)?;
-        self.backends[..self.ready].get(i).copied()
+        (i < self.ready).then_some(i)
+    }
+
+    /// The Ready backends, sorted.
+    pub fn ready_backends(&self) -> &[Backend6] {
+        &self.backends[..self.ready]
     }
 
     /// Whether `b` is one of the backends (Ready or draining).
@@ -151,7 +163,7 @@ impl Services6 {
                         .iter()
                         .map(|r| (u128::from(r.network()), r.prefix_len()))
                         .collect(),
-                    client_ip_affinity: s.client_ip_affinity.is_some(),
+                    client_ip_affinity_ms: s.client_ip_affinity.map(|t| u64::from(t) * 1000),
                     hand_off: s.hand_off,
                 }
             })
@@ -312,7 +324,7 @@ mod tests {
             ready: 0,
             maglev: vec![],
             source_ranges: vec![],
-            client_ip_affinity: false,
+            client_ip_affinity_ms: None,
             hand_off: false,
         };
         assert!(s.admits(ip("2001:db8:9::1").octets()));

@@ -2667,6 +2667,44 @@ fn client_ip_affinity_sends_a_clients_connections_to_one_pod() -> Result<()> {
     lab.finish()
 }
 
+/// The same over IPv6 (issue #28), through the real binary: a client whose entry put it
+/// on the Pod the hash does not give it stays there when the other Pod arrives, and goes
+/// back to the hash once `timeoutSeconds` (5 s) passed without a new connection.
+#[test]
+fn ipv6_client_ip_affinity_keeps_a_clients_pod_when_another_arrives() -> Result<()> {
+    const TIMEOUT_S: u32 = 5;
+    let mut lab = Lab::dual_stack("dp6a")?;
+    let state = |pods: &[usize]| {
+        let mut s = dual_stack_state(pods);
+        s.services6[0].client_ip_affinity = Some(TIMEOUT_S);
+        s
+    };
+    let pod_of6 = |lab: &Lab| -> Result<usize> {
+        let mut c = connect6(lab, 1)?;
+        let body = http_get(&mut c[0])?;
+        ensure!(body.contains(&format!("saw [{CLIENT_IP6}]:")), "{body}");
+        pod_of(&body).context("pod")
+    };
+    let expire = || std::thread::sleep(Duration::from_millis(u64::from(TIMEOUT_S) * 1000 + 500));
+    lab.publish_state(&state(&[0, 1]))?;
+    let hashed = pod_of6(&lab)?;
+    expire();
+    let other = 1 - hashed;
+    lab.publish_state(&state(&[other]))?;
+    ensure!(pod_of6(&lab)? == other);
+    lab.publish_state(&state(&[0, 1]))?;
+    for i in 0..24 {
+        let p = pod_of6(&lab)?;
+        ensure!(
+            p == other,
+            "connection {i} went to Pod {p}, the hash's, not the client's Pod {other}"
+        );
+    }
+    expire();
+    ensure!(pod_of6(&lab)? == hashed, "after the timeout, the hash");
+    lab.finish()
+}
+
 /// Unsolicited TCP segments create no flow; a SYN flood (bounded: 20 000
 /// SYNs) against a small half-open budget evicts only half-open flows, oldest first,
 /// while established connections keep exchanging data and new connections succeed.

@@ -84,7 +84,7 @@ fn service(port: u16, proto: u8, backends: &[u8], ready: usize) -> Service6 {
         backends,
         ready,
         source_ranges: vec![],
-        client_ip_affinity: false,
+        client_ip_affinity_ms: None,
         hand_off: false,
     }
 }
@@ -314,7 +314,7 @@ fn new_flows_spread_over_the_backends_and_affinity_keeps_a_client_on_one() {
         "every backend gets new flows: {seen:?}"
     );
     let mut sticky = service(80, IPPROTO_TCP, &[1, 2, 3, 4], 4);
-    sticky.client_ip_affinity = true;
+    sticky.client_ip_affinity_ms = Some(10_000);
     e.set_services6(Services6::new(2, vec![sticky]));
     let mut picked = std::collections::HashSet::new();
     for port in 0..12u16 {
@@ -466,4 +466,63 @@ fn the_clients_mss_and_a_path_mtu_bound_the_segments_towards_it() {
         Verdict::Tx(Side::Pod(0))
     );
     assert_eq!(e.client_mss(&r, 1_000), Some(1140));
+}
+
+/// `sessionAffinity: ClientIP`, as IPv4's
+/// `client_ip_affinity_keeps_a_clients_connections_on_one_backend`: clients that came
+/// while one backend was alone stay on it when another arrives, until their timeout
+/// (10 s) passes without a new connection; then the hash spreads them.
+#[test]
+fn client_ip_affinity_keeps_a_clients_connections_on_its_backend_when_another_arrives() {
+    let sticky = |backends: &[u8]| {
+        let mut s = service(80, IPPROTO_TCP, backends, backends.len());
+        s.client_ip_affinity_ms = Some(10_000);
+        s
+    };
+    let mut e = engine(vec![sticky(&[1])]);
+    let nb = neighbours();
+    let backend_of = |e: &mut Engine, client: [u8; 16], port: u16, now: u64| {
+        let mut f = tcp(client, vip(), port, 80, SYN);
+        assert_eq!(
+            e.process(&mut f, Side::Uplink, &nb, now),
+            Verdict::Tx(Side::Pod(0))
+        );
+        e.flows6_mut().sweep(u64::MAX, 64); // keep the 64-flow table from filling
+        parse6(&f).unwrap().dst[15]
+    };
+    let clients: Vec<[u8; 16]> = (1..=60u8)
+        .map(|i| {
+            let mut c = client();
+            c[15] = i;
+            c
+        })
+        .collect();
+    for c in &clients {
+        assert_eq!(backend_of(&mut e, *c, 40000, 1_000), 1);
+    }
+    e.set_services6(Services6::new(2, vec![sticky(&[1, 2])]));
+    for c in &clients {
+        assert_eq!(
+            backend_of(&mut e, *c, 40001, 9_000),
+            1,
+            "a client stays on its backend when another arrives"
+        );
+        assert_eq!(backend_of(&mut e, *c, 40002, 9_500), 1);
+    }
+    let later: std::collections::HashSet<u8> = clients
+        .iter()
+        .map(|c| backend_of(&mut e, *c, 40003, 30_000))
+        .collect();
+    assert_eq!(later.len(), 2, "after the timeout the hash spreads them");
+    // Each now stays where the hash put it; its backend gone, the hash again.
+    let on_2: Vec<[u8; 16]> = clients
+        .iter()
+        .copied()
+        .filter(|c| backend_of(&mut e, *c, 40004, 31_000) == 2)
+        .collect();
+    assert!(!on_2.is_empty());
+    e.set_services6(Services6::new(3, vec![sticky(&[1])]));
+    for c in &on_2 {
+        assert_eq!(backend_of(&mut e, *c, 40005, 32_000), 1);
+    }
 }

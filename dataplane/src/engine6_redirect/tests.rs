@@ -100,7 +100,7 @@ fn node_of(i: usize, n: usize, has_backend: bool, hand_off: bool, rate: u32) -> 
         ready: usize::from(has_backend),
         maglev: vec![if has_backend { 0 } else { u16::MAX }; 251],
         source_ranges: vec![],
-        client_ip_affinity: false,
+        client_ip_affinity_ms: None,
         hand_off,
     };
     e.set_services6(Services6::new(
