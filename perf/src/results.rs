@@ -762,6 +762,12 @@ pub struct Ratios {
     /// The same in packets per CPU-second.
     #[serde(default)]
     pub cpu_xdp_dnat_flow_scale: Option<f64>,
+    /// The IPv6 rows: juneau6 / nft-dnat6, delivered packets/s (no target: as measured).
+    #[serde(default)]
+    pub juneau6_vs_nft_dnat6: Option<f64>,
+    /// The same in packets per CPU-second.
+    #[serde(default)]
+    pub cpu_juneau6_vs_nft_dnat6: Option<f64>,
     /// Every ratio per kind of window, paired round by round within the kind (older
     /// reports: empty, their ratios from the rows' medians).
     #[serde(default)]

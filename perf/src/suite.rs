@@ -742,10 +742,7 @@ fn throughput_once(
     let tag = format!("{}-{flows}-{}", sc.name(), std::process::id());
     let (t, mut a) = udp_bed(plan, sc, &tag)?;
     let r = measure(&t, &mut a, plan, flows, warmup, fill)?;
-    if matches!(
-        sc,
-        Scenario::Juneau | Scenario::JuneauXdpFast | Scenario::JuneauBusyPoll
-    ) {
+    if sc.is_juneau() {
         let busy_polled = busy_poll_rx_packets(&t);
         record_dataplane_counters(plan, sc, &tag, flows, busy_polled);
     }
@@ -807,6 +804,7 @@ fn record_dataplane_counters(
         "xsk_fill_ring_empty": pick("xsk_fill_ring_empty"),
         "xsk_rx_dropped": pick("xsk_rx_dropped"),
         "flows_in_table": pick("flows"),
+        "ipv6_flows_in_table": pick("flows6"),
         "busy_poll_rx_packets": busy_polled,
     });
     if let Ok(mut l) = DATAPLANE_COUNTERS.lock() {

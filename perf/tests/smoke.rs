@@ -169,6 +169,8 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
         "afxdp-l2fwd",
         "juneau",
         "juneau-xdp-fast",
+        "nft-dnat6",
+        "juneau6",
     ] {
         let s = scenarios
             .iter()
@@ -187,6 +189,7 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
         ("juneau_vs_nft_dnat", "juneau / nft-dnat:"),
         ("juneau_xdp_fast_vs_xdp_dnat", "juneau-xdp-fast / xdp-dnat:"),
         ("juneau_vs_afxdp_l2fwd", "juneau / afxdp-l2fwd:"),
+        ("juneau6_vs_nft_dnat6", "juneau6 / nft-dnat6:"),
     ] {
         let refused = report["ratios"]["refused"]
             .as_array()
@@ -199,6 +202,20 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
             report["ratios"]
         );
     }
+    // juneau6 forwarded over IPv6: the dataplane held the IPv6 flows and dropped nothing.
+    let j6 = report["dataplane_counters"]
+        .as_array()
+        .expect("dataplane_counters")
+        .iter()
+        .find(|c| c["scenario"] == "juneau6")
+        .unwrap_or_else(|| panic!("no counters of juneau6: {report:#}"));
+    assert_eq!(j6["ipv6_flows_in_table"], 256, "{j6}");
+    assert_eq!(j6["engine_drops"], 0, "{j6}");
+    let (rx, tx) = (j6["rx_packets"].as_u64(), j6["tx_packets"].as_u64());
+    assert!(
+        rx.zip(tx).is_some_and(|(rx, tx)| tx > 0 && tx <= rx),
+        "each IPv6 frame sent once: {j6}"
+    );
     for s in scenarios {
         let runs = s["runs"].as_array().expect("per-run figures");
         for run in runs {
