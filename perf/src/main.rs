@@ -610,16 +610,10 @@ fn convergence_only(args: &RunArgs) -> Result<()> {
 
 fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     let plan = plan_for(args, smoke)?;
-    let with_juneau = plan.scenarios.iter().any(|s| {
-        matches!(
-            s,
-            Scenario::Juneau
-                | Scenario::JuneauXdpFast
-                | Scenario::JuneauBusyPoll
-                | Scenario::TcpBulk
-                | Scenario::TcpConnect
-        )
-    });
+    let with_juneau = plan
+        .scenarios
+        .iter()
+        .any(|s| s.is_juneau() || matches!(s, Scenario::TcpBulk | Scenario::TcpConnect));
     let cost = !args.no_cost;
     let mut missing = prereq::check(with_juneau.then_some(plan.dataplane.as_path()), cost);
     // Convergence: 30 repetitions in `run`, 3 in `smoke` (~10 s more).
