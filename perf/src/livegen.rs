@@ -292,3 +292,92 @@ pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Res
         elapsed_s: start.elapsed().as_secs_f64(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::net::{SocketAddr, UdpSocket};
+
+    use super::*;
+    use crate::bpf::in_netns;
+    use crate::topology::{Topology, FLOW_BASE6, NODE_CLIENT_IP6};
+
+    /// Udp6InCsumErrors of a namespace.
+    fn udp6_checksum_errors(ns: &juneau_tests::netns::Netns) -> u64 {
+        let snmp6 = ns.exec(&["cat", "/proc/net/snmp6"]).expect("snmp6");
+        snmp6
+            .lines()
+            .find_map(|l| l.strip_prefix("Udp6InCsumErrors"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("Udp6InCsumErrors")
+    }
+
+    /// Needs root (namespaces, BPF_PROG_RUN). What `bpf/gen.c` writes per IPv6 frame
+    /// (the flow's address and port, the UDP checksum), checked by the kernel: frames sent
+    /// to the node's own address (receive checksum offload off on its end) reach a socket,
+    /// every one, from every flow, none counted as a checksum error.
+    #[test]
+    fn ipv6_frames_reach_a_socket_from_every_flow_with_valid_checksums() {
+        juneau_tests::netns::require_root().expect("root");
+        const PORT: u16 = 9555;
+        let t = Topology::build().expect("topology");
+        t.node
+            .exec(&["ethtool", "-K", &t.nc_if, "rx", "off"])
+            .expect("rx checksum offload off");
+        let sock = in_netns(t.node.name(), || {
+            let s = UdpSocket::bind(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), PORT))?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            crate::sink::set_int(&s, libc::SO_RCVBUFFORCE, 16 << 20)?;
+            Ok(s)
+        })
+        .expect("socket");
+        let (flows, frames) = (300u32, 900u64);
+        let cfg = LiveGenConfig {
+            iface: t.c_if.clone(),
+            template: Template {
+                src_mac: t.c_mac,
+                dst_mac: t.nc_mac,
+                dst_ip: Ipv4Addr::UNSPECIFIED,
+                dst_port: PORT,
+            },
+            src_base: Ipv4Addr::UNSPECIFIED,
+            flows,
+            rate_pps: 20_000,
+            duration: Duration::from_secs(10),
+            max_packets: frames,
+            reply_from: None,
+            partial_checksum: false,
+            kind: FrameKind::Udp,
+            ipv6: Some(Ipv6Load {
+                dst_ip: NODE_CLIENT_IP6,
+                src_base: FLOW_BASE6,
+            }),
+        };
+        // Read while the generator sends (the socket's buffer holds only some frames).
+        let reader = std::thread::spawn(move || {
+            let (mut got, mut seen, mut buf) = (0u64, BTreeSet::new(), [0u8; 64]);
+            while let Ok((n, from)) = sock.recv_from(&mut buf) {
+                assert_eq!(&buf[..n], b"juneaupf");
+                seen.insert(from);
+                got += 1;
+            }
+            (got, seen)
+        });
+        let sent = in_netns(t.client.name(), move || {
+            generate(&cfg, &AtomicBool::new(false), &|| {})
+        })
+        .expect("generate")
+        .sent;
+        assert_eq!(sent, frames);
+        let (got, seen) = reader.join().expect("reader");
+        assert_eq!(udp6_checksum_errors(&t.node), 0, "UDP checksum errors");
+        assert_eq!(got, frames, "every frame reached the socket");
+        let every_flow: BTreeSet<SocketAddr> = (0..flows)
+            .map(|i| {
+                let f = packet::flow6(FLOW_BASE6, i);
+                SocketAddr::new(f.src_ip.into(), f.src_port)
+            })
+            .collect();
+        assert_eq!(seen, every_flow);
+    }
+}

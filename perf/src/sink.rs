@@ -113,7 +113,7 @@ impl Drop for UdpSink {
     }
 }
 
-fn set_int(s: &UdpSocket, opt: libc::c_int, v: libc::c_int) -> Result<()> {
+pub(crate) fn set_int(s: &UdpSocket, opt: libc::c_int, v: libc::c_int) -> Result<()> {
     // SAFETY: `v` is a live c_int and its size is passed.
     let rc = unsafe {
         libc::setsockopt(
