@@ -500,8 +500,8 @@ impl Engine {
         }
         match nb.resolve6(to) {
             Resolve6::Found { side, src, dst } => {
+                // `tx_packets` is the worker's count of what its TX ring took, as for IPv4.
                 set_macs(frame, src, dst);
-                self.counters.tx_packets += 1;
                 Verdict::Tx(side)
             }
             Resolve6::Miss { ip, ifindex } => {

@@ -2,7 +2,8 @@
  * (perf/src/livegen.rs), the kernel runs this program on every frame made from one 64-byte
  * UDP template and transmits what it redirects. Each frame gets the next flow's source
  * address and port (the same mapping as `packet::flow`: 64 source ports per address), so
- * the flow count is exact; the IPv4 header checksum is recomputed, the UDP checksum set
+ * the flow count is exact (GEN_IPV6: the same over IPv6, 70-byte frames); the IPv4 header
+ * checksum is recomputed, the UDP checksum set
  * to 0 ("none", valid for UDP over IPv4) or, with GEN_PARTIAL_CSUM, to a partial checksum.
  * With GEN_REPLY the flow is the destination (replies of a backend to the flows' clients).
  * Frame contents persist across page recycling
@@ -12,6 +13,7 @@
  * in the config) is written on every frame, then the fields that vary. With a rate,
  * frames not yet due are dropped before they are sent (token clock in GEN_SEQ[1]). */
 #include "common.h"
+#include <linux/ipv6.h>
 #include <linux/tcp.h>
 
 /* flags */
@@ -23,6 +25,11 @@
                               frame's number, the TCP checksum recomputed */
 #define GEN_FIRST_FRAGMENT 8 /* a first fragment: more-fragments set, offset 0, the IP id
                                 the frame's number */
+#define GEN_IPV6 16        /* the template is Ethernet + IPv6 + UDP (GEN_HDR6_LEN bytes) with
+                              GEN_PAYLOAD6_LEN bytes of payload after it: the flow's address
+                              goes into the last 32 bits of the source address, the UDP
+                              checksum (mandatory over IPv6) is recomputed; alone, no other
+                              flag */
 
 struct gen_cfg {
     __u32 ifindex;   /* where to redirect (the client's veth, in the caller's netns) */
@@ -34,13 +41,17 @@ struct gen_cfg {
     __u16 peer_port; /* GEN_REPLY: the fixed source port, network byte order */
     __u16 pad;
     __u64 max_sent;  /* send no more than this many frames in all (0: no bound) */
-    __u8 hdr[64];    /* the template's headers (GEN_HDR_LEN bytes, GEN_TCP_HDR_LEN with GEN_TCP) */
+    __u8 hdr[64];    /* the template's headers (GEN_HDR_LEN bytes, GEN_TCP_HDR_LEN with GEN_TCP,
+                        GEN_HDR6_LEN with GEN_IPV6) */
 };
 
 /* Ethernet (14) + IPv4 without options (20) + UDP (8). */
 #define GEN_HDR_LEN 42
 /* Ethernet (14) + IPv4 without options (20) + TCP without options (20). */
 #define GEN_TCP_HDR_LEN 54
+/* Ethernet (14) + IPv6 (40) + UDP (8), and the payload after it (packet::FRAME6_LEN). */
+#define GEN_HDR6_LEN 62
+#define GEN_PAYLOAD6_LEN 8
 
 struct {
     __uint(type, BPF_MAP_TYPE_ARRAY);
@@ -48,6 +59,36 @@ struct {
     __type(key, __u32);
     __type(value, struct gen_cfg);
 } GEN_CFG SEC(".maps");
+
+/* One IPv6 frame (GEN_IPV6): the template's header, then the flow's source address and
+ * port, then the UDP checksum over the pseudo-header, the UDP header and the payload. */
+static __always_inline int gen_ipv6(struct xdp_md *ctx, struct gen_cfg *cfg, __u32 i)
+{
+    void *data = (void *)(long)ctx->data;
+    void *end = (void *)(long)ctx->data_end;
+    if (data + GEN_HDR6_LEN + GEN_PAYLOAD6_LEN > end)
+        return XDP_ABORTED;
+    __builtin_memcpy(data, cfg->hdr, GEN_HDR6_LEN);
+    struct ipv6hdr *ip6 = data + sizeof(struct ethhdr);
+    struct udphdr *udp = (void *)(ip6 + 1);
+    ip6->saddr.in6_u.u6_addr32[3] = bpf_htonl(cfg->src_base + (i >> 6));
+    udp->source = bpf_htons(10000 + (i & 63));
+    udp->check = 0;
+    /* Pseudo-header: both addresses, the upper-layer length (= the UDP length, under
+     * 64 KiB) and the next header; then the UDP header and payload, 16 bits at a time. */
+    __u32 sum = udp->len + bpf_htons(IPPROTO_UDP);
+    __u16 *a = (__u16 *)&ip6->saddr;
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+        sum += a[k];
+    __u16 *u = (__u16 *)udp;
+#pragma unroll
+    for (int k = 0; k < (8 + GEN_PAYLOAD6_LEN) / 2; k++)
+        sum += u[k];
+    __u16 c = csum_fold32(sum);
+    udp->check = c ? c : 0xffff;
+    return bpf_redirect(cfg->ifindex, 0);
+}
 
 /* Index 0: frames sent (redirected) so far; index 1: the pacing clock (time the next
  * frame is due). The generator is pinned to one CPU; per-CPU needs no atomics. */
@@ -84,6 +125,11 @@ int xdp_gen(struct xdp_md *ctx)
         if (now - *due > 64 * cfg->gap_ns)
             *due = now;
         *due += cfg->gap_ns;
+    }
+    if (cfg->flags & GEN_IPV6) {
+        __u32 i6 = (__u32)(*seq % cfg->flows);
+        *seq += 1;
+        return gen_ipv6(ctx, cfg, i6);
     }
     /* A recycled page holds what the last path that forwarded it wrote: restore the
      * template's header first. */

@@ -247,7 +247,10 @@ fn run_one(plan: &Plan, kind: Option<FloodKind>, seconds: Duration) -> Result<Fl
             None
         }
         Some(k) => {
-            let mut spec = GenSpec::forward(&t, k.target());
+            let mut spec = GenSpec::forward(&t, {
+                let (ip, port) = k.target();
+                (ip.into(), port)
+            });
             spec.nice = 0;
             spec.extra = vec!["--kind".into(), k.frame().name().into()];
             let g = Gen::spawn(&spec, FLOOD_FLOWS, 0, seconds, u64::MAX)?;

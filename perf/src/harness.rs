@@ -4,7 +4,7 @@
 //! checking where they ran. The suite, the TCP bulk download, the floods and the loop cost
 //! build on it.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::atomic::Ordering;
@@ -73,8 +73,9 @@ pub(crate) struct Active {
     /// What forwards in the node namespace.
     pub(crate) path: NodePath,
     _echo: NsChild,
-    /// Where the load goes (the VIP, or the backend for the paths without NAT).
-    pub(crate) dst: (Ipv4Addr, u16),
+    /// Where the load goes (the VIP, or the backend for the paths without NAT; IPv6 ones
+    /// for the IPv6 rows).
+    pub(crate) dst: (IpAddr, u16),
 }
 
 /// What forwards in the node namespace for one scenario (nftables rules, an XDP program,
@@ -174,7 +175,35 @@ table ip juneau_perf {
 }
 "#;
 
-fn node_state() -> juneau_control::model::NodeState {
+/// nftables DNAT of the IPv6 VIP's load port, shaped as [`NFT_RULES`] (kube-proxy's
+/// nftables mode has a table of its own per family: `ip6` for IPv6 Services).
+fn nft_rules6() -> String {
+    format!(
+        r#"
+table ip6 juneau_perf6 {{
+    map service-ips {{
+        type ipv6_addr . inet_proto . inet_service : verdict
+        elements = {{ {VIP6} . udp . {LOAD_PORT} : goto service-load }}
+    }}
+    chain nat-prerouting {{
+        type nat hook prerouting priority dstnat; policy accept;
+        ip6 daddr . meta l4proto . th dport vmap @service-ips
+    }}
+    chain service-load {{
+        numgen random mod 1 vmap {{ 0 : goto endpoint-load }}
+    }}
+    chain endpoint-load {{
+        meta l4proto udp dnat to [{BACKEND_IP6}]:{BACKEND_LOAD_PORT}
+    }}
+}}
+"#
+    )
+}
+
+/// The node state the `juneau*` paths are given: the IPv4 Services (load, echo, bulk)
+/// and, with `ipv6`, the IPv6 load's Service (`NodeService6`) beside them, as a
+/// dual-stack node's agent publishes them.
+fn node_state(ipv6: bool) -> juneau_control::model::NodeState {
     use juneau_control::model::*;
     let svc = |protocol, port, bport| NodeService {
         frontend: Frontend {
@@ -202,6 +231,19 @@ fn node_state() -> juneau_control::model::NodeState {
         ],
         ..Default::default()
     };
+    if ipv6 {
+        st.services6 = vec![NodeService6::new(
+            Frontend6 {
+                vip: VIP6,
+                protocol: Protocol::Udp,
+                port: LOAD_PORT,
+            },
+            vec![LocalBackend6 {
+                ip: BACKEND_IP6,
+                port: BACKEND_LOAD_PORT,
+            }],
+        )];
+    }
     st.normalize();
     st
 }
@@ -221,6 +263,11 @@ pub(crate) fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Resul
     // "Pods whose veth takes XDP frames").
     let sink = UdpSink::start(
         t.backend.name(),
+        if sc.ipv6() {
+            IpAddr::from(Ipv6Addr::UNSPECIFIED)
+        } else {
+            IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED)
+        },
         BACKEND_LOAD_PORT,
         gen_cpu,
         PROBE_RT_PRIORITY.parse().expect("a number"),
@@ -251,8 +298,10 @@ pub(crate) fn setup(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> Resul
     ])?;
     let path = start_path(t, sc, plan, tag)?;
     let dst = match sc {
-        Scenario::KernelForward | Scenario::AfxdpL2fwd => (BACKEND_IP, BACKEND_LOAD_PORT),
-        _ => (VIP, LOAD_PORT),
+        Scenario::KernelForward | Scenario::AfxdpL2fwd => (BACKEND_IP.into(), BACKEND_LOAD_PORT),
+        Scenario::KernelForward6 => (BACKEND_IP6.into(), BACKEND_LOAD_PORT),
+        Scenario::NftDnat6 | Scenario::Juneau6 => (VIP6.into(), LOAD_PORT),
+        _ => (VIP.into(), LOAD_PORT),
     };
     Ok(Active {
         sink,
@@ -285,10 +334,14 @@ pub(crate) fn start_path(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> 
                 sc.name()
             )
         }
-        Scenario::KernelForward => {}
-        Scenario::NftDnat => {
+        Scenario::KernelForward | Scenario::KernelForward6 => {}
+        Scenario::NftDnat | Scenario::NftDnat6 => {
             let path = plan.out_dir.join(format!("nft-{tag}.nft"));
-            std::fs::write(&path, NFT_RULES)?;
+            if sc.ipv6() {
+                std::fs::write(&path, nft_rules6())?;
+            } else {
+                std::fs::write(&path, NFT_RULES)?;
+            }
             t.node.exec(&["nft", "-f", &path.to_string_lossy()])?;
         }
         Scenario::XdpDnat => {
@@ -336,7 +389,10 @@ pub(crate) fn start_path(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> 
             active.forwarder_name = "the afxdp-l2fwd forwarder";
             active.forwarder_log = Some(log);
         }
-        Scenario::Juneau | Scenario::JuneauXdpFast | Scenario::JuneauBusyPoll => {
+        Scenario::Juneau
+        | Scenario::JuneauXdpFast
+        | Scenario::JuneauBusyPoll
+        | Scenario::Juneau6 => {
             if !plan.dataplane.exists() {
                 bail!(
                     "juneau-dataplane binary not found at {} (build it: cargo build --release -p juneau-dataplane, or pass --dataplane PATH)",
@@ -352,7 +408,7 @@ pub(crate) fn start_path(t: &Topology, sc: Scenario, plan: &Plan, tag: &str) -> 
                 juneau_control::shm::NodeStateWriter::create(&state_path, Default::default())
                     .with_context(|| format!("creating {}", state_path.display()))?;
             writer
-                .publish(&node_state())
+                .publish(&node_state(sc.ipv6()))
                 .context("publishing the node state")?;
             let log = plan.out_dir.join(format!("juneau-dataplane-{tag}.log"));
             let dp = plan.dataplane.to_string_lossy().into_owned();
@@ -421,7 +477,7 @@ pub(crate) struct GenSpec<'a> {
     pub(crate) iface: &'a str,
     pub(crate) src_mac: [u8; 6],
     pub(crate) dst_mac: [u8; 6],
-    pub(crate) dst: (Ipv4Addr, u16),
+    pub(crate) dst: (IpAddr, u16),
     /// Extra arguments (`--reply-from`, `--partial-checksum`, `--kind`).
     pub(crate) extra: Vec<String>,
     /// The generator's nice value: -20 for a load, so other work on a shared machine
@@ -431,7 +487,7 @@ pub(crate) struct GenSpec<'a> {
 
 impl<'a> GenSpec<'a> {
     /// From the client towards `dst` through the node (the usual load).
-    pub(crate) fn forward(t: &'a Topology, dst: (Ipv4Addr, u16)) -> GenSpec<'a> {
+    pub(crate) fn forward(t: &'a Topology, dst: (IpAddr, u16)) -> GenSpec<'a> {
         GenSpec {
             ns: &t.client,
             iface: &t.c_if,
@@ -457,7 +513,7 @@ impl Gen {
     /// packets/s (0: as fast as it can) for `duration` or `max_packets`, whichever ends first.
     pub(crate) fn start(
         t: &Topology,
-        dst: (Ipv4Addr, u16),
+        dst: (IpAddr, u16),
         flows: u32,
         rate: u64,
         duration: Duration,

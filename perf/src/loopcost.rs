@@ -267,7 +267,7 @@ fn cases(
         idle_instructions_per_s: idle_per_s,
         ..Default::default()
     };
-    let fwd = GenSpec::forward(t, (VIP, LOAD_PORT));
+    let fwd = GenSpec::forward(t, (VIP.into(), LOAD_PORT));
     let report = |k: &LoopCase| {
         say(format!(
             "loop cost: {}: {:.0} instructions/packet ({} packets; gross {:.0})",
@@ -315,7 +315,7 @@ fn cases(
         iface: &t.b_if,
         src_mac: t.b_mac,
         dst_mac: t.nb_mac,
-        dst: (CLIENT_IP, 10_000),
+        dst: (CLIENT_IP.into(), 10_000),
         extra: vec![
             "--reply-from".into(),
             format!("{BACKEND_IP}:{BACKEND_LOAD_PORT}"),

@@ -1,6 +1,6 @@
 //! `juneau-perf`: runs Juneau's benchmark suite (see perf/README.md).
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -137,8 +137,10 @@ struct GenArgs {
     src_mac: String,
     #[arg(long)]
     dst_mac: String,
+    /// The destination: an IPv4 address (64-byte frames), or an IPv6 one (the IPv6 load:
+    /// 70-byte UDP frames from the IPv6 flows, live frames only).
     #[arg(long)]
-    dst_ip: Ipv4Addr,
+    dst_ip: IpAddr,
     #[arg(long)]
     dst_port: u16,
     #[arg(long, default_value_t = 256)]
@@ -608,16 +610,10 @@ fn convergence_only(args: &RunArgs) -> Result<()> {
 
 fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
     let plan = plan_for(args, smoke)?;
-    let with_juneau = plan.scenarios.iter().any(|s| {
-        matches!(
-            s,
-            Scenario::Juneau
-                | Scenario::JuneauXdpFast
-                | Scenario::JuneauBusyPoll
-                | Scenario::TcpBulk
-                | Scenario::TcpConnect
-        )
-    });
+    let with_juneau = plan
+        .scenarios
+        .iter()
+        .any(|s| s.is_juneau() || matches!(s, Scenario::TcpBulk | Scenario::TcpConnect));
     let cost = !args.no_cost;
     let mut missing = prereq::check(with_juneau.then_some(plan.dataplane.as_path()), cost);
     // Convergence: 30 repetitions in `run`, 3 in `smoke` (~10 s more).
@@ -692,6 +688,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
             "probe_rate": plan.probe_rate,
             "dataplane": dataplane_source,
             "packet_bytes": 64,
+            "packet_bytes_ipv6": juneau_perf::packet::FRAME6_LEN + 4,
             "bulk_bytes_per_connection": plan.bulk.bytes,
             "bulk_streams": plan.bulk.streams,
             "bulk_min_window_s": plan.duration.as_secs_f64(),
@@ -756,8 +753,8 @@ fn finish_report(
     }
     let r = &report.ratios;
     eprintln!(
-        "ratios: juneau/nft-dnat {:?}, juneau-xdp-fast/xdp-dnat {:?}, juneau/afxdp-l2fwd {:?}, flow scale {:?}",
-        r.juneau_vs_nft_dnat, r.juneau_xdp_fast_vs_xdp_dnat, r.juneau_vs_afxdp_l2fwd, r.juneau_flow_scale_largest_vs_smallest
+        "ratios: juneau/nft-dnat {:?}, juneau-xdp-fast/xdp-dnat {:?}, juneau/afxdp-l2fwd {:?}, flow scale {:?}, juneau6/nft-dnat6 {:?}",
+        r.juneau_vs_nft_dnat, r.juneau_xdp_fast_vs_xdp_dnat, r.juneau_vs_afxdp_l2fwd, r.juneau_flow_scale_largest_vs_smallest, r.juneau6_vs_nft_dnat6
     );
     let failed: Vec<_> = report
         .errors
@@ -891,6 +888,16 @@ fn generate(a: GenArgs) -> Result<()> {
         println!("ready");
         let _ = std::io::Write::flush(&mut std::io::stdout());
     };
+    let (dst_ip, ipv6) = match dst_ip {
+        IpAddr::V4(ip) => (ip, None),
+        IpAddr::V6(ip) => (
+            Ipv4Addr::UNSPECIFIED,
+            Some(juneau_perf::livegen::Ipv6Load {
+                dst_ip: ip,
+                src_base: juneau_perf::topology::FLOW_BASE6,
+            }),
+        ),
+    };
     let template = Template {
         src_mac: parse_mac(&src_mac).context("--src-mac")?,
         dst_mac: parse_mac(&dst_mac).context("--dst-mac")?,
@@ -898,6 +905,9 @@ fn generate(a: GenArgs) -> Result<()> {
         dst_port,
     };
     let r = if afxdp {
+        if ipv6.is_some() {
+            bail!("--afxdp sends IPv4 only (the IPv6 load is live frames)");
+        }
         if kind != juneau_perf::packet::FrameKind::Udp {
             bail!("--afxdp sends UDP datagrams only");
         }
@@ -928,6 +938,7 @@ fn generate(a: GenArgs) -> Result<()> {
             },
             partial_checksum,
             kind,
+            ipv6,
         };
         juneau_perf::livegen::generate(&cfg, &never, &ready)?
     };

@@ -1,7 +1,8 @@
 //! Building the benchmark's 64-byte Ethernet/IPv4/UDP frames (and, for floods, TCP
-//! segments and first fragments) and spreading them over flows.
+//! segments and first fragments), its 70-byte Ethernet/IPv6/UDP frames (the IPv6 rows),
+//! and spreading them over flows.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// Frame length on the wire without FCS: the classic "64-byte packet" minus its 4-byte FCS.
 pub const FRAME_LEN: usize = 60;
@@ -158,6 +159,80 @@ pub fn write_frame_of(buf: &mut [u8], t: &Template, flow: Flow, kind: FrameKind)
     buf[..frame.len()].copy_from_slice(&frame);
 }
 
+/// Length of an IPv6 load frame without FCS: Ethernet (14) + IPv6 (40) + UDP (8) + the
+/// generator's 8-byte payload (`juneaupf`) = 70 bytes, 74 on the wire with the FCS — the
+/// smallest frame that holds them (IPv6's 40-byte header does not fit the 60 bytes of a
+/// 64-byte frame with IPv4's payload).
+pub const FRAME6_LEN: usize = 70;
+const IP6_OFF: usize = 14;
+const UDP6_OFF: usize = 54;
+
+/// One IPv6 benchmark flow's varying fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flow6 {
+    /// Client source address.
+    pub src_ip: Ipv6Addr,
+    /// Client source port.
+    pub src_port: u16,
+}
+
+/// IPv6 flow `i` of a set, as [`flow`]: 64 source ports per source address, the source
+/// addresses counted up in the last 32 bits of `base` (the generator writes only those).
+pub fn flow6(base: Ipv6Addr, i: u32) -> Flow6 {
+    let b = u128::from(base);
+    let low = (b as u32).wrapping_add(i >> 6);
+    Flow6 {
+        src_ip: Ipv6Addr::from((b & !u128::from(u32::MAX)) | u128::from(low)),
+        src_port: 10_000 + (i & 63) as u16,
+    }
+}
+
+/// The fixed part of every IPv6 frame of a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Template6 {
+    /// Source MAC (the client interface).
+    pub src_mac: [u8; 6],
+    /// Destination MAC (the next hop: the node's client-facing interface).
+    pub dst_mac: [u8; 6],
+    /// Destination address (the IPv6 VIP or the backend's IPv6 address).
+    pub dst_ip: Ipv6Addr,
+    /// Destination UDP port.
+    pub dst_port: u16,
+}
+
+/// Writes a complete IPv6 frame for `flow` into `buf` (at least [`FRAME6_LEN`] bytes):
+/// hop limit 64, UDP with its checksum (mandatory over IPv6) and the 8-byte payload.
+pub fn write_frame6(buf: &mut [u8], t: &Template6, flow: Flow6) {
+    let buf = &mut buf[..FRAME6_LEN];
+    buf.fill(0);
+    buf[0..6].copy_from_slice(&t.dst_mac);
+    buf[6..12].copy_from_slice(&t.src_mac);
+    buf[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+    let udp_len = (FRAME6_LEN - UDP6_OFF) as u16;
+    let ip = &mut buf[IP6_OFF..UDP6_OFF];
+    ip[0] = 0x60;
+    ip[4..6].copy_from_slice(&udp_len.to_be_bytes());
+    ip[6] = 17;
+    ip[7] = 64;
+    ip[8..24].copy_from_slice(&flow.src_ip.octets());
+    ip[24..40].copy_from_slice(&t.dst_ip.octets());
+    let udp = &mut buf[UDP6_OFF..];
+    udp[0..2].copy_from_slice(&flow.src_port.to_be_bytes());
+    udp[2..4].copy_from_slice(&t.dst_port.to_be_bytes());
+    udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
+    udp[8..16].copy_from_slice(b"juneaupf");
+    let mut pseudo = [0u8; 40];
+    pseudo[0..16].copy_from_slice(&flow.src_ip.octets());
+    pseudo[16..32].copy_from_slice(&t.dst_ip.octets());
+    pseudo[34..36].copy_from_slice(&udp_len.to_be_bytes());
+    pseudo[39] = 17;
+    let mut c = fold(sum16(&pseudo) + sum16(&buf[UDP6_OFF..]));
+    if c == 0 {
+        c = 0xffff;
+    }
+    buf[UDP6_OFF + 6..UDP6_OFF + 8].copy_from_slice(&c.to_be_bytes());
+}
+
 /// Parses "aa:bb:cc:dd:ee:ff".
 pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
     let mut mac = [0u8; 6];
@@ -269,6 +344,63 @@ mod tests {
         assert_eq!(
             flow(base, (1 << 20) - 1).src_ip,
             Ipv4Addr::new(198, 18, 127, 255)
+        );
+    }
+
+    fn template6() -> Template6 {
+        Template6 {
+            src_mac: [2, 0, 0, 0, 0, 1],
+            dst_mac: [2, 0, 0, 0, 0, 2],
+            dst_ip: "2001:2:0:ff::10".parse().unwrap(),
+            dst_port: 9000,
+        }
+    }
+
+    #[test]
+    fn ipv6_frame_parses_with_a_valid_udp_checksum() {
+        let base: Ipv6Addr = "2001:2:0:40::".parse().unwrap();
+        for i in [0, 1, 63, 64, 1000, (1 << 20) - 1] {
+            let f = flow6(base, i);
+            let mut buf = [0u8; FRAME6_LEN];
+            write_frame6(&mut buf, &template6(), f);
+            let p = etherparse::SlicedPacket::from_ethernet(&buf).expect("parses");
+            let Some(etherparse::NetSlice::Ipv6(ip)) = &p.net else {
+                panic!("not IPv6: {:?}", p.net);
+            };
+            let h = ip.header();
+            assert_eq!(h.source_addr(), f.src_ip);
+            assert_eq!(h.destination_addr(), template6().dst_ip);
+            assert_eq!(h.hop_limit(), 64);
+            assert_eq!(usize::from(h.payload_length()), FRAME6_LEN - UDP6_OFF);
+            let Some(etherparse::TransportSlice::Udp(udp)) = &p.transport else {
+                panic!("not UDP: {:?}", p.transport);
+            };
+            assert_eq!(udp.source_port(), f.src_port);
+            assert_eq!(udp.destination_port(), 9000);
+            assert_eq!(udp.payload(), b"juneaupf");
+            let expect = udp
+                .to_header()
+                .calc_checksum_ipv6(&h.to_header(), udp.payload())
+                .expect("checksum");
+            assert_eq!(udp.checksum(), expect, "UDP checksum of flow {i}");
+            assert_ne!(udp.checksum(), 0, "0 is not a valid UDP checksum over IPv6");
+        }
+    }
+
+    #[test]
+    fn ipv6_flows_count_up_the_last_32_bits_as_ipv4_flows_do() {
+        let base: Ipv6Addr = "2001:2:0:40::".parse().unwrap();
+        for i in [0, 63, 64, 5000, (1 << 20) - 1] {
+            let (f4, f6) = (flow(Ipv4Addr::new(0, 0, 0, 0), i), flow6(base, i));
+            assert_eq!(f6.src_port, f4.src_port);
+            assert_eq!(
+                u128::from(f6.src_ip) - u128::from(base),
+                u128::from(u32::from(f4.src_ip))
+            );
+        }
+        assert_eq!(
+            flow6(base, (1 << 20) - 1).src_ip,
+            "2001:2:0:40::3fff".parse::<Ipv6Addr>().unwrap()
         );
     }
 

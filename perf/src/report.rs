@@ -33,6 +33,7 @@ impl Report {
         m += &self.method_md();
         m += &self.throughput_md();
         m += &self.ratios_md();
+        m += &self.ipv6_md();
         m += &crate::bulk_data::markdown(&self.bulk, &self.bulk_ratios);
         m += &crate::connect::markdown(&self.connect, self.connect_ratio.as_ref());
         m += &self.flow_scale_md();
@@ -323,13 +324,16 @@ impl Report {
         }
         if !self.dataplane_counters.is_empty() {
             m += "\njuneau-dataplane's own counters after each `juneau` run (its stats file, written about once a second, so up to ~1 s stale; cumulative since its start, warm-up included):\n\n";
-            m += "| scenario | flows | flows in its table | rx | tx | engine drops | xsk rx ring full | xsk fill ring empty | xsk rx dropped | received by busy polling (node netns) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+            m += "| scenario | flows | flows in its table (IPv4 / IPv6) | rx | tx | engine drops | xsk rx ring full | xsk fill ring empty | xsk rx dropped | received by busy polling (node netns) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
             for c in &self.dataplane_counters {
                 m += &format!(
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    "| {} | {} | {} / {} | {} | {} | {} | {} | {} | {} | {} |\n",
                     c["scenario"].as_str().unwrap_or("juneau"),
                     c["flows"],
                     c["flows_in_table"],
+                    c.get("ipv6_flows_in_table")
+                        .filter(|v| !v.is_null())
+                        .map_or_else(|| "-".to_string(), |v| v.to_string()),
                     c["rx_packets"],
                     c["tx_packets"],
                     c["engine_drops"],
@@ -339,6 +343,76 @@ impl Report {
                     c["busy_poll_rx_packets"]
                 );
             }
+        }
+        m
+    }
+
+    /// The IPv6 rows (`kernel-forward6`, `nft-dnat6`, `juneau6`) and juneau6 / nft-dnat6,
+    /// paired per round as the IPv4 ratios, without a target; nothing when the run
+    /// measured no IPv6 row.
+    fn ipv6_md(&self) -> String {
+        let rows: Vec<&ScenarioResult> = self
+            .scenarios
+            .iter()
+            .filter(|s| crate::plan::Scenario::by_name(&s.name).is_some_and(|sc| sc.ipv6()))
+            .collect();
+        if rows.is_empty() {
+            return String::new();
+        }
+        let mut m = String::new();
+        m += &format!(
+            "\n## IPv6\n\nThe same topology over IPv6 (2001:2::/48, RFC 5180; static neighbours), the same flows, ports, calibration and saturation rules as the IPv4 rows (their windows are in the tables above); UDP over IPv6 in {}-byte frames ({} on the wire with the FCS: Ethernet 14 + IPv6 40 + UDP 8 + the generator's 8-byte payload, the smallest that holds them; the IPv4 rows' are 64). No target: the ratio is reported as measured, with its spread.\n\n| row | windows | saturated | median delivered pps | ns/packet | packets per CPU-second |\n|---|---|---|---:|---:|---:|\n",
+            crate::packet::FRAME6_LEN,
+            crate::packet::FRAME6_LEN + 4
+        );
+        let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |x| format!("{x:.0}"));
+        for s in rows {
+            for k in &s.kinds {
+                m += &format!(
+                    "| {} | {} ({}) | {} | {:.0} | {} | {} |\n",
+                    s.name,
+                    k.kind.label(),
+                    rounds_label(&k.rounds),
+                    if k.saturated { "yes (all)" } else { "NO" },
+                    k.median_pps,
+                    opt(k.ns_per_packet),
+                    opt(k.pps_per_cpu_second)
+                );
+            }
+        }
+        let name = crate::report_data::JUNEAU6_VS_NFT_DNAT6;
+        let q = &self.ratios;
+        m += "\n| ratio (paired per round: median, lowest – highest) | windows | delivered pps | packets per CPU-second |\n|---|---|---:|---:|\n";
+        let kinds: Vec<_> = q.by_kind.iter().filter(|k| k.ratio == name).collect();
+        for k in &kinds {
+            m += &format!(
+                "| {name} | {} ({}) | {:.2} ({:.2} – {:.2}) | {:.2} ({:.2} – {:.2}) |\n",
+                k.kind.label(),
+                rounds_label(&k.rounds),
+                k.pps,
+                k.pps_range.0,
+                k.pps_range.1,
+                k.cpu,
+                k.cpu_range.0,
+                k.cpu_range.1
+            );
+        }
+        if kinds.is_empty() {
+            let why: Vec<&str> = q
+                .refused
+                .iter()
+                .filter_map(|r| r.strip_prefix(name).and_then(|r| r.strip_prefix(": ")))
+                .collect();
+            let windows = if why.is_empty() {
+                "the rows' medians (not paired)".to_string()
+            } else {
+                format!("refused: {}", why.join("; "))
+            };
+            m += &format!(
+                "| {name} | {windows} | {} | {} |\n",
+                not_measured(q.juneau6_vs_nft_dnat6),
+                not_measured(q.cpu_juneau6_vs_nft_dnat6)
+            );
         }
         m
     }
@@ -660,6 +734,51 @@ mod tests {
         let s = &r.scenarios[1];
         assert_eq!((s.min_pps, s.median_pps, s.max_pps), (300.0, 400.0, 500.0));
         assert_eq!(s.pps_per_cpu_second, Some(4_000_000.0));
+    }
+
+    #[test]
+    fn the_ipv6_rows_have_their_own_section_and_ratio_paired_per_round() {
+        let mut r = Report::default();
+        r.scenarios.push(row("juneau", 256, &[300.0], 250.0, true));
+        r.scenarios
+            .push(row("nft-dnat", 256, &[100.0], 1000.0, true));
+        r.compute_ratios();
+        assert!(!r.markdown().contains("## IPv6"), "no IPv6 row, no section");
+        assert!(
+            !r.ratios.refused.iter().any(|x| x.contains("juneau6")),
+            "no IPv6 row, no IPv6 ratio refused: {:?}",
+            r.ratios.refused
+        );
+        r.scenarios
+            .push(row("nft-dnat6", 256, &[100.0, 200.0, 300.0], 2000.0, true));
+        r.scenarios
+            .push(row("juneau6", 256, &[150.0, 200.0, 150.0], 1000.0, true));
+        r.compute_ratios();
+        // Round by round 1.5, 1.0, 0.5: the median 1.0 (the medians' ratio would be 0.75).
+        assert_eq!(r.ratios.juneau6_vs_nft_dnat6, Some(1.0));
+        assert_eq!(r.ratios.cpu_juneau6_vs_nft_dnat6, Some(2.0));
+        assert_eq!(r.ratios.juneau_vs_nft_dnat, Some(3.0), "IPv4 pairs IPv4");
+        let md = r.markdown();
+        let v6 = &md[md.find("## IPv6").expect("an IPv6 section")..];
+        assert!(v6.contains("70-byte frames (74 on the wire"), "{v6}");
+        assert!(v6.contains("| juneau6 | "), "{v6}");
+        assert!(v6.contains("| nft-dnat6 | "), "{v6}");
+        assert!(
+            v6.contains("| juneau6 / nft-dnat6 | kind not recorded (rounds 1, 2, 3) | 1.00 (0.50 – 1.50) | 2.00 (2.00 – 2.00) |"),
+            "{v6}"
+        );
+        // Not among the IPv4 ratios' targets.
+        let ipv4_ratios = &md[md.find("## Ratios").expect("ratios")..md.find("## IPv6").unwrap()];
+        assert!(!ipv4_ratios.contains("juneau6"), "{ipv4_ratios}");
+        // The same saturation rule: an unsaturated row refuses the ratio, and says so.
+        r.scenarios[2] = row("nft-dnat6", 256, &[100.0, 200.0, 300.0], 2000.0, false);
+        r.compute_ratios();
+        assert_eq!(r.ratios.juneau6_vs_nft_dnat6, None);
+        let md = r.markdown();
+        assert!(
+            md.contains("| juneau6 / nft-dnat6 | refused: not all runs saturated: nft-dnat6 (256 flows) | not measured | not measured |"),
+            "{md}"
+        );
     }
 
     fn lat(sc: &str, load: f64, round: u32, p99: f64, p999: f64) -> LatencyPoint {

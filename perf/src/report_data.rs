@@ -262,6 +262,15 @@ impl Report {
         };
         self.ratios.xdp_dnat_flow_scale = a;
         self.ratios.cpu_xdp_dnat_flow_scale = b;
+        // The IPv6 rows, when a run measured any (no target: as measured).
+        let (j6, n6) = (find("juneau6"), find("nft-dnat6"));
+        let (a, b) = if j6.is_some() || n6.is_some() {
+            pair(j6, n6, JUNEAU6_VS_NFT_DNAT6)
+        } else {
+            (None, None)
+        };
+        self.ratios.juneau6_vs_nft_dnat6 = a;
+        self.ratios.cpu_juneau6_vs_nft_dnat6 = b;
         self.ratios.refused = refused;
         self.ratios.by_kind = by_kind;
         self.ratios.left_out = left_out;
@@ -277,5 +286,7 @@ pub const JUNEAU_XDP_FAST_VS_XDP_DNAT: &str = "juneau-xdp-fast / xdp-dnat";
 pub const JUNEAU_VS_AFXDP_L2FWD: &str = "juneau / afxdp-l2fwd";
 /// See [`JUNEAU_VS_NFT_DNAT`].
 pub const JUNEAU_FLOW_SCALE: &str = "juneau largest / smallest flow count";
+/// See [`JUNEAU_VS_NFT_DNAT`] (the IPv6 rows; no target).
+pub const JUNEAU6_VS_NFT_DNAT6: &str = "juneau6 / nft-dnat6";
 /// See [`JUNEAU_VS_NFT_DNAT`] (no target).
 pub const XDP_DNAT_FLOW_SCALE: &str = "xdp-dnat largest flow count / throughput rows";

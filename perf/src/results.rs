@@ -308,6 +308,22 @@ pub fn needs_extra_window(round: &[&RunFigures]) -> Vec<usize> {
         .collect()
 }
 
+/// [`needs_extra_window`] for each family of a round apart (`round`: whether the path is
+/// IPv6, its window): no ratio pairs an IPv4 row with an IPv6 one, so a flooded IPv6
+/// window gives no IPv4 path an extra window, nor the reverse. Indices into `round`.
+pub fn needs_extra_window_per_family(round: &[(bool, &RunFigures)]) -> Vec<usize> {
+    let mut missing: Vec<usize> = [false, true]
+        .into_iter()
+        .flat_map(|ipv6| {
+            let of: Vec<usize> = (0..round.len()).filter(|&i| round[i].0 == ipv6).collect();
+            let windows: Vec<&RunFigures> = of.iter().map(|&i| round[i].1).collect();
+            needs_extra_window(&windows).into_iter().map(move |k| of[k])
+        })
+        .collect();
+    missing.sort_unstable();
+    missing
+}
+
 /// A ratio target's verdict needs at least this many rounds paired within one kind.
 pub const MIN_PAIRED_ROUNDS: usize = 5;
 
@@ -762,6 +778,12 @@ pub struct Ratios {
     /// The same in packets per CPU-second.
     #[serde(default)]
     pub cpu_xdp_dnat_flow_scale: Option<f64>,
+    /// The IPv6 rows: juneau6 / nft-dnat6, delivered packets/s (no target: as measured).
+    #[serde(default)]
+    pub juneau6_vs_nft_dnat6: Option<f64>,
+    /// The same in packets per CPU-second.
+    #[serde(default)]
+    pub cpu_juneau6_vs_nft_dnat6: Option<f64>,
     /// Every ratio per kind of window, paired round by round within the kind (older
     /// reports: empty, their ratios from the rows' medians).
     #[serde(default)]
@@ -851,6 +873,26 @@ mod tests {
         assert_eq!(with_extra.kind(), WindowKind::Paced, "the original is kept");
         assert!(needs_extra_window(&[&with_extra, &flooded, &with_extra]).is_empty());
         assert_eq!(common_kind([]), None);
+    }
+
+    #[test]
+    fn a_flooded_ipv6_window_gives_no_ipv4_path_an_extra_window() {
+        let paced = window(100.0, 10.0, 500);
+        let flooded = window(90.0, 11.0, 0);
+        // IPv4 all paced, IPv6 one flooded: only the paced IPv6 path runs again.
+        let round = [
+            (false, &paced),
+            (false, &paced),
+            (true, &paced),
+            (true, &flooded),
+        ];
+        assert_eq!(needs_extra_window_per_family(&round), vec![2]);
+        // Across the families it would have been every paced path.
+        let all: Vec<&RunFigures> = round.iter().map(|(_, f)| *f).collect();
+        assert_eq!(needs_extra_window(&all), vec![0, 1, 2]);
+        // And the reverse.
+        let round = [(false, &flooded), (false, &paced), (true, &paced)];
+        assert_eq!(needs_extra_window_per_family(&round), vec![1]);
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! inter-processor interrupt, a hypervisor exit, that cost every path 20-40 % of its
 //! core in a first measurement: the hypervisor's price, not the path's.
 
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -45,12 +45,12 @@ pub struct UdpSink {
 }
 
 impl UdpSink {
-    /// Binds UDP `port` in namespace `ns` and starts reading on `cpu` (SCHED_FIFO at
-    /// `rt_priority`).
-    pub fn start(ns: &str, port: u16, cpu: u32, rt_priority: u8) -> Result<UdpSink> {
+    /// Binds UDP `ip`:`port` in namespace `ns` (`0.0.0.0` for the IPv4 rows, `::` for the
+    /// IPv6 ones) and starts reading on `cpu` (SCHED_FIFO at `rt_priority`).
+    pub fn start(ns: &str, ip: IpAddr, port: u16, cpu: u32, rt_priority: u8) -> Result<UdpSink> {
         let socket = in_netns(ns, move || {
-            let s = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port))
-                .with_context(|| format!("binding UDP :{port}"))?;
+            let s = UdpSocket::bind(SocketAddr::new(ip, port))
+                .with_context(|| format!("binding UDP {}", SocketAddr::new(ip, port)))?;
             Ok(s)
         })?;
         set_int(&socket, libc::SO_RCVBUFFORCE, RCVBUF).context("SO_RCVBUFFORCE")?;
@@ -113,7 +113,7 @@ impl Drop for UdpSink {
     }
 }
 
-fn set_int(s: &UdpSocket, opt: libc::c_int, v: libc::c_int) -> Result<()> {
+pub(crate) fn set_int(s: &UdpSocket, opt: libc::c_int, v: libc::c_int) -> Result<()> {
     // SAFETY: `v` is a live c_int and its size is passed.
     let rc = unsafe {
         libc::setsockopt(
@@ -183,28 +183,37 @@ fn read_loop(s: &UdpSocket, received: &AtomicU64, stop: &AtomicBool) -> Result<(
 mod tests {
     use super::*;
 
-    /// Needs root (a namespace); skipped with a message otherwise.
+    /// Needs root (a namespace). IPv4 for the IPv4 rows, IPv6 for the IPv6 ones.
     #[test]
     fn counts_what_it_reads_and_reports_socket_drops() {
         juneau_tests::netns::require_root().expect("a namespace");
         let prefix = juneau_tests::netns::unique_prefix("sink");
         let ns = juneau_tests::netns::Netns::new(format!("{prefix}be")).expect("netns");
         ns.exec(&["ip", "link", "set", "lo", "up"]).expect("lo up");
-        let sink = UdpSink::start(ns.name(), 9100, 0, 20).expect("sink");
-        let sent = in_netns(ns.name(), || {
-            let c = UdpSocket::bind("127.0.0.1:0")?;
-            for _ in 0..500 {
-                c.send_to(&[0u8; 18], "127.0.0.1:9100")?;
+        for (bind, from, to) in [
+            ("0.0.0.0", "127.0.0.1:0", "127.0.0.1:9100"),
+            ("::", "[::1]:0", "[::1]:9100"),
+        ] {
+            let sink = UdpSink::start(ns.name(), bind.parse().unwrap(), 9100, 0, 20).expect("sink");
+            let sent = in_netns(ns.name(), move || {
+                let c = UdpSocket::bind(from)?;
+                for _ in 0..500 {
+                    c.send_to(&[0u8; 18], to)?;
+                }
+                Ok(500u64)
+            })
+            .expect("send");
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while sink.count().unwrap() + sink.socket_drops().unwrap() < sent
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(10));
             }
-            Ok(500u64)
-        })
-        .expect("send");
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while sink.count().unwrap() + sink.socket_drops().unwrap() < sent
-            && std::time::Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(10));
+            assert_eq!(
+                sink.count().unwrap() + sink.socket_drops().unwrap(),
+                sent,
+                "{to}"
+            );
         }
-        assert_eq!(sink.count().unwrap() + sink.socket_drops().unwrap(), sent);
     }
 }

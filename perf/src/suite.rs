@@ -457,7 +457,8 @@ fn round_windows<'a>(
 }
 
 /// Gives every window of a round (`slots`, [`round_windows`]) one of the round's common kind
-/// ([`results::common_kind`]): each path without one gets an extra window of that kind,
+/// ([`results::common_kind`]; the IPv4 and the IPv6 rows each have their own, as no ratio
+/// pairs across the families): each path without one gets an extra window of that kind,
 /// kept beside its own (`RunFigures::also`). A path lacks one only when the common kind
 /// is flooded (a paced common kind means every window was paced), so the extra window
 /// is flooded. A failed extra window is reported; the round then pairs without it.
@@ -469,8 +470,8 @@ fn like_kind_round(
     slots: &mut [Slot<'_>],
 ) -> Result<()> {
     let missing = {
-        let windows: Vec<&RunFigures> = slots.iter().map(|s| &*s.3).collect();
-        results::needs_extra_window(&windows)
+        let windows: Vec<(bool, &RunFigures)> = slots.iter().map(|s| (s.0.ipv6(), &*s.3)).collect();
+        results::needs_extra_window_per_family(&windows)
     };
     for i in missing {
         let (sc, flows, fill) = (slots[i].0, slots[i].1, slots[i].2);
@@ -742,10 +743,7 @@ fn throughput_once(
     let tag = format!("{}-{flows}-{}", sc.name(), std::process::id());
     let (t, mut a) = udp_bed(plan, sc, &tag)?;
     let r = measure(&t, &mut a, plan, flows, warmup, fill)?;
-    if matches!(
-        sc,
-        Scenario::Juneau | Scenario::JuneauXdpFast | Scenario::JuneauBusyPoll
-    ) {
+    if sc.is_juneau() {
         let busy_polled = busy_poll_rx_packets(&t);
         record_dataplane_counters(plan, sc, &tag, flows, busy_polled);
     }
@@ -807,6 +805,7 @@ fn record_dataplane_counters(
         "xsk_fill_ring_empty": pick("xsk_fill_ring_empty"),
         "xsk_rx_dropped": pick("xsk_rx_dropped"),
         "flows_in_table": pick("flows"),
+        "ipv6_flows_in_table": pick("flows6"),
         "busy_poll_rx_packets": busy_polled,
     });
     if let Ok(mut l) = DATAPLANE_COUNTERS.lock() {

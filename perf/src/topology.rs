@@ -7,11 +7,15 @@
 //! ```
 //! Addresses are from 198.18.0.0/15, the range set aside for benchmarking (RFC 2544).
 //! Generated flows come from 198.18.64.0/18 (routed to the client by the node), the VIP
-//! is 198.19.0.10. Namespaces and links get names unique to this process and call
+//! is 198.19.0.10. The same links carry IPv6 (the IPv6 rows) from 2001:2::/48, the
+//! range set aside for benchmarking IPv6 (RFC 5180): `2001:2:0:1::/64` between client
+//! and node, `2001:2:0:2::/64` between node and backend, flows from `2001:2:0:40::/64`,
+//! the VIP `2001:2:0:ff::10`; addresses without duplicate address detection and static
+//! neighbours, as IPv4's. Namespaces and links get names unique to this process and call
 //! (`juneau_tests::netns::unique_prefix`), and everything is deleted when the topology is
 //! dropped — on success, on error and on Ctrl-C (the main loop turns it into an error).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context, Result};
 use juneau_tests::netns::{unique_prefix, veth, Netns};
@@ -30,6 +34,21 @@ pub const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 2, 2);
 pub const FLOW_BASE: Ipv4Addr = Ipv4Addr::new(198, 18, 64, 0);
 /// The load balancer's VIP.
 pub const VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
+/// The client's IPv6 address.
+pub const CLIENT_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, 2);
+/// The node's IPv6 address on the client side.
+pub const NODE_CLIENT_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 1, 0, 0, 0, 1);
+/// The node's IPv6 address on the backend side.
+pub const NODE_BACKEND_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 2, 0, 0, 0, 1);
+/// The backend Pod's IPv6 address.
+pub const BACKEND_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 2, 0, 0, 0, 2);
+/// The first generated IPv6 client address (flows count up its last 32 bits, 64 source
+/// ports per address, as IPv4's).
+pub const FLOW_BASE6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0x40, 0, 0, 0, 0);
+/// The prefix the IPv6 flows come from (routed to the client by the node).
+const FLOW_NET6: &str = "2001:2:0:40::/64";
+/// The load balancer's IPv6 VIP.
+pub const VIP6: Ipv6Addr = Ipv6Addr::new(0x2001, 2, 0, 0xff, 0, 0, 0, 0x10);
 /// The service port of the throughput load (UDP) at the VIP.
 pub const LOAD_PORT: u16 = 9000;
 /// The backend's port for the throughput load (counted and dropped by the sink).
@@ -130,6 +149,7 @@ impl Topology {
         backend.exec(&["ip", "route", "add", "default", "via", "198.18.2.1"])?;
         node.exec(&["ip", "route", "add", "198.18.64.0/18", "via", "198.18.1.2"])?;
         node.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        address_ipv6(&client, &node, &backend, [&c_if, &nc_if, &nb_if, &b_if])?;
         // Generated sources are not the client's own address; let them through.
         for ns in [&client, &node, &backend] {
             ns.exec(&["sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0"])?;
@@ -248,7 +268,34 @@ impl Topology {
             "nud",
             "permanent",
         ])?;
+        t.static_neighbours6()?;
         Ok(t)
+    }
+
+    /// The IPv6 neighbours, static as IPv4's: no neighbour discovery in a measured window.
+    fn static_neighbours6(&self) -> Result<()> {
+        let mac = crate::packet::format_mac;
+        for (ns, ip, lladdr, dev) in [
+            (&self.node, BACKEND_IP6, &self.b_mac, &self.nb_if),
+            (&self.node, CLIENT_IP6, &self.c_mac, &self.nc_if),
+            (&self.client, NODE_CLIENT_IP6, &self.nc_mac, &self.c_if),
+            (&self.backend, NODE_BACKEND_IP6, &self.nb_mac, &self.b_if),
+        ] {
+            ns.exec(&[
+                "ip",
+                "-6",
+                "neigh",
+                "replace",
+                &ip.to_string(),
+                "lladdr",
+                &mac(lladdr),
+                "dev",
+                dev,
+                "nud",
+                "permanent",
+            ])?;
+        }
+        Ok(())
     }
 
     /// The names of the namespaces (for messages).
@@ -260,4 +307,24 @@ impl Topology {
             self.backend.name()
         )
     }
+}
+
+/// The IPv6 side of the links (`ifs`: client, node's client side, node's backend side,
+/// backend): addresses without duplicate address detection (usable at once), the routes
+/// as IPv4's (client and backend via the node, the flows' prefix via the client),
+/// forwarding on in the node.
+fn address_ipv6(client: &Netns, node: &Netns, backend: &Netns, ifs: [&str; 4]) -> Result<()> {
+    let [c_if, nc_if, nb_if, b_if] = ifs;
+    client.addr6(c_if, &format!("{CLIENT_IP6}/64"))?;
+    node.addr6(nc_if, &format!("{NODE_CLIENT_IP6}/64"))?;
+    node.addr6(nb_if, &format!("{NODE_BACKEND_IP6}/64"))?;
+    backend.addr6(b_if, &format!("{BACKEND_IP6}/64"))?;
+    let via = |ns: &Netns, to: &str, gw: Ipv6Addr| {
+        ns.exec(&["ip", "-6", "route", "add", to, "via", &gw.to_string()])
+    };
+    via(client, "default", NODE_CLIENT_IP6)?;
+    via(backend, "default", NODE_BACKEND_IP6)?;
+    via(node, FLOW_NET6, CLIENT_IP6)?;
+    node.exec(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
+    Ok(())
 }

@@ -169,6 +169,8 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
         "afxdp-l2fwd",
         "juneau",
         "juneau-xdp-fast",
+        "nft-dnat6",
+        "juneau6",
     ] {
         let s = scenarios
             .iter()
@@ -187,6 +189,7 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
         ("juneau_vs_nft_dnat", "juneau / nft-dnat:"),
         ("juneau_xdp_fast_vs_xdp_dnat", "juneau-xdp-fast / xdp-dnat:"),
         ("juneau_vs_afxdp_l2fwd", "juneau / afxdp-l2fwd:"),
+        ("juneau6_vs_nft_dnat6", "juneau6 / nft-dnat6:"),
     ] {
         let refused = report["ratios"]["refused"]
             .as_array()
@@ -199,6 +202,20 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
             report["ratios"]
         );
     }
+    // juneau6 forwarded over IPv6: the dataplane held the IPv6 flows and dropped nothing.
+    let j6 = report["dataplane_counters"]
+        .as_array()
+        .expect("dataplane_counters")
+        .iter()
+        .find(|c| c["scenario"] == "juneau6")
+        .unwrap_or_else(|| panic!("no counters of juneau6: {report:#}"));
+    assert_eq!(j6["ipv6_flows_in_table"], 256, "{j6}");
+    assert_eq!(j6["engine_drops"], 0, "{j6}");
+    let (rx, tx) = (j6["rx_packets"].as_u64(), j6["tx_packets"].as_u64());
+    assert!(
+        rx.zip(tx).is_some_and(|(rx, tx)| tx > 0 && tx <= rx),
+        "each IPv6 frame sent once: {j6}"
+    );
     for s in scenarios {
         let runs = s["runs"].as_array().expect("per-run figures");
         for run in runs {
@@ -217,9 +234,9 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
             );
         }
     }
-    // Every path of the round (one round in smoke) has a window of one common kind: a
-    // path paced while another was flooded ran an extra flooded window (its paced one
-    // kept), so every ratio pairs like with like (issue #26).
+    // Every path of the round (one round in smoke) has a window of one common kind (per
+    // family: IPv4, IPv6): a path paced while another was flooded ran an extra flooded
+    // window (its paced one kept), so every ratio pairs like with like (issue #26).
     let kinds = |run: &serde_json::Value| -> Vec<&'static str> {
         std::iter::once(run)
             .chain(run["also"].as_array().into_iter().flatten())
@@ -241,13 +258,23 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
         .chain(std::iter::once(&report["flow_scale_reference"]["summary"]))
         .filter(|s| s["runs"].as_array().is_some_and(|r| !r.is_empty()))
         .collect();
-    let round: Vec<Vec<&str>> = rows.iter().map(|s| kinds(&s["runs"][0])).collect();
-    assert!(
-        ["paced", "flooded"]
+    // Per family: the IPv6 rows pair only among themselves, so they have their own kind.
+    let ipv6 = |s: &serde_json::Value| {
+        ["nft-dnat6", "juneau6", "kernel-forward6"].contains(&s["name"].as_str().unwrap_or(""))
+    };
+    for family in [false, true] {
+        let round: Vec<Vec<&str>> = rows
             .iter()
-            .any(|k| round.iter().all(|w| w.contains(k))),
-        "round 1 has no kind every path's windows share: {round:?}"
-    );
+            .filter(|s| ipv6(s) == family)
+            .map(|s| kinds(&s["runs"][0]))
+            .collect();
+        assert!(
+            ["paced", "flooded"]
+                .iter()
+                .any(|k| round.iter().all(|w| w.contains(k))),
+            "round 1 has no kind every path's windows share (IPv6: {family}): {round:?}"
+        );
+    }
     // The TCP bulk download: 4 MiB per connection, 1 and 4 streams, through juneau and
     // nft-dnat; every byte of the checked round and of the window arrived.
     let bulk = report["bulk"].as_array().expect("bulk rows");
