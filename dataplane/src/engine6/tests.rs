@@ -419,7 +419,10 @@ fn a_flow_met_before_the_first_service_table_is_kept_for_it() {
     // have read the node state (generation 0).
     let mut old = engine(vec![service(80, IPPROTO_TCP, &[1], 1)]);
     let mut f = tcp(client(), vip(), 40000, 80, SYN);
-    assert_eq!(run(&mut old, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+    assert_eq!(
+        run(&mut old, &mut f, Side::Uplink),
+        Verdict::Tx(Side::Pod(0))
+    );
     let mut new = Engine::new(EngineConfig {
         flow_capacity: 64,
         flow6_capacity: 64,
@@ -434,7 +437,10 @@ fn a_flow_met_before_the_first_service_table_is_kept_for_it() {
     assert_eq!(new.flows6_mut().len(), 1, "the flow outlives the wait");
     new.set_services6(Services6::new(1, vec![service(80, IPPROTO_TCP, &[1], 1)]));
     let mut r = tcp(pod(1), client(), 8080, 40000, SYN | ACK);
-    assert_eq!(run(&mut new, &mut r, Side::Pod(0)), Verdict::Tx(Side::Uplink));
+    assert_eq!(
+        run(&mut new, &mut r, Side::Pod(0)),
+        Verdict::Tx(Side::Uplink)
+    );
     assert_eq!(parse6(&r).unwrap().src, vip(), "translated back to the VIP");
 }
 
