@@ -116,11 +116,14 @@ pub enum DropReason {
     /// A new IPv6 flow whose keys the steering program's `flows6` map refused (its
     /// replies would have reached the kernel un-NATed): not created.
     FlowNotPublished,
+    /// A packet of a flow restored from the pinned maps, before the (re)started process
+    /// has read the node state: the flow is kept for when it comes, the packet dropped.
+    NoServiceTable,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 38] = [
+    pub const ALL: [DropReason; 39] = [
         DropReason::Malformed,
         DropReason::Fragment,
         DropReason::IpOptions,
@@ -159,6 +162,7 @@ impl DropReason {
         DropReason::NoSocket,
         DropReason::Ipv6ExtensionHeader,
         DropReason::FlowNotPublished,
+        DropReason::NoServiceTable,
     ];
 
     /// The label used in metrics and the stats file.
@@ -202,6 +206,7 @@ impl DropReason {
             DropReason::NoSocket => "no_socket",
             DropReason::Ipv6ExtensionHeader => "ipv6_extension_header",
             DropReason::FlowNotPublished => "flow_not_published",
+            DropReason::NoServiceTable => "no_service_table",
         }
     }
 }

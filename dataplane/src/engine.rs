@@ -843,7 +843,10 @@ impl Engine {
         if gen == 0 {
             // No service table yet (just started, state file not read): keep the flow
             // (found in the pinned table) for when it comes; drop this packet.
-            return Err(Stale::GONE);
+            return Err(Stale {
+                reason: DropReason::NoServiceTable,
+                service: None,
+            });
         }
         match self.table.find(f.vip, f.proto, f.vip_port) {
             Some(s) if !self.table.service(s).admits(f.client) => {

@@ -319,7 +319,7 @@ impl Engine {
             // (restored from the pinned map) is kept for when it comes, as IPv4's; this
             // packet is dropped. Ending it here would withdraw its keys, and the
             // backend's next replies would reach the kernel and leave un-translated.
-            return Err(self.drop6(DropReason::BackendRemoved, None));
+            return Err(self.drop6(DropReason::NoServiceTable, None));
         }
         let found = self.v6.services.find(f.vip, f.proto, f.vip_port);
         let verdict = match found.and_then(|s| Some((s, self.v6.services.service(s)?))) {

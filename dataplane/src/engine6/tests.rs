@@ -432,7 +432,7 @@ fn a_flow_met_before_the_first_service_table_is_kept_for_it() {
     let mut r = tcp(pod(1), client(), 8080, 40000, SYN | ACK);
     assert_eq!(
         run(&mut new, &mut r, Side::Pod(0)),
-        Verdict::Drop(DropReason::BackendRemoved)
+        Verdict::Drop(DropReason::NoServiceTable)
     );
     assert_eq!(new.flows6_mut().len(), 1, "the flow outlives the wait");
     new.set_services6(Services6::new(1, vec![service(80, IPPROTO_TCP, &[1], 1)]));
