@@ -297,17 +297,7 @@ impl Report {
                 );
             }
             for k in kinds {
-                m += &format!(
-                    "| {label} | {} ({}) | {:.2} ({:.2} – {:.2}) | {:.2} ({:.2} – {:.2}) | {t} |\n",
-                    k.kind.label(),
-                    rounds_label(&k.rounds),
-                    k.pps,
-                    k.pps_range.0,
-                    k.pps_range.1,
-                    k.cpu,
-                    k.cpu_range.0,
-                    k.cpu_range.1
-                );
+                m += &format!("| {label} | {} | {t} |\n", kind_ratio_cells(k));
             }
         }
         if !q.left_out.is_empty() {
@@ -385,17 +375,7 @@ impl Report {
         m += "\n| ratio (paired per round: median, lowest – highest) | windows | delivered pps | packets per CPU-second |\n|---|---|---:|---:|\n";
         let kinds: Vec<_> = q.by_kind.iter().filter(|k| k.ratio == name).collect();
         for k in &kinds {
-            m += &format!(
-                "| {name} | {} ({}) | {:.2} ({:.2} – {:.2}) | {:.2} ({:.2} – {:.2}) |\n",
-                k.kind.label(),
-                rounds_label(&k.rounds),
-                k.pps,
-                k.pps_range.0,
-                k.pps_range.1,
-                k.cpu,
-                k.cpu_range.0,
-                k.cpu_range.1
-            );
+            m += &format!("| {name} | {} |\n", kind_ratio_cells(k));
         }
         if kinds.is_empty() {
             let why: Vec<&str> = q
@@ -650,6 +630,22 @@ fn plot(dir: &Path, json: &Path) -> Result<Vec<PathBuf>> {
         .lines()
         .map(PathBuf::from)
         .collect())
+}
+
+/// A paired ratio's cells: windows (kind and rounds), delivered pps and packets per
+/// CPU-second, each the median with the lowest and highest round.
+fn kind_ratio_cells(k: &crate::results::KindRatio) -> String {
+    format!(
+        "{} ({}) | {:.2} ({:.2} – {:.2}) | {:.2} ({:.2} – {:.2})",
+        k.kind.label(),
+        rounds_label(&k.rounds),
+        k.pps,
+        k.pps_range.0,
+        k.pps_range.1,
+        k.cpu,
+        k.cpu_range.0,
+        k.cpu_range.1
+    )
 }
 
 /// A figure with two decimals, or "not measured".
