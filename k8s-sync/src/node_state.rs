@@ -1932,12 +1932,9 @@ mod tests {
         assert!(s.advertised.is_empty());
     }
 
-    #[test]
-    fn services_sharing_a_vip_announce_it_once_and_hand_on_a_port_whose_backends_are_elsewhere() {
-        let mut v = view();
-        v.nodes.extend([node("node-b", "192.168.0.2", false)]);
-        // `admin` shares nginx's VIP (the controller gave both the group's address), on
-        // 8443, its only Pod on node-c; the advertisement weighs by backends.
+    /// `admin`: a second Service sharing nginx's VIPs (its ServiceLoadBalancer a copy
+    /// of nginx's) on port 8443, one Ready Pod on node-c at each of `addresses`.
+    fn share_with_admin(v: &mut AgentView, addresses: &[&str]) {
         let mut admin = (**v.services.get("default/nginx").unwrap()).clone();
         admin.metadata = meta("admin", Some("default"));
         admin.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 8443;
@@ -1945,15 +1942,21 @@ mod tests {
         slb.metadata = meta("admin", Some("default"));
         v.services.insert("default/admin".into(), Arc::new(admin));
         v.slbs.push(Arc::new(slb));
-        v.slices.insert(
-            "default/admin".into(),
-            vec![Arc::new(slice(
-                "admin",
-                "admin-1",
-                &[("10.0.0.9", "node-c", true, false)],
-                ("http", 8443),
-            ))],
-        );
+        let pods = addresses.iter().enumerate().map(|(i, addr)| {
+            let name = format!("admin-{}", i + 1);
+            let pod = [(*addr, "node-c", true, false)];
+            Arc::new(slice("admin", &name, &pod, ("http", 8443)))
+        });
+        v.slices.insert("default/admin".into(), pods.collect());
+    }
+
+    #[test]
+    fn services_sharing_a_vip_announce_it_once_and_hand_on_a_port_whose_backends_are_elsewhere() {
+        let mut v = view();
+        v.nodes.extend([node("node-b", "192.168.0.2", false)]);
+        // `admin` shares nginx's VIP (the controller gave both the group's address), on
+        // 8443, its only Pod on node-c; the advertisement weighs by backends.
+        share_with_admin(&mut v, &["10.0.0.9"]);
         Arc::make_mut(&mut v.advertisements[0])
             .spec
             .weighted_by_backends = Some(true);
@@ -2589,25 +2592,7 @@ mod tests {
     fn a_shared_ipv6_vip_s_port_whose_backends_are_elsewhere_is_handed_on() {
         let mut v = dual_view(&v6_endpoints());
         // `admin` shares nginx's two VIPs on 8443, its only Pod (both families) on node-c.
-        let mut admin = (**v.services.get("default/nginx").unwrap()).clone();
-        admin.metadata = meta("admin", Some("default"));
-        admin.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 8443;
-        let mut slb = (*v.slbs[0]).clone();
-        slb.metadata = meta("admin", Some("default"));
-        v.services.insert("default/admin".into(), Arc::new(admin));
-        v.slbs.push(Arc::new(slb));
-        let pod = |addr| {
-            slice(
-                "admin",
-                addr,
-                &[(addr, "node-c", true, false)],
-                ("http", 8443),
-            )
-        };
-        v.slices.insert(
-            "default/admin".into(),
-            vec![Arc::new(pod("10.0.0.9")), Arc::new(pod("fd00::9"))],
-        );
+        share_with_admin(&mut v, &["10.0.0.9", "fd00::9"]);
         let frontend6 = |s: &NodeState, port: u16| {
             s.services6
                 .iter()
