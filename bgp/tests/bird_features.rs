@@ -79,6 +79,12 @@ fn ebgp_multihop_across_a_router_and_ttl_one_never_gets_there() -> Result<()> {
         log.contains("Received: Other configuration change"),
         "{log}"
     );
+    // The speaker's status file reports the old session's end a moment after BIRD saw
+    // the Cease (it is written periodically; read just after the withdrawal it may
+    // still say Established): from then on it must never be Established again.
+    wait_for("the old session reported down", UP, || {
+        Ok((n0.peer_state("router")? != "Established").then_some(()))
+    })?;
     let until = Instant::now() + Duration::from_secs(8);
     while Instant::now() < until {
         let s = n0.peer_state("router")?;
