@@ -297,7 +297,7 @@ fn main() -> Result<()> {
         pin_dir,
         stats_file: a.stats_file,
         decommission_dir: a.decommission_dir,
-        ready_file: a.ready_file,
+        ready_file: juneau_dataplane::runtime::ready_file::ReadyFile(a.ready_file),
         metrics_addr: a.metrics_addr,
         engine: EngineConfig {
             flow_capacity: a.flow_capacity,

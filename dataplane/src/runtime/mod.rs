@@ -85,7 +85,7 @@ pub struct RuntimeConfig {
     /// files, and idles (`None`: never decommissioned; stopping keeps the pins).
     pub decommission_dir: Option<PathBuf>,
     /// The Pod-private readiness file the kubelet's probe reads ([`ready_file`]).
-    pub ready_file: Option<PathBuf>,
+    pub ready_file: ready_file::ReadyFile,
     /// Address of `/metrics`, `/healthz`, `/readyz` (must bind); `None`: the default
     /// [`crate::metrics::DEFAULT_METRICS_ADDR`], only warned about when taken.
     pub metrics_addr: Option<SocketAddr>,
@@ -345,9 +345,7 @@ fn decommission_and_idle(
 /// Runs the dataplane until SIGINT/SIGTERM, or until a decommission request.
 pub fn run(cfg: RuntimeConfig) -> Result<()> {
     install_signal_handlers();
-    if let Some(p) = &cfg.ready_file {
-        ready_file::clear(p);
-    }
+    cfg.ready_file.clear();
     if let Some(token) = decommission_requested(&cfg) {
         return decommission_and_idle(&cfg, &token, None);
     }
@@ -384,9 +382,7 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     // status are the old dataplane's until it lets go. Held until the sockets are closed.
     // Ready from now on: the DaemonSet may delete the old Pod, whose exit is all this
     // process still waits for (ready_file: why not before).
-    if let Some(p) = &cfg.ready_file {
-        ready_file::write(p, ready_file::PREPARED);
-    }
+    cfg.ready_file.say(ready_file::PREPARED);
     let succession = juneau_telemetry::take_over(&cfg.state_file, "dataplane")?;
     let took_over = std::time::Instant::now();
     if let Some(reason) = &replaced {
@@ -458,9 +454,7 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     }
     drop(stats_tx);
     let _ = stats_writer.join();
-    if let Some(p) = &cfg.ready_file {
-        ready_file::write(p, "not ready: stopped");
-    }
+    cfg.ready_file.say(ready_file::STOPPED);
     resolver.stop();
     if DECOMMISSION.load(Ordering::Relaxed) {
         // Every socket and program handle is closed: the pins are the last references.
@@ -998,10 +992,10 @@ fn spawn_stats_writer(
                 }
             }
             exporter.update(stats);
-            if let Some(p) = &ready {
+            if ready.0.is_some() {
                 use juneau_telemetry::Endpoint;
                 let verdict = exporter.ready().map(|()| ready_file::READY.to_string());
-                ready_file::write(p, &verdict.unwrap_or_else(|why| why));
+                ready.say(&verdict.unwrap_or_else(|why| why));
             }
         }
     })?;

@@ -16,19 +16,41 @@
 //! - `ready` / `not ready: <why>`: forwarding, the verdict `/readyz` gives, rewritten by
 //!   the statistics thread about once a second; older than [`STALE_AFTER`]: not ready.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 /// The line written once everything is loaded and only the predecessor is waited for.
 pub const PREPARED: &str = "prepared";
 /// The line written while forwarding and ready.
 pub const READY: &str = "ready";
+/// The line written once the process stopped forwarding.
+pub const STOPPED: &str = "not ready: stopped";
 /// A forwarding verdict older than this is not believed (the statistics thread writes
 /// one about every second).
 pub const STALE_AFTER: Duration = Duration::from_secs(10);
 
-/// Removes a previous run's file (a restart in the same Pod must not look ready early).
-pub fn clear(path: &Path) {
+/// Where this process says whether it is ready (`--ready-file`); without one, nothing is
+/// written.
+#[derive(Debug, Clone, Default)]
+pub struct ReadyFile(pub Option<PathBuf>);
+
+impl ReadyFile {
+    /// Removes a previous run's file (a restart in the same Pod must not look ready early).
+    pub fn clear(&self) {
+        if let Some(p) = &self.0 {
+            clear(p);
+        }
+    }
+
+    /// Writes `line` ([`PREPARED`], [`READY`], [`STOPPED`] or why not ready).
+    pub fn say(&self, line: &str) {
+        if let Some(p) = &self.0 {
+            write(p, line);
+        }
+    }
+}
+
+fn clear(path: &Path) {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -40,7 +62,7 @@ pub fn clear(path: &Path) {
 
 /// Writes `line` (atomically, by rename), warning on failure: a probe then finds the
 /// Pod not ready, never a wrong verdict.
-pub fn write(path: &Path, line: &str) {
+fn write(path: &Path, line: &str) {
     let text = format!("{line}\n");
     if let Err(e) = juneau_control::mapped::write_atomically(path, text.as_bytes()) {
         tracing::warn!(path = %path.display(), error = %e, "writing the ready file failed");
@@ -102,17 +124,18 @@ mod tests {
     fn a_missing_file_is_not_ready_and_a_written_one_is_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("dataplane.ready");
+        let file = ReadyFile(Some(path.clone()));
         let now = SystemTime::now();
         assert!(probe(&path, now).unwrap_err().contains("starting"));
-        write(&path, PREPARED);
+        file.say(PREPARED);
         assert!(probe(&path, now).is_ok());
-        write(&path, "not ready: stopping");
+        file.say("not ready: stopping");
         assert_eq!(probe(&path, now).unwrap_err(), "not ready: stopping");
-        write(&path, READY);
+        file.say(READY);
         assert!(probe(&path, now + Duration::from_secs(2)).is_ok());
         assert!(probe(&path, now + Duration::from_secs(60)).is_err());
-        clear(&path);
-        clear(&path);
+        file.clear();
+        file.clear();
         assert!(probe(&path, now).is_err());
     }
 }
