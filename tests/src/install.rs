@@ -16,6 +16,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use crate::images::{self, ImageArchive};
+use crate::repo_root;
 
 /// The Helm release name.
 pub const RELEASE: &str = "juneau";
@@ -186,11 +187,4 @@ pub fn pod_process(program: &str, netns: Option<&str>, env: Option<&str>) -> Opt
     found.sort_unstable();
     // One process per container; the oldest (lowest pid) if a restart overlaps.
     found.first().copied()
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
 }

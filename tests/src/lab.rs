@@ -27,6 +27,7 @@ use crate::kube::{binaries_dir, ClusterOptions, KubeCluster};
 use crate::netns::{run, Netns};
 use crate::node::{self, KubeletNode, NodeSpec};
 use crate::prometheus::{Prometheus, PrometheusSpec, Target};
+use crate::repo_root;
 
 /// Everything the lab writes (kube/, nodes/, router/, logs/, pids/, images/).
 pub const STATE: &str = "/run/juneau-lab";
@@ -443,7 +444,7 @@ impl JuneauBins {
                 .and_then(Path::parent)
                 .context("cannot find the cargo target directory")?
                 .to_path_buf();
-            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let root = repo_root();
             let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
                 .current_dir(&root)
                 .env("CARGO_TARGET_DIR", &target)
@@ -1420,13 +1421,6 @@ pub fn keep_logs() {
     }
     copy(state().join("router/bird.log"), "bird.log".into());
     eprintln!("lab logs kept in {}", keep.display());
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// The holder of the controller's Lease.

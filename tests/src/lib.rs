@@ -29,3 +29,23 @@ pub mod load;
 pub mod netns;
 pub mod node;
 pub mod prometheus;
+
+/// The checkout this harness works on: `JUNEAU_REPO` (which `lab/lab` sets), else the
+/// one cargo runs it from (`CARGO_MANIFEST_DIR` at run time: `cargo test`, `cargo run`),
+/// else the one it was compiled in. Not the compile-time path first: with a shared
+/// `CARGO_TARGET_DIR`, cargo reuses a binary built in another checkout of the same
+/// sources, whose baked-in path may no longer exist (a CI checkout, a worktree).
+pub fn repo_root() -> std::path::PathBuf {
+    use std::path::{Path, PathBuf};
+    if let Some(r) = std::env::var_os("JUNEAU_REPO") {
+        return PathBuf::from(r);
+    }
+    let tests_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .filter(|d| d.join("src/lab.rs").exists())
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    tests_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}

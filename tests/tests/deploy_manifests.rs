@@ -2,13 +2,11 @@
 //! `kubectl apply --dry-run=server -k deploy/`, and once applied, the ServiceAccounts
 //! get what the components use and nothing like cluster-admin.
 
-use std::path::PathBuf;
-
 use anyhow::Result;
 use juneau_tests::kube::KubeCluster;
 
 fn deploy_dir() -> String {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let dir = juneau_tests::repo_root().join("deploy");
     dir.canonicalize().unwrap_or(dir).display().to_string()
 }
 

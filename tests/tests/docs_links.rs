@@ -322,16 +322,9 @@ fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
-}
-
 #[test]
 fn every_relative_link_and_anchor_of_the_markdown_files_resolves() {
-    let root = repo_root();
+    let root = juneau_tests::repo_root();
     let mut files = Vec::new();
     markdown_files(&root, &mut files);
     assert!(

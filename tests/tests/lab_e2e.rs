@@ -34,10 +34,7 @@ const NODE_B: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 12);
 const NODE_C: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 13);
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
+    juneau_tests::repo_root()
 }
 
 fn lab_cmd(arg: &str) -> Result<String> {

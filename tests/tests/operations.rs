@@ -313,6 +313,79 @@ const SATURATING: usize = 4;
 /// Saturating clients of the IPv6 load (fewer: the lab's two cores carry all three).
 const SATURATING6: usize = 1;
 
+/// What the nodes and the client counted before a load window: drops, dataplane starts,
+/// the client's retransmissions; [`Window::print`] shows what changed since.
+struct Window {
+    drops: Vec<(&'static str, serde_json::Value)>,
+    starts: Vec<Vec<String>>,
+    retrans: (u64, u64),
+}
+
+impl Window {
+    fn open() -> Window {
+        Window {
+            drops: drop_counts(),
+            starts: NODES
+                .iter()
+                .map(|n| lab::dataplane_start_lines(n.name))
+                .collect(),
+            retrans: client_retransmits(),
+        }
+    }
+
+    /// The client's retransmissions, the loads' failure samples (Local, Cluster, IPv6
+    /// Cluster), the dataplanes started and the drops counted since [`Window::open`].
+    fn print(&self, reports: &[&LoadReport; 3]) {
+        let retrans = client_retransmits();
+        println!(
+            "    client retransmissions: {} segments, {} SYNs",
+            retrans.0.saturating_sub(self.retrans.0),
+            retrans.1.saturating_sub(self.retrans.1)
+        );
+        for (policy, r) in ["Local", "Cluster", IPV6_POLICY].into_iter().zip(reports) {
+            for f in &r.failure_samples {
+                println!("    failure ({policy} VIP): {f}");
+            }
+        }
+        // The dataplanes that started meanwhile: how long each waited for its predecessor
+        // and how long the node was without sockets after it (`forwarding_ms`).
+        for (n, before) in NODES.iter().zip(&self.starts) {
+            for l in lab::dataplane_start_lines(n.name)
+                .iter()
+                .filter(|l| !before.contains(l))
+            {
+                println!("    {} dataplane started: {l}", n.name);
+            }
+        }
+        // Where packets were dropped meanwhile, per node. A restarted dataplane counts from
+        // zero again: where any count went down, its counts since the restart are shown.
+        for ((node, was), (_, after)) in self.drops.iter().zip(drop_counts()) {
+            let counts: Vec<(&String, u64, u64)> = after
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, v)| Some((k, v.as_u64()?, was[k].as_u64().unwrap_or(0))))
+                .collect();
+            let restarted = counts.iter().any(|(_, now, then)| now < then);
+            let grew: Vec<String> = counts
+                .iter()
+                .filter_map(|(k, now, then)| {
+                    let since = if restarted {
+                        *now
+                    } else {
+                        now.saturating_sub(*then)
+                    };
+                    (since > 0).then(|| format!("{k} {since}"))
+                })
+                .collect();
+            if !grew.is_empty() {
+                let when = if restarted { " since its restart" } else { "" };
+                println!("    {node} dataplane drops{when}: {}", grew.join(", "));
+            }
+        }
+    }
+}
+
 /// Runs `op` under load: QUIET, op (which waits until things settled), QUIET.
 fn measure(
     bins: &JuneauBins,
@@ -325,71 +398,16 @@ fn measure(
     let load = start_load(bins, dir, &name.replace(' ', "-"))?;
     std::thread::sleep(QUIET);
     let t0 = Instant::now();
-    let drops_before = drop_counts();
-    let starts_before: Vec<Vec<String>> = NODES
-        .iter()
-        .map(|n| lab::dataplane_start_lines(n.name))
-        .collect();
-    let retrans_before = client_retransmits();
+    let window = Window::open();
     let result = op();
     let took = t0.elapsed();
     std::thread::sleep(QUIET);
     let [report, cluster, cluster6] = finish_load(load)?;
-    let retrans = client_retransmits();
     result.with_context(|| format!("operation `{name}`"))?;
     println!("    Local VIP: {report:?} (operation took {took:.1?})");
     println!("    Cluster VIP: {cluster:?}");
     println!("    IPv6 Cluster VIP: {cluster6:?}");
-    println!(
-        "    client retransmissions: {} segments, {} SYNs",
-        retrans.0.saturating_sub(retrans_before.0),
-        retrans.1.saturating_sub(retrans_before.1)
-    );
-    for (policy, r) in [
-        ("Local", &report),
-        ("Cluster", &cluster),
-        (IPV6_POLICY, &cluster6),
-    ] {
-        for f in &r.failure_samples {
-            println!("    failure ({policy} VIP): {f}");
-        }
-    }
-    // The dataplanes that started meanwhile: how long each waited for its predecessor
-    // and how long the node was without sockets after it (`forwarding_ms`).
-    for (n, before) in NODES.iter().zip(&starts_before) {
-        for l in lab::dataplane_start_lines(n.name)
-            .iter()
-            .filter(|l| !before.contains(l))
-        {
-            println!("    {} dataplane started: {l}", n.name);
-        }
-    }
-    // Where packets were dropped meanwhile, per node. A restarted dataplane counts from
-    // zero again: where any count went down, its counts since the restart are shown.
-    for ((node, was), (_, after)) in drops_before.iter().zip(drop_counts()) {
-        let counts: Vec<(&String, u64, u64)> = after
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, v)| Some((k, v.as_u64()?, was[k].as_u64().unwrap_or(0))))
-            .collect();
-        let restarted = counts.iter().any(|(_, now, then)| now < then);
-        let grew: Vec<String> = counts
-            .iter()
-            .filter_map(|(k, now, then)| {
-                let since = if restarted {
-                    *now
-                } else {
-                    now.saturating_sub(*then)
-                };
-                (since > 0).then(|| format!("{k} {since}"))
-            })
-            .collect();
-        if !grew.is_empty() {
-            let when = if restarted { " since its restart" } else { "" };
-            println!("    {node} dataplane drops{when}: {}", grew.join(", "));
-        }
-    }
+    window.print(&[&report, &cluster, &cluster6]);
     rows.push(Row {
         name,
         report,
@@ -512,9 +530,11 @@ fn operations(lab: &mut Lab, t_suite: Instant) -> Result<Vec<Row>> {
     let d = dir.path();
     // The load works before anything happens.
     let bins = JuneauBins::locate()?;
+    let window = Window::open();
     let baseline = start_load(&bins, d, "baseline")?;
     std::thread::sleep(Duration::from_secs(3));
     let [a, b, c] = finish_load(baseline)?;
+    window.print(&[&a, &b, &c]);
     for (policy, b) in [("Local", &a), ("Cluster", &b), (IPV6_POLICY, &c)] {
         assert!(
             b.ok > 0 && b.failed == 0 && b.saturating.ok > 0 && b.saturating.failed() == 0,

@@ -242,18 +242,26 @@ impl Control {
             return;
         };
         let h = self.held.take().expect("held");
-        if !h.waiting.is_empty() {
+        if !h.waiting.is_empty() || !h.waiting6.is_empty() {
             self.holds.held += 1;
         }
         if !resolved {
             self.holds.timed_out += 1;
             let nb = ctx.shared.get();
-            let missing: Vec<_> = h.waiting.iter().filter(|ip| !found(&nb, **ip)).collect();
+            let missing: Vec<std::net::IpAddr> = (h.waiting.iter())
+                .filter(|ip| !found(&nb, **ip))
+                .map(|ip| std::net::Ipv4Addr::from(*ip).into())
+                .chain(
+                    (h.waiting6.iter())
+                        .filter(|ip| !found6(&nb, **ip))
+                        .map(|ip| std::net::Ipv6Addr::from(*ip).into()),
+                )
+                .collect();
             tracing::warn!(
                 generation = h.generation,
                 waited_ms = waited.as_millis() as u64,
                 unresolved = missing.len(),
-                first = ?missing.iter().take(8).map(|ip| std::net::Ipv4Addr::from(**ip)).collect::<Vec<_>>(),
+                first = ?missing.iter().take(8).collect::<Vec<_>>(),
                 "new backends' next hops not resolved in time; installing the table anyway"
             );
         }

@@ -5,7 +5,7 @@
 //! `juneau_tests::images::build_juneau` (what it holds, and why it is reproducible, is
 //! documented there and in docs/decisions.md).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -34,7 +34,7 @@ fn main() -> Result<()> {
         Some(d) => d,
         None => {
             let cargo = PathBuf::from(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-            let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+            let manifest = juneau_tests::repo_root().join("Cargo.toml");
             eprintln!("juneau-image: cargo build --release of the image's programs");
             images::build_release_binaries(&cargo, &manifest)
                 .context("building the release binaries")?
