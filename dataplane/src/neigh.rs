@@ -278,6 +278,14 @@ impl Neighbours {
         self.entries.insert(neigh_key(ip, ifindex), mac);
     }
 
+    /// Whether the next hop `ip` on `ifindex` has an entry (either family).
+    pub fn has_neighbour(&self, ip: std::net::IpAddr, ifindex: u32) -> bool {
+        match ip {
+            std::net::IpAddr::V4(a) => self.entries.contains_key(&neigh_key(a.into(), ifindex)),
+            std::net::IpAddr::V6(a) => self.entries6.contains_key(&(a.octets(), ifindex)),
+        }
+    }
+
     /// Number of neighbour entries.
     pub fn neighbour_count(&self) -> usize {
         self.entries.len()

@@ -743,13 +743,19 @@ impl SharedNeighbours {
     }
 }
 
-/// Waits between the re-reads of the kernel's tables after resolution requests (about
-/// 400 ms in all, until the answers are in).
-const REREAD_MS: [u64; 7] = [2, 5, 10, 20, 50, 100, 200];
+/// Waits between the re-reads of the kernel's tables after resolution requests, until
+/// every next hop asked for has an entry: quickly at first (an answer takes
+/// milliseconds), then every 250 ms for as long as the kernel itself tries (three
+/// solicitations a second apart; about 2.9 s in all). Stopping at 400 ms, as this once
+/// did, left an entry the kernel found on its second try unseen until the next packet's
+/// miss — that packet dropped, a client's retransmitted SYN among them.
+const REREAD_MS: [u64; 17] = [
+    2, 5, 10, 20, 50, 100, 200, 250, 250, 250, 250, 250, 250, 250, 250, 250, 250,
+];
 
 /// Runs the resolver until `stop` is set: refreshes the table every `period`; when a
-/// miss arrives on `misses`, asks the kernel to resolve it and re-reads the table a few
-/// times over the next ~400 ms until the entry appears — also for any address kept
+/// miss arrives on `misses`, asks the kernel to resolve it and re-reads the table on the
+/// [`REREAD_MS`] schedule until every entry asked for appears — also for any address kept
 /// resolved ahead ([`SharedNeighbours::set_ahead`]) that has no entry; every `keepalive`,
 /// re-probes stale entries the dataplane depends on ([`Netlink::keep_alive`]).
 #[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
@@ -780,6 +786,8 @@ pub fn run_resolver(
     let mut carried: Option<Miss> = None;
     // Position in the re-read schedule after requests (`REREAD_MS.len()`: none running).
     let mut reread = REREAD_MS.len();
+    // The next hops asked for that the table read last had no entry for.
+    let mut awaiting: Vec<Miss> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let first = match carried.take() {
             Some(m) => Ok(m),
@@ -797,6 +805,7 @@ pub fn run_resolver(
         for (ip, ifindex) in reverify_new_backends(&mut nl, &shared) {
             asked = true;
             last_request.insert((IpAddr::V4(Ipv4Addr::from(ip)), ifindex), now);
+            awaiting.push((IpAddr::V4(Ipv4Addr::from(ip)), ifindex));
         }
         let ahead = shared
             .ahead_misses()
@@ -814,6 +823,7 @@ pub fn run_resolver(
             last_request.insert((ip, ifindex), now);
             shared.requests.fetch_add(1, Ordering::Relaxed);
             asked = true;
+            awaiting.push((ip, ifindex));
             tracing::debug!(next_hop = %ip, ifindex, "resolving neighbour");
             if let Err(e) = nl.use_neighbour(ip, ifindex) {
                 tracing::warn!(next_hop = %ip, error = %e, "neighbour resolution request failed");
@@ -830,6 +840,13 @@ pub fn run_resolver(
                 let next = misses.recv_timeout(Duration::from_millis(REREAD_MS[reread]));
                 refresh(&mut nl, &mut current);
                 reread += 1;
+                let table = shared.get();
+                awaiting.retain(|&(ip, ifindex)| !table.has_neighbour(ip, ifindex));
+                if awaiting.is_empty() {
+                    reread = REREAD_MS.len();
+                } else if reread == REREAD_MS.len() {
+                    awaiting.clear(); // the kernel gave up too: the next miss asks again
+                }
                 match next {
                     Ok(m) => {
                         carried = Some(m);

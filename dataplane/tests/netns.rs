@@ -1426,6 +1426,71 @@ fn a_new_backend_gets_no_packet_before_its_next_hop_is_resolved() -> Result<()> 
     lab.finish()
 }
 
+/// A new backend whose neighbour answers only the kernel's later solicitation (a Pod
+/// still coming up when its table arrived): the resolver keeps re-reading while the
+/// kernel tries, so the entry is in the dataplane's table once the kernel has it — no
+/// packet has to be dropped as `no_neighbour` first to make the resolver look again.
+/// (The resolver once stopped re-reading ~400 ms after asking; an entry found on the
+/// kernel's second try went unseen until the next packet's drop, which cost a client's
+/// SYN a retransmission.)
+#[test]
+fn a_backend_found_on_the_kernels_later_try_is_seen_without_a_drop() -> Result<()> {
+    let mut lab = Lab::new("dpk")?;
+    for c in lab.connect_many(4)?.iter_mut() {
+        http_get(c)?;
+    }
+    lab.publish(&[0])?;
+    // The kernel solicits every 400 ms (three times): 0, 400, 800 ms.
+    lab.node
+        .exec(&["sysctl", "-qw", "net.ipv4.neigh.pv1.retrans_time_ms=400"])?;
+    let fresh = Ipv4Addr::new(10, 100, 3, 40);
+    let mut state = node_state(&[0, 1]);
+    for s in state.services.iter_mut() {
+        for b in s.backends.iter_mut().filter(|b| b.ip == pod_ip(1)) {
+            b.ip = fresh;
+        }
+    }
+    // Taken after the 250 ms hold, the backend still unresolved (not waited for through
+    // the stats file: it is written once a second).
+    lab.writer.publish(&state)?;
+    // The Pod gets its address after the second solicitation, before the third.
+    std::thread::sleep(Duration::from_millis(500));
+    lab.pods[1].exec(&["ip", "addr", "add", &format!("{fresh}/24"), "dev", "eth0"])?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = lab
+            .node
+            .exec(&["ip", "neigh", "show", &fresh.to_string(), "dev", "pv1"])?;
+        if out.contains("lladdr") && !out.contains("FAILED") {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the node's kernel never resolved {fresh}: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Longer than the re-read period (250 ms) after the kernel's answer, shorter than
+    // the resolver's once-a-second refresh.
+    std::thread::sleep(Duration::from_millis(400));
+    let before = lab.drops("no_neighbour");
+    let mut conns = lab.connect_many(20)?;
+    let mut on_fresh = 0;
+    for c in conns.iter_mut() {
+        on_fresh += usize::from(pod_of(&http_get(c)?) == Some(1));
+    }
+    lab.fresh_stats()?;
+    let dropped = lab.drops("no_neighbour") - before;
+    ensure!(on_fresh > 0, "no connection reached the new backend");
+    ensure!(
+        dropped == 0,
+        "{dropped} packets to the new backend were dropped as no_neighbour after the kernel had resolved it\n{}",
+        lab.dataplane_log()
+    );
+    drop(conns);
+    lab.finish()
+}
+
 /// The stats' `xdp_fast_packets` once two consecutive stats writes agree (the dataplane
 /// folds the program's counters into its stats once a second).
 fn settled_fast_packets(lab: &Lab) -> Result<u64> {
