@@ -9,7 +9,7 @@
 //!
 //! Layout: pure decisions with unit tests ([`reconcile`], [`node_state`], [`vips`],
 //! [`pools`], [`endpoints`], [`families`]: which IP families a Service is served on, [`selection`]: which advertisements apply to a Service's VIP, [`source_ranges`]: the clients a Service admits, [`sharing`]: which Services share a VIP, [`describe`], [`report`], [`peers`], [`pacing`], [`fence`]: when a
-//! leader may still write, [`departures`]: which Services a watch shows deleted, [`maintenance`]: what puts a node in graceful maintenance, [`redirect_key`]: the redirect channel's MAC keys from their
+//! leader may still write, [`event_budget`]: which Events are written, [`departures`]: which Services a watch shows deleted, [`maintenance`]: what puts a node in graceful maintenance, [`redirect_key`]: the redirect channel's MAC keys from their
 //! Secret) and thin glue that watches and writes ([`controller`], [`agent`],
 //! [`speaker_status`]: the node's BGP sessions into a NodeBGPStatus; [`decommission`]:
 //! `helm uninstall`'s request, the hook that makes it and the agents that carry it out,
@@ -26,6 +26,7 @@ pub mod decommission;
 pub mod departures;
 pub mod describe;
 pub mod endpoints;
+pub mod event_budget;
 pub mod families;
 pub mod fence;
 pub mod maintenance;

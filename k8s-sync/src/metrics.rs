@@ -101,6 +101,8 @@ metrics! {
         is_leader: Gauge = Gauge::default() => "controller_is_leader",
         /// Writes refused because this replica was deposed or the object changed under it.
         fenced_writes: Counter = Counter::default() => "controller_fenced_writes",
+        /// Normal Events not written: beyond their budget (many Services at once; the ServiceLoadBalancers' conditions say the same).
+        events_suppressed: Counter = Counter::default() => "controller_events_suppressed",
         /// Ready, non-terminating backends of a served Service, cluster-wide.
         service_ready_backends: Family<ServiceLabels, Gauge> =
             Family::default() => "service_ready_backends",
