@@ -1080,34 +1080,41 @@ fn forget_service(ctx: &Ctx, key: &str, vip: Option<IpAddr>) {
     }
 }
 
-/// Applies the Service's `.status.loadBalancer.ingress` (server-side apply, field
-/// manager `juneau-controller`, conditioned on the resourceVersion it was decided from).
-async fn apply_ingress(
+/// Writes the Service's `.status.loadBalancer.ingress` (none: the field removed) as a
+/// JSON merge patch ([`crate::status_patch`]), field manager `juneau-controller`,
+/// conditioned on the resourceVersion it was decided from.
+async fn write_ingress(
     svcs: &Api<Service>,
     svc: &Service,
     ips: &[IpAddr],
 ) -> Result<Option<String>, Error> {
-    let ingress: Vec<serde_json::Value> = ips
-        .iter()
-        .map(|ip| json!({"ip": ip.to_string(), "ipMode": "VIP"}))
-        .collect();
+    let ingress = match ips {
+        [] => serde_json::Value::Null,
+        _ => ips
+            .iter()
+            .map(|ip| json!({"ip": ip.to_string(), "ipMode": "VIP"}))
+            .collect(),
+    };
     let written = svcs
         .patch_status(
             &svc.name_any(),
-            &PatchParams::apply(CONTROLLER_MANAGER).force(),
-            &Patch::Apply(json!({
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {
-                    "name": svc.name_any(),
-                    "namespace": svc.namespace(),
-                    "resourceVersion": svc.resource_version(),
-                },
+            &merge_params(),
+            &Patch::Merge(json!({
+                "metadata": {"resourceVersion": svc.resource_version()},
                 "status": {"loadBalancer": {"ingress": ingress}},
             })),
         )
         .await?;
     Ok(written.resource_version())
+}
+
+/// A merge patch's parameters: Juneau's field manager (an `Update` entry in
+/// `managedFields`).
+fn merge_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(CONTROLLER_MANAGER.into()),
+        ..PatchParams::default()
+    }
 }
 
 async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
@@ -1158,13 +1165,20 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         ctx.fence.check().await?;
     }
     if status_changed {
-        let after = write_status(&slbs, &name, record_version.clone(), &outcome.status).await?;
+        let after = write_status(
+            &slbs,
+            &name,
+            record_version.clone(),
+            prev_status.as_ref(),
+            &outcome.status,
+        )
+        .await?;
         ctx.own_writes
             .wrote(&key, false, record_version, after.as_deref());
     }
     let ingress = async {
         if ingress_changed {
-            let after = apply_ingress(&svcs, &svc, &outcome.ingress_ips).await?;
+            let after = write_ingress(&svcs, &svc, &outcome.ingress_ips).await?;
             ctx.own_writes
                 .wrote(&key, true, svc.resource_version(), after.as_deref());
         }
@@ -1309,7 +1323,7 @@ async fn release_service(
     if !deleting {
         if let (Some(shown), Some(v)) = (ingress_ip(svc), held) {
             if shown == v {
-                apply_ingress(svcs, svc, &[]).await?;
+                write_ingress(svcs, svc, &[]).await?;
             }
         }
     }
@@ -1552,7 +1566,7 @@ async fn apply_record(
 }
 
 /// A server-side apply body for a ServiceLoadBalancer: `metadata` (conditioned on
-/// `resource_version` when given) and one top-level `field` (spec or status).
+/// `resource_version` when given) and one top-level `field`.
 fn record_apply(
     mut metadata: serde_json::Value,
     resource_version: Option<String>,
@@ -1571,26 +1585,27 @@ fn record_apply(
     Patch::Apply(body)
 }
 
-/// Server-side apply of a ServiceLoadBalancer's status (field manager
-/// `juneau-controller`), conditioned on the record's resourceVersion: fields the status
-/// no longer has are dropped by the apply itself.
+/// Writes a ServiceLoadBalancer's status as a JSON merge patch from the status the
+/// decision read, `prev` ([`crate::status_patch`]: fields it no longer has are
+/// removed), field manager `juneau-controller`, conditioned on the record's
+/// resourceVersion.
 async fn write_status(
     slbs: &Api<ServiceLoadBalancer>,
     name: &str,
     resource_version: Option<String>,
+    prev: Option<&ServiceLoadBalancerStatus>,
     status: &ServiceLoadBalancerStatus,
 ) -> Result<Option<String>, Error> {
+    let prev = prev.map(|p| json!(p));
+    let Some(patch) = crate::status_patch::status_patch(
+        prev.as_ref(),
+        &json!(status),
+        resource_version.as_deref(),
+    ) else {
+        return Ok(resource_version);
+    };
     let written = slbs
-        .patch_status(
-            name,
-            &PatchParams::apply(CONTROLLER_MANAGER).force(),
-            &record_apply(
-                json!({ "name": name }),
-                resource_version,
-                "status",
-                json!(status),
-            ),
-        )
+        .patch_status(name, &merge_params(), &Patch::Merge(patch))
         .await?;
     Ok(written.resource_version())
 }

@@ -9,7 +9,7 @@
 //!
 //! Layout: pure decisions with unit tests ([`reconcile`], [`node_state`], [`vips`],
 //! [`pools`], [`endpoints`], [`families`]: which IP families a Service is served on, [`selection`]: which advertisements apply to a Service's VIP, [`source_ranges`]: the clients a Service admits, [`sharing`]: which Services share a VIP, [`describe`], [`report`], [`peers`], [`pacing`], [`fence`]: when a
-//! leader may still write, [`event_budget`]: which Events are written, [`departures`]: which Services a watch shows deleted, [`maintenance`]: what puts a node in graceful maintenance, [`redirect_key`]: the redirect channel's MAC keys from their
+//! leader may still write, [`status_patch`]: status writes as merge patches, [`event_budget`]: which Events are written, [`departures`]: which Services a watch shows deleted, [`maintenance`]: what puts a node in graceful maintenance, [`redirect_key`]: the redirect channel's MAC keys from their
 //! Secret) and thin glue that watches and writes ([`controller`], [`agent`],
 //! [`speaker_status`]: the node's BGP sessions into a NodeBGPStatus; [`decommission`]:
 //! `helm uninstall`'s request, the hook that makes it and the agents that carry it out,
@@ -42,6 +42,7 @@ pub mod selection;
 pub mod sharing;
 pub mod source_ranges;
 pub mod speaker_status;
+pub mod status_patch;
 pub mod vips;
 
 /// Everything that can go wrong while talking to Kubernetes.

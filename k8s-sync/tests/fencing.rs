@@ -109,7 +109,8 @@ fn a_deposed_leader_does_not_overwrite_the_new_leaders_decisions() -> Result<()>
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(holder(&env)?.as_deref(), Some("r2"));
-    // The record's status is owned by the controller's field manager (server-side apply).
+    // The record's status is written under the controller's field manager (a merge patch,
+    // conditioned on the resourceVersion: an `Update` entry).
     let with_fields = |kind: &str| -> Result<serde_json::Value> {
         env.json(&["get", kind, "s2", "-n", "default", "--show-managed-fields"])
     };
@@ -131,7 +132,7 @@ fn a_deposed_leader_does_not_overwrite_the_new_leaders_decisions() -> Result<()>
         })
         .collect();
     ensure!(
-        managers.contains(&("juneau-controller".into(), "Apply/status".into())),
+        managers.contains(&("juneau-controller".into(), "Update/status".into())),
         "{managers:?}"
     );
     let service = with_fields("service")?;
@@ -149,7 +150,7 @@ fn a_deposed_leader_does_not_overwrite_the_new_leaders_decisions() -> Result<()>
             )
         })
         .collect();
-    ensure!(sm == vec!["juneau-controller:Apply".to_string()], "{sm:?}");
+    ensure!(sm == vec!["juneau-controller:Update".to_string()], "{sm:?}");
     r2.check_running()?;
 
     // Phase 2, deterministic: the Lease is taken from the running leader r2 (as a new
