@@ -1311,6 +1311,18 @@ fn removing_and_adding_backends_leaves_other_connections_alone() -> Result<()> {
     lab.finish()
 }
 
+/// The node state with both Pods as backends, pod 1 at `addr` (a Pod address the node
+/// has never seen).
+fn pod1_at(addr: Ipv4Addr) -> NodeState {
+    let mut state = node_state(&[0, 1]);
+    for s in state.services.iter_mut() {
+        for b in s.backends.iter_mut().filter(|b| b.ip == pod_ip(1)) {
+            b.ip = addr;
+        }
+    }
+    state
+}
+
 /// A backend that is new to the service table (a Pod address the node has no neighbour
 /// entry for) gets no packet before its next hop is resolved: the table waits for the resolver
 /// (bounded) instead of sending first SYNs into `no_neighbour` drops, each of which
@@ -1346,12 +1358,7 @@ fn a_new_backend_gets_no_packet_before_its_next_hop_is_resolved() -> Result<()> 
         if !slow {
             add_fresh()?;
         }
-        let mut state = node_state(&[0, 1]);
-        for s in state.services.iter_mut() {
-            for b in s.backends.iter_mut().filter(|b| b.ip == pod_ip(1)) {
-                b.ip = fresh;
-            }
-        }
+        let state = pod1_at(fresh);
         let before = lab.drops("no_neighbour");
         let stop = Arc::new(AtomicBool::new(false));
         let flooder = {
@@ -1444,12 +1451,7 @@ fn a_backend_found_on_the_kernels_later_try_is_seen_without_a_drop() -> Result<(
     lab.node
         .exec(&["sysctl", "-qw", "net.ipv4.neigh.pv1.retrans_time_ms=400"])?;
     let fresh = Ipv4Addr::new(10, 100, 3, 40);
-    let mut state = node_state(&[0, 1]);
-    for s in state.services.iter_mut() {
-        for b in s.backends.iter_mut().filter(|b| b.ip == pod_ip(1)) {
-            b.ip = fresh;
-        }
-    }
+    let state = pod1_at(fresh);
     // Taken after the 250 ms hold, the backend still unresolved (not waited for through
     // the stats file: it is written once a second).
     lab.writer.publish(&state)?;

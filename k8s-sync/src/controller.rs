@@ -350,7 +350,7 @@ impl Ctx {
                         reason,
                         burst = NORMAL_BURST,
                         per_s = NORMAL_PER_S,
-                        "Normal Events beyond their budget are counted, not written, until it refills (juneau_controller_events_suppressed); the ServiceLoadBalancers' conditions say the same"
+                        "Normal Events beyond their budget are counted, not written, until it refills (juneau_controller_events_suppressed_total); the ServiceLoadBalancers' conditions say the same"
                     );
                 }
                 false
@@ -1095,15 +1095,15 @@ async fn write_ingress(
             .map(|ip| json!({"ip": ip.to_string(), "ipMode": "VIP"}))
             .collect(),
     };
+    // The whole `loadBalancer` from none: the ingress list is replaced, not diffed.
+    let patch = crate::status_patch::status_patch(
+        None,
+        &json!({"loadBalancer": {"ingress": ingress}}),
+        svc.resource_version().as_deref(),
+    )
+    .expect("a patch from no status");
     let written = svcs
-        .patch_status(
-            &svc.name_any(),
-            &merge_params(),
-            &Patch::Merge(json!({
-                "metadata": {"resourceVersion": svc.resource_version()},
-                "status": {"loadBalancer": {"ingress": ingress}},
-            })),
-        )
+        .patch_status(&svc.name_any(), &merge_params(), &Patch::Merge(patch))
         .await?;
     Ok(written.resource_version())
 }
@@ -1545,7 +1545,8 @@ fn decide(
 }
 
 /// Server-side apply of a ServiceLoadBalancer's metadata and spec (it creates the
-/// record); returns the record's new resourceVersion.
+/// record), conditioned on `resource_version` when given; returns the record's new
+/// resourceVersion.
 async fn apply_record(
     slbs: &Api<ServiceLoadBalancer>,
     name: &str,
@@ -1554,35 +1555,23 @@ async fn apply_record(
     spec: &ServiceLoadBalancerSpec,
     resource_version: Option<String>,
 ) -> Result<Option<String>, Error> {
-    let metadata = json!({"name": name, "namespace": ns, "ownerReferences": [owner]});
+    let mut metadata = json!({"name": name, "namespace": ns, "ownerReferences": [owner]});
+    if let Some(rv) = resource_version {
+        metadata["resourceVersion"] = json!(rv);
+    }
     let written = slbs
         .patch(
             name,
             &PatchParams::apply(CONTROLLER_MANAGER).force(),
-            &record_apply(metadata, resource_version, "spec", json!(spec)),
+            &Patch::Apply(json!({
+                "apiVersion": "juneau.loutres.me/v1alpha1",
+                "kind": "ServiceLoadBalancer",
+                "metadata": metadata,
+                "spec": spec,
+            })),
         )
         .await?;
     Ok(written.resource_version())
-}
-
-/// A server-side apply body for a ServiceLoadBalancer: `metadata` (conditioned on
-/// `resource_version` when given) and one top-level `field`.
-fn record_apply(
-    mut metadata: serde_json::Value,
-    resource_version: Option<String>,
-    field: &str,
-    value: serde_json::Value,
-) -> Patch<serde_json::Value> {
-    if let Some(rv) = resource_version {
-        metadata["resourceVersion"] = json!(rv);
-    }
-    let mut body = json!({
-        "apiVersion": "juneau.loutres.me/v1alpha1",
-        "kind": "ServiceLoadBalancer",
-        "metadata": metadata,
-    });
-    body[field] = value;
-    Patch::Apply(body)
 }
 
 /// Writes a ServiceLoadBalancer's status as a JSON merge patch from the status the
