@@ -209,7 +209,12 @@ impl Engine {
         if let Some(r) = self.redirect_hook6(t, frame.len(), &key, flags, nb, now_ms) {
             return r;
         }
-        let id = match t.lookup(&key, now_ms) {
+        let syn_only = proto == crate::proto::IPPROTO_TCP && tcp_flags::lone_syn(flags);
+        let found = match t.lookup(&key, now_ms) {
+            Some((id, Direction::Forward)) if syn_only && self.syn_reopens6(t, id) => None,
+            other => other,
+        };
+        let id = match found {
             Some((id, Direction::Forward)) => match self.revalidate6(t, id) {
                 Ok(id) => id,
                 Err(r) => return r,
@@ -232,6 +237,46 @@ impl Engine {
         packet6::rewrite6(frame, &mut v, Side6::Destination, f.backend, f.backend_port);
         let verdict = self.egress6(frame, &mut v, f.backend, nb, f.service);
         self.count_forwarded(verdict, f.service, true, len)
+    }
+
+    /// Whether a lone SYN that found forward flow `id` opens a new connection, as IPv4's
+    /// `syn_reopens`: the client re-uses the 4-tuple of a connection that ended (its port
+    /// is free again at once when the server closed first, while the record waits out
+    /// its FIN timeout), or the flow's backend no longer takes new connections — a
+    /// draining Pod's closed listener would answer with a reset. The old record is
+    /// removed then, and the SYN goes where any new connection goes. A SYN retransmitted
+    /// during a handshake to a backend that is still Ready stays on its flow, and so does
+    /// every flow before the first service table (kept for it, as `revalidate6` says).
+    #[cold]
+    fn syn_reopens6(&self, t: &mut Flow6Table, id: u32) -> bool {
+        if self.v6.services.generation() == 0 {
+            return false;
+        }
+        let Some(f) = t.get(id) else {
+            return true;
+        };
+        let handshake = matches!(
+            f.state,
+            crate::flow::FlowState::SynSent | crate::flow::FlowState::SynReceived
+        );
+        if handshake && self.backend_ready6(f) {
+            return false;
+        }
+        t.remove(id);
+        true
+    }
+
+    /// Whether flow `f`'s backend is a Ready one of its frontend in the current table.
+    fn backend_ready6(&self, f: &Flow6) -> bool {
+        let b = Backend6 {
+            ip: f.backend,
+            port: f.backend_port,
+        };
+        self.v6
+            .services
+            .find(f.vip, f.proto, f.vip_port)
+            .and_then(|s| self.v6.services.service(s))
+            .is_some_and(|s| s.ready_backends().contains(&b))
     }
 
     /// A new flow for a client's first packet: the frontend, its admission, a backend

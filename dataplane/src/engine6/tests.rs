@@ -535,3 +535,55 @@ fn client_ip_affinity_keeps_a_clients_connections_on_its_backend_when_another_ar
         assert_eq!(backend_of(&mut e, *c, 40005, 32_000), 1);
     }
 }
+
+/// A client re-uses the 4-tuple of a connection that ended (its port is free at once
+/// when the server closed first, while the record waits out its FIN timeout): the SYN
+/// opens a new connection where any new one goes — not to the old record's backend,
+/// which may be draining (a terminating Pod's closed listener answers with a reset) —
+/// as IPv4's `syn_reopens`. A SYN retransmitted during a handshake to a Ready backend
+/// stays on its flow.
+#[test]
+fn a_syn_reusing_an_ended_connections_port_opens_a_new_flow() {
+    let mut e = engine(vec![service(80, IPPROTO_TCP, &[1], 1)]);
+    let mut f = tcp(client(), vip(), 9, 80, SYN);
+    assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+    // A retransmitted SYN during the handshake: the same flow, the same backend.
+    let mut f = tcp(client(), vip(), 9, 80, SYN);
+    assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+    assert_eq!(parse6(&f).unwrap().dst, pod(1));
+    assert_eq!(e.service_counters6()[0].new_flows, 1);
+    // The connection runs and the server closes it first.
+    let mut r = tcp(pod(1), client(), 8080, 9, SYN | ACK);
+    assert_eq!(run(&mut e, &mut r, Side::Pod(0)), Verdict::Tx(Side::Uplink));
+    for (flags, side) in [
+        (ACK, Side::Uplink),
+        (tcp_flags::FIN | ACK, Side::Pod(0)),
+        (tcp_flags::FIN | ACK, Side::Uplink),
+        (ACK, Side::Pod(0)),
+    ] {
+        let (mut p, out) = match side {
+            Side::Uplink => (tcp(client(), vip(), 9, 80, flags), Side::Pod(0)),
+            Side::Pod(_) => (tcp(pod(1), client(), 8080, 9, flags), Side::Uplink),
+        };
+        assert_eq!(run(&mut e, &mut p, side), Verdict::Tx(out));
+    }
+    // Pod 1 drains (its Pod terminating), pod 2 is Ready: the port's next SYN is a new
+    // connection, to pod 2.
+    e.set_services6(Services6::new(
+        2,
+        vec![service(80, IPPROTO_TCP, &[2, 1], 1)],
+    ));
+    let mut f = tcp(client(), vip(), 9, 80, SYN);
+    assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+    assert_eq!(parse6(&f).unwrap().dst, pod(2), "not the draining backend");
+    assert_eq!(e.service_counters6()[0].new_flows, 2);
+    assert_eq!(e.flows6_mut().len(), 1, "the old record is gone");
+    // During the new handshake pod 2 starts draining: the retransmitted SYN re-opens too.
+    e.set_services6(Services6::new(
+        3,
+        vec![service(80, IPPROTO_TCP, &[3, 2], 1)],
+    ));
+    let mut f = tcp(client(), vip(), 9, 80, SYN);
+    assert_eq!(run(&mut e, &mut f, Side::Uplink), Verdict::Tx(Side::Pod(0)));
+    assert_eq!(parse6(&f).unwrap().dst, pod(3));
+}
