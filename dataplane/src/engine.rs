@@ -913,12 +913,11 @@ impl Engine {
         if ttl <= 1 {
             return None;
         }
-        let slot = f.slot as usize;
-        let side = self.rewrites.get(slot)?.fwd_side?;
+        // Disjoint fields: the rewrite data is read while the flow table is written.
+        let rw = self.rewrites.get(f.slot as usize)?;
+        let side = rw.fwd_side?;
         self.flows
             .touch_fast::<TCP>(id, Direction::Forward, p.tcp_flags, now_ms);
-        // Disjoint fields: the rewrite data is read while the flow table was written.
-        let rw = self.rewrites.get(slot)?;
         h[..12].copy_from_slice(&rw.fwd_macs);
         h[22] = ttl - 1;
         let ipc = u16::from_ne_bytes([h[24], h[25]]);

@@ -175,8 +175,8 @@ enum Cmd {
     /// Only the control-plane scale measurement: N Services (3 endpoints each) at once
     /// against the real apiserver, controller, agent, juneau-bgp and BIRD.
     Scale(RunArgs),
-    /// Only the whole-loop userspace cost: the dataplane under callgrind (instruction
-    /// counts: meaningful on a loaded machine too).
+    /// Only the userspace cost: the engine alone and the whole loop (the dataplane)
+    /// under callgrind (instruction counts: meaningful on a loaded machine too).
     LoopCost(RunArgs),
     /// Floods at generator rate (random-source SYN, ACK, UDP, first fragments, UDP to the
     /// redirect port from strangers) against
@@ -515,20 +515,33 @@ fn loop_cost_plan(smoke: bool) -> juneau_perf::loopcost::LoopCostPlan {
 
 /// The plan of a run on namespaces of its own: its output directory made, the binaries
 /// staged, Ctrl-C turned into a clean stop.
-fn namespace_run(args: &RunArgs) -> Result<Plan> {
+/// The plan of a run of one part, its binaries staged (the cost bench's path returned),
+/// Ctrl-C handled.
+fn namespace_run(args: &RunArgs) -> Result<(Plan, std::path::PathBuf)> {
     let mut plan = plan_for(args, false)?;
     std::fs::create_dir_all(&plan.out_dir)?;
-    suite::stage_binaries(&mut plan)?;
+    let cost_bench = suite::stage_binaries(&mut plan)?;
     ctrlc::set_handler(|| {
         eprintln!("interrupt: stopping and removing the namespaces...");
         INTERRUPTED.store(true, Ordering::Relaxed);
     })
     .context("installing the Ctrl-C handler")?;
-    Ok(plan)
+    Ok((plan, cost_bench))
 }
 
+/// The userspace cost alone: the engine-only instruction counts (as the full run
+/// measures them, `cost.json`) and the whole loop's (`loop-cost.json`).
 fn loop_cost_only(args: &RunArgs) -> Result<()> {
-    let plan = namespace_run(args)?;
+    let (plan, cost_bench) = namespace_run(args)?;
+    let c = juneau_perf::cost::measure(&cost_bench, &plan.out_dir, false);
+    println!("engine only: {}", c.status);
+    std::fs::write(
+        plan.out_dir.join("cost.json"),
+        serde_json::to_vec_pretty(&c)?,
+    )?;
+    if c.established_instructions_per_packet.is_none() {
+        bail!("engine cost not measured: {}", c.status);
+    }
     let progress = Progress::new(juneau_perf::loopcost::EXPECTED);
     let l = juneau_perf::loopcost::measure(&plan, &loop_cost_plan(false), &|m| progress.say(m));
     progress.say(format!("loop cost: {}", l.status));
@@ -546,7 +559,7 @@ fn flood_only(args: &RunArgs, kinds: &[juneau_perf::flood::FloodKind], seconds: 
     if !(0.5..=600.0).contains(&seconds) {
         bail!("--seconds must be between 0.5 and 600");
     }
-    let plan = namespace_run(args)?;
+    let (plan, _) = namespace_run(args)?;
     let rows = juneau_perf::flood::run(&plan, kinds, Duration::from_secs_f64(seconds))?;
     let md = juneau_perf::flood::markdown(&rows);
     std::fs::write(
