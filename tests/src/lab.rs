@@ -2173,6 +2173,9 @@ spec:
       lifecycle:
         preStop:
           exec: {command: ["/bin/drain", "5"]}
+      # nginx's /tmp (uploads, request bodies) in memory, as the Deployment's.
+      volumeMounts: [{name: tmp, mountPath: /tmp}]
+  volumes: [{name: tmp, emptyDir: {medium: Memory, sizeLimit: 256Mi}}]
 "#;
 
 #[cfg(test)]
