@@ -535,22 +535,26 @@ fn loop_cost_only(args: &RunArgs) -> Result<()> {
     let (plan, cost_bench) = namespace_run(args)?;
     let c = juneau_perf::cost::measure(&cost_bench, &plan.out_dir, false);
     println!("engine only: {}", c.status);
-    std::fs::write(
-        plan.out_dir.join("cost.json"),
-        serde_json::to_vec_pretty(&c)?,
-    )?;
-    if c.established_instructions_per_packet.is_none() {
-        bail!("engine cost not measured: {}", c.status);
-    }
+    write_part(
+        &plan,
+        "cost.json",
+        &c,
+        c.established_instructions_per_packet.is_some(),
+    )
+    .with_context(|| format!("engine cost not measured: {}", c.status))?;
     let progress = Progress::new(juneau_perf::loopcost::EXPECTED);
     let l = juneau_perf::loopcost::measure(&plan, &loop_cost_plan(false), &|m| progress.say(m));
     progress.say(format!("loop cost: {}", l.status));
-    std::fs::write(
-        plan.out_dir.join("loop-cost.json"),
-        serde_json::to_vec_pretty(&l)?,
-    )?;
-    if l.cases.is_empty() {
-        bail!("loop cost not measured: {}", l.status);
+    write_part(&plan, "loop-cost.json", &l, !l.cases.is_empty())
+        .with_context(|| format!("loop cost not measured: {}", l.status))
+}
+
+/// Writes a part's result into the run's directory; an error after writing it when it
+/// holds no measurement.
+fn write_part(plan: &Plan, file: &str, part: &impl serde::Serialize, measured: bool) -> Result<()> {
+    std::fs::write(plan.out_dir.join(file), serde_json::to_vec_pretty(part)?)?;
+    if !measured {
+        bail!("{file} holds no measurement");
     }
     Ok(())
 }
