@@ -514,9 +514,7 @@ fn loop_cost_plan(smoke: bool) -> juneau_perf::loopcost::LoopCostPlan {
 }
 
 /// The plan of a run on namespaces of its own: its output directory made, the binaries
-/// staged, Ctrl-C turned into a clean stop.
-/// The plan of a run of one part, its binaries staged (the cost bench's path returned),
-/// Ctrl-C handled.
+/// staged (the cost bench's path returned), Ctrl-C turned into a clean stop.
 fn namespace_run(args: &RunArgs) -> Result<(Plan, std::path::PathBuf)> {
     let mut plan = plan_for(args, false)?;
     std::fs::create_dir_all(&plan.out_dir)?;
