@@ -115,5 +115,27 @@ fn pools_serve_the_namespaces_and_services_their_allocation_selects() -> Result<
     assert_eq!(st["addressPool"], "prod", "{st}");
     // lab/web keeps the general address it held.
     assert_eq!(pool_of("lab")?, "general");
+
+    // The annotation removed: the record's spec no longer has it (the record was
+    // created with a POST; a change is a merge patch from the cached record, which
+    // removes a field whoever set it), and the Service keeps the VIP it holds.
+    env.kubectl(&[
+        "annotate",
+        "service",
+        "asks",
+        "-n",
+        "lab",
+        "juneau.loutres.me/load-balancer-requested-ip-",
+    ])?;
+    let spec = eventually("lab/asks's record without requestedIp", || {
+        let r = env.json(&["get", "serviceloadbalancer", "asks", "-n", "lab"])?;
+        Ok(r["spec"]
+            .get("requestedIp")
+            .is_none()
+            .then(|| r["spec"].clone()))
+    })?;
+    assert_eq!(spec["serviceName"], "asks", "{spec}");
+    let st = status_in(&env, "lab", "asks")?.unwrap_or_default();
+    assert_eq!(st["vip"], "198.18.4.2", "{st}");
     Ok(())
 }
