@@ -537,7 +537,13 @@ fn ipv6_exchange() -> Vec<u8> {
 /// [`fuzz_seeds`] generates; `JUNEAU_WRITE_FUZZ_SEEDS=1` rewrites them.
 #[test]
 fn fuzz_seed_corpora_are_generated_from_the_seed_frames() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    // The package's directory as cargo runs the test (`CARGO_MANIFEST_DIR` at run time), else
+    // the one it was compiled in: a binary reused from another checkout sharing
+    // `CARGO_TARGET_DIR` has a baked-in path that may be gone (tests/src/lib.rs, `repo_root`).
+    let root = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
+        .join("fuzz/seeds");
     let want = fuzz_seeds();
     if std::env::var_os("JUNEAU_WRITE_FUZZ_SEEDS").is_some() {
         for target in ["dataplane-packet", "dataplane-engine"] {

@@ -249,11 +249,11 @@ mod tests {
         assert!(page.contains("# HELP juneau_agent_state_publishes Node states published"));
         assert!(page.contains("# HELP juneau_controller_is_leader 1 while this replica"));
         let registered = names(&page, |l| l.strip_prefix("# TYPE ")?.split(' ').next());
-        let doc = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../docs/observability.md"
-        ))
-        .unwrap();
+        // The package as cargo runs the test, else as compiled (tests/src/lib.rs, `repo_root`).
+        let package: std::path::PathBuf = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+        let doc = std::fs::read_to_string(package.join("../docs/observability.md")).unwrap();
         let documented = names(&doc, |l| {
             let name = l.strip_prefix("| `")?.split(['`', '{']).next()?;
             let name = name.trim_end_matches("_total");

@@ -797,7 +797,13 @@ mod tests {
     /// so do large TCP and UDP packets built here, which the cutting checks need.
     #[test]
     fn seeds_and_large_packets_hold_every_invariant() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/seeds/dataplane-packet");
+        // The package's directory as cargo runs the test (`CARGO_MANIFEST_DIR` at run time), else
+        // the one it was compiled in: a binary reused from another checkout sharing
+        // `CARGO_TARGET_DIR` has a baked-in path that may be gone (tests/src/lib.rs, `repo_root`).
+        let dir: std::path::PathBuf = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+        let dir = dir.join("seeds/dataplane-packet");
         for e in std::fs::read_dir(dir).unwrap() {
             super::check_packet(&std::fs::read(e.unwrap().path()).unwrap());
         }

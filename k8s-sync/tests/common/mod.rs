@@ -16,8 +16,13 @@ use serde_json::Value;
 /// Generous bound for "eventually" checks on a busy 2-core machine.
 pub const EVENTUALLY: Duration = Duration::from_secs(90);
 
+/// The repository: the package's parent as cargo runs the test (`CARGO_MANIFEST_DIR` at
+/// run time), else as it was compiled: a binary reused from another checkout sharing
+/// `CARGO_TARGET_DIR` has a baked-in path that may be gone (tests/src/lib.rs, `repo_root`).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
         .parent()
         .unwrap()
         .to_path_buf()
