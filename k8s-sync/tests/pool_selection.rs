@@ -116,9 +116,9 @@ fn pools_serve_the_namespaces_and_services_their_allocation_selects() -> Result<
     // lab/web keeps the general address it held.
     assert_eq!(pool_of("lab")?, "general");
 
-    // The annotation removed: the record's spec no longer has it (the record was
-    // created with a POST; a change is a merge patch from the cached record, which
-    // removes a field whoever set it), and the Service keeps the VIP it holds.
+    // The annotation removed: the record's spec no longer has it (whichever way the
+    // controller writes the spec, a field it no longer sets must go), and the Service
+    // keeps the VIP it holds.
     env.kubectl(&[
         "annotate",
         "service",
