@@ -502,6 +502,12 @@ pub struct PeerCounters {
     pub notices_sent: u64,
     /// Notices received from the peer (redirect records made or refreshed).
     pub notices_received: u64,
+    /// Liveness probes sent to the peer (the node thread, every 100 ms).
+    pub probes_sent: u64,
+    /// Probes received from the peer (each answered).
+    pub probes_received: u64,
+    /// Answers to this node's probes received from the peer.
+    pub probe_answers_received: u64,
 }
 
 /// One peer node's redirect counters, for export.
@@ -512,6 +518,10 @@ pub struct RedirectPeerStats {
     /// The counters.
     #[serde(flatten)]
     pub counters: PeerCounters,
+    /// What the probes tell of it: `true` it answers, `false` it answered once and
+    /// then stopped (left out of hand-offs and questions), `null` it never answered
+    /// (a candidate; e.g. a node older than probes).
+    pub reachable: Option<bool>,
 }
 
 impl Stats {

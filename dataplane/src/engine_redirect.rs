@@ -12,7 +12,9 @@ use crate::flow6::Flow6Key;
 use crate::neigh::{Neighbours, Resolve, Side};
 use crate::packet::{self, tcp_flags, Parsed};
 use crate::redirect::{next_hop, next_hop_weighted, HopList, Notice, RedirectOut, Redirector};
-use crate::redirect_wire::{self as wire, NoticeKey, FLAG_ASK, KIND_NOTICE, KIND_NOTICE6};
+use crate::redirect_wire::{
+    self as wire, NoticeKey, FLAG_ASK, KIND_ANSWER, KIND_NOTICE, KIND_NOTICE6, KIND_PROBE,
+};
 
 /// What asking the peers about a flow needs of its key, IPv4 ([`FlowKey`]) or IPv6
 /// ([`Flow6Key`]): the same buckets, hop budget, cookie and wire for both families.
@@ -418,6 +420,9 @@ impl Engine {
         if rx.kind == KIND_NOTICE6 {
             return Some(self.notice_in6(frame, &rx, from, now_ms));
         }
+        if rx.kind == KIND_PROBE || rx.kind == KIND_ANSWER {
+            return Some(self.liveness_in(rx.kind, rx.cookie, from, nb));
+        }
         if let Some(c) = self.redirect.as_mut().and_then(|r| r.peer_mut(from)) {
             c.received_from += 1;
         }
@@ -466,6 +471,42 @@ impl Engine {
             Verdict::Pass(_) => self.drop(DropReason::RedirectNotServed, None),
             other => other,
         })
+    }
+
+    /// A peer's liveness probe (answered, its nonce echoed, through the uplink) or its
+    /// answer to one of this node's probes (handed to the node thread).
+    fn liveness_in(&mut self, kind: u8, nonce: u64, from: u32, nb: &Neighbours) -> Verdict {
+        if kind == KIND_ANSWER {
+            if let Some(r) = self.redirect.as_mut() {
+                r.answer_received(from, nonce);
+            }
+            return Verdict::Consumed;
+        }
+        // Not before this worker took a table: its answer would go out without the key
+        // the table brings, and the prober would count it as `redirect_bad_mac`.
+        if self.table.generation32() == 0 {
+            return self.drop(DropReason::NoServiceTable, None);
+        }
+        let macs = match nb.resolve(from) {
+            Resolve::Found {
+                side: Side::Uplink,
+                src,
+                dst,
+            } => macs(src, dst),
+            Resolve::Miss { ip, ifindex } => {
+                self.missing.push(ip, ifindex);
+                return self.drop(DropReason::NoNeighbour, None);
+            }
+            _ => return self.drop(DropReason::NoRoute, None),
+        };
+        if let Some(r) = self.redirect.as_mut() {
+            r.queue_answer(crate::redirect::Answer {
+                to: from,
+                macs,
+                nonce,
+            });
+        }
+        Verdict::Consumed
     }
 
     pub(super) fn queue_notice(&mut self, to: u32, key: NoticeKey, cookie: u64, nb: &Neighbours) {
@@ -934,6 +975,103 @@ mod tests {
             .filter(|p| run(&mut local, 2, tcp(44000 + p, tcp_flags::SYN), 0).0 == Some(0))
             .count();
         assert!(served < 10, "{served}");
+    }
+
+    /// Liveness probes between nodes: a peer's probe is answered (to the prober, its
+    /// nonce echoed), a stranger's refused; an answer is kept for the node thread.
+    #[test]
+    fn a_probe_from_a_peer_is_answered_and_an_answer_is_kept_for_the_node_thread() {
+        let nb = nb();
+        let mut e = node(1, true, 100);
+        let frame = |from: u32, kind: u8, nonce: u64| {
+            let mut buf = vec![0u8; 256];
+            let len = wire::build_liveness(
+                &mut buf,
+                &[0; 12],
+                from,
+                NODES[1],
+                DEFAULT_PORT,
+                kind,
+                nonce,
+                None,
+            )
+            .unwrap();
+            buf.truncate(len);
+            buf
+        };
+        let v = e.process(&mut frame(NODES[0], KIND_PROBE, 7), Side::Uplink, &nb, 0);
+        assert_eq!(v, Verdict::Consumed);
+        let r = e.redirect_mut().unwrap();
+        let answers: Vec<_> = r.take_answers_keyed().0.collect();
+        assert_eq!(answers.len(), 1);
+        assert_eq!((answers[0].to, answers[0].nonce), (NODES[0], 7));
+        assert_eq!(answers[0].macs[..6], [4, 0, 0, 0, 0, 0], "towards node 0");
+        let stranger = 0x0a01_0009;
+        let v = e.process(&mut frame(stranger, KIND_PROBE, 8), Side::Uplink, &nb, 0);
+        assert!(matches!(v, Verdict::Drop(_)), "{v:?}");
+        assert_eq!(e.counters().drops_for(DropReason::RedirectNotFromPeer), 1);
+        let v = e.process(&mut frame(NODES[2], KIND_ANSWER, 9), Side::Uplink, &nb, 0);
+        assert_eq!(v, Verdict::Consumed);
+        let r = e.redirect_mut().unwrap();
+        assert_eq!(r.take_answered().collect::<Vec<_>>(), vec![(NODES[2], 9)]);
+        assert!(
+            r.take_answers_keyed().0.next().is_none(),
+            "an answer is not answered"
+        );
+        let c: std::collections::HashMap<_, _> = r.peer_counters().collect();
+        assert_eq!(c[&NODES[0]].probes_received, 1);
+        assert_eq!(c[&NODES[2]].probe_answers_received, 1);
+        // Before its first table a worker does not answer: the key comes with the table.
+        let mut fresh = Engine::new(EngineConfig {
+            flow_capacity: 64,
+            ..EngineConfig::default()
+        });
+        fresh.set_redirect(Redirector::new(RedirectConfig {
+            node: NODES[1],
+            port: DEFAULT_PORT,
+            peers: NODES.to_vec(),
+            rate_per_s: 1,
+            burst: 1,
+            prefix_rate_per_s: 1,
+            prefix_burst: 1,
+            node_from_state: false,
+        }));
+        let v = fresh.process(&mut frame(NODES[0], KIND_PROBE, 10), Side::Uplink, &nb, 0);
+        assert!(matches!(v, Verdict::Drop(_)), "{v:?}");
+        assert_eq!(fresh.counters().drops_for(DropReason::NoServiceTable), 1);
+        let r = fresh.redirect_mut().unwrap();
+        assert!(r.take_answers_keyed().0.next().is_none());
+    }
+
+    /// Under the Cluster policy a node hands new connections only to peers that answer
+    /// its probes: node 2 stopped answering node 1, so node 1 hands every connection to
+    /// node 0 until node 2 answers again; with both silent it has no better choice and
+    /// hands them to both.
+    #[test]
+    fn new_connections_are_handed_only_to_peers_that_answer_probes() {
+        let cluster = |i, has_backend| node_policy(i, has_backend, 1, false, true);
+        let mut nodes = vec![cluster(0, true), cluster(1, false), cluster(2, true)];
+        let served_by = |nodes: &mut [Engine], base: u16| {
+            (0..100u16)
+                .map(|p| run(nodes, 1, tcp(base + p, tcp_flags::SYN), 0))
+                .map(|(served, hops)| {
+                    assert_eq!(hops, 1);
+                    served.unwrap()
+                })
+                .collect::<std::collections::HashSet<_>>()
+        };
+        nodes[1]
+            .redirect_mut()
+            .unwrap()
+            .set_unreachable(&[NODES[2]]);
+        assert_eq!(served_by(&mut nodes, 45000), [0].into());
+        nodes[1]
+            .redirect_mut()
+            .unwrap()
+            .set_unreachable(&[NODES[2], NODES[0]]);
+        assert_eq!(served_by(&mut nodes, 46000), [0, 2].into());
+        nodes[1].redirect_mut().unwrap().set_unreachable(&[]);
+        assert_eq!(served_by(&mut nodes, 47000), [0, 2].into());
     }
 
     /// Under the Cluster policy a node without a backend hands new connections to the

@@ -25,6 +25,7 @@
 //!   IPv4 fragments that fit;
 //! - [`fast`]: the XDP program's established-flow fast path, as the engine publishes it;
 //! - [`redirect`], [`redirect_wire`]: second-chance redirects between nodes;
+//!   [`peer_liveness`]: which redirect peers still answer (probes, virtual time);
 //! - [`counters`]: drop reasons, per-service counters, the JSON stats;
 //! - [`sched`]: the forwarding workers' `SCHED_FIFO` policy (why: its module doc);
 //! - [`metrics`]: `/metrics` (`prometheus-client`), `/healthz`, `/readyz`, off the packet path.
@@ -47,6 +48,7 @@ pub mod neigh;
 pub mod netlink;
 pub mod packet;
 pub mod packet6;
+pub mod peer_liveness;
 pub mod privileges;
 pub mod proto;
 pub mod redirect;

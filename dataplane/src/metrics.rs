@@ -469,7 +469,7 @@ fn register_services(r: &mut Registry, services: &[ServiceStats]) {
 
 fn register_redirects(r: &mut Registry, st: &Stats) {
     type Get = fn(&PeerCounters) -> u64;
-    let families: [(&str, &str, Get); 4] = [
+    let families: [(&str, &str, Get); 7] = [
         (
             "juneau_dataplane_redirected_to_peer_packets",
             "Packets of flows held elsewhere sent to this peer node",
@@ -490,6 +490,21 @@ fn register_redirects(r: &mut Registry, st: &Stats) {
             "Flow-owner notices received from this peer node",
             |c| c.notices_received,
         ),
+        (
+            "juneau_dataplane_redirect_probes_sent",
+            "Liveness probes sent to this peer node",
+            |c| c.probes_sent,
+        ),
+        (
+            "juneau_dataplane_redirect_probes_received",
+            "Liveness probes received from this peer node (each answered)",
+            |c| c.probes_received,
+        ),
+        (
+            "juneau_dataplane_redirect_probe_answers_received",
+            "Answers to this node's liveness probes received from this peer node",
+            |c| c.probe_answers_received,
+        ),
     ];
     for (name, help, get) in families {
         let f = Family::<PeerLabel, Counter>::default();
@@ -501,6 +516,21 @@ fn register_redirects(r: &mut Registry, st: &Stats) {
         }
         r.register(name, help, f);
     }
+    let reachable = Family::<PeerLabel, Gauge>::default();
+    for p in &st.redirect_peers {
+        if let Some(up) = p.reachable {
+            reachable
+                .get_or_create(&PeerLabel {
+                    peer: p.peer.clone(),
+                })
+                .set(i64::from(up));
+        }
+    }
+    r.register(
+        "juneau_dataplane_redirect_peer_reachable",
+        "1: this peer node answers liveness probes; 0: it answered, then missed 3 in a row (left out of hand-offs and questions); absent: it never answered",
+        reachable,
+    );
     counter(
         r,
         "juneau_dataplane_redirect_notices_dropped",
@@ -687,8 +717,15 @@ mod tests {
             peer: "192.0.2.12".into(),
             counters: PeerCounters {
                 redirected_to: 4,
+                probes_sent: 9,
                 ..Default::default()
             },
+            reachable: Some(false),
+        });
+        st.redirect_peers.push(RedirectPeerStats {
+            peer: "192.0.2.13".into(),
+            counters: PeerCounters::default(),
+            reachable: None,
         });
         st
     }
@@ -720,6 +757,8 @@ mod tests {
             "juneau_dataplane_service_packets_in_total{vip=\"203.0.113.10\",protocol=\"TCP\",port=\"80\"} 5",
             "juneau_dataplane_service_draining_backends{vip=\"203.0.113.10\",protocol=\"TCP\",port=\"80\"} 1",
             "juneau_dataplane_redirected_to_peer_packets_total{peer=\"192.0.2.12\"} 4",
+            "juneau_dataplane_redirect_probes_sent_total{peer=\"192.0.2.12\"} 9",
+            "juneau_dataplane_redirect_peer_reachable{peer=\"192.0.2.12\"} 0",
             "juneau_dataplane_socket_rx_packets_total{socket=\"eth0/0\"} 9",
             "juneau_dataplane_interface_rx_dropped_total{iface=\"eth0\"} 12",
             "juneau_dataplane_redirect_notices_dropped_total 0",
@@ -737,6 +776,9 @@ mod tests {
         ] {
             assert!(t.contains(line), "{line} missing:\n{t}");
         }
+        // A peer that never answered a probe has no reachability to report.
+        let never = "juneau_dataplane_redirect_peer_reachable{peer=\"192.0.2.13\"}";
+        assert!(!t.contains(never), "{never} present:\n{t}");
     }
 
     #[test]

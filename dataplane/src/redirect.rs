@@ -256,6 +256,17 @@ pub struct Notice {
     pub cookie: u64,
 }
 
+/// An answer to a peer's liveness probe, to send to `to` (the prober).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer {
+    /// The node that probed.
+    pub to: u32,
+    /// Ethernet destination then source MAC towards it.
+    pub macs: [u8; 12],
+    /// The probe's nonce, echoed.
+    pub nonce: u64,
+}
+
 /// Most notices queued between two batches; more are not sent (the asker asks again
 /// with its next packet, within its bucket).
 pub const MAX_NOTICES: usize = 64;
@@ -287,6 +298,12 @@ pub struct Redirector {
     vip_peers: Vec<(u32, Vec<u32>, Vec<u32>)>,
     /// The same for IPv6 VIPs.
     vip6_peers: Vec<([u8; 16], Vec<u32>, Vec<u32>)>,
+    /// Peers the probes found unreachable (sorted; [`crate::peer_liveness`]).
+    unreachable: Vec<u32>,
+    /// What new connections and questions go to: `vip_peers`, `vip6_peers` and the
+    /// static peers without the unreachable ones — a list whose every peer is
+    /// unreachable kept whole (no better choice then).
+    live: LivePeers,
     /// Every peer (static and published), sorted: redirected packets and notices are
     /// accepted from these.
     all_peers: Vec<u32>,
@@ -297,10 +314,43 @@ pub struct Redirector {
     notices: Vec<Notice>,
     /// Notices not queued because the queue was full.
     pub notices_dropped: u64,
+    /// Answers to peers' probes to send (at most [`MAX_NOTICES`]).
+    answers: Vec<Answer>,
+    /// Answers received from peers (peer, nonce), for the node thread's
+    /// [`crate::peer_liveness::PeerLiveness`] (at most [`MAX_NOTICES`]).
+    answered: Vec<(u32, u64)>,
     /// The redirect channel's MAC keys published by the agent, the one to
     /// send with first; empty: no key, frames go out as wire version 2 and any frame
     /// from a peer is taken without a tag check.
     keys: Vec<juneau_control::model::RedirectKey>,
+}
+
+/// The peer lists without the unreachable peers ([`Redirector::set_unreachable`]).
+#[derive(Debug, Clone, Default)]
+struct LivePeers {
+    vips: Vec<(u32, Vec<u32>, Vec<u32>)>,
+    vips6: Vec<([u8; 16], Vec<u32>, Vec<u32>)>,
+    statics: Vec<u32>,
+}
+
+/// `list` (with its weights) without the peers in `out` (sorted); the whole list when
+/// that would leave no peer but this node (`me`).
+fn without(out: &[u32], me: u32, list: &[u32], weights: &[u32]) -> (Vec<u32>, Vec<u32>) {
+    let keep = |p: &u32| out.binary_search(p).is_err();
+    if !list.iter().any(|p| keep(p) && *p != me && *p != 0) {
+        return (list.to_vec(), weights.to_vec());
+    }
+    let mut l = Vec::with_capacity(list.len());
+    let mut w = Vec::with_capacity(weights.len());
+    for (i, p) in list.iter().enumerate() {
+        if keep(p) {
+            l.push(*p);
+            if let Some(x) = weights.get(i) {
+                w.push(*x);
+            }
+        }
+    }
+    (l, w)
 }
 
 /// Every peer node a redirector with `cfg` has once `published` is in force (static
@@ -334,12 +384,16 @@ impl Redirector {
             prefix_key: std::collections::hash_map::RandomState::new(),
             vip_peers: Vec::new(),
             vip6_peers: Vec::new(),
+            unreachable: Vec::new(),
+            live: LivePeers::default(),
             all_peers: Vec::new(),
             counters: Vec::new(),
             cfg,
             out: None,
             notices: Vec::with_capacity(MAX_NOTICES),
             notices_dropped: 0,
+            answers: Vec::new(),
+            answered: Vec::new(),
             keys: Vec::new(),
         };
         r.rebuild_peers();
@@ -406,6 +460,45 @@ impl Redirector {
         (list, weights)
     }
 
+    /// Leaves `peers` out of hand-offs and questions (the probes found them unreachable;
+    /// any order) until the next call; notices and redirected packets from them are still
+    /// taken. Called when the set changes, never per packet.
+    pub fn set_unreachable(&mut self, peers: &[u32]) {
+        let mut out = peers.to_vec();
+        out.sort_unstable();
+        out.dedup();
+        self.unreachable = out;
+        self.rebuild_live();
+    }
+
+    /// The peers the probes found unreachable, sorted.
+    pub fn unreachable(&self) -> &[u32] {
+        &self.unreachable
+    }
+
+    fn rebuild_live(&mut self) {
+        let (out, me) = (&self.unreachable, self.cfg.node);
+        self.live = LivePeers {
+            vips: self
+                .vip_peers
+                .iter()
+                .map(|(v, l, w)| {
+                    let (l, w) = without(out, me, l, w);
+                    (*v, l, w)
+                })
+                .collect(),
+            vips6: self
+                .vip6_peers
+                .iter()
+                .map(|(v, l, w)| {
+                    let (l, w) = without(out, me, l, w);
+                    (*v, l, w)
+                })
+                .collect(),
+            statics: without(out, me, &self.cfg.peers, &[]).0,
+        };
+    }
+
     /// Recomputes the union of peers and keeps a counter per peer (stale ones bounded).
     fn rebuild_peers(&mut self) {
         let me = self.cfg.node;
@@ -435,6 +528,7 @@ impl Redirector {
         counters.sort_unstable_by_key(|c| c.0);
         self.counters = counters;
         self.all_peers = all;
+        self.rebuild_live();
     }
 
     fn counter_of(&self, addr: u32) -> Option<PeerCounters> {
@@ -479,7 +573,8 @@ impl Redirector {
     }
 
     /// The nodes asked about a flow to `vip`, in order: the ones the agent published for
-    /// the VIP then the static ones; only the static ones for a VIP without a list.
+    /// the VIP then the static ones; only the static ones for a VIP without a list. The
+    /// unreachable ones left out ([`Self::set_unreachable`]).
     pub fn peers_for(&self, vip: u32) -> &[u32] {
         self.weighted_peers_for(vip).0
     }
@@ -488,9 +583,17 @@ impl Redirector {
     /// Ready endpoints of the VIP as the agent published them); none (an empty slice)
     /// for the static peers of a VIP without a list, whose endpoints are not known.
     pub fn weighted_peers_for(&self, vip: u32) -> (&[u32], &[u32]) {
+        match self.live.vips.binary_search_by_key(&vip, |v| v.0) {
+            Ok(i) => (&self.live.vips[i].1, &self.live.vips[i].2),
+            Err(_) => (&self.live.statics, &[]),
+        }
+    }
+
+    /// Every peer of `vip`, reachable or not (whom notices are taken from and sent to).
+    fn listed_peers_for(&self, vip: u32) -> &[u32] {
         match self.vip_peers.binary_search_by_key(&vip, |v| v.0) {
-            Ok(i) => (&self.vip_peers[i].1, &self.vip_peers[i].2),
-            Err(_) => (&self.cfg.peers, &[]),
+            Ok(i) => &self.vip_peers[i].1,
+            Err(_) => &self.cfg.peers,
         }
     }
 
@@ -621,21 +724,25 @@ impl Redirector {
 
     /// [`Self::weighted_peers_for`] for an IPv6 VIP.
     pub fn weighted_peers_for6(&self, vip: &[u8; 16]) -> (&[u32], &[u32]) {
-        match self.vip6_peers.binary_search_by_key(vip, |v| v.0) {
-            Ok(i) => (&self.vip6_peers[i].1, &self.vip6_peers[i].2),
-            Err(_) => (&self.cfg.peers, &[]),
+        match self.live.vips6.binary_search_by_key(vip, |v| v.0) {
+            Ok(i) => (&self.live.vips6[i].1, &self.live.vips6[i].2),
+            Err(_) => (&self.live.statics, &[]),
         }
     }
 
     /// [`Self::is_peer_of`] for an IPv6 VIP.
     pub fn is_peer_of6(&self, vip: &[u8; 16], addr: u32) -> bool {
-        addr != 0 && addr != self.cfg.node && self.peers_for6(vip).contains(&addr)
+        let listed = match self.vip6_peers.binary_search_by_key(vip, |v| v.0) {
+            Ok(i) => &self.vip6_peers[i].1,
+            Err(_) => &self.cfg.peers,
+        };
+        addr != 0 && addr != self.cfg.node && listed.contains(&addr)
     }
 
-    /// Whether `addr` is one of the nodes asked about flows to `vip` (a notice about
-    /// such a flow is accepted only from one, and sent only to one).
+    /// Whether `addr` is one of the nodes listed for flows to `vip`, reachable or not (a
+    /// notice about such a flow is accepted only from one, and sent only to one).
     pub fn is_peer_of(&self, vip: u32, addr: u32) -> bool {
-        addr != 0 && addr != self.cfg.node && self.peers_for(vip).contains(&addr)
+        addr != 0 && addr != self.cfg.node && self.listed_peers_for(vip).contains(&addr)
     }
 
     /// Queues a notice; `false` if the queue is full.
@@ -649,6 +756,46 @@ impl Redirector {
         }
         self.notices.push(n);
         true
+    }
+
+    /// Queues the answer to a probe from `a.to`; `false` (counted as a dropped notice)
+    /// if the queue is full.
+    pub fn queue_answer(&mut self, a: Answer) -> bool {
+        if self.answers.len() >= MAX_NOTICES {
+            self.notices_dropped += 1;
+            return false;
+        }
+        if let Some(c) = self.peer_mut(a.to) {
+            c.probes_received += 1;
+        }
+        self.answers.push(a);
+        true
+    }
+
+    /// Takes the queued answers with the key to tag them under (none: version 2).
+    pub fn take_answers_keyed(
+        &mut self,
+    ) -> (
+        std::vec::Drain<'_, Answer>,
+        Option<&juneau_control::model::RedirectKey>,
+    ) {
+        (self.answers.drain(..), self.keys.first())
+    }
+
+    /// Records an answer `from` a peer to one of this node's probes (beyond
+    /// [`MAX_NOTICES`] between two takes: dropped, the next probe asks again).
+    pub fn answer_received(&mut self, from: u32, nonce: u64) {
+        if let Some(c) = self.peer_mut(from) {
+            c.probe_answers_received += 1;
+        }
+        if self.answered.len() < MAX_NOTICES {
+            self.answered.push((from, nonce));
+        }
+    }
+
+    /// Takes the answers received since the last take.
+    pub fn take_answered(&mut self) -> std::vec::Drain<'_, (u32, u64)> {
+        self.answered.drain(..)
     }
 
     /// Takes the queued notices (after a batch).
@@ -672,6 +819,56 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::{HashMap, HashSet};
+
+    #[test]
+    fn unreachable_peers_are_left_out_of_choices_not_out_of_the_peers() {
+        use juneau_control::model::{Redirects, VipRedirectPeers};
+        let ip = |d: u8| std::net::Ipv4Addr::new(192, 0, 2, d);
+        let a = |d: u8| u32::from(ip(d));
+        let vip = std::net::Ipv4Addr::new(203, 0, 113, 1);
+        let mut r = Redirector::new(RedirectConfig {
+            node: a(11),
+            port: 7411,
+            peers: vec![a(20), a(21)],
+            rate_per_s: 100,
+            burst: 10,
+            prefix_rate_per_s: 100,
+            prefix_burst: 10,
+            node_from_state: false,
+        });
+        let published = Redirects {
+            vips: vec![VipRedirectPeers {
+                vip,
+                // Node 12: one Ready endpoint; node 13: two.
+                nodes: vec![ip(12), ip(13), ip(12), ip(13), ip(13)],
+            }],
+            ..Redirects::default()
+        };
+        r.set_from_state(&published);
+        let v = u32::from(vip);
+        let all = (&[a(12), a(13), a(20), a(21)][..], &[1, 2, 0, 0][..]);
+        assert_eq!(r.weighted_peers_for(v), all);
+        r.set_unreachable(&[a(20), a(13)]);
+        assert_eq!(r.weighted_peers_for(v), (&[a(12), a(21)][..], &[1, 0][..]));
+        assert_eq!(
+            r.peers_for(0),
+            &[a(21)][..],
+            "a VIP without a list: the static peers"
+        );
+        assert!(
+            r.is_peer_of(v, a(13)) && r.is_peer(a(13)),
+            "its notices still taken"
+        );
+        // A new table keeps the set.
+        r.set_from_state(&published);
+        assert_eq!(r.peers_for(v), &[a(12), a(21)][..]);
+        // Every peer of a list unreachable: no better choice, the whole list.
+        r.set_unreachable(&[a(21), a(20), a(13), a(12)]);
+        assert_eq!(r.weighted_peers_for(v), all);
+        assert_eq!(r.peers_for(0), &[a(20), a(21)][..]);
+        r.set_unreachable(&[]);
+        assert_eq!(r.weighted_peers_for(v), all);
+    }
 
     #[test]
     fn the_peers_kept_resolved_are_the_static_and_published_ones_without_this_node() {

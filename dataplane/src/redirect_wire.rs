@@ -10,6 +10,8 @@
 //!          | kind 2 (notice): client, VIP (4 bytes each), client port, VIP port (2 each),
 //!            protocol, 3 zero bytes — "the sender of this notice owns this flow"
 //!          | kind 3 (IPv6 notice): the same with 16-byte addresses (40 bytes)
+//!          | kind 4 (probe), kind 5 (answer): no body; the cookie field carries the
+//!            probe's nonce, which the answer echoes — "are you there", "I am"
 //! ```
 //!
 //! IPv6 (issue #28) changed no byte of what IPv4 sends: the outer packet stays IPv4 between
@@ -31,6 +33,10 @@
 //! transport bytes: addresses, ports, protocol; an IPv6 one's first [`INNER_AUTH6`]: its
 //! fixed header and the 8 bytes after it), not its payload. Version 2 (no key id
 //! byte, no tag) is what a node without a key sends.
+//!
+//! Probes and answers (the liveness of redirect peers, [`crate::peer_liveness`]) came
+//! after version 3 and kept its bytes: a node older than them refuses both as malformed,
+//! so it never answers, and a peer that never answered stays a candidate.
 //!
 //! The header grows by 4 bytes per visited node (at most [`MAX_HOPS`]), so a packet
 //! gains 28 + 16 + 4 × hops (+ 16 with a tag) ≤ 92 bytes: the node network's MTU must
@@ -69,6 +75,10 @@ pub const KIND_PACKET: u8 = 1;
 pub const KIND_NOTICE: u8 = 2;
 /// Kind: an "I own this flow" notice about an IPv6 flow.
 pub const KIND_NOTICE6: u8 = 3;
+/// Kind: "are you there" (a liveness probe; its nonce in the cookie field).
+pub const KIND_PROBE: u8 = 4;
+/// Kind: "I am" (the answer to a probe, its nonce echoed in the cookie field).
+pub const KIND_ANSWER: u8 = 5;
 /// Flag: the sender wants a notice from the owner.
 pub const FLAG_ASK: u8 = 1;
 /// Outer IPv4 + UDP header bytes.
@@ -98,13 +108,15 @@ pub enum WireError {
 /// A received redirect frame, parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Received {
-    /// [`KIND_PACKET`], [`KIND_NOTICE`] or [`KIND_NOTICE6`].
+    /// [`KIND_PACKET`], [`KIND_NOTICE`], [`KIND_NOTICE6`], [`KIND_PROBE`] or
+    /// [`KIND_ANSWER`].
     pub kind: u8,
     /// Header flags ([`FLAG_ASK`]).
     pub flags: u8,
     /// Visited nodes.
     pub hops: HopList,
-    /// The first node's cookie (a question), or the one echoed (a notice).
+    /// The first node's cookie (a question), or the one echoed (a notice); a probe's
+    /// nonce (a probe, an answer).
     pub cookie: u64,
     /// [`VERSION_COOKIE`] or [`VERSION_MAC`].
     pub version: u8,
@@ -144,7 +156,11 @@ pub fn parse(frame: &[u8]) -> Result<Received, WireError> {
         return Err(WireError::Malformed);
     }
     let (kind, flags, n) = (frame[h + 3], frame[h + 4], usize::from(frame[h + 5]));
-    if n > MAX_HOPS || !matches!(kind, KIND_PACKET | KIND_NOTICE | KIND_NOTICE6) {
+    let known = matches!(
+        kind,
+        KIND_PACKET | KIND_NOTICE | KIND_NOTICE6 | KIND_PROBE | KIND_ANSWER
+    );
+    if n > MAX_HOPS || !known {
         return Err(WireError::Malformed);
     }
     let (key_id, tag) = if version == VERSION_MAC {
@@ -169,6 +185,7 @@ pub fn parse(frame: &[u8]) -> Result<Received, WireError> {
     let short = match kind {
         KIND_NOTICE => body_len < NOTICE_BODY,
         KIND_NOTICE6 => body_len < NOTICE_BODY6,
+        KIND_PROBE | KIND_ANSWER => false,
         // An IPv4 packet (version 4) or an IPv6 one (version 6), at least its header.
         _ => match frame.get(body).map(|b| b >> 4) {
             Some(4) => body_len < 20,
@@ -214,6 +231,7 @@ fn authenticated(kind: u8, first: u8, body_len: usize) -> usize {
     match kind {
         KIND_NOTICE => NOTICE_BODY,
         KIND_NOTICE6 => NOTICE_BODY6,
+        KIND_PROBE | KIND_ANSWER => 0,
         _ if first >> 4 == 6 => body_len.min(INNER_AUTH6),
         _ => body_len.min(INNER_AUTH),
     }
@@ -226,7 +244,8 @@ pub fn verify(frame: &[u8], r: &Received, keys: &[RedirectKey]) -> bool {
         return false;
     };
     let header_len = FIXED + 4 * r.hops.len();
-    let auth = authenticated(r.kind, frame[r.body], r.body_len);
+    let first = frame.get(r.body).copied().unwrap_or(0);
+    let auth = authenticated(r.kind, first, r.body_len);
     let got = &frame[at..at + TAG];
     let mut ok = false;
     for k in keys.iter().filter(|k| k.id == r.key_id) {
@@ -240,7 +259,8 @@ pub fn verify(frame: &[u8], r: &Received, keys: &[RedirectKey]) -> bool {
 fn seal(buf: &mut [u8], key: &RedirectKey, kind: u8, hops: usize, body_len: usize) {
     let header_len = FIXED + 4 * hops;
     let at = ETH + OUTER + header_len;
-    let auth = authenticated(kind, buf[at + TAG], body_len);
+    let first = buf.get(at + TAG).copied().unwrap_or(0);
+    let auth = authenticated(kind, first, body_len);
     let tag = mac(key, buf, header_len, at + TAG, auth);
     buf[at..at + TAG].copy_from_slice(&tag);
 }
@@ -483,6 +503,49 @@ pub fn build_notice(
     Some(total)
 }
 
+/// Writes a probe ([`KIND_PROBE`]) or an answer ([`KIND_ANSWER`]) from `node` to `to`
+/// carrying `nonce`, tagged under `key` (version 3) or not (version 2); returns its length
+/// (`None` when `buf` is too short). A probe goes out through the kernel's UDP socket
+/// (its bytes after the outer headers); an answer through the uplink's AF_XDP socket.
+#[allow(clippy::too_many_arguments)]
+pub fn build_liveness(
+    buf: &mut [u8],
+    macs: &[u8; 12],
+    node: u32,
+    to: u32,
+    port: u16,
+    kind: u8,
+    nonce: u64,
+    key: Option<&RedirectKey>,
+) -> Option<usize> {
+    debug_assert!(kind == KIND_PROBE || kind == KIND_ANSWER);
+    let tag = if key.is_some() { TAG } else { 0 };
+    let total = ETH + OUTER + FIXED + tag;
+    if buf.len() < total {
+        return None;
+    }
+    let hops = HopList::new();
+    let h = write_headers(
+        buf,
+        macs,
+        node,
+        to,
+        port,
+        port,
+        kind,
+        0,
+        &hops,
+        nonce,
+        key.map(|k| k.id),
+        0,
+    );
+    debug_assert_eq!(h, total);
+    if let Some(k) = key {
+        seal(buf, k, kind, 0, 0);
+    }
+    Some(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -710,6 +773,46 @@ mod tests {
 
     fn key(b: u8) -> RedirectKey {
         RedirectKey::new(juneau_control::secret::SecretKey::new([b; 16]))
+    }
+
+    #[test]
+    fn probes_and_answers_carry_their_nonce_and_their_tag_covers_it() {
+        let macs = [1u8; 12];
+        for kind in [KIND_PROBE, KIND_ANSWER] {
+            for k in [None, Some(key(7))] {
+                let mut buf = vec![0u8; 256];
+                let len = build_liveness(&mut buf, &macs, A, B, 7411, kind, 0xfeed, k.as_ref())
+                    .expect("fits");
+                let f = &mut buf[..len];
+                assert!(is_redirect(f, B, 7411));
+                let r = parse(f).expect("parses");
+                assert_eq!((r.kind, r.cookie, r.body_len), (kind, 0xfeed, 0));
+                assert_eq!(outer_source(f), A);
+                let Some(k) = k else {
+                    assert_eq!(r.version, VERSION_COOKIE);
+                    continue;
+                };
+                assert!(verify(f, &r, std::slice::from_ref(&k)));
+                assert!(!verify(f, &r, &[key(8)]), "another key");
+                // The nonce is covered: an answer cannot be replayed for another probe.
+                f[ETH + OUTER + 15] ^= 1;
+                let r = parse(f).expect("parses");
+                assert!(!verify(f, &r, std::slice::from_ref(&k)));
+            }
+        }
+        let mut short = [0u8; ETH + OUTER + FIXED - 1];
+        assert_eq!(
+            build_liveness(&mut short, &macs, A, B, 7411, KIND_PROBE, 1, None),
+            None
+        );
+    }
+
+    #[test]
+    fn an_unknown_kind_is_malformed() {
+        let mut buf = vec![0u8; 256];
+        let len = build_liveness(&mut buf, &[0; 12], A, B, 7411, KIND_PROBE, 1, None).unwrap();
+        buf[ETH + OUTER + 3] = 6;
+        assert_eq!(parse(&buf[..len]), Err(WireError::Malformed));
     }
 
     #[test]

@@ -741,6 +741,62 @@ fn under_the_cluster_policy_udp_flows_through_a_node_without_a_backend_reach_a_p
     t.finish()
 }
 
+/// Liveness between redirect peers over real sockets: each node probes the other through
+/// its kernel, the other's dataplane answers through its AF_XDP socket. Node B cut off
+/// the node network (its port taken off the router's bridge, its link still up, as a
+/// switch port failing) is reported unreachable by node A within seconds, named in its
+/// log and metrics-bound stats, and reachable again once it is back.
+#[test]
+fn a_peer_cut_off_the_node_network_is_reported_unreachable_then_back() -> Result<()> {
+    let t = Topo::build("rlv", &[], [Some(1), Some(1)])?;
+    let (a, b) = (&t.nodes[0], &t.nodes[1]);
+    let reach = |n: &Node, peer: &str| n.peer(peer)["reachable"].as_bool();
+    let wait = |what: &str, cond: &dyn Fn() -> bool| -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !cond() {
+            ensure!(Instant::now() < deadline, "{}", t.diag(what));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    };
+    wait("the nodes never answered each other's probes", &|| {
+        reach(a, NODE[1]) == Some(true) && reach(b, NODE[0]) == Some(true)
+    })?;
+    t.router.exec(&["ip", "link", "set", "nb", "nomaster"])?;
+    wait("node B cut off, still reachable for node A", &|| {
+        reach(a, NODE[1]) == Some(false)
+    })?;
+    ensure!(
+        a.log().contains("redirect peer unreachable"),
+        "{}",
+        t.diag("the cut not logged")
+    );
+    t.router
+        .exec(&["ip", "link", "set", "nb", "master", "br0", "up"])?;
+    wait("node B back, still unreachable for node A", &|| {
+        reach(a, NODE[1]) == Some(true) && reach(b, NODE[0]) == Some(true)
+    })?;
+    ensure!(
+        a.log().contains("redirect peer answers again"),
+        "{}",
+        t.diag("the return not logged")
+    );
+    for (n, peer) in [(a, NODE[1]), (b, NODE[0])] {
+        let p = n.peer(peer);
+        for c in ["probes_sent", "probes_received", "probe_answers_received"] {
+            ensure!(p[c].as_u64().unwrap_or(0) > 0, "{}", t.diag(c));
+        }
+        for reason in [
+            "redirect_malformed",
+            "redirect_bad_mac",
+            "redirect_not_from_peer",
+        ] {
+            ensure!(n.drops(reason) == 0, "{}", t.diag(reason));
+        }
+    }
+    t.finish()
+}
+
 #[test]
 fn connections_survive_ecmp_changes_without_a_redirect_key() -> Result<()> {
     // No key published: wire version 2 (cookie only).

@@ -69,6 +69,8 @@ pub(super) struct Control {
     /// The redirect channel's state as the table in force says (peers, this node's
     /// address, keys), for the steering program's redirect maps.
     redirector: Option<Redirector>,
+    /// Whether a table was installed: until then the redirector's keys are not known.
+    installed: bool,
     /// A table published to the workers whose VIPs juneau-bgp learns once every worker
     /// has taken it (generation, the workers' table version).
     unannounced: Option<(u64, u64)>,
@@ -177,6 +179,7 @@ impl Control {
             reverify_pushed: 0,
             holds: HoldCounts::default(),
             redirector: cfg.redirect.clone().map(Redirector::new),
+            installed: false,
             unannounced: None,
             host_network: crate::host_network::HostNetworkRules::new(cfg.nft.clone()),
         })
@@ -389,6 +392,7 @@ impl Control {
         if let Some(r) = self.redirector.as_mut() {
             r.set_from_state(table.redirects());
         }
+        self.installed = true;
         let version = ctx.published.publish(&table);
         self.unannounced = Some((generation, version));
         if let Err(e) = self.listen_redirects(steering) {
@@ -435,6 +439,13 @@ impl Control {
             }
             None => std::thread::sleep(timeout),
         }
+    }
+
+    /// The node thread's redirector (the peers, this node's address, the keys) as the
+    /// table in force says: `None` with redirects off, and before the first table (a
+    /// frame sent then could lack the key the peers check).
+    pub fn redirector(&self) -> Option<&Redirector> {
+        self.redirector.as_ref().filter(|_| self.installed)
     }
 
     /// Steers redirected packets to this node once its redirect address is known (see

@@ -53,6 +53,7 @@ mod control;
 mod large;
 mod node;
 mod pods;
+mod probes;
 pub mod ready_file;
 mod worker;
 use worker::Reporter;
@@ -826,12 +827,16 @@ fn run_workers(
     forwarding: &Forwarding,
 ) -> Result<()> {
     let published = worker::Published::new(workers.len());
+    let (prober, answers_tx) = probes::Prober::new();
+    let unreachable = probes::Unreachable::default();
     std::thread::scope(|sc| -> Result<()> {
         for wk in workers {
             let ctx = worker::Shared {
                 cfg,
                 neighbours: &resolver.shared,
                 published: &published,
+                unreachable: &unreachable,
+                answers_tx: answers_tx.clone(),
                 miss_tx: resolver.miss_tx.clone(),
                 stats_tx: stats_tx.clone(),
                 forwarding,
@@ -848,13 +853,18 @@ fn run_workers(
         // Realtime like the workers, then no CAP_SYS_NICE any more.
         crate::sched::enter_node_thread(cfg.worker_priority);
         forwarding.settle_thread();
-        node.run(&node::NodeShared {
-            cfg,
-            neighbours: &resolver.shared,
-            miss_tx: &resolver.miss_tx,
-            published: &published,
-            stats_tx,
-        });
+        drop(answers_tx);
+        node.run(
+            &node::NodeShared {
+                cfg,
+                neighbours: &resolver.shared,
+                miss_tx: &resolver.miss_tx,
+                published: &published,
+                unreachable: &unreachable,
+                stats_tx,
+            },
+            prober,
+        );
         // The node thread stops (signal or decommission): the workers with it.
         STOP.store(true, Ordering::Relaxed);
         Ok(())

@@ -2,7 +2,7 @@
 //! threads — following the control state ([`Control`]), attaching and detaching
 //! discovered Pod interfaces ([`PodInterfaces`]), and the process-wide statistics
 //! (table generation, held tables, neighbours, interfaces, the steering program's
-//! drops). It owns the steering program's handle. It wakes when the node agent publishes
+//! drops), and probing the redirect peers ([`Prober`]). It owns the steering program's handle. It wakes when the node agent publishes
 //! a new state (a futex), every [`TICK`] while something is pending, else every
 //! [`IDLE_TICK`]; the workers never wait for it.
 
@@ -14,11 +14,13 @@ use arc_swap::ArcSwap;
 
 use super::control::{Control, ControlCtx};
 use super::pods::PodInterfaces;
+use super::probes::{Prober, Unreachable};
 use super::worker::{Published, Reporter};
 use super::{now_unix, RuntimeConfig, StatsSender, STOP};
-use crate::counters::Stats;
+use crate::counters::{PeerCounters, RedirectPeerStats, Stats};
 use crate::neigh::Neighbours;
 use crate::netlink::SharedNeighbours;
+use crate::region::monotonic_ms;
 use crate::steering::Steering;
 
 /// How often the node thread looks again while a table is held, not announced yet, or
@@ -44,12 +46,15 @@ pub(super) struct NodeShared<'a> {
     pub neighbours: &'a SharedNeighbours,
     pub miss_tx: &'a crate::netlink::MissSender,
     pub published: &'a Published,
+    /// The redirect peers the probes found unreachable, for the workers.
+    pub unreachable: &'a Unreachable,
     pub stats_tx: &'a StatsSender,
 }
 
 impl Node<'_> {
-    /// Runs until [`STOP`]; the last statistics are sent on the way out.
-    pub fn run(mut self, s: &NodeShared<'_>) {
+    /// Runs until [`STOP`], probing the redirect peers with `prober`; the last statistics
+    /// are sent on the way out.
+    pub fn run(mut self, s: &NodeShared<'_>, mut prober: Prober) {
         let mut nb: Arc<Neighbours> = s.neighbours.get();
         let mut nb_version = s.neighbours.version();
         let mut last_reconcile = Instant::now();
@@ -63,15 +68,20 @@ impl Node<'_> {
                 nb = s.neighbours.get();
             }
             self.tick(s, &nb, now, nb_changed, &mut last_reconcile);
+            prober.tick(self.control.redirector(), monotonic_ms(), s.unreachable);
             if now.duration_since(last_stats) >= Duration::from_secs(1) {
                 last_stats = now;
-                let _ = s.stats_tx.try_send((Reporter::Node, self.stats(&nb, s)));
+                let _ = s
+                    .stats_tx
+                    .try_send((Reporter::Node, self.stats(&nb, s, &prober)));
             }
             let pending = self.control.pending() || self.pods.as_ref().is_some_and(|p| p.opening());
             self.control
                 .wait_for_state(if pending { TICK } else { IDLE_TICK });
         }
-        let _ = s.stats_tx.send((Reporter::Node, self.stats(&nb, s)));
+        let _ = s
+            .stats_tx
+            .send((Reporter::Node, self.stats(&nb, s, &prober)));
     }
 
     /// The control state, then the Pod interfaces: those `nb` lists or no longer lists
@@ -103,8 +113,9 @@ impl Node<'_> {
         pods.finish_opening(s.published, &mut self.steering);
     }
 
-    /// The process-wide part of the statistics (the workers send their own).
-    fn stats(&self, nb: &Neighbours, s: &NodeShared<'_>) -> Stats {
+    /// The process-wide part of the statistics (the workers send their own), with the
+    /// redirect peers' liveness.
+    fn stats(&self, nb: &Neighbours, s: &NodeShared<'_>, prober: &Prober) -> Stats {
         let holds = self.control.holds;
         let mut st = Stats {
             timestamp: now_unix(),
@@ -121,6 +132,17 @@ impl Node<'_> {
             st.pod_iface_attaches = p.attaches;
             st.pod_iface_detaches = p.detaches;
         }
+        st.redirect_peers = prober
+            .peers()
+            .map(|p| RedirectPeerStats {
+                peer: std::net::Ipv4Addr::from(p.addr).to_string(),
+                counters: PeerCounters {
+                    probes_sent: p.probes_sent,
+                    ..Default::default()
+                },
+                reachable: super::probes::reachable(p.reach),
+            })
+            .collect();
         for (reason, n) in self.steering.drops().by_reason() {
             *st.drops.entry(reason.name().to_string()).or_default() += n;
         }

@@ -375,44 +375,62 @@ fn redirect_encapsulate(
     }
 }
 
-/// Sends the "I own this flow" notices the engine queued, each in a free frame.
+/// Sends what the engine's redirector queued besides redirected packets — "I own this
+/// flow" notices and answers to peers' liveness probes — each in a free frame.
 fn send_notices(
     engine: &mut Engine,
     umem: &Umem,
     pool: &mut FramePool<FrameDesc>,
     uplink: &mut Vec<FrameDesc>,
 ) {
+    use crate::redirect_wire::{build_liveness, build_notice, KIND_ANSWER};
     let Some(r) = engine.redirect_mut() else {
         return;
     };
     let (node, port) = (r.node(), r.port());
     let (notices, key) = r.take_notices_keyed();
     for n in notices {
-        let Some(mut d) = pool.free.pop() else {
+        let build =
+            |buf: &mut [u8]| build_notice(buf, &n.macs, node, n.to, port, n.key, n.cookie, key);
+        if !send_in_free_frame(umem, pool, uplink, build) {
             break;
-        };
-        // SAFETY: a free frame is in no ring and referenced by nothing else.
-        let mut data = unsafe { umem.data_mut(&mut d) };
-        let mut c = data.cursor();
-        let cap = c.buf_len();
-        c.set_pos(cap);
-        match crate::redirect_wire::build_notice(
-            data.contents_mut(),
-            &n.macs,
-            node,
-            n.to,
-            port,
-            n.key,
-            n.cookie,
-            key,
-        ) {
-            Some(len) => {
-                data.cursor().set_pos(len);
-                uplink.push(d);
-            }
-            None => pool.free.push(d),
         }
     }
+    let (answers, key) = r.take_answers_keyed();
+    for a in answers {
+        let build = |buf: &mut [u8]| {
+            build_liveness(buf, &a.macs, node, a.to, port, KIND_ANSWER, a.nonce, key)
+        };
+        if !send_in_free_frame(umem, pool, uplink, build) {
+            break;
+        }
+    }
+}
+
+/// Writes a frame with `build` (its length, `None` when it does not fit) into a free
+/// frame and queues it on the uplink; `false` when no frame is free.
+fn send_in_free_frame(
+    umem: &Umem,
+    pool: &mut FramePool<FrameDesc>,
+    uplink: &mut Vec<FrameDesc>,
+    build: impl FnOnce(&mut [u8]) -> Option<usize>,
+) -> bool {
+    let Some(mut d) = pool.free.pop() else {
+        return false;
+    };
+    // SAFETY: a free frame is in no ring and referenced by nothing else.
+    let mut data = unsafe { umem.data_mut(&mut d) };
+    let mut c = data.cursor();
+    let cap = c.buf_len();
+    c.set_pos(cap);
+    match build(data.contents_mut()) {
+        Some(len) => {
+            data.cursor().set_pos(len);
+            uplink.push(d);
+        }
+        None => pool.free.push(d),
+    }
+    true
 }
 
 /// Iterations with work within one window for the traffic to count as steady.
@@ -730,6 +748,10 @@ pub(super) struct Shared<'a> {
     pub cfg: &'a RuntimeConfig,
     pub neighbours: &'a SharedNeighbours,
     pub published: &'a Published,
+    /// The redirect peers the probes found unreachable (the node thread's).
+    pub unreachable: &'a super::probes::Unreachable,
+    /// Answers to the node thread's probes, handed to it.
+    pub answers_tx: super::probes::AnswerSender,
     pub miss_tx: crate::netlink::MissSender,
     pub stats_tx: StatsSender,
     /// What this worker keeps once it runs (it drops CAP_SYS_NICE after its start).
@@ -746,6 +768,7 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
     let mut egress = egress_map(&w.ports, &nb);
     let mut pollfds = pollfds_of(&w.ports);
     let mut seen_table = 0u64;
+    let mut seen_unreachable = 0u64;
     let (mut last_stats, mut activity) = (Instant::now(), Activity::new(Instant::now()));
     let mut timing = LoopTiming::default();
     let realtime = crate::sched::enter_worker(cfg.worker_priority, w.id);
@@ -775,6 +798,7 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
             egress = egress_map(&w.ports, &nb);
         }
         w.engine.refresh_xdp(&nb);
+        follow_liveness(&mut w.engine, &s, &mut seen_unreachable);
         let mut rings = Rings {
             ports: &mut w.ports,
             pool: &mut w.pool,
@@ -818,6 +842,23 @@ pub(super) fn worker_loop(mut w: Worker<'_>, s: Shared<'_>) {
     w.engine.fold_xdp_counters();
     let st = worker_stats(&w.engine, &w.ports, &w.pool);
     let _ = s.stats_tx.send((Reporter::Worker(w.id), st));
+}
+
+/// Hands the answers to liveness probes this worker received to the node thread, and
+/// takes the unreachable set it published (kept across new service tables). One atomic
+/// load when nothing changed.
+fn follow_liveness(engine: &mut Engine, s: &Shared<'_>, seen: &mut u64) {
+    let Some(r) = engine.redirect_mut() else {
+        return;
+    };
+    for a in r.take_answered() {
+        let _ = s.answers_tx.try_send(a);
+    }
+    let v = s.unreachable.version();
+    if v != *seen {
+        *seen = v;
+        r.set_unreachable(&s.unreachable.get());
+    }
 }
 
 /// The statistics one worker contributes: its engine's counters and flow table, its
@@ -867,6 +908,7 @@ pub(super) fn worker_stats(engine: &Engine, ports: &[Port], pool: &FramePool<Fra
             .map(|(a, c)| RedirectPeerStats {
                 peer: std::net::Ipv4Addr::from(a).to_string(),
                 counters: c,
+                reachable: None,
             })
             .collect();
     }
@@ -953,6 +995,10 @@ pub(super) fn merge(total: &mut Stats, other: &Stats) {
                 a.received_from += b.received_from;
                 a.notices_sent += b.notices_sent;
                 a.notices_received += b.notices_received;
+                a.probes_sent += b.probes_sent;
+                a.probes_received += b.probes_received;
+                a.probe_answers_received += b.probe_answers_received;
+                t.reachable = t.reachable.or(p.reachable);
             }
             None => total.redirect_peers.push(p.clone()),
         }
@@ -1214,6 +1260,7 @@ mod tests {
                 redirected_to,
                 ..Default::default()
             },
+            reachable: None,
         }
     }
 
