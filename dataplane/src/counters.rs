@@ -460,7 +460,7 @@ pub struct Stats {
     pub pod_iface_detaches: u64,
     /// Redirects between nodes, per peer node (empty when redirects are off).
     pub redirect_peers: Vec<RedirectPeerStats>,
-    /// Owner notices not sent because the per-batch queue was full.
+    /// Owner notices and answers to probes not sent because the per-batch queue was full.
     pub redirect_notices_dropped: u64,
     /// Per forwarding worker (one per RX queue group; docs/dataplane.md, "More than one
     /// worker"): its packets and rates. The totals above are their sums.

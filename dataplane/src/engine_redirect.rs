@@ -352,19 +352,9 @@ impl Engine {
         h: u64,
         nb: &Neighbours,
     ) -> Verdict {
-        let m = match nb.resolve(peer) {
-            Resolve::Found {
-                side: Side::Uplink,
-                src,
-                dst,
-            } => macs(src, dst),
-            Resolve::Found { .. } | Resolve::NoRoute => {
-                return self.drop(DropReason::NoRoute, None)
-            }
-            Resolve::Miss { ip, ifindex } => {
-                self.missing.push(ip, ifindex);
-                return self.drop(DropReason::NoNeighbour, None);
-            }
+        let m = match self.macs_towards(peer, nb) {
+            Ok(m) => m,
+            Err(reason) => return self.drop(reason, None),
         };
         let Some(r) = self.redirect.as_mut() else {
             return self.drop(DropReason::RedirectNoPeer, None);
@@ -487,17 +477,9 @@ impl Engine {
         if self.table.generation32() == 0 {
             return self.drop(DropReason::NoServiceTable, None);
         }
-        let macs = match nb.resolve(from) {
-            Resolve::Found {
-                side: Side::Uplink,
-                src,
-                dst,
-            } => macs(src, dst),
-            Resolve::Miss { ip, ifindex } => {
-                self.missing.push(ip, ifindex);
-                return self.drop(DropReason::NoNeighbour, None);
-            }
-            _ => return self.drop(DropReason::NoRoute, None),
+        let macs = match self.macs_towards(from, nb) {
+            Ok(m) => m,
+            Err(reason) => return self.drop(reason, None),
         };
         if let Some(r) = self.redirect.as_mut() {
             r.queue_answer(crate::redirect::Answer {
@@ -509,18 +491,26 @@ impl Engine {
         Verdict::Consumed
     }
 
-    pub(super) fn queue_notice(&mut self, to: u32, key: NoticeKey, cookie: u64, nb: &Neighbours) {
-        let m = match nb.resolve(to) {
+    /// The MACs towards another node, out of the uplink: `NoNeighbour` (its resolution
+    /// queued) or `NoRoute` else.
+    fn macs_towards(&mut self, to: u32, nb: &Neighbours) -> Result<[u8; 12], DropReason> {
+        match nb.resolve(to) {
             Resolve::Found {
                 side: Side::Uplink,
                 src,
                 dst,
-            } => macs(src, dst),
+            } => Ok(macs(src, dst)),
             Resolve::Miss { ip, ifindex } => {
                 self.missing.push(ip, ifindex);
-                return;
+                Err(DropReason::NoNeighbour)
             }
-            _ => return,
+            Resolve::Found { .. } | Resolve::NoRoute => Err(DropReason::NoRoute),
+        }
+    }
+
+    pub(super) fn queue_notice(&mut self, to: u32, key: NoticeKey, cookie: u64, nb: &Neighbours) {
+        let Ok(m) = self.macs_towards(to, nb) else {
+            return;
         };
         if let Some(r) = self.redirect.as_mut() {
             r.queue_notice(Notice {

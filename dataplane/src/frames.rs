@@ -8,7 +8,7 @@
 //! reclaims every frame whose owner is `s` and which is not on the free stack. Handing a
 //! frame over costs one store; reclaiming is O(frames) and happens only on close.
 //!
-//! Frames are identified by their UMEM address (`addr / frame_size` is the frame
+//! Frames are identified by their UMEM address (`addr >> log2(frame_size)` is the frame
 //! number); the pool is generic over the descriptor type so it is unit-tested without a
 //! kernel.
 
@@ -38,7 +38,9 @@ pub const NO_OWNER: u32 = u32::MAX;
 /// The free stack and the last holder of every frame.
 #[derive(Debug)]
 pub struct FramePool<D: FrameAddr> {
-    frame_size: usize,
+    /// log2 of the frame size (a power of two, as AF_XDP's aligned chunks are): a frame's
+    /// number is a shift of its address, not a 64-bit division per frame handed over.
+    frame_shift: u32,
     /// One descriptor per frame, by frame number (used to rebuild reclaimed ones).
     all: Vec<D>,
     /// The socket each frame was last handed to (`NO_OWNER` if never).
@@ -50,12 +52,13 @@ pub struct FramePool<D: FrameAddr> {
 }
 
 impl<D: FrameAddr> FramePool<D> {
-    /// A pool holding every frame of `descs` (all free).
+    /// A pool holding every frame of `descs` (all free); `frame_size` a power of two.
     pub fn new(descs: Vec<D>, frame_size: usize) -> Self {
+        assert!(frame_size.is_power_of_two(), "frame size {frame_size}");
         let mut all = descs.clone();
         all.sort_by_key(|d| d.addr());
         FramePool {
-            frame_size,
+            frame_shift: frame_size.trailing_zeros(),
             owner: vec![NO_OWNER; all.len()],
             all,
             free: descs,
@@ -70,14 +73,14 @@ impl<D: FrameAddr> FramePool<D> {
 
     #[inline]
     fn index(&self, d: &D) -> usize {
-        d.addr() / self.frame_size
+        d.addr() >> self.frame_shift
     }
 
     /// Records that these frames were handed to the kernel through socket `socket`.
     #[inline]
     pub fn hand_over(&mut self, socket: u32, frames: &[D]) {
         for d in frames {
-            let i = d.addr() / self.frame_size;
+            let i = d.addr() >> self.frame_shift;
             if let Some(o) = self.owner.get_mut(i) {
                 *o = socket;
             }
@@ -104,7 +107,7 @@ impl<D: FrameAddr> FramePool<D> {
     pub fn reclaim(&mut self, socket: u32, in_transit: &[D]) -> usize {
         let mut in_userspace = vec![false; self.all.len()];
         for d in self.free.iter().chain(in_transit) {
-            if let Some(u) = in_userspace.get_mut(d.addr() / self.frame_size) {
+            if let Some(u) = in_userspace.get_mut(d.addr() >> self.frame_shift) {
                 *u = true;
             }
         }

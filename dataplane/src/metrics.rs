@@ -534,7 +534,7 @@ fn register_redirects(r: &mut Registry, st: &Stats) {
     counter(
         r,
         "juneau_dataplane_redirect_notices_dropped",
-        "Owner notices not sent (queue full)",
+        "Owner notices and answers to liveness probes not sent (queue full)",
         st.redirect_notices_dropped,
     );
 }

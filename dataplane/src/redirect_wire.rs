@@ -453,33 +453,18 @@ pub fn build_notice(
     cookie: u64,
     mac_key: Option<&RedirectKey>,
 ) -> Option<usize> {
-    let hops = HopList::new();
-    let tag = if mac_key.is_some() { TAG } else { 0 };
     let key: NoticeKey = key.into();
     let (kind, body_len) = match key {
         NoticeKey::V4(_) => (KIND_NOTICE, NOTICE_BODY),
         NoticeKey::V6(_) => (KIND_NOTICE6, NOTICE_BODY6),
     };
-    let total = ETH + OUTER + FIXED + tag + body_len;
-    if buf.len() < total {
-        return None;
-    }
-    let h = write_headers(
-        buf,
+    let to = Control {
         macs,
         node,
         to,
         port,
-        port,
-        kind,
-        0,
-        &hops,
-        cookie,
-        mac_key.map(|k| k.id),
-        body_len,
-    );
-    let b = &mut buf[h..h + body_len];
-    match key {
+    };
+    build_control(buf, &to, (kind, cookie), body_len, mac_key, |b| match key {
         NoticeKey::V4(key) => {
             b[0..4].copy_from_slice(&key.src.to_be_bytes());
             b[4..8].copy_from_slice(&key.dst.to_be_bytes());
@@ -496,11 +481,7 @@ pub fn build_notice(
             b[36] = key.proto;
             b[37..40].copy_from_slice(&[0, 0, 0]);
         }
-    }
-    if let Some(k) = mac_key {
-        seal(buf, k, kind, 0, body_len);
-    }
-    Some(total)
+    })
 }
 
 /// Writes a probe ([`KIND_PROBE`]) or an answer ([`KIND_ANSWER`]) from `node` to `to`
@@ -519,29 +500,57 @@ pub fn build_liveness(
     key: Option<&RedirectKey>,
 ) -> Option<usize> {
     debug_assert!(kind == KIND_PROBE || kind == KIND_ANSWER);
-    let tag = if key.is_some() { TAG } else { 0 };
-    let total = ETH + OUTER + FIXED + tag;
-    if buf.len() < total {
-        return None;
-    }
-    let hops = HopList::new();
-    let h = write_headers(
-        buf,
+    let to = Control {
         macs,
         node,
         to,
         port,
-        port,
+    };
+    build_control(buf, &to, (kind, nonce), 0, key, |_| {})
+}
+
+/// Where a frame of this node's own (a notice, a probe, an answer) goes: MACs, this
+/// node, the peer, the redirect port (source and destination).
+struct Control<'a> {
+    macs: &'a [u8; 12],
+    node: u32,
+    to: u32,
+    port: u16,
+}
+
+/// Writes a frame of this node's own without hops: headers, `(kind, cookie)`, a body of
+/// `body_len` bytes written by `body`, the tag under `key` when given; its length, or
+/// `None` when `buf` is too short.
+fn build_control(
+    buf: &mut [u8],
+    c: &Control<'_>,
+    (kind, cookie): (u8, u64),
+    body_len: usize,
+    key: Option<&RedirectKey>,
+    body: impl FnOnce(&mut [u8]),
+) -> Option<usize> {
+    let tag = if key.is_some() { TAG } else { 0 };
+    let total = ETH + OUTER + FIXED + tag + body_len;
+    if buf.len() < total {
+        return None;
+    }
+    let h = write_headers(
+        buf,
+        c.macs,
+        c.node,
+        c.to,
+        c.port,
+        c.port,
         kind,
         0,
-        &hops,
-        nonce,
+        &HopList::new(),
+        cookie,
         key.map(|k| k.id),
-        0,
+        body_len,
     );
-    debug_assert_eq!(h, total);
+    body(&mut buf[h..h + body_len]);
     if let Some(k) = key {
-        seal(buf, k, kind, 0, 0);
+        seal(buf, k, kind, 0, body_len);
     }
     Some(total)
 }
