@@ -19,8 +19,11 @@
 //!
 //! Must not touch: sockets, the wire format ([`crate::redirect_wire`]), peer choice.
 
-/// How often each peer is probed.
+/// How often each peer is probed (with at most [`MAX_PROBES_PER_S`] in all).
 pub const PROBE_INTERVAL_MS: u64 = 100;
+/// Most probes a node sends a second: beyond 100 peers each is probed less often
+/// (1 000 peers: every second, ~4 s to notice one gone).
+pub const MAX_PROBES_PER_S: u64 = 1_000;
 /// Probes in a row left unanswered (after one was answered) that make a peer unreachable:
 /// declared when the next one is sent, ~`(MISSED_PROBES + 1) × PROBE_INTERVAL_MS` after
 /// the last answer at most.
@@ -123,14 +126,22 @@ impl PeerLiveness {
         self.peers.binary_search_by_key(&addr, |p| p.addr).ok()
     }
 
+    /// How often each peer is probed now: [`PROBE_INTERVAL_MS`], longer with so many
+    /// peers that the node would send more than [`MAX_PROBES_PER_S`].
+    pub fn interval_ms(&self) -> u64 {
+        let n = self.peers.len() as u64;
+        PROBE_INTERVAL_MS.max((n * 1_000).div_ceil(MAX_PROBES_PER_S))
+    }
+
     /// The probes to send at `now_ms` (peer, nonce): every peer whose last probe is at
-    /// least [`PROBE_INTERVAL_MS`] old. Counts them as sent.
+    /// least [`Self::interval_ms`] old. Counts them as sent.
     pub fn due(&mut self, now_ms: u64) -> Vec<(u32, u64)> {
+        let interval = self.interval_ms();
         let mut out = Vec::new();
         for p in &mut self.peers {
             let due = p
                 .last_sent_ms
-                .is_none_or(|t| now_ms.saturating_sub(t) >= PROBE_INTERVAL_MS);
+                .is_none_or(|t| now_ms.saturating_sub(t) >= interval);
             if !due {
                 continue;
             }
@@ -260,6 +271,22 @@ mod tests {
         );
         assert!(l.answered(B, nonce + 2));
         assert!(l.unreachable().is_empty());
+    }
+
+    #[test]
+    fn many_peers_are_probed_less_often_within_the_node_budget() {
+        let mut l = PeerLiveness::new(9);
+        let peers: Vec<u32> = (1..=400).collect();
+        l.set_peers(&peers[..50]);
+        assert_eq!(l.interval_ms(), PROBE_INTERVAL_MS);
+        l.set_peers(&peers);
+        assert_eq!(l.interval_ms(), 400);
+        let sent: usize = (0..10_000).step_by(10).map(|t| l.due(t).len()).sum();
+        assert!(
+            sent as u64 <= 10 * MAX_PROBES_PER_S,
+            "{sent} probes in 10 s"
+        );
+        assert_eq!(sent, 400 * 25);
     }
 
     #[test]

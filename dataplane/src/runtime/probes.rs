@@ -51,6 +51,8 @@ pub struct Prober {
     answers: mpsc::Receiver<(u32, u64)>,
     /// The socket, bound to the address it was opened for.
     socket: Option<(u32, UdpSocket)>,
+    /// The peers being probed (the redirector's, sorted).
+    peers: Vec<u32>,
     /// The unreachable set last published.
     published: Vec<u32>,
     /// The address a socket could not be bound to, said once.
@@ -70,6 +72,7 @@ impl Prober {
             liveness: PeerLiveness::new(base),
             answers: rx,
             socket: None,
+            peers: Vec::new(),
             published: Vec::new(),
             unbindable: None,
             buf: vec![0; 256],
@@ -85,8 +88,11 @@ impl Prober {
             self.liveness.answered(peer, nonce);
         }
         let active = r.filter(|r| r.active());
-        self.liveness
-            .set_peers(active.map(|r| r.all_peers()).unwrap_or(&[]));
+        let peers = active.map(|r| r.all_peers()).unwrap_or(&[]);
+        if peers != self.peers.as_slice() {
+            self.peers = peers.to_vec();
+            self.liveness.set_peers(peers);
+        }
         if let Some(r) = active {
             self.send_due(r, now_ms);
         }
