@@ -102,7 +102,11 @@ impl Prober {
                 tracing::warn!(peer = %Ipv4Addr::from(*p), "redirect peer unreachable: it missed 3 probes in a row; left out of hand-offs and questions until it answers");
             }
             for p in self.published.iter().filter(|p| !now.contains(p)) {
-                tracing::info!(peer = %Ipv4Addr::from(*p), "redirect peer answers again");
+                if self.peers.binary_search(p).is_ok() {
+                    tracing::info!(peer = %Ipv4Addr::from(*p), "redirect peer answers again");
+                } else {
+                    tracing::info!(peer = %Ipv4Addr::from(*p), "unreachable redirect peer no longer listed");
+                }
             }
             self.published = now.clone();
             out.publish(now);
