@@ -992,7 +992,7 @@ mod tests {
         let v = e.process(&mut frame(NODES[0], KIND_PROBE, 7), Side::Uplink, &nb, 0);
         assert_eq!(v, Verdict::Consumed);
         let r = e.redirect_mut().unwrap();
-        let answers: Vec<_> = r.take_answers_keyed().0.collect();
+        let answers: Vec<_> = r.take_answers().collect();
         assert_eq!(answers.len(), 1);
         assert_eq!((answers[0].to, answers[0].nonce), (NODES[0], 7));
         assert_eq!(answers[0].macs[..6], [4, 0, 0, 0, 0, 0], "towards node 0");
@@ -1005,7 +1005,7 @@ mod tests {
         let r = e.redirect_mut().unwrap();
         assert_eq!(r.take_answered().collect::<Vec<_>>(), vec![(NODES[2], 9)]);
         assert!(
-            r.take_answers_keyed().0.next().is_none(),
+            r.take_answers().next().is_none(),
             "an answer is not answered"
         );
         let c: std::collections::HashMap<_, _> = r.peer_counters().collect();
@@ -1030,7 +1030,7 @@ mod tests {
         assert!(matches!(v, Verdict::Drop(_)), "{v:?}");
         assert_eq!(fresh.counters().drops_for(DropReason::NoServiceTable), 1);
         let r = fresh.redirect_mut().unwrap();
-        assert!(r.take_answers_keyed().0.next().is_none());
+        assert!(r.take_answers().next().is_none());
     }
 
     /// Under the Cluster policy a node hands new connections only to peers that answer

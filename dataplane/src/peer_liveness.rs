@@ -102,6 +102,11 @@ impl PeerLiveness {
     /// The peers to probe now: those still listed keep what is known of them, new ones
     /// start [`Reach::Unknown`], those no longer listed are forgotten.
     pub fn set_peers(&mut self, addrs: &[u32]) {
+        if self.peers.len() == addrs.len()
+            && self.peers.iter().zip(addrs).all(|(p, a)| p.addr == *a)
+        {
+            return; // the same list, as the redirector gives it (sorted): nothing to do
+        }
         let mut peers: Vec<Peer> = addrs
             .iter()
             .map(|&addr| match self.find(addr) {
@@ -120,6 +125,11 @@ impl PeerLiveness {
         peers.sort_unstable_by_key(|p| p.addr);
         peers.dedup_by_key(|p| p.addr);
         self.peers = peers;
+    }
+
+    /// Whether `addr` is one of the peers probed.
+    pub fn is_listed(&self, addr: u32) -> bool {
+        self.find(addr).is_some()
     }
 
     fn find(&self, addr: u32) -> Option<usize> {

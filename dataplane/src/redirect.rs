@@ -267,6 +267,16 @@ pub struct Answer {
     pub nonce: u64,
 }
 
+/// What a redirector has queued to send after a batch ([`Redirector::take_outgoing`]).
+pub struct Outgoing<'a> {
+    /// "I own this flow" notices.
+    pub notices: std::vec::Drain<'a, Notice>,
+    /// Answers to peers' liveness probes.
+    pub answers: std::vec::Drain<'a, Answer>,
+    /// The key to tag them under (none: version 2).
+    pub key: Option<&'a juneau_control::model::RedirectKey>,
+}
+
 /// Most notices queued between two batches; more are not sent (the asker asks again
 /// with its next packet, within its bucket).
 pub const MAX_NOTICES: usize = 64;
@@ -772,16 +782,6 @@ impl Redirector {
         true
     }
 
-    /// Takes the queued answers with the key to tag them under (none: version 2).
-    pub fn take_answers_keyed(
-        &mut self,
-    ) -> (
-        std::vec::Drain<'_, Answer>,
-        Option<&juneau_control::model::RedirectKey>,
-    ) {
-        (self.answers.drain(..), self.keys.first())
-    }
-
     /// Records an answer `from` a peer to one of this node's probes (beyond
     /// [`MAX_NOTICES`] between two takes: dropped, the next probe asks again).
     pub fn answer_received(&mut self, from: u32, nonce: u64) {
@@ -803,14 +803,19 @@ impl Redirector {
         self.notices.drain(..)
     }
 
-    /// Takes the queued notices with the key to tag them under (none: version 2).
-    pub fn take_notices_keyed(
-        &mut self,
-    ) -> (
-        std::vec::Drain<'_, Notice>,
-        Option<&juneau_control::model::RedirectKey>,
-    ) {
-        (self.notices.drain(..), self.keys.first())
+    /// Takes what is queued to send — notices, answers to probes — with the key to tag
+    /// them under (none: version 2).
+    pub fn take_outgoing(&mut self) -> Outgoing<'_> {
+        Outgoing {
+            notices: self.notices.drain(..),
+            answers: self.answers.drain(..),
+            key: self.keys.first(),
+        }
+    }
+
+    /// Takes the queued answers to peers' probes.
+    pub fn take_answers(&mut self) -> std::vec::Drain<'_, Answer> {
+        self.answers.drain(..)
     }
 }
 

@@ -51,10 +51,6 @@ pub struct Prober {
     answers: mpsc::Receiver<(u32, u64)>,
     /// The socket, bound to the address it was opened for.
     socket: Option<(u32, UdpSocket)>,
-    /// The peers being probed (the redirector's, sorted).
-    peers: Vec<u32>,
-    /// The unreachable set last published.
-    published: Vec<u32>,
     /// The address a socket could not be bound to, said once.
     unbindable: Option<u32>,
     buf: Vec<u8>,
@@ -72,8 +68,6 @@ impl Prober {
             liveness: PeerLiveness::new(base),
             answers: rx,
             socket: None,
-            peers: Vec::new(),
-            published: Vec::new(),
             unbindable: None,
             buf: vec![0; 256],
         };
@@ -88,27 +82,24 @@ impl Prober {
             self.liveness.answered(peer, nonce);
         }
         let active = r.filter(|r| r.active());
-        let peers = active.map(|r| r.all_peers()).unwrap_or(&[]);
-        if peers != self.peers.as_slice() {
-            self.peers = peers.to_vec();
-            self.liveness.set_peers(peers);
-        }
+        self.liveness
+            .set_peers(active.map(|r| r.all_peers()).unwrap_or(&[]));
         if let Some(r) = active {
             self.send_due(r, now_ms);
         }
         let now = self.liveness.unreachable();
-        if now != self.published {
-            for p in now.iter().filter(|p| !self.published.contains(p)) {
+        let before = out.get();
+        if now != *before {
+            for p in now.iter().filter(|p| !before.contains(p)) {
                 tracing::warn!(peer = %Ipv4Addr::from(*p), "redirect peer unreachable: it missed 3 probes in a row; left out of hand-offs and questions until it answers");
             }
-            for p in self.published.iter().filter(|p| !now.contains(p)) {
-                if self.peers.binary_search(p).is_ok() {
+            for p in before.iter().filter(|p| !now.contains(p)) {
+                if self.liveness.is_listed(*p) {
                     tracing::info!(peer = %Ipv4Addr::from(*p), "redirect peer answers again");
                 } else {
                     tracing::info!(peer = %Ipv4Addr::from(*p), "unreachable redirect peer no longer listed");
                 }
             }
-            self.published = now.clone();
             out.publish(now);
         }
     }

@@ -388,16 +388,16 @@ fn send_notices(
         return;
     };
     let (node, port) = (r.node(), r.port());
-    let (notices, key) = r.take_notices_keyed();
-    for n in notices {
+    let out = r.take_outgoing();
+    let key = out.key;
+    for n in out.notices {
         let build =
             |buf: &mut [u8]| build_notice(buf, &n.macs, node, n.to, port, n.key, n.cookie, key);
         if !send_in_free_frame(umem, pool, uplink, build) {
             break;
         }
     }
-    let (answers, key) = r.take_answers_keyed();
-    for a in answers {
+    for a in out.answers {
         let build = |buf: &mut [u8]| {
             build_liveness(buf, &a.macs, node, a.to, port, KIND_ANSWER, a.nonce, key)
         };
