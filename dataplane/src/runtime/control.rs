@@ -448,6 +448,28 @@ impl Control {
         self.redirector.as_ref().filter(|_| self.installed)
     }
 
+    /// The peers to probe: those of the VIPs this node serves (programmed), sorted — the
+    /// ones it hands connections to and asks, and which list it in turn (a node serving no
+    /// VIP is no peer of theirs: its probes would be their `redirect_not_from_peer`).
+    pub fn probed_peers(&self) -> Vec<u32> {
+        let Some(r) = self.redirector() else {
+            return Vec::new();
+        };
+        let mut out: Vec<u32> = self
+            .programmed
+            .iter()
+            .flat_map(|v| match v {
+                std::net::IpAddr::V4(a) => r.peers_for(u32::from(*a)),
+                std::net::IpAddr::V6(a) => r.peers_for6(&a.octets()),
+            })
+            .copied()
+            .filter(|p| *p != 0 && *p != r.node())
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
     /// Steers redirected packets to this node once its redirect address is known (see
     /// [`listen_redirects`]).
     pub fn listen_redirects(&self, steering: &mut Steering) -> Result<()> {

@@ -68,7 +68,13 @@ impl Node<'_> {
                 nb = s.neighbours.get();
             }
             self.tick(s, &nb, now, nb_changed, &mut last_reconcile);
-            prober.tick(self.control.redirector(), monotonic_ms(), s.unreachable);
+            let peers = self.control.probed_peers();
+            prober.tick(
+                self.control.redirector(),
+                &peers,
+                monotonic_ms(),
+                s.unreachable,
+            );
             if now.duration_since(last_stats) >= Duration::from_secs(1) {
                 last_stats = now;
                 let _ = s

@@ -76,14 +76,15 @@ impl Prober {
 
     /// Takes the answers received, probes the peers that are due, and publishes the
     /// unreachable set when it changed. `r`: the node thread's redirector (none, or not
-    /// active yet: no peers to probe).
-    pub fn tick(&mut self, r: Option<&Redirector>, now_ms: u64, out: &Unreachable) {
+    /// active yet: no peers to probe); `peers`: the ones to probe, sorted
+    /// (`Control::probed_peers`).
+    pub fn tick(&mut self, r: Option<&Redirector>, peers: &[u32], now_ms: u64, out: &Unreachable) {
         while let Ok((peer, nonce)) = self.answers.try_recv() {
             self.liveness.answered(peer, nonce);
         }
         let active = r.filter(|r| r.active());
         self.liveness
-            .set_peers(active.map(|r| r.all_peers()).unwrap_or(&[]));
+            .set_peers(if active.is_some() { peers } else { &[] });
         if let Some(r) = active {
             self.send_due(r, now_ms);
         }
