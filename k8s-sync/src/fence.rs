@@ -13,7 +13,9 @@
 //! **monotonic** clock, counted from when the read was *sent* (the renewal is at least
 //! that old), and [`LeaderFence::may_write`] is asked again before each write batch, with
 //! no request: a leader paused past its deadline refuses to write when it wakes, whatever
-//! its last read said. What is left: clock skew between replicas beyond a third of the
+//! its last read said. A read that allowed writes serves the batches of the next
+//! [`READ_REUSE`] without a new one ([`LeaderFence::serves_without_read`]): the deadline
+//! already counts from its sending, so a newer read could only move it later. What is left: clock skew between replicas beyond a third of the
 //! lease duration, or a pause of that length between `may_write` and the request reaching
 //! the apiserver (writes also carry the `resourceVersion` they were decided from, which
 //! fences writes to the same object); see docs/security.md.
@@ -22,6 +24,10 @@ use std::time::{Duration, Instant};
 
 /// The renew deadline as a fraction (numerator, denominator) of the lease duration.
 pub const RENEW_DEADLINE: (u32, u32) = (2, 3);
+
+/// How long after it was sent a read that allowed writes answers the checks of further
+/// write batches: at most one Lease read a second however many reconciles write.
+pub const READ_REUSE: Duration = Duration::from_secs(1);
 
 /// The seconds between renewals for a lease duration (at least 2 s): half of it, rounded
 /// down, at least 1 s, so a renewal lands before the [`renew_deadline`] even when it is a
@@ -54,6 +60,8 @@ pub struct LeaderFence {
     identity: String,
     /// Writes are allowed strictly before this instant; `None`: not at all.
     deadline: Option<Instant>,
+    /// When the last read that allowed writes was sent.
+    allowed_by_read_sent: Option<Instant>,
     /// Why not, when no read allowed writes (or the last one refused them).
     refused: String,
 }
@@ -65,6 +73,7 @@ impl LeaderFence {
         LeaderFence {
             identity: identity.into(),
             deadline: None,
+            allowed_by_read_sent: None,
             refused: "the Lease has not been read yet".into(),
         }
     }
@@ -80,6 +89,7 @@ impl LeaderFence {
         now: Instant,
     ) -> Result<(), String> {
         self.deadline = None;
+        self.allowed_by_read_sent = None;
         let holder = lease.holder.unwrap_or("");
         if holder != self.identity {
             self.refused = format!(
@@ -99,6 +109,7 @@ impl LeaderFence {
         match limit.checked_sub(age).filter(|d| !d.is_zero()) {
             Some(left) => {
                 self.deadline = Some(sent + left);
+                self.allowed_by_read_sent = Some(sent);
                 self.may_write(now)
             }
             None => {
@@ -114,6 +125,16 @@ impl LeaderFence {
         }
     }
 
+    /// Whether the last read still answers a check at `now` without a new one: it allowed
+    /// writes, was sent less than [`READ_REUSE`] ago, and its deadline has not passed
+    /// (the caller still asks [`may_write`](Self::may_write)). A refusal is never reused:
+    /// a replica that has just been elected reads again at once.
+    pub fn serves_without_read(&self, now: Instant) -> bool {
+        self.allowed_by_read_sent
+            .is_some_and(|sent| now.saturating_duration_since(sent) < READ_REUSE)
+            && self.deadline.is_some_and(|d| now < d)
+    }
+
     /// Whether this replica may write at `now`, from what the last read said: asked
     /// before every write batch, without a request.
     pub fn may_write(&mut self, now: Instant) -> Result<(), String> {
@@ -125,6 +146,7 @@ impl LeaderFence {
                     now.duration_since(d).as_secs_f64()
                 );
                 self.deadline = None;
+                self.allowed_by_read_sent = None;
                 Err(self.refused.clone())
             }
             None => Err(self.refused.clone()),
@@ -248,6 +270,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_read_that_allowed_writes_serves_for_a_second_and_a_refusal_never() {
+        let t0 = Instant::now();
+        let mut f = LeaderFence::new("r1");
+        assert!(!f.serves_without_read(t0), "nothing read yet");
+        f.observe(t0, WALL, read("r1", WALL), t0).unwrap();
+        assert!(f.serves_without_read(t0 + Duration::from_millis(999)));
+        assert!(!f.serves_without_read(t0 + READ_REUSE));
+        // A renewal 3.5 s old: 0.5 s of deadline left, less than the reuse window.
+        f.observe(t0, WALL + 35 * S / 10, read("r1", WALL), t0)
+            .unwrap();
+        assert!(f.serves_without_read(t0 + Duration::from_millis(499)));
+        assert!(!f.serves_without_read(t0 + Duration::from_millis(500)));
+        // Another holder: the next check reads again, however recent this read.
+        f.observe(t0, WALL, read("r2", WALL), t0).unwrap_err();
+        assert!(!f.serves_without_read(t0));
+        // A passed deadline forgets the read.
+        f.observe(t0, WALL, read("r1", WALL), t0).unwrap();
+        assert!(f.may_write(t0 + Duration::from_secs(4)).is_err());
+        assert!(!f.serves_without_read(t0 + Duration::from_millis(10)));
     }
 
     #[test]
