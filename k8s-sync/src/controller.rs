@@ -302,6 +302,8 @@ struct Ctx {
     /// that finds one of them in its cache runs before the watch brought the result of
     /// its own writes, and would only earn a 409 ([`OwnWrites::behind`]).
     own_writes: OwnWrites,
+    /// How the record is written (whether the installed CRD has a status subresource).
+    record_shape: crate::records::RecordShape,
     networks: Store<ExternalNetwork>,
     pools: Store<AddressPool>,
     nodes: Store<Node>,
@@ -744,6 +746,7 @@ async fn lead(client: Client, fence: Fence, metrics: ControllerMetrics) -> anyho
         slices,
         slice_index,
         own_writes: OwnWrites::default(),
+        record_shape: Default::default(),
         networks,
         pools,
         nodes,
@@ -993,13 +996,16 @@ fn is_stale(err: &Error) -> bool {
 
 impl Fence {
     /// Fails unless the Lease, as the apiserver has it, names this replica and has not
-    /// expired, read **after** this call began. Called before every batch of writes: a
-    /// replica that was deposed while it worked (paused, partitioned) writes nothing.
+    /// expired, read after this call began or less than a second before it (below).
+    /// Called before every batch of writes: a replica that was deposed while it worked
+    /// (paused, partitioned) writes nothing.
     /// Writes racing the check are fenced by the `resourceVersion` every write carries.
     ///
     /// Callers that arrive while a read is in flight share the next read (one GET for
     /// all of them), never the one in flight: that one may have been answered before
-    /// they decided to write.
+    /// they decided to write. A read that allowed writes answers every check of the
+    /// [`crate::fence::READ_REUSE`] after it was sent, without a GET: at most one Lease
+    /// read a second, and no reconcile waits for one while they are fresh.
     ///
     /// "Not expired" has a margin ([`crate::fence`]): writes stop at the renew deadline,
     /// two thirds of the lease duration after the last renewal, measured on the monotonic
@@ -1009,8 +1015,9 @@ impl Fence {
         use std::sync::atomic::Ordering::SeqCst;
         let arrived = self.reads.sent.load(SeqCst);
         let mut last = self.reads.last.lock().await;
-        if last.0 > arrived {
-            // A read sent after this call began has answered.
+        if last.0 > arrived || last.1.serves_without_read(std::time::Instant::now()) {
+            // A read sent after this call began has answered, or one that allowed writes
+            // was sent less than a second ago (its deadline counts from then).
             return last
                 .1
                 .may_write(std::time::Instant::now())
@@ -1106,18 +1113,13 @@ async fn write_ingress(
     )
     .expect("a patch from no status");
     let written = svcs
-        .patch_status(&svc.name_any(), &merge_params(), &Patch::Merge(patch))
+        .patch_status(
+            &svc.name_any(),
+            &crate::records::merge_params(),
+            &Patch::Merge(patch),
+        )
         .await?;
     Ok(written.resource_version())
-}
-
-/// A merge patch's parameters: Juneau's field manager (an `Update` entry in
-/// `managedFields`).
-fn merge_params() -> PatchParams {
-    PatchParams {
-        field_manager: Some(CONTROLLER_MANAGER.into()),
-        ..PatchParams::default()
-    }
 }
 
 async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
@@ -1149,33 +1151,58 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Ctx>) -> Result<Action, Error> {
         return Ok(Action::requeue(STALE_RETRY));
     }
 
-    // 1. The finalizer and the record's spec.
+    // 1. The finalizer (and, where the CRD has a status subresource, the record's spec).
+    let apart = ctx.record_shape.status_subresource();
     let Claimed {
         svc,
         record_version,
         checked,
-    } = claim_service(&ctx, &svcs, &slbs, svc, &key, previous.as_ref()).await?;
+    } = claim_service(&ctx, &svcs, &slbs, svc, &key, previous.as_ref(), apart).await?;
 
     // 2. The decision (VIP, advertising nodes, conditions).
     let prev_status = previous.as_ref().and_then(|p| p.status.clone());
     let outcome = decide(&ctx, &svc, &key, prev_status.as_ref());
 
-    // 3. The record's status (the VIP recorded) before the Service shows anything; then
+    // 3. The record (the VIP recorded) before the Service shows anything — spec and
+    // status in one write, or the status alone where the spec was written apart; then
     // what the Service shows and the Events (only for what changed), at once.
-    let status_changed = prev_status.as_ref() != Some(&outcome.status);
+    let want = crate::records::desired(
+        &name,
+        &ns,
+        &owner_of(&svc),
+        &record_spec(&svc),
+        &outcome.status,
+    );
+    let record_changed = match (&previous, apart) {
+        (_, true) => prev_status.as_ref() != Some(&outcome.status),
+        (None, false) => true,
+        (Some(p), false) => {
+            (&p.spec, p.owner_references(), p.status.as_ref())
+                != (&want.spec, want.owner_references(), want.status.as_ref())
+        }
+    };
     let ingress_changed = ingress_ips(&svc) != outcome.ingress_ips;
-    if (status_changed || ingress_changed) && !checked {
+    if (record_changed || ingress_changed) && !checked {
         ctx.fence.check().await?;
     }
-    if status_changed {
-        let after = write_status(
-            &slbs,
-            &name,
-            record_version.clone(),
-            prev_status.as_ref(),
-            &outcome.status,
-        )
-        .await?;
+    if record_changed {
+        let after = match apart {
+            true => {
+                crate::records::write_status(
+                    &ctx.record_shape,
+                    &slbs,
+                    &name,
+                    record_version.clone(),
+                    prev_status.as_ref(),
+                    &outcome.status,
+                )
+                .await?
+            }
+            false => {
+                crate::records::write_record(&ctx.record_shape, &slbs, previous.as_ref(), &want)
+                    .await?
+            }
+        };
         ctx.own_writes
             .wrote(&key, false, record_version, after.as_deref());
     }
@@ -1371,8 +1398,8 @@ struct Claimed {
     checked: bool,
 }
 
-/// Makes a managed Service ours: its finalizer and its record's spec (`previous`: the
-/// record as the watch has it).
+/// Makes a managed Service ours: its finalizer and, with `spec_apart` (the CRD has a
+/// status subresource), its record's spec (`previous`: the record as the watch has it).
 async fn claim_service(
     ctx: &Ctx,
     svcs: &Api<Service>,
@@ -1380,18 +1407,21 @@ async fn claim_service(
     svc: Arc<Service>,
     key: &str,
     previous: Option<&ServiceLoadBalancer>,
+    spec_apart: bool,
 ) -> Result<Claimed, Error> {
     let ns = svc.namespace().unwrap_or_else(|| "default".into());
     let name = svc.name_any();
     let has_finalizer = svc.finalizers().iter().any(|f| f == FINALIZER);
     let spec = record_spec(&svc);
     let owner = owner_of(&svc);
-    let spec_changed = previous.map(|p| (&p.spec, p.owner_references()))
-        != Some((&spec, std::slice::from_ref(&owner)));
+    let spec_changed = spec_apart
+        && previous.map(|p| (&p.spec, p.owner_references()))
+            != Some((&spec, std::slice::from_ref(&owner)));
     let mut record_version = previous.and_then(|p| p.resource_version());
 
-    // The record's spec (no VIP in it yet) after one Lease check; with it, once, the
-    // finalizer earlier releases put on the Service goes: a deleted Service's VIP is
+    // Where the CRD has a status subresource (an earlier one), the record's spec (no VIP
+    // in it yet) after one Lease check; with it, once, the finalizer earlier releases
+    // put on the Service goes: a deleted Service's VIP is
     // released from the watch ([`release_departed`]), and a Service must never wait
     // for Juneau to be deleted.
     let mut svc = svc;
@@ -1408,9 +1438,16 @@ async fn claim_service(
         let record = async {
             match spec_changed {
                 false => Ok(None),
-                true => apply_record(slbs, &name, &ns, &owner, &spec, record_version.clone())
-                    .await
-                    .map(Some),
+                true => crate::records::apply_spec(
+                    slbs,
+                    &name,
+                    &ns,
+                    &owner,
+                    &spec,
+                    record_version.clone(),
+                )
+                .await
+                .map(Some),
             }
         };
         let (finalizer, record) = future::join(finalizer, record).await;
@@ -1545,61 +1582,6 @@ fn decide(
             .set(outcome.status.advertising_nodes.len() as i64);
     }
     outcome
-}
-
-/// Server-side apply of a ServiceLoadBalancer's metadata and spec (it creates the
-/// record), conditioned on `resource_version` when given; returns the record's new
-/// resourceVersion.
-async fn apply_record(
-    slbs: &Api<ServiceLoadBalancer>,
-    name: &str,
-    ns: &str,
-    owner: &OwnerReference,
-    spec: &ServiceLoadBalancerSpec,
-    resource_version: Option<String>,
-) -> Result<Option<String>, Error> {
-    let mut metadata = json!({"name": name, "namespace": ns, "ownerReferences": [owner]});
-    if let Some(rv) = resource_version {
-        metadata["resourceVersion"] = json!(rv);
-    }
-    let written = slbs
-        .patch(
-            name,
-            &PatchParams::apply(CONTROLLER_MANAGER).force(),
-            &Patch::Apply(json!({
-                "apiVersion": "juneau.loutres.me/v1alpha1",
-                "kind": "ServiceLoadBalancer",
-                "metadata": metadata,
-                "spec": spec,
-            })),
-        )
-        .await?;
-    Ok(written.resource_version())
-}
-
-/// Writes a ServiceLoadBalancer's status as a JSON merge patch from the status the
-/// decision read, `prev` ([`crate::status_patch`]: fields it no longer has are
-/// removed), field manager `juneau-controller`, conditioned on the record's
-/// resourceVersion.
-async fn write_status(
-    slbs: &Api<ServiceLoadBalancer>,
-    name: &str,
-    resource_version: Option<String>,
-    prev: Option<&ServiceLoadBalancerStatus>,
-    status: &ServiceLoadBalancerStatus,
-) -> Result<Option<String>, Error> {
-    let prev = prev.map(|p| json!(p));
-    let Some(patch) = crate::status_patch::status_patch(
-        prev.as_ref(),
-        &json!(status),
-        resource_version.as_deref(),
-    ) else {
-        return Ok(resource_version);
-    };
-    let written = slbs
-        .patch_status(name, &merge_params(), &Patch::Merge(patch))
-        .await?;
-    Ok(written.resource_version())
 }
 
 /// The shortest time between two rounds of AddressPool status writes (their counts

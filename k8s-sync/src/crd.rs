@@ -817,11 +817,29 @@ pub fn all_crds(
     vec![
         AddressPool::crd(),
         ExternalNetwork::crd(),
-        ServiceLoadBalancer::crd(),
+        service_load_balancer_crd(),
         BGPPeer::crd(),
         BGPAdvertisement::crd(),
         NodeBGPStatus::crd(),
     ]
+}
+
+/// The ServiceLoadBalancer CRD **without** the status subresource the derive adds: the
+/// controller alone writes the record, spec and status in one request (a new Service:
+/// two API writes, not three; [`crate::records`]).
+pub fn service_load_balancer_crd(
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    use kube::CustomResourceExt;
+    let mut crd = ServiceLoadBalancer::crd();
+    for v in &mut crd.spec.versions {
+        if let Some(sub) = v.subresources.as_mut() {
+            sub.status = None;
+        }
+        if v.subresources.as_ref().is_some_and(|s| s.scale.is_none()) {
+            v.subresources = None;
+        }
+    }
+    crd
 }
 
 /// The CRDs as one multi-document YAML stream (what `crdgen` prints and `deploy/crds/`
@@ -878,5 +896,26 @@ mod tests {
         assert!(yaml.contains("isIP(self)"));
         assert!(yaml.contains("- Pending") || yaml.contains("Pending"));
         assert!(yaml.contains("subresources"));
+    }
+
+    #[test]
+    fn the_record_has_no_status_subresource_and_the_other_kinds_keep_theirs() {
+        let slb = service_load_balancer_crd();
+        assert!(slb.spec.versions.iter().all(|v| v.subresources.is_none()));
+        let schema = serde_json::to_value(&slb.spec.versions[0].schema).unwrap();
+        assert!(
+            schema
+                .pointer("/openAPIV3Schema/properties/status/properties/vip")
+                .is_some(),
+            "the status stays in the schema: {schema}"
+        );
+        let pools = all_crds()
+            .into_iter()
+            .find(|c| c.spec.names.kind == "AddressPool")
+            .unwrap();
+        assert!(pools.spec.versions[0]
+            .subresources
+            .as_ref()
+            .is_some_and(|s| s.status.is_some()));
     }
 }

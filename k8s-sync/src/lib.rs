@@ -11,7 +11,8 @@
 //! [`pools`], [`endpoints`], [`families`]: which IP families a Service is served on, [`selection`]: which advertisements apply to a Service's VIP, [`source_ranges`]: the clients a Service admits, [`sharing`]: which Services share a VIP, [`describe`], [`report`], [`peers`], [`pacing`], [`fence`]: when a
 //! leader may still write, [`status_patch`]: status writes as merge patches, [`event_budget`]: which Events are written, [`departures`]: which Services a watch shows deleted, [`maintenance`]: what puts a node in graceful maintenance, [`redirect_key`]: the redirect channel's MAC keys from their
 //! Secret) and thin glue that watches and writes ([`controller`], [`agent`],
-//! [`speaker_status`]: the node's BGP sessions into a NodeBGPStatus; [`decommission`]:
+//! [`records`]: how a ServiceLoadBalancer is written, [`speaker_status`]: the node's BGP
+//! sessions into a NodeBGPStatus; [`decommission`]:
 //! `helm uninstall`'s request, the hook that makes it and the agents that carry it out,
 //! its pure decisions unit-tested); [`metrics`] serves both processes' Prometheus metrics
 //! and probes; [`caches`]: the one watch pipeline both processes' caches use. [`crd`]
@@ -36,6 +37,7 @@ pub mod pacing;
 pub mod peers;
 pub mod pools;
 pub mod reconcile;
+pub mod records;
 pub mod redirect_key;
 pub mod report;
 pub mod selection;

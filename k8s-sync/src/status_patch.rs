@@ -64,6 +64,41 @@ pub fn status_patch(
     Some(patch)
 }
 
+/// One merge patch of a whole record — `metadata.ownerReferences`, `spec` and `status`
+/// each only when it changed from `old` (the record as the decision read it, a JSON
+/// object) to `new` — conditioned on `resource_version`; `None` when nothing changed.
+/// For a kind without a status subresource (the ServiceLoadBalancer since 2026-12-07),
+/// whose spec and status one request writes.
+pub fn record_patch(old: &Value, new: &Value, resource_version: Option<&str>) -> Option<Value> {
+    let mut patch = Map::new();
+    for part in ["spec", "status"] {
+        let (was, now) = (old.get(part), new.get(part).unwrap_or(&Value::Null));
+        let changed = match was {
+            Some(w) if !now.is_null() => merge_diff(w, now),
+            Some(_) => Some(Value::Null),
+            None => (!now.is_null()).then(|| now.clone()),
+        };
+        if let Some(c) = changed {
+            patch.insert(part.into(), c);
+        }
+    }
+    let owners = |o: &Value| o.pointer("/metadata/ownerReferences").cloned();
+    let mut metadata = Map::new();
+    if owners(old) != owners(new) {
+        metadata.insert("ownerReferences".into(), owners(new).unwrap_or(Value::Null));
+    }
+    if patch.is_empty() && metadata.is_empty() {
+        return None;
+    }
+    if let Some(rv) = resource_version {
+        metadata.insert("resourceVersion".into(), json!(rv));
+    }
+    if !metadata.is_empty() {
+        patch.insert("metadata".into(), Value::Object(metadata));
+    }
+    Some(Value::Object(patch))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,5 +188,47 @@ mod tests {
         let p = status_patch(Some(&status(None, &[], false)), &new, None).unwrap();
         assert!(p.get("metadata").is_none());
         assert_eq!(status_patch(Some(&new), &new, Some("42")), None);
+    }
+
+    fn record(owner: &str, requested: Option<&str>, status: Option<Value>) -> Value {
+        let mut r = json!({
+            "metadata": {"name": "web", "ownerReferences": [{"uid": owner}]},
+            "spec": {"serviceName": "web"},
+        });
+        if let Some(ip) = requested {
+            r["spec"]["requestedIP"] = json!(ip);
+        }
+        if let Some(s) = status {
+            r["status"] = s;
+        }
+        r
+    }
+
+    #[test]
+    fn a_record_patch_writes_spec_status_and_owner_together_and_only_what_changed() {
+        let ready = status(Some("203.0.113.10"), &["a"], true);
+        let old = record("u1", Some("203.0.113.10"), None);
+        // No status yet, a requested IP dropped, the Service created again (new uid).
+        let new = record("u2", None, Some(ready.clone()));
+        let p = record_patch(&old, &new, Some("7")).unwrap();
+        assert_eq!(p["metadata"]["resourceVersion"], "7");
+        assert_eq!(p["metadata"]["ownerReferences"], json!([{"uid": "u2"}]));
+        assert_eq!(p["spec"], json!({"requestedIP": null}));
+        assert_eq!(p["status"], ready);
+        let mut got = apply(&old, &p);
+        got["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("resourceVersion");
+        assert_eq!(got, new);
+        // Only the status moved: neither spec nor owners are sent.
+        let moved = record("u2", None, Some(status(Some("203.0.113.10"), &[], true)));
+        let p = record_patch(&new, &moved, Some("8")).unwrap();
+        assert_eq!(
+            p.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["metadata", "status"]
+        );
+        assert_eq!(p["metadata"], json!({"resourceVersion": "8"}));
+        assert_eq!(record_patch(&moved, &moved, Some("9")), None);
     }
 }

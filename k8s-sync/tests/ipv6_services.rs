@@ -76,7 +76,6 @@ fn a_dual_stack_record_gives_ipv6_frontends_and_announcements() -> Result<()> {
         "nginx",
         "-n",
         "default",
-        "--subresource=status",
         "--type=merge",
         "-p",
         STATUS,
