@@ -101,6 +101,8 @@ impl Sent {
 struct Baseline {
     /// From just before the first create to the last create's answer.
     create: Duration,
+    /// kube-apiserver's CPU time over `create`, s.
+    apiserver_cpu_s: f64,
     /// Its creates retried.
     retries: u64,
     /// Deleting them all again, until none was left.
@@ -307,7 +309,9 @@ pub fn measure(
                     requests: scrape_requests(k),
                 }
             }
-            Creation::Live => Before::Baseline(apiserver_alone(&rt, &client, &objects, say)?),
+            Creation::Live => {
+                Before::Baseline(apiserver_alone(&rt, &client, &objects, k.pids()[1], say)?)
+            }
         });
         Ok(())
     })?;
@@ -439,19 +443,20 @@ fn apiserver_alone(
     rt: &tokio::runtime::Runtime,
     client: &kube::Client,
     objects: &[(Service, EndpointSlice)],
+    apiserver_pid: u32,
     say: &dyn Fn(String),
 ) -> Result<Baseline> {
     let n = objects.len() as u32;
     say(format!(
         "scale: baseline: the apiserver alone (no Juneau daemon yet) creating {n} Services with 3 endpoints each ({CONCURRENCY} in flight)"
     ));
-    let t = Instant::now();
+    let (t, cpu0) = (Instant::now(), cpu_s(apiserver_pid));
     let sent = rt
         .block_on(create_all(client, objects))
         .context("baseline: the apiserver alone")?;
-    let create = t.elapsed();
+    let (create, apiserver_cpu_s) = (t.elapsed(), cpu_s(apiserver_pid) - cpu0);
     say(format!(
-        "scale: baseline: created in {:.1} s ({} creates retried after a 5xx/429); deleting them again",
+        "scale: baseline: created in {:.1} s, kube-apiserver {apiserver_cpu_s:.1} s of CPU ({} creates retried after a 5xx/429); deleting them again",
         create.as_secs_f64(),
         sent.retries(n)
     ));
@@ -486,6 +491,7 @@ fn apiserver_alone(
     ));
     Ok(Baseline {
         create,
+        apiserver_cpu_s,
         retries: sent.retries(n),
         delete,
     })
@@ -638,6 +644,7 @@ fn measure_on(
         api_requests: requests,
         method: scale_method(n, precreated.is_some(), baseline.as_ref()),
         apiserver_alone_create_s: baseline.map(|b| b.create.as_secs_f64()),
+        apiserver_alone_cpu_s: baseline.map(|b| b.apiserver_cpu_s),
         juneau_writes_per_service,
     })
 }
@@ -1134,6 +1141,7 @@ apiserver_request_duration_seconds_count{resource="services",verb="GET"} 99
     fn the_method_says_how_the_baseline_was_taken() {
         let b = Baseline {
             create: Duration::from_millis(12_340),
+            apiserver_cpu_s: 20.5,
             retries: 2,
             delete: Duration::from_millis(8_760),
         };

@@ -72,6 +72,9 @@ pub struct ScaleReport {
     /// the daemons started, s (the baseline of [`LIVE_GOAL_RATIO`]).
     #[serde(default)]
     pub apiserver_alone_create_s: Option<f64>,
+    /// kube-apiserver's CPU time over that baseline's creates, s.
+    #[serde(default)]
+    pub apiserver_alone_cpu_s: Option<f64>,
     /// API writes per Service made by Juneau's controller and agent over the run: the
     /// apiserver's non-read requests less juneau-perf's own creates (and the resources
     /// only the apiserver writes), / `services`. None: the request counts are missing.
@@ -116,8 +119,11 @@ pub fn markdown(r: &ScaleReport) -> String {
         r.create_retries
     );
     if let Some(b) = r.apiserver_alone_create_s {
+        let cpu = r.apiserver_alone_cpu_s.map_or(String::new(), |c| {
+            format!(", kube-apiserver {c:.1} s of CPU")
+        });
         m += &format!(
-            "| baseline, before the daemons: the apiserver alone creating them all | {b:.1} s (not from t0) |\n"
+            "| baseline, before the daemons: the apiserver alone creating them all | {b:.1} s (not from t0){cpu} |\n"
         );
     }
     m += &format!("| every Service shows its VIP | {} |\n", f(r.all_vips_s));
