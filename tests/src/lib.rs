@@ -17,6 +17,26 @@
 //! binaries; nothing here stands in for them. Everything cleans up on drop, also on
 //! panic: processes, namespaces, mounts, cgroups, containerd state.
 
+/// Records that the test `name` did not run, and why (the machine cannot run it: not a
+/// pass). Printed at once and appended to `$JUNEAU_DID_NOT_RUN` (default
+/// `/tmp/juneau-tests-did-not-run.txt`), which `tests/run-all` lists at the end of the
+/// run under "did not run" — never counted among the tests that passed.
+pub fn did_not_run(name: &str, why: &str) {
+    let line = format!("{name}: {why}");
+    eprintln!("DID NOT RUN {line}");
+    let path = std::env::var_os("JUNEAU_DID_NOT_RUN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/tmp/juneau-tests-did-not-run.txt".into());
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()));
+    if let Err(e) = appended {
+        eprintln!("(could not record it in {}: {e})", path.display());
+    }
+}
+
 pub mod bird;
 pub mod daemon;
 pub mod frames;
