@@ -167,7 +167,7 @@ pub type Report = Arc<dyn Fn(&str, Option<BfdStatus>) + Send + Sync>;
 
 /// A [`Report`] into the speaker's status hub (the peer's `bfd` field).
 pub fn report_to_hub(hub: Arc<StatusHub>) -> Report {
-    Arc::new(move |name: &str, st: Option<BfdStatus>| hub.peer(name, |p| p.bfd = st))
+    Arc::new(move |name: &str, st: Option<BfdStatus>| hub.peer_bfd(name, st))
 }
 
 /// Starts the BFD task. `control_plane_independent` sets the C bit: true only when BFD

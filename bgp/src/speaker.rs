@@ -349,9 +349,7 @@ fn reconcile(
                 tracing::info!(peer = %name, "peer removed");
                 let _ =
                     p.tx.send(PeerCmd::Stop(Notification::cease(cease::PEER_DECONFIGURED)));
-                hub.update(|s| {
-                    s.peers.remove(&name);
-                });
+                hub.remove_peer(&name);
             }
             Some(c) => {
                 let p = peers.get_mut(&name).expect("listed");
@@ -420,11 +418,15 @@ fn reconcile(
             tracing::warn!(peer = %pc.name, listen = %cfg.listen, "IPv6 peer, IPv4 listener: its own connections are refused, only ours go out (listen on [::]:179 to accept them)");
         }
         let owner = NEXT_OWNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let bfd = hub.claim_bfd(&pc.name);
         hub.update(|s| {
             let p = s
                 .peers
                 .entry(pc.name.clone())
                 .or_insert_with(|| PeerStatus::new(&pc.name, pc.peer_address));
+            if bfd.is_some() {
+                p.bfd = bfd;
+            }
             // A reconfigured peer keeps its counters and last error; the new task owns it.
             p.owner = owner;
             p.peer_address = pc.peer_address;

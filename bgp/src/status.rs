@@ -191,6 +191,11 @@ pub struct StatusHub {
     changed: Notify,
     update_latency: prometheus_client::metrics::histogram::Histogram,
     dataplane: Mutex<Option<DataplaneSeen>>,
+    /// BFD states reported for a peer not configured (yet, or any more): its BFD session
+    /// may come Up before the speaker configures the peer (separate processes, both
+    /// following the same node state), and a state is reported only when it changes —
+    /// dropped, the peer showed no BFD for good (found in the lab, 2026-12-07).
+    bfd_unclaimed: Mutex<BTreeMap<String, BfdStatus>>,
 }
 
 impl Default for StatusHub {
@@ -203,6 +208,7 @@ impl Default for StatusHub {
                 prometheus_client::metrics::histogram::exponential_buckets(50e-6, 4.0, 9),
             ),
             dataplane: Mutex::new(None),
+            bfd_unclaimed: Mutex::default(),
         }
     }
 }
@@ -249,6 +255,43 @@ impl StatusHub {
         self.update(|s| {
             if let Some(p) = s.peers.get_mut(name) {
                 f(p)
+            }
+        })
+    }
+
+    /// A peer's BFD session state (`None`: no session); kept for a peer not configured
+    /// yet until [`claim_bfd`](Self::claim_bfd) takes it.
+    pub fn peer_bfd(&self, name: &str, st: Option<BfdStatus>) {
+        self.update(|s| match s.peers.get_mut(name) {
+            Some(p) => p.bfd = st,
+            None => {
+                let mut u = self.bfd_unclaimed.lock().unwrap_or_else(|e| e.into_inner());
+                match st {
+                    Some(b) => u.insert(name.to_string(), b),
+                    None => u.remove(name),
+                };
+            }
+        })
+    }
+
+    /// The BFD state last reported for `name` while it was not configured, if any (for
+    /// the peer being configured now).
+    pub fn claim_bfd(&self, name: &str) -> Option<BfdStatus> {
+        self.bfd_unclaimed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name)
+    }
+
+    /// Removes a deconfigured peer, keeping its BFD state for a peer configured again
+    /// under its name.
+    pub fn remove_peer(&self, name: &str) {
+        self.update(|s| {
+            if let Some(b) = s.peers.remove(name).and_then(|p| p.bfd) {
+                self.bfd_unclaimed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(name.to_string(), b);
             }
         })
     }
@@ -580,6 +623,41 @@ pub fn write_atomically(path: &Path, value: &impl Serialize) -> std::io::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bfd_state_reported_before_its_peer_is_configured_is_kept_for_it() {
+        let hub = StatusHub::new();
+        let session = |state| BfdStatus {
+            state,
+            diag: String::new(),
+            peer_diag: String::new(),
+            detection_time_ms: Some(900),
+            down_events: 0,
+            error: None,
+            local_discriminator: 1,
+            remote_discriminator: 2,
+            authentication: None,
+            auth_failures: 0,
+            next_auth_seq: None,
+        };
+        let up = session(BfdState::Up);
+        hub.peer_bfd("tor", Some(up.clone()));
+        assert!(hub.snapshot().peers.is_empty());
+        assert_eq!(hub.claim_bfd("tor"), Some(up.clone()));
+        assert_eq!(hub.claim_bfd("tor"), None, "claimed once");
+        // A peer removed keeps its state for when it is configured again.
+        hub.update(|s| {
+            let mut p = PeerStatus::new("tor", Ipv4Addr::new(10, 0, 0, 1));
+            p.bfd = Some(up.clone());
+            s.peers.insert("tor".into(), p);
+        });
+        hub.remove_peer("tor");
+        assert_eq!(hub.claim_bfd("tor"), Some(up));
+        // A session gone while the peer was not configured leaves nothing behind.
+        hub.peer_bfd("tor", Some(session(BfdState::Down)));
+        hub.peer_bfd("tor", None);
+        assert_eq!(hub.claim_bfd("tor"), None);
+    }
 
     #[test]
     fn status_file_is_replaced_atomically_and_metrics_render() {
