@@ -1,5 +1,5 @@
 //! Floods at generator rate against a node serving real traffic (docs/security.md,
-//! "Floods at generator rate"): the live-frames generator sends one kind of hostile
+//! "Floods at generator rate"): the generator (`gen.rs`) sends one kind of hostile
 //! packet — random-source SYNs, ACKs of no connection, UDP datagrams, first fragments,
 //! UDP to the redirect channel's port from nodes that are no peer — as fast as its core
 //! allows, from a million source address and port pairs, while a real TCP client in the client namespace keeps one connection reading through the VIP

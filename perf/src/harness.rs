@@ -14,11 +14,11 @@ use anyhow::{bail, Context, Result};
 use juneau_tests::netns::NsChild;
 
 use crate::bpf::{DnatConfig, PassProgram, XdpDnat};
+use crate::gen::GenResult;
 use crate::packet::format_mac;
 use crate::plan::{check_interrupt, sleep, Plan, Scenario, INTERRUPTED};
 use crate::sink::UdpSink;
 use crate::topology::*;
-use crate::xsk::GenResult;
 
 static STAGED_SELF: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 

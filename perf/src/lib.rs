@@ -18,6 +18,7 @@ pub mod convergence_data;
 pub mod cost;
 pub mod cpu;
 pub mod flood;
+pub mod gen;
 pub mod harness;
 pub mod latency;
 pub mod livegen;

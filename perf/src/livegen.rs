@@ -14,7 +14,6 @@
 //! paces itself against `bpf_ktime_get_ns` and drops frames that are not due yet, so
 //! the wire sees an even rate, not bursts. "Offered" counts frames sent (redirected).
 
-use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -23,8 +22,8 @@ use aya::maps::Array;
 use aya::programs::{TestRun, TestRunAttrs, TestRunOptions, Xdp};
 use aya::Ebpf;
 
-use crate::packet::{self, FrameKind, Template, Template6, FRAME6_LEN, FRAME_LEN};
-use crate::xsk::GenResult;
+use crate::gen::{GenConfig, GenResult, Generator};
+use crate::packet::{self, FrameKind, Template6, FRAME6_LEN, FRAME_LEN};
 
 /// The generator object (embedded).
 pub static GEN_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gen.o"));
@@ -56,46 +55,6 @@ const GEN_HDR_LEN: usize = 42;
 // offset 32, 64 bytes at offset 40: 104 bytes, no padding); the layout of `struct gen_cfg`.
 unsafe impl aya::Pod for GenCfg {}
 
-/// What to send.
-#[derive(Debug, Clone)]
-pub struct LiveGenConfig {
-    /// Interface to send on (in the current namespace).
-    pub iface: String,
-    /// The fixed frame fields.
-    pub template: Template,
-    /// First client source address of the flow set.
-    pub src_base: Ipv4Addr,
-    /// Number of flows, round robin.
-    pub flows: u32,
-    /// Frames per second; 0 sends as fast as the core allows.
-    pub rate_pps: u64,
-    /// Stop after this long...
-    pub duration: Duration,
-    /// ...or after this many frames.
-    pub max_packets: u64,
-    /// Replies: the flow is the destination and `reply_from` the fixed source (the
-    /// template's destination fields are then overwritten per frame).
-    pub reply_from: Option<(Ipv4Addr, u16)>,
-    /// Send partial UDP checksums (the pseudo-header sum, as a Pod's kernel with tx
-    /// checksum offload hands them over) instead of none.
-    pub partial_checksum: bool,
-    /// What each frame is: the load's UDP datagram or a flood's packet.
-    pub kind: FrameKind,
-    /// IPv6 instead: the load's UDP datagram over IPv6 to this destination address (the
-    /// template's MACs and port), from flows counted up from `src_base` in their last 32
-    /// bits ([`packet::flow6`]); `template.dst_ip` and `src_base` are then unused.
-    pub ipv6: Option<Ipv6Load>,
-}
-
-/// The IPv6 load's addresses ([`LiveGenConfig::ipv6`]).
-#[derive(Debug, Clone, Copy)]
-pub struct Ipv6Load {
-    /// Destination (the IPv6 VIP or the backend's IPv6 address).
-    pub dst_ip: Ipv6Addr,
-    /// First client source address of the flow set.
-    pub src_base: Ipv6Addr,
-}
-
 /// `struct gen_cfg` flags (bpf/gen.c).
 const GEN_REPLY: u32 = 1;
 const GEN_PARTIAL_CSUM: u32 = 2;
@@ -126,12 +85,9 @@ fn set_cfg(bpf: &mut Ebpf, c: GenCfg) -> Result<()> {
 /// The frame the kernel builds every frame from (flow 0), the header the program writes
 /// into each, the kind's flags and the flows' first address as the program counts it
 /// (IPv4: the whole address; IPv6: its last 32 bits).
-fn first_frame(cfg: &LiveGenConfig) -> Result<(Vec<u8>, [u8; 64], u32, u32)> {
+fn first_frame(cfg: &GenConfig) -> (Vec<u8>, [u8; 64], u32, u32) {
     let mut hdr = [0u8; 64];
     if let Some(v6) = cfg.ipv6 {
-        if cfg.kind != FrameKind::Udp || cfg.reply_from.is_some() || cfg.partial_checksum {
-            bail!("the IPv6 load is UDP datagrams from the flows only (no --kind, --reply-from or --partial-checksum)");
-        }
         let t = Template6 {
             src_mac: cfg.template.src_mac,
             dst_mac: cfg.template.dst_mac,
@@ -141,7 +97,7 @@ fn first_frame(cfg: &LiveGenConfig) -> Result<(Vec<u8>, [u8; 64], u32, u32)> {
         let mut frame = vec![0u8; FRAME6_LEN];
         packet::write_frame6(&mut frame, &t, packet::flow6(v6.src_base, 0));
         hdr[..GEN_HDR6_LEN].copy_from_slice(&frame[..GEN_HDR6_LEN]);
-        return Ok((frame, hdr, GEN_IPV6, u128::from(v6.src_base) as u32));
+        return (frame, hdr, GEN_IPV6, u128::from(v6.src_base) as u32);
     }
     let mut frame = vec![0u8; FRAME_LEN];
     packet::write_frame_of(
@@ -160,7 +116,7 @@ fn first_frame(cfg: &LiveGenConfig) -> Result<(Vec<u8>, [u8; 64], u32, u32)> {
         FrameKind::Syn | FrameKind::Ack => GEN_TCP,
         FrameKind::Fragment => GEN_FIRST_FRAGMENT,
     };
-    Ok((frame, hdr, kind_flags, u32::from(cfg.src_base)))
+    (frame, hdr, kind_flags, u32::from(cfg.src_base))
 }
 
 /// Sends until the duration or the frame bound is reached (or `stop` is set). The
@@ -168,12 +124,10 @@ fn first_frame(cfg: &LiveGenConfig) -> Result<(Vec<u8>, [u8; 64], u32, u32)> {
 /// the veth); what arrives is counted at the sink.
 /// `ready` is called once the program is loaded, just before the first frame is sent
 /// (loading can take long on a busy machine: callers start their clocks here).
-pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Result<GenResult> {
+pub fn generate(cfg: &GenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Result<GenResult> {
+    cfg.check()?;
     let mut bpf = Ebpf::load(GEN_OBJ).context("loading gen.o")?;
-    if cfg.reply_from.is_some() && cfg.kind != FrameKind::Udp {
-        bail!("replies are UDP datagrams only");
-    }
-    let (frame, hdr, kind_flags, src_base) = first_frame(cfg)?;
+    let (frame, hdr, kind_flags, src_base) = first_frame(cfg);
     let base = {
         let c = GenCfg {
             ifindex: ifindex(&cfg.iface)?,
@@ -290,6 +244,7 @@ pub fn generate(cfg: &LiveGenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Res
     Ok(GenResult {
         sent,
         elapsed_s: start.elapsed().as_secs_f64(),
+        generator: Generator::LiveFrames,
     })
 }
 
@@ -321,101 +276,6 @@ pub fn live_frames_refused() -> Option<String> {
         .filter_map(|c| c.downcast_ref::<std::io::Error>())
         .any(|io| io.raw_os_error() == Some(libc::EPERM));
     refused.then(|| {
-        format!("this kernel refuses BPF_PROG_RUN with BPF_F_TEST_XDP_LIVE_FRAMES (EPERM), the generator of every load: {e:#}")
+        format!("this kernel refuses BPF_PROG_RUN with BPF_F_TEST_XDP_LIVE_FRAMES (EPERM): {e:#}")
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeSet;
-    use std::net::{SocketAddr, UdpSocket};
-
-    use super::*;
-    use crate::bpf::in_netns;
-    use crate::topology::{Topology, FLOW_BASE6, NODE_CLIENT_IP6};
-
-    /// Udp6InCsumErrors of a namespace.
-    fn udp6_checksum_errors(ns: &juneau_tests::netns::Netns) -> u64 {
-        let snmp6 = ns.exec(&["cat", "/proc/net/snmp6"]).expect("snmp6");
-        snmp6
-            .lines()
-            .find_map(|l| l.strip_prefix("Udp6InCsumErrors"))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("Udp6InCsumErrors")
-    }
-
-    /// Needs root (namespaces, BPF_PROG_RUN). What `bpf/gen.c` writes per IPv6 frame
-    /// (the flow's address and port, the UDP checksum), checked by the kernel: frames sent
-    /// to the node's own address (receive checksum offload off on its end) reach a socket,
-    /// every one, from every flow, none counted as a checksum error.
-    #[test]
-    fn ipv6_frames_reach_a_socket_from_every_flow_with_valid_checksums() {
-        juneau_tests::netns::require_root().expect("root");
-        if let Some(why) = super::live_frames_refused() {
-            return juneau_tests::did_not_run(
-                "livegen::tests::ipv6_frames_reach_a_socket_from_every_flow_with_valid_checksums",
-                &why,
-            );
-        }
-        const PORT: u16 = 9555;
-        let t = Topology::build().expect("topology");
-        t.node
-            .exec(&["ethtool", "-K", &t.nc_if, "rx", "off"])
-            .expect("rx checksum offload off");
-        let sock = in_netns(t.node.name(), || {
-            let s = UdpSocket::bind(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), PORT))?;
-            s.set_read_timeout(Some(Duration::from_secs(2)))?;
-            crate::sink::set_int(&s, libc::SO_RCVBUFFORCE, 16 << 20)?;
-            Ok(s)
-        })
-        .expect("socket");
-        let (flows, frames) = (300u32, 900u64);
-        let cfg = LiveGenConfig {
-            iface: t.c_if.clone(),
-            template: Template {
-                src_mac: t.c_mac,
-                dst_mac: t.nc_mac,
-                dst_ip: Ipv4Addr::UNSPECIFIED,
-                dst_port: PORT,
-            },
-            src_base: Ipv4Addr::UNSPECIFIED,
-            flows,
-            rate_pps: 20_000,
-            duration: Duration::from_secs(10),
-            max_packets: frames,
-            reply_from: None,
-            partial_checksum: false,
-            kind: FrameKind::Udp,
-            ipv6: Some(Ipv6Load {
-                dst_ip: NODE_CLIENT_IP6,
-                src_base: FLOW_BASE6,
-            }),
-        };
-        // Read while the generator sends (the socket's buffer holds only some frames).
-        let reader = std::thread::spawn(move || {
-            let (mut got, mut seen, mut buf) = (0u64, BTreeSet::new(), [0u8; 64]);
-            while let Ok((n, from)) = sock.recv_from(&mut buf) {
-                assert_eq!(&buf[..n], b"juneaupf");
-                seen.insert(from);
-                got += 1;
-            }
-            (got, seen)
-        });
-        let sent = in_netns(t.client.name(), move || {
-            generate(&cfg, &AtomicBool::new(false), &|| {})
-        })
-        .expect("generate")
-        .sent;
-        assert_eq!(sent, frames);
-        let (got, seen) = reader.join().expect("reader");
-        assert_eq!(udp6_checksum_errors(&t.node), 0, "UDP checksum errors");
-        assert_eq!(got, frames, "every frame reached the socket");
-        let every_flow: BTreeSet<SocketAddr> = (0..flows)
-            .map(|i| {
-                let f = packet::flow6(FLOW_BASE6, i);
-                SocketAddr::new(f.src_ip.into(), f.src_port)
-            })
-            .collect();
-        assert_eq!(seen, every_flow);
-    }
 }

@@ -2,7 +2,7 @@
 //! forwarding loop with the engine inside (RX/fill/TX/completion rings, frame pool,
 //! batching, the `sendto` kicks, stats, heartbeat) — run under
 //! `valgrind --tool=callgrind` on the benchmark topology with real AF_XDP sockets, fed by
-//! the live-frames generator. Around each measured window the counters are zeroed and
+//! the generator (`gen.rs`). Around each measured window the counters are zeroed and
 //! dumped through `callgrind_control` (vgdb); packets come from the dataplane's own
 //! `rx_packets`. Instructions that run whether packets come or not (idle wake-ups,
 //! the once-a-second stats, the heartbeat) are measured in a window without traffic and

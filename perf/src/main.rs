@@ -129,16 +129,16 @@ impl RunArgs {
 struct GenArgs {
     #[arg(long)]
     iface: String,
-    /// Use the AF_XDP copy-mode TX generator (tops out at ~1-2 Mpps here) instead of
-    /// live frames.
-    #[arg(long)]
-    afxdp: bool,
+    /// The generator (default: live frames, or AF_XDP copy-mode TX where this kernel
+    /// refuses live frames).
+    #[arg(long, value_enum)]
+    generator: Option<juneau_perf::gen::Generator>,
     #[arg(long)]
     src_mac: String,
     #[arg(long)]
     dst_mac: String,
     /// The destination: an IPv4 address (64-byte frames), or an IPv6 one (the IPv6 load:
-    /// 70-byte UDP frames from the IPv6 flows, live frames only).
+    /// 70-byte UDP frames from the IPv6 flows).
     #[arg(long)]
     dst_ip: IpAddr,
     #[arg(long)]
@@ -152,13 +152,13 @@ struct GenArgs {
     duration_ms: u64,
     #[arg(long, default_value_t = u64::MAX)]
     max_packets: u64,
-    /// Replies: the flows are the destinations, this the fixed source (live frames).
+    /// Replies: the flows are the destinations, this the fixed source.
     #[arg(long)]
     reply_from: Option<SocketAddr>,
-    /// Partial UDP checksums (as a Pod with tx offload sends them; live frames).
+    /// Partial UDP checksums (as a Pod with tx offload sends them).
     #[arg(long)]
     partial_checksum: bool,
-    /// What each frame is (live frames; floods: syn, ack, fragment).
+    /// What each frame is (floods: syn, ack, fragment).
     #[arg(long, value_enum, default_value = "udp")]
     kind: juneau_perf::packet::FrameKind,
 }
@@ -206,8 +206,8 @@ enum Cmd {
         /// The report directory.
         dir: PathBuf,
     },
-    /// (internal) traffic generator (live-frames BPF_PROG_RUN by default, or the older
-    /// AF_XDP TX generator with `--afxdp`); prints a JSON result.
+    /// (internal) traffic generator (live-frames BPF_PROG_RUN, or AF_XDP copy-mode TX
+    /// where the kernel refuses live frames); prints a JSON result.
     #[command(hide = true)]
     Gen(GenArgs),
     /// (internal) raw AF_XDP forwarder baseline.
@@ -685,6 +685,10 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
         plan.out_dir.display()
     );
     let progress = Progress::new(expected);
+    let generator = {
+        let (g, why) = juneau_perf::gen::Generator::for_this_kernel();
+        g.describe(why.as_deref())
+    };
     let mut report = Report {
         date: juneau_perf::cost::utc_now(),
         machine: prereq::machine(),
@@ -702,6 +706,7 @@ fn run_suite(args: &RunArgs, smoke: bool) -> Result<()> {
             "latency_rounds": plan.latency_rounds,
             "probe_rate": plan.probe_rate,
             "dataplane": dataplane_source,
+            "generator": generator,
             "packet_bytes": 64,
             "packet_bytes_ipv6": juneau_perf::packet::FRAME6_LEN + 4,
             "bulk_bytes_per_connection": plan.bulk.bytes,
@@ -884,7 +889,7 @@ fn main() -> Result<()> {
 fn generate(a: GenArgs) -> Result<()> {
     let GenArgs {
         iface,
-        afxdp,
+        generator,
         src_mac,
         dst_mac,
         dst_ip,
@@ -907,7 +912,7 @@ fn generate(a: GenArgs) -> Result<()> {
         IpAddr::V4(ip) => (ip, None),
         IpAddr::V6(ip) => (
             Ipv4Addr::UNSPECIFIED,
-            Some(juneau_perf::livegen::Ipv6Load {
+            Some(juneau_perf::gen::Ipv6Load {
                 dst_ip: ip,
                 src_base: juneau_perf::topology::FLOW_BASE6,
             }),
@@ -919,44 +924,24 @@ fn generate(a: GenArgs) -> Result<()> {
         dst_ip,
         dst_port,
     };
-    let r = if afxdp {
-        if ipv6.is_some() {
-            bail!("--afxdp sends IPv4 only (the IPv6 load is live frames)");
-        }
-        if kind != juneau_perf::packet::FrameKind::Udp {
-            bail!("--afxdp sends UDP datagrams only");
-        }
-        let cfg = xsk::GenConfig {
-            iface,
-            template,
-            src_base: juneau_perf::topology::FLOW_BASE,
-            flows,
-            rate_pps: rate,
-            duration: Duration::from_millis(duration_ms),
-            max_packets,
-        };
-        ready();
-        xsk::generate(&cfg, &never)?
-    } else {
-        let cfg = juneau_perf::livegen::LiveGenConfig {
-            iface,
-            template,
-            src_base: juneau_perf::topology::FLOW_BASE,
-            flows,
-            rate_pps: rate,
-            duration: Duration::from_millis(duration_ms),
-            max_packets,
-            reply_from: match reply_from {
-                Some(SocketAddr::V4(a)) => Some((*a.ip(), a.port())),
-                Some(a) => bail!("--reply-from {a}: IPv4 only"),
-                None => None,
-            },
-            partial_checksum,
-            kind,
-            ipv6,
-        };
-        juneau_perf::livegen::generate(&cfg, &never, &ready)?
+    let cfg = juneau_perf::gen::GenConfig {
+        iface,
+        template,
+        src_base: juneau_perf::topology::FLOW_BASE,
+        flows,
+        rate_pps: rate,
+        duration: Duration::from_millis(duration_ms),
+        max_packets,
+        reply_from: match reply_from {
+            Some(SocketAddr::V4(a)) => Some((*a.ip(), a.port())),
+            Some(a) => bail!("--reply-from {a}: IPv4 only"),
+            None => None,
+        },
+        partial_checksum,
+        kind,
+        ipv6,
     };
+    let r = juneau_perf::gen::generate(&cfg, generator, &never, &ready)?;
     println!("{}", serde_json::to_string(&r)?);
     Ok(())
 }

@@ -159,6 +159,47 @@ pub fn write_frame_of(buf: &mut [u8], t: &Template, flow: Flow, kind: FrameKind)
     buf[..frame.len()].copy_from_slice(&frame);
 }
 
+/// Sets the UDP checksum of an IPv4 frame written by [`write_frame`]: none (0, valid
+/// over IPv4), or with `partial` the folded pseudo-header sum, not complemented — what a
+/// Pod's kernel with tx checksum offload leaves for the NIC to finish (`bpf/gen.c`).
+pub fn set_udp_checksum(buf: &mut [u8], partial: bool) {
+    let c = if partial {
+        let ip = &buf[IP_OFF..UDP_OFF];
+        let mut pseudo = [0u8; 12];
+        pseudo[0..8].copy_from_slice(&ip[12..20]);
+        pseudo[9] = 17;
+        pseudo[10..12].copy_from_slice(&buf[UDP_OFF + 4..UDP_OFF + 6]);
+        !fold(sum16(&pseudo))
+    } else {
+        0
+    };
+    buf[UDP_OFF + 6..UDP_OFF + 8].copy_from_slice(&c.to_be_bytes());
+}
+
+/// Sets the IP identification of an IPv4 frame and its header checksum.
+pub fn set_ip_id(buf: &mut [u8], id: u16) {
+    let ip = &mut buf[IP_OFF..UDP_OFF];
+    ip[4..6].copy_from_slice(&id.to_be_bytes());
+    ip[10..12].fill(0);
+    let c = fold(sum16(ip));
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+}
+
+/// Sets the sequence number of a TCP segment written by [`write_frame_of`] (20 header
+/// bytes, no data) and its checksum.
+pub fn set_tcp_seq(buf: &mut [u8], seq: u32) {
+    const TCP_LEN: usize = 20;
+    let mut pseudo = [0u8; 12];
+    pseudo[0..8].copy_from_slice(&buf[IP_OFF + 12..IP_OFF + 20]);
+    pseudo[9] = 6;
+    pseudo[10..12].copy_from_slice(&(TCP_LEN as u16).to_be_bytes());
+    let tcp = &mut buf[UDP_OFF..UDP_OFF + TCP_LEN];
+    tcp[4..8].copy_from_slice(&seq.to_be_bytes());
+    tcp[16..18].fill(0);
+    let c = fold(sum16(&pseudo) + sum16(tcp));
+    tcp[16..18].copy_from_slice(&c.to_be_bytes());
+}
+
 /// Length of an IPv6 load frame without FCS: Ethernet (14) + IPv6 (40) + UDP (8) + the
 /// generator's 8-byte payload (`juneaupf`) = 70 bytes, 74 on the wire with the FCS — the
 /// smallest frame that holds them (IPv6's 40-byte header does not fit the 60 bytes of a

@@ -70,7 +70,8 @@ impl Report {
         m += "backend namespace; its thread on CPU 0, real-time; the backend's veth as a CNI leaves a Pod's: no XDP\n";
         m += "program, GRO off; only the paths that XDP_REDIRECT into it, xdp-dnat and juneau-xdp-fast, get an\n";
         m += "`xdp_pass` there so that it takes their frames; datagrams its socket dropped are listed per run); 64-byte UDP\n";
-        m += "offered by a live-frames XDP generator (BPF_PROG_RUN) alone on CPU 0; every forwarding\n";
+        m += "offered by the generator (`generator` in the config: live frames, or AF_XDP copy-mode TX where the\n";
+        m += "kernel refuses them, each frame then reaching the node's veth as an skb) alone on CPU 0; every forwarding\n";
         m += "path runs on CPU 1 (the node's threaded-NAPI kthreads and the userspace forwarder pinned\n";
         m += "there, checked after each run). Offered rate: calibrated per run (a short flood, then paced\n";
         m += &format!(

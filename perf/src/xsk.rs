@@ -2,7 +2,6 @@
 //! forwarder baseline (`afxdp-l2fwd`). Both run as subprocesses of `juneau-perf` inside
 //! a namespace (`juneau-perf gen ...`, `juneau-perf l2fwd ...`).
 
-use std::net::Ipv4Addr;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -12,39 +11,11 @@ use serde::{Deserialize, Serialize};
 use xsk_rs::config::{BindFlags, FrameSize, LibxdpFlags, QueueSize, SocketConfig, UmemConfig};
 use xsk_rs::{FrameDesc, Socket, Umem};
 
-use crate::packet::{self, Template, FRAME_LEN};
+use crate::gen::{GenConfig, GenResult, Generator};
 
 const FRAME_SIZE: u32 = 2048;
 /// Copy-mode TX takes at most 32 frames per sendto() (FACTS.md).
 const BATCH: usize = 32;
-
-/// What the generator was asked to send.
-#[derive(Debug, Clone)]
-pub struct GenConfig {
-    /// Interface to send on (in the current namespace).
-    pub iface: String,
-    /// The fixed frame fields.
-    pub template: Template,
-    /// First client source address of the flow set.
-    pub src_base: Ipv4Addr,
-    /// Number of flows, sent round robin.
-    pub flows: u32,
-    /// Packets per second; 0 sends as fast as possible.
-    pub rate_pps: u64,
-    /// Stop after this long...
-    pub duration: Duration,
-    /// ...or after this many packets, whichever comes first.
-    pub max_packets: u64,
-}
-
-/// What the generator did (its own count; throughput is measured at the sink).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct GenResult {
-    /// Frames handed to the kernel.
-    pub sent: u64,
-    /// Seconds spent sending.
-    pub elapsed_s: f64,
-}
 
 fn umem(frames: u32) -> Result<(Umem, Vec<FrameDesc>)> {
     let cfg = UmemConfig::builder()
@@ -71,9 +42,10 @@ fn socket_config(need_wakeup: bool) -> Result<SocketConfig> {
     Ok(b.build())
 }
 
-/// Sends 64-byte UDP frames over `cfg.flows` flows until the duration or packet bound is
-/// reached (or `stop` is set).
-pub fn generate(cfg: &GenConfig, stop: &AtomicBool) -> Result<GenResult> {
+/// Sends `cfg`'s frames ([`GenConfig::write_frame`]) until the duration or packet
+/// bound is reached (or `stop` is set): the generator where the kernel refuses live
+/// frames (`gen.rs`). `ready` is called once the socket is bound.
+pub fn generate(cfg: &GenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Result<GenResult> {
     const FRAMES: u32 = 4096;
     let (umem, mut descs) = umem(FRAMES)?;
     let iface = cfg
@@ -98,19 +70,19 @@ pub fn generate(cfg: &GenConfig, stop: &AtomicBool) -> Result<GenResult> {
     };
     let (_fq, mut cq) = fq_cq.context("AF_XDP socket without a completion queue")?;
 
-    // Give every frame its length once; later only the flow fields are rewritten.
+    // Give every frame its length once; each is rewritten whole before it is sent.
+    let zeros = vec![0u8; cfg.frame_len()];
     for d in descs.iter_mut() {
         // SAFETY: `d` belongs to `umem` and is not in any ring yet.
         let mut data = unsafe { umem.data_mut(d) };
         let mut cur = data.cursor();
-        std::io::Write::write_all(&mut cur, &[0u8; FRAME_LEN])?;
+        std::io::Write::write_all(&mut cur, &zeros)?;
     }
     let mut free: Vec<usize> = (0..descs.len()).collect();
     let mut done_buf = vec![FrameDesc::default(); BATCH * 4];
     let mut batch: Vec<FrameDesc> = Vec::with_capacity(BATCH);
-    let flows = cfg.flows.max(1);
-    let mut next_flow = 0u32;
     let mut sent = 0u64;
+    ready();
     let start = Instant::now();
     loop {
         if stop.load(Ordering::Relaxed) || sent >= cfg.max_packets {
@@ -145,26 +117,19 @@ pub fn generate(cfg: &GenConfig, stop: &AtomicBool) -> Result<GenResult> {
             continue;
         }
         batch.clear();
-        for _ in 0..want {
+        for k in 0..want {
             let idx = free.pop().expect("counted");
             let d = &mut descs[idx];
             // SAFETY: this frame is owned by us (reclaimed or never submitted).
             let mut data = unsafe { umem.data_mut(d) };
-            packet::write_frame(
-                data.contents_mut(),
-                &cfg.template,
-                packet::flow(cfg.src_base, next_flow),
-            );
-            next_flow += 1;
-            if next_flow == flows {
-                next_flow = 0;
-            }
+            cfg.write_frame(data.contents_mut(), sent + k);
             batch.push(*d);
         }
         // SAFETY: the frames belong to this UMEM and are not in any other ring.
         let produced = unsafe { tx.produce(&batch) };
         // Copy mode needs a sendto() to transmit; EAGAIN/ENOBUFS just mean "busy".
         let _ = tx.wakeup();
+        // Frames not taken go back unsent; the next batch rewrites them with its numbers.
         for d in &batch[produced..] {
             free.push(d.addr() / FRAME_SIZE as usize);
         }
@@ -173,6 +138,7 @@ pub fn generate(cfg: &GenConfig, stop: &AtomicBool) -> Result<GenResult> {
     Ok(GenResult {
         sent,
         elapsed_s: start.elapsed().as_secs_f64(),
+        generator: Generator::AfxdpTx,
     })
 }
 
