@@ -82,6 +82,8 @@ pub fn generate(cfg: &GenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Result<
     let mut done_buf = vec![FrameDesc::default(); BATCH * 4];
     let mut batch: Vec<FrameDesc> = Vec::with_capacity(BATCH);
     let mut sent = 0u64;
+    let prebuilt = cfg.frames_by_flow();
+    let (len, flows) = (cfg.frame_len(), u64::from(cfg.flows.max(1)));
     ready();
     let start = Instant::now();
     loop {
@@ -122,7 +124,15 @@ pub fn generate(cfg: &GenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Result<
             let d = &mut descs[idx];
             // SAFETY: this frame is owned by us (reclaimed or never submitted).
             let mut data = unsafe { umem.data_mut(d) };
-            cfg.write_frame(data.contents_mut(), sent + k);
+            match &prebuilt {
+                Some(table) => {
+                    let at = ((sent + k) % flows) as usize * len;
+                    data.contents_mut()[..len].copy_from_slice(&table[at..at + len]);
+                }
+                None => {
+                    cfg.write_frame(data.contents_mut(), sent + k);
+                }
+            }
             batch.push(*d);
         }
         // SAFETY: the frames belong to this UMEM and are not in any other ring.
