@@ -412,7 +412,10 @@ impl Report {
             if let Some(r) = &self.flow_scale_reference {
                 m += &r.row(" (xdp-dnat, reference)");
             }
-            m += "\n![flow scale](flow_scale.png)\n";
+            // plot.py draws juneau's points only: no plot (and no link) without them.
+            if !self.flow_scale.is_empty() {
+                m += "\n![flow scale](flow_scale.png)\n";
+            }
         }
         m
     }

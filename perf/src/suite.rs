@@ -31,6 +31,29 @@ fn fill_flows(t: &Topology, a: &Active, flows: u32) -> Result<()> {
     Ok(())
 }
 
+/// The backend namespace's UDP and UDP-Lite counters (`/proc/net/snmp`: InErrors,
+/// InCsumErrors, NoPorts...), so that a window whose datagrams never reached the
+/// application names where the kernel put them.
+fn backend_udp_counters(ns: &juneau_tests::netns::Netns) -> String {
+    match ns.exec(&["cat", "/proc/net/snmp"]) {
+        Ok(snmp) => {
+            let udp: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Udp:")).collect();
+            match udp.as_slice() {
+                [names, values] => names
+                    .split_whitespace()
+                    .zip(values.split_whitespace())
+                    .skip(1)
+                    .filter(|(_, v)| *v != "0")
+                    .map(|(n, v)| format!("{n} {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                _ => "no Udp lines in /proc/net/snmp".into(),
+            }
+        }
+        Err(e) => format!("/proc/net/snmp unreadable: {e:#}"),
+    }
+}
+
 /// Saturation bounds (in [`crate::results`], where the report reads them too).
 pub use crate::results::{SATURATION_CORE_BUSY, SATURATION_DELIVERED_BELOW};
 
@@ -75,9 +98,15 @@ fn window_run(
     let pps = (c2 - c1) as f64 / secs;
     if c2 == c1 {
         bail!(
-            "nothing reached the backend during the window (generator sent {} frames in {:.2} s)",
+            "nothing reached the backend's application during the window (generator sent {} frames in {:.2} s; its socket dropped {}; the backend's UDP: {}; its interface: {})",
             gen.sent,
-            gen.elapsed_s
+            gen.elapsed_s,
+            d2.saturating_sub(d1),
+            backend_udp_counters(&t.backend),
+            t.backend
+                .exec(&["ip", "-s", "-o", "link", "show", &t.b_if])
+                .unwrap_or_else(|e| format!("unreadable: {e:#}"))
+                .trim()
         );
     }
     let offered = gen.sent as f64 / gen.elapsed_s.max(1e-9);
