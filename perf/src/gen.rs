@@ -113,6 +113,17 @@ impl GenConfig {
         Ok(())
     }
 
+    /// The IPv6 load's fixed frame fields: the template's MACs and port, `v6`'s
+    /// destination.
+    pub fn template6(&self, v6: Ipv6Load) -> Template6 {
+        Template6 {
+            src_mac: self.template.src_mac,
+            dst_mac: self.template.dst_mac,
+            dst_ip: v6.dst_ip,
+            dst_port: self.template.dst_port,
+        }
+    }
+
     /// Length of every frame of this load.
     pub fn frame_len(&self) -> usize {
         if self.ipv6.is_some() {
@@ -129,13 +140,7 @@ impl GenConfig {
     pub fn write_frame(&self, buf: &mut [u8], n: u64) -> usize {
         let i = (n % u64::from(self.flows.max(1))) as u32;
         if let Some(v6) = self.ipv6 {
-            let t = Template6 {
-                src_mac: self.template.src_mac,
-                dst_mac: self.template.dst_mac,
-                dst_ip: v6.dst_ip,
-                dst_port: self.template.dst_port,
-            };
-            packet::write_frame6(buf, &t, packet::flow6(v6.src_base, i));
+            packet::write_frame6(buf, &self.template6(v6), packet::flow6(v6.src_base, i));
             return FRAME6_LEN;
         }
         let flow = packet::flow(self.src_base, i);

@@ -23,7 +23,7 @@ use aya::programs::{TestRun, TestRunAttrs, TestRunOptions, Xdp};
 use aya::Ebpf;
 
 use crate::gen::{GenConfig, GenResult, Generator};
-use crate::packet::{self, FrameKind, Template6, FRAME6_LEN, FRAME_LEN};
+use crate::packet::{self, FrameKind, FRAME6_LEN, FRAME_LEN};
 
 /// The generator object (embedded).
 pub static GEN_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gen.o"));
@@ -88,14 +88,12 @@ fn set_cfg(bpf: &mut Ebpf, c: GenCfg) -> Result<()> {
 fn first_frame(cfg: &GenConfig) -> (Vec<u8>, [u8; 64], u32, u32) {
     let mut hdr = [0u8; 64];
     if let Some(v6) = cfg.ipv6 {
-        let t = Template6 {
-            src_mac: cfg.template.src_mac,
-            dst_mac: cfg.template.dst_mac,
-            dst_ip: v6.dst_ip,
-            dst_port: cfg.template.dst_port,
-        };
         let mut frame = vec![0u8; FRAME6_LEN];
-        packet::write_frame6(&mut frame, &t, packet::flow6(v6.src_base, 0));
+        packet::write_frame6(
+            &mut frame,
+            &cfg.template6(v6),
+            packet::flow6(v6.src_base, 0),
+        );
         hdr[..GEN_HDR6_LEN].copy_from_slice(&frame[..GEN_HDR6_LEN]);
         return (frame, hdr, GEN_IPV6, u128::from(v6.src_base) as u32);
     }
