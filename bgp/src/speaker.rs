@@ -418,14 +418,14 @@ fn reconcile(
             tracing::warn!(peer = %pc.name, listen = %cfg.listen, "IPv6 peer, IPv4 listener: its own connections are refused, only ours go out (listen on [::]:179 to accept them)");
         }
         let owner = NEXT_OWNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let bfd = hub.claim_bfd(&pc.name);
         hub.update(|s| {
             let p = s
                 .peers
                 .entry(pc.name.clone())
                 .or_insert_with(|| PeerStatus::new(&pc.name, pc.peer_address));
-            if bfd.is_some() {
-                p.bfd = bfd;
+            // Claimed under the hub's lock, as reports are kept: none slips in between.
+            if let Some(b) = hub.claim_bfd(&pc.name) {
+                p.bfd = Some(b);
             }
             // A reconfigured peer keeps its counters and last error; the new task owns it.
             p.owner = owner;

@@ -1,7 +1,7 @@
 //! What the traffic generator sends ([`GenConfig`]) and which of the two generators
 //! sends it: live frames (`livegen.rs`: `BPF_PROG_RUN` with `BPF_F_TEST_XDP_LIVE_FRAMES`,
 //! several Mpps from one core) by default, and AF_XDP copy-mode TX (`xsk.rs`: about
-//! 2.7 Mpps from one core on the 2026-12-07 machine) where the kernel refuses live frames
+//! 2.7 Mpps from one core on the 2026-12-07 machine, measured by hand) where the kernel refuses live frames
 //! (EPERM on a kernel locked down from its configuration). Both send the same frames:
 //! [`GenConfig::write_frame`] is the userspace twin of `bpf/gen.c`, frame for frame.
 //!
@@ -12,6 +12,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::AtomicBool;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -69,12 +70,24 @@ pub enum Generator {
     AfxdpTx,
 }
 
+/// [`Generator::for_this_kernel`], probed once per process.
+static THIS_KERNEL: OnceLock<(Generator, Option<String>)> = OnceLock::new();
+
 impl Generator {
-    /// The generator this kernel runs: live frames unless it refuses them, with why.
-    pub fn for_this_kernel() -> (Generator, Option<String>) {
-        match crate::livegen::live_frames_refused() {
+    /// The generator this kernel runs: live frames unless it refuses them, with why
+    /// (probed once per process: a program load and one frame).
+    pub fn for_this_kernel() -> &'static (Generator, Option<String>) {
+        THIS_KERNEL.get_or_init(|| match crate::livegen::live_frames_refused() {
             None => (Generator::LiveFrames, None),
             Some(why) => (Generator::AfxdpTx, Some(why)),
+        })
+    }
+
+    /// Its name on `juneau-perf gen --generator`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Generator::LiveFrames => "live-frames",
+            Generator::AfxdpTx => "afxdp-tx",
         }
     }
 
@@ -98,6 +111,10 @@ pub struct GenResult {
     /// The generator that sent them.
     pub generator: Generator,
 }
+
+/// Largest table of prebuilt frames ([`GenConfig::frames_by_flow`]): 1 M flows of
+/// 64-byte frames fit.
+const PREBUILT_MAX_BYTES: usize = 128 << 20;
 
 impl GenConfig {
     /// Refuses what neither generator sends.
@@ -131,6 +148,22 @@ impl GenConfig {
         } else {
             FRAME_LEN
         }
+    }
+
+    /// Every flow's frame, one after the other ([`GenConfig::frame_len`] bytes each), when
+    /// a frame depends on its flow only (UDP datagrams; not a flood's TCP segments or
+    /// fragments, numbered per frame) and the table fits: a generator that copies them
+    /// spends less of its core per frame than one that builds each.
+    pub fn frames_by_flow(&self) -> Option<Vec<u8>> {
+        let (len, flows) = (self.frame_len(), self.flows.max(1) as usize);
+        if self.kind != FrameKind::Udp || len * flows > PREBUILT_MAX_BYTES {
+            return None;
+        }
+        let mut table = vec![0u8; len * flows];
+        for (i, f) in table.chunks_exact_mut(len).enumerate() {
+            self.write_frame(f, i as u64);
+        }
+        Some(table)
     }
 
     /// Writes frame number `n` (counted from 0) into `buf` and returns its length: flow
@@ -171,28 +204,6 @@ impl GenConfig {
     }
 }
 
-/// Largest table of prebuilt frames ([`GenConfig::frames_by_flow`]): 1 M flows of
-/// 64-byte frames fit.
-const PREBUILT_MAX_BYTES: usize = 128 << 20;
-
-impl GenConfig {
-    /// Every flow's frame, one after the other ([`GenConfig::frame_len`] bytes each), when
-    /// a frame depends on its flow only (UDP datagrams; not a flood's TCP segments or
-    /// fragments, numbered per frame) and the table fits: a generator that copies them
-    /// spends less of its core per frame than one that builds each.
-    pub fn frames_by_flow(&self) -> Option<Vec<u8>> {
-        let (len, flows) = (self.frame_len(), self.flows.max(1) as usize);
-        if self.kind != FrameKind::Udp || len * flows > PREBUILT_MAX_BYTES {
-            return None;
-        }
-        let mut table = vec![0u8; len * flows];
-        for (i, f) in table.chunks_exact_mut(len).enumerate() {
-            self.write_frame(f, i as u64);
-        }
-        Some(table)
-    }
-}
-
 /// Sends `cfg` with `generator` (`None`: the one this kernel runs) until its duration
 /// or frame bound (or `stop`); `ready` is called just before the first frame.
 pub fn generate(
@@ -207,7 +218,7 @@ pub fn generate(
         if let Some(why) = why {
             tracing::info!("{why}: sending with AF_XDP copy-mode TX");
         }
-        g
+        *g
     });
     match generator {
         Generator::LiveFrames => crate::livegen::generate(cfg, stop, ready),
@@ -257,6 +268,26 @@ mod tests {
         p
     }
 
+    /// The IPv4 header and UDP datagram of a parsed frame.
+    fn ipv4_udp<'a>(
+        p: &'a etherparse::SlicedPacket<'a>,
+    ) -> (&'a etherparse::Ipv4Slice<'a>, &'a etherparse::UdpSlice<'a>) {
+        let (Some(etherparse::NetSlice::Ipv4(ip)), Some(etherparse::TransportSlice::Udp(u))) =
+            (&p.net, &p.transport)
+        else {
+            panic!("IPv4 UDP")
+        };
+        (ip, u)
+    }
+
+    #[test]
+    fn generator_names_are_what_gen_parses() {
+        use clap::ValueEnum;
+        for g in [Generator::LiveFrames, Generator::AfxdpTx] {
+            assert_eq!(Generator::from_str(g.name(), false), Ok(g));
+        }
+    }
+
     #[test]
     fn udp_frames_go_round_robin_over_the_flows_without_a_checksum() {
         let cfg = load(FrameKind::Udp);
@@ -286,11 +317,7 @@ mod tests {
         };
         let b = frame(&cfg, 5);
         let p = parsed(&b);
-        let (Some(etherparse::NetSlice::Ipv4(ip)), Some(etherparse::TransportSlice::Udp(u))) =
-            (&p.net, &p.transport)
-        else {
-            panic!("IPv4 UDP")
-        };
+        let (ip, u) = ipv4_udp(&p);
         let (s, d) = (
             u32::from(ip.header().source_addr()),
             u32::from(ip.header().destination_addr()),
@@ -311,11 +338,7 @@ mod tests {
         let b = frame(&cfg, 70);
         let f = packet::flow(cfg.src_base, 70);
         let p = parsed(&b);
-        let (Some(etherparse::NetSlice::Ipv4(ip)), Some(etherparse::TransportSlice::Udp(u))) =
-            (&p.net, &p.transport)
-        else {
-            panic!("IPv4 UDP")
-        };
+        let (ip, u) = ipv4_udp(&p);
         assert_eq!(ip.header().source_addr(), Ipv4Addr::new(10, 200, 0, 2));
         assert_eq!(ip.header().destination_addr(), f.src_ip);
         assert_eq!((u.source_port(), u.destination_port()), (9000, f.src_port));

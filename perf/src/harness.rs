@@ -567,6 +567,9 @@ impl Gen {
             duration.as_millis().to_string(),
             "--max-packets".into(),
             max_packets.to_string(),
+            // Decided once by this process (the report states it), not probed per child.
+            "--generator".into(),
+            crate::gen::Generator::for_this_kernel().0.name().into(),
         ];
         argv.extend(spec.extra.iter().cloned());
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();

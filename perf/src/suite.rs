@@ -36,22 +36,25 @@ fn fill_flows(t: &Topology, a: &Active, flows: u32) -> Result<()> {
 /// application names where the kernel put them.
 fn backend_udp_counters(ns: &juneau_tests::netns::Netns) -> String {
     match ns.exec(&["cat", "/proc/net/snmp"]) {
-        Ok(snmp) => {
-            let udp: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Udp:")).collect();
-            match udp.as_slice() {
-                [names, values] => names
-                    .split_whitespace()
-                    .zip(values.split_whitespace())
-                    .skip(1)
-                    .filter(|(_, v)| *v != "0")
-                    .map(|(n, v)| format!("{n} {v}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                _ => "no Udp lines in /proc/net/snmp".into(),
-            }
-        }
+        Ok(snmp) => nonzero_udp_counters(&snmp),
         Err(e) => format!("/proc/net/snmp unreadable: {e:#}"),
     }
+}
+
+/// The UDP counters of a `/proc/net/snmp` that are not 0, as "Name value, ...".
+fn nonzero_udp_counters(snmp: &str) -> String {
+    let udp: Vec<&str> = snmp.lines().filter(|l| l.starts_with("Udp:")).collect();
+    let [names, values] = udp.as_slice() else {
+        return "no Udp lines in /proc/net/snmp".into();
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .skip(1)
+        .filter(|(_, v)| *v != "0")
+        .map(|(n, v)| format!("{n} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Saturation bounds (in [`crate::results`], where the report reads them too).
@@ -916,4 +919,22 @@ pub fn default_dataplane() -> PathBuf {
 /// Whether `ns` still exists (for tests of cleanup).
 pub fn netns_exists(name: &str) -> bool {
     Path::new("/var/run/netns").join(name).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backend_s_udp_counters_name_what_is_not_zero() {
+        let snmp = "Ip: Forwarding\nIp: 1\nUdp: InDatagrams NoPorts InErrors RcvbufErrors InCsumErrors\nUdp: 5 0 7 7 0\nUdpLite: InDatagrams\nUdpLite: 0\n";
+        assert_eq!(
+            nonzero_udp_counters(snmp),
+            "InDatagrams 5, InErrors 7, RcvbufErrors 7"
+        );
+        assert_eq!(
+            nonzero_udp_counters("Ip: x\n"),
+            "no Udp lines in /proc/net/snmp"
+        );
+    }
 }
