@@ -113,7 +113,9 @@ impl StateFollower {
         if self.reader.wait_change(self.seen, wait) == self.seen {
             return None;
         }
-        match self.reader.snapshot() {
+        // The routing part only: the services and their Maglev tables are the
+        // dataplane's (at 10 000 Services a full snapshot is ~0.3 s of CPU per publish).
+        match self.reader.routing_snapshot() {
             Ok(s) => {
                 self.seen = s.generation;
                 tracing::debug!(

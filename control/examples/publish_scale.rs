@@ -5,7 +5,8 @@
 //!
 //! Prints the first publish (creates the file), then `rounds` publishes where one
 //! service's backends changed, then `rounds` where nothing changed (the agent skips
-//! those, but the writer's cost for them is its floor), and a reader's snapshot. For the
+//! those, but the writer's cost for them is its floor), a reader's first snapshot, then
+//! `rounds` more and `rounds` routing snapshots (what juneau-bgp reads). For the
 //! publishes where one service changed, also the median of each step
 //! ([`PublishPhase`], from [`NodeStateWriter::publish_traced`]).
 
@@ -118,8 +119,28 @@ fn main() {
     let t = Instant::now();
     let snap = r.snapshot().expect("snapshot");
     println!(
-        "reader snapshot {:?} ({} services)",
+        "reader snapshot {:?} ({} services; the reader's first)",
         t.elapsed(),
         snap.state.services.len()
+    );
+    drop(snap);
+    // The same reader again (as the dataplane and juneau-bgp read each generation).
+    let timed = |r: &mut NodeStateReader, routing: bool| {
+        let t = Instant::now();
+        let snap = if routing {
+            r.routing_snapshot()
+        } else {
+            r.snapshot()
+        };
+        let took = t.elapsed();
+        drop(snap.expect("snapshot"));
+        took
+    };
+    let full: Vec<Duration> = (0..rounds).map(|_| timed(&mut r, false)).collect();
+    let routing: Vec<Duration> = (0..rounds).map(|_| timed(&mut r, true)).collect();
+    println!(
+        "then: snapshot median {:?}, routing snapshot (juneau-bgp's) median {:?}",
+        median(full),
+        median(routing)
     );
 }

@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use futures::{FutureExt, StreamExt};
 use juneau_control::shm::{Capacity, NodeStateWriter};
-use juneau_control::NodeState;
+use juneau_control::{AdvertisedVip, NodeState};
 use k8s_openapi::api::core::v1::{Node, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ResourceExt};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::Client;
+use std::net::IpAddr;
 use tracing::{debug, info, warn};
 
 use crate::crd::{BGPAdvertisement, BGPPeer, ServiceLoadBalancer};
@@ -90,7 +91,7 @@ async fn decommission_and_idle(
     Ok(())
 }
 
-fn record(m: &AgentMetrics, state: &NodeState, generation: u64) {
+fn record(m: &AgentMetrics, state: &NodeState, last: Option<&NodeState>, generation: u64) {
     m.publishes.inc();
     m.services.set(state.services.len() as i64);
     m.backends
@@ -104,18 +105,49 @@ fn record(m: &AgentMetrics, state: &NodeState, generation: u64) {
             .sum(),
     );
     m.advertised_vips.set(state.advertised.len() as i64);
-    m.vip_advertised.clear();
-    for a in &state.advertised {
-        m.vip_advertised
-            .get_or_create(&VipLabel {
-                vip: a.vip.to_string(),
-            })
-            .set(1);
+    let before = last.map_or(&[][..], |l| &l.advertised[..]);
+    for (vip, now) in advertised_changes(before, &state.advertised) {
+        let label = VipLabel {
+            vip: vip.to_string(),
+        };
+        if now {
+            m.vip_advertised.get_or_create(&label).set(1);
+        } else {
+            m.vip_advertised.remove(&label);
+        }
     }
     m.peers.set(state.peers.len() as i64);
     m.redirect_keys.set(state.redirects.keys.len() as i64);
     m.state_generation
         .set(i64::try_from(generation).unwrap_or(i64::MAX));
+}
+
+/// The VIPs advertised in `now` and not in `before` (`true`), and the other way round
+/// (`false`); both lists sorted by VIP (`NodeState::normalize`). Most publishes change no
+/// VIP: the per-VIP metric is then left alone (10 000 labels rebuilt per publish were
+/// 6 % of the agent's CPU at scale).
+fn advertised_changes(before: &[AdvertisedVip], now: &[AdvertisedVip]) -> Vec<(IpAddr, bool)> {
+    let (mut b, mut n) = (before.iter().peekable(), now.iter().peekable());
+    let mut out = Vec::new();
+    loop {
+        let gone = match (b.peek(), n.peek()) {
+            (None, None) => return out,
+            (Some(x), Some(y)) if x.vip == y.vip => {
+                b.next();
+                n.next();
+                continue;
+            }
+            (Some(x), Some(y)) => x.vip < y.vip,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+        };
+        let (side, now) = if gone {
+            (&mut b, false)
+        } else {
+            (&mut n, true)
+        };
+        out.extend(side.next().map(|a| (a.vip, now)));
+    }
 }
 
 /// A cache of `api` ([`crate::caches::reflect`]) and a stream that yields once per
@@ -374,7 +406,7 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
             opts.metrics
                 .publish_latency
                 .observe(first_event.elapsed().as_secs_f64());
-            record(&opts.metrics, &state, generation);
+            record(&opts.metrics, &state, last.as_ref(), generation);
             opts.health.set_ready(true);
             info!(
                 generation,
@@ -392,5 +424,38 @@ pub async fn run(client: Client, opts: AgentOptions) -> anyhow::Result<()> {
             last = Some(state);
         }
         pacing.published(started, Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vips(v: &[u8]) -> Vec<AdvertisedVip> {
+        v.iter()
+            .map(|&o| AdvertisedVip {
+                vip: IpAddr::from([203, 0, 113, o]),
+                communities: vec![],
+                large_communities: vec![],
+                local_pref: None,
+                peers: vec![],
+                weight: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn advertised_changes_name_each_vip_gained_and_lost_once() {
+        let ip = |o: u8| IpAddr::from([203, 0, 113, o]);
+        assert!(advertised_changes(&vips(&[1, 2, 3]), &vips(&[1, 2, 3])).is_empty());
+        assert_eq!(
+            advertised_changes(&[], &vips(&[1, 2])),
+            vec![(ip(1), true), (ip(2), true)]
+        );
+        assert_eq!(
+            advertised_changes(&vips(&[1, 3, 5, 9]), &vips(&[2, 3, 4, 5])),
+            vec![(ip(1), false), (ip(2), true), (ip(4), true), (ip(9), false)]
+        );
+        assert_eq!(advertised_changes(&vips(&[7]), &[]), vec![(ip(7), false)]);
     }
 }

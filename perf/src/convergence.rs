@@ -150,7 +150,11 @@ fn slice_patch(ready: bool) -> serde_json::Value {
 }
 
 fn advertised(r: &mut NodeStateReader, vip: Ipv4Addr) -> Result<bool> {
-    Ok(r.snapshot()?.state.advertised.iter().any(|a| a.vip == vip))
+    Ok(r.routing_snapshot()?
+        .state
+        .advertised
+        .iter()
+        .any(|a| a.vip == vip))
 }
 
 /// The one Service of the convergence measurement and its EndpointSlice (one ready
@@ -371,7 +375,7 @@ pub fn measure(bins: &Binaries, reps: u32, say: &dyn Fn(String)) -> Result<Conve
         }
         let mut r = NodeStateReader::open(&state)?;
         // The bed's Service is IPv4 (BIRD's channel here is IPv4).
-        Ok(r.snapshot()?
+        Ok(r.routing_snapshot()?
             .state
             .advertised
             .iter()

@@ -42,6 +42,13 @@ pub struct ScaleReport {
     pub agent_cpu_s: f64,
     /// The controller's CPU time over the run, s.
     pub controller_cpu_s: f64,
+    /// juneau-bgp's CPU time over the run, s.
+    #[serde(default)]
+    pub speaker_cpu_s: f64,
+    /// juneau-perf's own CPU time over the run (its creates, watches and observers), s:
+    /// it shares the 2 cores with what it measures.
+    #[serde(default)]
+    pub harness_cpu_s: f64,
     /// Size of the state file at the end, bytes.
     pub state_file_bytes: u64,
     /// BIRD has every /32 in its table.
@@ -146,12 +153,15 @@ pub fn markdown(r: &ScaleReport) -> String {
     m += &format!("| BIRD has every /32 | {} |\n", f(r.bird_all_routes_s));
     m += &format!(
         "\nAgent: {} publishes until all were advertised, {:.1} s CPU over the run ({:.0} ms CPU per publish on average); \
-         state file {:.1} MiB. Controller: {:.1} s CPU.\n\n| process | RSS MiB | peak RSS MiB |\n|---|---:|---:|\n",
+         state file {:.1} MiB. Controller: {:.1} s CPU. juneau-bgp: {:.1} s CPU. juneau-perf itself \
+         (creates, watches, observers; on the same 2 cores): {:.1} s CPU.\n\n| process | RSS MiB | peak RSS MiB |\n|---|---:|---:|\n",
         r.agent_publishes,
         r.agent_cpu_s,
         if r.agent_publishes > 0 { 1e3 * r.agent_cpu_s / r.agent_publishes as f64 } else { 0.0 },
         r.state_file_bytes as f64 / (1 << 20) as f64,
-        r.controller_cpu_s
+        r.controller_cpu_s,
+        r.speaker_cpu_s,
+        r.harness_cpu_s
     );
     for x in &r.memory {
         m += &format!("| {} | {:.0} | {:.0} |\n", x.name, x.rss_mib, x.peak_mib);

@@ -489,7 +489,7 @@ fn a_backend_flag_that_contradicts_its_position_is_refused() {
     let mut state = sample_state();
     state.normalize();
     let cap = Capacity::default();
-    let mut img = Image::new(cap.sections().end);
+    let mut img = Image::new(&cap);
     let tables = Tables {
         v4: MaglevCache::default()
             .tables_for(&state.services, cap.maglev_size)
@@ -593,7 +593,7 @@ fn redirect_counts_past_the_capacity_are_refused_as_corrupt() {
     slot[13].store(3, Ordering::Relaxed);
     slot[sec.redirect_vips + 1].store(100, Ordering::Relaxed);
     let words: Vec<u32> = slot.iter().map(|w| w.load(Ordering::Relaxed)).collect();
-    let sum = checksum(&words, &sec, &scribble.capacity);
+    let sum = checksums(&words, &sec, &scribble.capacity, true).0;
     slot[6].store(sum as u32, Ordering::Relaxed);
     slot[7].store((sum >> 32) as u32, Ordering::Relaxed);
     assert!(
@@ -998,28 +998,29 @@ fn ipv6_addresses_sit_in_the_words_the_layout_names() {
     assert_eq!(v4peer[NAME_BYTES / 4 + 11], 0);
 }
 
-/// A layout-10 reader (IPv6 frontends without redirects) must not misread a layout-11
-/// file (its IPv6 redirect section and hand-off bit), and this reader must not misread a
-/// layout-10 one: both are refused by version, with a message naming both versions and
-/// the three binaries (they ship together in one image).
+/// A layout-11 reader (no tables' part of the checksum in words 20, 21, which it
+/// requires to be zero) must not misread a layout-12 file, and this reader must not
+/// misread a layout-11 one (zero there: every table would look corrupt): both are
+/// refused by version, with a message naming both versions and the three binaries (they
+/// ship together in one image).
 #[test]
-fn a_reader_of_the_layout_without_ipv6_redirects_refuses_the_one_with_and_back() {
+fn a_reader_of_the_layout_before_the_tables_checksum_refuses_this_one_and_back() {
     let dir = tmp();
     let path = dir.path().join("n.state");
     let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
     w.publish(&dual_stack_state()).unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
-    assert_eq!(bytes[8..12], 11u32.to_le_bytes());
-    bytes[8..12].copy_from_slice(&10u32.to_le_bytes());
-    let old = dir.path().join("layout10.state");
+    assert_eq!(bytes[8..12], 12u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&11u32.to_le_bytes());
+    let old = dir.path().join("layout11.state");
     std::fs::write(&old, &bytes).unwrap();
     let e = NodeStateReader::open(&old).err().expect("refused");
     assert!(
         matches!(
             e,
             ShmError::LayoutVersion {
-                found: 10,
-                expected: 11,
+                found: 11,
+                expected: 12,
                 ..
             }
         ),
@@ -1027,7 +1028,7 @@ fn a_reader_of_the_layout_without_ipv6_redirects_refuses_the_one_with_and_back()
     );
     let msg = e.to_string();
     assert!(
-        msg.contains("layout version 10") && msg.contains("reads version 11"),
+        msg.contains("layout version 11") && msg.contains("reads version 12"),
         "{msg}"
     );
     assert!(msg.contains("juneau-bgp"), "{msg}");
@@ -1427,9 +1428,13 @@ fn ipv6_service_records_sit_in_the_words_the_layout_names() {
     state.services6 = vec![s6];
     w.publish(&state).unwrap();
     let (words, sec) = current_words(&path);
-    // Word 19 (layout 11): the IPv6 redirect VIPs of the fixture's state.
+    // Word 19 (layout 11): the IPv6 redirect VIPs of the fixture's state; 20, 21
+    // (layout 12): the tables' part of the checksum; 22, 23 spare.
     let nrv6 = state.redirects.vips6.len() as u32;
-    assert_eq!(words[16..24], [1, 2, 1, nrv6, 0, 0, 0, 0]);
+    assert_eq!(words[16..20], [1, 2, 1, nrv6]);
+    let tables = checksums(&words, &sec, &Capacity::default(), true).1;
+    assert_ne!(tables, 0);
+    assert_eq!(words[20..24], [tables as u32, (tables >> 32) as u32, 0, 0]);
     assert_eq!(
         words[sec.services6..][..SERVICE6_WORDS],
         [
@@ -1565,8 +1570,8 @@ fn malformed_ipv6_service_records_are_refused_by_the_reader() {
             "IPv6 service 0: Maglev slot names a missing backend",
         ),
         (
-            Box::new(move |w| w[21] = 1),
-            "spare words 20-23 are not zero",
+            Box::new(move |w| w[23] = 1),
+            "spare words 22, 23 are not zero",
         ),
     ];
     for (poke, want) in cases {
@@ -1587,4 +1592,130 @@ fn malformed_ipv6_service_records_are_refused_by_the_reader() {
     let mut bad = words.clone();
     bad[16] = cap.services6 + 1;
     assert!(used_ranges(&bad, &sec, &cap).is_none());
+}
+
+/// The routing snapshot (what juneau-bgp reads) is the full snapshot's node, router ID,
+/// advertised VIPs and peers, without services, redirects or tables, in both families;
+/// after publishes that change tables incrementally too.
+#[test]
+fn a_routing_snapshot_is_the_full_one_without_services_or_tables() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    let mut reader: Option<NodeStateReader> = None;
+    let mut state = dual_stack_services_state();
+    state.advertised = dual_stack_state().advertised;
+    state.peers = dual_stack_state().peers;
+    for round in 0..3u8 {
+        if round > 0 {
+            // Backends change (tables rebuilt in place) and a service goes.
+            state.services[0].backends.push(backend(200 + round, 80));
+            state.services.pop();
+        }
+        w.publish(&state).unwrap();
+        // One reader throughout (its buffer is reused), the two reads in either order.
+        let r = reader.get_or_insert_with(|| NodeStateReader::open(&path).unwrap());
+        let (full, routing) = if round % 2 == 0 {
+            (r.snapshot().unwrap(), r.routing_snapshot().unwrap())
+        } else {
+            let routing = r.routing_snapshot().unwrap();
+            (r.snapshot().unwrap(), routing)
+        };
+        assert_tables_fresh(&full, Capacity::default().maglev_size);
+        assert_eq!(routing.generation, full.generation);
+        let want = NodeState {
+            node: full.state.node.clone(),
+            router_id: full.state.router_id,
+            advertised: full.state.advertised.clone(),
+            peers: full.state.peers.clone(),
+            ..NodeState::default()
+        };
+        assert!(!want.advertised.is_empty() && !want.peers.is_empty());
+        assert_eq!(routing.state, want, "round {round}");
+        assert!(routing.maglev.is_empty() && routing.maglev6.is_empty());
+    }
+}
+
+/// The tables' part of the checksum (words 20, 21) lets the routing reader verify all it
+/// reads without the tables, and the full reader still catches a scribbled table or a
+/// forged part: each case refused by whom it should be.
+#[test]
+fn the_tables_part_of_the_checksum_guards_both_readers() {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    w.publish(&dual_stack_services_state()).unwrap();
+    let mut r = NodeStateReader::open(&path).unwrap();
+    let scribble = Mapping::open(&path).unwrap();
+    let idx = (r.generation() % 2) as usize;
+    let (sec, cap) = (scribble.sections, scribble.capacity);
+    let slot = scribble.slot(idx);
+    let poke = |at: usize, v: u32| -> u32 { slot[at].swap(v, Ordering::Relaxed) };
+    let reseal = || {
+        let words: Vec<u32> = slot.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+        let sum = checksums(&words, &sec, &cap, true).0;
+        slot[6].store(sum as u32, Ordering::Relaxed);
+        slot[7].store((sum >> 32) as u32, Ordering::Relaxed);
+    };
+    let corrupt = |res: Result<Snapshot, ShmError>, what: &str| match res {
+        Err(ShmError::Corrupt(_, m)) => assert!(m.contains(what), "{m} (want {what:?})"),
+        other => panic!(
+            "want Corrupt({what:?}), got {:?}",
+            other.map(|s| s.generation)
+        ),
+    };
+    // A scribbled table word: the full reader refuses it; the routing reader reads no
+    // table and is right to go on.
+    let was = poke(
+        sec.maglev6 + 1,
+        0x0001_0001 ^ slot[sec.maglev6 + 1].load(Ordering::Relaxed),
+    );
+    corrupt(r.snapshot(), "checksum");
+    assert!(r.routing_snapshot().is_ok());
+    poke(sec.maglev6 + 1, was);
+    assert!(r.snapshot().is_ok());
+    // A scribbled advertised VIP: both refuse it.
+    let was = poke(sec.vips + 2, 0xdead_beef);
+    corrupt(r.snapshot(), "checksum");
+    corrupt(r.routing_snapshot(), "checksum");
+    poke(sec.vips + 2, was);
+    // A forged tables' part with the checksum resealed over it: the full reader sums
+    // the tables and refuses it.
+    let was = poke(TABLES_SUM_WORDS.start, 12345);
+    reseal();
+    corrupt(r.snapshot(), "Maglev tables' checksum");
+    poke(TABLES_SUM_WORDS.start, was);
+    reseal();
+    assert!(r.snapshot().is_ok() && r.routing_snapshot().is_ok());
+    // The tables' part stored without resealing: both refuse it.
+    poke(TABLES_SUM_WORDS.start + 1, 7);
+    corrupt(r.snapshot(), "checksum");
+    corrupt(r.routing_snapshot(), "checksum");
+}
+
+/// The Maglev sections are where [`TABLE_RANGES`] says in [`used_ranges`]' answer, also
+/// with no IPv6 capacity (a zero-length section starting where the next one does).
+#[test]
+fn the_table_ranges_name_the_maglev_sections() {
+    for cap in [
+        Capacity::default(),
+        Capacity {
+            services6: 0,
+            ..Capacity::default()
+        },
+    ] {
+        let sec = cap.sections();
+        let mut hdr = vec![0u32; SLOT_HEADER_WORDS];
+        hdr[2] = 3;
+        hdr[16] = cap.services6.min(2);
+        let ranges = used_ranges(&hdr, &sec, &cap).unwrap();
+        assert_eq!(
+            ranges[TABLE_RANGES[0]],
+            (sec.maglev, 3 * cap.maglev_words())
+        );
+        assert_eq!(
+            ranges[TABLE_RANGES[1]],
+            (sec.maglev6, hdr[16] as usize * cap.maglev_words())
+        );
+    }
 }
