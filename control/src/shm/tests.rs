@@ -575,15 +575,8 @@ fn redirect_peers_round_trip_per_vip() {
 
 #[test]
 fn redirect_counts_past_the_capacity_are_refused_as_corrupt() {
-    let dir = tmp();
-    let path = dir.path().join("n.state");
-    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
-    w.publish(&sample_state()).unwrap();
-    let mut r = NodeStateReader::open(&path).unwrap();
-    // Scribble a node count past the capacity into the current slot's header (through
-    // a writable mapping: a reader's is read-only).
-    let scribble = Mapping::open(&path).unwrap();
-    let idx = (r.generation() % 2) as usize;
+    let (_dir, mut r, scribble, idx) = published_with_scribbler(&sample_state());
+    // Scribble a node count past the capacity into the current slot's header.
     let sec = scribble.sections;
     scribble.slot(idx)[13].store(u32::MAX, Ordering::Relaxed);
     assert!(matches!(r.snapshot(), Err(ShmError::Corrupt(..))));
@@ -592,14 +585,34 @@ fn redirect_counts_past_the_capacity_are_refused_as_corrupt() {
     let slot = scribble.slot(idx);
     slot[13].store(3, Ordering::Relaxed);
     slot[sec.redirect_vips + 1].store(100, Ordering::Relaxed);
-    let words: Vec<u32> = slot.iter().map(|w| w.load(Ordering::Relaxed)).collect();
-    let sum = checksums(&words, &sec, &scribble.capacity, true).0;
-    slot[6].store(sum as u32, Ordering::Relaxed);
-    slot[7].store((sum >> 32) as u32, Ordering::Relaxed);
+    reseal(slot, &sec, &scribble.capacity);
     assert!(
         matches!(r.snapshot(), Err(ShmError::Corrupt(_, m)) if m.contains("redirect")),
         "bounds"
     );
+}
+
+/// `state` published into a new file, a reader of it, a writable mapping of it (a
+/// reader's is read-only) and the index of the slot the reader reads.
+fn published_with_scribbler(
+    state: &NodeState,
+) -> (tempfile::TempDir, NodeStateReader, Mapping, usize) {
+    let dir = tmp();
+    let path = dir.path().join("n.state");
+    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
+    w.publish(state).unwrap();
+    let r = NodeStateReader::open(&path).unwrap();
+    let idx = (r.generation() % 2) as usize;
+    (dir, r, Mapping::open(&path).unwrap(), idx)
+}
+
+/// Stores the checksum of `slot` as it now is (a scribble only the other checks may
+/// catch).
+fn reseal(slot: &[AtomicU32], sec: &Sections, cap: &Capacity) {
+    let words: Vec<u32> = slot.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+    let sum = checksums(&words, sec, cap, true).0;
+    slot[6].store(sum as u32, Ordering::Relaxed);
+    slot[7].store((sum >> 32) as u32, Ordering::Relaxed);
 }
 
 /// Every service's table in `snap` is the one a fresh build gives for its backends.
@@ -1641,22 +1654,11 @@ fn a_routing_snapshot_is_the_full_one_without_services_or_tables() {
 /// forged part: each case refused by whom it should be.
 #[test]
 fn the_tables_part_of_the_checksum_guards_both_readers() {
-    let dir = tmp();
-    let path = dir.path().join("n.state");
-    let mut w = NodeStateWriter::create(&path, Capacity::default()).unwrap();
-    w.publish(&dual_stack_services_state()).unwrap();
-    let mut r = NodeStateReader::open(&path).unwrap();
-    let scribble = Mapping::open(&path).unwrap();
-    let idx = (r.generation() % 2) as usize;
+    let (_dir, mut r, scribble, idx) = published_with_scribbler(&dual_stack_services_state());
     let (sec, cap) = (scribble.sections, scribble.capacity);
     let slot = scribble.slot(idx);
     let poke = |at: usize, v: u32| -> u32 { slot[at].swap(v, Ordering::Relaxed) };
-    let reseal = || {
-        let words: Vec<u32> = slot.iter().map(|w| w.load(Ordering::Relaxed)).collect();
-        let sum = checksums(&words, &sec, &cap, true).0;
-        slot[6].store(sum as u32, Ordering::Relaxed);
-        slot[7].store((sum >> 32) as u32, Ordering::Relaxed);
-    };
+    let reseal = || reseal(slot, &sec, &cap);
     let corrupt = |res: Result<Snapshot, ShmError>, what: &str| match res {
         Err(ShmError::Corrupt(_, m)) => assert!(m.contains(what), "{m} (want {what:?})"),
         other => panic!(
