@@ -44,22 +44,152 @@ pub fn available() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Records `cpu` for `window` into `data` (blocks for the window).
-pub fn record(cpu: u32, window: Duration, data: &Path) -> Result<()> {
-    let out = Command::new("perf")
-        .args(["record", "-q", "-C", &cpu.to_string(), "-o"])
-        .arg(data)
-        .args(["--", "sleep", &format!("{:.3}", window.as_secs_f64())])
-        .stdout(Stdio::null())
-        .output()
-        .context("running perf record")?;
-    if !out.status.success() {
-        bail!(
-            "perf record failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+/// A `perf record` of one CPU whose events count only between [`Recorder::enable`] and
+/// [`Recorder::disable`] (perf's control FIFOs, `-D -1`: it starts with its events off).
+/// perf's own start-up (about a second here) and the generator's happen outside the
+/// window: a recording timed by a sleep of its own started up to seconds before the
+/// traffic and caught the core mostly idle (99 % in the runs of 2026-12-07).
+pub struct Recorder {
+    child: std::process::Child,
+    ctl: std::fs::File,
+    /// Read end, non-blocking: what perf wrote that no command consumed yet.
+    ack: std::fs::File,
+    pending: String,
+    _fifos: tempfile::TempDir,
+}
+
+/// Longest wait for perf to answer a control command (its start-up included).
+const ACK_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Recorder {
+    /// Starts recording `cpu` into `data`, events off; returns once perf answers.
+    pub fn start(cpu: u32, data: &Path) -> Result<Recorder> {
+        let fifos = tempfile::tempdir().context("a directory for perf's control FIFOs")?;
+        let (ctl_path, ack_path) = (fifos.path().join("ctl"), fifos.path().join("ack"));
+        for f in [&ctl_path, &ack_path] {
+            let st = Command::new("mkfifo")
+                .arg(f)
+                .status()
+                .context("running mkfifo")?;
+            if !st.success() {
+                bail!("mkfifo {} failed", f.display());
+            }
+        }
+        // Neither open blocks, whoever comes first: the control FIFO read-write, the ack
+        // FIFO read-only and non-blocking (its reads return nothing until perf writes).
+        let ctl = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&ctl_path)
+            .with_context(|| format!("opening {}", ctl_path.display()))?;
+        let ack = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&ack_path)
+                .with_context(|| format!("opening {}", ack_path.display()))?
+        };
+        let control = format!("fifo:{},{}", ctl_path.display(), ack_path.display());
+        let child = Command::new("perf")
+            .args(["record", "-q", "-D", "-1", "--control", &control])
+            .args(["-C", &cpu.to_string(), "-o"])
+            .arg(data)
+            // Stopped by SIGINT in `finish`; the sleep only bounds a forgotten recorder.
+            .args(["--", "sleep", "3600"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting perf record")?;
+        let mut r = Recorder {
+            child,
+            ctl,
+            ack,
+            pending: String::new(),
+            _fifos: fifos,
+        };
+        // Events are off already: this only waits until perf listens.
+        r.command("disable")?;
+        Ok(r)
     }
-    Ok(())
+
+    /// Events on, from now.
+    pub fn enable(&mut self) -> Result<()> {
+        self.command("enable")
+    }
+
+    /// Events off, from now.
+    pub fn disable(&mut self) -> Result<()> {
+        self.command("disable")
+    }
+
+    /// Sends `cmd` and waits for perf's "ack" (bounded; polled every few ms).
+    fn command(&mut self, cmd: &str) -> Result<()> {
+        use std::io::{Read, Write};
+        writeln!(self.ctl, "{cmd}").with_context(|| format!("telling perf to {cmd}"))?;
+        let deadline = std::time::Instant::now() + ACK_TIMEOUT;
+        let mut buf = [0u8; 64];
+        loop {
+            if let Some(i) = self.pending.find("ack\n") {
+                self.pending.drain(..i + 4);
+                return Ok(());
+            }
+            match self.ack.read(&mut buf) {
+                Ok(n) if n > 0 => {
+                    self.pending.push_str(&String::from_utf8_lossy(&buf[..n]));
+                    continue;
+                }
+                // 0: perf has not opened its end yet; WouldBlock: nothing written yet.
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e).context("reading perf's acknowledgements"),
+            }
+            if let Some(st) = self.child.try_wait()? {
+                bail!("perf record exited ({st}) before acknowledging {cmd:?}");
+            }
+            if std::time::Instant::now() >= deadline {
+                bail!("perf record did not acknowledge {cmd:?} within {ACK_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Stops perf (SIGINT: it writes its data and exits) and waits for it.
+    pub fn finish(mut self) -> Result<()> {
+        let out = self.interrupt_and_wait()?;
+        // perf exits 0, or 130 / -SIGINT when the signal reached it while it waited.
+        if !out.status.success() && out.status.code().is_some_and(|c| c != 130) {
+            bail!(
+                "perf record failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
+    fn interrupt_and_wait(&mut self) -> Result<std::process::Output> {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-INT", &pid]).status();
+        let mut stderr = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut stderr);
+        }
+        let status = self.child.wait().context("waiting for perf record")?;
+        Ok(std::process::Output {
+            status,
+            stdout: Vec::new(),
+            stderr: stderr.into_bytes(),
+        })
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.interrupt_and_wait();
+        }
+    }
 }
 
 /// `perf report` of `data` sorted by `keys`: (share %, samples, the key columns) per line.
@@ -202,6 +332,50 @@ pub fn markdown(profiles: &[Profile], note: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs `argv` pinned to `cpu` for `secs` (output discarded).
+    fn busy_on(cpu: u32, secs: &str, argv: &[&str]) {
+        let cpu = cpu.to_string();
+        let mut a = vec![secs, "taskset", "-c", cpu.as_str()];
+        a.extend_from_slice(argv);
+        // `timeout` ends it (exit 124): that is the point.
+        Command::new("timeout")
+            .args(&a)
+            .stdout(Stdio::null())
+            .status()
+            .expect("timeout");
+    }
+
+    /// Needs root and perf (in tests/setup's packages). Work on the recorded CPU before
+    /// `enable` and after `disable` leaves no sample; the work between does.
+    #[test]
+    fn a_recorder_samples_only_between_enable_and_disable() {
+        juneau_tests::netns::require_root().expect("root");
+        assert!(
+            available(),
+            "perf is not installed (tests/setup/apt-packages.txt)"
+        );
+        let cpu = (std::thread::available_parallelism().map_or(1, |n| n.get()) - 1) as u32;
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("p.data");
+        let mut r = Recorder::start(cpu, &data).unwrap();
+        busy_on(cpu, "0.5", &["yes"]);
+        r.enable().unwrap();
+        busy_on(cpu, "0.5", &["sh", "-c", "while :; do :; done"]);
+        r.disable().unwrap();
+        busy_on(cpu, "0.5", &["yes"]);
+        r.finish().unwrap();
+        let lines = report(&data, "comm").unwrap();
+        let samples = |comm: &str| -> u64 {
+            lines
+                .iter()
+                .filter(|(_, _, cols)| cols.first().is_some_and(|c| c == comm))
+                .map(|(_, n, _)| n)
+                .sum()
+        };
+        assert!(samples("sh") > 20, "{lines:?}");
+        assert_eq!(samples("yes"), 0, "{lines:?}");
+    }
 
     #[test]
     fn report_lines_are_parsed_and_folded_into_parts() {

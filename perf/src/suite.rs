@@ -69,8 +69,8 @@ fn window_run(
     tids: &[u32],
     flows: u32,
     rate: u64,
-    warmup: Duration,
-    window: Duration,
+    (warmup, window): (Duration, Duration),
+    mut recorder: Option<&mut crate::profile::Recorder>,
 ) -> Result<RunFigures> {
     let (gen_cpu, path_cpu) = cpus();
     let g = Gen::start(
@@ -82,6 +82,10 @@ fn window_run(
         u64::MAX,
     )?;
     sleep(warmup)?;
+    // A profile covers the measured window, nothing before or after it.
+    if let Some(r) = recorder.as_deref_mut() {
+        r.enable()?;
+    }
     let (core1, gcore1, run1) = (
         crate::cpu::CoreTimes::read(path_cpu)?,
         crate::cpu::CoreTimes::read(gen_cpu)?,
@@ -95,6 +99,9 @@ fn window_run(
         crate::cpu::CoreTimes::read(gen_cpu)?,
         crate::cpu::run_time_ns(tids),
     );
+    if let Some(r) = recorder {
+        r.disable()?;
+    }
     let gen = g.finish()?;
     a.check_forwarder()?;
     let secs = (t2 - t1).as_secs_f64();
@@ -159,14 +166,14 @@ fn measure(
     if fill {
         fill_flows(t, a, flows)?;
     }
-    let flood = window_run(t, a, &tids, flows, 0, warmup.min(cw), cw)?;
+    let flood = window_run(t, a, &tids, flows, 0, (warmup.min(cw), cw), None)?;
     let mut steps = vec![(flood.offered_pps, flood.delivered_pps)];
     let mut search = RateSearch::new(flood.delivered_pps);
     for _ in 0..plan.calibrate_steps {
         let Some(rate) = search.next_rate() else {
             break;
         };
-        let f = window_run(t, a, &tids, flows, rate as u64, cw / 3, cw)?;
+        let f = window_run(t, a, &tids, flows, rate as u64, (cw / 3, cw), None)?;
         steps.push((f.offered_pps, f.delivered_pps));
         let carried = f.delivered_pps >= SATURATION_DELIVERED_BELOW * f.offered_pps;
         if !carried && f.delivered_pps < PACED_BELOW_FLOOD * flood.delivered_pps {
@@ -179,8 +186,19 @@ fn measure(
         }
         search.record(rate, f.offered_pps, carried);
     }
+    let window = |a: &mut Active, rate: f64| {
+        window_run(
+            t,
+            a,
+            &tids,
+            flows,
+            rate as u64,
+            (warmup, plan.duration),
+            None,
+        )
+    };
     let mut rate = search.window_rate();
-    let mut r = window_run(t, a, &tids, flows, rate as u64, warmup, plan.duration)?;
+    let mut r = window(a, rate)?;
     for attempt in 0..WINDOW_RETRIES {
         if r.saturated {
             break;
@@ -194,7 +212,7 @@ fn measure(
         );
         steps.push((r.offered_pps, r.delivered_pps));
         rate = window_retry_rate(r.offered_pps, attempt);
-        r = window_run(t, a, &tids, flows, rate as u64, warmup, plan.duration)?;
+        r = window(a, rate)?;
     }
     check_placement(t, &a.path, &pinned)?;
     r.calibration = steps;
@@ -547,7 +565,15 @@ fn flooded_once(plan: &Plan, sc: Scenario, flows: u32, fill: bool) -> Result<Run
     if fill {
         fill_flows(&t, &a, flows)?;
     }
-    let mut f = window_run(&t, &mut a, &tids, flows, 0, plan.warmup, plan.duration)?;
+    let mut f = window_run(
+        &t,
+        &mut a,
+        &tids,
+        flows,
+        0,
+        (plan.warmup, plan.duration),
+        None,
+    )?;
     check_placement(&t, &a.path, &pinned)?;
     f.extra = true;
     Ok(f)
@@ -658,17 +684,10 @@ fn profile_once(plan: &Plan, sc: Scenario, rate: u64) -> Result<crate::profile::
     let tids = pin_path(&t, &a.path)?;
     let (_, path_cpu) = cpus();
     let data = plan.out_dir.join(format!("profile-{}.data", sc.name()));
-    let (warmup, window) = (plan.warmup, plan.duration);
-    let rec = {
-        let data = data.clone();
-        std::thread::spawn(move || -> Result<()> {
-            sleep(warmup)?;
-            crate::profile::record(path_cpu, window, &data)
-        })
-    };
-    let f = window_run(&t, &mut a, &tids, plan.flows, rate, warmup, window);
-    rec.join()
-        .map_err(|_| anyhow::anyhow!("the profiling thread panicked"))??;
+    let mut rec = crate::profile::Recorder::start(path_cpu, &data)?;
+    let window = (plan.warmup, plan.duration);
+    let f = window_run(&t, &mut a, &tids, plan.flows, rate, window, Some(&mut rec));
+    rec.finish()?;
     let f = f?;
     let p = crate::profile::summarise(&data, sc.name(), f.delivered_pps, f.cost_ns());
     // The raw samples stay out of the report directory (and of git).
