@@ -585,6 +585,10 @@ impl Gen {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             use std::io::BufRead;
+            // Its "ready" starts the caller's clock, which runs realtime in a window
+            // (`crate::cpu::Realtime`): this thread must not wait a turn either. It
+            // blocks in read(2) but for a line or two.
+            let _timely = crate::cpu::Realtime::enter(crate::cpu::HARNESS_RT_PRIORITY);
             for line in std::io::BufReader::new(out).lines() {
                 let Ok(line) = line else { break };
                 if tx.send(line).is_err() {
@@ -622,6 +626,11 @@ impl Gen {
                 }
             }
         }
+    }
+
+    /// The generator's process id (while it runs).
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub(crate) fn finish(mut self) -> Result<GenResult> {

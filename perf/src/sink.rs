@@ -15,7 +15,7 @@
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +41,8 @@ pub struct UdpSink {
     socket: Arc<UdpSocket>,
     received: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    /// The reading thread's id (0 until it has started).
+    tid: Arc<AtomicU32>,
     thread: Option<std::thread::JoinHandle<Result<()>>>,
 }
 
@@ -57,11 +59,15 @@ impl UdpSink {
         let socket = Arc::new(socket);
         let received = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
+        let tid = Arc::new(AtomicU32::new(0));
         let thread = {
             let (socket, received, stop) = (socket.clone(), received.clone(), stop.clone());
+            let tid = tid.clone();
             std::thread::Builder::new()
                 .name("udp-sink".into())
                 .spawn(move || {
+                    // SAFETY: gettid has no preconditions.
+                    tid.store(unsafe { libc::gettid() } as u32, Ordering::Relaxed);
                     place(cpu, rt_priority)?;
                     read_loop(&socket, &received, &stop)
                 })
@@ -71,6 +77,7 @@ impl UdpSink {
             socket,
             received,
             stop,
+            tid,
             thread: Some(thread),
         })
     }
@@ -81,6 +88,15 @@ impl UdpSink {
             bail!("the backend's UDP sink stopped reading");
         }
         Ok(self.received.load(Ordering::Relaxed))
+    }
+
+    /// The reading thread as the scheduler sees it (`None` before it started or once
+    /// it is gone).
+    pub fn thread(&self) -> Option<crate::cpu::ThreadSched> {
+        match self.tid.load(Ordering::Relaxed) {
+            0 => None,
+            tid => crate::cpu::ThreadSched::read(tid),
+        }
     }
 
     /// Datagrams the socket dropped so far (its receive buffer full).

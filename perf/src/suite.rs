@@ -35,10 +35,27 @@ fn fill_flows(t: &Topology, a: &Active, flows: u32) -> Result<()> {
 /// InCsumErrors, NoPorts...), so that a window whose datagrams never reached the
 /// application names where the kernel put them.
 fn backend_udp_counters(ns: &juneau_tests::netns::Netns) -> String {
-    match ns.exec(&["cat", "/proc/net/snmp"]) {
+    let v4 = match ns.exec(&["cat", "/proc/net/snmp"]) {
         Ok(snmp) => nonzero_udp_counters(&snmp),
         Err(e) => format!("/proc/net/snmp unreadable: {e:#}"),
-    }
+    };
+    let v6 = match ns.exec(&["cat", "/proc/net/snmp6"]) {
+        Ok(snmp6) => nonzero_udp6_counters(&snmp6),
+        Err(e) => format!("/proc/net/snmp6 unreadable: {e:#}"),
+    };
+    format!("{v4}; {v6}")
+}
+
+/// The UDP counters of a `/proc/net/snmp6` that are not 0 ("Udp6InDatagrams 5, ...").
+fn nonzero_udp6_counters(snmp6: &str) -> String {
+    snmp6
+        .lines()
+        .filter_map(|l| l.split_once(char::is_whitespace))
+        .map(|(n, v)| (n, v.trim()))
+        .filter(|(n, v)| n.starts_with("Udp6") && *v != "0")
+        .map(|(n, v)| format!("{n} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The UDP counters of a `/proc/net/snmp` that are not 0, as "Name value, ...".
@@ -73,6 +90,9 @@ fn window_run(
     mut recorder: Option<&mut crate::profile::Recorder>,
 ) -> Result<RunFigures> {
     let (gen_cpu, path_cpu) = cpus();
+    // This thread's clock starts and ends the window: it must not wait for a turn on
+    // cores the load keeps busy at nice -20.
+    let _timely = crate::cpu::Realtime::enter(crate::cpu::HARNESS_RT_PRIORITY)?;
     let g = Gen::start(
         t,
         a.dst,
@@ -91,9 +111,18 @@ fn window_run(
         crate::cpu::CoreTimes::read(gen_cpu)?,
         crate::cpu::run_time_ns(tids),
     );
+    // Who had the cores during the window, for a window that delivered nothing.
+    let watched: Vec<u32> = tids
+        .iter()
+        .copied()
+        .chain(g.pid())
+        .chain(a.sink.thread().map(|t| t.tid))
+        .collect();
+    let threads1 = crate::cpu::ThreadSched::of(&watched);
     let (t1, c1, d1) = (Instant::now(), a.sink.count()?, a.sink.socket_drops()?);
     sleep(window)?;
     let (t2, c2, d2) = (Instant::now(), a.sink.count()?, a.sink.socket_drops()?);
+    let threads2 = crate::cpu::ThreadSched::of(&watched);
     let (core2, gcore2, run2) = (
         crate::cpu::CoreTimes::read(path_cpu)?,
         crate::cpu::CoreTimes::read(gen_cpu)?,
@@ -107,16 +136,23 @@ fn window_run(
     let secs = (t2 - t1).as_secs_f64();
     let pps = (c2 - c1) as f64 / secs;
     if c2 == c1 {
+        let link = |ns: &juneau_tests::netns::Netns, i: &str| {
+            ns.exec(&["ip", "-s", "-o", "link", "show", i])
+                .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+                .unwrap_or_else(|e| format!("unreadable: {e:#}"))
+        };
         bail!(
-            "nothing reached the backend's application during the window (generator sent {} frames in {:.2} s; its socket dropped {}; the backend's UDP: {}; its interface: {})",
+            "nothing reached the backend's application during the window (generator sent {} frames in {:.2} s; the backend's socket dropped {}; its application had read {c1} before the window and {} by now; the backend's UDP: {}; the threads in the window: {}; the client's interface: {}; the node's uplink: {}; the node's Pod interface: {}; the backend's interface: {})",
             gen.sent,
             gen.elapsed_s,
             d2.saturating_sub(d1),
+            a.sink.count()?,
             backend_udp_counters(&t.backend),
-            t.backend
-                .exec(&["ip", "-s", "-o", "link", "show", &t.b_if])
-                .unwrap_or_else(|e| format!("unreadable: {e:#}"))
-                .trim()
+            crate::cpu::thread_deltas(&threads1, &threads2),
+            link(&t.client, &t.c_if),
+            link(&t.node, &t.nc_if),
+            link(&t.node, &t.nb_if),
+            link(&t.backend, &t.b_if),
         );
     }
     let offered = gen.sent as f64 / gen.elapsed_s.max(1e-9);
@@ -954,6 +990,11 @@ mod tests {
         assert_eq!(
             nonzero_udp_counters("Ip: x\n"),
             "no Udp lines in /proc/net/snmp"
+        );
+        let snmp6 = "Ip6InReceives                   \t9\nUdp6InDatagrams                 \t12\nUdp6NoPorts                     \t0\nUdp6RcvbufErrors                \t3\n";
+        assert_eq!(
+            nonzero_udp6_counters(snmp6),
+            "Udp6InDatagrams 12, Udp6RcvbufErrors 3"
         );
     }
 }
