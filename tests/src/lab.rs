@@ -1371,9 +1371,23 @@ fn strip_colours(text: &str) -> String {
     out
 }
 
-/// Copies the lab's logs to `$TMPDIR/juneau-lab-logs-<pid>` (a failed run's evidence).
+/// Where [`keep_logs`] keeps a run's evidence: `$TMPDIR/juneau-lab-logs-<pid>`.
+pub fn kept_logs_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("juneau-lab-logs-{}", std::process::id()))
+}
+
+/// Writes what a test saw (its load's report, or its error) beside the kept logs, as
+/// `outcome.txt`: CI shows only part of a failed test's output, the kept logs stay.
+pub fn keep_outcome(outcome: &str) {
+    let keep = kept_logs_dir();
+    let _ = fs::create_dir_all(&keep);
+    let _ = fs::write(keep.join("outcome.txt"), outcome);
+}
+
+/// Copies the lab's logs and the dataplanes' last stats files (their drop counters) to
+/// [`kept_logs_dir`] (a failed run's evidence).
 pub fn keep_logs() {
-    let keep = std::env::temp_dir().join(format!("juneau-lab-logs-{}", std::process::id()));
+    let keep = kept_logs_dir();
     let _ = fs::create_dir_all(&keep);
     let copy = |src: PathBuf, name: String| {
         let _ = fs::copy(src, keep.join(name));
@@ -1420,6 +1434,10 @@ pub fn keep_logs() {
         copy(state().join("kube").join(f), f.to_string());
     }
     copy(state().join("router/bird.log"), "bird.log".into());
+    for n in NODES {
+        let f = format!("{}.dataplane-stats.json", n.name);
+        copy(Path::new(SHM_DIR).join(&f), f);
+    }
     eprintln!("lab logs kept in {}", keep.display());
 }
 

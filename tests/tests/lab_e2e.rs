@@ -1096,8 +1096,9 @@ fn lab_walks_the_guide_on_real_kubelets_and_down_leaves_nothing() -> Result<()> 
     // `lab down` runs whatever happens (also on panic, through `Down`).
     let down = Down;
     let result = walk();
-    if result.is_err() {
+    if let Err(e) = &result {
         lab::keep_logs();
+        lab::keep_outcome(&format!("{e:?}"));
     }
     result?;
     // down leaves nothing; a second down is harmless.

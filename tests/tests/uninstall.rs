@@ -30,8 +30,9 @@ fn helm_uninstall_leaves_nothing_on_any_node_and_install_works_again() -> Result
     let bins = JuneauBins::build_and_locate()?;
     let mut lab = Lab::up(bins)?;
     let result = scenario(&mut lab);
-    if result.is_err() {
+    if let Err(e) = &result {
         lab::keep_logs();
+        lab::keep_outcome(&format!("{e:?}"));
     }
     drop(lab);
     lab::check_nothing_left()?;
