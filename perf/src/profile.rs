@@ -296,7 +296,7 @@ pub fn markdown(profiles: &[Profile], note: &str) -> String {
         m += &format!("Not profiled in this run{note}.\n");
         return m;
     }
-    m += "One extra window per path after the rounds, at the offered rate of its rounds (`perf record -C <path core>`: cpu-clock samples, this VM has no PMU); the samples by thread and object folded into parts; a part's ns per packet = its share of the busy samples x the window's ns of path core per delivered packet.\n\n";
+    m += "One extra window per path after the rounds (and one of juneau at the largest flow count of its flow-scale rows, its flows created first), at the offered rate of its rounds (`perf record -C <path core>`: cpu-clock samples, this VM has no PMU); the samples by thread and object folded into parts; a part's ns per packet = its share of the busy samples x the window's ns of path core per delivered packet.\n\n";
     for p in profiles {
         let idle: f64 = p
             .parts

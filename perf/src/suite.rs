@@ -475,7 +475,23 @@ pub fn run(plan: &Plan, progress: &Progress, report: &mut Report) -> Result<()> 
                 (*sc, results::median(&asked) as u64)
             })
             .collect();
-        profile_pass(plan, progress, report, &rates)?;
+        // And juneau at the largest flow count, where the flow table leaves the cache.
+        let largest = plan
+            .flow_scale
+            .iter()
+            .enumerate()
+            .filter(|&(k, &flows)| {
+                juneau && !scale_failed && flows > plan.flows && !scale_runs[k].is_empty()
+            })
+            .max_by_key(|&(_, &flows)| flows)
+            .map(|(k, &flows)| {
+                let asked: Vec<f64> = results::figure_runs(&scale_runs[k])
+                    .iter()
+                    .map(|f| f.rate_pps as f64)
+                    .collect();
+                (flows, results::median(&asked) as u64)
+            });
+        profile_pass(plan, progress, report, &rates, largest)?;
     }
     // Latency in rounds, scenarios in turn within each: the machine's load drifts over
     // minutes on a shared VM, and a round compares every path in the same few seconds.
@@ -688,44 +704,66 @@ fn profile_pass(
     progress: &Progress,
     report: &mut Report,
     rates: &[(Scenario, u64)],
+    juneau_at_scale: Option<(u32, u64)>,
 ) -> Result<()> {
     if !crate::profile::available() {
         report.profile_note = ": `perf` is not installed (Debian: linux-perf)".into();
         return Ok(());
     }
-    for &(sc, rate) in rates {
+    let windows = rates
+        .iter()
+        .map(|&(sc, rate)| (sc, plan.flows, rate))
+        .chain(juneau_at_scale.map(|(flows, rate)| (Scenario::Juneau, flows, rate)));
+    for (sc, flows, rate) in windows {
         check_interrupt()?;
-        match profile_once(plan, sc, rate) {
+        let name = if flows == plan.flows {
+            sc.name().to_string()
+        } else {
+            format!("{} @ {flows} flows", sc.name())
+        };
+        match profile_once(plan, sc, flows, rate, &name) {
             Ok(p) => {
                 progress.say(format!(
-                    "{}: profiled ({} samples of the path core)",
-                    sc.name(),
+                    "{name}: profiled ({} samples of the path core)",
                     p.samples
                 ));
                 report.profiles.push(p);
             }
             Err(e) => {
                 check_interrupt()?;
-                progress.say(format!("{} profile: FAILED: {e:#}", sc.name()));
-                report.add_error(&format!("{}-profile", sc.name()), format!("{e:#}"));
+                progress.say(format!("{name} profile: FAILED: {e:#}"));
+                report.add_error(&format!("{name}-profile"), format!("{e:#}"));
             }
         }
     }
     Ok(())
 }
 
-fn profile_once(plan: &Plan, sc: Scenario, rate: u64) -> Result<crate::profile::Profile> {
-    let tag = format!("{}-profile-{}", sc.name(), std::process::id());
+/// One profiled window of `sc` at `flows` flows (created first, as the flow-scale rows
+/// do, when they are more than the plan's), reported as `name`.
+fn profile_once(
+    plan: &Plan,
+    sc: Scenario,
+    flows: u32,
+    rate: u64,
+    name: &str,
+) -> Result<crate::profile::Profile> {
+    let tag = format!("{}-profile-{flows}-{}", sc.name(), std::process::id());
     let (t, mut a) = udp_bed(plan, sc, &tag)?;
     let tids = pin_path(&t, &a.path)?;
+    if flows > plan.flows {
+        fill_flows(&t, &a, flows)?;
+    }
     let (_, path_cpu) = cpus();
-    let data = plan.out_dir.join(format!("profile-{}.data", sc.name()));
+    let data = plan
+        .out_dir
+        .join(format!("profile-{}-{flows}.data", sc.name()));
     let mut rec = crate::profile::Recorder::start(path_cpu, &data)?;
     let window = (plan.warmup, plan.duration);
-    let f = window_run(&t, &mut a, &tids, plan.flows, rate, window, Some(&mut rec));
+    let f = window_run(&t, &mut a, &tids, flows, rate, window, Some(&mut rec));
     rec.finish()?;
     let f = f?;
-    let p = crate::profile::summarise(&data, sc.name(), f.delivered_pps, f.cost_ns());
+    let p = crate::profile::summarise(&data, name, f.delivered_pps, f.cost_ns());
     // The raw samples stay out of the report directory (and of git).
     let _ = std::fs::remove_file(&data);
     p

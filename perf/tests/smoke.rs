@@ -320,8 +320,17 @@ fn smoke_runs_every_scenario_and_writes_the_report() {
     }
     // Where the time goes: a profile of the path core per path (perf is a test
     // dependency: tests/setup/apt-packages.txt).
+    // And juneau at the largest flow count of its flow-scale rows.
     let profiles = report["profiles"].as_array().expect("profiles");
-    for sc in ["juneau", "afxdp-l2fwd", "nft-dnat"] {
+    let largest = report["flow_scale"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["flows"].as_u64())
+        .max()
+        .expect("flow-scale rows");
+    let at_scale = format!("juneau @ {largest} flows");
+    for sc in ["juneau", "afxdp-l2fwd", "nft-dnat", at_scale.as_str()] {
         let p = profiles
             .iter()
             .find(|p| p["scenario"] == sc)
