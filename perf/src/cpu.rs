@@ -93,25 +93,26 @@ pub struct CoreLoad {
     pub steal: f64,
 }
 
+/// The thread ids of process `pid` (`/proc/<pid>/task`; a kernel thread: itself); none
+/// once it is gone.
+fn tasks_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Total run time (ns) of every thread of each process in `pids` (threads of a kernel
 /// thread: itself). Processes that are gone count 0.
 pub fn run_time_ns(pids: &[u32]) -> u64 {
-    let mut sum = 0u64;
-    for pid in pids {
-        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            continue;
-        };
-        for t in dir.flatten() {
-            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
-                sum += s
-                    .split_whitespace()
-                    .next()
-                    .and_then(|x| x.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
-    }
-    sum
+    pids.iter()
+        .flat_map(|&pid| tasks_of(pid))
+        .filter_map(|tid| std::fs::read_to_string(format!("/proc/{tid}/schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
 }
 
 /// One thread as the scheduler sees it (`/proc/<pid>/task/<tid>/stat` and `schedstat`).
@@ -164,18 +165,10 @@ impl ThreadSched {
 
     /// Every thread of each process in `pids` (a kernel thread: itself).
     pub fn of(pids: &[u32]) -> Vec<ThreadSched> {
-        let mut v = Vec::new();
-        for pid in pids {
-            let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-                continue;
-            };
-            v.extend(
-                dir.flatten()
-                    .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
-                    .filter_map(ThreadSched::read),
-            );
-        }
-        v
+        pids.iter()
+            .flat_map(|&pid| tasks_of(pid))
+            .filter_map(ThreadSched::read)
+            .collect()
     }
 
     fn policy_name(&self) -> String {
@@ -343,13 +336,10 @@ pub fn pin(tid: u32, cpu: u32) -> Result<()> {
 /// get (nearly) all of the path core against nice-0 processes, while sharing it fairly
 /// among themselves (e.g. a NAPI kthread and a userspace forwarder).
 pub fn boost(pid: u32) -> Result<()> {
-    let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
-                .collect()
-        })
-        .unwrap_or_else(|_| vec![pid]);
+    let tids = match tasks_of(pid) {
+        v if v.is_empty() => vec![pid],
+        v => v,
+    };
     for tid in tids {
         // SAFETY: setpriority has no memory preconditions; `tid` is a thread id.
         let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, -20) };
@@ -365,9 +355,7 @@ pub fn boost(pid: u32) -> Result<()> {
 
 /// The CPU a thread last ran on (field 39 of `/proc/<tid>/stat`).
 pub fn last_cpu(tid: u32) -> Option<u32> {
-    let s = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
-    let after = &s[s.rfind(')')? + 2..];
-    after.split_whitespace().nth(36)?.parse().ok()
+    ThreadSched::read(tid).map(|t| t.last_cpu)
 }
 
 /// The TSC frequency in MHz (the clock cycles are stated in: this VM exposes no PMU, so

@@ -106,12 +106,8 @@ fn window_run(
     if let Some(r) = recorder.as_deref_mut() {
         r.enable()?;
     }
-    let (core1, gcore1, run1) = (
-        crate::cpu::CoreTimes::read(path_cpu)?,
-        crate::cpu::CoreTimes::read(gen_cpu)?,
-        crate::cpu::run_time_ns(tids),
-    );
-    // Who had the cores during the window, for a window that delivered nothing.
+    // Who had the cores during the window, for a window that delivered nothing (read
+    // outside the window's own counters, so they stay as close together as before).
     let watched: Vec<u32> = tids
         .iter()
         .copied()
@@ -119,15 +115,20 @@ fn window_run(
         .chain(a.sink.thread().map(|t| t.tid))
         .collect();
     let threads1 = crate::cpu::ThreadSched::of(&watched);
+    let (core1, gcore1, run1) = (
+        crate::cpu::CoreTimes::read(path_cpu)?,
+        crate::cpu::CoreTimes::read(gen_cpu)?,
+        crate::cpu::run_time_ns(tids),
+    );
     let (t1, c1, d1) = (Instant::now(), a.sink.count()?, a.sink.socket_drops()?);
     sleep(window)?;
     let (t2, c2, d2) = (Instant::now(), a.sink.count()?, a.sink.socket_drops()?);
-    let threads2 = crate::cpu::ThreadSched::of(&watched);
     let (core2, gcore2, run2) = (
         crate::cpu::CoreTimes::read(path_cpu)?,
         crate::cpu::CoreTimes::read(gen_cpu)?,
         crate::cpu::run_time_ns(tids),
     );
+    let threads2 = crate::cpu::ThreadSched::of(&watched);
     if let Some(r) = recorder {
         r.disable()?;
     }

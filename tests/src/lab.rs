@@ -1376,12 +1376,11 @@ pub fn kept_logs_dir() -> PathBuf {
     std::env::temp_dir().join(format!("juneau-lab-logs-{}", std::process::id()))
 }
 
-/// Writes what a test saw (its load's report, or its error) beside the kept logs, as
+/// [`keep_logs`], and what the test saw (its load's report, or its error) beside them as
 /// `outcome.txt`: CI shows only part of a failed test's output, the kept logs stay.
-pub fn keep_outcome(outcome: &str) {
-    let keep = kept_logs_dir();
-    let _ = fs::create_dir_all(&keep);
-    let _ = fs::write(keep.join("outcome.txt"), outcome);
+pub fn keep_logs_and_outcome(outcome: &str) {
+    keep_logs();
+    let _ = fs::write(kept_logs_dir().join("outcome.txt"), outcome);
 }
 
 /// Copies the lab's logs and the dataplanes' last stats files (their drop counters) to

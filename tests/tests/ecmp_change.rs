@@ -113,8 +113,7 @@ fn ecmp_changes_reset_no_connection() -> Result<()> {
             || *no_backend > 0
     });
     if failed || std::env::var_os("JUNEAU_LAB_KEEP_LOGS").is_some() {
-        lab::keep_logs();
-        lab::keep_outcome(&format!("{result:#?}"));
+        lab::keep_logs_and_outcome(&format!("{result:#?}"));
     }
     drop(lab);
     lab::check_nothing_left()?;

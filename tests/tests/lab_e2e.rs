@@ -1097,8 +1097,7 @@ fn lab_walks_the_guide_on_real_kubelets_and_down_leaves_nothing() -> Result<()> 
     let down = Down;
     let result = walk();
     if let Err(e) = &result {
-        lab::keep_logs();
-        lab::keep_outcome(&format!("{e:?}"));
+        lab::keep_logs_and_outcome(&format!("{e:?}"));
     }
     result?;
     // down leaves nothing; a second down is harmless.

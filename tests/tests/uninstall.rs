@@ -31,8 +31,7 @@ fn helm_uninstall_leaves_nothing_on_any_node_and_install_works_again() -> Result
     let mut lab = Lab::up(bins)?;
     let result = scenario(&mut lab);
     if let Err(e) = &result {
-        lab::keep_logs();
-        lab::keep_outcome(&format!("{e:?}"));
+        lab::keep_logs_and_outcome(&format!("{e:?}"));
     }
     drop(lab);
     lab::check_nothing_left()?;
