@@ -278,22 +278,21 @@ struct {
 	__type(value, __u64);
 } steer_drops SEC(".maps");
 
-// New-flow admission (userspace writes `admit_conf`): packets on the uplink that no
-// table holds a flow for, to an exposed VIP:port, are admitted to userspace at most
-// `rate` per second per source /24 (a token bucket of `burst`, per prefix in
-// `admit_prefix`); the excess is dropped here (SD_NEW_FLOW_PREFIX_RATE), before it costs
-// the AF_XDP ring and a flow creation. Packets of held flows never meet the limit. Rate 0:
-// no limit.
+// New-flow admission: packets on the uplink that no table holds a flow for, to an
+// exposed VIP:port, reach userspace at most `rate` per second per source /24 (IPv6: /64),
+// with a burst. Userspace keeps the buckets (`admission.rs`, a cell-rate
+// bucket per prefix slot) and debits them for each packet of no flow it sees; the program
+// only reads them: while a prefix's slot says its next packet is not due yet
+// (`admit_open`), its packets of no flow are dropped here (SD_NEW_FLOW_PREFIX_RATE),
+// before they cost the AF_XDP ring. Only then does the program look the flow up (a
+// prefix with tokens left pays no look-up); packets of held flows never meet the limit.
+// Rate 0: no limit.
 struct admit_conf {
-	__u64 rate;  // tokens per second per /24 (0: off)
-	__u64 burst; // tokens at most
+	__u64 rate;	    // per second per prefix (0: off)
+	__u64 tolerance_ns; // how far ahead of now a bucket may run: (burst - 1) periods
+	__u64 seed;	    // of the prefixes' slots (`admit_slot`)
 };
 _Static_assert(sizeof(struct admit_conf) == ADMIT_CONF_BYTES, "struct admit_conf");
-
-struct admit_bucket {
-	__u64 tokens_ns; // tokens x 1e9 (refilled by elapsed ns x rate)
-	__u64 last_ns;
-};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -302,12 +301,15 @@ struct {
 	__type(value, struct admit_conf);
 } admit_conf SEC(".maps");
 
+// Per prefix slot: its bucket's theoretical arrival time, CLOCK_MONOTONIC ns (written by
+// userspace only): a packet of no flow is admitted from `tat - tolerance_ns` on.
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u32); // source /24, network order; an IPv6 source's /64, hashed
-	__type(value, struct admit_bucket);
-} admit_prefix SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ADMIT_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(map_flags, BPF_F_MMAPABLE);
+} admit_open SEC(".maps");
 
 // Datagrams a backend's reply was fragmented into (source, destination, IP id,
 // protocol), recorded when the first fragment matches a flow's reverse key: their later
@@ -926,28 +928,59 @@ static __always_inline int fast_apply(struct xdp_md *ctx, struct iphdr *ip, void
 #define SLOW_PATH -1
 
 // What the uplink's fast part learnt of the packet's flow, for the rest (`uplink`).
-#define FLOW_UNKNOWN 0 // not looked up (not a whole TCP/UDP packet), or not certain
+#define FLOW_UNKNOWN 0 // not looked up (yet), not a whole TCP/UDP packet, or not certain
 #define FLOW_NONE 1    // certain: no table holds it
 #define FLOW_HELD 2    // a table holds it
 
-// The uplink's fast part: a whole TCP/UDP packet of an established flow, which the fast
-// path forwards without the `frontends` look-up (a record checked against the table the
-// fast path was published for implies its VIP:port is exposed). SLOW_PATH otherwise,
-// with what the look-up found in `flow` (FLOW_*).
-static __always_inline int uplink_fast(struct xdp_md *ctx, struct iphdr *ip, void *end,
-				       int *flow)
+// Looks an uplink packet's flow up (a whole TCP/UDP packet): FLOW_HELD with `c` filled
+// in, FLOW_NONE when certain that no table holds it (a table is published and none
+// does), FLOW_UNKNOWN otherwise.
+static __always_inline int look_up_uplink(struct iphdr *ip, void *end, struct probe_ctx *c)
 {
 	__be16 *ports = (void *)(ip + 1);
 	int l4 = ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP;
 	if (!l4 || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)) || (void *)(ports + 2) > end)
+		return FLOW_UNKNOWN;
+	find_flow(c, ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol, 0);
+	if (c->result == FIND_HIT)
+		return FLOW_HELD;
+	return c->result == FIND_MISS && c->workers != 0 ? FLOW_NONE : FLOW_UNKNOWN;
+}
+
+// As `look_up_uplink`, for the slow part's rare cases (a limited prefix, a denied
+// client, a port no longer exposed): the look-up is paid only there.
+static __always_inline int uplink_flow(struct iphdr *ip, void *end)
+{
+	struct probe_ctx c = {};
+	return look_up_uplink(ip, end, &c);
+}
+
+// Whether the XDP fast path is published (table 0's part: its sequence word even and not
+// 0; off unless opted in, and odd while off or rewritten): only then is every uplink
+// packet's flow looked up first. Without it the look-up is left to userspace, which
+// hashes a whole batch and overlaps its cache misses.
+static __always_inline int fast_path_published(void)
+{
+	__u32 zero = 0;
+	struct fast_head *head = bpf_map_lookup_elem(&fast_slots, &zero);
+	if (!head)
+		return 0;
+	__u32 seq = *(volatile __u32 *)&head->seq;
+	return seq != 0 && !(seq & 1);
+}
+
+// The uplink's fast part: a whole TCP/UDP packet of an established flow, which the fast
+// path forwards without the `frontends` look-up (a record checked against the table the
+// fast path was published for implies its VIP:port is exposed). SLOW_PATH otherwise,
+// with what the look-up found in `flow` (FLOW_*; FLOW_UNKNOWN without the fast path).
+static __always_inline int uplink_fast(struct xdp_md *ctx, struct iphdr *ip, void *end,
+				       int *flow)
+{
+	if (!fast_path_published())
 		return SLOW_PATH;
 	struct probe_ctx c = {};
-	find_flow(&c, ip->saddr, ip->daddr, ports[0], ports[1], ip->protocol, 0);
-	// Certain: a table is published (workers set) and none holds the flow.
-	if (c.result == FIND_MISS && c.workers != 0)
-		*flow = FLOW_NONE;
-	if (c.result == FIND_HIT) {
-		*flow = FLOW_HELD;
+	*flow = look_up_uplink(ip, end, &c);
+	if (*flow == FLOW_HELD) {
 		struct fast_plan p = {};
 		if (fast_plan(ip, end, &c, &p) == 0)
 			return fast_apply(ctx, ip, end, &p);
@@ -955,42 +988,40 @@ static __always_inline int uplink_fast(struct xdp_md *ctx, struct iphdr *ip, voi
 	return SLOW_PATH;
 }
 
-// Whether a packet of no flow from the source prefix `prefix` (its `admit_prefix` key)
-// may go to userspace (`admit_conf`).
-static __always_inline int admit_prefix_key(__u32 prefix)
+// The `admit_open` slot of a source prefix key (`admission::slot`).
+static __always_inline __u32 admit_slot(__u32 key, __u64 seed)
+{
+	__u32 h = (key ^ (__u32)seed) * 0x9e3779b1U;
+	h ^= h >> 16;
+	h *= (__u32)(seed >> 32) | 1;
+	return (h >> 16) & (ADMIT_SLOTS - 1);
+}
+
+// Whether a packet of no flow from the source prefix key `key` would be admitted now:
+// its slot's next admission is due (or the admission is off). Reads only; userspace
+// debits the bucket when the packet reaches it.
+static __always_inline int admit_open_now(__u32 key)
 {
 	__u32 zero = 0;
 	struct admit_conf *conf = bpf_map_lookup_elem(&admit_conf, &zero);
 	if (!conf || conf->rate == 0)
 		return 1;
-	__u64 now = bpf_ktime_get_ns();
-	__u64 full = conf->burst * 1000000000ULL;
-	struct admit_bucket *b = bpf_map_lookup_elem(&admit_prefix, &prefix);
-	if (!b) {
-		// A prefix not seen lately starts with a full bucket, less this packet.
-		struct admit_bucket nb = { .tokens_ns = full - 1000000000ULL, .last_ns = now };
-		bpf_map_update_elem(&admit_prefix, &prefix, &nb, BPF_ANY);
+	__u32 slot = admit_slot(key, conf->seed);
+	__u64 *open = bpf_map_lookup_elem(&admit_open, &slot);
+	if (!open)
 		return 1;
-	}
-	__u64 elapsed = now > b->last_ns ? now - b->last_ns : 0;
-	if (elapsed > 1000000000ULL)
-		elapsed = 1000000000ULL; // at most a second's refill (burst caps it anyway)
-	__u64 tokens = b->tokens_ns + elapsed * conf->rate;
-	if (tokens > full)
-		tokens = full;
-	b->last_ns = now;
-	if (tokens < 1000000000ULL) {
-		b->tokens_ns = tokens;
-		return 0;
-	}
-	b->tokens_ns = tokens - 1000000000ULL;
-	return 1;
+	__u64 tat = *(volatile __u64 *)open;
+	__u64 at = tat > conf->tolerance_ns ? tat - conf->tolerance_ns : 0;
+	// The coarse clock is at most a tick behind: when it says "due", it is.
+	if (bpf_ktime_get_coarse_ns() >= at)
+		return 1;
+	return bpf_ktime_get_ns() >= at;
 }
 
-// Whether a packet of no flow from `saddr` may go to userspace: its source /24's bucket.
-static __always_inline int admit_new_flow(__be32 saddr)
+// The admission key of an IPv4 source: its /24 as the packet holds it.
+static __always_inline __u32 admit_key(__be32 saddr)
 {
-	return admit_prefix_key(saddr & bpf_htonl(0xffffff00));
+	return saddr & bpf_htonl(0xffffff00);
 }
 
 // Whether one of the frontend's source ranges holds `saddr` (a frontend with
@@ -1002,10 +1033,11 @@ static __always_inline int source_admitted(struct frontend_key *frontend, __be32
 }
 
 // The uplink's slow part, `slot` the AF_XDP socket of the packet's queue: a packet of a
-// held flow goes to userspace without the `frontends` look-up (userspace re-validates
-// every flow against the table in force: a Service removed since is its drop, named);
-// any other packet to an exposed VIP:port too — one of no flow only within the new-flow
-// admission (`admit_new_flow`).
+// flow the fast part found held goes to userspace without the `frontends` look-up
+// (userspace re-validates every flow against the table in force: a Service removed since
+// is its drop, named); any other packet to an exposed VIP:port too — one of no flow only
+// within the new-flow admission (`admit_open_now`). `flow` is FLOW_UNKNOWN without the
+// fast path: the flow is then looked up only where the answer changes the verdict.
 static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *end, __u32 slot,
 				  int flow)
 {
@@ -1018,13 +1050,25 @@ static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *en
 		key.port = ports[1];
 		__u8 *exposed = bpf_map_lookup_elem(&frontends, &key);
 		if (exposed) {
-			// Before the admission: a denied client spends no prefix's tokens.
-			if ((*exposed & FRONTEND_FILTERED) && !source_admitted(&key, ip->saddr))
-				return count_drop(SD_SOURCE_RANGE_DENIED);
+			// Before the admission: a denied client spends no prefix's tokens. A flow
+			// it held (admitted by the ranges before) goes on to userspace, which
+			// ends it.
+			if ((*exposed & FRONTEND_FILTERED) && !source_admitted(&key, ip->saddr)) {
+				if (flow == FLOW_UNKNOWN)
+					flow = uplink_flow(ip, end);
+				if (flow != FLOW_HELD)
+					return count_drop(SD_SOURCE_RANGE_DENIED);
+				return to_userspace(slot);
+			}
 			if (*exposed & FRONTEND_HOST_NETWORK)
 				return XDP_PASS; // the kernel's DNAT delivers it to a host-network Pod
-			if (flow == FLOW_NONE && !admit_new_flow(ip->saddr))
-				return count_drop(SD_NEW_FLOW_PREFIX_RATE);
+			if (flow != FLOW_HELD && !admit_open_now(admit_key(ip->saddr))) {
+				// The prefix is limited: only now is the flow looked up.
+				if (flow == FLOW_UNKNOWN)
+					flow = uplink_flow(ip, end);
+				if (flow == FLOW_NONE)
+					return count_drop(SD_NEW_FLOW_PREFIX_RATE);
+			}
 			return to_userspace(slot);
 		}
 	}
@@ -1049,6 +1093,11 @@ static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *en
 	if (l4) {
 		if ((void *)(ports + 2) > end)
 			return to_userspace(slot); // malformed: counted
+		// A held flow of a port no longer exposed: userspace ends it.
+		if (flow == FLOW_UNKNOWN)
+			flow = uplink_flow(ip, end);
+		if (flow == FLOW_HELD)
+			return to_userspace(slot);
 		return count_drop(SD_PORT_NOT_EXPOSED); // (an exposed port was found above)
 	}
 	if (ip->protocol != IPPROTO_ICMP)
@@ -1219,14 +1268,14 @@ static __always_inline int exposed6(const void *addr, __be16 port, __u8 proto)
 }
 
 // The new-flow admission of an IPv6 source: per /64 (a site's or subscriber's usual
-// prefix), its `admit_prefix` key a hash of the /64 whose last byte is never 0, so that
+// prefix), its admission key a hash of the /64 whose last byte is never 0, so that
 // it never shares an IPv4 /24's bucket (whose key ends in 0).
-static __always_inline int admit_new_flow6(const void *saddr)
+static __always_inline __u32 admit_key6(const void *saddr)
 {
 	__u64 hi;
 	__builtin_memcpy(&hi, saddr, 8);
 	__u64 h = hi * 0x9e3779b97f4a7c15ULL;
-	return admit_prefix_key((__u32)(h >> 32) | bpf_htonl(1));
+	return (__u32)(h >> 32) | bpf_htonl(1);
 }
 
 // An ICMPv6 message to a VIP on the uplink: an error quoting a packet from an exposed
@@ -1258,7 +1307,7 @@ static __always_inline int uplink6(struct ipv6hdr *ip6, void *end)
 			if (held6(&ip6->saddr, &ip6->daddr, ports[0], ports[1], nh))
 				return TO_SOCKET6;
 			if (exposed6(&ip6->daddr, ports[1], nh)) {
-				if (!admit_new_flow6(&ip6->saddr))
+				if (!admit_open_now(admit_key6(&ip6->saddr)))
 					return count_drop(SD_NEW_FLOW_PREFIX_RATE);
 				return TO_SOCKET6;
 			}

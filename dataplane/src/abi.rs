@@ -82,8 +82,11 @@ pub const UPLINK_SET_BYTES: usize = 4 * MAX_UPLINKS + IFACE_CONF_BYTES * MAX_UPL
 pub const FRONTEND_KEY_BYTES: usize = 8;
 /// `struct source_range_key` (its prefix length, then the frontend and the address).
 pub const SOURCE_RANGE_KEY_BYTES: usize = 4 + FRONTEND_KEY_BYTES + 4;
-/// `struct admit_conf`.
-pub const ADMIT_CONF_BYTES: usize = 16;
+/// `struct admit_conf`: the rate and burst per source prefix, and the seed of the
+/// prefixes' slots in `admit_open`.
+pub const ADMIT_CONF_BYTES: usize = 24;
+/// Slots of `admit_open` (one `u64` each, a power of two): source prefixes hash into them.
+pub const ADMIT_SLOTS: usize = 65536;
 /// `struct flow_meta`: a flow table's header.
 pub const FLOW_META_BYTES: usize = 64;
 /// `struct flow`: one flow record.

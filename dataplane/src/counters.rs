@@ -101,9 +101,10 @@ pub enum DropReason {
     /// A later IPv4 fragment not held: the bytes held for its datagram or for all
     /// datagrams are at their limit.
     FragmentHeldFull,
-    /// A packet of no flow to an exposed VIP:port beyond its source /24's new-flow
-    /// admission (`--new-flow-prefix-rate`): dropped by the steering program before it
-    /// reached userspace.
+    /// A packet of no flow to an exposed VIP:port beyond its source prefix's new-flow
+    /// admission (`--new-flow-prefix-rate`, [`crate::admission`]): dropped by the
+    /// steering program before it reached userspace, or by a worker for the few already
+    /// queued when the bucket emptied.
     NewFlowPrefixRateLimited,
     /// A packet for userspace while no AF_XDP socket was registered on its queue (the
     /// dataplane restarting or handing over to its successor): dropped by the steering

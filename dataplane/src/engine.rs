@@ -210,6 +210,8 @@ pub struct Engine {
     redirect_ctx: Option<(crate::redirect::HopList, u8, u64)>,
     /// This worker's part of the XDP fast path, when the steering program runs.
     xdp: Option<crate::fast::FastPath>,
+    /// The new-flow admission per source prefix, shared by the workers (none: no limit).
+    admission: Option<std::sync::Arc<crate::admission::Admission>>,
     /// Per flow record of this worker's table: the most a TCP segment towards the
     /// client may carry (payload + options), from the client's SYN (MSS option) and
     /// lowered by "fragmentation needed" for the flow; 0 = unknown. Process memory only
@@ -322,6 +324,7 @@ impl Engine {
             redirect: None,
             redirect_ctx: None,
             xdp: None,
+            admission: None,
             client_mss: vec![0; cfg.flow_capacity],
             frags: FragTable::new(FRAG_DATAGRAMS, FRAG_TIMEOUT_MS),
             released: Vec::new(),
@@ -468,6 +471,22 @@ impl Engine {
                 *slot = m;
             }
         }
+    }
+
+    /// Applies the new-flow admission (shared with the other workers and the steering
+    /// program): packets of no flow from a source prefix beyond its rate are dropped
+    /// (`new_flow_prefix_rate_limited`).
+    pub fn set_admission(&mut self, admission: std::sync::Arc<crate::admission::Admission>) {
+        self.admission = Some(admission);
+    }
+
+    /// Whether the new-flow admission lets a packet of no flow from the prefix `key`
+    /// through; if so, its bucket is debited. (Read the clock only here: packets of held
+    /// flows never come this way.)
+    fn admitted(&self, key: u32) -> bool {
+        self.admission
+            .as_ref()
+            .is_none_or(|a| a.admit(key, crate::region::monotonic_ns()))
     }
 
     /// Publishes this worker's established flows to the steering program's fast path
@@ -1130,6 +1149,9 @@ impl Engine {
                     // The steering program passes these to the kernel (host-network
                     // backends): one here came before the program's map said so.
                     return self.drop(DropReason::KernelBound, Some(s));
+                }
+                if !self.admitted(crate::admission::key_v4(v.src)) {
+                    return self.drop(DropReason::NewFlowPrefixRateLimited, Some(s));
                 }
                 let Some(bi) = self.pick_backend(s, &key, now_ms) else {
                     return self.no_backend(frame.len(), &key, syn_only, s, nb, now_ms);
@@ -2036,6 +2058,75 @@ mod tests {
         nb.set_xdp_frame_targets(vec![]);
         e.refresh_xdp(&nb);
         check(&st, &mut e, &nb, udp(), false, "egress takes no XDP frames")?;
+        Ok(())
+    }
+
+    /// The new-flow admission end to end, the real program over this engine's shared
+    /// flow table and the buckets the engine debits: a /24's packets of no flow reach
+    /// userspace within its burst and the engine debits them; once the bucket is empty
+    /// the program drops the prefix's packets of no flow (and only then looks flows up:
+    /// a held flow's packets still reach userspace), another /24 is untouched, and a
+    /// packet already past the program is dropped by the engine under the same reason.
+    /// Loads BPF: needs root.
+    #[test]
+    fn the_program_drops_new_flows_beyond_what_the_engine_debited() -> anyhow::Result<()> {
+        use crate::steering::{NewFlowAdmission, Steering};
+        let dir = tempfile::tempdir()?;
+        let (mut st, regions, _) = Steering::load(dir.path(), 1024, 1, false)
+            .map_err(|e| e.context("loading the steering program (run as root)"))?;
+        let cfg = EngineConfig {
+            flow_capacity: 1024,
+            ..Default::default()
+        };
+        let now = crate::region::monotonic_ms;
+        let (tables, _) = FlowTable::open_group(regions, 1, cfg.timeouts, 7, now());
+        let mut e = Engine::with_flows(cfg, tables.into_iter().next().expect("a table"));
+        update(&mut e, 1, &[B1, B2]);
+        st.sync(e.services())?;
+        st.configure_test_uplink()?;
+        // A burst of 2, then one a minute: nothing refills during the test.
+        let limit = NewFlowAdmission { rate: 1, burst: 2 };
+        e.set_admission(st.set_new_flow_admission(limit)?);
+        let nb = neighbours();
+        let udp = |src: [u8; 4], port| build_with(IPPROTO_UDP, src, port, VIP, 53, b"q", 64, 0);
+        // To userspace: the program's verdict with no socket in a test run.
+        let to_userspace = |st: &Steering, f: &[u8]| -> anyhow::Result<bool> {
+            let before = st.drops();
+            st.test_run(f, 1)?;
+            let after = st.drops();
+            if after.no_socket == before.no_socket + 1 {
+                return Ok(true);
+            }
+            anyhow::ensure!(
+                after.new_flow_prefix_rate == before.new_flow_prefix_rate + 1,
+                "neither to userspace nor rate-limited: {before:?} -> {after:?}"
+            );
+            Ok(false)
+        };
+        for port in [44001, 44002] {
+            assert!(to_userspace(&st, &udp(CLIENT, port))?, "within the burst");
+            let v = e.process(&mut udp(CLIENT, port), Side::Uplink, &nb, now());
+            assert!(matches!(v, Verdict::Tx(_)), "{v:?}");
+        }
+        let same_24 = [192, 0, 2, 77];
+        assert!(
+            !to_userspace(&st, &udp(same_24, 44003))?,
+            "beyond the burst"
+        );
+        let v = e.process(&mut udp(same_24, 44003), Side::Uplink, &nb, now());
+        assert_eq!(v, Verdict::Drop(DropReason::NewFlowPrefixRateLimited));
+        assert!(to_userspace(&st, &udp(CLIENT, 44001))?, "a held flow");
+        let v = e.process(&mut udp(CLIENT, 44001), Side::Uplink, &nb, now());
+        assert!(matches!(v, Verdict::Tx(_)), "{v:?}");
+        let other_24 = [198, 51, 100, 7];
+        assert!(to_userspace(&st, &udp(other_24, 44003))?, "another /24");
+        let v = e.process(&mut udp(other_24, 44003), Side::Uplink, &nb, now());
+        assert!(matches!(v, Verdict::Tx(_)), "{v:?}");
+        assert_eq!(
+            e.counters().drops_for(DropReason::NewFlowPrefixRateLimited),
+            1
+        );
+        assert_eq!(e.flows().len(), 3);
         Ok(())
     }
 

@@ -295,6 +295,9 @@ impl Engine {
         if !svc.admits(key.src) {
             return Err(self.drop6(DropReason::SourceRangeDenied, Some(s)));
         }
+        if !self.admitted(crate::admission::key_v6(&key.src)) {
+            return Err(self.drop6(DropReason::NewFlowPrefixRateLimited, Some(s)));
+        }
         let syn = flags & (tcp_flags::SYN | tcp_flags::ACK) == tcp_flags::SYN;
         if key.proto == crate::proto::IPPROTO_TCP && !syn {
             return Err(self.drop6(DropReason::NonSynWithoutFlow, Some(s)));

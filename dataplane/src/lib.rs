@@ -16,6 +16,8 @@
 //!   ([`region`]: its heap or mmapped-BPF-map memory, the only `unsafe` around it);
 //! - [`flow6`]: the IPv6 flow table (process memory; its keys mirrored into a pinned
 //!   BPF map for the steering program);
+//! - [`admission`]: the new-flow admission per source prefix (buckets userspace debits
+//!   and the steering program reads);
 //! - [`frag`]: IPv4 fragments following their datagram's first fragment (bounded);
 //! - [`services`], [`services6`], [`neigh`]: read-only tables the packet path consults;
 //! - [`affinity`]: `sessionAffinity: ClientIP`, which backend a client's new
@@ -32,6 +34,7 @@
 #![warn(missing_docs)]
 
 pub mod abi;
+pub mod admission;
 pub mod affinity;
 pub mod busy_poll;
 pub mod counters;

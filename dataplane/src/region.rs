@@ -267,6 +267,12 @@ impl<T: Copy> Drop for Region<T> {
 /// same clock (`bpf_ktime_get_ns`), and it keeps running across a restart of the
 /// process, so expiry times in a pinned table stay meaningful.
 pub fn monotonic_ms() -> u64 {
+    monotonic_ns() / 1_000_000
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds (the new-flow admission's clock, which the XDP
+/// program reads as `bpf_ktime_get_ns`).
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -276,7 +282,7 @@ pub fn monotonic_ms() -> u64 {
     unsafe {
         libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
     }
-    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]

@@ -61,20 +61,22 @@ const BPF_F_NO_PREALLOC: u32 = 1;
 /// Kubernetes supports clusters of 5 000 nodes).
 pub const MAX_REDIRECT_PEERS: usize = 8192;
 
-/// The new-flow admission (`struct admit_conf` in bpf/steer.c): packets of no flow to an
-/// exposed VIP:port, per source /24 and second.
+/// The new-flow admission's rate and burst per source prefix ([`crate::admission`]).
+pub use crate::admission::Limit as NewFlowAdmission;
+
+/// `struct admit_conf` in bpf/steer.c: the admission's limit and its slots' seed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
-pub struct NewFlowAdmission {
-    /// Admitted per second per source /24 (0: no limit).
-    pub rate: u64,
-    /// Admitted at once at most (the bucket).
-    pub burst: u64,
+struct AdmitConf {
+    rate: u64,
+    /// [`crate::admission::Admission::tolerance_ns`].
+    tolerance_ns: u64,
+    seed: u64,
 }
 
-// SAFETY: two u64, no padding, matching `struct admit_conf`.
-unsafe impl aya::Pod for NewFlowAdmission {}
-const _: () = assert!(std::mem::size_of::<NewFlowAdmission>() == crate::abi::ADMIT_CONF_BYTES);
+// SAFETY: three u64, no padding, matching `struct admit_conf`.
+unsafe impl aya::Pod for AdmitConf {}
+const _: () = assert!(std::mem::size_of::<AdmitConf>() == crate::abi::ADMIT_CONF_BYTES);
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
@@ -224,7 +226,9 @@ pub struct Steering {
     frontends: BpfHashMap<MapData, FrontendKey, u8>,
     source_ranges: LpmTrie<MapData, SourceRangeData, u8>,
     steer_drops: PerCpuArray<MapData, u64>,
-    admit_conf: Array<MapData, NewFlowAdmission>,
+    admit_conf: Array<MapData, AdmitConf>,
+    /// The admission's buckets (`admit_open`), until [`Steering::set_new_flow_admission`].
+    admit_open: Option<Region<u64>>,
     redirect_from: BpfHashMap<MapData, [u8; 4], u8>,
     installed_redirect_from: HashSet<Ipv4Addr>,
     installed_vips: HashSet<Ipv4Addr>,
@@ -298,8 +302,14 @@ fn expected_maps(
         // same map.
         ("steer_drops", 4, 8, 8, 0),
         ("steer_build", 4, 8, 1, 0),
-        ("admit_conf", 4, 16, 1, 0),
-        ("admit_prefix", 4, 16, 65536, 0),
+        ("admit_conf", 4, crate::abi::ADMIT_CONF_BYTES as u32, 1, 0),
+        (
+            "admit_open",
+            4,
+            8,
+            crate::abi::ADMIT_SLOTS as u32,
+            BPF_F_MMAPABLE,
+        ),
     ]
 }
 
@@ -394,6 +404,12 @@ const FLOW_MAPS: [&str; 5] = [
     "flow_records",
     "fast_slots",
     "flows6",
+];
+
+/// Maps earlier versions pinned that this one no longer has (removed at load).
+const RETIRED_PINS: [&str; 1] = [
+    // The per-prefix buckets the program kept itself (now `admit_open`, kept by userspace).
+    "admit_prefix",
 ];
 
 /// A pinned map this binary cannot reuse, and why.
@@ -676,7 +692,7 @@ impl Steering {
         for m in mismatches.iter().filter(|m| !m.holds_flows()) {
             tracing::info!(map = m.map, reason = %m.reason, "pinned map replaced (flows kept)");
         }
-        for name in pins_to_replace(&mismatches) {
+        for name in pins_to_replace(&mismatches).into_iter().chain(RETIRED_PINS) {
             let _ = std::fs::remove_file(pin_dir.join(name));
         }
         let mut loader = EbpfLoader::new();
@@ -703,6 +719,7 @@ impl Steering {
             records: map_region::<Flow>(&bpf, "flow_records")?,
         };
         let fast = map_region::<crate::fast::FastSlot>(&bpf, "fast_slots")?;
+        let admit_open = map_region::<u64>(&bpf, "admit_open")?;
         let mut ifaces: BpfHashMap<MapData, u32, IfaceConf> = take(&mut bpf, "ifaces")?;
         // Entries of interfaces that no longer exist (a previous run's Pod veths).
         let present = present_ifindexes();
@@ -769,6 +786,7 @@ impl Steering {
             source_ranges,
             steer_drops,
             admit_conf,
+            admit_open: Some(admit_open),
             redirect_from,
             installed_redirect_from,
             installed_vips,
@@ -1039,11 +1057,30 @@ impl Steering {
         }
     }
 
-    /// Sets the new-flow admission the program applies on the uplink (`rate` 0: none).
-    pub fn set_new_flow_admission(&mut self, a: NewFlowAdmission) -> Result<()> {
+    /// Sets the new-flow admission on the uplink (`rate` 0: none) and returns its buckets,
+    /// which the forwarding workers debit and the program reads. Once per process. The
+    /// slots' seed of a previous run (pinned) is kept, so its buckets stay those of the
+    /// same prefixes.
+    pub fn set_new_flow_admission(
+        &mut self,
+        limit: NewFlowAdmission,
+    ) -> Result<std::sync::Arc<crate::admission::Admission>> {
+        let slots = self
+            .admit_open
+            .take()
+            .ok_or_else(|| anyhow!("the new-flow admission is set once per process"))?;
+        let kept = self.admit_conf.get(&0, 0).map(|c| c.seed).unwrap_or(0);
+        let seed = if kept != 0 { kept } else { random_seed() };
+        let admission = crate::admission::Admission::new(slots, seed, limit);
+        let conf = AdmitConf {
+            rate: limit.rate,
+            tolerance_ns: admission.tolerance_ns(),
+            seed,
+        };
         self.admit_conf
-            .set(0, a, 0)
-            .context("writing the new-flow admission (admit_conf)")
+            .set(0, conf, 0)
+            .context("writing the new-flow admission (admit_conf)")?;
+        Ok(std::sync::Arc::new(admission))
     }
 
     /// Removes everything a dataplane instance pinned under `pin_dir`: its XDP links
@@ -1165,6 +1202,14 @@ fn frontend_key(f: &FrontendTuple) -> FrontendKey {
 }
 
 /// Maps the values of one of the program's `BPF_F_MMAPABLE` array maps.
+/// A random, non-zero seed (0 marks a map never configured).
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(crate::region::monotonic_ns());
+    h.finish() | 1
+}
+
 fn map_region<T: Copy + 'static>(bpf: &Ebpf, name: &str) -> Result<Region<T>> {
     let map = bpf
         .map(name)

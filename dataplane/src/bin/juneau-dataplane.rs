@@ -157,9 +157,10 @@ struct Args {
     #[arg(long)]
     xdp_fast_path: bool,
     /// Packets of no flow (a new connection's first packet, a flood's) to an exposed
-    /// VIP:port admitted to userspace per second per source /24; the steering program
-    /// drops the excess (`new_flow_prefix_rate_limited`) before it costs a ring slot and
-    /// a flow. Packets of held flows never count. 0: no limit.
+    /// VIP:port admitted per second per source /24 (IPv6: /64); the excess is dropped
+    /// (`new_flow_prefix_rate_limited`) by the steering program once the prefix's bucket
+    /// is empty, before it costs a ring slot and a flow (by the workers, for the few
+    /// already queued). Packets of held flows never count. 0: no limit.
     #[arg(long, default_value_t = 10_000)]
     new_flow_prefix_rate: u64,
     /// Burst of those per /24.

@@ -108,7 +108,8 @@ pub struct RuntimeConfig {
     /// Let the steering program forward established flows itself where the egress
     /// takes XDP frames (docs/dataplane.md, "XDP fast path").
     pub xdp_fast_path: bool,
-    /// Packets of no flow admitted to userspace per source /24 (the steering program).
+    /// Packets of no flow admitted per source /24 (the workers debit the buckets, the
+    /// steering program drops beyond them: [`crate::admission`]).
     pub new_flow_admission: crate::steering::NewFlowAdmission,
     /// Bind sockets in zero-copy mode (NICs that support it; veth does not).
     pub zero_copy: bool,
@@ -389,7 +390,7 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     if let Some(reason) = &replaced {
         tracing::warn!(pin_dir = %cfg.pin_dir.display(), reason, "pinned maps not reusable: replaced by fresh ones (flows of the previous run are lost)");
     }
-    steering.set_new_flow_admission(cfg.new_flow_admission)?;
+    let admission = steering.set_new_flow_admission(cfg.new_flow_admission)?;
     // Off until this process's workers publish it (a previous run's may be in force).
     let fast_parts = steering.take_fast_parts(workers as usize);
     let (tables, flows_restored) = open_flow_tables(&cfg, regions, workers);
@@ -400,6 +401,9 @@ pub fn run(cfg: RuntimeConfig) -> Result<()> {
     }
     let mut built = build_workers(&cfg, &layout, tables, &umems, &mut steering, workers)?;
     built[0].engine.counters_mut().flows_restored += flows_restored;
+    for b in built.iter_mut() {
+        b.engine.set_admission(admission.clone());
+    }
     if cfg.xdp_fast_path {
         for (b, part) in built.iter_mut().zip(fast_parts) {
             b.engine.set_xdp_fast_path(part);

@@ -300,11 +300,17 @@ fn new_flows_are_admitted_per_source_slash_64_and_held_flows_never_wait() {
     let (_d, mut st) = loaded();
     role(&mut st, true);
     st.sync6(&[(VIP, IPPROTO_TCP, 443)]).unwrap();
-    st.set_new_flow_admission(NewFlowAdmission { rate: 1, burst: 1 })
+    let admission = st
+        .set_new_flow_admission(NewFlowAdmission { rate: 1, burst: 1 })
         .unwrap();
     let same_64 = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0xa, 0xb, 0xc, 0xd);
     let other_64 = Ipv6Addr::new(0x2001, 0xdb8, 1, 1, 0, 0, 0, 7);
     assert_eq!(run(&st, &syn(CLIENT, VIP, 40000, 443)), Seen::Userspace);
+    // Userspace debits the bucket for the packet it received (the program only reads).
+    assert_eq!(run(&st, &syn(same_64, VIP, 40001, 443)), Seen::Userspace);
+    let now = crate::region::monotonic_ns();
+    assert!(admission.admit(crate::admission::key_v6(&CLIENT.octets()), now));
+    assert!(!admission.admit(crate::admission::key_v6(&same_64.octets()), now));
     assert_eq!(
         run(&st, &syn(same_64, VIP, 40001, 443)),
         Seen::Dropped("new_flow_prefix_rate")
