@@ -30,6 +30,8 @@ pub(super) trait AskedFlow {
     /// What picks the first peer asked: the 5-tuple's hash, or the client's address
     /// alone for a Service with ClientIP affinity ([`Engine::peer_choice_key`]).
     fn choice_hash(&self, e: &Engine) -> u64;
+    /// The client's prefix in the new-flow admission ([`crate::admission`]).
+    fn admission_key(&self) -> u32;
 }
 
 impl AskedFlow for FlowKey {
@@ -41,6 +43,9 @@ impl AskedFlow for FlowKey {
     }
     fn take_token(&self, r: &mut Redirector, now_ms: u64) -> Result<(), DropReason> {
         r.take_token(self.src, now_ms)
+    }
+    fn admission_key(&self) -> u32 {
+        crate::admission::key_v4(self.src)
     }
     fn flow_hash(&self) -> u64 {
         hash_key(self, super::MAGLEV_HASH_SEED)
@@ -59,6 +64,9 @@ impl AskedFlow for Flow6Key {
     }
     fn take_token(&self, r: &mut Redirector, now_ms: u64) -> Result<(), DropReason> {
         r.take_token6(&self.src, now_ms)
+    }
+    fn admission_key(&self) -> u32 {
+        crate::admission::key_v6(&self.src)
     }
     fn flow_hash(&self) -> u64 {
         super::ipv6_path::maglev_hash6(self, false)
@@ -253,7 +261,10 @@ impl Engine {
     }
 
     /// A TCP segment that is not a SYN, of a flow this node neither holds nor has a
-    /// redirect record for: ask the next peer (charged to the bucket).
+    /// redirect record for: ask the next peer (charged to the bucket). A client's segment
+    /// is a packet of no flow to the new-flow admission first, as the steering program
+    /// counts on (so that a flood of such segments is dropped there once its prefix's
+    /// bucket is empty).
     pub(super) fn redirect_unknown<K: AskedFlow>(
         &mut self,
         segment: bool,
@@ -262,6 +273,9 @@ impl Engine {
         nb: &Neighbours,
         now_ms: u64,
     ) -> Verdict {
+        if segment && self.redirect_ctx.is_none() && !self.admitted(key.admission_key()) {
+            return self.drop(DropReason::NewFlowPrefixRateLimited, None);
+        }
         if self.redirect.is_none() {
             return self.drop(DropReason::NonSynWithoutFlow, None);
         }
@@ -1183,6 +1197,34 @@ mod tests {
             nodes[1].flows().len(),
             0,
             "no flow, no record from unknown packets"
+        );
+    }
+
+    /// A client's TCP segment of no flow is a packet of no flow to the new-flow admission
+    /// before it is asked about (the steering program drops the prefix's next ones once
+    /// the bucket is empty); a segment a peer asks about is not charged again there.
+    #[test]
+    fn a_clients_segment_of_no_flow_is_charged_to_the_new_flow_admission_first() {
+        use crate::admission::{Admission, Limit};
+        let mut nodes = vec![node(0, true, 50), node(1, true, 50), node(2, true, 50)];
+        // One set of buckets for the three: a peer that charged a question would find
+        // the bucket node 1 emptied.
+        let buckets = std::sync::Arc::new(Admission::on_heap(1, Limit { rate: 1, burst: 3 }));
+        for n in nodes.iter_mut() {
+            n.set_admission(buckets.clone());
+        }
+        let mut between = 0;
+        for i in 0..10u16 {
+            let (served, b) = run(&mut nodes, 1, tcp(i, tcp_flags::ACK), 0);
+            assert_eq!(served, None);
+            between += b;
+        }
+        let limited = |e: &Engine| e.counters().drops_for(DropReason::NewFlowPrefixRateLimited);
+        assert_eq!(limited(&nodes[1]), 7, "beyond the burst of 3");
+        assert_eq!(limited(&nodes[0]) + limited(&nodes[2]), 0);
+        assert!(
+            (3..=6).contains(&between),
+            "the 3 admitted were asked: {between}"
         );
     }
 
