@@ -1776,6 +1776,26 @@ mod tests {
         build_with(IPPROTO_TCP, src, sport, dst, dport, b"", 64, flags)
     }
 
+    /// The real steering program (loaded from a temporary pin directory, the loopback in
+    /// the uplink's role) over an engine's shared flow table, the engine serving one
+    /// service with backends B1 and B2 and the program synced to it. Loads BPF: needs root.
+    fn steered_engine() -> anyhow::Result<(tempfile::TempDir, crate::steering::Steering, Engine)> {
+        let dir = tempfile::tempdir()?;
+        let (mut st, regions, _) = crate::steering::Steering::load(dir.path(), 1024, 1, false)
+            .map_err(|e| e.context("loading the steering program (run as root)"))?;
+        let cfg = EngineConfig {
+            flow_capacity: 1024,
+            ..Default::default()
+        };
+        let now = crate::region::monotonic_ms();
+        let (tables, _) = FlowTable::open_group(regions, 1, cfg.timeouts, 7, now);
+        let mut e = Engine::with_flows(cfg, tables.into_iter().next().expect("a table"));
+        update(&mut e, 1, &[B1, B2]);
+        st.sync(e.services())?;
+        st.configure_test_uplink()?;
+        Ok((dir, st, e))
+    }
+
     /// The steering program's XDP fast path, run by the kernel (`BPF_PROG_TEST_RUN` of
     /// the real program over this engine's own shared flow table and fast-path part),
     /// writes exactly the bytes `Engine::process` writes for forward packets of
@@ -1788,19 +1808,8 @@ mod tests {
         use crate::steering::{SteeredIface, Steering};
         const XDP_DROP: u32 = 1;
         const XDP_REDIRECT: u32 = 4;
-        let dir = tempfile::tempdir()?;
-        let (mut st, regions, _) = Steering::load(dir.path(), 1024, 1, false)
-            .map_err(|e| e.context("loading the steering program (run as root)"))?;
-        let cfg = EngineConfig {
-            flow_capacity: 1024,
-            ..Default::default()
-        };
+        let (_dir, mut st, mut e) = steered_engine()?;
         let now = crate::region::monotonic_ms;
-        let (tables, _) = FlowTable::open_group(regions, 1, cfg.timeouts, 7, now());
-        let mut e = Engine::with_flows(cfg, tables.into_iter().next().expect("a table"));
-        update(&mut e, 1, &[B1, B2]);
-        st.sync(e.services())?;
-        st.configure_test_uplink()?;
         e.set_xdp_fast_path(st.take_fast_parts(1).remove(0));
         let mut nb = neighbours();
         nb.set_xdp_frame_targets(vec![10, 11]);
@@ -2071,19 +2080,8 @@ mod tests {
     #[test]
     fn the_program_drops_new_flows_beyond_what_the_engine_debited() -> anyhow::Result<()> {
         use crate::steering::{NewFlowAdmission, Steering};
-        let dir = tempfile::tempdir()?;
-        let (mut st, regions, _) = Steering::load(dir.path(), 1024, 1, false)
-            .map_err(|e| e.context("loading the steering program (run as root)"))?;
-        let cfg = EngineConfig {
-            flow_capacity: 1024,
-            ..Default::default()
-        };
+        let (_dir, mut st, mut e) = steered_engine()?;
         let now = crate::region::monotonic_ms;
-        let (tables, _) = FlowTable::open_group(regions, 1, cfg.timeouts, 7, now());
-        let mut e = Engine::with_flows(cfg, tables.into_iter().next().expect("a table"));
-        update(&mut e, 1, &[B1, B2]);
-        st.sync(e.services())?;
-        st.configure_test_uplink()?;
         // A burst of 2, then one a minute: nothing refills during the test.
         let limit = NewFlowAdmission { rate: 1, burst: 2 };
         e.set_admission(st.set_new_flow_admission(limit)?);
