@@ -1201,7 +1201,6 @@ fn frontend_key(f: &FrontendTuple) -> FrontendKey {
     }
 }
 
-/// Maps the values of one of the program's `BPF_F_MMAPABLE` array maps.
 /// A random, non-zero seed (0 marks a map never configured).
 fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -1210,6 +1209,7 @@ fn random_seed() -> u64 {
     h.finish() | 1
 }
 
+/// Maps the values of one of the program's `BPF_F_MMAPABLE` array maps.
 fn map_region<T: Copy + 'static>(bpf: &Ebpf, name: &str) -> Result<Region<T>> {
     let map = bpf
         .map(name)
