@@ -947,10 +947,13 @@ static __always_inline int look_up_uplink(struct iphdr *ip, void *end, struct pr
 	return c->result == FIND_MISS && c->workers != 0 ? FLOW_NONE : FLOW_UNKNOWN;
 }
 
-// As `look_up_uplink`, for the slow part's rare cases (a limited prefix, a denied
-// client, a port no longer exposed): the look-up is paid only there.
-static __always_inline int uplink_flow(struct iphdr *ip, void *end)
+// `flow` as the fast part found it, looked up now if it did not (FLOW_UNKNOWN): for the
+// slow part's rare cases (a limited prefix, a denied client, a port no longer exposed),
+// the look-up is paid only there.
+static __always_inline int known_flow(struct iphdr *ip, void *end, int flow)
 {
+	if (flow != FLOW_UNKNOWN)
+		return flow;
 	struct probe_ctx c = {};
 	return look_up_uplink(ip, end, &c);
 }
@@ -1054,8 +1057,7 @@ static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *en
 			// it held (admitted by the ranges before) goes on to userspace, which
 			// ends it.
 			if ((*exposed & FRONTEND_FILTERED) && !source_admitted(&key, ip->saddr)) {
-				if (flow == FLOW_UNKNOWN)
-					flow = uplink_flow(ip, end);
+				flow = known_flow(ip, end, flow);
 				if (flow != FLOW_HELD)
 					return count_drop(SD_SOURCE_RANGE_DENIED);
 				return to_userspace(slot);
@@ -1064,8 +1066,7 @@ static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *en
 				return XDP_PASS; // the kernel's DNAT delivers it to a host-network Pod
 			if (flow != FLOW_HELD && !admit_open_now(admit_key(ip->saddr))) {
 				// The prefix is limited: only now is the flow looked up.
-				if (flow == FLOW_UNKNOWN)
-					flow = uplink_flow(ip, end);
+				flow = known_flow(ip, end, flow);
 				if (flow == FLOW_NONE)
 					return count_drop(SD_NEW_FLOW_PREFIX_RATE);
 			}
@@ -1094,8 +1095,7 @@ static __always_inline int uplink(struct xdp_md *ctx, struct iphdr *ip, void *en
 		if ((void *)(ports + 2) > end)
 			return to_userspace(slot); // malformed: counted
 		// A held flow of a port no longer exposed: userspace ends it.
-		if (flow == FLOW_UNKNOWN)
-			flow = uplink_flow(ip, end);
+		flow = known_flow(ip, end, flow);
 		if (flow == FLOW_HELD)
 			return to_userspace(slot);
 		return count_drop(SD_PORT_NOT_EXPOSED); // (an exposed port was found above)

@@ -19,7 +19,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use crate::abi::ADMIT_SLOTS;
-pub use crate::region::monotonic_ns;
 use crate::region::Region;
 
 /// Rate and burst per source prefix (the command line's `--new-flow-prefix-rate` and

@@ -2079,11 +2079,11 @@ mod tests {
     /// Loads BPF: needs root.
     #[test]
     fn the_program_drops_new_flows_beyond_what_the_engine_debited() -> anyhow::Result<()> {
-        use crate::steering::{NewFlowAdmission, Steering};
+        use crate::steering::Steering;
         let (_dir, mut st, mut e) = steered_engine()?;
         let now = crate::region::monotonic_ms;
         // A burst of 2, then one a minute: nothing refills during the test.
-        let limit = NewFlowAdmission { rate: 1, burst: 2 };
+        let limit = crate::admission::Limit { rate: 1, burst: 2 };
         e.set_admission(st.set_new_flow_admission(limit)?);
         let nb = neighbours();
         let udp = |src: [u8; 4], port| build_with(IPPROTO_UDP, src, port, VIP, 53, b"q", 64, 0);

@@ -61,9 +61,6 @@ const BPF_F_NO_PREALLOC: u32 = 1;
 /// Kubernetes supports clusters of 5 000 nodes).
 pub const MAX_REDIRECT_PEERS: usize = 8192;
 
-/// The new-flow admission's rate and burst per source prefix ([`crate::admission`]).
-pub use crate::admission::Limit as NewFlowAdmission;
-
 /// `struct admit_conf` in bpf/steer.c: the admission's limit and its slots' seed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[repr(C)]
@@ -1063,7 +1060,7 @@ impl Steering {
     /// same prefixes.
     pub fn set_new_flow_admission(
         &mut self,
-        limit: NewFlowAdmission,
+        limit: crate::admission::Limit,
     ) -> Result<std::sync::Arc<crate::admission::Admission>> {
         let slots = self
             .admit_open
@@ -1415,6 +1412,31 @@ mod tests {
         assert!(replaced.is_some(), "another capacity replaces the maps");
         assert!(!other.program_reused());
         assert_ne!(program_id(&mut other), id);
+    }
+
+    /// The new-flow admission's buckets and their slots' seed are pinned: a restarted
+    /// dataplane finds a prefix's bucket as the previous run left it (empty here), while
+    /// the buckets of other prefixes are untouched. Loads BPF: needs root.
+    #[test]
+    fn a_restart_keeps_the_admission_buckets_of_each_prefix() {
+        use crate::admission::{key_v4, Limit};
+        let fs = Bpffs::new();
+        let pin = fs.0.path().join("node");
+        let limit = Limit { rate: 1, burst: 1 };
+        let (emptied, other) = (key_v4(0xcb00_7109), key_v4(0xc633_6407));
+        let (mut first, _, _) = Steering::load(&pin, 1024, 1, false).unwrap();
+        let buckets = first.set_new_flow_admission(limit).unwrap();
+        let now = crate::region::monotonic_ns();
+        assert!(buckets.admit(emptied, now));
+        assert!(
+            first.set_new_flow_admission(limit).is_err(),
+            "set once per process"
+        );
+        drop((first, buckets));
+        let (mut again, _, _) = Steering::load(&pin, 1024, 1, false).unwrap();
+        let buckets = again.set_new_flow_admission(limit).unwrap();
+        assert!(!buckets.admit(emptied, now), "the same slot, still empty");
+        assert!(buckets.admit(other, now));
     }
 
     /// UDP to the node's redirect address and port reaches userspace from a peer node

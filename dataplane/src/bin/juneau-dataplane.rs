@@ -324,7 +324,7 @@ fn main() -> Result<()> {
         xsk_busy_poll_budget: a.xsk_busy_poll_budget,
         generic_xdp: a.generic_xdp,
         xdp_fast_path: a.xdp_fast_path,
-        new_flow_admission: juneau_dataplane::steering::NewFlowAdmission {
+        new_flow_admission: juneau_dataplane::admission::Limit {
             rate: a.new_flow_prefix_rate,
             burst: a.new_flow_prefix_burst.max(1),
         },

@@ -110,7 +110,7 @@ pub struct RuntimeConfig {
     pub xdp_fast_path: bool,
     /// Packets of no flow admitted per source /24 (the workers debit the buckets, the
     /// steering program drops beyond them: [`crate::admission`]).
-    pub new_flow_admission: crate::steering::NewFlowAdmission,
+    pub new_flow_admission: crate::admission::Limit,
     /// Bind sockets in zero-copy mode (NICs that support it; veth does not).
     pub zero_copy: bool,
     /// Re-probe stale neighbour entries this often (seconds).

@@ -3,7 +3,8 @@
 //! meets the empty AF_XDP slot and is counted as `no_socket`.
 
 use super::*;
-use crate::steering::{NewFlowAdmission, SteerDrops, SteeredIface};
+use crate::admission::Limit;
+use crate::steering::{SteerDrops, SteeredIface};
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -301,7 +302,7 @@ fn new_flows_are_admitted_per_source_slash_64_and_held_flows_never_wait() {
     role(&mut st, true);
     st.sync6(&[(VIP, IPPROTO_TCP, 443)]).unwrap();
     let admission = st
-        .set_new_flow_admission(NewFlowAdmission { rate: 1, burst: 1 })
+        .set_new_flow_admission(Limit { rate: 1, burst: 1 })
         .unwrap();
     let same_64 = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0xa, 0xb, 0xc, 0xd);
     let other_64 = Ipv6Addr::new(0x2001, 0xdb8, 1, 1, 0, 0, 0, 7);
