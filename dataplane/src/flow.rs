@@ -12,7 +12,9 @@
 //!   [`MAX_PROBE`] slots from its home;
 //! - `meta`: a 64-byte header ([`FlowMeta`]: magic, layout version, sizes, hash seeds,
 //!   and the sequence word that is odd while index slots move);
-//! - private to the process: a stack of free record numbers and the half-open queue.
+//! - private to the process: a stack of free record numbers, one bit per record that
+//!   holds a flow ([`crate::occupied::Occupied`]: the sweep skips free stretches), and the
+//!   half-open queue.
 //!
 //! Records, index and header live either on the heap ([`FlowTable::new`]) or in the
 //! mmap of pinned `BPF_F_MMAPABLE` array maps ([`FlowTable::open_shared`]): the XDP
@@ -33,6 +35,7 @@ use std::collections::VecDeque;
 use crate::proto::{tcp_flags, IPPROTO_TCP};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
+use crate::occupied::Occupied;
 use crate::region::{release_store_u32, release_store_u64, Region};
 
 /// Idle timeouts per connection state, in milliseconds.
@@ -481,6 +484,8 @@ pub struct FlowTable {
     meta: Region<FlowMeta>,
     mask: usize,
     free: Vec<u32>,
+    /// The records that hold a flow (set and cleared with `free`).
+    occupied: Occupied,
     seed: u64,
     /// Second seed word (derived from `seed`), never zero.
     seed2: u64,
@@ -728,6 +733,7 @@ impl FlowTable {
             meta,
             mask: slots - 1,
             free: (0..capacity as u32).rev().collect(),
+            occupied: Occupied::new(capacity),
             seed,
             seed2: fmix64(seed ^ 0x243f_6a88_85a3_08d3) | 1 << 63,
             sweep_cursor: 0,
@@ -956,6 +962,7 @@ impl FlowTable {
         for f in self.flows.iter_mut() {
             f.state = FlowState::Free as u8;
         }
+        self.occupied.clear_all();
         let m = &mut self.meta[0];
         m.layout = LAYOUT_VERSION;
         m.capacity = self.flows.len() as u32;
@@ -976,6 +983,7 @@ impl FlowTable {
             *s = 0;
         }
         self.free.clear();
+        self.occupied.clear_all();
         let now = now_ms as u32;
         let mut half_open = Vec::new();
         let mut idle = Vec::new();
@@ -1010,6 +1018,7 @@ impl FlowTable {
             };
             self.index[a.0] = Self::make_slot(a.1, id as u32, Direction::Forward);
             self.index[b.0] = Self::make_slot(b.1, id as u32, Direction::Reverse);
+            self.occupied.set(id);
             self.live += 1;
             self.count_source(f.client, 1);
         }
@@ -1234,6 +1243,7 @@ impl FlowTable {
         self.flows.len() * std::mem::size_of::<Flow>()
             + self.index.len() * 8
             + self.free.capacity() * 4
+            + self.occupied.bytes()
             + self.half_open.queue.capacity() * 8
             + self.half_open.serial.len() * 4
             + self.idle.prev.len() * 13
@@ -1506,6 +1516,7 @@ impl FlowTable {
             return Err(InsertError::Full);
         };
         self.free.pop();
+        self.occupied.set(id as usize);
         // The record first, then its index slots with release stores: a reader that
         // finds a slot finds the complete record behind it.
         self.flows[id as usize] = flow;
@@ -1561,6 +1572,7 @@ impl FlowTable {
             return Err(InsertError::Full);
         };
         self.free.pop();
+        self.occupied.set(id as usize);
         self.flows[id as usize] = flow;
         self.index
             .store_release(a.0, Self::make_slot(a.1, id, Direction::Forward));
@@ -1833,6 +1845,7 @@ impl FlowTable {
         let client = self.flows[id as usize].client;
         self.count_source(client, -1);
         self.free.push(id);
+        self.occupied.clear(id as usize);
         self.live -= 1;
     }
 
@@ -1858,20 +1871,24 @@ impl FlowTable {
     /// ([`crate::engine::SweepPace`]).
     pub fn sweep(&mut self, now_ms: u64, budget: usize) -> usize {
         let now = now_ms as u32;
-        let n = self.flows.len();
+        let mut left = budget.min(self.flows.len());
         let mut removed = 0;
-        for _ in 0..budget.min(n) {
-            let id = self.sweep_cursor;
-            self.sweep_cursor = if id + 1 == n { 0 } else { id + 1 };
-            let f = self.flows[id];
-            if f.state == FlowState::Free as u8 {
-                continue;
-            }
-            if f.expired(now) {
-                self.remove(id as u32);
-                removed += 1;
-            } else if !self.peers.is_empty() {
-                self.catch_up(id as u32, f, now);
+        while left > 0 {
+            // Free records are covered by their bits, up to 64 a word.
+            let (mut bits, base) = self.occupied.stretch(&mut self.sweep_cursor, &mut left);
+            while bits != 0 {
+                let id = base + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let f = self.flows[id];
+                if f.state == FlowState::Free as u8 {
+                    continue;
+                }
+                if f.expired(now) {
+                    self.remove(id as u32);
+                    removed += 1;
+                } else if !self.peers.is_empty() {
+                    self.catch_up(id as u32, f, now);
+                }
             }
         }
         removed
@@ -2086,6 +2103,36 @@ mod tests {
         }
         assert_eq!(total, 1000);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_restarted_table_sweeps_the_flows_it_adopted() {
+        let to = Timeouts::default();
+        let (mut t, _) = FlowTable::open_shared(heap_regions(256), to, 77, 1000);
+        // Records far apart: the ones between them were taken and freed again.
+        let mut ids = Vec::new();
+        for i in 0..200 {
+            ids.push(t.insert(flow(i + 1, 1, 9), tcp_flags::ACK, 1000).unwrap());
+        }
+        for &id in &ids[1..199] {
+            t.remove(id);
+        }
+        assert_eq!(t.len(), 2);
+        let (mut t2, opened) = FlowTable::open_shared(t.into_regions(), to, 1, 2000);
+        assert_eq!(
+            opened,
+            Opened::Adopted {
+                flows: 2,
+                expired: 0
+            }
+        );
+        let expired = 1000 + u64::from(to.tcp_established_ms) + 1;
+        assert_eq!(
+            t2.sweep(expired, t2.capacity()),
+            2,
+            "both adopted flows swept"
+        );
+        assert!(t2.is_empty());
     }
 
     #[test]

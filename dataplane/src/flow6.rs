@@ -24,6 +24,7 @@
 use std::collections::HashMap;
 
 use crate::flow::{timeout_for, Direction, FlowState, Timeouts};
+use crate::occupied::Occupied;
 use crate::proto::IPPROTO_TCP;
 
 /// An IPv6 5-tuple as a packet holds it (ports in host order).
@@ -182,6 +183,8 @@ pub enum Insert6Error {
 pub struct Flow6Table {
     records: Vec<Option<Flow6>>,
     free: Vec<u32>,
+    /// The records that hold a flow (the sweep skips free stretches).
+    occupied: Occupied,
     index: HashMap<Flow6Key, (u32, Direction)>,
     timeouts: Timeouts,
     half_open: usize,
@@ -208,6 +211,7 @@ impl Flow6Table {
         Flow6Table {
             records: vec![None; capacity],
             free: (0..capacity as u32).rev().collect(),
+            occupied: Occupied::new(capacity),
             index: HashMap::with_capacity(2 * capacity),
             timeouts,
             half_open: 0,
@@ -286,6 +290,7 @@ impl Flow6Table {
         f.expires_ms = now_ms + u64::from(timeout_for(&self.timeouts, f.state));
         self.half_open += usize::from(f.state.is_half_open());
         self.records[id as usize] = Some(f);
+        self.occupied.set(id as usize);
         self.index.insert(fwd, (id, Direction::Forward));
         self.index.insert(rev, (id, Direction::Reverse));
         Ok(id)
@@ -395,6 +400,7 @@ impl Flow6Table {
         }
         self.half_open -= usize::from(f.state.is_half_open());
         self.free.push(id);
+        self.occupied.clear(id as usize);
     }
 
     /// Rebuilds the flows a previous process held from the keys it left in the
@@ -459,14 +465,17 @@ impl Flow6Table {
     /// Looks at up to `budget` records from a rotating cursor and ends the expired ones;
     /// returns how many ended.
     pub fn sweep(&mut self, now_ms: u64, budget: usize) -> usize {
-        let n = self.records.len();
+        let mut left = budget.min(self.records.len());
         let mut ended = 0;
-        for _ in 0..budget.min(n) {
-            let id = self.cursor;
-            self.cursor = (self.cursor + 1) % n;
-            if self.records[id].is_some_and(|f| f.expires_ms <= now_ms) {
-                self.remove(id as u32);
-                ended += 1;
+        while left > 0 {
+            let (mut bits, base) = self.occupied.stretch(&mut self.cursor, &mut left);
+            while bits != 0 {
+                let id = base + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if self.records[id].is_some_and(|f| f.expires_ms <= now_ms) {
+                    self.remove(id as u32);
+                    ended += 1;
+                }
             }
         }
         ended

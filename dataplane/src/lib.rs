@@ -15,7 +15,8 @@
 //! - [`flow`]: the fixed-capacity flow table, shared with the XDP program and pinned
 //!   ([`region`]: its heap or mmapped-BPF-map memory, the only `unsafe` around it);
 //! - [`flow6`]: the IPv6 flow table (process memory; its keys mirrored into a pinned
-//!   BPF map for the steering program);
+//!   BPF map for the steering program); [`occupied`]: which of a table's records hold
+//!   a flow, so that their sweep skips the free ones;
 //! - [`admission`]: the new-flow admission per source prefix (buckets userspace debits
 //!   and the steering program reads);
 //! - [`frag`]: IPv4 fragments following their datagram's first fragment (bounded);
@@ -49,6 +50,7 @@ pub mod icmp;
 pub mod metrics;
 pub mod neigh;
 pub mod netlink;
+pub mod occupied;
 pub mod packet;
 pub mod packet6;
 pub mod peer_liveness;
