@@ -1,9 +1,10 @@
 //! Where a path's time goes: `perf record` of the path core (the software `cpu-clock`
 //! event; this VM has no PMU) during one extra window of a path, then the samples by
-//! thread and object (`perf report --sort comm,dso`) folded into the parts an operator
-//! can act on — the forwarder in userspace, the forwarder's system calls (copy-mode
-//! AF_XDP TX: an skb per frame, the veth transmit and, synchronously, the backend's
-//! receive up to its socket), the XDP steering program, the NAPI kthreads (the veths'
+//! thread, object and symbol (`perf report --sort comm,dso,sym`) folded into the parts an
+//! operator can act on — the forwarder in userspace, the forwarder's system calls
+//! (copy-mode AF_XDP TX: an skb per frame, the veth transmit and, synchronously, the
+//! backend's receive up to its socket), the XDP steering program, the helpers it calls
+//! (map look-ups, the clock: kernel symbols of the NAPI kthreads), the NAPI kthreads (the veths'
 //! receive: the AF_XDP RX copy, frame returns, the kernel paths' whole forwarding), idle
 //! — with each part's nanoseconds per delivered packet, and the hottest symbols.
 
@@ -234,13 +235,17 @@ pub fn parse_report(text: &str) -> Vec<ReportLine> {
         .collect()
 }
 
-/// The part of the path a (thread, object) pair's samples belong to.
-pub fn part_of(comm: &str, dso: &str) -> &'static str {
+/// The part of the path a (thread, object, symbol) triple's samples belong to. The
+/// helpers an XDP program calls (its map look-ups, the clock) run as kernel symbols of the
+/// thread that runs the program: they are the program's part, not the veths' receive.
+pub fn part_of(comm: &str, dso: &str, sym: &str) -> &'static str {
     let kernel_thread = comm.starts_with("napi/") || comm.starts_with("ksoftirqd");
     if comm == "swapper" {
         "idle"
     } else if dso.starts_with("bpf_prog_") && dso.ends_with("_steer") && kernel_thread {
         "XDP steering program (in the NAPI kthreads)"
+    } else if kernel_thread && dso == "[kernel.kallsyms]" && is_bpf_helper(sym) {
+        "XDP programs' helpers: map look-ups, clock (in the NAPI kthreads)"
     } else if kernel_thread {
         "NAPI kthreads: the veths' receive (AF_XDP RX copy, frame returns; a kernel path's whole forwarding)"
     } else if dso == "[kernel.kallsyms]" || dso.starts_with("bpf_prog_") {
@@ -248,6 +253,22 @@ pub fn part_of(comm: &str, dso: &str) -> &'static str {
     } else {
         "forwarder in userspace (loop, engine, libc)"
     }
+}
+
+/// Kernel symbols that run only on behalf of a BPF program: hash, LPM and array map
+/// look-ups and the helpers (`bpf_*`, the coarse clock behind `bpf_ktime_get_coarse_ns`).
+fn is_bpf_helper(sym: &str) -> bool {
+    const PREFIXES: [&str; 8] = [
+        "htab_",
+        "__htab_",
+        "lookup_nulls_elem_raw",
+        "lookup_elem_raw",
+        "trie_lookup_elem",
+        "array_map_",
+        "bpf_",
+        "ktime_get_coarse",
+    ];
+    PREFIXES.iter().any(|p| sym.starts_with(p))
 }
 
 /// Profiles the data of `data` for `scenario` (its window delivered `delivered_pps` at
@@ -260,13 +281,15 @@ pub fn summarise(
 ) -> Result<Profile> {
     let mut parts: Vec<(String, f64)> = Vec::new();
     let mut samples = 0;
-    for (pct, n, cols) in report(data, "comm,dso")? {
+    for (pct, n, cols) in report(data, "comm,dso,sym")? {
         samples += n;
-        let (comm, dso) = match cols.as_slice() {
-            [c, d, ..] => (c.as_str(), d.as_str()),
+        // "worker-0 [kernel.kallsyms] [k] veth_xmit": the symbol after its marker.
+        let (comm, dso, sym) = match cols.as_slice() {
+            [c, d, _, s, ..] => (c.as_str(), d.as_str(), s.as_str()),
+            [c, d, ..] => (c.as_str(), d.as_str(), ""),
             _ => continue,
         };
-        let part = part_of(comm, dso);
+        let part = part_of(comm, dso, sym);
         match parts.iter_mut().find(|(p, _)| p == part) {
             Some((_, v)) => *v += pct,
             None => parts.push((part.to_string(), pct)),
@@ -296,7 +319,7 @@ pub fn markdown(profiles: &[Profile], note: &str) -> String {
         m += &format!("Not profiled in this run{note}.\n");
         return m;
     }
-    m += "One extra window per path after the rounds (and one of juneau at the largest flow count of its flow-scale rows, its flows created first), at the offered rate of its rounds (`perf record -C <path core>`: cpu-clock samples, this VM has no PMU); the samples by thread and object folded into parts; a part's ns per packet = its share of the busy samples x the window's ns of path core per delivered packet.\n\n";
+    m += "One extra window per path after the rounds (and one of juneau at the largest flow count of its flow-scale rows, its flows created first), at the offered rate of its rounds (`perf record -C <path core>`: cpu-clock samples, this VM has no PMU); the samples by thread, object and symbol folded into parts (an XDP program's helpers, its map look-ups and clock, apart from the veths' receive); a part's ns per packet = its share of the busy samples x the window's ns of path core per delivered packet.\n\n";
     for p in profiles {
         let idle: f64 = p
             .parts
@@ -379,13 +402,13 @@ mod tests {
 
     #[test]
     fn report_lines_are_parsed_and_folded_into_parts() {
-        let text = "# comment\n#\n    52.17%  12611  worker-0         [kernel.kallsyms]\n    22.78%  5507  napi/jprf291660  [kernel.kallsyms]\n    14.10%  3409  swapper          [kernel.kallsyms]\n     4.98%  1204  napi/jprf291660  bpf_prog_df04b7a8873560b3_juneau_steer\n     4.22%  1020  worker-0         juneau-dataplane\n     0.72%  174  worker-0         libc.so.6\n\n";
+        let text = "# comment\n#\n    52.17%  12611  worker-0         [kernel.kallsyms]  [k] xsk_destruct_skb\n    22.78%  5507  napi/jprf291660  [kernel.kallsyms]  [k] __pi_memcpy\n    14.10%  3409  swapper          [kernel.kallsyms]  [k] pv_native_safe_halt\n     4.98%  1204  napi/jprf291660  bpf_prog_df04b7a8873560b3_juneau_steer  [k] bpf_prog_df04b7a8873560b3_juneau_steer\n     4.22%  1020  worker-0         juneau-dataplane  [.] juneau_dataplane::runtime::worker::receive\n     0.72%  174  worker-0         libc.so.6  [.] __libc_sendto\n     0.25%  60  napi/jprf291660  [kernel.kallsyms]  [k] htab_map_hash\n\n";
         let lines = parse_report(text);
-        assert_eq!(lines.len(), 6);
+        assert_eq!(lines.len(), 7);
         assert_eq!((lines[0].0, lines[0].1), (52.17, 12611));
         let parts: Vec<&str> = lines
             .iter()
-            .map(|(_, _, c)| part_of(&c[0], &c[1]))
+            .map(|(_, _, c)| part_of(&c[0], &c[1], &c[3]))
             .collect();
         assert!(parts[0].starts_with("forwarder's system calls"));
         assert!(parts[1].starts_with("NAPI kthreads"));
@@ -393,9 +416,16 @@ mod tests {
         assert!(parts[3].starts_with("XDP steering program"));
         assert!(parts[4].starts_with("forwarder in userspace"));
         assert!(parts[5].starts_with("forwarder in userspace"));
+        assert!(parts[6].starts_with("XDP programs' helpers"), "{parts:?}");
         // A kernel path: everything in the NAPI kthread; l2fwd's own program is not ours.
-        assert!(part_of("napi/x-1", "bpf_prog_e225_xsk_steer").starts_with("XDP steering"));
-        assert!(part_of("napi/x-1", "bpf_prog_e7fb_xdp_sink").starts_with("NAPI kthreads"));
+        let napi = |dso, sym| part_of("napi/x-1", dso, sym);
+        assert!(napi("bpf_prog_e225_xsk_steer", "").starts_with("XDP steering"));
+        assert!(napi("bpf_prog_e7fb_xdp_sink", "").starts_with("NAPI kthreads"));
+        assert!(napi("[kernel.kallsyms]", "__nf_conntrack_find_get").starts_with("NAPI"));
+        assert!(napi("[kernel.kallsyms]", "lookup_nulls_elem_raw").starts_with("XDP programs'"));
+        // The same symbol in the forwarder's own system call is its system call's.
+        assert!(part_of("worker-0", "[kernel.kallsyms]", "htab_map_hash")
+            .starts_with("forwarder's system calls"));
     }
 
     #[test]
