@@ -1875,10 +1875,7 @@ impl FlowTable {
         let mut removed = 0;
         while left > 0 {
             // Free records are covered by their bits, up to 64 a word.
-            let (mut bits, base) = self.occupied.stretch(&mut self.sweep_cursor, &mut left);
-            while bits != 0 {
-                let id = base + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
+            for id in self.occupied.stretch(&mut self.sweep_cursor, &mut left) {
                 let f = self.flows[id];
                 if f.state == FlowState::Free as u8 {
                     continue;

@@ -468,10 +468,7 @@ impl Flow6Table {
         let mut left = budget.min(self.records.len());
         let mut ended = 0;
         while left > 0 {
-            let (mut bits, base) = self.occupied.stretch(&mut self.cursor, &mut left);
-            while bits != 0 {
-                let id = base + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
+            for id in self.occupied.stretch(&mut self.cursor, &mut left) {
                 if self.records[id].is_some_and(|f| f.expires_ms <= now_ms) {
                     self.remove(id as u32);
                     ended += 1;

@@ -34,11 +34,6 @@ impl Occupied {
         self.words[id / 64] &= !(1 << (id % 64));
     }
 
-    /// Whether record `id` holds an entry.
-    pub fn contains(&self, id: usize) -> bool {
-        self.words[id / 64] & (1 << (id % 64)) != 0
-    }
-
     /// Every record free.
     pub fn clear_all(&mut self) {
         self.words.fill(0);
@@ -52,11 +47,11 @@ impl Occupied {
     /// The next stretch of a sweep that still has `left` (≥ 1) records to cover from
     /// `*cursor` (< the table's records): the records up to the end of the cursor's word,
     /// of `left` or of the table, whichever comes first. Moves the cursor past them
-    /// (wrapping at the table's end), takes them off `left`, and returns the bits of the
-    /// occupied ones among them and the record number of bit 0. A sweep walks a free
-    /// stretch at one word a step, and an occupied one bit by bit without a step each.
+    /// (wrapping at the table's end), takes them off `left`, and returns the occupied ones
+    /// among them, in order (a copy of their word: the caller may free them as it goes).
+    /// A sweep walks a free stretch at one word a step.
     #[inline]
-    pub fn stretch(&self, cursor: &mut usize, left: &mut usize) -> (u64, usize) {
+    pub fn stretch(&self, cursor: &mut usize, left: &mut usize) -> Ones {
         let c = *cursor;
         let base = c / 64 * 64;
         let end = (base + 64).min(c + *left).min(self.records);
@@ -66,7 +61,28 @@ impl Occupied {
         }
         *left -= end - c;
         *cursor = if end >= self.records { 0 } else { end };
-        (bits, base)
+        Ones { bits, base }
+    }
+}
+
+/// The occupied records of one stretch ([`Occupied::stretch`]), lowest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ones {
+    bits: u64,
+    base: usize,
+}
+
+impl Iterator for Ones {
+    type Item = usize;
+
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        if self.bits == 0 {
+            return None;
+        }
+        let id = self.base + self.bits.trailing_zeros() as usize;
+        self.bits &= self.bits - 1;
+        Some(id)
     }
 }
 
@@ -81,22 +97,28 @@ mod tests {
         o.set(3);
         o.set(70);
         o.set(199);
+        let ids =
+            |o: &Occupied, c: &mut usize, left: &mut usize| o.stretch(c, left).collect::<Vec<_>>();
         let (mut c, mut left) = (2, 500);
-        assert_eq!(o.stretch(&mut c, &mut left), (1 << 3, 0));
+        assert_eq!(ids(&o, &mut c, &mut left), [3]);
         assert_eq!((c, left), (64, 438));
-        assert_eq!(o.stretch(&mut c, &mut left), (1 << 6, 64));
+        assert_eq!(ids(&o, &mut c, &mut left), [70]);
         let (mut c, mut left) = (60, 3);
-        assert_eq!(
-            o.stretch(&mut c, &mut left),
-            (0, 0),
+        assert!(
+            ids(&o, &mut c, &mut left).is_empty(),
             "63 and beyond not covered"
         );
         assert_eq!((c, left), (63, 0));
         let (mut c, mut left) = (192, 100);
-        assert_eq!(o.stretch(&mut c, &mut left), (1 << 7, 192));
+        assert_eq!(ids(&o, &mut c, &mut left), [199]);
         assert_eq!((c, left), (0, 92), "wrapped at the table's end");
         o.clear(70);
-        assert!(!o.contains(70) && o.contains(199));
+        let (mut c, mut left) = (0, 200);
+        let mut all = Vec::new();
+        while left > 0 {
+            all.extend(o.stretch(&mut c, &mut left));
+        }
+        assert_eq!(all, [3, 199]);
     }
 
     proptest! {
@@ -126,11 +148,7 @@ mod tests {
             }
             let (mut got, mut cur, mut left) = (Vec::new(), start, budget.min(records));
             while left > 0 {
-                let (mut bits, base) = o.stretch(&mut cur, &mut left);
-                while bits != 0 {
-                    got.push((base + bits.trailing_zeros() as usize) as u32);
-                    bits &= bits - 1;
-                }
+                got.extend(o.stretch(&mut cur, &mut left).map(|id| id as u32));
             }
             prop_assert_eq!(got, want);
             prop_assert_eq!(cur, c);

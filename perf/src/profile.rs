@@ -272,36 +272,14 @@ fn is_bpf_helper(sym: &str) -> bool {
 }
 
 /// Profiles the data of `data` for `scenario` (its window delivered `delivered_pps` at
-/// `ns_per_packet`).
+/// `ns_per_packet`): one `perf report` by thread, object and symbol, folded twice.
 pub fn summarise(
     data: &Path,
     scenario: &str,
     delivered_pps: f64,
     ns_per_packet: f64,
 ) -> Result<Profile> {
-    let mut parts: Vec<(String, f64)> = Vec::new();
-    let mut samples = 0;
-    for (pct, n, cols) in report(data, "comm,dso,sym")? {
-        samples += n;
-        // "worker-0 [kernel.kallsyms] [k] veth_xmit": the symbol after its marker.
-        let (comm, dso, sym) = match cols.as_slice() {
-            [c, d, _, s, ..] => (c.as_str(), d.as_str(), s.as_str()),
-            [c, d, ..] => (c.as_str(), d.as_str(), ""),
-            _ => continue,
-        };
-        let part = part_of(comm, dso, sym);
-        match parts.iter_mut().find(|(p, _)| p == part) {
-            Some((_, v)) => *v += pct,
-            None => parts.push((part.to_string(), pct)),
-        }
-    }
-    parts.sort_by(|a, b| b.1.total_cmp(&a.1));
-    let top_symbols = report(data, "sym")?
-        .into_iter()
-        .take(TOP_SYMBOLS)
-        // "[k] symbol" / "[.] symbol": the symbol after the marker.
-        .map(|(pct, _, cols)| (cols.get(1..).unwrap_or_default().join(" "), pct))
-        .collect();
+    let (samples, parts, top_symbols) = fold(&report(data, "comm,dso,sym")?);
     Ok(Profile {
         scenario: scenario.to_string(),
         samples,
@@ -310,6 +288,47 @@ pub fn summarise(
         parts,
         top_symbols,
     })
+}
+
+/// Named shares of all samples, in %, largest first.
+type Shares = Vec<(String, f64)>;
+
+/// `perf report --sort comm,dso,sym` lines ("worker-0 [kernel.kallsyms] [k] veth_xmit")
+/// folded into the samples, the parts (`part_of`) and the hottest symbols, each share
+/// a percentage of all samples, from the sample counts (not the lines' rounded shares).
+fn fold(lines: &[ReportLine]) -> (u64, Shares, Shares) {
+    let mut parts: Vec<(String, u64)> = Vec::new();
+    let mut symbols: std::collections::HashMap<String, u64> = Default::default();
+    let mut samples = 0;
+    for (_, n, cols) in lines {
+        samples += n;
+        let (comm, dso, sym) = match cols.as_slice() {
+            [c, d, _, s, ..] => (c.as_str(), d.as_str(), s.as_str()),
+            [c, d, ..] => (c.as_str(), d.as_str(), ""),
+            _ => continue,
+        };
+        let part = part_of(comm, dso, sym);
+        match parts.iter_mut().find(|(p, _)| p == part) {
+            Some((_, v)) => *v += n,
+            None => parts.push((part.to_string(), *n)),
+        }
+        // The symbol after its marker ("[k]", "[.]"); a demangled one may hold spaces.
+        let symbol = cols.get(3..).unwrap_or_default().join(" ");
+        *symbols.entry(symbol).or_default() += n;
+    }
+    let share = |n: u64| 100.0 * n as f64 / samples.max(1) as f64;
+    parts.sort_by_key(|p| std::cmp::Reverse(p.1));
+    let mut symbols: Vec<(String, u64)> = symbols.into_iter().collect();
+    symbols.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    (
+        samples,
+        parts.into_iter().map(|(p, n)| (p, share(n))).collect(),
+        symbols
+            .into_iter()
+            .take(TOP_SYMBOLS)
+            .map(|(s, n)| (s, share(n)))
+            .collect(),
+    )
 }
 
 /// The report's section.
@@ -426,6 +445,17 @@ mod tests {
         // The same symbol in the forwarder's own system call is its system call's.
         assert!(part_of("worker-0", "[kernel.kallsyms]", "htab_map_hash")
             .starts_with("forwarder's system calls"));
+    }
+
+    #[test]
+    fn a_symbol_is_summed_over_threads_and_shares_come_from_sample_counts() {
+        let text = "    60.00%  600  worker-0  [kernel.kallsyms]  [k] xsk_destruct_skb\n    30.00%  300  napi/x-1  [kernel.kallsyms]  [k] xsk_destruct_skb\n    10.00%  100  worker-0  juneau-dataplane  [.] <impl juneau::Engine>::sweep\n";
+        let (samples, parts, top) = fold(&parse_report(text));
+        assert_eq!(samples, 1000);
+        assert_eq!(top[0], ("xsk_destruct_skb".to_string(), 90.0));
+        assert_eq!(top[1], ("<impl juneau::Engine>::sweep".to_string(), 10.0));
+        assert!(parts[0].0.starts_with("forwarder's system calls") && parts[0].1 == 60.0);
+        assert!(parts[1].0.starts_with("NAPI kthreads") && parts[1].1 == 30.0);
     }
 
     #[test]
