@@ -13,30 +13,41 @@ use xsk_rs::{FrameDesc, Socket, Umem};
 
 use crate::gen::{GenConfig, GenResult, Generator};
 
+/// The generator's frames and rings.
 const FRAME_SIZE: u32 = 2048;
+const GEN_RING: u32 = 4096;
+/// The forwarder's frames and rings: juneau-dataplane's defaults (4 KiB frames,
+/// `--ring-size` 2048, at most a ring of frames in its fill and RX rings), so that the two
+/// cycle the same frames through the kernel and differ only in the work done on each.
+/// With 4 096-entry rings and 4 096 frames kept in its fill ring this forwarder cycled
+/// twice the frames juneau does, and it was slower for it: 3–11 % (median 7 %) a packet
+/// in 7 of 8 old/new pairs of one-round runs alternated on one machine (the 8th, a burst
+/// of load on the machine, 2 034 / 3 280 ns): a ceiling set too low.
+const L2FWD_FRAME_SIZE: u32 = 4096;
+const L2FWD_RING: u32 = 2048;
 /// Copy-mode TX takes at most 32 frames per sendto() (FACTS.md).
 const BATCH: usize = 32;
 
-fn umem(frames: u32) -> Result<(Umem, Vec<FrameDesc>)> {
+fn umem(frames: u32, frame_size: u32, ring: u32) -> Result<(Umem, Vec<FrameDesc>)> {
     let cfg = UmemConfig::builder()
-        .frame_size(FrameSize::new(FRAME_SIZE).map_err(|e| anyhow!("{e}"))?)
-        .fill_queue_size(QueueSize::new(4096).map_err(|e| anyhow!("{e}"))?)
-        .comp_queue_size(QueueSize::new(4096).map_err(|e| anyhow!("{e}"))?)
+        .frame_size(FrameSize::new(frame_size).map_err(|e| anyhow!("{e}"))?)
+        .fill_queue_size(QueueSize::new(ring).map_err(|e| anyhow!("{e}"))?)
+        .comp_queue_size(QueueSize::new(ring).map_err(|e| anyhow!("{e}"))?)
         .build()
         .map_err(|e| anyhow!("UMEM config: {e}"))?;
     Umem::new(cfg, NonZeroU32::new(frames).expect("non-zero"), false)
         .map_err(|e| anyhow!("creating UMEM: {e}"))
 }
 
-fn socket_config(need_wakeup: bool) -> Result<SocketConfig> {
+fn socket_config(need_wakeup: bool, ring: u32) -> Result<SocketConfig> {
     let mut b = SocketConfig::builder();
     let bind = if need_wakeup {
         BindFlags::XDP_COPY | BindFlags::XDP_USE_NEED_WAKEUP
     } else {
         BindFlags::XDP_COPY
     };
-    b.rx_queue_size(QueueSize::new(4096).map_err(|e| anyhow!("{e}"))?)
-        .tx_queue_size(QueueSize::new(4096).map_err(|e| anyhow!("{e}"))?)
+    b.rx_queue_size(QueueSize::new(ring).map_err(|e| anyhow!("{e}"))?)
+        .tx_queue_size(QueueSize::new(ring).map_err(|e| anyhow!("{e}"))?)
         .bind_flags(bind)
         .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD);
     Ok(b.build())
@@ -47,7 +58,7 @@ fn socket_config(need_wakeup: bool) -> Result<SocketConfig> {
 /// frames (`gen.rs`). `ready` is called once the socket is bound.
 pub fn generate(cfg: &GenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Result<GenResult> {
     const FRAMES: u32 = 4096;
-    let (umem, mut descs) = umem(FRAMES)?;
+    let (umem, mut descs) = umem(FRAMES, FRAME_SIZE, GEN_RING)?;
     let iface = cfg
         .iface
         .parse()
@@ -58,7 +69,7 @@ pub fn generate(cfg: &GenConfig, stop: &AtomicBool, ready: &dyn Fn()) -> Result<
     let (mut tx, _rx, fq_cq) = loop {
         // SAFETY: the UMEM outlives the socket (both live until the end of this function)
         // and this is the only socket bound to (iface, queue 0) in this process.
-        match unsafe { Socket::new(socket_config(false)?, &umem, &iface, 0) } {
+        match unsafe { Socket::new(socket_config(false, GEN_RING)?, &umem, &iface, 0) } {
             Ok(s) => break s,
             Err(e) if attempt < 50 => {
                 tracing::debug!("AF_XDP socket on {}: {e}; retrying", cfg.iface);
@@ -189,15 +200,15 @@ pub fn l2fwd(
     register: impl FnOnce(std::os::fd::RawFd) -> Result<()>,
 ) -> Result<L2fwdResult> {
     use std::os::fd::AsRawFd;
-    // Generous: frames parked in the RX, TX and completion rings must never starve the
-    // fill ring (this forwarder is the ceiling, it should lose nothing it can avoid).
-    const FRAMES: u32 = 16384;
-    let (umem, descs) = umem(FRAMES)?;
+    // As juneau's worker: `--frames-per-iface` (4 096) for each of its two sockets in one
+    // UMEM, at most a ring's worth of them in the fill and RX rings.
+    const FRAMES: u32 = 8192;
+    let (umem, descs) = umem(FRAMES, L2FWD_FRAME_SIZE, L2FWD_RING)?;
     // SAFETY: the UMEM outlives both sockets; the two sockets are on different interfaces
     // and share the UMEM, each with its own fill and completion queue.
     let (_rx_tx, mut rx, rx_fq_cq) = unsafe {
         Socket::new(
-            socket_config(false)?,
+            socket_config(false, L2FWD_RING)?,
             &umem,
             &cfg.rx_iface
                 .parse()
@@ -209,7 +220,7 @@ pub fn l2fwd(
     // SAFETY: as above.
     let (mut tx, _tx_rx, tx_fq_cq) = unsafe {
         Socket::new(
-            socket_config(false)?,
+            socket_config(false, L2FWD_RING)?,
             &umem,
             &cfg.tx_iface
                 .parse()
@@ -223,8 +234,10 @@ pub fn l2fwd(
     register(rx.fd().as_raw_fd())?;
 
     // SAFETY: the frames are fresh from this UMEM.
-    let filled = unsafe { fq.produce(&descs[..4096]) };
+    let filled = unsafe { fq.produce(&descs[..L2FWD_RING as usize]) };
     let mut spare: Vec<FrameDesc> = descs[filled..].to_vec();
+    // Frames in the fill ring or the RX ring (handed to the kernel, not received back).
+    let mut held = filled;
     let mut rx_buf = vec![FrameDesc::default(); 2 * BATCH];
     let mut cq_buf = vec![FrameDesc::default(); 256];
     let mut res = L2fwdResult::default();
@@ -259,19 +272,22 @@ pub fn l2fwd(
         let n = unsafe { cq.consume(&mut cq_buf) };
         in_flight = in_flight.saturating_sub(n);
         spare.extend_from_slice(&cq_buf[..n]);
-        if !spare.is_empty() {
+        let want = (L2FWD_RING as usize).saturating_sub(held).min(spare.len());
+        if want > 0 {
             // A produce larger than the free space puts nothing: offer what fits.
-            let room = (fq.nb_free(spare.len() as u32) as usize).min(spare.len());
+            let room = (fq.nb_free(want as u32) as usize).min(want);
             let from = spare.len() - room;
             // SAFETY: spare frames are owned by us and in no ring.
             let put = unsafe { fq.produce(&spare[from..]) };
             spare.truncate(spare.len() - put);
+            held += put;
         }
         // (Copy mode on veth fills from the XDP redirect path itself: no fill-ring wakeup.)
         // SAFETY: received descriptors are frames of this UMEM.
         let got = unsafe { rx.consume(&mut rx_buf) };
         if got > 0 {
             res.received += got as u64;
+            held = held.saturating_sub(got);
             for d in rx_buf[..got].iter_mut() {
                 // SAFETY: a received frame is ours until we hand it to a ring.
                 let mut data = unsafe { umem.data_mut(d) };
