@@ -12,19 +12,17 @@ use xsk_rs::config::{BindFlags, FrameSize, LibxdpFlags, QueueSize, SocketConfig,
 use xsk_rs::{FrameDesc, Socket, Umem};
 
 use crate::gen::{GenConfig, GenResult, Generator};
+// The forwarder's frames and rings are juneau-dataplane's (its frame size and default
+// `--ring-size`, at most a ring of frames in the fill and RX rings), so that the two cycle
+// the same frames through the kernel and differ only in the work done on each (with rings
+// of its own it was slower: perf/README.md, "Scenarios").
+use juneau_dataplane::runtime::{
+    DEFAULT_FRAMES_PER_IFACE, DEFAULT_RING_SIZE as L2FWD_RING, FRAME_SIZE as L2FWD_FRAME_SIZE,
+};
 
 /// The generator's frames and rings.
 const FRAME_SIZE: u32 = 2048;
 const GEN_RING: u32 = 4096;
-/// The forwarder's frames and rings: juneau-dataplane's defaults (4 KiB frames,
-/// `--ring-size` 2048, at most a ring of frames in its fill and RX rings), so that the two
-/// cycle the same frames through the kernel and differ only in the work done on each.
-/// With 4 096-entry rings and 4 096 frames kept in its fill ring this forwarder cycled
-/// twice the frames juneau does, and it was slower for it: 3–11 % (median 7 %) a packet
-/// in 7 of 8 old/new pairs of one-round runs alternated on one machine (the 8th, a burst
-/// of load on the machine, 2 034 / 3 280 ns): a ceiling set too low.
-const L2FWD_FRAME_SIZE: u32 = 4096;
-const L2FWD_RING: u32 = 2048;
 /// Copy-mode TX takes at most 32 frames per sendto() (FACTS.md).
 const BATCH: usize = 32;
 
@@ -200,9 +198,8 @@ pub fn l2fwd(
     register: impl FnOnce(std::os::fd::RawFd) -> Result<()>,
 ) -> Result<L2fwdResult> {
     use std::os::fd::AsRawFd;
-    // As juneau's worker: `--frames-per-iface` (4 096) for each of its two sockets in one
-    // UMEM, at most a ring's worth of them in the fill and RX rings.
-    const FRAMES: u32 = 8192;
+    // As juneau's worker: `--frames-per-iface` for each of its two sockets in one UMEM.
+    const FRAMES: u32 = 2 * DEFAULT_FRAMES_PER_IFACE;
     let (umem, descs) = umem(FRAMES, L2FWD_FRAME_SIZE, L2FWD_RING)?;
     // SAFETY: the UMEM outlives both sockets; the two sockets are on different interfaces
     // and share the UMEM, each with its own fill and completion queue.

@@ -15,7 +15,7 @@ use anyhow::Result;
 use clap::Parser;
 use juneau_dataplane::engine::EngineConfig;
 use juneau_dataplane::flow::Timeouts;
-use juneau_dataplane::runtime::{run, RuntimeConfig};
+use juneau_dataplane::runtime::{self, run, RuntimeConfig};
 
 /// DNAT VIP traffic from the uplink to local backend Pods (no SNAT) and reverse-NAT the
 /// replies, with AF_XDP.
@@ -142,10 +142,10 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     xsk_busy_poll_budget: u32,
     /// UMEM frames (4 KiB each) per interface.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = runtime::DEFAULT_FRAMES_PER_IFACE)]
     frames_per_iface: u32,
     /// Size of each AF_XDP ring (power of two).
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = runtime::DEFAULT_RING_SIZE)]
     ring_size: u32,
     /// Attach XDP in generic (skb) mode instead of native.
     #[arg(long)]

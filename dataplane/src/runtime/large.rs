@@ -20,8 +20,8 @@ use crate::segment::{Cut, CutError};
 /// `too_big`).
 pub(super) const GATHER_MAX: usize = 65_535 + packet::ETH_HEADER_LEN;
 
-/// Usable bytes of one UMEM frame (4 KiB less the kernel's XDP headroom).
-pub(super) const FRAME_CAPACITY: usize = 4096 - 256;
+/// Usable bytes of one UMEM frame (less the kernel's XDP headroom).
+pub(super) const FRAME_CAPACITY: usize = super::FRAME_SIZE as usize - 256;
 
 /// `XDP_PKT_CONTD` in a descriptor's options: more frames of this packet follow.
 pub(super) const XDP_PKT_CONTD: u32 = 1;

@@ -58,6 +58,13 @@ pub mod ready_file;
 mod worker;
 use worker::Reporter;
 
+/// Bytes of every UMEM frame.
+pub const FRAME_SIZE: u32 = 4096;
+/// `--ring-size`'s default: every AF_XDP ring's entries.
+pub const DEFAULT_RING_SIZE: u32 = 2048;
+/// `--frames-per-iface`'s default: UMEM frames per socket.
+pub const DEFAULT_FRAMES_PER_IFACE: u32 = 4096;
+
 /// Frames taken from one RX ring per loop iteration.
 const RX_BATCH: usize = 64;
 /// Copy-mode TX sends at most this many frames per `sendto`.
@@ -773,7 +780,7 @@ fn build_workers<'u>(
         }
         out.push(Built {
             factory,
-            pool: FramePool::new(descs.clone(), 4096),
+            pool: FramePool::new(descs.clone(), FRAME_SIZE as usize),
             ports,
             engine,
         });
@@ -933,10 +940,10 @@ fn open_flow_tables(
     (tables, restored)
 }
 
-/// One worker's UMEM of `frames` 4 KiB frames, with their descriptors.
+/// One worker's UMEM of `frames` frames ([`FRAME_SIZE`]), with their descriptors.
 fn new_umem(cfg: &RuntimeConfig, frames: u32) -> Result<(Umem, Vec<FrameDesc>)> {
     let umem_cfg = UmemConfig::builder()
-        .frame_size(FrameSize::new(4096).map_err(|e| anyhow!("{e}"))?)
+        .frame_size(FrameSize::new(FRAME_SIZE).map_err(|e| anyhow!("{e}"))?)
         .fill_queue_size(QueueSize::new(cfg.ring_size).map_err(|e| anyhow!("{e}"))?)
         .comp_queue_size(QueueSize::new(cfg.ring_size).map_err(|e| anyhow!("{e}"))?)
         .build()
